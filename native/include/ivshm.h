@@ -1,0 +1,185 @@
+/*
+ * libivshm: a message and RMA channel over one shared-memory region
+ * (QEMU's ivshmem device, or a host shm file).
+ *
+ * One attachment (`ivshm`) = the mapped region + our slot in its peer
+ * registry + a doorbell to wake sleeping peers.  Every function returns
+ * 0 (or a non-negative count) on success and a negative error code on
+ * failure: either -errno or one of the IVSHM_E* codes below.
+ * ivshm_strerror() turns both into text.
+ *
+ * Threading: one `ivshm` handle is used by one thread at a time.
+ * The region itself is untrusted: every value read from it is validated
+ * before it is used as an index, length or offset.
+ */
+#ifndef IVSHM_H
+#define IVSHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IVSHM_API_VERSION 1
+
+/* Error codes beyond errno (all negative). */
+enum {
+    IVSHM_EMAGIC = -10001,   /* region does not start with our magic       */
+    IVSHM_EVERSION = -10002, /* layout version we do not speak              */
+    IVSHM_ESIZE = -10003,    /* region size or geometry inconsistent        */
+    IVSHM_ECORRUPT = -10004, /* shared state failed validation (hostile?)   */
+    IVSHM_EPEERDEAD = -10005,/* the peer left or died                       */
+    IVSHM_EFULL = -10006,    /* registry / window table / heap is full      */
+};
+
+const char *ivshm_strerror(int err);
+
+/* Shape of a region, fixed when it is formatted. Zero fields take defaults. */
+typedef struct ivshm_geometry {
+    uint32_t max_peers;   /* registry slots, 2..64 (default 8)               */
+    uint32_t ring_slots;  /* slots per directed ring, power of two (64)      */
+    uint32_t slot_size;   /* bytes per slot incl. 32 B header, %64 (4096)    */
+    uint32_t max_windows; /* window directory entries (32)                   */
+} ivshm_geometry;
+
+/* Smallest region size that holds `g` (rings + registry + a 1 MiB heap). */
+uint64_t ivshm_min_region_size(const ivshm_geometry *g);
+
+/* Format a blank, mapped region of `size` bytes in place. */
+int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g);
+
+/* Create (or truncate) a file of `size` bytes with `mode` and format it. */
+int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
+                      unsigned mode);
+
+/* How an attachment identifies itself and waits. */
+typedef struct ivshm_config {
+    uint64_t job_id;      /* peers of one job find each other by (job, rank) */
+    uint32_t rank;
+    const char *name;     /* optional, up to 31 chars                        */
+    int64_t spin_ns;      /* spin budget before blocking: 0 = default
+                             (IVSHM_SPIN_NS env or 20 us), <0 = never block  */
+    unsigned flags;       /* IVSHM_F_*                                       */
+    /* Guest doorbell (inside a VM with uio_pci_generic bound to ivshmem):
+       both set selects the UIO backend for ivshm_attach_path().            */
+    const char *uio_dev;  /* e.g. /dev/uio0                                  */
+    const char *bar0_path;/* e.g. /sys/bus/pci/devices/0000:00:04.0/resource0*/
+    int32_t doorbell_id;  /* with UIO: our IVPosition; -1 = read from BAR0   */
+} ivshm_config;
+
+#define IVSHM_F_FORMAT 0x1u  /* attach_path: format the region if blank */
+
+typedef struct ivshm ivshm;
+
+/* Attach to a region file (host shm file, or resource2 inside a guest).
+   Host peers on one kernel wake each other with futexes in the region. */
+int ivshm_attach_path(const char *path, const ivshm_config *cfg, ivshm **out);
+
+/* Attach through an ivshmem-server socket: the region fd and the eventfd
+   doorbells arrive over SCM_RIGHTS (QEMU's ivshmem-doorbell protocol). */
+int ivshm_attach_server(const char *socket_path, const ivshm_config *cfg,
+                        ivshm **out);
+
+/* Leave the registry and unmap. NULL is ignored. */
+void ivshm_detach(ivshm *h);
+
+/* ---- peer registry (locality detection) ---- */
+
+typedef struct ivshm_peer_info {
+    int slot;
+    uint32_t generation;  /* bumps every time the slot is (re)claimed */
+    uint64_t job_id;
+    uint32_t rank;
+    int32_t doorbell_id;  /* ivshmem-server peer id / IVPosition, -1 none */
+    int32_t pid;
+    char name[32];
+} ivshm_peer_info;
+
+int ivshm_self(const ivshm *h);            /* our registry slot */
+int ivshm_max_peers(const ivshm *h);
+/* 0 and fill *out if `slot` holds a live peer; -ENOENT if free or dead. */
+int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
+/* Slot of the live peer (job, rank), or -ENOENT. */
+int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank);
+/* Check liveness of every registered peer (leave notices, pids); mark the
+   dead ones and reclaim their slots. Returns how many were found dead. */
+int ivshm_reap(ivshm *h);
+/* Doorbell ids the ivshmem-server reports connected (VMs included), -1
+   terminated list of at most n entries; returns the count, or -ENOTSUP
+   when not attached through a server. vectors[i] = eventfds received. */
+int ivshm_server_peers(ivshm *h, int32_t *ids, int *vectors, int n);
+/* A pollable fd that becomes readable when this peer may have been woken
+   (doorbell or server notice), or -1. For event loops such as Open MPI's. */
+int ivshm_event_fd(ivshm *h);
+
+/* ---- messages: per-pair SPSC rings, large messages pipelined ---- */
+
+#define IVSHM_ANY (-1)
+
+/* Send `len` bytes to the peer in `slot`. Messages longer than one slot
+   stream through the ring in fragments. Blocks (spin, then doorbell)
+   while the ring is full; -IVSHM_EPEERDEAD if the peer goes away. */
+int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len);
+/* Like ivshm_send but never waits: -EAGAIN unless the whole message fits. */
+int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
+                   size_t len);
+/* Receive one message from `from` (a slot or IVSHM_ANY). Returns its full
+   length; at most `cap` bytes are stored, so a return > cap means it was
+   truncated (the rest is consumed). timeout_ms: -1 forever, 0 poll
+   (-EAGAIN). *src and *tag may be NULL. */
+ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
+                   size_t cap, int timeout_ms);
+
+/* ---- one-sided windows ---- */
+
+typedef struct ivshm_window ivshm_window;
+
+/* Create or open the window `name` of this job: `nseg` segments (one per
+   member) of `seg_size` bytes, zeroed when created. All members call it
+   with the same arguments. */
+int ivshm_win_open(ivshm *h, const char *name, uint32_t nseg,
+                   uint64_t seg_size, ivshm_window **out);
+/* Drop our reference; the last member frees the memory. */
+void ivshm_win_close(ivshm_window *w);
+/* Direct pointer to a segment (loads/stores by the caller). */
+void *ivshm_win_ptr(ivshm_window *w, uint32_t seg);
+uint64_t ivshm_win_seg_size(const ivshm_window *w);
+
+int ivshm_win_put(ivshm_window *w, uint32_t seg, uint64_t off, const void *buf,
+                  size_t len);
+int ivshm_win_get(ivshm_window *w, uint32_t seg, uint64_t off, void *buf,
+                  size_t len);
+/* 64-bit atomics at 8-byte aligned offsets. */
+int ivshm_win_fetch_add(ivshm_window *w, uint32_t seg, uint64_t off,
+                        int64_t add, int64_t *old);
+int ivshm_win_cas(ivshm_window *w, uint32_t seg, uint64_t off,
+                  uint64_t expected, uint64_t desired, uint64_t *old);
+/* Passive-target epochs on one segment; a dead holder's lock is broken. */
+#define IVSHM_LOCK_SHARED 0
+#define IVSHM_LOCK_EXCLUSIVE 1
+int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind);
+int ivshm_win_unlock(ivshm_window *w, uint32_t seg);
+/* Complete our puts to `seg` (all segments if seg == UINT32_MAX). */
+int ivshm_win_flush(ivshm_window *w, uint32_t seg);
+/* Barrier among the nseg members of the window. */
+int ivshm_win_barrier(ivshm_window *w, int timeout_ms);
+
+/* ---- waiting ---- */
+
+typedef struct ivshm_stats {
+    uint64_t sends, recvs, bytes_sent, bytes_recv;
+    uint64_t sleeps;   /* times we blocked on the doorbell   */
+    uint64_t rings;    /* doorbells we rang                  */
+    uint64_t dropped;  /* stale messages of a dead sender    */
+} ivshm_stats;
+void ivshm_get_stats(const ivshm *h, ivshm_stats *out);
+/* Change the spin budget at run time (ns; <0 never block). */
+void ivshm_set_spin(ivshm *h, int64_t spin_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,250 @@
+/*
+ * Private to libivshm: the region layout (see docs/region-layout.md), the
+ * local state of one attachment, and the doorbell backend interface.
+ *
+ * Rule for every file: the region is shared with untrusted co-tenants.
+ * Geometry is copied out of the header once at attach and validated; at
+ * run time only the local copy is used for addressing. Anything else read
+ * from the region (ring seq/len, tails, registry fields, window
+ * descriptors) is validated before it indexes or sizes anything.
+ */
+#ifndef IVSHM_INTERNAL_H
+#define IVSHM_INTERNAL_H
+
+#include "ivshm.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define IVSHM_MAGIC 0x4d48535649435649ULL /* "IVCIVSHM" little-endian */
+#define IVSHM_LAYOUT_VERSION 1u
+#define IVSHM_CACHELINE 64u
+#define IVSHM_PAGE 4096u
+#define IVSHM_HEADER_BYTES IVSHM_PAGE
+#define IVSHM_MAX_PEERS 64u
+#define IVSHM_SLOT_HDR 32u
+#define IVSHM_NAME_LEN 32u
+
+/* header.state */
+enum { REGION_BLANK = 0, REGION_FORMATTING = 1, REGION_READY = 2 };
+
+/* ---- offset 0: header (one page) ---- */
+struct ivshm_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t header_bytes;
+    uint64_t region_size;
+    _Atomic uint32_t state;   /* READY is stored last, with release */
+    uint32_t max_peers;
+    uint32_t ring_slots;
+    uint32_t slot_size;
+    uint32_t max_windows;
+    uint32_t reserved0;
+    uint64_t registry_off;    /* max_peers * sizeof(struct ivshm_peer_entry) */
+    uint64_t ring_off;        /* max_peers^2 rings of ring_bytes each        */
+    uint64_t ring_bytes;      /* IVSHM_RING_CTRL + ring_slots * slot_size     */
+    uint64_t windir_off;      /* max_windows * sizeof(struct ivshm_win_desc) */
+    uint64_t wctl_off;        /* max_windows * max_peers lock lines          */
+    uint64_t heap_off;        /* window data, page aligned                   */
+    uint64_t heap_size;
+    _Atomic uint64_t alloc_lock; /* 0 free, else owner slot+1 (heap + windir) */
+};
+
+/* registry entry state */
+enum { PEER_FREE = 0, PEER_CLAIMING = 1, PEER_ACTIVE = 2, PEER_DEAD = 3 };
+/* how a peer can be woken */
+enum { DB_FUTEX = 1, DB_EVENTFD = 2, DB_UIO = 3 };
+
+/* ---- registry: max_peers entries, two cache lines each ---- */
+struct ivshm_peer_entry {
+    /* line 0: identity, written by the owner while CLAIMING */
+    _Atomic uint32_t state;
+    _Atomic uint32_t gen;
+    uint64_t job_id;
+    uint32_t rank;
+    int32_t doorbell_id;      /* server id / IVPosition, -1 none      */
+    int32_t pid;
+    uint32_t backend;         /* DB_*                                  */
+    uint64_t pidns;           /* inode of the owner's pid namespace    */
+    char name[IVSHM_NAME_LEN - 8];
+    /* line 1: hot, touched by wakers */
+    _Atomic uint32_t sleeping __attribute__((aligned(64))); /* 1 = blocked */
+    _Atomic uint32_t wake;    /* futex word, bumped by every ring       */
+    _Atomic uint64_t heartbeat;
+    uint8_t pad[48];
+};
+_Static_assert(sizeof(struct ivshm_peer_entry) == 128, "entry is 2 lines");
+
+/* ---- rings: ring(i->j) at ring_off + (i * max_peers + j) * ring_bytes ---- */
+#define IVSHM_RING_CTRL 128u
+struct ivshm_ring_ctrl {
+    _Atomic uint64_t head;    /* producer's position, published for rejoin */
+    uint8_t pad0[56];
+    _Atomic uint64_t tail;    /* consumer's position: slots before it free */
+    uint8_t pad1[56];
+};
+/* slot header; payload follows, slot_size - IVSHM_SLOT_HDR bytes */
+struct ivshm_slot {
+    _Atomic uint64_t seq;     /* = position + 1 when the slot is full     */
+    uint32_t len;             /* payload bytes in this fragment           */
+    uint32_t tag;
+    uint32_t gen;             /* sender's registry generation             */
+    uint32_t flags;           /* SLOT_FIRST | SLOT_LAST                   */
+    uint64_t total;           /* whole message length (first fragment)    */
+};
+enum { SLOT_FIRST = 1u, SLOT_LAST = 2u };
+
+/* ---- window directory ---- */
+enum { WIN_FREE = 0, WIN_BUSY = 1, WIN_READY = 2 };
+struct ivshm_win_desc {
+    _Atomic uint32_t state;
+    uint32_t nseg;
+    _Atomic uint64_t members; /* bit s: slot s has it open; 0 -> freed   */
+    uint64_t job_id;
+    char name[IVSHM_NAME_LEN];
+    uint64_t data_off;        /* from region base, inside the heap       */
+    uint64_t data_bytes;      /* nseg * seg_size rounded to a page       */
+    uint64_t seg_size;
+    uint32_t gen;             /* bumps at every create                   */
+    _Atomic uint32_t bar_count;  /* barrier arrivals in this phase        */
+    _Atomic uint32_t bar_phase;
+    uint8_t pad[128 - 92];
+};
+_Static_assert(sizeof(struct ivshm_win_desc) == 128, "win desc is 2 lines");
+/* per (window, segment) lock line at wctl_off + (win*max_peers + seg)*64 */
+struct ivshm_win_lock {
+    _Atomic uint64_t writer;  /* 0 free, else holder slot + 1             */
+    _Atomic uint64_t readers; /* bit s set: slot s holds it shared        */
+    uint8_t pad[48];
+};
+
+/* ---- doorbells ---- */
+struct ivshm_doorbell {
+    int kind;                 /* DB_* */
+    /* Wake the peer in `slot` whose registry says `doorbell_id`. */
+    int (*ring)(struct ivshm_doorbell *db, ivshm *h, int slot,
+                int32_t doorbell_id);
+    /* Called before announcing sleep; returns a token for wait(). */
+    uint64_t (*arm)(struct ivshm_doorbell *db, ivshm *h);
+    /* Block until rung (since arm) or timeout; 0, or -errno. */
+    int (*wait)(struct ivshm_doorbell *db, ivshm *h, uint64_t token,
+                int timeout_ms);
+    /* Pollable fd, or -1. */
+    int (*fd)(struct ivshm_doorbell *db);
+    /* Drain out-of-band notices (server join/leave): returns number of
+       peers that left since the last call and marks them dead. */
+    int (*poll_notices)(struct ivshm_doorbell *db, ivshm *h);
+    void (*destroy)(struct ivshm_doorbell *db);
+};
+
+struct ivshm_doorbell *ivshm_db_futex_new(void);
+struct ivshm_doorbell *ivshm_db_uio_new(const char *uio_dev,
+                                        const char *bar0_path,
+                                        int32_t *doorbell_id, int *err);
+/* eventfd backend built by the server client (client.c) */
+struct ivshm_doorbell *ivshm_db_server_new(int sock, int32_t my_id,
+                                           int *err);
+int ivshm_db_server_peers(struct ivshm_doorbell *db, int32_t *ids,
+                          int *vectors, int n);
+
+/* per-peer local view kept by one attachment */
+struct ivshm_peer_local {
+    uint32_t gen;             /* generation we last talked to; 0 = none   */
+    uint64_t tx_head;         /* our producer position in ring(self->p)   */
+    uint64_t tx_tail_cache;   /* last validated tail of that ring         */
+    uint64_t rx_tail;         /* our consumer position in ring(p->self)   */
+};
+
+/* ---- one attachment ---- */
+struct ivshm {
+    uint8_t *base;
+    uint64_t size;
+    int map_fd;               /* -1 once closed                          */
+    /* validated copy of the geometry */
+    uint32_t max_peers, ring_slots, slot_size, max_windows;
+    uint64_t registry_off, ring_off, ring_bytes, windir_off, wctl_off;
+    uint64_t heap_off, heap_size;
+
+    int self;                 /* our registry slot                       */
+    uint32_t self_gen;
+    uint64_t job_id;
+    uint32_t rank;
+    int64_t spin_ns;
+    uint64_t pidns;
+
+    struct ivshm_doorbell *db;
+    struct ivshm_peer_local peers[IVSHM_MAX_PEERS];
+    int rr_next;              /* round-robin start for IVSHM_ANY receive  */
+    ivshm_stats stats;
+};
+
+/* ---- helpers shared between files ---- */
+static inline struct ivshm_header *ivshm_hdr(const ivshm *h)
+{
+    return (struct ivshm_header *)h->base;
+}
+static inline struct ivshm_peer_entry *ivshm_entry(const ivshm *h, int slot)
+{
+    /* slot must already be validated: 0 <= slot < max_peers */
+    return (struct ivshm_peer_entry *)(h->base + h->registry_off) + slot;
+}
+static inline uint8_t *ivshm_ring(const ivshm *h, int from, int to)
+{
+    return h->base + h->ring_off +
+           ((uint64_t)from * h->max_peers + (uint64_t)to) * h->ring_bytes;
+}
+static inline bool ivshm_slot_ok(const ivshm *h, int slot)
+{
+    return slot >= 0 && (uint32_t)slot < h->max_peers;
+}
+
+uint64_t ivshm_now_ns(void);
+static inline void ivshm_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+/* region.c: map `fd` (size from fstat), validate the header, copy the
+   geometry into a new handle with no registry slot (self = -1). Used by
+   the attach paths and by the server. */
+int ivshm_region_map(int fd, ivshm **out);
+void ivshm_region_unmap(ivshm *h);
+
+/* registry.c */
+int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
+                        int backend);
+void ivshm_registry_leave(ivshm *h);
+/* Live peer in `slot` with generation `gen`? Checks pids when we share a
+   pid namespace and marks a dead one. */
+bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
+/* Is `slot` an ACTIVE peer? If its generation differs from the one we
+   last talked to, a new incarnation took the slot: reset our local ring
+   positions for it (the newcomer emptied the rings at join). */
+bool ivshm_peer_current(ivshm *h, int slot);
+/* Mark every ACTIVE slot whose doorbell id is `doorbell_id` dead. */
+int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
+
+/* wait.c: spin, then declare ourselves asleep and block on the doorbell.
+   `ready` is re-checked after announcing sleep so a wake cannot be lost.
+   `peer`/`peer_gen` (peer < 0: none) is checked for liveness while blocked.
+   Returns 0 when ready, -ETIMEDOUT, -IVSHM_EPEERDEAD. */
+typedef bool (*ivshm_ready_fn)(ivshm *h, void *arg);
+int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
+               uint32_t peer_gen, int timeout_ms);
+/* After publishing something `slot` may wait for: ring it if it sleeps.
+   The seq_cst fence pairs with the one in ivshm_wait (Dekker). */
+void ivshm_kick(ivshm *h, int slot);
+
+/* window.c: free windows held by a dead or leaving slot (refs) */
+void ivshm_windows_on_leave(ivshm *h, int slot);
+
+/* lock over heap + window directory, dead owner is broken */
+int ivshm_alloc_lock(ivshm *h);
+void ivshm_alloc_unlock(ivshm *h);
+
+#endif

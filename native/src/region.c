@@ -1,0 +1,344 @@
+/*
+ * Region layout: formatting, validating and mapping (docs/region-layout.md).
+ *
+ * The layout is a pure function of (size, geometry): the header stores
+ * the geometry and the offsets, and an attacher recomputes the offsets
+ * and requires an exact match. After that check nothing in the header is
+ * read again, so a co-tenant rewriting the header later cannot move our
+ * view of the rings, registry or heap.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIN_HEAP (1u << 20)
+
+struct layout {
+    uint32_t max_peers, ring_slots, slot_size, max_windows;
+    uint64_t registry_off, ring_off, ring_bytes, windir_off, wctl_off;
+    uint64_t heap_off;
+};
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) & ~(a - 1);
+}
+
+static int geometry_defaults(const ivshm_geometry *g, struct layout *l)
+{
+    l->max_peers = g && g->max_peers ? g->max_peers : 8;
+    l->ring_slots = g && g->ring_slots ? g->ring_slots : 64;
+    l->slot_size = g && g->slot_size ? g->slot_size : 4096;
+    l->max_windows = g && g->max_windows ? g->max_windows : 32;
+    if (l->max_peers < 2 || l->max_peers > IVSHM_MAX_PEERS)
+        return -EINVAL;
+    if (l->ring_slots < 2 || l->ring_slots > 65536 ||
+        (l->ring_slots & (l->ring_slots - 1)))
+        return -EINVAL;
+    if (l->slot_size < 128 || l->slot_size > (1u << 20) ||
+        l->slot_size % IVSHM_CACHELINE)
+        return -EINVAL;
+    if (l->max_windows < 1 || l->max_windows > 1024)
+        return -EINVAL;
+    return 0;
+}
+
+/* Offsets for a validated geometry; all products fit in 64 bits because
+   every factor is bounded above (64 peers, 65536 slots, 1 MiB slots). */
+static void compute_layout(struct layout *l)
+{
+    uint64_t p = l->max_peers;
+    l->registry_off = IVSHM_HEADER_BYTES;
+    l->ring_off = align_up(l->registry_off +
+                               p * sizeof(struct ivshm_peer_entry), IVSHM_PAGE);
+    l->ring_bytes = IVSHM_RING_CTRL + (uint64_t)l->ring_slots * l->slot_size;
+    l->windir_off = align_up(l->ring_off + p * p * l->ring_bytes, IVSHM_PAGE);
+    l->wctl_off = l->windir_off +
+                  (uint64_t)l->max_windows * sizeof(struct ivshm_win_desc);
+    l->heap_off = align_up(l->wctl_off + (uint64_t)l->max_windows * p *
+                                             sizeof(struct ivshm_win_lock),
+                           IVSHM_PAGE);
+}
+
+uint64_t ivshm_min_region_size(const ivshm_geometry *g)
+{
+    struct layout l;
+    if (geometry_defaults(g, &l) < 0)
+        return 0;
+    compute_layout(&l);
+    return l.heap_off + MIN_HEAP;
+}
+
+int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
+{
+    struct layout l;
+    int rc = geometry_defaults(g, &l);
+    if (rc < 0)
+        return rc;
+    compute_layout(&l);
+    if (!base || size < l.heap_off + MIN_HEAP)
+        return IVSHM_ESIZE;
+
+    struct ivshm_header *hdr = base;
+    /* Everything but hdr->state is rewritten: a concurrent attacher that
+       sees FORMATTING keeps waiting for READY, published last. */
+    memset((uint8_t *)base + sizeof *hdr, 0, l.heap_off - sizeof *hdr);
+    hdr->magic = IVSHM_MAGIC;
+    hdr->version = IVSHM_LAYOUT_VERSION;
+    hdr->header_bytes = IVSHM_HEADER_BYTES;
+    hdr->region_size = size;
+    hdr->max_peers = l.max_peers;
+    hdr->ring_slots = l.ring_slots;
+    hdr->slot_size = l.slot_size;
+    hdr->max_windows = l.max_windows;
+    hdr->reserved0 = 0;
+    hdr->registry_off = l.registry_off;
+    hdr->ring_off = l.ring_off;
+    hdr->ring_bytes = l.ring_bytes;
+    hdr->windir_off = l.windir_off;
+    hdr->wctl_off = l.wctl_off;
+    hdr->heap_off = l.heap_off;
+    hdr->heap_size = size - l.heap_off;
+    atomic_store_explicit(&hdr->alloc_lock, 0, memory_order_relaxed);
+    atomic_store_explicit(&hdr->state, REGION_READY, memory_order_release);
+    return 0;
+}
+
+int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
+                      unsigned mode)
+{
+    if (!path || size > (uint64_t)1 << 46)
+        return -EINVAL;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0777);
+    if (fd < 0)
+        return -errno;
+    int rc = 0;
+    if (fchmod(fd, mode & 0777) < 0 || ftruncate(fd, (off_t)size) < 0) {
+        rc = -errno;
+    } else {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            rc = -errno;
+        } else {
+            rc = ivshm_format(p, size, g);
+            munmap(p, size);
+        }
+    }
+    close(fd);
+    if (rc < 0)
+        unlink(path);
+    return rc;
+}
+
+/* Check the header of a mapping of `size` bytes and copy out the layout. */
+static int validate_header(const uint8_t *base, uint64_t size, struct layout *out)
+{
+    const struct ivshm_header *hdr = (const void *)base;
+    if (size < IVSHM_HEADER_BYTES)
+        return IVSHM_ESIZE;
+    /* Snapshot every field once: the header may change under us. */
+    uint64_t magic = __atomic_load_n(&hdr->magic, __ATOMIC_RELAXED);
+    uint32_t version = __atomic_load_n(&hdr->version, __ATOMIC_RELAXED);
+    if (magic != IVSHM_MAGIC)
+        return IVSHM_EMAGIC;
+    if (version != IVSHM_LAYOUT_VERSION)
+        return IVSHM_EVERSION;
+    ivshm_geometry g = {
+        .max_peers = __atomic_load_n(&hdr->max_peers, __ATOMIC_RELAXED),
+        .ring_slots = __atomic_load_n(&hdr->ring_slots, __ATOMIC_RELAXED),
+        .slot_size = __atomic_load_n(&hdr->slot_size, __ATOMIC_RELAXED),
+        .max_windows = __atomic_load_n(&hdr->max_windows, __ATOMIC_RELAXED),
+    };
+    /* zero would silently mean "default" below */
+    if (!g.max_peers || !g.ring_slots || !g.slot_size || !g.max_windows)
+        return IVSHM_ESIZE;
+    if (geometry_defaults(&g, out) < 0)
+        return IVSHM_ESIZE;
+    compute_layout(out);
+    uint64_t region_size = __atomic_load_n(&hdr->region_size, __ATOMIC_RELAXED);
+    if (region_size > size || region_size < out->heap_off + MIN_HEAP)
+        return IVSHM_ESIZE;
+    if (__atomic_load_n(&hdr->header_bytes, __ATOMIC_RELAXED) != IVSHM_HEADER_BYTES ||
+        __atomic_load_n(&hdr->registry_off, __ATOMIC_RELAXED) != out->registry_off ||
+        __atomic_load_n(&hdr->ring_off, __ATOMIC_RELAXED) != out->ring_off ||
+        __atomic_load_n(&hdr->ring_bytes, __ATOMIC_RELAXED) != out->ring_bytes ||
+        __atomic_load_n(&hdr->windir_off, __ATOMIC_RELAXED) != out->windir_off ||
+        __atomic_load_n(&hdr->wctl_off, __ATOMIC_RELAXED) != out->wctl_off ||
+        __atomic_load_n(&hdr->heap_off, __ATOMIC_RELAXED) != out->heap_off ||
+        __atomic_load_n(&hdr->heap_size, __ATOMIC_RELAXED) != region_size - out->heap_off)
+        return IVSHM_ESIZE;
+    return 0;
+}
+
+static uint64_t self_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Wait (bounded) for a formatter to finish; format a blank region if asked. */
+static int wait_ready(uint8_t *base, uint64_t size, bool may_format,
+                      const ivshm_geometry *g)
+{
+    struct ivshm_header *hdr = (void *)base;
+    uint64_t deadline = ivshm_now_ns() + 2000000000ull;
+    for (;;) {
+        uint32_t st = atomic_load_explicit(&hdr->state, memory_order_acquire);
+        if (st == REGION_READY)
+            return 0;
+        if (st == REGION_BLANK && may_format &&
+            __atomic_load_n(&hdr->magic, __ATOMIC_RELAXED) == 0) {
+            uint32_t expect = REGION_BLANK;
+            if (atomic_compare_exchange_strong(&hdr->state, &expect,
+                                               REGION_FORMATTING))
+                return ivshm_format(base, size, g);
+            continue;
+        }
+        if (st != REGION_FORMATTING)
+            return IVSHM_EMAGIC;
+        if (ivshm_now_ns() > deadline)
+            return -ETIMEDOUT;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
+static int map_fd(int fd, bool may_format, ivshm **out)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < IVSHM_HEADER_BYTES)
+        return IVSHM_ESIZE;
+    uint8_t *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED)
+        return -errno;
+    struct layout l;
+    int rc = wait_ready(base, size, may_format, NULL);
+    if (rc == 0)
+        rc = validate_header(base, size, &l);
+    ivshm *h = rc == 0 ? calloc(1, sizeof *h) : NULL;
+    if (rc == 0 && !h)
+        rc = -ENOMEM;
+    if (rc < 0) {
+        munmap(base, size);
+        return rc;
+    }
+    h->base = base;
+    h->size = size;
+    h->map_fd = fd;
+    h->max_peers = l.max_peers;
+    h->ring_slots = l.ring_slots;
+    h->slot_size = l.slot_size;
+    h->max_windows = l.max_windows;
+    h->registry_off = l.registry_off;
+    h->ring_off = l.ring_off;
+    h->ring_bytes = l.ring_bytes;
+    h->windir_off = l.windir_off;
+    h->wctl_off = l.wctl_off;
+    h->heap_off = l.heap_off;
+    /* region_size was checked <= size; use the header's (validated) one */
+    h->heap_size = __atomic_load_n(&ivshm_hdr(h)->heap_size, __ATOMIC_RELAXED);
+    if (h->heap_off + h->heap_size > size) {
+        munmap(base, size);
+        free(h);
+        return IVSHM_ESIZE;
+    }
+    h->self = -1;
+    h->pidns = self_pidns();
+    *out = h;
+    return 0;
+}
+
+int ivshm_region_map(int fd, ivshm **out)
+{
+    return map_fd(fd, false, out);
+}
+
+void ivshm_region_unmap(ivshm *h)
+{
+    if (!h)
+        return;
+    munmap(h->base, h->size);
+    if (h->map_fd >= 0)
+        close(h->map_fd);
+    free(h);
+}
+
+int ivshm_attach_path(const char *path, const ivshm_config *cfg, ivshm **out)
+{
+    if (!path || !cfg || !out)
+        return -EINVAL;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ivshm *h;
+    int rc = map_fd(fd, cfg->flags & IVSHM_F_FORMAT, &h);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    int32_t db_id = -1;
+    int kind = DB_FUTEX;
+    if (cfg->uio_dev && cfg->bar0_path) {
+        db_id = cfg->doorbell_id;
+        h->db = ivshm_db_uio_new(cfg->uio_dev, cfg->bar0_path, &db_id, &rc);
+        kind = DB_UIO;
+    } else {
+        h->db = ivshm_db_futex_new();
+        if (!h->db)
+            rc = -ENOMEM;
+    }
+    if (h->db)
+        rc = ivshm_registry_join(h, cfg, db_id, kind);
+    if (rc < 0) {
+        if (h->db)
+            h->db->destroy(h->db);
+        ivshm_region_unmap(h);
+        return rc;
+    }
+    *out = h;
+    return 0;
+}
+
+void ivshm_detach(ivshm *h)
+{
+    if (!h)
+        return;
+    if (h->self >= 0)
+        ivshm_registry_leave(h);
+    if (h->db)
+        h->db->destroy(h->db);
+    ivshm_region_unmap(h);
+}
+
+uint64_t ivshm_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void ivshm_get_stats(const ivshm *h, ivshm_stats *out)
+{
+    *out = h->stats;
+}
+
+void ivshm_set_spin(ivshm *h, int64_t spin_ns)
+{
+    h->spin_ns = spin_ns;
+}
+
+int ivshm_event_fd(ivshm *h)
+{
+    return h->db && h->db->fd ? h->db->fd(h->db) : -1;
+}

@@ -1,0 +1,273 @@
+/*
+ * Peer registry: the locality detector. Every attached peer publishes
+ * (job, rank, name, doorbell id, pid) in a slot; anyone who can read the
+ * region is co-resident with everyone listed there.
+ *
+ * Slot life cycle: FREE/DEAD -> CLAIMING (CAS, owner fills identity and
+ * empties every ring touching the slot) -> ACTIVE (release) -> FREE at
+ * detach, or DEAD when found dead (pid gone, or the server's leave
+ * notice). `gen` bumps at every claim, so peers can tell a new incarnation
+ * from the old one and reset their local ring positions.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int64_t default_spin_ns(void)
+{
+    const char *s = getenv("IVSHM_SPIN_NS");
+    if (s && *s) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (*end == '\0')
+            return v;
+    }
+    return 20000; /* 20 us: several round trips of a busy peer */
+}
+
+/* Empty both directions between `slot` and every other slot. Only the
+   claimer of `slot` does this, before it becomes ACTIVE: nobody may send
+   to a non-ACTIVE slot, and a peer that sent to the previous incarnation
+   resets its own position when it sees the new generation. */
+static void reset_rings(ivshm *h, int slot)
+{
+    for (uint32_t x = 0; x < h->max_peers; x++) {
+        if ((int)x == slot)
+            continue;
+        uint8_t *rings[2] = {ivshm_ring(h, (int)x, slot),
+                             ivshm_ring(h, slot, (int)x)};
+        for (int d = 0; d < 2; d++) {
+            struct ivshm_ring_ctrl *c = (void *)rings[d];
+            atomic_store_explicit(&c->head, 0, memory_order_relaxed);
+            atomic_store_explicit(&c->tail, 0, memory_order_relaxed);
+            uint8_t *slots = rings[d] + IVSHM_RING_CTRL;
+            for (uint32_t k = 0; k < h->ring_slots; k++) {
+                struct ivshm_slot *s = (void *)(slots + (uint64_t)k * h->slot_size);
+                atomic_store_explicit(&s->seq, 0, memory_order_relaxed);
+            }
+        }
+    }
+}
+
+int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
+                        int backend)
+{
+    if (cfg->name && strlen(cfg->name) >= sizeof(((struct ivshm_peer_entry *)0)->name))
+        return -ENAMETOOLONG;
+    h->job_id = cfg->job_id;
+    h->rank = cfg->rank;
+    h->spin_ns = cfg->spin_ns ? cfg->spin_ns : default_spin_ns();
+
+    /* A (job, rank) pair names one process: refuse a live duplicate. */
+    int dup = ivshm_find(h, cfg->job_id, cfg->rank);
+    if (dup >= 0)
+        return -EEXIST;
+
+    for (int attempt = 0; attempt < 2; attempt++) {
+        for (uint32_t s = 0; s < h->max_peers; s++) {
+            struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+            uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
+            if (st != PEER_FREE && st != PEER_DEAD)
+                continue;
+            if (!atomic_compare_exchange_strong(&e->state, &st, PEER_CLAIMING))
+                continue;
+            /* The slot is ours; leftovers of a dead owner go first. */
+            h->self = (int)s;
+            ivshm_windows_on_leave(h, (int)s);
+            uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed) + 1;
+            if (gen == 0)
+                gen = 1; /* 0 means "never talked" in ivshm_peer_local */
+            atomic_store_explicit(&e->gen, gen, memory_order_relaxed);
+            e->job_id = cfg->job_id;
+            e->rank = cfg->rank;
+            e->doorbell_id = doorbell_id;
+            e->pid = (int32_t)getpid();
+            e->backend = (uint32_t)backend;
+            e->pidns = h->pidns;
+            memset(e->name, 0, sizeof e->name);
+            if (cfg->name)
+                memcpy(e->name, cfg->name, strlen(cfg->name));
+            atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
+            atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
+            reset_rings(h, (int)s);
+            memset(h->peers, 0, sizeof h->peers);
+            h->self_gen = gen;
+            atomic_store_explicit(&e->state, PEER_ACTIVE, memory_order_release);
+            return 0;
+        }
+        /* Full: dead peers may still hold slots. */
+        if (ivshm_reap(h) == 0)
+            break;
+    }
+    h->self = -1;
+    return IVSHM_EFULL;
+}
+
+void ivshm_registry_leave(ivshm *h)
+{
+    if (h->self < 0)
+        return;
+    ivshm_windows_on_leave(h, h->self);
+    struct ivshm_peer_entry *e = ivshm_entry(h, h->self);
+    atomic_store_explicit(&e->state, PEER_FREE, memory_order_release);
+    h->self = -1;
+}
+
+static bool mark_dead(ivshm *h, int slot, uint32_t gen)
+{
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    uint32_t st = PEER_ACTIVE;
+    if (atomic_load_explicit(&e->gen, memory_order_acquire) != gen)
+        return false;
+    if (!atomic_compare_exchange_strong(&e->state, &st, PEER_DEAD))
+        return false;
+    ivshm_windows_on_leave(h, slot);
+    return true;
+}
+
+/* Process state from /proc: a zombie (killed, not yet reaped by its
+   parent) still answers kill(pid, 0) but is gone for us. */
+static bool pid_gone(int32_t pid)
+{
+    if (pid <= 0)
+        return false;
+    if (kill(pid, 0) < 0 && errno == ESRCH)
+        return true;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')'); /* comm may contain spaces */
+    return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen)
+{
+    if (!ivshm_slot_ok(h, slot))
+        return false;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+        return false;
+    uint32_t cur = atomic_load_explicit(&e->gen, memory_order_relaxed);
+    if (gen != 0 && cur != gen)
+        return false;
+    /* Only a peer in our pid namespace can be probed by pid; others (VMs,
+       other instances) are declared dead by the server's leave notice. */
+    if (e->pidns == h->pidns && h->pidns != 0 && slot != h->self &&
+        pid_gone(e->pid)) {
+        mark_dead(h, slot, cur);
+        return false;
+    }
+    return true;
+}
+
+bool ivshm_peer_current(ivshm *h, int slot)
+{
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+        return false;
+    uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->gen != gen) {
+        /* New incarnation: it emptied our rings with it at join. */
+        memset(p, 0, sizeof *p);
+        p->gen = gen;
+    }
+    return true;
+}
+
+int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
+{
+    int n = 0;
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
+            e->doorbell_id == doorbell_id && doorbell_id >= 0 &&
+            mark_dead(h, (int)s, atomic_load_explicit(&e->gen, memory_order_relaxed)))
+            n++;
+    }
+    return n;
+}
+
+int ivshm_reap(ivshm *h)
+{
+    int dead = 0;
+    if (h->db && h->db->poll_notices) {
+        int n = h->db->poll_notices(h->db, h);
+        if (n > 0)
+            dead += n;
+    }
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        if ((int)s == h->self ||
+            atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+            continue;
+        if (!ivshm_peer_alive(h, (int)s, 0))
+            dead++;
+    }
+    return dead;
+}
+
+int ivshm_self(const ivshm *h)
+{
+    return h->self;
+}
+
+int ivshm_max_peers(const ivshm *h)
+{
+    return (int)h->max_peers;
+}
+
+int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
+{
+    if (!ivshm_slot_ok(h, slot) || !out)
+        return -EINVAL;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+        return -ENOENT;
+    /* Copy field by field; the owner could rewrite them, but they are
+       only reported, never used as indices here. */
+    out->slot = slot;
+    out->generation = atomic_load_explicit(&e->gen, memory_order_relaxed);
+    out->job_id = e->job_id;
+    out->rank = e->rank;
+    out->doorbell_id = e->doorbell_id;
+    out->pid = e->pid;
+    memcpy(out->name, e->name, sizeof e->name);
+    out->name[sizeof e->name - 1] = '\0';
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+        return -ENOENT;
+    return 0;
+}
+
+int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank)
+{
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
+            e->job_id == job_id && e->rank == rank &&
+            ivshm_peer_alive(h, (int)s, 0))
+            return (int)s;
+    }
+    return -ENOENT;
+}
+
+int ivshm_server_peers(ivshm *h, int32_t *ids, int *vectors, int n)
+{
+    if (!h->db || h->db->kind != DB_EVENTFD)
+        return -ENOTSUP;
+    return ivshm_db_server_peers(h->db, ids, vectors, n);
+}

@@ -1,0 +1,103 @@
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int tu_failed;
+int tu_passed;
+
+static char tu_path[128];
+static pid_t tu_owner;
+
+static void tu_cleanup(void)
+{
+    /* only the creating process removes it, not forked children */
+    if (tu_path[0] && getpid() == tu_owner)
+        unlink(tu_path);
+}
+
+static void tu_on_signal(int sig)
+{
+    tu_cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+const char *tu_region(uint64_t size, const ivshm_geometry *g)
+{
+    static unsigned counter;
+    if (tu_path[0] && getpid() == tu_owner)
+        unlink(tu_path);
+    snprintf(tu_path, sizeof tu_path, "/dev/shm/ivshm-test-%d-%u",
+             (int)getpid(), counter++);
+    tu_owner = getpid();
+    static int registered;
+    if (!registered) {
+        atexit(tu_cleanup);
+        signal(SIGINT, tu_on_signal);
+        signal(SIGTERM, tu_on_signal);
+        signal(SIGABRT, tu_on_signal);
+        registered = 1;
+    }
+    int rc = ivshm_format_file(tu_path, size, g, 0600);
+    if (rc < 0) {
+        fprintf(stderr, "format %s: %s\n", tu_path, ivshm_strerror(rc));
+        exit(1);
+    }
+    return tu_path;
+}
+
+ivshm *tu_attach(const char *path, uint64_t job, uint32_t rank,
+                 int64_t spin_ns)
+{
+    ivshm_config cfg = {.job_id = job, .rank = rank, .spin_ns = spin_ns};
+    ivshm *h = NULL;
+    int rc = ivshm_attach_path(path, &cfg, &h);
+    if (rc < 0) {
+        fprintf(stderr, "[pid %d] attach %s: %s\n", (int)getpid(), path,
+                ivshm_strerror(rc));
+        _exit(98);
+    }
+    return h;
+}
+
+pid_t tu_fork(int (*fn)(void *), void *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(fn(arg));
+    return pid;
+}
+
+int tu_wait(pid_t pid, int timeout_ms)
+{
+    struct timespec step = {0, 1000000};
+    for (int waited = 0;; waited++) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (r < 0)
+            return -1;
+        if (waited >= timeout_ms) {
+            fprintf(stderr, "pid %d still running after %d ms: killed\n",
+                    (int)pid, timeout_ms);
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        nanosleep(&step, NULL);
+    }
+}
+
+int tu_summary(const char *name)
+{
+    printf("%s: %d passed, %d failed\n", name, tu_passed, tu_failed);
+    return tu_failed ? 1 : 0;
+}

@@ -1,0 +1,65 @@
+/* Small helpers shared by the C tests: checks that count, a unique region
+   file that is removed at exit, and fork helpers with bounded waits. */
+#ifndef IVSHM_TESTUTIL_H
+#define IVSHM_TESTUTIL_H
+
+#include "ivshm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+extern int tu_failed;
+extern int tu_passed;
+
+#define CHECK(cond)                                                          \
+    do {                                                                     \
+        if (cond) {                                                          \
+            tu_passed++;                                                     \
+        } else {                                                             \
+            tu_failed++;                                                     \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, \
+                    #cond);                                                  \
+        }                                                                    \
+    } while (0)
+
+/* CHECK that an ivshm call returned `want`, printing the error text. */
+#define CHECK_RC(expr, want)                                                 \
+    do {                                                                     \
+        long long rc_ = (long long)(expr);                                   \
+        if (rc_ == (long long)(want)) {                                      \
+            tu_passed++;                                                     \
+        } else {                                                             \
+            tu_failed++;                                                     \
+            fprintf(stderr, "%s:%d: %s returned %lld (%s), wanted %lld\n",   \
+                    __FILE__, __LINE__, #expr, rc_,                          \
+                    ivshm_strerror((int)rc_), (long long)(want));            \
+        }                                                                    \
+    } while (0)
+
+/* In a forked child: abort the child with a message if cond is false. */
+#define REQUIRE(cond)                                                        \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            fprintf(stderr, "%s:%d: [pid %d] REQUIRE failed: %s\n",          \
+                    __FILE__, __LINE__, (int)getpid(), #cond);               \
+            _exit(99);                                                       \
+        }                                                                    \
+    } while (0)
+
+/* Create and format a fresh region file in /dev/shm with a unique name;
+   it is unlinked at exit (also when a CHECK fails). Returns the path. */
+const char *tu_region(uint64_t size, const ivshm_geometry *g);
+/* Attach to `path` as (job, rank); exits the process on failure. */
+ivshm *tu_attach(const char *path, uint64_t job, uint32_t rank,
+                 int64_t spin_ns);
+/* Fork a child running fn(arg); returns its pid. The child _exit()s with
+   fn's return value. */
+pid_t tu_fork(int (*fn)(void *), void *arg);
+/* Wait for `pid` at most timeout_ms; kills it (SIGKILL) on timeout.
+   Returns its exit status (0..255), or -1 if killed/timed out. */
+int tu_wait(pid_t pid, int timeout_ms);
+/* Print "N passed, N failed" and return the exit code for main. */
+int tu_summary(const char *name);
+
+#endif
