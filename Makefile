@@ -1,0 +1,80 @@
+# ivcloud: the two commands are `make demo` (the main job) and `make test`.
+# Both install what they need (Debian packages, the venv, native builds)
+# and can be re-run: every step skips work already done.
+
+SHELL := /bin/bash
+PY_SYS := /usr/bin/python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD := build/native
+ASAN := build/asan
+FUZZ := build/fuzz
+FUZZ_SECONDS ?= 45
+
+APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
+  openmpi-bin libopenmpi-dev qemu-system-x86 python3 python3-venv \
+  python3-pip python3-pytest python3-numpy iproute2 procps psmisc
+
+.PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
+        demo bench fuzz clean
+
+all: build
+
+# Only calls apt-get when a package is missing, so re-runs are quick.
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+$(BUILD)/build.ninja: | deps
+	cmake -S native -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+$(VENV)/.installed: pyproject.toml | deps
+	$(PY_SYS) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+build: $(BUILD)/build.ninja $(VENV)/.installed
+	cmake --build $(BUILD)
+
+asan: | deps
+	cmake -S native -B $(ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DIVSHM_SANITIZE=ON -DIVSHM_BENCH=OFF
+	cmake --build $(ASAN)
+
+fuzz-build: | deps
+	cmake -S native -B $(FUZZ) -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DIVSHM_FUZZ=ON -DIVSHM_BENCH=OFF
+	cmake --build $(FUZZ) --target fuzz_attach fuzz_recv fuzz_window
+
+# C tests under address+undefined sanitizers, real processes and QEMU.
+test-native: asan
+	cd $(ASAN) && ctest --output-on-failure --timeout 300
+
+# Bounded fuzz smoke run of every harness (corpus kept in build/).
+test-fuzz: fuzz-build
+	@for f in fuzz_attach fuzz_recv fuzz_window; do \
+	  mkdir -p $(FUZZ)/corpus-$$f; \
+	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
+	  $(FUZZ)/$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
+	    -print_final_stats=1 $(FUZZ)/corpus-$$f 2>&1 | tail -n 4 || exit 1; \
+	done
+
+test-python: build
+	$(PY) -m pytest -q tests
+
+test: test-native test-fuzz test-python
+
+# The main job (grows with the project): a server, the p2p benchmark
+# across every transport, and the server torn down again.
+demo: build
+	$(VENV)/bin/ivcloud bench p2p --json build/bench-p2p.json
+
+bench: demo
+
+fuzz: FUZZ_SECONDS = 600
+fuzz: test-fuzz
+
+clean:
+	rm -rf build $(VENV) *.egg-info
