@@ -1,0 +1,382 @@
+/*
+ * ivshmem-server: options, daemonizing, pid file and signals. The
+ * protocol and the peer table are in server.c.
+ *
+ * Bad command lines exit 2 with one line on stderr; runtime failures
+ * (socket in use, region exists, ...) exit 1. In daemon mode the parent
+ * exits 0 only once the child listens and has written its pid file, so
+ * "ivshmem-server ... && qemu ..." never races the socket.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#define DEFAULT_SIZE (64ull << 20)
+#define MAX_SIZE (1ull << 46) /* ivshm_format_file's limit */
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: ivshmem-server -S SOCKET [options]\n"
+"  -S, --socket PATH     UNIX socket to listen on (required)\n"
+"  -M, --shm PATH        region file to create (default /dev/shm/ivcloud-<socket name>)\n"
+"  -l, --size BYTES      region size, power of two, K/M/G suffix (default 64M)\n"
+"  -n, --vectors N       interrupt vectors per peer, 1..%d (default 1)\n"
+"      --max-peers N     registry slots of the region (default 8)\n"
+"      --ring-slots N    slots per ring, power of two (default 64)\n"
+"      --slot-size N     bytes per ring slot, multiple of 64 (default 4096)\n"
+"  -F, --foreground      do not daemonize\n"
+"  -p, --pidfile PATH    write the server's pid there\n"
+"  -s, --state PATH      JSON state file, rewritten on every join/leave\n"
+"  -g, --group NAME      socket and region mode 0660 with this group (default 0600)\n"
+"      --keep-shm        leave the region file in place at shutdown\n"
+"  -v, --verbose         log joins and leaves\n"
+"  -h, --help            this text\n",
+            IVS_MAX_VECTORS);
+}
+
+/* One line on stderr, exit 2: the contract for a bad command line. */
+static void __attribute__((noreturn, format(printf, 1, 2)))
+bad_usage(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ivshmem-server: %s (see --help)\n", line);
+    exit(2);
+}
+
+static bool parse_uint(const char *s, unsigned long long max,
+                       unsigned long long *out)
+{
+    if (!s || *s < '0' || *s > '9')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_size(const char *s, unsigned long long *out)
+{
+    if (!s || *s < '0' || *s > '9')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return false;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: return false;
+    }
+    if (*end || (shift && v > (~0ull >> shift)))
+        return false;
+    *out = v << shift;
+    return true;
+}
+
+/* The daemon chdirs to "/": every path it keeps must be absolute. The
+   result lives in `buf` (static storage in main: alive until exit). */
+static const char *absolute(const char *path, char *buf, size_t cap)
+{
+    char cwd[PATH_MAX];
+    int n;
+    if (path[0] == '/')
+        n = snprintf(buf, cap, "%s", path);
+    else if (getcwd(cwd, sizeof cwd))
+        n = snprintf(buf, cap, "%s/%s", cwd, path);
+    else
+        bad_usage("cannot resolve path %s: %s", path, strerror(errno));
+    if (n < 0 || (size_t)n >= cap)
+        bad_usage("path too long: %s", path);
+    return buf;
+}
+
+static int write_pidfile(const char *path)
+{
+    char tmp[4096], line[32];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    int len = snprintf(line, sizeof line, "%d\n", (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    int rc = write(fd, line, (size_t)len) == len ? 0 : -EIO;
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = -errno;
+    if (rc < 0)
+        unlink(tmp);
+    return rc;
+}
+
+/* More clients need more fds (1 + vectors each, plus those in flight). */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+/* Parent side of daemonizing: wait for the child's "ready" byte. */
+static int __attribute__((noreturn)) wait_for_daemon(pid_t child, int ready_fd)
+{
+    char c;
+    ssize_t n;
+    do
+        n = read(ready_fd, &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n == 1)
+        _exit(0);
+    /* The child closed the pipe without "ready": it failed and said why
+       on the stderr we share; pass its status on. */
+    int st;
+    if (waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st))
+        _exit(WEXITSTATUS(st));
+    _exit(1);
+}
+
+int main(int argc, char **argv)
+{
+    enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM };
+    static const struct option longopts[] = {
+        {"socket", required_argument, NULL, 'S'},
+        {"shm", required_argument, NULL, 'M'},
+        {"size", required_argument, NULL, 'l'},
+        {"vectors", required_argument, NULL, 'n'},
+        {"max-peers", required_argument, NULL, OPT_MAX_PEERS},
+        {"ring-slots", required_argument, NULL, OPT_RING_SLOTS},
+        {"slot-size", required_argument, NULL, OPT_SLOT_SIZE},
+        {"foreground", no_argument, NULL, 'F'},
+        {"pidfile", required_argument, NULL, 'p'},
+        {"state", required_argument, NULL, 's'},
+        {"group", required_argument, NULL, 'g'},
+        {"keep-shm", no_argument, NULL, OPT_KEEP_SHM},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct ivs_config cfg = {.size = DEFAULT_SIZE, .vectors = 1};
+    const char *socket_arg = NULL, *shm_arg = NULL, *pid_arg = NULL,
+               *state_arg = NULL, *group_arg = NULL;
+    bool foreground = false;
+    unsigned long long v;
+
+    opterr = 0; /* our own one-line messages */
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":S:M:l:n:Fp:s:g:vh", longopts,
+                              NULL)) != -1) {
+        switch (opt) {
+        case 'S': socket_arg = optarg; break;
+        case 'M': shm_arg = optarg; break;
+        case 'l':
+            if (!parse_size(optarg, &v))
+                bad_usage("bad size '%s'", optarg);
+            cfg.size = v;
+            break;
+        case 'n':
+            if (!parse_uint(optarg, IVS_MAX_VECTORS, &v) || v < 1)
+                bad_usage("vectors must be 1..%d, not '%s'", IVS_MAX_VECTORS,
+                          optarg);
+            cfg.vectors = (unsigned)v;
+            break;
+        case OPT_MAX_PEERS:
+            if (!parse_uint(optarg, UINT32_MAX, &v) || v < 2)
+                bad_usage("bad --max-peers '%s'", optarg);
+            cfg.geometry.max_peers = (uint32_t)v;
+            break;
+        case OPT_RING_SLOTS:
+            if (!parse_uint(optarg, UINT32_MAX, &v) || v < 1)
+                bad_usage("bad --ring-slots '%s'", optarg);
+            cfg.geometry.ring_slots = (uint32_t)v;
+            break;
+        case OPT_SLOT_SIZE:
+            if (!parse_uint(optarg, UINT32_MAX, &v) || v < 1)
+                bad_usage("bad --slot-size '%s'", optarg);
+            cfg.geometry.slot_size = (uint32_t)v;
+            break;
+        case 'F': foreground = true; break;
+        case 'p': pid_arg = optarg; break;
+        case 's': state_arg = optarg; break;
+        case 'g': group_arg = optarg; break;
+        case OPT_KEEP_SHM: cfg.keep_shm = true; break;
+        case 'v': ivs_verbose = 1; break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case ':':
+            bad_usage("option %s needs an argument", argv[optind - 1]);
+        default:
+            if (optopt)
+                bad_usage("unknown option -%c", optopt);
+            bad_usage("unknown option %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        bad_usage("unexpected argument '%s'", argv[optind]);
+    if (!socket_arg || !*socket_arg)
+        bad_usage("--socket is required");
+
+    static char socket_buf[PATH_MAX], shm_buf[PATH_MAX], state_buf[PATH_MAX],
+        pid_buf[PATH_MAX];
+    cfg.socket_path = absolute(socket_arg, socket_buf, sizeof socket_buf);
+    if (strlen(cfg.socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        bad_usage("socket path too long: %s", cfg.socket_path);
+    if (shm_arg) {
+        if (!*shm_arg)
+            bad_usage("empty --shm path");
+        cfg.shm_path = absolute(shm_arg, shm_buf, sizeof shm_buf);
+    } else {
+        const char *base = strrchr(cfg.socket_path, '/') + 1;
+        if (!*base)
+            bad_usage("cannot derive a region name from %s", cfg.socket_path);
+        snprintf(shm_buf, sizeof shm_buf, "/dev/shm/ivcloud-%s", base);
+        cfg.shm_path = shm_buf;
+    }
+    if (state_arg)
+        cfg.state_path = absolute(state_arg, state_buf, sizeof state_buf);
+    const char *pidfile = pid_arg ? absolute(pid_arg, pid_buf, sizeof pid_buf) : NULL;
+
+    if (cfg.size & (cfg.size - 1) || cfg.size == 0)
+        bad_usage("size %llu is not a power of two (QEMU maps it as a PCI BAR)",
+                  (unsigned long long)cfg.size);
+    if (cfg.size > MAX_SIZE)
+        bad_usage("size %llu is too large", (unsigned long long)cfg.size);
+    uint64_t need = ivshm_min_region_size(&cfg.geometry);
+    if (need == 0)
+        bad_usage("invalid region geometry (max-peers 2..64, ring-slots a "
+                  "power of two, slot-size a multiple of 64 >= 128)");
+    if (cfg.size < need)
+        bad_usage("size %llu too small for this geometry (needs %llu)",
+                  (unsigned long long)cfg.size, (unsigned long long)need);
+    if (group_arg) {
+        struct group *gr = getgrnam(group_arg);
+        if (gr) {
+            cfg.gid = gr->gr_gid;
+        } else if (parse_uint(group_arg, UINT32_MAX - 1, &v)) {
+            cfg.gid = (gid_t)v;
+        } else {
+            bad_usage("unknown group '%s'", group_arg);
+        }
+        cfg.shared_group = true;
+    }
+
+    raise_fd_limit();
+    int ready_fd = -1;
+    if (!foreground) {
+        int pipefd[2];
+        if (pipe2(pipefd, O_CLOEXEC) < 0) {
+            perror("ivshmem-server: pipe");
+            return 1;
+        }
+        fflush(NULL);
+        pid_t child = fork();
+        if (child < 0) {
+            perror("ivshmem-server: fork");
+            return 1;
+        }
+        if (child > 0) {
+            close(pipefd[1]);
+            wait_for_daemon(child, pipefd[0]);
+        }
+        close(pipefd[0]);
+        ready_fd = pipefd[1];
+        setsid();
+        if (chdir("/") < 0)
+            return 1;
+    }
+
+    /* Stop signals stay blocked except inside ppoll, so they are seen
+       exactly there and never interrupt a half-sent burst. */
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t stops, wait_mask;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stops, &wait_mask);
+    sigdelset(&wait_mask, SIGTERM);
+    sigdelset(&wait_mask, SIGINT);
+    sigdelset(&wait_mask, SIGHUP);
+
+    struct ivs_server *srv;
+    int rc = ivs_server_start(&cfg, &srv);
+    if (rc < 0) {
+        if (rc == -ENAMETOOLONG || rc == -EINVAL || rc == -ENOMEM)
+            ivs_log_error("%s", ivshm_strerror(rc));
+        return 1;
+    }
+    if (pidfile && (rc = write_pidfile(pidfile)) < 0) {
+        ivs_log_error("pid file %s: %s", pidfile, strerror(-rc));
+        ivs_server_stop(srv);
+        return 1;
+    }
+    ivs_server_publish(srv);
+
+    if (ready_fd >= 0) {
+        /* From here on nobody reads our stderr: a caller capturing it
+           would otherwise wait for EOF as long as we run. */
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+            dup2(null, 2);
+            close(null);
+        }
+        openlog("ivshmem-server", LOG_PID, LOG_DAEMON);
+        ivs_log_target = IVS_LOG_SYSLOG;
+        ssize_t n = write(ready_fd, "1", 1);
+        (void)n;
+        close(ready_fd);
+    }
+
+    rc = ivs_server_run(srv, &stop_signal, &wait_mask);
+    if (rc < 0)
+        ivs_log_error("poll: %s", strerror(-rc));
+    else
+        ivs_log_info("signal %d: shutting down", (int)stop_signal);
+    ivs_server_stop(srv);
+    if (pidfile)
+        unlink(pidfile);
+    return rc < 0 ? 1 : 0;
+}

@@ -1,0 +1,232 @@
+/* Our ivshmem-server with a real QEMU ivshmem-doorbell device: the VM
+   (paused, no guest) must appear as a peer with 4 vectors, in the host
+   client's view and in the state file, be ringable, and leave when QEMU
+   is killed, taking down a registry entry "its guest" published.
+   Exits 77 (skip) only when qemu-system-x86_64 is not installed. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "testutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define JOB 0x9e4
+#define VECTORS 4
+
+static pid_t owner_pid, server_pid = -1, qemu_pid = -1;
+static char sock_path[108], shm_path[128], state_path[128];
+
+static void cleanup(void)
+{
+    if (getpid() != owner_pid)
+        return;
+    pid_t *pids[] = {&qemu_pid, &server_pid};
+    for (int i = 0; i < 2; i++) {
+        if (*pids[i] > 0) {
+            kill(*pids[i], SIGKILL);
+            waitpid(*pids[i], NULL, 0);
+            *pids[i] = -1;
+        }
+    }
+    unlink(sock_path);
+    unlink(shm_path);
+    unlink(state_path);
+}
+
+static void on_signal(int sig)
+{
+    cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+#define EVENTUALLY(cond, timeout_ms)                                         \
+    ({                                                                       \
+        uint64_t end_ = ivshm_now_ns() + (uint64_t)(timeout_ms) * 1000000ull; \
+        bool ok_;                                                            \
+        while (!(ok_ = (cond)) && ivshm_now_ns() < end_)                     \
+            sleep_ms(5);                                                     \
+        ok_;                                                                 \
+    })
+
+static bool find_on_path(const char *name, char *out, size_t cap)
+{
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t len = strcspn(path, ":");
+        if (len > 0 && (size_t)snprintf(out, cap, "%.*s/%s", (int)len, path,
+                                        name) < cap &&
+            access(out, X_OK) == 0)
+            return true;
+        path += len + (path[len] == ':');
+    }
+    return false;
+}
+
+static bool state_has_peer(int32_t id, int vectors)
+{
+    char want[64], buf[4096];
+    snprintf(want, sizeof want, "{\"id\":%d,\"vectors\":%d}", (int)id, vectors);
+    int fd = open(state_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0)
+        return false;
+    buf[n] = '\0';
+    return strstr(buf, want) != NULL;
+}
+
+/* The first server peer other than `self` and its vector count, or -1. */
+static int32_t other_peer(ivshm *h, int32_t self, int *vectors)
+{
+    int32_t ids[16];
+    int vec[16];
+    int n = ivshm_server_peers(h, ids, vec, 16);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] != self) {
+            *vectors = vec[i];
+            return ids[i];
+        }
+    }
+    return -1;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int main(void)
+{
+    char qemu[4096];
+    if (!find_on_path("qemu-system-x86_64", qemu, sizeof qemu)) {
+        printf("test_qemu: qemu-system-x86_64 not found: skipped\n");
+        return 77;
+    }
+    const char *server_bin = getenv("IVSHM_SERVER_BIN");
+    if (!server_bin || access(server_bin, X_OK) < 0) {
+        fprintf(stderr, "IVSHM_SERVER_BIN not set or not executable\n");
+        return 1;
+    }
+    owner_pid = getpid();
+    int me = (int)getpid();
+    snprintf(sock_path, sizeof sock_path, "/tmp/ivshm-qtest-%d.sock", me);
+    snprintf(shm_path, sizeof shm_path, "/dev/shm/ivshm-qtest-%d", me);
+    snprintf(state_path, sizeof state_path, "/tmp/ivshm-qtest-%d.json", me);
+    atexit(cleanup);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGABRT, on_signal);
+
+    char vec_arg[8];
+    snprintf(vec_arg, sizeof vec_arg, "%d", VECTORS);
+    char *sargs[] = {"ivshmem-server", "-F", "-S", sock_path, "-M", shm_path,
+                     "-s", state_path, "-n", vec_arg, "-l", "32M", NULL};
+    fflush(NULL);
+    server_pid = fork();
+    if (server_pid == 0) {
+        execv(server_bin, sargs);
+        _exit(127);
+    }
+    if (!EVENTUALLY(exists(state_path), 5000)) {
+        CHECK(!"server started");
+        return tu_summary("test_qemu");
+    }
+
+    ivshm_config cfg = {.job_id = JOB, .rank = 0, .name = "host"};
+    ivshm *h = NULL;
+    CHECK_RC(ivshm_attach_server(sock_path, &cfg, &h), 0);
+    if (!h)
+        return tu_summary("test_qemu");
+    ivshm_peer_info me_info;
+    CHECK_RC(ivshm_peer(h, ivshm_self(h), &me_info), 0);
+    int32_t self_id = me_info.doorbell_id;
+    int32_t ids[4];
+    int vec[4];
+    /* The protocol has no end-of-burst marker: our last vectors may
+       still be in flight when attach returns. */
+    CHECK(EVENTUALLY(ivshm_server_peers(h, ids, vec, 4) == 1 &&
+                         ids[0] == self_id && vec[0] == VECTORS, 2000));
+
+    char chardev[256], device[128];
+    snprintf(chardev, sizeof chardev, "socket,path=%s,id=ivs", sock_path);
+    snprintf(device, sizeof device, "ivshmem-doorbell,chardev=ivs,vectors=%d",
+             VECTORS);
+    char *qargs[] = {qemu, "-S", "-display", "none", "-nodefaults",
+                     "-machine", "pc", "-chardev", chardev,
+                     "-device", device, NULL};
+    fflush(NULL);
+    qemu_pid = fork();
+    if (qemu_pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0)
+            dup2(null, 0);
+        execv(qemu, qargs);
+        _exit(127);
+    }
+
+    int vectors = 0;
+    int32_t vm_id = -1;
+    CHECK(EVENTUALLY((vm_id = other_peer(h, self_id, &vectors)) >= 0 &&
+                         vectors == VECTORS, 10000));
+    printf("QEMU joined as id %d with %d vectors\n", (int)vm_id, vectors);
+    CHECK(vm_id >= 0 && vm_id != self_id && vectors == VECTORS);
+    if (vm_id >= 0) {
+        CHECK(EVENTUALLY(state_has_peer(vm_id, VECTORS) &&
+                             state_has_peer(self_id, VECTORS), 2000));
+
+        /* What a guest would publish through BAR2: an entry behind the
+           VM's doorbell id. Its pid is ours (alive), so only the
+           server's leave handling can mark it dead. */
+        ivshm *guest = NULL;
+        CHECK_RC(ivshm_region_map(fcntl(h->map_fd, F_DUPFD_CLOEXEC, 0), &guest), 0);
+        int gslot = -1;
+        if (guest) {
+            ivshm_config gcfg = {.job_id = JOB, .rank = 1, .name = "guest"};
+            CHECK_RC(ivshm_registry_join(guest, &gcfg, vm_id, DB_UIO), 0);
+            gslot = ivshm_self(guest);
+            CHECK(ivshm_find(h, JOB, 1) == gslot);
+            /* Ring the VM's vector 0: QEMU takes the eventfd write. */
+            CHECK_RC(h->db->ring(h->db, h, gslot, vm_id), 0);
+        }
+
+        kill(qemu_pid, SIGKILL);
+        waitpid(qemu_pid, NULL, 0);
+        qemu_pid = -1;
+        CHECK(EVENTUALLY(other_peer(h, self_id, &vectors) < 0, 5000));
+        CHECK(EVENTUALLY(!state_has_peer(vm_id, VECTORS), 5000));
+        if (gslot >= 0) {
+            CHECK(EVENTUALLY(ivshm_find(h, JOB, 1) == -ENOENT, 2000));
+            CHECK(atomic_load(&ivshm_entry(h, gslot)->state) == PEER_DEAD);
+            CHECK_RC(h->db->ring(h->db, h, gslot, vm_id), IVSHM_EPEERDEAD);
+        }
+        if (guest) {
+            ivshm_registry_leave(guest);
+            ivshm_region_unmap(guest);
+        }
+    }
+    ivshm_detach(h);
+
+    kill(server_pid, SIGTERM);
+    CHECK_RC(tu_wait(server_pid, 5000), 0);
+    server_pid = -1;
+    CHECK(!exists(sock_path) && !exists(shm_path) && !exists(state_path));
+    return tu_summary("test_qemu");
+}
