@@ -123,13 +123,17 @@ int ivshm_event_fd(ivshm *h);
    stream through the ring in fragments. Blocks (spin, then doorbell)
    while the ring is full; -IVSHM_EPEERDEAD if the peer goes away. */
 int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len);
-/* Like ivshm_send but never waits: -EAGAIN unless the whole message fits. */
+/* Like ivshm_send but never waits: -EAGAIN unless the whole message fits
+   now; -EMSGSIZE if it needs more slots than the ring has (use send). */
 int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
                    size_t len);
 /* Receive one message from `from` (a slot or IVSHM_ANY). Returns its full
    length; at most `cap` bytes are stored, so a return > cap means it was
    truncated (the rest is consumed). timeout_ms: -1 forever, 0 poll
-   (-EAGAIN). *src and *tag may be NULL. */
+   (-EAGAIN). *src and *tag may be NULL. Messages a peer published before
+   it left are still delivered; after them: -IVSHM_EPEERDEAD. A slot that
+   fails validation is consumed and reported as -IVSHM_ECORRUPT, with
+   *src naming the peer that wrote it. */
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                    size_t cap, int timeout_ms);
 

@@ -1,0 +1,166 @@
+/* libFuzzer: receive from a ring whose every byte a hostile peer chose.
+
+   A region is formatted in a heap buffer (small geometry) and a handle is
+   built for it by hand, as slot 0, with a doorbell that never blocks. The
+   input is sprayed over ring(1->0), the registry entry of slot 1 and the
+   tail of ring(0->1); then we receive and send a few times. Any outcome
+   but a crash or an out-of-bounds access is fine.
+
+   Input: byte 0 = slot 1's state (ACTIVE, DEAD, FREE) and the receive
+   capacity, byte 1 = our starting receive position, byte 2 = our starting
+   send position; the rest is sprayed in the order above. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static ivshm *h;
+static uint8_t *pristine; /* registry + rings as formatted */
+static uint64_t shared_off, shared_len;
+static uint8_t rxbuf[1024];
+
+/* A doorbell that returns at once: a wait for a fragment of a dead
+   sender ends at the first liveness check instead of a 20 ms slice. */
+static int fake_ring(struct ivshm_doorbell *db, ivshm *hh, int slot, int32_t id)
+{
+    return 0;
+}
+static uint64_t fake_arm(struct ivshm_doorbell *db, ivshm *hh)
+{
+    return 0;
+}
+static int fake_wait(struct ivshm_doorbell *db, ivshm *hh, uint64_t token,
+                     int timeout_ms)
+{
+    return -ETIMEDOUT;
+}
+static int fake_fd(struct ivshm_doorbell *db)
+{
+    return -1;
+}
+static int fake_notices(struct ivshm_doorbell *db, ivshm *hh)
+{
+    return 0;
+}
+static void fake_destroy(struct ivshm_doorbell *db)
+{
+}
+static struct ivshm_doorbell fake_db = {
+    .kind = DB_FUTEX, .ring = fake_ring, .arm = fake_arm, .wait = fake_wait,
+    .fd = fake_fd, .poll_notices = fake_notices, .destroy = fake_destroy};
+
+static void setup(void)
+{
+    ivshm_geometry g = {.max_peers = 2, .ring_slots = 4, .slot_size = 128,
+                        .max_windows = 1};
+    uint64_t size = ivshm_min_region_size(&g);
+    uint8_t *base = aligned_alloc(IVSHM_PAGE, size);
+    if (!base || ivshm_format(base, size, &g) < 0)
+        __builtin_trap();
+    const struct ivshm_header *hdr = (const void *)base;
+    h = calloc(1, sizeof *h);
+    if (!h)
+        __builtin_trap();
+    /* we formatted it ourselves: the header is trustworthy here */
+    h->base = base;
+    h->size = size;
+    h->map_fd = -1;
+    h->max_peers = hdr->max_peers;
+    h->ring_slots = hdr->ring_slots;
+    h->slot_size = hdr->slot_size;
+    h->max_windows = hdr->max_windows;
+    h->registry_off = hdr->registry_off;
+    h->ring_off = hdr->ring_off;
+    h->ring_bytes = hdr->ring_bytes;
+    h->windir_off = hdr->windir_off;
+    h->wctl_off = hdr->wctl_off;
+    h->heap_off = hdr->heap_off;
+    h->heap_size = hdr->heap_size;
+    h->self = 0;
+    h->self_gen = 1;
+    h->spin_ns = 1;
+    h->pidns = 1;
+    h->db = &fake_db;
+
+    struct ivshm_peer_entry *me = ivshm_entry(h, 0);
+    atomic_store(&me->gen, 1);
+    me->pid = (int32_t)getpid();
+    me->pidns = h->pidns;
+    atomic_store(&me->state, PEER_ACTIVE);
+
+    shared_off = h->registry_off;
+    shared_len = h->windir_off - h->registry_off;
+    pristine = malloc(shared_len);
+    if (!pristine)
+        __builtin_trap();
+    memcpy(pristine, base + shared_off, shared_len);
+}
+
+/* Copy up to `len` input bytes to `dst`, advancing the input. */
+static void spray(uint8_t *dst, size_t len, const uint8_t **in, size_t *left)
+{
+    size_t n = *left < len ? *left : len;
+    memcpy(dst, *in, n);
+    *in += n;
+    *left -= n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!h)
+        setup();
+    if (size < 3)
+        return 0;
+    memcpy(h->base + shared_off, pristine, shared_len);
+    memset(h->peers, 0, sizeof h->peers);
+    h->rr_next = 0;
+
+    static const uint32_t states[4] = {PEER_ACTIVE, PEER_ACTIVE, PEER_DEAD,
+                                       PEER_FREE};
+    static const size_t caps[4] = {0, 7, 200, sizeof rxbuf};
+    uint32_t state = states[data[0] & 3];
+    size_t cap = caps[(data[0] >> 2) & 3];
+    uint64_t rx_start = data[1];
+    uint64_t tx_start = data[2] & 15;
+
+    const uint8_t *in = data + 3;
+    size_t left = size - 3;
+    spray(ivshm_ring(h, 1, 0), h->ring_bytes, &in, &left);
+    struct ivshm_peer_entry *peer = ivshm_entry(h, 1);
+    spray((uint8_t *)peer, sizeof *peer, &in, &left);
+    struct ivshm_ring_ctrl *tx_ctrl = (void *)ivshm_ring(h, 0, 1);
+    spray((uint8_t *)&tx_ctrl->tail, sizeof tx_ctrl->tail, &in, &left);
+
+    /* Considered at all; and when its liveness is probed, found dead, so
+       a wait for a fragment that never comes ends. */
+    atomic_store(&peer->state, state);
+    peer->pidns = h->pidns;
+    peer->pid = INT32_MAX;
+
+    /* Start our positions where the input says, as if we had talked to
+       this generation before (tail cache consistent with the head). */
+    struct ivshm_peer_local *p = &h->peers[1];
+    p->gen = atomic_load(&peer->gen);
+    p->rx_tail = rx_start;
+    p->tx_head = tx_start;
+    p->tx_tail_cache = tx_start > h->ring_slots ? tx_start - h->ring_slots : 0;
+
+    for (int i = 0; i < 4; i++) {
+        int src = -1;
+        uint32_t tag = 0;
+        ssize_t rc = ivshm_recv(h, i == 3 ? 1 : IVSHM_ANY, &src, &tag,
+                                cap ? rxbuf : NULL, cap, 0);
+        if (rc > 0 && (src != 1 || (uint64_t)rc > (uint64_t)SSIZE_MAX))
+            __builtin_trap();
+    }
+    ivshm_try_send(h, 1, 5, "fuzz", 4);
+    ivshm_send(h, 1, 6, rxbuf, 300);
+    return 0;
+}

@@ -1,0 +1,539 @@
+/*
+ * Messages: one single-producer single-consumer ring per ordered pair of
+ * peers. ring(i->j) is written only by i and consumed only by j.
+ *
+ * Positions are 64-bit counters that never wrap in practice; position p
+ * lives in slot p & (ring_slots - 1).
+ *
+ *  - The producer keeps its head in local memory (peers[j].tx_head) and
+ *    may write position p once p - tail < ring_slots. It reads the
+ *    consumer's tail (acquire) only when its cached copy says "full".
+ *  - A slot is published by the release store seq = p + 1, after its
+ *    header and payload. The consumer polls the seq of the slot at its own
+ *    position, so an 8-byte message costs one cache-line transfer and no
+ *    shared index is touched on the fast path.
+ *  - The consumer keeps its tail locally (peers[i].rx_tail) and publishes
+ *    it (release) after copying a slot out: only then may the producer
+ *    overwrite that slot.
+ *  - A message longer than one slot's payload occupies consecutive
+ *    positions FIRST..LAST. The producer streams them as space frees up
+ *    while the consumer drains, so a message may be larger than the ring.
+ *  - Wake-ups: after publishing, the producer kicks the consumer (a fence
+ *    and a look at its `sleeping` flag); the consumer kicks the producer
+ *    only when the ring was full, the one case in which it can be blocked
+ *    on us.
+ *  - A sender that left or died keeps its generation until its slot is
+ *    claimed again (the claimer empties the rings), so whatever it
+ *    published before going is still delivered.
+ *
+ * The producer may be hostile: every header field is loaded once into a
+ * local copy and validated before it sizes a copy. Shared ctrl->head is
+ * informational only and never read here.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <string.h>
+
+_Static_assert(sizeof(struct ivshm_slot) == IVSHM_SLOT_HDR,
+               "slot header is IVSHM_SLOT_HDR bytes");
+
+/* While streaming a large message, ring a sleeping receiver at least
+   every this many fragments instead of only when we run out of space. */
+#define KICK_EVERY 8
+
+/* Drops of stale slots in one receive call: a producer that keeps
+   writing stale slots must not hold us in the loop. */
+#define MAX_DROPS_PER_CALL(h) ((h)->ring_slots)
+
+static inline uint32_t slot_payload(const ivshm *h)
+{
+    return h->slot_size - IVSHM_SLOT_HDR;
+}
+
+static inline struct ivshm_slot *slot_at(const ivshm *h, uint8_t *ring,
+                                         uint64_t pos)
+{
+    return (struct ivshm_slot *)(ring + IVSHM_RING_CTRL +
+                                 (pos & (h->ring_slots - 1)) *
+                                     (uint64_t)h->slot_size);
+}
+
+static inline uint8_t *slot_data(struct ivshm_slot *s)
+{
+    return (uint8_t *)s + IVSHM_SLOT_HDR;
+}
+
+/* ------------------------------------------------------------------ */
+/* sending                                                            */
+/* ------------------------------------------------------------------ */
+
+/* The tail failed validation. A new incarnation of the consumer resets
+   it to 0 under us, which looks like garbage: tell the two apart. */
+static int tail_error(ivshm *h, int slot)
+{
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
+        atomic_load_explicit(&e->gen, memory_order_relaxed) !=
+            h->peers[slot].gen)
+        return IVSHM_EPEERDEAD;
+    return IVSHM_ECORRUPT;
+}
+
+/* Room for `need` positions from tx_head: 0, -EAGAIN, or an error.
+   Invariant kept: tx_tail_cache <= tx_head and tx_head - tx_tail_cache <=
+   ring_slots, so positions [tx_head, tx_tail_cache + ring_slots) hold
+   nothing the consumer has yet to read. */
+static int tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
+                      uint64_t need)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->tx_head - p->tx_tail_cache + need <= h->ring_slots)
+        return 0;
+    /* acquire: the consumer is done reading the slots it released */
+    uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
+    if (tail > p->tx_head || p->tx_head - tail > h->ring_slots)
+        return tail_error(h, slot);
+    p->tx_tail_cache = tail;
+    return p->tx_head - tail + need <= h->ring_slots ? 0 : -EAGAIN;
+}
+
+struct space_wait {
+    struct ivshm_ring_ctrl *ctrl;
+    uint64_t head;
+    uint32_t ring_slots;
+};
+
+static bool space_ready(ivshm *h, void *arg)
+{
+    (void)h;
+    struct space_wait *w = arg;
+    uint64_t tail = atomic_load_explicit(&w->ctrl->tail, memory_order_relaxed);
+    /* garbage counts as ready: tx_reserve re-reads and reports it */
+    return tail > w->head || w->head - tail < w->ring_slots;
+}
+
+/* The ring is full: show the consumer what we have published so far
+   (it drains while we wait: that is the pipelining) and wait for one
+   free position. Ends early if the consumer dies. */
+static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_relaxed);
+    ivshm_kick(h, slot);
+    struct space_wait w = {ctrl, p->tx_head, h->ring_slots};
+    for (;;) {
+        int rc = ivshm_wait(h, space_ready, &w, slot, p->gen, -1);
+        if (rc < 0)
+            return rc;
+        rc = tx_reserve(h, slot, ctrl, 1);
+        if (rc != -EAGAIN)
+            return rc;
+    }
+}
+
+/* Fill the slot of position `pos` and publish it. The caller reserved
+   the position, so the consumer is not reading this slot. */
+static inline void tx_publish(ivshm *h, uint8_t *ring, uint64_t pos,
+                              uint32_t tag, uint32_t flags, uint64_t total,
+                              const uint8_t *src, uint32_t n)
+{
+    struct ivshm_slot *s = slot_at(h, ring, pos);
+    s->len = n;
+    s->tag = tag;
+    s->gen = h->self_gen;
+    s->flags = flags;
+    s->total = total;
+    if (n)
+        memcpy(slot_data(s), src, n);
+    /* Publication point: everything above is visible before seq is. */
+    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+}
+
+/* Fast path of a small message: validated arguments, the registry says
+   the peer is the one we know, the cached tail says there is room, one
+   slot written, one release store, a fence and a look at `sleeping`. */
+static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
+                    size_t len, bool may_wait)
+{
+    if (!h || h->self < 0 || !ivshm_slot_ok(h, slot) || slot == h->self ||
+        (len && !buf))
+        return -EINVAL;
+    if (len > (size_t)SSIZE_MAX) /* recv reports the length as ssize_t */
+        return -EMSGSIZE;
+    /* also resets our positions if a new incarnation took the slot */
+    if (!ivshm_peer_current(h, slot))
+        return IVSHM_EPEERDEAD;
+
+    struct ivshm_peer_local *p = &h->peers[slot];
+    uint8_t *ring = ivshm_ring(h, h->self, slot);
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    const uint32_t payload = slot_payload(h);
+    int rc;
+
+    if (!may_wait) {
+        uint64_t nfrag = len <= payload ? 1 : (len - 1) / payload + 1;
+        if (nfrag > h->ring_slots)
+            return -EMSGSIZE; /* could never fit: -EAGAIN would lie */
+        rc = tx_reserve(h, slot, ctrl, nfrag);
+        if (rc < 0)
+            return rc;
+    }
+
+    const uint8_t *src = buf;
+    size_t left = len;
+    uint32_t flags = SLOT_FIRST;
+    unsigned since_kick = 0;
+    for (;;) {
+        if (may_wait) {
+            rc = tx_reserve(h, slot, ctrl, 1);
+            if (rc == -EAGAIN)
+                rc = tx_wait_space(h, slot, ctrl);
+            /* Giving up mid-message leaves a truncated FIRST..; the
+               receiver reports it as corrupt and keeps the next FIRST. */
+            if (rc < 0)
+                return rc;
+        }
+        uint32_t n = left < payload ? (uint32_t)left : payload;
+        if (n == left)
+            flags |= SLOT_LAST;
+        tx_publish(h, ring, p->tx_head, tag, flags, len, src, n);
+        p->tx_head++;
+        left -= n;
+        if (!left)
+            break;
+        src += n;
+        flags = 0;
+        if (++since_kick == KICK_EVERY) {
+            since_kick = 0;
+            ivshm_kick(h, slot);
+        }
+    }
+    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_relaxed);
+    ivshm_kick(h, slot);
+    h->stats.sends++;
+    h->stats.bytes_sent += len;
+    return 0;
+}
+
+int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len)
+{
+    return send_msg(h, slot, tag, buf, len, true);
+}
+
+int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
+                   size_t len)
+{
+    return send_msg(h, slot, tag, buf, len, false);
+}
+
+/* ------------------------------------------------------------------ */
+/* receiving                                                          */
+/* ------------------------------------------------------------------ */
+
+/* Which incarnation of a sender we read from. */
+enum rx_view {
+    RX_NONE, /* nobody: free since we joined, or being claimed */
+    RX_LIVE, /* ACTIVE: we free slots and wake it */
+    RX_GONE, /* left or died: drain what it published, read-only */
+};
+
+/* Refresh our local view of the sender in `slot`. A sender that left or
+   died keeps its generation in the registry until the slot is claimed
+   again, and the claimer empties the rings: so what sits in the ring
+   still belongs to that generation and may be delivered. We never write
+   the tail of a departed sender's ring, so a claimer that is resetting
+   it cannot be undone by us. */
+static enum rx_view rx_view(ivshm *h, int slot)
+{
+    if (ivshm_peer_current(h, slot))
+        return RX_LIVE;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
+    if (st != PEER_FREE && st != PEER_DEAD)
+        return RX_NONE;
+    uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+    if (gen == 0)
+        return RX_NONE;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->gen != gen) {
+        /* an incarnation we never talked to: its positions began at 0 */
+        memset(p, 0, sizeof *p);
+        p->gen = gen;
+    }
+    return RX_GONE;
+}
+
+static inline bool slot_full(const struct ivshm_slot *s, uint64_t pos)
+{
+    /* acquire pairs with the producer's publication store */
+    return atomic_load_explicit(&s->seq, memory_order_acquire) == pos + 1;
+}
+
+/* Consume position rx_tail of `slot`'s ring. */
+static void rx_consume(ivshm *h, int slot, uint8_t *ring, enum rx_view view)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    uint64_t pos = p->rx_tail++;
+    if (view != RX_LIVE)
+        return;
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    /* release: our reads of the slot are done before it may be reused */
+    atomic_store_explicit(&ctrl->tail, p->rx_tail, memory_order_release);
+    /* The producer only ever blocks on a full ring, that is after it
+       published position pos + ring_slots - 1. Dekker with the producer
+       (store seq ... fence, load tail in its wait): if we do not see that
+       seq, its next look at the tail sees ours, so a wake is only owed
+       when we do see it. This spares a futex wake to a producer that
+       sleeps for another reason (waiting for our reply). */
+    atomic_thread_fence(memory_order_seq_cst);
+    const struct ivshm_slot *last = slot_at(h, ring, pos + h->ring_slots - 1);
+    if (atomic_load_explicit(&last->seq, memory_order_relaxed) ==
+        pos + h->ring_slots)
+        ivshm_kick(h, slot);
+}
+
+/* One snapshot of a slot header: the producer may rewrite it while we
+   look, so each field is read exactly once and only the copy is used. */
+struct frag {
+    uint32_t len, tag, gen, flags;
+    uint64_t total;
+};
+
+static inline void frag_read(const struct ivshm_slot *s, struct frag *f)
+{
+    f->len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+    f->tag = __atomic_load_n(&s->tag, __ATOMIC_RELAXED);
+    f->gen = __atomic_load_n(&s->gen, __ATOMIC_RELAXED);
+    f->flags = __atomic_load_n(&s->flags, __ATOMIC_RELAXED);
+    f->total = __atomic_load_n(&s->total, __ATOMIC_RELAXED);
+}
+
+/* Store what fits of a validated fragment (len <= payload). */
+static inline void copy_out(void *buf, size_t cap, size_t *stored,
+                            struct ivshm_slot *s, uint32_t len)
+{
+    if (*stored >= cap || len == 0)
+        return;
+    size_t n = cap - *stored < len ? cap - *stored : len;
+    memcpy((uint8_t *)buf + *stored, slot_data(s), n);
+    *stored += n;
+}
+
+struct frag_wait {
+    const struct ivshm_slot *s;
+    uint64_t pos;
+};
+
+static bool frag_ready(ivshm *h, void *arg)
+{
+    (void)h;
+    const struct frag_wait *w = arg;
+    return slot_full(w->s, w->pos);
+}
+
+/* Mid-message: wait for the next fragment, however long the sender
+   takes, as long as it lives. A dead sender turns *view into RX_GONE. */
+static int rx_wait_fragment(ivshm *h, int slot, const struct ivshm_slot *s,
+                            enum rx_view *view)
+{
+    struct frag_wait w = {s, h->peers[slot].rx_tail};
+    if (*view == RX_LIVE) {
+        int rc = ivshm_wait(h, frag_ready, &w, slot, h->peers[slot].gen, -1);
+        if (rc != IVSHM_EPEERDEAD)
+            return rc;
+        *view = RX_GONE;
+    }
+    /* gone: what it published before dying is still ours */
+    return frag_ready(h, &w) ? 0 : IVSHM_EPEERDEAD;
+}
+
+static inline bool flags_bad(uint32_t flags)
+{
+    return (flags & ~(uint32_t)(SLOT_FIRST | SLOT_LAST)) != 0;
+}
+
+/* Receive one whole message from `slot` if its first fragment is there.
+   Returns the message length, -EAGAIN if there is none, or an error. A
+   malformed slot is consumed and reported as IVSHM_ECORRUPT, so a
+   scribbled ring costs the scribbler's messages, not a stuck receiver. */
+static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
+                          size_t cap)
+{
+    enum rx_view view = rx_view(h, slot);
+    if (view == RX_NONE)
+        return -EAGAIN;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    uint8_t *ring = ivshm_ring(h, slot, h->self);
+    const uint32_t payload = slot_payload(h);
+    struct ivshm_slot *s;
+    struct frag f;
+
+    for (uint32_t drops = 0;; drops++) {
+        if (drops == MAX_DROPS_PER_CALL(h))
+            return -EAGAIN;
+        s = slot_at(h, ring, p->rx_tail);
+        if (!slot_full(s, p->rx_tail))
+            return -EAGAIN;
+        frag_read(s, &f);
+        if (f.gen == p->gen)
+            break;
+        if (f.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
+                                          memory_order_relaxed))
+            return -EAGAIN; /* the slot changed hands just now: our next
+                               call sees the new generation */
+        /* written by an earlier incarnation of the sender */
+        rx_consume(h, slot, ring, view);
+        h->stats.dropped++;
+    }
+
+    /* FIRST fragment: the whole message is described here. */
+    bool last = f.flags & SLOT_LAST;
+    if (flags_bad(f.flags) || !(f.flags & SLOT_FIRST) || f.len > payload ||
+        f.total > (uint64_t)SSIZE_MAX ||
+        (last ? f.total != f.len : (f.len == 0 || f.total <= f.len))) {
+        rx_consume(h, slot, ring, view);
+        return IVSHM_ECORRUPT;
+    }
+    size_t stored = 0;
+    copy_out(buf, cap, &stored, s, f.len);
+    rx_consume(h, slot, ring, view);
+
+    /* Continuations: stay on this ring until LAST. Invariant: remaining
+       = total - bytes consumed so far, > 0 inside the loop. */
+    uint64_t remaining = f.total - f.len;
+    while (remaining) {
+        s = slot_at(h, ring, p->rx_tail);
+        if (!slot_full(s, p->rx_tail)) {
+            int rc = rx_wait_fragment(h, slot, s, &view);
+            if (rc < 0)
+                return rc;
+        }
+        struct frag c;
+        frag_read(s, &c);
+        if (c.gen != p->gen) {
+            if (c.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
+                                              memory_order_relaxed))
+                return IVSHM_EPEERDEAD; /* new incarnation; leave its slot */
+            rx_consume(h, slot, ring, view);
+            return IVSHM_ECORRUPT;
+        }
+        if (c.flags == SLOT_FIRST || c.flags == (SLOT_FIRST | SLOT_LAST))
+            return IVSHM_ECORRUPT; /* leave it: it may start a good message */
+        bool is_last = c.flags & SLOT_LAST;
+        if (flags_bad(c.flags) || c.len == 0 || c.len > payload ||
+            c.len > remaining || is_last != (c.len == remaining) ||
+            c.tag != f.tag || c.total != f.total) {
+            rx_consume(h, slot, ring, view);
+            return IVSHM_ECORRUPT;
+        }
+        copy_out(buf, cap, &stored, s, c.len);
+        rx_consume(h, slot, ring, view);
+        remaining -= c.len;
+    }
+    *tag = f.tag;
+    return (ssize_t)f.total;
+}
+
+/* Round-robin over every other slot from rr_next, so one busy sender
+   cannot starve the others. */
+static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
+                      size_t cap)
+{
+    int n = (int)h->max_peers;
+    int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
+    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+        if (i == h->self)
+            continue;
+        ssize_t rc = rx_message(h, i, tag, buf, cap);
+        if (rc != -EAGAIN) {
+            h->rr_next = i + 1 == n ? 0 : i + 1;
+            *src = i;
+            return rc;
+        }
+    }
+    return -EAGAIN;
+}
+
+static bool rx_has_message(ivshm *h, int slot)
+{
+    if (rx_view(h, slot) == RX_NONE)
+        return false;
+    uint64_t pos = h->peers[slot].rx_tail;
+    return slot_full(slot_at(h, ivshm_ring(h, slot, h->self), pos), pos);
+}
+
+static bool any_ready(ivshm *h, void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < (int)h->max_peers; i++)
+        if (i != h->self && rx_has_message(h, i))
+            return true;
+    return false;
+}
+
+static bool one_ready(ivshm *h, void *arg)
+{
+    return rx_has_message(h, *(const int *)arg);
+}
+
+ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
+                   size_t cap, int timeout_ms)
+{
+    if (!h || h->self < 0 || (cap && !buf))
+        return -EINVAL;
+    if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
+        return -EINVAL;
+    uint64_t deadline =
+        timeout_ms > 0 ? ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
+
+    for (;;) {
+        int got_src = from;
+        uint32_t got_tag = 0;
+        ssize_t rc = from == IVSHM_ANY
+                         ? rx_any(h, &got_src, &got_tag, buf, cap)
+                         : rx_message(h, from, &got_tag, buf, cap);
+        if (rc != -EAGAIN && src)
+            *src = got_src; /* on ECORRUPT too: says who scribbled */
+        if (rc >= 0) {
+            if (tag)
+                *tag = got_tag;
+            h->stats.recvs++;
+            h->stats.bytes_recv += (uint64_t)rc;
+            return rc;
+        }
+        if (rc != -EAGAIN)
+            return rc;
+        int peer = -1;
+        uint32_t peer_gen = 0;
+        if (from != IVSHM_ANY) {
+            if (rx_view(h, from) != RX_LIVE) {
+                /* it may have published and left since rx_message looked */
+                if (rx_has_message(h, from))
+                    continue;
+                return IVSHM_EPEERDEAD;
+            }
+            peer = from;
+            peer_gen = h->peers[from].gen;
+        }
+        if (timeout_ms == 0)
+            return -EAGAIN;
+        int wait_ms = -1;
+        if (timeout_ms > 0) {
+            uint64_t now = ivshm_now_ns();
+            if (now >= deadline)
+                return -ETIMEDOUT;
+            wait_ms = (int)((deadline - now + 999999) / 1000000);
+        }
+        int w = ivshm_wait(h, from == IVSHM_ANY ? any_ready : one_ready, &from,
+                           peer, peer_gen, wait_ms);
+        if (w == -ETIMEDOUT)
+            return -ETIMEDOUT;
+        if (w < 0 && w != IVSHM_EPEERDEAD)
+            return w;
+        /* ready or dead: the next round drains what is left, then the
+           view check above reports the death */
+    }
+}
