@@ -1,0 +1,19 @@
+"""`ivcloud bench ...`: benchmarks. Each benchmark is a module with
+``add_arguments(parser)`` and ``run(args) -> exit code``."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    from . import p2p
+
+    p = sub.add_parser("bench", help="run benchmarks",
+                       description="Benchmarks of libivshm against "
+                                   "reference transports.")
+    actions = p.add_subparsers(dest="action", metavar="BENCHMARK",
+                               parser_class=type(p))
+    actions.required = True
+    b = actions.add_parser("p2p", help=p2p.__doc__.splitlines()[0],
+                           description=p2p.__doc__)
+    p2p.add_arguments(b)
+    b.set_defaults(func=p2p.run)

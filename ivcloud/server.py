@@ -1,0 +1,412 @@
+"""`ivcloud server start|stop|status`: manage ivshmem-server daemons.
+
+A server NAME keeps its files under RUN_DIR/NAME (socket, pid file, JSON
+state) and its region in /dev/shm/ivcloud-NAME. The native daemon does the
+work (native/server); this module only starts it with the right paths,
+finds it again through its pid file, stops it and checks it cleaned up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .cli import CliError
+
+DEFAULT_RUN_DIR = "/run/ivcloud"
+DEFAULT_NAME = "default"
+SERVER_BINARY = "ivshmem-server"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+
+
+class OperationFailed(CliError):
+    """The request was valid but did not work out: exit status 1."""
+
+    exit_code = 1
+
+
+def parse_size(text: str) -> int:
+    """'64M', '1G', '4096', '512KiB' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not m:
+        raise ValueError(f"bad size '{text}' (expected e.g. 64M, 1G, 4096)")
+    shift = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
+    return int(m.group(1)) << shift
+
+
+def format_size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def server_binary() -> Path:
+    from .native import native_dir
+    return native_dir() / SERVER_BINARY
+
+
+@dataclass(frozen=True)
+class ServerPaths:
+    name: str
+    run_dir: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.run_dir / self.name
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "ivshmem.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.dir / "server.pid"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def region(self) -> Path:
+        return Path("/dev/shm") / f"ivcloud-{self.name}"
+
+    def files(self) -> List[Path]:
+        return [self.socket, self.pidfile, self.state, self.region]
+
+
+def paths_for(name: str, run_dir: Optional[str] = None) -> ServerPaths:
+    if not _NAME_RE.match(name):
+        raise CliError(f"bad server name '{name}' (letters, digits, '_.-', "
+                       f"at most 64, not starting with '.' or '-')")
+    rd = Path(run_dir or os.environ.get("IVCLOUD_RUN_DIR") or DEFAULT_RUN_DIR)
+    paths = ServerPaths(name, rd.absolute())
+    if len(str(paths.socket)) > _SUN_PATH_MAX:
+        raise CliError(f"socket path {paths.socket} is longer than "
+                       f"{_SUN_PATH_MAX} bytes (use a shorter --run-dir)")
+    return paths
+
+
+# ---------------------------------------------------------------- processes
+
+def _pid_state(pid: int) -> Optional[str]:
+    """Kernel state letter of `pid` ('R', 'S', 'Z', ...), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name is in parentheses and may contain spaces
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def _is_server_pid(pid: int) -> bool:
+    """Does `pid` live and run our server binary (not a recycled pid)?"""
+    state = _pid_state(pid)
+    if state is None or state in ("Z", "X"):
+        return False
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == SERVER_BINARY[:15]
+
+
+def read_pid(paths: ServerPaths) -> Optional[int]:
+    try:
+        text = paths.pidfile.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CliError(f"cannot read {paths.pidfile}: {e.strerror}")
+    if not text.isdigit() or int(text) <= 0:
+        return None
+    return int(text)
+
+
+def read_state(paths: ServerPaths) -> Optional[Dict]:
+    """The daemon's JSON state file, or None (absent or unreadable)."""
+    try:
+        return json.loads(paths.state.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def running_pid(paths: ServerPaths) -> Optional[int]:
+    pid = read_pid(paths)
+    return pid if pid is not None and _is_server_pid(pid) else None
+
+
+def _leftovers(paths: ServerPaths) -> List[Path]:
+    return [p for p in paths.files() if os.path.lexists(p)]
+
+
+def _remove(paths: List[Path]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def _remove_dir(paths: ServerPaths) -> None:
+    try:
+        for tmp in paths.dir.glob("*.tmp"):
+            tmp.unlink()
+        paths.dir.rmdir()
+    except OSError:
+        pass  # not empty (someone else's files) or already gone
+
+
+# ---------------------------------------------------------------- actions
+
+def _min_size(max_peers: int) -> int:
+    """Smallest region for this geometry, 0 if libivshm is unavailable
+    (the daemon then checks it itself)."""
+    try:
+        from .native import min_region_size
+        return min_region_size(max_peers=max_peers)
+    except (OSError, ImportError):
+        return 0
+
+
+def start(paths: ServerPaths, size: int, vectors: int = 1,
+          max_peers: Optional[int] = None, group: Optional[str] = None,
+          verbose: bool = False, timeout_s: float = 10.0) -> int:
+    """Start the daemon; returns its pid. Raises CliError/OperationFailed."""
+    if size <= 0 or size & (size - 1):
+        raise CliError(f"size {size} is not a power of two (QEMU maps the "
+                       f"region as a PCI BAR)")
+    if not 1 <= vectors <= 64:
+        raise CliError(f"vectors must be 1..64, not {vectors}")
+    if max_peers is not None and not 2 <= max_peers <= 64:
+        raise CliError(f"max-peers must be 2..64, not {max_peers}")
+    need = _min_size(max_peers or 0)
+    if need and size < need:
+        raise CliError(f"size {format_size(size)} is too small for "
+                       f"{max_peers or 8} peers (needs at least "
+                       f"{need} bytes)")
+    gid = None
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            if not group.isdigit():
+                raise CliError(f"unknown group '{group}'")
+            gid = int(group)
+    binary = server_binary()
+    if not os.access(binary, os.X_OK):
+        raise OperationFailed(f"{binary} not found (run `make build` or set "
+                              f"IVCLOUD_NATIVE_DIR)")
+
+    pid = running_pid(paths)
+    if pid is not None:
+        raise CliError(f"server '{paths.name}' is already running (pid {pid})")
+    stale = _leftovers(paths)
+    if paths.region in stale:
+        raise CliError(f"region {paths.region} exists but no server "
+                       f"'{paths.name}' runs; `ivcloud server stop --name "
+                       f"{paths.name}` removes leftovers")
+    _remove(stale)  # socket, pid and state of a server that died
+
+    paths.dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        paths.dir.mkdir(mode=0o750 if gid is not None else 0o700)
+    except FileExistsError:
+        pass
+    if gid is not None:
+        # setgid: the pid and state files the daemon (re)creates in there
+        # belong to the group too, so its members can run `status`
+        os.chown(paths.dir, -1, gid)
+        os.chmod(paths.dir, 0o2750)
+
+    cmd = [str(binary), "-S", str(paths.socket), "-M", str(paths.region),
+           "-l", str(size), "-n", str(vectors), "-p", str(paths.pidfile),
+           "-s", str(paths.state)]
+    if max_peers is not None:
+        cmd += ["--max-peers", str(max_peers)]
+    if group is not None:
+        cmd += ["-g", str(gid)]
+    if verbose:
+        cmd.append("-v")
+    # The daemon's parent returns once the socket listens and the pid file
+    # is written; its files get 0600 (0640 with a group) from this umask.
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True,
+                              umask=0o027 if gid is not None else 0o077,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise OperationFailed(f"{SERVER_BINARY} did not become ready in "
+                              f"{timeout_s:.0f} s")
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        _remove_dir(paths)
+        # the daemon exits 2 for a command line it refuses (bad input)
+        cls = CliError if proc.returncode == 2 else OperationFailed
+        raise cls(f"{SERVER_BINARY} failed: {why}")
+    pid = running_pid(paths)
+    if pid is None or not paths.socket.exists():
+        raise OperationFailed(f"{SERVER_BINARY} reported ready but "
+                              f"{paths.pidfile} names no live server")
+    return pid
+
+
+def stop(paths: ServerPaths, timeout_s: float = 10.0) -> str:
+    """Stop the daemon and check that its files are gone. Returns a
+    one-line report."""
+    pid = running_pid(paths)
+    if pid is None:
+        stale = _leftovers(paths)
+        if not stale:
+            raise CliError(f"server '{paths.name}' is not running")
+        old = read_pid(paths)
+        _remove(stale)
+        _remove_dir(paths)
+        return (f"server '{paths.name}' was not running"
+                f"{f' (pid {old} is gone)' if old else ''}; removed "
+                f"{', '.join(str(p) for p in stale)}")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    while _is_server_pid(pid):
+        if time.monotonic() > deadline:
+            raise OperationFailed(f"server '{paths.name}' (pid {pid}) did not "
+                                  f"exit within {timeout_s:.0f} s of SIGTERM")
+        time.sleep(0.02)
+    left = _leftovers(paths)
+    if left:
+        # the daemon is gone, so nobody else will ever remove these
+        _remove(left)
+        _remove_dir(paths)
+        raise OperationFailed(f"server '{paths.name}' (pid {pid}) exited but "
+                              f"left {', '.join(str(p) for p in left)} "
+                              f"(removed now)")
+    _remove_dir(paths)
+    return f"server '{paths.name}' stopped (pid {pid})"
+
+
+def status(paths: ServerPaths) -> Dict:
+    pid = running_pid(paths)
+    st = read_state(paths) if pid is not None else None
+    info: Dict = {
+        "name": paths.name,
+        "running": pid is not None,
+        "pid": pid,
+        "socket": str(paths.socket),
+        "region": str(paths.region),
+        "pidfile": str(paths.pidfile),
+        "state_file": str(paths.state),
+    }
+    if st is not None:
+        info["size"] = st.get("size")
+        info["vectors"] = st.get("vectors")
+        info["peers"] = st.get("peers", [])
+    elif pid is not None:
+        info["peers"] = []
+    if pid is None:
+        info["stale_files"] = [str(p) for p in _leftovers(paths)]
+    return info
+
+
+# ---------------------------------------------------------------- CLI
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default=DEFAULT_NAME,
+                   help=f"server name (default {DEFAULT_NAME})")
+    p.add_argument("--run-dir", default=None,
+                   help=f"directory for the socket, pid and state files "
+                        f"(default $IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("server", help="manage ivshmem-server daemons",
+                       description="Start, stop and inspect ivshmem-server "
+                                   "daemons (one per name).")
+    actions = p.add_subparsers(dest="action", metavar="ACTION",
+                               parser_class=type(p))
+    actions.required = True
+
+    s = actions.add_parser("start", help="start a server daemon")
+    _common(s)
+    s.add_argument("--size", type=_size_arg, default=64 << 20,
+                   help="region size, a power of two (default 64M)")
+    s.add_argument("--vectors", type=int, default=1,
+                   help="interrupt vectors per peer (default 1)")
+    s.add_argument("--max-peers", type=int, default=None,
+                   help="registry slots in the region (default 8)")
+    s.add_argument("--group", default=None,
+                   help="share socket and region with this group (0660)")
+    s.add_argument("--verbose", action="store_true",
+                   help="log joins and leaves to syslog")
+    s.set_defaults(func=_cmd_start)
+
+    t = actions.add_parser("stop", help="stop a server daemon")
+    _common(t)
+    t.set_defaults(func=_cmd_stop)
+
+    u = actions.add_parser("status", help="show whether a server runs and "
+                                          "its peers")
+    _common(u)
+    u.add_argument("--json", action="store_true", help="print JSON")
+    u.set_defaults(func=_cmd_status)
+
+
+def _cmd_start(args) -> int:
+    paths = paths_for(args.name, args.run_dir)
+    pid = start(paths, args.size, args.vectors, args.max_peers, args.group,
+                args.verbose)
+    print(f"server '{paths.name}' started (pid {pid}): socket {paths.socket}, "
+          f"region {paths.region} ({format_size(args.size)})")
+    return 0
+
+
+def _cmd_stop(args) -> int:
+    print(stop(paths_for(args.name, args.run_dir)))
+    return 0
+
+
+def _cmd_status(args) -> int:
+    paths = paths_for(args.name, args.run_dir)
+    info = status(paths)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    if not info["running"]:
+        stale = info.get("stale_files")
+        raise CliError(f"server '{paths.name}' is not running"
+                       + (f" (stale files: {', '.join(stale)})"
+                          if stale else ""))
+    if not args.json:
+        peers = info.get("peers") or []
+        size = info.get("size")
+        print(f"server '{paths.name}': running (pid {info['pid']})")
+        print(f"  socket  {info['socket']}")
+        print(f"  region  {info['region']}"
+              + (f" ({format_size(size)})" if size else ""))
+        if info.get("vectors"):
+            print(f"  vectors {info['vectors']}")
+        print(f"  peers   {len(peers)}")
+        for peer in peers:
+            fields = " ".join(f"{k}={v}" for k, v in peer.items())
+            print(f"    {fields}")
+    return 0
