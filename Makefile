@@ -57,8 +57,11 @@ test-fuzz: fuzz-build
 	@for f in fuzz_attach fuzz_recv fuzz_window; do \
 	  mkdir -p $(FUZZ)/corpus-$$f; \
 	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
-	  $(FUZZ)/$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
-	    -print_final_stats=1 $(FUZZ)/corpus-$$f 2>&1 | tail -n 4 || exit 1; \
+	  if ! $(FUZZ)/$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
+	      -print_final_stats=1 $(FUZZ)/corpus-$$f > $(FUZZ)/$$f.log 2>&1; then \
+	    tail -n 60 $(FUZZ)/$$f.log; echo "$$f: crash or leak, see $(FUZZ)/$$f.log"; exit 1; \
+	  fi; \
+	  grep -E 'stat::(number_of_executed_units|new_units_added)' $(FUZZ)/$$f.log; \
 	done
 
 test-python: build
