@@ -137,6 +137,11 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                    size_t cap, int timeout_ms);
 
+/* Wait (spin, then block on the doorbell) until some peer has a message
+   for us, without taking it: 0, or -ETIMEDOUT. For progress engines that
+   poll with ivshm_recv(..., 0) and must not burn an idle core. */
+int ivshm_wait_message(ivshm *h, int timeout_ms);
+
 /* ---- one-sided windows ---- */
 
 typedef struct ivshm_window ivshm_window;

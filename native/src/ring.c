@@ -537,3 +537,10 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
            view check above reports the death */
     }
 }
+
+int ivshm_wait_message(ivshm *h, int timeout_ms)
+{
+    if (!h || h->self < 0)
+        return -EINVAL;
+    return ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
+}

@@ -327,6 +327,11 @@ static void test_timeouts_and_args(void)
     CHECK_RC(ivshm_recv(d.b, d.sa, NULL, NULL, in, sizeof in, 60), -ETIMEDOUT);
     dt = now_s() - t0;
     CHECK(dt >= 0.055 && dt < 2.0);
+    /* waiting for a message does not take it */
+    CHECK_RC(ivshm_wait_message(d.b, 30), -ETIMEDOUT);
+    CHECK_RC(ivshm_send(d.a, d.sb, 3, "hi", 2), 0);
+    CHECK_RC(ivshm_wait_message(d.b, 1000), 0);
+    CHECK_RC(ivshm_recv(d.b, IVSHM_ANY, NULL, NULL, in, sizeof in, 0), 2);
 
     int self = d.sa, nobody = 5;
     CHECK_RC(ivshm_send(d.a, self, 0, "x", 1), -EINVAL);
