@@ -98,6 +98,10 @@ typedef struct ivshm_peer_info {
     char name[32];
 } ivshm_peer_info;
 
+/* The geometry this region was formatted with (for sizing messages:
+   one ring holds ring_slots * (slot_size - 32) payload bytes). */
+void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out);
+
 int ivshm_self(const ivshm *h);            /* our registry slot */
 int ivshm_max_peers(const ivshm *h);
 /* 0 and fill *out if `slot` holds a live peer; -ENOENT if free or dead. */

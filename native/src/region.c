@@ -333,6 +333,14 @@ void ivshm_get_stats(const ivshm *h, ivshm_stats *out)
     *out = h->stats;
 }
 
+void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out)
+{
+    out->max_peers = h->max_peers;
+    out->ring_slots = h->ring_slots;
+    out->slot_size = h->slot_size;
+    out->max_windows = h->max_windows;
+}
+
 void ivshm_set_spin(ivshm *h, int64_t spin_ns)
 {
     h->spin_ns = spin_ns;

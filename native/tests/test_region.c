@@ -63,6 +63,10 @@ static void test_header_errors(void)
     cfg.flags = IVSHM_F_FORMAT;
     CHECK_RC(ivshm_attach_path(blank, &cfg, &h), 0);
     CHECK(ivshm_max_peers(h) == 8);
+    ivshm_geometry got;
+    ivshm_get_geometry(h, &got);
+    CHECK(got.max_peers == 8 && got.ring_slots == 64 && got.slot_size == 4096 &&
+          got.max_windows == 32);
     ivshm_detach(h);
     unlink(blank);
 
