@@ -12,39 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SIZES 64
-#define NBATCH 5
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int parse_sizes(const char *s, size_t *sizes, int *n)
-{
-    *n = 0;
-    while (*s) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || errno)
-            return -1;
-        if (*end == 'k' || *end == 'K')
-            v <<= 10, end++;
-        else if (*end == 'm' || *end == 'M')
-            v <<= 20, end++;
-        if (v == 0 || v > (64ull << 20) || *n == MAX_SIZES)
-            return -1;
-        sizes[(*n)++] = (size_t)v;
-        if (*end == ',')
-            end++;
-        else if (*end)
-            return -1;
-        s = end;
-    }
-    return *n ? 0 : -1;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv)
 {
@@ -53,19 +21,19 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
 
-    size_t sizes[MAX_SIZES];
+    size_t sizes[BENCH_MAX_SIZES];
     int nsizes = 0;
     long iters = 10000;
     uint64_t budget = 256u << 20;
     const char *transport = "mpi-vader", *mode = "vader";
-    parse_sizes("8,64,512,4096,32768,262144,1048576,4194304", sizes, &nsizes);
+    bench_parse_sizes(BENCH_DEFAULT_SIZES, sizes, &nsizes);
     int bad = nranks != 2;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
             bad = 1;
         else if (!strcmp(a, "--sizes"))
-            bad |= parse_sizes(v, sizes, &nsizes) < 0;
+            bad |= bench_parse_sizes(v, sizes, &nsizes) < 0;
         else if (!strcmp(a, "--iters"))
             iters = atol(v);
         else if (!strcmp(a, "--budget"))
@@ -86,10 +54,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    size_t cap = 8;
-    for (int s = 0; s < nsizes; s++)
-        if (sizes[s] > cap)
-            cap = sizes[s];
+    size_t cap = bench_max_size(sizes, nsizes);
     char *buf = malloc(cap);
     if (!buf)
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -98,18 +63,11 @@ int main(int argc, char **argv)
 
     for (int s = 0; s < nsizes; s++) {
         int size = (int)sizes[s];
-        long n = (long)(budget / sizes[s]);
-        if (n > iters)
-            n = iters;
-        if (n < 10)
-            n = 10;
-        /* median of NBATCH timed batches, as in ivshm-pingpong */
-        int nb = n >= 10 * NBATCH ? NBATCH : 1;
-        long per = n / nb, warm = per / 5 + 2;
-        double batch[NBATCH];
+        struct bench_plan p = bench_plan_for(sizes[s], iters, budget);
+        double batch[BENCH_NBATCH];
         MPI_Barrier(MPI_COMM_WORLD);
-        for (int b = -1; b < nb; b++) {
-            long count = b < 0 ? warm : per;
+        for (int b = -1; b < p.nb; b++) {
+            long count = b < 0 ? p.warm : p.per;
             double t0 = MPI_Wtime();
             for (long i = 0; i < count; i++) {
                 if (rank == 0) {
@@ -126,15 +84,11 @@ int main(int argc, char **argv)
                 batch[b] = MPI_Wtime() - t0;
         }
         if (rank == 0) {
-            qsort(batch, (size_t)nb, sizeof batch[0], cmp_double);
-            double div = (double)per * 2 / 1e6;
-            double lat_us = batch[nb / 2] / div;
-            printf("{\"transport\":\"%s\",\"mode\":\"%s\",\"size\":%d,"
-                   "\"latency_us\":%.4f,\"bandwidth_MBps\":%.2f,\"iters\":%ld,"
-                   "\"latency_min_us\":%.4f,\"batches\":%d}\n",
-                   transport, mode, size, lat_us, (double)size / lat_us,
-                   per * nb, batch[0] / div, nb);
-            fflush(stdout);
+            /* MPI_Wtime gives seconds: same figures, other unit */
+            qsort(batch, (size_t)p.nb, sizeof batch[0], bench_cmp_double);
+            double div = (double)p.per * 2 / 1e6;
+            bench_print_batched(transport, mode, sizes[s], batch[p.nb / 2] / div,
+                                batch[0] / div, p.per * p.nb, p.nb);
         }
     }
     free(buf);

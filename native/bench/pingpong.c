@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "ivshm.h"
+#include "bench_util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -39,13 +40,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_SIZES 64
 #define RECV_TIMEOUT_MS 20000
 #define FLAG_BYTES 64 /* put mode: a segment's first line holds its flag */
 
 struct opts {
     const char *mode;
-    size_t sizes[MAX_SIZES];
+    size_t sizes[BENCH_MAX_SIZES];
     int nsizes;
     long iters;         /* round trips for the smallest sizes          */
     uint64_t budget;    /* bytes per size and direction, caps the iters */
@@ -83,13 +83,6 @@ static void die(const char *what, int rc)
     exit(1);
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t cpu_ns(void)
 {
     struct timespec ts;
@@ -102,33 +95,9 @@ static const char *spin_mode(int64_t spin_ns)
     return spin_ns < 0 ? "spin" : "spin-then-block";
 }
 
-/* Round trips for one size: many for small messages, a byte budget for
-   big ones, never so few that one hiccup dominates. */
-static long iters_for(const struct opts *o, size_t size)
-{
-    uint64_t n = o->budget / (size ? size : 1);
-    if (n > (uint64_t)o->iters)
-        n = (uint64_t)o->iters;
-    return n < 10 ? 10 : (long)n;
-}
-
 static size_t max_size(const struct opts *o)
 {
-    size_t m = 8;
-    for (int i = 0; i < o->nsizes; i++)
-        if (o->sizes[i] > m)
-            m = o->sizes[i];
-    return m;
-}
-
-static void print_record(const char *transport, const char *mode, size_t size,
-                         double lat_us, long iters, const char *extra)
-{
-    printf("{\"transport\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
-           "\"latency_us\":%.4f,\"bandwidth_MBps\":%.2f,\"iters\":%ld%s}\n",
-           transport, mode, size, lat_us, lat_us > 0 ? (double)size / lat_us : 0.0,
-           iters, extra ? extra : "");
-    fflush(stdout);
+    return bench_max_size(o->sizes, o->nsizes);
 }
 
 /* ---- setup shared by the multi-process modes ---- */
@@ -166,10 +135,10 @@ static ivshm *attach(uint64_t job, uint32_t rank, int64_t spin_ns)
    sides know the other is attached and talking. */
 static int connect_partner(ivshm *h, uint64_t job, uint32_t rank)
 {
-    uint64_t deadline = now_ns() + 10000000000ull;
+    uint64_t deadline = bench_now_ns() + 10000000000ull;
     int peer;
     while ((peer = ivshm_find(h, job, rank ^ 1u)) < 0) {
-        if (now_ns() > deadline)
+        if (bench_now_ns() > deadline)
             die("partner never attached", peer);
         usleep(200);
     }
@@ -226,12 +195,10 @@ static int reap_children(int n)
 
 /* ---- timing driver shared by msg, put and memcpy ----
  *
- * Each size runs a warm-up, then NBATCH timed batches of round trips.
- * The reported latency is the median batch (a neighbour's burst of CPU
- * use spoils one batch, not the result); the best batch is reported too.
- * Both sides of a ping-pong run the same loop; only rank 0 prints.
+ * Each size runs a warm-up, then timed batches (bench_plan_for); the
+ * median batch is the result. Both sides of a ping-pong run the same
+ * loop; only rank 0 prints.
  */
-#define NBATCH 5
 
 struct step {
     /* one round trip (or one copy) of `size` bytes; dies on error */
@@ -246,12 +213,6 @@ struct step {
     uint64_t seq;
 };
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* `hops`: one-way trips per step (2 for a round trip, 1 for a copy). */
 static void measure_sizes(const struct opts *o, struct step *st,
                           const char *transport, const char *mode, int hops,
@@ -259,27 +220,18 @@ static void measure_sizes(const struct opts *o, struct step *st,
 {
     for (int s = 0; s < o->nsizes; s++) {
         size_t size = o->sizes[s];
-        long iters = iters_for(o, size);
-        int nb = iters >= 10 * NBATCH ? NBATCH : 1;
-        long per = iters / nb;
-        for (long i = 0; i < per / 5 + 2; i++)
+        struct bench_plan p = bench_plan_for(size, o->iters, o->budget);
+        for (long i = 0; i < p.warm; i++)
             st->fn(st, size);
-        uint64_t batch[NBATCH];
-        for (int b = 0; b < nb; b++) {
-            uint64_t t0 = now_ns();
-            for (long i = 0; i < per; i++)
+        uint64_t batch[BENCH_NBATCH];
+        for (int b = 0; b < p.nb; b++) {
+            uint64_t t0 = bench_now_ns();
+            for (long i = 0; i < p.per; i++)
                 st->fn(st, size);
-            batch[b] = now_ns() - t0;
+            batch[b] = bench_now_ns() - t0;
         }
-        if (!report)
-            continue;
-        qsort(batch, (size_t)nb, sizeof batch[0], cmp_u64);
-        double div = (double)per * hops * 1e3;
-        char extra[96];
-        snprintf(extra, sizeof extra, ",\"latency_min_us\":%.4f,\"batches\":%d",
-                 (double)batch[0] / div, nb);
-        print_record(transport, mode, size, (double)batch[nb / 2] / div,
-                     per * nb, extra);
+        if (report)
+            bench_report_ns(transport, mode, size, batch, p.nb, p.per, hops);
     }
 }
 
@@ -339,7 +291,7 @@ static void wait_flag(_Atomic uint64_t *flag, uint64_t want)
         if (atomic_load_explicit(flag, memory_order_acquire) >= want)
             return;
         if ((spins & 0xffff) == 0xffff) {
-            uint64_t t = now_ns();
+            uint64_t t = bench_now_ns();
             if (!deadline)
                 deadline = t + (uint64_t)RECV_TIMEOUT_MS * 1000000ull;
             else if (t > deadline)
@@ -486,7 +438,7 @@ static void oversub_side(const struct opts *o, struct oversub_shared *sh,
             die("send", rc);
     }
     if (rank == 0)
-        atomic_store(&sh->end_ns[pair], now_ns());
+        atomic_store(&sh->end_ns[pair], bench_now_ns());
     ivshm_detach(h);
 }
 
@@ -517,14 +469,14 @@ static int run_oversub(const struct opts *o)
             _exit(0);
         }
     }
-    uint64_t deadline = now_ns() + 20000000000ull;
+    uint64_t deadline = bench_now_ns() + 20000000000ull;
     while (atomic_load(&sh->ready) < 4) {
-        if (now_ns() > deadline)
+        if (bench_now_ns() > deadline)
             die("oversub: children not ready", -ETIMEDOUT);
         usleep(500);
     }
     remove_region();
-    uint64_t t0 = now_ns();
+    uint64_t t0 = bench_now_ns();
     atomic_store(&sh->go, 1);
     int failed = reap_children(4);
     if (failed)
@@ -535,7 +487,7 @@ static int run_oversub(const struct opts *o)
     snprintf(extra, sizeof extra, ",\"wall_s\":%.4f,\"rounds\":%ld,\"pairs\":2,"
              "\"cpus\":%d,\"placement\":\"%s\"", wall_s, o->rounds,
              cpu[1] >= 0 ? 2 : 1, o->placement);
-    print_record("ivshm-oversub", spin_mode(o->spin_ns), 8,
+    bench_print_record("ivshm-oversub", spin_mode(o->spin_ns), 8,
                  wall_s * 1e6 / (double)o->rounds, o->rounds, extra);
     munmap(sh, sizeof *sh);
     return 0;
@@ -558,10 +510,10 @@ static int run_blocked(const struct opts *o)
     if (c == 0) {
         /* the waiter: measure only the wait itself */
         uint64_t sent_at = 0;
-        uint64_t c0 = cpu_ns(), t0 = now_ns();
+        uint64_t c0 = cpu_ns(), t0 = bench_now_ns();
         ssize_t n = ivshm_recv(h, peer, NULL, NULL, &sent_at, sizeof sent_at,
                                o->wait_ms + RECV_TIMEOUT_MS);
-        uint64_t t1 = now_ns(), c1 = cpu_ns();
+        uint64_t t1 = bench_now_ns(), c1 = cpu_ns();
         if (n != (ssize_t)sizeof sent_at)
             die("blocked: recv", n < 0 ? (int)n : 0);
         struct blocked_result r = {c1 - c0, t1 - t0,
@@ -573,7 +525,7 @@ static int run_blocked(const struct opts *o)
     }
     remove_region();
     usleep((useconds_t)o->wait_ms * 1000u);
-    uint64_t sent_at = now_ns();
+    uint64_t sent_at = bench_now_ns();
     if ((rc = ivshm_send(h, peer, 0, &sent_at, sizeof sent_at)) < 0)
         die("blocked: send", rc);
     struct blocked_result r;
@@ -592,37 +544,12 @@ static int run_blocked(const struct opts *o)
              "\"doorbells_rung\":%" PRIu64, frac, (double)r.wall_ns / 1e9,
              (double)r.cpu_ns / 1e9, st.rings);
     /* latency here is the wake-up latency of the blocked peer */
-    print_record("ivshm-blocked", spin_mode(o->spin_ns), 8,
+    bench_print_record("ivshm-blocked", spin_mode(o->spin_ns), 8,
                  (double)r.wake_ns / 1e3, 1, extra);
     return 0;
 }
 
 /* ---- command line ---- */
-
-static int parse_sizes(const char *s, struct opts *o)
-{
-    o->nsizes = 0;
-    while (*s) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || errno)
-            return -1;
-        if (*end == 'k' || *end == 'K')
-            v <<= 10, end++;
-        else if (*end == 'm' || *end == 'M')
-            v <<= 20, end++;
-        if (v == 0 || v > (64ull << 20) || o->nsizes == MAX_SIZES)
-            return -1;
-        o->sizes[o->nsizes++] = (size_t)v;
-        if (*end == ',')
-            end++;
-        else if (*end)
-            return -1;
-        s = end;
-    }
-    return o->nsizes ? 0 : -1;
-}
 
 static void usage(void)
 {
@@ -640,7 +567,7 @@ int main(int argc, char **argv)
                      .spin_ns = 0, .rounds = 1000, .wait_ms = 1000,
                      .placement = "pair",
                      .timeout_s = 300, .dir = "/dev/shm"};
-    parse_sizes("8,64,512,4096,32768,262144,1048576,4194304", &o);
+    bench_parse_sizes(BENCH_DEFAULT_SIZES, o.sizes, &o.nsizes);
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -648,7 +575,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--mode"))
             o.mode = v;
         else if (!strcmp(a, "--sizes")) {
-            if (parse_sizes(v, &o) < 0)
+            if (bench_parse_sizes(v, o.sizes, &o.nsizes) < 0)
                 usage();
         } else if (!strcmp(a, "--iters"))
             o.iters = atol(v);

@@ -30,10 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_SIZES 64
-#define MAX_MSG (64u << 20)
+#include "bench_util.h"
+
 #define IO_TIMEOUT_MS 20000
-#define NBATCH 5
 
 struct header {
     uint64_t size;
@@ -45,13 +44,6 @@ static void die(const char *what)
     fprintf(stderr, "tcp-pingpong[%d]: %s: %s\n", (int)getpid(), what,
             errno ? strerror(errno) : "failed");
     exit(1);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Wait (bounded) for the listening socket to have a client. */
@@ -162,7 +154,7 @@ static int run_server(const char *bind_addr, const char *port)
         struct header h;
         if (read_full(fd, &h, sizeof h) < 0 || h.size == 0)
             break;
-        if (h.size > MAX_MSG) {
+        if (h.size > BENCH_MAX_MSG) {
             errno = EMSGSIZE;
             die("header");
         }
@@ -191,7 +183,7 @@ static int connect_to(const char *host, const char *port)
     struct addrinfo *ai;
     resolve(host, port, &ai, 0);
     /* the server may still be starting (another namespace): retry briefly */
-    uint64_t deadline = now_ns() + 10000000000ull;
+    uint64_t deadline = bench_now_ns() + 10000000000ull;
     for (;;) {
         int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
@@ -202,43 +194,12 @@ static int connect_to(const char *host, const char *port)
         }
         int e = errno;
         close(fd);
-        if (now_ns() > deadline) {
+        if (bench_now_ns() > deadline) {
             errno = e;
             die("connect");
         }
         usleep(20000);
     }
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int parse_sizes(const char *s, size_t *sizes, int *n)
-{
-    *n = 0;
-    while (*s) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || errno)
-            return -1;
-        if (*end == 'k' || *end == 'K')
-            v <<= 10, end++;
-        else if (*end == 'm' || *end == 'M')
-            v <<= 20, end++;
-        if (v == 0 || v > MAX_MSG || *n == MAX_SIZES)
-            return -1;
-        sizes[(*n)++] = (size_t)v;
-        if (*end == ',')
-            end++;
-        else if (*end)
-            return -1;
-        s = end;
-    }
-    return *n ? 0 : -1;
 }
 
 static void usage(void)
@@ -258,11 +219,11 @@ int main(int argc, char **argv)
     const char *role = argv[1];
     const char *addr = NULL, *port = "0", *transport = "tcp-loopback",
                *mode = "nodelay";
-    size_t sizes[MAX_SIZES];
+    size_t sizes[BENCH_MAX_SIZES];
     int nsizes = 0;
     long iters = 10000, timeout_s = 300;
     uint64_t budget = 256u << 20;
-    parse_sizes("8,64,512,4096,32768,262144,1048576,4194304", sizes, &nsizes);
+    bench_parse_sizes(BENCH_DEFAULT_SIZES, sizes, &nsizes);
     for (int i = 2; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -272,7 +233,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--port"))
             port = v;
         else if (!strcmp(a, "--sizes")) {
-            if (parse_sizes(v, sizes, &nsizes) < 0)
+            if (bench_parse_sizes(v, sizes, &nsizes) < 0)
                 usage();
         } else if (!strcmp(a, "--iters"))
             iters = atol(v);
@@ -297,30 +258,22 @@ int main(int argc, char **argv)
 
     int fd = connect_to(addr, port);
     setup_stream(fd);
-    size_t cap = 8;
-    for (int s = 0; s < nsizes; s++)
-        if (sizes[s] > cap)
-            cap = sizes[s];
+    size_t cap = bench_max_size(sizes, nsizes);
     char *buf = malloc(cap);
     if (!buf)
         die("malloc");
     memset(buf, 0x3c, cap);
     for (int s = 0; s < nsizes; s++) {
         size_t size = sizes[s];
-        uint64_t n = budget / size;
-        if (n > (uint64_t)iters)
-            n = (uint64_t)iters;
-        if (n < 10)
-            n = 10;
-        /* median of NBATCH timed batches, as in ivshm-pingpong */
-        int nb = n >= 10 * NBATCH ? NBATCH : 1;
-        uint64_t per = n / (uint64_t)nb, warm = per / 5 + 2;
-        struct header h = {size, warm + per * (uint64_t)nb};
+        struct bench_plan p = bench_plan_for(size, iters, budget);
+        /* the server learns the whole count up front, warm-up included */
+        struct header h = {size, (uint64_t)(p.warm + p.per * p.nb)};
         write_full(fd, &h, sizeof h);
-        uint64_t batch[NBATCH];
-        for (int b = -1; b < nb; b++) {
-            uint64_t t0 = now_ns(), count = b < 0 ? warm : per;
-            for (uint64_t i = 0; i < count; i++) {
+        uint64_t batch[BENCH_NBATCH];
+        for (int b = -1; b < p.nb; b++) {
+            uint64_t t0 = bench_now_ns();
+            long count = b < 0 ? p.warm : p.per;
+            for (long i = 0; i < count; i++) {
                 write_full(fd, buf, size);
                 if (read_full(fd, buf, size) < 0) {
                     errno = ECONNRESET;
@@ -328,18 +281,9 @@ int main(int argc, char **argv)
                 }
             }
             if (b >= 0)
-                batch[b] = now_ns() - t0;
+                batch[b] = bench_now_ns() - t0;
         }
-        qsort(batch, (size_t)nb, sizeof batch[0], cmp_u64);
-        double div = (double)per * 2 * 1e3;
-        double lat_us = (double)batch[nb / 2] / div;
-        printf("{\"transport\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
-               "\"latency_us\":%.4f,\"bandwidth_MBps\":%.2f,\"iters\":%llu,"
-               "\"latency_min_us\":%.4f,\"batches\":%d}\n",
-               transport, mode, size, lat_us, (double)size / lat_us,
-               (unsigned long long)(per * (uint64_t)nb),
-               (double)batch[0] / div, nb);
-        fflush(stdout);
+        bench_report_ns(transport, mode, size, batch, p.nb, p.per, 2);
     }
     struct header end = {0, 0};
     write_full(fd, &end, sizeof end);
