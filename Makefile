@@ -13,7 +13,8 @@ FUZZ_SECONDS ?= 45
 
 APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   openmpi-bin libopenmpi-dev qemu-system-x86 python3 python3-venv \
-  python3-pip python3-pytest python3-numpy iproute2 procps psmisc
+  python3-pip python3-pytest python3-numpy python3-mpi4py iproute2 procps \
+  psmisc libmetis5
 
 .PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
         demo bench fuzz clean

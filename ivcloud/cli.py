@@ -31,8 +31,8 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from . import bench, server
-    return [server, bench]
+    from . import bench, place, server
+    return [server, bench, place]
 
 
 def build_parser() -> Parser:
