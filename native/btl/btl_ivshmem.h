@@ -1,0 +1,211 @@
+/*
+ * Open MPI 4.1 BTL over libivshm: ranks attached to one shared-memory
+ * region (QEMU ivshmem between co-resident VMs, or a host shm file)
+ * exchange BTL fragments through libivshm's per-pair rings.
+ *
+ * Layout (one file per concern):
+ *   btl_ivshmem_component.c  MCA params, version check, attach, sizing
+ *   btl_ivshmem_module.c     add/del procs (reachability), finalize
+ *   btl_ivshmem_send.c       alloc/free/prepare_src/send/sendi
+ *   btl_ivshmem_frag.[ch]    send fragments (descriptors) and queues
+ *   btl_ivshmem_progress.c   receive, retries, completions, liveness,
+ *                            spin-then-block
+ *
+ * Threading: libivshm wants one thread per handle at a time, so every
+ * ivshm_* call runs under `lock` (a no-op unless MPI threads are on).
+ * Upcalls into the PML are made without holding it, since they may send.
+ */
+#ifndef MCA_BTL_IVSHMEM_H
+#define MCA_BTL_IVSHMEM_H
+
+#include "opal_config.h"
+
+#include "opal/class/opal_free_list.h"
+#include "opal/mca/btl/btl.h"
+#include "opal/mca/btl/base/base.h"
+#include "opal/threads/mutex.h"
+
+#include "ivshm.h"
+
+BEGIN_C_DECLS
+
+/* libivshm's slot header (see ivshm.h: a ring holds ring_slots *
+   (slot_size - 32) payload bytes). */
+#define IVSHMEM_SLOT_HDR 32u
+
+/* ivshm message tags: 0..255 carry a BTL active-message tag unchanged;
+   larger values are our own control messages. */
+#define IVSHMEM_TAG_BYE 0x100u /* "I am finalizing": a clean leave */
+
+/* Messages delivered per progress call, so other progress functions
+   (tcp, pml) get their turn under a flood. */
+#define IVSHMEM_RECV_BATCH 16
+
+/* Housekeeping (reap, peer liveness) period. */
+#define IVSHMEM_REAP_NS 100000000ull
+
+/* High half of our registry job ids ("OMPI"): keeps Open MPI ranks apart
+   from other libivshm users of the region, which number jobs from 0. */
+#define IVSHMEM_JOB_TAG UINT64_C(0x4f4d5049)
+
+struct mca_btl_ivshmem_frag_t;
+
+/* FIFO of fragments linked through frag->next (a frag is on at most one
+   queue: an endpoint's pending queue or the completion queue). */
+typedef struct ivshmem_frag_queue {
+    struct mca_btl_ivshmem_frag_t *head, *tail;
+    size_t count;
+} ivshmem_frag_queue_t;
+
+/* What a rank publishes in the modex: where it sits in the region.
+   Peers accept (job, vpid) found in the registry only if slot,
+   generation and the random name match: two jobs that happen to share
+   an ORTE jobid can then never be confused. */
+typedef struct ivshmem_modex {
+    uint32_t attached; /* 0: this rank has no region (disqualified) */
+    int32_t slot;
+    uint32_t generation;
+    uint32_t reserved;
+    char name[32];
+} ivshmem_modex_t;
+
+struct mca_btl_base_endpoint_t {
+    struct opal_proc_t *proc;
+    uint64_t job_id;
+    uint32_t vpid;
+    int slot;                  /* registry slot of the peer               */
+    uint32_t generation;       /* its claim generation (from the modex)   */
+    ivshmem_frag_queue_t pending; /* sends waiting for ring space, FIFO   */
+    int send_error;            /* a queued send failed: report it         */
+    bool said_bye;             /* peer finalized: its leave is not death  */
+    bool dead;                 /* reported; every send now fails          */
+    struct mca_btl_base_endpoint_t *retired_next;
+};
+typedef struct mca_btl_base_endpoint_t mca_btl_ivshmem_endpoint_t;
+
+typedef struct mca_btl_ivshmem_module_t {
+    mca_btl_base_module_t super;
+    mca_btl_base_module_error_cb_fn_t error_cb;
+} mca_btl_ivshmem_module_t;
+
+typedef struct ivshmem_counters {
+    uint64_t sent_msgs, sent_bytes, recv_msgs, recv_bytes;
+    uint64_t dropped; /* foreign or malformed messages not delivered */
+} ivshmem_counters_t;
+
+typedef struct mca_btl_ivshmem_component_t {
+    mca_btl_base_component_3_0_0_t super;
+
+    /* MCA parameters */
+    char *region_path;
+    char *socket_path;
+    char *uio_dev;
+    char *bar0_path;
+    int verbose;
+    int spin_us;       /* idle polling before blocking                 */
+    int block_us;      /* one blocking slice; -1 auto, 0 never block   */
+    int free_list_num, free_list_max, free_list_inc;
+
+    /* attachment */
+    ivshm *h;
+    ivshm_geometry geom;
+    uint64_t job_id;
+    uint32_t vpid;
+    int self_slot;
+    ivshmem_modex_t my_modex;
+    size_t ring_capacity; /* payload bytes one ring holds: max message */
+
+    opal_mutex_t lock;
+    opal_free_list_t frags_eager; /* eager_limit bytes each   */
+    opal_free_list_t frags_max;   /* max_send_size bytes each */
+
+    /* endpoints we created, at most one per registry slot */
+    mca_btl_ivshmem_endpoint_t *by_slot[64];
+    int num_endpoints;
+    mca_btl_ivshmem_endpoint_t *retired; /* replaced, freed at finalize */
+    bool mixed;        /* some peer is reached through another BTL */
+    size_t num_pending;            /* frags on all pending queues */
+    ivshmem_frag_queue_t complete; /* sent, callback still owed   */
+
+    /* receive side: one buffer big enough for any ring message */
+    void *rxbuf;
+    size_t rxcap;
+    /* slot -> generation+1 of a sender known to be an Open MPI rank (0 =
+       unchecked): one array lookup per received message */
+    uint64_t trusted[64];
+    /* the trusted slots, polled one by one on the fast path; the full
+       scan of every ring (new senders) runs only every few polls */
+    int active[64];
+    int nactive;
+    int rr;                    /* round-robin start in active[] */
+    uint32_t polls_since_scan;
+
+    /* progress state */
+    volatile int32_t in_progress;
+    uint32_t idle_polls;
+    uint32_t ticks;
+    uint64_t idle_since_ns;
+    uint64_t last_tick_ns;
+    uint64_t last_reap_ns;
+    int block_ms;      /* resolved from block_us; 0 = never */
+    bool finalizing;
+
+    ivshmem_counters_t counters;
+    uint64_t sleeps_pvar;
+} mca_btl_ivshmem_component_t;
+
+OPAL_MODULE_DECLSPEC extern mca_btl_ivshmem_component_t mca_btl_ivshmem_component;
+OPAL_MODULE_DECLSPEC extern mca_btl_ivshmem_module_t mca_btl_ivshmem;
+
+/* component */
+uint64_t mca_btl_ivshmem_now_ns(void);
+uint64_t mca_btl_ivshmem_job_id(uint32_t opal_jobid);
+
+/* module */
+int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
+                              struct opal_proc_t **procs,
+                              struct mca_btl_base_endpoint_t **peers,
+                              struct opal_bitmap_t *reachable);
+int mca_btl_ivshmem_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
+                              struct opal_proc_t **procs,
+                              struct mca_btl_base_endpoint_t **peers);
+int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl);
+int mca_btl_ivshmem_register_error(struct mca_btl_base_module_t *btl,
+                                   mca_btl_base_module_error_cb_fn_t cbfunc);
+/* The peer died without saying goodbye: tell the PML (fatal). */
+void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err);
+
+/* send */
+mca_btl_base_descriptor_t *mca_btl_ivshmem_alloc(struct mca_btl_base_module_t *btl,
+                                                 struct mca_btl_base_endpoint_t *ep,
+                                                 uint8_t order, size_t size,
+                                                 uint32_t flags);
+int mca_btl_ivshmem_free(struct mca_btl_base_module_t *btl,
+                         mca_btl_base_descriptor_t *des);
+mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
+    struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
+    struct opal_convertor_t *convertor, uint8_t order, size_t reserve,
+    size_t *size, uint32_t flags);
+int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
+                         struct mca_btl_base_endpoint_t *ep,
+                         mca_btl_base_descriptor_t *des, mca_btl_base_tag_t tag);
+int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
+                          struct mca_btl_base_endpoint_t *ep,
+                          struct opal_convertor_t *convertor, void *header,
+                          size_t header_size, size_t payload_size,
+                          uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
+                          mca_btl_base_descriptor_t **descriptor);
+
+/* progress */
+int mca_btl_ivshmem_component_progress(void);
+/* Push an endpoint's pending frags into its ring while there is room;
+   called with `lock` held. Returns how many went out. */
+int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep);
+/* Receive and deliver what `slot` published (also after it left). */
+int mca_btl_ivshmem_drain_slot(int slot);
+/* Accept messages from `slot` (generation `gen`) / stop accepting. */
+void mca_btl_ivshmem_trust(int slot, uint32_t gen);
+void mca_btl_ivshmem_distrust(int slot);
+
+END_C_DECLS
+#endif

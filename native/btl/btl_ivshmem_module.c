@@ -1,0 +1,294 @@
+/*
+ * Module: which peers we reach (add/del procs), fatal peer failures, and
+ * finalize (goodbye to every peer, counters, detach).
+ *
+ * Reachability does not look at hostnames or Open MPI's locality flags:
+ * co-resident VMs have different hostnames, yet share the region. A peer
+ * is ours iff the registry holds it live, as (job, vpid) and with the
+ * slot, generation and random name it published in the modex.
+ */
+#define _GNU_SOURCE
+#include "btl_ivshmem.h"
+#include "btl_ivshmem_frag.h"
+
+#include "opal/class/opal_bitmap.h"
+#include "opal/mca/pmix/pmix.h"
+#include "opal/util/output.h"
+#include "opal/util/proc.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* How long finalize keeps trying to get a goodbye into a full ring. */
+#define BYE_BUDGET_NS 2000000000ull
+
+static int ivshmem_ft_event(int state)
+{
+    (void)state;
+    return OPAL_SUCCESS;
+}
+
+mca_btl_ivshmem_module_t mca_btl_ivshmem = {
+    .super = {
+        .btl_component = &mca_btl_ivshmem_component.super,
+        .btl_add_procs = mca_btl_ivshmem_add_procs,
+        .btl_del_procs = mca_btl_ivshmem_del_procs,
+        .btl_finalize = mca_btl_ivshmem_finalize,
+        .btl_alloc = mca_btl_ivshmem_alloc,
+        .btl_free = mca_btl_ivshmem_free,
+        .btl_prepare_src = mca_btl_ivshmem_prepare_src,
+        .btl_send = mca_btl_ivshmem_send,
+        .btl_sendi = mca_btl_ivshmem_sendi,
+        .btl_dump = mca_btl_base_dump,
+        .btl_register_error = mca_btl_ivshmem_register_error,
+        .btl_ft_event = ivshmem_ft_event,
+    },
+};
+
+#define VERBOSE(lvl, ...)                                                     \
+    opal_output_verbose((lvl), opal_btl_base_framework.framework_output,      \
+                        __VA_ARGS__)
+
+/* Registry slot of `proc` in our region, or -1. Takes `lock` only
+   around libivshm calls: the modex lookup may take a while. */
+static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    uint64_t job = mca_btl_ivshmem_job_id(proc->proc_name.jobid);
+    uint32_t vpid = proc->proc_name.vpid;
+
+    OPAL_THREAD_LOCK(&c->lock);
+    int found = ivshm_find(c->h, job, vpid);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (found < 0)
+        return -1;
+    ivshmem_modex_t *mx = NULL;
+    size_t mx_size = 0;
+    int rc;
+    OPAL_MODEX_RECV(rc, &c->super.btl_version, &proc->proc_name,
+                    (void **)&mx, &mx_size);
+    if (OPAL_SUCCESS != rc || NULL == mx || mx_size != sizeof *mx) {
+        free(mx);
+        return -1;
+    }
+    int slot = -1;
+    ivshm_peer_info info;
+    /* ivshm_find returns the first match; the modex names the right one
+       should two jobs share an id */
+    if (mx->attached && mx->slot >= 0 && mx->slot < (int)c->geom.max_peers &&
+        mx->slot != c->self_slot) {
+        OPAL_THREAD_LOCK(&c->lock);
+        int ok = ivshm_peer(c->h, mx->slot, &info);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (0 == ok && info.job_id == job && info.rank == vpid &&
+            info.generation == mx->generation &&
+            strncmp(info.name, mx->name, sizeof info.name) == 0) {
+            slot = mx->slot;
+            *generation = mx->generation;
+        }
+    }
+    free(mx);
+    return slot;
+}
+
+/* The endpoint for `proc` in `slot`, created if needed. With `lock`. */
+static mca_btl_ivshmem_endpoint_t *endpoint_for(struct opal_proc_t *proc,
+                                                int slot, uint32_t gen)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[slot];
+    if (ep && ep->generation == gen && ep->proc == proc)
+        return ep;
+    if (ep) {
+        /* left over from an earlier occupant of the slot */
+        if (ep->pending.count)
+            return NULL; /* still draining: the PML uses another BTL */
+        /* the PML may still hold it: retire it (sends fail), free it at
+           finalize */
+        ep->dead = true;
+        ep->retired_next = c->retired;
+        c->retired = ep;
+        c->num_endpoints--;
+        c->by_slot[slot] = NULL;
+    }
+    ep = calloc(1, sizeof *ep);
+    if (!ep)
+        return NULL;
+    ep->proc = proc;
+    ep->job_id = mca_btl_ivshmem_job_id(proc->proc_name.jobid);
+    ep->vpid = proc->proc_name.vpid;
+    ep->slot = slot;
+    ep->generation = gen;
+    c->by_slot[slot] = ep;
+    c->num_endpoints++;
+    mca_btl_ivshmem_trust(slot, gen); /* its messages are welcome */
+    return ep;
+}
+
+int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
+                              struct opal_proc_t **procs,
+                              struct mca_btl_base_endpoint_t **peers,
+                              struct opal_bitmap_t *reachable)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    const opal_proc_t *me = opal_proc_local_get();
+    (void)btl;
+    if (!c->h)
+        return OPAL_ERR_UNREACH;
+
+    for (size_t i = 0; i < nprocs; i++) {
+        struct opal_proc_t *proc = procs[i];
+        peers[i] = NULL;
+        if (proc == me ||
+            0 == opal_compare_proc(proc->proc_name, OPAL_PROC_MY_NAME))
+            continue; /* btl/self */
+        uint32_t gen = 0;
+        int slot = locate_peer(proc, &gen);
+        mca_btl_ivshmem_endpoint_t *ep = NULL;
+        if (slot >= 0) {
+            OPAL_THREAD_LOCK(&c->lock);
+            ep = endpoint_for(proc, slot, gen);
+            OPAL_THREAD_UNLOCK(&c->lock);
+        }
+        if (!ep) {
+            c->mixed = true; /* someone else carries this peer */
+            VERBOSE(20, "btl_ivshmem: %s (%s) is not in our region",
+                    OPAL_NAME_PRINT(proc->proc_name),
+                    proc->proc_hostname ? proc->proc_hostname : "?");
+            continue;
+        }
+        peers[i] = ep;
+        if (reachable)
+            opal_bitmap_set_bit(reachable, (int)i);
+        VERBOSE(10, "btl_ivshmem: reaching %s (%s) through slot %d",
+                OPAL_NAME_PRINT(proc->proc_name),
+                proc->proc_hostname ? proc->proc_hostname : "?", slot);
+    }
+    return OPAL_SUCCESS;
+}
+
+int mca_btl_ivshmem_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
+                              struct opal_proc_t **procs,
+                              struct mca_btl_base_endpoint_t **peers)
+{
+    /* Endpoints stay until finalize: they are few (one per slot) and
+       finalize still owes each peer its goodbye. */
+    (void)btl;
+    (void)procs;
+    for (size_t i = 0; i < nprocs; i++)
+        peers[i] = NULL;
+    return OPAL_SUCCESS;
+}
+
+int mca_btl_ivshmem_register_error(struct mca_btl_base_module_t *btl,
+                                   mca_btl_base_module_error_cb_fn_t cbfunc)
+{
+    ((mca_btl_ivshmem_module_t *)btl)->error_cb = cbfunc;
+    return OPAL_SUCCESS;
+}
+
+void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    static char msg[256];
+    if (ep->dead || ep->said_bye || c->finalizing)
+        return;
+    ep->dead = true;
+    snprintf(msg, sizeof msg,
+             "btl_ivshmem: peer rank %u (region slot %d) %s; aborting the job",
+             ep->vpid, ep->slot,
+             err == IVSHM_ECORRUPT ? "sent a corrupt message"
+                                   : "died or left without finalizing");
+    if (mca_btl_ivshmem.error_cb) {
+        /* ob1 prints msg and aborts the job; if it ever returns, our
+           sends to this peer fail from now on */
+        mca_btl_ivshmem.error_cb(&mca_btl_ivshmem.super, MCA_BTL_ERROR_FLAGS_FATAL,
+                                 ep->proc, msg);
+        return;
+    }
+    /* nobody to tell: ending beats hanging on a peer that is gone */
+    fprintf(stderr, "%s\n", msg);
+    exit(1);
+}
+
+/* Tell every peer we are leaving cleanly, so its liveness check does not
+   take our departure for a crash. Bounded: a peer that never drains its
+   ring cannot hold finalize. */
+static void say_goodbye(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    uint64_t deadline = mca_btl_ivshmem_now_ns() + BYE_BUDGET_NS;
+    for (int s = 0; s < 64; s++) {
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        if (!ep || ep->dead)
+            continue;
+        for (;;) {
+            /* queued fragments first: the goodbye must not overtake them */
+            (void)mca_btl_ivshmem_flush_pending(ep);
+            int rc = ep->pending.count
+                         ? -EAGAIN
+                         : ivshm_try_send(c->h, ep->slot, IVSHMEM_TAG_BYE, NULL, 0);
+            if (rc != -EAGAIN || mca_btl_ivshmem_now_ns() > deadline)
+                break;
+            /* the peer may be waiting for room in our ring meanwhile */
+            (void)mca_btl_ivshmem_drain_slot(ep->slot);
+            sched_yield();
+        }
+    }
+}
+
+int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    (void)btl;
+    if (!c->h)
+        return OPAL_SUCCESS;
+    /* MPI is single-threaded again here (after the finalize fence and
+       the PML teardown), so no lock; from now on nothing is delivered to
+       the PML, and peers leaving is no longer news */
+    c->finalizing = true;
+    say_goodbye();
+    ivshm_stats st;
+    ivshm_get_stats(c->h, &st);
+    if (c->verbose >= 1)
+        fprintf(stderr,
+                "btl_ivshmem: rank %u sent %" PRIu64 " msgs %" PRIu64
+                " bytes, received %" PRIu64 " msgs %" PRIu64
+                " bytes, sleeps %" PRIu64 "\n",
+                c->vpid, c->counters.sent_msgs, c->counters.sent_bytes,
+                c->counters.recv_msgs, c->counters.recv_bytes, st.sleeps);
+    if (c->verbose >= 2 && c->counters.dropped)
+        fprintf(stderr, "btl_ivshmem: rank %u dropped %" PRIu64
+                        " foreign or malformed messages\n",
+                c->vpid, c->counters.dropped);
+    for (int s = 0; s < 64; s++) {
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        if (!ep)
+            continue;
+        /* the PML is gone: whatever is still queued is dropped silently */
+        mca_btl_ivshmem_frag_t *f;
+        while ((f = ivshmem_queue_pop(&ep->pending)))
+            ivshmem_frag_return(f);
+        free(ep);
+        c->by_slot[s] = NULL;
+    }
+    while (c->retired) {
+        mca_btl_ivshmem_endpoint_t *ep = c->retired;
+        c->retired = ep->retired_next;
+        free(ep);
+    }
+    c->num_endpoints = 0;
+    c->num_pending = 0;
+    mca_btl_ivshmem_frag_t *f;
+    while ((f = ivshmem_queue_pop(&c->complete)))
+        ivshmem_frag_return(f);
+    ivshm_detach(c->h);
+    c->h = NULL;
+    free(c->rxbuf);
+    c->rxbuf = NULL;
+    return OPAL_SUCCESS;
+}

@@ -1,0 +1,395 @@
+/*
+ * Progress (called from opal_progress once the BML has registered us):
+ *   1. deliver what arrived in our rings to the PML's active-message
+ *      callbacks (at most IVSHMEM_RECV_BATCH per call),
+ *   2. retry fragments waiting for ring space,
+ *   3. make the owed completion callbacks,
+ *   4. when idle: every ~100 ms reap dead peers (a peer gone without its
+ *      goodbye is a fatal error for the job, never a hang), and after
+ *      spin_us of idleness block on the doorbell for one bounded slice
+ *      (senders ring a sleeping receiver themselves).
+ * Every step is bounded: progress never blocks longer than block_us.
+ */
+#include "btl_ivshmem.h"
+#include "btl_ivshmem_frag.h"
+
+#include "opal/runtime/opal_progress.h"
+#include "opal/sys/atomic.h"
+#include "opal/util/output.h"
+
+#include <errno.h>
+#include <string.h>
+
+/* Clock reads are spaced out: one every this many idle polls. */
+#define IDLE_POLLS_PER_TICK 64
+/* ...and one every this many busy calls, for housekeeping. */
+#define BUSY_CALLS_PER_TICK 1024
+/* A tick that comes later than this after the previous one means the
+   caller does other work between polls (see idle_tick). */
+#define IDLE_TICK_GAP_NS 100000ull
+
+/* Full scan of every ring at least once per this many polls: picks up
+   senders not yet in active[] (lazily added peers, spawned jobs). */
+#define POLLS_PER_SCAN 32
+
+void mca_btl_ivshmem_trust(int slot, uint32_t gen)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (!c->trusted[slot])
+        c->active[c->nactive++] = slot;
+    c->trusted[slot] = (uint64_t)gen + 1;
+}
+
+void mca_btl_ivshmem_distrust(int slot)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (!c->trusted[slot])
+        return;
+    c->trusted[slot] = 0;
+    for (int i = 0; i < c->nactive; i++)
+        if (c->active[i] == slot) {
+            c->active[i] = c->active[--c->nactive];
+            break;
+        }
+    c->rr = 0;
+}
+
+/* Is `slot` an Open MPI rank (any job: spawned jobs talk to us before
+   their add_procs)? Other libivshm users sharing the region may not feed
+   the PML. Cached per slot and generation; re-checked at housekeeping. */
+static bool sender_trusted(int slot)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (OPAL_LIKELY(c->trusted[slot]))
+        return true;
+    ivshm_peer_info info;
+    bool ok;
+    OPAL_THREAD_LOCK(&c->lock);
+    ok = ivshm_peer(c->h, slot, &info) == 0 && (info.job_id >> 32) == IVSHMEM_JOB_TAG;
+    if (ok)
+        mca_btl_ivshmem_trust(slot, info.generation);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    return ok;
+}
+
+static void handle_control(int src, uint32_t tag)
+{
+    mca_btl_ivshmem_endpoint_t *ep = mca_btl_ivshmem_component.by_slot[src];
+    if (tag == IVSHMEM_TAG_BYE && ep)
+        ep->said_bye = true;
+}
+
+/* Hand one received message (in rxbuf) to the PML. Called without
+   `lock`: the callback may send. The descriptor lives on our stack and
+   its data in rxbuf, valid only during the callback (the BTL contract). */
+static inline int deliver(int src, uint32_t tag, size_t len)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (OPAL_UNLIKELY(tag > 0xff)) {
+        handle_control(src, tag);
+        return 0;
+    }
+    const mca_btl_active_message_callback_t *reg =
+        mca_btl_base_active_message_trigger + tag;
+    if (OPAL_UNLIKELY(NULL == reg->cbfunc || c->finalizing)) {
+        c->counters.dropped++;
+        return 0;
+    }
+    c->counters.recv_msgs++;
+    c->counters.recv_bytes += len;
+    mca_btl_base_segment_t seg = {.seg_addr.pval = c->rxbuf, .seg_len = len};
+    mca_btl_base_descriptor_t des = {.des_segments = &seg, .des_segment_count = 1};
+    reg->cbfunc(&mca_btl_ivshmem.super, (mca_btl_base_tag_t)tag, &des, reg->cbdata);
+    return 1;
+}
+
+/* A receive from `src` failed validation or was cut by the sender's
+   death: data of a job peer is lost, so that peer is treated as failed
+   (now for corruption; at the next liveness check for a death). */
+static void receive_error(int src, ssize_t err)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    c->counters.dropped++;
+    if (src < 0 || src >= 64)
+        return;
+    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[src];
+    if (err == IVSHM_EPEERDEAD) {
+        c->last_reap_ns = 0; /* look at liveness on the next idle tick */
+        return;
+    }
+    if (ep)
+        mca_btl_ivshmem_peer_failed(ep, IVSHM_ECORRUPT);
+}
+
+/* One message from the known senders, round-robin; -EAGAIN if none.
+   With `lock`. */
+static inline ssize_t recv_active(int *src, uint32_t *tag)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    const int n = c->nactive;
+    int i = c->rr < n ? c->rr : 0;
+    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+        ssize_t got = ivshm_recv(c->h, c->active[i], NULL, tag, c->rxbuf,
+                                 c->rxcap, 0);
+        /* a departed sender with nothing left: housekeeping drops it */
+        if (got == -EAGAIN || got == IVSHM_EPEERDEAD)
+            continue;
+        *src = c->active[i];
+        c->rr = i + 1;
+        return got;
+    }
+    return -EAGAIN;
+}
+
+/*
+ * Hot path of the receiver: poll the rings of the senders we know (one
+ * seq load each when empty), every POLLS_PER_SCAN calls all rings, then
+ * the upcall. Invariant: rxbuf holds ring_capacity bytes, the most any
+ * ivshm_try_send can send, so an honest message is never truncated.
+ */
+static int poll_rings(bool scan_all)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int delivered = 0;
+    if (++c->polls_since_scan >= POLLS_PER_SCAN)
+        scan_all = true;
+    for (int i = 0; i < IVSHMEM_RECV_BATCH; i++) {
+        int src = -1;
+        uint32_t tag = 0;
+        OPAL_THREAD_LOCK(&c->lock);
+        ssize_t n = recv_active(&src, &tag);
+        if (n == -EAGAIN && scan_all) {
+            c->polls_since_scan = 0;
+            scan_all = false;
+            n = ivshm_recv(c->h, IVSHM_ANY, &src, &tag, c->rxbuf, c->rxcap, 0);
+        }
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (OPAL_LIKELY(n == -EAGAIN))
+            break;
+        if (OPAL_UNLIKELY(n < 0 || (size_t)n > c->rxcap)) {
+            receive_error(src, n < 0 ? n : IVSHM_ECORRUPT);
+            continue;
+        }
+        if (OPAL_UNLIKELY(!sender_trusted(src))) {
+            c->counters.dropped++;
+            continue;
+        }
+        delivered += deliver(src, tag, (size_t)n);
+    }
+    return delivered;
+}
+
+int mca_btl_ivshmem_drain_slot(int slot)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int delivered = 0;
+    /* bounded: a live sender could keep its ring busy forever */
+    for (uint32_t i = 0; i < 2 * c->geom.ring_slots; i++) {
+        uint32_t tag = 0;
+        OPAL_THREAD_LOCK(&c->lock);
+        ssize_t n = ivshm_recv(c->h, slot, NULL, &tag, c->rxbuf, c->rxcap, 0);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (n == -EAGAIN || n == IVSHM_EPEERDEAD || n == -EINVAL)
+            break;
+        if (n < 0 || (size_t)n > c->rxcap) {
+            c->counters.dropped++;
+            continue;
+        }
+        delivered += deliver(slot, tag, (size_t)n);
+    }
+    return delivered;
+}
+
+int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int sent = 0;
+    mca_btl_ivshmem_frag_t *f;
+    while ((f = ep->pending.head)) {
+        const mca_btl_base_segment_t *seg = f->base.des_segments;
+        int rc = ivshm_try_send(c->h, ep->slot, f->tag, seg->seg_addr.pval,
+                                seg->seg_len);
+        if (rc == -EAGAIN)
+            break;
+        (void)ivshmem_queue_pop(&ep->pending);
+        c->num_pending--;
+        if (rc == 0) {
+            c->counters.sent_msgs++;
+            c->counters.sent_bytes += seg->seg_len;
+        } else {
+            f->status = OPAL_ERR_UNREACH;
+            ep->send_error = rc; /* reported by the caller, unlocked */
+        }
+        if (f->base.des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
+            ivshmem_queue_push(&c->complete, f);
+        else if (f->base.des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP)
+            ivshmem_frag_return(f);
+        sent++;
+    }
+    return sent;
+}
+
+static int retry_pending(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int n = 0;
+    OPAL_THREAD_LOCK(&c->lock);
+    for (int s = 0; s < 64 && c->num_pending; s++) {
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        if (ep && ep->pending.count)
+            n += mca_btl_ivshmem_flush_pending(ep);
+    }
+    OPAL_THREAD_UNLOCK(&c->lock);
+    for (int s = 0; s < 64; s++) {
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        if (ep && OPAL_UNLIKELY(ep->send_error)) {
+            int err = ep->send_error;
+            ep->send_error = 0;
+            mca_btl_ivshmem_peer_failed(ep, err);
+        }
+    }
+    return n;
+}
+
+/* Callbacks of what was queued when we started: those they trigger wait
+   for the next call, so a long pipeline cannot monopolize progress. */
+static int run_completions(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    OPAL_THREAD_LOCK(&c->lock);
+    size_t todo = c->complete.count;
+    OPAL_THREAD_UNLOCK(&c->lock);
+    int n = 0;
+    for (; todo; todo--) {
+        OPAL_THREAD_LOCK(&c->lock);
+        mca_btl_ivshmem_frag_t *f = ivshmem_queue_pop(&c->complete);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (!f)
+            break;
+        ivshmem_frag_complete(f, f->status);
+        n++;
+    }
+    return n;
+}
+
+/* Every ~100 ms: reap, then check each peer we talk to (endpoints) or
+   accept messages from (trusted senders). A departed one is drained
+   first: what it published before leaving is still ours, its goodbye
+   included; only then is a missing goodbye taken for a crash. */
+static int housekeeping(uint64_t now)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    mca_btl_ivshmem_endpoint_t *failed[64];
+    int nfailed = 0, delivered = 0;
+    if (now - c->last_reap_ns < IVSHMEM_REAP_NS)
+        return 0;
+    c->last_reap_ns = now;
+
+    OPAL_THREAD_LOCK(&c->lock);
+    (void)ivshm_reap(c->h);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    for (int s = 0; s < (int)c->geom.max_peers; s++) {
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        uint64_t t = c->trusted[s];
+        if ((!ep || ep->dead) && !t)
+            continue;
+        uint32_t gen = ep && !ep->dead ? ep->generation : (uint32_t)(t - 1);
+        ivshm_peer_info info;
+        OPAL_THREAD_LOCK(&c->lock);
+        bool live = ivshm_peer(c->h, s, &info) == 0 && info.generation == gen;
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (live)
+            continue;
+        delivered += mca_btl_ivshmem_drain_slot(s);
+        OPAL_THREAD_LOCK(&c->lock);
+        mca_btl_ivshmem_distrust(s);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (ep && !ep->dead) {
+            if (ep->said_bye)
+                ep->dead = true; /* gone for good: sends fail, no more checks */
+            else
+                failed[nfailed++] = ep;
+        }
+    }
+    for (int i = 0; i < nfailed; i++)
+        mca_btl_ivshmem_peer_failed(failed[i], IVSHM_EPEERDEAD);
+    return delivered;
+}
+
+/* Blocking is for ranks that have nothing else to do: not with sends or
+   callbacks outstanding, not while other threads may need the handle,
+   and (by default) not when another BTL carries some peer, whose
+   progress would then be polled only once per slice. */
+static bool may_block(uint64_t now)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed))
+        return false;
+    if (c->num_pending || c->complete.head || opal_using_threads())
+        return false;
+    if (0 == c->num_endpoints && 0 == c->counters.recv_msgs)
+        return false; /* not carrying anything (yet) */
+    return now - c->idle_since_ns >= (uint64_t)c->spin_us * 1000u;
+}
+
+static int idle_tick(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    uint64_t now = mca_btl_ivshmem_now_ns();
+    /* Only a caller spinning in a wait (MPI_Wait, a blocking receive)
+       polls densely. If the last IDLE_POLLS_PER_TICK polls took long,
+       it is computing between MPI_Test calls (or sleeping, like the
+       finalize fence): blocking would stall it, so restart the spin
+       budget instead. Gaps made by opal's own sched_yield (oversubscribed
+       runs) are waiting, not work. */
+    if (now - c->last_tick_ns > IDLE_TICK_GAP_NS && !opal_progress_yield_when_idle)
+        c->idle_since_ns = now;
+    c->last_tick_ns = now;
+    if (0 == c->idle_since_ns)
+        c->idle_since_ns = now;
+    int n = housekeeping(now);
+    if (0 == n)
+        n = poll_rings(true); /* nobody new waiting before we block? */
+    if (0 == n && may_block(now) && 0 == ivshm_wait_message(c->h, c->block_ms))
+        n = poll_rings(true); /* woken by a sender: take it right away */
+    return n;
+}
+
+int mca_btl_ivshmem_component_progress(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (OPAL_UNLIKELY(NULL == c->h || c->finalizing))
+        return 0;
+    /* one progress at a time: other threads, or an upcall re-entering */
+    if (OPAL_UNLIKELY(opal_using_threads())) {
+        if (opal_atomic_swap_32(&c->in_progress, 1))
+            return 0;
+    } else if (c->in_progress) {
+        return 0;
+    } else {
+        c->in_progress = 1;
+    }
+
+    int events = poll_rings(false);
+    if (OPAL_UNLIKELY(c->num_pending))
+        events += retry_pending();
+    if (OPAL_UNLIKELY(NULL != c->complete.head))
+        events += run_completions();
+
+    if (OPAL_LIKELY(events)) {
+        c->idle_since_ns = 0;
+        c->idle_polls = 0;
+        if (OPAL_UNLIKELY(++c->ticks % BUSY_CALLS_PER_TICK == 0))
+            events += housekeeping(mca_btl_ivshmem_now_ns());
+    } else if (OPAL_UNLIKELY(++c->idle_polls % IDLE_POLLS_PER_TICK == 0)) {
+        events = idle_tick();
+    }
+
+    if (OPAL_UNLIKELY(opal_using_threads())) {
+        opal_atomic_wmb();
+        c->in_progress = 0;
+    } else {
+        c->in_progress = 0;
+    }
+    return events;
+}
