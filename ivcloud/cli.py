@@ -31,8 +31,9 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from . import bench, place, server
-    return [server, bench, place]
+    from . import bench, mpi, place, server
+    from . import cluster
+    return [server, bench, mpi, place, cluster]
 
 
 def build_parser() -> Parser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from . import p2p
+    from . import mpi, p2p
 
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
@@ -17,3 +17,7 @@ def register(sub) -> None:
                            description=p2p.__doc__)
     p2p.add_arguments(b)
     b.set_defaults(func=p2p.run)
+    b = actions.add_parser("mpi", help=mpi.__doc__.splitlines()[0],
+                           description=mpi.__doc__)
+    mpi.add_arguments(b)
+    b.set_defaults(func=mpi.run)
