@@ -1,0 +1,457 @@
+"""`ivcloud mpirun`: run unmodified MPI programs over ivshmem.
+
+Open MPI carries the traffic through our BTL component
+(mca_btl_ivshmem.so, built from native/btl) when it is on the component
+path and named in the BTL list; the component attaches to one region
+(a formatted file, or an ivshmem-server socket) given as an MCA
+parameter. This module builds that mpirun command line and, when no
+region is named, formats a private one in /dev/shm for the job and
+removes it afterwards whatever happens.
+
+The Python API is plain functions of their arguments (no state kept
+here), for reuse by other launchers:
+
+    cmd = mpirun_command(["./app"], np=4, transport="ivshmem",
+                         region="/dev/shm/r")
+    status = run(["./app"], np=4)          # private region, exit status
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from .cli import CliError
+
+TRANSPORTS = ("ivshmem", "tcp", "vader")
+COMPONENT_FILE = "mca_btl_ivshmem.so"
+# Where Debian's Open MPI keeps its own components; mca_base_component_path
+# replaces the default search path, so it must be listed next to ours.
+STOCK_COMPONENT_DIR = Path("/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3")
+MIB = 1 << 20
+MAX_PEERS_LIMIT = 64          # ivshm_geometry.max_peers upper bound
+PRIVATE_MIN_PEERS = 8         # room for a few ranks more than asked
+PRIVATE_MIN_SIZE = 64 * MIB
+PRIVATE_HEAP = 32 * MIB       # on top of the rings: windows, big messages
+TERMINATE_GRACE_S = 10.0      # mpirun gets this long to tear a job down
+
+
+class MpiError(CliError):
+    """Bad request (unknown transport, conflicting options): exit 2."""
+
+
+class MpiSetupError(CliError):
+    """The request was fine but the environment is not (no mpirun, no
+    component build, region cannot be made): exit 1."""
+
+    exit_code = 1
+
+
+# ---------------------------------------------------------------- lookup
+
+def stock_component_dir() -> Path:
+    """Open MPI's own component directory (ompi_info's pkglibdir)."""
+    if (STOCK_COMPONENT_DIR / "mca_btl_self.so").exists():
+        return STOCK_COMPONENT_DIR
+    ompi_info = shutil.which("ompi_info")
+    if ompi_info:
+        try:
+            out = subprocess.run([ompi_info, "--path", "pkglibdir"],
+                                 capture_output=True, text=True, timeout=30,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip().lower() == "pkglibdir" and value.strip():
+                return Path(value.strip())
+    raise MpiSetupError("cannot find Open MPI's component directory "
+                        "(is openmpi-bin installed?)")
+
+
+def component_dir(native: Optional[Path] = None) -> Path:
+    """Directory holding mca_btl_ivshmem.so: <native>/btl, where native
+    defaults to $IVCLOUD_NATIVE_DIR or <repo>/build/native."""
+    if native is None:
+        from .native import native_dir
+        native = native_dir()
+    d = Path(native) / "btl"
+    if not (d / COMPONENT_FILE).exists():
+        raise MpiSetupError(f"{d / COMPONENT_FILE} not found (run `make "
+                            f"build`, or set IVCLOUD_NATIVE_DIR to the "
+                            f"native build directory)")
+    return d.resolve()
+
+
+def find_mpirun() -> str:
+    path = shutil.which("mpirun")
+    if not path:
+        raise MpiSetupError("mpirun not found (install openmpi-bin)")
+    return path
+
+
+# ---------------------------------------------------------------- command
+
+def btl_list(transport: str, tcp_fallback: bool = True) -> str:
+    """The --mca btl value for a transport. With ivshmem, tcp stays in
+    the list (unless tcp_fallback is off) so that ranks our component
+    cannot reach (no region, region full, another host) still talk."""
+    if transport == "ivshmem":
+        return "self,ivshmem,tcp" if tcp_fallback else "self,ivshmem"
+    if transport in ("tcp", "vader"):
+        return f"self,{transport}"
+    raise MpiError(f"unknown transport '{transport}' (choose from "
+                   f"{', '.join(TRANSPORTS)})")
+
+
+def mpirun_command(program: Sequence[str], np: int,
+                   transport: str = "ivshmem",
+                   region: Optional[os.PathLike] = None,
+                   socket: Optional[os.PathLike] = None,
+                   verbose_btl: bool = False,
+                   tcp_fallback: bool = True,
+                   osc: Optional[str] = None,
+                   extra_mca: Sequence[Tuple[str, str]] = (),
+                   mpi4py_thread_level: Optional[str] = "serialized",
+                   mpirun: Optional[str] = None,
+                   components: Optional[Path] = None,
+                   stock_components: Optional[Path] = None) -> List[str]:
+    """The mpirun argv that runs `program` on `np` ranks over `transport`.
+
+    ivshmem: region (a formatted file) or socket (an ivshmem-server
+    socket), at most one; with neither, the component falls back to
+    $IVSHM_REGION / $IVSHM_SOCKET, and without those it stays out of the
+    way (tcp carries the job when tcp_fallback is on). One-sided
+    communication goes through osc pt2pt (messages, so through our BTL)
+    unless `osc` says otherwise; as osc pt2pt refuses windows under
+    MPI_THREAD_MULTIPLE, which mpi4py asks for by default, mpi4py
+    programs are told to ask for `mpi4py_thread_level` instead (None:
+    leave them alone).
+    """
+    program = [str(a) for a in program]
+    if not program or not program[0]:
+        raise MpiError("no program given")
+    if not isinstance(np, int) or np < 1:
+        raise MpiError(f"-np must be a positive integer, not {np!r}")
+    if transport not in TRANSPORTS:
+        btl_list(transport)  # raises the one error message
+    if region is not None and socket is not None:
+        raise MpiError("give either a region or a socket, not both")
+    if transport != "ivshmem" and (region is not None or socket is not None
+                                   or verbose_btl):
+        raise MpiError(f"--region/--socket/--verbose-btl only apply to the "
+                       f"ivshmem transport, not '{transport}'")
+
+    cmd = [mpirun or find_mpirun()]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += ["--oversubscribe", "-np", str(np)]
+    mca: List[Tuple[str, str]] = []
+    if transport == "ivshmem":
+        ours = components or component_dir()
+        stock = stock_components or stock_component_dir()
+        mca.append(("mca_base_component_path", f"{stock}:{ours}"))
+    # ob1 is the PML that drives BTLs; UCX (when installed) would bypass
+    # them all and the BTL list would carry nothing.
+    mca.append(("pml", "ob1"))
+    mca.append(("btl", btl_list(transport, tcp_fallback)))
+    if transport == "ivshmem":
+        if region is not None:
+            mca.append(("btl_ivshmem_region", str(region)))
+        if socket is not None:
+            mca.append(("btl_ivshmem_socket", str(socket)))
+        if verbose_btl:
+            mca.append(("btl_ivshmem_verbose", "1"))
+        mca.append(("osc", osc or "pt2pt"))
+    elif osc:
+        mca.append(("osc", osc))
+    mca += [(str(k), str(v)) for k, v in extra_mca]
+    for key, value in mca:
+        cmd += ["--mca", key, value]
+    if (transport == "ivshmem" and (osc or "pt2pt") == "pt2pt"
+            and mpi4py_thread_level):
+        cmd += ["-x", f"MPI4PY_RC_THREAD_LEVEL={mpi4py_thread_level}"]
+    return cmd + program
+
+
+# ---------------------------------------------------------------- region
+
+def private_geometry(np: int) -> Tuple[int, int]:
+    """(max_peers, size in bytes) of a private region for `np` ranks."""
+    from .native import min_region_size
+    if np > MAX_PEERS_LIMIT:
+        raise MpiError(f"a region holds at most {MAX_PEERS_LIMIT} ranks, "
+                       f"not {np}")
+    max_peers = max(PRIVATE_MIN_PEERS, np)
+    need = min_region_size(max_peers) + PRIVATE_HEAP
+    size = max(PRIVATE_MIN_SIZE, (need + MIB - 1) // MIB * MIB)
+    return max_peers, size
+
+
+def private_region_path() -> Path:
+    return Path("/dev/shm") / f"ivcloud-mpi-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+@contextlib.contextmanager
+def private_region(np: int, path: Optional[Path] = None) -> Iterator[Path]:
+    """A freshly formatted region file for one job (mode 0600), removed
+    when the block ends, also on an exception or KeyboardInterrupt."""
+    from .native import IvshmError, format_region
+    max_peers, size = private_geometry(np)
+    path = Path(path) if path else private_region_path()
+    try:
+        # O_EXCL: never adopt (and later delete) somebody else's file
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError as e:
+        raise MpiSetupError(f"cannot create {path}: {e.strerror}")
+    os.close(fd)
+    try:
+        try:
+            format_region(path, size, max_peers=max_peers, mode=0o600)
+        except (IvshmError, OSError) as e:
+            raise MpiSetupError(f"cannot format {path}: {e}")
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+# ---------------------------------------------------------------- running
+
+def _exit_status(returncode: int) -> int:
+    # a signal death (-N from subprocess) reads as the shell's 128+N
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ask mpirun to tear the job down (it forwards SIGTERM to the ranks
+    and cleans up), and kill it if it does not within the grace time."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
+def run_command(cmd: Sequence[str], timeout: Optional[float] = None,
+                env: Optional[Mapping[str, str]] = None,
+                stdout=None, stderr=None) -> int:
+    """Run an mpirun command line; its exit status. The job is torn down
+    if we are interrupted or `timeout` (seconds) expires, which raises
+    subprocess.TimeoutExpired after the teardown."""
+    proc = subprocess.Popen(list(cmd), env=dict(env) if env else None,
+                            stdout=stdout, stderr=stderr)
+    try:
+        proc.wait(timeout=timeout)
+    except BaseException:
+        _stop(proc)
+        raise
+    return _exit_status(proc.returncode)
+
+
+def check_region(region: os.PathLike) -> Path:
+    p = Path(region)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise MpiError(f"region {p}: {e.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        raise MpiError(f"region {p} is not a regular file")
+    return p
+
+
+def check_socket(sock: os.PathLike) -> Path:
+    p = Path(sock)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise MpiError(f"socket {p}: {e.strerror}")
+    if not stat.S_ISSOCK(st.st_mode):
+        raise MpiError(f"{p} is not a socket")
+    return p
+
+
+def env_attachment(env: Mapping[str, str]) -> Dict[str, str]:
+    """region/socket named by $IVSHM_REGION / $IVSHM_SOCKET, if any."""
+    if env.get("IVSHM_SOCKET"):
+        return {"socket": env["IVSHM_SOCKET"]}
+    if env.get("IVSHM_REGION"):
+        return {"region": env["IVSHM_REGION"]}
+    return {}
+
+
+def run(program: Sequence[str], np: int, transport: str = "ivshmem",
+        region: Optional[os.PathLike] = None,
+        socket: Optional[os.PathLike] = None,
+        verbose_btl: bool = False, tcp_fallback: bool = True,
+        extra_mca: Sequence[Tuple[str, str]] = (),
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdout=None, stderr=None) -> int:
+    """Run `program` on `np` ranks; mpirun's exit status.
+
+    With transport ivshmem and neither region nor socket (nor
+    $IVSHM_REGION / $IVSHM_SOCKET in `env`), a private region is
+    formatted for the job and removed afterwards."""
+    if region is not None:
+        check_region(region)
+    if socket is not None:
+        check_socket(socket)
+    kwargs = dict(transport=transport, verbose_btl=verbose_btl,
+                  tcp_fallback=tcp_fallback, extra_mca=extra_mca)
+    if transport == "ivshmem" and region is None and socket is None:
+        named = env_attachment(env if env is not None else os.environ)
+        if named:
+            kwargs.update(named)
+        else:
+            # validate before making anything
+            mpirun_command(program, np, region="/dev/null", **kwargs)
+            with private_region(np) as path:
+                cmd = mpirun_command(program, np, region=path, **kwargs)
+                return run_command(cmd, timeout, env, stdout, stderr)
+    cmd = mpirun_command(program, np, region=region, socket=socket, **kwargs)
+    return run_command(cmd, timeout, env, stdout, stderr)
+
+
+# ---------------------------------------------------------------- CLI
+
+class _Terminated(BaseException):
+    """SIGTERM/SIGHUP while a job runs: unwinds like Ctrl-C so that the
+    job is torn down and the private region removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, "
+                                         f"not '{text}'")
+    return v
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "mpirun", help="run an MPI program over ivshmem (Open MPI)",
+        description="Run an unmodified MPI program with Open MPI, its "
+                    "ranks talking through the ivshmem BTL. Without "
+                    "--region/--socket (and without $IVSHM_REGION / "
+                    "$IVSHM_SOCKET) a private region is formatted in "
+                    "/dev/shm for the job and removed afterwards. Exit "
+                    "status: mpirun's.",
+        usage="ivcloud mpirun [options] -np N -- PROGRAM [ARGS...]")
+    p.add_argument("--transport", choices=TRANSPORTS, default="ivshmem",
+                   help="ivshmem (default; tcp as fallback), or the stock "
+                        "tcp / vader BTLs for comparison")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--region", metavar="PATH",
+                       help="an already formatted region file")
+    where.add_argument("--socket", metavar="SOCK",
+                       help="an ivshmem-server socket (`ivcloud server`)")
+    p.add_argument("--verbose-btl", action="store_true",
+                   help="each rank prints its ivshmem traffic counters at "
+                        "finalize")
+    p.add_argument("--no-tcp-fallback", action="store_true",
+                   help="BTL list self,ivshmem only: fail rather than use "
+                        "tcp for ranks the region cannot connect")
+    p.add_argument("--mca", nargs=2, action="append", default=[],
+                   metavar=("KEY", "VALUE"),
+                   help="extra MCA parameter passed to mpirun (repeatable)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the mpirun command instead of running it")
+    p.add_argument("-np", "-n", "--np", dest="np", type=_positive,
+                   required=True, metavar="N", help="number of ranks")
+    p.add_argument("program", nargs=argparse.REMAINDER,
+                   help="the MPI program and its arguments (after --)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    if not program:
+        raise MpiError("no program given (usage: ivcloud mpirun -np N -- "
+                       "PROGRAM [ARGS...])")
+    kwargs = dict(transport=args.transport,
+                  verbose_btl=args.verbose_btl,
+                  tcp_fallback=not args.no_tcp_fallback,
+                  extra_mca=[tuple(kv) for kv in args.mca])
+    if args.transport != "ivshmem" and args.no_tcp_fallback:
+        raise MpiError("--no-tcp-fallback only applies to --transport "
+                       "ivshmem")
+    if args.dry_run:
+        region, sock = args.region, args.socket
+        note = ""
+        if args.transport == "ivshmem" and not region and not sock:
+            named = env_attachment(os.environ)
+            region, sock = named.get("region"), named.get("socket")
+            if not named:
+                private_geometry(args.np)  # same refusals as a real run
+                region = private_region_path()
+                note = (f"# {region} would be formatted for the job "
+                        f"and removed afterwards")
+        cmd = mpirun_command(program, args.np, region=region, socket=sock,
+                             **kwargs)
+        print(shlex.join(cmd))
+        if note:
+            print(note, file=sys.stderr)
+        return 0
+
+    old = {s: signal.signal(s, _raise_terminated)
+           for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return run(program, args.np, region=args.region, socket=args.socket,
+                   **kwargs)
+    except _Terminated as t:
+        return 128 + t.signum
+    except FileNotFoundError as e:
+        raise MpiSetupError(f"cannot run mpirun: {e}")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# ---------------------------------------------------------------- counters
+
+_COUNTER_RE = re.compile(
+    r"btl_ivshmem: rank (\d+) sent (\d+) msgs (\d+) bytes, received (\d+) "
+    r"msgs (\d+) bytes, sleeps (\d+)")
+
+
+def parse_btl_counters(text: str) -> Dict[int, Dict[str, int]]:
+    """The per-rank lines --verbose-btl makes the component print at
+    finalize: {rank: {sent_msgs, sent_bytes, recv_msgs, recv_bytes,
+    sleeps}}. A rank missing from the result printed nothing (it never
+    used the component, or did not finalize)."""
+    out: Dict[int, Dict[str, int]] = {}
+    for m in _COUNTER_RE.finditer(text):
+        rank, sm, sb, rm, rb, sl = (int(g) for g in m.groups())
+        out[rank] = {"sent_msgs": sm, "sent_bytes": sb, "recv_msgs": rm,
+                     "recv_bytes": rb, "sleeps": sl}
+    return out
