@@ -1,0 +1,302 @@
+"""`ivcloud cluster up|status|mpirun|exec|down`: argument parsing and
+output; the work is in lifecycle (up/down/status) and launch (entering
+instances, the mpirun command)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+from ..cli import CliError
+from ..server import OperationFailed, format_size
+from . import lifecycle
+from .launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS, LaunchError,
+                     enter_command, mpirun_command)
+from .state import state_dir
+from .topology import DEFAULT_NAME, check_name, format_rate, plan
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, "
+                                         f"not '{text}'")
+    return v
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default=DEFAULT_NAME,
+                   help=f"cluster name (default {DEFAULT_NAME})")
+    p.add_argument("--run-dir", default=None,
+                   help="parent of the cluster's state directory (default "
+                        "$IVCLOUD_RUN_DIR or /run/ivcloud)")
+
+
+def _sd(args):
+    return state_dir(check_name(args.name), args.run_dir)
+
+
+def _remainder(items):
+    items = list(items)
+    if items and items[0] == "--":
+        items = items[1:]
+    return items
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "cluster", help="emulate a cluster of VMs with namespaces",
+        description="Emulate servers hosting VM-like instances (network, "
+                    "UTS, IPC and mount namespaces with private /tmp and "
+                    "/dev/shm, pinned to vCPUs), one ivshmem-server per "
+                    "server, and run Open MPI jobs across them.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION",
+                               parser_class=type(p))
+    actions.required = True
+
+    u = actions.add_parser("up", help="create a cluster")
+    _common(u)
+    u.add_argument("--servers", type=int, required=True, metavar="S")
+    u.add_argument("--instances-per-server", type=int, required=True,
+                   metavar="I")
+    u.add_argument("--vcpus", type=int, default=1, metavar="V",
+                   help="host CPUs per instance (affinity; default 1)")
+    u.add_argument("--uplink-rate", default=None, metavar="RATE",
+                   help="limit each server's uplink, both ways (tbf), "
+                        "e.g. 1gbit, 100mbit")
+    u.add_argument("--oversubscribe", action="store_true",
+                   help="allow more vCPUs in total than host CPUs")
+    u.set_defaults(func=_cmd_up)
+
+    d = actions.add_parser("down", help="remove a cluster (also a "
+                                        "half-built one)")
+    _common(d)
+    d.set_defaults(func=_cmd_down)
+
+    s = actions.add_parser("status", help="servers, instances, peers")
+    _common(s)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=_cmd_status)
+
+    m = actions.add_parser(
+        "mpirun", help="run an Open MPI job across the instances",
+        usage="ivcloud cluster mpirun [options] -np N -- PROGRAM [ARGS...]",
+        description="Run PROGRAM with Open MPI on the cluster's instances "
+                    "(mpirun runs on the head node; ranks start through "
+                    "the cluster's launch agent). The program must be on "
+                    "a path the instances see (not under /tmp or "
+                    "/dev/shm). Exit status: mpirun's.")
+    _common(m)
+    m.add_argument("--transport", choices=TRANSPORTS, default="tcp",
+                   help="between instances: tcp (default) or ivshmem "
+                        "(same-server instances; tcp across servers)")
+    m.add_argument("--placement", choices=PLACEMENTS, default="block",
+                   help="block: fill instance by instance; round-robin: "
+                        "spread consecutive ranks across servers")
+    m.add_argument("--rankfile", default=None, metavar="FILE",
+                   help="place ranks by an Open MPI rankfile (e.g. from "
+                        "`ivcloud place --cluster NAME`) instead of "
+                        "--placement")
+    m.add_argument("--btl", default=None,
+                   help="override the BTL list (default self,vader,tcp or "
+                        "self,vader,ivshmem,tcp)")
+    m.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than the instances' vCPUs")
+    m.add_argument("--verbose-btl", action="store_true",
+                   help="ivshmem: ranks print their BTL counters")
+    m.add_argument("--mca", nargs=2, action="append", default=[],
+                   metavar=("KEY", "VALUE"), help="extra MCA parameter")
+    m.add_argument("--timeout", type=float, default=None, metavar="SEC",
+                   help="tear the job down after SEC seconds (exit 124)")
+    m.add_argument("--dry-run", action="store_true",
+                   help="print the command instead of running it")
+    m.add_argument("-np", "-n", "--np", dest="np", type=_positive,
+                   required=True, metavar="N")
+    m.add_argument("program", nargs=argparse.REMAINDER)
+    m.set_defaults(func=_cmd_mpirun)
+
+    e = actions.add_parser(
+        "exec", help="run a command inside an instance",
+        usage="ivcloud cluster exec [--name NAME] HOST -- COMMAND [ARGS...]")
+    _common(e)
+    e.add_argument("host", help="instance hostname (e.g. s0i1) or head")
+    e.add_argument("command", nargs=argparse.REMAINDER)
+    e.set_defaults(func=_cmd_exec)
+
+
+# ---------------------------------------------------------------- actions
+
+def _cmd_up(args) -> int:
+    topo = plan(args.name, args.servers, args.instances_per_server,
+                args.vcpus, args.uplink_rate, args.oversubscribe)
+    sd = state_dir(topo.name, args.run_dir)
+    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True))
+    print(f"cluster '{topo.name}' is up (state {sd.state})")
+    return 0
+
+
+def _cmd_down(args) -> int:
+    sd = _sd(args)
+    lifecycle.down(sd)
+    print(f"cluster '{sd.name}' is down")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    info = lifecycle.status(_sd(args))
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0 if info["healthy"] else 1
+    rate = info["uplink_rate_bps"]
+    print(f"cluster '{info['name']}': {info['phase']}"
+          f"{'' if info['healthy'] else ' (DEGRADED)'}; "
+          f"{info['servers_count']} servers x {info['instances_per_server']}"
+          f" instances x {info['vcpus']} vCPUs; uplinks "
+          f"{format_rate(rate) if rate else 'unlimited'}")
+    head = info["head"]
+    print(f"  head {head['address']} pid {head['pid']} "
+          f"{'alive' if head['alive'] else 'DEAD'}")
+    for srv in info["servers"]:
+        print(f"  server s{srv['index']} ({srv['name']}): ivshmem-server "
+              f"{'pid ' + str(srv['pid']) if srv['running'] else 'NOT RUNNING'}"
+              f", region {format_size(srv['size'])}, "
+              f"{len(srv['peers'])}/{srv['max_peers']} peers")
+        for peer in srv["peers"]:
+            fields = " ".join(f"{k}={v}" for k, v in peer.items())
+            print(f"      peer {fields}")
+        for inst in info["instances"]:
+            if inst["server"] != srv["index"]:
+                continue
+            cpus = ",".join(map(str, inst.get("cpus",
+                                              inst["planned_cpus"])))
+            print(f"    {inst['hostname']:<8} {inst['address']:<15} "
+                  f"pid {inst['pid']} "
+                  f"{'alive' if inst['alive'] else 'DEAD'}  cpus {cpus}")
+    return 0 if info["healthy"] else 1
+
+
+def _check_visible(path, what: str) -> None:
+    real = os.path.realpath(path)
+    for d in PRIVATE_DIRS:
+        if real == d or real.startswith(d + "/"):
+            raise CliError(f"{what} ({path}) is under {d}, which every "
+                           f"instance has privately (put it elsewhere, "
+                           f"e.g. /var/tmp)")
+
+
+def _check_program(program):
+    exe = program[0]
+    if "/" not in exe:
+        found = shutil.which(exe)
+        if not found:
+            raise CliError(f"program '{exe}' not found on PATH")
+        exe = found
+    exe = os.path.abspath(exe)
+    if not os.path.isfile(exe):
+        raise CliError(f"program '{program[0]}' does not exist")
+    _check_visible(exe, f"program '{program[0]}'")
+    return [exe] + list(program[1:])
+
+
+def _cmd_mpirun(args) -> int:
+    from .. import mpi
+    program = _remainder(args.program)
+    if not program:
+        raise CliError("no program given (usage: ivcloud cluster mpirun "
+                       "-np N -- PROGRAM [ARGS...])")
+    sd = _sd(args)
+    state = lifecycle.load_up(sd)
+    program = _check_program(program)
+    topo = state["topology"]
+    slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
+    if args.np > slots and not args.oversubscribe:
+        raise CliError(f"-np {args.np} exceeds the cluster's {slots} vCPUs "
+                       f"(add --oversubscribe)")
+    if args.transport == "ivshmem":
+        from ..mpi import MpiSetupError, component_dir
+        try:
+            _check_visible(component_dir(), "the ivshmem BTL")
+        except MpiSetupError as e:
+            raise OperationFailed(str(e))
+    rankfile = None
+    if args.rankfile is not None:
+        if args.placement != "block":
+            raise CliError("give either --rankfile or --placement")
+        try:
+            text = open(args.rankfile).read()
+        except OSError as e:
+            raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
+        # a copy the head node sees (the caller's may be in /tmp)
+        rankfile = sd.dir / f"rankfile.{os.getpid()}"
+    try:
+        cmd = mpirun_command(state, sd, program, args.np,
+                             transport=args.transport,
+                             placement=args.placement, btl=args.btl,
+                             verbose_btl=args.verbose_btl,
+                             extra_mca=[tuple(kv) for kv in args.mca],
+                             rankfile=rankfile)
+        full, env, _ = enter_command(state, "head", cmd)
+    except LaunchError as e:
+        raise OperationFailed(str(e))
+    if args.dry_run:
+        print(shlex.join(full))
+        return 0
+    if rankfile is not None:
+        rankfile.write_text(text)
+    # SIGTERM/SIGHUP unwind like Ctrl-C: run_command then tears the job
+    # down instead of leaving mpirun running on the head node
+    old = {s: signal.signal(s, _raise_terminated)
+           for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return mpi.run_command(full, timeout=args.timeout, env=env)
+    except _Terminated as t:
+        return 128 + t.signum
+    except subprocess.TimeoutExpired:
+        sys.stderr.write(f"ivcloud cluster: error: job exceeded "
+                         f"{args.timeout:g} s, torn down\n")
+        return 124
+    except FileNotFoundError as e:
+        raise OperationFailed(f"cannot run mpirun: {e}")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if rankfile is not None:
+            try:
+                rankfile.unlink()
+            except FileNotFoundError:
+                pass
+
+
+class _Terminated(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
+def _cmd_exec(args) -> int:
+    sd = _sd(args)
+    state = lifecycle.load_up(sd)
+    command = _remainder(args.command)
+    try:
+        full, env, cpus = enter_command(state, args.host, command)
+    except LaunchError as e:
+        raise CliError(str(e))
+
+    def preexec():
+        os.sched_setaffinity(0, cpus)
+
+    proc = subprocess.run(full, env=env, cwd="/", preexec_fn=preexec)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

@@ -1,0 +1,273 @@
+"""Namespace holders: the long-lived processes that keep an instance (or
+the head node, or the fabric) existing.
+
+A holder is `taskset -c CPUS unshare --net --uts --ipc --mount
+--propagation private -- bash -c SCRIPT`: it mounts its private /tmp and
+/dev/shm, binds the cluster's hosts file over /etc/hosts, sets its
+hostname, hides the run dir but for its own server's socket directory,
+says "ready" and then sleeps. Its namespaces live as long as it (or anything entered into them)
+does; its CPU affinity is what the instance's "vCPUs" are.
+
+Every holder runs with argv[0] (and, before that exec, an argument)
+"ivcloud-holder:<cluster>:<role>", so that `down` finds one even when
+`up` was killed between starting it and writing its pid down.
+
+A holder is identified by pid *and* start time, so that a recycled pid is
+never mistaken for (or killed as) one of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Set
+
+MARKER = "ivcloud-holder"
+CLUSTER_ENV = "IVCLOUD_CLUSTER"
+NS_KINDS = ("net", "uts", "ipc", "mnt")
+UNSHARE_FLAG = {"net": "--net", "uts": "--uts", "ipc": "--ipc",
+                "mnt": "--mount"}
+READY_TIMEOUT_S = 15.0
+
+# $0 = marker, $1 = hostname ('' keeps the host's: fabric), $2 = hosts
+# file ('' = no private mounts), $3 = the run dir to cover ('' = none),
+# $4... = paths under it (relative) that stay visible. `set -e`: any
+# failed step ends the holder, and `up` reports the step's stderr.
+_SCRIPT = r"""
+set -e
+if [ -n "$2" ]; then
+  mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-tmp /tmp
+  mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-shm /dev/shm
+  mount --bind "$2" /etc/hosts
+fi
+if [ -n "$1" ]; then hostname "$1"; fi
+ip link set lo up
+if [ -n "$3" ]; then
+  # Of the run dir (every cluster's state, every server's socket) only
+  # the kept paths stay visible, at the same place: bind each aside,
+  # cover the run dir with an empty tmpfs, move them back in.
+  run=$3; shift 3
+  mkdir /tmp/.ivcloud-keep
+  n=0
+  for rel in "$@"; do
+    n=$((n + 1))
+    if [ -d "$run/$rel" ]; then mkdir "/tmp/.ivcloud-keep/$n"
+    else : > "/tmp/.ivcloud-keep/$n"; fi
+    mount --bind "$run/$rel" "/tmp/.ivcloud-keep/$n"
+  done
+  mount -t tmpfs -o mode=0755,size=64k ivcloud-run "$run"
+  n=0
+  for rel in "$@"; do
+    n=$((n + 1))
+    mkdir -p "$(dirname "$run/$rel")"
+    if [ -d "/tmp/.ivcloud-keep/$n" ]; then mkdir "$run/$rel"
+    else : > "$run/$rel"; fi
+    mount --move "/tmp/.ivcloud-keep/$n" "$run/$rel"
+    rm -rf "/tmp/.ivcloud-keep/$n"
+  done
+  rmdir /tmp/.ivcloud-keep
+fi
+echo ready
+exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1
+"""
+
+
+class HolderError(RuntimeError):
+    pass
+
+
+def marker(cluster: str, role: str) -> str:
+    return f"{MARKER}:{cluster}:{role}"
+
+
+# ---------------------------------------------------------------- /proc
+
+def start_time(pid: int) -> Optional[int]:
+    """Start time (clock ticks since boot) of a live, non-zombie pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 of proc(5), counted from state (3)
+
+
+def ns_inode(pid: int, kind: str) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> List[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")
+
+
+def _pids() -> List[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+@dataclass(frozen=True)
+class Holder:
+    role: str
+    pid: int
+    start: int
+
+    def alive(self) -> bool:
+        return start_time(self.pid) == self.start
+
+    def to_dict(self) -> Dict:
+        return {"role": self.role, "pid": self.pid, "start": self.start}
+
+    @classmethod
+    def from_dict(cls, d: Dict) -> "Holder":
+        return cls(d["role"], int(d["pid"]), int(d["start"]))
+
+
+def find_by_marker(cluster: str) -> List[Holder]:
+    """Live holders of `cluster` found by their marker argument (covers
+    one started but not yet written into the state file)."""
+    prefix = f"{MARKER}:{cluster}:"
+    found = []
+    for pid in _pids():
+        for arg in _cmdline(pid):
+            if arg.startswith(prefix) and arg.count(":") == 2:
+                st = start_time(pid)
+                if st is not None:
+                    found.append(Holder(arg[len(prefix):], pid, st))
+                break
+    return found
+
+
+def in_cluster_env(pid: int, cluster: str) -> bool:
+    """Does `pid` carry IVCLOUD_CLUSTER=<cluster> (set for everything the
+    launch agent and `exec` start, and inherited by their children)?"""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{CLUSTER_ENV}={cluster}".encode() in env.split(b"\0")
+
+
+def processes_in(namespaces: Dict[str, Iterable[int]],
+                 cluster: Optional[str] = None) -> List[int]:
+    """Pids (other than ours) living in any of the given namespaces,
+    {'net': {inode, ...}, 'mnt': {...}}. With `cluster`, only those that
+    also carry its IVCLOUD_CLUSTER: for namespaces whose holder is gone,
+    whose inode numbers the kernel may already have handed out again."""
+    wanted = {kind: set(inos) for kind, inos in namespaces.items() if inos}
+    me = os.getpid()
+    hits = []
+    for pid in _pids():
+        if pid == me:
+            continue
+        for kind, inos in wanted.items():
+            if ns_inode(pid, kind) in inos:
+                if cluster is None or in_cluster_env(pid, cluster):
+                    hits.append(pid)
+                break
+    return hits
+
+
+def kill_pids(pids: Sequence[int], grace_s: float = 3.0) -> List[int]:
+    """SIGTERM, then SIGKILL whatever is left after grace_s. Each pid is
+    pinned by its start time so a recycled pid is left alone. Returns the
+    pids still alive at the end (should be none)."""
+    pinned = {pid: start_time(pid) for pid in pids}
+    pinned = {p: st for p, st in pinned.items() if st is not None}
+
+    def alive():
+        return [p for p, st in pinned.items() if start_time(p) == st]
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in alive():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not alive():
+            return []
+    return alive()
+
+
+# ---------------------------------------------------------------- spawn
+
+def spawn(cluster: str, role: str, *, unshare_flags: Sequence[str],
+          cpus: Optional[Sequence[int]] = None, hostname: str = "",
+          hosts_file: Optional[Path] = None,
+          cover_dir: Optional[Path] = None,
+          keep_visible: Sequence[str] = ()) -> subprocess.Popen:
+    """Start a holder; returns at once (the caller records the pid, then
+    calls wait_ready). cover_dir/keep_visible: hide cover_dir inside but
+    for the files and directories keep_visible (paths relative to it)."""
+    argv = []
+    if cpus:
+        argv += ["taskset", "-c", ",".join(str(c) for c in cpus)]
+    argv += ["unshare", *unshare_flags, "--", "bash", "-c", _SCRIPT,
+             marker(cluster, role), hostname,
+             str(hosts_file) if hosts_file else "",
+             str(cover_dir) if cover_dir else "", *keep_visible]
+    # Own session: a Ctrl-C meant for `up` must not reach the holders
+    # (rollback removes them in order instead).
+    env = dict(os.environ, **{CLUSTER_ENV: cluster})
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, close_fds=True,
+                            env=env)
+
+
+def wait_ready(proc: subprocess.Popen, role: str,
+               timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Block until the holder printed 'ready' (its namespaces are set
+    up); HolderError with its stderr if it died or took too long."""
+    deadline = time.monotonic() + timeout_s
+    out = b""
+    while b"\n" not in out:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HolderError(f"holder {role} not ready after "
+                              f"{timeout_s:.0f} s")
+        r, _, _ = select.select([proc.stdout], [], [], left)
+        if r:
+            chunk = os.read(proc.stdout.fileno(), 256)
+            if not chunk:
+                break
+            out += chunk
+    if out.strip() != b"ready":
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+        raise HolderError(f"holder {role} failed: "
+                          f"{err[-1] if err else out.decode().strip() or 'no output'}")
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def namespaces_of(pid: int) -> Dict[str, int]:
+    return {kind: ns_inode(pid, kind) for kind in NS_KINDS}
+
+
+def enter_argv(pid: int, kinds: Sequence[str] = NS_KINDS) -> List[str]:
+    """argv prefix running a command inside holder `pid`'s namespaces."""
+    flags = {"net": "-n", "uts": "-u", "ipc": "-i", "mnt": "-m"}
+    return ["nsenter", "-t", str(pid), *(flags[k] for k in kinds), "--"]
+
+
+def live_pids(holders: Iterable[Holder]) -> Set[int]:
+    return {h.pid for h in holders if h.alive()}

@@ -1,0 +1,238 @@
+"""Getting into instances: the launch agent, hostfiles, the mpirun line.
+
+Open MPI starts its daemon (orted) on a remote node with
+`AGENT HOST COMMAND...`, like ssh. Our agent (`python -m
+ivcloud.cluster.launch --state-dir DIR HOST COMMAND...`, wrapped in the
+cluster's `agent` script) looks HOST up in the state file, checks that
+the instance's holder is still the process we started, and execs
+`nsenter` into its network, UTS, IPC and mount namespaces with
+
+  * the instance's CPUs (nsenter keeps the caller's affinity, not the
+    holder's, so the agent sets it: everything orted starts inherits it);
+  * a fresh environment as sshd would give (nothing of mpirun's own
+    environment leaks in), TMPDIR=/tmp (the instance's private tmpfs,
+    where orted and PMIx keep their session directories) and
+    IVSHM_SOCKET = the socket of the instance's own server, which the
+    ivshmem BTL reads when btl_ivshmem_socket is not set;
+  * COMMAND joined and run by /bin/sh -c, since Open MPI quotes it for
+    a remote shell.
+
+mpirun itself runs on the head node (its own namespaces on the core
+bridge, no ranks) so that every rank is launched through the agent and
+every orted reaches mpirun over the cluster network.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .instance import CLUSTER_ENV, Holder, enter_argv
+from .state import StateDir, load
+from .topology import SUBNET, Topology
+
+PLACEMENTS = ("block", "round-robin")
+TRANSPORTS = ("tcp", "ivshmem")
+# Directories every instance has privately (anything under them on the
+# host is invisible inside).
+PRIVATE_DIRS = ("/tmp", "/dev/shm")
+_KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ")
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- files
+
+def hostfile_text(topo: Topology, placement: str) -> str:
+    """block: instances server-major, filled slot by slot (--map-by slot);
+    round-robin: instance-major order with --map-by node, so consecutive
+    ranks land on different servers first."""
+    insts = topo.instance_list()
+    if placement == "round-robin":
+        insts = sorted(insts, key=lambda i: (i.index, i.server))
+    return "".join(f"{i.hostname} slots={topo.vcpus}\n" for i in insts)
+
+
+def agent_script_text(state_dir: Path) -> str:
+    repo = Path(__file__).resolve().parent.parent.parent
+    return ("#!/bin/sh\n"
+            "# Open MPI's plm_rsh_agent for this cluster: AGENT HOST CMD...\n"
+            f"PYTHONPATH={shlex.quote(str(repo))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+            "export PYTHONPATH\n"
+            f"exec {shlex.quote(sys.executable)} -m ivcloud.cluster.launch "
+            f"--state-dir {shlex.quote(str(state_dir))} \"$@\"\n")
+
+
+# ---------------------------------------------------------------- entering
+
+def instance_env(state: Dict, host: str, base: Optional[Dict] = None) -> Dict[str, str]:
+    base = os.environ if base is None else base
+    env = {k: base[k] for k in _KEEP_ENV if k in base}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                           "/usr/bin:/sbin:/bin")
+    env.update(HOME="/root" if os.geteuid() == 0 else base.get("HOME", "/"),
+               USER=base.get("USER", "root"), SHELL="/bin/sh",
+               TMPDIR="/tmp", IVCLOUD_INSTANCE=host)
+    # `down` recognises what runs in an instance by this, too
+    env[CLUSTER_ENV] = state["name"]
+    inst = state.get("instances", {}).get(host)
+    if inst is not None:
+        server = state["servers"][str(inst["server"])]
+        env["IVSHM_SOCKET"] = server["socket"]
+    return env
+
+
+def resolve(state: Dict, host: str) -> Holder:
+    """The live holder of instance (or head) `host`, or LaunchError."""
+    if host not in state.get("instances", {}) and host != "head":
+        raise LaunchError(f"no instance '{host}' in cluster "
+                          f"'{state['name']}'")
+    rec = state.get("holders", {}).get(host)
+    if rec is None:
+        raise LaunchError(f"instance '{host}' was never started")
+    holder = Holder.from_dict(rec)
+    if not holder.alive():
+        raise LaunchError(f"instance '{host}' is down (holder pid "
+                          f"{holder.pid} is gone)")
+    return holder
+
+
+def enter_command(state: Dict, host: str, argv: Sequence[str],
+                  shell: bool = False) -> Tuple[List[str], Dict[str, str],
+                                                 List[int]]:
+    """(argv, env, cpus) that run `argv` inside instance `host`. shell:
+    argv is one command line for /bin/sh -c (ssh semantics)."""
+    holder = resolve(state, host)
+    try:
+        cpus = sorted(os.sched_getaffinity(holder.pid))
+    except OSError as e:
+        raise LaunchError(f"instance '{host}': {e.strerror}")
+    if shell or not argv:
+        cmd = ["/bin/sh", "-c", " ".join(argv)] if argv else ["/bin/sh", "-l"]
+    else:
+        cmd = list(argv)
+    return enter_argv(holder.pid) + cmd, instance_env(state, host), cpus
+
+
+def exec_in(state: Dict, host: str, argv: Sequence[str],
+            shell: bool = False) -> None:
+    """Replace this process by `argv` inside instance `host`."""
+    full, env, cpus = enter_command(state, host, argv, shell)
+    os.sched_setaffinity(0, cpus)
+    # the caller's directory may not exist inside (private /tmp)
+    os.chdir("/")
+    os.execvpe(full[0], full, env)
+
+
+# ---------------------------------------------------------------- mpirun
+
+def _set_mca(cmd: List[str], key: str, value: str) -> None:
+    """Set --mca key value in an mpirun argv, replacing an existing one
+    (a repeated --mca is joined with ',' by Open MPI, not replaced)."""
+    for i in range(len(cmd) - 2):
+        if cmd[i] in ("--mca", "-mca") and cmd[i + 1] == key:
+            cmd[i + 2] = value
+            return
+    cmd[1:1] = ["--mca", key, value]
+
+
+def default_btl(transport: str) -> str:
+    # vader stays in: ranks inside one instance share its /dev/shm, as
+    # they would inside one VM; it cannot reach another instance.
+    return {"tcp": "self,vader,tcp",
+            "ivshmem": "self,vader,ivshmem,tcp"}[transport]
+
+
+def working_dir(cwd: Optional[str] = None) -> str:
+    """mpirun's --wdir: the caller's directory unless instances cannot
+    see it."""
+    cwd = os.path.realpath(cwd or os.getcwd())
+    for d in PRIVATE_DIRS:
+        if cwd == d or cwd.startswith(d + "/"):
+            return "/"
+    return cwd
+
+
+def mpirun_command(state: Dict, sd: StateDir, program: Sequence[str],
+                   np: int, transport: str = "tcp",
+                   placement: str = "block", btl: Optional[str] = None,
+                   verbose_btl: bool = False,
+                   extra_mca: Sequence[Tuple[str, str]] = (),
+                   wdir: Optional[str] = None,
+                   rankfile: Optional[Path] = None) -> List[str]:
+    """The mpirun argv (to run on the head node) for a cluster job.
+
+    Built by ivcloud.mpi.mpirun_command (component path, pml ob1, osc
+    pt2pt for ivshmem, run-as-root), then made cluster-aware: our
+    hostfile and mapping, the launch agent, the cluster interface, and
+    vader in the BTL list. btl_ivshmem_socket is deliberately unset:
+    each rank takes its own server's socket from IVSHM_SOCKET. A
+    rankfile (e.g. from `ivcloud place`) replaces the placement's
+    mapping; it must be on a path the head node sees (not /tmp)."""
+    from .. import mpi
+    if transport not in TRANSPORTS:
+        raise LaunchError(f"unknown transport '{transport}' (choose from "
+                          f"{', '.join(TRANSPORTS)})")
+    if placement not in PLACEMENTS:
+        raise LaunchError(f"unknown placement '{placement}' (choose from "
+                          f"{', '.join(PLACEMENTS)})")
+    mca = [("plm", "rsh"),
+           ("plm_rsh_agent", str(sd.agent)),
+           # every orted is started from the head node, by our agent
+           ("plm_rsh_no_tree_spawn", "1"),
+           ("oob_tcp_if_include", SUBNET),
+           ("btl_tcp_if_include", SUBNET),
+           *[(str(k), str(v)) for k, v in extra_mca]]
+    cmd = mpi.mpirun_command(program, np, transport=transport,
+                             verbose_btl=verbose_btl, extra_mca=mca)
+    _set_mca(cmd, "btl", btl or default_btl(transport))
+    if rankfile is not None:
+        mapping = ["--rankfile", str(rankfile)]
+    else:
+        mapping = ["--map-by",
+                   "node" if placement == "round-robin" else "slot"]
+    cmd[1:1] = ["--hostfile", str(sd.hostfile(placement)), *mapping,
+                # an instance's affinity is its vCPU set; ranks float in
+                # it as a guest's processes do on its vCPUs (a rankfile
+                # picks the instance, its slot= does not pin)
+                "--bind-to", "none",
+                "--wdir", wdir or working_dir()]
+    return cmd
+
+
+# ---------------------------------------------------------------- agent
+
+def agent_main(argv: Optional[List[str]] = None) -> int:
+    """`python -m ivcloud.cluster.launch --state-dir DIR HOST CMD...`"""
+    args = list(sys.argv[1:] if argv is None else argv)
+    state_dir = None
+    while args and args[0].startswith("-"):
+        opt = args.pop(0)
+        if opt == "--state-dir" and args:
+            state_dir = Path(args.pop(0))
+        elif opt == "--":
+            break
+        # other options (ssh-style flags some launchers add) are ignored
+    if state_dir is None or not args:
+        sys.stderr.write("usage: python -m ivcloud.cluster.launch "
+                         "--state-dir DIR HOST [COMMAND...]\n")
+        return 255
+    host, cmd = args[0], args[1:]
+    sd = StateDir(state_dir.name[len("cluster-"):], state_dir.parent)
+    try:
+        state = load(sd)
+        if state is None:
+            raise LaunchError(f"no cluster state in {state_dir}")
+        exec_in(state, host, cmd, shell=True)
+    except Exception as e:  # any failure: one line, like ssh
+        sys.stderr.write(f"ivcloud cluster agent: {host}: {e}\n")
+    return 255  # ssh's status for "could not connect"
+
+
+if __name__ == "__main__":
+    sys.exit(agent_main())

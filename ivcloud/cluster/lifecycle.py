@@ -1,0 +1,479 @@
+"""`up`, `down` and `status`: building a cluster step by step, recording
+every step, and taking it all apart again from the record.
+
+Order of `up` (each step saved to state.json before the next starts):
+
+    1. state dir (the lock), hosts file, agent script, hostfiles
+    2. fabric holder (a network namespace for the switches), core bridge
+    3. per server: its ivshmem-server, bridge and shaped uplink
+    4. per instance: its holder (namespaces, tmpfs, hostname, CPUs), veth
+    5. head holder (where mpirun runs), veth into the core bridge
+
+`down` (also the rollback of a failed `up`) works from the record plus a
+sweep for holders by their marker, so an `up` killed by SIGKILL at any
+point leaves nothing `down` cannot find: it kills every process inside
+the instances' and head's namespaces, stops the servers, deletes the
+links and the fabric, then checks that none of it is left before it
+removes the state directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from typing import Dict, List, Optional, Tuple
+
+from .. import server as server_mod
+from ..cli import CliError
+from ..server import OperationFailed
+from . import instance as holders
+from . import network
+from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
+                     hostfile_text)
+from .state import StateDir, load, save
+from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, Topology,
+                       hosts_file_text, topology_from_dict)
+
+MIB = 1 << 20
+REQUIRED_TOOLS = ("unshare", "nsenter", "taskset", "ip", "bash", "sleep",
+                  "mount", "hostname")
+INSTANCE_NS = ["--net", "--uts", "--ipc", "--mount", "--propagation",
+               "private"]
+
+
+class _Interrupted(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame):
+    raise _Interrupted(signum)
+
+
+# ---------------------------------------------------------------- checks
+
+def preflight(topo: Topology) -> None:
+    """What `up` needs from the machine; refusals before anything exists."""
+    if os.geteuid() != 0:
+        raise CliError("cluster up needs root (namespaces, mounts, bridges)")
+    tools = list(REQUIRED_TOOLS) + (["tc"] if topo.uplink_rate_bps else [])
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise OperationFailed(f"missing tools: {', '.join(missing)} "
+                              f"(install util-linux, iproute2)")
+    binary = server_mod.server_binary()
+    if not os.access(binary, os.X_OK):
+        raise OperationFailed(f"{binary} not found (run `make build` or set "
+                              f"IVCLOUD_NATIVE_DIR)")
+
+
+def region_geometry(topo: Topology):
+    """(max_peers, size) of each server's region: a peer per vCPU of its
+    instances (at least 8), a power-of-two size with 32 MiB to spare."""
+    max_peers = max(8, topo.instances_per_server * topo.vcpus)
+    need = server_mod._min_size(max_peers) + 32 * MIB
+    size = 64 * MIB
+    while size < need:
+        size <<= 1
+    return max_peers, size
+
+
+def _host_namespaces() -> Dict[str, set]:
+    """The namespaces `down` must never sweep: ours and init's."""
+    out: Dict[str, set] = {}
+    for kind in holders.NS_KINDS:
+        out[kind] = {i for i in (holders.ns_inode(os.getpid(), kind),
+                                 holders.ns_inode(1, kind)) if i}
+    return out
+
+
+# ---------------------------------------------------------------- up
+
+def initial_state(topo: Topology, sd: StateDir) -> Dict:
+    max_peers, size = region_geometry(topo)
+    servers = {}
+    for srv in topo.server_list():
+        paths = server_mod.paths_for(srv.name, str(sd.servers))
+        servers[str(srv.index)] = {
+            "index": srv.index, "name": srv.name, "socket": str(paths.socket),
+            "region": str(paths.region), "bridge": srv.bridge,
+            "uplink": [srv.uplink, srv.uplink_peer], "max_peers": max_peers,
+            "size": size, "pid": None}
+    instances = {
+        inst.hostname: {"hostname": inst.hostname, "server": inst.server,
+                        "index": inst.index, "address": inst.address,
+                        "cpus": list(inst.cpus), "port": inst.bridge_port}
+        for inst in topo.instance_list()}
+    return {"name": topo.name, "phase": "building",
+            "builder": {"pid": os.getpid(),
+                        "start": holders.start_time(os.getpid())},
+            "created": time.time(), "topology": topo.to_dict(),
+            "dir": str(sd.dir), "agent": str(sd.agent),
+            "hosts": str(sd.hosts), "servers_dir": str(sd.servers),
+            "head": {"hostname": HEAD_HOSTNAME, "address": HEAD_ADDRESS},
+            "holders": {}, "namespaces": {}, "links": [],
+            "servers": servers, "instances": instances}
+
+
+def _start_holder(sd: StateDir, state: Dict, role: str, **kw) -> int:
+    proc = holders.spawn(state["name"], role, **kw)
+    # recorded before anything else: the pid cannot be recycled while
+    # `proc` (our unreaped child) exists, and a later `down` needs it
+    state["holders"][role] = {"role": role, "pid": proc.pid,
+                              "start": holders.start_time(proc.pid)}
+    save(sd, state)
+    try:
+        holders.wait_ready(proc, role)
+    except holders.HolderError:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
+    # Only the namespaces it unshared are recorded (the fabric keeps the
+    # host's mount namespace); each must be new, or `down` would sweep
+    # the host's processes.
+    flags = kw.get("unshare_flags", ())
+    ns = {kind: ino for kind, ino in holders.namespaces_of(proc.pid).items()
+          if holders.UNSHARE_FLAG[kind] in flags}
+    host = _host_namespaces()
+    if not ns or any(ino is None or ino in host[kind]
+                     for kind, ino in ns.items()):
+        raise holders.HolderError(f"holder {role} did not get its own "
+                                  f"namespaces")
+    state["namespaces"][role] = ns
+    save(sd, state)
+    return proc.pid
+
+
+def up(topo: Topology, sd: StateDir, log=print) -> Dict:
+    preflight(topo)
+    real = os.path.realpath(sd.run_dir)
+    for private in PRIVATE_DIRS:
+        if real == private or real.startswith(private + "/"):
+            raise CliError(f"run dir {sd.run_dir} is under {private}, "
+                           f"which instances have privately (their server "
+                           f"sockets would be invisible); use another "
+                           f"--run-dir")
+    state = initial_state(topo, sd)  # refuses too long socket paths
+    sd.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(sd.dir, 0o755)
+    except FileExistsError:
+        raise CliError(f"cluster '{topo.name}' is already up (or a failed "
+                       f"one was left: `ivcloud cluster down --name "
+                       f"{topo.name}`)")
+    log(f"cluster '{topo.name}': {topo.describe()}")
+    old = {s: signal.signal(s, _raise_interrupted)
+           for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        save(sd, state)
+        _build(topo, sd, state, log)
+        state["phase"] = "up"
+        save(sd, state)
+        return state
+    except BaseException as e:
+        step = state.get("step", "start")
+        try:
+            teardown(sd, state)
+            rolled = "rolled back"
+        except CliError as t:
+            rolled = f"rollback incomplete: {t}"
+        if isinstance(e, _Interrupted):
+            raise OperationFailed(f"up interrupted at {step}; {rolled}")
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        why = " ".join(str(e).split()) or type(e).__name__
+        err = (type(e) if isinstance(e, CliError) else OperationFailed)
+        raise err(f"up failed at {step}: {why}; {rolled}")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _build(topo: Topology, sd: StateDir, state: Dict, log) -> None:
+    def step(what: str) -> None:
+        state["step"] = what
+        save(sd, state)
+
+    step("files")
+    sd.hosts.write_text(hosts_file_text(topo))
+    sd.agent.write_text(agent_script_text(sd.dir))
+    sd.agent.chmod(0o755)
+    for placement in PLACEMENTS:
+        sd.hostfile(placement).write_text(hostfile_text(topo, placement))
+    sd.servers.mkdir(mode=0o755)
+
+    step("fabric")
+    fabric = _start_holder(sd, state, "fabric", unshare_flags=["--net"])
+    state["links"] += network.create_core(fabric)
+    save(sd, state)
+
+    for srv in topo.server_list():
+        rec = state["servers"][str(srv.index)]
+        step(f"server s{srv.index}")
+        paths = server_mod.paths_for(srv.name, str(sd.servers))
+        rec["pid"] = server_mod.start(paths, rec["size"],
+                                      max_peers=rec["max_peers"])
+        save(sd, state)
+        state["links"] += network.create_server_switch(
+            fabric, srv, topo.uplink_rate_bps)
+        save(sd, state)
+
+    def visible(srv):
+        # the own server's socket directory, and the agent: orted checks
+        # that plm_rsh_agent (passed on from mpirun) exists
+        return [sd.servers / srv.name, sd.agent]
+
+    servers = topo.server_list()
+    for inst in topo.instance_list():
+        step(f"instance {inst.hostname}")
+        srv = servers[inst.server]
+        pid = _start_holder(sd, state, inst.hostname,
+                            unshare_flags=INSTANCE_NS, cpus=inst.cpus,
+                            hostname=inst.hostname, hosts_file=sd.hosts,
+                            cover_dir=sd.run_dir,
+                            keep_visible=[str(p.relative_to(sd.run_dir))
+                                          for p in visible(srv)])
+        state["links"].append(network.attach_instance(fabric, pid, inst, srv))
+        save(sd, state)
+        log(f"  {inst.hostname}: {inst.address}, cpus "
+            f"{','.join(map(str, inst.cpus))}, server {srv.name}")
+
+    step("head")
+    head = _start_holder(sd, state, HEAD_HOSTNAME, unshare_flags=INSTANCE_NS,
+                         hostname=HEAD_HOSTNAME, hosts_file=sd.hosts)
+    network.attach(fabric, head, CORE_BRIDGE, network.HEAD_PORT,
+                   HEAD_ADDRESS)
+    state["links"].append(network.HEAD_PORT)
+    state.pop("step", None)
+
+
+# ---------------------------------------------------------------- down
+
+def _holders_of(state: Optional[Dict], name: str) -> List[holders.Holder]:
+    """Recorded holders plus any found by marker, alive or not."""
+    found: Dict[int, holders.Holder] = {}
+    for rec in (state or {}).get("holders", {}).values():
+        if rec.get("start") is not None:
+            h = holders.Holder.from_dict(rec)
+            found[h.pid] = h
+    for h in holders.find_by_marker(name):
+        found.setdefault(h.pid, h)
+    return list(found.values())
+
+
+def _namespaces(state: Optional[Dict], all_holders: List[holders.Holder],
+                roles) -> Tuple[Dict[str, set], Dict[str, set]]:
+    """net and mnt namespaces of the holders with these roles, minus the
+    host's own, as (certain, recorded_only): certain ones belong to a
+    holder alive now; recorded_only ones to a holder that is gone, so
+    their inode numbers may have been reused by the kernel since."""
+    host = _host_namespaces()
+    certain: Dict[str, set] = {"net": set(), "mnt": set()}
+    recorded: Dict[str, set] = {"net": set(), "mnt": set()}
+    alive = {h.role: h for h in all_holders if h.alive()}
+    recs = dict((state or {}).get("namespaces", {}))
+    for role, h in alive.items():
+        recs.setdefault(role, holders.namespaces_of(h.pid))
+    for role, ns in recs.items():
+        if role not in roles:
+            continue
+        now = holders.namespaces_of(alive[role].pid) if role in alive else {}
+        for kind in certain:
+            ino = ns.get(kind)
+            if not ino or ino in host[kind]:
+                continue
+            (certain if now.get(kind) == ino else recorded)[kind].add(ino)
+    return certain, recorded
+
+
+def _cluster_processes(name: str, certain, recorded) -> List[int]:
+    return sorted(set(holders.processes_in(certain))
+                  | set(holders.processes_in(recorded, cluster=name)))
+
+
+def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
+    names = [s["name"] for s in (state or {}).get("servers", {}).values()]
+    if sd.servers.is_dir():
+        names += [p.name for p in sd.servers.iterdir() if p.is_dir()]
+    return sorted(set(names))
+
+
+def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
+    """Remove everything of the cluster; returns what was done. Raises
+    OperationFailed (after doing all it can) if anything is left."""
+    name = sd.name
+    done: List[str] = []
+    problems: List[str] = []
+    all_holders = _holders_of(state, name)
+    fabric = [h for h in all_holders if h.role == "fabric"]
+    others = [h for h in all_holders if h.role != "fabric"]
+
+    # 1. instances and head: every process inside them, then the holders
+    roles = {h.role for h in others} | set((state or {}).get("namespaces",
+                                                             {}))
+    roles.discard("fabric")
+    certain, recorded = _namespaces(state, all_holders, roles)
+    pids = (set(_cluster_processes(name, certain, recorded))
+            | holders.live_pids(others))
+    if pids:
+        left = holders.kill_pids(sorted(pids), grace_s)
+        done.append(f"stopped {len(pids) - len(left)} processes in "
+                    f"instances")
+        if left:
+            problems.append(f"pids {left} survived SIGKILL")
+
+    # 2. ivshmem-servers (their sockets, pid files and regions). A server
+    # whose directory does not exist was never started by us: a region
+    # of that name belongs to someone else and stays.
+    started = []
+    for srv_name in _server_names(state, sd):
+        paths = server_mod.paths_for(srv_name, str(sd.servers))
+        if not paths.dir.is_dir():
+            continue
+        started.append(paths)
+        if server_mod.running_pid(paths) is None and \
+                not server_mod._leftovers(paths):
+            server_mod._remove_dir(paths)
+            continue
+        try:
+            done.append(server_mod.stop(paths))
+        except CliError as e:
+            problems.append(str(e))
+
+    # 3. the fabric: links first (ports before bridges), then its holder
+    links = list((state or {}).get("links", []))
+    for h in fabric:
+        if h.alive():
+            ports = [n for n in links if not n.startswith("br-")
+                     and n != CORE_BRIDGE]
+            bridges = [n for n in links if n not in ports]
+            network.delete_links(h.pid, ports + bridges)
+            if links:
+                done.append(f"deleted {len(links)} links")
+    fab_certain, fab_recorded = _namespaces(state, all_holders, {"fabric"})
+    pids = (set(_cluster_processes(name, fab_certain, fab_recorded))
+            | holders.live_pids(fabric))
+    if pids:
+        left = holders.kill_pids(sorted(pids), grace_s)
+        if left:
+            problems.append(f"fabric pids {left} survived SIGKILL")
+
+    # 4. check, then the files
+    for kind in ("net", "mnt"):
+        certain[kind] |= fab_certain[kind]
+        recorded[kind] |= fab_recorded[kind] | certain[kind]
+    # the holders are gone now, so every namespace counts as recorded only
+    still = (_cluster_processes(name, {}, recorded)
+             + [h.pid for h in holders.find_by_marker(name)])
+    if still:
+        problems.append(f"processes {sorted(set(still))} still in the "
+                        f"cluster's namespaces")
+    for paths in started:
+        if server_mod.running_pid(paths) is not None:
+            problems.append(f"server {paths.name} still runs")
+        if os.path.lexists(paths.region):
+            problems.append(f"region {paths.region} still exists")
+    if problems:
+        if state is not None and sd.dir.is_dir():
+            state["phase"] = "down-incomplete"
+            save(sd, state)
+        raise OperationFailed("down incomplete: " + "; ".join(problems))
+    shutil.rmtree(sd.dir, ignore_errors=True)
+    if sd.dir.exists():
+        raise OperationFailed(f"cannot remove {sd.dir}")
+    done.append(f"removed {sd.dir}")
+    return done
+
+
+def down(sd: StateDir) -> List[str]:
+    if os.geteuid() != 0:
+        raise CliError("cluster down needs root")
+    state = load(sd) if sd.dir.is_dir() else None
+    if state is None and not sd.dir.is_dir() and \
+            not holders.find_by_marker(sd.name):
+        raise CliError(f"cluster '{sd.name}' is not up (no {sd.dir})")
+    if state is not None:
+        b = state.get("builder") or {}
+        if (b.get("pid") not in (None, os.getpid())
+                and state.get("phase") == "building"
+                and b.get("start") is not None
+                and holders.start_time(b["pid"]) == b["start"]):
+            raise CliError(f"cluster '{sd.name}' is being built by pid "
+                           f"{b['pid']} (wait for it, or kill it first)")
+    return teardown(sd, state)
+
+
+# ---------------------------------------------------------------- status
+
+def status(sd: StateDir) -> Dict:
+    state = load(sd) if sd.dir.is_dir() else None
+    if state is None:
+        raise CliError(f"cluster '{sd.name}' is not up (no {sd.state})")
+    topo = topology_from_dict(state["topology"])
+    hrec = state.get("holders", {})
+
+    def holder_info(role: str) -> Dict:
+        rec = hrec.get(role)
+        if not rec or rec.get("start") is None:
+            return {"pid": None, "alive": False}
+        h = holders.Holder.from_dict(rec)
+        alive = h.alive()
+        info = {"pid": h.pid, "alive": alive}
+        if alive:
+            try:
+                info["cpus"] = sorted(os.sched_getaffinity(h.pid))
+            except OSError:
+                pass
+        return info
+
+    servers = []
+    for srv in state["servers"].values():
+        paths = server_mod.paths_for(srv["name"], state["servers_dir"])
+        st = server_mod.status(paths)
+        servers.append({
+            "index": srv["index"], "name": srv["name"],
+            "running": st["running"], "pid": st["pid"],
+            "socket": srv["socket"], "region": srv["region"],
+            "size": srv["size"], "max_peers": srv["max_peers"],
+            "bridge": srv["bridge"],
+            "peers": st.get("peers", []),
+            "instances": [i["hostname"] for i in state["instances"].values()
+                          if i["server"] == srv["index"]]})
+    instances = []
+    for inst in state["instances"].values():
+        info = holder_info(inst["hostname"])
+        instances.append({"hostname": inst["hostname"],
+                          "server": inst["server"],
+                          "address": inst["address"],
+                          "planned_cpus": inst["cpus"], **info})
+    head = {**state["head"], **holder_info(HEAD_HOSTNAME)}
+    fabric = holder_info("fabric")
+    healthy = (state.get("phase") == "up" and fabric["alive"]
+               and head["alive"] and all(i["alive"] for i in instances)
+               and all(s["running"] for s in servers))
+    return {"name": state["name"], "phase": state.get("phase"),
+            "healthy": healthy, "state_dir": str(sd.dir),
+            "servers_count": topo.servers,
+            "instances_per_server": topo.instances_per_server,
+            "vcpus": topo.vcpus, "uplink_rate_bps": topo.uplink_rate_bps,
+            "oversubscribe": topo.oversubscribe,
+            "fabric": fabric, "head": head,
+            "servers": servers, "instances": instances}
+
+
+def load_up(sd: StateDir) -> Dict:
+    """The state of a cluster that is up (for mpirun / exec)."""
+    state = load(sd) if sd.dir.is_dir() else None
+    if state is None:
+        raise CliError(f"cluster '{sd.name}' is not up (no {sd.state})")
+    if state.get("phase") != "up":
+        raise CliError(f"cluster '{sd.name}' is {state.get('phase')}, not up "
+                       f"(`ivcloud cluster down --name {sd.name}`)")
+    return state
+

@@ -1,0 +1,96 @@
+"""The cluster's state directory and its state file.
+
+RUN_DIR/cluster-NAME/ (RUN_DIR: $IVCLOUD_RUN_DIR or /run/ivcloud) holds
+
+    state.json      everything `up` created, rewritten (atomically) after
+                    every step, so `down` finds it all even when `up` was
+                    killed halfway
+    hosts           /etc/hosts of the instances and the head node
+    agent           Open MPI's plm_rsh_agent: enters an instance
+    hostfile.block, hostfile.round-robin   Open MPI hostfiles
+    servers/<cluster>-s<k>/   each ivshmem-server's socket, pid, state
+
+Creating the directory is the lock: a second `up` of the same name fails
+on mkdir, and the directory only goes away when `down` removed the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from ..cli import CliError
+from ..server import DEFAULT_RUN_DIR
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StateDir:
+    name: str
+    run_dir: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.run_dir / f"cluster-{self.name}"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def hosts(self) -> Path:
+        return self.dir / "hosts"
+
+    @property
+    def agent(self) -> Path:
+        return self.dir / "agent"
+
+    @property
+    def servers(self) -> Path:
+        """ivcloud.server run dir of this cluster's ivshmem-servers."""
+        return self.dir / "servers"
+
+    def hostfile(self, placement: str) -> Path:
+        return self.dir / f"hostfile.{placement}"
+
+
+def state_dir(name: str, run_dir: Optional[str] = None) -> StateDir:
+    rd = Path(run_dir or os.environ.get("IVCLOUD_RUN_DIR")
+              or DEFAULT_RUN_DIR)
+    return StateDir(name, rd.absolute())
+
+
+def save(sd: StateDir, state: Dict) -> None:
+    """Replace state.json atomically (a reader, or `down` after a SIGKILL,
+    sees the old or the new file, never half of one)."""
+    state["version"] = STATE_VERSION
+    tmp = sd.dir / f".state.json.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, sd.state)
+
+
+def load(sd: StateDir) -> Optional[Dict]:
+    """The state, or None when there is no state file (no cluster, or an
+    `up` killed before its first save)."""
+    try:
+        text = sd.state.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CliError(f"cannot read {sd.state}: {e.strerror}")
+    try:
+        state = json.loads(text)
+    except ValueError:
+        raise CliError(f"{sd.state} is not valid JSON (remove "
+                       f"{sd.dir} by hand after checking what runs)")
+    if state.get("version") != STATE_VERSION:
+        raise CliError(f"{sd.state}: unknown state version "
+                       f"{state.get('version')!r}")
+    return state
