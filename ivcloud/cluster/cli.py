@@ -17,7 +17,7 @@ from ..cli import CliError
 from ..server import OperationFailed, format_size
 from . import lifecycle
 from .launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS, LaunchError,
-                     enter_command, mpirun_command)
+                     enter_command, mpirun_command, visible_inside)
 from .state import state_dir
 from .topology import DEFAULT_NAME, check_name, format_rate, plan
 
@@ -185,12 +185,10 @@ def _cmd_status(args) -> int:
 
 
 def _check_visible(path, what: str) -> None:
-    real = os.path.realpath(path)
-    for d in PRIVATE_DIRS:
-        if real == d or real.startswith(d + "/"):
-            raise CliError(f"{what} ({path}) is under {d}, which every "
-                           f"instance has privately (put it elsewhere, "
-                           f"e.g. /var/tmp)")
+    if not visible_inside(path):
+        raise CliError(f"{what} ({path}) is under "
+                       f"{' or '.join(PRIVATE_DIRS)}, which every instance "
+                       f"has privately (put it elsewhere, e.g. /var/tmp)")
 
 
 def _check_program(program):

@@ -41,7 +41,24 @@ READY_TIMEOUT_S = 15.0
 _SCRIPT = r"""
 set -e
 if [ -n "$2" ]; then
+  # Host paths under /tmp that instances must still see (a checkout or
+  # build living there): bind them aside on a scratch tmpfs over /mnt,
+  # cover /tmp, then move them back to the same paths.
+  n=0
+  if [ -n "${IVCLOUD_KEEP_TMP:-}" ]; then
+    mount -t tmpfs -o mode=0700,size=64k ivcloud-stage /mnt
+    IFS=: read -r -a keep <<< "$IVCLOUD_KEEP_TMP"
+    for p in "${keep[@]}"; do
+      n=$((n + 1)); mkdir "/mnt/$n"; mount --bind "$p" "/mnt/$n"
+    done
+  fi
   mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-tmp /tmp
+  n=0
+  for p in "${keep[@]:-}"; do
+    [ -n "$p" ] || continue
+    n=$((n + 1)); mkdir -p "$p"; mount --move "/mnt/$n" "$p"
+  done
+  if [ -n "${IVCLOUD_KEEP_TMP:-}" ]; then umount /mnt; fi
   mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-shm /dev/shm
   mount --bind "$2" /etc/hosts
 fi
@@ -224,10 +241,26 @@ def spawn(cluster: str, role: str, *, unshare_flags: Sequence[str],
     # Own session: a Ctrl-C meant for `up` must not reach the holders
     # (rollback removes them in order instead).
     env = dict(os.environ, **{CLUSTER_ENV: cluster})
+    if hosts_file:
+        env["IVCLOUD_KEEP_TMP"] = ":".join(host_paths_under_tmp())
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, close_fds=True,
                             env=env)
+
+
+def host_paths_under_tmp() -> List[str]:
+    """The project checkout and native build, when they live under /tmp
+    (a CI clone may): instances get a private /tmp but must still run
+    our programs and load the BTL from there."""
+    from ..native import native_dir
+    roots = {Path(__file__).resolve().parents[2], native_dir().resolve()}
+    tmp = Path("/tmp")
+    keep = [str(p) for p in sorted(roots)
+            if tmp in p.parents and p.is_dir() and ":" not in str(p)]
+    # a path inside another kept one comes along with it
+    return [p for p in keep
+            if not any(p != q and p.startswith(q + "/") for q in keep)]
 
 
 def wait_ready(proc: subprocess.Popen, role: str,

@@ -46,6 +46,17 @@ class LaunchError(RuntimeError):
     pass
 
 
+def visible_inside(path: str) -> bool:
+    """Can an instance see this host path? Not under its private dirs,
+    unless it is inside a checkout/build kept visible there."""
+    from .instance import host_paths_under_tmp
+    real = os.path.realpath(path)
+    if not any(real == d or real.startswith(d + "/") for d in PRIVATE_DIRS):
+        return True
+    return any(real == k or real.startswith(k + "/")
+               for k in host_paths_under_tmp())
+
+
 # ---------------------------------------------------------------- files
 
 def hostfile_text(topo: Topology, placement: str) -> str:
@@ -152,10 +163,7 @@ def working_dir(cwd: Optional[str] = None) -> str:
     """mpirun's --wdir: the caller's directory unless instances cannot
     see it."""
     cwd = os.path.realpath(cwd or os.getcwd())
-    for d in PRIVATE_DIRS:
-        if cwd == d or cwd.startswith(d + "/"):
-            return "/"
-    return cwd
+    return cwd if visible_inside(cwd) else "/"
 
 
 def mpirun_command(state: Dict, sd: StateDir, program: Sequence[str],
