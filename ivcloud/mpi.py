@@ -44,6 +44,13 @@ MAX_PEERS_LIMIT = 64          # ivshm_geometry.max_peers upper bound
 PRIVATE_MIN_PEERS = 8         # room for a few ranks more than asked
 PRIVATE_MIN_SIZE = 64 * MIB
 PRIVATE_HEAP = 32 * MIB       # on top of the rings: windows, big messages
+# Rings of MPI regions: a slot holds one whole BTL fragment (the BTL sizes
+# max_send_size to one slot's payload), so the BTL packs fragments into
+# the ring and delivers them from it in place. A region holds
+# max_peers^2 rings: many peers get smaller slots to stay in the budget.
+MPI_RING_SLOTS = 16
+MPI_SLOT_SIZES = (64 * 1024 + 64, 32 * 1024 + 64, 16 * 1024 + 64, 4096)
+PRIVATE_RING_BUDGET = 300 * MIB
 TERMINATE_GRACE_S = 10.0      # mpirun gets this long to tear a job down
 
 
@@ -187,14 +194,26 @@ def mpirun_command(program: Sequence[str], np: int,
 
 # ---------------------------------------------------------------- region
 
+def mpi_ring_geometry(max_peers: int) -> Tuple[int, int]:
+    """(ring_slots, slot_size) of an MPI region for `max_peers` peers: the
+    largest slot whose max_peers^2 rings fit PRIVATE_RING_BUDGET."""
+    rings = max_peers * max_peers
+    for slot_size in MPI_SLOT_SIZES:
+        if rings * MPI_RING_SLOTS * slot_size <= PRIVATE_RING_BUDGET:
+            return MPI_RING_SLOTS, slot_size
+    return MPI_RING_SLOTS, MPI_SLOT_SIZES[-1]
+
+
 def private_geometry(np: int) -> Tuple[int, int]:
-    """(max_peers, size in bytes) of a private region for `np` ranks."""
+    """(max_peers, size in bytes) of a private region for `np` ranks
+    (rings shaped by mpi_ring_geometry(max_peers))."""
     from .native import min_region_size
     if np > MAX_PEERS_LIMIT:
         raise MpiError(f"a region holds at most {MAX_PEERS_LIMIT} ranks, "
                        f"not {np}")
     max_peers = max(PRIVATE_MIN_PEERS, np)
-    need = min_region_size(max_peers) + PRIVATE_HEAP
+    ring_slots, slot_size = mpi_ring_geometry(max_peers)
+    need = min_region_size(max_peers, ring_slots, slot_size) + PRIVATE_HEAP
     size = max(PRIVATE_MIN_SIZE, (need + MIB - 1) // MIB * MIB)
     return max_peers, size
 
@@ -209,6 +228,7 @@ def private_region(np: int, path: Optional[Path] = None) -> Iterator[Path]:
     when the block ends, also on an exception or KeyboardInterrupt."""
     from .native import IvshmError, format_region
     max_peers, size = private_geometry(np)
+    ring_slots, slot_size = mpi_ring_geometry(max_peers)
     path = Path(path) if path else private_region_path()
     try:
         # O_EXCL: never adopt (and later delete) somebody else's file
@@ -218,7 +238,9 @@ def private_region(np: int, path: Optional[Path] = None) -> Iterator[Path]:
     os.close(fd)
     try:
         try:
-            format_region(path, size, max_peers=max_peers, mode=0o600)
+            format_region(path, size, max_peers=max_peers,
+                          ring_slots=ring_slots, slot_size=slot_size,
+                          mode=0o600)
         except (IvshmError, OSError) as e:
             raise MpiSetupError(f"cannot format {path}: {e}")
         yield path

@@ -76,6 +76,9 @@ struct mca_btl_base_endpoint_t {
     int slot;                  /* registry slot of the peer               */
     uint32_t generation;       /* its claim generation (from the modex)   */
     ivshmem_frag_queue_t pending; /* sends waiting for ring space, FIFO   */
+    /* prepare_src descriptor packed into the slot at our ring head, not
+       yet sent: until then nothing else may write that ring */
+    struct mca_btl_ivshmem_frag_t *in_ring;
     int send_error;            /* a queued send failed: report it         */
     bool said_bye;             /* peer finalized: its leave is not death  */
     bool dead;                 /* reported; every send now fails          */
@@ -127,7 +130,8 @@ typedef struct mca_btl_ivshmem_component_t {
     size_t num_pending;            /* frags on all pending queues */
     ivshmem_frag_queue_t complete; /* sent, callback still owed   */
 
-    /* receive side: one buffer big enough for any ring message */
+    /* receive side: messages that span several slots are reassembled
+       here (single-slot ones are delivered in place) */
     void *rxbuf;
     size_t rxcap;
     /* slot -> generation+1 of a sender known to be an Open MPI rank (0 =
@@ -198,8 +202,9 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
 
 /* progress */
 int mca_btl_ivshmem_component_progress(void);
-/* Push an endpoint's pending frags into its ring while there is room;
-   called with `lock` held. Returns how many went out. */
+/* Push an endpoint's pending frags into its ring while there is room
+   (and no slot is reserved); called with `lock` held. Returns how many
+   went out. */
 int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep);
 /* Receive and deliver what `slot` published (also after it left). */
 int mca_btl_ivshmem_drain_slot(int slot);

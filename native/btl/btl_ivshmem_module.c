@@ -226,6 +226,7 @@ static void say_goodbye(void)
         mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
         if (!ep || ep->dead)
             continue;
+        ep->in_ring = NULL; /* a descriptor the PML never sent: dropped */
         for (;;) {
             /* queued fragments first: the goodbye must not overtake them */
             (void)mca_btl_ivshmem_flush_pending(ep);

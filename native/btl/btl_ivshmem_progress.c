@@ -79,10 +79,11 @@ static void handle_control(int src, uint32_t tag)
         ep->said_bye = true;
 }
 
-/* Hand one received message (in rxbuf) to the PML. Called without
-   `lock`: the callback may send. The descriptor lives on our stack and
-   its data in rxbuf, valid only during the callback (the BTL contract). */
-static inline int deliver(int src, uint32_t tag, size_t len)
+/* Hand one received message to the PML. Called without `lock`: the
+   callback may send. The descriptor lives on our stack and its data in
+   the ring slot (or rxbuf), valid only during the callback (the BTL
+   contract). */
+static inline int deliver(int src, uint32_t tag, const void *data, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     if (OPAL_UNLIKELY(tag > 0xff)) {
@@ -97,10 +98,49 @@ static inline int deliver(int src, uint32_t tag, size_t len)
     }
     c->counters.recv_msgs++;
     c->counters.recv_bytes += len;
-    mca_btl_base_segment_t seg = {.seg_addr.pval = c->rxbuf, .seg_len = len};
+    mca_btl_base_segment_t seg = {.seg_addr.pval = (void *)data, .seg_len = len};
     mca_btl_base_descriptor_t des = {.des_segments = &seg, .des_segment_count = 1};
     reg->cbfunc(&mca_btl_ivshmem.super, (mca_btl_base_tag_t)tag, &des, reg->cbdata);
     return 1;
+}
+
+/* One received message: in place in its ring slot (in_ring) until
+   release_message, or reassembled in rxbuf. */
+typedef struct ivshmem_rx_msg {
+    int src;
+    uint32_t tag;
+    bool in_ring;
+    const void *data;
+} ivshmem_rx_msg_t;
+
+/* Next message from `from` (a slot or IVSHM_ANY): its length, -EAGAIN,
+   or an error. With `lock`. A message that fits one slot is not copied:
+   the payload is shared memory a co-tenant could still scribble on, but
+   ob1 only reads it once per use, so that corrupts that message alone,
+   just as a scribble before a copy would. */
+static inline ssize_t take_message(int from, ivshmem_rx_msg_t *m)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    ssize_t n = ivshm_recv_peek(c->h, from, &m->src, &m->tag, &m->data);
+    m->in_ring = n >= 0;
+    if (OPAL_UNLIKELY(n == -EMSGSIZE)) {
+        /* spans several slots (a user-set max_send_size): copy it out */
+        n = ivshm_recv(c->h, m->src, NULL, &m->tag, c->rxbuf, c->rxcap, 0);
+        m->data = c->rxbuf;
+    }
+    return n;
+}
+
+/* Give a delivered in-place message's slot back to its sender. */
+static inline void release_message(const ivshmem_rx_msg_t *m)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (OPAL_LIKELY(m->in_ring)) {
+        OPAL_THREAD_LOCK(&c->lock);
+        /* -EINVAL if scribbled meanwhile: the next peek reports it */
+        (void)ivshm_recv_release(c->h, m->src);
+        OPAL_THREAD_UNLOCK(&c->lock);
+    }
 }
 
 /* A receive from `src` failed validation or was cut by the sender's
@@ -123,18 +163,17 @@ static void receive_error(int src, ssize_t err)
 
 /* One message from the known senders, round-robin; -EAGAIN if none.
    With `lock`. */
-static inline ssize_t recv_active(int *src, uint32_t *tag)
+static inline ssize_t recv_active(ivshmem_rx_msg_t *m)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     const int n = c->nactive;
     int i = c->rr < n ? c->rr : 0;
     for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
-        ssize_t got = ivshm_recv(c->h, c->active[i], NULL, tag, c->rxbuf,
-                                 c->rxcap, 0);
+        ssize_t got = take_message(c->active[i], m);
         /* a departed sender with nothing left: housekeeping drops it */
         if (got == -EAGAIN || got == IVSHM_EPEERDEAD)
             continue;
-        *src = c->active[i];
+        m->src = c->active[i];
         c->rr = i + 1;
         return got;
     }
@@ -144,8 +183,10 @@ static inline ssize_t recv_active(int *src, uint32_t *tag)
 /*
  * Hot path of the receiver: poll the rings of the senders we know (one
  * seq load each when empty), every POLLS_PER_SCAN calls all rings, then
- * the upcall. Invariant: rxbuf holds ring_capacity bytes, the most any
- * ivshm_try_send can send, so an honest message is never truncated.
+ * the upcall on the message where it lies, then its release. Invariants:
+ * every peeked message is released after its upcall (or drop), so the
+ * sender gets its slot back; rxbuf holds ring_capacity bytes, the most
+ * any ivshm_try_send can send, so an honest message is never truncated.
  */
 static int poll_rings(bool scan_all)
 {
@@ -154,27 +195,26 @@ static int poll_rings(bool scan_all)
     if (++c->polls_since_scan >= POLLS_PER_SCAN)
         scan_all = true;
     for (int i = 0; i < IVSHMEM_RECV_BATCH; i++) {
-        int src = -1;
-        uint32_t tag = 0;
+        ivshmem_rx_msg_t m = {.src = -1};
         OPAL_THREAD_LOCK(&c->lock);
-        ssize_t n = recv_active(&src, &tag);
+        ssize_t n = recv_active(&m);
         if (n == -EAGAIN && scan_all) {
             c->polls_since_scan = 0;
             scan_all = false;
-            n = ivshm_recv(c->h, IVSHM_ANY, &src, &tag, c->rxbuf, c->rxcap, 0);
+            n = take_message(IVSHM_ANY, &m);
         }
         OPAL_THREAD_UNLOCK(&c->lock);
         if (OPAL_LIKELY(n == -EAGAIN))
             break;
         if (OPAL_UNLIKELY(n < 0 || (size_t)n > c->rxcap)) {
-            receive_error(src, n < 0 ? n : IVSHM_ECORRUPT);
+            receive_error(m.src, n < 0 ? n : IVSHM_ECORRUPT);
             continue;
         }
-        if (OPAL_UNLIKELY(!sender_trusted(src))) {
+        if (OPAL_LIKELY(sender_trusted(m.src)))
+            delivered += deliver(m.src, m.tag, m.data, (size_t)n);
+        else
             c->counters.dropped++;
-            continue;
-        }
-        delivered += deliver(src, tag, (size_t)n);
+        release_message(&m);
     }
     return delivered;
 }
@@ -185,9 +225,9 @@ int mca_btl_ivshmem_drain_slot(int slot)
     int delivered = 0;
     /* bounded: a live sender could keep its ring busy forever */
     for (uint32_t i = 0; i < 2 * c->geom.ring_slots; i++) {
-        uint32_t tag = 0;
+        ivshmem_rx_msg_t m = {.src = slot};
         OPAL_THREAD_LOCK(&c->lock);
-        ssize_t n = ivshm_recv(c->h, slot, NULL, &tag, c->rxbuf, c->rxcap, 0);
+        ssize_t n = take_message(slot, &m);
         OPAL_THREAD_UNLOCK(&c->lock);
         if (n == -EAGAIN || n == IVSHM_EPEERDEAD || n == -EINVAL)
             break;
@@ -195,7 +235,8 @@ int mca_btl_ivshmem_drain_slot(int slot)
             c->counters.dropped++;
             continue;
         }
-        delivered += deliver(slot, tag, (size_t)n);
+        delivered += deliver(slot, m.tag, m.data, (size_t)n);
+        release_message(&m);
     }
     return delivered;
 }
@@ -205,6 +246,8 @@ int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int sent = 0;
     mca_btl_ivshmem_frag_t *f;
+    if (OPAL_UNLIKELY(ep->in_ring))
+        return 0; /* its slot is the next one: the descriptor goes first */
     while ((f = ep->pending.head)) {
         const mca_btl_base_segment_t *seg = f->base.des_segments;
         int rc = ivshm_try_send(c->h, ep->slot, f->tag, seg->seg_addr.pval,

@@ -1,9 +1,17 @@
 /*
  * Sending: every BTL fragment is one libivshm message (the BTL tag is the
- * message tag), copied into the ring by ivshm_try_send. When the ring is
- * full the fragment waits on its endpoint's FIFO and progress retries it;
- * nothing overtakes a queued fragment, so each peer sees our fragments in
- * order.
+ * message tag). When the fragment fits one ring slot and nothing waits
+ * for the endpoint, it is packed straight into the slot
+ * (ivshm_send_reserve) and published by ivshm_send_commit: the only copy
+ * is the pack. Otherwise it goes through our own buffer and
+ * ivshm_try_send. When the ring is full the fragment waits on its
+ * endpoint's FIFO and progress retries it; nothing overtakes a queued
+ * fragment, so each peer sees our fragments in order.
+ *
+ * A prepare_src descriptor packed in a slot holds the reservation of the
+ * slot at our ring head (ep->in_ring) until btl_send commits it or it is
+ * freed; meanwhile every other send to that peer queues, since it would
+ * take the same slot.
  *
  * Completion callbacks are never made from inside btl_send: ob1 updates
  * its pipeline counters after btl_send returns, and it advances its own
@@ -18,10 +26,6 @@
 
 #include <errno.h>
 #include <string.h>
-
-/* sendi copies header + payload into one stack buffer up to this size
-   (the default eager limit is one 4 KiB slot's payload). */
-#define SENDI_STACK_BYTES 4096
 
 mca_btl_base_descriptor_t *mca_btl_ivshmem_alloc(struct mca_btl_base_module_t *btl,
                                                  struct mca_btl_base_endpoint_t *ep,
@@ -42,17 +46,28 @@ int mca_btl_ivshmem_free(struct mca_btl_base_module_t *btl,
                          mca_btl_base_descriptor_t *des)
 {
     (void)btl;
-    ivshmem_frag_return((mca_btl_ivshmem_frag_t *)des);
+    mca_btl_ivshmem_frag_t *f = (mca_btl_ivshmem_frag_t *)des;
+    mca_btl_ivshmem_endpoint_t *ep = f->endpoint;
+    if (OPAL_UNLIKELY(ep && ep->in_ring == f)) {
+        /* never sent: the reserved slot was never published, drop it */
+        OPAL_THREAD_LOCK(&mca_btl_ivshmem_component.lock);
+        ep->in_ring = NULL;
+        OPAL_THREAD_UNLOCK(&mca_btl_ivshmem_component.lock);
+    }
+    ivshmem_frag_return(f);
     return OPAL_SUCCESS;
 }
 
-/* Always a copy (no in-place segments): a fragment has to be one buffer
-   for ivshm_try_send, and it may wait in a queue after we return. */
+/* Always a copy (the convertor packs): into the ring slot the fragment
+   will be published from when the endpoint has nothing queued or
+   reserved, else into the fragment's own buffer (it may wait in a queue
+   after we return). */
 mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
     struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
     struct opal_convertor_t *convertor, uint8_t order, size_t reserve,
     size_t *size, uint32_t flags)
 {
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     const size_t max = btl->btl_max_send_size;
     if (OPAL_UNLIKELY(reserve >= max))
         return NULL;
@@ -61,19 +76,33 @@ mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
     mca_btl_ivshmem_frag_t *f = ivshmem_frag_get(reserve + *size);
     if (OPAL_UNLIKELY(NULL == f))
         return NULL;
+    f->endpoint = ep;
+    unsigned char *dst = f->data;
+    if (OPAL_LIKELY(0 == ep->pending.count && NULL == ep->in_ring)) {
+        OPAL_THREAD_LOCK(&c->lock);
+        if (0 == ep->pending.count && NULL == ep->in_ring && !ep->dead) {
+            int err;
+            unsigned char *slot = ivshm_send_reserve(c->h, ep->slot, reserve + *size, &err);
+            if (OPAL_LIKELY(NULL != slot)) {
+                ep->in_ring = f;
+                dst = slot;
+            }
+        }
+        OPAL_THREAD_UNLOCK(&c->lock);
+    }
     if (*size) {
-        struct iovec iov = {.iov_base = (IOVBASE_TYPE *)(f->data + reserve),
+        struct iovec iov = {.iov_base = (IOVBASE_TYPE *)(dst + reserve),
                             .iov_len = *size};
         uint32_t iov_count = 1;
         size_t packed = *size;
         if (OPAL_UNLIKELY(opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0)) {
-            ivshmem_frag_return(f);
+            mca_btl_ivshmem_free(btl, &f->base);
             return NULL;
         }
         *size = packed;
     }
+    f->segment.seg_addr.pval = dst;
     f->segment.seg_len = reserve + *size;
-    f->endpoint = ep;
     f->base.des_flags = flags;
     f->base.order = order;
     return &f->base;
@@ -111,7 +140,30 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
     const void *buf = des->des_segments[0].seg_addr.pval;
     const size_t len = des->des_segments[0].seg_len;
     OPAL_THREAD_LOCK(&c->lock);
-    if (OPAL_LIKELY(0 == ep->pending.count)) {
+    if (OPAL_LIKELY(ep->in_ring == f)) {
+        /* packed in the slot at our ring head (prepare_src) */
+        ep->in_ring = NULL;
+        f->segment.seg_addr.pval = f->data; /* the slot is not ours after */
+        if (OPAL_LIKELY(0 == ep->pending.count)) {
+            int rc = ivshm_send_commit(c->h, ep->slot, tag, len);
+            if (OPAL_LIKELY(0 == rc)) {
+                count_sent(len);
+                ivshmem_queue_push(&c->complete, f);
+                OPAL_THREAD_UNLOCK(&c->lock);
+                return OPAL_SUCCESS;
+            }
+            OPAL_THREAD_UNLOCK(&c->lock);
+            mca_btl_ivshmem_peer_failed(ep, rc);
+            return OPAL_ERR_UNREACH;
+        }
+        /* fragments queued since it was packed must go first: it leaves
+           the (unpublished) slot for our own buffer and queues too */
+        memcpy(f->data, buf, len);
+        enqueue_pending(ep, f);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        return OPAL_SUCCESS;
+    }
+    if (OPAL_LIKELY(0 == ep->pending.count && NULL == ep->in_ring)) {
         int rc = ivshm_try_send(c->h, ep->slot, tag, buf, len);
         if (OPAL_LIKELY(0 == rc)) {
             count_sent(len);
@@ -130,12 +182,38 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
     return OPAL_SUCCESS;
 }
 
+/* Header + payload into `dst` (a ring slot or a fragment): 0, or -1 if
+   the convertor fails. Contiguous data is read in place and the convertor
+   is not advanced, so a refusal leaves it as it was. */
+static inline int pack_inline(unsigned char *dst, const void *header,
+                              size_t header_size, struct opal_convertor_t *convertor,
+                              size_t payload_size)
+{
+    memcpy(dst, header, header_size);
+    if (0 == payload_size)
+        return 0;
+    if (OPAL_LIKELY(!opal_convertor_need_buffers(convertor))) {
+        void *data = NULL;
+        opal_convertor_get_current_pointer(convertor, &data);
+        memcpy(dst + header_size, data, payload_size);
+        return 0;
+    }
+    struct iovec iov = {.iov_base = (IOVBASE_TYPE *)(dst + header_size),
+                        .iov_len = payload_size};
+    uint32_t iov_count = 1;
+    size_t packed = payload_size;
+    if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
+        packed != payload_size)
+        return -1;
+    return 0;
+}
+
 /*
  * Hot path of small messages (ob1's match header + up to eager_limit
- * bytes). Invariant: we only write the ring when the endpoint's FIFO is
- * empty, so a sendi never overtakes a queued fragment; contiguous data is
- * read in place (the convertor is not advanced), so a refusal leaves the
- * caller's convertor as it was.
+ * bytes): header and payload go straight into the next ring slot, one
+ * release store publishes them. Invariant: we only write the ring when
+ * the endpoint has nothing queued or reserved, so a sendi never overtakes
+ * a queued fragment.
  */
 int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
                           struct mca_btl_base_endpoint_t *ep,
@@ -151,63 +229,49 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
     (void)order;
     (void)flags;
 
-    if (OPAL_UNLIKELY(ep->pending.count || ep->dead ||
+    if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring || ep->dead ||
                       total > btl->btl_eager_limit)) {
         if (descriptor)
             *descriptor = NULL;
         return ep->dead ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
     }
 
-    if (OPAL_LIKELY(total <= SENDI_STACK_BYTES &&
-                    (0 == payload_size || !opal_convertor_need_buffers(convertor)))) {
-        unsigned char stage[SENDI_STACK_BYTES] __attribute__((aligned(16)));
-        const void *msg = header;
-        if (payload_size) {
-            void *data = NULL;
-            opal_convertor_get_current_pointer(convertor, &data);
-            memcpy(stage, header, header_size);
-            memcpy(stage + header_size, data, payload_size);
-            msg = stage;
+    OPAL_THREAD_LOCK(&c->lock);
+    unsigned char *slot = ivshm_send_reserve(c->h, ep->slot, total, &rc);
+    if (OPAL_LIKELY(NULL != slot && NULL == ep->in_ring && 0 == ep->pending.count)) {
+        if (OPAL_UNLIKELY(pack_inline(slot, header, header_size, convertor,
+                                      payload_size) < 0)) {
+            OPAL_THREAD_UNLOCK(&c->lock); /* never committed: nothing sent */
+            goto busy;
         }
-        OPAL_THREAD_LOCK(&c->lock);
-        rc = ivshm_try_send(c->h, ep->slot, tag, msg, total);
-        if (OPAL_LIKELY(0 == rc)) {
-            count_sent(total);
-            OPAL_THREAD_UNLOCK(&c->lock);
-            return OPAL_SUCCESS;
-        }
+        rc = ivshm_send_commit(c->h, ep->slot, tag, total);
         OPAL_THREAD_UNLOCK(&c->lock);
-        if (rc != -EAGAIN)
+        if (OPAL_UNLIKELY(rc < 0))
             goto failed;
-        /* ring full: keep our own copy in the FIFO; the PML is done */
-        f = ivshmem_frag_get(total);
-        if (!f)
-            goto busy;
-        memcpy(f->data, msg, total);
-    } else {
-        /* non-contiguous (or oversized for the stack): pack into a frag */
-        f = ivshmem_frag_get(total);
-        if (!f)
-            goto busy;
-        memcpy(f->data, header, header_size);
-        if (payload_size) {
-            struct iovec iov = {.iov_base = (IOVBASE_TYPE *)(f->data + header_size),
-                                .iov_len = payload_size};
-            uint32_t iov_count = 1;
-            size_t packed = payload_size;
-            if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
-                packed != payload_size) {
-                ivshmem_frag_return(f);
-                goto busy;
-            }
-        }
+        count_sent(total);
+        return OPAL_SUCCESS;
+    }
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (NULL != slot)
+        goto busy; /* another thread queued or reserved meanwhile */
+    /* -EMSGSIZE: an eager limit set above one slot's payload */
+    if (rc != -EAGAIN && rc != -EMSGSIZE)
+        goto failed;
+
+    /* ring full: keep our own copy in the FIFO; the PML is done */
+    f = ivshmem_frag_get(total);
+    if (!f)
+        goto busy;
+    if (pack_inline(f->data, header, header_size, convertor, payload_size) < 0) {
+        ivshmem_frag_return(f);
+        goto busy;
     }
     f->segment.seg_len = total;
     f->endpoint = ep;
     f->tag = tag;
     f->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP; /* no callback */
     OPAL_THREAD_LOCK(&c->lock);
-    if (0 == ep->pending.count) {
+    if (0 == ep->pending.count && NULL == ep->in_ring) {
         rc = ivshm_try_send(c->h, ep->slot, tag, f->data, total);
         if (0 == rc) {
             count_sent(total);

@@ -3,12 +3,14 @@
    A region is formatted in a heap buffer (small geometry) and a handle is
    built for it by hand, as slot 0, with a doorbell that never blocks. The
    input is sprayed over ring(1->0), the registry entry of slot 1 and the
-   tail of ring(0->1); then we receive and send a few times. Any outcome
-   but a crash or an out-of-bounds access is fine.
+   tail of ring(0->1); then we receive (copying, or peek + release) and
+   send (copying, or reserve + commit) a few times. Any outcome but a
+   crash or an out-of-bounds access is fine.
 
-   Input: byte 0 = slot 1's state (ACTIVE, DEAD, FREE) and the receive
-   capacity, byte 1 = our starting receive position, byte 2 = our starting
-   send position; the rest is sprayed in the order above. */
+   Input: byte 0 = slot 1's state (ACTIVE, DEAD, FREE), the receive
+   capacity and whether a peek or a copying receive comes first; byte 1 =
+   our starting receive position, byte 2 = our starting send position;
+   the rest is sprayed in the order above. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -152,15 +154,45 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     p->tx_head = tx_start;
     p->tx_tail_cache = tx_start > h->ring_slots ? tx_start - h->ring_slots : 0;
 
+    /* copying receives and zero-copy peeks, interleaved as byte 0 says */
+    const uint8_t *ring = ivshm_ring(h, 1, 0);
     for (int i = 0; i < 4; i++) {
         int src = -1;
         uint32_t tag = 0;
-        ssize_t rc = ivshm_recv(h, i == 3 ? 1 : IVSHM_ANY, &src, &tag,
-                                cap ? rxbuf : NULL, cap, 0);
-        if (rc > 0 && (src != 1 || (uint64_t)rc > (uint64_t)SSIZE_MAX))
-            __builtin_trap();
+        int from = i == 3 ? 1 : IVSHM_ANY;
+        if (((data[0] >> 4) ^ (unsigned)i) & 1) {
+            const void *msg = NULL;
+            ssize_t rc = ivshm_recv_peek(h, from, &src, &tag, &msg);
+            if (rc < 0)
+                continue;
+            /* a peeked payload lies inside one slot of ring(1->0) */
+            const uint8_t *m = msg;
+            if (src != 1 || !m || m < ring + IVSHM_RING_CTRL ||
+                m + rc > ring + h->ring_bytes ||
+                (uint64_t)rc > h->slot_size - IVSHM_SLOT_HDR)
+                __builtin_trap();
+            volatile uint8_t sink = 0;
+            for (ssize_t k = 0; k < rc; k++)
+                sink ^= m[k];
+            (void)sink;
+            /* nobody wrote the ring since the peek: it must be there */
+            if (ivshm_recv_release(h, 1) != 0)
+                __builtin_trap();
+        } else {
+            ssize_t rc = ivshm_recv(h, from, &src, &tag,
+                                    cap ? rxbuf : NULL, cap, 0);
+            if (rc > 0 && (src != 1 || (uint64_t)rc > (uint64_t)SSIZE_MAX))
+                __builtin_trap();
+        }
     }
+    (void)ivshm_recv_release(h, 1);
     ivshm_try_send(h, 1, 5, "fuzz", 4);
+    int err = 0;
+    uint8_t *slotp = ivshm_send_reserve(h, 1, 16, &err);
+    if (slotp) {
+        memcpy(slotp, "zero-copy fuzz!", 16);
+        ivshm_send_commit(h, 1, 7, 16);
+    }
     ivshm_send(h, 1, 6, rxbuf, 300);
     return 0;
 }

@@ -141,6 +141,36 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                    size_t cap, int timeout_ms);
 
+/* Zero-copy receive of a single-slot message (payload <= slot_size - 32):
+   like ivshm_recv with timeout 0, but the message stays in the ring and
+   *data points at its payload, in shared memory, until
+   ivshm_recv_release(h, *src). Returns its length; -EAGAIN if there is
+   none; -EMSGSIZE if the next message spans several slots (it is left
+   whole: take it with ivshm_recv); other errors as ivshm_recv. The header
+   is validated like ivshm_recv's, but the payload bytes are shared: a
+   co-tenant may change them while you read, so treat them as untrusted
+   input (copy what you must check before relying on it). Peeking again
+   without releasing returns the same message. */
+ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
+                        const void **data);
+/* Consume the message last peeked from `src`: 0, or -EINVAL if none is
+   there (nothing peeked, already released). The sender may reuse the slot
+   from now on: *data is no longer ours. */
+int ivshm_recv_release(ivshm *h, int src);
+
+/* Zero-copy send of one single-slot message: a pointer to the payload of
+   the next free slot of the ring to `slot`, to be filled with up to `len`
+   bytes, or NULL with *err = -EAGAIN (ring full), -EMSGSIZE (len > slot
+   payload), -IVSHM_EPEERDEAD, -EINVAL. Nothing is visible to the peer
+   before ivshm_send_commit; a reservation that is never committed costs
+   nothing. Until then no other send to `slot` may be made (it would take
+   the same slot). */
+void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err);
+/* Publish the reserved slot as a message of `len` bytes (len <= the
+   reserved length) with `tag`, waking the peer like ivshm_send. -EINVAL
+   if there can be no reservation (ring full, len too big). */
+int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
+
 /* Wait (spin, then block on the doorbell) until some peer has a message
    for us, without taking it: 0, or -ETIMEDOUT. For progress engines that
    poll with ivshm_recv(..., 0) and must not burn an idle core. */

@@ -29,6 +29,14 @@
  * The producer may be hostile: every header field is loaded once into a
  * local copy and validated before it sizes a copy. Shared ctrl->head is
  * informational only and never read here.
+ *
+ * Zero-copy variants of a single-slot message: send_reserve hands out the
+ * payload of the slot at tx_head (nothing moves) and send_commit publishes
+ * it exactly like a copying send; recv_peek validates the slot at rx_tail
+ * exactly like a copying receive and hands out its payload, recv_release
+ * consumes it. Neither side keeps extra state: a reservation is "the slot
+ * at tx_head while the ring has room", a peek is "the valid slot at
+ * rx_tail", so misuse is caught only as far as the ring shows it.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -135,7 +143,8 @@ static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl)
 }
 
 /* Fill the slot of position `pos` and publish it. The caller reserved
-   the position, so the consumer is not reading this slot. */
+   the position, so the consumer is not reading this slot. src NULL: the
+   payload was written in place (send_reserve). */
 static inline void tx_publish(ivshm *h, uint8_t *ring, uint64_t pos,
                               uint32_t tag, uint32_t flags, uint64_t total,
                               const uint8_t *src, uint32_t n)
@@ -146,7 +155,7 @@ static inline void tx_publish(ivshm *h, uint8_t *ring, uint64_t pos,
     s->gen = h->self_gen;
     s->flags = flags;
     s->total = total;
-    if (n)
+    if (n && src)
         memcpy(slot_data(s), src, n);
     /* Publication point: everything above is visible before seq is. */
     atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
@@ -155,23 +164,43 @@ static inline void tx_publish(ivshm *h, uint8_t *ring, uint64_t pos,
 /* Fast path of a small message: validated arguments, the registry says
    the peer is the one we know, the cached tail says there is room, one
    slot written, one release store, a fence and a look at `sleeping`. */
-static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
-                    size_t len, bool may_wait)
+/* Checks every send starts with. */
+static int tx_begin(ivshm *h, int slot, size_t len)
 {
-    if (!h || h->self < 0 || !ivshm_slot_ok(h, slot) || slot == h->self ||
-        (len && !buf))
+    if (!h || h->self < 0 || !ivshm_slot_ok(h, slot) || slot == h->self)
         return -EINVAL;
     if (len > (size_t)SSIZE_MAX) /* recv reports the length as ssize_t */
         return -EMSGSIZE;
     /* also resets our positions if a new incarnation took the slot */
     if (!ivshm_peer_current(h, slot))
         return IVSHM_EPEERDEAD;
+    return 0;
+}
+
+/* A whole message is out: show it and wake the consumer if it sleeps. */
+static void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
+                    size_t len)
+{
+    atomic_store_explicit(&ctrl->head, h->peers[slot].tx_head,
+                          memory_order_relaxed);
+    ivshm_kick(h, slot);
+    h->stats.sends++;
+    h->stats.bytes_sent += len;
+}
+
+static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
+                    size_t len, bool may_wait)
+{
+    if (len && !buf)
+        return -EINVAL;
+    int rc = tx_begin(h, slot, len);
+    if (rc < 0)
+        return rc;
 
     struct ivshm_peer_local *p = &h->peers[slot];
     uint8_t *ring = ivshm_ring(h, h->self, slot);
     struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
     const uint32_t payload = slot_payload(h);
-    int rc;
 
     if (!may_wait) {
         uint64_t nfrag = len <= payload ? 1 : (len - 1) / payload + 1;
@@ -211,10 +240,7 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
             ivshm_kick(h, slot);
         }
     }
-    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_relaxed);
-    ivshm_kick(h, slot);
-    h->stats.sends++;
-    h->stats.bytes_sent += len;
+    tx_done(h, slot, ctrl, len);
     return 0;
 }
 
@@ -227,6 +253,46 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
                    size_t len)
 {
     return send_msg(h, slot, tag, buf, len, false);
+}
+
+/* The payload of the slot at tx_head, if the ring has room for it: the
+   caller fills it in place, then send_commit publishes it. tx_head does
+   not move, so an abandoned reservation costs nothing. */
+void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err)
+{
+    int rc = tx_begin(h, slot, len);
+    if (rc == 0 && len > slot_payload(h))
+        rc = -EMSGSIZE;
+    uint8_t *ring = rc == 0 ? ivshm_ring(h, h->self, slot) : NULL;
+    if (rc == 0)
+        rc = tx_reserve(h, slot, (struct ivshm_ring_ctrl *)ring, 1);
+    if (err)
+        *err = rc;
+    return rc == 0 ? slot_data(slot_at(h, ring, h->peers[slot].tx_head))
+                   : NULL;
+}
+
+/* Publish the reserved slot as one message of `len` bytes: the same
+   release store and kick as a copying send. No room means there cannot
+   have been a reservation: -EINVAL. */
+int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len)
+{
+    int rc = tx_begin(h, slot, len);
+    if (rc < 0)
+        return rc;
+    if (len > slot_payload(h))
+        return -EINVAL;
+    uint8_t *ring = ivshm_ring(h, h->self, slot);
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    rc = tx_reserve(h, slot, ctrl, 1);
+    if (rc < 0)
+        return rc == -EAGAIN ? -EINVAL : rc;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    tx_publish(h, ring, p->tx_head, tag, SLOT_FIRST | SLOT_LAST, len, NULL,
+               (uint32_t)len);
+    p->tx_head++;
+    tx_done(h, slot, ctrl, len);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -358,9 +424,11 @@ static inline bool flags_bad(uint32_t flags)
 /* Receive one whole message from `slot` if its first fragment is there.
    Returns the message length, -EAGAIN if there is none, or an error. A
    malformed slot is consumed and reported as IVSHM_ECORRUPT, so a
-   scribbled ring costs the scribbler's messages, not a stuck receiver. */
+   scribbled ring costs the scribbler's messages, not a stuck receiver.
+   peek non-NULL: a valid single-slot message is left in place and
+   *peek points at its payload; a longer one is left whole: -EMSGSIZE. */
 static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
-                          size_t cap)
+                          size_t cap, const void **peek)
 {
     enum rx_view view = rx_view(h, slot);
     if (view == RX_NONE)
@@ -396,6 +464,13 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
         (last ? f.total != f.len : (f.len == 0 || f.total <= f.len))) {
         rx_consume(h, slot, ring, view);
         return IVSHM_ECORRUPT;
+    }
+    if (peek) {
+        if (!last)
+            return -EMSGSIZE;
+        *peek = slot_data(s);
+        *tag = f.tag;
+        return (ssize_t)f.len;
     }
     size_t stored = 0;
     copy_out(buf, cap, &stored, s, f.len);
@@ -440,14 +515,14 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
 /* Round-robin over every other slot from rr_next, so one busy sender
    cannot starve the others. */
 static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
-                      size_t cap)
+                      size_t cap, const void **peek)
 {
     int n = (int)h->max_peers;
     int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
     for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
         if (i == h->self)
             continue;
-        ssize_t rc = rx_message(h, i, tag, buf, cap);
+        ssize_t rc = rx_message(h, i, tag, buf, cap, peek);
         if (rc != -EAGAIN) {
             h->rr_next = i + 1 == n ? 0 : i + 1;
             *src = i;
@@ -493,8 +568,8 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         int got_src = from;
         uint32_t got_tag = 0;
         ssize_t rc = from == IVSHM_ANY
-                         ? rx_any(h, &got_src, &got_tag, buf, cap)
-                         : rx_message(h, from, &got_tag, buf, cap);
+                         ? rx_any(h, &got_src, &got_tag, buf, cap, NULL)
+                         : rx_message(h, from, &got_tag, buf, cap, NULL);
         if (rc != -EAGAIN && src)
             *src = got_src; /* on ECORRUPT too: says who scribbled */
         if (rc >= 0) {
@@ -543,4 +618,62 @@ int ivshm_wait_message(ivshm *h, int timeout_ms)
     if (!h || h->self < 0)
         return -EINVAL;
     return ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
+}
+
+/* Never waits. Stale slots of an earlier incarnation are dropped and a
+   malformed one is consumed (-IVSHM_ECORRUPT), as in ivshm_recv; a valid
+   message stays in the ring until ivshm_recv_release. */
+ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
+                        const void **data)
+{
+    if (!h || h->self < 0 || !data)
+        return -EINVAL;
+    if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
+        return -EINVAL;
+    /* two rounds: a sender may publish and leave between them */
+    for (int round = 0; round < 2; round++) {
+        int got_src = from;
+        uint32_t got_tag = 0;
+        ssize_t rc = from == IVSHM_ANY
+                         ? rx_any(h, &got_src, &got_tag, NULL, 0, data)
+                         : rx_message(h, from, &got_tag, NULL, 0, data);
+        if (rc != -EAGAIN && src)
+            *src = got_src;
+        if (rc >= 0) {
+            if (tag)
+                *tag = got_tag;
+            h->stats.recvs++;
+            h->stats.bytes_recv += (uint64_t)rc;
+            return rc;
+        }
+        if (rc != -EAGAIN || from == IVSHM_ANY)
+            return rc;
+        if (rx_view(h, from) == RX_LIVE)
+            return -EAGAIN;
+        if (!rx_has_message(h, from))
+            return IVSHM_EPEERDEAD;
+    }
+    return -EAGAIN;
+}
+
+/* Consume the message ivshm_recv_peek returned for `src`. Without local
+   state, "peeked" means: the slot at our position is a published
+   single-slot message of the sender we read from. */
+int ivshm_recv_release(ivshm *h, int src)
+{
+    if (!h || h->self < 0 || !ivshm_slot_ok(h, src) || src == h->self)
+        return -EINVAL;
+    enum rx_view view = rx_view(h, src);
+    if (view == RX_NONE)
+        return -EINVAL;
+    struct ivshm_peer_local *p = &h->peers[src];
+    uint8_t *ring = ivshm_ring(h, src, h->self);
+    const struct ivshm_slot *s = slot_at(h, ring, p->rx_tail);
+    if (!slot_full(s, p->rx_tail) ||
+        __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != p->gen ||
+        __atomic_load_n(&s->flags, __ATOMIC_RELAXED) !=
+            (SLOT_FIRST | SLOT_LAST))
+        return -EINVAL;
+    rx_consume(h, src, ring, view);
+    return 0;
 }

@@ -419,6 +419,138 @@ static void test_garbage_slots(void)
     duo_close(&d);
 }
 
+/* Zero copy: reserve/commit on the send side, peek/release on the
+   receive side, mixed freely with the copying calls. */
+static void test_zero_copy(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    struct duo d;
+    duo_open(&d, &g, false);
+    uint32_t P = payload_of(d.a);
+    uint8_t buf[3 * 224], in[3 * 224];
+    const void *data = NULL;
+    uint32_t tag = 0;
+    int src = -1, err = 0;
+
+    /* reserve -> fill in place -> commit; peek sees it in place */
+    uint8_t *slotp = ivshm_send_reserve(d.a, d.sb, P, &err);
+    CHECK(slotp && err == 0);
+    fill_pattern(slotp, P, 31);
+    CHECK_RC(ivshm_recv_peek(d.b, IVSHM_ANY, &src, &tag, &data), -EAGAIN);
+    CHECK_RC(ivshm_send_commit(d.a, d.sb, 31, P), 0);
+    CHECK_RC(ivshm_recv_peek(d.b, IVSHM_ANY, &src, &tag, &data), P);
+    /* the same bytes of the region (each attachment maps it elsewhere) */
+    const uint64_t slot_off = (uint64_t)(slotp - d.a->base);
+    CHECK(src == d.sa && tag == 31 && pattern_ok(data, P, 31));
+    CHECK((uint64_t)((const uint8_t *)data - d.b->base) == slot_off);
+    /* peeking again gives the same message, until released */
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, &src, &tag, &data), P);
+    CHECK((uint64_t)((const uint8_t *)data - d.b->base) == slot_off);
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), 0);
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), -EINVAL); /* twice */
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, &src, &tag, &data), -EAGAIN);
+
+    /* commit shorter than reserved; a copying recv reads it too */
+    slotp = ivshm_send_reserve(d.a, d.sb, 100, &err);
+    CHECK(slotp != NULL);
+    memcpy(slotp, "zero", 4);
+    CHECK_RC(ivshm_send_commit(d.a, d.sb, 32, 4), 0);
+    CHECK_RC(ivshm_recv(d.b, d.sa, NULL, &tag, in, sizeof in, 0), 4);
+    CHECK(tag == 32 && memcmp(in, "zero", 4) == 0);
+
+    /* copying send, zero-copy receive (also zero length) */
+    CHECK_RC(ivshm_send(d.a, d.sb, 33, NULL, 0), 0);
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), 0);
+    CHECK(tag == 33);
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), 0);
+
+    /* a multi-slot message is left whole: -EMSGSIZE, then ivshm_recv */
+    fill_pattern(buf, P + 5, 34);
+    CHECK_RC(ivshm_send(d.a, d.sb, 34, buf, P + 5), 0);
+    CHECK_RC(ivshm_recv_peek(d.b, IVSHM_ANY, &src, &tag, &data), -EMSGSIZE);
+    CHECK(src == d.sa);
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), -EINVAL);
+    CHECK_RC(ivshm_recv(d.b, d.sa, NULL, &tag, in, sizeof in, 0), P + 5);
+    CHECK(tag == 34 && pattern_ok(in, P + 5, 34));
+
+    /* reservation limits: too big, ring full, commit without room */
+    CHECK(ivshm_send_reserve(d.a, d.sb, P + 1, &err) == NULL && err == -EMSGSIZE);
+    CHECK(ivshm_send_reserve(d.a, d.sa, 8, &err) == NULL && err == -EINVAL);
+    CHECK_RC(ivshm_send_commit(d.a, d.sb, 0, P + 1), -EINVAL);
+    CHECK_RC(ivshm_send_commit(d.a, d.sa, 0, 1), -EINVAL);
+    for (uint32_t i = 0; i < 8; i++) {
+        uint32_t *p = ivshm_send_reserve(d.a, d.sb, sizeof i, &err);
+        CHECK(p != NULL);
+        if (p)
+            *p = i;
+        CHECK_RC(ivshm_send_commit(d.a, d.sb, 40 + i, sizeof i), 0);
+    }
+    CHECK(ivshm_send_reserve(d.a, d.sb, 1, &err) == NULL && err == -EAGAIN);
+    CHECK_RC(ivshm_send_commit(d.a, d.sb, 0, 1), -EINVAL);
+    CHECK_RC(ivshm_try_send(d.a, d.sb, 0, buf, 1), -EAGAIN);
+    /* releasing one position makes room for exactly one reservation */
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), 4);
+    CHECK(tag == 40 && *(const uint32_t *)data == 0);
+    CHECK(ivshm_send_reserve(d.a, d.sb, 1, &err) == NULL && err == -EAGAIN);
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), 0);
+    CHECK(ivshm_send_reserve(d.a, d.sb, 1, &err) != NULL && err == 0);
+    bool order = true;
+    for (uint32_t i = 1; i < 8; i++) {
+        order &= ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data) == 4 &&
+                 tag == 40 + i && *(const uint32_t *)data == i;
+        order &= ivshm_recv_release(d.b, d.sa) == 0;
+    }
+    CHECK(order);
+
+    /* misuse of arguments */
+    CHECK_RC(ivshm_recv_peek(d.b, d.sb, NULL, NULL, &data), -EINVAL);
+    CHECK_RC(ivshm_recv_peek(d.b, 99, NULL, NULL, &data), -EINVAL);
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, NULL, NULL), -EINVAL);
+    CHECK_RC(ivshm_recv_release(d.b, d.sb), -EINVAL);
+    CHECK_RC(ivshm_recv_release(d.b, -1), -EINVAL);
+    CHECK_RC(ivshm_recv_release(NULL, d.sa), -EINVAL);
+    CHECK(ivshm_send_reserve(NULL, d.sb, 1, &err) == NULL && err == -EINVAL);
+
+    /* garbage in a peeked slot: ECORRUPT, consumed, the next one passes */
+    for (int kase = 0; kase < 4; kase++) {
+        CHECK_RC(ivshm_send(d.a, d.sb, 50, buf, 40), 0);
+        struct ivshm_slot *s = pending_slot(d.b, d.sa, 0);
+        switch (kase) {
+        case 0: s->len = P + 1; s->total = P + 1; break;
+        case 1: s->flags = 0x40 | SLOT_FIRST | SLOT_LAST; break;
+        case 2: s->total = 41; break;
+        case 3: s->flags = SLOT_LAST; break;
+        }
+        src = -1;
+        CHECK_RC(ivshm_recv_peek(d.b, IVSHM_ANY, &src, &tag, &data),
+                 IVSHM_ECORRUPT);
+        CHECK(src == d.sa);
+        CHECK_RC(ivshm_recv_release(d.b, d.sa), -EINVAL);
+        CHECK_RC(ivshm_send(d.a, d.sb, 51, "ok", 2), 0);
+        CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), 2);
+        CHECK(tag == 51 && memcmp(data, "ok", 2) == 0);
+        CHECK_RC(ivshm_recv_release(d.b, d.sa), 0);
+    }
+    /* a peeked slot scribbled before release: release refuses, the next
+       peek reports it and moves on */
+    CHECK_RC(ivshm_send(d.a, d.sb, 52, buf, 8), 0);
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), 8);
+    pending_slot(d.b, d.sa, 0)->flags = SLOT_FIRST;
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), -EINVAL);
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), IVSHM_ECORRUPT);
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), -EAGAIN);
+
+    /* a departed sender: its last message is still peeked, then DEAD */
+    CHECK_RC(ivshm_send(d.a, d.sb, 53, "bye", 3), 0);
+    ivshm_detach(d.a);
+    d.a = NULL;
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), 3);
+    CHECK(tag == 53 && memcmp(data, "bye", 3) == 0);
+    CHECK_RC(ivshm_recv_release(d.b, d.sa), 0);
+    CHECK_RC(ivshm_recv_peek(d.b, d.sa, NULL, &tag, &data), IVSHM_EPEERDEAD);
+    duo_close(&d);
+}
+
 static void test_garbage_tail(void)
 {
     ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
@@ -678,6 +810,7 @@ int main(void)
     test_timeouts_and_args();
     test_garbage_slots();
     test_garbage_tail();
+    test_zero_copy();
     test_echo_process();
     test_departed_and_rejoined();
     test_peer_death();
