@@ -153,9 +153,10 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
    without releasing returns the same message. */
 ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
                         const void **data);
-/* Consume the message last peeked from `src`: 0, or -EINVAL if none is
-   there (nothing peeked, already released). The sender may reuse the slot
-   from now on: *data is no longer ours. */
+/* Consume the message last peeked from `src`: 0, or -EINVAL if we hold
+   no peek there (never peeked, already released, or consumed by a
+   copying ivshm_recv since). Decided on our own state, so a co-tenant
+   cannot make a message stick. *data is no longer ours afterwards. */
 int ivshm_recv_release(ivshm *h, int src);
 
 /* Zero-copy send of one single-slot message: a pointer to the payload of
@@ -163,12 +164,12 @@ int ivshm_recv_release(ivshm *h, int src);
    bytes, or NULL with *err = -EAGAIN (ring full), -EMSGSIZE (len > slot
    payload), -IVSHM_EPEERDEAD, -EINVAL. Nothing is visible to the peer
    before ivshm_send_commit; a reservation that is never committed costs
-   nothing. Until then no other send to `slot` may be made (it would take
-   the same slot). */
+   nothing. A copying send to `slot` meanwhile takes that same slot and
+   ends the reservation (a later commit is -EINVAL). */
 void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err);
 /* Publish the reserved slot as a message of `len` bytes (len <= the
-   reserved length) with `tag`, waking the peer like ivshm_send. -EINVAL
-   if there can be no reservation (ring full, len too big). */
+   slot payload) with `tag`, waking the peer like ivshm_send. -EINVAL
+   without an open reservation. */
 int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
 
 /* Wait (spin, then block on the doorbell) until some peer has a message

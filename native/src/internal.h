@@ -154,6 +154,8 @@ struct ivshm_peer_local {
     uint64_t tx_head;         /* our producer position in ring(self->p)   */
     uint64_t tx_tail_cache;   /* last validated tail of that ring         */
     uint64_t rx_tail;         /* our consumer position in ring(p->self)   */
+    bool reserved;            /* send_reserve handed out slot tx_head     */
+    bool peeked;              /* recv_peek handed out slot rx_tail        */
 };
 
 /* ---- one attachment ---- */

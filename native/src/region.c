@@ -77,7 +77,11 @@ uint64_t ivshm_min_region_size(const ivshm_geometry *g)
     return l.heap_off + MIN_HEAP;
 }
 
-int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
+/* `zeroed`: the memory is known to be all zero (a file just truncated
+   to size), so the rings need not be written: a 256 MiB MPI region would
+   otherwise be touched page by page for nothing. */
+static int format_region(void *base, uint64_t size, const ivshm_geometry *g,
+                         bool zeroed)
 {
     struct layout l;
     int rc = geometry_defaults(g, &l);
@@ -90,7 +94,8 @@ int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
     struct ivshm_header *hdr = base;
     /* Everything but hdr->state is rewritten: a concurrent attacher that
        sees FORMATTING keeps waiting for READY, published last. */
-    memset((uint8_t *)base + sizeof *hdr, 0, l.heap_off - sizeof *hdr);
+    if (!zeroed)
+        memset((uint8_t *)base + sizeof *hdr, 0, l.heap_off - sizeof *hdr);
     hdr->magic = IVSHM_MAGIC;
     hdr->version = IVSHM_LAYOUT_VERSION;
     hdr->header_bytes = IVSHM_HEADER_BYTES;
@@ -112,6 +117,11 @@ int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
     return 0;
 }
 
+int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
+{
+    return format_region(base, size, g, false);
+}
+
 int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
                       unsigned mode)
 {
@@ -128,7 +138,7 @@ int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
         if (p == MAP_FAILED) {
             rc = -errno;
         } else {
-            rc = ivshm_format(p, size, g);
+            rc = format_region(p, size, g, true); /* O_TRUNC: all zero */
             munmap(p, size);
         }
     }

@@ -161,9 +161,6 @@ static inline void tx_publish(ivshm *h, uint8_t *ring, uint64_t pos,
     atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
 }
 
-/* Fast path of a small message: validated arguments, the registry says
-   the peer is the one we know, the cached tail says there is room, one
-   slot written, one release store, a fence and a look at `sleeping`. */
 /* Checks every send starts with. */
 static int tx_begin(ivshm *h, int slot, size_t len)
 {
@@ -188,6 +185,9 @@ static void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
     h->stats.bytes_sent += len;
 }
 
+/* Fast path of a small message: validated arguments, the registry says
+   the peer is the one we know, the cached tail says there is room, one
+   slot written, one release store, a fence and a look at `sleeping`. */
 static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
                     size_t len, bool may_wait)
 {
@@ -198,6 +198,7 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
         return rc;
 
     struct ivshm_peer_local *p = &h->peers[slot];
+    p->reserved = false; /* we publish that slot: an open reservation ends */
     uint8_t *ring = ivshm_ring(h, h->self, slot);
     struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
     const uint32_t payload = slot_payload(h);
@@ -268,26 +269,26 @@ void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err)
         rc = tx_reserve(h, slot, (struct ivshm_ring_ctrl *)ring, 1);
     if (err)
         *err = rc;
-    return rc == 0 ? slot_data(slot_at(h, ring, h->peers[slot].tx_head))
-                   : NULL;
+    if (rc < 0)
+        return NULL;
+    h->peers[slot].reserved = true;
+    return slot_data(slot_at(h, ring, h->peers[slot].tx_head));
 }
 
 /* Publish the reserved slot as one message of `len` bytes: the same
-   release store and kick as a copying send. No room means there cannot
-   have been a reservation: -EINVAL. */
+   release store and kick as a copying send. The reservation proved the
+   room (tail only moves forward), so it is not checked again. */
 int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len)
 {
     int rc = tx_begin(h, slot, len);
     if (rc < 0)
         return rc;
-    if (len > slot_payload(h))
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (!p->reserved || len > slot_payload(h))
         return -EINVAL;
     uint8_t *ring = ivshm_ring(h, h->self, slot);
     struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
-    rc = tx_reserve(h, slot, ctrl, 1);
-    if (rc < 0)
-        return rc == -EAGAIN ? -EINVAL : rc;
-    struct ivshm_peer_local *p = &h->peers[slot];
+    p->reserved = false;
     tx_publish(h, ring, p->tx_head, tag, SLOT_FIRST | SLOT_LAST, len, NULL,
                (uint32_t)len);
     p->tx_head++;
@@ -343,6 +344,7 @@ static void rx_consume(ivshm *h, int slot, uint8_t *ring, enum rx_view view)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     uint64_t pos = p->rx_tail++;
+    p->peeked = false; /* whatever was peeked at is gone now */
     if (view != RX_LIVE)
         return;
     struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
@@ -642,6 +644,7 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
         if (rc >= 0) {
             if (tag)
                 *tag = got_tag;
+            h->peers[got_src].peeked = true;
             h->stats.recvs++;
             h->stats.bytes_recv += (uint64_t)rc;
             return rc;
@@ -656,24 +659,17 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
     return -EAGAIN;
 }
 
-/* Consume the message ivshm_recv_peek returned for `src`. Without local
-   state, "peeked" means: the slot at our position is a published
-   single-slot message of the sender we read from. */
+/* Consume the message ivshm_recv_peek returned for `src`. Decided on
+   local state only: a co-tenant rewriting the slot meanwhile cannot make
+   the release fail and the message stick. */
 int ivshm_recv_release(ivshm *h, int src)
 {
     if (!h || h->self < 0 || !ivshm_slot_ok(h, src) || src == h->self)
         return -EINVAL;
-    enum rx_view view = rx_view(h, src);
-    if (view == RX_NONE)
-        return -EINVAL;
+    enum rx_view view = rx_view(h, src); /* a new incarnation drops it */
     struct ivshm_peer_local *p = &h->peers[src];
-    uint8_t *ring = ivshm_ring(h, src, h->self);
-    const struct ivshm_slot *s = slot_at(h, ring, p->rx_tail);
-    if (!slot_full(s, p->rx_tail) ||
-        __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != p->gen ||
-        __atomic_load_n(&s->flags, __ATOMIC_RELAXED) !=
-            (SLOT_FIRST | SLOT_LAST))
+    if (view == RX_NONE || !p->peeked)
         return -EINVAL;
-    rx_consume(h, src, ring, view);
+    rx_consume(h, src, ivshm_ring(h, src, h->self), view);
     return 0;
 }
