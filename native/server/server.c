@@ -78,6 +78,7 @@ struct ivs_server {
     ivshm *region;            /* our view of the registry, to mark leavers */
     struct client **clients;  /* sorted by id */
     size_t nclients, cap;
+    int32_t next_id;          /* where the search for a free id starts */
     struct pollfd *pfds;
     size_t pfds_cap;
     bool own_socket, own_shm, own_state;
@@ -226,15 +227,26 @@ static void client_free(struct ivs_server *s, struct client *c)
     free(c);
 }
 
-/* Lowest id not in use, and the table position that keeps it sorted;
-   ids are sorted and unique, so the first index != id is the gap. */
-static int32_t lowest_free_id(const struct ivs_server *s, size_t *pos)
+/* The id after the last one handed out, skipping ids in use, and the
+   table position that keeps the table sorted. Ids are not reused while
+   others are free: QEMU (7.2) keeps a departed peer's vector table and
+   corrupts its heap when the same id connects again. */
+static int32_t next_free_id(struct ivs_server *s, size_t *pos)
 {
-    size_t i = 0;
-    while (i < s->nclients && s->clients[i]->id == (int32_t)i)
-        i++;
-    *pos = i;
-    return i < IVS_MAX_IDS ? (int32_t)i : -1;
+    if (s->nclients >= IVS_MAX_IDS)
+        return -1;
+    for (int32_t n = 0; n < IVS_MAX_IDS; n++) {
+        int32_t id = (int32_t)((s->next_id + n) % IVS_MAX_IDS);
+        size_t i = 0;
+        while (i < s->nclients && s->clients[i]->id < id)
+            i++;
+        if (i < s->nclients && s->clients[i]->id == id)
+            continue;
+        s->next_id = (id + 1) % IVS_MAX_IDS;
+        *pos = i;
+        return id;
+    }
+    return -1;
 }
 
 static void remove_client(struct ivs_server *s, size_t idx)
@@ -295,7 +307,7 @@ static void log_peer_pid(int sock, int32_t id)
 static void client_join(struct ivs_server *s, int sock)
 {
     size_t pos;
-    int32_t id = lowest_free_id(s, &pos);
+    int32_t id = next_free_id(s, &pos);
     if (id < 0) {
         ivs_log_error("all %d ids in use: refusing a client", IVS_MAX_IDS);
         close(sock);

@@ -188,10 +188,28 @@ static int validate_header(const uint8_t *base, uint64_t size, struct layout *ou
     return 0;
 }
 
+/* Who can probe our pid: processes of the same pid namespace of the same
+   kernel. The namespace inode alone is not enough, since every kernel's
+   initial namespace has the same inode number: a guest's pid looked up
+   in the host would name some unrelated host process (or none, and the
+   guest would be declared dead). So the kernel's boot id is mixed in. */
 static uint64_t self_pidns(void)
 {
     struct stat st;
-    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+    if (stat("/proc/self/ns/pid", &st) < 0)
+        return 0;
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    char boot_id[64];
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : read(fd, boot_id, sizeof boot_id);
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return 0; /* unknown kernel: never probe by pid */
+    for (ssize_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)boot_id[i]) * 0x100000001b3ull;
+    h ^= (uint64_t)st.st_ino * 0x9e3779b97f4a7c15ull;
+    return h ? h : 1;
 }
 
 /* Wait (bounded) for a formatter to finish; format a blank region if asked. */

@@ -1,6 +1,6 @@
 /* ivshmem-server end to end: options, modes, state and pid files, two
    host peers talking through the eventfd doorbell, a SIGKILLed peer seen
-   dead in bounded time, id reuse, the server marking the registry,
+   dead in bounded time, fresh ids, the server marking the registry,
    SIGTERM clean-up, daemon mode; and the client against a scripted fake
    server that sends malformed messages. */
 #define _GNU_SOURCE
@@ -410,7 +410,8 @@ static void test_peers(void)
     pid_t c = tu_fork(child_c, NULL);
     CHECK_RC(tu_wait(c, CHILD_TIMEOUT_MS), 0);
     CHECK_RC(tu_wait(a, CHILD_TIMEOUT_MS), 0);
-    CHECK(board->id_c == board->id_b);
+    /* ids are not reused while others are free (QEMU mishandles reuse) */
+    CHECK(board->id_c > board->id_b);
 }
 
 /* ---- the server marks the registry when a connection ends ---- */
