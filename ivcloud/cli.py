@@ -33,7 +33,8 @@ def _areas():
     # optional dependencies are missing, and new areas are one line.
     from . import bench, mpi, place, server
     from . import cluster
-    return [server, bench, mpi, place, cluster]
+    from . import vm
+    return [server, bench, mpi, place, cluster, vm]
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,148 @@
+"""Run shell commands inside a guest of `ivcloud vm`.
+
+The guest's init serves its second serial port (ttyS1), which QEMU
+exposes as a UNIX socket (agent.sock in the VM's directory). Protocol, one
+command at a time: the host sends "ID BASE64(command)\\n"; the guest
+acknowledges with "@@ivc-ack ID\\n" at once, then answers "@@ivc-begin
+ID\\n", the command's output (stdout and stderr) in base64, "@@ivc-end ID
+STATUS\\n". A command that is not acknowledged within RESEND_S is sent
+again; the guest runs a given ID once and answers every copy of it, so a
+line lost on the serial connection costs a resend, never a second run.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import os
+import re
+import shlex
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+_ids = itertools.count(1)
+RESEND_S = 1.5
+
+
+class AgentError(Exception):
+    """The guest did not answer (not booted, dead, or timed out)."""
+
+
+@dataclass
+class Result:
+    status: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+
+def _new_id() -> str:
+    # unique across processes talking to the same guest over time
+    return f"{os.getpid()}-{next(_ids)}-{time.monotonic_ns() % 1000000}"
+
+
+def run(sock_path: Path, command: str, timeout: float = 60.0) -> Result:
+    """Run `command` with the guest's sh; its status and output."""
+    cid = _new_id()
+    line = f"{cid} {base64.b64encode(command.encode()).decode()}\n".encode()
+    end = re.compile(rb"@@ivc-begin " + re.escape(cid.encode()) +
+                     rb"\n(.*?)@@ivc-end " + re.escape(cid.encode()) +
+                     rb" (\d+)\n", re.S)
+    deadline = time.monotonic() + timeout
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(min(timeout, 5.0))
+        s.connect(str(sock_path))
+    except OSError as e:
+        raise AgentError(f"cannot reach the guest agent at {sock_path}: "
+                         f"{e.strerror or e}")
+    buf = b""
+    try:
+        s.sendall(line)
+        next_send = time.monotonic() + RESEND_S
+        while True:
+            m = end.search(buf)
+            if m:
+                body = b"".join(m.group(1).split())
+                return Result(int(m.group(2)),
+                              base64.b64decode(body).decode(errors="replace"))
+            now = time.monotonic()
+            if now >= deadline:
+                raise AgentError(f"guest did not answer within {timeout:.0f} s")
+            if now >= next_send and f"@@ivc-ack {cid}".encode() not in buf:
+                s.sendall(line)
+                next_send = now + RESEND_S
+            s.settimeout(max(0.05, min(deadline, next_send) - now))
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                continue
+            if not chunk:
+                raise AgentError("guest agent connection closed (VM gone?)")
+            buf += chunk
+    except OSError as e:
+        raise AgentError(f"guest agent: {e.strerror or e}")
+    finally:
+        s.close()
+
+
+def wait_ready(sock_path: Path, timeout: float) -> None:
+    """Block until the agent answers a no-op."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            if run(sock_path, "true", timeout=max(1.0, min(
+                    10.0, deadline - time.monotonic()))).ok:
+                return
+        except AgentError as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise AgentError(f"guest agent not ready after {timeout:.0f} s ({last})")
+
+
+class Job:
+    """A command started in the background in the guest; its output and
+    status land in files there."""
+
+    def __init__(self, sock_path: Path, command: str):
+        self.sock = sock_path
+        self.name = f"/tmp/job-{_new_id()}"
+        wrapped = (f"( {command}\n echo $? > {self.name}.rc.tmp; "
+                   f"mv {self.name}.rc.tmp {self.name}.rc ) "
+                   f"> {self.name}.out 2>&1 < /dev/null &\n"
+                   f"echo $! > {self.name}.pid")
+        r = run(sock_path, wrapped)
+        if not r.ok:
+            raise AgentError(f"cannot start job in the guest: {r.output}")
+
+    def done(self) -> Optional[int]:
+        r = run(self.sock, f"cat {self.name}.rc 2>/dev/null")
+        return int(r.output) if r.ok and r.output.strip().isdigit() else None
+
+    def output(self) -> str:
+        return run(self.sock, f"cat {self.name}.out").output
+
+    def wait(self, timeout: float, poll: float = 0.3) -> Result:
+        deadline = time.monotonic() + timeout
+        while True:
+            rc = self.done()
+            if rc is not None:
+                return Result(rc, self.output())
+            if time.monotonic() > deadline:
+                raise AgentError(f"guest job did not finish within "
+                                 f"{timeout:.0f} s; output so far: "
+                                 f"{self.output().strip()[-300:]}")
+            time.sleep(poll)
+
+    def kill(self) -> None:
+        run(self.sock, f"kill $(cat {self.name}.pid) 2>/dev/null; true")
+
+
+def quote(args) -> str:
+    return " ".join(shlex.quote(str(a)) for a in args)

@@ -1,0 +1,216 @@
+"""QEMU for `ivcloud vm`: the command line of a guest, the KVM probe (with
+its TCG fallback) and a small QMP client.
+
+Every guest is a q35 machine with a virtual Intel IOMMU, so that the
+guest's vfio-pci can take the ivshmem-doorbell device's MSI-X interrupt
+to user space (see native/src/doorbell_uio.c), two serial ports (ttyS0:
+console log; ttyS1: the command agent, agent.py) and the ivshmem-doorbell
+device connected to an ivshmem-server socket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .image import INIT_BANNER, READY_BANNER, GuestImage
+
+QEMU_ENV = "IVCLOUD_QEMU"
+DEFAULT_QEMU = "qemu-system-x86_64"
+# A working KVM prints its init banner in about a second; a guest that
+# says nothing for this long is the nested-KVM hang these hosts have.
+KVM_PROBE_TIMEOUT_S = float(os.environ.get("IVCLOUD_KVM_PROBE_S", "8"))
+
+
+def qemu_binary() -> Optional[str]:
+    return shutil.which(os.environ.get(QEMU_ENV) or DEFAULT_QEMU)
+
+
+def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
+                  accel: str, vcpus: int, memory_mb: int,
+                  server_socket: Optional[str], vectors: int = 1,
+                  doorbell: str = "vfio", daemonize: bool = True
+                  ) -> List[str]:
+    append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on "
+              f"ivcloud.name={name} ivcloud.doorbell={doorbell}")
+    cmd = [qemu, "-name", f"{name},debug-threads=on",
+           "-machine", "q35", "-accel", accel,
+           "-smp", str(vcpus), "-m", f"{memory_mb}M",
+           "-nodefaults", "-no-user-config", "-display", "none",
+           "-no-reboot",  # a guest that panics or reboots ends its QEMU
+           # before any PCI device: the IOMMU must see them all
+           "-device", "intel-iommu",
+           "-kernel", str(image.kernel), "-initrd", str(image.initrd),
+           "-append", append,
+           "-chardev", f"file,id=con,path={vm_dir / 'console.log'}",
+           "-serial", "chardev:con",
+           "-chardev", f"socket,id=agent,path={vm_dir / 'agent.sock'},"
+                       f"server=on,wait=off",
+           "-device", "isa-serial,chardev=agent",
+           "-qmp", f"unix:{vm_dir / 'qmp.sock'},server=on,wait=off",
+           "-pidfile", str(vm_dir / "qemu.pid")]
+    if accel == "kvm":
+        cmd += ["-cpu", "host"]
+    if server_socket:
+        cmd += ["-chardev", f"socket,path={server_socket},id=ivs",
+                "-device", f"ivshmem-doorbell,chardev=ivs,vectors={vectors}"]
+    if daemonize:
+        cmd.append("-daemonize")
+    return cmd
+
+
+def console_text(vm_dir: Path) -> str:
+    try:
+        return (vm_dir / "console.log").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no console output)"
+
+
+# ---------------------------------------------------------------- KVM
+
+def _probe_key(qemu: str, image: GuestImage) -> str:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "?"
+    h = hashlib.sha256(f"{boot}|{os.path.realpath(qemu)}|{image.kernel}|"
+                       f"{image.kernel_version}".encode())
+    return h.hexdigest()[:16]
+
+
+def kvm_usable(qemu: str, image: GuestImage, cache_dir: Path,
+               timeout_s: float = KVM_PROBE_TIMEOUT_S) -> Tuple[bool, str]:
+    """Does a KVM guest boot here? Boots the image without devices and
+    waits for its init banner. The answer is cached per host boot.
+    Returns (usable, reason)."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False, "/dev/kvm is missing or not accessible"
+    cache = cache_dir / "kvm-probe.json"
+    key = _probe_key(qemu, image)
+    try:
+        old = json.loads(cache.read_text())
+        if old.get("key") == key:
+            return bool(old["usable"]), old.get("reason", "cached")
+    except (OSError, ValueError, KeyError):
+        pass
+    with tempfile.TemporaryDirectory(prefix="ivcloud-kvm-probe-") as tmp:
+        d = Path(tmp)
+        cmd = guest_command(qemu, image, d, "kvm-probe", "kvm", 1, 128, None,
+                            daemonize=False)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout_s
+        usable, reason = False, ""
+        try:
+            while time.monotonic() < deadline:
+                if INIT_BANNER in console_text(d):
+                    usable, reason = True, "guest booted under KVM"
+                    break
+                if proc.poll() is not None:
+                    err = (proc.stderr.read() or "").strip().splitlines()
+                    reason = (f"QEMU with KVM exited: "
+                              f"{err[-1] if err else proc.returncode}")
+                    break
+                time.sleep(0.1)
+            else:
+                out = console_text(d)
+                reason = (f"a KVM guest printed {'nothing' if not out else 'no init banner'} "
+                          f"in {timeout_s:.0f} s")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stderr.close()
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"key": key, "usable": usable,
+                                     "reason": reason}) + "\n")
+    except OSError:
+        pass
+    return usable, reason
+
+
+# ---------------------------------------------------------------- QMP
+
+class QmpError(Exception):
+    pass
+
+
+class Qmp:
+    """One QMP session over the VM's UNIX socket (use as a context
+    manager)."""
+
+    def __init__(self, path: Path, timeout: float = 5.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(str(path))
+        except OSError as e:
+            self.sock.close()
+            raise QmpError(f"cannot connect to QMP at {path}: "
+                           f"{e.strerror or e}")
+        self.buf = b""
+        greeting = self._read()
+        if "QMP" not in greeting:
+            self.close()
+            raise QmpError("no QMP greeting")
+        self.execute("qmp_capabilities")
+
+    def _read(self) -> Dict[str, Any]:
+        while b"\n" not in self.buf:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError as e:
+                raise QmpError(f"QMP read: {e}")
+            if not chunk:
+                raise QmpError("QMP connection closed")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+    def execute(self, command: str, **arguments) -> Any:
+        msg: Dict[str, Any] = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        try:
+            self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        except OSError as e:
+            raise QmpError(f"QMP write: {e}")
+        while True:
+            reply = self._read()
+            if "return" in reply:
+                return reply["return"]
+            if "error" in reply:
+                raise QmpError(f"{command}: {reply['error'].get('desc')}")
+            # asynchronous events ({"event": ...}) are skipped
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Qmp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def vcpu_threads(qmp_path: Path) -> List[Dict[str, int]]:
+    """[{"cpu": index, "thread": host tid}] from query-cpus-fast."""
+    with Qmp(qmp_path) as q:
+        cpus = q.execute("query-cpus-fast")
+    return [{"cpu": int(c["cpu-index"]), "thread": int(c["thread-id"])}
+            for c in cpus]
