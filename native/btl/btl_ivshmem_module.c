@@ -12,6 +12,7 @@
 #include "btl_ivshmem_frag.h"
 
 #include "opal/class/opal_bitmap.h"
+#include "opal/mca/btl/base/base.h"
 #include "opal/mca/pmix/pmix.h"
 #include "opal/util/output.h"
 #include "opal/util/proc.h"
@@ -129,6 +130,23 @@ static mca_btl_ivshmem_endpoint_t *endpoint_for(struct opal_proc_t *proc,
     return ep;
 }
 
+/* Is a node-local BTL (vader, sm) also selected? It ranks above us, so
+   ob1 sends our node's peers through it even though we reach them too:
+   then those peers' traffic is progressed by someone else, and we must
+   not block our progress call on our doorbell while it arrives there. */
+static bool node_local_btl_selected(void)
+{
+    mca_btl_base_selected_module_t *sm;
+    OPAL_LIST_FOREACH (sm, &mca_btl_base_modules_initialized,
+                       mca_btl_base_selected_module_t) {
+        const char *name = sm->btl_component->btl_version.mca_component_name;
+        if (sm->btl_module != &mca_btl_ivshmem.super &&
+            (0 == strcmp(name, "vader") || 0 == strcmp(name, "sm")))
+            return true;
+    }
+    return false;
+}
+
 int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                               struct opal_proc_t **procs,
                               struct mca_btl_base_endpoint_t **peers,
@@ -161,6 +179,9 @@ int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                     proc->proc_hostname ? proc->proc_hostname : "?");
             continue;
         }
+        if (OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags) &&
+            node_local_btl_selected())
+            c->mixed = true; /* vader carries it, not us */
         peers[i] = ep;
         if (reachable)
             opal_bitmap_set_bit(reachable, (int)i);
