@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 
 def register(sub) -> None:
-    from . import mpi, p2p
+    from . import halo, hierarchy, mpi, p2p
 
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
@@ -21,3 +23,10 @@ def register(sub) -> None:
                            description=mpi.__doc__)
     mpi.add_arguments(b)
     b.set_defaults(func=mpi.run)
+    # their descriptions are laid out lists: keep the line breaks
+    for name, mod in (("hierarchy", hierarchy), ("halo", halo)):
+        b = actions.add_parser(
+            name, help=mod.__doc__.splitlines()[0], description=mod.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(b)
+        b.set_defaults(func=mod.run)
