@@ -206,8 +206,9 @@ def mpirun_command(state: Dict, sd: StateDir, program: Sequence[str],
                    "node" if placement == "round-robin" else "slot"]
     cmd[1:1] = ["--hostfile", str(sd.hostfile(placement)), *mapping,
                 # an instance's affinity is its vCPU set; ranks float in
-                # it as a guest's processes do on its vCPUs (a rankfile
-                # picks the instance, its slot= does not pin)
+                # it as a guest's processes do on its vCPUs. A rankfile's
+                # slot= still pins (Open MPI applies it despite this), so
+                # rankfiles for clusters name the whole vCPU range.
                 "--bind-to", "none",
                 "--wdir", wdir or working_dir()]
     return cmd
