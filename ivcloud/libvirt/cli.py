@@ -1,0 +1,408 @@
+"""`ivcloud libvirt ...`: domain XML, ivshmem hot-attach, Nova flavors.
+
+    domain-xml     a domain with <shmem>, pinning, NUMA and huge pages
+    shmem-xml      just the <shmem> device (for `virsh attach-device`)
+    attach-shmem   hot-attach an ivshmem device to a running domain
+    detach-shmem   remove it again (the guest must release it)
+    watch          attach to matching domains whenever they start
+    nova-flavor    `openstack flavor` commands with the extra specs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Optional
+
+from ..cli import CliError
+from ..server import parse_size
+from . import cpuset
+from .domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem, SpecError,
+                     parse_pins, validate_xml)
+from .nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
+
+DEFAULT_URI = "qemu:///system"
+
+
+# ---------------------------------------------------------------- arguments
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, "
+                                             f"not {value}")
+        return value
+    return parse
+
+
+def _cpus(text: str):
+    try:
+        return cpuset.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number")
+    if not 0 < value <= 86400 * 365:
+        raise argparse.ArgumentTypeError("must be a positive number of "
+                                         "seconds")
+    return value
+
+
+def _add_shmem_args(p: argparse.ArgumentParser, prefix: str,
+                    name_required: bool) -> None:
+    """The ivshmem device options; domain-xml prefixes them with
+    'shmem-' (--shmem-name), the device actions do not (--name)."""
+    p.add_argument(f"--{prefix}name", required=name_required,
+                   dest="shm_name", metavar="NAME",
+                   help="shmem name (for ivshmem-plain: /dev/shm/NAME)")
+    p.add_argument(f"--{prefix}size", type=_size, dest="shm_size",
+                   metavar="SIZE", help="region size, a power of two >= 1M "
+                                        "(plain default 4M; doorbell: the "
+                                        "server's)")
+    p.add_argument(f"--{prefix}model", choices=SHMEM_MODELS,
+                   dest="shm_model", help="default: doorbell with a server "
+                                          "socket, plain without")
+    p.add_argument(f"--{prefix}server", dest="shm_server", metavar="SOCKET",
+                   help="ivshmem-server socket (ivshmem-doorbell)")
+    p.add_argument("--vectors", type=_count(1), dest="shm_vectors",
+                   help="MSI-X vectors (ivshmem-doorbell; the server's -n)")
+    p.add_argument("--no-ioeventfd", action="store_false",
+                   dest="shm_ioeventfd",
+                   help="doorbell writes exit to QEMU instead of KVM "
+                        "signalling the eventfd directly")
+
+
+def _shmem_from(args, check: bool = True) -> Optional[Shmem]:
+    given = [f for f in ("shm_size", "shm_model", "shm_server",
+                         "shm_vectors") if getattr(args, f) is not None]
+    if args.shm_name is None:
+        if given or not args.shm_ioeventfd:
+            raise CliError("the shmem options need a shmem name "
+                           "(--shmem-name)")
+        return None
+    server = args.shm_server
+    if server is not None:
+        server = os.path.abspath(server)
+        if check:
+            try:
+                mode = os.stat(server).st_mode
+            except OSError as e:
+                raise CliError(f"ivshmem-server socket {server} is not "
+                               f"there ({e.strerror}; start one with "
+                               f"`ivcloud server start`)") from None
+            if not stat.S_ISSOCK(mode):
+                raise CliError(f"{server} is not a socket")
+    size = args.shm_size
+    model = args.shm_model or ("ivshmem-doorbell" if server
+                               else "ivshmem-plain")
+    if size is None and model == "ivshmem-plain":
+        size = 4 << 20  # libvirt's own default, written out explicitly
+    shm = Shmem(args.shm_name, size, model, server, args.shm_vectors,
+                args.shm_ioeventfd)
+    try:
+        shm.validate()
+    except SpecError as e:
+        raise CliError(str(e)) from None
+    return shm
+
+
+def _connect_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", default=os.environ.get("LIBVIRT_DEFAULT_URI")
+                   or DEFAULT_URI, metavar="URI",
+                   help=f"libvirt URI (default $LIBVIRT_DEFAULT_URI or "
+                        f"{DEFAULT_URI})")
+
+
+def _target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="store_true",
+                   help="also change the persistent definition")
+    p.add_argument("--offline", action="store_true",
+                   help="change only the persistent definition (the "
+                        "running domain is left alone)")
+
+
+# ---------------------------------------------------------------- register
+
+def register(sub) -> None:
+    p = sub.add_parser("libvirt", help="libvirt domain XML, ivshmem "
+                                       "hot-attach, Nova flavors",
+                       description="Generate libvirt domain XML with an "
+                                   "ivshmem device and host tuning, "
+                                   "hot-attach ivshmem devices to running "
+                                   "domains, and print the Nova flavor for "
+                                   "pinned instances.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION",
+                               parser_class=type(p))
+    actions.required = True
+
+    d = actions.add_parser("domain-xml", help="print a domain definition")
+    d.add_argument("--name", required=True, help="domain name")
+    d.add_argument("--memory", type=_size, default=1 << 30,
+                   help="guest RAM (default 1G)")
+    d.add_argument("--vcpus", type=_count(1), default=1,
+                   help="vCPUs (default 1)")
+    d.add_argument("--threads", type=_count(1), default=1,
+                   help="guest SMT threads per core (default 1)")
+    d.add_argument("--kvm", action="store_true",
+                   help="type='kvm' with host-passthrough CPUs (default: "
+                        "TCG, type='qemu')")
+    d.add_argument("--machine", default="pc",
+                   help="machine type (default pc: i440fx with ACPI "
+                        "hot-plug)")
+    d.add_argument("--kernel", help="kernel for direct boot")
+    d.add_argument("--initrd", help="initramfs (with --kernel)")
+    d.add_argument("--cmdline", help="kernel command line (with --kernel)")
+    d.add_argument("--disk", help="boot disk image (raw, or qcow2 by "
+                                  "extension)")
+    _add_shmem_args(d, "shmem-", name_required=False)
+    d.add_argument("--pin", help="vCPU pinning VCPU:CPUS,... e.g. 0:2,1:3")
+    d.add_argument("--emulator-pin", type=_cpus, metavar="CPUS",
+                   help="host CPUs for QEMU's emulator threads")
+    d.add_argument("--numa-node", type=_cpus, metavar="NODES",
+                   help="bind guest memory to these host NUMA nodes "
+                        "(strict)")
+    d.add_argument("--hugepages", type=_size, metavar="SIZE",
+                   help="back guest RAM with huge pages (2M or 1G)")
+    d.add_argument("--console-log", metavar="FILE",
+                   help="serial console to this file instead of a pty")
+    d.add_argument("--emulator", metavar="PATH",
+                   help="QEMU binary (default: libvirt's choice)")
+    d.add_argument("--no-check", action="store_true",
+                   help="do not check that the kernel, disk and socket "
+                        "exist here (XML for another host)")
+    d.add_argument("--validate", action="store_true",
+                   help="check the result with virt-xml-validate")
+    d.add_argument("--output", "-o", metavar="FILE",
+                   help="write the XML here instead of stdout")
+    d.set_defaults(func=_cmd_domain_xml)
+
+    s = actions.add_parser("shmem-xml", help="print one <shmem> device "
+                                             "(for virsh attach-device)")
+    _add_shmem_args(s, "", name_required=True)
+    s.add_argument("--no-check", action="store_true",
+                   help="do not check that the server socket exists")
+    s.set_defaults(func=_cmd_shmem_xml)
+
+    a = actions.add_parser("attach-shmem", help="hot-attach an ivshmem "
+                                                "device to a domain")
+    a.add_argument("--domain", required=True, help="libvirt domain name "
+                                                   "(Nova: instance-XXXXXXXX)")
+    _add_shmem_args(a, "", name_required=True)
+    _connect_arg(a)
+    _target_args(a)
+    a.set_defaults(func=_cmd_attach)
+
+    t = actions.add_parser("detach-shmem", help="detach an ivshmem device")
+    t.add_argument("--domain", required=True, help="libvirt domain name")
+    t.add_argument("--name", required=True, dest="shm_name",
+                   help="shmem name")
+    t.add_argument("--timeout", type=_seconds, default=10.0,
+                   help="seconds to wait for the guest to release the "
+                        "device (default 10)")
+    _connect_arg(t)
+    _target_args(t)
+    t.set_defaults(func=_cmd_detach)
+
+    w = actions.add_parser("watch", help="attach an ivshmem device to "
+                                         "matching domains as they start")
+    w.add_argument("--domain-glob", metavar="PATTERN",
+                   help="domain names to serve, e.g. 'instance-*'")
+    w.add_argument("--flavor", help="only Nova instances of this flavor "
+                                    "(from the domain's Nova metadata)")
+    _add_shmem_args(w, "", name_required=True)
+    _connect_arg(w)
+    w.add_argument("--once", action="store_true",
+                   help="exit after the first attach")
+    w.add_argument("--timeout", type=_seconds, default=None,
+                   help="exit after this many seconds (default: never)")
+    w.set_defaults(func=_cmd_watch)
+
+    n = actions.add_parser("nova-flavor", help="print `openstack flavor` "
+                                               "commands with the extra "
+                                               "specs")
+    n.add_argument("--name", default="ivcloud.hpc",
+                   help="flavor name (default ivcloud.hpc)")
+    n.add_argument("--vcpus", type=_count(1), required=True)
+    n.add_argument("--ram", type=_count(1), required=True, metavar="MB",
+                   help="RAM in MB")
+    n.add_argument("--disk", type=_count(0), default=0, metavar="GB",
+                   help="root disk in GB (default 0)")
+    n.add_argument("--numa-nodes", type=_count(1), default=1,
+                   help="guest NUMA nodes (hw:numa_nodes, default 1)")
+    n.add_argument("--thread-policy", choices=THREAD_POLICIES,
+                   default="isolate",
+                   help="hw:cpu_thread_policy (default isolate: one vCPU "
+                        "per physical core)")
+    n.add_argument("--page-size", default="2MB",
+                   help="hw:mem_page_size: small, large, any, 4K, 2M, 1G "
+                        "or none (default 2MB)")
+    n.add_argument("--emulator-threads", choices=EMULATOR_POLICIES,
+                   help="hw:emulator_threads_policy (default: not set)")
+    n.add_argument("--json", action="store_true",
+                   help="print the flavor and extra specs as JSON")
+    n.set_defaults(func=_cmd_nova_flavor)
+
+
+# ---------------------------------------------------------------- actions
+
+def _existing_file(path: Optional[str], what: str, check: bool
+                   ) -> Optional[str]:
+    if path is None:
+        return None
+    full = os.path.abspath(path)
+    if check and not os.path.isfile(full):
+        raise CliError(f"{what} {full} is not there")
+    return full
+
+
+def _cmd_domain_xml(args) -> int:
+    check = not args.no_check
+    if args.kernel and args.disk:
+        raise CliError("give --kernel (direct boot) or --disk, not both")
+    if (args.initrd or args.cmdline) and not args.kernel:
+        raise CliError("--initrd and --cmdline need --kernel")
+    if args.hugepages is not None and args.hugepages not in HUGEPAGE_SIZES:
+        raise CliError("--hugepages must be 2M or 1G")
+    try:
+        pins = parse_pins(args.pin, args.vcpus) if args.pin else {}
+    except SpecError as e:
+        raise CliError(str(e)) from None
+    shm = _shmem_from(args, check)
+    dom = Domain(
+        name=args.name, memory=args.memory, vcpus=args.vcpus,
+        kvm=args.kvm, machine=args.machine,
+        kernel=_existing_file(args.kernel, "kernel", check),
+        initrd=_existing_file(args.initrd, "initrd", check),
+        cmdline=args.cmdline,
+        disk=_existing_file(args.disk, "disk image", check),
+        shmems=[shm] if shm else [], pins=pins,
+        emulator_pin=args.emulator_pin, numa_nodes=args.numa_node,
+        hugepage_size=args.hugepages, threads=args.threads,
+        console_log=(os.path.abspath(args.console_log)
+                     if args.console_log else None),
+        emulator=args.emulator)
+    try:
+        text = dom.xml()
+        if args.validate:
+            validate_xml(text)
+    except SpecError as e:
+        raise CliError(str(e)) from None
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise CliError(f"cannot write {args.output}: {e.strerror}") \
+                from None
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_shmem_xml(args) -> int:
+    shm = _shmem_from(args, check=not args.no_check)
+    assert shm is not None  # --name is required
+    sys.stdout.write(shm.xml())
+    return 0
+
+
+def _live_config(args):
+    if args.offline and args.config:
+        raise CliError("--offline already means the definition only; drop "
+                       "--config")
+    return (not args.offline), (args.config or args.offline)
+
+
+def _cmd_attach(args) -> int:
+    from . import attach
+    live, persistent = _live_config(args)
+    # The socket check happens in attach_shmem for doorbell devices.
+    shm = _shmem_from(args, check=False)
+    assert shm is not None
+    conn = attach.connect(args.connect)
+    try:
+        attach.attach_shmem(conn, args.domain, shm, live, persistent)
+    finally:
+        conn.close()
+    where = " and ".join(w for w, on in (("running domain", live),
+                                          ("definition", persistent)) if on)
+    print(f"attached {shm.resolved_model} '{shm.name}' to "
+          f"'{args.domain}' ({where})")
+    return 0
+
+
+def _cmd_detach(args) -> int:
+    from . import attach
+    live, persistent = _live_config(args)
+    conn = attach.connect(args.connect)
+    try:
+        gone = attach.detach_shmem(conn, args.domain, args.shm_name, live,
+                                   persistent, args.timeout)
+    finally:
+        conn.close()
+    if not gone:
+        raise attach.LibvirtFailure(
+            f"detach of shmem '{args.shm_name}' requested, but "
+            f"'{args.domain}' did not release it within {args.timeout:g} s "
+            f"(does the guest OS handle ACPI hot-unplug?)")
+    print(f"detached shmem '{args.shm_name}' from '{args.domain}'")
+    return 0
+
+
+def _cmd_watch(args) -> int:
+    from . import attach
+    if args.domain_glob is None and args.flavor is None:
+        raise CliError("give --domain-glob and/or --flavor: the watcher "
+                       "does not attach to every domain")
+    shm = _shmem_from(args, check=True)
+    assert shm is not None
+
+    def report(line: str) -> None:
+        print(line, flush=True)
+
+    count = attach.watch(args.connect,
+                         attach.matcher(args.domain_glob, args.flavor),
+                         shm, report, once=args.once, timeout=args.timeout)
+    if args.once and count == 0:
+        raise attach.LibvirtFailure("no matching domain started before the "
+                                    "timeout")
+    return 0
+
+
+def _cmd_nova_flavor(args) -> int:
+    page = None if args.page_size.lower() == "none" else args.page_size
+    flavor = Flavor(args.name, args.vcpus, args.ram, args.disk,
+                    args.numa_nodes, args.thread_policy, page,
+                    args.emulator_threads)
+    try:
+        commands = flavor.commands()
+        specs = flavor.extra_specs()
+    except SpecError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        print(json.dumps({"name": flavor.name, "vcpus": flavor.vcpus,
+                          "ram_mb": flavor.ram_mb, "disk_gb": flavor.disk_gb,
+                          "extra_specs": specs, "commands": commands},
+                         indent=2))
+    else:
+        print("\n".join(commands))
+    return 0
