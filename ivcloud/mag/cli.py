@@ -1,0 +1,294 @@
+"""`ivcloud mag`: run micromagnetic problems and benchmark the solver.
+
+    ivcloud mag run PROBLEM.toml --out DIR [--np N] [--transport T] [--quiet]
+    ivcloud mag check PROBLEM.toml          validate, print the effective TOML
+    ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4]
+
+With --np > 1 `run` re-launches itself under mpirun (ivcloud.mpi builds
+the command line; the transport is Open MPI's shared memory unless
+--transport says otherwise); started under mpirun by the user it runs
+on the ranks it was given. The problem is validated before anything is
+launched or written: bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from ..cli import CliError
+
+CHILD_FLAG = "--mpi-child"
+TRANSPORTS = ("vader", "tcp", "ivshmem")
+REPO = Path(__file__).resolve().parents[2]
+BENCH_PROBLEMS = ("bar", "sp4")
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {v}")
+    return v
+
+
+def _np_list(text: str) -> List[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of "
+                                         f"integers")
+    if not out or any(v < 1 for v in out):
+        raise argparse.ArgumentTypeError(f"'{text}': rank counts must be "
+                                         f"positive")
+    return out
+
+
+def register(sub) -> None:
+    p = sub.add_parser("mag", help="micromagnetic FEM solver (LLG, PETSc)",
+                       description="Finite-element micromagnetics: "
+                                   "exchange, demagnetization (FEM/BEM), "
+                                   "anisotropy, Zeeman; LLG dynamics and "
+                                   "energy minimisation on MPI ranks.")
+    # sub-parsers inherit the top parser's class: one-line usage errors
+    acts = p.add_subparsers(dest="action", metavar="ACTION")
+    run = acts.add_parser("run", help="run a problem file")
+    run.add_argument("problem", help="problem file (TOML)")
+    run.add_argument("--out", required=True, help="output directory")
+    run.add_argument("--np", type=_positive, default=1,
+                     help="MPI ranks (re-launches under mpirun)")
+    run.add_argument("--transport", choices=TRANSPORTS, default="vader",
+                     help="MPI transport for --np > 1 (default: vader)")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress display")
+    run.add_argument(CHILD_FLAG, action="store_true",
+                     help=argparse.SUPPRESS)
+    run.set_defaults(func=cmd_run)
+
+    chk = acts.add_parser("check", help="validate a problem file and print "
+                                        "its effective configuration")
+    chk.add_argument("problem")
+    chk.set_defaults(func=cmd_check)
+
+    b = acts.add_parser("bench", help="time the solver on the thesis bar "
+                                      "and standard problem 4")
+    b.add_argument("--json", help="write the results to this file")
+    b.add_argument("--np", type=_np_list, default=[1, 2],
+                   help="rank counts, comma-separated (default 1,2)")
+    b.add_argument("--problems", default=",".join(BENCH_PROBLEMS),
+                   help="comma-separated example names (default bar,sp4)")
+    b.add_argument("--examples", default=str(REPO / "examples"),
+                   help="directory of the example problem files")
+    b.add_argument("--transport", choices=TRANSPORTS, default="vader")
+    b.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds per run before it is stopped")
+    b.set_defaults(func=cmd_bench)
+
+
+def _load(path: str):
+    from .problem import ProblemError, load
+    try:
+        return load(path)
+    except ProblemError as e:
+        raise CliError(str(e)) from None
+
+
+def _check_out(out: str) -> Path:
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise CliError(f"--out {p} exists and is not a directory")
+    return p
+
+
+def cmd_check(args) -> int:
+    from .problem import to_toml
+    prob = _load(args.problem)
+    sys.stdout.write(to_toml(prob.config))
+    return 0
+
+
+# Set by a launcher for its own ranks (or by a singleton MPI_Init in the
+# process that started us): a new mpirun must not see them.
+_LAUNCHER_VARS = ("PMIX_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_",
+                  "OMPI_APP_CTX_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE",
+                  "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX", "OMPI_FILE_LOCATION")
+
+
+def clean_mpi_env(environ) -> dict:
+    return {k: v for k, v in environ.items()
+            if not k.startswith(_LAUNCHER_VARS)}
+
+
+def _under_mpirun() -> bool:
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+
+
+def cmd_run(args) -> int:
+    if getattr(args, "mpi_child", False) or _under_mpirun() \
+            or args.np == 1:
+        return _run_here(args)
+    prob = _load(args.problem)     # refuse bad input before launching
+    del prob
+    out = _check_out(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from .. import mpi
+    program = [sys.executable, "-m", "ivcloud", "mag", "run",
+               str(Path(args.problem).resolve()), "--out",
+               str(out.resolve()), CHILD_FLAG]
+    if args.quiet:
+        program.append("--quiet")
+    env = clean_mpi_env(os.environ)
+    # the ranks import this very tree, wherever the parent found it
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                      if p])
+    # one thread per rank: the ranks are the parallelism
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        return mpi.run(program, args.np, transport=args.transport, env=env)
+    except mpi.MpiSetupError as e:
+        raise CliError(str(e)) from None
+
+
+def _run_here(args) -> int:
+    # one thread per rank (the ranks are the parallelism); must be set
+    # before numpy/PETSc load their BLAS
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    from .problem import ProblemError
+    from .simulation import SimulationError, run
+    prob = _load(args.problem)
+    out = _check_out(args.out)
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    comm.Barrier()
+    try:
+        run(prob, out, comm, progress=not args.quiet,
+            argv=sys.argv[1:])
+    except (ProblemError, SimulationError) as e:
+        if comm.Get_size() > 1:
+            sys.stderr.write(f"ivcloud mag: error: "
+                             f"{' '.join(str(e).split())}\n")
+            sys.stderr.flush()
+            comm.Abort(2 if isinstance(e, ProblemError) else 1)
+        if isinstance(e, ProblemError):
+            raise CliError(str(e)) from None
+        sys.stderr.write(f"ivcloud mag: error: {' '.join(str(e).split())}"
+                         f"\n")
+        return 1
+    except Exception:
+        if comm.Get_size() > 1:
+            import traceback
+            traceback.print_exc()
+            sys.stderr.flush()
+            comm.Abort(1)
+        raise
+    return 0
+
+
+# ---------------------------------------------------------------- bench
+
+def cmd_bench(args) -> int:
+    examples = Path(args.examples)
+    names = [n.strip() for n in args.problems.split(",") if n.strip()]
+    files = {}
+    for name in names:
+        f = examples / f"{name}.toml"
+        if not f.is_file():
+            raise CliError(f"example problem {f} not found")
+        _load(str(f))
+        files[name] = f
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="ivcloud-mag-bench-") as tmp:
+        for name in names:
+            for np_ in args.np:
+                out = Path(tmp) / f"{name}-{np_}"
+                cmd = [sys.executable, "-m", "ivcloud", "mag", "run",
+                       str(files[name]), "--out", str(out), "--np",
+                       str(np_), "--transport", args.transport, "--quiet"]
+                sys.stderr.write(f"bench: {name} on {np_} rank(s) ...\n")
+                sys.stderr.flush()
+                t0 = time.perf_counter()
+                try:
+                    proc = subprocess.run(cmd, capture_output=True,
+                                          text=True, timeout=args.timeout,
+                                          stdin=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    runs.append({"problem": name, "ranks": np_,
+                                 "error": f"timeout after {args.timeout} s"})
+                    continue
+                wall = time.perf_counter() - t0
+                if proc.returncode != 0:
+                    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                    runs.append({"problem": name, "ranks": np_,
+                                 "error": f"exit {proc.returncode}: {tail}"})
+                    sys.stderr.write(f"bench: {name} failed: {tail}\n")
+                    continue
+                s = json.loads((out / "summary.json").read_text())
+                entry = {
+                    "problem": name, "ranks": np_,
+                    "nodes": s["nodes"], "boundary_nodes":
+                        s["boundary_nodes"], "demag": s["demag"],
+                    "time_to_solution_s": round(wall, 3),
+                    "solve_time_s": round(s["solve_time_s"], 3),
+                    "setup_time_s": round(s["setup_time_s"], 3),
+                    "steps": s["steps"], "rejected_steps":
+                        s["rejected_steps"],
+                    "relax_iterations": s["relax_iterations"],
+                    "rhs_evals": s["rhs_evals"],
+                    "field_evals": s["field_evals"],
+                    "peak_rss_mb_per_rank": round(
+                        s["peak_rss_mb"]["max"], 1),
+                    "peak_rss_mb_total": round(s["peak_rss_mb"]["sum"], 1),
+                    "m_final": [round(v, 5) for v in s["m_final"]],
+                }
+                runs.append(entry)
+                sys.stderr.write(
+                    f"bench: {name} np={np_}: {wall:.2f} s to solution "
+                    f"(solve {s['solve_time_s']:.2f} s), {s['steps']} steps, "
+                    f"{s['field_evals']} field evaluations, peak "
+                    f"{entry['peak_rss_mb_per_rank']} MB/rank\n")
+    for name in names:
+        base = [r for r in runs if r["problem"] == name and r["ranks"] == 1
+                and "error" not in r]
+        for r in runs:
+            if r["problem"] == name and base and "error" not in r:
+                t1 = base[0]["solve_time_s"]
+                r["speedup"] = round(t1 / r["solve_time_s"], 3)
+                r["efficiency"] = round(t1 / r["solve_time_s"] / r["ranks"],
+                                        3)
+    report = {"benchmark": "ivcloud mag bench", "host": platform.node(),
+              "cpus": os.cpu_count(), "transport": args.transport,
+              "anchors": {"magpar_bar_1_vcpu_s": 114, "magpar_bar_4_vcpu_s":
+                          65, "target_bar_1_core_s": 10,
+                          "target_efficiency_2_ranks": 0.8},
+              "runs": runs}
+    text = json.dumps(report, indent=2) + "\n"
+    if args.json:
+        Path(args.json).write_text(text)
+    sys.stdout.write(text)
+    return 0 if all("error" not in r for r in runs) else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m ivcloud.mag.cli ...` == `ivcloud mag ...`."""
+    from ..cli import main as top
+    return top(["mag"] + list(argv if argv is not None else sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

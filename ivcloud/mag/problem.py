@@ -1,0 +1,647 @@
+"""Problem files: TOML in, a validated and completed configuration out.
+
+    title = "Permalloy bar"            # optional
+
+    [mesh]
+    shape = "box"       # box | cylinder | ellipsoid | sphere | file
+    unit = "nm"         # length unit of the numbers below: nm | um | m
+    size = [30, 30, 100]               # box: lx, ly, lz
+    radius = 10.0                      # cylinder, sphere
+    length = 50.0                      # cylinder (along z)
+    semi_axes = [20, 10, 10]           # ellipsoid
+    h = 3.0                            # mesh size (structured box: also
+                                       # [hx, hy, hz])
+    structured = false                 # box: 6 tets per cube, no gmsh
+    file = "bar.msh"                   # shape = "file": gmsh .msh, Netgen
+                                       # .vol, anything meshio reads;
+                                       # relative to the problem file
+    scale = 1e-9                       # file: metres per file unit
+                                       # (default: automatic, see mesh.load)
+
+    [material]                         # or [[material]] with region = N
+    Ms = 8.6e5          # A/m, > 0
+    A = 1.3e-11         # J/m, >= 0
+    alpha = 0.5         # Gilbert damping
+    gamma = 2.211e5     # m/(A s)
+    K1 = 0.0            # J/m^3, uniaxial; axis = [0, 0, 1]
+    Kc1 = 0.0           # J/m^3, cubic; Kc2 = 0.0; cubic_axes = [[1,0,0],[0,1,0]]
+
+    [initial]
+    m = [1, 0, 1]       # uniform (normalized)
+    # type = "random"; seed = 1      random directions
+    # file = "run/m.vtu"              a previous snapshot (nearest node)
+
+    [demag]
+    enabled = true      # hybrid FEM/BEM (ivcloud.mag.demag) when installed
+    rtol = 1e-10        # its Krylov tolerance
+
+    [[field]]           # applied in every stage (also [[stage.field]])
+    H = [0, 0, 10]
+    unit = "mT"         # mT | T (both mu0 H) | A/m
+    amplitude = [0, 0, 0]   # H(t) = H + amplitude sin(2 pi frequency t + phase)
+    frequency = 0.0     # Hz
+    phase = 0.0         # rad
+    ramp = 0.0          # s: scale linearly from 0 over the stage's first ramp s
+    t_on = 0.0          # s (stage time): off before
+    t_off = inf         # s: off from then on
+
+    [[stage]]
+    type = "llg"        # llg | relax
+    duration = 3e-10    # s (llg)
+    integrator = "rk5dp"    # rk5dp | rk3bs | rk4 | bdf | beuler
+    rtol = 1e-5
+    atol = 1e-5
+    dt = 0.0            # s: first (adaptive) or fixed step; 0 = automatic
+    adaptive = true     # false: fixed step dt (rk4 always)
+    order = 0           # bdf order; 0: the highest stable one for the
+                        # damping (4 for alpha >= 0.35, 3 >= 0.08, else 2)
+    alpha = 0.02        # overrides the materials' damping in this stage
+    stop_dmdt = 0.0     # deg/ns: stop early when max |dm/dt| is below
+    output_every = 1e-12    # s: table rows (and progress)
+    snapshot_every = 0.0    # s: VTU snapshots (0: only at the stage's end)
+    # relax stages: method = "bb" (energy minimisation) | "damping"
+    # (llg with alpha = 1 until stop_dmdt); tol = 1e-6 (max |m x H| / Ms)
+    # max_iter = 50000
+
+    [output]
+    vtu = true
+    png = true
+
+    [petsc]             # PETSc options database entries (no leading dash):
+    mag_ts_adapt_type = "dsp"          # the LLG integrator (prefix mag_)
+    demag_poisson_pc_type = "gamg"     # the demag solvers (demag.py)
+
+Every table accepts only the keys above: an unknown key, a wrong type, a
+non-positive Ms, a missing mesh file or invalid TOML raise ProblemError,
+whose message is one line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .llg import INTEGRATORS
+from .terms import GAMMA0, MU0
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - python < 3.11
+    tomllib = None
+
+UNITS = {"nm": 1e-9, "um": 1e-6, "m": 1.0}
+SHAPES = ("box", "cylinder", "ellipsoid", "sphere", "file")
+FIELD_UNITS = {"mT": 1e-3 / MU0, "T": 1.0 / MU0, "A/m": 1.0}
+
+MESH_KEYS = {"shape": str, "unit": str, "size": list, "radius": float,
+             "length": float, "semi_axes": list, "h": (float, list),
+             "structured": bool, "file": str, "scale": float}
+MATERIAL_KEYS = {"region": int, "name": str, "Ms": float, "A": float,
+                 "alpha": float, "gamma": float, "K1": float, "axis": list,
+                 "Kc1": float, "Kc2": float, "cubic_axes": list}
+MATERIAL_DEFAULTS = {"A": 0.0, "alpha": 0.5, "gamma": GAMMA0, "K1": 0.0,
+                     "axis": [0.0, 0.0, 1.0], "Kc1": 0.0, "Kc2": 0.0,
+                     "cubic_axes": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]}
+INITIAL_KEYS = {"m": list, "type": str, "seed": int, "file": str}
+DEMAG_KEYS = {"enabled": bool, "rtol": float}
+FIELD_KEYS = {"H": list, "unit": str, "amplitude": list, "frequency": float,
+              "phase": float, "ramp": float, "t_on": float, "t_off": float}
+STAGE_KEYS = {"type": str, "name": str, "duration": float,
+              "integrator": str, "rtol": float, "atol": float, "dt": float,
+              "adaptive": bool, "order": int, "alpha": float,
+              "stop_dmdt": float, "output_every": float,
+              "snapshot_every": float, "method": str, "tol": float,
+              "max_iter": int, "field": list}
+OUTPUT_KEYS = {"vtu": bool, "png": bool}
+TOP_KEYS = {"title": str, "mesh": dict, "material": (dict, list),
+            "initial": dict, "demag": dict, "field": list, "stage": list,
+            "output": dict, "petsc": dict}
+
+
+class ProblemError(ValueError):
+    """A problem file that cannot be run: one line naming the problem."""
+
+
+def _type_name(t) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(_type_name(x) for x in t)
+    return {str: "a string", float: "a number", int: "an integer",
+            bool: "true/false", list: "an array",
+            dict: "a table"}.get(t, str(t))
+
+
+class _Checker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def fail(self, msg: str):
+        raise ProblemError(f"{self.name}: {msg}")
+
+    def table(self, data: Any, keys: Dict[str, Any], where: str) -> dict:
+        if not isinstance(data, dict):
+            self.fail(f"[{where}] must be a table")
+        out = {}
+        for key, value in data.items():
+            if key not in keys:
+                self.fail(f"unknown key '{key}' in [{where}] (known: "
+                          f"{', '.join(sorted(keys))})")
+            want = keys[key]
+            if (want is float or (isinstance(want, tuple) and float in want)) \
+                    and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            ok = isinstance(value, want)
+            if want in (int, float) and isinstance(value, bool):
+                ok = False
+            if not ok:
+                self.fail(f"'{key}' in [{where}] must be {_type_name(want)}")
+            if isinstance(value, float) and math.isnan(value):
+                self.fail(f"'{key}' in [{where}] is NaN")
+            out[key] = value
+        return out
+
+    def vector(self, value, where: str, n: int = 3) -> List[float]:
+        if (not isinstance(value, list) or len(value) != n or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) for v in value)):
+            self.fail(f"{where} must be an array of {n} finite numbers")
+        return [float(v) for v in value]
+
+    def positive(self, value, where: str) -> float:
+        if not (isinstance(value, float) and value > 0
+                and math.isfinite(value)):
+            self.fail(f"{where} must be positive")
+        return value
+
+    def nonneg(self, value, where: str) -> float:
+        if not (value >= 0 and math.isfinite(value)):
+            self.fail(f"{where} must not be negative")
+        return value
+
+
+@dataclass
+class Problem:
+    """A validated problem: `config` is the effective configuration
+    (every default filled in, lengths in metres under mesh.*_m, mesh
+    file path absolute), `path` the file it came from (or None)."""
+
+    config: dict
+    path: Optional[Path] = None
+
+    @property
+    def title(self) -> str:
+        return self.config.get("title", "")
+
+    def needs_demag(self) -> bool:
+        return bool(self.config["demag"]["enabled"])
+
+
+def load(path: os.PathLike) -> Problem:
+    """Read and validate a problem file; ProblemError on any problem."""
+    p = Path(path)
+    if tomllib is None:  # pragma: no cover
+        raise ProblemError("python 3.11 (tomllib) is needed to read TOML")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ProblemError(f"{p}: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ProblemError(f"{p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ProblemError(f"{p}: invalid TOML: {e}") from None
+    return from_dict(data, name=str(p), base=p.resolve().parent, path=p)
+
+
+def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
+              path: Optional[Path] = None) -> Problem:
+    """Validate a problem given as a dict (the TOML's structure)."""
+    c = _Checker(name)
+    base = base or Path.cwd()
+    top = c.table(data, TOP_KEYS, "top level")
+    cfg: Dict[str, Any] = {}
+    if "title" in top:
+        cfg["title"] = top["title"]
+
+    # --- mesh
+    if "mesh" not in top:
+        c.fail("missing [mesh]")
+    mesh = c.table(top["mesh"], MESH_KEYS, "mesh")
+    shape = mesh.get("shape", "file" if "file" in mesh else "box")
+    if shape not in SHAPES:
+        c.fail(f"mesh shape '{shape}' unknown (choose from "
+               f"{', '.join(SHAPES)})")
+    unit = mesh.get("unit", "nm")
+    if unit not in UNITS:
+        c.fail(f"mesh unit '{unit}' unknown (choose from "
+               f"{', '.join(UNITS)})")
+    scale = UNITS[unit]
+    m_out: Dict[str, Any] = {"shape": shape, "unit": unit}
+    needed = {"box": ("size", "h"), "cylinder": ("radius", "length", "h"),
+              "ellipsoid": ("semi_axes", "h"), "sphere": ("radius", "h"),
+              "file": ("file",)}[shape]
+    for key in needed:
+        if key not in mesh:
+            c.fail(f"[mesh] shape '{shape}' needs '{key}'")
+    allowed = set(needed) | {"shape", "unit"}
+    if shape == "box":
+        allowed.add("structured")
+    if shape == "file":
+        allowed.add("scale")
+    for key in mesh:
+        if key not in allowed:
+            c.fail(f"'{key}' does not apply to mesh shape '{shape}'")
+    if "h" in mesh:
+        if isinstance(mesh["h"], list):
+            if not (shape == "box" and mesh.get("structured", False)):
+                c.fail("per-axis mesh h = [hx, hy, hz] needs a structured "
+                       "box")
+            m_out["h"] = [c.positive(v, "mesh h")
+                          for v in c.vector(mesh["h"], "mesh h")]
+        else:
+            m_out["h"] = c.positive(mesh["h"], "mesh h")
+    if shape == "box":
+        size = c.vector(mesh["size"], "mesh size")
+        for v in size:
+            c.positive(v, "mesh size")
+        m_out["size"] = size
+        m_out["structured"] = mesh.get("structured", False)
+    elif shape == "cylinder":
+        m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
+        m_out["length"] = c.positive(mesh["length"], "mesh length")
+    elif shape == "sphere":
+        m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
+    elif shape == "ellipsoid":
+        axes = c.vector(mesh["semi_axes"], "mesh semi_axes")
+        for v in axes:
+            c.positive(v, "mesh semi_axes")
+        m_out["semi_axes"] = axes
+    else:
+        f = Path(mesh["file"])
+        if not f.is_absolute():
+            f = base / f
+        if not f.is_file():
+            c.fail(f"mesh file {f} not found")
+        m_out["file"] = str(f)
+        if "scale" in mesh:
+            m_out["scale"] = c.positive(mesh["scale"], "mesh scale")
+        del m_out["unit"]
+    cfg["mesh"] = m_out
+    _check_mesh_size(c, m_out)
+
+    # --- materials
+    if "material" not in top:
+        c.fail("missing [material]")
+    mats = top["material"]
+    if isinstance(mats, dict):
+        mats = [mats]
+    if not mats:
+        c.fail("[[material]] is empty")
+    regions = set()
+    out_mats = []
+    for i, raw_mat in enumerate(mats):
+        where = "material" if len(mats) == 1 else f"material #{i + 1}"
+        mat = c.table(raw_mat, MATERIAL_KEYS, where)
+        if "Ms" not in mat:
+            c.fail(f"[{where}] needs Ms")
+        if not (mat["Ms"] > 0 and math.isfinite(mat["Ms"])):
+            c.fail(f"Ms in [{where}] must be positive (got {mat['Ms']:g})")
+        full = dict(MATERIAL_DEFAULTS)
+        full["cubic_axes"] = copy.deepcopy(full["cubic_axes"])
+        full.update(mat)
+        full.setdefault("region", 0 if len(mats) == 1 else i + 1)
+        if len(mats) > 1 and "region" not in mat:
+            c.fail(f"[{where}] needs 'region' when several materials are "
+                   f"given")
+        if full["region"] in regions:
+            c.fail(f"region {full['region']} has two materials")
+        regions.add(full["region"])
+        c.nonneg(full["A"], f"A in [{where}]")
+        c.nonneg(full["alpha"], f"alpha in [{where}]")
+        c.positive(full["gamma"], f"gamma in [{where}]")
+        for key in ("K1", "Kc1", "Kc2"):
+            if not math.isfinite(full[key]):
+                c.fail(f"{key} in [{where}] must be finite")
+        full["axis"] = c.vector(full["axis"], f"axis in [{where}]")
+        if np.linalg.norm(full["axis"]) == 0:
+            c.fail(f"axis in [{where}] is zero")
+        ca = full["cubic_axes"]
+        if not (isinstance(ca, list) and len(ca) == 2):
+            c.fail(f"cubic_axes in [{where}] must be two 3-vectors")
+        ca = [c.vector(v, f"cubic_axes in [{where}]") for v in ca]
+        a1, a2 = np.array(ca[0]), np.array(ca[1])
+        if (np.linalg.norm(a1) == 0 or np.linalg.norm(a2) == 0 or abs(
+                a1 @ a2) > 1e-9 * np.linalg.norm(a1) * np.linalg.norm(a2)):
+            c.fail(f"cubic_axes in [{where}] must be two orthogonal "
+                   f"non-zero vectors")
+        full["cubic_axes"] = ca
+        out_mats.append(full)
+    cfg["material"] = out_mats
+
+    # --- initial magnetization
+    init = c.table(top.get("initial", {"m": [1.0, 0.0, 0.0]}),
+                   INITIAL_KEYS, "initial")
+    kind = init.get("type", "file" if "file" in init else "uniform")
+    if kind == "uniform":
+        m0 = c.vector(init.get("m", [1.0, 0.0, 0.0]), "initial m")
+        if np.linalg.norm(m0) == 0:
+            c.fail("initial m is zero")
+        cfg["initial"] = {"type": "uniform", "m": m0}
+    elif kind == "random":
+        cfg["initial"] = {"type": "random", "seed": init.get("seed", 1)}
+    elif kind == "file":
+        if "file" not in init:
+            c.fail("[initial] type 'file' needs 'file'")
+        f = Path(init["file"])
+        if not f.is_absolute():
+            f = base / f
+        if not f.is_file():
+            c.fail(f"initial magnetization file {f} not found")
+        cfg["initial"] = {"type": "file", "file": str(f)}
+    else:
+        c.fail(f"initial type '{kind}' unknown (uniform, random, file)")
+    extra = set(init) - {"type", {"uniform": "m", "random": "seed",
+                                  "file": "file"}[kind]}
+    if extra:
+        c.fail(f"'{sorted(extra)[0]}' does not apply to initial type "
+               f"'{kind}'")
+
+    # --- demag
+    demag = c.table(top.get("demag", {}), DEMAG_KEYS, "demag")
+    cfg["demag"] = {"enabled": demag.get("enabled", True),
+                    "rtol": c.positive(demag.get("rtol", 1e-10),
+                                       "demag rtol")}
+
+    # --- fields
+    cfg["field"] = [_field(c, f, f"field #{i + 1}")
+                    for i, f in enumerate(_table_list(c, top.get("field", []),
+                                                      "field"))]
+
+    # --- stages
+    stages = _table_list(c, top.get("stage", []), "stage")
+    if not stages:
+        c.fail("no [[stage]]: nothing to run")
+    cfg["stage"] = [_stage(c, s, i + 1) for i, s in enumerate(stages)]
+
+    # --- output, petsc
+    out = c.table(top.get("output", {}), OUTPUT_KEYS, "output")
+    cfg["output"] = {"vtu": out.get("vtu", True), "png": out.get("png", True)}
+    petsc = top.get("petsc", {})
+    if not isinstance(petsc, dict):
+        c.fail("[petsc] must be a table")
+    for key, value in petsc.items():
+        if not isinstance(value, (str, int, float, bool)):
+            c.fail(f"[petsc] option '{key}' must be a string or number")
+    cfg["petsc"] = dict(petsc)
+    return Problem(cfg, path)
+
+
+def _check_mesh_size(c: _Checker, m: dict) -> None:
+    """Refuse meshes that would not fit: rough node count from the
+    volume and h (a tetrahedral mesh has ~ volume / (0.1 h^3) / 5 nodes)."""
+    if m["shape"] == "file":
+        return
+    h = float(np.prod(m["h"])) ** (1 / 3) if isinstance(m["h"], list) \
+        else m["h"]
+    if m["shape"] == "box":
+        vol = float(np.prod(m["size"]))
+    elif m["shape"] == "cylinder":
+        vol = math.pi * m["radius"] ** 2 * m["length"]
+    elif m["shape"] == "sphere":
+        vol = 4 / 3 * math.pi * m["radius"] ** 3
+    else:
+        vol = 4 / 3 * math.pi * float(np.prod(m["semi_axes"]))
+    nodes = vol / h ** 3
+    if nodes > 2e6:
+        c.fail(f"mesh size h = {h:g} gives about {nodes:.3g} nodes; the "
+               f"dense boundary matrix would not fit: use a larger h")
+
+
+def _table_list(c: _Checker, value, where: str) -> list:
+    if isinstance(value, dict):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, dict)
+                                              for v in value):
+        c.fail(f"[[{where}]] must be an array of tables")
+    return value
+
+
+def _field(c: _Checker, raw, where: str) -> dict:
+    f = c.table(raw, FIELD_KEYS, where)
+    if "H" not in f:
+        c.fail(f"[{where}] needs H")
+    unit = f.get("unit", "mT")
+    if unit not in FIELD_UNITS:
+        c.fail(f"field unit '{unit}' unknown (choose from "
+               f"{', '.join(FIELD_UNITS)})")
+    out = {"H": c.vector(f["H"], f"H in [{where}]"), "unit": unit,
+           "amplitude": c.vector(f.get("amplitude", [0.0, 0.0, 0.0]),
+                                 f"amplitude in [{where}]"),
+           "frequency": c.nonneg(f.get("frequency", 0.0),
+                                 f"frequency in [{where}]"),
+           "phase": f.get("phase", 0.0),
+           "ramp": c.nonneg(f.get("ramp", 0.0), f"ramp in [{where}]"),
+           "t_on": c.nonneg(f.get("t_on", 0.0), f"t_on in [{where}]"),
+           "t_off": f.get("t_off", math.inf)}
+    if not out["t_off"] > out["t_on"]:
+        c.fail(f"t_off in [{where}] must be after t_on")
+    return out
+
+
+def _stage(c: _Checker, raw, index: int) -> dict:
+    where = f"stage #{index}"
+    s = c.table(raw, STAGE_KEYS, where)
+    kind = s.get("type", "llg")
+    if kind not in ("llg", "relax"):
+        c.fail(f"stage type '{kind}' unknown (llg, relax)")
+    out: Dict[str, Any] = {"type": kind,
+                           "name": s.get("name", f"{kind}{index}")}
+    fields = [_field(c, f, f"{where} field #{i + 1}")
+              for i, f in enumerate(_table_list(c, s.get("field", []),
+                                                f"{where} field"))]
+    out["field"] = fields
+    if "alpha" in s:
+        out["alpha"] = c.nonneg(s["alpha"], f"alpha in [{where}]")
+    llg_keys = {"duration", "integrator", "rtol", "atol", "dt", "adaptive",
+                "order", "stop_dmdt", "output_every", "snapshot_every"}
+    relax_keys = {"method", "tol", "max_iter"}
+    if kind == "relax":
+        method = s.get("method", "bb")
+        if method not in ("bb", "damping"):
+            c.fail(f"relax method '{method}' unknown (bb, damping)")
+        bad = set(s) & (llg_keys - ({"duration", "stop_dmdt", "integrator",
+                                     "rtol", "atol", "output_every"}
+                                    if method == "damping" else set()))
+        if bad:
+            c.fail(f"'{sorted(bad)[0]}' does not apply to a relax stage "
+                   f"with method '{method}'")
+        out["method"] = method
+        out["tol"] = c.positive(s.get("tol", 1e-6), f"tol in [{where}]")
+        out["max_iter"] = s.get("max_iter", 50_000)
+        if out["max_iter"] < 1:
+            c.fail(f"max_iter in [{where}] must be positive")
+        if method == "damping":
+            out.setdefault("alpha", 1.0)
+            out["duration"] = c.positive(s.get("duration", 5e-9),
+                                         f"duration in [{where}]")
+            out["stop_dmdt"] = c.positive(s.get("stop_dmdt", 1.0),
+                                          f"stop_dmdt in [{where}]")
+            out["integrator"] = s.get("integrator", "rk3bs")
+            out["rtol"] = c.positive(s.get("rtol", 1e-4), f"rtol in [{where}]")
+            out["atol"] = c.positive(s.get("atol", 1e-4), f"atol in [{where}]")
+            out["output_every"] = c.positive(
+                s.get("output_every", out["duration"] / 100),
+                f"output_every in [{where}]")
+            out.update(dt=0.0, adaptive=True, order=0, snapshot_every=0.0)
+            if out["integrator"] not in INTEGRATORS:
+                c.fail(f"integrator '{out['integrator']}' unknown")
+        return out
+    bad = set(s) & relax_keys
+    if bad:
+        c.fail(f"'{sorted(bad)[0]}' does not apply to an llg stage")
+    if "duration" not in s:
+        c.fail(f"[{where}] needs duration (s)")
+    out["duration"] = c.positive(s["duration"], f"duration in [{where}]")
+    integ = s.get("integrator", "rk5dp")
+    if integ not in INTEGRATORS:
+        c.fail(f"integrator '{integ}' unknown (choose from "
+               f"{', '.join(INTEGRATORS)})")
+    out["integrator"] = integ
+    out["rtol"] = c.positive(s.get("rtol", 1e-5), f"rtol in [{where}]")
+    out["atol"] = c.positive(s.get("atol", 1e-5), f"atol in [{where}]")
+    out["dt"] = c.nonneg(s.get("dt", 0.0), f"dt in [{where}]")
+    adaptive = s.get("adaptive", integ not in ("rk4", "beuler"))
+    if integ == "rk4" and adaptive:
+        c.fail("integrator rk4 has no error estimate: set adaptive = false")
+    if not adaptive and out["dt"] <= 0:
+        c.fail(f"fixed-step [{where}] needs dt > 0")
+    out["adaptive"] = adaptive
+    out["order"] = s.get("order", 0)
+    if not 0 <= out["order"] <= 6:
+        c.fail(f"bdf order in [{where}] must be 1..6 (0: from the damping)")
+    out["stop_dmdt"] = c.nonneg(s.get("stop_dmdt", 0.0),
+                                f"stop_dmdt in [{where}]")
+    out["output_every"] = c.positive(
+        s.get("output_every", out["duration"] / 100),
+        f"output_every in [{where}]")
+    out["snapshot_every"] = c.nonneg(s.get("snapshot_every", 0.0),
+                                     f"snapshot_every in [{where}]")
+    return out
+
+
+# ---------------------------------------------------------------- building
+
+def build_mesh(cfg: dict):
+    """The Mesh a (validated) configuration describes."""
+    from . import mesh as meshmod
+    m = cfg["mesh"]
+    shape = m["shape"]
+    if shape == "file":
+        return meshmod.load(m["file"], scale=m.get("scale"))
+    s = UNITS[m["unit"]]
+    h = np.asarray(m["h"]) * s if isinstance(m["h"], list) else m["h"] * s
+    if shape == "box":
+        lx, ly, lz = (v * s for v in m["size"])
+        return meshmod.box(lx, ly, lz, h, structured=m["structured"])
+    if shape == "cylinder":
+        return meshmod.cylinder(m["radius"] * s, m["length"] * s, h)
+    if shape == "sphere":
+        return meshmod.sphere(m["radius"] * s, h)
+    a, b, c_ = (v * s for v in m["semi_axes"])
+    return meshmod.ellipsoid(a, b, c_, h)
+
+
+def material_arrays(cfg: dict, regions: np.ndarray) -> Dict[str, np.ndarray]:
+    """Per-tetrahedron material arrays from the mesh's region ids. A
+    single material applies everywhere; with several, every region of
+    the mesh must have one."""
+    mats = cfg["material"]
+    M = len(regions)
+    if len(mats) == 1:
+        idx = np.zeros(M, dtype=np.int64)
+    else:
+        lookup = {m["region"]: i for i, m in enumerate(mats)}
+        missing = sorted(set(np.unique(regions).tolist()) - set(lookup))
+        if missing:
+            raise ProblemError(f"mesh region {missing[0]} has no material")
+        idx = np.array([lookup[r] for r in regions.tolist()], dtype=np.int64)
+    out = {}
+    for key in ("Ms", "A", "alpha", "gamma", "K1", "Kc1", "Kc2"):
+        out[key] = np.array([m[key] for m in mats], dtype=float)[idx]
+    out["axis"] = np.array([m["axis"] for m in mats], dtype=float)[idx]
+    out["c1"] = np.array([m["cubic_axes"][0] for m in mats], dtype=float)[idx]
+    out["c2"] = np.array([m["cubic_axes"][1] for m in mats], dtype=float)[idx]
+    return out
+
+
+def field_function(fields: List[dict], t0: float):
+    """H(t) in A/m for a list of field specs, t0 = the stage's start."""
+    specs = []
+    for f in fields:
+        k = FIELD_UNITS[f["unit"]]
+        specs.append((np.array(f["H"]) * k, np.array(f["amplitude"]) * k,
+                      f["frequency"], f["phase"], f["ramp"], f["t_on"],
+                      f["t_off"]))
+
+    def H(t: float) -> np.ndarray:
+        ts = t - t0
+        total = np.zeros(3)
+        for h0, amp, freq, phase, ramp, t_on, t_off in specs:
+            if ts < t_on or ts >= t_off:
+                continue
+            v = h0 + amp * math.sin(2 * math.pi * freq * ts + phase)
+            if ramp > 0 and ts - t_on < ramp:
+                v = v * ((ts - t_on) / ramp)
+            total += v
+        return total
+    return H
+
+
+def to_toml(cfg: dict) -> str:
+    """The configuration as TOML (tables, arrays of tables, scalars and
+    arrays of numbers), for the effective configuration next to results."""
+    lines: List[str] = []
+
+    def scalar(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int):
+            return str(v)
+        if isinstance(v, float):
+            if math.isinf(v):
+                return "inf" if v > 0 else "-inf"
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        raise TypeError(type(v))
+
+    def is_table_list(v) -> bool:
+        return isinstance(v, list) and v and all(isinstance(x, dict)
+                                                 for x in v)
+
+    def emit(table: dict, prefix: str, header: Optional[str]) -> None:
+        if header:
+            lines.append("")
+            lines.append(header)
+        for k, v in table.items():
+            if not isinstance(v, dict) and not is_table_list(v) and not (
+                    isinstance(v, list) and not v and k == "field"):
+                lines.append(f"{k} = {scalar(v)}")
+        for k, v in table.items():
+            name = f"{prefix}{k}"
+            if isinstance(v, dict):
+                emit(v, name + ".", f"[{name}]")
+            elif is_table_list(v):
+                for item in v:
+                    emit(item, name + ".", f"[[{name}]]")
+
+    emit(cfg, "", None)
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,0 +1,388 @@
+"""Running a problem: the Python API behind `ivcloud mag run`.
+
+    from ivcloud.mag import problem, simulation
+    prob = problem.load("examples/mag/bar.toml")
+    summary = simulation.run(prob, "out/bar")        # under mpirun: parallel
+
+    sim = simulation.Simulation(prob)                # or step by step
+    sim.run_stage(sim.stages[0])
+    print(sim.state.average_m())
+
+Every rank calls the same functions (collective); rank 0 writes files and
+the progress display. Results do not depend on the number of ranks
+beyond solver tolerance (see fem.py).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+import traceback
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from . import problem as problem_mod
+from .llg import (RAD_PER_S_TO_DEG_PER_NS, Dynamics, IntegrationError,
+                  integrate, minimize)
+from .output import Progress, Results, plot_m
+from .terms import (MU0, CubicAnisotropy, Exchange, State,
+                    UniaxialAnisotropy, Zeeman)
+
+
+class SimulationError(RuntimeError):
+    """The run failed after it started (solver divergence etc.)."""
+
+
+def demag_class():
+    """DemagField if the module is there (it is developed separately),
+    else None."""
+    try:
+        from .demag import DemagField
+    except ImportError:
+        return None
+    return DemagField
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Simulation:
+    """Mesh, space, state and terms of a problem, ready to run stages."""
+
+    def __init__(self, prob: problem_mod.Problem, comm=None,
+                 progress: Optional[Progress] = None):
+        from mpi4py import MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.problem = prob
+        self.cfg = prob.config
+        self.progress = progress or Progress(enabled=False)
+        self.notes: List[str] = []
+        t0 = time.perf_counter()
+        if self.cfg["petsc"]:
+            from .fem import _petsc
+            opts = _petsc().Options()
+            for key, value in self.cfg["petsc"].items():
+                opts[key.lstrip("-")] = ("" if value is True else value)
+
+        # the mesh is built once (gmsh is not MPI-aware) and broadcast
+        mesh = err = None
+        if self.rank == 0:
+            try:
+                mesh = problem_mod.build_mesh(self.cfg)
+            except Exception as e:  # reported on every rank below
+                err = f"{type(e).__name__}: {e}" if not isinstance(
+                    e, ValueError) else str(e)
+        mesh, err = self.comm.bcast((mesh, err), root=0)
+        if err:
+            raise problem_mod.ProblemError(f"mesh: {err}")
+        from .fem import FEMSpace
+        self.space = FEMSpace(mesh, self.comm)
+        sp = self.space
+        mats = problem_mod.material_arrays(self.cfg, sp.mesh.regions)
+        self.mats = mats
+        self.state = State(sp, mats["Ms"], mats["alpha"], mats["gamma"])
+        self._set_initial()
+
+        self.terms = []
+        if np.any(mats["A"] > 0):
+            self.terms.append(Exchange(self.state, mats["A"]))
+        if np.any(mats["K1"] != 0):
+            self.terms.append(UniaxialAnisotropy(self.state, mats["K1"],
+                                                 mats["axis"]))
+        if np.any(mats["Kc1"] != 0) or np.any(mats["Kc2"] != 0):
+            self.terms.append(CubicAnisotropy(self.state, mats["Kc1"],
+                                              mats["Kc2"], mats["c1"],
+                                              mats["c2"]))
+        self.demag = None
+        if self.cfg["demag"]["enabled"]:
+            cls = demag_class()
+            if cls is None:
+                self.notes.append("demag module not available: running "
+                                  "WITHOUT the demagnetizing field")
+            else:
+                td = time.perf_counter()
+                try:
+                    self.demag = cls(sp, self.state.Ms_nodes,
+                                     rtol=self.cfg["demag"]["rtol"])
+                except TypeError:
+                    self.demag = cls(sp, self.state.Ms_nodes)
+                if not getattr(self.demag, "name", None) or \
+                        self.demag.name == "term":
+                    try:
+                        self.demag.name = "demag"
+                    except AttributeError:
+                        pass
+                self.demag_setup_time = time.perf_counter() - td
+                self.terms.append(self.demag)
+        self.stages = self.cfg["stage"]
+        self.setup_time = time.perf_counter() - t0
+        self.stats: Dict[str, float] = {"steps": 0, "rejected": 0,
+                                        "relax_iterations": 0}
+
+    # ------------------------------------------------------------ setup
+
+    def _set_initial(self) -> None:
+        init = self.cfg["initial"]
+        sp = self.space
+        if init["type"] == "uniform":
+            self.state.set_m(init["m"])
+        elif init["type"] == "random":
+            # drawn in the input mesh's node order: same field for any
+            # number of ranks
+            rng = np.random.default_rng(init["seed"])
+            orig = rng.normal(size=(sp.n, 3))
+            arr = np.empty_like(orig)
+            arr[sp.perm] = orig
+            self.state.set_m(arr)
+        else:
+            import meshio
+            from scipy.spatial import cKDTree
+            try:
+                src = meshio.read(init["file"])
+                m = np.asarray(src.point_data["m"], dtype=float)
+            except Exception as e:
+                raise problem_mod.ProblemError(
+                    f"initial file {init['file']}: cannot read 'm' ({e})")
+            tree = cKDTree(np.asarray(src.points, dtype=float)[:, :3])
+            _, idx = tree.query(sp.mesh.points)
+            self.state.set_m(m[idx])
+
+    def terms_for(self, stage: dict) -> List:
+        fields = self.cfg["field"] + stage["field"]
+        terms = list(self.terms)
+        if fields:
+            H = problem_mod.field_function(fields, self.state.t)
+            terms.append(Zeeman(self.state, H))
+        return terms
+
+    # ------------------------------------------------------------ records
+
+    def columns(self):
+        names = [t.name for t in self.terms]
+        if self.cfg["field"] or any(s["field"] for s in self.stages):
+            names.append("zeeman")
+        names = list(dict.fromkeys(names))
+        cols = (["stage", "t", "mx", "my", "mz", "E_total"]
+                + [f"E_{n}" for n in names]
+                + ["Hx", "Hy", "Hz", "max_dmdt", "steps", "field_evals"])
+        units = (["", "s", "", "", "", "J"] + ["J"] * len(names)
+                 + ["mT", "mT", "mT", "deg/ns", "", ""])
+        return cols, units
+
+    def record(self, dyn: Dynamics, stage_index: int, m_vec=None,
+               t: Optional[float] = None, steps: int = 0) -> Dict[str, float]:
+        """One table row at (m_vec, t); collective."""
+        st = self.state
+        m_vec = st.m if m_vec is None else m_vec
+        t = st.t if t is None else t
+        row: Dict[str, float] = {"stage": stage_index, "t": t}
+        mavg = st.average_m(m_vec)
+        row.update(mx=mavg[0], my=mavg[1], mz=mavg[2])
+        row["max_dmdt"] = dyn.max_dmdt(m_vec, t) * RAD_PER_S_TO_DEG_PER_NS
+        energies = dyn.energies(m_vec, t)
+        for name, e in energies.items():
+            row[f"E_{name}"] = e
+        row["E_total"] = sum(energies.values())
+        for term in dyn.terms:
+            if isinstance(term, Zeeman):
+                H = term.value(t) * MU0 * 1e3
+                row.update(Hx=H[0], Hy=H[1], Hz=H[2])
+        row["steps"] = self.stats["steps"] + steps
+        row["field_evals"] = self.n_field_total(dyn)
+        return row
+
+    def n_field_total(self, dyn: Optional[Dynamics] = None) -> int:
+        return int(self.stats.get("field_evals", 0)
+                   + (dyn.n_field if dyn is not None else 0))
+
+    # ------------------------------------------------------------ stages
+
+    def run_stage(self, stage: dict, index: int = 1, results=None,
+                  table=None) -> dict:
+        """Run one stage; rows go to `table` and snapshots to `results`
+        (rank 0) when given."""
+        st = self.state
+        terms = self.terms_for(stage)
+        if "alpha" in stage:
+            st.set_alpha(stage["alpha"])
+        else:
+            st.set_alpha(self.mats["alpha"])
+        dyn = Dynamics(st, terms)
+        rank0 = self.rank == 0
+        t_stage0 = st.t
+        prog = self.progress
+        label = f"stage {index}/{len(self.stages)} {stage['name']}"
+
+        def add_row(row):
+            if rank0 and table is not None:
+                table.append(row)
+
+        add_row(self.record(dyn, index))
+        t_wall = time.perf_counter()
+        out: dict = {"name": stage["name"], "type": stage["type"]}
+        if stage["type"] == "relax" and stage["method"] == "bb":
+            def cb(it, torque):
+                if rank0:
+                    prog.update(f"{label}: iteration {it}, max |m x H| = "
+                                f"{torque:.3g} A/m")
+                return False
+            res = minimize(dyn, tol=stage["tol"], max_iter=stage["max_iter"],
+                           callback=cb)
+            self.stats["relax_iterations"] += res["iterations"]
+            out.update(res)
+            if not res["converged"] and rank0:
+                prog.message(f"{label}: not converged after "
+                             f"{res['iterations']} iterations (max |m x H| "
+                             f"= {res['torque']:.3g} A/m)")
+        else:
+            duration = stage["duration"]
+            t_end = t_stage0 + duration
+            snap_every = stage.get("snapshot_every", 0.0)
+            next_snap = [t_stage0 + snap_every if snap_every else math.inf]
+            stop = stage.get("stop_dmdt", 0.0)
+
+            def cb(report):
+                row = self.record(dyn, index, report.m, report.t,
+                                  steps=report.step)
+                add_row(row)
+                if report.t >= next_snap[0] - 1e-9 * duration:
+                    self.snapshot(results, report.m, report.t)
+                    while next_snap[0] <= report.t + 1e-9 * duration:
+                        next_snap[0] += snap_every
+                if rank0:
+                    frac = (report.t - t_stage0) / duration
+                    el = time.perf_counter() - t_wall
+                    prog.update(
+                        f"{label}: t = {report.t * 1e9:.4g} ns "
+                        f"({100 * frac:.0f} %), step {report.step}, "
+                        f"dt = {report.dt:.3g} s, <m> = ({row['mx']:.4f}, "
+                        f"{row['my']:.4f}, {row['mz']:.4f}), "
+                        f"{el:.1f} s")
+                return bool(stop) and row["max_dmdt"] < stop
+            try:
+                res = integrate(dyn, t_end, method=stage["integrator"],
+                                rtol=stage["rtol"], atol=stage["atol"],
+                                dt=stage["dt"] or None,
+                                adaptive=stage["adaptive"],
+                                order=stage["order"],
+                                output_every=stage["output_every"],
+                                callback=cb)
+            except IntegrationError as e:
+                raise SimulationError(f"{label}: {e}") from None
+            self.stats["steps"] += res["steps"]
+            self.stats["rejected"] += res["rejected"]
+            out.update(res)
+        if stage["type"] == "relax":
+            add_row(self.record(dyn, index))
+        out["wall_time"] = time.perf_counter() - t_wall
+        out["rhs_evals"] = dyn.n_rhs
+        out["field_evals"] = dyn.n_field
+        self.stats["field_evals"] = self.stats.get("field_evals", 0) \
+            + dyn.n_field
+        self.stats["rhs_evals"] = self.stats.get("rhs_evals", 0) + dyn.n_rhs
+        out["m"] = st.average_m().tolist()
+        out["t_end"] = st.t
+        if rank0:
+            prog.finish()
+            prog.message(f"{label}: done in {out['wall_time']:.2f} s, "
+                         f"<m> = ({out['m'][0]:.4f}, {out['m'][1]:.4f}, "
+                         f"{out['m'][2]:.4f})")
+        return out
+
+    def snapshot(self, results: Optional[Results], m_vec, t: float,
+                 name: Optional[str] = None) -> None:
+        """VTU of m at time t (collective gather, rank 0 writes)."""
+        m = self.space.gather(m_vec)
+        if self.rank == 0 and results is not None:
+            sp = self.space
+            results.snapshot(sp.mesh.points, sp.mesh.tets, m, t,
+                             extra={"Ms": self.state.Ms_nodes}, name=name)
+
+
+def run(prob: problem_mod.Problem, out_dir, comm=None,
+        progress: bool = True, argv: Optional[List[str]] = None) -> dict:
+    """Run all stages of `prob`, writing results into out_dir; returns
+    the summary (also written as summary.json). Collective."""
+    from mpi4py import MPI
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    t_start = time.perf_counter()
+    prog = Progress(enabled=progress and rank == 0)
+    results = Results(out_dir) if rank == 0 else None
+    try:
+        sim = Simulation(prob, comm, prog)
+        for note in sim.notes:
+            prog.message(f"note: {note}")
+        sp = sim.space
+        if rank == 0:
+            prog.message(f"mesh: {sp.mesh.summary()}, "
+                         f"{len(sp.boundary_nodes)} boundary nodes; "
+                         f"{comm.Get_size()} rank(s); setup "
+                         f"{sim.setup_time:.2f} s")
+            results.write_text("effective.toml",
+                               problem_mod.to_toml(prob.config))
+            cols, units = sim.columns()
+            table = results.open_table(prob.title or "ivcloud mag", cols,
+                                       units)
+        else:
+            table = None
+        stage_out = []
+        stage_starts = []
+        t_solve = time.perf_counter()
+        for i, stage in enumerate(sim.stages, start=1):
+            stage_starts.append(sim.state.t)
+            stage_out.append(sim.run_stage(stage, i, results, table))
+        solve_time = time.perf_counter() - t_solve
+        if prob.config["output"]["vtu"]:
+            sim.snapshot(results, sim.state.m, sim.state.t,
+                         name="m_final.vtu")
+        rss = comm.gather(_peak_rss_mb(), root=0)
+        summary = {
+            "title": prob.title,
+            "problem": str(prob.path) if prob.path else None,
+            "ranks": comm.Get_size(),
+            "nodes": sp.n, "tets": int(len(sp.mesh.tets)),
+            "boundary_nodes": int(len(sp.boundary_nodes)),
+            "demag": sim.demag is not None,
+            "terms": [t.name for t in sim.terms],
+            "setup_time_s": sim.setup_time,
+            "solve_time_s": solve_time,
+            "steps": int(sim.stats["steps"]),
+            "rejected_steps": int(sim.stats["rejected"]),
+            "relax_iterations": int(sim.stats["relax_iterations"]),
+            "rhs_evals": int(sim.stats.get("rhs_evals", 0)),
+            "field_evals": int(sim.stats.get("field_evals", 0)),
+            "t_end_s": sim.state.t,
+            "m_final": sim.state.average_m().tolist(),
+            "stages": stage_out,
+            "notes": sim.notes,
+            "argv": argv,
+        }
+        if rank == 0:
+            summary["peak_rss_mb"] = {"max": max(rss), "sum": sum(rss),
+                                      "per_rank": rss}
+            summary["wall_time_s"] = time.perf_counter() - t_start
+            if prob.config["output"]["png"] and table is not None:
+                arr = table.array()
+                c = table.columns
+                keep = arr[:, c.index("stage")] > 0
+                plot_m(results.stage_dir / "m_t.png",
+                       arr[keep, c.index("t")],
+                       arr[keep][:, [c.index("mx"), c.index("my"),
+                                     c.index("mz")]],
+                       prob.title, stage_starts[1:])
+            results.write_json("summary.json", summary)
+            results.commit()
+        return summary
+    except BaseException as e:
+        if rank == 0 and results is not None:
+            prog.finish()
+            msg = str(e) if isinstance(e, (problem_mod.ProblemError,
+                                           SimulationError)) else \
+                "".join(traceback.format_exception(e))
+            results.fail(msg)
+        raise
