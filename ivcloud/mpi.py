@@ -277,7 +277,11 @@ def run_command(cmd: Sequence[str], timeout: Optional[float] = None,
     """Run an mpirun command line; its exit status. The job is torn down
     if we are interrupted or `timeout` (seconds) expires, which raises
     subprocess.TimeoutExpired after the teardown."""
-    proc = subprocess.Popen(list(cmd), env=dict(env) if env else None,
+    # Always an explicit environment: a process that initialised MPI
+    # itself (mpi4py, petsc4py) carries singleton PMIx/ORTE variables set
+    # with setenv() behind os.environ, and an mpirun inheriting them exits
+    # at once without a word.
+    proc = subprocess.Popen(list(cmd), env=dict(env if env else os.environ),
                             stdout=stdout, stderr=stderr)
     try:
         proc.wait(timeout=timeout)

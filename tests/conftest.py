@@ -4,6 +4,7 @@ tests start, and hand out unique names for shm files and servers."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import sys
@@ -63,3 +64,28 @@ def shm_path(unique):
         path.unlink()
     except FileNotFoundError:
         pass
+
+
+def _c_environ_names():
+    libc = ctypes.CDLL(None)
+    environ = ctypes.POINTER(ctypes.c_char_p).in_dll(libc, "environ")
+    names, i = [], 0
+    while environ[i]:
+        names.append(environ[i].split(b"=", 1)[0].decode(errors="replace"))
+        i += 1
+    return names
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_mpi_singleton():
+    """Tests that use petsc4py/mpi4py in this process initialise MPI as a
+    singleton, which setenv()s PMIx/ORTE variables behind os.environ; every
+    subprocess would inherit them, and an mpirun started under them exits
+    at once. Keep the C environment what os.environ says it is."""
+    def scrub():
+        for name in _c_environ_names():
+            if name not in os.environ:
+                os.unsetenv(name)
+    scrub()  # collection may have imported petsc4py already
+    yield
+    scrub()
