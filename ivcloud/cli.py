@@ -19,6 +19,18 @@ class CliError(Exception):
     exit_code = 2
 
 
+def positive_int(text: str) -> int:
+    """argparse type of every count option: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer (at least 1), not '{text}'")
+    return value
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are a single line and exit status 2."""
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .cli import CliError
+from .cli import CliError, positive_int
 
 TRANSPORTS = ("ivshmem", "tcp", "vader")
 COMPONENT_FILE = "mca_btl_ivshmem.so"
@@ -370,15 +370,6 @@ def _raise_terminated(signum, frame):
     raise _Terminated(signum)
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, "
-                                         f"not '{text}'")
-    return v
 
 
 def register(sub) -> None:
@@ -410,7 +401,7 @@ def register(sub) -> None:
                    help="extra MCA parameter passed to mpirun (repeatable)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpirun command instead of running it")
-    p.add_argument("-np", "-n", "--np", dest="np", type=_positive,
+    p.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
                    required=True, metavar="N", help="number of ranks")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="the MPI program and its arguments (after --)")

@@ -40,8 +40,9 @@ from ..place.planner import (Partitioner, Placement, PlacementError,
 from .hierarchy import (ClusterSession, Results, attempt, check_root,
                         common_arguments, finish, floating_rankfile,
                         machine_info, program)
-from .mpi import BenchError, _positive
+from .mpi import BenchError
 from .p2p import Target, print_targets
+from ..cli import positive_int
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
@@ -217,7 +218,7 @@ def print_table(summ: Dict[str, Dict], out=sys.stdout) -> None:
 
 
 def _face(text: str) -> int:
-    v = _positive(text)
+    v = positive_int(text)
     if v % 8 or not 16 <= v <= 64 << 20:
         raise argparse.ArgumentTypeError("face size: a multiple of 8, "
                                          "16 B .. 64 MiB")
@@ -227,9 +228,9 @@ def _face(text: str) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common_arguments(p, "halo",
                      "one short run per placement (plumbing check)")
-    p.add_argument("--iters", type=_positive, default=None,
+    p.add_argument("--iters", type=positive_int, default=None,
                    help="timed halo iterations per run")
-    p.add_argument("--reps", type=_positive, default=None,
+    p.add_argument("--reps", type=positive_int, default=None,
                    help="runs per placement (the median counts)")
     p.add_argument("--face", type=_face, default=FACE_BYTES,
                    help=f"bytes per face and neighbour (default "

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi as ompi
-from ..cli import CliError
+from ..cli import CliError, positive_int
 from ..native import native_dir
-from .mpi import (BenchError, _fmt_size, _parse_records, _positive, _ratio,
+from .mpi import (BenchError, _fmt_size, _parse_records, _ratio,
                   _tail)
 from .p2p import Target, print_targets
 
@@ -452,7 +452,7 @@ def check_root(bench: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common_arguments(p, "hierarchy",
                      "three sizes, few iterations (plumbing check)")
-    p.add_argument("--iters", type=_positive, default=None,
+    p.add_argument("--iters", type=positive_int, default=None,
                    help="round trips per small size (big sizes use fewer)")
     p.add_argument("--uplink-rate", default=None, metavar="RATE",
                    help="shape the servers' uplinks (e.g. 1gbit; default "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .. import mpi
-from ..cli import CliError
+from ..cli import CliError, positive_int
 from ..native import native_dir
 from .p2p import Target, print_targets
 
@@ -238,15 +238,6 @@ def print_table(res: Results, out=sys.stdout) -> None:
 
 # ---------------------------------------------------------------- driver
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, "
-                                         f"not '{text}'")
-    return v
 
 
 def _transports(text: str) -> List[str]:
@@ -264,7 +255,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the records and targets as JSON")
     p.add_argument("--quick", action="store_true",
                    help="two sizes, few iterations (plumbing check)")
-    p.add_argument("--iters", type=_positive, default=None,
+    p.add_argument("--iters", type=positive_int, default=None,
                    help="operations per small size (big sizes use fewer)")
     p.add_argument("--transports", type=_transports, default=None,
                    help=f"comma-separated subset of {','.join(TRANSPORTS)}")

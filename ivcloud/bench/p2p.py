@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import netns
 from ..native import native_dir
+from ..cli import positive_int
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -373,15 +374,6 @@ def _sizes_arg(text: str) -> List[int]:
     return sizes
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, "
-                                         f"not '{text}'")
-    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -389,7 +381,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the records and targets as JSON")
     p.add_argument("--sizes", type=_sizes_arg, default=None,
                    help="comma-separated message sizes (K/M suffixes)")
-    p.add_argument("--iters", type=_positive, default=None,
+    p.add_argument("--iters", type=positive_int, default=None,
                    help="round trips per small size (big sizes use fewer)")
     p.add_argument("--quick", action="store_true",
                    help="few sizes and iterations (plumbing check)")

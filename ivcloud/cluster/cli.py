@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 
-from ..cli import CliError
+from ..cli import CliError, positive_int
 from ..server import OperationFailed, format_size
 from . import lifecycle
 from .launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS, LaunchError,
@@ -22,15 +22,6 @@ from .state import state_dir
 from .topology import DEFAULT_NAME, check_name, format_rate, plan
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, "
-                                         f"not '{text}'")
-    return v
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -119,7 +110,7 @@ def register(sub) -> None:
                    help="tear the job down after SEC seconds (exit 124)")
     m.add_argument("--dry-run", action="store_true",
                    help="print the command instead of running it")
-    m.add_argument("-np", "-n", "--np", dest="np", type=_positive,
+    m.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
                    required=True, metavar="N")
     m.add_argument("program", nargs=argparse.REMAINDER)
     m.set_defaults(func=_cmd_mpirun)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from ..cli import CliError
+from ..cli import CliError, positive_int
 
 CHILD_FLAG = "--mpi-child"
 TRANSPORTS = ("vader", "tcp", "ivshmem")
@@ -32,14 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH_PROBLEMS = ("bar", "sp4")
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {v}")
-    return v
 
 
 def _np_list(text: str) -> List[int]:
@@ -65,7 +57,7 @@ def register(sub) -> None:
     run = acts.add_parser("run", help="run a problem file")
     run.add_argument("problem", help="problem file (TOML)")
     run.add_argument("--out", required=True, help="output directory")
-    run.add_argument("--np", type=_positive, default=1,
+    run.add_argument("--np", type=positive_int, default=1,
                      help="MPI ranks (re-launches under mpirun)")
     run.add_argument("--transport", choices=TRANSPORTS, default="vader",
                      help="MPI transport for --np > 1 (default: vader)")

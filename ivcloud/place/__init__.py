@@ -27,7 +27,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..cli import CliError
+from ..cli import CliError, positive_int
 from . import graph as graphs
 from .metis import Metis
 from .planner import (FILLS, Partitioner, Placement, PlacementError,
@@ -38,14 +38,6 @@ PARTITIONERS = ("auto", "metis", "spectral")
 LEVELS = ("across_servers", "across_instances", "inside_instances")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def _seed(text: str) -> int:
@@ -84,11 +76,11 @@ def register(sub) -> None:
     src.add_argument("--pattern", metavar="P",
                      help="ring | alltoall | halo2d[:PXxPY] | "
                           "halo3d[:PXxPYxPZ]")
-    p.add_argument("--ranks", type=_positive, metavar="N",
+    p.add_argument("--ranks", type=positive_int, metavar="N",
                    help="number of ranks (patterns; checked against --graph)")
-    p.add_argument("--servers", type=_positive, metavar="S")
-    p.add_argument("--instances-per-server", type=_positive, metavar="I")
-    p.add_argument("--vcpus", type=_positive, metavar="V",
+    p.add_argument("--servers", type=positive_int, metavar="S")
+    p.add_argument("--instances-per-server", type=positive_int, metavar="I")
+    p.add_argument("--vcpus", type=positive_int, metavar="V",
                    help="vCPUs (rankfile slots) per instance")
     p.add_argument("--cluster", metavar="NAME",
                    help="take S, I, V from a cluster made by "
@@ -96,7 +88,7 @@ def register(sub) -> None:
     p.add_argument("--run-dir", default=None,
                    help="where clusters keep their state (default "
                         "$IVCLOUD_RUN_DIR or /run/ivcloud)")
-    p.add_argument("--cpus-per-rank", type=_positive, default=1,
+    p.add_argument("--cpus-per-rank", type=positive_int, default=1,
                    metavar="T", help="cores each rank gets (default 1)")
     p.add_argument("--fill", choices=FILLS, default="spread",
                    help="spread: ranks balanced over all servers and "

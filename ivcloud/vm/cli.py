@@ -411,7 +411,7 @@ def pin(root: Path, names: List[str], cores: List[int]) -> List[Dict]:
 
 # ---------------------------------------------------------------- CLI
 
-def _positive(text: str) -> int:
+def _integer(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
@@ -443,7 +443,7 @@ def register(sub) -> None:
     actions.required = True
 
     u = actions.add_parser("up", help="boot N VMs")
-    u.add_argument("--count", type=_positive, default=1,
+    u.add_argument("--count", type=_integer, default=1,
                    help="how many VMs (default 1)")
     u.add_argument("--server", required=True, metavar="SOCKET",
                    help="ivshmem-server socket the VMs attach to")
@@ -452,11 +452,11 @@ def register(sub) -> None:
                         f"{DEFAULT_PREFIX})")
     u.add_argument("--memory", type=_size_arg, default=256 << 20,
                    help="guest memory (default 256M)")
-    u.add_argument("--vcpus", type=_positive, default=1,
+    u.add_argument("--vcpus", type=_integer, default=1,
                    help="vCPUs per VM, at most the host's cores (default 1)")
     u.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
                    help="auto: KVM if a guest boots with it, else TCG")
-    u.add_argument("--vectors", type=_positive, default=1,
+    u.add_argument("--vectors", type=_integer, default=1,
                    help="ivshmem interrupt vectors, >= the server's "
                         "(default 1)")
     u.add_argument("--doorbell", choices=["vfio", "uio"], default="vfio",
