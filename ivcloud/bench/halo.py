@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
-from ..cli import CliError
+from ..cli import CliError, positive_int
 from ..place import graph as graphs
 from ..place.metis import Metis
 from ..place.planner import (Partitioner, Placement, PlacementError,
@@ -39,10 +39,10 @@ from ..place.planner import (Partitioner, Placement, PlacementError,
                              rankfile_lines, round_robin)
 from .hierarchy import (ClusterSession, Results, attempt, check_root,
                         common_arguments, finish, floating_rankfile,
-                        machine_info, program)
+                        program)
+from .common import machine_info
 from .mpi import BenchError
 from .p2p import Target, print_targets
-from ..cli import positive_int
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8

@@ -44,6 +44,7 @@ from ..cli import CliError, positive_int
 from ..native import native_dir
 from .mpi import (BenchError, _fmt_size, _parse_records, _ratio,
                   _tail)
+from .common import machine_info, write_doc
 from .p2p import Target, print_targets
 
 MIB = 1 << 20
@@ -236,19 +237,6 @@ def program(name: str) -> str:
         raise CliError(f"{path} not found (run `make build` or set "
                        f"IVCLOUD_NATIVE_DIR)")
     return str(path.resolve())
-
-
-def write_doc(path: Path, doc: Dict) -> None:
-    """Replace `path` whole (a reader never sees half a document)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
-
-
-def machine_info() -> Dict:
-    return {"started": time.time(), "host": platform.node(),
-            "cpus": os.cpu_count(), "kernel": platform.release()}
 
 
 # ---------------------------------------------------------------- settings

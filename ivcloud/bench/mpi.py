@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Dict, List, Optional, Sequence
 from .. import mpi
 from ..cli import CliError, positive_int
 from ..native import native_dir
+from .common import machine_info, write_doc
 from .p2p import Target, print_targets
 
 MIB = 1 << 20
@@ -292,10 +292,7 @@ def run(args) -> int:
         doc = {
             "benchmark": "mpi",
             "quick": bool(args.quick),
-            "started": started,
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
+            **machine_info(started),
             "sizes": s.sizes,
             "allreduce_sizes": s.allreduce_sizes,
             "allreduce_ranks": ALLREDUCE_RANKS,
@@ -304,8 +301,6 @@ def run(args) -> int:
             "notes": res.notes,
         }
         path = Path(args.json)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(path)
+        write_doc(path, doc)
         print(f"wrote {len(res.records)} records to {path}")
     return 1 if res.failed else 0

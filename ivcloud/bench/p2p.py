@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import select
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .. import netns
 from ..native import native_dir
 from ..cli import positive_int
+from .common import machine_info, write_doc
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -431,18 +431,13 @@ def run(args) -> int:
         doc = {
             "benchmark": "p2p",
             "quick": bool(args.quick),
-            "started": started,
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
+            **machine_info(started),
             "sizes": s.sizes,
             "records": res.records,
             "targets": [t.to_json() for t in ts],
             "notes": res.notes,
         }
         path = Path(args.json)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(path)
+        write_doc(path, doc)
         print(f"wrote {len(res.records)} records to {path}")
     return 1 if res.failed else 0
