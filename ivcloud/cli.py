@@ -19,16 +19,22 @@ class CliError(Exception):
     exit_code = 2
 
 
-def positive_int(text: str) -> int:
-    """argparse type of every count option: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer (at least 1), not '{text}'")
-    return value
+def int_at_least(minimum: int):
+    """argparse type of count options: an integer >= minimum."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
+        if value < minimum:
+            kind = "a positive integer, " if minimum > 0 else ""
+            raise argparse.ArgumentTypeError(
+                f"must be {kind}at least {minimum}, not {value}")
+        return value
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 class Parser(argparse.ArgumentParser):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from .cli import CliError
+from .cli import CliError, int_at_least
 from .libvirt import cpuset
 from .libvirt.domain import cputune_element, format_pins, to_text
 
@@ -432,17 +432,6 @@ def render_text(p: Plan, current: Optional[Set[int]] = None) -> str:
 
 # ---------------------------------------------------------------- CLI
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, "
-                                             f"not {value}")
-        return value
-    return parse
 
 
 def register(sub) -> None:
@@ -457,13 +446,13 @@ def register(sub) -> None:
     p.add_argument("--topology", metavar="FILE",
                    help="hwloc XML (`hwloc-ls --of xml`) instead of this "
                         "host")
-    p.add_argument("--reserve-host", type=_count(1), default=None,
+    p.add_argument("--reserve-host", type=int_at_least(1), default=None,
                    metavar="N", help="cores kept for the host, spread over "
                                      "the NUMA nodes (default: one per "
                                      "node)")
-    p.add_argument("--vms", type=_count(0), default=0,
+    p.add_argument("--vms", type=int_at_least(0), default=0,
                    help="VMs to place (default 0: isolation only)")
-    p.add_argument("--vcpus", type=_count(1), default=1,
+    p.add_argument("--vcpus", type=int_at_least(1), default=1,
                    help="vCPUs per VM (default 1)")
     p.add_argument("--smt", choices=POLICIES, default="isolate",
                    help="SMT siblings: isolate = one vCPU per core, "

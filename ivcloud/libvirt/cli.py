@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..cli import CliError
+from ..cli import CliError, int_at_least
 from ..server import parse_size
 from . import cpuset
 from .domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem, SpecError,
@@ -37,17 +37,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e))
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, "
-                                             f"not {value}")
-        return value
-    return parse
 
 
 def _cpus(text: str):
@@ -84,7 +73,7 @@ def _add_shmem_args(p: argparse.ArgumentParser, prefix: str,
                                           "socket, plain without")
     p.add_argument(f"--{prefix}server", dest="shm_server", metavar="SOCKET",
                    help="ivshmem-server socket (ivshmem-doorbell)")
-    p.add_argument("--vectors", type=_count(1), dest="shm_vectors",
+    p.add_argument("--vectors", type=int_at_least(1), dest="shm_vectors",
                    help="MSI-X vectors (ivshmem-doorbell; the server's -n)")
     p.add_argument("--no-ioeventfd", action="store_false",
                    dest="shm_ioeventfd",
@@ -159,9 +148,9 @@ def register(sub) -> None:
     d.add_argument("--name", required=True, help="domain name")
     d.add_argument("--memory", type=_size, default=1 << 30,
                    help="guest RAM (default 1G)")
-    d.add_argument("--vcpus", type=_count(1), default=1,
+    d.add_argument("--vcpus", type=int_at_least(1), default=1,
                    help="vCPUs (default 1)")
-    d.add_argument("--threads", type=_count(1), default=1,
+    d.add_argument("--threads", type=int_at_least(1), default=1,
                    help="guest SMT threads per core (default 1)")
     d.add_argument("--kvm", action="store_true",
                    help="type='kvm' with host-passthrough CPUs (default: "
@@ -242,12 +231,12 @@ def register(sub) -> None:
                                                "specs")
     n.add_argument("--name", default="ivcloud.hpc",
                    help="flavor name (default ivcloud.hpc)")
-    n.add_argument("--vcpus", type=_count(1), required=True)
-    n.add_argument("--ram", type=_count(1), required=True, metavar="MB",
+    n.add_argument("--vcpus", type=int_at_least(1), required=True)
+    n.add_argument("--ram", type=int_at_least(1), required=True, metavar="MB",
                    help="RAM in MB")
-    n.add_argument("--disk", type=_count(0), default=0, metavar="GB",
+    n.add_argument("--disk", type=int_at_least(0), default=0, metavar="GB",
                    help="root disk in GB (default 0)")
-    n.add_argument("--numa-nodes", type=_count(1), default=1,
+    n.add_argument("--numa-nodes", type=int_at_least(1), default=1,
                    help="guest NUMA nodes (hw:numa_nodes, default 1)")
     n.add_argument("--thread-policy", choices=THREAD_POLICIES,
                    default="isolate",
