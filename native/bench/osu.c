@@ -15,6 +15,8 @@
  * Each figure is the median of NBATCH timed batches after a warm-up;
  * bandwidth = size / latency per operation.
  */
+#include "bench_util.h"
+
 #include <mpi.h>
 
 #include <errno.h>
@@ -23,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SIZES 64
 #define NBATCH 5
 #define MAX_WINDOW 256
 #define WINDOW_BYTES (16u << 20)
@@ -36,7 +37,7 @@ static const char *const test_names[NTESTS] = {
 struct opts {
     int tests[NTESTS];  /* in the order given */
     int ntests;
-    size_t sizes[MAX_SIZES];
+    size_t sizes[BENCH_MAX_SIZES];
     int nsizes;
     long iters;        /* operations per size for small sizes */
     uint64_t budget;   /* bytes per size: caps the operations of big ones */
@@ -45,37 +46,6 @@ struct opts {
 };
 
 static int rank, nranks;
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int parse_sizes(const char *s, size_t *sizes, int *n)
-{
-    *n = 0;
-    while (*s) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || errno)
-            return -1;
-        if (*end == 'k' || *end == 'K')
-            v <<= 10, end++;
-        else if (*end == 'm' || *end == 'M')
-            v <<= 20, end++;
-        if (v == 0 || v > (64ull << 20) || *n == MAX_SIZES)
-            return -1;
-        sizes[(*n)++] = (size_t)v;
-        if (*end == ',')
-            end++;
-        else if (*end)
-            return -1;
-        s = end;
-    }
-    return *n ? 0 : -1;
-}
 
 static int parse_tests(const char *list, struct opts *o)
 {
@@ -105,7 +75,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->window = 64;
     o->transport = "mpi";
     o->ntests = 0;
-    parse_sizes("8,64,512,4096,32768,262144,1048576", o->sizes, &o->nsizes);
+    bench_parse_sizes("8,64,512,4096,32768,262144,1048576", o->sizes, &o->nsizes);
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -114,7 +84,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if (parse_tests(v, o) < 0)
                 return -1;
         } else if (!strcmp(a, "--sizes")) {
-            if (parse_sizes(v, o->sizes, &o->nsizes) < 0)
+            if (bench_parse_sizes(v, o->sizes, &o->nsizes) < 0)
                 return -1;
         } else if (!strcmp(a, "--iters")) {
             o->iters = atol(v);
@@ -276,7 +246,7 @@ static void run_test(const struct opts *o, enum test t, char *buf,
                 batch[b] = dt;
         }
         if (rank == 0) {
-            qsort(batch, NBATCH, sizeof batch[0], cmp_double);
+            qsort(batch, NBATCH, sizeof batch[0], bench_cmp_double);
             /* per operation: a round trip is two one-way trips, a bw
                window is `window` messages */
             double ops = (double)per * (t == T_LATENCY ? 2
