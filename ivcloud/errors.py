@@ -1,0 +1,84 @@
+"""Domain errors of the ivcloud library: one module, one hierarchy.
+
+Every error the library raises on purpose is an :class:`IvcloudError`
+with a message for people. Messages name things (a server, a region, a
+count of instances), never command-line flags: the library is called
+from benchmarks and other programs as well as from the CLI. Only the
+command-line layer (:mod:`ivcloud.cli`) turns these into one line on
+stderr and an exit status:
+
+- :class:`InvalidRequest`: the request itself is wrong (bad name, size,
+  count, conflicting settings) -> exit 2;
+- :class:`OperationFailed`: a valid request that the machine could not
+  carry out (a daemon that did not start, a missing build) -> exit 1.
+
+Each area has its own subclass so that callers can catch one area's
+failures; an area error is an InvalidRequest unless it is raised for a
+failure of the environment, in which case it also derives from
+OperationFailed.
+"""
+
+from __future__ import annotations
+
+
+class IvcloudError(Exception):
+    """Base of the library's deliberate errors."""
+
+
+class InvalidRequest(IvcloudError, ValueError):
+    """The request cannot be carried out as given."""
+
+
+class OperationFailed(IvcloudError, RuntimeError):
+    """The request was valid but did not work out."""
+
+
+# ---------------------------------------------------------------- areas
+
+class ServerError(InvalidRequest):
+    """An ivshmem-server request is wrong (name, size, state)."""
+
+
+class MpiError(InvalidRequest):
+    """An MPI launch request is wrong (transport, options that conflict)."""
+
+
+class MpiSetupError(OperationFailed):
+    """The launch request was fine but the environment is not (no mpirun,
+    no component build, region cannot be made)."""
+
+
+class ClusterError(InvalidRequest):
+    """An emulated-cloud request is wrong (shape, name, state)."""
+
+
+class ClusterFailure(OperationFailed):
+    """Building, launching into or tearing down a cluster failed."""
+
+
+class VmError(InvalidRequest):
+    """A VM request is wrong, or the VM cannot be started as asked."""
+
+
+class ImageError(VmError):
+    """A guest image cannot be built (missing package, download failure)."""
+
+
+class PlacementError(InvalidRequest):
+    """A placement request cannot be met (graph, topology, balance)."""
+
+
+class LibvirtFailure(InvalidRequest):
+    """libvirt refused or failed a request."""
+
+
+class IsolationError(InvalidRequest):
+    """A host topology cannot hold a CPU-isolation request."""
+
+
+class BenchError(OperationFailed):
+    """A benchmark could not measure what it was asked to."""
+
+
+class ReportError(InvalidRequest):
+    """Benchmark records cannot be turned into a report."""
