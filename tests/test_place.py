@@ -304,6 +304,50 @@ def test_spectral_fallback_finds_the_easy_optima(spec, shape, across):
     assert planner.cut_by_level(g, p)["across_servers"] == 1
 
 
+def _eigh_in_another_basis(seed):
+    """numpy's eigh, but every multiple eigenvalue's eigenvectors turned by
+    a random rotation: what another LAPACK build or CPU may return."""
+    import numpy as np
+    orig = np.linalg.eigh
+    rng = np.random.default_rng(seed)
+
+    def eigh(a):
+        vals, vecs = orig(a)
+        vecs = vecs.copy()
+        i = 0
+        while i < len(vals):
+            j = i
+            while j + 1 < len(vals) and abs(vals[j + 1] - vals[i]) < 1e-9:
+                j += 1
+            if j > i:
+                q, _ = np.linalg.qr(rng.standard_normal((j - i + 1,) * 2))
+                vecs[:, i:j + 1] = vecs[:, i:j + 1] @ q
+            i = j + 1
+        return vals, vecs
+    return eigh
+
+
+@pytest.mark.parametrize("spec,shape,across", [
+    ("ring", (2, 2, 2), 2), ("halo2d:4x4", (2, 2, 4), 4),
+    ("halo2d:8x8", (4, 2, 8), 16), ("halo3d:4x4x4", (2, 2, 16), 16)])
+def test_spectral_cut_does_not_depend_on_the_eigenvector_basis(
+        monkeypatch, spec, shape, across):
+    # The Fiedler eigenvalue of these graphs is multiple: any basis of its
+    # eigenspace is a correct answer of LAPACK, and each must give the
+    # same, optimal placement.
+    import numpy as np
+    g = graphs.pattern(spec, 8 if spec == "ring" else None)
+    t = topo(*shape)
+    seen = set()
+    for seed in range(4):
+        monkeypatch.setattr(np.linalg, "eigh", _eigh_in_another_basis(seed))
+        p = planner.place(g, t, planner.Partitioner(None))
+        check_valid(g, t, p)
+        assert planner.cut_by_level(g, p)["across_servers"] == across
+        seen.add(repr(p))
+    assert len(seen) == 1
+
+
 # ------------------------------------------------------- command line
 
 SHAPE = ["--servers", 2, "--instances-per-server", 2, "--vcpus", 4]

@@ -210,12 +210,32 @@ def rebalance(adj: Sequence[Dict[int, int]], part: List[int], k: int,
     return part
 
 
-def _fiedler_order(adj: Sequence[Dict[int, int]],
-                   verts: List[int]) -> List[int]:
-    """verts sorted along the Fiedler vector of their induced subgraph."""
+# Vertices whose spectral coordinates are paired up to make sweep
+# directions: all of them on small graphs, the outermost on large ones.
+_PAIRED_VERTICES = 48
+
+
+def _spectral_bisect(adj: Sequence[Dict[int, int]], verts: List[int],
+                     n1: int) -> List[int]:
+    """The n1 vertices of `verts` that a spectral sweep puts on one side.
+
+    The Fiedler eigenvalue is often multiple (a square grid, a ring), and
+    then LAPACK may hand back any basis of its eigenspace: which vector is
+    "the" Fiedler vector depends on the build and the CPU. So the sweep
+    does not use one eigenvector but many directions inside the whole
+    eigenspace, chosen so that the set of directions does not depend on
+    the basis: each vertex's own spectral coordinates, and the differences
+    of the coordinates of two vertices (the direction that separates them
+    most, e.g. two corners of a grid side give the cut along that axis).
+    The direction whose sweep cuts the least edge weight wins; cuts are
+    integers and ties go to the lexicographically smallest side, so the
+    result is the same on every machine.
+    """
     import numpy as np
+    n = len(verts)
     index = {v: a for a, v in enumerate(verts)}
-    lap = np.zeros((len(verts), len(verts)))
+    lap = np.zeros((n, n))
+    us, vs, ws = [], [], []
     for v in verts:
         a = index[v]
         for u, w in adj[v].items():
@@ -223,14 +243,36 @@ def _fiedler_order(adj: Sequence[Dict[int, int]],
             if b is not None:
                 lap[a, b] -= w
                 lap[a, a] += w
-    _, vecs = np.linalg.eigh(lap)
-    fiedler = vecs[:, 1] if len(verts) > 1 else vecs[:, 0]
-    # An eigenvector's sign is arbitrary: pin it so the output is too.
-    nonzero = np.flatnonzero(np.abs(fiedler) > 1e-12)
-    if nonzero.size and fiedler[nonzero[0]] > 0:
-        fiedler = -fiedler
-    return [verts[a] for a in sorted(range(len(verts)),
-                                     key=lambda a: (round(fiedler[a], 12), a))]
+                if b > a:
+                    us.append(a)
+                    vs.append(b)
+                    ws.append(w)
+    vals, vecs = np.linalg.eigh(lap)
+    scale = max(1.0, float(abs(vals[-1])))
+    # Eigenvectors of eigenvalues within round-off of the Fiedler value
+    # span its eigenspace; rows of `coords` are the vertices' coordinates
+    # in it (unique up to a rotation, which the directions below undo).
+    same = np.flatnonzero(np.abs(vals - vals[1]) <= 1e-8 * scale)
+    coords = vecs[:, same]
+    norms = np.round(np.linalg.norm(coords, axis=1), 9)
+    outer = sorted(range(n), key=lambda a: (-norms[a], a))[:_PAIRED_VERTICES]
+    pairs = [(i, j) for x, i in enumerate(outer) for j in outer[x + 1:]]
+    dirs = [coords[a] for a in range(n)]
+    dirs += [coords[i] - coords[j] for i, j in pairs]
+    proj = np.round(coords @ np.array(dirs).T, 9)       # n x directions
+    ids = np.arange(n)
+    best = None
+    for c in range(proj.shape[1]):
+        for sign in (1, -1):
+            # ties along a direction go to the lower vertex: deterministic
+            order = np.lexsort((ids, sign * proj[:, c]))
+            side = np.zeros(n, dtype=bool)
+            side[order[:n1]] = True
+            cut = int(np.dot(ws, side[us] != side[vs])) if ws else 0
+            key = (cut, tuple(np.flatnonzero(side)))
+            if best is None or key < best:
+                best = key
+    return [verts[a] for a in best[1]]
 
 
 def spectral_partition(adj: Sequence[Dict[int, int]], k: int) -> List[int]:
@@ -244,9 +286,13 @@ def spectral_partition(adj: Sequence[Dict[int, int]], k: int) -> List[int]:
             return
         k1 = k // 2
         n1 = round(len(verts) * k1 / k)
-        order = _fiedler_order(adj, verts)
-        split(order[:n1], k1, base)
-        split(order[n1:], k - k1, base + k1)
+        if len(verts) < 2:
+            first = verts[:n1]
+        else:
+            first = _spectral_bisect(adj, verts, n1)
+        chosen = set(first)
+        split(first, k1, base)
+        split([v for v in verts if v not in chosen], k - k1, base + k1)
 
     split(list(range(len(adj))), k, 0)
     return part
