@@ -1,4 +1,4 @@
-"""`ivcloud mpirun`: run unmodified MPI programs over ivshmem.
+"""Launching unmodified MPI programs over ivshmem (`ivcloud mpirun`).
 
 Open MPI carries the traffic through our BTL component
 (mca_btl_ivshmem.so, built from native/btl) when it is on the component
@@ -18,7 +18,6 @@ here), for reuse by other launchers:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -32,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .cli import CliError, positive_int
+from .errors import MpiError, MpiSetupError
 
 TRANSPORTS = ("ivshmem", "tcp", "vader")
 COMPONENT_FILE = "mca_btl_ivshmem.so"
@@ -52,17 +51,6 @@ MPI_RING_SLOTS = 16
 MPI_SLOT_SIZES = (64 * 1024 + 64, 32 * 1024 + 64, 16 * 1024 + 64, 4096)
 PRIVATE_RING_BUDGET = 300 * MIB
 TERMINATE_GRACE_S = 10.0      # mpirun gets this long to tear a job down
-
-
-class MpiError(CliError):
-    """Bad request (unknown transport, conflicting options): exit 2."""
-
-
-class MpiSetupError(CliError):
-    """The request was fine but the environment is not (no mpirun, no
-    component build, region cannot be made): exit 1."""
-
-    exit_code = 1
 
 
 # ---------------------------------------------------------------- lookup
@@ -150,15 +138,15 @@ def mpirun_command(program: Sequence[str], np: int,
     if not program or not program[0]:
         raise MpiError("no program given")
     if not isinstance(np, int) or np < 1:
-        raise MpiError(f"-np must be a positive integer, not {np!r}")
+        raise MpiError(f"the number of ranks must be a positive integer, not {np!r}")
     if transport not in TRANSPORTS:
         btl_list(transport)  # raises the one error message
     if region is not None and socket is not None:
         raise MpiError("give either a region or a socket, not both")
     if transport != "ivshmem" and (region is not None or socket is not None
                                    or verbose_btl):
-        raise MpiError(f"--region/--socket/--verbose-btl only apply to the "
-                       f"ivshmem transport, not '{transport}'")
+        raise MpiError(f"a region, a socket or BTL counters only apply to "
+                       f"the ivshmem transport, not '{transport}'")
 
     cmd = [mpirun or find_mpirun()]
     if os.geteuid() == 0:
@@ -355,105 +343,6 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
     return run_command(cmd, timeout, env, stdout, stderr)
 
 
-# ---------------------------------------------------------------- CLI
-
-class _Terminated(BaseException):
-    """SIGTERM/SIGHUP while a job runs: unwinds like Ctrl-C so that the
-    job is torn down and the private region removed."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated(signum)
-
-
-
-
-def register(sub) -> None:
-    p = sub.add_parser(
-        "mpirun", help="run an MPI program over ivshmem (Open MPI)",
-        description="Run an unmodified MPI program with Open MPI, its "
-                    "ranks talking through the ivshmem BTL. Without "
-                    "--region/--socket (and without $IVSHM_REGION / "
-                    "$IVSHM_SOCKET) a private region is formatted in "
-                    "/dev/shm for the job and removed afterwards. Exit "
-                    "status: mpirun's.",
-        usage="ivcloud mpirun [options] -np N -- PROGRAM [ARGS...]")
-    p.add_argument("--transport", choices=TRANSPORTS, default="ivshmem",
-                   help="ivshmem (default; tcp as fallback), or the stock "
-                        "tcp / vader BTLs for comparison")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--region", metavar="PATH",
-                       help="an already formatted region file")
-    where.add_argument("--socket", metavar="SOCK",
-                       help="an ivshmem-server socket (`ivcloud server`)")
-    p.add_argument("--verbose-btl", action="store_true",
-                   help="each rank prints its ivshmem traffic counters at "
-                        "finalize")
-    p.add_argument("--no-tcp-fallback", action="store_true",
-                   help="BTL list self,ivshmem only: fail rather than use "
-                        "tcp for ranks the region cannot connect")
-    p.add_argument("--mca", nargs=2, action="append", default=[],
-                   metavar=("KEY", "VALUE"),
-                   help="extra MCA parameter passed to mpirun (repeatable)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the mpirun command instead of running it")
-    p.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
-                   required=True, metavar="N", help="number of ranks")
-    p.add_argument("program", nargs=argparse.REMAINDER,
-                   help="the MPI program and its arguments (after --)")
-    p.set_defaults(func=main)
-
-
-def main(args) -> int:
-    program = list(args.program)
-    if program and program[0] == "--":
-        program = program[1:]
-    if not program:
-        raise MpiError("no program given (usage: ivcloud mpirun -np N -- "
-                       "PROGRAM [ARGS...])")
-    kwargs = dict(transport=args.transport,
-                  verbose_btl=args.verbose_btl,
-                  tcp_fallback=not args.no_tcp_fallback,
-                  extra_mca=[tuple(kv) for kv in args.mca])
-    if args.transport != "ivshmem" and args.no_tcp_fallback:
-        raise MpiError("--no-tcp-fallback only applies to --transport "
-                       "ivshmem")
-    if args.dry_run:
-        region, sock = args.region, args.socket
-        note = ""
-        if args.transport == "ivshmem" and not region and not sock:
-            named = env_attachment(os.environ)
-            region, sock = named.get("region"), named.get("socket")
-            if not named:
-                private_geometry(args.np)  # same refusals as a real run
-                region = private_region_path()
-                note = (f"# {region} would be formatted for the job "
-                        f"and removed afterwards")
-        cmd = mpirun_command(program, args.np, region=region, socket=sock,
-                             **kwargs)
-        print(shlex.join(cmd))
-        if note:
-            print(note, file=sys.stderr)
-        return 0
-
-    old = {s: signal.signal(s, _raise_terminated)
-           for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        return run(program, args.np, region=args.region, socket=args.socket,
-                   **kwargs)
-    except _Terminated as t:
-        return 128 + t.signum
-    except FileNotFoundError as e:
-        raise MpiSetupError(f"cannot run mpirun: {e}")
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 # ---------------------------------------------------------------- counters
 
 _COUNTER_RE = re.compile(
@@ -462,7 +351,7 @@ _COUNTER_RE = re.compile(
 
 
 def parse_btl_counters(text: str) -> Dict[int, Dict[str, int]]:
-    """The per-rank lines --verbose-btl makes the component print at
+    """The per-rank lines the component prints at
     finalize: {rank: {sent_msgs, sent_bytes, recv_msgs, recv_bytes,
     sleeps}}. A rank missing from the result printed nothing (it never
     used the component, or did not finalize)."""

@@ -1,4 +1,4 @@
-"""`ivcloud server start|stop|status`: manage ivshmem-server daemons.
+"""Control of ivshmem-server daemons: start, stop, status.
 
 A server NAME keeps its files under RUN_DIR/NAME (socket, pid file, JSON
 state) and its region in /dev/shm/ivcloud-NAME. The native daemon does the
@@ -8,7 +8,6 @@ finds it again through its pid file, stops it and checks it cleaned up.
 
 from __future__ import annotations
 
-import argparse
 import grp
 import json
 import os
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .cli import CliError
+from .errors import OperationFailed, ServerError
 
 DEFAULT_RUN_DIR = "/run/ivcloud"
 DEFAULT_NAME = "default"
@@ -28,11 +27,6 @@ SERVER_BINARY = "ivshmem-server"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 
-
-class OperationFailed(CliError):
-    """The request was valid but did not work out: exit status 1."""
-
-    exit_code = 1
 
 
 def parse_size(text: str) -> int:
@@ -87,13 +81,13 @@ class ServerPaths:
 
 def paths_for(name: str, run_dir: Optional[str] = None) -> ServerPaths:
     if not _NAME_RE.match(name):
-        raise CliError(f"bad server name '{name}' (letters, digits, '_.-', "
-                       f"at most 64, not starting with '.' or '-')")
+        raise ServerError(f"bad server name '{name}' (letters, digits, '_.-', "
+                          f"at most 64, not starting with '.' or '-')")
     rd = Path(run_dir or os.environ.get("IVCLOUD_RUN_DIR") or DEFAULT_RUN_DIR)
     paths = ServerPaths(name, rd.absolute())
     if len(str(paths.socket)) > _SUN_PATH_MAX:
-        raise CliError(f"socket path {paths.socket} is longer than "
-                       f"{_SUN_PATH_MAX} bytes (use a shorter --run-dir)")
+        raise ServerError(f"socket path {paths.socket} is longer than "
+                          f"{_SUN_PATH_MAX} bytes (choose a shorter run directory)")
     return paths
 
 
@@ -127,7 +121,7 @@ def read_pid(paths: ServerPaths) -> Optional[int]:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise CliError(f"cannot read {paths.pidfile}: {e.strerror}")
+        raise ServerError(f"cannot read {paths.pidfile}: {e.strerror}")
     if not text.isdigit() or int(text) <= 0:
         return None
     return int(text)
@@ -182,26 +176,26 @@ def _min_size(max_peers: int) -> int:
 def start(paths: ServerPaths, size: int, vectors: int = 1,
           max_peers: Optional[int] = None, group: Optional[str] = None,
           verbose: bool = False, timeout_s: float = 10.0) -> int:
-    """Start the daemon; returns its pid. Raises CliError/OperationFailed."""
+    """Start the daemon; returns its pid. Raises ServerError/OperationFailed."""
     if size <= 0 or size & (size - 1):
-        raise CliError(f"size {size} is not a power of two (QEMU maps the "
-                       f"region as a PCI BAR)")
+        raise ServerError(f"size {size} is not a power of two (QEMU "
+                          f"maps the region as a PCI BAR)")
     if not 1 <= vectors <= 64:
-        raise CliError(f"vectors must be 1..64, not {vectors}")
+        raise ServerError(f"vectors must be 1..64, not {vectors}")
     if max_peers is not None and not 2 <= max_peers <= 64:
-        raise CliError(f"max-peers must be 2..64, not {max_peers}")
+        raise ServerError(f"the number of peers must be 2..64, not {max_peers}")
     need = _min_size(max_peers or 0)
     if need and size < need:
-        raise CliError(f"size {format_size(size)} is too small for "
-                       f"{max_peers or 8} peers (needs at least "
-                       f"{need} bytes)")
+        raise ServerError(f"size {format_size(size)} is too small for "
+                          f"{max_peers or 8} peers (needs at least "
+                          f"{need} bytes)")
     gid = None
     if group is not None:
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             if not group.isdigit():
-                raise CliError(f"unknown group '{group}'")
+                raise ServerError(f"unknown group '{group}'")
             gid = int(group)
     binary = server_binary()
     if not os.access(binary, os.X_OK):
@@ -210,12 +204,12 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
 
     pid = running_pid(paths)
     if pid is not None:
-        raise CliError(f"server '{paths.name}' is already running (pid {pid})")
+        raise ServerError(f"server '{paths.name}' is already running (pid {pid})")
     stale = _leftovers(paths)
     if paths.region in stale:
-        raise CliError(f"region {paths.region} exists but no server "
-                       f"'{paths.name}' runs; `ivcloud server stop --name "
-                       f"{paths.name}` removes leftovers")
+        raise ServerError(f"region {paths.region} exists but no server "
+                          f"'{paths.name}' runs; stopping server "
+                          f"'{paths.name}' removes the leftovers")
     _remove(stale)  # socket, pid and state of a server that died
 
     paths.dir.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +248,7 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         why = lines[-1] if lines else f"exit status {proc.returncode}"
         _remove_dir(paths)
         # the daemon exits 2 for a command line it refuses (bad input)
-        cls = CliError if proc.returncode == 2 else OperationFailed
+        cls = ServerError if proc.returncode == 2 else OperationFailed
         raise cls(f"{SERVER_BINARY} failed: {why}")
     pid = running_pid(paths)
     if pid is None or not paths.socket.exists():
@@ -270,7 +264,7 @@ def stop(paths: ServerPaths, timeout_s: float = 10.0) -> str:
     if pid is None:
         stale = _leftovers(paths)
         if not stale:
-            raise CliError(f"server '{paths.name}' is not running")
+            raise ServerError(f"server '{paths.name}' is not running")
         old = read_pid(paths)
         _remove(stale)
         _remove_dir(paths)
@@ -320,93 +314,3 @@ def status(paths: ServerPaths) -> Dict:
     if pid is None:
         info["stale_files"] = [str(p) for p in _leftovers(paths)]
     return info
-
-
-# ---------------------------------------------------------------- CLI
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", default=DEFAULT_NAME,
-                   help=f"server name (default {DEFAULT_NAME})")
-    p.add_argument("--run-dir", default=None,
-                   help=f"directory for the socket, pid and state files "
-                        f"(default $IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
-
-
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
-def register(sub) -> None:
-    p = sub.add_parser("server", help="manage ivshmem-server daemons",
-                       description="Start, stop and inspect ivshmem-server "
-                                   "daemons (one per name).")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
-
-    s = actions.add_parser("start", help="start a server daemon")
-    _common(s)
-    s.add_argument("--size", type=_size_arg, default=64 << 20,
-                   help="region size, a power of two (default 64M)")
-    s.add_argument("--vectors", type=int, default=1,
-                   help="interrupt vectors per peer (default 1)")
-    s.add_argument("--max-peers", type=int, default=None,
-                   help="registry slots in the region (default 8)")
-    s.add_argument("--group", default=None,
-                   help="share socket and region with this group (0660)")
-    s.add_argument("--verbose", action="store_true",
-                   help="log joins and leaves to syslog")
-    s.set_defaults(func=_cmd_start)
-
-    t = actions.add_parser("stop", help="stop a server daemon")
-    _common(t)
-    t.set_defaults(func=_cmd_stop)
-
-    u = actions.add_parser("status", help="show whether a server runs and "
-                                          "its peers")
-    _common(u)
-    u.add_argument("--json", action="store_true", help="print JSON")
-    u.set_defaults(func=_cmd_status)
-
-
-def _cmd_start(args) -> int:
-    paths = paths_for(args.name, args.run_dir)
-    pid = start(paths, args.size, args.vectors, args.max_peers, args.group,
-                args.verbose)
-    print(f"server '{paths.name}' started (pid {pid}): socket {paths.socket}, "
-          f"region {paths.region} ({format_size(args.size)})")
-    return 0
-
-
-def _cmd_stop(args) -> int:
-    print(stop(paths_for(args.name, args.run_dir)))
-    return 0
-
-
-def _cmd_status(args) -> int:
-    paths = paths_for(args.name, args.run_dir)
-    info = status(paths)
-    if args.json:
-        print(json.dumps(info, indent=2, sort_keys=True))
-    if not info["running"]:
-        stale = info.get("stale_files")
-        raise CliError(f"server '{paths.name}' is not running"
-                       + (f" (stale files: {', '.join(stale)})"
-                          if stale else ""))
-    if not args.json:
-        peers = info.get("peers") or []
-        size = info.get("size")
-        print(f"server '{paths.name}': running (pid {info['pid']})")
-        print(f"  socket  {info['socket']}")
-        print(f"  region  {info['region']}"
-              + (f" ({format_size(size)})" if size else ""))
-        if info.get("vectors"):
-            print(f"  vectors {info['vectors']}")
-        print(f"  peers   {len(peers)}")
-        for peer in peers:
-            fields = " ".join(f"{k}={v}" for k, v in peer.items())
-            print(f"    {fields}")
-    return 0

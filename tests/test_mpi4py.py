@@ -283,10 +283,10 @@ def python() -> str:
 @pytest.fixture(scope="module")
 def component():
     from ivcloud import mpi
-    from ivcloud.cli import CliError
+    from ivcloud.errors import IvcloudError
     try:
         return mpi.component_dir()
-    except CliError as e:
+    except IvcloudError as e:
         pytest.fail(str(e))
 
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 from ivcloud import mpi
-from ivcloud.cli import CliError
+from ivcloud.errors import IvcloudError
 from ivcloud.native import format_region, min_region_size
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def programs(tmp_path_factory) -> Dict[str, Path]:
 def component() -> Path:
     try:
         return mpi.component_dir()
-    except CliError as e:
+    except IvcloudError as e:
         pytest.fail(str(e))
 
 

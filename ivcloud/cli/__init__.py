@@ -1,9 +1,14 @@
-"""`ivcloud` command line: a dispatcher to one module per area.
+"""`ivcloud` command line: the top layer, a dispatcher to one module
+per area (``ivcloud/cli/<area>.py``).
 
 Each area module exposes ``register(subparsers)``: it adds its subcommand
 (with its own sub-actions) and sets ``func`` on the parsed namespace. A
-function returns the exit code; bad input is reported by raising
-:class:`CliError`, which becomes one line on stderr and exit status 2.
+function returns the exit code. This package is the only place where
+errors become messages and exit codes: the library raises the domain
+errors of :mod:`ivcloud.errors` (and the solver those of
+:mod:`micromag.errors`), and :func:`main` prints one line on stderr and
+exits with 1 for a failed operation, 2 for a bad request. Nothing below
+this package imports it.
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ import argparse
 import sys
 from typing import List, Optional
 
+from ..errors import IvcloudError, OperationFailed
+
 
 class CliError(Exception):
-    """Bad input or a refused request: one line on stderr, exit 2."""
-
-    exit_code = 2
+    """Bad command-line input found by the CLI itself: one line, exit 2."""
 
 
 def int_at_least(minimum: int):
@@ -49,7 +54,8 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from .. import bench, cluster, isolate, mag, mpi, place, server, vm
+    from . import mpi, server
+    from .. import bench, cluster, isolate, mag, place, vm
     from .. import libvirt as libvirt_area
     return [server, bench, mpi, place, cluster, mag, vm, libvirt_area,
             isolate]
@@ -77,13 +83,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                      f"{args.area} --help)")
     try:
         return int(func(args) or 0)
-    except CliError as e:
+    except (CliError, IvcloudError) as e:
         sys.stderr.write(f"ivcloud {args.area}: error: "
                          f"{' '.join(str(e).split())}\n")
-        return e.exit_code
+        return exit_code(e)
     except KeyboardInterrupt:
         sys.stderr.write("ivcloud: interrupted\n")
         return 130
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit status an error ends a command with."""
+    return 1 if isinstance(error, OperationFailed) else 2
 
 
 def run() -> None:

@@ -1,0 +1,109 @@
+"""`ivcloud mpirun`: the command line of :mod:`ivcloud.mpi`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+
+from ..errors import MpiError, MpiSetupError
+from ..mpi import (TRANSPORTS, env_attachment, mpirun_command,
+                   private_geometry, private_region_path, run)
+from . import positive_int
+
+
+class _Terminated(BaseException):
+    """SIGTERM/SIGHUP while a job runs: unwinds like Ctrl-C so that the
+    job is torn down and the private region removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "mpirun", help="run an MPI program over ivshmem (Open MPI)",
+        description="Run an unmodified MPI program with Open MPI, its "
+                    "ranks talking through the ivshmem BTL. Without "
+                    "--region/--socket (and without $IVSHM_REGION / "
+                    "$IVSHM_SOCKET) a private region is formatted in "
+                    "/dev/shm for the job and removed afterwards. Exit "
+                    "status: mpirun's.",
+        usage="ivcloud mpirun [options] -np N -- PROGRAM [ARGS...]")
+    p.add_argument("--transport", choices=TRANSPORTS, default="ivshmem",
+                   help="ivshmem (default; tcp as fallback), or the stock "
+                        "tcp / vader BTLs for comparison")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--region", metavar="PATH",
+                       help="an already formatted region file")
+    where.add_argument("--socket", metavar="SOCK",
+                       help="an ivshmem-server socket (`ivcloud server`)")
+    p.add_argument("--verbose-btl", action="store_true",
+                   help="each rank prints its ivshmem traffic counters at "
+                        "finalize")
+    p.add_argument("--no-tcp-fallback", action="store_true",
+                   help="BTL list self,ivshmem only: fail rather than use "
+                        "tcp for ranks the region cannot connect")
+    p.add_argument("--mca", nargs=2, action="append", default=[],
+                   metavar=("KEY", "VALUE"),
+                   help="extra MCA parameter passed to mpirun (repeatable)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the mpirun command instead of running it")
+    p.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
+                   required=True, metavar="N", help="number of ranks")
+    p.add_argument("program", nargs=argparse.REMAINDER,
+                   help="the MPI program and its arguments (after --)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    if not program:
+        raise MpiError("no program given (usage: ivcloud mpirun -np N -- "
+                       "PROGRAM [ARGS...])")
+    kwargs = dict(transport=args.transport,
+                  verbose_btl=args.verbose_btl,
+                  tcp_fallback=not args.no_tcp_fallback,
+                  extra_mca=[tuple(kv) for kv in args.mca])
+    if args.transport != "ivshmem" and args.no_tcp_fallback:
+        raise MpiError("--no-tcp-fallback only applies to --transport "
+                       "ivshmem")
+    if args.dry_run:
+        region, sock = args.region, args.socket
+        note = ""
+        if args.transport == "ivshmem" and not region and not sock:
+            named = env_attachment(os.environ)
+            region, sock = named.get("region"), named.get("socket")
+            if not named:
+                private_geometry(args.np)  # same refusals as a real run
+                region = private_region_path()
+                note = (f"# {region} would be formatted for the job "
+                        f"and removed afterwards")
+        cmd = mpirun_command(program, args.np, region=region, socket=sock,
+                             **kwargs)
+        print(shlex.join(cmd))
+        if note:
+            print(note, file=sys.stderr)
+        return 0
+
+    old = {s: signal.signal(s, _raise_terminated)
+           for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return run(program, args.np, region=args.region, socket=args.socket,
+                   **kwargs)
+    except _Terminated as t:
+        return 128 + t.signum
+    except FileNotFoundError as e:
+        raise MpiSetupError(f"cannot run mpirun: {e}")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,113 @@
+"""`ivcloud server start|stop|status`: the command line of
+:mod:`ivcloud.server`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, format_size,
+                      parse_size, paths_for, start, status, stop)
+from . import CliError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default=DEFAULT_NAME,
+                   help=f"server name (default {DEFAULT_NAME})")
+    p.add_argument("--run-dir", default=None,
+                   help=f"directory for the socket, pid and state files "
+                        f"(default $IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def _ranged_int(lo: int, hi: int):
+    """argparse type of an integer option with a closed range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: '{text}'")
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"must be {lo}..{hi}, not {value}")
+        return value
+    return parse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("server", help="manage ivshmem-server daemons",
+                       description="Start, stop and inspect ivshmem-server "
+                                   "daemons (one per name).")
+    actions = p.add_subparsers(dest="action", metavar="ACTION",
+                               parser_class=type(p))
+    actions.required = True
+
+    s = actions.add_parser("start", help="start a server daemon")
+    _common(s)
+    s.add_argument("--size", type=_size_arg, default=64 << 20,
+                   help="region size, a power of two (default 64M)")
+    s.add_argument("--vectors", type=_ranged_int(1, 64), default=1,
+                   help="interrupt vectors per peer (default 1)")
+    s.add_argument("--max-peers", type=_ranged_int(2, 64), default=None,
+                   help="registry slots in the region (default 8)")
+    s.add_argument("--group", default=None,
+                   help="share socket and region with this group (0660)")
+    s.add_argument("--verbose", action="store_true",
+                   help="log joins and leaves to syslog")
+    s.set_defaults(func=_cmd_start)
+
+    t = actions.add_parser("stop", help="stop a server daemon")
+    _common(t)
+    t.set_defaults(func=_cmd_stop)
+
+    u = actions.add_parser("status", help="show whether a server runs and "
+                                          "its peers")
+    _common(u)
+    u.add_argument("--json", action="store_true", help="print JSON")
+    u.set_defaults(func=_cmd_status)
+
+
+def _cmd_start(args) -> int:
+    paths = paths_for(args.name, args.run_dir)
+    pid = start(paths, args.size, args.vectors, args.max_peers, args.group,
+                args.verbose)
+    print(f"server '{paths.name}' started (pid {pid}): socket {paths.socket}, "
+          f"region {paths.region} ({format_size(args.size)})")
+    return 0
+
+
+def _cmd_stop(args) -> int:
+    print(stop(paths_for(args.name, args.run_dir)))
+    return 0
+
+
+def _cmd_status(args) -> int:
+    paths = paths_for(args.name, args.run_dir)
+    info = status(paths)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    if not info["running"]:
+        stale = info.get("stale_files")
+        raise CliError(f"server '{paths.name}' is not running"
+                       + (f" (stale files: {', '.join(stale)})"
+                          if stale else ""))
+    if not args.json:
+        peers = info.get("peers") or []
+        size = info.get("size")
+        print(f"server '{paths.name}': running (pid {info['pid']})")
+        print(f"  socket  {info['socket']}")
+        print(f"  region  {info['region']}"
+              + (f" ({format_size(size)})" if size else ""))
+        if info.get("vectors"):
+            print(f"  vectors {info['vectors']}")
+        print(f"  peers   {len(peers)}")
+        for peer in peers:
+            fields = " ".join(f"{k}={v}" for k, v in peer.items())
+            print(f"    {fields}")
+    return 0
