@@ -14,7 +14,8 @@ from fractions import Fraction
 
 import pytest
 
-from ivcloud.place import _partitioner, graph as graphs, planner
+from ivcloud.cli.place import _partitioner
+from ivcloud.place import graph as graphs, planner
 from ivcloud.place.metis import Metis
 
 RANK_LINE = re.compile(r"^rank (\d+)=(s(\d+)i(\d+)) slot=(\d+)(?:-(\d+))?$")
@@ -41,8 +42,8 @@ def metis() -> Metis:
     return lib
 
 
-def topo(s, i, v) -> planner.Topology:
-    return planner.Topology(s, i, v)
+def topo(s, i, v) -> planner.PlacementTopology:
+    return planner.PlacementTopology(s, i, v)
 
 
 def place(g, t, metis, **kw) -> planner.Placement:

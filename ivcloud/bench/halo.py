@@ -34,8 +34,9 @@ from typing import Dict, List, Sequence
 from ..cli import CliError, positive_int
 from ..place import graph as graphs
 from ..place.metis import Metis
-from ..place.planner import (Partitioner, Placement, PlacementError,
-                             Topology as PlaceTopology, cut_by_level, place,
+from ..errors import PlacementError
+from ..place.planner import (Partitioner, Placement,
+                             PlacementTopology as PlaceTopology, cut_by_level, place,
                              rankfile_lines, round_robin)
 from .hierarchy import (ClusterSession, Results, attempt, check_root,
                         common_arguments, finish, floating_rankfile,

@@ -54,8 +54,8 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from . import mpi, server
-    from .. import bench, cluster, isolate, mag, place, vm
+    from . import mpi, place, server
+    from .. import bench, cluster, isolate, mag, vm
     from .. import libvirt as libvirt_area
     return [server, bench, mpi, place, cluster, mag, vm, libvirt_area,
             isolate]

@@ -14,8 +14,10 @@ import math
 import re
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from ..errors import PlacementError
 
-class GraphError(ValueError):
+
+class GraphError(PlacementError):
     """The graph given is malformed or inconsistent (one-line message)."""
 
 
@@ -229,12 +231,12 @@ def pattern(spec: str, ranks: Optional[int]) -> Graph:
                          f"{', '.join(PATTERNS)})")
     if name in ("ring", "alltoall"):
         if arg:
-            raise GraphError(f"pattern '{name}' takes no dimensions; use "
-                             f"--ranks")
+            raise GraphError(f"pattern '{name}' takes no dimensions, only a "
+                             f"number of ranks")
         if ranks is None:
-            raise GraphError(f"pattern '{name}' needs --ranks")
+            raise GraphError(f"pattern '{name}' needs a number of ranks")
         if ranks < 1 or ranks > MAX_RANKS:
-            raise GraphError(f"--ranks must be 1..{MAX_RANKS}")
+            raise GraphError(f"the number of ranks must be 1..{MAX_RANKS}")
         if name == "ring":
             # two ranks share one link, not two
             edges = ([(r, (r + 1) % ranks, 1) for r in range(ranks)]
@@ -255,13 +257,14 @@ def pattern(spec: str, ranks: Optional[int]) -> Graph:
         if math.prod(dims) > MAX_RANKS:
             raise GraphError(f"{name}:{arg} exceeds {MAX_RANKS} ranks")
         if ranks is not None and ranks != math.prod(dims):
-            raise GraphError(f"--ranks {ranks} does not match {name}:{arg} "
+            raise GraphError(f"{ranks} ranks does not match {name}:{arg} "
                              f"({math.prod(dims)} ranks)")
     else:
         if ranks is None:
-            raise GraphError(f"pattern '{name}' needs --ranks or dimensions "
+            raise GraphError(f"pattern '{name}' needs a number of ranks or "
+                             f"dimensions "
                              f"({name}:" + "x".join(["4"] * ndims) + ")")
         if ranks < 1 or ranks > MAX_RANKS:
-            raise GraphError(f"--ranks must be 1..{MAX_RANKS}")
+            raise GraphError(f"the number of ranks must be 1..{MAX_RANKS}")
         dims = dims_create(ranks, ndims)
     return _halo(dims)

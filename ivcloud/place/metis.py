@@ -15,6 +15,8 @@ import ctypes
 import ctypes.util
 from typing import Dict, List, Optional, Sequence
 
+from ..errors import OperationFailed
+
 METIS_NOPTIONS = 40
 # enum moptions_et (metis.h, 5.1)
 OPTION_NCUTS = 7
@@ -29,8 +31,8 @@ _ERRORS = {-2: "METIS_ERROR_INPUT", -3: "METIS_ERROR_MEMORY",
 LIBRARY_NAMES = ("libmetis.so.5", "libmetis.so")
 
 
-class MetisError(RuntimeError):
-    pass
+class MetisError(OperationFailed):
+    """libmetis refused or failed a partitioning call."""
 
 
 class Metis:

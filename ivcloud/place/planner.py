@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .graph import Graph
 from .metis import Metis, MetisError
+from ..errors import PlacementError
 
 FILLS = ("spread", "pack")
 # METIS idx_t may be 32 bits: keep the sum of all edge weights, both
@@ -27,12 +28,8 @@ FILLS = ("spread", "pack")
 METIS_WEIGHT_LIMIT = 1 << 30
 
 
-class PlacementError(ValueError):
-    """The job does not fit the cluster as asked (one-line message)."""
-
-
 @dataclass(frozen=True)
-class Topology:
+class PlacementTopology:
     servers: int
     instances: int            # per server
     vcpus: int                # per instance
@@ -67,7 +64,7 @@ class Placement:
     slot: List[int]
     cpus_per_rank: int = 1
 
-    def host(self, topo: Topology, rank: int) -> str:
+    def host(self, topo: PlacementTopology, rank: int) -> str:
         return topo.hosts[self.server[rank]][self.instance[rank]]
 
     def slots_of(self, rank: int) -> List[int]:
@@ -80,7 +77,7 @@ class Placement:
             return str(first)
         return f"{first}-{first + self.cpus_per_rank - 1}"
 
-    def load(self, topo: Topology) -> List[List[int]]:
+    def load(self, topo: PlacementTopology) -> List[List[int]]:
         """Ranks per instance, [server][instance]."""
         out = [[0] * topo.instances for _ in range(topo.servers)]
         for s, i in zip(self.server, self.instance):
@@ -105,7 +102,7 @@ def cut_by_level(graph: Graph, placement: Placement) -> Dict[str, float]:
 
 # ------------------------------------------------------------ references
 
-def round_robin(n: int, topo: Topology, cpus_per_rank: int = 1) -> Placement:
+def round_robin(n: int, topo: PlacementTopology, cpus_per_rank: int = 1) -> Placement:
     """Open MPI's --map-by node over the instances in instance-major order
     (s0i0, s1i0, ..., s0i1, ...: consecutive ranks on different servers
     first), as `ivcloud cluster`'s round-robin hostfile lists them."""
@@ -122,7 +119,7 @@ def round_robin(n: int, topo: Topology, cpus_per_rank: int = 1) -> Placement:
     return Placement(srv, ins, slot, cpus_per_rank)
 
 
-def block(n: int, topo: Topology, cpus_per_rank: int = 1) -> Placement:
+def block(n: int, topo: PlacementTopology, cpus_per_rank: int = 1) -> Placement:
     """Open MPI's --map-by slot over the instances server-major (s0i0,
     s0i1, ..., s1i0): fill each instance in rank order."""
     per = topo.vcpus // cpus_per_rank
@@ -369,7 +366,7 @@ class Partitioner:
         return best[2]
 
 
-def place(graph: Graph, topo: Topology, partitioner: Partitioner,
+def place(graph: Graph, topo: PlacementTopology, partitioner: Partitioner,
           fill: str = "spread", imbalance_pct: Fraction = Fraction(0),
           cpus_per_rank: int = 1) -> Placement:
     """Ranks to servers, each server's ranks to its instances, then cores
@@ -412,7 +409,7 @@ def place(graph: Graph, topo: Topology, partitioner: Partitioner,
     return Placement(server, instance, slot, cpus_per_rank)
 
 
-def rankfile_lines(topo: Topology, placement: Placement) -> List[str]:
+def rankfile_lines(topo: PlacementTopology, placement: Placement) -> List[str]:
     return [f"rank {r}={placement.host(topo, r)} "
             f"slot={placement.slot_text(r)}"
             for r in range(len(placement.server))]
