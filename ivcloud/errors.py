@@ -68,6 +68,10 @@ class PlacementError(InvalidRequest):
     """A placement request cannot be met (graph, topology, balance)."""
 
 
+class SpecError(InvalidRequest):
+    """A domain, device or flavor description that libvirt would refuse."""
+
+
 class LibvirtFailure(InvalidRequest):
     """libvirt refused or failed a request."""
 

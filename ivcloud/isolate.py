@@ -1,5 +1,5 @@
-"""`ivcloud isolate`: a CPU-isolation and vCPU-pinning plan from the host
-topology (hwloc).
+"""A CPU-isolation and vCPU-pinning plan from the host topology (hwloc),
+for `ivcloud isolate`.
 
 Seed 000 (sec. 5.4.4.3) found that pinning vCPUs alone can make things
 worse on a busy host: the host's own daemons keep landing on the pinned
@@ -10,7 +10,7 @@ split from `hwloc-ls --of xml` (or a saved XML file):
 
 - the host keeps the first core (all its SMT siblings) of each NUMA node
   (of each package when the machine has a single NUMA node), or
-  ``--reserve-host N`` cores spread over the nodes;
+  a given number of cores spread over the nodes;
 - every other core is isolated;
 - VMs get isolated cores, each VM inside one NUMA node when it fits
   (seed 004 sec. V: cross-socket traffic is what unpinned VMs lose),
@@ -27,7 +27,6 @@ shared between VMs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -36,15 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from .cli import CliError, int_at_least
+from .errors import IsolationError
 from .libvirt import cpuset
 from .libvirt.domain import cputune_element, format_pins, to_text
 
 POLICIES = ("isolate", "core", "pack")
-
-
-class PlanError(CliError):
-    """The topology cannot hold the request: one line, exit 2."""
 
 
 # ---------------------------------------------------------------- topology
@@ -58,7 +53,7 @@ class Core:
 
 
 @dataclass
-class Topology:
+class HostTopology:
     cores: List[Core]
 
     @property
@@ -106,7 +101,7 @@ def _bitmap(text: Optional[str]) -> Set[int]:
         try:
             value = int(word, 16)
         except ValueError:
-            raise PlanError(f"bad hwloc cpuset '{text}'") from None
+            raise IsolationError(f"bad hwloc cpuset '{text}'") from None
         base = 32 * shift
         while value:
             low = value & -value
@@ -115,16 +110,16 @@ def _bitmap(text: Optional[str]) -> Set[int]:
     return bits
 
 
-def parse_hwloc_xml(text: str) -> Topology:
+def parse_hwloc_xml(text: str) -> HostTopology:
     """Cores and PUs from hwloc XML (v2, and v1 where NUMA nodes are the
     parents of packages). A PU's NUMA node is the node whose cpuset holds
     it, which works for both layouts."""
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
-        raise PlanError(f"not hwloc XML: {e}") from None
+        raise IsolationError(f"not hwloc XML: {e}") from None
     if root.tag != "topology":
-        raise PlanError(f"not hwloc XML: root element <{root.tag}>")
+        raise IsolationError(f"not hwloc XML: root element <{root.tag}>")
     numa: List[Tuple[int, Set[int]]] = []
     # (pu os index, package, core key) in document order
     pus: List[Tuple[int, int, object]] = []
@@ -135,7 +130,7 @@ def parse_hwloc_xml(text: str) -> Topology:
         try:
             return int(value) if value is not None else fallback
         except ValueError:
-            raise PlanError(f"bad os_index '{value}' in hwloc XML") from None
+            raise IsolationError(f"bad os_index '{value}' in hwloc XML") from None
 
     def walk(el: ET.Element, package: int, core: object) -> None:
         for child in el.findall("object"):
@@ -157,7 +152,7 @@ def parse_hwloc_xml(text: str) -> Topology:
 
     walk(root, 0, None)
     if not pus:
-        raise PlanError("the hwloc topology has no PUs")
+        raise IsolationError("the hwloc topology has no PUs")
     cores: Dict[int, List[int]] = {}
     meta: Dict[int, Tuple[int, int]] = {}
     order: List[int] = []
@@ -169,7 +164,7 @@ def parse_hwloc_xml(text: str) -> Topology:
             meta[k] = (pkg, node)
             order.append(k)
         cores[k].append(pu)
-    return Topology([Core(i, meta[k][0], meta[k][1], tuple(sorted(cores[k])))
+    return HostTopology([Core(i, meta[k][0], meta[k][1], tuple(sorted(cores[k])))
                      for i, k in enumerate(order)])
 
 
@@ -179,15 +174,15 @@ def host_topology_xml() -> str:
         if path:
             break
     else:
-        raise PlanError("hwloc-ls not found (apt-get install hwloc)")
+        raise IsolationError("hwloc-ls not found (apt-get install hwloc)")
     try:
         proc = subprocess.run([path, "--no-io", "--of", "xml", "-"],
                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        raise PlanError(f"{tool} did not finish within 60 s") from None
+        raise IsolationError(f"{tool} did not finish within 60 s") from None
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or ["no output"])[0]
-        raise PlanError(f"{tool} failed: {err}")
+        raise IsolationError(f"{tool} failed: {err}")
     return proc.stdout
 
 
@@ -246,7 +241,7 @@ class VmPlan:
 
 @dataclass
 class Plan:
-    topology: Topology
+    topology: HostTopology
     policy: str
     host_cores: List[Core]
     isolated_cores: List[Core]
@@ -294,7 +289,7 @@ class Plan:
                 "warnings": self.warnings}
 
 
-def _domains(topo: Topology) -> Dict[int, List[Core]]:
+def _domains(topo: HostTopology) -> Dict[int, List[Core]]:
     """Cores grouped by NUMA node, or by package on a single-node
     machine; each group in hwloc order."""
     by_numa = len(topo.numa_nodes) > 1
@@ -305,19 +300,18 @@ def _domains(topo: Topology) -> Dict[int, List[Core]]:
     return dict(sorted(groups.items()))
 
 
-def plan(topo: Topology, reserve_host: Optional[int] = None, vms: int = 0,
+def plan(topo: HostTopology, reserve_host: Optional[int] = None, vms: int = 0,
          vcpus: int = 1, policy: str = "isolate") -> Plan:
     if policy not in POLICIES:
-        raise PlanError(f"unknown SMT policy '{policy}' (one of "
+        raise IsolationError(f"unknown SMT policy '{policy}' (one of "
                         f"{', '.join(POLICIES)})")
     groups = _domains(topo)
     if reserve_host is None:
         reserve_host = len(groups)
     if reserve_host < 1:
-        raise PlanError("the host needs at least one core (--reserve-host "
-                        ">= 1)")
+        raise IsolationError("the host needs at least one core")
     if reserve_host >= len(topo.cores):
-        raise PlanError(f"keeping {reserve_host} of {len(topo.cores)} cores "
+        raise IsolationError(f"keeping {reserve_host} of {len(topo.cores)} cores "
                         f"for the host leaves none to isolate")
     # Round-robin over the groups so every node keeps a housekeeping
     # core close to its VMs' emulator threads and interrupts.
@@ -331,7 +325,8 @@ def plan(topo: Topology, reserve_host: Optional[int] = None, vms: int = 0,
     result = Plan(topo, policy, sorted(host, key=lambda c: c.index),
                   isolated)
     if vms < 0 or vcpus < 1:
-        raise PlanError("--vms must be >= 0 and --vcpus >= 1")
+        raise IsolationError("the number of VMs must be >= 0 and of vCPUs "
+                             ">= 1")
     if vms == 0:
         return result
 
@@ -341,7 +336,7 @@ def plan(topo: Topology, reserve_host: Optional[int] = None, vms: int = 0,
     if need > have:
         per = ("" if threads == 1 else
                f", {threads} vCPUs per core")
-        raise PlanError(f"{vms} VM{'s' if vms != 1 else ''} x {vcpus} "
+        raise IsolationError(f"{vms} VM{'s' if vms != 1 else ''} x {vcpus} "
                         f"vCPU{'s' if vcpus != 1 else ''} need {need} "
                         f"isolated cores (SMT policy {policy}{per}) but "
                         f"only {have} of {len(topo.cores)} are left after "
@@ -431,55 +426,3 @@ def render_text(p: Plan, current: Optional[Set[int]] = None) -> str:
 
 
 # ---------------------------------------------------------------- CLI
-
-
-
-def register(sub) -> None:
-    p = sub.add_parser(
-        "isolate", help="plan CPU isolation and vCPU pinning from the host "
-                        "topology (hwloc)",
-        description="Read the host topology with hwloc and propose which "
-                    "cores to isolate (isolcpus=, nohz_full=, rcu_nocbs=), "
-                    "which to keep for the host, and a pinning map for the "
-                    "VMs, with <cputune> snippets and `ivcloud libvirt "
-                    "domain-xml` arguments.")
-    p.add_argument("--topology", metavar="FILE",
-                   help="hwloc XML (`hwloc-ls --of xml`) instead of this "
-                        "host")
-    p.add_argument("--reserve-host", type=int_at_least(1), default=None,
-                   metavar="N", help="cores kept for the host, spread over "
-                                     "the NUMA nodes (default: one per "
-                                     "node)")
-    p.add_argument("--vms", type=int_at_least(0), default=0,
-                   help="VMs to place (default 0: isolation only)")
-    p.add_argument("--vcpus", type=int_at_least(1), default=1,
-                   help="vCPUs per VM (default 1)")
-    p.add_argument("--smt", choices=POLICIES, default="isolate",
-                   help="SMT siblings: isolate = one vCPU per core, "
-                        "siblings idle (default); core = each vCPU owns a "
-                        "whole core; pack = a VM's vCPUs on sibling threads")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_isolate)
-
-
-def _cmd_isolate(args) -> int:
-    if args.topology:
-        try:
-            text = Path(args.topology).read_text()
-        except OSError as e:
-            raise PlanError(f"cannot read {args.topology}: "
-                            f"{e.strerror}") from None
-        current = None
-    else:
-        text = host_topology_xml()
-        current = host_isolated()
-    result = plan(parse_hwloc_xml(text), args.reserve_host, args.vms,
-                  args.vcpus, args.smt)
-    if args.json:
-        data = result.to_json()
-        if current is not None:
-            data["kernel_isolated_now"] = sorted(current)
-        print(json.dumps(data, indent=2))
-    else:
-        print(render_text(result, current), end="")
-    return 0

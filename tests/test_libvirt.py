@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 from ivcloud import isolate
+from ivcloud.errors import IsolationError
 from ivcloud.libvirt import cpuset
 from ivcloud.libvirt.domain import (Domain, Shmem, SpecError, parse_pins,
                                     validate_xml, validator)
@@ -380,7 +381,7 @@ def test_parse_hwloc_v1_layout_same_answer():
 
 def test_parse_bad_xml():
     for text in ("not xml", "<foo/>", "<topology/>"):
-        with pytest.raises(isolate.PlanError):
+        with pytest.raises(IsolationError):
             isolate.parse_hwloc_xml(text)
 
 
@@ -419,9 +420,9 @@ def test_plan_one_socket_two_cores():
     (vm,) = p.vms
     assert vm.pins == {0: {1}} and vm.emulator_pin == {0}
     assert vm.numa_nodes == {0}
-    with pytest.raises(isolate.PlanError, match="need 4 isolated cores"):
+    with pytest.raises(IsolationError, match="need 4 isolated cores"):
         isolate.plan(topo, vms=2, vcpus=2)
-    with pytest.raises(isolate.PlanError, match="leaves none"):
+    with pytest.raises(IsolationError, match="leaves none"):
         isolate.plan(topo, reserve_host=2)
 
 
@@ -455,7 +456,7 @@ def test_plan_two_sockets_core_and_pack_policies():
     assert vm0.threads == 2 and "--threads" in vm0.pin_args()
     # 3 free cores per node: 4 packed VMs of 2 vCPUs fit, 7 do not
     assert len(isolate.plan(topo, vms=6, vcpus=2, policy="pack").vms) == 6
-    with pytest.raises(isolate.PlanError, match="2 vCPUs per core"):
+    with pytest.raises(IsolationError, match="2 vCPUs per core"):
         isolate.plan(topo, vms=7, vcpus=2, policy="pack")
 
 

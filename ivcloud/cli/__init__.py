@@ -54,11 +54,9 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from . import mpi, place, server
-    from .. import bench, cluster, isolate, mag, vm
-    from .. import libvirt as libvirt_area
-    return [server, bench, mpi, place, cluster, mag, vm, libvirt_area,
-            isolate]
+    from . import isolate, libvirt, mpi, place, server
+    from .. import bench, cluster, mag, vm
+    return [server, bench, mpi, place, cluster, mag, vm, libvirt, isolate]
 
 
 def build_parser() -> Parser:

@@ -1,11 +1,7 @@
-"""`ivcloud libvirt`: libvirt domain XML with ivshmem devices and host
-tuning, hot-attach through the libvirt API, and the matching Nova flavor.
+"""libvirt domain XML with ivshmem devices and host tuning, hot-attach
+through the libvirt API, and the matching Nova flavor (`ivcloud libvirt`).
 
 Modules: cpuset (CPU-list syntax), domain (XML generation, validation),
 attach (libvirt API: attach/detach/watch; needs python3-libvirt), nova
-(flavor extra specs), cli (the subcommands).
+(flavor extra specs); the subcommands are in ivcloud/cli/libvirt.py.
 """
-
-from .cli import register
-
-__all__ = ["register"]

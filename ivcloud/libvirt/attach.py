@@ -26,15 +26,11 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Callable, List, Optional
 
-from ..cli import CliError
+from ..errors import LibvirtFailure
 from .domain import Shmem, SpecError, to_text
 
 DEFAULT_URI = "qemu:///system"
 NOVA_NS_PREFIX = "http://openstack.org/xmlns/libvirt/nova/"
-
-
-class LibvirtFailure(CliError):
-    """libvirt refused or failed a request: one line, exit 2."""
 
 
 def libvirt_module():

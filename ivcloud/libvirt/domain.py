@@ -30,6 +30,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
+from ..errors import SpecError
 from . import cpuset
 
 SHMEM_MODELS = ("ivshmem-plain", "ivshmem-doorbell")
@@ -45,10 +46,6 @@ MIN_MEMORY = 16 << 20
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 # A plain shmem's name is the file /dev/shm/NAME: no '/', no leading dot.
 _SHMEM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class SpecError(ValueError):
-    """A domain or device description that libvirt would refuse."""
 
 
 def _is_pow2(n: int) -> bool:

@@ -18,12 +18,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..cli import CliError, int_at_least
+from ..errors import SpecError
+from ..libvirt import cpuset
+from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
+                              parse_pins, validate_xml)
+from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..server import parse_size
-from . import cpuset
-from .domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem, SpecError,
-                     parse_pins, validate_xml)
-from .nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
+from . import CliError, int_at_least
 
 DEFAULT_URI = "qemu:///system"
 
@@ -322,7 +323,7 @@ def _live_config(args):
 
 
 def _cmd_attach(args) -> int:
-    from . import attach
+    from ..libvirt import attach
     live, persistent = _live_config(args)
     # The socket check happens in attach_shmem for doorbell devices.
     shm = _shmem_from(args, check=False)
@@ -340,7 +341,7 @@ def _cmd_attach(args) -> int:
 
 
 def _cmd_detach(args) -> int:
-    from . import attach
+    from ..libvirt import attach
     live, persistent = _live_config(args)
     conn = attach.connect(args.connect)
     try:
@@ -358,7 +359,7 @@ def _cmd_detach(args) -> int:
 
 
 def _cmd_watch(args) -> int:
-    from . import attach
+    from ..libvirt import attach
     if args.domain_glob is None and args.flavor is None:
         raise CliError("give --domain-glob and/or --flavor: the watcher "
                        "does not attach to every domain")
