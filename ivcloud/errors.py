@@ -22,7 +22,16 @@ from __future__ import annotations
 
 
 class IvcloudError(Exception):
-    """Base of the library's deliberate errors."""
+    """Base of the library's deliberate errors.
+
+    ``setting`` optionally names the request parameter at fault (a keyword
+    argument of the library call, e.g. ``"vcpus"``), so that a front end
+    can point at its own spelling of it (the CLI names its option).
+    """
+
+    def __init__(self, message: str = "", *, setting: str = ""):
+        super().__init__(message)
+        self.setting = setting
 
 
 class InvalidRequest(IvcloudError, ValueError):
@@ -54,6 +63,26 @@ class ClusterError(InvalidRequest):
 
 class ClusterFailure(OperationFailed):
     """Building, launching into or tearing down a cluster failed."""
+
+
+class HolderError(ClusterFailure):
+    """An instance's holder process (its namespaces) failed."""
+
+
+class NetworkError(ClusterFailure):
+    """A bridge, link or address of the emulated network failed."""
+
+
+class LaunchError(ClusterFailure):
+    """A job could not be launched into a cluster's instances."""
+
+
+class NetnsError(OperationFailed):
+    """A network namespace for a benchmark could not be made."""
+
+
+class RegionError(IvcloudError):
+    """A libivshm call on a region failed (see ivcloud.native)."""
 
 
 class VmError(InvalidRequest):

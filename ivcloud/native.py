@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
+from .errors import RegionError
+
 __all__ = [
     "ANY", "LOCK_SHARED", "LOCK_EXCLUSIVE",
     "IvshmError", "MagicError", "VersionError", "SizeError", "CorruptError",
@@ -50,7 +52,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 
 # ---------------------------------------------------------------- errors
 
-class IvshmError(Exception):
+class IvshmError(RegionError):
     """A libivshm call failed. `code` is the negative return value."""
 
     def __init__(self, code: int, message: str, call: str = ""):

@@ -20,12 +20,10 @@ import re
 import subprocess
 from typing import List, Optional, Sequence
 
+from .errors import NetnsError
+
 PREFIX = "ivb-"
 _NAME_RE = re.compile(r"^ivb-(\d+)-(a|b|br)$")
-
-
-class NetnsError(RuntimeError):
-    pass
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -54,8 +54,8 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from . import isolate, libvirt, mpi, place, server
-    from .. import bench, cluster, mag, vm
+    from . import cluster, isolate, libvirt, mpi, place, server
+    from .. import bench, mag, vm
     return [server, bench, mpi, place, cluster, mag, vm, libvirt, isolate]
 
 
@@ -82,12 +82,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(func(args) or 0)
     except (CliError, IvcloudError) as e:
-        sys.stderr.write(f"ivcloud {args.area}: error: "
-                         f"{' '.join(str(e).split())}\n")
+        sys.stderr.write(f"ivcloud {args.area}: error: {message(e)}\n")
         return exit_code(e)
     except KeyboardInterrupt:
         sys.stderr.write("ivcloud: interrupted\n")
         return 130
+
+
+def message(error: BaseException) -> str:
+    """One line for an error; a library error that names the parameter at
+    fault gets the command-line option of that name appended."""
+    text = " ".join(str(error).split())
+    setting = getattr(error, "setting", "")
+    if setting:
+        text += f" [--{setting.replace('_', '-')}]"
+    return text
 
 
 def exit_code(error: BaseException) -> int:

@@ -1,10 +1,9 @@
-"""`ivcloud cluster`: servers and VM-like instances emulated with Linux
+"""The emulated cloud: servers and VM-like instances made of Linux
 namespaces on one host, one ivshmem-server per emulated server, and Open
-MPI jobs launched across the instances. See docs/cluster.md."""
+MPI jobs launched across the instances (`ivcloud cluster`, whose command
+line is ivcloud/cli/cluster.py). See docs/cluster.md.
 
-from __future__ import annotations
-
-
-def register(sub) -> None:
-    from .cli import register as _register
-    _register(sub)
+Modules: topology (the ClusterTopology of a request), state (the state
+file), instance (holder processes), network (bridges, links), lifecycle
+(up/down/status), launch (entering instances, mpirun command lines).
+"""

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
+from ..errors import HolderError
+
 MARKER = "ivcloud-holder"
 CLUSTER_ENV = "IVCLOUD_CLUSTER"
 NS_KINDS = ("net", "uts", "ipc", "mnt")
@@ -92,10 +94,6 @@ fi
 echo ready
 exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1
 """
-
-
-class HolderError(RuntimeError):
-    pass
 
 
 def marker(cluster: str, role: str) -> str:

@@ -30,9 +30,10 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..errors import LaunchError
 from .instance import CLUSTER_ENV, Holder, enter_argv
 from .state import StateDir, load
-from .topology import SUBNET, Topology
+from .topology import SUBNET, ClusterTopology
 
 PLACEMENTS = ("block", "round-robin")
 TRANSPORTS = ("tcp", "ivshmem")
@@ -40,10 +41,6 @@ TRANSPORTS = ("tcp", "ivshmem")
 # host is invisible inside).
 PRIVATE_DIRS = ("/tmp", "/dev/shm")
 _KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ")
-
-
-class LaunchError(RuntimeError):
-    pass
 
 
 def visible_inside(path: str) -> bool:
@@ -59,7 +56,7 @@ def visible_inside(path: str) -> bool:
 
 # ---------------------------------------------------------------- files
 
-def hostfile_text(topo: Topology, placement: str) -> str:
+def hostfile_text(topo: ClusterTopology, placement: str) -> str:
     """block: instances server-major, filled slot by slot (--map-by slot);
     round-robin: instance-major order with --map-by node, so consecutive
     ranks land on different servers first."""

@@ -26,14 +26,13 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from .. import server as server_mod
-from ..cli import CliError
-from ..server import OperationFailed
+from ..errors import ClusterError, ClusterFailure, IvcloudError
 from . import instance as holders
 from . import network
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
                      hostfile_text)
 from .state import StateDir, load, save
-from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, Topology,
+from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology,
                        hosts_file_text, topology_from_dict)
 
 MIB = 1 << 20
@@ -55,22 +54,22 @@ def _raise_interrupted(signum, frame):
 
 # ---------------------------------------------------------------- checks
 
-def preflight(topo: Topology) -> None:
+def preflight(topo: ClusterTopology) -> None:
     """What `up` needs from the machine; refusals before anything exists."""
     if os.geteuid() != 0:
-        raise CliError("cluster up needs root (namespaces, mounts, bridges)")
+        raise ClusterError("cluster up needs root (namespaces, mounts, bridges)")
     tools = list(REQUIRED_TOOLS) + (["tc"] if topo.uplink_rate_bps else [])
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        raise OperationFailed(f"missing tools: {', '.join(missing)} "
+        raise ClusterFailure(f"missing tools: {', '.join(missing)} "
                               f"(install util-linux, iproute2)")
     binary = server_mod.server_binary()
     if not os.access(binary, os.X_OK):
-        raise OperationFailed(f"{binary} not found (run `make build` or set "
+        raise ClusterFailure(f"{binary} not found (run `make build` or set "
                               f"IVCLOUD_NATIVE_DIR)")
 
 
-def region_geometry(topo: Topology):
+def region_geometry(topo: ClusterTopology):
     """(max_peers, size) of each server's region: a peer per vCPU of its
     instances (at least 8), a power-of-two size with 32 MiB to spare."""
     max_peers = max(8, topo.instances_per_server * topo.vcpus)
@@ -92,7 +91,7 @@ def _host_namespaces() -> Dict[str, set]:
 
 # ---------------------------------------------------------------- up
 
-def initial_state(topo: Topology, sd: StateDir) -> Dict:
+def initial_state(topo: ClusterTopology, sd: StateDir) -> Dict:
     max_peers, size = region_geometry(topo)
     servers = {}
     for srv in topo.server_list():
@@ -150,23 +149,23 @@ def _start_holder(sd: StateDir, state: Dict, role: str, **kw) -> int:
     return proc.pid
 
 
-def up(topo: Topology, sd: StateDir, log=print) -> Dict:
+def up(topo: ClusterTopology, sd: StateDir, log=print) -> Dict:
     preflight(topo)
     real = os.path.realpath(sd.run_dir)
     for private in PRIVATE_DIRS:
         if real == private or real.startswith(private + "/"):
-            raise CliError(f"run dir {sd.run_dir} is under {private}, "
-                           f"which instances have privately (their server "
-                           f"sockets would be invisible); use another "
-                           f"--run-dir")
+            raise ClusterError(f"run dir {sd.run_dir} is under {private}, "
+                               f"which instances have privately (their "
+                               f"server sockets would be invisible); use "
+                               f"another run directory", setting="run_dir")
     state = initial_state(topo, sd)  # refuses too long socket paths
     sd.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(sd.dir, 0o755)
     except FileExistsError:
-        raise CliError(f"cluster '{topo.name}' is already up (or a failed "
-                       f"one was left: `ivcloud cluster down --name "
-                       f"{topo.name}`)")
+        raise ClusterError(f"cluster '{topo.name}' is already up (or a failed "
+                           f"one was left: take cluster '{topo.name}' down "
+                           f"first)")
     log(f"cluster '{topo.name}': {topo.describe()}")
     old = {s: signal.signal(s, _raise_interrupted)
            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
@@ -181,21 +180,21 @@ def up(topo: Topology, sd: StateDir, log=print) -> Dict:
         try:
             teardown(sd, state)
             rolled = "rolled back"
-        except CliError as t:
+        except IvcloudError as t:
             rolled = f"rollback incomplete: {t}"
         if isinstance(e, _Interrupted):
-            raise OperationFailed(f"up interrupted at {step}; {rolled}")
+            raise ClusterFailure(f"up interrupted at {step}; {rolled}")
         if isinstance(e, KeyboardInterrupt):
             raise
         why = " ".join(str(e).split()) or type(e).__name__
-        err = (type(e) if isinstance(e, CliError) else OperationFailed)
+        err = (type(e) if isinstance(e, IvcloudError) else ClusterFailure)
         raise err(f"up failed at {step}: {why}; {rolled}")
     finally:
         for s, h in old.items():
             signal.signal(s, h)
 
 
-def _build(topo: Topology, sd: StateDir, state: Dict, log) -> None:
+def _build(topo: ClusterTopology, sd: StateDir, state: Dict, log) -> None:
     def step(what: str) -> None:
         state["step"] = what
         save(sd, state)
@@ -306,7 +305,7 @@ def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
 
 def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
     """Remove everything of the cluster; returns what was done. Raises
-    OperationFailed (after doing all it can) if anything is left."""
+    ClusterFailure (after doing all it can) if anything is left."""
     name = sd.name
     done: List[str] = []
     problems: List[str] = []
@@ -343,7 +342,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
             continue
         try:
             done.append(server_mod.stop(paths))
-        except CliError as e:
+        except IvcloudError as e:
             problems.append(str(e))
 
     # 3. the fabric: links first (ports before bridges), then its holder
@@ -383,28 +382,28 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
         if state is not None and sd.dir.is_dir():
             state["phase"] = "down-incomplete"
             save(sd, state)
-        raise OperationFailed("down incomplete: " + "; ".join(problems))
+        raise ClusterFailure("down incomplete: " + "; ".join(problems))
     shutil.rmtree(sd.dir, ignore_errors=True)
     if sd.dir.exists():
-        raise OperationFailed(f"cannot remove {sd.dir}")
+        raise ClusterFailure(f"cannot remove {sd.dir}")
     done.append(f"removed {sd.dir}")
     return done
 
 
 def down(sd: StateDir) -> List[str]:
     if os.geteuid() != 0:
-        raise CliError("cluster down needs root")
+        raise ClusterError("cluster down needs root")
     state = load(sd) if sd.dir.is_dir() else None
     if state is None and not sd.dir.is_dir() and \
             not holders.find_by_marker(sd.name):
-        raise CliError(f"cluster '{sd.name}' is not up (no {sd.dir})")
+        raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.dir})")
     if state is not None:
         b = state.get("builder") or {}
         if (b.get("pid") not in (None, os.getpid())
                 and state.get("phase") == "building"
                 and b.get("start") is not None
                 and holders.start_time(b["pid"]) == b["start"]):
-            raise CliError(f"cluster '{sd.name}' is being built by pid "
+            raise ClusterError(f"cluster '{sd.name}' is being built by pid "
                            f"{b['pid']} (wait for it, or kill it first)")
     return teardown(sd, state)
 
@@ -414,7 +413,7 @@ def down(sd: StateDir) -> List[str]:
 def status(sd: StateDir) -> Dict:
     state = load(sd) if sd.dir.is_dir() else None
     if state is None:
-        raise CliError(f"cluster '{sd.name}' is not up (no {sd.state})")
+        raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
     topo = topology_from_dict(state["topology"])
     hrec = state.get("holders", {})
 
@@ -471,9 +470,9 @@ def load_up(sd: StateDir) -> Dict:
     """The state of a cluster that is up (for mpirun / exec)."""
     state = load(sd) if sd.dir.is_dir() else None
     if state is None:
-        raise CliError(f"cluster '{sd.name}' is not up (no {sd.state})")
+        raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
     if state.get("phase") != "up":
-        raise CliError(f"cluster '{sd.name}' is {state.get('phase')}, not up "
-                       f"(`ivcloud cluster down --name {sd.name}`)")
+        raise ClusterError(f"cluster '{sd.name}' is {state.get('phase')}, not "
+                           f"up (take it down and bring it up again)")
     return state
 

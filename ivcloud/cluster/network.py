@@ -19,16 +19,13 @@ from __future__ import annotations
 import subprocess
 from typing import List, Optional, Sequence
 
+from ..errors import NetworkError
 from . import instance as inst_mod
 from .topology import (CORE_BRIDGE, INSTANCE_IFNAME, PREFIX_LEN, Instance,
                        Server)
 
 HEAD_PORT = "i-head"
 TBF_LATENCY = "50ms"
-
-
-class NetworkError(RuntimeError):
-    pass
 
 
 def _run(argv: Sequence[str], stdin: str = "", check: bool = True,

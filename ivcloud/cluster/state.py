@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from ..cli import CliError
+from ..errors import ClusterError, IvcloudError
 from ..server import DEFAULT_RUN_DIR
 
 STATE_VERSION = 1
@@ -84,13 +84,13 @@ def load(sd: StateDir) -> Optional[Dict]:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise CliError(f"cannot read {sd.state}: {e.strerror}")
+        raise ClusterError(f"cannot read {sd.state}: {e.strerror}")
     try:
         state = json.loads(text)
     except ValueError:
-        raise CliError(f"{sd.state} is not valid JSON (remove "
-                       f"{sd.dir} by hand after checking what runs)")
+        raise ClusterError(f"{sd.state} is not valid JSON (remove "
+                           f"{sd.dir} by hand after checking what runs)")
     if state.get("version") != STATE_VERSION:
-        raise CliError(f"{sd.state}: unknown state version "
-                       f"{state.get('version')!r}")
+        raise ClusterError(f"{sd.state}: unknown state version "
+                           f"{state.get('version')!r}")
     return state

@@ -1,7 +1,7 @@
 """What a cluster is made of: servers, instances, names, addresses, CPUs.
 
 Pure data, no side effects: `plan()` turns the `up` options into a
-:class:`Topology` (or raises CliError for a request we refuse), and the
+:class:`ClusterTopology` (or raises ClusterError for a request we refuse), and the
 rest of the package creates what the topology describes.
 
 Naming and numbering (all of it exists only inside the cluster's own
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..cli import CliError
+from ..errors import ClusterError, IvcloudError
 
 SUBNET = "10.251.0.0/16"
 PREFIX_LEN = 16
@@ -91,7 +91,7 @@ class Server:
 
 
 @dataclass
-class Topology:
+class ClusterTopology:
     name: str
     servers: int
     instances_per_server: int
@@ -132,8 +132,8 @@ class Topology:
 
 def check_name(name: str) -> str:
     if not _NAME_RE.match(name or ""):
-        raise CliError(f"bad cluster name '{name}' (letters, digits, '_.-', "
-                       f"at most 24, not starting with '.' or '-')")
+        raise ClusterError(f"bad cluster name '{name}' (letters, digits, '_.-', "
+                           f"at most 24, not starting with '.' or '-')")
     return name
 
 
@@ -142,11 +142,11 @@ def parse_rate(text: str) -> int:
     in tc's units (k = 1000)."""
     m = _RATE_RE.match(text or "")
     if not m:
-        raise CliError(f"bad uplink rate '{text}' (expected e.g. 1gbit, "
-                       f"100mbit, 500kbit, 10mbps)")
+        raise ClusterError(f"bad uplink rate '{text}' (expected e.g. 1gbit, "
+                           f"100mbit, 500kbit, 10mbps)")
     bps = int(float(m.group(1)) * _RATE_UNITS[m.group(2).lower()])
     if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
-        raise CliError(f"uplink rate '{text}' out of range (8kbit..100gbit)")
+        raise ClusterError(f"uplink rate '{text}' out of range (8kbit..100gbit)")
     return bps
 
 
@@ -159,42 +159,48 @@ def format_rate(bps: int) -> str:
 
 def plan(name: str, servers: int, instances_per_server: int, vcpus: int,
          uplink_rate: Optional[str] = None, oversubscribe: bool = False,
-         host_cpus: Optional[List[int]] = None) -> Topology:
-    """Validate an `up` request; every refusal is a CliError (exit 2)."""
+         host_cpus: Optional[List[int]] = None) -> ClusterTopology:
+    """Validate an `up` request; every refusal is a ClusterError."""
     check_name(name)
     if not 1 <= servers <= MAX_SERVERS:
-        raise CliError(f"--servers must be 1..{MAX_SERVERS}, not {servers}")
+        raise ClusterError(f"the number of servers must be 1..{MAX_SERVERS}, "
+                           f"not {servers}", setting="servers")
     if not 1 <= instances_per_server <= MAX_INSTANCES:
-        raise CliError(f"--instances-per-server must be 1..{MAX_INSTANCES}, "
-                       f"not {instances_per_server}")
+        raise ClusterError(f"instances per server must be 1..{MAX_INSTANCES}, "
+                           f"not {instances_per_server}",
+                           setting="instances_per_server")
     if vcpus < 1:
-        raise CliError(f"--vcpus must be at least 1, not {vcpus}")
+        raise ClusterError(f"vCPUs per instance must be at least 1, not "
+                           f"{vcpus}", setting="vcpus")
     if instances_per_server * vcpus > MAX_PEERS_PER_REGION:
-        raise CliError(f"{instances_per_server} instances x {vcpus} vCPUs "
-                       f"per server exceed the {MAX_PEERS_PER_REGION} peers "
-                       f"one ivshmem region holds")
+        raise ClusterError(f"{instances_per_server} instances x {vcpus} vCPUs "
+                           f"per server exceed the {MAX_PEERS_PER_REGION} "
+                           f"peers one ivshmem region holds")
     cpus = sorted(host_cpus if host_cpus is not None
                   else os.sched_getaffinity(0))
     want = servers * instances_per_server * vcpus
     if want > len(cpus) and not oversubscribe:
-        raise CliError(f"{servers} servers x {instances_per_server} "
-                       f"instances x {vcpus} vCPUs = {want} vCPUs but this "
-                       f"host has {len(cpus)} CPUs (add --oversubscribe)")
+        raise ClusterError(f"{servers} servers x {instances_per_server} "
+                           f"instances x {vcpus} vCPUs = {want} vCPUs but "
+                           f"this host has {len(cpus)} CPUs and "
+                           f"oversubscription was not allowed",
+                           setting="oversubscribe")
     if vcpus > len(cpus) and not oversubscribe:
-        raise CliError(f"--vcpus {vcpus} exceeds the host's {len(cpus)} CPUs "
-                       f"(add --oversubscribe)")
+        raise ClusterError(f"{vcpus} vCPUs per instance exceed the host's "
+                           f"{len(cpus)} CPUs and oversubscription was not "
+                           f"allowed", setting="oversubscribe")
     rate = parse_rate(uplink_rate) if uplink_rate is not None else None
-    return Topology(name, servers, instances_per_server, vcpus, rate,
+    return ClusterTopology(name, servers, instances_per_server, vcpus, rate,
                     oversubscribe, cpus)
 
 
-def topology_from_dict(d: Dict) -> Topology:
-    return Topology(d["name"], d["servers"], d["instances_per_server"],
+def topology_from_dict(d: Dict) -> ClusterTopology:
+    return ClusterTopology(d["name"], d["servers"], d["instances_per_server"],
                     d["vcpus"], d.get("uplink_rate_bps"),
                     d.get("oversubscribe", False), list(d["host_cpus"]))
 
 
-def hosts_file_text(topo: Topology) -> str:
+def hosts_file_text(topo: ClusterTopology) -> str:
     """/etc/hosts as every instance (and the head node) sees it."""
     lines = ["127.0.0.1\tlocalhost",
              f"{HEAD_ADDRESS}\t{HEAD_HOSTNAME}"]

@@ -1,6 +1,6 @@
 """`ivcloud cluster up|status|mpirun|exec|down`: argument parsing and
-output; the work is in lifecycle (up/down/status) and launch (entering
-instances, the mpirun command)."""
+output; the work is in ivcloud.cluster: lifecycle (up/down/status) and
+launch (entering instances, the mpirun command)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ import signal
 import subprocess
 import sys
 
-from ..cli import CliError, positive_int
-from ..server import OperationFailed, format_size
-from . import lifecycle
-from .launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS, LaunchError,
-                     enter_command, mpirun_command, visible_inside)
-from .state import state_dir
-from .topology import DEFAULT_NAME, check_name, format_rate, plan
-
-
+from ..cluster import lifecycle
+from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
+                              enter_command, mpirun_command, visible_inside)
+from ..cluster.state import state_dir
+from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
+from ..errors import LaunchError, OperationFailed
+from ..server import format_size
+from . import CliError, positive_int
 
 
 def _common(p: argparse.ArgumentParser) -> None:
