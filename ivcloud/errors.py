@@ -93,6 +93,19 @@ class ImageError(VmError):
     """A guest image cannot be built (missing package, download failure)."""
 
 
+class VmFailure(OperationFailed):
+    """A VM did not start, stop or answer as it should."""
+
+
+class QmpError(VmFailure):
+    """QEMU's monitor (QMP) refused a command or did not answer."""
+
+
+class AgentError(VmFailure):
+    """The guest's command agent did not answer (not booted, dead, or
+    timed out)."""
+
+
 class PlacementError(InvalidRequest):
     """A placement request cannot be met (graph, topology, balance)."""
 

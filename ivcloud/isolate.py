@@ -27,7 +27,6 @@ shared between VMs.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET

@@ -22,12 +22,10 @@ import contextlib
 import os
 import re
 import secrets
-import shlex
 import shutil
 import signal
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 

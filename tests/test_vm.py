@@ -35,7 +35,7 @@ import pytest
 from ivcloud import native
 from ivcloud.server import paths_for, start as server_start, stop as server_stop
 from ivcloud.vm import agent, qemu
-from ivcloud.vm.cli import qemu_pid
+from ivcloud.vm.lifecycle import qemu_pid
 
 pytestmark = pytest.mark.skipif(qemu.qemu_binary() is None,
                                 reason="qemu-system-x86_64 not installed")

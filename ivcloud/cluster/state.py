@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from ..errors import ClusterError, IvcloudError
+from ..errors import ClusterError
 from ..server import DEFAULT_RUN_DIR
 
 STATE_VERSION = 1

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..errors import ClusterError, IvcloudError
+from ..errors import ClusterError
 
 SUBNET = "10.251.0.0/16"
 PREFIX_LEN = 16

@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..errors import AgentError
+
 _ids = itertools.count(1)
 RESEND_S = 1.5
-
-
-class AgentError(Exception):
-    """The guest did not answer (not booted, dead, or timed out)."""
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..cli import CliError
+from ..errors import ImageError
 
 # Bump when the layout of the image or the init script changes in a way
 # the input hashes cannot see.
@@ -57,10 +57,6 @@ MODULE_PARAMS = {"vfio_iommu_type1": "allow_unsafe_interrupts=1"}
 # for READY_BANNER to know the guest is up.
 INIT_BANNER = "ivcloud-guest: init"
 READY_BANNER = "ivcloud-guest: ready"
-
-
-class ImageError(CliError):
-    """The image cannot be built (missing package, download failure)."""
 
 
 @dataclass(frozen=True)

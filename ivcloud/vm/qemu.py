@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .image import INIT_BANNER, READY_BANNER, GuestImage
+from ..errors import QmpError
+from .image import INIT_BANNER, GuestImage
 
 QEMU_ENV = "IVCLOUD_QEMU"
 DEFAULT_QEMU = "qemu-system-x86_64"
@@ -145,10 +146,6 @@ def kvm_usable(qemu: str, image: GuestImage, cache_dir: Path,
 
 
 # ---------------------------------------------------------------- QMP
-
-class QmpError(Exception):
-    pass
-
 
 class Qmp:
     """One QMP session over the VM's UNIX socket (use as a context

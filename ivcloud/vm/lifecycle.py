@@ -1,4 +1,5 @@
-"""`ivcloud vm up|down|status|exec|image` and `ivcloud pin`.
+"""The VM life cycle behind `ivcloud vm up|down|status|exec` and
+`ivcloud pin`: boot, find, pin and stop QEMU guests.
 
 A VM NAME keeps everything under RUN_DIR/vm/NAME: vm.json (what was
 started, how), qemu.pid, console.log (ttyS0), agent.sock (ttyS1, the
@@ -9,11 +10,9 @@ that name this directory; it removes the directory either way.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import shlex
 import signal
 import stat
 import subprocess
@@ -22,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..cli import CliError
-from ..server import OperationFailed, format_size, parse_size
+from ..errors import VmError, VmFailure
+from ..server import format_size
 from . import agent, image, qemu
 
 DEFAULT_RUN_DIR = "/run/ivcloud"
@@ -46,10 +45,10 @@ def vm_dir(root: Path, name: str) -> Path:
     return root / name
 
 
-def _check_name(name: str) -> str:
+def check_name(name: str) -> str:
     if not _NAME_RE.match(name):
-        raise CliError(f"bad VM name '{name}' (a letter, then letters, "
-                       f"digits, '_' or '-', at most 32)")
+        raise VmError(f"bad VM name '{name}' (a letter, then letters, "
+                      f"digits, '_' or '-', at most 32)")
     return name
 
 
@@ -147,7 +146,7 @@ def stop_vm(d: Path) -> Optional[int]:
             pass
     left = _wait_gone(pids, 5.0)
     if left:
-        raise OperationFailed(f"QEMU {left} of {d.name} did not die")
+        raise VmFailure(f"QEMU {left} of {d.name} did not die")
     _remove_tree(d)
     return pid
 
@@ -175,12 +174,12 @@ def _check_socket(path: str) -> str:
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise CliError(f"server socket {path} does not exist (start a "
-                       f"server with `ivcloud server start`)")
+        raise VmError(f"server socket {path} does not exist (start a "
+                      f"server with `ivcloud server start`)")
     except OSError as e:
-        raise CliError(f"server socket {path}: {e.strerror}")
+        raise VmError(f"server socket {path}: {e.strerror}")
     if not stat.S_ISSOCK(st.st_mode):
-        raise CliError(f"{path} is not a socket")
+        raise VmError(f"{path} is not a socket")
     return str(p.absolute())
 
 
@@ -202,38 +201,42 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     nothing: on failure every VM started here is stopped again."""
     log = log or (lambda msg: sys.stderr.write(msg + "\n"))
     if not 1 <= count <= MAX_VMS:
-        raise CliError(f"--count must be 1..{MAX_VMS}, not {count}")
+        raise VmError(f"the number of VMs must be 1..{MAX_VMS}, not {count}",
+                      setting="count")
     if vcpus < 1:
-        raise CliError(f"--vcpus must be at least 1, not {vcpus}")
+        raise VmError(f"vCPUs per VM must be at least 1, not {vcpus}",
+                      setting="vcpus")
     if vcpus > host_cores():
-        raise CliError(f"--vcpus {vcpus} is more than the {host_cores()} "
-                       f"host cores")
+        raise VmError(f"{vcpus} vCPUs per VM is more than the "
+                      f"{host_cores()} host cores", setting="vcpus")
     if memory < MIN_MEMORY:
-        raise CliError(f"--memory {format_size(memory)} is too small (at "
-                       f"least {format_size(MIN_MEMORY)})")
+        raise VmError(f"memory {format_size(memory)} is too small (at "
+                      f"least {format_size(MIN_MEMORY)})", setting="memory")
     if not 1 <= vectors <= 64:
-        raise CliError(f"--vectors must be 1..64, not {vectors}")
+        raise VmError(f"vectors must be 1..64, not {vectors}",
+                      setting="vectors")
     if doorbell not in ("vfio", "uio"):
-        raise CliError(f"--doorbell must be vfio or uio, not {doorbell}")
-    _check_name(prefix)
+        raise VmError(f"the doorbell must be vfio or uio, not {doorbell}",
+                      setting="doorbell")
+    check_name(prefix)
     binary = qemu.qemu_binary()
     if binary is None:
-        raise CliError(f"{os.environ.get(qemu.QEMU_ENV) or qemu.DEFAULT_QEMU}"
-                       f" not found (apt-get install qemu-system-x86)")
+        raise VmError(f"{os.environ.get(qemu.QEMU_ENV) or qemu.DEFAULT_QEMU}"
+                      f" not found (apt-get install qemu-system-x86)")
     server = _check_socket(server)
-    names = [_check_name(f"{prefix}{i}") for i in range(count)]
+    names = [check_name(f"{prefix}{i}") for i in range(count)]
     if len(str(vm_dir(root, names[-1]) / "agent.sock")) > _SUN_PATH_MAX:
-        raise CliError(f"run directory {root} is too long for UNIX sockets "
-                       f"(use a shorter --run-dir)")
+        raise VmError(f"run directory {root} is too long for UNIX sockets",
+                      setting="run_dir")
     for n in names:
         d = vm_dir(root, n)
         pid = qemu_pid(d)
         if pid is not None:
-            raise CliError(f"VM {n} is already running (pid {pid}); "
-                           f"`ivcloud vm down --name {n}` first")
+            raise VmError(f"VM {n} is already running (pid {pid}); take "
+                          f"it down first")
     for what, path in (("kernel", kernel), ("initramfs", initrd)):
         if path is not None and not Path(path).is_file():
-            raise CliError(f"guest {what} image {path} is missing")
+            raise VmError(f"guest {what} image {path} is missing")
     if kernel and initrd:
         img = image.GuestImage(Path(kernel).absolute(),
                                Path(initrd).absolute(), "custom")
@@ -244,7 +247,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
                                    Path(initrd or img.initrd).absolute(),
                                    "custom" if kernel else img.kernel_version)
     if not img.exists():
-        raise CliError(f"guest kernel image {img.kernel} is missing")
+        raise VmError(f"guest kernel image {img.kernel} is missing")
 
     if accel == "auto":
         ok, why = qemu.kvm_usable(binary, img, img.kernel.parent
@@ -277,11 +280,11 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
                                        stdout=qlog, stderr=subprocess.PIPE,
                                        text=True, timeout=60)
                 except subprocess.TimeoutExpired:
-                    raise OperationFailed(f"QEMU for {n} did not start "
+                    raise VmFailure(f"QEMU for {n} did not start "
                                           f"within 60 s")
             if p.returncode != 0:
                 lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-                raise OperationFailed(f"QEMU for {n} failed: "
+                raise VmFailure(f"QEMU for {n} failed: "
                                       f"{lines[-1] if lines else p.returncode}")
         t0 = time.monotonic()
         pending = {d.name: d for d in started}
@@ -293,12 +296,12 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
                     info[n] = banner
                     del pending[n]
                 elif qemu_pid(d) is None:
-                    raise OperationFailed(
+                    raise VmFailure(
                         f"VM {n} died while booting: "
                         f"{qemu.last_line(qemu.console_text(d))}")
             if pending and time.monotonic() - t0 > boot_timeout:
                 n = sorted(pending)[0]
-                raise OperationFailed(
+                raise VmFailure(
                     f"VM {n} did not boot within {boot_timeout:.0f} s "
                     f"({accel}); last console line: "
                     f"{qemu.last_line(qemu.console_text(pending[n]))}")
@@ -320,7 +323,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
         for d in started:
             try:
                 stop_vm(d)
-            except OperationFailed:
+            except VmFailure:
                 pass
         raise
 
@@ -368,18 +371,18 @@ def parse_cores(text: str) -> List[int]:
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not m:
-            raise CliError(f"bad core list '{text}' (expected e.g. 0,1 or "
-                           f"0-3)")
+            raise VmError(f"bad core list '{text}' (expected e.g. 0,1 or "
+                          f"0-3)")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) else lo
         if hi < lo:
-            raise CliError(f"bad core range '{part.strip()}'")
+            raise VmError(f"bad core range '{part.strip()}'")
         cores.extend(range(lo, hi + 1))
     allowed = os.sched_getaffinity(0)
     bad = [c for c in cores if c not in allowed]
     if bad:
-        raise CliError(f"core {bad[0]} is not a host core we may use "
-                       f"(available: {','.join(map(str, sorted(allowed)))})")
+        raise VmError(f"core {bad[0]} is not a host core we may use "
+                      f"(available: {','.join(map(str, sorted(allowed)))})")
     return list(dict.fromkeys(cores))
 
 
@@ -391,230 +394,19 @@ def pin(root: Path, names: List[str], cores: List[int]) -> List[Dict]:
         d = vm_dir(root, n)
         pid = qemu_pid(d)
         if pid is None:
-            raise CliError(f"VM {n} is not running")
+            raise VmError(f"VM {n} is not running")
         try:
             threads = qemu.vcpu_threads(d / "qmp.sock")
         except qemu.QmpError as e:
-            raise OperationFailed(f"VM {n}: {e}")
+            raise VmFailure(f"VM {n}: {e}")
         for i, t in enumerate(threads):
             core = cores[i % len(cores)]
             try:
                 os.sched_setaffinity(t["thread"], {core})
             except OSError as e:
-                raise OperationFailed(f"VM {n}: cannot pin vCPU {t['cpu']} "
+                raise VmFailure(f"VM {n}: cannot pin vCPU {t['cpu']} "
                                       f"(thread {t['thread']}): {e.strerror}")
             done.append({"vm": n, "cpu": t["cpu"], "thread": t["thread"],
                          "core": core,
                          "cpus_allowed": cpus_allowed(pid, t["thread"])})
     return done
-
-
-# ---------------------------------------------------------------- CLI
-
-def _integer(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, not '{text}'")
-    return v
-
-
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
-def _run_dir_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", default=None,
-                   help=f"parent of the vm/ state directory (default "
-                        f"$IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
-
-
-def register(sub) -> None:
-    p = sub.add_parser("vm", help="boot QEMU guests attached to an "
-                                  "ivshmem-server",
-                       description="Boot, inspect and stop QEMU VMs whose "
-                                   "ivshmem-doorbell device is attached to "
-                                   "an ivshmem-server (see docs/vm.md).")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
-
-    u = actions.add_parser("up", help="boot N VMs")
-    u.add_argument("--count", type=_integer, default=1,
-                   help="how many VMs (default 1)")
-    u.add_argument("--server", required=True, metavar="SOCKET",
-                   help="ivshmem-server socket the VMs attach to")
-    u.add_argument("--name", default=DEFAULT_PREFIX, metavar="PREFIX",
-                   help=f"VMs are PREFIX0, PREFIX1, ... (default "
-                        f"{DEFAULT_PREFIX})")
-    u.add_argument("--memory", type=_size_arg, default=256 << 20,
-                   help="guest memory (default 256M)")
-    u.add_argument("--vcpus", type=_integer, default=1,
-                   help="vCPUs per VM, at most the host's cores (default 1)")
-    u.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
-                   help="auto: KVM if a guest boots with it, else TCG")
-    u.add_argument("--vectors", type=_integer, default=1,
-                   help="ivshmem interrupt vectors, >= the server's "
-                        "(default 1)")
-    u.add_argument("--doorbell", choices=["vfio", "uio"], default="vfio",
-                   help="guest driver for doorbell interrupts: vfio-pci "
-                        "(MSI-X, default) or uio_pci_generic (INTx)")
-    u.add_argument("--image-dir", default=None,
-                   help="guest image cache (default build/guest)")
-    u.add_argument("--kernel", default=None,
-                   help="boot this kernel instead of the built one (its "
-                        "modules must match the initramfs)")
-    u.add_argument("--initrd", default=None,
-                   help="boot this initramfs instead of the built one")
-    u.add_argument("--boot-timeout", type=float, default=BOOT_TIMEOUT_S,
-                   help=f"seconds to wait for the guests "
-                        f"(default {BOOT_TIMEOUT_S:.0f})")
-    _run_dir_arg(u)
-    u.set_defaults(func=_cmd_up)
-
-    d = actions.add_parser("down", help="stop VMs and remove their files")
-    d.add_argument("--name", action="append", default=None,
-                   help="a VM to stop (repeatable; default all)")
-    _run_dir_arg(d)
-    d.set_defaults(func=_cmd_down)
-
-    s = actions.add_parser("status", help="list VMs, their QEMU and vCPU "
-                                          "threads")
-    s.add_argument("--name", action="append", default=None)
-    s.add_argument("--json", action="store_true", help="print JSON")
-    _run_dir_arg(s)
-    s.set_defaults(func=_cmd_status)
-
-    e = actions.add_parser("exec", help="run a shell command in a VM")
-    e.add_argument("vm", metavar="NAME")
-    e.add_argument("--timeout", type=float, default=60.0)
-    e.add_argument("command", nargs=argparse.REMAINDER,
-                   help="-- COMMAND [ARGS...] (run by the guest's sh)")
-    _run_dir_arg(e)
-    e.set_defaults(func=_cmd_exec)
-
-    i = actions.add_parser("image", help="build the guest kernel + "
-                                         "initramfs")
-    i.add_argument("--image-dir", default=None)
-    i.add_argument("--rebuild", action="store_true")
-    i.set_defaults(func=_cmd_image)
-
-    q = sub.add_parser("pin", help="pin the vCPU threads of running VMs to "
-                                   "host cores",
-                       description="Pin vCPU i of each VM to core "
-                                   "CORES[i mod len]; threads are found "
-                                   "through QMP query-cpus-fast.")
-    who = q.add_mutually_exclusive_group(required=True)
-    who.add_argument("--vm", action="append", metavar="NAME",
-                     help="a VM to pin (repeatable)")
-    who.add_argument("--all", action="store_true", help="every running VM")
-    q.add_argument("--cores", required=True,
-                   help="host cores, e.g. 0,1 or 0-3")
-    q.add_argument("--json", action="store_true", help="print JSON")
-    _run_dir_arg(q)
-    q.set_defaults(func=_cmd_pin)
-
-
-def _cmd_up(args) -> int:
-    root = vm_root(args.run_dir)
-    vms = up(root, args.count, args.server, args.name, args.memory,
-             args.vcpus, args.accel, args.vectors, args.doorbell,
-             args.image_dir, args.kernel, args.initrd, args.boot_timeout)
-    for v in vms:
-        print(f"{v['name']}: running (pid {v['pid']}, {v['accel']}, "
-              f"{v['vcpus']} vCPU, {format_size(v['memory'])}, ivshmem id "
-              f"{v['ivposition']}, booted in {v['boot_s']} s); console "
-              f"{vm_dir(root, v['name']) / 'console.log'}")
-    return 0
-
-
-def _cmd_down(args) -> int:
-    root = vm_root(args.run_dir)
-    names = [_check_name(n) for n in args.name] if args.name else \
-        list_vms(root)
-    if args.name:
-        missing = [n for n in names if not vm_dir(root, n).exists()]
-        if missing:
-            raise CliError(f"no VM {missing[0]} in {root}")
-    if not names:
-        print(f"no VMs in {root}")
-        return 0
-    for n in names:
-        pid = stop_vm(vm_dir(root, n))
-        print(f"{n}: stopped (pid {pid})" if pid else
-              f"{n}: was not running; files removed")
-    return 0
-
-
-def _cmd_status(args) -> int:
-    root = vm_root(args.run_dir)
-    names = [_check_name(n) for n in args.name] if args.name else None
-    if names:
-        missing = [n for n in names if not vm_dir(root, n).exists()]
-        if missing:
-            raise CliError(f"no VM {missing[0]} in {root}")
-    vms = status(root, names)
-    if args.json:
-        print(json.dumps(vms, indent=2, sort_keys=True))
-        return 0
-    if not vms:
-        print(f"no VMs in {root}")
-        return 0
-    for v in vms:
-        if not v["running"]:
-            print(f"{v['name']}: not running (stale files in {v['dir']})")
-            continue
-        print(f"{v['name']}: running (pid {v['pid']}, {v['accel']}, "
-              f"ivshmem id {v['ivposition']}, server {v['server']})")
-        for t in v.get("vcpu_threads", []):
-            print(f"  vCPU {t['cpu']}: thread {t['thread']}, cores "
-                  f"{t['cpus_allowed']}")
-    return 0
-
-
-def _cmd_exec(args) -> int:
-    root = vm_root(args.run_dir)
-    d = vm_dir(root, _check_name(args.vm))
-    if qemu_pid(d) is None:
-        raise CliError(f"VM {args.vm} is not running")
-    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not cmd:
-        raise CliError("no command given (ivcloud vm exec NAME -- CMD)")
-    text = cmd[0] if len(cmd) == 1 else " ".join(shlex.quote(c) for c in cmd)
-    try:
-        r = agent.run(d / "agent.sock", text, timeout=args.timeout)
-    except agent.AgentError as e:
-        raise OperationFailed(f"VM {args.vm}: {e}")
-    sys.stdout.write(r.output)
-    return r.status
-
-
-def _cmd_image(args) -> int:
-    img = image.build(Path(args.image_dir) if args.image_dir else None,
-                      force=args.rebuild,
-                      log=lambda m: sys.stderr.write(m + "\n"))
-    print(f"kernel {img.kernel} ({img.kernel_version}), initramfs "
-          f"{img.initrd} ({img.initrd.stat().st_size} bytes)")
-    return 0
-
-
-def _cmd_pin(args) -> int:
-    root = vm_root(args.run_dir)
-    cores = parse_cores(args.cores)
-    if args.all:
-        names = [n for n in list_vms(root) if qemu_pid(vm_dir(root, n))]
-        if not names:
-            raise CliError(f"no running VMs in {root}")
-    else:
-        names = [_check_name(n) for n in args.vm]
-    done = pin(root, names, cores)
-    if args.json:
-        print(json.dumps(done, indent=2))
-    else:
-        for p in done:
-            print(f"{p['vm']}: vCPU {p['cpu']} (thread {p['thread']}) -> "
-                  f"core {p['core']} (allowed: {p['cpus_allowed']})")
-    return 0
