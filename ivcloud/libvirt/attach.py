@@ -105,11 +105,12 @@ def _check_target(dom, live: bool, persistent: bool) -> None:
         raise LibvirtFailure("nothing to change: neither the live domain "
                              "nor its persistent definition")
     if live and not dom.isActive():
-        raise LibvirtFailure(f"domain '{dom.name()}' is not running (use "
-                             f"--config alone to change its definition)")
+        raise LibvirtFailure(f"domain '{dom.name()}' is not running (change "
+                             f"only its persistent definition)",
+                             setting="config")
     if persistent and not dom.isPersistent():
         raise LibvirtFailure(f"domain '{dom.name()}' is transient: it has "
-                             f"no definition to change (drop --config)")
+                             f"no definition to change", setting="config")
 
 
 def attach_shmem(conn, domain: str, shm: Shmem, live: bool = True,

@@ -101,7 +101,7 @@ class Shmem:
         else:
             if not self.server:
                 raise SpecError("ivshmem-doorbell needs the ivshmem-server "
-                                "socket path (--shmem-server)")
+                                "socket path", setting="shmem_server")
             if not self.server.startswith("/"):
                 raise SpecError(f"server socket '{self.server}' must be an "
                                 f"absolute path (QEMU runs elsewhere)")
