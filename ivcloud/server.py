@@ -140,7 +140,7 @@ def running_pid(paths: ServerPaths) -> Optional[int]:
     return pid if pid is not None and _is_server_pid(pid) else None
 
 
-def _leftovers(paths: ServerPaths) -> List[Path]:
+def leftovers(paths: ServerPaths) -> List[Path]:
     return [p for p in paths.files() if os.path.lexists(p)]
 
 
@@ -152,7 +152,7 @@ def _remove(paths: List[Path]) -> None:
             pass
 
 
-def _remove_dir(paths: ServerPaths) -> None:
+def remove_dir(paths: ServerPaths) -> None:
     try:
         for tmp in paths.dir.glob("*.tmp"):
             tmp.unlink()
@@ -205,7 +205,7 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
     pid = running_pid(paths)
     if pid is not None:
         raise ServerError(f"server '{paths.name}' is already running (pid {pid})")
-    stale = _leftovers(paths)
+    stale = leftovers(paths)
     if paths.region in stale:
         raise ServerError(f"region {paths.region} exists but no server "
                           f"'{paths.name}' runs; stopping server "
@@ -246,7 +246,7 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exit status {proc.returncode}"
-        _remove_dir(paths)
+        remove_dir(paths)
         # the daemon exits 2 for a command line it refuses (bad input)
         cls = ServerError if proc.returncode == 2 else OperationFailed
         raise cls(f"{SERVER_BINARY} failed: {why}")
@@ -262,12 +262,12 @@ def stop(paths: ServerPaths, timeout_s: float = 10.0) -> str:
     one-line report."""
     pid = running_pid(paths)
     if pid is None:
-        stale = _leftovers(paths)
+        stale = leftovers(paths)
         if not stale:
             raise ServerError(f"server '{paths.name}' is not running")
         old = read_pid(paths)
         _remove(stale)
-        _remove_dir(paths)
+        remove_dir(paths)
         return (f"server '{paths.name}' was not running"
                 f"{f' (pid {old} is gone)' if old else ''}; removed "
                 f"{', '.join(str(p) for p in stale)}")
@@ -281,15 +281,15 @@ def stop(paths: ServerPaths, timeout_s: float = 10.0) -> str:
             raise OperationFailed(f"server '{paths.name}' (pid {pid}) did not "
                                   f"exit within {timeout_s:.0f} s of SIGTERM")
         time.sleep(0.02)
-    left = _leftovers(paths)
+    left = leftovers(paths)
     if left:
         # the daemon is gone, so nobody else will ever remove these
         _remove(left)
-        _remove_dir(paths)
+        remove_dir(paths)
         raise OperationFailed(f"server '{paths.name}' (pid {pid}) exited but "
                               f"left {', '.join(str(p) for p in left)} "
                               f"(removed now)")
-    _remove_dir(paths)
+    remove_dir(paths)
     return f"server '{paths.name}' stopped (pid {pid})"
 
 
@@ -312,5 +312,5 @@ def status(paths: ServerPaths) -> Dict:
     elif pid is not None:
         info["peers"] = []
     if pid is None:
-        info["stale_files"] = [str(p) for p in _leftovers(paths)]
+        info["stale_files"] = [str(p) for p in leftovers(paths)]
     return info

@@ -5,6 +5,7 @@ launch (entering instances, the mpirun command)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-from ..cluster import lifecycle
+from ..cluster import jobs, lifecycle
 from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
                               enter_command, mpirun_command, visible_inside)
 from ..cluster.state import state_dir
@@ -101,6 +102,10 @@ def register(sub) -> None:
                         "self,vader,ivshmem,tcp)")
     m.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than the instances' vCPUs")
+    m.add_argument("--shared-region", action="store_true",
+                   help="run in each server's standing region, shared with "
+                        "the other jobs that ask for it (one tenant's jobs); "
+                        "by default an ivshmem job gets regions of its own")
     m.add_argument("--verbose-btl", action="store_true",
                    help="ivshmem: ranks print their BTL counters")
     m.add_argument("--mca", nargs=2, action="append", default=[],
@@ -235,9 +240,19 @@ def _cmd_mpirun(args) -> int:
         full, env, _ = enter_command(state, "head", cmd)
     except LaunchError as e:
         raise OperationFailed(str(e))
+    own_regions = args.transport == "ivshmem" and not args.shared_region
     if args.dry_run:
         print(shlex.join(full))
+        if own_regions:
+            print("# each server gets a region of the job's own for the "
+                  "job's duration", file=sys.stderr)
         return 0
+    if own_regions:
+        job = jobs.new_job_id()
+        env[jobs.JOB_ENV] = job
+        regions = jobs.job_regions(state, job)
+    else:
+        regions = contextlib.nullcontext()
     if rankfile is not None:
         rankfile.write_text(text)
     # SIGTERM/SIGHUP unwind like Ctrl-C: run_command then tears the job
@@ -245,7 +260,8 @@ def _cmd_mpirun(args) -> int:
     old = {s: signal.signal(s, _raise_terminated)
            for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return mpi.run_command(full, timeout=args.timeout, env=env)
+        with regions:
+            return mpi.run_command(full, timeout=args.timeout, env=env)
     except _Terminated as t:
         return 128 + t.signum
     except subprocess.TimeoutExpired:

@@ -12,8 +12,9 @@ the instance's holder is still the process we started, and execs
   * a fresh environment as sshd would give (nothing of mpirun's own
     environment leaks in), TMPDIR=/tmp (the instance's private tmpfs,
     where orted and PMIx keep their session directories) and
-    IVSHM_SOCKET = the socket of the instance's own server, which the
-    ivshmem BTL reads when btl_ivshmem_socket is not set;
+    IVSHM_SOCKET = the socket of the job's region on the instance's
+    server (jobs.py; the server's standing region for a job that shares
+    it), which the ivshmem BTL reads when btl_ivshmem_socket is not set;
   * COMMAND joined and run by /bin/sh -c, since Open MPI quotes it for
     a remote shell.
 
@@ -32,6 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import LaunchError
 from .instance import CLUSTER_ENV, Holder, enter_argv
+from .jobs import JOB_ENV, job_socket
 from .state import StateDir, load
 from .topology import SUBNET, ClusterTopology
 
@@ -90,8 +92,12 @@ def instance_env(state: Dict, host: str, base: Optional[Dict] = None) -> Dict[st
     env[CLUSTER_ENV] = state["name"]
     inst = state.get("instances", {}).get(host)
     if inst is not None:
-        server = state["servers"][str(inst["server"])]
-        env["IVSHM_SOCKET"] = server["socket"]
+        job = base.get(JOB_ENV)
+        if job:
+            env["IVSHM_SOCKET"] = job_socket(state, inst["server"], job)
+        else:
+            server = state["servers"][str(inst["server"])]
+            env["IVSHM_SOCKET"] = server["socket"]
     return env
 
 

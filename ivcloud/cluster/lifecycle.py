@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import server as server_mod
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from . import instance as holders
-from . import network
+from . import jobs, network
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
                      hostfile_text)
 from .state import StateDir, load, save
@@ -330,6 +330,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     # 2. ivshmem-servers (their sockets, pid files and regions). A server
     # whose directory does not exist was never started by us: a region
     # of that name belongs to someone else and stays.
+    problems += jobs.stop_all(jobs.left_behind(sd.servers))
     started = []
     for srv_name in _server_names(state, sd):
         paths = server_mod.paths_for(srv_name, str(sd.servers))
@@ -337,8 +338,8 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
             continue
         started.append(paths)
         if server_mod.running_pid(paths) is None and \
-                not server_mod._leftovers(paths):
-            server_mod._remove_dir(paths)
+                not server_mod.leftovers(paths):
+            server_mod.remove_dir(paths)
             continue
         try:
             done.append(server_mod.stop(paths))

@@ -1,0 +1,113 @@
+"""A region of its own for every job: one trust domain per region.
+
+A region is shared only inside one trust domain (docs/security.md): the
+ranks of one MPI job trust each other as MPI ranks do, but a rank of
+another job, or of another tenant, must not be able to write into their
+rings. So `cluster mpirun` starts, for each emulated server, an
+ivshmem-server of the job's own (its own region), and tells the job's
+ranks its socket through IVSHM_SOCKET; the servers are stopped when the
+job ends. A tenant may instead choose to run its jobs in the cluster's
+standing per-server region (shared between those jobs).
+
+Files: the job's servers live under SERVER_DIR/jobs/JOB/ (SERVER_DIR is
+the emulated server's directory, the one its instances see), so a job's
+socket is visible to the instances of that server and to nothing else
+inside the cluster. `down` stops whatever job servers a killed
+`cluster mpirun` left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+from .. import server as server_mod
+from ..errors import ClusterFailure, IvcloudError
+
+JOBS_DIR = "jobs"
+# An instance's agent picks the job's sockets by this variable, which
+# mpirun passes on to it from the head node.
+JOB_ENV = "IVCLOUD_JOB"
+
+
+def new_job_id() -> str:
+    return f"j{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def jobs_dir(servers_dir: Path, server_name: str) -> Path:
+    return Path(servers_dir) / server_name / JOBS_DIR
+
+
+def job_server_paths(servers_dir: Path, server_name: str,
+                     job: str) -> server_mod.ServerPaths:
+    return server_mod.paths_for(f"{server_name}-{job}",
+                                str(jobs_dir(servers_dir, server_name)))
+
+
+def job_socket(state: Dict, server_index: int, job: str) -> str:
+    srv = state["servers"][str(server_index)]
+    return str(job_server_paths(Path(state["servers_dir"]), srv["name"],
+                                job).socket)
+
+
+@contextlib.contextmanager
+def job_regions(state: Dict, job: str) -> Iterator[Dict[int, str]]:
+    """Start a server (a region) of the job's own on every emulated
+    server; yields {server index: socket}; stops them all on exit, also
+    when starting one of them failed."""
+    servers_dir = Path(state["servers_dir"])
+    started: List[server_mod.ServerPaths] = []
+    sockets: Dict[int, str] = {}
+    try:
+        for key, srv in sorted(state["servers"].items(),
+                               key=lambda kv: int(kv[0])):
+            jd = jobs_dir(servers_dir, srv["name"])
+            jd.mkdir(mode=0o755, exist_ok=True)
+            paths = job_server_paths(servers_dir, srv["name"], job)
+            started.append(paths)
+            server_mod.start(paths, srv["size"], max_peers=srv["max_peers"])
+            sockets[int(key)] = str(paths.socket)
+        yield sockets
+    except BaseException:
+        stop_all(started)   # the job's own error is the one to report
+        raise
+    problems = stop_all(started)
+    if problems:
+        raise ClusterFailure("job regions not removed: "
+                             + "; ".join(problems))
+
+
+def stop_all(paths_list: List[server_mod.ServerPaths]) -> List[str]:
+    """Stop these job servers and remove their files; the problems left."""
+    problems = []
+    for paths in paths_list:
+        if not paths.dir.is_dir():
+            continue
+        try:
+            if server_mod.running_pid(paths) is not None or \
+                    server_mod.leftovers(paths):
+                server_mod.stop(paths)
+            else:
+                server_mod.remove_dir(paths)
+        except IvcloudError as e:
+            problems.append(str(e))
+        with contextlib.suppress(OSError):
+            paths.dir.parent.rmdir()   # the jobs dir, once empty
+    return problems
+
+
+def left_behind(servers_dir: Path) -> List[server_mod.ServerPaths]:
+    """Job servers found on disk (those of jobs whose launcher died)."""
+    found = []
+    servers_dir = Path(servers_dir)
+    if not servers_dir.is_dir():
+        return found
+    for srv_dir in sorted(p for p in servers_dir.iterdir() if p.is_dir()):
+        jd = srv_dir / JOBS_DIR
+        if jd.is_dir():
+            found += [server_mod.paths_for(p.name, str(jd))
+                      for p in sorted(jd.iterdir()) if p.is_dir()]
+    return found
