@@ -16,7 +16,8 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   python3-pip python3-pytest python3-numpy python3-mpi4py iproute2 procps \
   psmisc libmetis5 python3-matplotlib python3-scipy python3-petsc4py \
   petsc-dev python3-gmsh python3-meshio \
-  libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc
+  libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
+  hpcc openfoam openfoam-examples
 
 .PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
         demo bench bench-p2p fuzz clean

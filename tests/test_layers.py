@@ -1,7 +1,7 @@
 """The package's layers, read from its imports: every import points down.
 
     command line      ivcloud.cli, ivcloud.__main__
-    benchmarks        ivcloud.bench
+    workloads, benchmarks  ivcloud.apps, ivcloud.bench
     library           server, mpi, netns, cluster, vm, place, libvirt,
                       isolate
     binding, errors   ivcloud.native, ivcloud.errors
@@ -27,10 +27,10 @@ LAYERS = {
     "ivcloud.server": 1, "ivcloud.mpi": 1, "ivcloud.netns": 1,
     "ivcloud.cluster": 1, "ivcloud.vm": 1, "ivcloud.place": 1,
     "ivcloud.libvirt": 1, "ivcloud.isolate": 1,
-    "ivcloud.bench": 2,
+    "ivcloud.apps": 2, "ivcloud.bench": 2,
     "ivcloud.cli": 3, "ivcloud.__main__": 3,
 }
-NAMES = {0: "binding/errors", 1: "library", 2: "benchmarks",
+NAMES = {0: "binding/errors", 1: "library", 2: "workloads/benchmarks",
          3: "command line"}
 
 

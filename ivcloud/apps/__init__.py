@@ -1,0 +1,13 @@
+"""Real applications as workloads: how to prepare their input, the
+command that runs them under MPI, and how to read their results.
+
+Each module is one application from Debian's archive:
+
+- :mod:`hpcc` -- the HPC Challenge suite (HPL, PTRANS, MPIFFT,
+  MPIRandomAccess, ring latency/bandwidth), as in seed 004;
+- :mod:`openfoam` -- OpenFOAM's simpleFoam on the pitzDaily tutorial
+  case, as in seed 002.
+
+They know nothing about where the ranks run: a benchmark (ivcloud.bench)
+launches the command they give through a cluster or `ivcloud mpirun`.
+"""
