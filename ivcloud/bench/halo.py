@@ -1,76 +1,82 @@
 """Rank placement on the emulated cloud: halo exchange, planned vs round-robin.
 
-Brings up an `ivcloud cluster` of 2 servers x 2 instances x 2 vCPUs whose
-uplinks are rate-limited (--uplink-rate, default 200mbit), so traffic
-between servers costs what it does in a cloud, and runs mpi-halo
-(native/bench/halo.c: 8 ranks on a 4x2 grid, each exchanging --face
-bytes with its up to 4 neighbours per iteration, plus a tiny compute)
-with transport ivshmem under two placements:
-
-  planned      the rankfile `ivcloud place --pattern halo2d:4x2` makes
-               for this cluster (METIS: neighbours in one instance, the
-               fewest grid edges across servers);
-  round-robin  Open MPI's --map-by node over the instances (consecutive
-               ranks on different servers), what a scheduler does
-               without knowing the traffic.
-
-The 8 ranks share the host's 2 cores (oversubscribed), so runs are
-short; the placements alternate, --reps times each, and the figure is
-the median wall time. Every run checks that each rank ran where its
-placement put it. The target is the ratio round-robin / planned from
-this run. The cluster is taken down at the end, also after an error or
-a signal (unless --keep-cluster).
+:func:`run` brings up a cluster (ivcloud.cluster.session) of 2 servers x
+2 instances x 2 vCPUs with rate-limited uplinks, and runs mpi-halo
+(native/bench/halo.c: RANKS ranks on a 2-D grid exchanging faces with
+their neighbours) under the two PLACEMENTS: "planned", what
+ivcloud.place computes for the halo2d pattern on this shape, and
+"round-robin", Open MPI's by-node mapping. The placements alternate,
+the settings' `reps` times each, and the figure is the median wall time;
+every run checks that each rank ran where its placement put it. The
+target is the ratio round-robin / planned from this run. The cluster is
+taken down at the end, also after an error or a signal, unless it is to
+be kept.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import functools
 import statistics
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
-from ..cli import CliError, positive_int
+from ..cluster.session import ClusterSession, floating_rankfile
+from ..errors import BenchError, InvalidRequest
 from ..place import graph as graphs
 from ..place.metis import Metis
 from ..errors import PlacementError
 from ..place.planner import (Partitioner, Placement,
                              PlacementTopology as PlaceTopology, cut_by_level, place,
                              rankfile_lines, round_robin)
-from .hierarchy import (ClusterSession, Results, attempt, check_root,
-                        common_arguments, finish, floating_rankfile,
-                        program)
-from .common import machine_info
-from .mpi import BenchError
-from .p2p import Target, print_targets
+from . import report
+from .toolkit import (BenchResults, Target, attempt, conclude, count,
+                      machine_info, parse_records, print_grid, program,
+                      ratio_target, require_root, run_job)
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
 PLACEMENTS = ["round-robin", "planned"]
 DEFAULT_UPLINK = "200mbit"
 FACE_BYTES = 64 * 1024
+TRANSPORTS = ["ivshmem", "tcp"]
+KEYS = ("wall_s", "per_iter_us", "dims", "hosts", "bad_faces")
+
+
+def check_face(face: int) -> int:
+    if face % 8 or not 16 <= face <= 64 << 20:
+        raise InvalidRequest("face size: a multiple of 8, 16 B .. 64 MiB")
+    return face
 
 
 @dataclass
-class Settings:
-    iters: int
+class HaloSettings:
+    iters: int          # timed halo iterations per run
     warmup: int
-    reps: int
-    face: int
+    reps: int           # runs per placement (the median counts)
+    face: int           # bytes per face and neighbour
     uplink_rate: str
-    transport: str
+    transport: str      # between instances of a server
     timeout_s: int
     quick: bool
 
     @classmethod
-    def from_args(cls, args) -> "Settings":
-        quick = args.quick
-        return cls(iters=args.iters or (30 if quick else 150),
+    def make(cls, quick: bool = False, iters: Optional[int] = None,
+             reps: Optional[int] = None, face: int = FACE_BYTES,
+             uplink_rate: str = DEFAULT_UPLINK,
+             transport: str = "ivshmem") -> "HaloSettings":
+        """The full comparison, or one short run per placement; the
+        others override the defaults of either."""
+        if transport not in TRANSPORTS:
+            raise InvalidRequest(f"unknown transport '{transport}' (choose "
+                                 f"from {', '.join(TRANSPORTS)})")
+        return cls(iters=(count("timed iterations", iters)
+                          or (30 if quick else 150)),
                    warmup=5 if quick else 10,
-                   reps=args.reps or (1 if quick else 3),
-                   face=args.face, uplink_rate=args.uplink_rate,
-                   transport=args.transport,
+                   reps=count("runs", reps) or (1 if quick else 3),
+                   face=check_face(face), uplink_rate=uplink_rate,
+                   transport=transport,
                    timeout_s=90 if quick else 240, quick=quick)
 
 
@@ -91,9 +97,10 @@ class Plan:
         return cut_by_level(self.graph, self.placements[name])
 
 
-def make_plan(log=sys.stderr) -> Plan:
-    """What `ivcloud place --pattern halo2d:PXxPY --servers 2
-    --instances-per-server 2 --vcpus 2` computes, through its API."""
+def make_plan(log=None) -> Plan:
+    """What `ivcloud place` computes for the halo2d pattern on the
+    cluster's shape, through its API."""
+    log = log or sys.stderr
     dims = graphs.dims_create(RANKS, 2)
     graph = graphs.pattern(f"halo2d:{dims[0]}x{dims[1]}", None)
     topo = PlaceTopology(SERVERS, INSTANCES, VCPUS)
@@ -108,38 +115,22 @@ def make_plan(log=sys.stderr) -> Plan:
                 part.name)
 
 
-def _parse(stdout: str, origin: str) -> Dict:
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                raise BenchError(f"{origin}: unparsable line: {line[:120]}")
-            for key in ("wall_s", "per_iter_us", "dims", "hosts",
-                        "bad_faces"):
-                if key not in rec:
-                    raise BenchError(f"{origin}: record without '{key}'")
-            return rec
-    raise BenchError(f"{origin}: produced no record")
-
-
 def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
-             s: Settings) -> Dict:
+             s: HaloSettings) -> Dict:
     origin = f"halo {name} #{rep + 1}"
-    argv = [program("mpi-halo"), "--face", str(s.face), "--iters",
+    argv = [str(program("mpi-halo")), "--face", str(s.face), "--iters",
             str(s.iters), "--warmup", str(s.warmup), "--transport",
             s.transport, "--placement", name]
     if name == "planned":
         kw = dict(rankfile=floating_rankfile(plan.hosts(name), VCPUS))
     else:
         kw = dict(placement=name)
-    stdout, _ = cluster.mpirun(
-        argv, RANKS, s.transport, s.timeout_s, origin,
+    stdout, _ = run_job(functools.partial(
+        cluster.mpirun, argv, RANKS, s.transport,
         # 8 ranks on 2 cores: waiting ranks give the CPU away instead of
         # polling through their time slice (the same for both placements)
-        extra_mca=[("mpi_yield_when_idle", "1")], **kw)
-    rec = _parse(stdout, origin)
+        extra_mca=[("mpi_yield_when_idle", "1")], **kw), s.timeout_s, origin)
+    rec = parse_records(stdout, origin, KEYS)[0]
     if rec["dims"] != plan.dims:
         raise BenchError(f"{origin}: the job's grid is {rec['dims']}, the "
                          f"plan's {plan.dims}")
@@ -152,9 +143,10 @@ def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
     return rec
 
 
-def measure(cluster: ClusterSession, plan: Plan, s: Settings,
-            log=sys.stderr) -> Results:
-    res = Results()
+def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
+            log=None) -> BenchResults:
+    log = log or sys.stderr
+    res = BenchResults()
     # alternating, so that a slow phase of the machine hits both
     for rep in range(s.reps):
         for name in PLACEMENTS:
@@ -183,91 +175,46 @@ def summary(records: Sequence[Dict]) -> Dict[str, Dict]:
 
 
 def targets(summ: Dict[str, Dict]) -> List[Target]:
-    name = "halo wall time round-robin / planned"
-    rr, planned = summ.get("round-robin"), summ.get("planned")
-    if not rr or not planned:
-        return [Target(name, None, ">=", 1.3, "placement missing")]
-    return [Target(name, rr["wall_s"] / planned["wall_s"], ">=", 1.3)]
+    return [ratio_target("halo wall time round-robin / planned",
+                         summ.get("round-robin"), summ.get("planned"),
+                         "wall_s", ">=", 1.3, "placement missing")]
 
 
-def table(summ: Dict[str, Dict]):
-    """(header, rows), shared with the markdown report."""
-    header = ["placement", "wall s (median)", "runs", "per iteration us",
-              "edges across servers", "across instances",
-              "inside instances"]
-    rows = []
-    for name, s in summ.items():
-        c = s["cut"]
-        rows.append([name, f"{s['wall_s']:.3f}",
-                     " ".join(f"{w:.3f}" for w in s["runs"]),
-                     f"{s['per_iter_us']:.0f}",
-                     f"{c['across_servers']:g}",
-                     f"{c['across_instances']:g}",
-                     f"{c['inside_instances']:g}"])
-    return header, rows
-
-
-def print_table(summ: Dict[str, Dict], out=sys.stdout) -> None:
-    header, rows = table(summ)
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    line = "  ".join(h.rjust(w) for h, w in zip(header, widths))
-    out.write(line + "\n" + "-" * len(line) + "\n")
-    for row in rows:
-        out.write("  ".join(c.rjust(w) for c, w in zip(row, widths)) + "\n")
+def print_table(summ: Dict[str, Dict], out=None) -> None:
+    out = out or sys.stdout
+    print_grid(*report.halo_table(summ), out)
     for name, s in summ.items():
         out.write(f"{name}: ranks on {' '.join(s['hosts'])}\n")
 
 
-def _face(text: str) -> int:
-    v = positive_int(text)
-    if v % 8 or not 16 <= v <= 64 << 20:
-        raise argparse.ArgumentTypeError("face size: a multiple of 8, "
-                                         "16 B .. 64 MiB")
-    return v
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "halo",
-                     "one short run per placement (plumbing check)")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="timed halo iterations per run")
-    p.add_argument("--reps", type=positive_int, default=None,
-                   help="runs per placement (the median counts)")
-    p.add_argument("--face", type=_face, default=FACE_BYTES,
-                   help=f"bytes per face and neighbour (default "
-                        f"{FACE_BYTES})")
-    p.add_argument("--uplink-rate", default=DEFAULT_UPLINK, metavar="RATE",
-                   help=f"servers' uplink limit (default {DEFAULT_UPLINK})")
-    p.add_argument("--transport", choices=["ivshmem", "tcp"],
-                   default="ivshmem", help="between instances of a server "
-                                           "(default ivshmem)")
-
-
-def run(args) -> int:
-    check_root("halo")
-    s = Settings.from_args(args)
+def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
+        keep_cluster: bool = False, out=None, log=None) -> int:
+    """Plan, bring a cluster up, run both placements, take it down
+    (unless `keep_cluster`); print the table, targets and notes to `out`,
+    progress to `log`; write the document to OUT_DIR/halo.json (and
+    `json_path`) and the report into `out_dir`. 1 if a run or the report
+    failed."""
+    require_root("halo")
     program("mpi-halo")  # refuse before building anything
     try:
-        plan = make_plan()
+        plan = make_plan(log)
     except (graphs.GraphError, PlacementError) as e:
-        raise CliError(str(e))
+        raise BenchError(f"cannot place the halo ranks: {e}") from e
     info = machine_info()
     with ClusterSession("halo", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
-                        keep=args.keep_cluster) as cluster:
-        res = measure(cluster, plan, s)
+                        keep=keep_cluster, log=log) as cluster:
+        res = measure(cluster, plan, s, log)
     summ = summary(res.records)
     ts = targets(summ)
-    print_table(summ)
-    print_targets(ts)
-    for note in res.notes:
-        print(f"note: {note}")
-    doc = {"benchmark": "halo", "quick": s.quick, **info,
-           "cluster": cluster.describe(), "ranks": RANKS, "dims": plan.dims,
-           "pattern": f"halo2d:{plan.dims[0]}x{plan.dims[1]}",
-           "partitioner": plan.partitioner, "transport": s.transport,
-           "face_bytes": s.face, "iters": s.iters, "reps": s.reps,
-           "rankfile": rankfile_lines(plan.topo, plan.placements["planned"]),
-           "rankfile_used": floating_rankfile(plan.hosts("planned"), VCPUS),
-           "records": res.records, "summary": summ,
-           "targets": [t.to_json() for t in ts], "notes": res.notes}
-    return finish("halo", doc, args, failed=bool(res.failed))
+    print_table(summ, out)
+    doc = conclude(
+        "halo", s.quick, info, res, ts, out,
+        cluster=cluster.describe(), ranks=RANKS, dims=plan.dims,
+        pattern=f"halo2d:{plan.dims[0]}x{plan.dims[1]}",
+        partitioner=plan.partitioner, transport=s.transport,
+        face_bytes=s.face, iters=s.iters, reps=s.reps,
+        rankfile=rankfile_lines(plan.topo, plan.placements["planned"]),
+        rankfile_used=floating_rankfile(plan.hosts("planned"), VCPUS),
+        summary=summ)
+    return report.publish("halo", doc, out_dir, json_path,
+                          failed=bool(res.failed), stdout=out)

@@ -1,0 +1,356 @@
+"""Plots and a markdown report from the cloud benchmarks' JSON.
+
+`write(DIR)` reads DIR/hierarchy.json (`ivcloud bench hierarchy`) and
+DIR/halo.json (`ivcloud bench halo`), whichever exist, and writes into
+DIR, with matplotlib's Agg backend (no display needed):
+
+  latency.png    one-way latency vs message size, log-log, one curve per
+                 (level, transport): seed 000's figures 25/27/29/31
+  bandwidth.png  bandwidth vs message size: its figures 26/28/30/32
+  halo.png       halo-exchange wall time per placement
+  report.md      setup, tables, targets and the images
+
+`python -m ivcloud.report DIR` redoes it from the JSON alone: the
+report is made from the documents only, never from the benchmarks' code
+(the benchmarks import this module, not the reverse).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ReportError
+from .toolkit import fmt_size, find_record, write_docs
+
+# one colour per level, one line style per transport: the level is what
+# the figures are about, the transport what changes within a level
+LEVEL_COLOURS = {1: "#2ca02c", 2: "#1f77b4", 3: "#d62728"}
+TRANSPORT_STYLES = {"ivshmem": ("-", "o"), "tcp": ("--", "s")}
+PLACEMENT_COLOURS = {"round-robin": "#d62728", "planned": "#2ca02c"}
+
+
+def _load(path: Path) -> Optional[Dict]:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ReportError(f"cannot read {path}: {e}")
+
+
+# ---------------------------------------------------------------- tables
+# The tables of the cloud benchmarks, from their records alone: the
+# benchmarks print them, the markdown below embeds them.
+
+def hierarchy_columns(records: Sequence[Dict],
+                      transports: Sequence[str]) -> List[Tuple[int, str]]:
+    """(level, transport) pairs that have records: levels in order, each
+    level's transports in the order given."""
+    have = {(r["level"], r["transport"]) for r in records}
+    return [(lv, t) for lv in sorted({lv for lv, _ in have})
+            for t in transports if (lv, t) in have]
+
+
+def hierarchy_table(records: Sequence[Dict], test: str,
+                    transports: Sequence[str]) -> Tuple[List[str],
+                                                        List[List[str]]]:
+    """(header, rows) of one test: a row per size, a column per (level,
+    transport); latency in us, bandwidth in MB/s; last, the BTL row."""
+    cols = hierarchy_columns(records, transports)
+    key, fmt = (("latency_us", "{:.2f}") if test == "latency"
+                else ("bandwidth_MBps", "{:.1f}"))
+    header = ["size"] + [f"L{lv} {t}" for lv, t in cols]
+    sizes = sorted({r["size"] for r in records if r["test"] == test})
+    rows = []
+    for size in sizes:
+        row = [fmt_size(size)]
+        for lv, t in cols:
+            r = find_record(records, level=lv, transport=t, test=test,
+                            size=size)
+            row.append(fmt.format(r[key]) if r else "-")
+        rows.append(row)
+    btl_row = ["BTL used"]
+    for lv, t in cols:
+        btl_row.append(find_record(records, level=lv, transport=t)["btl"])
+    rows.append(btl_row)
+    return header, rows
+
+
+def halo_table(summ: Dict[str, Dict]) -> Tuple[List[str], List[List[str]]]:
+    """(header, rows): a row per placement of `ivcloud bench halo`."""
+    header = ["placement", "wall s (median)", "runs", "per iteration us",
+              "edges across servers", "across instances",
+              "inside instances"]
+    rows = []
+    for name, s in summ.items():
+        c = s["cut"]
+        rows.append([name, f"{s['wall_s']:.3f}",
+                     " ".join(f"{w:.3f}" for w in s["runs"]),
+                     f"{s['per_iter_us']:.0f}",
+                     f"{c['across_servers']:g}",
+                     f"{c['across_instances']:g}",
+                     f"{c['inside_instances']:g}"])
+    return header, rows
+
+
+# ---------------------------------------------------------------- plots
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("matplotlib is not installed (apt-get install "
+                          "python3-matplotlib): no plots")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _size_axis(ax, sizes: Sequence[int]) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(sizes)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([fmt_size(s) for s in sorted(sizes)], rotation=45,
+                       ha="right")
+    ax.set_xlabel("message size")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _curves(doc: Dict, test: str):
+    """[(label, level, transport, sizes, records)] in level order."""
+    out = []
+    for lv, transport in hierarchy_columns(doc["records"],
+                                           doc["transports"]):
+        recs = sorted((r for r in doc["records"] if r["level"] == lv
+                       and r["transport"] == transport
+                       and r["test"] == test), key=lambda r: r["size"])
+        if not recs:
+            continue
+        name = next(x["name"] for x in doc["levels"] if x["level"] == lv)
+        label = f"L{lv} {name}, {transport} (via {recs[0]['btl']})"
+        out.append((label, lv, transport, recs))
+    return out
+
+
+def plot_hierarchy(plt, doc: Dict, out: Path) -> List[Path]:
+    written = []
+    sizes = sorted({r["size"] for r in doc["records"]})
+    for test, key, ylabel, name, title in (
+            ("latency", "latency_us", "one-way latency (µs)", "latency.png",
+             "MPI ping-pong latency per hierarchy level"),
+            ("bw", "bandwidth_MBps", "bandwidth (MB/s)", "bandwidth.png",
+             "MPI streaming bandwidth per hierarchy level")):
+        fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+        for label, lv, transport, recs in _curves(doc, test):
+            style, marker = TRANSPORT_STYLES.get(transport, ("-", "x"))
+            ax.plot([r["size"] for r in recs], [r[key] for r in recs],
+                    linestyle=style, marker=marker, markersize=4,
+                    color=LEVEL_COLOURS.get(lv, "grey"), label=label)
+        ax.set_yscale("log")
+        _size_axis(ax, sizes)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        # the corner the curves leave free: latency rises to the right,
+        # bandwidth starts low on the left
+        ax.legend(fontsize=7, loc="lower right" if test == "latency"
+                  else "upper left")
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_halo(plt, doc: Dict, out: Path) -> List[Path]:
+    summ = doc.get("summary") or {}
+    if not summ:
+        return []
+    names = list(summ)
+    fig, ax = plt.subplots(figsize=(5.5, 4.2), dpi=120)
+    xs = range(len(names))
+    medians = [summ[n]["wall_s"] for n in names]
+    ax.bar(xs, medians, width=0.55,
+           color=[PLACEMENT_COLOURS.get(n, "grey") for n in names],
+           alpha=0.8, label="median")
+    for x, n in zip(xs, names):
+        runs = summ[n]["runs"]
+        ax.plot([x] * len(runs), runs, "k.", markersize=6,
+                label="runs" if x == 0 else None)
+        ax.annotate(f"{summ[n]['wall_s']:.2f} s", (x, summ[n]["wall_s"]),
+                    textcoords="offset points", xytext=(0, 4), ha="center",
+                    fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{n}\n{summ[n]['cut']['across_servers']:g} of "
+                        f"{sum(summ[n]['cut'].values()):g} grid edges\n"
+                        f"across servers" for n in names], fontsize=8)
+    ax.set_ylabel("wall time (s)")
+    ax.set_ylim(0, max(max(s["runs"]) for s in summ.values()) * 1.2)
+    t = (doc.get("targets") or [{}])[0]
+    ratio = (f"; round-robin / planned = {t['value']:.2f}"
+             if t.get("value") is not None else "")
+    ax.set_title(f"{doc['ranks']}-rank halo exchange ({doc['pattern']}, "
+                 f"{fmt_size(doc['face_bytes'])} faces, {doc['iters']} "
+                 f"iterations),\nuplinks {doc['cluster']['uplink_rate']}, "
+                 f"{doc['transport']}{ratio}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "halo.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+# ---------------------------------------------------------------- markdown
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+              left: int = 1) -> List[str]:
+    align = ["---"] * left + ["---:"] * (len(header) - left)
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _targets_and_notes(doc: Dict) -> List[str]:
+    """A document's closing sections: its targets, then its notes."""
+    rows = [[t["name"], "n/a" if t["value"] is None else f"{t['value']:.3g}",
+             f"{t['op']} {t['threshold']:g}", t["status"]]
+            for t in doc["targets"]]
+    lines = ["", "### Targets", ""] + _md_table(
+        ["target (ratio from this run)", "value", "wanted", "status"], rows)
+    if doc.get("notes"):
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in doc["notes"]]
+    return lines
+
+
+def _when(doc: Dict) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
+
+
+def _cluster_line(c: Dict) -> str:
+    rate = c.get("uplink_rate")
+    return (f"{c['servers']} servers x {c['instances_per_server']} "
+            f"instances x {c['vcpus']} vCPUs on {c['host_cpus']} host CPUs "
+            f"(oversubscribed), uplinks "
+            f"{'limited to ' + rate if rate else 'unshaped'}")
+
+
+def hierarchy_md(doc: Dict, images: Sequence[str]) -> List[str]:
+    recs = doc["records"]
+    lines = ["## Communication hierarchy: `ivcloud bench hierarchy`", "",
+             f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs, kernel "
+             f"{doc['kernel']}){', quick run' if doc.get('quick') else ''}. "
+             f"Cluster: {_cluster_line(doc['cluster'])}.", "",
+             "mpi-osu, 2 ranks placed by a rankfile; one-way latency = half "
+             "a round trip, bandwidth = a window of non-blocking sends per "
+             "ack; each figure the median of 5 batches.", ""]
+    for lv in doc["levels"]:
+        lines.append(f"- **L{lv['level']} {lv['name']}**: {lv['what']} "
+                     f"({' + '.join(lv['hosts'])})")
+    lines.append("")
+    lines += [f"![{Path(i).stem}]({i})" for i in images]
+    if recs:
+        for test, title in (("latency", "One-way latency (µs)"),
+                            ("bw", "Bandwidth (MB/s)")):
+            header, rows = hierarchy_table(recs, test,
+                                           doc["transports"])
+            lines += ["", f"### {title}", ""] + _md_table(header, rows)
+    return lines + _targets_and_notes(doc)
+
+
+def halo_md(doc: Dict, images: Sequence[str]) -> List[str]:
+    lines = ["## Rank placement: `ivcloud bench halo`", "",
+             f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs)"
+             f"{', quick run' if doc.get('quick') else ''}. Cluster: "
+             f"{_cluster_line(doc['cluster'])}.", "",
+             f"mpi-halo: {doc['ranks']} ranks on a {doc['dims'][0]}x"
+             f"{doc['dims'][1]} grid, {fmt_size(doc['face_bytes'])} per "
+             f"face and neighbour, {doc['iters']} timed iterations, "
+             f"transport {doc['transport']}, {doc['reps']} run(s) per "
+             f"placement alternating; wall time = slowest rank. *planned* "
+             f"is the rankfile of `ivcloud place --pattern {doc['pattern']}`"
+             f" ({doc['partitioner']}), *round-robin* Open MPI's "
+             f"`--map-by node` over the instances.", ""]
+    lines += [f"![{Path(i).stem}]({i})" for i in images]
+    summ = doc.get("summary") or {}
+    if summ:
+        header, rows = halo_table(summ)
+        lines += [""] + _md_table(header, rows)
+        lines += ["", "Where the ranks ran:", ""]
+        lines += [f"- {n}: {' '.join(s['hosts'])}" for n, s in summ.items()]
+    lines += ["", "Planned rankfile (`ivcloud place`; the job ran it with "
+              "each rank's slot widened to its instance's vCPUs, as "
+              "Open MPI binds a rankfile's ranks to their slots while "
+              "round-robin ranks float):", "", "```"] + doc["rankfile"] + \
+        ["```"]
+    return lines + _targets_and_notes(doc)
+
+
+# ---------------------------------------------------------------- driver
+
+def write(out: Path) -> Path:
+    """Plots and report.md from the JSON documents in `out`; the path of
+    report.md. ReportError if there is nothing to report, or (after
+    report.md is written) if the plots could not be drawn."""
+    out = Path(out)
+    hier = _load(out / "hierarchy.json")
+    halo = _load(out / "halo.json")
+    if hier is None and halo is None:
+        raise ReportError(f"no hierarchy.json or halo.json in {out}")
+    problem = None
+    images: Dict[str, List[str]] = {"hierarchy": [], "halo": []}
+    try:
+        plt = _pyplot()
+    except ReportError as e:
+        problem = str(e)
+    else:
+        if hier is not None and hier["records"]:
+            images["hierarchy"] = [p.name for p in
+                                   plot_hierarchy(plt, hier, out)]
+        if halo is not None:
+            images["halo"] = [p.name for p in plot_halo(plt, halo, out)]
+    lines = ["# ivcloud: MPI on an emulated cloud", "",
+             "Generated by `ivcloud.report` from the JSON in this "
+             "directory. The machine is small and shared: compare ratios "
+             "within one run, not across runs.", ""]
+    if problem:
+        lines += [f"**{problem}**", ""]
+    if hier is not None:
+        lines += hierarchy_md(hier, images["hierarchy"]) + [""]
+    else:
+        lines += ["(no hierarchy.json: run `ivcloud bench hierarchy`)", ""]
+    if halo is not None:
+        lines += halo_md(halo, images["halo"]) + [""]
+    else:
+        lines += ["(no halo.json: run `ivcloud bench halo`)", ""]
+    md = out / "report.md"
+    md.write_text("\n".join(lines))
+    if problem:
+        raise ReportError(problem)
+    return md
+
+
+def publish(name: str, doc: Dict, out: Path,
+            json_path: Optional[Path] = None, failed: bool = False,
+            stdout=None) -> int:
+    """A cloud benchmark's end: its document written to OUT/<name>.json
+    (and `json_path`), the report redone from every document in `out`;
+    the exit status (1 if the run or the report failed)."""
+    out = Path(out)
+    paths = {out / f"{name}.json"}
+    if json_path:
+        paths.add(Path(json_path))
+    write_docs(doc, sorted(paths), stdout)
+    try:
+        md = write(out)
+    except ReportError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 1
+    print(f"report: {md}", file=stdout or sys.stdout)
+    return 1 if failed else 0

@@ -1,0 +1,309 @@
+"""What every benchmark shares: finding and running the native benchmark
+programs, reading their JSON records, the step loop that survives a
+failed step, targets as ratios, tables, and the JSON document.
+
+A benchmark module (p2p, mpi, hierarchy, halo) is a settings dataclass,
+its steps, its targets and its table; everything else is here. Nothing
+here parses command lines or prints errors: a benchmark raises
+:class:`ivcloud.errors.BenchError` (or lets a lower layer's
+:class:`ivcloud.errors.IvcloudError` through) and returns an exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
+                    Tuple, TypeVar)
+
+from ..errors import BenchError, ClusterError, InvalidRequest, IvcloudError
+from ..native import native_dir
+
+MIB = 1 << 20
+
+# The errors a lower layer raises when one job or step cannot be carried
+# out: BenchError and every area's domain error.
+LIBRARY_ERRORS: Tuple[type, ...] = (IvcloudError,)
+# What one failed step of a benchmark may raise without stopping the rest.
+STEP_ERRORS: Tuple[type, ...] = LIBRARY_ERRORS + (OSError,
+                                                  subprocess.SubprocessError)
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- programs
+
+def program(name: str) -> Path:
+    """The native benchmark program `name` (native/bench), absolute, so
+    that it can be run from inside a cluster's instances too."""
+    path = native_dir() / name
+    if not os.access(path, os.X_OK):
+        raise BenchError(f"{path} not found (run `make build` or set "
+                         f"IVCLOUD_NATIVE_DIR)")
+    return path.resolve()
+
+
+def csv(values: Iterable[int]) -> str:
+    """A program's list argument: '8,4096,1048576'."""
+    return ",".join(str(v) for v in values)
+
+
+# Open MPI's chatter on stderr (btl_base_verbose, the rsh launcher's
+# setpgid warning in a namespace, banner rules): never why a job failed.
+_CHATTER_RE = re.compile(r"^(---|\[[^\]]+\] (mca: |btl:|plm:rsh: Warning))")
+
+
+def tail(text: Optional[str]) -> str:
+    """The last line of a failed program's stderr that says something."""
+    lines = [ln.strip() for ln in (text or "").splitlines()
+             if ln.strip() and not _CHATTER_RE.match(ln)]
+    return lines[-1] if lines else "no message"
+
+
+def parse_records(text: str, origin: str,
+                  keys: Sequence[str]) -> List[Dict]:
+    """The JSON records (one object a line) a benchmark program printed,
+    each checked for `keys`; other lines are skipped. At least one."""
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            raise BenchError(f"{origin}: unparsable output line: "
+                             f"{line[:120]}")
+        for key in keys:
+            if key not in rec:
+                raise BenchError(f"{origin}: record without '{key}'")
+        records.append(rec)
+    if not records:
+        raise BenchError(f"{origin}: produced no records")
+    return records
+
+
+def run_job(start: Callable[..., int], timeout_s: float,
+            origin: str) -> Tuple[str, str]:
+    """(stdout, stderr) of one program run that must succeed.
+
+    ``start(timeout=, stdout=, stderr=)`` runs it and returns its exit
+    status, tearing it down and raising subprocess.TimeoutExpired at the
+    timeout (ivcloud.mpi.run_command, ClusterSession.mpirun). Output goes
+    to files, not pipes: a chatty job cannot block on a full pipe."""
+    with tempfile.TemporaryFile("w+") as out, \
+            tempfile.TemporaryFile("w+") as err:
+        try:
+            status = start(timeout=timeout_s, stdout=out, stderr=err)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{origin}: no result within {timeout_s:g} s")
+        except LIBRARY_ERRORS as e:
+            if isinstance(e, BenchError):
+                raise
+            raise BenchError(f"{origin}: {e}") from e
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if status != 0:
+        raise BenchError(f"{origin}: exit status {status}: {tail(stderr)}")
+    return stdout, stderr
+
+
+def require_root(bench: str) -> None:
+    """A benchmark that brings up an emulated cluster refuses early."""
+    if os.geteuid() != 0:
+        raise ClusterError(f"bench {bench} needs root (it brings up an "
+                           f"`ivcloud cluster`)")
+
+
+def count(what: str, value: Optional[int]) -> Optional[int]:
+    """A setting that counts something (None: the default): at least 1."""
+    if value is not None and value < 1:
+        raise InvalidRequest(f"the number of {what} must be at least 1, "
+                             f"not {value}")
+    return value
+
+
+# ---------------------------------------------------------------- results
+
+def find_record(records: Iterable[Dict], **match) -> Optional[Dict]:
+    """The first record whose fields equal `match` (None: any value)."""
+    for r in records:
+        if all(v is None or r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+@dataclass
+class BenchResults:
+    """What a benchmark run gathered: its records, notes for the reader,
+    and the steps that failed (any failure makes the exit status 1)."""
+    records: List[Dict] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    failed: List[str] = field(default_factory=list)
+
+    def find(self, **match) -> Optional[Dict]:
+        return find_record(self.records, **match)
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.failed else 0
+
+
+def attempt(res: BenchResults, bench: str, what: str, fn: Callable[[], T],
+            log=None) -> Optional[T]:
+    """fn()'s result, or None after noting its failure in `res`: one
+    failed step does not stop the others."""
+    log = log or sys.stderr
+    log.write(f"bench {bench}: {what} ...\n")
+    log.flush()
+    t0 = time.monotonic()
+    try:
+        out = fn()
+    except STEP_ERRORS as e:
+        res.failed.append(what)
+        res.notes.append(f"{what} failed: {e}")
+        log.write(f"bench {bench}: {what} failed: {e}\n")
+        return None
+    log.write(f"bench {bench}: {what} done in "
+              f"{time.monotonic() - t0:.1f} s\n")
+    return out
+
+
+# ---------------------------------------------------------------- targets
+
+@dataclass
+class Target:
+    """A goal stated as a ratio measured within one run (informational:
+    the machine is small and shared)."""
+    name: str
+    value: Optional[float]
+    op: str
+    threshold: float
+    why_missing: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.value is None:
+            return "N/A"
+        ok = (self.value <= self.threshold if self.op == "<="
+              else self.value >= self.threshold if self.op == ">="
+              else self.value < self.threshold)
+        return "PASS" if ok else "MISS"
+
+    def to_json(self) -> Dict:
+        return {"name": self.name, "value": self.value, "op": self.op,
+                "threshold": self.threshold, "status": self.status,
+                **({"missing": self.why_missing} if self.value is None
+                   else {})}
+
+
+def ratio_target(name: str, num: Optional[Dict], den: Optional[Dict],
+                 key: str, op: str, threshold: float,
+                 missing: str = "record missing") -> Target:
+    """num[key] / den[key] against `threshold`; N/A (saying `missing`)
+    without both records."""
+    if num is None or den is None:
+        return Target(name, None, op, threshold, missing)
+    if not den[key]:
+        return Target(name, None, op, threshold, "zero denominator")
+    return Target(name, num[key] / den[key], op, threshold)
+
+
+def print_targets(ts: Sequence[Target], out=None) -> None:
+    out = out or sys.stdout
+    out.write("\nTargets (ratios from this run; informational):\n")
+    for t in ts:
+        val = "n/a" if t.value is None else (
+            f"{100 * t.value:.2f}%" if "fraction" in t.name
+            else f"{t.value:.3g}")
+        thr = (f"{100 * t.threshold:g}%" if "fraction" in t.name
+               else f"{t.threshold:g}")
+        why = f"  ({t.why_missing})" if t.value is None else ""
+        out.write(f"  {t.status:<4}  {t.name:<44} {val:>9} {t.op} {thr}"
+                  f"{why}\n")
+
+
+# ---------------------------------------------------------------- output
+
+def fmt_size(n: int) -> str:
+    """8 -> '8 B', 4096 -> '4 KiB', 1048576 -> '1 MiB'."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def print_grid(header: Sequence[str], rows: Sequence[Sequence[str]],
+               out=None) -> None:
+    """A table of strings, right-aligned columns, a rule under the
+    header."""
+    out = out or sys.stdout
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    line = "  ".join(h.rjust(w) for h, w in zip(header, widths))
+    out.write(line + "\n" + "-" * len(line) + "\n")
+    for row in rows:
+        out.write("  ".join(c.rjust(w) for c, w in zip(row, widths)) + "\n")
+
+
+def machine_info(started: Optional[float] = None) -> Dict:
+    """Where and when a run happened (part of every document)."""
+    return {"started": time.time() if started is None else started,
+            "host": platform.node(), "cpus": os.cpu_count(),
+            "kernel": platform.release()}
+
+
+def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
+             ts: Sequence[Target], out=None, **fields) -> Dict:
+    """Print the targets and notes that follow a benchmark's table; the
+    run's JSON document (its own `fields` after the machine's)."""
+    out = out or sys.stdout
+    print_targets(ts, out)
+    for note in res.notes:
+        out.write(f"note: {note}\n")
+    return {"benchmark": bench, "quick": bool(quick), **info, **fields,
+            "records": res.records, "targets": [t.to_json() for t in ts],
+            "notes": res.notes}
+
+
+def write_doc(path: Path, doc: Dict) -> None:
+    """Replace `path` whole (a reader never sees half a document)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def write_docs(doc: Dict, paths: Iterable[Path], out=None) -> None:
+    out = out or sys.stdout
+    for path in paths:
+        write_doc(path, doc)
+        out.write(f"wrote {len(doc['records'])} records to {path}\n")
+
+
+def run_benchmark(bench: str, quick: bool,
+                  measure: Callable[[], BenchResults],
+                  targets: Callable[[BenchResults], List[Target]],
+                  print_table: Callable[[BenchResults, object], None],
+                  json_path: Optional[Path] = None, out=None,
+                  **fields) -> int:
+    """A single-host benchmark from start to end: measure, print the
+    table, targets and notes to `out`, write the document (with its own
+    `fields`) to `json_path`; 1 if a step failed."""
+    info = machine_info()
+    res = measure()
+    ts = targets(res)
+    print_table(res, out)
+    doc = conclude(bench, quick, info, res, ts, out, **fields)
+    if json_path:
+        write_docs(doc, [Path(json_path)], out)
+    return res.exit_status

@@ -1,0 +1,258 @@
+"""`ivcloud bench p2p|mpi|hierarchy|halo`: the command line of the
+benchmarks in ivcloud.bench (options -> settings -> ``run``), and of
+`python -m ivcloud.report DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional, TypeVar
+
+from ..bench import halo, hierarchy, mpi, p2p
+from ..bench.report import write as write_report
+from ..errors import ReportError
+from ..server import parse_size
+from . import positive_int
+
+DEFAULT_OUT = "build/demo"
+
+T = TypeVar("T")
+
+P2P = """Point-to-point latency and bandwidth: libivshm against references.
+
+Runs, in one go and on this machine: libivshm rings (spin, and
+spin-then-block), libivshm window put+flush, a memcpy reference, TCP over
+loopback, TCP between two network namespaces over a bridge, Open MPI's
+vader BTL, two oversubscribed ping-pong pairs, and the CPU use of a
+blocked peer. Prints one table, the targets as ratios measured in this
+run (informational), and optionally writes every record as JSON.
+
+One-way latency is half a round trip; bandwidth = size / one-way latency.
+"""
+
+MPI = """MPI over ivshmem: OSU-style latency, bandwidth, RMA and allreduce.
+
+Runs the mpi-osu program (native/bench/osu.c) under Open MPI on this
+machine for three BTL sets: self,ivshmem (our component; tcp is left out
+so every figure provably went through it, which its counters confirm),
+self,vader (Open MPI's shared memory) and self,tcp (loopback).
+Point-to-point and one-sided tests use 2 ranks, allreduce 4. One-sided
+operations go through osc pt2pt for every transport, so the BTLs are
+what is compared. Prints one table, the targets as ratios measured in
+this run (informational), and optionally writes every record as JSON.
+"""
+
+HIERARCHY = """MPI latency and bandwidth at the three levels of the cloud hierarchy.
+
+Brings up an emulated cluster (`ivcloud cluster`: 2 servers x 2
+instances x 2 vCPUs, under a unique name) and runs mpi-osu's 2-rank
+latency and bandwidth tests, 4 B .. 1 MiB, with the two ranks
+
+  level 1  inside one instance (s0i0, s0i0): Open MPI's vader,
+  level 2  on two instances of one server (s0i0, s0i1),
+  level 3  on two servers (s0i0, s1i0), through both uplinks,
+
+each level once with --transport tcp and once with --transport ivshmem
+(BTL lists self,vader,tcp and self,vader,ivshmem,tcp), placed by a
+rankfile. Open MPI's own report of the BTL each pair used is recorded
+and checked: with ivshmem, level 1 still uses vader, level 2 ivshmem and
+level 3 tcp, because a region is shared only by one server's instances.
+Uplinks are unshaped unless --uplink-rate is given. The cluster is taken
+down at the end, also after an error or a signal (unless
+--keep-cluster).
+
+Prints one table and the targets as ratios measured in this run, writes
+the records as JSON, and into --out the plots and report.md
+(ivcloud.report).
+"""
+
+HALO = """Rank placement on the emulated cloud: halo exchange, planned vs round-robin.
+
+Brings up an `ivcloud cluster` of 2 servers x 2 instances x 2 vCPUs whose
+uplinks are rate-limited (--uplink-rate, default 200mbit), so traffic
+between servers costs what it does in a cloud, and runs mpi-halo
+(native/bench/halo.c: 8 ranks on a 4x2 grid, each exchanging --face
+bytes with its up to 4 neighbours per iteration, plus a tiny compute)
+with transport ivshmem under two placements:
+
+  planned      the rankfile `ivcloud place --pattern halo2d:4x2` makes
+               for this cluster (METIS: neighbours in one instance, the
+               fewest grid edges across servers);
+  round-robin  Open MPI's --map-by node over the instances (consecutive
+               ranks on different servers), what a scheduler does
+               without knowing the traffic.
+
+The 8 ranks share the host's 2 cores (oversubscribed), so runs are
+short; the placements alternate, --reps times each, and the figure is
+the median wall time. Every run checks that each rank ran where its
+placement put it. The target is the ratio round-robin / planned from
+this run. The cluster is taken down at the end, also after an error or
+a signal (unless --keep-cluster).
+"""
+
+
+# ---------------------------------------------------------------- types
+
+def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a library check: its message (a ValueError,
+    an InvalidRequest) becomes the usage error."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e))
+    return convert
+
+
+@_checked
+def _sizes(text: str) -> List[int]:
+    return p2p.check_sizes(parse_size(x) for x in text.split(",")
+                           if x.strip())
+
+
+@_checked
+def _transports(text: str) -> List[str]:
+    return mpi.check_transports(t.strip() for t in text.split(",")
+                                if t.strip())
+
+
+def _face(text: str) -> int:
+    return _checked(halo.check_face)(positive_int(text))
+
+
+# ---------------------------------------------------------------- running
+
+def _run_p2p(args) -> int:
+    s = p2p.P2pSettings.make(quick=args.quick, sizes=args.sizes,
+                             iters=args.iters, netns=not args.skip_netns)
+    return p2p.run(s, json_path=args.json)
+
+
+def _run_mpi(args) -> int:
+    s = mpi.MpiSettings.make(quick=args.quick, iters=args.iters,
+                             transports=args.transports)
+    return mpi.run(s, json_path=args.json)
+
+
+def _run_hierarchy(args) -> int:
+    s = hierarchy.HierarchySettings.make(quick=args.quick, iters=args.iters,
+                                         uplink_rate=args.uplink_rate)
+    return hierarchy.run(s, Path(args.out), json_path=args.json,
+                         keep_cluster=args.keep_cluster)
+
+
+def _run_halo(args) -> int:
+    s = halo.HaloSettings.make(quick=args.quick, iters=args.iters,
+                               reps=args.reps, face=args.face,
+                               uplink_rate=args.uplink_rate,
+                               transport=args.transport)
+    return halo.run(s, Path(args.out), json_path=args.json,
+                    keep_cluster=args.keep_cluster)
+
+
+# ---------------------------------------------------------------- options
+
+def _p2p_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write the records and targets as JSON")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="comma-separated message sizes (K/M suffixes)")
+    p.add_argument("--iters", type=positive_int, default=None,
+                   help="round trips per small size (big sizes use fewer)")
+    p.add_argument("--quick", action="store_true",
+                   help="few sizes and iterations (plumbing check)")
+    p.add_argument("--skip-netns", action="store_true",
+                   help="skip the two-namespace TCP bridge transport")
+
+
+def _mpi_arguments(p: argparse.ArgumentParser) -> None:
+    names = ",".join(mpi.TRANSPORTS)
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write the records and targets as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="two sizes, few iterations (plumbing check)")
+    p.add_argument("--iters", type=positive_int, default=None,
+                   help="operations per small size (big sizes use fewer)")
+    p.add_argument("--transports", type=_transports, default=None,
+                   help=f"comma-separated subset of {names}")
+
+
+def _cluster_arguments(p: argparse.ArgumentParser, name: str,
+                       quick: str) -> None:
+    """The options every cluster benchmark has (hierarchy, halo)."""
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="also write the records and targets as JSON here")
+    p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
+                   help=f"where {name}.json, the plots and report.md go "
+                        f"(default {DEFAULT_OUT})")
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--keep-cluster", action="store_true",
+                   help="leave the cluster up afterwards (for inspection)")
+
+
+def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
+    _cluster_arguments(p, "hierarchy",
+                       "three sizes, few iterations (plumbing check)")
+    p.add_argument("--iters", type=positive_int, default=None,
+                   help="round trips per small size (big sizes use fewer)")
+    p.add_argument("--uplink-rate", default=None, metavar="RATE",
+                   help="shape the servers' uplinks (e.g. 1gbit; default "
+                        "unshaped)")
+
+
+def _halo_arguments(p: argparse.ArgumentParser) -> None:
+    _cluster_arguments(p, "halo",
+                       "one short run per placement (plumbing check)")
+    p.add_argument("--iters", type=positive_int, default=None,
+                   help="timed halo iterations per run")
+    p.add_argument("--reps", type=positive_int, default=None,
+                   help="runs per placement (the median counts)")
+    p.add_argument("--face", type=_face, default=halo.FACE_BYTES,
+                   help=f"bytes per face and neighbour (default "
+                        f"{halo.FACE_BYTES})")
+    p.add_argument("--uplink-rate", default=halo.DEFAULT_UPLINK,
+                   metavar="RATE",
+                   help=f"servers' uplink limit (default "
+                        f"{halo.DEFAULT_UPLINK})")
+    p.add_argument("--transport", choices=halo.TRANSPORTS,
+                   default="ivshmem", help="between instances of a server "
+                                           "(default ivshmem)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="run benchmarks",
+                       description="Benchmarks of libivshm against "
+                                   "reference transports.")
+    actions = p.add_subparsers(dest="action", metavar="BENCHMARK",
+                               parser_class=type(p))
+    actions.required = True
+    for name, text, arguments, run, raw in (
+            ("p2p", P2P, _p2p_arguments, _run_p2p, False),
+            ("mpi", MPI, _mpi_arguments, _run_mpi, False),
+            # their descriptions are laid out lists: keep the line breaks
+            ("hierarchy", HIERARCHY, _hierarchy_arguments, _run_hierarchy,
+             True),
+            ("halo", HALO, _halo_arguments, _run_halo, True)):
+        kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
+              if raw else {})
+        b = actions.add_parser(name, help=text.splitlines()[0],
+                               description=text, **kw)
+        arguments(b)
+        b.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------- report
+
+def report_main(argv: Optional[List[str]] = None) -> int:
+    """`python -m ivcloud.report DIR`: the report from the JSON alone."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.stderr.write("usage: python -m ivcloud.report DIR\n")
+        return 2
+    try:
+        print(write_report(Path(args[0])))
+    except ReportError as e:
+        sys.stderr.write(f"report: {e}\n")
+        return 1
+    return 0
