@@ -5,7 +5,6 @@ launch (entering instances, the mpirun command)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -247,12 +246,8 @@ def _cmd_mpirun(args) -> int:
             print("# each server gets a region of the job's own for the "
                   "job's duration", file=sys.stderr)
         return 0
-    if own_regions:
-        job = jobs.new_job_id()
-        env[jobs.JOB_ENV] = job
-        regions = jobs.job_regions(state, job)
-    else:
-        regions = contextlib.nullcontext()
+    regions = jobs.regions_for(state, env, args.transport,
+                               args.shared_region)
     if rankfile is not None:
         rankfile.write_text(text)
     # SIGTERM/SIGHUP unwind like Ctrl-C: run_command then tears the job

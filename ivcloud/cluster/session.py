@@ -13,7 +13,7 @@ import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
-from . import lifecycle
+from . import jobs, lifecycle
 from .launch import enter_command, mpirun_command
 from .state import state_dir
 from .topology import plan
@@ -97,12 +97,14 @@ class ClusterSession:
                timeout: Optional[float] = None, stdout=None, stderr=None,
                placement: str = "block",
                rankfile: Optional[Sequence[str]] = None,
-               extra_mca: Sequence[Tuple[str, str]] = ()) -> int:
+               extra_mca: Sequence[Tuple[str, str]] = (),
+               shared_region: bool = False) -> int:
         """Run one job from the head node; its exit status, as
         ivcloud.mpi.run_command (the job is torn down and
         subprocess.TimeoutExpired raised at `timeout`; LaunchError if it
         cannot be launched). rankfile: its lines ("rank R=HOST slot=K"),
-        else `placement`'s mapping."""
+        else `placement`'s mapping. An ivshmem job gets regions of its
+        own unless `shared_region` (ivcloud.cluster.jobs)."""
         path = None
         if rankfile is not None:
             # in the state directory: the head node sees it (not /tmp)
@@ -113,8 +115,10 @@ class ClusterSession:
                                  transport=transport, placement=placement,
                                  extra_mca=list(extra_mca), rankfile=path)
             full, env, _ = enter_command(self.state, "head", cmd)
-            return mpi.run_command(full, timeout, env=env, stdout=stdout,
-                                   stderr=stderr)
+            with jobs.regions_for(self.state, env, transport,
+                                  shared_region):
+                return mpi.run_command(full, timeout, env=env,
+                                       stdout=stdout, stderr=stderr)
         finally:
             if path is not None:
                 path.unlink(missing_ok=True)
