@@ -79,9 +79,8 @@ def _start_job(name, program, go, *opts, output=subprocess.PIPE):
 
 
 def _job_servers(name, state):
-    srv = state["servers"]["0"]
-    jd = jobs.jobs_dir(Path(state["servers_dir"]), srv["name"])
-    return sorted(jd.iterdir()) if jd.is_dir() else []
+    return jobs.job_dirs(Path(state["servers_dir"]),
+                         state["servers"]["0"]["name"])
 
 
 def _server_gone(pid):
@@ -150,7 +149,8 @@ def test_two_jobs_on_one_server_get_separate_regions(cluster, hold_program):
         assert len(socks) == 1, out
         sockets.append(socks.pop())
     assert sockets[0] != sockets[1]
-    assert all("/jobs/" in s for s in sockets), sockets
+    servers_dir = state["servers_dir"]
+    assert all(s.startswith(servers_dir + "/") for s in sockets), sockets
     # a job's servers end with it
     assert _job_servers(name, state) == []
 

@@ -9,17 +9,18 @@ ranks its socket through IVSHM_SOCKET; the servers are stopped when the
 job ends. A tenant may instead choose to run its jobs in the cluster's
 standing per-server region (shared between those jobs).
 
-Files: the job's servers live under SERVER_DIR/jobs/JOB/ (SERVER_DIR is
-the emulated server's directory, the one its instances see), so a job's
-socket is visible to the instances of that server and to nothing else
-inside the cluster. `down` stops whatever job servers a killed
-`cluster mpirun` left behind.
+Files: the job's server on emulated server k lives in SERVER_DIR/JOBsK/
+(SERVER_DIR is the emulated server's directory, the one its instances
+see), so a job's socket is visible to the instances of that server and
+to nothing else inside the cluster; the names are short because a
+socket path has at most 107 bytes. `down` stops whatever job servers a
+killed `cluster mpirun` left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import re
 import secrets
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -27,30 +28,33 @@ from typing import Dict, Iterator, List
 from .. import server as server_mod
 from ..errors import ClusterFailure, IvcloudError
 
-JOBS_DIR = "jobs"
 # An instance's agent picks the job's sockets by this variable, which
 # mpirun passes on to it from the head node.
 JOB_ENV = "IVCLOUD_JOB"
+_JOB_RE = re.compile(r"^j[0-9a-f]{8}s[0-9]+$")
 
 
 def new_job_id() -> str:
-    return f"j{os.getpid()}-{secrets.token_hex(3)}"
+    return f"j{secrets.token_hex(4)}"
 
 
 def jobs_dir(servers_dir: Path, server_name: str) -> Path:
-    return Path(servers_dir) / server_name / JOBS_DIR
+    """Where a server's job servers live: its own directory."""
+    return Path(servers_dir) / server_name
 
 
-def job_server_paths(servers_dir: Path, server_name: str,
+def job_server_paths(servers_dir: Path, server_name: str, index: int,
                      job: str) -> server_mod.ServerPaths:
-    return server_mod.paths_for(f"{server_name}-{job}",
+    # the name is also the region's (/dev/shm/ivcloud-NAME): one per job
+    # and server
+    return server_mod.paths_for(f"{job}s{index}",
                                 str(jobs_dir(servers_dir, server_name)))
 
 
 def job_socket(state: Dict, server_index: int, job: str) -> str:
     srv = state["servers"][str(server_index)]
     return str(job_server_paths(Path(state["servers_dir"]), srv["name"],
-                                job).socket)
+                                server_index, job).socket)
 
 
 @contextlib.contextmanager
@@ -64,9 +68,8 @@ def job_regions(state: Dict, job: str) -> Iterator[Dict[int, str]]:
     try:
         for key, srv in sorted(state["servers"].items(),
                                key=lambda kv: int(kv[0])):
-            jd = jobs_dir(servers_dir, srv["name"])
-            jd.mkdir(mode=0o755, exist_ok=True)
-            paths = job_server_paths(servers_dir, srv["name"], job)
+            paths = job_server_paths(servers_dir, srv["name"], int(key),
+                                     job)
             started.append(paths)
             server_mod.start(paths, srv["size"], max_peers=srv["max_peers"])
             sockets[int(key)] = str(paths.socket)
@@ -106,8 +109,6 @@ def stop_all(paths_list: List[server_mod.ServerPaths]) -> List[str]:
                 server_mod.remove_dir(paths)
         except IvcloudError as e:
             problems.append(str(e))
-        with contextlib.suppress(OSError):
-            paths.dir.parent.rmdir()   # the jobs dir, once empty
     return problems
 
 
@@ -118,8 +119,15 @@ def left_behind(servers_dir: Path) -> List[server_mod.ServerPaths]:
     if not servers_dir.is_dir():
         return found
     for srv_dir in sorted(p for p in servers_dir.iterdir() if p.is_dir()):
-        jd = srv_dir / JOBS_DIR
-        if jd.is_dir():
-            found += [server_mod.paths_for(p.name, str(jd))
-                      for p in sorted(jd.iterdir()) if p.is_dir()]
+        found += [server_mod.paths_for(p.name, str(srv_dir))
+                  for p in sorted(srv_dir.iterdir())
+                  if p.is_dir() and _JOB_RE.match(p.name)]
     return found
+
+
+def job_dirs(servers_dir: Path, server_name: str) -> List[Path]:
+    """The job servers' directories of one emulated server."""
+    d = jobs_dir(servers_dir, server_name)
+    return sorted(p for p in d.iterdir()
+                  if p.is_dir() and _JOB_RE.match(p.name)) \
+        if d.is_dir() else []

@@ -96,6 +96,9 @@ def initial_state(topo: ClusterTopology, sd: StateDir) -> Dict:
     servers = {}
     for srv in topo.server_list():
         paths = server_mod.paths_for(srv.name, str(sd.servers))
+        # a job's socket is longer still: refuse now, not at the first job
+        jobs.job_server_paths(sd.servers, srv.name, srv.index,
+                              jobs.new_job_id())
         servers[str(srv.index)] = {
             "index": srv.index, "name": srv.name, "socket": str(paths.socket),
             "region": str(paths.region), "bridge": srv.bridge,
