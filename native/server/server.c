@@ -453,6 +453,35 @@ static bool peer_allowed(const struct ivs_server *s, int sock,
     return false;
 }
 
+static void client_event(struct ivs_server *s, struct client *c,
+                         short revents);
+
+/* Before refusing at a cap: clients that already hung up (a connect/close
+   cycle faster than our rounds) must not count. Polls without waiting. */
+static void reap_hangups(struct ivs_server *s)
+{
+    size_t n = s->nclients;
+    struct pollfd *p = calloc(n ? n : 1, sizeof *p);
+    if (!p)
+        return;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (struct pollfd){.fd = s->clients[i]->sock, .events = POLLIN};
+    if (poll(p, n, 0) > 0)
+        for (size_t i = 0; i < n; i++)
+            if (p[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))
+                client_event(s, s->clients[i], p[i].revents & ~POLLOUT);
+    free(p);
+    reap_dropped(s);
+}
+
+static unsigned clients_of(const struct ivs_server *s, uid_t uid)
+{
+    unsigned same = 0;
+    for (size_t i = 0; i < s->nclients; i++)
+        same += s->clients[i]->uid == uid;
+    return same;
+}
+
 /* Refuse a connection over the caps or from a stranger: logged, closed. */
 static bool admit(struct ivs_server *s, int sock, struct ucred *cred)
 {
@@ -466,14 +495,15 @@ static bool admit(struct ivs_server *s, int sock, struct ucred *cred)
                       (int)cred->uid);
         return false;
     }
+    if (s->nclients >= s->cfg.max_clients ||
+        clients_of(s, cred->uid) >= s->cfg.max_per_uid)
+        reap_hangups(s);
     if (s->nclients >= s->cfg.max_clients) {
         ivs_log_error("refusing pid %d: %u clients connected (--max-clients)",
                       (int)cred->pid, s->cfg.max_clients);
         return false;
     }
-    unsigned same = 0;
-    for (size_t i = 0; i < s->nclients; i++)
-        same += s->clients[i]->uid == cred->uid;
+    unsigned same = clients_of(s, cred->uid);
     if (same >= s->cfg.max_per_uid) {
         ivs_log_error("refusing pid %d: uid %d has %u clients "
                       "(--max-clients-per-uid)", (int)cred->pid,
