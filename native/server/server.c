@@ -49,6 +49,8 @@ int ivs_verbose;
 
 static void vlog(int prio, const char *fmt, va_list ap)
 {
+    if (ivs_log_target == IVS_LOG_QUIET)
+        return;
     if (ivs_log_target == IVS_LOG_SYSLOG) {
         vsyslog(prio, fmt, ap);
         return;

@@ -34,8 +34,9 @@ struct ivs_config {
     unsigned max_per_uid;     /* connections at once from one uid */
 };
 
-/* Where log lines go: stderr (foreground) or syslog (daemon). */
-enum { IVS_LOG_STDERR = 0, IVS_LOG_SYSLOG = 1 };
+/* Where log lines go: stderr (foreground), syslog (daemon), nowhere
+   (the fuzzer). */
+enum { IVS_LOG_STDERR = 0, IVS_LOG_SYSLOG = 1, IVS_LOG_QUIET = 2 };
 extern int ivs_log_target;
 extern int ivs_verbose;
 /* Errors are always logged; info lines only with ivs_verbose. */
