@@ -26,6 +26,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -516,6 +517,91 @@ static void test_fd_flood(void)
     stop_server();
 }
 
+/* A victim at its RLIMIT_NOFILE: joins whose eventfds do not fit are
+   skipped, the server connection is kept (caps misconfigured, or a
+   victim with a tiny limit). Paced through a pipe with the parent. */
+struct victim_pipes {
+    int to_parent, from_parent;
+};
+
+static int victim_at_limit(void *arg)
+{
+    struct victim_pipes *p = arg;
+    ivshm_config cfg = {.job_id = JOB, .rank = 5, .name = "victim"};
+    ivshm *h = NULL;
+    REQUIRE(ivshm_attach_server(sock_path, &cfg, &h) == 0);
+    int32_t ids[16];
+    int vec[16];
+    REQUIRE(EVENTUALLY(ivshm_server_peers(h, ids, vec, 16) == 1 && vec[0] == 4,
+                       2000));
+    /* room for two more fds only */
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(probe >= 0);
+    close(probe);
+    struct rlimit old, low;
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)probe + 2;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    REQUIRE(write(p->to_parent, "a", 1) == 1);
+    char go;
+    REQUIRE(read(p->from_parent, &go, 1) == 1); /* two peers joined */
+    /* drains the notices; a peer none of whose fds fitted is not listed */
+    int n = ivshm_server_peers(h, ids, vec, 16);
+    int got = 0;
+    for (int i = 0; i < n; i++)
+        got += vec[i];
+    REQUIRE(n >= 2 && got == 4 + 2); /* ours, and the two fds that fitted */
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    REQUIRE(write(p->to_parent, "b", 1) == 1);
+    REQUIRE(read(p->from_parent, &go, 1) == 1); /* a third one joined */
+    /* still connected: the newcomer arrives whole */
+    REQUIRE(EVENTUALLY((n = ivshm_server_peers(h, ids, vec, 16)) == 3 ||
+                           n == 4, 2000));
+    got = 0;
+    for (int i = 0; i < n; i++)
+        got += vec[i];
+    REQUIRE(got == 4 + 2 + 4);
+    ivshm_detach(h);
+    return 0;
+}
+
+static void test_victim_fd_limit(void)
+{
+    const char *extra[] = {"-n", "4", NULL};
+    if (!start_server(extra))
+        return;
+    int up[2], down[2];
+    CHECK(pipe2(up, O_CLOEXEC) == 0 && pipe2(down, O_CLOEXEC) == 0);
+    struct victim_pipes vp = {up[1], down[0]};
+    pid_t p = tu_fork(victim_at_limit, &vp);
+    char c = 0;
+    struct pollfd pf = {.fd = up[0], .events = POLLIN};
+    CHECK(poll(&pf, 1, 10000) == 1 && read(up[0], &c, 1) == 1 && c == 'a');
+    int64_t id[3];
+    int sock[3] = {-1, -1, -1}, shm[3] = {-1, -1, -1};
+    for (int i = 0; i < 2; i++)
+        sock[i] = raw_attach(4, 1 + i, &id[i], &shm[i]);
+    CHECK(sock[0] >= 0 && sock[1] >= 0);
+    CHECK(write(down[1], "x", 1) == 1);
+    CHECK(poll(&pf, 1, 10000) == 1 && read(up[0], &c, 1) == 1 && c == 'b');
+    sock[2] = raw_attach(4, 3, &id[2], &shm[2]);
+    CHECK(sock[2] >= 0);
+    CHECK(write(down[1], "x", 1) == 1);
+    CHECK_RC(tu_wait(p, 20000), 0);
+    for (int i = 0; i < 3; i++) {
+        if (sock[i] >= 0)
+            close(sock[i]);
+        if (shm[i] >= 0)
+            close(shm[i]);
+    }
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
+    stop_server();
+}
+
 /* ---- 4. malformed clients ---- */
 
 static void test_malformed(void)
@@ -633,6 +719,7 @@ int main(void)
         test_fd_flood();
     else
         printf("test_fd_flood: needs root (a second uid): skipped\n");
+    test_victim_fd_limit();
     test_malformed();
     test_no_links_followed();
     return tu_summary("test_server_sec");
