@@ -693,6 +693,44 @@ static void test_no_links_followed(void)
     unlink(victim_path);
 }
 
+/* ---- new options: bad values are one line and exit 2 ---- */
+
+static void test_bad_options(void)
+{
+    char *cases[][8] = {
+        {"ivshmem-server", "-F", "-S", sock_path, "--keep-shm", NULL},
+        {"ivshmem-server", "-F", "-S", sock_path, "--max-clients", "0", NULL},
+        {"ivshmem-server", "-F", "-S", sock_path, "--max-clients", "x", NULL},
+        {"ivshmem-server", "-F", "-S", sock_path, "--max-clients-per-uid",
+         "99999", NULL},
+        {"ivshmem-server", "-F", "-S", sock_path, "-M", "", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int pfd[2];
+        CHECK(pipe2(pfd, O_CLOEXEC) == 0);
+        fflush(NULL);
+        pid_t p = fork();
+        if (p == 0) {
+            dup2(pfd[1], 2);
+            execv(server_bin, cases[i]);
+            _exit(127);
+        }
+        close(pfd[1]);
+        CHECK_RC(tu_wait(p, 5000), 2);
+        char err[1024];
+        ssize_t n = read(pfd[0], err, sizeof err - 1);
+        close(pfd[0]);
+        err[n > 0 ? n : 0] = '\0';
+        int lines = 0;
+        for (char *c = err; *c; c++)
+            lines += *c == '\n';
+        CHECK(lines == 1);
+        if (lines != 1)
+            fprintf(stderr, "  case %zu printed: %s", i, err);
+    }
+    CHECK(!exists(sock_path));
+}
+
 int main(void)
 {
     server_bin = getenv("IVSHM_SERVER_BIN");
@@ -713,6 +751,7 @@ int main(void)
     signal(SIGALRM, on_signal);
     alarm(240);
 
+    test_bad_options();
     test_sealed_region();
     test_storm();
     if (geteuid() == 0)
