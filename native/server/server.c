@@ -178,8 +178,15 @@ static void flush(struct ivs_server *s, struct client *c)
             fd = s->shm_fd;
         } else if (m->sent == 0 && m->about >= 0) {
             const struct client *o = find_client(s, m->about);
-            /* coalesce_leave removes unsent messages about a leaver */
-            fd = o ? o->efd[m->vector] : -1;
+            if (!o) {
+                /* Cannot happen (coalesce_leave removes unsent messages
+                   about a leaver); sent without its fd it would read as
+                   a leave notice, so it is dropped. */
+                c->qh++;
+                c->qn--;
+                continue;
+            }
+            fd = o->efd[m->vector];
         }
         uint64_t le = htole64((uint64_t)m->value);
         struct iovec iov = {.iov_base = (char *)&le + m->sent,
