@@ -50,7 +50,7 @@ asan: | deps
 
 fuzz-build: | deps
 	cmake -S native -B $(FUZZ) -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DIVSHM_FUZZ=ON -DIVSHM_BENCH=OFF
-	cmake --build $(FUZZ) --target fuzz_attach fuzz_recv fuzz_window
+	cmake --build $(FUZZ) --target fuzz_attach fuzz_recv fuzz_window fuzz_server
 
 # C tests under address+undefined sanitizers, real processes and QEMU.
 test-native: asan
@@ -58,7 +58,7 @@ test-native: asan
 
 # Bounded fuzz smoke run of every harness (corpus kept in build/).
 test-fuzz: fuzz-build
-	@for f in fuzz_attach fuzz_recv fuzz_window; do \
+	@for f in fuzz_attach fuzz_recv fuzz_window fuzz_server; do \
 	  mkdir -p $(FUZZ)/corpus-$$f; \
 	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
 	  if ! $(FUZZ)/$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \

@@ -41,17 +41,20 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: ivshmem-server -S SOCKET [options]\n"
 "  -S, --socket PATH     UNIX socket to listen on (required)\n"
-"  -M, --shm PATH        region file to create (default /dev/shm/ivcloud-<socket name>)\n"
+"  -M, --shm PATH        host-file mode: create the region as this file (unsealed:\n"
+"                        single-user only); default: a sealed memfd, no file\n"
 "  -l, --size BYTES      region size, power of two, K/M/G suffix (default 64M)\n"
 "  -n, --vectors N       interrupt vectors per peer, 1..%d (default 1)\n"
 "      --max-peers N     registry slots of the region (default 8)\n"
 "      --ring-slots N    slots per ring, power of two (default 64)\n"
 "      --slot-size N     bytes per ring slot, multiple of 64 (default 4096)\n"
+"      --max-clients N   connections at once (default 2 x max-peers)\n"
+"      --max-clients-per-uid N  connections at once from one uid (default max-clients)\n"
 "  -F, --foreground      do not daemonize\n"
 "  -p, --pidfile PATH    write the server's pid there\n"
 "  -s, --state PATH      JSON state file, rewritten on every join/leave\n"
 "  -g, --group NAME      socket and region mode 0660 with this group (default 0600)\n"
-"      --keep-shm        leave the region file in place at shutdown\n"
+"      --keep-shm        leave the region file (--shm) in place at shutdown\n"
 "  -v, --verbose         log joins and leaves\n"
 "  -h, --help            this text\n",
             IVS_MAX_VECTORS);
@@ -126,21 +129,9 @@ static const char *absolute(const char *path, char *buf, size_t cap)
 
 static int write_pidfile(const char *path)
 {
-    char tmp[4096], line[32];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return -ENAMETOOLONG;
+    char line[32];
     int len = snprintf(line, sizeof line, "%d\n", (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -errno;
-    int rc = write(fd, line, (size_t)len) == len ? 0 : -EIO;
-    if (close(fd) < 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) < 0)
-        rc = -errno;
-    if (rc < 0)
-        unlink(tmp);
-    return rc;
+    return ivs_write_file_atomic(path, line, (size_t)len);
 }
 
 /* More clients need more fds (1 + vectors each, plus those in flight). */
@@ -171,9 +162,53 @@ static int __attribute__((noreturn)) wait_for_daemon(pid_t child, int ready_fd)
     _exit(1);
 }
 
-int main(int argc, char **argv)
+struct options {
+    struct ivs_config cfg;
+    const char *pidfile;
+    bool foreground;
+};
+
+static void resolve_group(const char *arg, struct ivs_config *cfg)
 {
-    enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM };
+    unsigned long long v;
+    struct group *gr = getgrnam(arg);
+    if (gr)
+        cfg->gid = gr->gr_gid;
+    else if (parse_uint(arg, UINT32_MAX - 1, &v))
+        cfg->gid = (gid_t)v;
+    else
+        bad_usage("unknown group '%s'", arg);
+    cfg->shared_group = true;
+}
+
+/* Cross-option checks and defaults, once every option is read. */
+static void check_config(struct ivs_config *cfg)
+{
+    if (cfg->size & (cfg->size - 1) || cfg->size == 0)
+        bad_usage("size %llu is not a power of two (QEMU maps it as a PCI BAR)",
+                  (unsigned long long)cfg->size);
+    if (cfg->size > MAX_SIZE)
+        bad_usage("size %llu is too large", (unsigned long long)cfg->size);
+    uint64_t need = ivshm_min_region_size(&cfg->geometry);
+    if (need == 0)
+        bad_usage("invalid region geometry (max-peers 2..64, ring-slots a "
+                  "power of two, slot-size a multiple of 64 >= 128)");
+    if (cfg->size < need)
+        bad_usage("size %llu too small for this geometry (needs %llu)",
+                  (unsigned long long)cfg->size, (unsigned long long)need);
+    if (cfg->keep_shm && !cfg->shm_path)
+        bad_usage("--keep-shm needs a region file (--shm)");
+    unsigned slots = cfg->geometry.max_peers ? cfg->geometry.max_peers : 8;
+    if (!cfg->max_clients)
+        cfg->max_clients = 2 * slots;
+    if (!cfg->max_per_uid || cfg->max_per_uid > cfg->max_clients)
+        cfg->max_per_uid = cfg->max_clients;
+}
+
+static void parse_options(int argc, char **argv, struct options *o)
+{
+    enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM,
+           OPT_MAX_CLIENTS, OPT_MAX_PER_UID };
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 'S'},
         {"shm", required_argument, NULL, 'M'},
@@ -182,6 +217,8 @@ int main(int argc, char **argv)
         {"max-peers", required_argument, NULL, OPT_MAX_PEERS},
         {"ring-slots", required_argument, NULL, OPT_RING_SLOTS},
         {"slot-size", required_argument, NULL, OPT_SLOT_SIZE},
+        {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
+        {"max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID},
         {"foreground", no_argument, NULL, 'F'},
         {"pidfile", required_argument, NULL, 'p'},
         {"state", required_argument, NULL, 's'},
@@ -191,10 +228,11 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct ivs_config cfg = {.size = DEFAULT_SIZE, .vectors = 1};
-    const char *socket_arg = NULL, *shm_arg = NULL, *pid_arg = NULL,
-               *state_arg = NULL, *group_arg = NULL;
-    bool foreground = false;
+    /* static: the daemon keeps these paths until exit */
+    static char socket_buf[PATH_MAX], shm_buf[PATH_MAX], state_buf[PATH_MAX],
+        pid_buf[PATH_MAX];
+    struct ivs_config *cfg = &o->cfg;
+    const char *socket_arg = NULL;
     unsigned long long v;
 
     opterr = 0; /* our own one-line messages */
@@ -203,42 +241,60 @@ int main(int argc, char **argv)
                               NULL)) != -1) {
         switch (opt) {
         case 'S': socket_arg = optarg; break;
-        case 'M': shm_arg = optarg; break;
+        case 'M':
+            if (!*optarg)
+                bad_usage("empty --shm path");
+            cfg->shm_path = absolute(optarg, shm_buf, sizeof shm_buf);
+            break;
         case 'l':
             if (!parse_size(optarg, &v))
                 bad_usage("bad size '%s'", optarg);
-            cfg.size = v;
+            cfg->size = v;
             break;
         case 'n':
             if (!parse_uint(optarg, IVS_MAX_VECTORS, &v) || v < 1)
                 bad_usage("vectors must be 1..%d, not '%s'", IVS_MAX_VECTORS,
                           optarg);
-            cfg.vectors = (unsigned)v;
+            cfg->vectors = (unsigned)v;
             break;
         case OPT_MAX_PEERS:
             if (!parse_uint(optarg, UINT32_MAX, &v) || v < 2)
                 bad_usage("bad --max-peers '%s'", optarg);
-            cfg.geometry.max_peers = (uint32_t)v;
+            cfg->geometry.max_peers = (uint32_t)v;
             break;
         case OPT_RING_SLOTS:
             if (!parse_uint(optarg, UINT32_MAX, &v) || v < 1)
                 bad_usage("bad --ring-slots '%s'", optarg);
-            cfg.geometry.ring_slots = (uint32_t)v;
+            cfg->geometry.ring_slots = (uint32_t)v;
             break;
         case OPT_SLOT_SIZE:
             if (!parse_uint(optarg, UINT32_MAX, &v) || v < 1)
                 bad_usage("bad --slot-size '%s'", optarg);
-            cfg.geometry.slot_size = (uint32_t)v;
+            cfg->geometry.slot_size = (uint32_t)v;
             break;
-        case 'F': foreground = true; break;
-        case 'p': pid_arg = optarg; break;
-        case 's': state_arg = optarg; break;
-        case 'g': group_arg = optarg; break;
-        case OPT_KEEP_SHM: cfg.keep_shm = true; break;
+        case OPT_MAX_CLIENTS:
+            if (!parse_uint(optarg, IVS_MAX_CLIENTS, &v) || v < 1)
+                bad_usage("--max-clients must be 1..%d, not '%s'",
+                          IVS_MAX_CLIENTS, optarg);
+            cfg->max_clients = (unsigned)v;
+            break;
+        case OPT_MAX_PER_UID:
+            if (!parse_uint(optarg, IVS_MAX_CLIENTS, &v) || v < 1)
+                bad_usage("--max-clients-per-uid must be 1..%d, not '%s'",
+                          IVS_MAX_CLIENTS, optarg);
+            cfg->max_per_uid = (unsigned)v;
+            break;
+        case 'F': o->foreground = true; break;
+        case 'p': o->pidfile = absolute(optarg, pid_buf, sizeof pid_buf); break;
+        case 's':
+            cfg->state_path = absolute(optarg, state_buf, sizeof state_buf);
+            break;
+        case 'g': resolve_group(optarg, cfg); break;
+        case OPT_KEEP_SHM: cfg->keep_shm = true; break;
         case 'v': ivs_verbose = 1; break;
         case 'h':
             usage(stdout);
-            return 0;
+            exit(0);
         case ':':
             bad_usage("option %s needs an argument", argv[optind - 1]);
         default:
@@ -251,124 +307,100 @@ int main(int argc, char **argv)
         bad_usage("unexpected argument '%s'", argv[optind]);
     if (!socket_arg || !*socket_arg)
         bad_usage("--socket is required");
+    cfg->socket_path = absolute(socket_arg, socket_buf, sizeof socket_buf);
+    if (strlen(cfg->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        bad_usage("socket path too long: %s", cfg->socket_path);
+    check_config(cfg);
+}
 
-    static char socket_buf[PATH_MAX], shm_buf[PATH_MAX], state_buf[PATH_MAX],
-        pid_buf[PATH_MAX];
-    cfg.socket_path = absolute(socket_arg, socket_buf, sizeof socket_buf);
-    if (strlen(cfg.socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        bad_usage("socket path too long: %s", cfg.socket_path);
-    if (shm_arg) {
-        if (!*shm_arg)
-            bad_usage("empty --shm path");
-        cfg.shm_path = absolute(shm_arg, shm_buf, sizeof shm_buf);
-    } else {
-        const char *base = strrchr(cfg.socket_path, '/') + 1;
-        if (!*base)
-            bad_usage("cannot derive a region name from %s", cfg.socket_path);
-        snprintf(shm_buf, sizeof shm_buf, "/dev/shm/ivcloud-%s", base);
-        cfg.shm_path = shm_buf;
+/* Fork; the parent waits for "ready" and exits. Returns, in the child,
+   the fd to write "ready" to. */
+static int daemonize(void)
+{
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0) {
+        perror("ivshmem-server: pipe");
+        exit(1);
     }
-    if (state_arg)
-        cfg.state_path = absolute(state_arg, state_buf, sizeof state_buf);
-    const char *pidfile = pid_arg ? absolute(pid_arg, pid_buf, sizeof pid_buf) : NULL;
-
-    if (cfg.size & (cfg.size - 1) || cfg.size == 0)
-        bad_usage("size %llu is not a power of two (QEMU maps it as a PCI BAR)",
-                  (unsigned long long)cfg.size);
-    if (cfg.size > MAX_SIZE)
-        bad_usage("size %llu is too large", (unsigned long long)cfg.size);
-    uint64_t need = ivshm_min_region_size(&cfg.geometry);
-    if (need == 0)
-        bad_usage("invalid region geometry (max-peers 2..64, ring-slots a "
-                  "power of two, slot-size a multiple of 64 >= 128)");
-    if (cfg.size < need)
-        bad_usage("size %llu too small for this geometry (needs %llu)",
-                  (unsigned long long)cfg.size, (unsigned long long)need);
-    if (group_arg) {
-        struct group *gr = getgrnam(group_arg);
-        if (gr) {
-            cfg.gid = gr->gr_gid;
-        } else if (parse_uint(group_arg, UINT32_MAX - 1, &v)) {
-            cfg.gid = (gid_t)v;
-        } else {
-            bad_usage("unknown group '%s'", group_arg);
-        }
-        cfg.shared_group = true;
+    fflush(NULL);
+    pid_t child = fork();
+    if (child < 0) {
+        perror("ivshmem-server: fork");
+        exit(1);
     }
-
-    raise_fd_limit();
-    int ready_fd = -1;
-    if (!foreground) {
-        int pipefd[2];
-        if (pipe2(pipefd, O_CLOEXEC) < 0) {
-            perror("ivshmem-server: pipe");
-            return 1;
-        }
-        fflush(NULL);
-        pid_t child = fork();
-        if (child < 0) {
-            perror("ivshmem-server: fork");
-            return 1;
-        }
-        if (child > 0) {
-            close(pipefd[1]);
-            wait_for_daemon(child, pipefd[0]);
-        }
-        close(pipefd[0]);
-        ready_fd = pipefd[1];
-        setsid();
-        if (chdir("/") < 0)
-            return 1;
+    if (child > 0) {
+        close(pipefd[1]);
+        wait_for_daemon(child, pipefd[0]);
     }
+    close(pipefd[0]);
+    setsid();
+    if (chdir("/") < 0)
+        exit(1);
+    return pipefd[1];
+}
 
-    /* Stop signals stay blocked except inside ppoll, so they are seen
-       exactly there and never interrupt a half-sent burst. */
+/* Stop signals stay blocked except inside ppoll (`wait_mask`), so they
+   are seen exactly there and never interrupt a half-done join. */
+static void setup_signals(sigset_t *wait_mask)
+{
+    static const int stops[] = {SIGTERM, SIGINT, SIGHUP};
     struct sigaction sa = {.sa_handler = on_stop_signal};
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) {
+        sigaction(stops[i], &sa, NULL);
+        sigaddset(&set, stops[i]);
+    }
     signal(SIGPIPE, SIG_IGN);
-    sigset_t stops, wait_mask;
-    sigemptyset(&stops);
-    sigaddset(&stops, SIGTERM);
-    sigaddset(&stops, SIGINT);
-    sigaddset(&stops, SIGHUP);
-    sigprocmask(SIG_BLOCK, &stops, &wait_mask);
-    sigdelset(&wait_mask, SIGTERM);
-    sigdelset(&wait_mask, SIGINT);
-    sigdelset(&wait_mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &set, wait_mask);
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++)
+        sigdelset(wait_mask, stops[i]);
+}
+
+/* Daemon: from here on nobody reads our stderr (a caller capturing it
+   would otherwise wait for EOF as long as we run): syslog, then tell the
+   parent we are ready. */
+static void detach_stdio(int ready_fd)
+{
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        close(null);
+    }
+    openlog("ivshmem-server", LOG_PID, LOG_DAEMON);
+    ivs_log_target = IVS_LOG_SYSLOG;
+    ssize_t n = write(ready_fd, "1", 1);
+    (void)n;
+    close(ready_fd);
+}
+
+int main(int argc, char **argv)
+{
+    struct options o = {.cfg = {.size = DEFAULT_SIZE, .vectors = 1}};
+    parse_options(argc, argv, &o);
+    raise_fd_limit();
+    int ready_fd = o.foreground ? -1 : daemonize();
+    sigset_t wait_mask;
+    setup_signals(&wait_mask);
 
     struct ivs_server *srv;
-    int rc = ivs_server_start(&cfg, &srv);
+    int rc = ivs_server_start(&o.cfg, &srv);
     if (rc < 0) {
         if (rc == -ENAMETOOLONG || rc == -EINVAL || rc == -ENOMEM)
             ivs_log_error("%s", ivshm_strerror(rc));
         return 1;
     }
-    if (pidfile && (rc = write_pidfile(pidfile)) < 0) {
-        ivs_log_error("pid file %s: %s", pidfile, strerror(-rc));
+    if (o.pidfile && (rc = write_pidfile(o.pidfile)) < 0) {
+        ivs_log_error("pid file %s: %s", o.pidfile, strerror(-rc));
         ivs_server_stop(srv);
         return 1;
     }
     ivs_server_publish(srv);
-
-    if (ready_fd >= 0) {
-        /* From here on nobody reads our stderr: a caller capturing it
-           would otherwise wait for EOF as long as we run. */
-        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-        if (null >= 0) {
-            dup2(null, 0);
-            dup2(null, 1);
-            dup2(null, 2);
-            close(null);
-        }
-        openlog("ivshmem-server", LOG_PID, LOG_DAEMON);
-        ivs_log_target = IVS_LOG_SYSLOG;
-        ssize_t n = write(ready_fd, "1", 1);
-        (void)n;
-        close(ready_fd);
-    }
+    if (ready_fd >= 0)
+        detach_stdio(ready_fd);
 
     rc = ivs_server_run(srv, &stop_signal, &wait_mask);
     if (rc < 0)
@@ -376,7 +408,7 @@ int main(int argc, char **argv)
     else
         ivs_log_info("signal %d: shutting down", (int)stop_signal);
     ivs_server_stop(srv);
-    if (pidfile)
-        unlink(pidfile);
+    if (o.pidfile)
+        unlink(o.pidfile);
     return rc < 0 ? 1 : 0;
 }

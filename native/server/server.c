@@ -3,15 +3,17 @@
  * (docs/server-protocol.md), single-threaded around one ppoll() loop.
  *
  * Every message is an 8-byte little-endian signed number, optionally with
- * one fd (SCM_RIGHTS). Sockets to clients are blocking with a send
- * timeout: a client that cannot take a message within SEND_TIMEOUT_MS is
- * dropped like one that disconnected, so one stuck VM cannot stall the
- * others for long and a message is never half-sent then forgotten.
+ * one fd (SCM_RIGHTS). Nothing a client does can stall the loop: client
+ * sockets are non-blocking and every message goes through a per-client
+ * queue that is flushed when the socket has room. A client that reads
+ * slowly, or not at all for a while, loses nothing and is never dropped
+ * for it; only its own EOF, an error, or bytes sent to us (the protocol
+ * is one-way) end its connection. Queues stay bounded because notices
+ * about a peer that left before they went out are coalesced away (see
+ * coalesce_leave), and connections are capped per region and per uid.
  */
 #define _GNU_SOURCE
 #include "server.h"
-
-#include "internal.h"
 
 #include <endian.h>
 #include <errno.h>
@@ -26,16 +28,29 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
-#define SEND_TIMEOUT_MS 1000
 #define ACCEPTS_PER_ROUND 16
+/* A send refused with ETOOMANYREFS (our fds in flight exceed the
+   limit) is retried after this long instead of on POLLOUT. */
+#define STALL_RETRY_MS 50
+/* Safety net only: with coalescing a queue holds at most one join per
+   live peer and vector plus one leave per departed peer it was told
+   about, far below this. Reaching it drops that client alone. */
+#define QUEUE_MAX (1u << 18)
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59
+#endif
+#define MAX_PEER_GROUPS 256
 
 int ivs_log_target = IVS_LOG_STDERR;
 int ivs_verbose;
 
 static void vlog(int prio, const char *fmt, va_list ap)
 {
+    if (ivs_log_target == IVS_LOG_QUIET)
+        return;
     if (ivs_log_target == IVS_LOG_SYSLOG) {
         vsyslog(prio, fmt, ap);
         return;
@@ -63,11 +78,28 @@ void ivs_log_info(const char *fmt, ...)
     va_end(ap);
 }
 
+/* What a queued message carries besides its value. */
+enum { ABOUT_NONE = -1, ABOUT_REGION = -2 };
+
+/* One queued message. The fd is not held here but looked up when the
+   message is sent: `about` names the client whose vector it is (or the
+   region), so a queue never keeps an fd alive and never costs one. */
+struct qmsg {
+    int64_t value;
+    int32_t about;     /* client id, ABOUT_REGION or ABOUT_NONE */
+    uint8_t vector;
+    uint8_t sent;      /* bytes already written: 0 = not started */
+};
+
 struct client {
     int sock;
     int32_t id;
+    uid_t uid;
     int efd[IVS_MAX_VECTORS]; /* the vectors this client is interrupted on */
-    bool dropping;            /* send failed or hung up: remove at next reap */
+    bool dropping;            /* hung up, error or overflow: remove at reap */
+    bool stalled;             /* ETOOMANYREFS: retry on the timer */
+    struct qmsg *q;           /* pending messages: q[qh .. qh+qn) */
+    size_t qh, qn, qcap;
 };
 
 struct ivs_server {
@@ -75,57 +107,150 @@ struct ivs_server {
     int listen_fd;
     int shm_fd;
     int reserve_fd;           /* spare fd, released to shed a client at EMFILE */
-    ivshm *region;            /* our view of the registry, to mark leavers */
+    ivshm_admin *region;      /* our view of the registry, to mark leavers */
     struct client **clients;  /* sorted by id */
     size_t nclients, cap;
     int32_t next_id;          /* where the search for a free id starts */
     struct pollfd *pfds;
     size_t pfds_cap;
+    bool any_stalled;
     bool own_socket, own_shm, own_state;
 };
 
-/* ---- protocol messages ---- */
+/* ---- queues ---- */
 
-static int send_msg(int sock, int64_t value, int fd)
+static struct client *find_client(struct ivs_server *s, int32_t id)
 {
-    uint64_t le = htole64((uint64_t)value);
-    struct iovec iov = {.iov_base = &le, .iov_len = sizeof le};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        memset(&ctl, 0, sizeof ctl);
-        msg.msg_control = ctl.buf;
-        msg.msg_controllen = sizeof ctl.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    size_t lo = 0, hi = s->nclients;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->clients[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    ssize_t n;
-    do
-        n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    if (n == (ssize_t)sizeof le)
-        return 0;
-    /* A short write means the timeout hit mid-message: the stream is no
-       longer framed, so the caller drops the client either way. */
-    return n < 0 ? -errno : -EIO;
+    return lo < s->nclients && s->clients[lo]->id == id ? s->clients[lo]
+                                                        : NULL;
 }
 
-/* Tell `to` about every vector of `about` (a join, or its own setup). */
-static int send_vectors(struct ivs_server *s, struct client *to,
-                        const struct client *about)
+static void enqueue(struct client *c, int64_t value, int32_t about,
+                    unsigned vector)
 {
-    for (unsigned v = 0; v < s->cfg.vectors; v++) {
-        int rc = send_msg(to->sock, about->id, about->efd[v]);
-        if (rc < 0)
-            return rc;
+    if (c->dropping)
+        return;
+    if (c->qh + c->qn == c->qcap) {
+        if (c->qh > 0) {
+            memmove(c->q, c->q + c->qh, c->qn * sizeof *c->q);
+            c->qh = 0;
+        }
+        if (c->qn == c->qcap) {
+            size_t cap = c->qcap ? c->qcap * 2 : 64;
+            struct qmsg *t = cap <= QUEUE_MAX ? realloc(c->q, cap * sizeof *t)
+                                              : NULL;
+            if (!t) {
+                ivs_log_error("id %d: notice queue full: dropped", (int)c->id);
+                c->dropping = true;
+                return;
+            }
+            c->q = t;
+            c->qcap = cap;
+        }
     }
-    return 0;
+    c->q[c->qh + c->qn++] = (struct qmsg){value, about, (uint8_t)vector, 0};
+}
+
+/* Queue the vectors of `about` for `to` (a join, or `to`'s own setup). */
+static void enqueue_vectors(struct ivs_server *s, struct client *to,
+                            const struct client *about)
+{
+    for (unsigned v = 0; v < s->cfg.vectors; v++)
+        enqueue(to, about->id, about->id, v);
+}
+
+/* Write as much of `c`'s queue as its socket takes now, never blocking.
+   A message may go out in pieces; its fd travels with the first one. */
+static void flush(struct ivs_server *s, struct client *c)
+{
+    while (c->qn > 0 && !c->dropping && !c->stalled) {
+        struct qmsg *m = &c->q[c->qh];
+        int fd = -1;
+        if (m->sent == 0 && m->about == ABOUT_REGION) {
+            fd = s->shm_fd;
+        } else if (m->sent == 0 && m->about >= 0) {
+            const struct client *o = find_client(s, m->about);
+            if (!o) {
+                /* Cannot happen (coalesce_leave removes unsent messages
+                   about a leaver); sent without its fd it would read as
+                   a leave notice, so it is dropped. */
+                c->qh++;
+                c->qn--;
+                continue;
+            }
+            fd = o->efd[m->vector];
+        }
+        uint64_t le = htole64((uint64_t)m->value);
+        struct iovec iov = {.iov_base = (char *)&le + m->sent,
+                            .iov_len = sizeof le - m->sent};
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (fd >= 0) {
+            memset(&ctl, 0, sizeof ctl);
+            msg.msg_control = ctl.buf;
+            msg.msg_controllen = sizeof ctl.buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+        }
+        ssize_t n = sendmsg(c->sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return; /* POLLOUT will bring us back */
+            if (errno == ETOOMANYREFS) {
+                c->stalled = true;
+                s->any_stalled = true;
+                return;
+            }
+            ivs_log_info("id %d: send: %s", (int)c->id, strerror(errno));
+            c->dropping = true;
+            return;
+        }
+        m->sent = (uint8_t)(m->sent + n);
+        if (m->sent == sizeof le) {
+            c->qh++;
+            c->qn--;
+        }
+    }
+    if (c->qn == 0)
+        c->qh = 0;
+}
+
+/* `gone` left: drop the join messages about it that `c` was never sent
+   (c never learns about a peer that came and went while it was not
+   reading), and queue a leave notice only if c got at least part of one.
+   This is the whole coalescing rule: a reader sees a consistent history,
+   and a queue holds nothing about departed peers it never saw. */
+static void coalesce_leave(struct ivs_server *s, struct client *c,
+                           int32_t gone)
+{
+    size_t kept = 0, removed = 0;
+    for (size_t i = 0; i < c->qn; i++) {
+        struct qmsg m = c->q[c->qh + i];
+        if (m.about == gone && m.sent == 0) {
+            removed++;
+            continue;
+        }
+        c->q[c->qh + kept++] = m;
+    }
+    c->qn = kept;
+    if (removed < s->cfg.vectors)
+        enqueue(c, gone, ABOUT_NONE, 0);
 }
 
 static void ring_vector0(const struct client *c)
@@ -153,12 +278,55 @@ static void json_string(FILE *f, const char *str)
     fputc('"', f);
 }
 
+/* Create `tmp` afresh: O_EXCL|O_NOFOLLOW, so a file or symbolic link
+   planted there is never written through; a leftover of ours (or such a
+   plant) is removed once, and a second one is an error. */
+static int create_tmp(const char *tmp, mode_t mode)
+{
+    for (int attempt = 0;; attempt++) {
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                      mode);
+        if (fd >= 0 || errno != EEXIST || attempt > 0)
+            return fd < 0 ? -errno : fd;
+        if (unlink(tmp) < 0 && errno != ENOENT)
+            return -errno;
+    }
+}
+
+int ivs_write_file_atomic(const char *path, const char *data, size_t len)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    int fd = create_tmp(tmp, 0644);
+    if (fd < 0)
+        return fd;
+    int rc = 0;
+    for (size_t off = 0; rc == 0 && off < len;) {
+        ssize_t n = write(fd, data + off, len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            rc = n < 0 ? -errno : -EIO;
+        else
+            off += (size_t)n;
+    }
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    /* rename replaces whatever `path` is (a link too), never follows it */
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = -errno;
+    if (rc < 0)
+        unlink(tmp);
+    return rc;
+}
+
 /* Rewrite the state file through a temporary + rename, so readers see
    either the old or the new content, never a torn one. */
 static void write_state(struct ivs_server *s)
 {
     const char *path = s->cfg.state_path;
-    if (!path)
+    if (!path || !s->own_state)
         return;
     char *buf = NULL;
     size_t len = 0;
@@ -170,40 +338,18 @@ static void write_state(struct ivs_server *s)
     fprintf(f, "{\"pid\":%d,\"socket\":", (int)getpid());
     json_string(f, s->cfg.socket_path);
     fputs(",\"shm\":", f);
-    json_string(f, s->cfg.shm_path);
-    fprintf(f, ",\"size\":%llu,\"vectors\":%u,\"peers\":[",
+    if (s->cfg.shm_path)
+        json_string(f, s->cfg.shm_path);
+    else
+        fputs("null", f);
+    fprintf(f, ",\"sealed\":%s,\"size\":%llu,\"vectors\":%u,\"peers\":[",
+            s->cfg.shm_path ? "false" : "true",
             (unsigned long long)s->cfg.size, s->cfg.vectors);
     for (size_t i = 0; i < s->nclients; i++)
         fprintf(f, "%s{\"id\":%d,\"vectors\":%u}", i ? "," : "",
                 (int)s->clients[i]->id, s->cfg.vectors);
     fputs("]}\n", f);
-    if (fclose(f) != 0) {
-        free(buf);
-        ivs_log_error("state: %s", strerror(errno));
-        return;
-    }
-
-    char tmp[4096];
-    int rc = -ENAMETOOLONG;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp) {
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        rc = fd < 0 ? -errno : 0;
-        for (size_t off = 0; rc == 0 && off < len;) {
-            ssize_t n = write(fd, buf + off, len - off);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0)
-                rc = n < 0 ? -errno : -EIO;
-            else
-                off += (size_t)n;
-        }
-        if (fd >= 0 && close(fd) < 0 && rc == 0)
-            rc = -errno;
-        if (rc == 0 && rename(tmp, path) < 0)
-            rc = -errno;
-        if (rc < 0 && fd >= 0)
-            unlink(tmp);
-    }
+    int rc = fclose(f) == 0 ? ivs_write_file_atomic(path, buf, len) : -errno;
     if (rc < 0)
         ivs_log_error("state %s: %s", path, strerror(-rc));
     free(buf);
@@ -224,6 +370,7 @@ static void client_free(struct ivs_server *s, struct client *c)
     for (unsigned v = 0; v < s->cfg.vectors; v++)
         if (c->efd[v] >= 0)
             close(c->efd[v]);
+    free(c->q);
     free(c);
 }
 
@@ -256,20 +403,20 @@ static void remove_client(struct ivs_server *s, size_t idx)
     memmove(&s->clients[idx], &s->clients[idx + 1],
             (s->nclients - idx - 1) * sizeof *s->clients);
     s->nclients--;
-    client_free(s, gone);
 
     /* Guests cannot see leave notices: mark the registry ourselves, before
        the notices and rings, so whoever is woken finds the entry DEAD.
        The id is only reused after this (single thread), so a later peer
        with the same id is never hit. */
-    int marked = ivshm_mark_doorbell_dead(s->region, id);
+    int marked = ivshm_admin_mark_dead(s->region, id);
     ivs_log_info("id %d left (%d registry entr%s marked dead)", (int)id,
                  marked, marked == 1 ? "y" : "ies");
     for (size_t i = 0; i < s->nclients; i++) {
-        struct client *o = s->clients[i];
-        if (!o->dropping && send_msg(o->sock, id, -1) < 0)
-            o->dropping = true;
+        coalesce_leave(s, s->clients[i], id);
+        flush(s, s->clients[i]);
     }
+    /* Only now: no queue refers to its eventfds any more. */
+    client_free(s, gone);
     /* Blocked waiters re-check their peer's liveness when woken. */
     for (size_t i = 0; i < s->nclients; i++)
         ring_vector0(s->clients[i]);
@@ -293,43 +440,115 @@ static void reap_dropped(struct ivs_server *s)
         write_state(s);
 }
 
-static void log_peer_pid(int sock, int32_t id)
+/* Is the peer process allowed to be a client? The socket's mode already
+   keeps others out; this also holds when the socket or a connection was
+   passed on. Root, our own uid, and (with -g) members of the group. */
+static bool peer_allowed(const struct ivs_server *s, int sock,
+                         const struct ucred *cred)
 {
-    struct ucred cred;
-    socklen_t len = sizeof cred;
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-        ivs_log_info("id %d joined (pid %d, uid %d)", (int)id, (int)cred.pid,
-                     (int)cred.uid);
-    else
-        ivs_log_info("id %d joined", (int)id);
+    if (cred->uid == 0 || cred->uid == geteuid())
+        return true;
+    if (!s->cfg.shared_group)
+        return false;
+    if (cred->gid == s->cfg.gid)
+        return true;
+    gid_t groups[MAX_PEER_GROUPS];
+    socklen_t len = sizeof groups;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
+        return false;
+    for (size_t i = 0; i < len / sizeof *groups; i++)
+        if (groups[i] == s->cfg.gid)
+            return true;
+    return false;
+}
+
+static void client_event(struct ivs_server *s, struct client *c,
+                         short revents);
+
+/* Before refusing at a cap: clients that already hung up (a connect/close
+   cycle faster than our rounds) must not count. Polls without waiting. */
+static void reap_hangups(struct ivs_server *s)
+{
+    size_t n = s->nclients;
+    struct pollfd *p = calloc(n ? n : 1, sizeof *p);
+    if (!p)
+        return;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (struct pollfd){.fd = s->clients[i]->sock, .events = POLLIN};
+    if (poll(p, n, 0) > 0)
+        for (size_t i = 0; i < n; i++)
+            if (p[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))
+                client_event(s, s->clients[i], p[i].revents & ~POLLOUT);
+    free(p);
+    reap_dropped(s);
+}
+
+static unsigned clients_of(const struct ivs_server *s, uid_t uid)
+{
+    unsigned same = 0;
+    for (size_t i = 0; i < s->nclients; i++)
+        same += s->clients[i]->uid == uid;
+    return same;
+}
+
+/* Refuse a connection over the caps or from a stranger: logged, closed. */
+static bool admit(struct ivs_server *s, int sock, struct ucred *cred)
+{
+    socklen_t len = sizeof *cred;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, cred, &len) < 0) {
+        ivs_log_error("SO_PEERCRED: %s: refusing a client", strerror(errno));
+        return false;
+    }
+    if (!peer_allowed(s, sock, cred)) {
+        ivs_log_error("refusing pid %d: uid %d is not allowed", (int)cred->pid,
+                      (int)cred->uid);
+        return false;
+    }
+    if (s->nclients >= s->cfg.max_clients ||
+        clients_of(s, cred->uid) >= s->cfg.max_per_uid)
+        reap_hangups(s);
+    if (s->nclients >= s->cfg.max_clients) {
+        ivs_log_error("refusing pid %d: %u clients connected (--max-clients)",
+                      (int)cred->pid, s->cfg.max_clients);
+        return false;
+    }
+    unsigned same = clients_of(s, cred->uid);
+    if (same >= s->cfg.max_per_uid) {
+        ivs_log_error("refusing pid %d: uid %d has %u clients "
+                      "(--max-clients-per-uid)", (int)cred->pid,
+                      (int)cred->uid, same);
+        return false;
+    }
+    return true;
 }
 
 static void client_join(struct ivs_server *s, int sock)
 {
+    struct ucred cred;
     size_t pos;
-    int32_t id = next_free_id(s, &pos);
+    int32_t id = -1;
+    struct client *c = NULL;
+    if (!admit(s, sock, &cred))
+        goto refuse;
+    id = next_free_id(s, &pos);
     if (id < 0) {
         ivs_log_error("all %d ids in use: refusing a client", IVS_MAX_IDS);
-        close(sock);
-        return;
+        goto refuse;
     }
     if (s->nclients == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
         struct client **t = realloc(s->clients, cap * sizeof *t);
-        if (!t) {
-            close(sock);
-            return;
-        }
+        if (!t)
+            goto refuse;
         s->clients = t;
         s->cap = cap;
     }
-    struct client *c = calloc(1, sizeof *c);
-    if (!c) {
-        close(sock);
-        return;
-    }
+    c = calloc(1, sizeof *c);
+    if (!c)
+        goto refuse;
     c->sock = sock;
     c->id = id;
+    c->uid = cred.uid;
     for (unsigned v = 0; v < IVS_MAX_VECTORS; v++)
         c->efd[v] = -1;
     for (unsigned v = 0; v < s->cfg.vectors; v++) {
@@ -340,46 +559,46 @@ static void client_join(struct ivs_server *s, int sock)
             return;
         }
     }
-    struct timeval tv = {SEND_TIMEOUT_MS / 1000, (SEND_TIMEOUT_MS % 1000) * 1000};
-    setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-
-    /* 1-3: version, id, region. */
-    if (send_msg(sock, 0, -1) < 0 || send_msg(sock, id, -1) < 0 ||
-        send_msg(sock, -1, s->shm_fd) < 0) {
-        ivs_log_info("new client went away during setup");
-        client_free(s, c);
-        return;
-    }
-    /* The others learn about the newcomer before it gets its own vectors:
-       once it has them it may join the registry and be rung, so the join
-       notice must already sit in every other client's socket. */
-    for (size_t i = 0; i < s->nclients; i++) {
-        struct client *o = s->clients[i];
-        if (!o->dropping && send_vectors(s, o, c) < 0)
-            o->dropping = true;
-    }
     memmove(&s->clients[pos + 1], &s->clients[pos],
             (s->nclients - pos) * sizeof *s->clients);
     s->clients[pos] = c;
     s->nclients++;
-    /* 4-5: the existing peers, then its own vectors (ends the burst). */
-    for (size_t i = 0; i < s->nclients && !c->dropping; i++) {
+
+    /* 1-3: version, id, region. */
+    enqueue(c, 0, ABOUT_NONE, 0);
+    enqueue(c, id, ABOUT_NONE, 0);
+    enqueue(c, -1, ABOUT_REGION, 0);
+    /* The others are sent the newcomer's vectors before it gets its own:
+       once it has them it may join the registry and be rung, so wherever
+       a socket has room the join notice is already in it. A peer whose
+       socket is full learns it later; a ring it cannot send meanwhile
+       costs the sleeper at most its liveness slice (docs/waiting.md). */
+    for (size_t i = 0; i < s->nclients; i++) {
         struct client *o = s->clients[i];
-        if (o != c && !o->dropping && send_vectors(s, c, o) < 0)
-            c->dropping = true;
+        if (o != c) {
+            enqueue_vectors(s, o, c);
+            flush(s, o);
+        }
     }
-    if (!c->dropping && send_vectors(s, c, c) < 0)
-        c->dropping = true;
-    if (!c->dropping)
-        log_peer_pid(sock, id);
+    /* 4-5: the existing peers, then its own vectors (ends the burst). */
+    for (size_t i = 0; i < s->nclients; i++)
+        if (s->clients[i] != c)
+            enqueue_vectors(s, c, s->clients[i]);
+    enqueue_vectors(s, c, c);
+    flush(s, c);
+    ivs_log_info("id %d joined (pid %d, uid %d)", (int)id, (int)cred.pid,
+                 (int)cred.uid);
     write_state(s);
-    reap_dropped(s);
+    return;
+refuse:
+    close(sock);
 }
 
 static void accept_clients(struct ivs_server *s)
 {
     for (int k = 0; k < ACCEPTS_PER_ROUND; k++) {
-        int sock = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        int sock = accept4(s->listen_fd, NULL, NULL,
+                           SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (sock >= 0) {
             client_join(s, sock);
             continue;
@@ -403,57 +622,88 @@ static void accept_clients(struct ivs_server *s)
     }
 }
 
-/* Clients never send: data, EOF or an error all end the connection. */
-static void client_event(struct client *c, short revents)
+/* Clients never send: data, EOF or an error end this connection, and
+   only this one. Room in the socket flushes the queue. */
+static void client_event(struct ivs_server *s, struct client *c, short revents)
 {
-    if (revents & (POLLERR | POLLHUP | POLLNVAL)) {
+    if (revents & (POLLERR | POLLNVAL)) {
         c->dropping = true;
         return;
     }
-    if (!(revents & POLLIN))
+    if (revents & (POLLIN | POLLHUP)) {
+        char buf[64];
+        ssize_t n = recv(c->sock, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return;
+        if (n > 0)
+            ivs_log_info("id %d sent data (protocol is one-way): dropped",
+                         (int)c->id);
+        c->dropping = true;
         return;
-    char buf[64];
-    ssize_t n = recv(c->sock, buf, sizeof buf, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    if (n > 0)
-        ivs_log_info("id %d sent data (protocol is one-way): dropped",
-                     (int)c->id);
-    c->dropping = true;
+    }
+    if (revents & POLLOUT)
+        flush(s, c);
+}
+
+int ivs_server_poll_once(struct ivs_server *s, const sigset_t *wait_mask,
+                         int timeout_ms)
+{
+    size_t n = 1 + s->nclients;
+    if (n > s->pfds_cap) {
+        size_t cap = n * 2;
+        struct pollfd *p = realloc(s->pfds, cap * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        s->pfds = p;
+        s->pfds_cap = cap;
+    }
+    if (s->any_stalled && (timeout_ms < 0 || timeout_ms > STALL_RETRY_MS))
+        timeout_ms = STALL_RETRY_MS;
+    s->pfds[0] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct client *c = s->clients[i];
+        short ev = POLLIN;
+        if (c->qn > 0 && !c->stalled)
+            ev |= POLLOUT;
+        s->pfds[1 + i] = (struct pollfd){.fd = c->sock, .events = ev};
+    }
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    int r = ppoll(s->pfds, n, timeout_ms < 0 ? NULL : &ts, wait_mask);
+    if (r < 0)
+        return errno == EINTR ? 0 : -errno;
+    if (s->any_stalled) {
+        s->any_stalled = false;
+        for (size_t i = 0; i < s->nclients; i++) {
+            s->clients[i]->stalled = false;
+            flush(s, s->clients[i]);
+        }
+    }
+    /* pfds[1 + i] still matches clients[i]: nothing changed the table
+       since ppoll; removals wait for reap_dropped. */
+    for (size_t i = 0; i + 1 < n; i++)
+        if (s->pfds[1 + i].revents)
+            client_event(s, s->clients[i], s->pfds[1 + i].revents);
+    reap_dropped(s);
+    if (s->pfds[0].revents & POLLIN)
+        accept_clients(s);
+    reap_dropped(s);
+    return 0;
 }
 
 int ivs_server_run(struct ivs_server *s, volatile sig_atomic_t *stop,
                    const sigset_t *wait_mask)
 {
     while (!*stop) {
-        size_t n = 1 + s->nclients;
-        if (n > s->pfds_cap) {
-            size_t cap = n * 2;
-            struct pollfd *p = realloc(s->pfds, cap * sizeof *p);
-            if (!p)
-                return -ENOMEM;
-            s->pfds = p;
-            s->pfds_cap = cap;
-        }
-        s->pfds[0] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
-        for (size_t i = 0; i < s->nclients; i++)
-            s->pfds[1 + i] =
-                (struct pollfd){.fd = s->clients[i]->sock, .events = POLLIN};
-        if (ppoll(s->pfds, n, NULL, wait_mask) < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        /* pfds[1 + i] still matches clients[i]: nothing changed the table
-           since ppoll; removals wait for reap_dropped. */
-        for (size_t i = 0; i + 1 < n; i++)
-            if (s->pfds[1 + i].revents)
-                client_event(s->clients[i], s->pfds[1 + i].revents);
-        reap_dropped(s);
-        if (s->pfds[0].revents & POLLIN)
-            accept_clients(s);
+        int rc = ivs_server_poll_once(s, wait_mask, -1);
+        if (rc < 0)
+            return rc;
     }
     return 0;
+}
+
+size_t ivs_server_nclients(const struct ivs_server *s)
+{
+    return s ? s->nclients : 0;
 }
 
 /* ---- start / stop ---- */
@@ -489,51 +739,47 @@ static int clear_stale_socket(const char *path)
     return unlink(path) < 0 ? -errno : 0;
 }
 
-static int set_mode(int fd, const char *path, const struct ivs_config *cfg)
-{
-    if (cfg->shared_group && fchown(fd, (uid_t)-1, cfg->gid) < 0) {
-        ivs_log_error("chown %s: %s", path, strerror(errno));
-        return -errno;
-    }
-    if (fchmod(fd, cfg->shared_group ? 0660 : 0600) < 0) {
-        ivs_log_error("chmod %s: %s", path, strerror(errno));
-        return -errno;
-    }
-    return 0;
-}
-
+/* The region: a sealed memfd (default), or, in host-file mode, a file
+   created exclusively at shm_path (never an existing one: peers may be
+   using it; never through a link). */
 static int create_region(struct ivs_server *s)
 {
     const struct ivs_config *cfg = &s->cfg;
-    struct stat st;
-    /* Never reformat an existing file: peers may be using it. */
-    if (lstat(cfg->shm_path, &st) == 0) {
-        ivs_log_error("%s already exists (remove it or choose another name)",
-                      cfg->shm_path);
-        return -EEXIST;
+    int rc;
+    if (!cfg->shm_path) {
+        char name[200];
+        const char *base = strrchr(cfg->socket_path, '/');
+        snprintf(name, sizeof name, "ivshmem-server:%s",
+                 base ? base + 1 : cfg->socket_path);
+        rc = ivshm_admin_create_memfd(name, cfg->size, &cfg->geometry,
+                                      &s->shm_fd);
+        if (rc < 0) {
+            ivs_log_error("create region: %s", ivshm_strerror(rc));
+            return rc;
+        }
+    } else {
+        rc = ivshm_admin_create_file(cfg->shm_path, cfg->size, &cfg->geometry,
+                                     0600, &s->shm_fd);
+        if (rc == -EEXIST) {
+            ivs_log_error("%s already exists (remove it or choose another "
+                          "name)", cfg->shm_path);
+            return rc;
+        }
+        if (rc < 0) {
+            ivs_log_error("format %s: %s", cfg->shm_path, ivshm_strerror(rc));
+            return rc;
+        }
+        s->own_shm = true;
+        if ((cfg->shared_group && fchown(s->shm_fd, (uid_t)-1, cfg->gid) < 0) ||
+            fchmod(s->shm_fd, cfg->shared_group ? 0660 : 0600) < 0) {
+            rc = -errno;
+            ivs_log_error("chown/chmod %s: %s", cfg->shm_path, strerror(-rc));
+            return rc;
+        }
     }
-    int rc = ivshm_format_file(cfg->shm_path, cfg->size, &cfg->geometry, 0600);
-    if (rc < 0) {
-        ivs_log_error("format %s: %s", cfg->shm_path, ivshm_strerror(rc));
-        return rc;
-    }
-    s->own_shm = true;
-    s->shm_fd = open(cfg->shm_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (s->shm_fd < 0) {
-        ivs_log_error("open %s: %s", cfg->shm_path, strerror(errno));
-        return -errno;
-    }
-    rc = set_mode(s->shm_fd, cfg->shm_path, cfg);
+    rc = ivshm_admin_open(s->shm_fd, &s->region);
     if (rc < 0)
-        return rc;
-    int map_fd = fcntl(s->shm_fd, F_DUPFD_CLOEXEC, 0);
-    if (map_fd < 0)
-        return -errno;
-    rc = ivshm_region_map(map_fd, &s->region);
-    if (rc < 0) {
-        close(map_fd);
-        ivs_log_error("map %s: %s", cfg->shm_path, ivshm_strerror(rc));
-    }
+        ivs_log_error("map region: %s", ivshm_strerror(rc));
     return rc;
 }
 
@@ -575,8 +821,9 @@ static int create_socket(struct ivs_server *s)
 
 int ivs_server_start(const struct ivs_config *cfg, struct ivs_server **out)
 {
-    if (!cfg || !cfg->socket_path || !cfg->shm_path || cfg->vectors < 1 ||
-        cfg->vectors > IVS_MAX_VECTORS)
+    if (!cfg || !cfg->socket_path || cfg->vectors < 1 ||
+        cfg->vectors > IVS_MAX_VECTORS || cfg->max_clients < 1 ||
+        cfg->max_clients > IVS_MAX_CLIENTS || cfg->max_per_uid < 1)
         return -EINVAL;
     struct ivs_server *s = calloc(1, sizeof *s);
     if (!s)
@@ -594,8 +841,9 @@ int ivs_server_start(const struct ivs_config *cfg, struct ivs_server **out)
         return rc;
     }
     ivs_log_info("listening on %s, region %s (%llu bytes, %u vector%s)",
-                 cfg->socket_path, cfg->shm_path, (unsigned long long)cfg->size,
-                 cfg->vectors, cfg->vectors == 1 ? "" : "s");
+                 cfg->socket_path, cfg->shm_path ? cfg->shm_path : "memfd, sealed",
+                 (unsigned long long)cfg->size, cfg->vectors,
+                 cfg->vectors == 1 ? "" : "s");
     *out = s;
     return 0;
 }
@@ -614,7 +862,7 @@ void ivs_server_stop(struct ivs_server *s)
         unlink(s->cfg.socket_path);
     if (s->own_state)
         unlink(s->cfg.state_path);
-    ivshm_region_unmap(s->region);
+    ivshm_admin_close(s->region);
     if (s->shm_fd >= 0)
         close(s->shm_fd);
     if (s->own_shm && !s->cfg.keep_shm)

@@ -49,6 +49,7 @@ struct db_server {
     int32_t *left;               /* leaves read in the current drain */
     size_t nleft, left_cap;
     int left_unreported;         /* leaves since the last poll_notices */
+    unsigned long lost_fds;      /* join fds dropped at our RLIMIT_NOFILE */
 };
 
 static struct db_server *as_server(struct ivshm_doorbell *db)
@@ -61,12 +62,15 @@ static struct db_server *as_server(struct ivshm_doorbell *db)
 /* Read one message: 8 bytes and at most one fd. `timeout_ms` bounds the
    wait for its first byte (0: only if one is pending); a started message
    must complete within MSG_REST_TIMEOUT_MS. Returns 1 with a message, 0
-   if none came, -ECONNRESET at a clean EOF, -EPROTO for a malformed one. */
+   if none came, -ECONNRESET at a clean EOF, -EPROTO for a malformed one,
+   -EMFILE for a whole message whose fd the kernel could not give us (we
+   are at RLIMIT_NOFILE): *value is set, the stream is still framed. */
 static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
 {
     uint8_t bytes[8];
     size_t got = 0;
     int fd = -1, rc;
+    bool lost_fd = false;
     while (got < sizeof bytes) {
         struct pollfd p = {.fd = sock, .events = POLLIN};
         int r = poll(&p, 1, got ? MSG_REST_TIMEOUT_MS : timeout_ms);
@@ -98,8 +102,11 @@ static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
             goto fail;
         }
         /* Take ownership of every fd that arrived before judging them,
-           so none leaks whatever the verdict. */
-        bool too_many = (m.msg_flags & MSG_CTRUNC) != 0;
+           so none leaks whatever the verdict. Truncated control data
+           with no fd at all is an fd lost on our side (EMFILE), not a
+           malformed message; with fds, the sender sent too many. */
+        bool too_many = false;
+        int nrecv = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
@@ -107,6 +114,7 @@ static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
             for (size_t i = 0; i < nfds; i++) {
                 int x;
                 memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof x);
+                nrecv++;
                 if (fd < 0) {
                     fd = x;
                 } else {
@@ -114,6 +122,12 @@ static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
                     too_many = true;
                 }
             }
+        }
+        if (m.msg_flags & MSG_CTRUNC) {
+            if (nrecv > 0)
+                too_many = true;
+            else
+                lost_fd = true;
         }
         if (too_many) {
             rc = -EPROTO;
@@ -128,6 +142,14 @@ static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
     uint64_t le;
     memcpy(&le, bytes, sizeof le);
     *value = (int64_t)le64toh(le);
+    if (lost_fd && fd < 0) {
+        *fd_out = -1;
+        return -EMFILE;
+    }
+    if (lost_fd) {
+        rc = -EPROTO; /* one fd in one piece, truncation in another */
+        goto fail;
+    }
     *fd_out = fd;
     return 1;
 fail:
@@ -271,6 +293,13 @@ static int drain_notices(struct db_server *s)
         int r = recv_msg(s->sock, 0, &value, &fd);
         if (r == 0)
             break;
+        if (r == -EMFILE) {
+            /* A join whose eventfd did not fit under our fd limit: that
+               vector is skipped (a ring it would have carried costs the
+               peer a liveness slice), the connection is kept. */
+            s->lost_fds++;
+            continue;
+        }
         if (r > 0)
             r = handle_msg(s, value, fd);
         if (r < 0) {

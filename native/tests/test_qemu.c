@@ -1,10 +1,12 @@
-/* Our ivshmem-server with a real QEMU ivshmem-doorbell device: the VM
+/* Our ivshmem-server with a real QEMU ivshmem-doorbell device, the region
+   a sealed memfd (the server's default, no file): the VM
    (paused, no guest) must appear as a peer with 4 vectors, in the host
    client's view and in the state file, be ringable, and leave when QEMU
    is killed, taking down a registry entry "its guest" published.
    Exits 77 (skip) only when qemu-system-x86_64 is not installed. */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "ivshm_admin.h"
 #include "testutil.h"
 
 #include <errno.h>
@@ -137,7 +139,7 @@ int main(void)
 
     char vec_arg[8];
     snprintf(vec_arg, sizeof vec_arg, "%d", VECTORS);
-    char *sargs[] = {"ivshmem-server", "-F", "-S", sock_path, "-M", shm_path,
+    char *sargs[] = {"ivshmem-server", "-F", "-S", sock_path,
                      "-s", state_path, "-n", vec_arg, "-l", "32M", NULL};
     fflush(NULL);
     server_pid = fork();
@@ -158,6 +160,10 @@ int main(void)
     ivshm_peer_info me_info;
     CHECK_RC(ivshm_peer(h, ivshm_self(h), &me_info), 0);
     int32_t self_id = me_info.doorbell_id;
+    /* The region QEMU maps too cannot be truncated under it. */
+    CHECK_RC(ivshm_admin_sealed(h->map_fd), 1);
+    CHECK(ftruncate(h->map_fd, 0) < 0 && errno == EPERM);
+    CHECK(!exists(shm_path));
     int32_t ids[4];
     int vec[4];
     /* The protocol has no end-of-burst marker: our last vectors may

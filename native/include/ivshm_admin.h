@@ -1,0 +1,123 @@
+/*
+ * libivshm administration API: what an ivshmem-server (native/server)
+ * needs from the library, and nothing a peer needs. Peers use ivshm.h.
+ *
+ * An ivshmem-server owns one region per trust domain: it creates the
+ * region, hands its fd to every client, and keeps its own mapping only
+ * to mark the registry entries of clients that went away. It never joins
+ * the registry and never sends or receives messages.
+ *
+ * All functions return 0 (or a non-negative count) on success and a
+ * negative error code on failure: -errno or an IVSHM_E* code of ivshm.h
+ * (ivshm_strerror() gives the text).
+ */
+#ifndef IVSHM_ADMIN_H
+#define IVSHM_ADMIN_H
+
+#include "ivshm.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * ivshm_admin_create_memfd:
+ * @name: a label for /proc/PID/fd and /proc/PID/maps ("memfd:NAME");
+ *        not a path, nothing is created in any file system
+ * @size: region size in bytes (the server requires a power of two)
+ * @geometry: the layout to format; NULL or zero fields take defaults
+ * @fd_out: on success, the region fd (O_RDWR, close-on-exec)
+ *
+ * Create an anonymous region, format it, and seal its size
+ * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): nobody holding the fd,
+ * however they got it, can then shrink it (which would make every other
+ * mapping fault with SIGBUS), grow it, or remove the seals. The fd is what the server
+ * hands to its clients (QEMU maps it as BAR2; host peers map it through
+ * ivshm_attach_server()). The memory lives as long as some process holds
+ * the fd or a mapping of it, and needs no clean-up.
+ *
+ * Returns: 0, -EINVAL for a bad size, IVSHM_ESIZE if @size cannot hold
+ * @geometry, or -errno.
+ */
+int ivshm_admin_create_memfd(const char *name, uint64_t size,
+                             const ivshm_geometry *geometry, int *fd_out);
+
+/*
+ * ivshm_admin_create_file:
+ * @path: the region file to create; must not exist (not even as a
+ *        dangling symbolic link)
+ * @size: region size in bytes
+ * @geometry: the layout to format; NULL or zero fields take defaults
+ * @mode: permission bits of the new file (the umask still applies at
+ *        creation; they are set again with fchmod afterwards)
+ * @fd_out: on success, the region fd (O_RDWR, close-on-exec)
+ *
+ * Host-file mode: create @path exclusively (O_CREAT | O_EXCL, so an
+ * existing file or link is never reused or followed), size and format it,
+ * and return the open fd, so nothing else can swap the file between
+ * creation and use. Such a region cannot be sealed: anyone who can open
+ * it for writing can truncate it and make every peer fault. Use it only
+ * where every peer is one user (docs/security.md).
+ *
+ * Returns: 0, -EEXIST if @path exists, -EINVAL, IVSHM_ESIZE, or -errno.
+ * On failure nothing is left at @path.
+ */
+int ivshm_admin_create_file(const char *path, uint64_t size,
+                            const ivshm_geometry *geometry, unsigned mode,
+                            int *fd_out);
+
+/*
+ * ivshm_admin_sealed:
+ * @fd: a region fd
+ *
+ * Returns: 1 if @fd carries the size seals of ivshm_admin_create_memfd
+ * (its size can never change), 0 if not (a host file, or unsealed), or
+ * -errno if @fd is not valid.
+ */
+int ivshm_admin_sealed(int fd);
+
+/* The server's view of a region: a mapping without a registry slot. */
+typedef struct ivshm_admin ivshm_admin;
+
+/*
+ * ivshm_admin_open:
+ * @fd: a region fd; duplicated, so the caller keeps its own
+ * @out: on success, the new handle
+ *
+ * Map the region and validate its header like a peer would (the layout
+ * is copied out once; later changes to the header are not followed).
+ *
+ * Returns: 0, or the error of validation (IVSHM_EMAGIC, IVSHM_EVERSION,
+ * IVSHM_ESIZE) or -errno.
+ */
+int ivshm_admin_open(int fd, ivshm_admin **out);
+
+/*
+ * ivshm_admin_mark_dead:
+ * @a: the server's handle
+ * @doorbell_id: the server id (QEMU's IVPosition) of a client that left
+ *
+ * Mark every ACTIVE registry entry published under @doorbell_id DEAD,
+ * as if its owner had died: software inside a guest never sees the
+ * server's leave notices, so this is how its peers learn that the VM
+ * went away. Call it before the id can be handed out again, so a new
+ * client with the same id is never hit. Negative ids mark nothing.
+ *
+ * Returns: the number of entries marked (0 or more).
+ */
+int ivshm_admin_mark_dead(ivshm_admin *a, int32_t doorbell_id);
+
+/*
+ * ivshm_admin_close:
+ * @a: a handle from ivshm_admin_open, or NULL (ignored)
+ *
+ * Unmap the region and free the handle. The registry is not touched.
+ */
+void ivshm_admin_close(ivshm_admin *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
