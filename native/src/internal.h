@@ -156,6 +156,18 @@ struct ivshm_peer_local {
     uint64_t rx_tail;         /* our consumer position in ring(p->self)   */
     bool reserved;            /* send_reserve handed out slot tx_head     */
     bool peeked;              /* recv_peek handed out slot rx_tail        */
+    /* A message from this peer whose receive was cut by the caller's
+       deadline: its FIRST fragment and maybe more are consumed, the rest
+       follows in the ring and the next receive from it continues it.
+       Only these local copies describe it (never re-read from the slot). */
+    bool rx_partial;
+    bool rx_nomem;            /* staging failed: deliver -ENOMEM at the end */
+    uint32_t rx_tag;
+    uint64_t rx_total;        /* its length (FIRST fragment, validated)    */
+    uint64_t rx_left;         /* bytes still to consume, > 0               */
+    uint64_t rx_keep;         /* bytes delivered: min(total, every cap)    */
+    uint64_t rx_kept;         /* bytes staged in rx_stage so far           */
+    uint8_t *rx_stage;        /* malloc'd copy of the stored prefix        */
 };
 
 /* ---- one attachment ---- */
@@ -228,6 +240,9 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
    last talked to, a new incarnation took the slot: reset our local ring
    positions for it (the newcomer emptied the rings at join). */
 bool ivshm_peer_current(ivshm *h, int slot);
+/* Forget everything we know about `slot` (positions, a half-received
+   message) and start over with generation `gen`. */
+void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen);
 /* Mark every ACTIVE slot whose doorbell id is `doorbell_id` dead. */
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
 

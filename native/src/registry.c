@@ -97,7 +97,8 @@ int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
             atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
             atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
             reset_rings(h, (int)s);
-            memset(h->peers, 0, sizeof h->peers);
+            for (int x = 0; x < (int)IVSHM_MAX_PEERS; x++)
+                ivshm_peer_local_reset(h, x, 0);
             h->self_gen = gen;
             atomic_store_explicit(&e->state, PEER_ACTIVE, memory_order_release);
             return 0;
@@ -180,13 +181,18 @@ bool ivshm_peer_current(ivshm *h, int slot)
     if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
         return false;
     uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
-    struct ivshm_peer_local *p = &h->peers[slot];
-    if (p->gen != gen) {
-        /* New incarnation: it emptied our rings with it at join. */
-        memset(p, 0, sizeof *p);
-        p->gen = gen;
-    }
+    /* New incarnation: it emptied our rings with it at join. */
+    if (h->peers[slot].gen != gen)
+        ivshm_peer_local_reset(h, slot, gen);
     return true;
+}
+
+void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    free(p->rx_stage);
+    memset(p, 0, sizeof *p);
+    p->gen = gen;
 }
 
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
