@@ -185,6 +185,7 @@ struct ivshm {
     uint64_t job_id;
     uint32_t rank;
     int64_t spin_ns;
+    uint64_t lock_timeout_ns; /* bound on a live, stuck lock holder       */
     uint64_t pidns;
 
     struct ivshm_doorbell *db;
