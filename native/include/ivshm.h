@@ -233,7 +233,10 @@ int ivshm_win_fetch_add(ivshm_window *w, uint32_t seg, uint64_t off,
                         int64_t add, int64_t *old);
 int ivshm_win_cas(ivshm_window *w, uint32_t seg, uint64_t off,
                   uint64_t expected, uint64_t desired, uint64_t *old);
-/* Passive-target epochs on one segment; a dead holder's lock is broken. */
+/* Passive-target epochs on one segment; a dead holder's lock is broken
+   (within ~1 ms). A live holder is waited for at most
+   IVSHM_LOCK_TIMEOUT_MS (environment at attach; default 30000), then
+   -ETIMEDOUT. */
 #define IVSHM_LOCK_SHARED 0
 #define IVSHM_LOCK_EXCLUSIVE 1
 int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind);

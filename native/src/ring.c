@@ -743,6 +743,12 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
             return -ETIMEDOUT;
         if (w < 0 && w != IVSHM_EPEERDEAD)
             return w;
+        /* A partial sender whose slot is being claimed again (or whose
+           state a co-tenant keeps at CLAIMING) will never continue that
+           message: drop it, or this loop would spin on its "death". */
+        if (w == IVSHM_EPEERDEAD && from == IVSHM_ANY && peer >= 0 &&
+            rx_view(h, peer) == RX_NONE)
+            rx_abandon(&h->peers[peer]);
         /* ready or dead: the next round drains what is left, then the
            view check above reports the death */
     }

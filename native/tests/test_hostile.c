@@ -523,7 +523,9 @@ static bool file_is(const char *p, const char *content)
 
 static void write_file(const char *p, const char *content)
 {
-    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    unlink(p);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  0600);
     CHECK(fd >= 0 && write(fd, content, strlen(content)) ==
                          (ssize_t)strlen(content));
     close(fd);
