@@ -230,9 +230,11 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
     struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
     const uint32_t payload = slot_payload(h);
     const uint64_t nfrag = len <= payload ? 1 : (len - 1) / payload + 1;
+    /* no clock read on the try_send / send fast paths */
     const uint64_t deadline =
-        timeout_ms < 0 ? UINT64_MAX
-                       : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+        timeout_ms < 0    ? UINT64_MAX
+        : timeout_ms == 0 ? 0
+                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
     /* Streaming: reserve (and wait for) one position per fragment. */
     bool stream = timeout_ms < 0 || nfrag > h->ring_slots;

@@ -3,7 +3,9 @@
    - a header flipper racing attach (heap_size double fetch),
    - a sender that stalls or streams forever in the middle of a message,
    - a tail rewound behind the producer's back,
-   - names planted where ivshm_format_file will create its file. */
+   - names planted where ivshm_format_file will create its file.
+   Time bounds are generous (the machine is shared): they separate
+   "returned by its deadline" from "hung", not fast from slow. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "testutil.h"
@@ -245,21 +247,21 @@ static void run_stall(bool endless)
     /* poll: returns at once, the partial message kept */
     uint64_t t0 = now_ms();
     CHECK_RC(ivshm_recv(h, src, &got, &tag, buf, sizeof buf, 0), -EAGAIN);
-    CHECK(now_ms() - t0 < 200);
+    CHECK(now_ms() - t0 < 1000);
     t0 = now_ms();
     CHECK_RC(ivshm_recv(h, IVSHM_ANY, &got, &tag, buf, sizeof buf, 0),
              -EAGAIN);
-    CHECK(now_ms() - t0 < 200);
+    CHECK(now_ms() - t0 < 1000);
     /* bounded waits end at their deadline, not when the message does */
     t0 = now_ms();
     CHECK_RC(ivshm_recv(h, src, &got, &tag, buf, sizeof buf, 50), -ETIMEDOUT);
     uint64_t el = now_ms() - t0;
-    CHECK(el >= 45 && el < 1000);
+    CHECK(el >= 45 && el < 2000);
     t0 = now_ms();
     CHECK_RC(ivshm_recv(h, IVSHM_ANY, &got, &tag, buf, sizeof buf, 50),
              -ETIMEDOUT);
     el = now_ms() - t0;
-    CHECK(el >= 45 && el < 1000);
+    CHECK(el >= 45 && el < 2000);
     /* the BTL's sequence: peek says multi-slot, then a polling recv */
     const void *data = NULL;
     int psrc = -1;
@@ -267,7 +269,7 @@ static void run_stall(bool endless)
     CHECK(psrc == src);
     t0 = now_ms();
     CHECK_RC(ivshm_recv(h, psrc, NULL, &tag, buf, sizeof buf, 0), -EAGAIN);
-    CHECK(now_ms() - t0 < 200);
+    CHECK(now_ms() - t0 < 1000);
     t0 = now_ms();
     int wm = ivshm_wait_message(h, 20);
     CHECK(wm == 0 || wm == -ETIMEDOUT);
@@ -466,13 +468,13 @@ static void test_tail_rewind(void)
     uint64_t t0 = now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 100), -ETIMEDOUT);
     uint64_t el = now_ms() - t0;
-    CHECK(el >= 95 && el < 1500);
+    CHECK(el >= 95 && el < 3000);
     /* a message longer than the ring streams: the deadline still holds */
     static uint8_t big[8 * 256];
     t0 = now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, big, sizeof big, 100), -ETIMEDOUT);
     el = now_ms() - t0;
-    CHECK(el >= 95 && el < 1500);
+    CHECK(el >= 95 && el < 3000);
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 0), -EAGAIN);
     atomic_store(&r.stop, true);
     pthread_join(th, NULL);
