@@ -158,7 +158,8 @@ struct ivshm_peer_local {
     bool peeked;              /* recv_peek handed out slot rx_tail        */
     /* A message from this peer whose receive was cut by the caller's
        deadline: its FIRST fragment and maybe more are consumed, the rest
-       follows in the ring and the next receive from it continues it.
+       follows in the ring and the next receive from it continues it,
+       storing into rx_stage and copying to the caller once complete.
        Only these local copies describe it (never re-read from the slot). */
     bool rx_partial;
     bool rx_nomem;            /* staging failed: deliver -ENOMEM at the end */
@@ -166,8 +167,10 @@ struct ivshm_peer_local {
     uint64_t rx_total;        /* its length (FIRST fragment, validated)    */
     uint64_t rx_left;         /* bytes still to consume, > 0               */
     uint64_t rx_keep;         /* bytes delivered: min(total, every cap)    */
-    uint64_t rx_kept;         /* bytes staged in rx_stage so far           */
-    uint8_t *rx_stage;        /* malloc'd copy of the stored prefix        */
+    uint64_t rx_kept;         /* bytes of it in rx_stage so far            */
+    uint64_t rx_stage_cap;    /* allocated bytes of rx_stage               */
+    uint8_t *rx_stage;        /* malloc'd: the stored prefix, then the rest
+                                 of what is stored, until it completes     */
 };
 
 /* ---- one attachment ---- */

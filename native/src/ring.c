@@ -441,29 +441,81 @@ static void rx_abandon(struct ivshm_peer_local *p)
 {
     free(p->rx_stage);
     p->rx_stage = NULL;
+    p->rx_stage_cap = 0;
     p->rx_partial = false;
     p->rx_nomem = false;
     p->rx_kept = 0;
 }
 
-/* The caller's deadline cut the message: keep the bytes it stored in
-   `buf` beyond those already staged, so a later call (maybe with another
-   buffer) can hand out the whole message. */
-static void rx_stage(struct ivshm_peer_local *p, const void *buf,
-                     uint64_t stored)
+/* Room for `n` staged bytes (n <= rx_keep). Grows by doubling, so the
+   memory follows the bytes actually received, not a forged total, and
+   is at most twice the caller's cap. False (and rx_nomem) when out of
+   memory: the message is then drained and reported as -ENOMEM. */
+static bool stage_room(struct ivshm_peer_local *p, uint64_t n)
 {
-    if (stored <= p->rx_kept || p->rx_nomem)
-        return;
-    uint8_t *st = realloc(p->rx_stage, stored);
+    if (n <= p->rx_stage_cap)
+        return true;
+    if (p->rx_nomem)
+        return false;
+    uint64_t cap = p->rx_stage_cap ? p->rx_stage_cap : 4096;
+    while (cap < n)
+        cap *= 2;
+    if (cap > p->rx_keep)
+        cap = p->rx_keep;
+    uint8_t *st = realloc(p->rx_stage, cap);
     if (!st) {
-        /* the message cannot be delivered whole: drain it, then say so */
         p->rx_nomem = true;
-        return;
+        return false;
     }
-    memcpy(st + p->rx_kept, (const uint8_t *)buf + p->rx_kept,
-           stored - p->rx_kept);
     p->rx_stage = st;
-    p->rx_kept = stored;
+    p->rx_stage_cap = cap;
+    return true;
+}
+
+/* Append what fits of a validated fragment to the stage. */
+static void stage_append(struct ivshm_peer_local *p, struct ivshm_slot *s,
+                         uint32_t len)
+{
+    if (p->rx_kept >= p->rx_keep || len == 0)
+        return;
+    uint64_t n = p->rx_keep - p->rx_kept < len ? p->rx_keep - p->rx_kept : len;
+    if (!stage_room(p, p->rx_kept + n))
+        return;
+    memcpy(p->rx_stage + p->rx_kept, slot_data(s), n);
+    p->rx_kept += n;
+}
+
+struct frag_wait {
+    const struct ivshm_slot *s;
+    uint64_t pos;
+};
+
+static bool frag_ready(ivshm *h, void *arg)
+{
+    (void)h;
+    const struct frag_wait *w = arg;
+    return slot_full(w->s, w->pos);
+}
+
+/* Mid-message: wait for the next fragment until `deadline` (0: not at
+   all), spinning on the slot as a receive between messages would. 0 when
+   it is there, -ETIMEDOUT, IVSHM_EPEERDEAD once a dead sender's last
+   published fragment is gone (a death turns *view into RX_GONE). */
+static int rx_wait_fragment(ivshm *h, int slot, const struct ivshm_slot *s,
+                            enum rx_view *view, uint64_t deadline)
+{
+    struct frag_wait w = {s, h->peers[slot].rx_tail};
+    if (*view == RX_LIVE) {
+        int ms = deadline == 0 ? -ETIMEDOUT : ms_left(deadline);
+        if (ms == -ETIMEDOUT)
+            return -ETIMEDOUT;
+        int rc = ivshm_wait(h, frag_ready, &w, slot, h->peers[slot].gen, ms);
+        if (rc != IVSHM_EPEERDEAD)
+            return rc;
+        *view = RX_GONE;
+    }
+    /* gone: what it published before dying is still ours */
+    return frag_ready(h, &w) ? 0 : IVSHM_EPEERDEAD;
 }
 
 /* The ring from `slot` is empty as far as we know, so the shared tail
@@ -481,35 +533,43 @@ static void rx_heal_tail(ivshm *h, int slot, uint8_t *ring)
 }
 
 /* Consume the continuation fragments of the message in progress from
-   `slot` (p->rx_partial: its FIRST fragment is consumed), storing them
-   in buf after the `stored` bytes already there. Stops with -EAGAIN,
-   the message kept in progress, when the next fragment is not there yet
-   or, between two runs of ring_slots fragments, when `deadline` has
-   passed (0: at once; UINT64_MAX never): a sender streaming fragments
-   forever cannot hold us past it. Invariant: rx_left = bytes of the
-   message not consumed yet, > 0 inside the loop. */
+   `slot` (p->rx_partial: its FIRST fragment is consumed). A fresh message
+   (!staged) is stored straight into buf after the `stored` bytes there; a
+   resumed one goes to the stage and is copied to buf once complete.
+   Waits for late fragments until `deadline` (0: never; UINT64_MAX:
+   forever); when it passes -- checked also between runs of ring_slots
+   fragments, so a sender streaming without end cannot hold us -- the
+   message stays in progress (the stored prefix staged) and the call
+   returns -EAGAIN. Invariant: rx_left = bytes not consumed yet. */
 static ssize_t rx_fragments(ivshm *h, int slot, uint8_t *ring,
                             enum rx_view view, uint32_t *tag, void *buf,
-                            uint64_t stored, uint64_t deadline)
+                            uint64_t stored, uint64_t deadline, bool staged)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t payload = slot_payload(h);
     uint32_t run = 0;
     while (p->rx_left) {
         struct ivshm_slot *s = slot_at(h, ring, p->rx_tail);
-        bool cut = !slot_full(s, p->rx_tail);
-        if (!cut && ++run == h->ring_slots) {
+        int rc = 0;
+        if (!slot_full(s, p->rx_tail)) {
             run = 0;
-            cut = deadline != UINT64_MAX && ivshm_now_ns() >= deadline;
-        }
-        if (cut) {
-            if (view != RX_LIVE && !slot_full(s, p->rx_tail)) {
-                /* gone, and nothing more was published before it went */
+            rc = rx_wait_fragment(h, slot, s, &view, deadline);
+            if (rc == IVSHM_EPEERDEAD) {
                 rx_abandon(p);
-                return IVSHM_EPEERDEAD;
+                return rc;
             }
-            rx_stage(p, buf, stored);
-            return -EAGAIN;
+        } else if (++run == h->ring_slots) {
+            run = 0;
+            if (deadline != UINT64_MAX && ivshm_now_ns() >= deadline)
+                rc = -ETIMEDOUT;
+        }
+        if (rc < 0) {
+            /* cut: keep what this call stored, for the next one */
+            if (!staged && stored && stage_room(p, stored)) {
+                memcpy(p->rx_stage, buf, stored);
+                p->rx_kept = stored;
+            }
+            return rc == -ETIMEDOUT ? -EAGAIN : rc;
         }
         struct frag c;
         frag_read(s, &c);
@@ -535,11 +595,19 @@ static ssize_t rx_fragments(ivshm *h, int slot, uint8_t *ring,
             rx_consume(h, slot, ring, view);
             return IVSHM_ECORRUPT;
         }
-        copy_out(buf, p->rx_keep, &stored, s, c.len);
+        if (staged)
+            stage_append(p, s, c.len);
+        else
+            copy_out(buf, p->rx_keep, &stored, s, c.len);
         rx_consume(h, slot, ring, view);
         p->rx_left -= c.len;
     }
     bool nomem = p->rx_nomem;
+    if (staged && !nomem) {
+        uint64_t n = p->rx_kept < p->rx_keep ? p->rx_kept : p->rx_keep;
+        if (n)
+            memcpy(buf, p->rx_stage, n);
+    }
     rx_abandon(p); /* complete: nothing in progress any more */
     if (nomem)
         return -ENOMEM;
@@ -567,14 +635,11 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
     if (p->rx_partial) {
         if (peek)
             return -EMSGSIZE;
-        /* Resume: the staged prefix first. The bytes delivered never
-           grow past an earlier call's cap: those beyond it are gone. */
+        /* Resume into the stage. The bytes delivered never grow past an
+           earlier call's cap: those beyond it are gone. */
         if (p->rx_keep > cap)
             p->rx_keep = cap;
-        uint64_t stored = p->rx_kept < p->rx_keep ? p->rx_kept : p->rx_keep;
-        if (stored)
-            memcpy(buf, p->rx_stage, stored);
-        return rx_fragments(h, slot, ring, view, tag, buf, stored, deadline);
+        return rx_fragments(h, slot, ring, view, tag, buf, 0, deadline, true);
     }
 
     struct ivshm_slot *s;
@@ -624,7 +689,8 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
     copy_out(buf, p->rx_keep, &stored, s, f.len);
     rx_consume(h, slot, ring, view);
     p->rx_left = f.total - f.len;
-    return rx_fragments(h, slot, ring, view, tag, buf, stored, deadline);
+    return rx_fragments(h, slot, ring, view, tag, buf, stored, deadline,
+                        false);
 }
 
 /* Round-robin over every other slot from rr_next, so one busy sender
