@@ -449,7 +449,7 @@ static void rx_abandon(struct ivshm_peer_local *p)
 
 /* Room for `n` staged bytes (n <= rx_keep). Grows by doubling, so the
    memory follows the bytes actually received, not a forged total, and
-   is at most twice the caller's cap. False (and rx_nomem) when out of
+   never exceeds rx_keep (at most the caller's cap). False (and rx_nomem) when out of
    memory: the message is then drained and reported as -ENOMEM. */
 static bool stage_room(struct ivshm_peer_local *p, uint64_t n)
 {

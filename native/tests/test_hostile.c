@@ -510,6 +510,44 @@ static void test_tail_rewind(void)
     ivshm_detach(b);
 }
 
+/* ivshm_send_timeout: all or nothing for a message that fits the ring; a
+   longer one cut by its deadline costs that message only. */
+static void test_send_timeout(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0);
+    int sa = ivshm_self(a), sb = ivshm_self(b);
+    const uint32_t pl = a->slot_size - IVSHM_SLOT_HDR;
+    static uint8_t msg[20 * 256], in[20 * 256];
+    for (size_t i = 0; i < sizeof msg; i++)
+        msg[i] = (uint8_t)i;
+    uint32_t tag = 0;
+
+    for (int i = 0; i < 6; i++)
+        CHECK_RC(ivshm_send_timeout(a, sb, 1, "m", 1, 10), 0);
+    /* 3 fragments, 2 free slots: nothing may be published */
+    CHECK_RC(ivshm_send_timeout(a, sb, 2, msg, 3 * pl, 30), -ETIMEDOUT);
+    for (int i = 0; i < 6; i++)
+        CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), 1);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), -EAGAIN);
+    /* now it fits: sent whole, and the receiver sees it whole */
+    CHECK_RC(ivshm_send_timeout(a, sb, 2, msg, 3 * pl, 30), 0);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), 3 * pl);
+    CHECK(tag == 2 && memcmp(in, msg, 3 * pl) == 0);
+
+    /* 20 fragments through 8 slots with nobody receiving: cut */
+    CHECK_RC(ivshm_send_timeout(a, sb, 3, msg, 20 * pl, 30), -ETIMEDOUT);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), -EAGAIN);
+    CHECK_RC(ivshm_send_timeout(a, sb, 4, "next", 4, 1000), 0);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), IVSHM_ECORRUPT);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), 4);
+    CHECK(tag == 4 && memcmp(in, "next", 4) == 0);
+    ivshm_detach(a);
+    ivshm_detach(b);
+}
+
 /* ---- ivshm_format_file: no following, no replacing, no half files ---- */
 
 static bool file_is(const char *p, const char *content)
@@ -645,6 +683,7 @@ int main(void)
     test_resume();
     test_poll_stream();
     test_tail_rewind();
+    test_send_timeout();
     test_format_file();
     return tu_summary("test_hostile");
 }
