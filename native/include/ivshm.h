@@ -165,11 +165,14 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
    call returns -EAGAIN / -ETIMEDOUT and keeps the part received so far
    inside the handle; the next receive that reaches this sender (from it
    or IVSHM_ANY) continues the message and returns it whole. The bytes
-   stored are then min(length, cap of every call that took part), so a
-   caller that always passes the same cap sees no difference. A message
-   in progress is dropped if its sender dies (-IVSHM_EPEERDEAD), breaks it
-   off (-IVSHM_ECORRUPT), or memory to keep it runs out (-ENOMEM once it
-   has been drained). ivshm_recv_peek reports it as -EMSGSIZE. */
+   stored are min(length, cap of every call that took part), so a caller
+   that always passes the same cap sees no difference; if an earlier call
+   had a smaller cap than the one that completes a longer message, the
+   bytes beyond it are gone and that call returns -EMSGSIZE (the message
+   is consumed). A message in progress is dropped if its sender dies
+   (-IVSHM_EPEERDEAD), breaks it off (-IVSHM_ECORRUPT), or memory to keep
+   it runs out (-ENOMEM once it has been drained). ivshm_recv_peek
+   reports it as -EMSGSIZE. */
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                    size_t cap, int timeout_ms);
 

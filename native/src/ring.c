@@ -543,7 +543,8 @@ static void rx_heal_tail(ivshm *h, int slot, uint8_t *ring)
    returns -EAGAIN. Invariant: rx_left = bytes not consumed yet. */
 static ssize_t rx_fragments(ivshm *h, int slot, uint8_t *ring,
                             enum rx_view view, uint32_t *tag, void *buf,
-                            uint64_t stored, uint64_t deadline, bool staged)
+                            size_t cap, uint64_t stored, uint64_t deadline,
+                            bool staged)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t payload = slot_payload(h);
@@ -603,7 +604,11 @@ static ssize_t rx_fragments(ivshm *h, int slot, uint8_t *ring,
         p->rx_left -= c.len;
     }
     bool nomem = p->rx_nomem;
-    if (staged && !nomem) {
+    /* An earlier call with a smaller cap dropped bytes this caller would
+       expect: returning the length would pass stale buffer bytes off as
+       the message's. */
+    bool lost = p->rx_keep < p->rx_total && p->rx_keep < cap;
+    if (staged && !nomem && !lost) {
         uint64_t n = p->rx_kept < p->rx_keep ? p->rx_kept : p->rx_keep;
         if (n)
             memcpy(buf, p->rx_stage, n);
@@ -611,6 +616,8 @@ static ssize_t rx_fragments(ivshm *h, int slot, uint8_t *ring,
     rx_abandon(p); /* complete: nothing in progress any more */
     if (nomem)
         return -ENOMEM;
+    if (lost)
+        return -EMSGSIZE;
     *tag = p->rx_tag;
     return (ssize_t)p->rx_total;
 }
@@ -639,7 +646,8 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
            earlier call's cap: those beyond it are gone. */
         if (p->rx_keep > cap)
             p->rx_keep = cap;
-        return rx_fragments(h, slot, ring, view, tag, buf, 0, deadline, true);
+        return rx_fragments(h, slot, ring, view, tag, buf, cap, 0, deadline,
+                            true);
     }
 
     struct ivshm_slot *s;
@@ -689,7 +697,7 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
     copy_out(buf, p->rx_keep, &stored, s, f.len);
     rx_consume(h, slot, ring, view);
     p->rx_left = f.total - f.len;
-    return rx_fragments(h, slot, ring, view, tag, buf, stored, deadline,
+    return rx_fragments(h, slot, ring, view, tag, buf, cap, stored, deadline,
                         false);
 }
 

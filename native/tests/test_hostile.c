@@ -327,22 +327,30 @@ static void test_resume(void)
         ok &= buf1[i] == (i < pl ? 1 : i < 2 * pl ? 2 : 3);
     CHECK(ok);
 
-    /* caps differ: only the smallest prefix counts */
+    /* caps differ: a smaller cap later truncates as usual ... */
     raw_publish(a, sb, 3, 6, SLOT_FIRST, pl, total, 4);
-    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, 100, 0), -EAGAIN);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), -EAGAIN);
     raw_publish(a, sb, 4, 6, 0, pl, total, 5);
     raw_publish(a, sb, 5, 6, SLOT_LAST, 10, total, 6);
     memset(buf2, 0, sizeof buf2);
-    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, sizeof buf2, 0), total);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, 100, 0), total);
     ok = true;
     for (int i = 0; i < 100; i++)
         ok &= buf2[i] == 4;
-    CHECK(ok);
+    CHECK(ok && buf2[100] == 0);
+    /* ... but bytes dropped by a smaller earlier cap are not passed off
+       as the message to a larger later one */
+    raw_publish(a, sb, 6, 9, SLOT_FIRST, pl, total, 4);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, 100, 0), -EAGAIN);
+    raw_publish(a, sb, 7, 9, 0, pl, total, 5);
+    raw_publish(a, sb, 8, 9, SLOT_LAST, 10, total, 6);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, sizeof buf2, 0), -EMSGSIZE);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, sizeof buf2, 0), -EAGAIN);
 
     /* a sender that breaks off (a new FIRST) costs that message only */
-    raw_publish(a, sb, 6, 7, SLOT_FIRST, pl, total, 7);
+    raw_publish(a, sb, 9, 7, SLOT_FIRST, pl, total, 7);
     CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), -EAGAIN);
-    raw_publish(a, sb, 7, 8, SLOT_FIRST | SLOT_LAST, 3, 3, 8);
+    raw_publish(a, sb, 10, 8, SLOT_FIRST | SLOT_LAST, 3, 3, 8);
     CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0),
              IVSHM_ECORRUPT);
     CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), 3);
