@@ -219,11 +219,12 @@ int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
     if (fd < 0)
         return -errno;
     struct stat mine;
-    rc = fstat(fd, &mine) < 0 ? -errno : format_fd(fd, size, g, mode);
+    bool known = fstat(fd, &mine) == 0;
+    rc = known ? format_fd(fd, size, g, mode) : -errno;
     if (rc < 0) {
         struct stat now;
-        if (created && lstat(path, &now) == 0 && now.st_dev == mine.st_dev &&
-            now.st_ino == mine.st_ino)
+        if (created && known && lstat(path, &now) == 0 &&
+            now.st_dev == mine.st_dev && now.st_ino == mine.st_ino)
             unlink(path); /* still the file we created */
         else if (!created)
             (void)ftruncate(fd, 0); /* adopted: leave it empty, as found */
