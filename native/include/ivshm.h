@@ -51,7 +51,14 @@ uint64_t ivshm_min_region_size(const ivshm_geometry *g);
 /* Format a blank, mapped region of `size` bytes in place. */
 int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g);
 
-/* Create (or truncate) a file of `size` bytes with `mode` and format it. */
+/* Create a file of `size` bytes with `mode` at `path` and format it. The
+   file appears there only once formatted (built unnamed with O_TMPFILE,
+   then linked in), and nothing is replaced or followed: an existing name
+   gives -EEXIST, a symlink -EEXIST or -ELOOP. One exception keeps the
+   "reserve the name with O_CREAT|O_EXCL, then format" pattern working:
+   an existing regular, empty, singly linked file owned by the caller's
+   euid is formatted in place. On failure only a file this call created
+   is removed. */
 int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
                       unsigned mode);
 
@@ -125,8 +132,22 @@ int ivshm_event_fd(ivshm *h);
 
 /* Send `len` bytes to the peer in `slot`. Messages longer than one slot
    stream through the ring in fragments. Blocks (spin, then doorbell)
-   while the ring is full; -IVSHM_EPEERDEAD if the peer goes away. */
+   while the ring is full, as long as the consumer lives: a consumer that
+   never receives, or a co-tenant that keeps rewriting the ring's tail,
+   holds it (use ivshm_send_timeout for a bounded wait).
+   -IVSHM_EPEERDEAD if the peer goes away; -IVSHM_ECORRUPT if the tail
+   the consumer publishes fails validation (out of range, or moved
+   backwards). */
 int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len);
+/* ivshm_send waiting at most timeout_ms for ring space (-1: as
+   ivshm_send; 0: as ivshm_try_send): -ETIMEDOUT when the time is up. A
+   message that fits in the ring (ceil(len / (slot_size - 32)) <=
+   ring_slots) is all or nothing: nothing is published before there is
+   room for all of it, so a timeout leaves no trace. A larger one streams,
+   and a timeout midway cuts it: the receiver gets -IVSHM_ECORRUPT for
+   it, and the messages after it intact. */
+int ivshm_send_timeout(ivshm *h, int slot, uint32_t tag, const void *buf,
+                       size_t len, int timeout_ms);
 /* Like ivshm_send but never waits: -EAGAIN unless the whole message fits
    now; -EMSGSIZE if it needs more slots than the ring has (use send). */
 int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
@@ -134,10 +155,24 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
 /* Receive one message from `from` (a slot or IVSHM_ANY). Returns its full
    length; at most `cap` bytes are stored, so a return > cap means it was
    truncated (the rest is consumed). timeout_ms: -1 forever, 0 poll
-   (-EAGAIN). *src and *tag may be NULL. Messages a peer published before
-   it left are still delivered; after them: -IVSHM_EPEERDEAD. A slot that
-   fails validation is consumed and reported as -IVSHM_ECORRUPT, with
-   *src naming the peer that wrote it. */
+   (-EAGAIN), > 0 at most that long (-ETIMEDOUT). *src and *tag may be
+   NULL. Messages a peer published before it left are still delivered;
+   after them: -IVSHM_EPEERDEAD. A slot that fails validation is consumed
+   and reported as -IVSHM_ECORRUPT, with *src naming the peer that wrote
+   it.
+   The timeout holds in the middle of a multi-slot message too: when the
+   next fragment is late (or a sender streams fragments without end) the
+   call returns -EAGAIN / -ETIMEDOUT and keeps the part received so far
+   inside the handle; the next receive that reaches this sender (from it
+   or IVSHM_ANY) continues the message and returns it whole. The bytes
+   stored are min(length, cap of every call that took part), so a caller
+   that always passes the same cap sees no difference; if an earlier call
+   had a smaller cap than the one that completes a longer message, the
+   bytes beyond it are gone and that call returns -EMSGSIZE (the message
+   is consumed). A message in progress is dropped if its sender dies
+   (-IVSHM_EPEERDEAD), breaks it off (-IVSHM_ECORRUPT), or memory to keep
+   it runs out (-ENOMEM once it has been drained). ivshm_recv_peek
+   reports it as -EMSGSIZE. */
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                    size_t cap, int timeout_ms);
 
@@ -201,7 +236,10 @@ int ivshm_win_fetch_add(ivshm_window *w, uint32_t seg, uint64_t off,
                         int64_t add, int64_t *old);
 int ivshm_win_cas(ivshm_window *w, uint32_t seg, uint64_t off,
                   uint64_t expected, uint64_t desired, uint64_t *old);
-/* Passive-target epochs on one segment; a dead holder's lock is broken. */
+/* Passive-target epochs on one segment; a dead holder's lock is broken
+   (within ~1 ms). A live holder is waited for at most
+   IVSHM_LOCK_TIMEOUT_MS (environment at attach; default 30000), then
+   -ETIMEDOUT. */
 #define IVSHM_LOCK_SHARED 0
 #define IVSHM_LOCK_EXCLUSIVE 1
 int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind);

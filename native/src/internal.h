@@ -156,6 +156,21 @@ struct ivshm_peer_local {
     uint64_t rx_tail;         /* our consumer position in ring(p->self)   */
     bool reserved;            /* send_reserve handed out slot tx_head     */
     bool peeked;              /* recv_peek handed out slot rx_tail        */
+    /* A message from this peer whose receive was cut by the caller's
+       deadline: its FIRST fragment and maybe more are consumed, the rest
+       follows in the ring and the next receive from it continues it,
+       storing into rx_stage and copying to the caller once complete.
+       Only these local copies describe it (never re-read from the slot). */
+    bool rx_partial;
+    bool rx_nomem;            /* staging failed: deliver -ENOMEM at the end */
+    uint32_t rx_tag;
+    uint64_t rx_total;        /* its length (FIRST fragment, validated)    */
+    uint64_t rx_left;         /* bytes still to consume, > 0               */
+    uint64_t rx_keep;         /* bytes delivered: min(total, every cap)    */
+    uint64_t rx_kept;         /* bytes of it in rx_stage so far            */
+    uint64_t rx_stage_cap;    /* allocated bytes of rx_stage               */
+    uint8_t *rx_stage;        /* malloc'd: the stored prefix, then the rest
+                                 of what is stored, until it completes     */
 };
 
 /* ---- one attachment ---- */
@@ -173,6 +188,7 @@ struct ivshm {
     uint64_t job_id;
     uint32_t rank;
     int64_t spin_ns;
+    uint64_t lock_timeout_ns; /* bound on a live, stuck lock holder       */
     uint64_t pidns;
 
     struct ivshm_doorbell *db;
@@ -228,6 +244,9 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
    last talked to, a new incarnation took the slot: reset our local ring
    positions for it (the newcomer emptied the rings at join). */
 bool ivshm_peer_current(ivshm *h, int slot);
+/* Forget everything we know about `slot` (positions, a half-received
+   message) and start over with generation `gen`. */
+void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen);
 /* Mark every ACTIVE slot whose doorbell id is `doorbell_id` dead. */
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
 

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,6 +26,7 @@ struct layout {
     uint32_t max_peers, ring_slots, slot_size, max_windows;
     uint64_t registry_off, ring_off, ring_bytes, windir_off, wctl_off;
     uint64_t heap_off;
+    uint64_t heap_size; /* validate_header only: region_size - heap_off */
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -122,29 +124,112 @@ int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
     return format_region(base, size, g, false);
 }
 
+/* Size `fd` (empty, ours) and format it through a temporary mapping. */
+static int format_fd(int fd, uint64_t size, const ivshm_geometry *g,
+                     unsigned mode)
+{
+    if (fchmod(fd, mode & 0777) < 0 || ftruncate(fd, (off_t)size) < 0)
+        return -errno;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    int rc = format_region(p, size, g, true); /* grown from empty: zero */
+    munmap(p, size);
+    return rc;
+}
+
+/* An existing file at the path may be adopted only if formatting it
+   destroys nothing and gives nobody else access: a regular, empty file
+   with one link, owned by us (callers that reserve the name with
+   O_CREAT|O_EXCL first, then format it). */
+static bool adoptable(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
+           st.st_nlink == 1 && st.st_uid == geteuid();
+}
+
+/*
+ * The file appears at `path` only once it is fully formatted, and never
+ * replaces anything: it is built as an unnamed O_TMPFILE in the target
+ * directory and linked in (link() never follows a symlink and fails if
+ * the name exists). Without O_TMPFILE, O_CREAT|O_EXCL|O_NOFOLLOW creates
+ * it in place. A failure removes only a file we created, checked by
+ * inode. An existing empty file of ours is adopted (see adoptable);
+ * anything else at the path, a symlink included, is -EEXIST / -ELOOP.
+ */
 int ivshm_format_file(const char *path, uint64_t size, const ivshm_geometry *g,
                       unsigned mode)
 {
-    if (!path || size > (uint64_t)1 << 46)
+    if (!path || !*path || size > (uint64_t)1 << 46)
         return -EINVAL;
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0777);
-    if (fd < 0)
-        return -errno;
-    int rc = 0;
-    if (fchmod(fd, mode & 0777) < 0 || ftruncate(fd, (off_t)size) < 0) {
-        rc = -errno;
-    } else {
-        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            rc = -errno;
-        } else {
-            rc = format_region(p, size, g, true); /* O_TRUNC: all zero */
-            munmap(p, size);
+    /* geometry and size first: a refused request leaves no file behind */
+    struct layout l;
+    int rc = geometry_defaults(g, &l);
+    if (rc < 0)
+        return rc;
+    compute_layout(&l);
+    if (size < l.heap_off + MIN_HEAP)
+        return IVSHM_ESIZE;
+
+    /* directory of `path`, for O_TMPFILE */
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t dlen = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+    if (dlen >= sizeof dir)
+        return -ENAMETOOLONG;
+    memcpy(dir, !slash ? "." : path, dlen);
+    dir[dlen] = '\0';
+
+    int fd = open(dir, O_RDWR | O_TMPFILE | O_CLOEXEC, mode & 0777);
+    if (fd < 0 && errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+        return -errno; /* no such directory, not ours to write, ... */
+    if (fd >= 0) {
+        rc = format_fd(fd, size, g, mode);
+        if (rc == 0) {
+            char self[64];
+            snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+            if (linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) < 0) {
+                rc = -errno;
+                /* no /proc: the same link by fd (needs CAP_DAC_READ_SEARCH) */
+                if (rc == -ENOENT &&
+                    linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH) == 0)
+                    rc = 0;
+            }
+        }
+        close(fd);
+        if (rc != -EEXIST)
+            return rc; /* an unlinked O_TMPFILE vanishes with its fd */
+        /* the name exists: adopt it below if it is an empty file of ours */
+    }
+
+    bool created = true;
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+              mode & 0777);
+    if (fd < 0 && errno == EEXIST) {
+        created = false;
+        fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+            return -errno; /* ELOOP: a symlink, not followed */
+        if (!adoptable(fd)) {
+            close(fd);
+            return -EEXIST;
         }
     }
+    if (fd < 0)
+        return -errno;
+    struct stat mine;
+    bool known = fstat(fd, &mine) == 0;
+    rc = known ? format_fd(fd, size, g, mode) : -errno;
+    if (rc < 0) {
+        struct stat now;
+        if (created && known && lstat(path, &now) == 0 &&
+            now.st_dev == mine.st_dev && now.st_ino == mine.st_ino)
+            unlink(path); /* still the file we created */
+        else if (!created)
+            (void)ftruncate(fd, 0); /* adopted: leave it empty, as found */
+    }
     close(fd);
-    if (rc < 0)
-        unlink(path);
     return rc;
 }
 
@@ -176,6 +261,10 @@ static int validate_header(const uint8_t *base, uint64_t size, struct layout *ou
     uint64_t region_size = __atomic_load_n(&hdr->region_size, __ATOMIC_RELAXED);
     if (region_size > size || region_size < out->heap_off + MIN_HEAP)
         return IVSHM_ESIZE;
+    /* From the checked local copy: heap_off + heap_size = region_size
+       <= size. The header's heap_size is only compared below, never used,
+       so a co-tenant flipping it between two reads gains nothing. */
+    out->heap_size = region_size - out->heap_off;
     if (__atomic_load_n(&hdr->header_bytes, __ATOMIC_RELAXED) != IVSHM_HEADER_BYTES ||
         __atomic_load_n(&hdr->registry_off, __ATOMIC_RELAXED) != out->registry_off ||
         __atomic_load_n(&hdr->ring_off, __ATOMIC_RELAXED) != out->ring_off ||
@@ -183,7 +272,7 @@ static int validate_header(const uint8_t *base, uint64_t size, struct layout *ou
         __atomic_load_n(&hdr->windir_off, __ATOMIC_RELAXED) != out->windir_off ||
         __atomic_load_n(&hdr->wctl_off, __ATOMIC_RELAXED) != out->wctl_off ||
         __atomic_load_n(&hdr->heap_off, __ATOMIC_RELAXED) != out->heap_off ||
-        __atomic_load_n(&hdr->heap_size, __ATOMIC_RELAXED) != region_size - out->heap_off)
+        __atomic_load_n(&hdr->heap_size, __ATOMIC_RELAXED) != out->heap_size)
         return IVSHM_ESIZE;
     return 0;
 }
@@ -274,13 +363,7 @@ static int map_fd(int fd, bool may_format, ivshm **out)
     h->windir_off = l.windir_off;
     h->wctl_off = l.wctl_off;
     h->heap_off = l.heap_off;
-    /* region_size was checked <= size; use the header's (validated) one */
-    h->heap_size = __atomic_load_n(&ivshm_hdr(h)->heap_size, __ATOMIC_RELAXED);
-    if (h->heap_off + h->heap_size > size) {
-        munmap(base, size);
-        free(h);
-        return IVSHM_ESIZE;
-    }
+    h->heap_size = l.heap_size; /* validated copy: the header is not re-read */
     h->self = -1;
     h->pidns = self_pidns();
     *out = h;
@@ -344,6 +427,8 @@ void ivshm_detach(ivshm *h)
         return;
     if (h->self >= 0)
         ivshm_registry_leave(h);
+    for (int x = 0; x < (int)IVSHM_MAX_PEERS; x++)
+        free(h->peers[x].rx_stage);
     if (h->db)
         h->db->destroy(h->db);
     ivshm_region_unmap(h);

@@ -56,6 +56,20 @@ static void reset_rings(ivshm *h, int slot)
     }
 }
 
+/* IVSHM_LOCK_TIMEOUT_MS: how long a window lock (and, capped at 5 s,
+   the allocation lock) may be waited for while a live peer holds it. */
+static uint64_t default_lock_timeout_ns(void)
+{
+    const char *s = getenv("IVSHM_LOCK_TIMEOUT_MS");
+    if (s && *s) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (*end == '\0' && v > 0 && v <= 3600000)
+            return (uint64_t)v * 1000000ull;
+    }
+    return 30ull * 1000000000ull;
+}
+
 int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
                         int backend)
 {
@@ -64,6 +78,7 @@ int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
     h->job_id = cfg->job_id;
     h->rank = cfg->rank;
     h->spin_ns = cfg->spin_ns ? cfg->spin_ns : default_spin_ns();
+    h->lock_timeout_ns = default_lock_timeout_ns();
 
     /* A (job, rank) pair names one process: refuse a live duplicate. */
     int dup = ivshm_find(h, cfg->job_id, cfg->rank);
@@ -97,7 +112,8 @@ int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
             atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
             atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
             reset_rings(h, (int)s);
-            memset(h->peers, 0, sizeof h->peers);
+            for (int x = 0; x < (int)IVSHM_MAX_PEERS; x++)
+                ivshm_peer_local_reset(h, x, 0);
             h->self_gen = gen;
             atomic_store_explicit(&e->state, PEER_ACTIVE, memory_order_release);
             return 0;
@@ -165,9 +181,13 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen)
     if (gen != 0 && cur != gen)
         return false;
     /* Only a peer in our pid namespace can be probed by pid; others (VMs,
-       other instances) are declared dead by the server's leave notice. */
-    if (e->pidns == h->pidns && h->pidns != 0 && slot != h->self &&
-        pid_gone(e->pid)) {
+       other instances) are declared dead by the server's leave notice.
+       Each field is loaded once: the owner (or a scribbler) may change
+       it while we look, and a copy cannot change between check and use. */
+    uint64_t pidns = __atomic_load_n(&e->pidns, __ATOMIC_RELAXED);
+    int32_t pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
+    if (pidns == h->pidns && h->pidns != 0 && slot != h->self &&
+        pid_gone(pid)) {
         mark_dead(h, slot, cur);
         return false;
     }
@@ -180,13 +200,18 @@ bool ivshm_peer_current(ivshm *h, int slot)
     if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
         return false;
     uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
-    struct ivshm_peer_local *p = &h->peers[slot];
-    if (p->gen != gen) {
-        /* New incarnation: it emptied our rings with it at join. */
-        memset(p, 0, sizeof *p);
-        p->gen = gen;
-    }
+    /* New incarnation: it emptied our rings with it at join. */
+    if (h->peers[slot].gen != gen)
+        ivshm_peer_local_reset(h, slot, gen);
     return true;
+}
+
+void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    free(p->rx_stage);
+    memset(p, 0, sizeof *p);
+    p->gen = gen;
 }
 
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
@@ -195,7 +220,8 @@ int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
         if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
-            e->doorbell_id == doorbell_id && doorbell_id >= 0 &&
+            __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED) == doorbell_id &&
+            doorbell_id >= 0 &&
             mark_dead(h, (int)s, atomic_load_explicit(&e->gen, memory_order_relaxed)))
             n++;
     }
@@ -238,15 +264,16 @@ int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
     struct ivshm_peer_entry *e = ivshm_entry(h, slot);
     if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
         return -ENOENT;
-    /* Copy field by field; the owner could rewrite them, but they are
-       only reported, never used as indices here. */
+    /* Copy field by field, each loaded once; the owner could rewrite
+       them, but they are only reported, never used as indices here. */
     out->slot = slot;
     out->generation = atomic_load_explicit(&e->gen, memory_order_relaxed);
-    out->job_id = e->job_id;
-    out->rank = e->rank;
-    out->doorbell_id = e->doorbell_id;
-    out->pid = e->pid;
-    memcpy(out->name, e->name, sizeof e->name);
+    out->job_id = __atomic_load_n(&e->job_id, __ATOMIC_RELAXED);
+    out->rank = __atomic_load_n(&e->rank, __ATOMIC_RELAXED);
+    out->doorbell_id = __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED);
+    out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < sizeof e->name; i++)
+        out->name[i] = __atomic_load_n(&e->name[i], __ATOMIC_RELAXED);
     out->name[sizeof e->name - 1] = '\0';
     if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
         return -ENOENT;
@@ -258,7 +285,8 @@ int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank)
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
         if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
-            e->job_id == job_id && e->rank == rank &&
+            __atomic_load_n(&e->job_id, __ATOMIC_RELAXED) == job_id &&
+            __atomic_load_n(&e->rank, __ATOMIC_RELAXED) == rank &&
             ivshm_peer_alive(h, (int)s, 0))
             return (int)s;
     }

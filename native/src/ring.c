@@ -43,6 +43,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 _Static_assert(sizeof(struct ivshm_slot) == IVSHM_SLOT_HDR,
@@ -93,7 +94,8 @@ static int tail_error(ivshm *h, int slot)
 /* Room for `need` positions from tx_head: 0, -EAGAIN, or an error.
    Invariant kept: tx_tail_cache <= tx_head and tx_head - tx_tail_cache <=
    ring_slots, so positions [tx_head, tx_tail_cache + ring_slots) hold
-   nothing the consumer has yet to read. */
+   nothing the consumer has yet to read. The shared tail is loaded once
+   into `tail`; only that copy is checked and kept. */
 static int tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                       uint64_t need)
 {
@@ -102,7 +104,10 @@ static int tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
         return 0;
     /* acquire: the consumer is done reading the slots it released */
     uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
-    if (tail > p->tx_head || p->tx_head - tail > h->ring_slots)
+    /* Within one incarnation the tail only moves forward: one below what
+       we saw before was rewound by somebody else. */
+    if (tail < p->tx_tail_cache || tail > p->tx_head ||
+        p->tx_head - tail > h->ring_slots)
         return tail_error(h, slot);
     p->tx_tail_cache = tail;
     return p->tx_head - tail + need <= h->ring_slots ? 0 : -EAGAIN;
@@ -110,7 +115,7 @@ static int tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
 
 struct space_wait {
     struct ivshm_ring_ctrl *ctrl;
-    uint64_t head;
+    uint64_t head, need;
     uint32_t ring_slots;
 };
 
@@ -120,23 +125,42 @@ static bool space_ready(ivshm *h, void *arg)
     struct space_wait *w = arg;
     uint64_t tail = atomic_load_explicit(&w->ctrl->tail, memory_order_relaxed);
     /* garbage counts as ready: tx_reserve re-reads and reports it */
-    return tail > w->head || w->head - tail < w->ring_slots;
+    return tail > w->head || w->head - tail + w->need <= w->ring_slots;
 }
 
-/* The ring is full: show the consumer what we have published so far
-   (it drains while we wait: that is the pipelining) and wait for one
-   free position. Ends early if the consumer dies. */
-static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl)
+/* Milliseconds left until `deadline` (UINT64_MAX: -1, forever), or
+   -ETIMEDOUT once it has passed. */
+static int ms_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return -1;
+    uint64_t now = ivshm_now_ns();
+    if (now >= deadline)
+        return -ETIMEDOUT;
+    uint64_t ms = (deadline - now + 999999) / 1000000;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* The ring is short of `need` free positions: show the consumer what we
+   have published so far (it drains while we wait: that is the
+   pipelining) and wait for them until `deadline`. Ends early if the
+   consumer dies; -ETIMEDOUT at the deadline, also when a co-tenant keeps
+   the tail from moving (a rewound tail that still looks plausible). */
+static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
+                         uint64_t need, uint64_t deadline)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_relaxed);
     ivshm_kick(h, slot);
-    struct space_wait w = {ctrl, p->tx_head, h->ring_slots};
+    struct space_wait w = {ctrl, p->tx_head, need, h->ring_slots};
     for (;;) {
-        int rc = ivshm_wait(h, space_ready, &w, slot, p->gen, -1);
+        int ms = ms_left(deadline);
+        if (ms == -ETIMEDOUT)
+            return ms;
+        int rc = ivshm_wait(h, space_ready, &w, slot, p->gen, ms);
         if (rc < 0)
             return rc;
-        rc = tx_reserve(h, slot, ctrl, 1);
+        rc = tx_reserve(h, slot, ctrl, need);
         if (rc != -EAGAIN)
             return rc;
     }
@@ -187,9 +211,12 @@ static void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
 
 /* Fast path of a small message: validated arguments, the registry says
    the peer is the one we know, the cached tail says there is room, one
-   slot written, one release store, a fence and a look at `sleeping`. */
+   slot written, one release store, a fence and a look at `sleeping`.
+   timeout_ms: 0 all-or-nothing without waiting (try_send); -1 wait as
+   long as the consumer lives, fragment by fragment (send); > 0 wait at
+   most that long, for the whole message at once if it fits the ring. */
 static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
-                    size_t len, bool may_wait)
+                    size_t len, int timeout_ms)
 {
     if (len && !buf)
         return -EINVAL;
@@ -202,12 +229,22 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
     uint8_t *ring = ivshm_ring(h, h->self, slot);
     struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
     const uint32_t payload = slot_payload(h);
+    const uint64_t nfrag = len <= payload ? 1 : (len - 1) / payload + 1;
+    /* no clock read on the try_send / send fast paths */
+    const uint64_t deadline =
+        timeout_ms < 0    ? UINT64_MAX
+        : timeout_ms == 0 ? 0
+                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
-    if (!may_wait) {
-        uint64_t nfrag = len <= payload ? 1 : (len - 1) / payload + 1;
-        if (nfrag > h->ring_slots)
-            return -EMSGSIZE; /* could never fit: -EAGAIN would lie */
+    /* Streaming: reserve (and wait for) one position per fragment. */
+    bool stream = timeout_ms < 0 || nfrag > h->ring_slots;
+    if (timeout_ms == 0 && nfrag > h->ring_slots)
+        return -EMSGSIZE; /* could never fit: -EAGAIN would lie */
+    if (!stream) {
+        /* All or nothing: a deadline passing leaves no trace. */
         rc = tx_reserve(h, slot, ctrl, nfrag);
+        if (rc == -EAGAIN && timeout_ms > 0)
+            rc = tx_wait_space(h, slot, ctrl, nfrag, deadline);
         if (rc < 0)
             return rc;
     }
@@ -217,10 +254,10 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
     uint32_t flags = SLOT_FIRST;
     unsigned since_kick = 0;
     for (;;) {
-        if (may_wait) {
+        if (stream) {
             rc = tx_reserve(h, slot, ctrl, 1);
             if (rc == -EAGAIN)
-                rc = tx_wait_space(h, slot, ctrl);
+                rc = tx_wait_space(h, slot, ctrl, 1, deadline);
             /* Giving up mid-message leaves a truncated FIRST..; the
                receiver reports it as corrupt and keeps the next FIRST. */
             if (rc < 0)
@@ -247,13 +284,19 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
 
 int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len)
 {
-    return send_msg(h, slot, tag, buf, len, true);
+    return send_msg(h, slot, tag, buf, len, -1);
 }
 
 int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
                    size_t len)
 {
-    return send_msg(h, slot, tag, buf, len, false);
+    return send_msg(h, slot, tag, buf, len, 0);
+}
+
+int ivshm_send_timeout(ivshm *h, int slot, uint32_t tag, const void *buf,
+                       size_t len, int timeout_ms)
+{
+    return send_msg(h, slot, tag, buf, len, timeout_ms < 0 ? -1 : timeout_ms);
 }
 
 /* The payload of the slot at tx_head, if the ring has room for it: the
@@ -324,12 +367,9 @@ static enum rx_view rx_view(ivshm *h, int slot)
     uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
     if (gen == 0)
         return RX_NONE;
-    struct ivshm_peer_local *p = &h->peers[slot];
-    if (p->gen != gen) {
-        /* an incarnation we never talked to: its positions began at 0 */
-        memset(p, 0, sizeof *p);
-        p->gen = gen;
-    }
+    /* an incarnation we never talked to: its positions began at 0 */
+    if (h->peers[slot].gen != gen)
+        ivshm_peer_local_reset(h, slot, gen);
     return RX_GONE;
 }
 
@@ -379,15 +419,70 @@ static inline void frag_read(const struct ivshm_slot *s, struct frag *f)
     f->total = __atomic_load_n(&s->total, __ATOMIC_RELAXED);
 }
 
-/* Store what fits of a validated fragment (len <= payload). */
-static inline void copy_out(void *buf, size_t cap, size_t *stored,
+/* Store what fits of a validated fragment (len <= payload) below `keep`. */
+static inline void copy_out(void *buf, uint64_t keep, uint64_t *stored,
                             struct ivshm_slot *s, uint32_t len)
 {
-    if (*stored >= cap || len == 0)
+    if (*stored >= keep || len == 0)
         return;
-    size_t n = cap - *stored < len ? cap - *stored : len;
+    uint64_t n = keep - *stored < len ? keep - *stored : len;
     memcpy((uint8_t *)buf + *stored, slot_data(s), n);
     *stored += n;
+}
+
+static inline bool flags_bad(uint32_t flags)
+{
+    return (flags & ~(uint32_t)(SLOT_FIRST | SLOT_LAST)) != 0;
+}
+
+/* The message in progress from `slot` is given up (error, or a new
+   incarnation): what was staged goes, the ring moves on from rx_tail. */
+static void rx_abandon(struct ivshm_peer_local *p)
+{
+    free(p->rx_stage);
+    p->rx_stage = NULL;
+    p->rx_stage_cap = 0;
+    p->rx_partial = false;
+    p->rx_nomem = false;
+    p->rx_kept = 0;
+}
+
+/* Room for `n` staged bytes (n <= rx_keep). Grows by doubling, so the
+   memory follows the bytes actually received, not a forged total, and
+   never exceeds rx_keep (at most the caller's cap). False (and rx_nomem) when out of
+   memory: the message is then drained and reported as -ENOMEM. */
+static bool stage_room(struct ivshm_peer_local *p, uint64_t n)
+{
+    if (n <= p->rx_stage_cap)
+        return true;
+    if (p->rx_nomem)
+        return false;
+    uint64_t cap = p->rx_stage_cap ? p->rx_stage_cap : 4096;
+    while (cap < n)
+        cap *= 2;
+    if (cap > p->rx_keep)
+        cap = p->rx_keep;
+    uint8_t *st = realloc(p->rx_stage, cap);
+    if (!st) {
+        p->rx_nomem = true;
+        return false;
+    }
+    p->rx_stage = st;
+    p->rx_stage_cap = cap;
+    return true;
+}
+
+/* Append what fits of a validated fragment to the stage. */
+static void stage_append(struct ivshm_peer_local *p, struct ivshm_slot *s,
+                         uint32_t len)
+{
+    if (p->rx_kept >= p->rx_keep || len == 0)
+        return;
+    uint64_t n = p->rx_keep - p->rx_kept < len ? p->rx_keep - p->rx_kept : len;
+    if (!stage_room(p, p->rx_kept + n))
+        return;
+    memcpy(p->rx_stage + p->rx_kept, slot_data(s), n);
+    p->rx_kept += n;
 }
 
 struct frag_wait {
@@ -402,14 +497,19 @@ static bool frag_ready(ivshm *h, void *arg)
     return slot_full(w->s, w->pos);
 }
 
-/* Mid-message: wait for the next fragment, however long the sender
-   takes, as long as it lives. A dead sender turns *view into RX_GONE. */
+/* Mid-message: wait for the next fragment until `deadline` (0: not at
+   all), spinning on the slot as a receive between messages would. 0 when
+   it is there, -ETIMEDOUT, IVSHM_EPEERDEAD once a dead sender's last
+   published fragment is gone (a death turns *view into RX_GONE). */
 static int rx_wait_fragment(ivshm *h, int slot, const struct ivshm_slot *s,
-                            enum rx_view *view)
+                            enum rx_view *view, uint64_t deadline)
 {
     struct frag_wait w = {s, h->peers[slot].rx_tail};
     if (*view == RX_LIVE) {
-        int rc = ivshm_wait(h, frag_ready, &w, slot, h->peers[slot].gen, -1);
+        int ms = deadline == 0 ? -ETIMEDOUT : ms_left(deadline);
+        if (ms == -ETIMEDOUT)
+            return -ETIMEDOUT;
+        int rc = ivshm_wait(h, frag_ready, &w, slot, h->peers[slot].gen, ms);
         if (rc != IVSHM_EPEERDEAD)
             return rc;
         *view = RX_GONE;
@@ -418,19 +518,119 @@ static int rx_wait_fragment(ivshm *h, int slot, const struct ivshm_slot *s,
     return frag_ready(h, &w) ? 0 : IVSHM_EPEERDEAD;
 }
 
-static inline bool flags_bad(uint32_t flags)
+/* The ring from `slot` is empty as far as we know, so the shared tail
+   must equal our position (only we write it). A co-tenant that rewound
+   it would leave the producer waiting for a release that never comes:
+   put ours back and wake the producer in case it already sleeps. */
+static void rx_heal_tail(ivshm *h, int slot, uint8_t *ring)
 {
-    return (flags & ~(uint32_t)(SLOT_FIRST | SLOT_LAST)) != 0;
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    uint64_t mine = h->peers[slot].rx_tail;
+    if (atomic_load_explicit(&ctrl->tail, memory_order_relaxed) == mine)
+        return;
+    atomic_store_explicit(&ctrl->tail, mine, memory_order_release);
+    ivshm_kick(h, slot);
+}
+
+/* Consume the continuation fragments of the message in progress from
+   `slot` (p->rx_partial: its FIRST fragment is consumed). A fresh message
+   (!staged) is stored straight into buf after the `stored` bytes there; a
+   resumed one goes to the stage and is copied to buf once complete.
+   Waits for late fragments until `deadline` (0: never; UINT64_MAX:
+   forever); when it passes -- checked also between runs of ring_slots
+   fragments, so a sender streaming without end cannot hold us -- the
+   message stays in progress (the stored prefix staged) and the call
+   returns -EAGAIN. Invariant: rx_left = bytes not consumed yet. */
+static ssize_t rx_fragments(ivshm *h, int slot, uint8_t *ring,
+                            enum rx_view view, uint32_t *tag, void *buf,
+                            size_t cap, uint64_t stored, uint64_t deadline,
+                            bool staged)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    const uint32_t payload = slot_payload(h);
+    uint32_t run = 0;
+    while (p->rx_left) {
+        struct ivshm_slot *s = slot_at(h, ring, p->rx_tail);
+        int rc = 0;
+        if (!slot_full(s, p->rx_tail)) {
+            run = 0;
+            rc = rx_wait_fragment(h, slot, s, &view, deadline);
+            if (rc == IVSHM_EPEERDEAD) {
+                rx_abandon(p);
+                return rc;
+            }
+        } else if (++run == h->ring_slots) {
+            run = 0;
+            if (deadline != UINT64_MAX && ivshm_now_ns() >= deadline)
+                rc = -ETIMEDOUT;
+        }
+        if (rc < 0) {
+            /* cut: keep what this call stored, for the next one */
+            if (!staged && stored && stage_room(p, stored)) {
+                memcpy(p->rx_stage, buf, stored);
+                p->rx_kept = stored;
+            }
+            return rc == -ETIMEDOUT ? -EAGAIN : rc;
+        }
+        struct frag c;
+        frag_read(s, &c);
+        if (c.gen != p->gen) {
+            rx_abandon(p);
+            if (c.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
+                                              memory_order_relaxed))
+                return IVSHM_EPEERDEAD; /* new incarnation; leave its slot */
+            rx_consume(h, slot, ring, view);
+            return IVSHM_ECORRUPT;
+        }
+        if (c.flags == SLOT_FIRST || c.flags == (SLOT_FIRST | SLOT_LAST)) {
+            /* the sender gave up on this message (send deadline): leave
+               the slot, it may start a good message */
+            rx_abandon(p);
+            return IVSHM_ECORRUPT;
+        }
+        bool is_last = c.flags & SLOT_LAST;
+        if (flags_bad(c.flags) || c.len == 0 || c.len > payload ||
+            c.len > p->rx_left || is_last != (c.len == p->rx_left) ||
+            c.tag != p->rx_tag || c.total != p->rx_total) {
+            rx_abandon(p);
+            rx_consume(h, slot, ring, view);
+            return IVSHM_ECORRUPT;
+        }
+        if (staged)
+            stage_append(p, s, c.len);
+        else
+            copy_out(buf, p->rx_keep, &stored, s, c.len);
+        rx_consume(h, slot, ring, view);
+        p->rx_left -= c.len;
+    }
+    bool nomem = p->rx_nomem;
+    /* An earlier call with a smaller cap dropped bytes this caller would
+       expect: returning the length would pass stale buffer bytes off as
+       the message's. */
+    bool lost = p->rx_keep < p->rx_total && p->rx_keep < cap;
+    if (staged && !nomem && !lost) {
+        uint64_t n = p->rx_kept < p->rx_keep ? p->rx_kept : p->rx_keep;
+        if (n)
+            memcpy(buf, p->rx_stage, n);
+    }
+    rx_abandon(p); /* complete: nothing in progress any more */
+    if (nomem)
+        return -ENOMEM;
+    if (lost)
+        return -EMSGSIZE;
+    *tag = p->rx_tag;
+    return (ssize_t)p->rx_total;
 }
 
 /* Receive one whole message from `slot` if its first fragment is there.
-   Returns the message length, -EAGAIN if there is none, or an error. A
-   malformed slot is consumed and reported as IVSHM_ECORRUPT, so a
-   scribbled ring costs the scribbler's messages, not a stuck receiver.
-   peek non-NULL: a valid single-slot message is left in place and
-   *peek points at its payload; a longer one is left whole: -EMSGSIZE. */
+   Returns the message length, -EAGAIN if there is none (or it is still
+   incomplete at `deadline`, see rx_fragments), or an error. A malformed
+   slot is consumed and reported as IVSHM_ECORRUPT, so a scribbled ring
+   costs the scribbler's messages, not a stuck receiver. peek non-NULL: a
+   valid single-slot message is left in place and *peek points at its
+   payload; a longer one (or one in progress) is left: -EMSGSIZE. */
 static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
-                          size_t cap, const void **peek)
+                          size_t cap, const void **peek, uint64_t deadline)
 {
     enum rx_view view = rx_view(h, slot);
     if (view == RX_NONE)
@@ -438,15 +638,29 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
     struct ivshm_peer_local *p = &h->peers[slot];
     uint8_t *ring = ivshm_ring(h, slot, h->self);
     const uint32_t payload = slot_payload(h);
+
+    if (p->rx_partial) {
+        if (peek)
+            return -EMSGSIZE;
+        /* Resume into the stage. The bytes delivered never grow past an
+           earlier call's cap: those beyond it are gone. */
+        if (p->rx_keep > cap)
+            p->rx_keep = cap;
+        return rx_fragments(h, slot, ring, view, tag, buf, cap, 0, deadline,
+                            true);
+    }
+
     struct ivshm_slot *s;
     struct frag f;
-
     for (uint32_t drops = 0;; drops++) {
         if (drops == MAX_DROPS_PER_CALL(h))
             return -EAGAIN;
         s = slot_at(h, ring, p->rx_tail);
-        if (!slot_full(s, p->rx_tail))
+        if (!slot_full(s, p->rx_tail)) {
+            if (view == RX_LIVE)
+                rx_heal_tail(h, slot, ring);
             return -EAGAIN;
+        }
         frag_read(s, &f);
         if (f.gen == p->gen)
             break;
@@ -474,57 +688,30 @@ static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
         *tag = f.tag;
         return (ssize_t)f.len;
     }
-    size_t stored = 0;
-    copy_out(buf, cap, &stored, s, f.len);
+    p->rx_partial = true;
+    p->rx_tag = f.tag;
+    p->rx_total = f.total;
+    p->rx_keep = f.total < cap ? f.total : cap;
+    p->rx_kept = 0;
+    uint64_t stored = 0;
+    copy_out(buf, p->rx_keep, &stored, s, f.len);
     rx_consume(h, slot, ring, view);
-
-    /* Continuations: stay on this ring until LAST. Invariant: remaining
-       = total - bytes consumed so far, > 0 inside the loop. */
-    uint64_t remaining = f.total - f.len;
-    while (remaining) {
-        s = slot_at(h, ring, p->rx_tail);
-        if (!slot_full(s, p->rx_tail)) {
-            int rc = rx_wait_fragment(h, slot, s, &view);
-            if (rc < 0)
-                return rc;
-        }
-        struct frag c;
-        frag_read(s, &c);
-        if (c.gen != p->gen) {
-            if (c.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
-                                              memory_order_relaxed))
-                return IVSHM_EPEERDEAD; /* new incarnation; leave its slot */
-            rx_consume(h, slot, ring, view);
-            return IVSHM_ECORRUPT;
-        }
-        if (c.flags == SLOT_FIRST || c.flags == (SLOT_FIRST | SLOT_LAST))
-            return IVSHM_ECORRUPT; /* leave it: it may start a good message */
-        bool is_last = c.flags & SLOT_LAST;
-        if (flags_bad(c.flags) || c.len == 0 || c.len > payload ||
-            c.len > remaining || is_last != (c.len == remaining) ||
-            c.tag != f.tag || c.total != f.total) {
-            rx_consume(h, slot, ring, view);
-            return IVSHM_ECORRUPT;
-        }
-        copy_out(buf, cap, &stored, s, c.len);
-        rx_consume(h, slot, ring, view);
-        remaining -= c.len;
-    }
-    *tag = f.tag;
-    return (ssize_t)f.total;
+    p->rx_left = f.total - f.len;
+    return rx_fragments(h, slot, ring, view, tag, buf, cap, stored, deadline,
+                        false);
 }
 
 /* Round-robin over every other slot from rr_next, so one busy sender
    cannot starve the others. */
 static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
-                      size_t cap, const void **peek)
+                      size_t cap, const void **peek, uint64_t deadline)
 {
     int n = (int)h->max_peers;
     int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
     for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
         if (i == h->self)
             continue;
-        ssize_t rc = rx_message(h, i, tag, buf, cap, peek);
+        ssize_t rc = rx_message(h, i, tag, buf, cap, peek, deadline);
         if (rc != -EAGAIN) {
             h->rr_next = i + 1 == n ? 0 : i + 1;
             *src = i;
@@ -534,12 +721,20 @@ static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
     return -EAGAIN;
 }
 
+/* Is there a fragment at our position in `slot`'s ring? An empty ring
+   of a live sender gets its tail checked (rx_heal_tail). */
 static bool rx_has_message(ivshm *h, int slot)
 {
-    if (rx_view(h, slot) == RX_NONE)
+    enum rx_view view = rx_view(h, slot);
+    if (view == RX_NONE)
         return false;
     uint64_t pos = h->peers[slot].rx_tail;
-    return slot_full(slot_at(h, ivshm_ring(h, slot, h->self), pos), pos);
+    uint8_t *ring = ivshm_ring(h, slot, h->self);
+    if (slot_full(slot_at(h, ring, pos), pos))
+        return true;
+    if (view == RX_LIVE)
+        rx_heal_tail(h, slot, ring);
+    return false;
 }
 
 static bool any_ready(ivshm *h, void *arg)
@@ -556,6 +751,16 @@ static bool one_ready(ivshm *h, void *arg)
     return rx_has_message(h, *(const int *)arg);
 }
 
+/* A sender whose message we hold half-received, or -1: an IVSHM_ANY
+   wait watches its liveness, so its death ends the wait and is reported. */
+static int partial_sender(const ivshm *h)
+{
+    for (int i = 0; i < (int)h->max_peers; i++)
+        if (h->peers[i].rx_partial)
+            return i;
+    return -1;
+}
+
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                    size_t cap, int timeout_ms)
 {
@@ -563,15 +768,19 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         return -EINVAL;
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
-    uint64_t deadline =
-        timeout_ms > 0 ? ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
+    /* 0: poll, the deadline has passed already; UINT64_MAX: forever */
+    const uint64_t deadline =
+        timeout_ms < 0 ? UINT64_MAX
+        : timeout_ms == 0 ? 0
+                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
     for (;;) {
         int got_src = from;
         uint32_t got_tag = 0;
-        ssize_t rc = from == IVSHM_ANY
-                         ? rx_any(h, &got_src, &got_tag, buf, cap, NULL)
-                         : rx_message(h, from, &got_tag, buf, cap, NULL);
+        ssize_t rc =
+            from == IVSHM_ANY
+                ? rx_any(h, &got_src, &got_tag, buf, cap, NULL, deadline)
+                : rx_message(h, from, &got_tag, buf, cap, NULL, deadline);
         if (rc != -EAGAIN && src)
             *src = got_src; /* on ECORRUPT too: says who scribbled */
         if (rc >= 0) {
@@ -590,26 +799,32 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                 /* it may have published and left since rx_message looked */
                 if (rx_has_message(h, from))
                     continue;
+                rx_abandon(&h->peers[from]);
                 return IVSHM_EPEERDEAD;
             }
             peer = from;
-            peer_gen = h->peers[from].gen;
+        } else {
+            peer = partial_sender(h);
         }
+        if (peer >= 0)
+            peer_gen = h->peers[peer].gen;
         if (timeout_ms == 0)
             return -EAGAIN;
-        int wait_ms = -1;
-        if (timeout_ms > 0) {
-            uint64_t now = ivshm_now_ns();
-            if (now >= deadline)
-                return -ETIMEDOUT;
-            wait_ms = (int)((deadline - now + 999999) / 1000000);
-        }
+        int wait_ms = ms_left(deadline);
+        if (wait_ms == -ETIMEDOUT)
+            return -ETIMEDOUT;
         int w = ivshm_wait(h, from == IVSHM_ANY ? any_ready : one_ready, &from,
                            peer, peer_gen, wait_ms);
         if (w == -ETIMEDOUT)
             return -ETIMEDOUT;
         if (w < 0 && w != IVSHM_EPEERDEAD)
             return w;
+        /* A partial sender whose slot is being claimed again (or whose
+           state a co-tenant keeps at CLAIMING) will never continue that
+           message: drop it, or this loop would spin on its "death". */
+        if (w == IVSHM_EPEERDEAD && from == IVSHM_ANY && peer >= 0 &&
+            rx_view(h, peer) == RX_NONE)
+            rx_abandon(&h->peers[peer]);
         /* ready or dead: the next round drains what is left, then the
            view check above reports the death */
     }
@@ -637,8 +852,8 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
         int got_src = from;
         uint32_t got_tag = 0;
         ssize_t rc = from == IVSHM_ANY
-                         ? rx_any(h, &got_src, &got_tag, NULL, 0, data)
-                         : rx_message(h, from, &got_tag, NULL, 0, data);
+                         ? rx_any(h, &got_src, &got_tag, NULL, 0, data, 0)
+                         : rx_message(h, from, &got_tag, NULL, 0, data, 0);
         if (rc != -EAGAIN && src)
             *src = got_src;
         if (rc >= 0) {

@@ -87,6 +87,8 @@ void ivshm_kick(ivshm *h, int slot)
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&e->sleeping, memory_order_relaxed)) {
         h->stats.rings++;
-        h->db->ring(h->db, h, slot, e->doorbell_id);
+        /* one load: the backend validates this copy before using it */
+        int32_t id = __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED);
+        h->db->ring(h->db, h, slot, id);
     }
 }

@@ -36,8 +36,19 @@
    bound only matters when a live co-tenant holds it and never lets go. */
 #define ALLOC_LOCK_TIMEOUT_NS (5ull * 1000000000ull)
 /* Window locks may legitimately be held for a long epoch; a dead holder
-   is broken within ~1 ms, so this only bounds a live, stuck holder. */
-#define WIN_LOCK_TIMEOUT_NS (30ull * 1000000000ull)
+   is broken within ~1 ms, so h->lock_timeout_ns (IVSHM_LOCK_TIMEOUT_MS,
+   default 30 s) only bounds a live, stuck holder, or a co-tenant that
+   writes a live slot's number into the lock word. */
+static uint64_t win_lock_timeout(const ivshm *h)
+{
+    return h->lock_timeout_ns ? h->lock_timeout_ns : 30ull * 1000000000ull;
+}
+
+static uint64_t alloc_lock_timeout(const ivshm *h)
+{
+    uint64_t t = win_lock_timeout(h);
+    return t < ALLOC_LOCK_TIMEOUT_NS ? t : ALLOC_LOCK_TIMEOUT_NS;
+}
 /* How often a lock waiter probes the holder's liveness. */
 #define LIVENESS_PROBE_NS 1000000ull
 /* Barrier waits block in slices of this length, then re-check members. */
@@ -193,7 +204,7 @@ int ivshm_alloc_lock(ivshm *h)
     _Atomic uint64_t *lock = &ivshm_hdr(h)->alloc_lock;
     const uint64_t me = (uint64_t)h->self + 1;
     struct backoff b;
-    backoff_init(&b, ALLOC_LOCK_TIMEOUT_NS);
+    backoff_init(&b, alloc_lock_timeout(h));
     for (;;) {
         uint64_t cur = 0;
         if (atomic_compare_exchange_strong_explicit(lock, &cur, me,
@@ -628,7 +639,7 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
     struct ivshm_win_lock *l = &w->locks[seg];
     const uint64_t me = (uint64_t)h->self + 1, bit = self_bit(h);
     struct backoff b;
-    backoff_init(&b, WIN_LOCK_TIMEOUT_NS);
+    backoff_init(&b, win_lock_timeout(h));
     int rc;
 
     if (kind == IVSHM_LOCK_EXCLUSIVE) {
@@ -643,7 +654,7 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
                 return rc;
         }
         /* We own `writer`: new readers back off, existing ones finish. */
-        backoff_init(&b, WIN_LOCK_TIMEOUT_NS);
+        backoff_init(&b, win_lock_timeout(h));
         for (;;) {
             uint64_t r = atomic_load_explicit(&l->readers, memory_order_seq_cst);
             if (r == 0)

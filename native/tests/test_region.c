@@ -55,7 +55,9 @@ static void test_header_errors(void)
     /* a blank file: a clear error, or formatted on request */
     char blank[128];
     snprintf(blank, sizeof blank, "%s-blank", path);
-    int fd = open(blank, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    unlink(blank);
+    int fd = open(blank, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  0600);
     CHECK(ftruncate(fd, SIZE) == 0);
     close(fd);
     ivshm_config cfg = {.job_id = 1};

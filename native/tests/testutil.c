@@ -33,8 +33,7 @@ const char *tu_region(uint64_t size, const ivshm_geometry *g)
     static unsigned counter;
     if (tu_path[0] && getpid() == tu_owner)
         unlink(tu_path);
-    snprintf(tu_path, sizeof tu_path, "/dev/shm/ivshm-test-%d-%u",
-             (int)getpid(), counter++);
+    tu_path[0] = '\0';
     tu_owner = getpid();
     static int registered;
     if (!registered) {
@@ -44,9 +43,17 @@ const char *tu_region(uint64_t size, const ivshm_geometry *g)
         signal(SIGABRT, tu_on_signal);
         registered = 1;
     }
-    int rc = ivshm_format_file(tu_path, size, g, 0600);
+    /* ivshm_format_file never replaces a file: a name left over by a
+       crashed run (pid reuse) is skipped, not adopted. */
+    int rc = -EEXIST;
+    for (int tries = 0; rc == -EEXIST && tries < 100; tries++) {
+        snprintf(tu_path, sizeof tu_path, "/dev/shm/ivshm-test-%d-%u",
+                 (int)getpid(), counter++);
+        rc = ivshm_format_file(tu_path, size, g, 0600);
+    }
     if (rc < 0) {
         fprintf(stderr, "format %s: %s\n", tu_path, ivshm_strerror(rc));
+        tu_path[0] = '\0';
         exit(1);
     }
     return tu_path;

@@ -1,0 +1,697 @@
+/* Attacks by a co-tenant of the region (docs/security.md, "libivshm"),
+   each replayed by a real hostile thread or process:
+   - a header flipper racing attach (heap_size double fetch),
+   - a sender that stalls or streams forever in the middle of a message,
+   - a tail rewound behind the producer's back,
+   - names planted where ivshm_format_file will create its file.
+   Time bounds are generous (the machine is shared): they separate
+   "returned by its deadline" from "hung", not fast from slow. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "testutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t job = 0x4057;
+static const char *path;
+
+static uint64_t now_ms(void)
+{
+    return ivshm_now_ns() / 1000000ull;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int await_peer(ivshm *h, uint32_t rank)
+{
+    for (int i = 0; i < 5000; i++) {
+        int s = ivshm_find(h, job, rank);
+        if (s >= 0)
+            return s;
+        sleep_ms(1);
+    }
+    return -1;
+}
+
+static struct ivshm_slot *ring_slot(ivshm *h, int from, int to, uint64_t pos)
+{
+    return (struct ivshm_slot *)(ivshm_ring(h, from, to) + IVSHM_RING_CTRL +
+                                 (pos & (h->ring_slots - 1)) *
+                                     (uint64_t)h->slot_size);
+}
+
+static struct ivshm_ring_ctrl *ring_ctrl(ivshm *h, int from, int to)
+{
+    return (struct ivshm_ring_ctrl *)ivshm_ring(h, from, to);
+}
+
+/* Publish a hand-made fragment at `pos` of ring(h -> to), bypassing
+   every check ivshm_send makes: what a hostile sender can do. */
+static void raw_publish(ivshm *h, int to, uint64_t pos, uint32_t tag,
+                        uint32_t flags, uint32_t len, uint64_t total,
+                        uint8_t fill)
+{
+    struct ivshm_slot *s = ring_slot(h, h->self, to, pos);
+    s->len = len;
+    s->tag = tag;
+    s->gen = h->self_gen;
+    s->flags = flags;
+    s->total = total;
+    memset((uint8_t *)s + IVSHM_SLOT_HDR, fill, len);
+    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+    ivshm_kick(h, to);
+}
+
+/* ---- attack 2: heap_size flipped while the victim attaches ---- */
+
+struct flipper {
+    uint64_t *heap_size;
+    uint64_t good, bad;
+    atomic_bool stop;
+    uint64_t flips;
+};
+
+static void *flip_heap_size(void *arg)
+{
+    struct flipper *f = arg;
+    while (!atomic_load(&f->stop)) {
+        __atomic_store_n(f->heap_size, f->good, __ATOMIC_RELAXED);
+        __atomic_store_n(f->heap_size, f->bad, __ATOMIC_RELAXED);
+        f->flips++;
+    }
+    __atomic_store_n(f->heap_size, f->good, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static void test_attach_race(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 4, .slot_size = 256,
+                        .max_windows = 2};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    /* The flipper's own mapping of the header. */
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0);
+    struct ivshm_header *hdr =
+        mmap(NULL, IVSHM_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(hdr != MAP_FAILED);
+    close(fd);
+    uint64_t heap_off = hdr->heap_off;
+
+    /* A READY window whose extent is valid only for a heap of ~2^64
+       bytes: joined with a forged heap_size, a put would land 1 TiB past
+       the mapping. Member: slot 3, so it is neither free nor ours. */
+    ivshm *owner = tu_attach(path, job, 0, 0);
+    struct ivshm_win_desc *d =
+        (struct ivshm_win_desc *)(owner->base + owner->windir_off);
+    const uint64_t tib = 1ull << 40;
+    d->nseg = 2;
+    d->job_id = job;
+    memset(d->name, 0, sizeof d->name);
+    strcpy(d->name, "forged");
+    d->data_off = heap_off;
+    d->data_bytes = 2 * tib;
+    d->seg_size = tib;
+    d->gen = 1;
+    atomic_store(&d->members, 1ull << 3);
+    atomic_store(&d->state, WIN_READY);
+
+    struct flipper f = {.heap_size = &hdr->heap_size,
+                        .good = hdr->heap_size,
+                        .bad = 0 - heap_off};
+    atomic_init(&f.stop, false);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, flip_heap_size, &f) == 0);
+
+    unsigned attached = 0, refused = 0, escaped = 0, put_ok = 0;
+    uint64_t end = now_ms() + 2000;
+    ivshm_config cfg = {.job_id = job, .rank = 1};
+    while (now_ms() < end) {
+        ivshm *v = NULL;
+        int rc = ivshm_attach_path(path, &cfg, &v);
+        if (rc == IVSHM_ESIZE) {
+            refused++;
+            continue;
+        }
+        CHECK_RC(rc, 0);
+        if (rc < 0)
+            break;
+        attached++;
+        /* the victim's view of the heap must lie inside its mapping */
+        if (v->heap_off + v->heap_size > v->size || v->heap_size > v->size)
+            escaped++;
+        ivshm_window *w = NULL;
+        rc = ivshm_win_open(v, "forged", 2, tib, &w);
+        if (rc == 0) {
+            /* must never get here; if it does, do not write */
+            put_ok++;
+            ivshm_win_close(w);
+        }
+        ivshm_detach(v);
+    }
+    atomic_store(&f.stop, true);
+    pthread_join(th, NULL);
+    printf("attach race: %u attached, %u refused, %llu flips\n", attached,
+           refused, (unsigned long long)f.flips);
+    CHECK(attached > 10);
+    CHECK(escaped == 0);
+    CHECK(put_ok == 0);
+    /* after the flipping, a clean attach still works */
+    ivshm *v = NULL;
+    CHECK_RC(ivshm_attach_path(path, &cfg, &v), 0);
+    if (v) {
+        CHECK(v->heap_size == f.good);
+        ivshm_window *w = NULL;
+        CHECK(ivshm_win_open(v, "forged", 2, tib, &w) < 0);
+        ivshm_detach(v);
+    }
+    ivshm_detach(owner);
+    munmap(hdr, IVSHM_PAGE);
+}
+
+/* ---- attack 4: a sender stalls in the middle of a message ---- */
+
+struct stall_args {
+    int ready_fd, stop_fd;
+    bool endless; /* keep streaming continuation fragments */
+};
+
+/* Hostile sender (rank 1): a FIRST fragment of a 1 TiB message, then
+   either nothing (stays alive, never sends the rest) or continuation
+   fragments for as long as there is room, until told to stop. */
+static int stall_child(void *arg)
+{
+    struct stall_args *a = arg;
+    ivshm *h = tu_attach(path, job, 1, 0);
+    int victim = await_peer(h, 0);
+    REQUIRE(victim >= 0);
+    REQUIRE(ivshm_peer_current(h, victim));
+    const uint32_t payload = h->slot_size - IVSHM_SLOT_HDR;
+    const uint64_t total = 1ull << 40;
+    raw_publish(h, victim, 0, 77, SLOT_FIRST, payload, total, 0xaa);
+    char c = 'r';
+    REQUIRE(write(a->ready_fd, &c, 1) == 1);
+    struct ivshm_ring_ctrl *ctrl = ring_ctrl(h, h->self, victim);
+    uint64_t pos = 1;
+    for (;;) {
+        if (read(a->stop_fd, &c, 1) != -1 || errno != EAGAIN)
+            break; /* parent wrote or closed: stop */
+        if (!a->endless) {
+            sleep_ms(5);
+            continue;
+        }
+        uint64_t tail = atomic_load(&ctrl->tail);
+        if (pos - tail >= h->ring_slots) {
+            sched_yield();
+            continue;
+        }
+        raw_publish(h, victim, pos++, 77, 0, payload, total, 0xbb);
+    }
+    ivshm_detach(h);
+    return 0;
+}
+
+static void run_stall(bool endless)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *h = tu_attach(path, job, 0, 0);
+    int ready[2], stop[2];
+    CHECK(pipe(ready) == 0 && pipe2(stop, O_NONBLOCK) == 0);
+    struct stall_args a = {.ready_fd = ready[1], .stop_fd = stop[0],
+                           .endless = endless};
+    pid_t pid = tu_fork(stall_child, &a);
+    char c;
+    CHECK(read(ready[0], &c, 1) == 1);
+    int src = await_peer(h, 1);
+    CHECK(src >= 0);
+
+    uint8_t buf[4096];
+    uint32_t tag = 0;
+    int got = -2;
+    /* poll: returns at once, the partial message kept */
+    uint64_t t0 = now_ms();
+    CHECK_RC(ivshm_recv(h, src, &got, &tag, buf, sizeof buf, 0), -EAGAIN);
+    CHECK(now_ms() - t0 < 1000);
+    t0 = now_ms();
+    CHECK_RC(ivshm_recv(h, IVSHM_ANY, &got, &tag, buf, sizeof buf, 0),
+             -EAGAIN);
+    CHECK(now_ms() - t0 < 1000);
+    /* bounded waits end at their deadline, not when the message does */
+    t0 = now_ms();
+    CHECK_RC(ivshm_recv(h, src, &got, &tag, buf, sizeof buf, 50), -ETIMEDOUT);
+    uint64_t el = now_ms() - t0;
+    CHECK(el >= 45 && el < 2000);
+    t0 = now_ms();
+    CHECK_RC(ivshm_recv(h, IVSHM_ANY, &got, &tag, buf, sizeof buf, 50),
+             -ETIMEDOUT);
+    el = now_ms() - t0;
+    CHECK(el >= 45 && el < 2000);
+    /* the BTL's sequence: peek says multi-slot, then a polling recv */
+    const void *data = NULL;
+    int psrc = -1;
+    CHECK_RC(ivshm_recv_peek(h, IVSHM_ANY, &psrc, &tag, &data), -EMSGSIZE);
+    CHECK(psrc == src);
+    t0 = now_ms();
+    CHECK_RC(ivshm_recv(h, psrc, NULL, &tag, buf, sizeof buf, 0), -EAGAIN);
+    CHECK(now_ms() - t0 < 1000);
+    t0 = now_ms();
+    int wm = ivshm_wait_message(h, 20);
+    CHECK(wm == 0 || wm == -ETIMEDOUT);
+    CHECK(now_ms() - t0 < 1000);
+
+    /* the sender dies: the message in progress ends as EPEERDEAD */
+    CHECK(write(stop[1], "s", 1) == 1);
+    CHECK(tu_wait(pid, 5000) == 0);
+    ssize_t rc = 0;
+    t0 = now_ms();
+    do {
+        rc = ivshm_recv(h, src, NULL, NULL, buf, sizeof buf, 100);
+    } while (rc == -ETIMEDOUT && now_ms() - t0 < 3000);
+    CHECK_RC(rc, IVSHM_EPEERDEAD);
+    close(ready[0]);
+    close(ready[1]);
+    close(stop[0]);
+    close(stop[1]);
+    ivshm_detach(h);
+}
+
+static void test_mid_message_stall(void)
+{
+    run_stall(false);
+    run_stall(true);
+}
+
+/* A message cut by deadlines is resumed by later calls, also with
+   another buffer, and arrives whole; its cap is the smallest one seen. */
+static void test_resume(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0);
+    int sa = ivshm_self(a), sb = ivshm_self(b);
+    CHECK(ivshm_peer_current(a, sb));
+    const uint32_t pl = a->slot_size - IVSHM_SLOT_HDR;
+    const uint64_t total = 2 * pl + 10;
+    uint8_t buf1[1024], buf2[1024];
+    uint32_t tag = 0;
+    raw_publish(a, sb, 0, 5, SLOT_FIRST, pl, total, 1);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), -EAGAIN);
+    raw_publish(a, sb, 1, 5, 0, pl, total, 2);
+    CHECK_RC(ivshm_recv(b, IVSHM_ANY, NULL, &tag, buf2, sizeof buf2, 20),
+             -ETIMEDOUT);
+    const void *data;
+    CHECK_RC(ivshm_recv_peek(b, sa, NULL, &tag, &data), -EMSGSIZE);
+    raw_publish(a, sb, 2, 5, SLOT_LAST, 10, total, 3);
+    memset(buf1, 0, sizeof buf1);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), total);
+    CHECK(tag == 5);
+    bool ok = true;
+    for (uint64_t i = 0; i < total; i++)
+        ok &= buf1[i] == (i < pl ? 1 : i < 2 * pl ? 2 : 3);
+    CHECK(ok);
+
+    /* caps differ: a smaller cap later truncates as usual ... */
+    raw_publish(a, sb, 3, 6, SLOT_FIRST, pl, total, 4);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), -EAGAIN);
+    raw_publish(a, sb, 4, 6, 0, pl, total, 5);
+    raw_publish(a, sb, 5, 6, SLOT_LAST, 10, total, 6);
+    memset(buf2, 0, sizeof buf2);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, 100, 0), total);
+    ok = true;
+    for (int i = 0; i < 100; i++)
+        ok &= buf2[i] == 4;
+    CHECK(ok && buf2[100] == 0);
+    /* ... but bytes dropped by a smaller earlier cap are not passed off
+       as the message to a larger later one */
+    raw_publish(a, sb, 6, 9, SLOT_FIRST, pl, total, 4);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, 100, 0), -EAGAIN);
+    raw_publish(a, sb, 7, 9, 0, pl, total, 5);
+    raw_publish(a, sb, 8, 9, SLOT_LAST, 10, total, 6);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, sizeof buf2, 0), -EMSGSIZE);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf2, sizeof buf2, 0), -EAGAIN);
+
+    /* a sender that breaks off (a new FIRST) costs that message only */
+    raw_publish(a, sb, 9, 7, SLOT_FIRST, pl, total, 7);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), -EAGAIN);
+    raw_publish(a, sb, 10, 8, SLOT_FIRST | SLOT_LAST, 3, 3, 8);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0),
+             IVSHM_ECORRUPT);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, buf1, sizeof buf1, 0), 3);
+    CHECK(tag == 8 && buf1[0] == 8);
+    ivshm_detach(a);
+    ivshm_detach(b);
+}
+
+/* A real sender streams a 3 MiB message through an 8-slot ring while the
+   receiver only ever polls (timeout 0), alternating buffers: it arrives
+   whole and in order. */
+static int stream_child(void *arg)
+{
+    (void)arg;
+    ivshm *h = tu_attach(path, job, 1, 0);
+    int to = await_peer(h, 0);
+    REQUIRE(to >= 0);
+    size_t n = 3u << 20;
+    uint8_t *m = malloc(n);
+    REQUIRE(m);
+    for (size_t i = 0; i < n; i++)
+        m[i] = (uint8_t)(i * 131 + (i >> 12));
+    REQUIRE(ivshm_send(h, to, 9, m, n) == 0);
+    REQUIRE(ivshm_send(h, to, 10, "end", 3) == 0);
+    free(m);
+    /* stay until the receiver has everything */
+    char c;
+    REQUIRE(ivshm_recv(h, to, NULL, NULL, &c, 1, 10000) == 1);
+    ivshm_detach(h);
+    return 0;
+}
+
+static void test_poll_stream(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 4096};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *h = tu_attach(path, job, 0, 0);
+    pid_t pid = tu_fork(stream_child, NULL);
+    int src = await_peer(h, 1);
+    CHECK(src >= 0);
+    size_t n = 3u << 20;
+    uint8_t *bufs[2] = {malloc(n), malloc(n)};
+    CHECK(bufs[0] && bufs[1]);
+    ssize_t rc = -EAGAIN;
+    uint32_t tag = 0;
+    unsigned calls = 0;
+    uint64_t end = now_ms() + 60000;
+    while (rc == -EAGAIN && now_ms() < end) {
+        rc = ivshm_recv(h, src, NULL, &tag, bufs[calls & 1], n, 0);
+        calls++;
+    }
+    CHECK_RC(rc, (ssize_t)n);
+    CHECK(calls > 2); /* it really was resumed */
+    const uint8_t *m = bufs[(calls - 1) & 1];
+    bool ok = tag == 9;
+    for (size_t i = 0; i < n && ok; i++)
+        ok = m[i] == (uint8_t)(i * 131 + (i >> 12));
+    CHECK(ok);
+    char end_msg[8];
+    CHECK_RC(ivshm_recv(h, src, NULL, &tag, end_msg, sizeof end_msg, 5000), 3);
+    CHECK_RC(ivshm_send(h, src, 0, "k", 1), 0);
+    CHECK(tu_wait(pid, 10000) == 0);
+    free(bufs[0]);
+    free(bufs[1]);
+    ivshm_detach(h);
+}
+
+/* ---- attack 7: the ring's tail rewound ---- */
+
+struct rewinder {
+    _Atomic uint64_t *tail;
+    uint64_t value;
+    atomic_bool stop;
+};
+
+static void *rewind_tail(void *arg)
+{
+    struct rewinder *r = arg;
+    while (!atomic_load(&r->stop)) {
+        atomic_store(r->tail, r->value);
+        sched_yield();
+    }
+    return NULL;
+}
+
+struct blocked_send {
+    ivshm *h;
+    int to;
+    int rc;
+    atomic_bool done;
+};
+
+static void *do_send(void *arg)
+{
+    struct blocked_send *s = arg;
+    s->rc = ivshm_send(s->h, s->to, 3, "late", 4);
+    atomic_store(&s->done, true);
+    return NULL;
+}
+
+static void test_tail_rewind(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0);
+    int sa = ivshm_self(a), sb = ivshm_self(b);
+    struct ivshm_ring_ctrl *ctrl = ring_ctrl(a, sa, sb);
+    char in[8];
+    /* fill the ring, the receiver drains it all */
+    for (int i = 0; i < 8; i++)
+        CHECK_RC(ivshm_send(a, sb, 0, "x", 1), 0);
+    for (int i = 0; i < 8; i++)
+        CHECK_RC(ivshm_recv(b, sa, NULL, NULL, in, sizeof in, 0), 1);
+
+    /* one write rewinds the tail to "full"; a hostile thread keeps it so */
+    struct rewinder r = {.tail = &ctrl->tail, .value = 0};
+    atomic_init(&r.stop, false);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, rewind_tail, &r) == 0);
+    sleep_ms(5);
+    uint64_t t0 = now_ms();
+    CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 100), -ETIMEDOUT);
+    uint64_t el = now_ms() - t0;
+    CHECK(el >= 95 && el < 3000);
+    /* a message longer than the ring streams: the deadline still holds */
+    static uint8_t big[8 * 256];
+    t0 = now_ms();
+    CHECK_RC(ivshm_send_timeout(a, sb, 0, big, sizeof big, 100), -ETIMEDOUT);
+    el = now_ms() - t0;
+    CHECK(el >= 95 && el < 3000);
+    CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 0), -EAGAIN);
+    atomic_store(&r.stop, true);
+    pthread_join(th, NULL);
+
+    /* Without a deadline: the consumer's next receive finds its ring
+       empty, puts its tail back and wakes the sender. */
+    struct blocked_send bs = {.h = a, .to = sb, .rc = 1};
+    atomic_init(&bs.done, false);
+    atomic_store(&ctrl->tail, 0);
+    pthread_t st;
+    CHECK(pthread_create(&st, NULL, do_send, &bs) == 0);
+    sleep_ms(30);
+    CHECK(!atomic_load(&bs.done)); /* blocked on the rewound tail */
+    uint32_t tag = 0;
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 5000), 4);
+    CHECK(tag == 3 && memcmp(in, "late", 4) == 0);
+    pthread_join(st, NULL);
+    CHECK_RC(bs.rc, 0);
+
+    /* A tail below one the sender saw before is proof of tampering. */
+    for (int i = 0; i < 8; i++)
+        CHECK_RC(ivshm_send(a, sb, 0, "y", 1), 0);
+    for (int i = 0; i < 8; i++)
+        CHECK_RC(ivshm_recv(b, sa, NULL, NULL, in, sizeof in, 0), 1);
+    CHECK_RC(ivshm_send(a, sb, 0, "y", 1), 0); /* reads tail 17 */
+    atomic_store(&ctrl->tail, 12);             /* plausible, but rewound */
+    for (int i = 0; i < 7; i++)
+        CHECK_RC(ivshm_try_send(a, sb, 0, "z", 1), 0);
+    t0 = now_ms();
+    CHECK_RC(ivshm_send(a, sb, 0, "z", 1), IVSHM_ECORRUPT);
+    CHECK(now_ms() - t0 < 1000);
+    ivshm_detach(a);
+    ivshm_detach(b);
+}
+
+/* ivshm_send_timeout: all or nothing for a message that fits the ring; a
+   longer one cut by its deadline costs that message only. */
+static void test_send_timeout(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0);
+    int sa = ivshm_self(a), sb = ivshm_self(b);
+    const uint32_t pl = a->slot_size - IVSHM_SLOT_HDR;
+    static uint8_t msg[20 * 256], in[20 * 256];
+    for (size_t i = 0; i < sizeof msg; i++)
+        msg[i] = (uint8_t)i;
+    uint32_t tag = 0;
+
+    for (int i = 0; i < 6; i++)
+        CHECK_RC(ivshm_send_timeout(a, sb, 1, "m", 1, 10), 0);
+    /* 3 fragments, 2 free slots: nothing may be published */
+    CHECK_RC(ivshm_send_timeout(a, sb, 2, msg, 3 * pl, 30), -ETIMEDOUT);
+    for (int i = 0; i < 6; i++)
+        CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), 1);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), -EAGAIN);
+    /* now it fits: sent whole, and the receiver sees it whole */
+    CHECK_RC(ivshm_send_timeout(a, sb, 2, msg, 3 * pl, 30), 0);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), 3 * pl);
+    CHECK(tag == 2 && memcmp(in, msg, 3 * pl) == 0);
+
+    /* 20 fragments through 8 slots with nobody receiving: cut */
+    CHECK_RC(ivshm_send_timeout(a, sb, 3, msg, 20 * pl, 30), -ETIMEDOUT);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), -EAGAIN);
+    CHECK_RC(ivshm_send_timeout(a, sb, 4, "next", 4, 1000), 0);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), IVSHM_ECORRUPT);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 0), 4);
+    CHECK(tag == 4 && memcmp(in, "next", 4) == 0);
+    ivshm_detach(a);
+    ivshm_detach(b);
+}
+
+/* ---- ivshm_format_file: no following, no replacing, no half files ---- */
+
+static bool file_is(const char *p, const char *content)
+{
+    char got[64] = {0};
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, got, sizeof got - 1);
+    close(fd);
+    return n == (ssize_t)strlen(content) && strcmp(got, content) == 0;
+}
+
+static void write_file(const char *p, const char *content)
+{
+    unlink(p);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  0600);
+    CHECK(fd >= 0 && write(fd, content, strlen(content)) ==
+                         (ssize_t)strlen(content));
+    close(fd);
+}
+
+struct watcher {
+    const char *path;
+    atomic_bool stop;
+    unsigned seen, half;
+};
+
+/* Whenever the name exists, the file behind it must be formatted. */
+static void *watch_name(void *arg)
+{
+    struct watcher *w = arg;
+    while (!atomic_load(&w->stop)) {
+        int fd = open(w->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        struct ivshm_header hdr;
+        ssize_t n = pread(fd, &hdr, sizeof hdr, 0);
+        close(fd);
+        w->seen++;
+        if (n != (ssize_t)sizeof hdr || hdr.magic != IVSHM_MAGIC ||
+            hdr.state != REGION_READY)
+            w->half++;
+    }
+    return NULL;
+}
+
+static void test_format_file(void)
+{
+    char p[96], target[128];
+    snprintf(p, sizeof p, "/dev/shm/ivshm-hostile-%d", (int)getpid());
+    snprintf(target, sizeof target, "%s-target", p);
+    ivshm_geometry g = {.max_peers = 4};
+    uint64_t size = ivshm_min_region_size(&g);
+    struct stat st;
+
+    /* a symlink to a victim's file: refused, neither followed nor removed */
+    write_file(target, "precious");
+    CHECK(symlink(target, p) == 0);
+    int rc = ivshm_format_file(p, size, &g, 0600);
+    CHECK(rc == -EEXIST || rc == -ELOOP);
+    CHECK(file_is(target, "precious"));
+    CHECK(lstat(p, &st) == 0 && S_ISLNK(st.st_mode));
+    unlink(p);
+    /* a dangling symlink: its target is not created */
+    unlink(target);
+    CHECK(symlink(target, p) == 0);
+    rc = ivshm_format_file(p, size, &g, 0600);
+    CHECK(rc == -EEXIST || rc == -ELOOP);
+    CHECK(access(target, F_OK) != 0);
+    CHECK(lstat(p, &st) == 0 && S_ISLNK(st.st_mode));
+    unlink(p);
+
+    /* an existing file with content: not truncated, not removed, even
+       when the request fails for another reason */
+    write_file(p, "someone's data");
+    CHECK_RC(ivshm_format_file(p, size, &g, 0600), -EEXIST);
+    CHECK(file_is(p, "someone's data"));
+    CHECK_RC(ivshm_format_file(p, 4096, &g, 0600), IVSHM_ESIZE);
+    CHECK(file_is(p, "someone's data"));
+    unlink(p);
+
+    /* an empty file of ours (a name reserved with O_EXCL) is adopted */
+    int fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    CHECK(fd >= 0);
+    close(fd);
+    CHECK_RC(ivshm_format_file(p, size, &g, 0600), 0);
+    CHECK(stat(p, &st) == 0 && (uint64_t)st.st_size == size &&
+          (st.st_mode & 0777) == 0600);
+    job++;
+    ivshm *h = tu_attach(p, job, 0, 0);
+    ivshm_detach(h);
+    unlink(p);
+    /* ... but not an empty file of another user */
+    if (geteuid() == 0) {
+        fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        CHECK(fd >= 0 && fchown(fd, 65534, 65534) == 0);
+        close(fd);
+        CHECK_RC(ivshm_format_file(p, size, &g, 0600), -EEXIST);
+        CHECK(stat(p, &st) == 0 && st.st_size == 0 && st.st_uid == 65534);
+        unlink(p);
+    }
+
+    /* a fresh name: exactly `mode`, and never visible half formatted */
+    struct watcher w = {.path = p};
+    atomic_init(&w.stop, false);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, watch_name, &w) == 0);
+    ivshm_geometry big = {.max_peers = 8, .ring_slots = 64, .slot_size = 4096};
+    for (int i = 0; i < 5; i++) {
+        mode_t old = umask(0077);
+        CHECK_RC(ivshm_format_file(p, 64ull << 20, &big, 0640), 0);
+        umask(old);
+        CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0640);
+        sleep_ms(5);
+        unlink(p);
+    }
+    atomic_store(&w.stop, true);
+    pthread_join(th, NULL);
+    printf("format watcher: %u looks, %u half-formatted\n", w.seen, w.half);
+    CHECK(w.half == 0);
+    /* a refused request leaves nothing */
+    CHECK_RC(ivshm_format_file(p, 4096, &g, 0600), IVSHM_ESIZE);
+    CHECK(access(p, F_OK) != 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    test_attach_race();
+    test_mid_message_stall();
+    test_resume();
+    test_poll_stream();
+    test_tail_rewind();
+    test_send_timeout();
+    test_format_file();
+    return tu_summary("test_hostile");
+}
