@@ -1,7 +1,10 @@
 """Control of ivshmem-server daemons: start, stop, status.
 
 A server NAME keeps its files under RUN_DIR/NAME (socket, pid file, JSON
-state) and its region in /dev/shm/ivcloud-NAME. The native daemon does the
+state). Its region is a memfd sealed against shrinking and growing, which
+the daemon hands to its clients over the socket (docs/security.md); only
+in the single-user host-file mode is it the file /dev/shm/ivcloud-NAME,
+which processes may also attach by path. The native daemon does the
 work (native/server); this module only starts it with the right paths,
 finds it again through its pid file, stops it and checks it cleaned up.
 """
@@ -175,7 +178,8 @@ def _min_size(max_peers: int) -> int:
 
 def start(paths: ServerPaths, size: int, vectors: int = 1,
           max_peers: Optional[int] = None, group: Optional[str] = None,
-          verbose: bool = False, timeout_s: float = 10.0) -> int:
+          verbose: bool = False, timeout_s: float = 10.0,
+          host_file: bool = False) -> int:
     """Start the daemon; returns its pid. Raises ServerError/OperationFailed."""
     if size <= 0 or size & (size - 1):
         raise ServerError(f"size {size} is not a power of two (QEMU "
@@ -223,9 +227,11 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         os.chown(paths.dir, -1, gid)
         os.chmod(paths.dir, 0o2750)
 
-    cmd = [str(binary), "-S", str(paths.socket), "-M", str(paths.region),
+    cmd = [str(binary), "-S", str(paths.socket),
            "-l", str(size), "-n", str(vectors), "-p", str(paths.pidfile),
            "-s", str(paths.state)]
+    if host_file:
+        cmd += ["-M", str(paths.region)]
     if max_peers is not None:
         cmd += ["--max-peers", str(max_peers)]
     if group is not None:
@@ -306,6 +312,8 @@ def status(paths: ServerPaths) -> Dict:
         "state_file": str(paths.state),
     }
     if st is not None:
+        info["region"] = st.get("shm") or "memfd (sealed)"
+        info["sealed"] = bool(st.get("sealed"))
         info["size"] = st.get("size")
         info["vectors"] = st.get("vectors")
         info["peers"] = st.get("peers", [])

@@ -55,14 +55,14 @@ def test_server_start_status_stop(server):
     assert f"server '{name}' started" in proc.stdout
 
     d = run_dir / name
-    files = [d / "ivshmem.sock", d / "server.pid", d / "state.json",
-             Path(f"/dev/shm/ivcloud-{name}")]
+    files = [d / "ivshmem.sock", d / "server.pid", d / "state.json"]
     for f in files:
         assert f.exists(), f
         assert mode(f) == 0o600, (f, oct(mode(f)))
     assert stat.S_ISSOCK(os.lstat(files[0]).st_mode)
     assert mode(d) == 0o700
-    assert os.path.getsize(files[3]) == 32 << 20
+    # the region is a sealed memfd: no file anyone could open and truncate
+    assert not Path(f"/dev/shm/ivcloud-{name}").exists()
     pid = int(files[1].read_text())
 
     proc = ivcloud("server", "status", *common, "--json")
@@ -70,6 +70,7 @@ def test_server_start_status_stop(server):
     st = json.loads(proc.stdout)
     assert st["running"] and st["pid"] == pid and st["peers"] == []
     assert st["size"] == 32 << 20 and st["socket"] == str(files[0])
+    assert st["sealed"] and st["region"] == "memfd (sealed)"
 
     # a peer attached through the socket shows up in the state file
     with Channel.attach_server(files[0], job_id=1, rank=0, name="p") as ch:
@@ -107,8 +108,9 @@ def test_group_shares_socket_and_region(server):
     except KeyError:
         group = grp.getgrgid(os.getgid())
     common = ["--name", name, "--run-dir", run_dir]
+    # host-file mode: the region file gets the group too
     proc = ivcloud("server", "start", *common, "--size", "32M", "--group",
-                   group.gr_name)
+                   group.gr_name, "--host-file")
     assert proc.returncode == 0, proc.stderr
     d = run_dir / name
     for f, want in [(d / "ivshmem.sock", 0o660),
@@ -136,7 +138,10 @@ def test_start_twice_and_stop_twice(server):
 def test_crashed_server_leftovers_are_cleaned(server):
     name, run_dir = server
     common = ["--name", name, "--run-dir", run_dir]
-    assert ivcloud("server", "start", *common, "--size", "32M").returncode == 0
+    # host-file mode: the region file outlives the server (a sealed memfd
+    # goes with its last user)
+    assert ivcloud("server", "start", *common, "--size", "32M",
+                   "--host-file").returncode == 0
     pid = int((run_dir / name / "server.pid").read_text())
     os.kill(pid, 9)
     deadline = time.monotonic() + 10
@@ -145,7 +150,8 @@ def test_crashed_server_leftovers_are_cleaned(server):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     # the region may still be in use by peers: start refuses, stop cleans
-    line = assert_one_line_error(ivcloud("server", "start", *common))
+    line = assert_one_line_error(ivcloud("server", "start", *common,
+                                         "--host-file"))
     assert "exists" in line
     proc = ivcloud("server", "stop", *common)
     assert proc.returncode == 0 and "was not running" in proc.stdout

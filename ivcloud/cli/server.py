@@ -58,6 +58,12 @@ def register(sub) -> None:
                    help="registry slots in the region (default 8)")
     s.add_argument("--group", default=None,
                    help="share socket and region with this group (0660)")
+    s.add_argument("--host-file", action="store_true",
+                   help="single-user mode: the region is the file "
+                        "/dev/shm/ivcloud-NAME (unsealed: whoever can open "
+                        "it can truncate it), so processes may also attach "
+                        "by path; default: a sealed memfd handed out over "
+                        "the socket only")
     s.add_argument("--verbose", action="store_true",
                    help="log joins and leaves to syslog")
     s.set_defaults(func=_cmd_start)
@@ -76,9 +82,10 @@ def register(sub) -> None:
 def _cmd_start(args) -> int:
     paths = paths_for(args.name, args.run_dir)
     pid = start(paths, args.size, args.vectors, args.max_peers, args.group,
-                args.verbose)
+                args.verbose, host_file=args.host_file)
+    region = paths.region if args.host_file else "sealed memfd"
     print(f"server '{paths.name}' started (pid {pid}): socket {paths.socket}, "
-          f"region {paths.region} ({format_size(args.size)})")
+          f"region {region} ({format_size(args.size)})")
     return 0
 
 
