@@ -1,0 +1,220 @@
+"""Who the ivshmem BTL listens to: a hostile co-tenant of the region.
+
+Before, any slot whose registry job_id carried the Open MPI tag was a
+trusted sender: a process that is no rank of the job could feed ob1
+headers with raw pointers. Now only slots verified against the job's
+modex are read at all. The regression test runs a real 2-rank MPI job
+over `--mca btl self,ivshmem` next to a real hostile process that
+attaches the same region through the Python binding, registers twice
+with the Open MPI tag (once with a foreign jobid, once with the job's own
+jobid, its entry then rewritten to pose as rank 1), and fills its rings
+towards both ranks with ob1-shaped garbage (pointer fields 0x4141...,
+every PML tag, a forged goodbye).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from ivcloud import mpi
+from ivcloud.cli import CliError
+from ivcloud.native import format_region, min_region_size
+
+REPO = Path(__file__).resolve().parent.parent
+PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
+RING_SLOTS = 64
+SLOT_SIZE = 4096
+MAX_PEERS = 8
+JOB_TIMEOUT = 180  # s: a hang fails the test, it does not hold the suite
+HOSTILE_SECONDS = 150
+
+# The hostile co-tenant. argv: region gate result deadline_s
+HOSTILE = r'''
+import json, mmap, os, struct, sys, time
+from ivcloud.native import Channel, IvshmError
+
+TAG = 0x4f4d5049                      # what the BTL used to trust
+region, gate, result = sys.argv[1:4]
+deadline = time.monotonic() + float(sys.argv[4])
+me = os.getpid()
+
+def victims(ch):
+    return {p.slot: p for p in ch.peers()
+            if p.pid != me and p.job_id >> 32 == TAG}
+
+tagged = Channel.attach_path(region, job_id=(TAG << 32) | 0xbad, rank=0,
+                             name="ompi.0.hostile")
+while len(victims(tagged)) < 2:
+    if time.monotonic() > deadline:
+        sys.exit("hostile: the MPI ranks never registered")
+    time.sleep(0.002)
+targets = victims(tagged)
+jobid = next(iter(targets.values())).job_id
+forged = Channel.attach_path(region, job_id=jobid, rank=4242,
+                             name="ompi.1.hostile")
+# Pose as rank 1 of the job: our own registry entry, rewritten in place
+# (registry_off at header offset 48, entries of 128 bytes, rank at +16).
+with open(region, "r+b") as f:
+    mm = mmap.mmap(f.fileno(), 0)
+reg = struct.unpack_from("<Q", mm, 48)[0]
+struct.pack_into("<I", mm, reg + forged.self_slot * 128 + 16, 1)
+
+# ob1-shaped garbage: header type = tag, every pointer field 0x4141...
+TAGS = [0x41 + i for i in range(9)] + [0, 1, 0x20, 0x40, 0xff, 0x100]
+def payload(k):
+    tag = TAGS[k % len(TAGS)]
+    size = 4000 if k % 5 == 4 else 64
+    return bytes([tag & 0xff, 0]) + b"\x41" * (size - 2), tag
+
+chans = {"tagged": tagged, "forged": forged}
+sent = {f"{c}:{s}": 0 for c in chans for s in targets}
+full = set()
+gone = set()
+
+def pump():
+    tagged.reap()  # a crashed rank stays listed until someone reaps
+    for cname, ch in chans.items():
+        for s, v in targets.items():
+            key = f"{cname}:{s}"
+            if s in gone:
+                continue
+            cur = ch.peer(s)
+            if cur is None or cur.generation != v.generation:
+                gone.add(s)
+                continue
+            try:
+                while True:
+                    data, tag = payload(sent[key])
+                    if not ch.try_send(s, data, tag=tag):
+                        full.add(key)
+                        break
+                    sent[key] += 1
+            except IvshmError:
+                gone.add(s)
+
+while len(full) < len(sent):
+    if time.monotonic() > deadline or gone:
+        break
+    pump()
+    time.sleep(0.001)
+filled = dict(sent)
+# give rank 0's housekeeping (every ~100 ms while it idles in a barrier)
+# time to meet the forged rank 1
+time.sleep(0.5)
+open(gate, "w").close()
+while time.monotonic() < deadline and len(gone) < len(targets):
+    pump()
+    time.sleep(0.002)
+json.dump({"filled": filled, "total": sent,
+           "ranks": {s: v.rank for s, v in targets.items()}},
+          open(result, "w"))
+'''
+
+VERBOSE2_RE = re.compile(
+    r"btl_ivshmem: rank (\d+) dropped (\d+) messages, rejected (\d+) slots")
+
+
+@pytest.fixture(scope="module")
+def pingpong(tmp_path_factory) -> Path:
+    mpicc = shutil.which("mpicc")
+    assert mpicc, "mpicc not found (install libopenmpi-dev)"
+    out = tmp_path_factory.mktemp("trust") / "trust_pingpong"
+    proc = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror", "-o",
+                           str(out), str(PROGRAM)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def component() -> Path:
+    try:
+        return mpi.component_dir()
+    except CliError as e:
+        pytest.fail(str(e))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
+                                          tmp_path):
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    gate, result = tmp_path / "gate", tmp_path / "hostile.json"
+    hostile = subprocess.Popen(
+        [sys.executable, "-c", HOSTILE, str(shm_path), str(gate),
+         str(result), str(HOSTILE_SECONDS)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = mpi.mpirun_command(
+        [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
+        region=shm_path, tcp_fallback=False,
+        extra_mca=[("btl_ivshmem_verbose", "2")])
+    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        try:
+            out, err = job.communicate(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _kill(job)
+            out, err = job.communicate()
+            pytest.fail(f"the job hung\n{out[-2000:]}\n{err[-2000:]}")
+        try:
+            h_out, h_err = hostile.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _kill(hostile)
+            pytest.fail(f"the hostile process did not end after the job "
+                        f"(exit {job.returncode})\n{out[-2000:]}\n"
+                        f"{err[-2000:]}")
+    finally:
+        _kill(job)
+        _kill(hostile)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}" \
+                f"\n--- hostile exit {hostile.returncode}\n{h_err[-2000:]}"
+
+    # the job ran to its end, with every byte checked, over our BTL only
+    assert job.returncode == 0, described
+    assert "PASS trust_pingpong (600 round trips)" in out, described
+    counters = mpi.parse_btl_counters(err)
+    assert sorted(counters) == [0, 1], described
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 600 and c["recv_msgs"] > 600, (rank, c)
+
+    # the hostile filled its rings towards both ranks before the gate
+    # opened, and nobody ever took a message out: one take would have
+    # let it send more than the ring holds
+    assert hostile.returncode == 0, described
+    res = json.loads(result.read_text())
+    assert sorted(res["ranks"].values()) == [0, 1], res
+    assert len(res["total"]) == 4, res
+    for key, n in res["total"].items():
+        assert res["filled"][key] == RING_SLOTS, (key, res)
+        assert n == RING_SLOTS, (key, res)
+
+    # what the ranks say: nothing of it was even read (dropped 0), and
+    # rank 0 looked up the slot posing as rank 1 and refused it
+    verdicts: Dict[int, tuple] = {
+        int(m.group(1)): (int(m.group(2)), int(m.group(3)))
+        for m in VERBOSE2_RE.finditer(err)}
+    assert sorted(verdicts) == [0, 1], described
+    assert verdicts[0][0] == 0 and verdicts[1][0] == 0, verdicts
+    assert verdicts[0][1] >= 1, verdicts
