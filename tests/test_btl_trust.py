@@ -32,6 +32,7 @@ from ivcloud.native import format_region, min_region_size
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
+FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
 MAX_PEERS = 8
@@ -153,8 +154,22 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def _two_nodes_possible() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--uts", "true"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
 def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
-                                          tmp_path):
+                                          tmp_path, nodes):
+    """one_node: ob1 adds both ranks in MPI_Init (add_procs). two_nodes:
+    the ranks get their own hostnames, as in co-resident VMs, so ob1 adds
+    the peer lazily and the BTL admits it from the registry + modex
+    first: the hostile's forged rank 1 meets that path."""
+    if nodes == "two_nodes" and not _two_nodes_possible():
+        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
     size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
@@ -168,6 +183,9 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
         [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
         region=shm_path, tcp_fallback=False,
         extra_mca=[("btl_ivshmem_verbose", "2")])
+    if nodes == "two_nodes":
+        cmd[1:1] = ["--host", "vmA:1,vmB:1", "--bind-to", "none",
+                    "--mca", "plm_rsh_agent", str(FAKE_RSH)]
     job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
