@@ -32,6 +32,7 @@ from ivcloud.native import format_region, min_region_size
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
+SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
 FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
@@ -125,16 +126,25 @@ VERBOSE2_RE = re.compile(
     r"btl_ivshmem: rank (\d+) dropped (\d+) messages, rejected (\d+) slots")
 
 
-@pytest.fixture(scope="module")
-def pingpong(tmp_path_factory) -> Path:
+def _mpicc(tmp_path_factory, src: Path) -> Path:
     mpicc = shutil.which("mpicc")
     assert mpicc, "mpicc not found (install libopenmpi-dev)"
-    out = tmp_path_factory.mktemp("trust") / "trust_pingpong"
+    out = tmp_path_factory.mktemp("trust") / src.stem
     proc = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror", "-o",
-                           str(out), str(PROGRAM)],
+                           str(out), str(src)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def pingpong(tmp_path_factory) -> Path:
+    return _mpicc(tmp_path_factory, PROGRAM)
+
+
+@pytest.fixture(scope="module")
+def spawner(tmp_path_factory) -> Path:
+    return _mpicc(tmp_path_factory, SPAWN)
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +246,34 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
     assert sorted(verdicts) == [0, 1], described
     assert verdicts[0][0] == 0 and verdicts[1][0] == 0, verdicts
     assert verdicts[0][1] >= 1, verdicts
+
+
+def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
+    """MPI_Comm_spawn with `self,ivshmem` only: the children are another
+    jobid, which the BTL never admits from the registry; ob1's add_procs
+    at connect time (modex check) makes them trusted on both sides, and
+    every byte between parents and children goes through the region."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    cmd = mpi.mpirun_command([str(spawner)], 2, transport="ivshmem",
+                             region=shm_path, tcp_fallback=False,
+                             verbose_btl=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"spawn job hung\n{out[-2000:]}\n{err[-2000:]}")
+    finally:
+        _kill(proc)
+    described = f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert proc.returncode == 0, described
+    assert "PASS trust_spawn" in out, described
+    lines = re.findall(r"btl_ivshmem: rank \d+ sent (\d+) msgs \d+ bytes, "
+                       r"received (\d+) msgs", err)
+    assert len(lines) == 4, described  # 2 parents + 2 children
+    assert all(int(s) > 0 and int(r) > 0 for s, r in lines), lines
