@@ -112,7 +112,7 @@ while len(full) < len(sent):
 filled = dict(sent)
 # give rank 0's housekeeping (every ~100 ms while it idles in a barrier)
 # time to meet the forged rank 1
-time.sleep(0.5)
+time.sleep(1.0)
 open(gate, "w").close()
 while time.monotonic() < deadline and len(gone) < len(targets):
     pump()
