@@ -45,7 +45,9 @@ BEGIN_C_DECLS
 #define IVSHMEM_REAP_NS 100000000ull
 
 /* High half of our registry job ids ("OMPI"): keeps Open MPI ranks apart
-   from other libivshm users of the region, which number jobs from 0. */
+   from other libivshm users of the region, which number jobs from 0. Only
+   a naming convention: any co-tenant can write it into its own registry
+   entry, so it never makes a sender trusted (see "Trust" below). */
 #define IVSHMEM_JOB_TAG UINT64_C(0x4f4d5049)
 
 struct mca_btl_ivshmem_frag_t;
@@ -81,6 +83,7 @@ struct mca_btl_base_endpoint_t {
     struct mca_btl_ivshmem_frag_t *in_ring;
     int send_error;            /* a queued send failed: report it         */
     bool said_bye;             /* peer finalized: its leave is not death  */
+    bool deleted;              /* del_procs: no longer read or watched    */
     bool dead;                 /* reported; every send now fails          */
     struct mca_btl_base_endpoint_t *retired_next;
 };
@@ -93,7 +96,9 @@ typedef struct mca_btl_ivshmem_module_t {
 
 typedef struct ivshmem_counters {
     uint64_t sent_msgs, sent_bytes, recv_msgs, recv_bytes;
-    uint64_t dropped; /* foreign or malformed messages not delivered */
+    uint64_t dropped;  /* malformed, unregistered-tag or stale messages */
+    uint64_t rejected; /* (slot, generation)s that claimed to be a rank of
+                          our job but failed the modex check */
 } ivshmem_counters_t;
 
 typedef struct mca_btl_ivshmem_component_t {
@@ -134,15 +139,27 @@ typedef struct mca_btl_ivshmem_component_t {
        here (single-slot ones are delivered in place) */
     void *rxbuf;
     size_t rxcap;
-    /* slot -> generation+1 of a sender known to be an Open MPI rank (0 =
-       unchecked): one array lookup per received message */
+    /*
+     * Trust. trusted[slot] = generation+1 of a sender whose messages we
+     * deliver, 0 = none. Invariant: a slot is set only for a peer whose
+     * modex (posted through Open MPI's runtime, out of the region's reach)
+     * names exactly that slot, generation and random name, and whose
+     * registry entry matched it: a proc handed to add_procs, or a rank of
+     * our own job admitted before ob1 adds it lazily (admit_job_peers).
+     * Cleared by del_procs, by the peer's BYE, and when the slot's live
+     * generation is no longer the trusted one. Progress reads only the
+     * rings of active[] (the set slots), and delivers a message only if
+     * the slot still holds that generation after the message was taken.
+     */
     uint64_t trusted[64];
-    /* the trusted slots, polled one by one on the fast path; the full
-       scan of every ring (new senders) runs only every few polls */
     int active[64];
     int nactive;
     int rr;                    /* round-robin start in active[] */
-    uint32_t polls_since_scan;
+    /* generation+1 of a registry entry that failed the modex check, so a
+       co-tenant posing as one of our ranks costs one lookup, not one per
+       housekeeping round */
+    uint64_t rejected[64];
+    uint32_t job_size;         /* ranks in our job (0: unknown) */
 
     /* progress state */
     volatile int32_t in_progress;
@@ -206,11 +223,16 @@ int mca_btl_ivshmem_component_progress(void);
    (and no slot is reserved); called with `lock` held. Returns how many
    went out. */
 int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep);
-/* Receive and deliver what `slot` published (also after it left). */
-int mca_btl_ivshmem_drain_slot(int slot);
-/* Accept messages from `slot` (generation `gen`) / stop accepting. */
+/* Take what `slot` (incarnation `gen`) published: delivered while it is
+   live at `gen`, only its BYE once it left, nothing after a reclaim. */
+int mca_btl_ivshmem_drain_slot(int slot, uint32_t gen);
+/* Accept messages from `slot` (generation `gen`) / stop accepting. With
+   `lock`. Callers must have checked the peer against its modex. */
 void mca_btl_ivshmem_trust(int slot, uint32_t gen);
 void mca_btl_ivshmem_distrust(int slot);
+/* Trust the ranks of our own job that the registry lists and whose modex
+   matches (ob1 adds remote peers lazily: one may write to us first). */
+void mca_btl_ivshmem_admit_job_peers(void);
 
 END_C_DECLS
 #endif

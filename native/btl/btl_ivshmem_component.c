@@ -141,8 +141,9 @@ static int ivshmem_register(void)
                &c->bar0_path);
     reg_int("verbose",
             "1: print per-rank message counters at finalize; 2: also the "
-            "count of dropped foreign messages (attach and reachability "
-            "details: btl_base_verbose 10)",
+            "counts of dropped messages and of region slots that posed as "
+            "ranks of this job (attach, reachability and trust details: "
+            "btl_base_verbose 10)",
             &c->verbose, 0);
     reg_int("spin_us",
             "Idle time (us) spent polling before the progress engine blocks "
@@ -187,6 +188,14 @@ static int ivshmem_register(void)
                 &c->counters.recv_bytes, NULL);
     reg_counter("sleeps", "Times the progress engine blocked on the doorbell",
                 &c->sleeps_pvar, sleeps_get);
+    reg_counter("dropped",
+                "Messages of trusted senders not delivered (malformed, "
+                "unregistered tag, or taken after the sender left)",
+                &c->counters.dropped, NULL);
+    reg_counter("rejected",
+                "Region slots that claimed to be a rank of this job but did "
+                "not match its modex (never read)",
+                &c->counters.rejected, NULL);
     return OPAL_SUCCESS;
 }
 
@@ -367,6 +376,17 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
                              mca_btl_ivshmem_frag_init, &c->frags_max);
     if (OPAL_SUCCESS != rc)
         goto fail;
+
+    /* the vpids that admit_job_peers may look up (0: it admits nobody,
+       and ob1's add_procs alone builds the trusted set) */
+    opal_process_name_t wild = OPAL_PROC_MY_NAME;
+    wild.vpid = OPAL_VPID_WILDCARD;
+    uint32_t *job_size = &c->job_size;
+    c->job_size = 0;
+    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &wild, &job_size,
+                                   OPAL_UINT32);
+    if (OPAL_SUCCESS != rc)
+        c->job_size = 0;
 
     c->my_modex.attached = 1;
     c->my_modex.slot = c->self_slot;

@@ -54,13 +54,17 @@ mca_btl_ivshmem_module_t mca_btl_ivshmem = {
     opal_output_verbose((lvl), opal_btl_base_framework.framework_output,      \
                         __VA_ARGS__)
 
-/* Registry slot of `proc` in our region, or -1. Takes `lock` only
-   around libivshm calls: the modex lookup may take a while. */
-static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
+/* Registry slot of the proc `name` in our region, or -1: the slot its
+   modex names, if that slot holds it live with the same job, rank,
+   generation and random name. The modex comes from Open MPI's runtime,
+   which no co-tenant of the region can write: this check, not the job
+   tag in the registry, is what makes a slot one of our peers. Takes
+   `lock` only around libivshm calls: the modex lookup may take a while. */
+static int locate_name(opal_process_name_t name, uint32_t *generation)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    uint64_t job = mca_btl_ivshmem_job_id(proc->proc_name.jobid);
-    uint32_t vpid = proc->proc_name.vpid;
+    uint64_t job = mca_btl_ivshmem_job_id(name.jobid);
+    uint32_t vpid = name.vpid;
 
     OPAL_THREAD_LOCK(&c->lock);
     int found = ivshm_find(c->h, job, vpid);
@@ -70,8 +74,7 @@ static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
     ivshmem_modex_t *mx = NULL;
     size_t mx_size = 0;
     int rc;
-    OPAL_MODEX_RECV(rc, &c->super.btl_version, &proc->proc_name,
-                    (void **)&mx, &mx_size);
+    OPAL_MODEX_RECV(rc, &c->super.btl_version, &name, (void **)&mx, &mx_size);
     if (OPAL_SUCCESS != rc || NULL == mx || mx_size != sizeof *mx) {
         free(mx);
         return -1;
@@ -79,7 +82,7 @@ static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
     int slot = -1;
     ivshm_peer_info info;
     /* ivshm_find returns the first match; the modex names the right one
-       should two jobs share an id */
+       should two jobs share an id (or a co-tenant pose as this rank) */
     if (mx->attached && mx->slot >= 0 && mx->slot < (int)c->geom.max_peers &&
         mx->slot != c->self_slot) {
         OPAL_THREAD_LOCK(&c->lock);
@@ -96,14 +99,71 @@ static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
     return slot;
 }
 
+static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
+{
+    return locate_name(proc->proc_name, generation);
+}
+
+/*
+ * ob1 adds a peer on another node lazily, when it first sends to it, so
+ * a rank of our job may write to us before ob1 ever adds it here. Such a
+ * rank is admitted like add_procs would: the registry entry only says
+ * which rank to look up (our jobid, a vpid below the job size), the
+ * modex of that rank must name this very slot and generation. Spawned
+ * and connected jobs are not admitted here: ob1 adds them through
+ * add_procs when the communicator is built (their messages wait in their
+ * rings until then). Each failed (slot, generation) is looked up once.
+ */
+void mca_btl_ivshmem_admit_job_peers(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (!c->h || c->finalizing || 0 == c->job_size)
+        return;
+    for (int s = 0; s < (int)c->geom.max_peers; s++) {
+        if (s == c->self_slot || c->trusted[s])
+            continue;
+        ivshm_peer_info info;
+        OPAL_THREAD_LOCK(&c->lock);
+        int rc = ivshm_peer(c->h, s, &info);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (rc != 0 || info.job_id != c->job_id || info.rank == c->vpid ||
+            info.rank >= c->job_size ||
+            c->rejected[s] == (uint64_t)info.generation + 1)
+            continue;
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        if (ep && ep->generation == info.generation)
+            continue; /* ours already, distrusted on purpose (BYE, del_procs) */
+        opal_process_name_t name = OPAL_PROC_MY_NAME;
+        name.vpid = info.rank;
+        uint32_t gen = 0;
+        if (locate_name(name, &gen) == s && gen == info.generation) {
+            OPAL_THREAD_LOCK(&c->lock);
+            mca_btl_ivshmem_trust(s, gen);
+            OPAL_THREAD_UNLOCK(&c->lock);
+            VERBOSE(10, "btl_ivshmem: admitted rank %u of our job in slot %d",
+                    info.rank, s);
+        } else {
+            c->rejected[s] = (uint64_t)info.generation + 1;
+            c->counters.rejected++;
+            VERBOSE(10, "btl_ivshmem: slot %d claims rank %u of our job but "
+                        "does not match its modex: ignored", s, info.rank);
+        }
+    }
+}
+
 /* The endpoint for `proc` in `slot`, created if needed. With `lock`. */
 static mca_btl_ivshmem_endpoint_t *endpoint_for(struct opal_proc_t *proc,
                                                 int slot, uint32_t gen)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     mca_btl_ivshmem_endpoint_t *ep = c->by_slot[slot];
-    if (ep && ep->generation == gen && ep->proc == proc)
+    if (ep && ep->generation == gen && ep->proc == proc) {
+        if (ep->deleted && !ep->dead) { /* added again after del_procs */
+            ep->deleted = false;
+            mca_btl_ivshmem_trust(slot, gen);
+        }
         return ep;
+    }
     if (ep) {
         /* left over from an earlier occupant of the slot */
         if (ep->pending.count)
@@ -189,6 +249,8 @@ int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                 OPAL_NAME_PRINT(proc->proc_name),
                 proc->proc_hostname ? proc->proc_hostname : "?", slot);
     }
+    /* the ranks of our job ob1 will add lazily (see admit_job_peers) */
+    mca_btl_ivshmem_admit_job_peers();
     return OPAL_SUCCESS;
 }
 
@@ -196,12 +258,24 @@ int mca_btl_ivshmem_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                               struct opal_proc_t **procs,
                               struct mca_btl_base_endpoint_t **peers)
 {
-    /* Endpoints stay until finalize: they are few (one per slot) and
-       finalize still owes each peer its goodbye. */
+    /* The PML is done with these peers (finalize, after its fence): stop
+       reading their rings and watching their liveness. Endpoints stay
+       until finalize: they are few (one per slot) and finalize still
+       owes each peer its goodbye. */
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     (void)btl;
     (void)procs;
-    for (size_t i = 0; i < nprocs; i++)
+    OPAL_THREAD_LOCK(&c->lock);
+    for (size_t i = 0; i < nprocs; i++) {
+        mca_btl_ivshmem_endpoint_t *ep = peers[i];
+        if (ep && c->by_slot[ep->slot] == ep) {
+            ep->deleted = true;
+            if (c->trusted[ep->slot] == (uint64_t)ep->generation + 1)
+                mca_btl_ivshmem_distrust(ep->slot);
+        }
         peers[i] = NULL;
+    }
+    OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
 }
 
@@ -256,8 +330,10 @@ static void say_goodbye(void)
                          : ivshm_try_send(c->h, ep->slot, IVSHMEM_TAG_BYE, NULL, 0);
             if (rc != -EAGAIN || mca_btl_ivshmem_now_ns() > deadline)
                 break;
-            /* the peer may be waiting for room in our ring meanwhile */
-            (void)mca_btl_ivshmem_drain_slot(ep->slot);
+            /* the peer may be waiting for room in our ring meanwhile:
+               take (and drop, we are finalizing) what this verified
+               member sent, as long as the slot is still its own */
+            (void)mca_btl_ivshmem_drain_slot(ep->slot, ep->generation);
             sched_yield();
         }
     }
@@ -283,10 +359,11 @@ int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl)
                 " bytes, sleeps %" PRIu64 "\n",
                 c->vpid, c->counters.sent_msgs, c->counters.sent_bytes,
                 c->counters.recv_msgs, c->counters.recv_bytes, st.sleeps);
-    if (c->verbose >= 2 && c->counters.dropped)
-        fprintf(stderr, "btl_ivshmem: rank %u dropped %" PRIu64
-                        " foreign or malformed messages\n",
-                c->vpid, c->counters.dropped);
+    if (c->verbose >= 2)
+        fprintf(stderr,
+                "btl_ivshmem: rank %u dropped %" PRIu64 " messages, rejected %"
+                PRIu64 " slots posing as ranks of this job\n",
+                c->vpid, c->counters.dropped, c->counters.rejected);
     for (int s = 0; s < 64; s++) {
         mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
         if (!ep)

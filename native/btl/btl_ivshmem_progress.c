@@ -28,10 +28,6 @@
    caller does other work between polls (see idle_tick). */
 #define IDLE_TICK_GAP_NS 100000ull
 
-/* Full scan of every ring at least once per this many polls: picks up
-   senders not yet in active[] (lazily added peers, spawned jobs). */
-#define POLLS_PER_SCAN 32
-
 void mca_btl_ivshmem_trust(int slot, uint32_t gen)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -54,35 +50,48 @@ void mca_btl_ivshmem_distrust(int slot)
     c->rr = 0;
 }
 
-/* Is `slot` an Open MPI rank (any job: spawned jobs talk to us before
-   their add_procs)? Other libivshm users sharing the region may not feed
-   the PML. Cached per slot and generation; re-checked at housekeeping. */
-static bool sender_trusted(int slot)
+/* Who wrote a message we just took from `slot`, as far as the registry
+   tells after the fact. */
+enum sender_state {
+    SENDER_CURRENT,  /* live at the generation we trust: deliver          */
+    SENDER_DEPARTED, /* left or died: only its BYE still means something */
+    SENDER_REPLACED, /* the slot holds another incarnation: drop all      */
+};
+
+/* Checked after the take: generations only grow, so a slot live at
+   generation g now was at g when libivshm took the message (it delivers
+   only frames of the generation it read then). With `lock`. */
+static inline enum sender_state sender_state(int slot, uint32_t gen)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (OPAL_LIKELY(c->trusted[slot]))
-        return true;
     ivshm_peer_info info;
-    bool ok;
-    OPAL_THREAD_LOCK(&c->lock);
-    ok = ivshm_peer(c->h, slot, &info) == 0 && (info.job_id >> 32) == IVSHMEM_JOB_TAG;
-    if (ok)
-        mca_btl_ivshmem_trust(slot, info.generation);
-    OPAL_THREAD_UNLOCK(&c->lock);
-    return ok;
+    if (ivshm_peer(c->h, slot, &info) != 0)
+        return SENDER_DEPARTED;
+    return info.generation == gen ? SENDER_CURRENT : SENDER_REPLACED;
 }
 
+/* A control message of a trusted sender. BYE is the last message a
+   finalizing rank sends us: we stop reading its ring. */
 static void handle_control(int src, uint32_t tag)
 {
-    mca_btl_ivshmem_endpoint_t *ep = mca_btl_ivshmem_component.by_slot[src];
-    if (tag == IVSHMEM_TAG_BYE && ep)
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[src];
+    if (tag != IVSHMEM_TAG_BYE) {
+        c->counters.dropped++;
+        return;
+    }
+    if (ep)
         ep->said_bye = true;
+    OPAL_THREAD_LOCK(&c->lock);
+    mca_btl_ivshmem_distrust(src);
+    OPAL_THREAD_UNLOCK(&c->lock);
 }
 
-/* Hand one received message to the PML. Called without `lock`: the
-   callback may send. The descriptor lives on our stack and its data in
-   the ring slot (or rxbuf), valid only during the callback (the BTL
-   contract). */
+/* Hand one received message of a trusted, current sender to the PML.
+   Called without `lock`: the callback may send. The descriptor lives on
+   our stack and its data in the ring slot (or rxbuf), valid only during
+   the callback (the BTL contract). `len` was checked against the slot
+   (in place) or rxbuf (copied) by the caller. */
 static inline int deliver(int src, uint32_t tag, const void *data, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -110,14 +119,15 @@ typedef struct ivshmem_rx_msg {
     int src;
     uint32_t tag;
     bool in_ring;
+    enum sender_state sender;
     const void *data;
 } ivshmem_rx_msg_t;
 
-/* Next message from `from` (a slot or IVSHM_ANY): its length, -EAGAIN,
-   or an error. With `lock`. A message that fits one slot is not copied:
-   the payload is shared memory a co-tenant could still scribble on, but
-   ob1 only reads it once per use, so that corrupts that message alone,
-   just as a scribble before a copy would. */
+/* Next message from slot `from`: its length, -EAGAIN, or an error. With
+   `lock`. A message that fits one slot is not copied: the payload is
+   shared memory a co-tenant could still scribble on, but ob1 only reads
+   it once per use, so that corrupts that message alone, just as a
+   scribble before a copy would. */
 static inline ssize_t take_message(int from, ivshmem_rx_msg_t *m)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -125,13 +135,23 @@ static inline ssize_t take_message(int from, ivshmem_rx_msg_t *m)
     m->in_ring = n >= 0;
     if (OPAL_UNLIKELY(n == -EMSGSIZE)) {
         /* spans several slots (a user-set max_send_size): copy it out */
-        n = ivshm_recv(c->h, m->src, NULL, &m->tag, c->rxbuf, c->rxcap, 0);
+        n = ivshm_recv(c->h, from, NULL, &m->tag, c->rxbuf, c->rxcap, 0);
         m->data = c->rxbuf;
     }
+    m->src = from;
     return n;
 }
 
-/* Give a delivered in-place message's slot back to its sender. */
+/* Does the length fit where the message lies? libivshm already bounds
+   both; checked again because ob1 trusts seg_len. */
+static inline bool length_ok(const ivshmem_rx_msg_t *m, ssize_t n)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    size_t cap = m->in_ring ? c->geom.slot_size - IVSHMEM_SLOT_HDR : c->rxcap;
+    return (size_t)n <= cap;
+}
+
+/* Give a taken in-place message's slot back to its sender. */
 static inline void release_message(const ivshmem_rx_msg_t *m)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -143,26 +163,32 @@ static inline void release_message(const ivshmem_rx_msg_t *m)
     }
 }
 
-/* A receive from `src` failed validation or was cut by the sender's
-   death: data of a job peer is lost, so that peer is treated as failed
-   (now for corruption; at the next liveness check for a death). */
-static void receive_error(int src, ssize_t err)
+/* A receive from trusted `src` failed validation or was cut by the
+   sender's death: data of a job peer is lost, so that peer is treated as
+   failed (now for corruption; at the next liveness check for a death).
+   Unless the slot changed hands meanwhile: then the new occupant wrote
+   it, and it only loses our trust. */
+static void receive_error(const ivshmem_rx_msg_t *m, ssize_t err)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     c->counters.dropped++;
-    if (src < 0 || src >= 64)
+    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[m->src];
+    if (m->sender == SENDER_REPLACED) {
+        OPAL_THREAD_LOCK(&c->lock);
+        mca_btl_ivshmem_distrust(m->src);
+        OPAL_THREAD_UNLOCK(&c->lock);
         return;
-    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[src];
-    if (err == IVSHM_EPEERDEAD) {
+    }
+    if (err == IVSHM_EPEERDEAD || m->sender == SENDER_DEPARTED) {
         c->last_reap_ns = 0; /* look at liveness on the next idle tick */
         return;
     }
-    if (ep)
+    if (ep && !ep->deleted)
         mca_btl_ivshmem_peer_failed(ep, IVSHM_ECORRUPT);
 }
 
-/* One message from the known senders, round-robin; -EAGAIN if none.
-   With `lock`. */
+/* One message from the trusted senders, round-robin; -EAGAIN if none.
+   With `lock`. Only rings of active[] are ever looked at. */
 static inline ssize_t recv_active(ivshmem_rx_msg_t *m)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -173,53 +199,70 @@ static inline ssize_t recv_active(ivshmem_rx_msg_t *m)
         /* a departed sender with nothing left: housekeeping drops it */
         if (got == -EAGAIN || got == IVSHM_EPEERDEAD)
             continue;
-        m->src = c->active[i];
         c->rr = i + 1;
         return got;
     }
     return -EAGAIN;
 }
 
+/* What to do with a taken message, by who wrote it. Without `lock`. */
+static inline int dispatch(const ivshmem_rx_msg_t *m, size_t len)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (OPAL_LIKELY(m->sender == SENDER_CURRENT))
+        return deliver(m->src, m->tag, m->data, len);
+    if (m->sender == SENDER_DEPARTED && m->tag == IVSHMEM_TAG_BYE) {
+        handle_control(m->src, m->tag);
+        return 0;
+    }
+    /* a departed rank's PML traffic is needed by nobody (a clean leave
+       comes after the finalize fence; a crash aborts the job), and a
+       reclaimed slot's is not from our job */
+    c->counters.dropped++;
+    if (m->sender == SENDER_REPLACED) {
+        OPAL_THREAD_LOCK(&c->lock);
+        mca_btl_ivshmem_distrust(m->src);
+        OPAL_THREAD_UNLOCK(&c->lock);
+    }
+    return 0;
+}
+
 /*
- * Hot path of the receiver: poll the rings of the senders we know (one
- * seq load each when empty), every POLLS_PER_SCAN calls all rings, then
- * the upcall on the message where it lies, then its release. Invariants:
- * every peeked message is released after its upcall (or drop), so the
- * sender gets its slot back; rxbuf holds ring_capacity bytes, the most
- * any ivshm_try_send can send, so an honest message is never truncated.
+ * Hot path of the receiver: poll the rings of the trusted senders (one
+ * seq load each when empty), check that the slot still holds the trusted
+ * generation, make the upcall on the message where it lies, release it.
+ * Invariants: no ring outside active[] is read, so a co-tenant that is
+ * not a verified member of our job cannot reach ob1; every taken message
+ * is released after its upcall (or drop), so the sender gets its slot
+ * back; rxbuf holds ring_capacity bytes, the most any ivshm_try_send can
+ * send, so an honest message is never truncated.
  */
-static int poll_rings(bool scan_all)
+static int poll_rings(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int delivered = 0;
-    if (++c->polls_since_scan >= POLLS_PER_SCAN)
-        scan_all = true;
     for (int i = 0; i < IVSHMEM_RECV_BATCH; i++) {
         ivshmem_rx_msg_t m = {.src = -1};
         OPAL_THREAD_LOCK(&c->lock);
         ssize_t n = recv_active(&m);
-        if (n == -EAGAIN && scan_all) {
-            c->polls_since_scan = 0;
-            scan_all = false;
-            n = take_message(IVSHM_ANY, &m);
-        }
+        if (n != -EAGAIN)
+            m.sender = sender_state(m.src, (uint32_t)(c->trusted[m.src] - 1));
         OPAL_THREAD_UNLOCK(&c->lock);
         if (OPAL_LIKELY(n == -EAGAIN))
             break;
-        if (OPAL_UNLIKELY(n < 0 || (size_t)n > c->rxcap)) {
-            receive_error(m.src, n < 0 ? n : IVSHM_ECORRUPT);
+        if (OPAL_UNLIKELY(n < 0 || !length_ok(&m, n))) {
+            receive_error(&m, n < 0 ? n : IVSHM_ECORRUPT);
+            if (n >= 0)
+                release_message(&m);
             continue;
         }
-        if (OPAL_LIKELY(sender_trusted(m.src)))
-            delivered += deliver(m.src, m.tag, m.data, (size_t)n);
-        else
-            c->counters.dropped++;
+        delivered += dispatch(&m, (size_t)n);
         release_message(&m);
     }
     return delivered;
 }
 
-int mca_btl_ivshmem_drain_slot(int slot)
+int mca_btl_ivshmem_drain_slot(int slot, uint32_t gen)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int delivered = 0;
@@ -227,15 +270,21 @@ int mca_btl_ivshmem_drain_slot(int slot)
     for (uint32_t i = 0; i < 2 * c->geom.ring_slots; i++) {
         ivshmem_rx_msg_t m = {.src = slot};
         OPAL_THREAD_LOCK(&c->lock);
-        ssize_t n = take_message(slot, &m);
+        /* a reclaimed slot's ring is the new occupant's: not ours to read */
+        m.sender = sender_state(slot, gen);
+        ssize_t n = m.sender == SENDER_REPLACED ? -EAGAIN : take_message(slot, &m);
+        if (n >= 0 || n == IVSHM_ECORRUPT)
+            m.sender = sender_state(slot, gen);
         OPAL_THREAD_UNLOCK(&c->lock);
         if (n == -EAGAIN || n == IVSHM_EPEERDEAD || n == -EINVAL)
             break;
-        if (n < 0 || (size_t)n > c->rxcap) {
+        if (n < 0 || !length_ok(&m, n)) {
             c->counters.dropped++;
+            if (n >= 0)
+                release_message(&m);
             continue;
         }
-        delivered += deliver(slot, m.tag, m.data, (size_t)n);
+        delivered += dispatch(&m, (size_t)n);
         release_message(&m);
     }
     return delivered;
@@ -317,8 +366,9 @@ static int run_completions(void)
 
 /* Every ~100 ms: reap, then check each peer we talk to (endpoints) or
    accept messages from (trusted senders). A departed one is drained
-   first: what it published before leaving is still ours, its goodbye
-   included; only then is a missing goodbye taken for a crash. */
+   first: its goodbye is still in its ring; only then is a missing
+   goodbye taken for a crash. Last, admit ranks of our job that turned
+   up in the registry. */
 static int housekeeping(uint64_t now)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -334,20 +384,22 @@ static int housekeeping(uint64_t now)
     for (int s = 0; s < (int)c->geom.max_peers; s++) {
         mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
         uint64_t t = c->trusted[s];
-        if ((!ep || ep->dead) && !t)
+        bool watched = ep && !ep->dead && !ep->deleted;
+        if (!watched && !t)
             continue;
-        uint32_t gen = ep && !ep->dead ? ep->generation : (uint32_t)(t - 1);
+        uint32_t gen = watched ? ep->generation : (uint32_t)(t - 1);
         ivshm_peer_info info;
         OPAL_THREAD_LOCK(&c->lock);
         bool live = ivshm_peer(c->h, s, &info) == 0 && info.generation == gen;
         OPAL_THREAD_UNLOCK(&c->lock);
         if (live)
             continue;
-        delivered += mca_btl_ivshmem_drain_slot(s);
+        if (t)
+            delivered += mca_btl_ivshmem_drain_slot(s, (uint32_t)(t - 1));
         OPAL_THREAD_LOCK(&c->lock);
         mca_btl_ivshmem_distrust(s);
         OPAL_THREAD_UNLOCK(&c->lock);
-        if (ep && !ep->dead) {
+        if (watched) {
             if (ep->said_bye)
                 ep->dead = true; /* gone for good: sends fail, no more checks */
             else
@@ -356,6 +408,7 @@ static int housekeeping(uint64_t now)
     }
     for (int i = 0; i < nfailed; i++)
         mca_btl_ivshmem_peer_failed(failed[i], IVSHM_EPEERDEAD);
+    mca_btl_ivshmem_admit_job_peers();
     return delivered;
 }
 
@@ -392,9 +445,9 @@ static int idle_tick(void)
         c->idle_since_ns = now;
     int n = housekeeping(now);
     if (0 == n)
-        n = poll_rings(true); /* nobody new waiting before we block? */
+        n = poll_rings(); /* nothing arrived before we block? */
     if (0 == n && may_block(now) && 0 == ivshm_wait_message(c->h, c->block_ms))
-        n = poll_rings(true); /* woken by a sender: take it right away */
+        n = poll_rings(); /* woken by a sender: take it right away */
     return n;
 }
 
@@ -413,7 +466,7 @@ int mca_btl_ivshmem_component_progress(void)
         c->in_progress = 1;
     }
 
-    int events = poll_rings(false);
+    int events = poll_rings();
     if (OPAL_UNLIKELY(c->num_pending))
         events += retry_pending();
     if (OPAL_UNLIKELY(NULL != c->complete.head))

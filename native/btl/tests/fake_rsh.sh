@@ -8,4 +8,5 @@ while [ $# -gt 0 ]; do
 done
 host=$1
 shift
-exec unshare --uts sh -c "hostname '$host' && exec $*"
+# the rest is shell code (mpirun by absolute path prefixes "PATH=...;")
+exec unshare --uts sh -c "hostname '$host' && $*"

@@ -1,0 +1,111 @@
+/*
+ * Ping-pong with content checks for the BTL trust test
+ * (tests/test_btl_trust.py): 2 ranks; rank 1 first waits (at most 60 s)
+ * until the file GATE exists, which the hostile co-tenant creates once it
+ * has filled its rings towards both ranks, while rank 0 idles in a
+ * barrier (so its housekeeping looks at the registry meanwhile). Then
+ * ITERS round trips of sizes from 0 B to 1 MiB, eager and rendezvous;
+ * every byte is checked on both sides. Prints "PASS trust_pingpong".
+ *   trust_pingpong GATE ITERS
+ */
+#include <mpi.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int rank;
+
+static void fail(const char *what, long a, long b)
+{
+    fprintf(stderr, "FAIL rank %d: %s (%ld, %ld)\n", rank, what, a, b);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
+static unsigned char pattern(uint32_t seed, size_t i)
+{
+    uint32_t x = seed * 2654435761u + (uint32_t)i * 40503u;
+    return (unsigned char)(x ^ (x >> 13));
+}
+
+static void fill(unsigned char *b, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = pattern(seed, i);
+}
+
+static void check(const unsigned char *b, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != pattern(seed, i))
+            fail("payload mismatch at byte", (long)i, (long)seed);
+}
+
+static void wait_gate(const char *gate)
+{
+    struct timespec nap = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 6000; i++) {
+        if (access(gate, F_OK) == 0)
+            return;
+        nanosleep(&nap, NULL);
+    }
+    fail("gate never opened", 0, 0);
+}
+
+int main(int argc, char **argv)
+{
+    static const size_t sizes[] = {0, 1, 8, 100, 4000, 4097, 32768, 65537, 1 << 20};
+    const size_t nsizes = sizeof sizes / sizeof sizes[0];
+    int nranks;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    if (argc != 3 || nranks != 2)
+        fail("usage: trust_pingpong GATE ITERS, 2 ranks", argc, nranks);
+    long iters = strtol(argv[2], NULL, 10);
+    if (rank == 1)
+        wait_gate(argv[1]);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    unsigned char *buf = malloc(1 << 20);
+    if (!buf)
+        fail("malloc", 0, 0);
+    int peer = rank ^ 1;
+    for (long it = 0; it < iters; it++) {
+        size_t n = sizes[it % nsizes];
+        uint32_t ping = (uint32_t)(2 * it + 1), pong = (uint32_t)(2 * it + 2);
+        MPI_Status st;
+        int got;
+        if (rank == 0) {
+            fill(buf, n, ping);
+            MPI_Send(buf, (int)n, MPI_BYTE, peer, 7, MPI_COMM_WORLD);
+            MPI_Recv(buf, 1 << 20, MPI_BYTE, peer, 8, MPI_COMM_WORLD, &st);
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if ((size_t)got != n)
+                fail("pong length", got, (long)n);
+            check(buf, n, pong);
+        } else {
+            MPI_Recv(buf, 1 << 20, MPI_BYTE, peer, 7, MPI_COMM_WORLD, &st);
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if ((size_t)got != n)
+                fail("ping length", got, (long)n);
+            check(buf, n, ping);
+            fill(buf, n, pong);
+            MPI_Send(buf, (int)n, MPI_BYTE, peer, 8, MPI_COMM_WORLD);
+        }
+    }
+    long mine = rank + 1, sum = 0;
+    MPI_Allreduce(&mine, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (sum != 3)
+        fail("allreduce", sum, 3);
+    free(buf);
+    if (rank == 0)
+        printf("PASS trust_pingpong (%ld round trips)\n", iters);
+    MPI_Finalize();
+    return 0;
+}

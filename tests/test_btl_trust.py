@@ -1,0 +1,279 @@
+"""Who the ivshmem BTL listens to: a hostile co-tenant of the region.
+
+Before, any slot whose registry job_id carried the Open MPI tag was a
+trusted sender: a process that is no rank of the job could feed ob1
+headers with raw pointers. Now only slots verified against the job's
+modex are read at all. The regression test runs a real 2-rank MPI job
+over `--mca btl self,ivshmem` next to a real hostile process that
+attaches the same region through the Python binding, registers twice
+with the Open MPI tag (once with a foreign jobid, once with the job's own
+jobid, its entry then rewritten to pose as rank 1), and fills its rings
+towards both ranks with ob1-shaped garbage (pointer fields 0x4141...,
+every PML tag, a forged goodbye).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from ivcloud import mpi
+from ivcloud.cli import CliError
+from ivcloud.native import format_region, min_region_size
+
+REPO = Path(__file__).resolve().parent.parent
+PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
+SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
+FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
+RING_SLOTS = 64
+SLOT_SIZE = 4096
+MAX_PEERS = 8
+JOB_TIMEOUT = 180  # s: a hang fails the test, it does not hold the suite
+HOSTILE_SECONDS = 150
+
+# The hostile co-tenant. argv: region gate result deadline_s
+HOSTILE = r'''
+import json, mmap, os, struct, sys, time
+from ivcloud.native import Channel, IvshmError
+
+TAG = 0x4f4d5049                      # what the BTL used to trust
+region, gate, result = sys.argv[1:4]
+deadline = time.monotonic() + float(sys.argv[4])
+me = os.getpid()
+
+def victims(ch):
+    return {p.slot: p for p in ch.peers()
+            if p.pid != me and p.job_id >> 32 == TAG}
+
+tagged = Channel.attach_path(region, job_id=(TAG << 32) | 0xbad, rank=0,
+                             name="ompi.0.hostile")
+while len(victims(tagged)) < 2:
+    if time.monotonic() > deadline:
+        sys.exit("hostile: the MPI ranks never registered")
+    time.sleep(0.002)
+targets = victims(tagged)
+jobid = next(iter(targets.values())).job_id
+forged = Channel.attach_path(region, job_id=jobid, rank=4242,
+                             name="ompi.1.hostile")
+# Pose as rank 1 of the job: our own registry entry, rewritten in place
+# (registry_off at header offset 48, entries of 128 bytes, rank at +16).
+with open(region, "r+b") as f:
+    mm = mmap.mmap(f.fileno(), 0)
+reg = struct.unpack_from("<Q", mm, 48)[0]
+struct.pack_into("<I", mm, reg + forged.self_slot * 128 + 16, 1)
+
+# ob1-shaped garbage: header type = tag, every pointer field 0x4141...
+TAGS = [0x41 + i for i in range(9)] + [0, 1, 0x20, 0x40, 0xff, 0x100]
+def payload(k):
+    tag = TAGS[k % len(TAGS)]
+    size = 4000 if k % 5 == 4 else 64
+    return bytes([tag & 0xff, 0]) + b"\x41" * (size - 2), tag
+
+chans = {"tagged": tagged, "forged": forged}
+sent = {f"{c}:{s}": 0 for c in chans for s in targets}
+full = set()
+gone = set()
+
+def pump():
+    tagged.reap()  # a crashed rank stays listed until someone reaps
+    for cname, ch in chans.items():
+        for s, v in targets.items():
+            key = f"{cname}:{s}"
+            if s in gone:
+                continue
+            cur = ch.peer(s)
+            if cur is None or cur.generation != v.generation:
+                gone.add(s)
+                continue
+            try:
+                while True:
+                    data, tag = payload(sent[key])
+                    if not ch.try_send(s, data, tag=tag):
+                        full.add(key)
+                        break
+                    sent[key] += 1
+            except IvshmError:
+                gone.add(s)
+
+while len(full) < len(sent):
+    if time.monotonic() > deadline or gone:
+        break
+    pump()
+    time.sleep(0.001)
+filled = dict(sent)
+# give rank 0's housekeeping (every ~100 ms while it idles in a barrier)
+# time to meet the forged rank 1
+time.sleep(1.0)
+open(gate, "w").close()
+while time.monotonic() < deadline and len(gone) < len(targets):
+    pump()
+    time.sleep(0.002)
+json.dump({"filled": filled, "total": sent,
+           "ranks": {s: v.rank for s, v in targets.items()}},
+          open(result, "w"))
+'''
+
+VERBOSE2_RE = re.compile(
+    r"btl_ivshmem: rank (\d+) dropped (\d+) messages, rejected (\d+) slots")
+
+
+def _mpicc(tmp_path_factory, src: Path) -> Path:
+    mpicc = shutil.which("mpicc")
+    assert mpicc, "mpicc not found (install libopenmpi-dev)"
+    out = tmp_path_factory.mktemp("trust") / src.stem
+    proc = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror", "-o",
+                           str(out), str(src)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def pingpong(tmp_path_factory) -> Path:
+    return _mpicc(tmp_path_factory, PROGRAM)
+
+
+@pytest.fixture(scope="module")
+def spawner(tmp_path_factory) -> Path:
+    return _mpicc(tmp_path_factory, SPAWN)
+
+
+@pytest.fixture(scope="module")
+def component() -> Path:
+    try:
+        return mpi.component_dir()
+    except CliError as e:
+        pytest.fail(str(e))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def _two_nodes_possible() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--uts", "true"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
+def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
+                                          tmp_path, nodes):
+    """one_node: ob1 adds both ranks in MPI_Init (add_procs). two_nodes:
+    the ranks get their own hostnames, as in co-resident VMs, so ob1 adds
+    the peer lazily and the BTL admits it from the registry + modex
+    first: the hostile's forged rank 1 meets that path."""
+    if nodes == "two_nodes" and not _two_nodes_possible():
+        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    gate, result = tmp_path / "gate", tmp_path / "hostile.json"
+    hostile = subprocess.Popen(
+        [sys.executable, "-c", HOSTILE, str(shm_path), str(gate),
+         str(result), str(HOSTILE_SECONDS)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = mpi.mpirun_command(
+        [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
+        region=shm_path, tcp_fallback=False,
+        extra_mca=[("btl_ivshmem_verbose", "2")])
+    if nodes == "two_nodes":
+        cmd[1:1] = ["--host", "vmA:1,vmB:1", "--bind-to", "none",
+                    "--mca", "plm_rsh_agent", str(FAKE_RSH)]
+    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        try:
+            out, err = job.communicate(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _kill(job)
+            out, err = job.communicate()
+            pytest.fail(f"the job hung\n{out[-2000:]}\n{err[-2000:]}")
+        try:
+            h_out, h_err = hostile.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _kill(hostile)
+            pytest.fail(f"the hostile process did not end after the job "
+                        f"(exit {job.returncode})\n{out[-2000:]}\n"
+                        f"{err[-2000:]}")
+    finally:
+        _kill(job)
+        _kill(hostile)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}" \
+                f"\n--- hostile exit {hostile.returncode}\n{h_err[-2000:]}"
+
+    # the job ran to its end, with every byte checked, over our BTL only
+    assert job.returncode == 0, described
+    assert "PASS trust_pingpong (600 round trips)" in out, described
+    counters = mpi.parse_btl_counters(err)
+    assert sorted(counters) == [0, 1], described
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 600 and c["recv_msgs"] > 600, (rank, c)
+
+    # the hostile filled its rings towards both ranks before the gate
+    # opened, and nobody ever took a message out: one take would have
+    # let it send more than the ring holds
+    assert hostile.returncode == 0, described
+    res = json.loads(result.read_text())
+    assert sorted(res["ranks"].values()) == [0, 1], res
+    assert len(res["total"]) == 4, res
+    for key, n in res["total"].items():
+        assert res["filled"][key] == RING_SLOTS, (key, res)
+        assert n == RING_SLOTS, (key, res)
+
+    # what the ranks say: nothing of it was even read (dropped 0), and
+    # rank 0 looked up the slot posing as rank 1 and refused it
+    verdicts: Dict[int, tuple] = {
+        int(m.group(1)): (int(m.group(2)), int(m.group(3)))
+        for m in VERBOSE2_RE.finditer(err)}
+    assert sorted(verdicts) == [0, 1], described
+    assert verdicts[0][0] == 0 and verdicts[1][0] == 0, verdicts
+    assert verdicts[0][1] >= 1, verdicts
+
+
+def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
+    """MPI_Comm_spawn with `self,ivshmem` only: the children are another
+    jobid, which the BTL never admits from the registry; ob1's add_procs
+    at connect time (modex check) makes them trusted on both sides, and
+    every byte between parents and children goes through the region."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    cmd = mpi.mpirun_command([str(spawner)], 2, transport="ivshmem",
+                             region=shm_path, tcp_fallback=False,
+                             verbose_btl=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"spawn job hung\n{out[-2000:]}\n{err[-2000:]}")
+    finally:
+        _kill(proc)
+    described = f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert proc.returncode == 0, described
+    assert "PASS trust_spawn" in out, described
+    lines = re.findall(r"btl_ivshmem: rank \d+ sent (\d+) msgs \d+ bytes, "
+                       r"received (\d+) msgs", err)
+    assert len(lines) == 4, described  # 2 parents + 2 children
+    assert all(int(s) > 0 and int(r) > 0 for s, r in lines), lines
