@@ -132,6 +132,8 @@ typedef struct mca_btl_ivshmem_component_t {
     int num_endpoints;
     mca_btl_ivshmem_endpoint_t *retired; /* replaced, freed at finalize */
     bool mixed;        /* some peer is reached through another BTL */
+    bool shares_cpu;   /* ranks of ours on this kernel share our CPUs  */
+    uint64_t cpu_checked_ns;
     size_t num_pending;            /* frags on all pending queues */
     ivshmem_frag_queue_t complete; /* sent, callback still owed   */
 

@@ -115,6 +115,11 @@ int ivshm_max_peers(const ivshm *h);
 int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
 /* Slot of the live peer (job, rank), or -ENOENT. */
 int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank);
+/* 1 if `slot`'s peer registered from our kernel and pid namespace (its
+   pid names a process we can look at), 0 if not, -EINVAL for a bad slot.
+   What the peer wrote is only compared, so a liar only misleads itself
+   about whether its pid is ours. */
+int ivshm_peer_local(ivshm *h, int slot);
 /* Check liveness of every registered peer (leave notices, pids); mark the
    dead ones and reclaim their slots. Returns how many were found dead. */
 int ivshm_reap(ivshm *h);

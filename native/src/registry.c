@@ -280,6 +280,15 @@ int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
     return 0;
 }
 
+int ivshm_peer_local(ivshm *h, int slot)
+{
+    if (!ivshm_slot_ok(h, slot))
+        return -EINVAL;
+    uint64_t pidns = __atomic_load_n(&ivshm_entry(h, slot)->pidns,
+                                     __ATOMIC_RELAXED);
+    return h->pidns != 0 && pidns == h->pidns;
+}
+
 int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank)
 {
     for (uint32_t s = 0; s < h->max_peers; s++) {
