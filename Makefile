@@ -87,7 +87,8 @@ demo: build
 	@status=0; \
 	$(VENV)/bin/ivcloud bench hierarchy --out $(DEMO) --json $(DEMO)/hierarchy.json || status=1; \
 	$(VENV)/bin/ivcloud bench halo --out $(DEMO) --json $(DEMO)/halo.json || status=1; \
-	echo; echo "report: $(DEMO)/report.md (plots: $(DEMO)/latency.png bandwidth.png halo.png)"; \
+	$(VENV)/bin/ivcloud bench apps --out $(DEMO) --json $(DEMO)/apps.json || status=1; \
+	echo; echo "report: $(DEMO)/report.md (plots: $(DEMO)/latency.png bandwidth.png halo.png apps.png speedup.png)"; \
 	exit $$status
 
 # The single-host point-to-point benchmark across every transport.

@@ -1,13 +1,17 @@
 """Plots and a markdown report from the cloud benchmarks' JSON.
 
-`write(DIR)` reads DIR/hierarchy.json (`ivcloud bench hierarchy`) and
-DIR/halo.json (`ivcloud bench halo`), whichever exist, and writes into
-DIR, with matplotlib's Agg backend (no display needed):
+`write(DIR)` reads DIR/hierarchy.json (`ivcloud bench hierarchy`),
+DIR/halo.json (`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench
+apps`), whichever exist, and writes into DIR, with matplotlib's Agg
+backend (no display needed):
 
   latency.png    one-way latency vs message size, log-log, one curve per
                  (level, transport): seed 000's figures 25/27/29/31
   bandwidth.png  bandwidth vs message size: its figures 26/28/30/32
   halo.png       halo-exchange wall time per placement
+  apps.png       every application figure as a speed relative to one
+                 instance, tcp and ivshmem side by side
+  speedup.png    strong scaling: speed-up over ranks, with Amdahl's fit
   report.md      setup, tables, targets and the images
 
 `python -m ivcloud.report DIR` redoes it from the JSON alone: the
@@ -94,6 +98,45 @@ def halo_table(summ: Dict[str, Dict]) -> Tuple[List[str], List[List[str]]]:
                      f"{c['across_servers']:g}",
                      f"{c['across_instances']:g}",
                      f"{c['inside_instances']:g}"])
+    return header, rows
+
+
+def _spread(r: Dict) -> str:
+    return f"{r['median']:.4g} ({r['min']:.3g}..{r['max']:.3g})"
+
+
+def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
+    """(header, rows) of `ivcloud bench apps`: a row per application
+    figure, its medians (spread) per configuration and the speeds."""
+    header = ["application", "figure", "one", "tcp", "ivshmem",
+              "tcp/one", "ivshmem/one", "ivshmem/tcp"]
+    summ = {(r["app"], r["config"], r["metric"]): r
+            for r in doc["summary"] if r["ranks"] == 2}
+    rows = []
+    for rel in doc["relative"]:
+        app, metric = rel["app"], rel["metric"]
+        meta = doc["metrics"][f"{app}:{metric}"]
+        cells = [app, f"{meta['label']} ({meta['unit']})"]
+        for config in ("one", "tcp", "ivshmem"):
+            r = summ.get((app, config, metric))
+            cells.append(_spread(r) if r else "-")
+        for key in ("tcp_vs_one", "ivshmem_vs_one", "ivshmem_vs_tcp"):
+            cells.append("-" if rel[key] is None else f"{rel[key]:.2f}")
+        rows.append(cells)
+    return header, rows
+
+
+def scaling_table(series: Dict) -> Tuple[List[str], List[List[str]]]:
+    """(header, rows): T, S, E per rank count, as in the thesis."""
+    meta = series.get("label") or ("T" if series["unit"] == "s" else "R")
+    header = ["ranks", f"{meta} ({series['unit']})", "S", "E"]
+    rows = [[str(r["ranks"]), f"{r['value']:.4g}",
+             "-" if r["speedup"] is None else f"{r['speedup']:.2f}",
+             "-" if r["efficiency"] is None else f"{r['efficiency']:.2f}"]
+            for r in series["rows"]]
+    f = series.get("amdahl_serial_fraction")
+    if f is not None:
+        rows.append(["Amdahl", f"serial fraction {f:.3f}", "", ""])
     return header, rows
 
 
@@ -206,6 +249,63 @@ def plot_halo(plt, doc: Dict, out: Path) -> List[Path]:
     return [path]
 
 
+def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
+    written = []
+    rel = [r for r in doc["relative"]
+           if r["tcp_vs_one"] is not None or r["ivshmem_vs_one"] is not None]
+    if rel:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+        xs = range(len(rel))
+        for off, key, label, colour in (
+                (-0.2, "tcp_vs_one", "two instances, tcp", "#d62728"),
+                (0.2, "ivshmem_vs_one", "two instances, ivshmem",
+                 "#1f77b4")):
+            ax.bar([x + off for x in xs], [r[key] or 0 for r in rel],
+                   width=0.4, label=label, color=colour)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([doc["metrics"][f"{r['app']}:{r['metric']}"]
+                            ["label"] for r in rel], rotation=30,
+                           ha="right", fontsize=8)
+        ax.set_ylabel("speed relative to one instance")
+        ax.set_title("Applications, 2 ranks: 1.0 = both ranks in one "
+                     "instance (bare metal)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / "apps.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    series = [s for s in doc.get("scaling", []) if len(s["rows"]) > 1]
+    if series:
+        fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
+        top = max(r["ranks"] for s in series for r in s["rows"])
+        ax.plot([1, top], [1, top], color="grey", linestyle=":",
+                label="ideal")
+        for s in series:
+            ax.plot([r["ranks"] for r in s["rows"]],
+                    [r["speedup"] or 0 for r in s["rows"]], marker="o",
+                    label=f"{s['app']}")
+            f = s.get("amdahl_serial_fraction")
+            if f is not None:
+                ps = range(1, top + 1)
+                ax.plot(list(ps), [1 / (f + (1 - f) / p) for p in ps],
+                        linestyle="--", linewidth=0.8,
+                        label=f"{s['app']} Amdahl, f = {f:.2f}")
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("speed-up S = T1 / Tp")
+        ax.set_title("Strong scaling on the 3-level cluster (ivshmem)",
+                     fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = out / "speedup.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 # ---------------------------------------------------------------- markdown
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
@@ -292,6 +392,33 @@ def halo_md(doc: Dict, images: Sequence[str]) -> List[str]:
     return lines + _targets_and_notes(doc)
 
 
+def apps_md(doc: Dict, images: Sequence[str]) -> List[str]:
+    c = doc["configs"]
+    lines = ["## Applications: `ivcloud bench apps`", "",
+             f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs)"
+             f"{', quick run' if doc.get('quick') else ''}. Cluster: "
+             f"{_cluster_line(doc['cluster'])}. Configurations of 2 ranks: "
+             f"*one* = both in one instance ({' + '.join(c['one'])}, "
+             f"Open MPI's shared memory: the bare-metal reference), *tcp* "
+             f"and *ivshmem* = one rank in each of two instances "
+             f"({' + '.join(c['ivshmem'])}). {doc['rounds']} round(s), the "
+             f"configurations alternating; figures are medians (min..max). "
+             f"HPCC N = {doc['hpcc_n']}; OpenFOAM simpleFoam on pitzDaily, "
+             f"{doc['foam_iterations']} iterations (its ExecutionTime).", ""]
+    lines += [f"![{Path(i).stem}]({i})" for i in images]
+    header, rows = apps_table(doc)
+    if rows:
+        lines += [""] + _md_table(header, rows, left=2)
+    for series in doc.get("scaling", []):
+        header, rows = scaling_table(series)
+        lines += ["", f"### Strong scaling: {series['app']}", "",
+                  "ivshmem on the 3-level cluster "
+                  f"({_cluster_line(doc['scaling_cluster'])}), block "
+                  "placement; T median of the rounds, S = T1/Tp, "
+                  "E = S/p.", ""] + _md_table(header, rows)
+    return lines + _targets_and_notes(doc)
+
+
 # ---------------------------------------------------------------- driver
 
 def write(out: Path) -> Path:
@@ -301,10 +428,13 @@ def write(out: Path) -> Path:
     out = Path(out)
     hier = _load(out / "hierarchy.json")
     halo = _load(out / "halo.json")
-    if hier is None and halo is None:
-        raise ReportError(f"no hierarchy.json or halo.json in {out}")
+    apps = _load(out / "apps.json")
+    if hier is None and halo is None and apps is None:
+        raise ReportError(f"no hierarchy.json, halo.json or apps.json in "
+                          f"{out}")
     problem = None
-    images: Dict[str, List[str]] = {"hierarchy": [], "halo": []}
+    images: Dict[str, List[str]] = {"hierarchy": [], "halo": [],
+                                    "apps": []}
     try:
         plt = _pyplot()
     except ReportError as e:
@@ -315,6 +445,8 @@ def write(out: Path) -> Path:
                                    plot_hierarchy(plt, hier, out)]
         if halo is not None:
             images["halo"] = [p.name for p in plot_halo(plt, halo, out)]
+        if apps is not None:
+            images["apps"] = [p.name for p in plot_apps(plt, apps, out)]
     lines = ["# ivcloud: MPI on an emulated cloud", "",
              "Generated by `ivcloud.report` from the JSON in this "
              "directory. The machine is small and shared: compare ratios "
@@ -329,6 +461,10 @@ def write(out: Path) -> Path:
         lines += halo_md(halo, images["halo"]) + [""]
     else:
         lines += ["(no halo.json: run `ivcloud bench halo`)", ""]
+    if apps is not None:
+        lines += apps_md(apps, images["apps"]) + [""]
+    else:
+        lines += ["(no apps.json: run `ivcloud bench apps`)", ""]
     md = out / "report.md"
     md.write_text("\n".join(lines))
     if problem:

@@ -1,4 +1,4 @@
-"""`ivcloud bench p2p|mpi|hierarchy|halo`: the command line of the
+"""`ivcloud bench p2p|mpi|hierarchy|halo|apps`: the command line of the
 benchmarks in ivcloud.bench (options -> settings -> ``run``), and of
 `python -m ivcloud.report DIR`."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
-from ..bench import halo, hierarchy, mpi, p2p
+from ..bench import apps, halo, hierarchy, mpi, p2p
 from ..bench.report import write as write_report
 from ..errors import ReportError
 from ..server import parse_size
@@ -117,6 +117,17 @@ def _transports(text: str) -> List[str]:
                                 if t.strip())
 
 
+def _names(text: str) -> List[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ranks(text: str) -> List[int]:
+    try:
+        return [positive_int(t) for t in _names(text)]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"bad rank list '{text}': {e}")
+
+
 def _face(text: str) -> int:
     return _checked(halo.check_face)(positive_int(text))
 
@@ -148,6 +159,15 @@ def _run_halo(args) -> int:
                                uplink_rate=args.uplink_rate,
                                transport=args.transport)
     return halo.run(s, Path(args.out), json_path=args.json,
+                    keep_cluster=args.keep_cluster)
+
+
+def _run_apps(args) -> int:
+    s = apps.AppsSettings.make(quick=args.quick, apps=args.apps,
+                               rounds=args.rounds, hpcc_n=args.hpcc_n,
+                               foam_iterations=args.foam_iterations,
+                               scaling_ranks=args.ranks)
+    return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster)
 
 
@@ -220,6 +240,22 @@ def _halo_arguments(p: argparse.ArgumentParser) -> None:
                                            "(default ivshmem)")
 
 
+def _apps_arguments(p: argparse.ArgumentParser) -> None:
+    _cluster_arguments(p, "apps",
+                       "one round, tiny inputs, 1-2 ranks (plumbing check)")
+    p.add_argument("--apps", type=_names, default=None,
+                   help=f"comma-separated subset of {','.join(apps.APPS)}")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="rounds of alternating configurations (default 3)")
+    p.add_argument("--hpcc-n", type=positive_int, default=None,
+                   metavar="N", help="HPL problem size (default 2000)")
+    p.add_argument("--foam-iterations", type=positive_int, default=None,
+                   metavar="N", help="simpleFoam iterations (default 200)")
+    p.add_argument("--ranks", type=_ranks, default=None,
+                   help="rank counts of the scaling series (default "
+                        "1,2,4; empty: none)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
@@ -233,7 +269,8 @@ def register(sub) -> None:
             # their descriptions are laid out lists: keep the line breaks
             ("hierarchy", HIERARCHY, _hierarchy_arguments, _run_hierarchy,
              True),
-            ("halo", HALO, _halo_arguments, _run_halo, True)):
+            ("halo", HALO, _halo_arguments, _run_halo, True),
+            ("apps", apps.__doc__, _apps_arguments, _run_apps, True)):
         kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
               if raw else {})
         b = actions.add_parser(name, help=text.splitlines()[0],

@@ -1,0 +1,349 @@
+"""Real applications on the emulated cloud, as the papers judge it.
+
+Every application (ivcloud.apps: HPCC as in seed 004, OpenFOAM's
+simpleFoam on pitzDaily as in seed 002) runs in three configurations
+of 2 ranks on one emulated server of 2 instances x 2 vCPUs:
+
+  one      both ranks in ONE instance: Open MPI's own shared memory
+           (vader), the bare-metal reference
+  tcp      one rank in each of two instances, over TCP on the bridge
+  ivshmem  one rank in each of two instances, over our BTL
+
+The configurations alternate in rounds (one run each per round), and
+each figure is the median of its rounds with the spread (min..max).
+Ratios are speeds relative to `one` from the same run: a time t gives
+t_one / t, a rate r gives r / r_one, so 1.0 is bare-metal speed.
+
+Then a strong-scaling series on the 3-level cluster (2 servers x 2
+instances x 1 vCPU, ivshmem, block placement: 1 rank, 2 ranks in two
+instances of one server, 4 ranks over both servers): time T, speed-up
+S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
+7.3) and seed 002, and the serial fraction of Amdahl's law fitted to S
+(thesis ch. 7.5).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..apps import hpcc, openfoam
+from ..cluster.session import ClusterSession, floating_rankfile
+from ..errors import InvalidRequest
+from . import report
+from .toolkit import (BenchResults, Target, attempt, conclude, count,
+                      machine_info, print_grid, require_root, run_job)
+
+APPS = ("hpcc", "openfoam")
+CONFIGS = ("one", "tcp", "ivshmem")
+# one server, two instances of two vCPUs: `one` gets an instance with
+# as many vCPUs as the other configurations have in two instances
+PAIR_SHAPE = (1, 2, 2)
+PAIR_HOSTS = {"one": ("s0i0", "s0i0"), "tcp": ("s0i0", "s0i1"),
+              "ivshmem": ("s0i0", "s0i1")}
+SCALING_SHAPE = (2, 2, 1)
+JOB_TIMEOUT_S = 600.0
+
+# (app, metric): (label, unit, higher is better) of what the tables show
+METRICS: Dict[Tuple[str, str], Tuple[str, str, bool]] = {
+    **{("hpcc", key): (label, unit, up)
+       for key, label, unit, up in hpcc.METRICS},
+    ("openfoam", "solver_s"): ("simpleFoam time", "s", False),
+}
+# the figure a scaling series follows, per application
+SCALING_METRIC = {"hpcc": "HPL_Tflops", "openfoam": "solver_s"}
+
+
+@dataclass(frozen=True)
+class AppsSettings:
+    quick: bool
+    apps: Tuple[str, ...]
+    rounds: int
+    hpcc_n: int
+    foam_iterations: int
+    scaling_ranks: Tuple[int, ...]
+
+    @classmethod
+    def make(cls, quick: bool = False, apps: Optional[Sequence[str]] = None,
+             rounds: Optional[int] = None, hpcc_n: Optional[int] = None,
+             foam_iterations: Optional[int] = None,
+             scaling_ranks: Optional[Sequence[int]] = None
+             ) -> "AppsSettings":
+        apps = tuple(apps) if apps else APPS
+        unknown = [a for a in apps if a not in APPS]
+        if unknown:
+            raise InvalidRequest(f"unknown application(s) "
+                                 f"{', '.join(unknown)} (choose from "
+                                 f"{', '.join(APPS)})", setting="apps")
+        most = SCALING_SHAPE[0] * SCALING_SHAPE[1] * SCALING_SHAPE[2]
+        ranks = tuple(scaling_ranks) if scaling_ranks is not None \
+            else ((1, 2) if quick else (1, 2, 4))
+        if any(not 1 <= p <= most for p in ranks):
+            raise InvalidRequest(f"scaling ranks must be 1..{most} (the "
+                                 f"3-level cluster's vCPUs)",
+                                 setting="ranks")
+        return cls(quick=quick, apps=apps,
+                   rounds=count("rounds", rounds) or (1 if quick else 3),
+                   hpcc_n=count("HPCC problem size", hpcc_n)
+                   or (400 if quick else 2000),
+                   foam_iterations=count("OpenFOAM iterations",
+                                         foam_iterations)
+                   or (5 if quick else 200),
+                   scaling_ranks=tuple(sorted(set(ranks))))
+
+
+# ---------------------------------------------------------------- jobs
+
+class Workloads:
+    """Inputs of every application, made once per rank count in a
+    directory the instances see (not /tmp: theirs is private)."""
+
+    def __init__(self, s: AppsSettings):
+        self.s = s
+        self.root = Path(tempfile.mkdtemp(prefix="ivcloud-apps-",
+                                          dir="/var/tmp"))
+        self._cases: Dict[Tuple[str, int], Path] = {}
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def job(self, app: str, ranks: int
+            ) -> Tuple[List[str], Callable[[str], Dict[str, float]]]:
+        """(argv, parse(stdout) -> {metric: value}) of one run."""
+        key = (app, ranks)
+        if app == "hpcc":
+            work = self.root / f"hpcc-{ranks}"
+            hpcc.prepare(work, ranks, self.s.hpcc_n)
+            # hpcc reads and writes its files in its working directory
+            argv = ["/usr/bin/env", "-C", str(work)] + \
+                [f"{k}={v}" for k, v in hpcc.ENV.items()] + hpcc.command()
+            return argv, lambda out: hpcc.results(work)
+        case = self._cases.get(key)
+        if case is None:
+            case = openfoam.prepare(self.root / f"foam-{ranks}", ranks,
+                                    self.s.foam_iterations,
+                                    {"PATH": "/usr/bin:/bin"})
+            self._cases[key] = case
+        return (openfoam.command(case, ranks),
+                lambda out: {"solver_s": openfoam.execution_time(out)})
+
+
+def run_app(cluster: ClusterSession, work: Workloads, app: str,
+            config: str, hosts: Sequence[str], transport: str,
+            rnd: int) -> List[Dict]:
+    """One run of `app` with rank r on hosts[r]; its records (one per
+    metric)."""
+    argv, parse = work.job(app, len(hosts))
+    origin = f"{app} {config} ({len(hosts)} ranks, round {rnd + 1})"
+    if cluster.topo.vcpus > 1:
+        kw = {"rankfile": floating_rankfile(hosts, cluster.topo.vcpus)}
+    else:
+        # a one-slot rankfile would pin every rank to host CPU 0; block
+        # placement over one-vCPU instances puts rank r on instance r
+        instances = [i.hostname for i in cluster.topo.instance_list()]
+        if list(hosts) != instances[:len(hosts)]:
+            raise InvalidRequest(f"{origin}: ranks on {hosts} need a "
+                                 f"rankfile; instances have one vCPU")
+        kw = {"placement": "block"}
+    t0 = time.monotonic()
+    stdout, _ = run_job(
+        lambda **k: cluster.mpirun(argv, len(hosts), transport, **kw, **k),
+        JOB_TIMEOUT_S, origin)
+    wall = time.monotonic() - t0
+    values = parse(stdout)
+    return [{"app": app, "config": config, "ranks": len(hosts),
+             "transport": transport, "hosts": list(hosts), "round": rnd,
+             "metric": metric, "value": value,
+             "unit": METRICS[(app, metric)][1], "wall_s": wall}
+            for metric, value in values.items()]
+
+
+def measure_pairs(cluster: ClusterSession, work: Workloads,
+                  s: AppsSettings, res: BenchResults, log) -> None:
+    for rnd in range(s.rounds):
+        for config in CONFIGS:
+            transport = "ivshmem" if config == "ivshmem" else "tcp"
+            for app in s.apps:
+                recs = attempt(res, "apps", f"{app} {config} round "
+                               f"{rnd + 1}", lambda: run_app(
+                                   cluster, work, app, config,
+                                   PAIR_HOSTS[config], transport, rnd), log)
+                res.records += recs or []
+
+
+def measure_scaling(cluster: ClusterSession, work: Workloads,
+                    s: AppsSettings, res: BenchResults, log) -> None:
+    hosts = [i.hostname for i in cluster.topo.instance_list()]
+    for rnd in range(s.rounds):
+        for ranks in s.scaling_ranks:
+            for app in s.apps:
+                recs = attempt(res, "apps", f"{app} scaling {ranks} ranks "
+                               f"round {rnd + 1}", lambda: run_app(
+                                   cluster, work, app, "scaling",
+                                   hosts[:ranks], "ivshmem", rnd), log)
+                res.records += [r for r in recs or []
+                                if r["metric"] == SCALING_METRIC[app]]
+
+
+# ---------------------------------------------------------------- summary
+
+def summarize(records: Sequence[Dict]) -> List[Dict]:
+    """Median and spread of every (app, config, ranks, metric)."""
+    groups: Dict[Tuple, List[float]] = {}
+    for r in records:
+        groups.setdefault((r["app"], r["config"], r["ranks"],
+                           r["metric"]), []).append(r["value"])
+    return [{"app": a, "config": c, "ranks": p, "metric": m,
+             "median": statistics.median(v), "min": min(v), "max": max(v),
+             "runs": len(v)}
+            for (a, c, p, m), v in sorted(groups.items())]
+
+
+def speed(app: str, metric: str, value: float, reference: float
+          ) -> Optional[float]:
+    """`value` as a speed relative to `reference` (1.0: as fast)."""
+    if not value or not reference:
+        return None
+    higher_better = METRICS[(app, metric)][2]
+    return value / reference if higher_better else reference / value
+
+
+def relative(summary: Sequence[Dict]) -> List[Dict]:
+    """Per app and metric: tcp and ivshmem medians as speeds relative to
+    one, and ivshmem relative to tcp."""
+    med = {(r["app"], r["config"], r["metric"]): r["median"]
+           for r in summary if r["config"] in CONFIGS}
+    rows = []
+    for (app, metric) in METRICS:
+        one = med.get((app, "one", metric))
+        if one is None:
+            continue
+        tcp = med.get((app, "tcp", metric))
+        ivs = med.get((app, "ivshmem", metric))
+        rows.append({"app": app, "metric": metric,
+                     "tcp_vs_one": speed(app, metric, tcp, one)
+                     if tcp else None,
+                     "ivshmem_vs_one": speed(app, metric, ivs, one)
+                     if ivs else None,
+                     "ivshmem_vs_tcp": speed(app, metric, ivs, tcp)
+                     if ivs and tcp else None})
+    return rows
+
+
+def amdahl_serial_fraction(points: Sequence[Tuple[int, float]]
+                           ) -> Optional[float]:
+    """Least-squares f in S(p) = 1 / (f + (1 - f) / p) from (p, S): with
+    y = 1/S - 1/p and x = 1 - 1/p the law is y = f x."""
+    xs = [(1 - 1 / p, 1 / s - 1 / p) for p, s in points if p > 1 and s]
+    den = sum(x * x for x, _ in xs)
+    if not den:
+        return None
+    return sum(x * y for x, y in xs) / den
+
+
+def scaling(summary: Sequence[Dict]) -> List[Dict]:
+    """T/S/E rows per app (medians), with the fitted serial fraction."""
+    out = []
+    for app, metric in SCALING_METRIC.items():
+        pts = {r["ranks"]: r["median"] for r in summary
+               if r["app"] == app and r["config"] == "scaling"
+               and r["metric"] == metric}
+        if 1 not in pts:
+            continue
+        rows = []
+        for p in sorted(pts):
+            s = speed(app, metric, pts[p], pts[1])
+            rows.append({"ranks": p, "value": pts[p], "speedup": s,
+                         "efficiency": s / p if s else None})
+        out.append({"app": app, "metric": metric,
+                    "label": METRICS[(app, metric)][0],
+                    "unit": METRICS[(app, metric)][1], "rows": rows,
+                    "amdahl_serial_fraction": amdahl_serial_fraction(
+                        [(r["ranks"], r["speedup"]) for r in rows])})
+    return out
+
+
+def targets(rel: Sequence[Dict]) -> List[Target]:
+    """The issue's goals, as speeds relative to one instance."""
+    ts = []
+    for r in rel:
+        name = f"{r['app']} {METRICS[(r['app'], r['metric'])][0]}"
+        if r["app"] == "hpcc":
+            ts.append(Target(f"{name}: ivshmem vs one", r["ivshmem_vs_one"],
+                             ">=", 0.9, "not measured"))
+        else:
+            # within 1.05x of one instance's time
+            ts.append(Target(f"{name}: ivshmem vs one", r["ivshmem_vs_one"],
+                             ">=", round(1 / 1.05, 3), "not measured"))
+        ts.append(Target(f"{name}: ivshmem vs tcp", r["ivshmem_vs_tcp"],
+                         ">=", 1.0, "not measured"))
+    return ts
+
+
+# ---------------------------------------------------------------- output
+
+def _num(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def print_tables(doc: Dict, out=None) -> None:
+    out = out or sys.stdout
+    header, rows = report.apps_table(doc)
+    if rows:
+        out.write("\nApplications, 2 ranks (median of rounds, "
+                  "min..max; speed relative to one instance)\n")
+        print_grid(header, rows, out)
+    for series in doc["scaling"]:
+        header, rows = report.scaling_table(series)
+        out.write(f"\nStrong scaling, {series['app']} (ivshmem, 3-level "
+                  f"cluster)\n")
+        print_grid(header, rows, out)
+
+
+def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
+        keep_cluster: bool = False, out=None, log=None) -> int:
+    """Measure every application in every configuration, then the
+    scaling series; print tables, targets and notes to `out`; write
+    OUT_DIR/apps.json (and `json_path`) and redo the report. 1 if a run
+    or the report failed."""
+    require_root("apps")
+    info = machine_info()
+    res = BenchResults()
+    work = Workloads(s)
+    try:
+        with ClusterSession("apps", *PAIR_SHAPE, keep=keep_cluster,
+                            log=log) as pair:
+            measure_pairs(pair, work, s, res, log)
+            pair_desc = pair.describe()
+        scale_desc = None
+        if s.scaling_ranks:
+            with ClusterSession("scal", *SCALING_SHAPE, keep=keep_cluster,
+                                log=log) as cl:
+                measure_scaling(cl, work, s, res, log)
+                scale_desc = cl.describe()
+    finally:
+        work.close()
+    summary = summarize(res.records)
+    rel = relative(summary)
+    ts = targets(rel)
+    res.notes.append("instances are namespaces, not VMs; the host has "
+                     f"{info['cpus']} CPUs, so more ranks than that "
+                     f"share CPUs (scaling beyond it is oversubscribed)")
+    doc = {"summary": summary, "relative": rel, "scaling": scaling(summary),
+           "metrics": {f"{a}:{m}": {"label": v[0], "unit": v[1],
+                                    "higher_is_better": v[2]}
+                       for (a, m), v in METRICS.items()}}
+    print_tables(doc, out)
+    doc = conclude("apps", s.quick, info, res, ts, out,
+                   cluster=pair_desc, scaling_cluster=scale_desc,
+                   configs={c: list(PAIR_HOSTS[c]) for c in CONFIGS},
+                   rounds=s.rounds, hpcc_n=s.hpcc_n,
+                   foam_iterations=s.foam_iterations, **doc)
+    return report.publish("apps", doc, out_dir, json_path,
+                          failed=bool(res.failed), stdout=out)

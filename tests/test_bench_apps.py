@@ -1,0 +1,106 @@
+"""`ivcloud bench apps` end to end on tiny inputs: real HPCC and OpenFOAM
+runs in every configuration on real emulated clusters (root only), the
+records, the summary, the ratios and the scaling series in its JSON,
+the tables and plots in report.md, and no cluster left behind. Plus the
+pure arithmetic of the summary (medians, speeds, Amdahl's fit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ivcloud.bench import apps
+from ivcloud.errors import InvalidRequest
+
+from test_demo import PNG_MAGIC, RUN_DIR
+
+
+def ivcloud(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ivcloud", *map(str, args)],
+                          stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------- pure
+
+def test_summary_is_median_and_spread():
+    recs = [{"app": "openfoam", "config": "one", "ranks": 2,
+             "metric": "solver_s", "value": v} for v in (3.0, 1.0, 2.0)]
+    (row,) = apps.summarize(recs)
+    assert (row["median"], row["min"], row["max"], row["runs"]) == \
+        (2.0, 1.0, 3.0, 3)
+
+
+def test_speed_is_relative_to_one_instance_both_ways():
+    # a time: the reference's time over ours; a rate: ours over the
+    # reference's
+    assert apps.speed("openfoam", "solver_s", 2.0, 1.0) == 0.5
+    assert apps.speed("hpcc", "HPL_Tflops", 2.0, 1.0) == 2.0
+    assert apps.speed("hpcc", "RandomlyOrderedRingLatency_usec",
+                      2.0, 1.0) == 0.5
+
+
+def test_amdahl_fit_recovers_the_serial_fraction():
+    f = 0.2
+    pts = [(p, 1 / (f + (1 - f) / p)) for p in (1, 2, 4, 8)]
+    assert abs(apps.amdahl_serial_fraction(pts) - f) < 1e-12
+    assert apps.amdahl_serial_fraction([(1, 1.0)]) is None
+
+
+def test_settings_refuse_without_flag_names():
+    with pytest.raises(InvalidRequest) as e:
+        apps.AppsSettings.make(apps=["lammps"])
+    assert "--" not in str(e.value) and e.value.setting == "apps"
+    with pytest.raises(InvalidRequest):
+        apps.AppsSettings.make(scaling_ranks=[9])
+    with pytest.raises(InvalidRequest):
+        apps.AppsSettings.make(rounds=0)
+
+
+# ---------------------------------------------------------------- real
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="clusters need root")
+@pytest.mark.skipif(not (shutil.which("hpcc") and
+                         shutil.which("simpleFoam")),
+                    reason="needs hpcc and openfoam")
+def test_bench_apps_quick_end_to_end(tmp_path):
+    before = {p.name for p in RUN_DIR.glob("cluster-*")} \
+        if RUN_DIR.exists() else set()
+    out = tmp_path / "demo"
+    proc = ivcloud("bench", "apps", "--quick", "--out", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "apps.json").read_text())
+    recs = doc["records"]
+    for r in recs:
+        for key in ("app", "config", "ranks", "metric", "value"):
+            assert key in r, r
+    configs = {(r["app"], r["config"]) for r in recs}
+    for app in apps.APPS:
+        for config in apps.CONFIGS + ("scaling",):
+            assert (app, config) in configs, (app, config)
+    # ivshmem really means two instances; one means one
+    for r in recs:
+        if r["config"] in apps.CONFIGS:
+            assert r["hosts"] == list(apps.PAIR_HOSTS[r["config"]])
+    assert {r["app"] for r in doc["relative"]} == set(apps.APPS)
+    assert all(r["ivshmem_vs_one"] and r["ivshmem_vs_one"] > 0
+               for r in doc["relative"])
+    assert {s["app"] for s in doc["scaling"]} == set(apps.APPS)
+    for s in doc["scaling"]:
+        assert [r["ranks"] for r in s["rows"]] == [1, 2]
+        assert s["rows"][0]["speedup"] == 1.0
+    assert doc["targets"]
+    # the tables on stdout, the report with its plots
+    assert "ivshmem/one" in proc.stdout and "Strong scaling" in proc.stdout
+    md = (out / "report.md").read_text()
+    assert "## Applications: `ivcloud bench apps`" in md
+    for png in ("apps.png", "speedup.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC
+        assert f"]({png})" in md
+    after = {p.name for p in RUN_DIR.glob("cluster-*")}
+    assert after <= before, after - before
