@@ -156,6 +156,7 @@ class _Stats(Structure):
 
 
 _F_FORMAT = 0x1
+_F_UNSEALED = 0x2
 
 
 @dataclass(frozen=True)
@@ -380,10 +381,14 @@ class Channel:
     @classmethod
     def attach_server(cls, socket: Union[str, Path], job_id: int = 0,
                       rank: int = 0, name: Optional[str] = None,
-                      spin_ns: int = 0) -> "Channel":
-        """Attach through an ivshmem-server socket."""
+                      spin_ns: int = 0, unsealed: bool = False) -> "Channel":
+        """Attach through an ivshmem-server socket. The server's region
+        must be a sealed memfd unless `unsealed` (a server in host-file
+        mode, single-user): otherwise PermissionError-like IvshmError
+        (-EPERM)."""
         lib = library()
-        cfg = cls._config(job_id, rank, name, spin_ns, 0)
+        cfg = cls._config(job_id, rank, name, spin_ns,
+                          _F_UNSEALED if unsealed else 0)
         h = c_void_p()
         _check(lib, lib.ivshm_attach_server(os.fsencode(socket), byref(cfg),
                                             byref(h)),

@@ -78,6 +78,10 @@ typedef struct ivshm_config {
 } ivshm_config;
 
 #define IVSHM_F_FORMAT 0x1u  /* attach_path: format the region if blank */
+/* attach_server: also accept a region whose size is not sealed (a server
+   in host-file mode, single-user). Without it such a region is refused
+   with -EPERM: anyone who can open its file could truncate it under us. */
+#define IVSHM_F_UNSEALED 0x2u
 
 typedef struct ivshm ivshm;
 
@@ -86,7 +90,9 @@ typedef struct ivshm ivshm;
 int ivshm_attach_path(const char *path, const ivshm_config *cfg, ivshm **out);
 
 /* Attach through an ivshmem-server socket: the region fd and the eventfd
-   doorbells arrive over SCM_RIGHTS (QEMU's ivshmem-doorbell protocol). */
+   doorbells arrive over SCM_RIGHTS (QEMU's ivshmem-doorbell protocol).
+   The region must be sealed against shrinking and growing (the server's
+   memfd) unless cfg->flags has IVSHM_F_UNSEALED. */
 int ivshm_attach_server(const char *socket_path, const ivshm_config *cfg,
                         ivshm **out);
 

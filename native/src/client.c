@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #define SERVER_MAX_ID 65535         /* 16 bits in the Doorbell register */
+#define SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 #define SERVER_MAX_VECTORS 64       /* per peer; more is a protocol error */
 #define FDS_PER_MSG_ROOM 4          /* control buffer: >1 fd is detected */
 #define ATTACH_TIMEOUT_MS 5000      /* whole initial burst */
@@ -539,6 +540,13 @@ static int recv_opening(int sock, int64_t *value, int *fd)
     return rc < 0 ? rc : 0;
 }
 
+/* Can nobody change the region's size (the server's sealed memfd)? */
+static bool size_sealed(int fd)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & SIZE_SEALS) == SIZE_SEALS;
+}
+
 int ivshm_attach_server(const char *socket_path, const ivshm_config *cfg,
                         ivshm **out)
 {
@@ -560,6 +568,8 @@ int ivshm_attach_server(const char *socket_path, const ivshm_config *cfg,
         rc = recv_opening(sock, &shm_marker, &shm_fd);
     if (rc == 0 && (shm_marker != -1 || shm_fd < 0))
         rc = -EPROTO;
+    if (rc == 0 && !(cfg->flags & IVSHM_F_UNSEALED) && !size_sealed(shm_fd))
+        rc = -EPERM; /* a file someone could truncate under us */
     if (fd >= 0)
         close(fd);
     if (rc < 0) {

@@ -242,8 +242,9 @@ static bool server_lists(ivshm *h, int32_t id, int vectors)
 
 static ivshm *attach_rank(uint32_t rank, const char *name)
 {
+    /* this server runs in host-file mode (-M): an unsealed region */
     ivshm_config cfg = {.job_id = JOB, .rank = rank, .spin_ns = 1000,
-                        .name = name};
+                        .name = name, .flags = IVSHM_F_UNSEALED};
     ivshm *h = NULL;
     int rc = ivshm_attach_server(sock_path, &cfg, &h);
     if (rc < 0) {
@@ -371,6 +372,20 @@ static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
+}
+
+/* A host-file region (this server runs with -M) can be truncated by
+   anyone who can open the file: attach_server refuses it unless asked. */
+static void test_unsealed_refused(void)
+{
+    ivshm_config cfg = {.job_id = JOB, .rank = 30};
+    ivshm *h = NULL;
+    CHECK_RC(ivshm_attach_server(sock_path, &cfg, &h), -EPERM);
+    CHECK(h == NULL);
+    cfg.flags = IVSHM_F_UNSEALED;
+    CHECK_RC(ivshm_attach_server(sock_path, &cfg, &h), 0);
+    if (h)
+        ivshm_detach(h);
 }
 
 static void test_peers(void)
@@ -671,7 +686,8 @@ static void expect_attach(int lsock, int shm_fd, const struct step *steps,
 {
     struct fake_script fs = {steps, n, lsock, shm_fd, extra, -1};
     pid_t pid = tu_fork(fake_server, &fs);
-    ivshm_config cfg = {.job_id = JOB, .rank = 9};
+    /* the fake server hands out unsealed fds: only the protocol counts */
+    ivshm_config cfg = {.job_id = JOB, .rank = 9, .flags = IVSHM_F_UNSEALED};
     ivshm *h = NULL;
     CHECK_RC(ivshm_attach_server(f_sock, &cfg, &h), want);
     if (h)
@@ -763,7 +779,8 @@ static void test_fake_server(void)
             close(c);
             _exit(0);
         }
-        ivshm_config cfg = {.job_id = JOB, .rank = 9};
+        ivshm_config cfg = {.job_id = JOB, .rank = 9,
+                            .flags = IVSHM_F_UNSEALED};
         ivshm *h = NULL;
         CHECK_RC(ivshm_attach_server(f_sock, &cfg, &h), -ECONNRESET);
         CHECK_RC(tu_wait(pid, 10000), 0);
@@ -776,7 +793,8 @@ static void test_fake_server(void)
     CHECK(pipe(go) == 0);
     struct fake_script fs = {NULL, 0, lsock, shm_fd, 0, go[0]};
     pid_t pid = tu_fork(fake_session, &fs);
-    ivshm_config cfg = {.job_id = JOB, .rank = 9};
+    ivshm_config cfg = {.job_id = JOB, .rank = 9,
+                            .flags = IVSHM_F_UNSEALED};
     ivshm *h = NULL;
     CHECK_RC(ivshm_attach_server(f_sock, &cfg, &h), 0);
     if (h) {
@@ -886,6 +904,7 @@ int main(void)
               strstr(text, "\"size\":33554432"));
         test_peers();
         test_server_marks_registry();
+        test_unsealed_refused(); /* after the tests that count ids */
         test_sigterm();
     }
     test_daemon();
