@@ -49,7 +49,8 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from .. import bench, cluster, isolate, mag, mpi, place, server, vm
+    from .. import bench, cluster, isolate, mpi, place, server, vm
+    from . import mag
     from .. import libvirt as libvirt_area
     return [server, bench, mpi, place, cluster, mag, vm, libvirt_area,
             isolate]

@@ -32,7 +32,7 @@
     # file = "run/m.vtu"              a previous snapshot (nearest node)
 
     [demag]
-    enabled = true      # hybrid FEM/BEM (ivcloud.mag.demag) when installed
+    enabled = true      # hybrid FEM/BEM (micromag.terms.demag)
     rtol = 1e-10        # its Krylov tolerance
 
     [[field]]           # applied in every stage (also [[stage.field]])
@@ -87,8 +87,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from .constants import GAMMA0, MU0
+from .errors import ProblemError
 from .llg import INTEGRATORS
-from .terms import GAMMA0, MU0
 
 try:
     import tomllib
@@ -122,10 +123,6 @@ OUTPUT_KEYS = {"vtu": bool, "png": bool}
 TOP_KEYS = {"title": str, "mesh": dict, "material": (dict, list),
             "initial": dict, "demag": dict, "field": list, "stage": list,
             "output": dict, "petsc": dict}
-
-
-class ProblemError(ValueError):
-    """A problem file that cannot be run: one line naming the problem."""
 
 
 def _type_name(t) -> str:
