@@ -170,11 +170,10 @@ def _run_here(args) -> int:
                              f"{' '.join(str(e).split())}\n")
             sys.stderr.flush()
             comm.Abort(2 if isinstance(e, ProblemError) else 1)
-        if isinstance(e, ProblemError):
-            raise CliError(str(e)) from None
-        sys.stderr.write(f"ivcloud mag: error: {' '.join(str(e).split())}"
-                         f"\n")
-        return 1
+        err = CliError(str(e))
+        if not isinstance(e, ProblemError):
+            err.exit_code = 1        # a valid problem that failed to run
+        raise err from None
     except Exception:
         if comm.Get_size() > 1:
             import traceback
