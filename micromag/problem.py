@@ -175,6 +175,9 @@ class _Checker:
             self.fail(f"{where} must be positive")
         return value
 
+    def positive_vector(self, value, where: str) -> List[float]:
+        return [self.positive(v, where) for v in self.vector(value, where)]
+
     def nonneg(self, value, where: str) -> float:
         if not (value >= 0 and math.isfinite(value)):
             self.fail(f"{where} must not be negative")
@@ -259,15 +262,11 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
             if not (shape == "box" and mesh.get("structured", False)):
                 c.fail("per-axis mesh h = [hx, hy, hz] needs a structured "
                        "box")
-            m_out["h"] = [c.positive(v, "mesh h")
-                          for v in c.vector(mesh["h"], "mesh h")]
+            m_out["h"] = c.positive_vector(mesh["h"], "mesh h")
         else:
             m_out["h"] = c.positive(mesh["h"], "mesh h")
     if shape == "box":
-        size = c.vector(mesh["size"], "mesh size")
-        for v in size:
-            c.positive(v, "mesh size")
-        m_out["size"] = size
+        m_out["size"] = c.positive_vector(mesh["size"], "mesh size")
         m_out["structured"] = mesh.get("structured", False)
     elif shape == "cylinder":
         m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
@@ -275,10 +274,8 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     elif shape == "sphere":
         m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
     elif shape == "ellipsoid":
-        axes = c.vector(mesh["semi_axes"], "mesh semi_axes")
-        for v in axes:
-            c.positive(v, "mesh semi_axes")
-        m_out["semi_axes"] = axes
+        m_out["semi_axes"] = c.positive_vector(mesh["semi_axes"],
+                                               "mesh semi_axes")
     else:
         f = Path(mesh["file"])
         if not f.is_absolute():
