@@ -1,6 +1,13 @@
-"""Shared test setup: find the native build (fail, never skip, without it),
-make `ivcloud` importable in this process and in the subprocesses the
-tests start, and hand out unique names for shm files and servers."""
+"""Shared test setup: find the native build (a test that needs it fails,
+never skips, without it), make `ivcloud` and `micromag` importable in
+this process and in the subprocesses the tests start, and hand out
+unique names for shm files and servers.
+
+The solver's tests (tests/micromag/) need no native build: the check
+is made per test, for every test outside that directory, so that
+`pytest tests/micromag` runs on a machine without build/native while
+every other test fails at setup with the one line that says what is
+missing."""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# tests below these directories do not use the native build
+NATIVE_FREE = [Path(__file__).resolve().parent / "micromag"]
 REQUIRED = ["libivshm.so", "ivshmem-server", "ivshm-pingpong",
             "tcp-pingpong"]
 
@@ -23,17 +32,23 @@ def _native_dir() -> Path:
     return Path(env) if env else REPO / "build" / "native"
 
 
-def pytest_configure(config):
-    native = _native_dir().resolve()
+def _missing_native(native: Path) -> str:
+    """'' if the native build is complete, else the line that says what
+    is missing."""
     need = list(REQUIRED)
     if shutil.which("mpicc"):
         need.append("mpi-pingpong")  # built whenever mpicc exists
     missing = [n for n in need if not (native / n).exists()]
-    if missing:
-        raise pytest.UsageError(
-            f"native build missing in {native}: {', '.join(missing)} -- run "
+    if not missing:
+        return ""
+    return (f"native build missing in {native}: {', '.join(missing)} -- run "
             f"`make build` (or set IVCLOUD_NATIVE_DIR to a cmake build of "
             f"native/)")
+
+
+def pytest_configure(config):
+    native = _native_dir().resolve()
+    config._ivcloud_native_missing = _missing_native(native)
     os.environ["IVCLOUD_NATIVE_DIR"] = str(native)
     # Subprocesses (`python -m ivcloud`, child peers) import the same tree.
     paths = [str(REPO)] + [p for p in
@@ -42,6 +57,20 @@ def pytest_configure(config):
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+
+
+def _needs_native(path: Path) -> bool:
+    path = Path(path).resolve()
+    return not any(path.is_relative_to(d) for d in NATIVE_FREE)
+
+
+@pytest.fixture(autouse=True)
+def _native_build(request):
+    """Fail (not skip) every test that needs the native build when it is
+    missing; the solver's tests go on without it."""
+    missing = request.config._ivcloud_native_missing
+    if missing and _needs_native(request.node.path):
+        pytest.fail(missing, pytrace=False)
 
 
 @pytest.fixture

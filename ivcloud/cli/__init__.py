@@ -54,8 +54,8 @@ class Parser(argparse.ArgumentParser):
 def _areas():
     # Imported here so that `ivcloud --help` works even if one area's
     # optional dependencies are missing, and new areas are one line.
-    from . import bench, cluster, isolate, libvirt, mpi, place, server, vm
-    from .. import mag
+    from . import (bench, cluster, isolate, libvirt, mag, mpi, place, server,
+                   vm)
     return [server, bench, mpi, place, cluster, mag, vm, libvirt, isolate]
 
 

@@ -1,13 +1,13 @@
 """P1 finite-element space on a tetrahedral mesh, distributed over MPI
 the way Magpar does it: the mesh (small) is replicated on every rank, the
-*nodes* are partitioned with METIS and renumbered so that rank r owns the
-contiguous range [rstart, rend); vectors and matrices are PETSc objects
-whose rows follow that ownership.
+*nodes* are partitioned (PT-Scotch, see partition.py) and renumbered so
+that rank r owns the contiguous range [rstart, rend); vectors and
+matrices are PETSc objects whose rows follow that ownership.
 
 Public interface (kept stable; the demagnetization module builds on it):
 
 ``FEMSpace(mesh, comm=None)``
-    mesh: :class:`ivcloud.mag.mesh.Mesh`; comm: an mpi4py communicator
+    mesh: :class:`micromag.mesh.Mesh`; comm: an mpi4py communicator
     (default COMM_WORLD). Collective. Attributes:
 
     comm            mpi4py communicator; ``pcomm`` the PETSc one
@@ -47,8 +47,8 @@ Public interface (kept stable; the demagnetization module builds on it):
     to_original(array)      reorder a per-node (n, ...) array from the new
                             numbering back to the input mesh's
 
-Field terms (exchange, anisotropy, Zeeman in terms.py; demagnetization in
-demag.py) share one convention:
+Field terms (micromag.terms: one module per term, all subclasses of
+terms.base.Term) share one convention:
 
     term.h(state, out_vec)  overwrite out_vec (a vector_vec) with the
                             term's field H in A/m; collective
@@ -58,32 +58,21 @@ demag.py) share one convention:
     state.t                 time in s
     state.space             the FEMSpace
 
-Determinism: the partition is computed on rank 0 with a fixed seed and
-broadcast; every rank assembles its own rows from the same elements in
-the same order, so results depend on the number of ranks only through
-floating-point summation order and iterative-solver tolerances.
+Determinism: the partition is computed on rank 0, reproducibly (see
+partition.py), and broadcast; every rank assembles its own rows from the
+same elements in the same order, so results depend on the number of
+ranks only through floating-point summation order and iterative-solver
+tolerances.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .errors import MeshError
 from .mesh import Mesh
-
-METIS_SEED = 7
-METIS_UFACTOR = 20        # parts within 2 % of the mean: ranks wait less
-
-
-def _petsc():
-    import petsc4py
-    petsc4py.init([])
-    from petsc4py import PETSc
-    return PETSc
-
-
-def _comm_world():
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
+from .parallel import comm_world, petsc
+from .partition import partition_nodes
 
 
 def p1_gradients(points: np.ndarray, tets: np.ndarray):
@@ -111,44 +100,25 @@ def node_graph(n: int, tets: np.ndarray):
     return g
 
 
-def partition_nodes(graph, nparts: int) -> np.ndarray:
-    """Part (0..nparts-1) of every node: METIS k-way on the node graph
-    (Debian libmetis5 through ivcloud.place.metis), else contiguous
-    slices of the bandwidth-reducing order when METIS is missing."""
-    n = graph.shape[0]
-    if nparts <= 1:
-        return np.zeros(n, dtype=np.int64)
-    from ..place.metis import Metis
-    metis = Metis.load()
-    if metis is not None and nparts < n:
-        indptr, indices = graph.indptr, graph.indices
-        adj = [dict.fromkeys(indices[indptr[v]:indptr[v + 1]].tolist(), 1)
-               for v in range(n)]
-        return np.asarray(metis.partition(adj, nparts, "kway",
-                                          METIS_UFACTOR, METIS_SEED),
-                          dtype=np.int64)
-    from scipy.sparse.csgraph import reverse_cuthill_mckee
-    order = np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True))
-    part = np.empty(n, dtype=np.int64)
-    part[order] = np.arange(n) * nparts // n
-    return part
-
-
 class FEMSpace:
     def __init__(self, mesh: Mesh, comm=None):
         from scipy.sparse.csgraph import reverse_cuthill_mckee
-        PETSc = _petsc()
+        PETSc = petsc()
         self.PETSc = PETSc
-        self.comm = comm if comm is not None else _comm_world()
+        self.comm = comm if comm is not None else comm_world()
         self.pcomm = PETSc.Comm(self.comm)
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
         n = len(mesh.points)
         self.n = n
 
-        # --- partition + renumbering (rank 0 decides, all follow)
+        # --- partition (all ranks) + renumbering (rank 0 decides, all
+        # follow)
+        if n < size:
+            raise MeshError(f"mesh of {n} nodes is too small for "
+                            f"{size} ranks")
+        graph = node_graph(n, mesh.tets)
+        part = partition_nodes(graph, self.comm)
         if rank == 0:
-            graph = node_graph(n, mesh.tets)
-            part = partition_nodes(graph, size)
             # within a part keep a bandwidth-reducing order (cache locality
             # of the matrix-vector products)
             rcm = np.asarray(reverse_cuthill_mckee(graph,
@@ -160,8 +130,8 @@ class FEMSpace:
         order = self.comm.bcast(order, root=0)
         counts = self.comm.bcast(counts, root=0)
         if np.any(counts == 0):
-            raise ValueError(f"mesh of {n} nodes is too small for "
-                             f"{size} ranks")
+            raise MeshError(f"mesh of {n} nodes is too small for "
+                            f"{size} ranks")
         perm = np.empty(n, dtype=np.int64)
         perm[order] = np.arange(n)
         self.perm = perm

@@ -4,11 +4,17 @@
     ivcloud mag check PROBLEM.toml          validate, print the effective TOML
     ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4]
 
+The solver is the `micromag` package (its own package in this
+repository; it never imports ivcloud). This module is the command on top:
+argument parsing, launching, and turning micromag's errors into one line
+on stderr (ProblemError and MeshError: bad input, exit status 2; any
+other MagError: a failed run, exit status 1).
+
 With --np > 1 `run` re-launches itself under mpirun (ivcloud.mpi builds
 the command line; the transport is Open MPI's shared memory unless
 --transport says otherwise); started under mpirun by the user it runs
 on the ranks it was given. The problem is validated before anything is
-launched or written: bad input is one line on stderr and exit status 2.
+launched or written.
 """
 
 from __future__ import annotations
@@ -24,14 +30,14 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from ..cli import CliError, positive_int
+from micromag.parallel import clean_mpi_env, under_mpirun
+
+from . import CliError, positive_int
 
 CHILD_FLAG = "--mpi-child"
 TRANSPORTS = ("vader", "tcp", "ivshmem")
 REPO = Path(__file__).resolve().parents[2]
 BENCH_PROBLEMS = ("bar", "sp4")
-
-
 
 
 def _np_list(text: str) -> List[int]:
@@ -88,7 +94,8 @@ def register(sub) -> None:
 
 
 def _load(path: str):
-    from .problem import ProblemError, load
+    from micromag.errors import ProblemError
+    from micromag.problem import load
     try:
         return load(path)
     except ProblemError as e:
@@ -103,30 +110,14 @@ def _check_out(out: str) -> Path:
 
 
 def cmd_check(args) -> int:
-    from .problem import to_toml
+    from micromag.problem import to_toml
     prob = _load(args.problem)
     sys.stdout.write(to_toml(prob.config))
     return 0
 
 
-# Set by a launcher for its own ranks (or by a singleton MPI_Init in the
-# process that started us): a new mpirun must not see them.
-_LAUNCHER_VARS = ("PMIX_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_",
-                  "OMPI_APP_CTX_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE",
-                  "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX", "OMPI_FILE_LOCATION")
-
-
-def clean_mpi_env(environ) -> dict:
-    return {k: v for k, v in environ.items()
-            if not k.startswith(_LAUNCHER_VARS)}
-
-
-def _under_mpirun() -> bool:
-    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
-
-
 def cmd_run(args) -> int:
-    if getattr(args, "mpi_child", False) or _under_mpirun() \
+    if getattr(args, "mpi_child", False) or under_mpirun() \
             or args.np == 1:
         return _run_here(args)
     prob = _load(args.problem)     # refuse bad input before launching
@@ -140,11 +131,13 @@ def cmd_run(args) -> int:
     if args.quiet:
         program.append("--quiet")
     env = clean_mpi_env(os.environ)
-    # the ranks import this very tree, wherever the parent found it
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(
-        [pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                      if p])
+    # the ranks import these very trees (ivcloud and micromag), wherever
+    # the parent found them
+    import micromag
+    roots = [str(REPO), str(Path(micromag.__file__).resolve().parents[1])]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+        roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                 if p]))
     # one thread per rank: the ranks are the parallelism
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -159,8 +152,8 @@ def _run_here(args) -> int:
     # before numpy/PETSc load their BLAS
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ.setdefault(var, "1")
-    from .problem import ProblemError
-    from .simulation import SimulationError, run
+    from micromag.errors import MagError, ProblemError
+    from micromag.simulation import run
     prob = _load(args.problem)
     out = _check_out(args.out)
     from mpi4py import MPI
@@ -171,17 +164,16 @@ def _run_here(args) -> int:
     try:
         run(prob, out, comm, progress=not args.quiet,
             argv=sys.argv[1:])
-    except (ProblemError, SimulationError) as e:
+    except MagError as e:
         if comm.Get_size() > 1:
             sys.stderr.write(f"ivcloud mag: error: "
                              f"{' '.join(str(e).split())}\n")
             sys.stderr.flush()
             comm.Abort(2 if isinstance(e, ProblemError) else 1)
-        if isinstance(e, ProblemError):
-            raise CliError(str(e)) from None
-        sys.stderr.write(f"ivcloud mag: error: {' '.join(str(e).split())}"
-                         f"\n")
-        return 1
+        err = CliError(str(e))
+        if not isinstance(e, ProblemError):
+            err.exit_code = 1        # a valid problem that failed to run
+        raise err from None
     except Exception:
         if comm.Get_size() > 1:
             import traceback
@@ -277,8 +269,8 @@ def cmd_bench(args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m ivcloud.mag.cli ...` == `ivcloud mag ...`."""
-    from ..cli import main as top
+    """`python -m ivcloud.cli.mag ...` == `ivcloud mag ...`."""
+    from . import main as top
     return top(["mag"] + list(argv if argv is not None else sys.argv[1:]))
 
 

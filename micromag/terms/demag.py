@@ -27,15 +27,14 @@ number of ranks except round-off and solver tolerance.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from ..constants import FOUR_PI, MU0
+from ..errors import MeshError, ProblemError, SimulationError
+from .base import Term
 
 # PETSc comes from the FEM space (fem.py initialises petsc4py without
 # reading sys.argv), so importing this module does not start PETSc.
-
-MU0 = 4e-7 * math.pi
-FOUR_PI = 4.0 * math.pi
 
 # Pairs (observer, triangle) evaluated per numpy block: bounds the
 # temporaries of the BEM assembly to a few tens of MB.
@@ -59,7 +58,7 @@ def _triangle_frames(tri):
     cross = np.cross(edges[:, 0], -edges[:, 2])       # (r1-r0) x (r2-r0)
     twice_area = np.linalg.norm(cross, axis=1)
     if np.any(twice_area <= 0.0):
-        raise ValueError("degenerate boundary triangle (zero area)")
+        raise MeshError("degenerate boundary triangle (zero area)")
     normal = cross / twice_area[:, None]
     length = np.linalg.norm(edges, axis=2)
     edge_normal = np.cross(edges, normal[:, None, :]) / length[:, :, None]
@@ -287,8 +286,8 @@ def _aij_from_coo(PETSc, rows, cols, vals, row0, size, comm):
     return mat
 
 
-class DemagField:
-    """Demagnetizing field term (interface of the terms in fem.py).
+class DemagField(Term):
+    """Demagnetizing field term.
 
     ``DemagField(space, Ms_nodes)``: space is a FEMSpace, Ms_nodes the
     saturation magnetization (A/m) per node in the space's numbering, an
@@ -302,7 +301,10 @@ class DemagField:
     previous call's solutions.
     """
 
+    name = "demag"
+
     def __init__(self, space, Ms_nodes, rtol: float = 1e-10):
+        super().__init__()
         PETSc = space.PETSc
         self.PETSc = PETSc
         self.space = space
@@ -312,7 +314,7 @@ class DemagField:
         ms = np.broadcast_to(np.asarray(Ms_nodes, dtype=np.float64),
                              (n,)).copy()
         if not np.all(np.isfinite(ms)) or np.any(ms < 0):
-            raise ValueError("Ms must be finite and non-negative")
+            raise ProblemError("Ms must be finite and non-negative")
         self.Ms = ms
 
         # --- volume operators, our rows only (replicated mesh)
@@ -430,8 +432,8 @@ class DemagField:
         ksp.solve(rhs, x)
         reason = ksp.getConvergedReason()
         if reason < 0:
-            raise RuntimeError(f"demag: {ksp.getOptionsPrefix()} solve did "
-                               f"not converge (reason {reason})")
+            raise SimulationError(f"demag: {ksp.getOptionsPrefix()} solve "
+                                  f"did not converge (reason {reason})")
         self.iterations[which] = ksp.getIterationNumber()
 
     # ------------------------------------------------------------ potential

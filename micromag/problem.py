@@ -32,7 +32,7 @@
     # file = "run/m.vtu"              a previous snapshot (nearest node)
 
     [demag]
-    enabled = true      # hybrid FEM/BEM (ivcloud.mag.demag) when installed
+    enabled = true      # hybrid FEM/BEM (micromag.terms.demag)
     rtol = 1e-10        # its Krylov tolerance
 
     [[field]]           # applied in every stage (also [[stage.field]])
@@ -87,8 +87,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from .constants import GAMMA0, MU0
+from .errors import ProblemError
 from .llg import INTEGRATORS
-from .terms import GAMMA0, MU0
 
 try:
     import tomllib
@@ -122,10 +123,6 @@ OUTPUT_KEYS = {"vtu": bool, "png": bool}
 TOP_KEYS = {"title": str, "mesh": dict, "material": (dict, list),
             "initial": dict, "demag": dict, "field": list, "stage": list,
             "output": dict, "petsc": dict}
-
-
-class ProblemError(ValueError):
-    """A problem file that cannot be run: one line naming the problem."""
 
 
 def _type_name(t) -> str:
@@ -177,6 +174,9 @@ class _Checker:
                 and math.isfinite(value)):
             self.fail(f"{where} must be positive")
         return value
+
+    def positive_vector(self, value, where: str) -> List[float]:
+        return [self.positive(v, where) for v in self.vector(value, where)]
 
     def nonneg(self, value, where: str) -> float:
         if not (value >= 0 and math.isfinite(value)):
@@ -241,7 +241,6 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     if unit not in UNITS:
         c.fail(f"mesh unit '{unit}' unknown (choose from "
                f"{', '.join(UNITS)})")
-    scale = UNITS[unit]
     m_out: Dict[str, Any] = {"shape": shape, "unit": unit}
     needed = {"box": ("size", "h"), "cylinder": ("radius", "length", "h"),
               "ellipsoid": ("semi_axes", "h"), "sphere": ("radius", "h"),
@@ -262,15 +261,11 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
             if not (shape == "box" and mesh.get("structured", False)):
                 c.fail("per-axis mesh h = [hx, hy, hz] needs a structured "
                        "box")
-            m_out["h"] = [c.positive(v, "mesh h")
-                          for v in c.vector(mesh["h"], "mesh h")]
+            m_out["h"] = c.positive_vector(mesh["h"], "mesh h")
         else:
             m_out["h"] = c.positive(mesh["h"], "mesh h")
     if shape == "box":
-        size = c.vector(mesh["size"], "mesh size")
-        for v in size:
-            c.positive(v, "mesh size")
-        m_out["size"] = size
+        m_out["size"] = c.positive_vector(mesh["size"], "mesh size")
         m_out["structured"] = mesh.get("structured", False)
     elif shape == "cylinder":
         m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
@@ -278,10 +273,8 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     elif shape == "sphere":
         m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
     elif shape == "ellipsoid":
-        axes = c.vector(mesh["semi_axes"], "mesh semi_axes")
-        for v in axes:
-            c.positive(v, "mesh semi_axes")
-        m_out["semi_axes"] = axes
+        m_out["semi_axes"] = c.positive_vector(mesh["semi_axes"],
+                                               "mesh semi_axes")
     else:
         f = Path(mesh["file"])
         if not f.is_absolute():

@@ -1,4 +1,4 @@
-"""Micromagnetic solver (ivcloud.mag): analytic checks of the field terms
+"""Micromagnetic solver (micromag): analytic checks of the field terms
 and the integrator, parallel == serial through mpirun, bad input, and the
 two validation problems (thesis bar, muMAG standard problem 4) on coarse
 meshes. A finer standard problem 4 is marked slow (IVCLOUD_SLOW=1)."""
@@ -15,23 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
 petsc4py = pytest.importorskip("petsc4py")
 
-from ivcloud.mag import mesh as meshmod                          # noqa: E402
-from ivcloud.mag import problem as problem_mod                   # noqa: E402
-from ivcloud.mag.fem import FEMSpace                             # noqa: E402
-from ivcloud.mag.llg import Dynamics, integrate, minimize        # noqa: E402
-from ivcloud.mag.simulation import demag_class                   # noqa: E402
-from ivcloud.mag.terms import (GAMMA0, MU0, CubicAnisotropy,      # noqa: E402
-                               Exchange, State, UniaxialAnisotropy, Zeeman)
+from micromag import mesh as meshmod                              # noqa: E402
+from micromag import problem as problem_mod                       # noqa: E402
+from micromag.constants import GAMMA0, MU0, NM                    # noqa: E402
+from micromag.fem import FEMSpace                                 # noqa: E402
+from micromag.llg import Dynamics, integrate, minimize            # noqa: E402
+from micromag.parallel import clean_mpi_env                       # noqa: E402
+from micromag.state import State                                  # noqa: E402
+from micromag.terms import (CubicAnisotropy, Exchange,            # noqa: E402
+                            UniaxialAnisotropy, Zeeman)
 
-NM = 1e-9
-HAVE_DEMAG = demag_class() is not None
-needs_demag = pytest.mark.skipif(not HAVE_DEMAG,
-                                 reason="ivcloud.mag.demag not available")
 slow = pytest.mark.skipif(os.environ.get("IVCLOUD_SLOW") != "1",
                           reason="slow validation (set IVCLOUD_SLOW=1)")
 
@@ -39,7 +37,6 @@ slow = pytest.mark.skipif(os.environ.get("IVCLOUD_SLOW") != "1",
 def mag_cli(*args, timeout=300):
     # os.environ, not the C environment this process inherits to children
     # by default: MPI_Init here (singleton) added launcher variables there
-    from ivcloud.mag.cli import clean_mpi_env
     return subprocess.run([sys.executable, "-m", "ivcloud", "mag", *args],
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL,
@@ -283,10 +280,9 @@ amplitude = [0.0, 5.0, 0.0]
 
 
 def test_parallel_equals_serial(tmp_path):
-    """1, 2 and 4 ranks: same <m>(t) to 1e-6 on a fixed-step run (with
-    demag when it is available), through `ivcloud mag run --np N`."""
-    prob = _write(tmp_path / "small.toml",
-                  SMALL.format(demag="true" if HAVE_DEMAG else "false"))
+    """1, 2 and 4 ranks: same <m>(t) to 1e-6 on a fixed-step run with
+    demag, through `ivcloud mag run --np N`."""
+    prob = _write(tmp_path / "small.toml", SMALL.format(demag="true"))
     runs = {}
     for np_ in (1, 2, 4):
         out = tmp_path / f"np{np_}"
@@ -294,7 +290,7 @@ def test_parallel_equals_serial(tmp_path):
                     "--quiet")
         assert r.returncode == 0, r.stderr
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["ranks"] == np_ and summary["demag"] == HAVE_DEMAG
+        assert summary["ranks"] == np_ and summary["demag"] is True
         runs[np_] = table(out)
     ref = runs[1]
     assert len(ref) == 11                         # t = 0, 1, ..., 10 ps
@@ -351,7 +347,6 @@ def test_problem_defaults_and_effective_config_roundtrip(tmp_path):
     assert np.allclose(ramp(1.0 + 1.5e-9) * MU0 * 1e3, [-12.3, 2.15, 0])
 
 
-@needs_demag
 def test_bar_relaxes_towards_the_long_axis(tmp_path):
     """The thesis's bar (examples/bar.toml, 4,114 nodes): from
     (1,0,1)/sqrt 2, damping 0.5, m turns to the long axis z within
@@ -399,7 +394,6 @@ def _sp4(tmp_path, h: str, duration: float = 0.2e-9):
     return relaxed, crossing
 
 
-@needs_demag
 def test_standard_problem_4_coarse(tmp_path):
     """The example's mesh (10 nm in the plane, two layers): s-state
     (0.970, 0.119, 0), first <mx> zero crossing at 0.1414 ns."""
@@ -411,7 +405,6 @@ def test_standard_problem_4_coarse(tmp_path):
 
 
 @slow
-@needs_demag
 def test_standard_problem_4_finer(tmp_path):
     """Three layers: s-state (0.969, 0.121, 0), crossing 0.142 ns."""
     relaxed, crossing = _sp4(tmp_path, "[10.0, 10.0, 1.0]")

@@ -31,26 +31,19 @@ below tol * max Ms.
 
 from __future__ import annotations
 
-import math
+import contextlib
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .terms import MU0, State  # noqa: F401  (MU0 re-exported)
+from .errors import IntegrationError
+from .parallel import global_max, global_min, global_sum
+from .state import State
+from .terms.exchange import Exchange
 
 INTEGRATORS = ("rk5dp", "rk3bs", "rk4", "bdf", "beuler")
 ADAPTIVE_DEFAULT = {"rk5dp": True, "rk3bs": True, "rk4": False,
                     "bdf": True, "beuler": False}
-RAD_PER_S_TO_DEG_PER_NS = 180.0 / math.pi * 1e-9
-
-
-class IntegrationError(RuntimeError):
-    pass
-
-
-def _mpi_max():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 class Dynamics:
@@ -78,40 +71,39 @@ class Dynamics:
 
     # ------------------------------------------------------------ fields
 
-    def field(self, m_vec=None, t: Optional[float] = None, out=None):
-        """Effective field (A/m) at (m_vec, t), into `out` (default: the
-        object's own heff vector, returned)."""
+    @contextlib.contextmanager
+    def _at(self, m_vec, t: Optional[float]):
+        """The state, evaluated at (m_vec, t) where given, restored after
+        (the terms read m and t from the state)."""
         st = self.state
-        out = self.heff if out is None else out
         saved_m, saved_t = st.m, st.t
         if m_vec is not None:
             st.m = m_vec
         if t is not None:
             st.t = t
         try:
+            yield st
+        finally:
+            st.m, st.t = saved_m, saved_t
+
+    def field(self, m_vec=None, t: Optional[float] = None, out=None):
+        """Effective field (A/m) at (m_vec, t), into `out` (default: the
+        object's own heff vector, returned)."""
+        out = self.heff if out is None else out
+        with self._at(m_vec, t) as st:
             out.set(0.0)
             for term in self.terms:
                 term.h(st, self._work)
                 out.axpy(1.0, self._work)
-        finally:
-            st.m, st.t = saved_m, saved_t
         self.n_field += 1
         return out
 
     def energies(self, m_vec=None, t: Optional[float] = None):
         """{term name: energy (J)} at (m_vec, t); collective."""
-        st = self.state
-        saved_m, saved_t = st.m, st.t
-        if m_vec is not None:
-            st.m = m_vec
-        if t is not None:
-            st.t = t
-        try:
-            out = {}
+        out = {}
+        with self._at(m_vec, t) as st:
             for term in self.terms:
                 out[term.name] = out.get(term.name, 0.0) + term.E(st)
-        finally:
-            st.m, st.t = saved_m, saved_t
         return out
 
     def dmdt_local(self, m: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -133,7 +125,7 @@ class Dynamics:
         m = m_vec.getArray(readonly=True).reshape(-1, 3)
         d = self.dmdt_local(m, h.getArray(readonly=True).reshape(-1, 3))
         local = float(np.sqrt((d * d).sum(axis=1)).max()) if len(d) else 0.0
-        return self.space.comm.allreduce(local, op=_mpi_max())
+        return global_max(self.space.comm, local)
 
     def max_torque(self, m_vec=None, t: Optional[float] = None) -> float:
         """max over magnetic nodes of |m x H| (A/m)."""
@@ -142,7 +134,7 @@ class Dynamics:
         m = m_vec.getArray(readonly=True).reshape(-1, 3)
         tq = np.cross(m, h)[self.state.magnetic_local]
         local = float(np.sqrt((tq * tq).sum(axis=1)).max()) if len(tq) else 0.0
-        return self.space.comm.allreduce(local, op=_mpi_max())
+        return global_max(self.space.comm, local)
 
 
 class ExchangeJacobian:
@@ -260,7 +252,7 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
         ksp.setTolerances(rtol=1e-2, max_it=200)
         own_opts.setdefault("snes_lag_jacobian", 3)
         own_opts.setdefault("snes_lag_jacobian_persists", 1)
-        exch = [t for t in dyn.terms if hasattr(t, "matrix")]
+        exch = [t for t in dyn.terms if isinstance(t, Exchange)]
         if exch and precondition:
             # Newton-Krylov with the operator applied matrix-free (finite
             # differences of the full right-hand side) and the exchange
@@ -389,14 +381,8 @@ def auto_bdf_order(dyn: Dynamics) -> int:
     4 for alpha >= 0.35, 3 for alpha >= 0.08, else 2."""
     st = dyn.state
     a = st.alpha_local[st.magnetic_local]
-    amin = dyn.space.comm.allreduce(float(a.min()) if len(a) else 1.0,
-                                    op=_mpi_min())
+    amin = global_min(dyn.space.comm, float(a.min()) if len(a) else 1.0)
     return 4 if amin >= 0.35 else 3 if amin >= 0.08 else 2
-
-
-def _mpi_min():
-    from mpi4py import MPI
-    return MPI.MIN
 
 
 def _jacobian(jac: ExchangeJacobian, u, J, P) -> None:
@@ -421,8 +407,7 @@ def minimize(dyn: Dynamics, tol: float = 1e-6, max_iter: int = 50_000,
     st = dyn.state
     sp = dyn.space
     comm = sp.comm
-    ms_max = comm.allreduce(float(st.Ms_local.max()) if sp.nlocal else 0.0,
-                            op=_mpi_max())
+    ms_max = global_max(comm, st.Ms_local.max() if sp.nlocal else 0.0)
     target = tol * ms_max
     w = st.MsV_local[:, None] / max(st.MsV_local.max(), 1e-300)
     mag = st.magnetic_local[:, None]
@@ -433,12 +418,11 @@ def minimize(dyn: Dynamics, tol: float = 1e-6, max_iter: int = 50_000,
         mh = np.einsum("ij,ij->i", m, h)[:, None]
         g = (mh * m - h) * mag            # m x (m x h)
         tq = np.sqrt((g * g).sum(axis=1))
-        torque = comm.allreduce(float(tq.max()) if len(tq) else 0.0,
-                                op=_mpi_max())
+        torque = global_max(comm, tq.max() if len(tq) else 0.0)
         return g, torque
 
     def wdot(a, b):
-        return comm.allreduce(float((w * a * b).sum()))
+        return global_sum(comm, (w * a * b).sum())
 
     m_vec = st.m
     g, torque = gradient(m_vec)

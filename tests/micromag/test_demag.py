@@ -1,4 +1,4 @@
-"""Demagnetizing field (hybrid FEM/BEM, ivcloud/mag/demag.py) on real PETSc.
+"""Demagnetizing field (hybrid FEM/BEM, micromag/terms/demag.py), real PETSc.
 
 Checks, from the pieces to the whole: the Lindholm double-layer integrals
 against brute-force quadrature; the fast assembly kernel against the plain
@@ -24,11 +24,12 @@ import pytest
 petsc4py = pytest.importorskip("petsc4py")
 pytest.importorskip("mpi4py")
 
-from ivcloud.mag import mesh as meshes                  # noqa: E402
-from ivcloud.mag.demag import (MU0, DemagField, _BoundaryKernel,  # noqa: E402
-                               bem_rows, double_layer_weights,
-                               vertex_solid_angles)
-from ivcloud.mag.fem import FEMSpace                    # noqa: E402
+from micromag import mesh as meshes                     # noqa: E402
+from micromag.constants import MU0                      # noqa: E402
+from micromag.fem import FEMSpace                       # noqa: E402
+from micromag.terms.demag import (DemagField,           # noqa: E402
+                                  _BoundaryKernel, bem_rows,
+                                  double_layer_weights, vertex_solid_angles)
 
 NM = 1e-9
 MS = 8.0e5
@@ -268,9 +269,9 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from mpi4py import MPI
-    from ivcloud.mag.mesh import Mesh
-    from ivcloud.mag.fem import FEMSpace
-    from ivcloud.mag.demag import DemagField
+    from micromag.mesh import Mesh
+    from micromag.fem import FEMSpace
+    from micromag.terms.demag import DemagField
 
     data = np.load(sys.argv[1])
     sp = FEMSpace(Mesh(data["points"], data["tets"]))

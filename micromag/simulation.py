@@ -1,7 +1,7 @@
-"""Running a problem: the Python API behind `ivcloud mag run`.
+"""Running a problem: the Python API (behind `ivcloud mag run`).
 
-    from ivcloud.mag import problem, simulation
-    prob = problem.load("examples/mag/bar.toml")
+    from micromag import problem, simulation
+    prob = problem.load("examples/bar.toml")
     summary = simulation.run(prob, "out/bar")        # under mpirun: parallel
 
     sim = simulation.Simulation(prob)                # or step by step
@@ -24,25 +24,14 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from . import problem as problem_mod
-from .llg import (RAD_PER_S_TO_DEG_PER_NS, Dynamics, IntegrationError,
-                  integrate, minimize)
+from .constants import MU0, RAD_PER_S_TO_DEG_PER_NS
+from .errors import IntegrationError, MagError, ProblemError, SimulationError
+from .llg import Dynamics, integrate, minimize
 from .output import Progress, Results, plot_m
-from .terms import (MU0, CubicAnisotropy, Exchange, State,
-                    UniaxialAnisotropy, Zeeman)
-
-
-class SimulationError(RuntimeError):
-    """The run failed after it started (solver divergence etc.)."""
-
-
-def demag_class():
-    """DemagField if the module is there (it is developed separately),
-    else None."""
-    try:
-        from .demag import DemagField
-    except ImportError:
-        return None
-    return DemagField
+from .parallel import comm_world, petsc
+from .state import State
+from .terms import (CubicAnisotropy, DemagField, Exchange, UniaxialAnisotropy,
+                    Zeeman)
 
 
 def _peak_rss_mb() -> float:
@@ -54,8 +43,7 @@ class Simulation:
 
     def __init__(self, prob: problem_mod.Problem, comm=None,
                  progress: Optional[Progress] = None):
-        from mpi4py import MPI
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.comm = comm if comm is not None else comm_world()
         self.rank = self.comm.Get_rank()
         self.problem = prob
         self.cfg = prob.config
@@ -63,8 +51,7 @@ class Simulation:
         self.notes: List[str] = []
         t0 = time.perf_counter()
         if self.cfg["petsc"]:
-            from .fem import _petsc
-            opts = _petsc().Options()
+            opts = petsc().Options()
             for key, value in self.cfg["petsc"].items():
                 opts[key.lstrip("-")] = ("" if value is True else value)
 
@@ -78,7 +65,7 @@ class Simulation:
                     e, ValueError) else str(e)
         mesh, err = self.comm.bcast((mesh, err), root=0)
         if err:
-            raise problem_mod.ProblemError(f"mesh: {err}")
+            raise ProblemError(f"mesh: {err}")
         from .fem import FEMSpace
         self.space = FEMSpace(mesh, self.comm)
         sp = self.space
@@ -99,25 +86,11 @@ class Simulation:
                                               mats["c2"]))
         self.demag = None
         if self.cfg["demag"]["enabled"]:
-            cls = demag_class()
-            if cls is None:
-                self.notes.append("demag module not available: running "
-                                  "WITHOUT the demagnetizing field")
-            else:
-                td = time.perf_counter()
-                try:
-                    self.demag = cls(sp, self.state.Ms_nodes,
-                                     rtol=self.cfg["demag"]["rtol"])
-                except TypeError:
-                    self.demag = cls(sp, self.state.Ms_nodes)
-                if not getattr(self.demag, "name", None) or \
-                        self.demag.name == "term":
-                    try:
-                        self.demag.name = "demag"
-                    except AttributeError:
-                        pass
-                self.demag_setup_time = time.perf_counter() - td
-                self.terms.append(self.demag)
+            td = time.perf_counter()
+            self.demag = DemagField(sp, self.state.Ms_nodes,
+                                    rtol=self.cfg["demag"]["rtol"])
+            self.demag_setup_time = time.perf_counter() - td
+            self.terms.append(self.demag)
         self.stages = self.cfg["stage"]
         self.setup_time = time.perf_counter() - t0
         self.stats: Dict[str, float] = {"steps": 0, "rejected": 0,
@@ -145,7 +118,7 @@ class Simulation:
                 src = meshio.read(init["file"])
                 m = np.asarray(src.point_data["m"], dtype=float)
             except Exception as e:
-                raise problem_mod.ProblemError(
+                raise ProblemError(
                     f"initial file {init['file']}: cannot read 'm' ({e})")
             tree = cKDTree(np.asarray(src.points, dtype=float)[:, :3])
             _, idx = tree.query(sp.mesh.points)
@@ -307,8 +280,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
         progress: bool = True, argv: Optional[List[str]] = None) -> dict:
     """Run all stages of `prob`, writing results into out_dir; returns
     the summary (also written as summary.json). Collective."""
-    from mpi4py import MPI
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm if comm is not None else comm_world()
     rank = comm.Get_rank()
     t_start = time.perf_counter()
     prog = Progress(enabled=progress and rank == 0)
@@ -326,7 +298,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
             results.write_text("effective.toml",
                                problem_mod.to_toml(prob.config))
             cols, units = sim.columns()
-            table = results.open_table(prob.title or "ivcloud mag", cols,
+            table = results.open_table(prob.title or "micromag", cols,
                                        units)
         else:
             table = None
@@ -381,8 +353,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
     except BaseException as e:
         if rank == 0 and results is not None:
             prog.finish()
-            msg = str(e) if isinstance(e, (problem_mod.ProblemError,
-                                           SimulationError)) else \
+            msg = str(e) if isinstance(e, MagError) else \
                 "".join(traceback.format_exception(e))
             results.fail(msg)
         raise

@@ -30,11 +30,8 @@ from typing import Optional
 
 import numpy as np
 
-NM = 1e-9
-
-
-class MeshError(ValueError):
-    """A mesh that cannot be built or read (one-line message)."""
+from .constants import NM
+from .errors import MeshError
 
 
 @dataclass
@@ -127,7 +124,7 @@ def _gmsh_mesh(build, h_nm: float) -> Mesh:
         gmsh.option.setNumber("Mesh.CharacteristicLengthFromCurvature", 0)
         gmsh.option.setNumber("Mesh.Algorithm3D", 1)   # Delaunay
         gmsh.option.setNumber("Mesh.Optimize", 1)
-        gmsh.model.add("ivcloud-mag")
+        gmsh.model.add("micromag")
         build(gmsh)
         gmsh.model.occ.synchronize()
         gmsh.model.mesh.generate(3)

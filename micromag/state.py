@@ -1,0 +1,105 @@
+"""The magnetization state: m (unit vectors at the nodes), the time,
+and the nodal material data every field term needs.
+
+Nodal quantities use the lumped mass: a node carries the volume V_i = sum
+of vol/4 of its tetrahedra, and material parameters are lumped the same
+way (Ms_i V_i = sum Ms_e vol_e / 4), so nodes on an interface between two
+materials see the volume-weighted mixture.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .constants import GAMMA0
+from .errors import ProblemError
+from .parallel import global_max
+
+
+class State:
+    """Magnetization m (vector_vec, unit length), time t, and the nodal
+    material data every term needs.
+
+    per_tet_* arrays are given per tetrahedron of space.mesh; nodal
+    values are their lumped (volume-weighted) averages. ``Ms_nodes`` is
+    the full (n,) array on every rank; ``*_local`` arrays cover the owned
+    nodes only."""
+
+    def __init__(self, space, Ms_tet, alpha_tet=0.5, gamma_tet=GAMMA0):
+        self.space = space
+        M = len(space.mesh.tets)
+        self.Ms_tet = np.broadcast_to(np.asarray(Ms_tet, float), (M,)).copy()
+        self.alpha_tet = np.broadcast_to(np.asarray(alpha_tet, float),
+                                         (M,)).copy()
+        self.gamma_tet = np.broadcast_to(np.asarray(gamma_tet, float),
+                                         (M,)).copy()
+        r0, r1 = space.rstart, space.rend
+        self.Ms_nodes = space.node_average(self.Ms_tet)
+        self.Ms_local = self.Ms_nodes[r0:r1].copy()
+        self.V_local = space.mass_local.copy()
+        self.MsV_local = self.Ms_local * self.V_local
+        self.magnetic_local = self.Ms_local > 0
+        self.set_alpha(self.alpha_tet)
+        self.gamma_local = space.node_average(self.gamma_tet)[r0:r1].copy()
+        self.m = space.vector_vec()
+        self.t = 0.0
+
+    def set_alpha(self, alpha_tet) -> None:
+        M = len(self.space.mesh.tets)
+        a = np.broadcast_to(np.asarray(alpha_tet, float), (M,))
+        # Damping is averaged with Ms as weight: what matters at a node is
+        # the damping of the magnetic material around it.
+        msv = self.space.node_average(self.Ms_tet * a)
+        ms = self.space.node_average(self.Ms_tet)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            nodal = np.where(ms > 0, msv / np.where(ms > 0, ms, 1), 0.0)
+        self.alpha_local = nodal[self.space.rstart:self.space.rend].copy()
+
+    def m_local(self) -> np.ndarray:
+        return self.m.getArray(readonly=True).reshape(-1, 3)
+
+    def set_m(self, m) -> None:
+        """m: a 3-vector (uniform), an (n, 3) array in the space's
+        numbering, or a callable of the (n, 3) node positions. Normalized;
+        nodes without magnetic material keep m as given (normalized)."""
+        pts = self.space.mesh.points
+        if callable(m):
+            arr = np.asarray(m(pts), dtype=float)
+        else:
+            arr = np.asarray(m, dtype=float)
+        arr = np.broadcast_to(arr, (self.space.n, 3)).copy()
+        norm = np.linalg.norm(arr, axis=1)
+        if np.any(norm == 0) or not np.all(np.isfinite(norm)):
+            raise ProblemError("initial magnetization has zero or invalid "
+                             "vectors")
+        self.space.set_global(self.m, arr / norm[:, None])
+
+    def normalize(self, vec=None) -> float:
+        """Rescale m (or vec) to unit length; returns the largest
+        deviation | |m| - 1 | found (over all ranks)."""
+        vec = self.m if vec is None else vec
+        with vec as a:
+            a3 = a.reshape(-1, 3)
+            norm = np.sqrt(np.einsum("ij,ij->i", a3, a3))
+            dev = float(np.abs(norm - 1.0).max()) if len(norm) else 0.0
+            a3 /= norm[:, None]
+        return global_max(self.space.comm, dev)
+
+    def max_norm_deviation(self, vec=None) -> float:
+        """max | |m| - 1 | over all ranks, m unchanged."""
+        vec = self.m if vec is None else vec
+        a3 = vec.getArray(readonly=True).reshape(-1, 3)
+        norm = np.sqrt(np.einsum("ij,ij->i", a3, a3))
+        dev = float(np.abs(norm - 1.0).max()) if len(norm) else 0.0
+        return global_max(self.space.comm, dev)
+
+    def average_m(self, vec=None) -> np.ndarray:
+        """Volume average <m> over the magnetic material (Ms-weighted, as
+        the total moment over Ms V)."""
+        vec = self.m if vec is None else vec
+        a = vec.getArray(readonly=True).reshape(-1, 3)
+        local = np.concatenate([(a * self.MsV_local[:, None]).sum(axis=0),
+                                [self.MsV_local.sum()]])
+        tot = np.zeros(4)
+        self.space.comm.Allreduce(local, tot)
+        return tot[:3] / tot[3]
