@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -118,3 +119,25 @@ def _no_inherited_mpi_singleton():
     scrub()  # collection may have imported petsc4py already
     yield
     scrub()
+
+
+@pytest.fixture(scope="session")
+def mpi_programs():
+    """build(name, source) -> an MPI program compiled with mpicc into a
+    directory outside /tmp (cluster instances have a /tmp of their own),
+    removed at the end of the session."""
+    if not (shutil.which("mpicc") and shutil.which("mpirun")):
+        pytest.skip("Open MPI (mpicc, mpirun) not installed")
+    d = Path(f"/var/tmp/ivcloud-test-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    d.mkdir()
+
+    def build(name: str, source: str) -> Path:
+        (d / f"{name}.c").write_text(source)
+        subprocess.run(["mpicc", "-O2", "-o", str(d / name),
+                        str(d / f"{name}.c")], check=True, timeout=120)
+        return d / name
+
+    try:
+        yield build
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

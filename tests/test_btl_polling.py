@@ -12,13 +12,12 @@ import os
 import re
 import statistics
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from ivcloud.mpi import parse_btl_counters
 
-from test_cluster import HAVE_MPI, cluster, ivcloud  # noqa: F401
+from test_cluster import cluster, ivcloud  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="cluster tests need root")
@@ -95,18 +94,8 @@ int main(int argc, char **argv)
 
 
 @pytest.fixture(scope="module")
-def poll_program():
-    if not HAVE_MPI:
-        pytest.skip("Open MPI (mpicc, mpirun) not installed")
-    d = Path(f"/var/tmp/ivcloud-poll-test-{os.getpid()}")   # not /tmp
-    d.mkdir(exist_ok=True)
-    try:
-        (d / "poll.c").write_text(POLL_PROGRAM)
-        subprocess.run(["mpicc", "-O2", "-o", str(d / "poll"),
-                        str(d / "poll.c")], check=True, timeout=120)
-        yield d / "poll"
-    finally:
-        subprocess.run(["rm", "-rf", str(d)])
+def poll_program(mpi_programs):
+    return mpi_programs("poll", POLL_PROGRAM)
 
 
 def _run(name, program, transport, mode):

@@ -137,19 +137,9 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def mpi_program():
+def mpi_program(mpi_programs):
     """The MPI test program, outside /tmp (instances have their own)."""
-    if not HAVE_MPI:
-        pytest.skip("Open MPI (mpicc, mpirun) not installed")
-    d = Path(f"/var/tmp/ivcloud-cluster-test-{os.getpid()}")
-    d.mkdir(exist_ok=True)
-    try:
-        (d / "pairs.c").write_text(MPI_PROGRAM)
-        subprocess.run(["mpicc", "-O2", "-o", str(d / "pairs"),
-                        str(d / "pairs.c")], check=True, timeout=120)
-        yield d / "pairs"
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    return mpi_programs("pairs", MPI_PROGRAM)
 
 
 def in_instance(name, host, *cmd, timeout=30):

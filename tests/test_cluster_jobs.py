@@ -20,8 +20,7 @@ from ivcloud import server as server_mod
 from ivcloud.cluster import jobs
 from ivcloud.mpi import parse_btl_counters
 
-from test_cluster import (HAVE_MPI, RUN_DIR, cluster, ivcloud,  # noqa: F401
-                          state_of)
+from test_cluster import cluster, ivcloud  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="cluster tests need root")
@@ -55,19 +54,8 @@ int main(int argc, char **argv)
 
 
 @pytest.fixture(scope="module")
-def hold_program():
-    if not HAVE_MPI:
-        pytest.skip("Open MPI (mpicc, mpirun) not installed")
-    # outside /tmp: instances have their own
-    d = Path(f"/var/tmp/ivcloud-jobs-test-{os.getpid()}")
-    d.mkdir(exist_ok=True)
-    try:
-        (d / "hold.c").write_text(HOLD_PROGRAM)
-        subprocess.run(["mpicc", "-O2", "-o", str(d / "hold"),
-                        str(d / "hold.c")], check=True, timeout=120)
-        yield d
-    finally:
-        subprocess.run(["rm", "-rf", str(d)])
+def hold_program(mpi_programs):
+    return mpi_programs("hold", HOLD_PROGRAM).parent
 
 
 def _start_job(name, program, go, *opts, output=subprocess.PIPE):
