@@ -6,7 +6,9 @@ Each module is one application from Debian's archive:
 - :mod:`hpcc` -- the HPC Challenge suite (HPL, PTRANS, MPIFFT,
   MPIRandomAccess, ring latency/bandwidth), as in seed 004;
 - :mod:`openfoam` -- OpenFOAM's simpleFoam on the pitzDaily tutorial
-  case, as in seed 002.
+  case, as in seed 002;
+- :mod:`magbar` -- our micromagnetic solver (micromag) on the thesis's
+  test problem, the Permalloy bar (examples/bar.toml).
 
 They know nothing about where the ranks run: a benchmark (ivcloud.bench)
 launches the command they give through a cluster or `ivcloud mpirun`.

@@ -1,0 +1,64 @@
+"""Our micromagnetic solver (the micromag package, run as `ivcloud mag
+run`) on the thesis's test problem: the Permalloy bar of
+examples/bar.toml relaxing for 300 ps (seed 000, section 4.1).
+
+Every rank runs `python -m ivcloud mag run PROBLEM --out DIR
+--mpi-child`; rank 0 writes DIR/summary.json, whose wall time (setup and
+solve: the thesis's time to solution) and solve time we read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..errors import InvalidRequest, OperationFailed
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bar.toml"
+ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+CHILD_FLAG = "--mpi-child"     # the ranks of a job launched elsewhere
+
+
+def prepare(workdir: Path, duration_s: Optional[float] = None) -> Path:
+    """The bar problem in `workdir` (its relaxation shortened to
+    `duration_s` for plumbing runs); returns the problem file."""
+    try:
+        text = EXAMPLE.read_text()
+    except OSError as e:
+        raise OperationFailed(f"cannot read {EXAMPLE}: {e.strerror}")
+    if duration_s is not None:
+        if duration_s <= 0:
+            raise InvalidRequest(f"duration must be positive, not "
+                                 f"{duration_s}")
+        text, n = re.subn(r"^duration\s*=.*$", f"duration = {duration_s!r}",
+                          text, flags=re.M)
+        if n != 1:
+            raise OperationFailed(f"{EXAMPLE} has no single duration")
+    workdir.mkdir(parents=True, exist_ok=True)
+    problem = workdir / "bar.toml"
+    problem.write_text(text)
+    return problem
+
+
+def command(problem: Path, out: Path) -> List[str]:
+    """Every rank's argv: the solver with one thread per rank."""
+    return (["/usr/bin/env"] + [f"{k}={v}" for k, v in ENV.items()] +
+            [sys.executable, "-m", "ivcloud", "mag", "run", str(problem),
+             "--out", str(out), CHILD_FLAG, "--quiet"])
+
+
+def results(out: Path) -> Dict[str, float]:
+    """time_s (setup + solve) and solve_s of a finished run."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        raise OperationFailed(f"no solver summary in {out}: {e}")
+    try:
+        return {"time_s": float(summary["wall_time_s"]),
+                "solve_s": float(summary["solve_time_s"])}
+    except (KeyError, TypeError, ValueError):
+        raise OperationFailed(f"{out}/summary.json lacks the solver's "
+                              f"times")
