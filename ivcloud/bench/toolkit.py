@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,11 +145,13 @@ def find_record(records: Iterable[Dict], **match) -> Optional[Dict]:
 
 @dataclass
 class BenchResults:
-    """What a benchmark run gathered: its records, notes for the reader,
-    and the steps that failed (any failure makes the exit status 1)."""
+    """What a benchmark run gathered: its records (with rounds, the
+    medians of `runs`), notes for the reader, and the steps that failed
+    (any failure makes the exit status 1)."""
     records: List[Dict] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     failed: List[str] = field(default_factory=list)
+    runs: List[Dict] = field(default_factory=list)
 
     def find(self, **match) -> Optional[Dict]:
         return find_record(self.records, **match)
@@ -176,6 +179,50 @@ def attempt(res: BenchResults, bench: str, what: str, fn: Callable[[], T],
     log.write(f"bench {bench}: {what} done in "
               f"{time.monotonic() - t0:.1f} s\n")
     return out
+
+
+def measure_rounds(res: BenchResults, bench: str, rounds: int,
+                   steps: Sequence[Tuple[str, Callable[[], List[Dict]]]],
+                   log=None) -> None:
+    """Every step once per round, the steps alternating within a round
+    (one run on a shared machine is not a measurement: what disturbs one
+    configuration then disturbs the others too). Each record, tagged
+    with its `round`, goes to res.runs; a failed step is noted and the
+    rest go on."""
+    for rnd in range(rounds):
+        for name, fn in steps:
+            what = name if rounds == 1 else f"{name} (round {rnd + 1})"
+            for rec in attempt(res, bench, what, fn, log) or []:
+                rec["round"] = rnd
+                res.runs.append(rec)
+
+
+def summarize(runs: Sequence[Dict], keys: Sequence[str],
+              fields: Sequence[str]) -> List[Dict]:
+    """One record per group of equal `keys`: each of `fields` is the
+    median over the group (with FIELD_min, FIELD_max) and `runs` its
+    size; the other fields come from the group's first record."""
+    groups: Dict[Tuple, List[Dict]] = {}
+    for r in runs:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    out = []
+    for recs in groups.values():
+        rec = {k: v for k, v in recs[0].items() if k != "round"}
+        for f in fields:
+            vals = [r[f] for r in recs if r.get(f) is not None]
+            if vals:
+                rec[f] = statistics.median(vals)
+                rec[f"{f}_min"], rec[f"{f}_max"] = min(vals), max(vals)
+        rec["runs"] = len(recs)
+        out.append(rec)
+    return out
+
+
+def spread(rec: Dict, f: str, fmt: str = "{:.3g}") -> str:
+    """'min..max' of a summarized field, '' for a single run."""
+    if rec.get("runs", 1) < 2 or f"{f}_min" not in rec:
+        return ""
+    return f"{fmt.format(rec[f + '_min'])}..{fmt.format(rec[f + '_max'])}"
 
 
 # ---------------------------------------------------------------- targets
@@ -269,9 +316,12 @@ def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
     print_targets(ts, out)
     for note in res.notes:
         out.write(f"note: {note}\n")
-    return {"benchmark": bench, "quick": bool(quick), **info, **fields,
-            "records": res.records, "targets": [t.to_json() for t in ts],
-            "notes": res.notes}
+    doc = {"benchmark": bench, "quick": bool(quick), **info, **fields,
+           "records": res.records, "targets": [t.to_json() for t in ts],
+           "notes": res.notes}
+    if res.runs:
+        doc["runs"] = res.runs
+    return doc
 
 
 def write_doc(path: Path, doc: Dict) -> None:

@@ -142,7 +142,7 @@ def _run_p2p(args) -> int:
 
 def _run_mpi(args) -> int:
     s = mpi.MpiSettings.make(quick=args.quick, iters=args.iters,
-                             transports=args.transports)
+                             transports=args.transports, rounds=args.rounds)
     return mpi.run(s, json_path=args.json)
 
 
@@ -196,6 +196,9 @@ def _mpi_arguments(p: argparse.ArgumentParser) -> None:
                    help="operations per small size (big sizes use fewer)")
     p.add_argument("--transports", type=_transports, default=None,
                    help=f"comma-separated subset of {names}")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="rounds of alternating transports; figures are "
+                        "medians (default 3, quick 1)")
 
 
 def _cluster_arguments(p: argparse.ArgumentParser, name: str,
