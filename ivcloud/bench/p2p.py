@@ -27,9 +27,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .. import mpi as ompi
 from .. import netns
 from ..errors import BenchError, InvalidRequest
-from .toolkit import (MIB, BenchResults, Target, attempt, count, csv,
-                      fmt_size, parse_records, program, ratio_target,
-                      run_benchmark, run_job, tail)
+from .toolkit import (MIB, BenchResults, Target, count, csv, fmt_size,
+                      measure_rounds, parse_records, program, ratio_target,
+                      run_benchmark, run_job, spread, summarize, tail)
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -50,17 +50,18 @@ class P2pSettings:
     sizes: List[int]
     iters: int          # round trips for the small sizes
     budget: int         # bytes per size and direction (caps iterations)
-    rounds: int         # oversubscribed, a pair per CPU: round trips
-    split_rounds: int   # oversubscribed, pairs across CPUs: round trips
+    pair_trips: int     # oversubscribed, a pair per CPU: round trips
+    split_trips: int    # oversubscribed, pairs across CPUs: round trips
     wait_ms: int        # blocked peer: how long it waits
     timeout_s: int      # per program run
     netns: bool         # include TCP between two network namespaces
+    rounds: int = 3     # of alternating transports (figures: medians)
     quick: bool = False
 
     @classmethod
     def make(cls, quick: bool = False, sizes: Optional[Sequence[int]] = None,
-             iters: Optional[int] = None, netns: bool = True
-             ) -> "P2pSettings":
+             iters: Optional[int] = None, netns: bool = True,
+             rounds: Optional[int] = None) -> "P2pSettings":
         """The full run, or a quick plumbing check; `sizes` and `iters`
         override the defaults of either."""
         return cls(sizes=check_sizes(sizes) if sizes
@@ -68,11 +69,13 @@ class P2pSettings:
                    iters=(count("round trips", iters)
                           or (300 if quick else 20000)),
                    budget=(16 if quick else 512) * MIB,
-                   rounds=60 if quick else 400,
-                   split_rounds=10000 if quick else 100000,
+                   pair_trips=60 if quick else 400,
+                   split_trips=10000 if quick else 100000,
                    wait_ms=300 if quick else 1000,
                    timeout_s=60 if quick else 300,
-                   netns=netns, quick=quick)
+                   netns=netns,
+                   rounds=count("rounds", rounds) or (1 if quick else 3),
+                   quick=quick)
 
 
 # ---------------------------------------------------------------- helpers
@@ -108,7 +111,8 @@ def run_contention(s: P2pSettings) -> List[Dict]:
     # "pair": each pair shares a CPU, so a spinning waiter holds the CPU
     # its partner needs (few rounds: spinning costs a time slice per
     # hop). "split": one end of each pair per CPU, scheduler-friendly.
-    for placement, rounds in (("pair", s.rounds), ("split", s.split_rounds)):
+    for placement, rounds in (("pair", s.pair_trips),
+                              ("split", s.split_trips)):
         for spin in ("-1", "0"):
             recs += _run([pp, "--mode", "oversub", "--spin", spin,
                           "--placement", placement, "--rounds", str(rounds),
@@ -244,7 +248,7 @@ def targets(res: BenchResults) -> List[Target]:
 def print_table(res: BenchResults, out=None) -> None:
     out = out or sys.stdout
     head = (f"{'transport':<15} {'mode':<16} {'size':>9} {'latency_us':>12} "
-            f"{'MB/s':>11}  notes")
+            f"{'(min..max)':>17} {'MB/s':>11}  notes")
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in res.records:
         extra = []
@@ -257,6 +261,7 @@ def print_table(res: BenchResults, out=None) -> None:
                          f"{r.get('wall_s', 0):.2f} s; latency = wake-up")
         out.write(f"{r['transport']:<15} {r['mode']:<16} "
                   f"{fmt_size(r['size']):>9} {r['latency_us']:>12.3f} "
+                  f"{spread(r, 'latency_us'):>17} "
                   f"{r['bandwidth_MBps']:>11.1f}  {'; '.join(extra)}\n")
 
 
@@ -274,9 +279,13 @@ def measure(s: P2pSettings, log=None) -> BenchResults:
     else:
         res.notes.append("tcp-bridge skipped (left out by the settings)")
     steps += [("mpi-vader", run_mpi), ("contention", run_contention)]
-    for name, fn in steps:
-        res.records += attempt(res, "p2p", name,
-                               functools.partial(fn, s), log) or []
+    measure_rounds(res, "p2p", s.rounds,
+                   [(name, functools.partial(fn, s)) for name, fn in steps],
+                   log)
+    res.records = summarize(res.runs, ("transport", "mode", "size",
+                                       "placement"),
+                            ("latency_us", "bandwidth_MBps", "wall_s",
+                             "cpu_fraction"))
     return res
 
 
@@ -285,4 +294,5 @@ def run(s: P2pSettings, json_path: Optional[Path] = None, out=None,
     """Measure, print the table, targets and notes to `out`, progress to
     `log`; write the document to `json_path`. 1 if a step failed."""
     return run_benchmark("p2p", s.quick, lambda: measure(s, log), targets,
-                         print_table, json_path, out, sizes=s.sizes)
+                         print_table, json_path, out, sizes=s.sizes,
+                         rounds=s.rounds)

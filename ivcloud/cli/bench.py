@@ -136,7 +136,8 @@ def _face(text: str) -> int:
 
 def _run_p2p(args) -> int:
     s = p2p.P2pSettings.make(quick=args.quick, sizes=args.sizes,
-                             iters=args.iters, netns=not args.skip_netns)
+                             iters=args.iters, netns=not args.skip_netns,
+                             rounds=args.rounds)
     return p2p.run(s, json_path=args.json)
 
 
@@ -184,6 +185,9 @@ def _p2p_arguments(p: argparse.ArgumentParser) -> None:
                    help="few sizes and iterations (plumbing check)")
     p.add_argument("--skip-netns", action="store_true",
                    help="skip the two-namespace TCP bridge transport")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="rounds of alternating transports; figures are "
+                        "medians (default 3, quick 1)")
 
 
 def _mpi_arguments(p: argparse.ArgumentParser) -> None:
