@@ -270,7 +270,7 @@ def test_bench_tcp_bridge_netns():
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
 
     settings = p2p.P2pSettings(sizes=[8, 65536], iters=200, budget=8 << 20,
-                               rounds=10, split_rounds=100, wait_ms=10,
+                               pair_trips=10, split_trips=100, wait_ms=10,
                                timeout_s=60, netns=True)
     before = set(netns.list_ours())
     recs = p2p.run_tcp_bridge(settings)
