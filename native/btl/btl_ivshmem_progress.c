@@ -66,10 +66,10 @@ enum sender_state {
 static inline enum sender_state sender_state(int slot, uint32_t gen)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    ivshm_peer_info info;
-    if (ivshm_peer(c->h, slot, &info) != 0)
+    int64_t now = ivshm_peer_generation(c->h, slot);
+    if (now < 0)
         return SENDER_DEPARTED;
-    return info.generation == gen ? SENDER_CURRENT : SENDER_REPLACED;
+    return (uint32_t)now == gen ? SENDER_CURRENT : SENDER_REPLACED;
 }
 
 /* A control message of a trusted sender. BYE is the last message a

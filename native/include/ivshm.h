@@ -119,6 +119,10 @@ int ivshm_self(const ivshm *h);            /* our registry slot */
 int ivshm_max_peers(const ivshm *h);
 /* 0 and fill *out if `slot` holds a live peer; -ENOENT if free or dead. */
 int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
+/* The generation of `slot`'s peer if it is registered (ACTIVE), else
+   -ENOENT (-EINVAL for a bad slot): the cheap half of ivshm_peer, for a
+   hot path that only checks who holds a slot. */
+int64_t ivshm_peer_generation(ivshm *h, int slot);
 /* Slot of the live peer (job, rank), or -ENOENT. */
 int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank);
 /* 1 if `slot`'s peer registered from our kernel and pid namespace (its

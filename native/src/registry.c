@@ -280,6 +280,18 @@ int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
     return 0;
 }
 
+int64_t ivshm_peer_generation(ivshm *h, int slot)
+{
+    if (!ivshm_slot_ok(h, slot))
+        return -EINVAL;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+        return -ENOENT;
+    /* loaded once; a generation read after ACTIVE was seen is one the
+       slot had while active (it only grows) */
+    return atomic_load_explicit(&e->gen, memory_order_relaxed);
+}
+
 int ivshm_peer_local(ivshm *h, int slot)
 {
     if (!ivshm_slot_ok(h, slot))
