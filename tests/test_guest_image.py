@@ -83,9 +83,9 @@ def guest(guest_deb):
     try:
         t0 = time.monotonic()
         r = ivcloud("vm", "up", "--kind", "debian", "--guest-deb", guest_deb,
-                    "--count", 1, "--server", paths.socket, "--run-dir",
-                    run_dir, "--memory", "512M", "--accel", "tcg",
-                    "--boot-timeout", 400, "--name", "deb")
+                    "--count", 2, "--network", "--server", paths.socket,
+                    "--run-dir", run_dir, "--memory", "512M", "--accel",
+                    "tcg", "--boot-timeout", 400, "--name", "deb")
         assert r.returncode == 0, r.stderr + r.stdout
         print(f"vm up (debian, tcg): {time.monotonic() - t0:.0f} s; "
               f"{r.stdout.strip()}")
@@ -102,6 +102,10 @@ def guest(guest_deb):
         shutil.rmtree(run_dir, ignore_errors=True)
         assert r.returncode == 0, r.stderr
         assert not left
+
+
+def peer(sock: Path) -> Path:
+    return sock.parent.parent / "deb1" / "agent.sock"
 
 
 def sh(sock: Path, command: str, timeout=120) -> str:
@@ -157,3 +161,51 @@ def test_plain_mpirun_picks_the_btl(guest):
     assert "cannot attach" not in out, out
     # the component attached to the region and reported its counters
     assert "btl_ivshmem: rank 0 sent" in out, out
+
+
+PINGPONG = r"""
+import sys
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, n = comm.rank, int(sys.argv[1])
+buf = np.zeros(4096, dtype=np.uint8)
+for i in range(n):
+    if rank == 0:
+        buf[:] = i & 0xff
+        comm.Send(buf, dest=1, tag=i)
+        comm.Recv(buf, source=1, tag=i)
+        assert (buf == ((i + 1) & 0xff)).all(), i
+    else:
+        comm.Recv(buf, source=0, tag=i)
+        assert (buf == (i & 0xff)).all(), i
+        buf += 1
+        comm.Send(buf, dest=0, tag=i)
+print("pingpong rank", rank, "on", MPI.Get_processor_name(), "ok", n, flush=True)
+"""
+
+
+def test_plain_mpirun_between_two_guests_uses_ivshmem(guest):
+    """Two guests on one ivshmem-server: mpirun in deb0 starts rank 1 in
+    deb1 over ssh (their own network), and the 2-rank ping-pong goes
+    through the shared region, as the BTL's counters show."""
+    import base64
+    code = base64.b64encode(PINGPONG.encode()).decode()
+    for s in (guest, peer(guest)):
+        sh(s, f"echo {code} | base64 -d > /tmp/pp.py && chmod 644 /tmp/pp.py")
+        sh(s, "printf 'deb0 slots=1\\ndeb1 slots=1\\n' > /tmp/hosts")
+    out = sh(guest, "cd /tmp && OMPI_MCA_btl_ivshmem_verbose=1 "
+             "runuser -u mpi -- mpirun -np 2 --hostfile /tmp/hosts "
+             "python3 /tmp/pp.py 200 2>&1", timeout=400)
+    print(out)
+    assert "pingpong rank 0 on deb0 ok 200" in out, out
+    assert "pingpong rank 1 on deb1 ok 200" in out, out
+    assert "cannot attach" not in out, out
+    import re
+    sent = {int(r): (int(m), int(b)) for r, m, b in re.findall(
+        r"btl_ivshmem: rank (\d) sent (\d+) msgs (\d+) bytes", out)}
+    # 200 messages of 4 KiB each way went through the region: had tcp
+    # carried them, these counters would be zero
+    for rank in (0, 1):
+        msgs, nbytes = sent.get(rank, (0, 0))
+        assert msgs >= 200 and nbytes >= 200 * 4096, out

@@ -51,7 +51,7 @@ MIRRORS = [
 BASE_PACKAGES = [
     "linux-image-amd64", "systemd-sysv", "udev", "kmod", "adduser",
     "openmpi-bin", "python3-mpi4py", "python3-numpy", "hpcc",
-    "openssh-client", "iproute2", "procps",
+    "openssh-client", "openssh-server", "iproute2", "procps",
 ]
 GUEST_PACKAGE = "ivcloud-guest"
 MPI_USER = "mpi"   # an unprivileged user in group ivshm, for mpirun
@@ -75,6 +75,26 @@ arg() {
 NAME=$(arg name)
 [ -z "$NAME" ] || hostname "$NAME"
 echo "@INIT_BANNER@ $(uname -r)" > /dev/console
+# The guests' own network (`vm up --network`): our address, the others'
+# names. The NIC appears once udev has loaded virtio_net.
+IP=$(arg ip)
+if [ -n "$IP" ]; then
+    i=0
+    while :; do
+        IF=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)
+        [ -z "$IF" ] && [ $i -lt 100 ] || break
+        sleep 0.1; i=$((i+1))
+    done
+    if [ -n "$IF" ]; then
+        ip addr add "$IP" dev "$IF"
+        ip link set "$IF" up
+    else
+        echo "ivcloud-guest: no network interface for $IP" > /dev/console
+    fi
+    for h in $(arg hosts | tr , ' '); do
+        echo "${h#*:} ${h%%:*}" >> /etc/hosts
+    done
+fi
 DEV=
 for d in /sys/bus/pci/devices/*; do
     if [ "$(cat $d/vendor)" = 0x1af4 ] && [ "$(cat $d/device)" = 0x1110 ]; then
@@ -111,7 +131,7 @@ WantedBy=multi-user.target
 
 READY_UNIT = """[Unit]
 Description=ivcloud console banner
-After=ivcloud-agent.service systemd-udev-settle.service systemd-udevd.service
+After=ivcloud-agent.service systemd-udevd.service ssh.service
 
 [Service]
 Type=oneshot
@@ -133,8 +153,19 @@ def _files() -> Dict[str, tuple]:
         "etc/systemd/system/ivcloud-ready.service": (0o644, READY_UNIT),
         "etc/hostname": (0o644, "ivcloud-guest\n"),
         "etc/fstab": (0o644, "/dev/vda / ext4 rw,errors=remount-ro 0 1\n"),
+        f"home/{MPI_USER}/.ssh/config": (0o644, SSH_CONFIG),
     }
 
+
+# mpirun between guests goes over ssh as MPI_USER, whose key pair is made
+# at image build: the guests of one image trust each other (and share
+# their host keys), which is what a test image wants and a production
+# image must not do (docs/vm.md).
+SSH_CONFIG = """Host *
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    LogLevel ERROR
+"""
 
 # Units enabled (multi-user.target.wants) and masked (slow or pointless in
 # a short-lived test guest).
@@ -266,6 +297,18 @@ def _install_into(root: Path, deb: Path) -> None:
                        capture_output=True, text=True, timeout=60, env=env)
     if p.returncode != 0:
         raise ImageError(f"useradd {MPI_USER} in the image failed: "
+                         f"{p.stderr.strip()}")
+    home = f"/home/{MPI_USER}"
+    p = subprocess.run(
+        ["chroot", str(root), "sh", "-c",
+         f"ssh-keygen -q -t ed25519 -N '' -C {MPI_USER}@ivcloud "
+         f"-f {home}/.ssh/id_ed25519 && "
+         f"cp {home}/.ssh/id_ed25519.pub {home}/.ssh/authorized_keys && "
+         f"chmod 700 {home}/.ssh && chown -R {MPI_USER}: {home}"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        env=env)
+    if p.returncode != 0:
+        raise ImageError(f"ssh keys for {MPI_USER} in the image failed: "
                          f"{p.stderr.strip()}")
 
 
