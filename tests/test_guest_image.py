@@ -209,3 +209,25 @@ def test_plain_mpirun_between_two_guests_uses_ivshmem(guest):
     for rank in (0, 1):
         msgs, nbytes = sent.get(rank, (0, 0))
         assert msgs >= 200 and nbytes >= 200 * 4096, out
+
+
+def test_debian_kind_bad_input_exits_2(tmp_path):
+    import socket
+    sock = tmp_path / "s"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    try:
+        for extra, flag in ((["--network"], "--network"),
+                            (["--kind", "debian", "--doorbell", "uio"],
+                             "--doorbell"),
+                            (["--kind", "debian", "--network", "--count", 3],
+                             "--network"),
+                            (["--kind", "debian", "--kernel", "/bin/true"],
+                             "--kernel")):
+            r = ivcloud("vm", "up", "--server", sock, "--run-dir", tmp_path,
+                        *extra, timeout=60)
+            assert r.returncode == 2, (extra, r.stderr)
+            assert len(r.stderr.strip().splitlines()) == 1 and flag in r.stderr
+        assert not (tmp_path / "vm").exists()
+    finally:
+        s.close()

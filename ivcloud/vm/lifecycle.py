@@ -229,6 +229,13 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     if kind not in IMAGE_KINDS:
         raise VmError(f"the image kind must be one of "
                       f"{', '.join(IMAGE_KINDS)}, not {kind}", setting="kind")
+    if kind == "debian" and doorbell != "vfio":
+        # ivshm-bind in the guest picks the driver from the device itself
+        # (vfio with an IOMMU group, uio only with INTx, which QEMU's
+        # ivshmem-doorbell lacks)
+        raise VmError("the Debian image binds the device to vfio-pci "
+                      "itself; uio needs a device with INTx",
+                      setting="doorbell")
     if kind == "debian" and (kernel or initrd):
         raise VmError("the Debian image boots its own kernel and initramfs",
                       setting="kernel")
