@@ -258,3 +258,25 @@ def test_install_upgrade_remove_purge(root, debs):
     assert "ivcloud" not in chroot(root, "dpkg", "-l").stdout
     assert tree(root) == tree_before
     assert not (root / "run/ivshm").exists()
+
+
+def test_image_cache_keeps_the_most_recently_used(tmp_path):
+    """The image cache outside the clone does not grow without bound: a
+    new entry evicts the least recently used beyond KEEP_IMAGES, never
+    the current one and never one whose build holds its lock."""
+    import fcntl
+    dirs = []
+    for i in range(5):
+        d = tmp_path / f"guest-debian-{i}"
+        d.mkdir()
+        (d / ".used").touch()
+        os.utime(d / ".used", (1000 + i, 1000 + i))
+        dirs.append(d)
+    current = dirs[0]          # the oldest, but the one just built
+    with open(dirs[1] / ".lock", "a") as held:   # a build in progress
+        fcntl.flock(held, fcntl.LOCK_EX)
+        debian._prune(tmp_path, "guest-debian", 3, current)
+    left = sorted(d.name for d in tmp_path.iterdir())
+    # current + the 2 most recently used others stay; dirs[1] is locked
+    assert left == ["guest-debian-0", "guest-debian-1", "guest-debian-3",
+                    "guest-debian-4"]

@@ -25,6 +25,8 @@ launcher's banners on the console once the ivshmem device is bound.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -60,6 +62,10 @@ DEFAULT_CACHE = "/var/cache/ivcloud"
 BASE_TIMEOUT_S = 1500
 # the root file system gets this much room beyond its contents
 DISK_SLACK = 256 << 20
+# cache entries kept per layer (least recently used go first): every
+# commit makes a new package, hence a new image of ~0.9 GB
+KEEP_IMAGES = 3
+KEEP_BASES = 2
 
 # Files added to the image (path -> (mode, text)).
 AGENT_SH = "#!/bin/sh\n# the ivcloud agent on ttyS1: see ivcloud/vm/agent.py\n" + AGENT_LOOP
@@ -208,6 +214,55 @@ def _run(cmd: List[str], timeout: float, what: str) -> str:
     return p.stdout
 
 
+@contextlib.contextmanager
+def _locked(d: Path, timeout: float = BASE_TIMEOUT_S + 600):
+    """Hold d/.lock: one builder per cache entry (two test runs, or CI
+    jobs, that want the same image wait for each other)."""
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ImageError(f"{d} is locked by another build for "
+                                     f"more than {timeout:.0f} s")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _used(d: Path) -> None:
+    try:
+        (d / ".used").touch()
+    except OSError:
+        pass
+
+
+def _prune(cache: Path, prefix: str, keep: int, current: Path) -> None:
+    """Remove all but the `keep` most recently used entries `prefix`-*,
+    never `current` and never one being built (its lock is held)."""
+    def last_use(d: Path) -> float:
+        try:
+            return (d / ".used").stat().st_mtime
+        except OSError:
+            return d.stat().st_mtime
+    entries = sorted((d for d in cache.glob(prefix + "-*")
+                      if d.is_dir() and d != current), key=last_use,
+                     reverse=True)
+    for d in entries[max(keep - 1, 0):]:
+        try:
+            with open(d / ".lock", "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(d, ignore_errors=True)
+        except (BlockingIOError, OSError):
+            pass
+
+
 def base_inputs() -> Dict:
     return {"version": BASE_VERSION, "suite": SUITE, "mirrors": MIRRORS,
             "packages": sorted(BASE_PACKAGES)}
@@ -219,11 +274,21 @@ def base_root(cache: Optional[Path] = None, force: bool = False,
     d = Path(cache or cache_root()) / f"debian-base-{_hash(base_inputs())}"
     tar = d / "root.tar"
     if tar.is_file() and not force:
+        _used(d)
         return tar
     if os.geteuid() != 0:
         raise ImageError("building the Debian image needs root "
                          "(mmdebstrap in root mode, mke2fs)")
-    d.mkdir(parents=True, exist_ok=True)
+    with _locked(d):
+        if tar.is_file() and not force:
+            _used(d)
+            return tar
+        _build_base(d, tar, log)
+    _prune(d.parent, "debian-base", KEEP_BASES, d)
+    return tar
+
+
+def _build_base(d: Path, tar: Path, log) -> None:
     if log:
         log(f"mmdebstrap {SUITE} ({len(BASE_PACKAGES)} packages) into {tar}")
     t0 = time.monotonic()
@@ -237,7 +302,7 @@ def base_root(cache: Optional[Path] = None, force: bool = False,
     (d / "inputs.json").write_text(json.dumps(
         dict(base_inputs(), seconds=round(time.monotonic() - t0, 1)),
         indent=2) + "\n")
-    return tar
+    _used(d)
 
 
 def default_guest_deb() -> Path:
@@ -320,12 +385,23 @@ def build(cache: Optional[Path] = None, deb: Optional[Path] = None,
         raise ImageError(f"guest package {deb} does not exist",
                          setting="guest_deb")
     out = image_dir_for(deb, cache)
-    manifest = out / "manifest.json"
     if not force:
         img = cached_dir(out)
         if img is not None:
+            _used(out)
             return img
     tar = base_root(cache, log=log)
+    with _locked(out):
+        img = None if force else cached_dir(out)
+        if img is None:
+            img = _build_image(out, tar, deb, log)
+        _used(out)
+    _prune(out.parent, "guest-debian", KEEP_IMAGES, out)
+    return img
+
+
+def _build_image(out: Path, tar: Path, deb: Path, log) -> GuestImage:
+    manifest = out / "manifest.json"
     if log:
         log(f"building the Debian guest image in {out}")
     t0 = time.monotonic()
