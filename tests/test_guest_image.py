@@ -120,6 +120,15 @@ def env_of(sock: Path) -> dict:
 
 
 def test_udev_rule_bound_the_device(guest):
+    r = ivcloud("vm", "status", "--json", "--run-dir",
+                guest.parent.parent.parent, timeout=60)
+    import json
+    vms = {v["name"]: v for v in json.loads(r.stdout)}
+    assert sorted(vms) == ["deb0", "deb1"] and all(
+        v["running"] for v in vms.values())
+    # each guest's id at the server, as its ivshm-guest sees it
+    ids = {vms[n]["ivposition"] for n in vms}
+    assert None not in ids and len(ids) == 2, vms
     env = env_of(guest)
     assert env["IVSHM_DOORBELL"] == "vfio"
     assert env["IVSHM_UIO"].startswith("/dev/vfio/")

@@ -118,8 +118,11 @@ if [ ! -e /run/ivshm/ivshm.env ]; then
         "$(systemctl is-failed ivshm-bind@$DEV.service)" > /dev/console
     exit 1
 fi
-. /run/ivshm/ivshm.env
-echo "@READY_BANNER@ name=$NAME device=$DEV doorbell=$IVSHM_DOORBELL irq=$IVSHM_UIO" > /dev/console
+set -a; . /run/ivshm/ivshm.env; set +a
+# IVPosition, our id at the server, for `vm status`: the device's BAR0 is
+# vfio's now, so ask libivshm (a short attachment, before any user runs)
+POS=$(timeout 20 ivshm-guest info --job 1 2>/dev/null | sed -n 's/^{"cmd":"info","slot":[0-9-]*,"doorbell_id":\([0-9]*\).*/\1/p' | head -n 1)
+echo "@READY_BANNER@ name=$NAME device=$DEV ivposition=${POS:-unknown} doorbell=$IVSHM_DOORBELL irq=$IVSHM_UIO" > /dev/console
 """
 
 AGENT_UNIT = """[Unit]
