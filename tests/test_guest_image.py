@@ -68,13 +68,16 @@ def guest_deb(tmp_path_factory):
     subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
                     str(out), "0.1.0"], check=True, capture_output=True,
                    timeout=300)
-    return out / "ivcloud-guest_0.1.0_amd64.deb"
+    return out / "ivcloud-guest_0.1.0_amd64.deb", out / "ivcloud-host_0.1.0_amd64.deb"
 
 
 @pytest.fixture(scope="module")
 def guest(guest_deb):
+    guest_deb, host_deb = guest_deb
     t0 = time.monotonic()
-    img = debian.build(deb=guest_deb, log=print)
+    # ivcloud-host too: its hardened unit is started under the guest's
+    # systemd (this host has none)
+    img = debian.build(deb=guest_deb, log=print, extra=[host_deb])
     print(f"\nDebian image: {time.monotonic() - t0:.0f} s "
           f"(cached if ~0), disk {img.disk.stat().st_blocks * 512 >> 20} MiB")
     run_dir = Path(tempfile.mkdtemp(prefix="ivc-dg-", dir="/tmp"))
@@ -83,6 +86,7 @@ def guest(guest_deb):
     try:
         t0 = time.monotonic()
         r = ivcloud("vm", "up", "--kind", "debian", "--guest-deb", guest_deb,
+                    "--extra-deb", host_deb,
                     "--count", 2, "--network", "--server", paths.socket,
                     "--run-dir", run_dir, "--memory", "512M", "--accel",
                     "tcg", "--boot-timeout", 400, "--name", "deb")
@@ -240,3 +244,33 @@ def test_debian_kind_bad_input_exits_2(tmp_path):
         assert not (tmp_path / "vm").exists()
     finally:
         s.close()
+
+
+def test_host_package_unit_serves_under_its_hardening(guest):
+    """ivshmem-server@t.service of ivcloud-host, started by systemd in
+    deb1: it serves its socket, a client attaches through it, the
+    hardening is in force, and stopping it removes socket and region."""
+    g = peer(guest)
+    sh(g, "mkdir -p /etc/ivshmem-server && echo 'IVSHMEM_SERVER_OPTS=\"--size"
+          " 32M --max-peers 4 --group ivshm\"' > /etc/ivshmem-server/t.conf && "
+          "systemctl start ivshmem-server@t")
+    sock = "/run/ivshmem-server/t/ivshmem.sock"
+    sh(g, f"i=0; while [ ! -S {sock} ] && [ $i -lt 100 ]; do sleep 0.1; "
+          f"i=$((i+1)); done; test -S {sock}")
+    assert sh(g, "systemctl is-active ivshmem-server@t").strip() == "active"
+    info = sh(g, f"ivshm-guest info --server {sock} --job 1")
+    assert '"cmd":"info"' in info, info
+    pid = sh(g, "systemctl show -p MainPID --value ivshmem-server@t").strip()
+    status = sh(g, f"cat /proc/{pid}/status")
+    assert "NoNewPrivs:\t1" in status
+    assert "CapEff:\t0000000000000009" in status  # CAP_CHOWN, CAP_FOWNER
+    # ProtectSystem=strict: the server's root is read-only, /dev/shm not
+    mounts = sh(g, f"cat /proc/{pid}/mountinfo")
+    root_line = [ln for ln in mounts.splitlines() if ln.split()[4] == "/"]
+    assert root_line[-1].split()[5].split(",")[0] == "ro", root_line
+    # --group: socket and region for group ivshm, 0660
+    assert sh(g, f"stat -c '%G %a' {sock} /dev/shm/ivshmem-server-t"
+              ).split() == ["ivshm", "660", "ivshm", "660"]
+    sh(g, "systemctl stop ivshmem-server@t")
+    left = sh(g, f"ls /dev/shm; test ! -e {sock} && echo gone")
+    assert "gone" in left and "ivshmem-server-t" not in left

@@ -79,6 +79,9 @@ def register(sub) -> None:
     u.add_argument("--guest-deb", default=None, metavar="DEB",
                    help="debian kind: the ivcloud-guest package to install "
                         "(default the newest in build/deb)")
+    u.add_argument("--extra-deb", action="append", default=None,
+                   metavar="DEB", help="debian kind: also install this "
+                                       "package (repeatable)")
     u.add_argument("--network", action="store_true",
                    help="debian kind, 2 VMs: an Ethernet between them "
                         "(10.12.0.1, .2) for mpirun over ssh")
@@ -123,6 +126,9 @@ def register(sub) -> None:
     i.add_argument("--image-dir", default=None)
     i.add_argument("--guest-deb", default=None, metavar="DEB",
                    help="debian kind: the ivcloud-guest package to install")
+    i.add_argument("--extra-deb", action="append", default=None,
+                   metavar="DEB", help="debian kind: also install this "
+                                       "package (repeatable)")
     i.add_argument("--rebuild", action="store_true")
     i.set_defaults(func=_cmd_image)
 
@@ -147,7 +153,8 @@ def _cmd_up(args) -> int:
     vms = up(root, args.count, args.server, args.name, args.memory,
              args.vcpus, args.accel, args.vectors, args.doorbell,
              args.image_dir, args.kernel, args.initrd, args.boot_timeout,
-             kind=args.kind, guest_deb=args.guest_deb, network=args.network)
+             kind=args.kind, guest_deb=args.guest_deb, network=args.network,
+             extra_debs=args.extra_deb)
     for v in vms:
         print(f"{v['name']}: running (pid {v['pid']}, {v['accel']}, "
               f"{v['vcpus']} vCPU, {format_size(v['memory'])}, ivshmem id "
@@ -222,7 +229,8 @@ def _cmd_image(args) -> int:
     if args.kind == "debian":
         img = debian.build(Path(args.image_dir) if args.image_dir else None,
                            Path(args.guest_deb) if args.guest_deb else None,
-                           force=args.rebuild, log=log)
+                           force=args.rebuild, log=log,
+                           extra=[Path(x) for x in args.extra_deb or ()])
         print(f"kernel {img.kernel} ({img.kernel_version}), initramfs "
               f"{img.initrd}, root disk {img.disk} "
               f"({img.disk.stat().st_blocks * 512 >> 20} MiB used)")

@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..errors import ImageError
 from .image import AGENT_LOOP, INIT_BANNER, READY_BANNER, GuestImage
@@ -318,30 +318,36 @@ def default_guest_deb() -> Path:
     return found[-1]
 
 
-def image_dir_for(deb: Path, cache: Optional[Path] = None) -> Path:
+def image_dir_for(deb: Path, cache: Optional[Path] = None,
+                  extra: Sequence[Path] = ()) -> Path:
     files = {k: [m, hashlib.sha256(t.encode()).hexdigest()]
              for k, (m, t) in _files().items()}
     inputs = {"version": IMAGE_VERSION, "base": _hash(base_inputs()),
               "deb": _sha256(deb), "files": files, "enable": ENABLE,
+              "extra": [_sha256(Path(x)) for x in extra],
               "mask": MASK, "user": MPI_USER}
     return Path(cache or cache_root()) / f"guest-debian-{_hash(inputs)}"
 
 
-def _install_into(root: Path, deb: Path) -> None:
+def _install_into(root: Path, deb: Path, extra: Sequence[Path] = ()
+                  ) -> None:
     """dpkg -i the guest package into `root` (its maintainer scripts run
     in the chroot), then our files, units and user."""
-    target = root / "tmp" / deb.name
-    shutil.copyfile(deb, target)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive",
                PATH="/usr/sbin:/usr/bin:/sbin:/bin")
-    p = subprocess.run(["chroot", str(root), "dpkg", "-i", f"/tmp/{deb.name}"],
-                       stdin=subprocess.DEVNULL, capture_output=True,
-                       text=True, timeout=300, env=env)
-    target.unlink()
-    if p.returncode != 0:
-        lines = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
-        raise ImageError(f"dpkg -i {deb.name} in the image failed: "
-                         f"{lines[-1] if lines else p.returncode}")
+    for pkg in (deb, *map(Path, extra)):
+        target = root / "tmp" / pkg.name
+        shutil.copyfile(pkg, target)
+        p = subprocess.run(["chroot", str(root), "dpkg", "-i",
+                            f"/tmp/{pkg.name}"],
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=300, env=env)
+        target.unlink()
+        if p.returncode != 0:
+            lines = [ln for ln in (p.stderr + p.stdout).splitlines()
+                     if ln.strip()]
+            raise ImageError(f"dpkg -i {pkg.name} in the image failed: "
+                             f"{lines[-1] if lines else p.returncode}")
     for rel, (mode, text) in _files().items():
         f = root / rel
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -381,13 +387,20 @@ def _install_into(root: Path, deb: Path) -> None:
 
 
 def build(cache: Optional[Path] = None, deb: Optional[Path] = None,
-          force: bool = False, log=None) -> GuestImage:
-    """Build (or reuse) the Debian guest image with package `deb`."""
+          force: bool = False, log=None, extra: Sequence[Path] = ()
+          ) -> GuestImage:
+    """Build (or reuse) the Debian guest image with package `deb` (and
+    the `extra` packages, e.g. ivcloud-host to test its unit in a guest
+    that runs systemd)."""
     deb = Path(deb) if deb else default_guest_deb()
     if not deb.is_file():
         raise ImageError(f"guest package {deb} does not exist",
                          setting="guest_deb")
-    out = image_dir_for(deb, cache)
+    for x in extra:
+        if not Path(x).is_file():
+            raise ImageError(f"package {x} does not exist",
+                             setting="extra_deb")
+    out = image_dir_for(deb, cache, extra)
     if not force:
         img = cached_dir(out)
         if img is not None:
@@ -397,13 +410,14 @@ def build(cache: Optional[Path] = None, deb: Optional[Path] = None,
     with _locked(out):
         img = None if force else cached_dir(out)
         if img is None:
-            img = _build_image(out, tar, deb, log)
+            img = _build_image(out, tar, deb, log, extra)
         _used(out)
     _prune(out.parent, "guest-debian", KEEP_IMAGES, out)
     return img
 
 
-def _build_image(out: Path, tar: Path, deb: Path, log) -> GuestImage:
+def _build_image(out: Path, tar: Path, deb: Path, log,
+                 extra: Sequence[Path] = ()) -> GuestImage:
     manifest = out / "manifest.json"
     if log:
         log(f"building the Debian guest image in {out}")
@@ -415,7 +429,7 @@ def _build_image(out: Path, tar: Path, deb: Path, log) -> GuestImage:
         root.mkdir()
         _run(["tar", "-C", str(root), "--numeric-owner", "-xpf", str(tar)],
              600, "unpacking the base root")
-        _install_into(root, deb)
+        _install_into(root, deb, extra)
         kernels = sorted((root / "boot").glob("vmlinuz-*"))
         if not kernels:
             raise ImageError(f"the base root {tar} holds no kernel")
@@ -439,6 +453,7 @@ def _build_image(out: Path, tar: Path, deb: Path, log) -> GuestImage:
     os.replace(disk_tmp, out / "disk.img")
     manifest.write_text(json.dumps({
         "kernel_version": kver, "deb": deb.name, "deb_sha256": _sha256(deb),
+        "extra": [Path(x).name for x in extra],
         "base": str(tar), "disk_mb": size_mb,
         "seconds": round(time.monotonic() - t0, 1)}, indent=2) + "\n")
     return GuestImage(out / "vmlinuz", out / "initrd.img", kver,

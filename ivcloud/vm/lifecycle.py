@@ -200,7 +200,8 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
        initrd: Optional[str] = None,
        boot_timeout: float = BOOT_TIMEOUT_S, log=None,
        kind: str = "busybox", guest_deb: Optional[str] = None,
-       network: bool = False) -> List[Dict]:
+       network: bool = False, extra_debs: Optional[List[str]] = None
+       ) -> List[Dict]:
     """Boot `count` VMs named PREFIX0.. attached to `server`. All or
     nothing: on failure every VM started here is stopped again. `kind`
     picks the image: the busybox initramfs (image.py) or the Debian
@@ -263,7 +264,8 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
             raise VmError(f"guest {what} image {path} is missing")
     if kind == "debian":
         img = debian.build(Path(image_dir) if image_dir else None,
-                           Path(guest_deb) if guest_deb else None, log=log)
+                           Path(guest_deb) if guest_deb else None, log=log,
+                           extra=[Path(x) for x in extra_debs or ()])
     elif kernel and initrd:
         img = image.GuestImage(Path(kernel).absolute(),
                                Path(initrd).absolute(), "custom")
