@@ -274,3 +274,25 @@ def test_host_package_unit_serves_under_its_hardening(guest):
     sh(g, "systemctl stop ivshmem-server@t")
     left = sh(g, f"ls /dev/shm; test ! -e {sock} && echo gone")
     assert "gone" in left and "ivshmem-server-t" not in left
+
+
+def test_reconfigure_and_remove_in_a_running_guest(guest):
+    """In deb1, with its device bound: postinst run again (what an
+    upgrade does) keeps one defaults block and the device's group; then
+    dpkg -r takes out exactly what the package added, and Open MPI still
+    works without it. Last user of deb1 in this module."""
+    g = peer(guest)
+    env = env_of(g)
+    sh(g, "/var/lib/dpkg/info/ivcloud-guest.postinst configure 0.1.0")
+    conf = sh(g, "cat /etc/openmpi/openmpi-mca-params.conf")
+    assert conf.count("# BEGIN ivcloud-guest") == 1
+    assert f"btl_ivshmem_region = {env['IVSHM_BAR2']}" in conf
+    assert sh(g, f"stat -c '%G %a' {env['IVSHM_UIO']}").strip() == "ivshm 660"
+    sh(g, "dpkg -r ivcloud-host ivcloud-guest")
+    conf = sh(g, "cat /etc/openmpi/openmpi-mca-params.conf")
+    assert "ivcloud" not in conf and "ivshmem" not in conf
+    assert conf.endswith("osc = ^ucx,pt2pt")  # no final newline, as shipped
+    assert "ivshmem" not in sh(g, "ompi_info | grep 'MCA btl'")
+    assert sh(g, "ls /run/ivshm 2>&1 || true").find("No such file") >= 0
+    out = sh(g, "cd /tmp && runuser -u mpi -- mpirun -np 1 hostname")
+    assert out.strip() == "deb1", out
