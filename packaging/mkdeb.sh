@@ -26,6 +26,9 @@ esac
 for f in libivshm.so.1.0.0 ivshmem-server guest/ivshm-guest guest/ivshm-guest-shared btl/mca_btl_ivshmem.so; do
     [ -f "$BUILD/$f" ] || { echo "mkdeb.sh: $BUILD/$f missing (run make build)" >&2; exit 2; }
 done
+for t in dpkg-deb strip readelf chrpath; do
+    command -v $t >/dev/null || { echo "mkdeb.sh: $t not found (apt-get install dpkg-dev binutils chrpath)" >&2; exit 2; }
+done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/ivcloud-deb.XXXXXX")
