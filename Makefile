@@ -17,10 +17,10 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   psmisc libmetis5 python3-matplotlib python3-scipy python3-petsc4py \
   petsc-dev python3-gmsh python3-meshio \
   libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
-  hpcc openfoam openfoam-examples
+  hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath
 
 .PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
-        demo bench bench-p2p fuzz clean
+        demo bench bench-p2p fuzz clean deb guest-image
 
 all: build
 
@@ -51,6 +51,19 @@ asan: | deps
 fuzz-build: | deps
 	cmake -S native -B $(FUZZ) -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DIVSHM_FUZZ=ON -DIVSHM_BENCH=OFF
 	cmake --build $(FUZZ) --target fuzz_attach fuzz_recv fuzz_window fuzz_server
+
+# Debian packages (docs/vm.md, "Packages"): build/deb/ivcloud-guest_V_amd64.deb
+# (libivshm, the Open MPI BTL, the ivshmem device binding, Open MPI
+# defaults) and ivcloud-host_V_amd64.deb (ivshmem-server, its unit, the CLI).
+DEB_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+deb: build
+	sh packaging/mkdeb.sh $(BUILD) build/deb $(DEB_VERSION)
+
+# The Debian 12 guest image with the guest package installed, cached by
+# the hash of its inputs in $${IVCLOUD_IMAGE_CACHE:-/var/cache/ivcloud}.
+guest-image: deb
+	$(PY) -m ivcloud vm image --kind debian \
+	  --guest-deb build/deb/ivcloud-guest_$(DEB_VERSION)_amd64.deb
 
 # C tests under address+undefined sanitizers, real processes and QEMU.
 test-native: asan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import VmFailure
 from ..server import format_size, parse_size
-from ..vm import agent, image
+from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
@@ -69,8 +69,22 @@ def register(sub) -> None:
     u.add_argument("--doorbell", choices=["vfio", "uio"], default="vfio",
                    help="guest driver for doorbell interrupts: vfio-pci "
                         "(MSI-X, default) or uio_pci_generic (INTx)")
+    u.add_argument("--kind", choices=["busybox", "debian"],
+                   default="busybox",
+                   help="guest image: busybox initramfs (default) or the "
+                        "Debian 12 image with the ivcloud-guest package")
     u.add_argument("--image-dir", default=None,
-                   help="guest image cache (default build/guest)")
+                   help="guest image cache (default build/guest; debian: "
+                        "$IVCLOUD_IMAGE_CACHE or /var/cache/ivcloud)")
+    u.add_argument("--guest-deb", default=None, metavar="DEB",
+                   help="debian kind: the ivcloud-guest package to install "
+                        "(default the newest in build/deb)")
+    u.add_argument("--extra-deb", action="append", default=None,
+                   metavar="DEB", help="debian kind: also install this "
+                                       "package (repeatable)")
+    u.add_argument("--network", action="store_true",
+                   help="debian kind, 2 VMs: an Ethernet between them "
+                        "(10.12.0.1, .2) for mpirun over ssh")
     u.add_argument("--kernel", default=None,
                    help="boot this kernel instead of the built one (its "
                         "modules must match the initramfs)")
@@ -105,7 +119,16 @@ def register(sub) -> None:
 
     i = actions.add_parser("image", help="build the guest kernel + "
                                          "initramfs")
+    i.add_argument("--kind", choices=["busybox", "debian"],
+                   default="busybox",
+                   help="busybox initramfs (default) or the Debian 12 "
+                        "image built with mmdebstrap")
     i.add_argument("--image-dir", default=None)
+    i.add_argument("--guest-deb", default=None, metavar="DEB",
+                   help="debian kind: the ivcloud-guest package to install")
+    i.add_argument("--extra-deb", action="append", default=None,
+                   metavar="DEB", help="debian kind: also install this "
+                                       "package (repeatable)")
     i.add_argument("--rebuild", action="store_true")
     i.set_defaults(func=_cmd_image)
 
@@ -129,7 +152,9 @@ def _cmd_up(args) -> int:
     root = vm_root(args.run_dir)
     vms = up(root, args.count, args.server, args.name, args.memory,
              args.vcpus, args.accel, args.vectors, args.doorbell,
-             args.image_dir, args.kernel, args.initrd, args.boot_timeout)
+             args.image_dir, args.kernel, args.initrd, args.boot_timeout,
+             kind=args.kind, guest_deb=args.guest_deb, network=args.network,
+             extra_debs=args.extra_deb)
     for v in vms:
         print(f"{v['name']}: running (pid {v['pid']}, {v['accel']}, "
               f"{v['vcpus']} vCPU, {format_size(v['memory'])}, ivshmem id "
@@ -200,9 +225,18 @@ def _cmd_exec(args) -> int:
 
 
 def _cmd_image(args) -> int:
+    log = lambda m: sys.stderr.write(m + "\n")  # noqa: E731
+    if args.kind == "debian":
+        img = debian.build(Path(args.image_dir) if args.image_dir else None,
+                           Path(args.guest_deb) if args.guest_deb else None,
+                           force=args.rebuild, log=log,
+                           extra=[Path(x) for x in args.extra_deb or ()])
+        print(f"kernel {img.kernel} ({img.kernel_version}), initramfs "
+              f"{img.initrd}, root disk {img.disk} "
+              f"({img.disk.stat().st_blocks * 512 >> 20} MiB used)")
+        return 0
     img = image.build(Path(args.image_dir) if args.image_dir else None,
-                      force=args.rebuild,
-                      log=lambda m: sys.stderr.write(m + "\n"))
+                      force=args.rebuild, log=log)
     print(f"kernel {img.kernel} ({img.kernel_version}), initramfs "
           f"{img.initrd} ({img.initrd.stat().st_size} bytes)")
     return 0

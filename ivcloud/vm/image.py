@@ -64,9 +64,13 @@ class GuestImage:
     kernel: Path
     initrd: Path
     kernel_version: str
+    # a root file system (the Debian image, debian.py); None: the
+    # initramfs is the whole guest
+    disk: Optional[Path] = None
 
     def exists(self) -> bool:
-        return self.kernel.is_file() and self.initrd.is_file()
+        return (self.kernel.is_file() and self.initrd.is_file()
+                and (self.disk is None or self.disk.is_file()))
 
 
 def default_cache_dir() -> Path:
@@ -336,7 +340,13 @@ set -a; . /etc/ivshm.env; set +a
 # guest process would look co-resident with host processes to libivshm's
 # liveness probe (which then reads the other kernel's pids).
 cat > /bin/ivcloud-agent <<'EOF'
-stty -F /dev/ttyS1 raw -echo 115200 2>/dev/null
+@AGENT_LOOP@EOF
+exec unshare -p -f /bin/sh /bin/ivcloud-agent
+"""
+
+# The agent loop on ttyS1 (protocol in agent.py), shared with the Debian
+# image (debian.py), which runs it as a systemd service.
+AGENT_LOOP = r"""stty -F /dev/ttyS1 raw -echo 115200 2>/dev/null
 exec 3<>/dev/ttyS1
 last=
 while :; do
@@ -353,13 +363,13 @@ while :; do
     fi
     { echo "@@ivc-begin $id"; base64 /tmp/.out; echo "@@ivc-end $id $(cat /tmp/.rc)"; } >&3
 done
-EOF
-exec unshare -p -f /bin/sh /bin/ivcloud-agent
 """
 
 
+
 def init_script() -> str:
-    return (INIT_SCRIPT.replace("@INIT_BANNER@", INIT_BANNER)
+    return (INIT_SCRIPT.replace("@AGENT_LOOP@", AGENT_LOOP)
+            .replace("@INIT_BANNER@", INIT_BANNER)
             .replace("@READY_BANNER@", READY_BANNER))
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 from ..errors import VmError, VmFailure
 from ..server import format_size
-from . import agent, image, qemu
+from . import agent, debian, image, qemu
 
 DEFAULT_RUN_DIR = "/run/ivcloud"
 DEFAULT_PREFIX = "vm"
@@ -32,6 +32,8 @@ _SUN_PATH_MAX = 107
 MAX_VMS = 64
 MIN_MEMORY = 96 << 20
 BOOT_TIMEOUT_S = 120.0
+IMAGE_KINDS = ("busybox", "debian")
+NET_PREFIX = "10.12.0"
 
 
 # ---------------------------------------------------------------- paths
@@ -196,9 +198,16 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
        vectors: int = 1, doorbell: str = "vfio",
        image_dir: Optional[str] = None, kernel: Optional[str] = None,
        initrd: Optional[str] = None,
-       boot_timeout: float = BOOT_TIMEOUT_S, log=None) -> List[Dict]:
+       boot_timeout: float = BOOT_TIMEOUT_S, log=None,
+       kind: str = "busybox", guest_deb: Optional[str] = None,
+       network: bool = False, extra_debs: Optional[List[str]] = None
+       ) -> List[Dict]:
     """Boot `count` VMs named PREFIX0.. attached to `server`. All or
-    nothing: on failure every VM started here is stopped again."""
+    nothing: on failure every VM started here is stopped again. `kind`
+    picks the image: the busybox initramfs (image.py) or the Debian
+    image with the ivcloud-guest package (debian.py). `network` links
+    two Debian guests by an Ethernet of their own (10.12.0.1 and .2, each
+    other's names in /etc/hosts), for mpirun between them."""
     log = log or (lambda msg: sys.stderr.write(msg + "\n"))
     if not 1 <= count <= MAX_VMS:
         raise VmError(f"the number of VMs must be 1..{MAX_VMS}, not {count}",
@@ -218,6 +227,22 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     if doorbell not in ("vfio", "uio"):
         raise VmError(f"the doorbell must be vfio or uio, not {doorbell}",
                       setting="doorbell")
+    if kind not in IMAGE_KINDS:
+        raise VmError(f"the image kind must be one of "
+                      f"{', '.join(IMAGE_KINDS)}, not {kind}", setting="kind")
+    if kind == "debian" and doorbell != "vfio":
+        # ivshm-bind in the guest picks the driver from the device itself
+        # (vfio with an IOMMU group, uio only with INTx, which QEMU's
+        # ivshmem-doorbell lacks)
+        raise VmError("the Debian image binds the device to vfio-pci "
+                      "itself; uio needs a device with INTx",
+                      setting="doorbell")
+    if kind == "debian" and (kernel or initrd):
+        raise VmError("the Debian image boots its own kernel and initramfs",
+                      setting="kernel")
+    if network and (kind != "debian" or count != 2):
+        raise VmError("a guest network links exactly 2 Debian guests",
+                      setting="network")
     check_name(prefix)
     binary = qemu.qemu_binary()
     if binary is None:
@@ -237,7 +262,11 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     for what, path in (("kernel", kernel), ("initramfs", initrd)):
         if path is not None and not Path(path).is_file():
             raise VmError(f"guest {what} image {path} is missing")
-    if kernel and initrd:
+    if kind == "debian":
+        img = debian.build(Path(image_dir) if image_dir else None,
+                           Path(guest_deb) if guest_deb else None, log=log,
+                           extra=[Path(x) for x in extra_debs or ()])
+    elif kernel and initrd:
         img = image.GuestImage(Path(kernel).absolute(),
                                Path(initrd).absolute(), "custom")
     else:
@@ -250,9 +279,16 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
         raise VmError(f"guest kernel image {img.kernel} is missing")
 
     if accel == "auto":
-        ok, why = qemu.kvm_usable(binary, img, img.kernel.parent
-                                  if os.access(img.kernel.parent, os.W_OK)
-                                  else root)
+        # the probe waits a few seconds for an init banner: the busybox
+        # image prints it at once, a Debian boot does not, so the probe
+        # of the Debian kind boots the busybox image if there is one
+        probe_img = img if img.disk is None else image.cached()
+        if probe_img is None:
+            ok, why = False, "no busybox image to probe KVM with"
+        else:
+            ok, why = qemu.kvm_usable(
+                binary, probe_img, probe_img.kernel.parent
+                if os.access(probe_img.kernel.parent, os.W_OK) else root)
         accel = "kvm" if ok else "tcg"
         if not ok:
             log(f"ivcloud vm: KVM unusable ({why}); using TCG emulation")
@@ -266,12 +302,25 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
                 stop_vm(d)  # leftovers of a VM that died
             d.mkdir(mode=0o700)
             started.append(d)
+            net = None
+            if network:
+                i = names.index(n)
+                peer = vm_dir(root, names[1 - i])
+                net = {"ip": f"{NET_PREFIX}.{i + 1}/24",
+                       "hosts": ",".join(f"{m}:{NET_PREFIX}.{j + 1}"
+                                         for j, m in enumerate(names)),
+                       "local": str(d / "net.sock"),
+                       "remote": str(peer / "net.sock"),
+                       "mac": f"52:54:00:12:00:{i + 1:02x}"}
             cmd = qemu.guest_command(binary, img, d, n, accel, vcpus,
-                                     memory >> 20, server, vectors, doorbell)
+                                     memory >> 20, server, vectors, doorbell,
+                                     net=net)
             _write_json(d / "vm.json", {
                 "name": n, "server": server, "accel": accel, "vcpus": vcpus,
                 "memory": memory, "vectors": vectors, "doorbell": doorbell,
                 "kernel": str(img.kernel), "initrd": str(img.initrd),
+                "kind": kind, "network": net,
+                "disk": str(img.disk) if img.disk else None,
                 "command": cmd, "state": "starting",
                 "started": time.time()})
             with open(d / "qemu.log", "w") as qlog:

@@ -38,10 +38,17 @@ def qemu_binary() -> Optional[str]:
 def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                   accel: str, vcpus: int, memory_mb: int,
                   server_socket: Optional[str], vectors: int = 1,
-                  doorbell: str = "vfio", daemonize: bool = True
-                  ) -> List[str]:
+                  doorbell: str = "vfio", daemonize: bool = True,
+                  net: Optional[Dict[str, str]] = None) -> List[str]:
     append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on "
               f"ivcloud.name={name} ivcloud.doorbell={doorbell}")
+    if image.disk is not None:
+        # the Debian image (debian.py): its root on virtio, copy-on-write
+        # in a temporary overlay, so guests share one read-only image
+        append += " root=/dev/vda rw"
+    if net is not None:
+        # the guests' own network (debian.py configures it from these)
+        append += f" ivcloud.ip={net['ip']} ivcloud.hosts={net['hosts']}"
     cmd = [qemu, "-name", f"{name},debug-threads=on",
            "-machine", "q35", "-accel", accel,
            "-smp", str(vcpus), "-m", f"{memory_mb}M",
@@ -58,6 +65,17 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
            "-device", "isa-serial,chardev=agent",
            "-qmp", f"unix:{vm_dir / 'qmp.sock'},server=on,wait=off",
            "-pidfile", str(vm_dir / "qemu.pid")]
+    if image.disk is not None:
+        cmd += ["-drive", f"file={image.disk},format=raw,if=none,id=root,"
+                          f"snapshot=on",
+                "-device", "virtio-blk-pci,drive=root"]
+    if net is not None:
+        # a point-to-point Ethernet between two guests: datagrams between
+        # two UNIX sockets, no host interface and no root-only tap
+        cmd += ["-netdev", f"dgram,id=net0,local.type=unix,"
+                           f"local.path={net['local']},remote.type=unix,"
+                           f"remote.path={net['remote']}",
+                "-device", f"virtio-net-pci,netdev=net0,mac={net['mac']}"]
     if accel == "kvm":
         cmd += ["-cpu", "host"]
     if server_socket:
