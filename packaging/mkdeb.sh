@@ -143,7 +143,7 @@ for b in ivshm-pingpong tcp-pingpong mpi-pingpong mpi-osu mpi-halo; do
 done
 P=$H/usr/lib/python3/dist-packages
 mkdir -p "$P"
-(cd "$SRC" && find ivcloud -name '*.py' -printf '%p\0' | sort -z \
+(cd "$SRC" && find ivcloud micromag -name '*.py' -printf '%p\0' | sort -z \
     | xargs -0 -I{} install -D -m 0644 {} "$P/{}")
 docs "$H" ivcloud-host "ivshmem-server, its systemd unit and the ivcloud command"
 install -m 0644 "$HERE/host/README" "$H/usr/share/doc/ivcloud-host/README"

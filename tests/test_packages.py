@@ -106,7 +106,8 @@ def test_host_package_contents(debs):
                  "./usr/lib/ivcloud/guest/ivshm-guest",
                  "./usr/lib/python3/dist-packages/ivcloud/__init__.py",
                  "./usr/lib/python3/dist-packages/ivcloud/cli/__init__.py",
-                 "./usr/lib/python3/dist-packages/ivcloud/vm/debian.py"]:
+                 "./usr/lib/python3/dist-packages/ivcloud/vm/debian.py",
+                 "./usr/lib/python3/dist-packages/micromag/__init__.py"]:
         assert path in c, path
     assert not any("__pycache__" in p for p in c)
     assert field(host, "Package") == "ivcloud-host"

@@ -17,7 +17,8 @@ t_one / t, a rate r gives r / r_one, so 1.0 is bare-metal speed.
 
 Then a strong-scaling series on the 3-level cluster (2 servers x 2
 instances x 1 vCPU, ivshmem, block placement: 1 rank, 2 ranks in two
-instances of one server, 4 ranks over both servers): time T, speed-up
+instances of one server, 4 ranks over both servers; by default only as
+many ranks as the host has CPUs, so on 2 cores 1 and 2): time T, speed-up
 S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
 7.3) and seed 002, and the serial fraction of Amdahl's law fitted to S
 (thesis ch. 7.5).
@@ -25,6 +26,7 @@ S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import sys
@@ -87,8 +89,11 @@ class AppsSettings:
                                  f"{', '.join(unknown)} (choose from "
                                  f"{', '.join(APPS)})", setting="apps")
         most = SCALING_SHAPE[0] * SCALING_SHAPE[1] * SCALING_SHAPE[2]
+        # by default as many ranks as the host has CPUs (powers of two):
+        # more would measure the oversubscription, not the scaling
+        cpus = len(os.sched_getaffinity(0))
         ranks = tuple(scaling_ranks) if scaling_ranks is not None \
-            else ((1, 2) if quick else (1, 2, 4))
+            else tuple(p for p in (1, 2, 4) if p <= max(1, min(most, cpus)))
         if any(not 1 <= p <= most for p in ranks):
             raise InvalidRequest(f"scaling ranks must be 1..{most} (the "
                                  f"3-level cluster's vCPUs)",

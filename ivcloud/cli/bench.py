@@ -260,7 +260,7 @@ def _apps_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="simpleFoam iterations (default 200)")
     p.add_argument("--ranks", type=_ranks, default=None,
                    help="rank counts of the scaling series (default "
-                        "1,2,4; empty: none)")
+                        "1,2,4 up to the host's CPUs)")
 
 
 def register(sub) -> None:
