@@ -30,19 +30,13 @@ static uint64_t now_ms(void)
     return ivshm_now_ns() / 1000000ull;
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static int await_peer(ivshm *h, uint32_t rank)
 {
     for (int i = 0; i < 5000; i++) {
         int s = ivshm_find(h, job, rank);
         if (s >= 0)
             return s;
-        sleep_ms(1);
+        tu_sleep_ms(1);
     }
     return -1;
 }
@@ -211,7 +205,7 @@ static int stall_child(void *arg)
         if (read(a->stop_fd, &c, 1) != -1 || errno != EAGAIN)
             break; /* parent wrote or closed: stop */
         if (!a->endless) {
-            sleep_ms(5);
+            tu_sleep_ms(5);
             continue;
         }
         uint64_t tail = atomic_load(&ctrl->tail);
@@ -472,7 +466,7 @@ static void test_tail_rewind(void)
     atomic_init(&r.stop, false);
     pthread_t th;
     CHECK(pthread_create(&th, NULL, rewind_tail, &r) == 0);
-    sleep_ms(5);
+    tu_sleep_ms(5);
     uint64_t t0 = now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 100), -ETIMEDOUT);
     uint64_t el = now_ms() - t0;
@@ -494,7 +488,7 @@ static void test_tail_rewind(void)
     atomic_store(&ctrl->tail, 0);
     pthread_t st;
     CHECK(pthread_create(&st, NULL, do_send, &bs) == 0);
-    sleep_ms(30);
+    tu_sleep_ms(30);
     CHECK(!atomic_load(&bs.done)); /* blocked on the rewound tail */
     uint32_t tag = 0;
     CHECK_RC(ivshm_recv(b, sa, NULL, &tag, in, sizeof in, 5000), 4);
@@ -671,7 +665,7 @@ static void test_format_file(void)
         CHECK_RC(ivshm_format_file(p, 64ull << 20, &big, 0640), 0);
         umask(old);
         CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0640);
-        sleep_ms(5);
+        tu_sleep_ms(5);
         unlink(p);
     }
     atomic_store(&w.stop, true);

@@ -48,21 +48,6 @@ static void on_signal(int sig)
     raise(sig);
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-#define EVENTUALLY(cond, timeout_ms)                                         \
-    ({                                                                       \
-        uint64_t end_ = ivshm_now_ns() + (uint64_t)(timeout_ms) * 1000000ull; \
-        bool ok_;                                                            \
-        while (!(ok_ = (cond)) && ivshm_now_ns() < end_)                     \
-            sleep_ms(5);                                                     \
-        ok_;                                                                 \
-    })
-
 static bool find_on_path(const char *name, char *out, size_t cap)
 {
     const char *path = getenv("PATH");
@@ -122,11 +107,9 @@ int main(void)
         printf("test_qemu: qemu-system-x86_64 not found: skipped\n");
         return 77;
     }
-    const char *server_bin = getenv("IVSHM_SERVER_BIN");
-    if (!server_bin || access(server_bin, X_OK) < 0) {
-        fprintf(stderr, "IVSHM_SERVER_BIN not set or not executable\n");
+    const char *server_bin = tu_server_bin();
+    if (!server_bin)
         return 1;
-    }
     owner_pid = getpid();
     int me = (int)getpid();
     snprintf(sock_path, sizeof sock_path, "/tmp/ivshm-qtest-%d.sock", me);
@@ -147,7 +130,7 @@ int main(void)
         execv(server_bin, sargs);
         _exit(127);
     }
-    if (!EVENTUALLY(exists(state_path), 5000)) {
+    if (!TU_EVENTUALLY(exists(state_path), 5000)) {
         CHECK(!"server started");
         return tu_summary("test_qemu");
     }
@@ -168,7 +151,7 @@ int main(void)
     int vec[4];
     /* The protocol has no end-of-burst marker: our last vectors may
        still be in flight when attach returns. */
-    CHECK(EVENTUALLY(ivshm_server_peers(h, ids, vec, 4) == 1 &&
+    CHECK(TU_EVENTUALLY(ivshm_server_peers(h, ids, vec, 4) == 1 &&
                          ids[0] == self_id && vec[0] == VECTORS, 2000));
 
     char chardev[256], device[128];
@@ -190,12 +173,12 @@ int main(void)
 
     int vectors = 0;
     int32_t vm_id = -1;
-    CHECK(EVENTUALLY((vm_id = other_peer(h, self_id, &vectors)) >= 0 &&
+    CHECK(TU_EVENTUALLY((vm_id = other_peer(h, self_id, &vectors)) >= 0 &&
                          vectors == VECTORS, 10000));
     printf("QEMU joined as id %d with %d vectors\n", (int)vm_id, vectors);
     CHECK(vm_id >= 0 && vm_id != self_id && vectors == VECTORS);
     if (vm_id >= 0) {
-        CHECK(EVENTUALLY(state_has_peer(vm_id, VECTORS) &&
+        CHECK(TU_EVENTUALLY(state_has_peer(vm_id, VECTORS) &&
                              state_has_peer(self_id, VECTORS), 2000));
 
         /* What a guest would publish through BAR2: an entry behind the
@@ -216,10 +199,10 @@ int main(void)
         kill(qemu_pid, SIGKILL);
         waitpid(qemu_pid, NULL, 0);
         qemu_pid = -1;
-        CHECK(EVENTUALLY(other_peer(h, self_id, &vectors) < 0, 5000));
-        CHECK(EVENTUALLY(!state_has_peer(vm_id, VECTORS), 5000));
+        CHECK(TU_EVENTUALLY(other_peer(h, self_id, &vectors) < 0, 5000));
+        CHECK(TU_EVENTUALLY(!state_has_peer(vm_id, VECTORS), 5000));
         if (gslot >= 0) {
-            CHECK(EVENTUALLY(ivshm_find(h, JOB, 1) == -ENOENT, 2000));
+            CHECK(TU_EVENTUALLY(ivshm_find(h, JOB, 1) == -ENOENT, 2000));
             CHECK(atomic_load(&ivshm_entry(h, gslot)->state) == PEER_DEAD);
             CHECK_RC(h->db->ring(h->db, h, gslot, vm_id), IVSHM_EPEERDEAD);
         }

@@ -25,12 +25,6 @@ static double now_s(void)
     return (double)ivshm_now_ns() / 1e9;
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Deterministic bytes, so either side can check them. */
 static void fill_pattern(uint8_t *b, size_t n, uint32_t seed)
 {
@@ -59,7 +53,7 @@ static int await_peer(ivshm *h, uint32_t rank)
         int s = ivshm_find(h, job, rank);
         if (s >= 0)
             return s;
-        sleep_ms(1);
+        tu_sleep_ms(1);
     }
     return -1;
 }
@@ -744,7 +738,7 @@ static int victim_child(void *arg)
 
 static int killer_child(void *arg)
 {
-    sleep_ms(300);
+    tu_sleep_ms(300);
     kill(*(pid_t *)arg, SIGKILL);
     return 0;
 }
@@ -798,7 +792,7 @@ static void test_peer_death(void)
     CHECK(slot >= 0);
     struct ivshm_ring_ctrl *ctrl = ring_ctrl(h, slot, ivshm_self(h));
     for (int i = 0; i < 5000 && atomic_load(&ctrl->head) < h->ring_slots; i++)
-        sleep_ms(1);
+        tu_sleep_ms(1);
     CHECK(atomic_load(&ctrl->head) == h->ring_slots); /* full, blocked */
     kill(victim, SIGKILL);
     CHECK(tu_wait(victim, 5000) == -1);

@@ -45,12 +45,6 @@ struct board {
 };
 static struct board *board;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static pid_t read_pidfile(const char *path)
 {
     FILE *f = fopen(path, "r");
@@ -89,41 +83,11 @@ static void on_signal(int sig)
     raise(sig);
 }
 
-static bool exists(const char *path)
-{
-    struct stat st;
-    return lstat(path, &st) == 0;
-}
-
-/* Poll `cond` every ms for at most timeout_ms. */
-#define EVENTUALLY(cond, timeout_ms)                                         \
-    ({                                                                       \
-        uint64_t end_ = ivshm_now_ns() + (uint64_t)(timeout_ms) * 1000000ull; \
-        bool ok_;                                                            \
-        while (!(ok_ = (cond)) && ivshm_now_ns() < end_)                     \
-            sleep_ms(1);                                                     \
-        ok_;                                                                 \
-    })
-
-static char *read_text(const char *path)
-{
-    static char buf[4096];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n < 0)
-        return NULL;
-    buf[n] = '\0';
-    return buf;
-}
-
 static bool state_has_peer(const char *path, int32_t id, int vectors)
 {
     char want[64];
     snprintf(want, sizeof want, "{\"id\":%d,\"vectors\":%d}", (int)id, vectors);
-    const char *text = read_text(path);
+    const char *text = tu_read_text(path);
     return text && strstr(text, want);
 }
 
@@ -216,7 +180,7 @@ static void test_bad_options(void)
         if (st != 2 || count_lines(err) != 1)
             fprintf(stderr, "  case %zu printed: %s", i, err);
     }
-    CHECK(!exists(sock_path) && !exists(shm_path));
+    CHECK(!tu_exists(sock_path) && !tu_exists(shm_path));
 }
 
 /* ---- peers ---- */
@@ -224,7 +188,7 @@ static void test_bad_options(void)
 static int wait_find(ivshm *h, uint32_t rank)
 {
     int slot = -ENOENT;
-    EVENTUALLY((slot = ivshm_find(h, JOB, rank)) >= 0, 10000);
+    TU_EVENTUALLY((slot = ivshm_find(h, JOB, rank)) >= 0, 10000);
     return slot;
 }
 
@@ -270,7 +234,7 @@ static int child_a(void *arg)
     board->a_attached = 1;
     int b = wait_find(h, 1);
     REQUIRE(b >= 0);
-    REQUIRE(EVENTUALLY(server_lists(h, board->id_b, 1), 2000));
+    REQUIRE(TU_EVENTUALLY(server_lists(h, board->id_b, 1), 2000));
     REQUIRE(server_lists(h, board->id_a, 1));
 
     /* B pauses before each send, so we are asleep on the eventfd. */
@@ -292,7 +256,7 @@ static int child_a(void *arg)
     REQUIRE(st.sleeps > 0);
 
     /* Block on B while the parent SIGKILLs it. */
-    REQUIRE(EVENTUALLY(board->b_done, 10000));
+    REQUIRE(TU_EVENTUALLY(board->b_done, 10000));
     board->a_waiting = 1;
     uint64_t v;
     ssize_t rc = ivshm_recv(h, b, NULL, NULL, &v, sizeof v, 10000);
@@ -307,17 +271,17 @@ static int child_a(void *arg)
     REQUIRE(ivshm_find(h, JOB, 1) == -ENOENT);
     uint32_t state = atomic_load(&ivshm_entry(h, b)->state);
     REQUIRE(state == PEER_DEAD || state == PEER_FREE);
-    REQUIRE(EVENTUALLY(!server_lists(h, board->id_b, 1), 2000));
+    REQUIRE(TU_EVENTUALLY(!server_lists(h, board->id_b, 1), 2000));
     board->a_checked = 1;
 
     /* A newcomer takes the lowest free id, and we can talk to it. */
-    REQUIRE(EVENTUALLY(board->c_attached, 10000));
+    REQUIRE(TU_EVENTUALLY(board->c_attached, 10000));
     int c = wait_find(h, 2);
     REQUIRE(c >= 0);
-    REQUIRE(EVENTUALLY(server_lists(h, board->id_c, 1), 2000));
+    REQUIRE(TU_EVENTUALLY(server_lists(h, board->id_c, 1), 2000));
     uint64_t hello = 77;
     REQUIRE(ivshm_send(h, c, 77, &hello, sizeof hello) == 0);
-    REQUIRE(EVENTUALLY(board->c_done, 10000)); /* stay findable till then */
+    REQUIRE(TU_EVENTUALLY(board->c_done, 10000)); /* stay findable till then */
     ivshm_detach(h);
     return 0;
 }
@@ -331,7 +295,7 @@ static int child_b(void *arg)
     int a = wait_find(h, 0);
     REQUIRE(a >= 0);
     for (uint32_t i = 0; i < ROUNDS; i++) {
-        sleep_ms(1);
+        tu_sleep_ms(1);
         uint64_t v = i * 3u;
         board->sent_ns[i] = ivshm_now_ns();
         REQUIRE(ivshm_send(h, a, i, &v, sizeof v) == 0);
@@ -347,7 +311,7 @@ static int child_b(void *arg)
     REQUIRE(st.rings > 0);
     board->b_done = 1;
     for (int i = 0; i < 300; i++)
-        sleep_ms(100); /* until SIGKILL */
+        tu_sleep_ms(100); /* until SIGKILL */
     return 3;
 }
 
@@ -391,15 +355,15 @@ static void test_unsealed_refused(void)
 static void test_peers(void)
 {
     pid_t a = tu_fork(child_a, NULL);
-    CHECK(EVENTUALLY(board->a_attached, 10000));
+    CHECK(TU_EVENTUALLY(board->a_attached, 10000));
     /* B connects after A: ids 0 and 1, so the newcomer C must get 1. */
     pid_t b = tu_fork(child_b, NULL);
-    CHECK(EVENTUALLY(board->b_attached, 10000));
+    CHECK(TU_EVENTUALLY(board->b_attached, 10000));
     CHECK(board->id_a == 0 && board->id_b == 1);
-    CHECK(EVENTUALLY(state_has_peer(state_path, board->id_a, 1) &&
+    CHECK(TU_EVENTUALLY(state_has_peer(state_path, board->id_a, 1) &&
                      state_has_peer(state_path, board->id_b, 1), 2000));
 
-    bool pingpong = EVENTUALLY(board->b_done, 20000);
+    bool pingpong = TU_EVENTUALLY(board->b_done, 20000);
     CHECK(pingpong);
     if (pingpong) {
         /* Woken by the doorbell, not by the 20 ms liveness slices. */
@@ -412,15 +376,15 @@ static void test_peers(void)
         CHECK(lat[ROUNDS / 2] < 5000000);
     }
 
-    CHECK(EVENTUALLY(board->a_waiting, 10000));
-    sleep_ms(200); /* let A block in ivshm_recv */
+    CHECK(TU_EVENTUALLY(board->a_waiting, 10000));
+    tu_sleep_ms(200); /* let A block in ivshm_recv */
     board->kill_ns = ivshm_now_ns();
     kill(b, SIGKILL);
     CHECK_RC(tu_wait(b, 5000), -1);
-    CHECK(EVENTUALLY(board->a_checked, 10000));
+    CHECK(TU_EVENTUALLY(board->a_checked, 10000));
     printf("killed peer seen dead after %.1f ms\n", board->dead_after_ns / 1e6);
     CHECK(board->dead_after_ns > 0 && board->dead_after_ns < 2000000000ull);
-    CHECK(EVENTUALLY(!state_has_peer(state_path, board->id_b, 1), 2000));
+    CHECK(TU_EVENTUALLY(!state_has_peer(state_path, board->id_b, 1), 2000));
 
     pid_t c = tu_fork(child_c, NULL);
     CHECK_RC(tu_wait(c, CHILD_TIMEOUT_MS), 0);
@@ -494,8 +458,8 @@ static int raw_attach(int64_t *id, int *shm_fd, int *vec_fd, int npeers)
 static void test_server_marks_registry(void)
 {
     /* the peers of test_peers are gone from the server's table too */
-    CHECK(EVENTUALLY(read_text(state_path) &&
-                         strstr(read_text(state_path), "\"peers\":[]"), 5000));
+    CHECK(TU_EVENTUALLY(tu_read_text(state_path) &&
+                         strstr(tu_read_text(state_path), "\"peers\":[]"), 5000));
     int64_t stay_id = -1, gone_id = -1, v = -1;
     int stay_shm = -1, stay_vec = -1, gone_shm = -1, gone_vec = -1, fd = -1;
     int stay = raw_attach(&stay_id, &stay_shm, &stay_vec, 0);
@@ -515,11 +479,11 @@ static void test_server_marks_registry(void)
         gone = -1;
         if (self >= 0) {
             struct ivshm_peer_entry *e = ivshm_entry(h, self);
-            CHECK(EVENTUALLY(atomic_load(&e->state) == PEER_DEAD, 2000));
+            CHECK(TU_EVENTUALLY(atomic_load(&e->state) == PEER_DEAD, 2000));
         }
         CHECK(raw_recv(stay, &v, &fd) == 0 && v == gone_id && fd < 0);
         uint64_t count = 0;
-        CHECK(EVENTUALLY(read(stay_vec, &count, sizeof count) == 8, 2000));
+        CHECK(TU_EVENTUALLY(read(stay_vec, &count, sizeof count) == 8, 2000));
         ivshm_detach(h);
     } else {
         CHECK(!"map the server's region");
@@ -537,10 +501,10 @@ static void test_sigterm(void)
     kill(server_pid, SIGTERM);
     CHECK_RC(tu_wait(server_pid, 5000), 0);
     server_pid = -1;
-    CHECK(!exists(sock_path));
-    CHECK(!exists(pid_path));
-    CHECK(!exists(state_path));
-    CHECK(!exists(shm_path));
+    CHECK(!tu_exists(sock_path));
+    CHECK(!tu_exists(pid_path));
+    CHECK(!tu_exists(state_path));
+    CHECK(!tu_exists(shm_path));
 }
 
 static void test_daemon(void)
@@ -558,15 +522,15 @@ static void test_daemon(void)
     /* a second server on the same socket refuses and leaves it alone */
     char *again[] = {"ivshmem-server", "-F", "-S", d_sock, "-M", shm_path, NULL};
     CHECK_RC(run_server(again, err, sizeof err), 1);
-    CHECK(exists(d_sock) && !exists(shm_path));
+    CHECK(tu_exists(d_sock) && !tu_exists(shm_path));
     /* so does one asked to create an existing region file */
     char *clash[] = {"ivshmem-server", "-F", "-S", d_sock2, "-M", d_shm, NULL};
     CHECK_RC(run_server(clash, err, sizeof err), 1);
-    CHECK(exists(d_shm) && !exists(d_sock2));
+    CHECK(tu_exists(d_shm) && !tu_exists(d_sock2));
 
     if (pid > 0)
         kill(pid, SIGTERM);
-    CHECK(EVENTUALLY(!exists(d_sock) && !exists(d_pid) && !exists(d_shm), 5000));
+    CHECK(TU_EVENTUALLY(!tu_exists(d_sock) && !tu_exists(d_pid) && !tu_exists(d_shm), 5000));
 }
 
 /* ---- the client against a scripted fake server ---- */
@@ -710,7 +674,7 @@ static int fake_session(void *arg)
     /* the id in two halves: framing must not depend on message boundaries */
     uint64_t le = htole64(3);
     REQUIRE(write(c, &le, 4) == 4);
-    sleep_ms(20);
+    tu_sleep_ms(20);
     REQUIRE(write(c, (char *)&le + 4, 4) == 4);
     fake_send(c, -1, &fs->shm_fd, 1);
     fake_send(c, 1, &peer_vec[0], 1);
@@ -801,7 +765,7 @@ static void test_fake_server(void)
         int32_t ids[8];
         int vec[8];
         /* no end-of-burst marker: the last vector may still be coming */
-        CHECK(EVENTUALLY(ivshm_server_peers(h, ids, vec, 8) == 2 &&
+        CHECK(TU_EVENTUALLY(ivshm_server_peers(h, ids, vec, 8) == 2 &&
                              ids[0] == 1 && vec[0] == 2 && ids[1] == 3 &&
                              vec[1] == 2 && ids[2] == -1, 2000));
         CHECK_RC(ivshm_server_peers(h, ids, vec, 1), 1);
@@ -820,7 +784,7 @@ static void test_fake_server(void)
         CHECK(write(go[1], "x", 1) == 1);
         struct pollfd p = {.fd = ivshm_event_fd(h), .events = POLLIN};
         CHECK(poll(&p, 1, 2000) == 1);
-        CHECK(EVENTUALLY(ivshm_server_peers(h, ids, vec, 8) == 1, 2000));
+        CHECK(TU_EVENTUALLY(ivshm_server_peers(h, ids, vec, 8) == 1, 2000));
         CHECK(ids[0] == 3);
         CHECK(atomic_load(&ivshm_entry(h, gslot)->state) == PEER_DEAD);
         CHECK(ivshm_find(h, JOB, 10) == -ENOENT);
@@ -835,7 +799,7 @@ static void test_fake_server(void)
             ivshm_server_peers(h, ids, vec, 8); /* drains the notice */
             if (waitpid(pid, &st, WNOHANG) == pid)
                 break;
-            sleep_ms(1);
+            tu_sleep_ms(1);
         }
         CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
         if (st == -1)
@@ -858,11 +822,9 @@ static void test_fake_server(void)
 
 int main(void)
 {
-    server_bin = getenv("IVSHM_SERVER_BIN");
-    if (!server_bin || access(server_bin, X_OK) < 0) {
-        fprintf(stderr, "IVSHM_SERVER_BIN not set or not executable\n");
+    server_bin = tu_server_bin();
+    if (!server_bin)
         return 1;
-    }
     owner_pid = getpid();
     int me = (int)getpid();
     snprintf(sock_path, sizeof sock_path, "/tmp/ivshm-test-%d.sock", me);
@@ -890,7 +852,7 @@ int main(void)
                     "--max-peers", "8", "--ring-slots", "16", "--slot-size",
                     "1024", NULL};
     server_pid = spawn_server(args);
-    bool up = EVENTUALLY(exists(state_path), 5000);
+    bool up = TU_EVENTUALLY(tu_exists(state_path), 5000);
     CHECK(up);
     if (up) {
         struct stat st;
@@ -899,7 +861,7 @@ int main(void)
         CHECK(stat(shm_path, &st) == 0 && (st.st_mode & 0777) == 0600 &&
               st.st_size == 32 << 20);
         CHECK(read_pidfile(pid_path) == server_pid);
-        const char *text = read_text(state_path);
+        const char *text = tu_read_text(state_path);
         CHECK(text && strstr(text, "\"peers\":[]") && strstr(text, "\"vectors\":1") &&
               strstr(text, "\"size\":33554432"));
         test_peers();

@@ -79,46 +79,11 @@ static void on_signal(int sig)
     raise(sig);
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-#define EVENTUALLY(cond, timeout_ms)                                         \
-    ({                                                                       \
-        uint64_t end_ = ivshm_now_ns() + (uint64_t)(timeout_ms) * 1000000ull; \
-        bool ok_;                                                            \
-        while (!(ok_ = (cond)) && ivshm_now_ns() < end_)                     \
-            sleep_ms(1);                                                     \
-        ok_;                                                                 \
-    })
-
-static bool exists(const char *path)
-{
-    struct stat st;
-    return lstat(path, &st) == 0;
-}
-
-static char *read_text(const char *path)
-{
-    static char buf[8192];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n < 0)
-        return NULL;
-    buf[n] = '\0';
-    return buf;
-}
-
 static bool state_has_peer(int32_t id)
 {
     char want[64];
     snprintf(want, sizeof want, "{\"id\":%d,", (int)id);
-    const char *text = read_text(state_path);
+    const char *text = tu_read_text(state_path);
     return text && strstr(text, want);
 }
 
@@ -139,7 +104,7 @@ static bool start_server(const char *const *extra)
         execv(server_bin, args);
         _exit(127);
     }
-    bool up = EVENTUALLY(exists(state_path), 5000);
+    bool up = TU_EVENTUALLY(tu_exists(state_path), 5000);
     CHECK(up);
     return up;
 }
@@ -252,7 +217,7 @@ static void test_sealed_region(void)
 {
     if (!start_server(NULL))
         return;
-    const char *text = read_text(state_path);
+    const char *text = tu_read_text(state_path);
     CHECK(text && strstr(text, "\"shm\":null") && strstr(text, "\"sealed\":true"));
 
     ivshm_config cfg = {.job_id = JOB, .rank = 0, .name = "honest"};
@@ -291,7 +256,7 @@ static void test_sealed_region(void)
         int slot = ivshm_self(h);
         close(evil);
         evil = -1;
-        CHECK(EVENTUALLY(atomic_load(&ivshm_entry(h, slot)->state) == PEER_DEAD,
+        CHECK(TU_EVENTUALLY(atomic_load(&ivshm_entry(h, slot)->state) == PEER_DEAD,
                          2000));
         ivshm_region_unmap(h);
     }
@@ -301,7 +266,7 @@ static void test_sealed_region(void)
     CHECK_RC(ivshm_attach_server(sock_path, &bcfg, &b), 0);
     if (b) {
         int sa = -1;
-        CHECK(EVENTUALLY((sa = ivshm_find(b, JOB, 0)) >= 0, 2000));
+        CHECK(TU_EVENTUALLY((sa = ivshm_find(b, JOB, 0)) >= 0, 2000));
         uint64_t v = 42;
         CHECK_RC(ivshm_send(b, sa, 5, &v, sizeof v), 0);
         uint64_t got = 0;
@@ -317,7 +282,7 @@ out:
         close(shm);
     ivshm_detach(a);
     stop_server();
-    CHECK(!exists(sock_path) && !exists(state_path));
+    CHECK(!tu_exists(sock_path) && !tu_exists(state_path));
 }
 
 /* ---- 2. storm against a busy client ---- */
@@ -362,7 +327,7 @@ static void test_storm(void)
     CHECK_RC(tu_wait(p, 60000), 0);
     printf("storm: %d connect/close cycles in %.0f ms\n", STORM,
            (ivshm_now_ns() - t0) / 1e6);
-    sleep_ms(200); /* the server has seen the last close */
+    tu_sleep_ms(200); /* the server has seen the last close */
     CHECK(kill(server_pid, 0) == 0);
     CHECK(atomic_load(&me->state) == PEER_ACTIVE);
     CHECK(state_has_peer((int32_t)id));
@@ -437,7 +402,7 @@ static int flooder(void *arg)
             REQUIRE(r == -1); /* refused: closed without a word */
     }
     *admitted = n;
-    sleep_ms(300); /* hold them while the victim counts */
+    tu_sleep_ms(300); /* hold them while the victim counts */
     for (int i = 0; i < FLOOD; i++)
         close(socks[i]);
     return 0;
@@ -532,7 +497,7 @@ static int victim_at_limit(void *arg)
     REQUIRE(ivshm_attach_server(sock_path, &cfg, &h) == 0);
     int32_t ids[16];
     int vec[16];
-    REQUIRE(EVENTUALLY(ivshm_server_peers(h, ids, vec, 16) == 1 && vec[0] == 4,
+    REQUIRE(TU_EVENTUALLY(ivshm_server_peers(h, ids, vec, 16) == 1 && vec[0] == 4,
                        2000));
     /* room for two more fds only */
     int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -556,7 +521,7 @@ static int victim_at_limit(void *arg)
     REQUIRE(write(p->to_parent, "b", 1) == 1);
     REQUIRE(read(p->from_parent, &go, 1) == 1); /* a third one joined */
     /* still connected: the newcomer arrives whole */
-    REQUIRE(EVENTUALLY((n = ivshm_server_peers(h, ids, vec, 16)) == 3 ||
+    REQUIRE(TU_EVENTUALLY((n = ivshm_server_peers(h, ids, vec, 16)) == 3 ||
                            n == 4, 2000));
     got = 0;
     for (int i = 0; i < n; i++)
@@ -620,7 +585,7 @@ static void test_malformed(void)
         return;
     }
     /* let the join notices reach everyone before anybody misbehaves */
-    CHECK(EVENTUALLY(state_has_peer((int32_t)tid), 2000));
+    CHECK(TU_EVENTUALLY(state_has_peer((int32_t)tid), 2000));
     static const char junk[] = "GET / HTTP/1.0\r\n\r\n";
     CHECK(write(garbage, junk, sizeof junk) == (ssize_t)sizeof junk);
     CHECK(shutdown(half, SHUT_WR) == 0);
@@ -671,7 +636,7 @@ static void test_no_links_followed(void)
         _exit(127);
     }
     CHECK_RC(tu_wait(p, 5000), 1);
-    CHECK(!exists(victim_path) && !exists(sock_path));
+    CHECK(!tu_exists(victim_path) && !tu_exists(sock_path));
     unlink(link_path);
 
     /* a link planted at the state file's temporary: replaced, not
@@ -683,13 +648,13 @@ static void test_no_links_followed(void)
     snprintf(tmp, sizeof tmp, "%s.tmp", state_path);
     CHECK(symlink(victim_path, tmp) == 0);
     if (start_server(NULL)) {
-        const char *text = read_text(victim_path);
+        const char *text = tu_read_text(victim_path);
         CHECK(text && strcmp(text, "precious\n") == 0);
-        text = read_text(state_path);
+        text = tu_read_text(state_path);
         CHECK(text && strstr(text, "\"peers\":[]"));
         stop_server();
     }
-    CHECK(!exists(tmp));
+    CHECK(!tu_exists(tmp));
     unlink(victim_path);
 }
 
@@ -728,16 +693,14 @@ static void test_bad_options(void)
         if (lines != 1)
             fprintf(stderr, "  case %zu printed: %s", i, err);
     }
-    CHECK(!exists(sock_path));
+    CHECK(!tu_exists(sock_path));
 }
 
 int main(void)
 {
-    server_bin = getenv("IVSHM_SERVER_BIN");
-    if (!server_bin || access(server_bin, X_OK) < 0) {
-        fprintf(stderr, "IVSHM_SERVER_BIN not set or not executable\n");
+    server_bin = tu_server_bin();
+    if (!server_bin)
         return 1;
-    }
     owner_pid = getpid();
     int me = (int)getpid();
     snprintf(sock_path, sizeof sock_path, "/tmp/ivshm-sec-%d.sock", me);

@@ -49,19 +49,13 @@ static void board_reset(void)
     memset(board, 0, sizeof *board);
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Bounded wait (in a child) until *v >= want. */
 static void await_at_least(_Atomic int *v, int want)
 {
     uint64_t end = ivshm_now_ns() + 10000000000ull;
     while (atomic_load(v) < want) {
         REQUIRE(ivshm_now_ns() < end);
-        sleep_ms(1);
+        tu_sleep_ms(1);
     }
 }
 
@@ -406,7 +400,7 @@ static int shared_reader_child(void *arg)
     while (now > max && !atomic_compare_exchange_weak(&board->max_holders, &max, now))
         ;
     await_at_least(&board->max_holders, 2); /* both readers inside at once */
-    sleep_ms(150);                          /* the writer is waiting now   */
+    tu_sleep_ms(150);                          /* the writer is waiting now   */
     atomic_fetch_add(&board->holders, -1);
     atomic_fetch_add(&board->released, 1);
     REQUIRE(ivshm_win_unlock(w, 1) == 0);
@@ -460,7 +454,7 @@ static int barrier_child(void *arg)
     REQUIRE(ivshm_win_open(h, "bar", c->nproc, 8, &w) == 0);
     for (int r = 0; r < ROUNDS; r++) {
         if ((r + (int)c->rank) % 7 == 0)
-            sleep_ms(2); /* vary who arrives last */
+            tu_sleep_ms(2); /* vary who arrives last */
         atomic_fetch_add(&board->arrivals[r], 1);
         REQUIRE(ivshm_win_barrier(w, 20000) == 0);
         REQUIRE(atomic_load(&board->arrivals[r]) == (int)c->nproc);
@@ -582,8 +576,8 @@ static void test_dead_peers(void)
     /* both survivors are waiting (lock / barrier) before the kill */
     uint64_t end = ivshm_now_ns() + 10000000000ull;
     while (atomic_load(&board->go) < 2 && ivshm_now_ns() < end)
-        sleep_ms(1);
-    sleep_ms(200);
+        tu_sleep_ms(1);
+    tu_sleep_ms(200);
     atomic_store(&board->kill_ns, ivshm_now_ns());
     atomic_store(&board->killed, 1);
     kill(doomed, SIGKILL); /* left a zombie until tu_wait: still "dead" */
@@ -708,7 +702,7 @@ static void test_dead_alloc_holder(void)
     pid_t pid = spawn(alloc_holder_child, 5, 6);
     uint64_t end = ivshm_now_ns() + 10000000000ull;
     while (!atomic_load(&board->ready) && ivshm_now_ns() < end)
-        sleep_ms(1);
+        tu_sleep_ms(1);
     CHECK(atomic_load(&board->ready) == 1);
     ivshm *a = tu_attach(region_path, JOB, 0, 0);
     kill(pid, SIGKILL);

@@ -2,6 +2,8 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -107,4 +109,47 @@ int tu_summary(const char *name)
 {
     printf("%s: %d passed, %d failed\n", name, tu_passed, tu_failed);
     return tu_failed ? 1 : 0;
+}
+
+void tu_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+uint64_t tu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool tu_exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+char *tu_read_text(const char *path)
+{
+    static char buf[8192];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0)
+        return NULL;
+    buf[n] = '\0';
+    return buf;
+}
+
+const char *tu_server_bin(void)
+{
+    const char *bin = getenv("IVSHM_SERVER_BIN");
+    if (!bin || access(bin, X_OK) < 0) {
+        fprintf(stderr, "IVSHM_SERVER_BIN not set or not executable\n");
+        return NULL;
+    }
+    return bin;
 }

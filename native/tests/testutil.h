@@ -5,6 +5,8 @@
 
 #include "ivshm.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/types.h>
@@ -59,6 +61,28 @@ pid_t tu_fork(int (*fn)(void *), void *arg);
 /* Wait for `pid` at most timeout_ms; kills it (SIGKILL) on timeout.
    Returns its exit status (0..255), or -1 if killed/timed out. */
 int tu_wait(pid_t pid, int timeout_ms);
+/* Sleep `ms` milliseconds. */
+void tu_sleep_ms(int ms);
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t tu_now_ns(void);
+/* Does `cond` become true within `timeout_ms`? Polled every millisecond;
+   a statement expression, usable inside CHECK(). */
+#define TU_EVENTUALLY(cond, timeout_ms)                                      \
+    ({                                                                       \
+        uint64_t end_ = tu_now_ns() + (uint64_t)(timeout_ms) * 1000000ull;   \
+        bool ok_;                                                            \
+        while (!(ok_ = (cond)) && tu_now_ns() < end_)                        \
+            tu_sleep_ms(1);                                                  \
+        ok_;                                                                 \
+    })
+/* $IVSHM_SERVER_BIN (the ivshmem-server under test, set by CTest), or
+   NULL after one line on stderr when it is unset or not executable. */
+const char *tu_server_bin(void);
+/* Does `path` exist (not following a final symlink)? */
+bool tu_exists(const char *path);
+/* The first 8 KiB of a text file, NUL-terminated, in a static buffer
+   (overwritten by the next call), or NULL. */
+char *tu_read_text(const char *path);
 /* Print "N passed, N failed" and return the exit code for main. */
 int tu_summary(const char *name);
 
