@@ -25,10 +25,10 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ..cluster.session import ClusterSession, floating_rankfile
 from ..errors import BenchError
 from . import report
-from .toolkit import (MIB, BenchResults, Target, attempt, conclude, count,
-                      csv, find_record, machine_info, parse_records,
-                      print_grid, program, ratio_target, require_root,
-                      run_job)
+from .toolkit import (MIB, BenchResults, Target, conclude, count, csv,
+                      find_record, machine_info, measure_rounds,
+                      parse_records, print_grid, program, ratio_target,
+                      require_root, run_job, summarize)
 
 FULL_SIZES = [4, 8, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, MIB]
 QUICK_SIZES = [8, 4096, MIB]
@@ -90,10 +90,12 @@ class HierarchySettings:
     timeout_s: int      # per job
     uplink_rate: Optional[str]   # None: unshaped
     quick: bool
+    rounds: int = 3     # of alternating (level, transport) jobs: medians
 
     @classmethod
     def make(cls, quick: bool = False, iters: Optional[int] = None,
-             uplink_rate: Optional[str] = None) -> "HierarchySettings":
+             uplink_rate: Optional[str] = None,
+             rounds: Optional[int] = None) -> "HierarchySettings":
         """The full sweep, or a quick plumbing check; `iters` overrides
         the round trips per small size."""
         return cls(sizes=list(QUICK_SIZES if quick else FULL_SIZES),
@@ -101,7 +103,8 @@ class HierarchySettings:
                           or (200 if quick else 2000)),
                    budget=(8 if quick else 64) * MIB,
                    timeout_s=90 if quick else 300,
-                   uplink_rate=uplink_rate, quick=quick)
+                   uplink_rate=uplink_rate, quick=quick,
+                   rounds=count("rounds", rounds) or (1 if quick else 3))
 
 
 def find(records: Sequence[Dict], level: int, transport: str, test: str,
@@ -154,13 +157,12 @@ def run_level(cluster: ClusterSession, level: Level, transport: str,
 def measure(cluster: ClusterSession, s: HierarchySettings,
             log=None) -> BenchResults:
     res = BenchResults()
-    for level in LEVELS:
-        for transport in TRANSPORTS:
-            recs = attempt(res, "hierarchy",
-                           f"level {level.number} {transport}",
-                           lambda: run_level(cluster, level, transport, s),
-                           log)
-            res.records += recs or []
+    measure_rounds(res, "hierarchy", s.rounds,
+                   [(f"level {lv.number} {t}",
+                     functools.partial(run_level, cluster, lv, t, s))
+                    for lv in LEVELS for t in TRANSPORTS], log)
+    res.records = summarize(res.runs, ("level", "transport", "test", "size"),
+                            ("latency_us", "bandwidth_MBps"))
     return res
 
 
@@ -228,6 +230,6 @@ def run(s: HierarchySettings, out_dir: Path,
                    levels=[{"level": lv.number, "name": lv.name,
                             "hosts": list(lv.hosts), "what": lv.what}
                            for lv in LEVELS],
-                   transports=TRANSPORTS, sizes=s.sizes)
+                   transports=TRANSPORTS, sizes=s.sizes, rounds=s.rounds)
     return report.publish("hierarchy", doc, out_dir, json_path,
                           failed=bool(res.failed), stdout=out)

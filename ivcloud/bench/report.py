@@ -349,7 +349,9 @@ def hierarchy_md(doc: Dict, images: Sequence[str]) -> List[str]:
              f"Cluster: {_cluster_line(doc['cluster'])}.", "",
              "mpi-osu, 2 ranks placed by a rankfile; one-way latency = half "
              "a round trip, bandwidth = a window of non-blocking sends per "
-             "ack; each figure the median of 5 batches.", ""]
+             "ack; each job's figure the median of 5 batches, and each "
+             f"figure here the median of {doc.get('rounds', 1)} round(s) in "
+             "which the levels and transports alternate.", ""]
     for lv in doc["levels"]:
         lines.append(f"- **L{lv['level']} {lv['name']}**: {lv['what']} "
                      f"({' + '.join(lv['hosts'])})")

@@ -149,7 +149,8 @@ def _run_mpi(args) -> int:
 
 def _run_hierarchy(args) -> int:
     s = hierarchy.HierarchySettings.make(quick=args.quick, iters=args.iters,
-                                         uplink_rate=args.uplink_rate)
+                                         uplink_rate=args.uplink_rate,
+                                         rounds=args.rounds)
     return hierarchy.run(s, Path(args.out), json_path=args.json,
                          keep_cluster=args.keep_cluster)
 
@@ -226,6 +227,9 @@ def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uplink-rate", default=None, metavar="RATE",
                    help="shape the servers' uplinks (e.g. 1gbit; default "
                         "unshaped)")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="rounds of alternating levels and transports; "
+                        "figures are medians (default 3, quick 1)")
 
 
 def _halo_arguments(p: argparse.ArgumentParser) -> None:
