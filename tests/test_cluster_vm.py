@@ -102,7 +102,13 @@ def assert_nothing_left(name: str, fabric_pid=None):
     assert not Path(f"/dev/shm/ivcloud-{name}-s0").exists()
     if fabric_pid is not None:
         # the taps and bridges lived in the fabric's namespace
-        assert not Path(f"/proc/{fabric_pid}").exists()
+        try:
+            st = Path(f"/proc/{fabric_pid}/stat").read_text()
+        except OSError:
+            st = ") Z"  # gone
+        # a zombie (its parent, the killed `up`, was not there to reap
+        # it) holds no namespace
+        assert st[st.rindex(")") + 2:].split()[0] in ("Z", "X"), st
     out = subprocess.run(["ip", "-o", "link"], capture_output=True,
                          text=True).stdout
     assert "t-s0i" not in out  # nothing leaked into the host's namespace
@@ -118,7 +124,10 @@ def guest_deb(tmp_path_factory):
     # the image (built once per package, cached in /var/cache/ivcloud)
     from ivcloud.vm import debian
     debian.build(deb=deb)
-    return deb
+    try:
+        yield deb
+    finally:
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 def up_args(deb):
@@ -223,11 +232,16 @@ def test_status_and_exec(vmc):
     # both guests' devices are peers of the server's standing region
     assert len(info["servers"][0]["peers"]) == 2
     r = cluster("exec", vmc, "s0i1", "--", "sh", "-c",
-                "hostname; ip -4 -o addr; ping -c 1 -W 5 s0i0 >/dev/null "
-                "&& echo reached", timeout=60)
+                "hostname; ip -4 -o addr; timeout 10 bash -c "
+                "'echo > /dev/tcp/s0i0/22' && echo reached", timeout=60)
     assert r.returncode == 0, r.stdout
     assert r.stdout.startswith("s0i1\n") and "10.251.0.2/16" in r.stdout
     assert "reached" in r.stdout
+    # from the head node (a namespace on the core bridge) through the
+    # uplink and the server's bridge to the guest's sshd
+    r = cluster("exec", vmc, "head", "--", "timeout", "10", "bash", "-c",
+                "echo > /dev/tcp/10.251.0.1/22 && echo reached", timeout=60)
+    assert r.returncode == 0 and "reached" in r.stdout, r.stdout + r.stderr
     r = cluster("exec", vmc, "s0i0", "--", "false", timeout=60)
     assert r.returncode == 1
     r = cluster("exec", vmc, "nosuch", "--", "true", timeout=60)
@@ -269,7 +283,7 @@ def test_killed_guest_ends_the_job(vmc):
     victim = state["vms"]["s0i1"]["pid"]
     job = subprocess.Popen(
         [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name", vmc,
-         "--run-dir", str(RUN_DIR), "-np", 2, "--", "python3",
+         "--run-dir", str(RUN_DIR), "-np", "2", "--", "python3",
          "/tmp/prog.py", "2", "600"], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:
