@@ -92,16 +92,25 @@ def preflight(topo: ClusterTopology, guest_deb: Optional[str],
     if not deb.is_file():
         raise ClusterError(f"guest package {deb} does not exist")
     n = topo.servers * topo.instances_per_server
-    try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        avail = None
+    avail = _mem_available()
     if avail is not None and n * memory_mb << 20 > avail:
         raise ClusterError(f"{n} guests of {memory_mb} MiB need more "
                            f"memory than the host has free "
                            f"({avail >> 20} MiB)")
     return {"qemu": binary, "deb": str(deb.absolute()),
             "memory_mb": memory_mb}
+
+
+def _mem_available() -> Optional[int]:
+    """MemAvailable (free memory plus what the page cache would give
+    back), in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 # ---------------------------------------------------------------- up
