@@ -194,6 +194,36 @@ def test_down_after_up_killed_with_sigkill(guest_deb):
     assert_nothing_left(name, fabric)
 
 
+def test_two_servers_go_over_the_uplinks(guest_deb):
+    """One guest per server, shaped uplinks: the ranks are in different
+    regions, so an ivshmem job's traffic goes over TCP through the
+    servers' bridges, uplinks and the core bridge (its BTL counters stay
+    at zero)."""
+    name = "cvm2"
+    args = [a for a in up_args(guest_deb)]
+    args[3] = 1  # --instances-per-server 1
+    args[1] = 2  # --servers 2
+    r = cluster("up", name, *args, "--uplink-rate", "200mbit")
+    assert r.returncode == 0, r.stderr + r.stdout
+    try:
+        code = base64.b64encode(PROGRAM.encode()).decode()
+        for host in ("s0i0", "s1i0"):
+            r = cluster("exec", name, host, "--", "sh", "-c",
+                        f"echo {code} | base64 -d > /tmp/prog.py && "
+                        f"chmod 644 /tmp/prog.py", timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+        r = cluster("mpirun", name, "--transport", "ivshmem", "--verbose-btl",
+                    "-np", 2, "--", "python3", "/tmp/prog.py", 5,
+                    timeout=400)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "rank 1 on s1i0 allreduce 3 pingpong ok 5" in r.stdout
+        assert _counters(r.stdout) == {0: (0, 0), 1: (0, 0)}, r.stdout
+    finally:
+        r = cluster("down", name, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert_nothing_left(name)
+
+
 @pytest.fixture(scope="module")
 def vmc(guest_deb):
     name = "cvm"
@@ -242,6 +272,11 @@ def test_status_and_exec(vmc):
     r = cluster("exec", vmc, "head", "--", "timeout", "10", "bash", "-c",
                 "echo > /dev/tcp/10.251.0.1/22 && echo reached", timeout=60)
     assert r.returncode == 0 and "reached" in r.stdout, r.stdout + r.stderr
+    r = cluster("mpirun", vmc, "--dry-run", "-np", 2, "--", "python3",
+                "/tmp/prog.py", timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("# in guest s0i0: ")
+    assert "runuser -u mpi -- mpirun -np 2" in r.stdout
+    assert "standing region" in r.stderr
     r = cluster("exec", vmc, "s0i0", "--", "false", timeout=60)
     assert r.returncode == 1
     r = cluster("exec", vmc, "nosuch", "--", "true", timeout=60)
