@@ -218,6 +218,28 @@ def test_two_servers_go_over_the_uplinks(guest_deb):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "rank 1 on s1i0 allreduce 3 pingpong ok 5" in r.stdout
         assert _counters(r.stdout) == {0: (0, 0), 1: (0, 0)}, r.stdout
+        # the guest running mpirun itself dies: the launcher loses its
+        # agent, ends with one line, and the rank in the other guest goes
+        state = json.loads((RUN_DIR / f"cluster-{name}" / "state.json"
+                            ).read_text())
+        job = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+             name, "--run-dir", str(RUN_DIR), "-np", "2", "--", "python3",
+             "/tmp/prog.py", "1", "600"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_rank(name, "s1i0")
+            os.kill(state["vms"]["s0i0"]["pid"], signal.SIGKILL)
+            out, err = job.communicate(timeout=60)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        assert job.returncode == 1, (out, err)
+        assert len(err.strip().splitlines()) == 1, err
+        r = cluster("exec", name, "s1i0", "--", "pgrep", "-u", "mpi",
+                    timeout=60)
+        assert r.returncode == 1, r.stdout
     finally:
         r = cluster("down", name, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -283,6 +305,17 @@ def test_status_and_exec(vmc):
     assert r.returncode == 2 and "nosuch" in r.stderr
 
 
+def wait_for_rank(name, host):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r = cluster("exec", name, host, "--", "pgrep", "-u", "mpi",
+                    "python3", timeout=60)
+        if r.returncode == 0:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the job's rank on {host} never started")
+
+
 def _counters(out):
     return {int(r): (int(m), int(b)) for r, m, b in re.findall(
         r"btl_ivshmem: rank (\d) sent (\d+) msgs (\d+) bytes", out)}
@@ -322,15 +355,7 @@ def test_killed_guest_ends_the_job(vmc):
          "/tmp/prog.py", "2", "600"], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            r = cluster("exec", vmc, "s0i1", "--", "pgrep", "-u", "mpi",
-                        "python3", timeout=60)
-            if r.returncode == 0:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("the job's rank 1 never started")
+        wait_for_rank(vmc, "s0i1")
         os.kill(victim, signal.SIGKILL)
         t0 = time.monotonic()
         out, err = job.communicate(timeout=60)
@@ -349,6 +374,10 @@ def test_killed_guest_ends_the_job(vmc):
     assert r.returncode == 1  # degraded
     assert not {i["hostname"]: i["alive"] for i in json.loads(r.stdout)[
         "instances"]}["s0i1"]
+    # no new job on a degraded cluster: one line, exit 1
+    r = cluster("mpirun", vmc, "-np", 1, "--", "true", timeout=60)
+    assert r.returncode == 1 and "s0i1" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_down_leaves_nothing(vmc):

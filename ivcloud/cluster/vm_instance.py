@@ -351,6 +351,10 @@ def run_job(state: Dict, command: str, timeout: Optional[float] = None,
     host = first_guest(state)
     sock = guest(state, host)
     dirs = [Path(v["dir"]) for v in state["vms"].values()]
+    dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
+    if dead:
+        raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
+                             f"cluster is degraded: take it down)")
     if rankfile_text is not None:
         r = agent.run(sock, f"printf %s {agent.quote([rankfile_text])} > "
                             f"{rankfile} && chmod 644 {rankfile}", 30)
