@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 
-from ..cluster import jobs, lifecycle
+from ..cluster import jobs, lifecycle, vm_instance
 from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
                               enter_command, mpirun_command, visible_inside)
 from ..cluster.state import state_dir
@@ -65,6 +65,23 @@ def register(sub) -> None:
                         "e.g. 1gbit, 100mbit")
     u.add_argument("--oversubscribe", action="store_true",
                    help="allow more vCPUs in total than host CPUs")
+    u.add_argument("--instance-kind", choices=vm_instance.KINDS,
+                   default="namespace",
+                   help="namespace (default): namespaces pinned to vCPUs; "
+                        "vm: a QEMU guest per instance (Debian image with "
+                        "the guest package), its NIC on a tap in the "
+                        "server's bridge, its ivshmem device on the "
+                        "server's region, vCPU threads pinned")
+    u.add_argument("--guest-deb", default=None, metavar="DEB",
+                   help="vm: the ivcloud-guest package of the image "
+                        "(default: the newest in build/deb)")
+    u.add_argument("--vm-memory", type=positive_int,
+                   default=vm_instance.DEFAULT_MEMORY_MB, metavar="MIB",
+                   help=f"vm: memory per guest in MiB (default "
+                        f"{vm_instance.DEFAULT_MEMORY_MB})")
+    u.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="vm: QEMU accelerator (auto: KVM if a probe guest "
+                        "boots with it, else TCG)")
     u.set_defaults(func=_cmd_up)
 
     d = actions.add_parser("down", help="remove a cluster (also a "
@@ -133,7 +150,15 @@ def _cmd_up(args) -> int:
     topo = plan(args.name, args.servers, args.instances_per_server,
                 args.vcpus, args.uplink_rate, args.oversubscribe)
     sd = state_dir(topo.name, args.run_dir)
-    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True))
+    vm = None
+    if args.instance_kind == vm_instance.KIND:
+        vm = vm_instance.preflight(topo, args.guest_deb, args.vm_memory)
+        vm["accel"] = args.accel
+    elif args.guest_deb or args.accel != "auto" or \
+            args.vm_memory != vm_instance.DEFAULT_MEMORY_MB:
+        raise CliError("--guest-deb, --vm-memory and --accel need "
+                       "--instance-kind vm")
+    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True), vm=vm)
     print(f"cluster '{topo.name}' is up (state {sd.state})")
     return 0
 
@@ -154,7 +179,8 @@ def _cmd_status(args) -> int:
     print(f"cluster '{info['name']}': {info['phase']}"
           f"{'' if info['healthy'] else ' (DEGRADED)'}; "
           f"{info['servers_count']} servers x {info['instances_per_server']}"
-          f" instances x {info['vcpus']} vCPUs; uplinks "
+          f" {'QEMU guests' if info.get('kind') == 'vm' else 'instances'}"
+          f" x {info['vcpus']} vCPUs; uplinks "
           f"{format_rate(rate) if rate else 'unlimited'}")
     head = info["head"]
     print(f"  head {head['address']} pid {head['pid']} "
@@ -207,6 +233,8 @@ def _cmd_mpirun(args) -> int:
                        "-np N -- PROGRAM [ARGS...])")
     sd = _sd(args)
     state = lifecycle.load_up(sd)
+    if state.get("kind") == vm_instance.KIND:
+        return _mpirun_vm(args, state, program)
     program = _check_program(program)
     topo = state["topology"]
     slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
@@ -275,6 +303,56 @@ def _cmd_mpirun(args) -> int:
                 pass
 
 
+def _mpirun_vm(args, state, program) -> int:
+    """mpirun in the first guest (PROGRAM is a path in the guests). The
+    guests' devices were fixed at boot: jobs use each server's standing
+    region, shared by every job on the cluster."""
+    topo = state["topology"]
+    slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
+    if args.np > slots and not args.oversubscribe:
+        raise CliError(f"-np {args.np} exceeds the cluster's {slots} vCPUs "
+                       f"(add --oversubscribe)")
+    text = rankfile = None
+    if args.rankfile is not None:
+        if args.placement != "block":
+            raise CliError("give either --rankfile or --placement")
+        try:
+            text = open(args.rankfile).read()
+        except OSError as e:
+            raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
+        rankfile = f"/tmp/rankfile.{os.getpid()}"
+    extra = [tuple(kv) for kv in args.mca]
+    if args.oversubscribe:
+        extra.append(("rmaps_base_oversubscribe", "1"))
+    cmd = vm_instance.mpirun_command(
+        state, program, args.np, transport=args.transport,
+        placement=args.placement, btl=args.btl,
+        verbose_btl=args.verbose_btl, extra_mca=extra, rankfile=rankfile)
+    host = vm_instance.first_guest(state)
+    if args.dry_run:
+        print(f"# in guest {host}: {cmd}")
+        print("# VM instances: the job uses each server's standing region",
+              file=sys.stderr)
+        return 0
+    old = {s: signal.signal(s, _raise_terminated)
+           for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        r = vm_instance.run_job(state, cmd, timeout=args.timeout,
+                                rankfile_text=text, rankfile=rankfile)
+    except _Terminated as t:
+        return 128 + t.signum
+    except TimeoutError:
+        sys.stderr.write(f"ivcloud cluster: error: job exceeded "
+                         f"{args.timeout:g} s, torn down\n")
+        return 124
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    sys.stdout.write(r.output)
+    sys.stdout.flush()
+    return r.status
+
+
 class _Terminated(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -289,6 +367,11 @@ def _cmd_exec(args) -> int:
     sd = _sd(args)
     state = lifecycle.load_up(sd)
     command = _remainder(args.command)
+    if state.get("kind") == vm_instance.KIND and args.host != "head":
+        r = vm_instance.exec_in(state, args.host, command)
+        sys.stdout.write(r.output)
+        sys.stdout.flush()
+        return r.status
     try:
         full, env, cpus = enter_command(state, args.host, command)
     except LaunchError as e:

@@ -7,6 +7,8 @@ Order of `up` (each step saved to state.json before the next starts):
     2. fabric holder (a network namespace for the switches), core bridge
     3. per server: its ivshmem-server, bridge and shaped uplink
     4. per instance: its holder (namespaces, tmpfs, hostname, CPUs), veth
+       (VM instances, vm_instance.py: per guest its tap, then its QEMU;
+       then the boot of all of them)
     5. head holder (where mpirun runs), veth into the core bridge
 
 `down` (also the rollback of a failed `up`) works from the record plus a
@@ -28,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import server as server_mod
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from . import instance as holders
-from . import jobs, network
+from . import jobs, network, vm_instance
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
                      hostfile_text)
 from .state import StateDir, load, save
@@ -91,7 +93,8 @@ def _host_namespaces() -> Dict[str, set]:
 
 # ---------------------------------------------------------------- up
 
-def initial_state(topo: ClusterTopology, sd: StateDir) -> Dict:
+def initial_state(topo: ClusterTopology, sd: StateDir,
+                  vm: Optional[Dict] = None) -> Dict:
     max_peers, size = region_geometry(topo)
     servers = {}
     for srv in topo.server_list():
@@ -117,7 +120,9 @@ def initial_state(topo: ClusterTopology, sd: StateDir) -> Dict:
             "hosts": str(sd.hosts), "servers_dir": str(sd.servers),
             "head": {"hostname": HEAD_HOSTNAME, "address": HEAD_ADDRESS},
             "holders": {}, "namespaces": {}, "links": [],
-            "servers": servers, "instances": instances}
+            "servers": servers, "instances": instances,
+            "kind": vm_instance.KIND if vm else "namespace",
+            **({"vm": dict(vm), "vms": {}} if vm else {})}
 
 
 def _start_holder(sd: StateDir, state: Dict, role: str, **kw) -> int:
@@ -152,7 +157,10 @@ def _start_holder(sd: StateDir, state: Dict, role: str, **kw) -> int:
     return proc.pid
 
 
-def up(topo: ClusterTopology, sd: StateDir, log=print) -> Dict:
+def up(topo: ClusterTopology, sd: StateDir, log=print,
+       vm: Optional[Dict] = None) -> Dict:
+    """vm: VM instances, as vm_instance.preflight describes them (None:
+    namespace instances)."""
     preflight(topo)
     real = os.path.realpath(sd.run_dir)
     for private in PRIVATE_DIRS:
@@ -161,7 +169,7 @@ def up(topo: ClusterTopology, sd: StateDir, log=print) -> Dict:
                                f"which instances have privately (their "
                                f"server sockets would be invisible); use "
                                f"another run directory", setting="run_dir")
-    state = initial_state(topo, sd)  # refuses too long socket paths
+    state = initial_state(topo, sd, vm)  # refuses too long socket paths
     sd.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(sd.dir, 0o755)
@@ -232,7 +240,10 @@ def _build(topo: ClusterTopology, sd: StateDir, state: Dict, log) -> None:
         return [sd.servers / srv.name, sd.agent]
 
     servers = topo.server_list()
-    for inst in topo.instance_list():
+    if state.get("kind") == vm_instance.KIND:
+        vm_instance.start_guests(topo, sd, state, fabric, step, log)
+    for inst in (topo.instance_list() if state.get("kind") != vm_instance.KIND
+                 else []):
         step(f"instance {inst.hostname}")
         srv = servers[inst.server]
         pid = _start_holder(sd, state, inst.hostname,
@@ -314,6 +325,12 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     problems: List[str] = []
     all_holders = _holders_of(state, name)
     fabric = [h for h in all_holders if h.role == "fabric"]
+
+    # 0. guests (they run in the fabric's network namespace): QMP quit,
+    # then SIGKILL; found by their directories as well as the record
+    if vm_instance.guest_dirs(sd, state) or (state or {}).get("vms"):
+        problems += vm_instance.stop_guests(sd, state)
+        done.append("stopped the guests")
     others = [h for h in all_holders if h.role != "fabric"]
 
     # 1. instances and head: every process inside them, then the holders
@@ -450,7 +467,10 @@ def status(sd: StateDir) -> Dict:
                           if i["server"] == srv["index"]]})
     instances = []
     for inst in state["instances"].values():
-        info = holder_info(inst["hostname"])
+        if state.get("kind") == vm_instance.KIND:
+            info = vm_instance.guest_info(state, inst["hostname"])
+        else:
+            info = holder_info(inst["hostname"])
         instances.append({"hostname": inst["hostname"],
                           "server": inst["server"],
                           "address": inst["address"],
@@ -461,6 +481,7 @@ def status(sd: StateDir) -> Dict:
                and head["alive"] and all(i["alive"] for i in instances)
                and all(s["running"] for s in servers))
     return {"name": state["name"], "phase": state.get("phase"),
+            "kind": state.get("kind", "namespace"),
             "healthy": healthy, "state_dir": str(sd.dir),
             "servers_count": topo.servers,
             "instances_per_server": topo.instances_per_server,

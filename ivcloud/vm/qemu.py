@@ -69,7 +69,13 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
         cmd += ["-drive", f"file={image.disk},format=raw,if=none,id=root,"
                           f"snapshot=on",
                 "-device", "virtio-blk-pci,drive=root"]
-    if net is not None:
+    if net is not None and net.get("tap"):
+        # a tap that already exists (the caller made it and put it in a
+        # bridge, in the network namespace QEMU runs in): QEMU only opens it
+        cmd += ["-netdev", f"tap,id=net0,ifname={net['tap']},script=no,"
+                           f"downscript=no",
+                "-device", f"virtio-net-pci,netdev=net0,mac={net['mac']}"]
+    elif net is not None:
         # a point-to-point Ethernet between two guests: datagrams between
         # two UNIX sockets, no host interface and no root-only tap
         cmd += ["-netdev", f"dgram,id=net0,local.type=unix,"

@@ -1,0 +1,399 @@
+"""Instances that are QEMU guests (`cluster up --instance-kind vm`).
+
+The topology, servers, bridges and uplinks are the namespace cluster's
+(lifecycle.py); only the instances differ. Each is the Debian guest of
+ivcloud.vm.debian, booted by QEMU running in the fabric's network
+namespace with
+
+- a virtio-net NIC on a tap t-<hostname>, made beforehand in that
+  namespace and enslaved to its server's bridge (the cloud's default
+  path: bridge, uplink, core), its address and the other instances'
+  names given on the kernel command line (the image's ready script sets
+  them up);
+- an ivshmem-doorbell device on its server's standing ivshmem-server
+  socket. The device is fixed at boot, so every job in the guests uses
+  the server's standing region (no region per job as for namespaces);
+- its vCPU threads pinned, vCPU i to the instance's i-th planned CPU.
+
+Everything of a guest lives in STATE_DIR/vm/<hostname>/ (the layout of
+ivcloud.vm.lifecycle: qemu.pid, console.log, agent.sock, qmp.sock), and
+the QEMU command line names that directory, so `down` finds a QEMU even
+when `up` was killed before it recorded the pid. Taps are recorded in
+state.json before they are made, as every other link.
+
+Jobs: mpirun runs in the first guest as the image's unprivileged user
+`mpi` and starts the other ranks over ssh with the image's keys (Open
+MPI's standard rsh launcher); the host talks to the guests only through
+the command agent on each guest's second serial port.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from ..errors import ClusterError, ClusterFailure, IvcloudError
+from ..vm import agent, debian, qemu
+from ..vm import lifecycle as vm_lifecycle
+from ..vm.image import READY_BANNER
+from . import instance as holders
+from . import network
+from .launch import PLACEMENTS, hostfile_text
+from .state import StateDir, save
+from .topology import PREFIX_LEN, ClusterTopology, Instance
+
+KIND = "vm"
+KINDS = ("namespace", KIND)
+DEFAULT_MEMORY_MB = 512
+MIN_MEMORY_MB = 256
+BOOT_TIMEOUT_S = 300.0
+GUEST_HOSTFILE_DIR = "/etc/ivcloud"
+MPI_USER = debian.MPI_USER
+# after a guest of a running job died: how often the host looks
+JOB_POLL_S = 1.0
+
+
+def tap_name(hostname: str) -> str:
+    return f"t-{hostname}"  # IFNAMSIZ: 15 characters with s249i249
+
+
+def vm_root(sd: StateDir) -> Path:
+    return sd.dir / "vm"
+
+
+def vm_dir(sd: StateDir, hostname: str) -> Path:
+    return vm_root(sd) / hostname
+
+
+def _mac(inst: Instance) -> str:
+    return f"52:54:00:fb:{inst.server:02x}:{inst.index + 1:02x}"
+
+
+# ---------------------------------------------------------------- checks
+
+def preflight(topo: ClusterTopology, guest_deb: Optional[str],
+              memory_mb: int) -> Dict:
+    """What VM instances need, before anything exists: QEMU, the guest
+    package (its image is built or reused later) and memory."""
+    binary = qemu.qemu_binary()
+    if binary is None:
+        raise ClusterError(f"QEMU not found ({qemu.DEFAULT_QEMU}, or "
+                           f"${qemu.QEMU_ENV})")
+    if memory_mb < MIN_MEMORY_MB:
+        raise ClusterError(f"a guest needs at least {MIN_MEMORY_MB} MiB "
+                           f"of memory, not {memory_mb}")
+    try:
+        deb = Path(guest_deb) if guest_deb else debian.default_guest_deb()
+    except IvcloudError as e:
+        raise ClusterError(str(e))
+    if not deb.is_file():
+        raise ClusterError(f"guest package {deb} does not exist")
+    n = topo.servers * topo.instances_per_server
+    avail = _mem_available()
+    if avail is not None and n * memory_mb << 20 > avail:
+        raise ClusterError(f"{n} guests of {memory_mb} MiB need more "
+                           f"memory than the host has free "
+                           f"({avail >> 20} MiB)")
+    return {"qemu": binary, "deb": str(deb.absolute()),
+            "memory_mb": memory_mb}
+
+
+def _mem_available() -> Optional[int]:
+    """MemAvailable (free memory plus what the page cache would give
+    back), in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# ---------------------------------------------------------------- up
+
+def _read_banner(d: Path) -> Optional[Dict[str, str]]:
+    for line in qemu.console_text(d).splitlines():
+        if line.startswith(READY_BANNER):
+            return dict(w.split("=", 1) for w in line.split() if "=" in w)
+    return None
+
+
+def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
+                 fabric_pid: int, step, log,
+                 boot_timeout: float = BOOT_TIMEOUT_S) -> None:
+    """Build (or reuse) the image, start every guest, wait until all are
+    booted with their device bound, write the hostfiles, pin vCPUs."""
+    conf = state["vm"]
+    step("image")
+    img = debian.build(deb=Path(conf["deb"]),
+                       log=lambda m: log(f"  {m}"))
+    accel = conf.get("accel") or "auto"
+    if accel == "auto":
+        ok, why = qemu.kvm_usable(conf["qemu"], img, debian.cache_root())
+        accel = "kvm" if ok else "tcg"
+        if not ok:
+            log(f"  KVM unusable ({why}); guests run under TCG")
+    conf.update(accel=accel, kernel=str(img.kernel), disk=str(img.disk))
+    vm_root(sd).mkdir(mode=0o755, exist_ok=True)
+    insts = topo.instance_list()
+    hosts = ",".join(f"{i.hostname}:{i.address}" for i in insts)
+    servers = topo.server_list()
+    state.setdefault("vms", {})
+    for inst in insts:
+        srv = servers[inst.server]
+        step(f"guest {inst.hostname}")
+        tap = tap_name(inst.hostname)
+        # recorded before it exists: `down` deletes what may exist
+        state["links"].append(tap)
+        save(sd, state)
+        network.ip_batch(fabric_pid, [
+            f"tuntap add dev {tap} mode tap",
+            f"link set {tap} master {srv.bridge}",
+            f"link set {tap} up"])
+        d = vm_dir(sd, inst.hostname)
+        d.mkdir(mode=0o700)
+        state["vms"][inst.hostname] = {"dir": str(d), "tap": tap,
+                                       "pid": None}
+        save(sd, state)
+        net = {"ip": f"{inst.address}/{PREFIX_LEN}", "hosts": hosts,
+               "tap": tap, "mac": _mac(inst)}
+        cmd = qemu.guest_command(conf["qemu"], img, d, inst.hostname, accel,
+                                 topo.vcpus, conf["memory_mb"],
+                                 state["servers"][str(srv.index)]["socket"],
+                                 net=net)
+        # in the fabric's network namespace, where the tap is
+        full = holders.enter_argv(fabric_pid, ("net",)) + cmd
+        with open(d / "qemu.log", "w") as qlog:
+            try:
+                p = subprocess.run(full, stdin=subprocess.DEVNULL,
+                                   stdout=qlog, stderr=subprocess.PIPE,
+                                   text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                raise ClusterFailure(f"QEMU for {inst.hostname} did not "
+                                     f"start within 60 s")
+        if p.returncode != 0:
+            lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+            raise ClusterFailure(f"QEMU for {inst.hostname} failed: "
+                                 f"{lines[-1] if lines else p.returncode}")
+        state["vms"][inst.hostname]["pid"] = vm_lifecycle.qemu_pid(d)
+        save(sd, state)
+
+    step("boot")
+    t0 = time.monotonic()
+    pending = {i.hostname: vm_dir(sd, i.hostname) for i in insts}
+    while pending:
+        for name, d in list(pending.items()):
+            banner = _read_banner(d)
+            if banner is not None:
+                state["vms"][name]["device"] = banner.get("device")
+                if banner.get("device") in (None, "none"):
+                    raise ClusterFailure(f"guest {name} has no ivshmem "
+                                         f"device")
+                del pending[name]
+            elif vm_lifecycle.qemu_pid(d) is None:
+                raise ClusterFailure(f"guest {name} died while booting: "
+                                     f"{qemu.last_line(qemu.console_text(d))}")
+        if pending and time.monotonic() - t0 > boot_timeout:
+            name = sorted(pending)[0]
+            raise ClusterFailure(
+                f"guest {name} did not boot within {boot_timeout:.0f} s "
+                f"({accel}); last console line: "
+                f"{qemu.last_line(qemu.console_text(pending[name]))}")
+        time.sleep(0.2)
+    for inst in insts:
+        sock = vm_dir(sd, inst.hostname) / "agent.sock"
+        agent.wait_ready(sock, timeout=60)
+        if inst.server == 0 and inst.index == 0:
+            files = " && ".join(
+                f"printf %s {agent.quote([hostfile_text(topo, pl)])} > "
+                f"{GUEST_HOSTFILE_DIR}/hostfile.{pl}" for pl in PLACEMENTS)
+            _check(agent.run(sock, f"mkdir -p {GUEST_HOSTFILE_DIR} && "
+                                   f"{files}", 30), inst.hostname)
+        state["vms"][inst.hostname]["vcpu_threads"] = pin(
+            vm_dir(sd, inst.hostname), inst.cpus)
+    conf["boot_s"] = round(time.monotonic() - t0, 1)
+    save(sd, state)
+    log(f"  {len(insts)} guests booted in {conf['boot_s']} s ({accel})")
+
+
+def _check(r: agent.Result, host: str) -> None:
+    if not r.ok:
+        raise ClusterFailure(f"guest {host}: {r.output.strip()[-200:]}")
+
+
+def pin(d: Path, cpus: Sequence[int]) -> List[Dict]:
+    """vCPU i's thread to cpus[i] (the cluster's vCPU map)."""
+    out = []
+    for t in qemu.vcpu_threads(d / "qmp.sock"):
+        core = cpus[t["cpu"] % len(cpus)]
+        os.sched_setaffinity(t["thread"], {core})
+        out.append({"cpu": t["cpu"], "thread": t["thread"], "core": core})
+    return out
+
+
+# ---------------------------------------------------------------- down
+
+def guest_dirs(sd: StateDir, state: Optional[Dict]) -> List[Path]:
+    dirs = {Path(v["dir"]) for v in (state or {}).get("vms", {}).values()}
+    root = vm_root(sd)
+    if root.is_dir():
+        dirs |= {p for p in root.iterdir() if p.is_dir()}
+    return sorted(dirs)
+
+
+def stop_guests(sd: StateDir, state: Optional[Dict]) -> List[str]:
+    """Stop every guest of the cluster (recorded, or found by its
+    directory in a QEMU command line); returns the problems."""
+    problems = []
+    for d in guest_dirs(sd, state):
+        try:
+            vm_lifecycle.stop_vm(d)
+        except IvcloudError as e:
+            problems.append(str(e))
+    # a QEMU started by an `up` killed before it made the directory's
+    # entry: its command line still names the state directory
+    left = vm_lifecycle._pids_naming(vm_root(sd))
+    if left:
+        left = holders.kill_pids(left, 1.0)
+        if left:
+            problems.append(f"QEMU {left} survived SIGKILL")
+    try:
+        vm_root(sd).rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        problems.append(f"{vm_root(sd)}: {e.strerror}")
+    return problems
+
+
+# ---------------------------------------------------------------- use
+
+def guest(state: Dict, host: str) -> Path:
+    """The agent socket of live guest `host`, or ClusterFailure."""
+    rec = state.get("vms", {}).get(host)
+    if rec is None:
+        raise ClusterError(f"no instance '{host}' in cluster "
+                           f"'{state['name']}'")
+    d = Path(rec["dir"])
+    if vm_lifecycle.qemu_pid(d) is None:
+        raise ClusterFailure(f"instance '{host}' is down (its QEMU is gone)")
+    return d / "agent.sock"
+
+
+def guest_info(state: Dict, host: str) -> Dict:
+    rec = state.get("vms", {}).get(host) or {}
+    d = Path(rec.get("dir", "/nonexistent"))
+    pid = vm_lifecycle.qemu_pid(d)
+    info: Dict = {"pid": pid, "alive": pid is not None, "qemu": True}
+    if pid is not None:
+        cpus = set()
+        for t in rec.get("vcpu_threads", []):
+            allowed = vm_lifecycle.cpus_allowed(pid, t["thread"])
+            if allowed:
+                cpus |= set(vm_lifecycle.parse_cores(allowed))
+        if cpus:
+            info["cpus"] = sorted(cpus)
+    return info
+
+
+def exec_in(state: Dict, host: str, command: Sequence[str],
+            timeout: float = 3600.0) -> agent.Result:
+    return agent.run(guest(state, host), agent.quote(command) if command
+                     else "true", timeout)
+
+
+def first_guest(state: Dict) -> str:
+    return sorted(state["vms"].values(),
+                  key=lambda v: v["dir"])[0]["dir"].rsplit("/", 1)[-1]
+
+
+def mpirun_command(state: Dict, program: Sequence[str], np: int,
+                   transport: str = "tcp", placement: str = "block",
+                   btl: Optional[str] = None, verbose_btl: bool = False,
+                   extra_mca: Sequence = (),
+                   rankfile: Optional[str] = None) -> str:
+    """The shell command, run in the first guest, of a cluster job:
+    mpirun as the unprivileged user, the guests' hostfile, ssh between
+    guests. PROGRAM is a path in the guests. The guests' Open MPI
+    defaults (ivcloud-guest) name their device and region."""
+    from .launch import default_btl
+    from .topology import SUBNET
+    mca = [("btl", btl or default_btl(transport)),
+           ("oob_tcp_if_include", SUBNET), ("btl_tcp_if_include", SUBNET),
+           ("pml", "ob1")]
+    if verbose_btl:
+        mca.append(("btl_ivshmem_verbose", "1"))
+    mca += [(str(k), str(v)) for k, v in extra_mca]
+    args = ["mpirun", "-np", str(np)]
+    if rankfile is not None:
+        args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.block",
+                 "--rankfile", rankfile]
+    else:
+        args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.{placement}",
+                 "--map-by", "node" if placement == "round-robin" else "slot"]
+    args += ["--bind-to", "none"]
+    for k, v in mca:
+        args += ["--mca", k, v]
+    args += list(program)
+    return f"cd /tmp && runuser -u {MPI_USER} -- {agent.quote(args)} 2>&1"
+
+
+def run_job(state: Dict, command: str, timeout: Optional[float] = None,
+            rankfile_text: Optional[str] = None,
+            rankfile: Optional[str] = None) -> agent.Result:
+    """Run the job in the first guest; ends it (status 137, like a kill)
+    as soon as any guest of the cluster dies, and raises TimeoutError
+    after `timeout` s. Either way nothing of it keeps running."""
+    host = first_guest(state)
+    sock = guest(state, host)
+    dirs = [Path(v["dir"]) for v in state["vms"].values()]
+    dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
+    if dead:
+        raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
+                             f"cluster is degraded: take it down)")
+    if rankfile_text is not None:
+        r = agent.run(sock, f"printf %s {agent.quote([rankfile_text])} > "
+                            f"{rankfile} && chmod 644 {rankfile}", 30)
+        _check(r, host)
+    job = agent.Job(sock, command)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            rc = job.done()
+            if rc is not None:
+                return agent.Result(rc, job.output())
+            dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
+            if dead:
+                out = _end(state, job, dirs)
+                return agent.Result(137, out + f"instance(s) {', '.join(dead)}"
+                                               f" died during the job\n")
+            if deadline is not None and time.monotonic() > deadline:
+                _end(state, job, dirs)
+                raise TimeoutError()
+            time.sleep(JOB_POLL_S)
+    except BaseException:
+        _end(state, job, dirs)
+        raise
+
+
+def _end(state: Dict, job: agent.Job, dirs: List[Path]) -> str:
+    """Kill the job's processes in every guest still alive; returns what
+    the job printed so far (when its guest is alive)."""
+    out = ""
+    for d in dirs:
+        if vm_lifecycle.qemu_pid(d) is None:
+            continue
+        try:
+            agent.run(d / "agent.sock", f"pkill -KILL -u {MPI_USER}; true",
+                      10)
+        except IvcloudError:
+            pass
+    try:
+        out = job.output()
+    except IvcloudError:
+        pass
+    return out

@@ -1,0 +1,389 @@
+"""`ivcloud cluster up --instance-kind vm` (issue 12): the emulated
+cloud's instances as QEMU guests of the Debian image (TCG here), their
+NICs on taps in the server's bridge, their ivshmem-doorbell devices on
+the server's standing region, their vCPU threads pinned.
+
+One cluster (1 server x 2 instances x 1 vCPU) is booted once for the
+module; the tests use it in order: status and exec, an mpi4py job over
+the region (BTL counters on both ranks), the same over virtio-net with
+--transport tcp, then a guest killed mid-job, then `down` and what it
+leaves. Before that, without the shared cluster: bad input (exit 2,
+one line) and `down` after `up` was killed with SIGKILL.
+IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ivcloud.vm import qemu
+
+REPO = Path(__file__).resolve().parents[1]
+NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
+RUN_DIR = Path("/var/tmp") / f"ivc-cvm-{os.getpid()}"
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("IVCLOUD_SKIP_GUEST_IMAGE") == "1",
+                       reason="IVCLOUD_SKIP_GUEST_IMAGE=1"),
+    pytest.mark.skipif(qemu.qemu_binary() is None, reason="no QEMU"),
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mmdebstrap") is None
+                       or shutil.which("dpkg-deb") is None,
+                       reason="needs root, mmdebstrap and dpkg-deb"),
+]
+
+PROGRAM = r"""
+import sys
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.rank
+total = comm.allreduce(rank + 1, op=MPI.SUM)
+assert total == comm.size * (comm.size + 1) // 2, total
+n = int(sys.argv[1])
+buf = np.zeros(1 << 20, dtype=np.uint8)
+for i in range(n):
+    if rank == 0:
+        buf[:] = i & 0xff
+        comm.Send(buf, dest=1, tag=i)
+        comm.Recv(buf, source=1, tag=i)
+        assert (buf == ((i + 1) & 0xff)).all(), i
+    elif rank == 1:
+        comm.Recv(buf, source=0, tag=i)
+        assert (buf == (i & 0xff)).all(), i
+        buf += 1
+        comm.Send(buf, dest=0, tag=i)
+print("rank", rank, "on", MPI.Get_processor_name(), "allreduce", total,
+      "pingpong ok", n, flush=True)
+if len(sys.argv) > 2:
+    import time
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def ivcloud(*args, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "ivcloud", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          **kw)
+
+
+def cluster(action, name, *args, timeout=600, **kw):
+    return ivcloud("cluster", action, "--name", name, "--run-dir", RUN_DIR,
+                   *args, timeout=timeout, **kw)
+
+
+def qemus_naming(path: Path):
+    out = []
+    needle = str(path).encode()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if ((p / "comm").read_text().startswith("qemu-system") and
+                        needle in (p / "cmdline").read_bytes()):
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+def assert_nothing_left(name: str, fabric_pid=None):
+    assert not qemus_naming(RUN_DIR / f"cluster-{name}")
+    assert not (RUN_DIR / f"cluster-{name}").exists()
+    assert not Path(f"/dev/shm/ivcloud-{name}-s0").exists()
+    if fabric_pid is not None:
+        # the taps and bridges lived in the fabric's namespace
+        try:
+            st = Path(f"/proc/{fabric_pid}/stat").read_text()
+        except OSError:
+            st = ") Z"  # gone
+        # a zombie (its parent, the killed `up`, was not there to reap
+        # it) holds no namespace
+        assert st[st.rindex(")") + 2:].split()[0] in ("Z", "X"), st
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True,
+                         text=True).stdout
+    assert "t-s0i" not in out  # nothing leaked into the host's namespace
+
+
+@pytest.fixture(scope="module")
+def guest_deb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("deb")
+    subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
+                    str(out), "0.1.0"], check=True, capture_output=True,
+                   timeout=300)
+    deb = out / "ivcloud-guest_0.1.0_amd64.deb"
+    # the image (built once per package, cached in /var/cache/ivcloud)
+    from ivcloud.vm import debian
+    debian.build(deb=deb)
+    try:
+        yield deb
+    finally:
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def up_args(deb):
+    return ("--servers", 1, "--instances-per-server", 2, "--vcpus", 1,
+            "--instance-kind", "vm", "--guest-deb", deb, "--accel", "tcg",
+            "--oversubscribe")
+
+
+def test_bad_input_exits_2(guest_deb, tmp_path):
+    cases = [
+        (["--guest-deb", tmp_path / "none.deb"], {}, "none.deb"),
+        ([], {"IVCLOUD_QEMU": "/nonexistent/qemu"}, "QEMU"),
+        (["--vm-memory", 16], {}, "MiB"),
+    ]
+    for extra, env, word in cases:
+        args = list(up_args(guest_deb))
+        for flag in ("--guest-deb", "--vm-memory"):
+            if flag in extra and flag in args:
+                i = args.index(flag)
+                del args[i:i + 2]
+        r = cluster("up", "cvmbad", *args, *extra, timeout=60,
+                    env={**os.environ, **env})
+        assert r.returncode == 2, (extra, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+    # more vCPUs than the host has, without --oversubscribe
+    r = cluster("up", "cvmbad", "--servers", 1, "--instances-per-server", 2,
+                "--vcpus", os.cpu_count() or 1, "--instance-kind", "vm",
+                "--guest-deb", guest_deb, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    # VM options without VM instances
+    r = cluster("up", "cvmbad", "--servers", 1, "--instances-per-server", 1,
+                "--accel", "tcg", timeout=60)
+    assert r.returncode == 2 and "--instance-kind" in r.stderr
+    assert not (RUN_DIR / "cluster-cvmbad").exists()
+
+
+def test_down_after_up_killed_with_sigkill(guest_deb):
+    name = "cvmkill"
+    proc = subprocess.Popen([sys.executable, "-m", "ivcloud", "cluster", "up",
+                             "--name", name, "--run-dir", str(RUN_DIR),
+                             *map(str, up_args(guest_deb))],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    state = RUN_DIR / f"cluster-{name}" / "state.json"
+    deadline = time.monotonic() + 120
+    # killed once both QEMUs run and the guests boot
+    while time.monotonic() < deadline:
+        try:
+            vms = json.loads(state.read_text()).get("vms", {})
+        except (OSError, ValueError):
+            vms = {}
+        if len(vms) == 2 and all(v.get("pid") for v in vms.values()):
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("up recorded no QEMU within 120 s")
+    fabric = json.loads(state.read_text())["holders"]["fabric"]["pid"]
+    proc.kill()
+    proc.wait()
+    assert len(qemus_naming(RUN_DIR / f"cluster-{name}")) == 2
+    r = cluster("down", name, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert_nothing_left(name, fabric)
+
+
+def test_two_servers_go_over_the_uplinks(guest_deb):
+    """One guest per server, shaped uplinks: the ranks are in different
+    regions, so an ivshmem job's traffic goes over TCP through the
+    servers' bridges, uplinks and the core bridge (its BTL counters stay
+    at zero)."""
+    name = "cvm2"
+    args = [a for a in up_args(guest_deb)]
+    args[3] = 1  # --instances-per-server 1
+    args[1] = 2  # --servers 2
+    r = cluster("up", name, *args, "--uplink-rate", "200mbit")
+    assert r.returncode == 0, r.stderr + r.stdout
+    try:
+        code = base64.b64encode(PROGRAM.encode()).decode()
+        for host in ("s0i0", "s1i0"):
+            r = cluster("exec", name, host, "--", "sh", "-c",
+                        f"echo {code} | base64 -d > /tmp/prog.py && "
+                        f"chmod 644 /tmp/prog.py", timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+        r = cluster("mpirun", name, "--transport", "ivshmem", "--verbose-btl",
+                    "-np", 2, "--", "python3", "/tmp/prog.py", 5,
+                    timeout=400)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "rank 1 on s1i0 allreduce 3 pingpong ok 5" in r.stdout
+        assert _counters(r.stdout) == {0: (0, 0), 1: (0, 0)}, r.stdout
+        # the guest running mpirun itself dies: the launcher loses its
+        # agent, ends with one line, and the rank in the other guest goes
+        state = json.loads((RUN_DIR / f"cluster-{name}" / "state.json"
+                            ).read_text())
+        job = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+             name, "--run-dir", str(RUN_DIR), "-np", "2", "--", "python3",
+             "/tmp/prog.py", "1", "600"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_rank(name, "s1i0")
+            os.kill(state["vms"]["s0i0"]["pid"], signal.SIGKILL)
+            out, err = job.communicate(timeout=60)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        assert job.returncode == 1, (out, err)
+        assert len(err.strip().splitlines()) == 1, err
+        r = cluster("exec", name, "s1i0", "--", "pgrep", "-u", "mpi",
+                    timeout=60)
+        assert r.returncode == 1, r.stdout
+    finally:
+        r = cluster("down", name, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert_nothing_left(name)
+
+
+@pytest.fixture(scope="module")
+def vmc(guest_deb):
+    name = "cvm"
+    t0 = time.monotonic()
+    r = cluster("up", name, *up_args(guest_deb))
+    assert r.returncode == 0, r.stderr + r.stdout
+    print(f"\ncluster up --instance-kind vm (1x2x1, tcg): "
+          f"{time.monotonic() - t0:.0f} s; {r.stdout.strip()}")
+    code = base64.b64encode(PROGRAM.encode()).decode()
+    for host in ("s0i0", "s0i1"):
+        r = cluster("exec", name, host, "--", "sh", "-c",
+                    f"echo {code} | base64 -d > /tmp/prog.py && "
+                    f"chmod 644 /tmp/prog.py", timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        yield name
+    finally:
+        if (RUN_DIR / f"cluster-{name}").exists():
+            cluster("down", name, timeout=120)
+        for pid in qemus_naming(RUN_DIR):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def test_status_and_exec(vmc):
+    r = cluster("status", vmc, "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["kind"] == "vm" and info["healthy"]
+    insts = {i["hostname"]: i for i in info["instances"]}
+    assert sorted(insts) == ["s0i0", "s0i1"]
+    for inst in insts.values():
+        assert inst["alive"] and inst["pid"] in qemus_naming(RUN_DIR)
+        # the vCPU thread runs where the cluster's vCPU map says
+        assert inst["cpus"] == inst["planned_cpus"], inst
+    # both guests' devices are peers of the server's standing region
+    assert len(info["servers"][0]["peers"]) == 2
+    r = cluster("exec", vmc, "s0i1", "--", "sh", "-c",
+                "hostname; ip -4 -o addr; timeout 10 bash -c "
+                "'echo > /dev/tcp/s0i0/22' && echo reached", timeout=60)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.startswith("s0i1\n") and "10.251.0.2/16" in r.stdout
+    assert "reached" in r.stdout
+    # from the head node (a namespace on the core bridge) through the
+    # uplink and the server's bridge to the guest's sshd
+    r = cluster("exec", vmc, "head", "--", "timeout", "10", "bash", "-c",
+                "echo > /dev/tcp/10.251.0.1/22 && echo reached", timeout=60)
+    assert r.returncode == 0 and "reached" in r.stdout, r.stdout + r.stderr
+    r = cluster("mpirun", vmc, "--dry-run", "-np", 2, "--", "python3",
+                "/tmp/prog.py", timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("# in guest s0i0: ")
+    assert "runuser -u mpi -- mpirun -np 2" in r.stdout
+    assert "standing region" in r.stderr
+    r = cluster("exec", vmc, "s0i0", "--", "false", timeout=60)
+    assert r.returncode == 1
+    r = cluster("exec", vmc, "nosuch", "--", "true", timeout=60)
+    assert r.returncode == 2 and "nosuch" in r.stderr
+
+
+def wait_for_rank(name, host):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r = cluster("exec", name, host, "--", "pgrep", "-u", "mpi",
+                    "python3", timeout=60)
+        if r.returncode == 0:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the job's rank on {host} never started")
+
+
+def _counters(out):
+    return {int(r): (int(m), int(b)) for r, m, b in re.findall(
+        r"btl_ivshmem: rank (\d) sent (\d+) msgs (\d+) bytes", out)}
+
+
+def test_mpi4py_over_the_region(vmc):
+    t0 = time.monotonic()
+    r = cluster("mpirun", vmc, "--transport", "ivshmem", "--btl",
+                "self,ivshmem", "--verbose-btl", "-np", 2, "--",
+                "python3", "/tmp/prog.py", 20, timeout=400)
+    print(f"ivshmem job: {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 0 on s0i0 allreduce 3 pingpong ok 20" in r.stdout, r.stdout
+    assert "rank 1 on s0i1 allreduce 3 pingpong ok 20" in r.stdout, r.stdout
+    sent = _counters(r.stdout)
+    for rank in (0, 1):
+        msgs, nbytes = sent.get(rank, (0, 0))
+        assert msgs >= 20 and nbytes >= 20 << 20, r.stdout
+
+
+def test_mpi4py_over_virtio_net(vmc):
+    r = cluster("mpirun", vmc, "--transport", "tcp", "-np", 2, "--",
+                "python3", "/tmp/prog.py", 20, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 0 on s0i0 allreduce 3 pingpong ok 20" in r.stdout, r.stdout
+    assert "rank 1 on s0i1 allreduce 3 pingpong ok 20" in r.stdout, r.stdout
+    assert "btl_ivshmem" not in r.stdout
+
+
+def test_killed_guest_ends_the_job(vmc):
+    state = json.loads((RUN_DIR / f"cluster-{vmc}" / "state.json"
+                        ).read_text())
+    victim = state["vms"]["s0i1"]["pid"]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name", vmc,
+         "--run-dir", str(RUN_DIR), "-np", "2", "--", "python3",
+         "/tmp/prog.py", "2", "600"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_rank(vmc, "s0i1")
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = job.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    print(f"job ended {took:.1f} s after its guest was killed")
+    assert job.returncode != 0
+    assert "s0i1 died" in out + err, out + err
+    # nothing of the job is left in the surviving guest
+    r = cluster("exec", vmc, "s0i0", "--", "pgrep", "-u", "mpi", timeout=60)
+    assert r.returncode == 1, r.stdout
+    r = cluster("status", vmc, "--json", timeout=60)
+    assert r.returncode == 1  # degraded
+    assert not {i["hostname"]: i["alive"] for i in json.loads(r.stdout)[
+        "instances"]}["s0i1"]
+    # no new job on a degraded cluster: one line, exit 1
+    r = cluster("mpirun", vmc, "-np", 1, "--", "true", timeout=60)
+    assert r.returncode == 1 and "s0i1" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_down_leaves_nothing(vmc):
+    state = json.loads((RUN_DIR / f"cluster-{vmc}" / "state.json"
+                        ).read_text())
+    fabric = state["holders"]["fabric"]["pid"]
+    r = cluster("down", vmc, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert_nothing_left(vmc, fabric)
