@@ -32,7 +32,8 @@ def test_summary_is_median_and_spread():
     recs = [{"app": "openfoam", "config": "one", "ranks": 2,
              "metric": "solver_s", "value": v} for v in (3.0, 1.0, 2.0)]
     (row,) = apps.summarize(recs)
-    assert (row["median"], row["min"], row["max"], row["runs"]) == \
+    assert (row["value"], row["value_min"], row["value_max"],
+            row["runs"]) == \
         (2.0, 1.0, 3.0, 3)
 
 

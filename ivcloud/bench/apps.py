@@ -26,9 +26,9 @@ S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,8 +40,9 @@ from ..apps import hpcc, magbar, openfoam
 from ..cluster.session import ClusterSession, floating_rankfile
 from ..errors import InvalidRequest
 from . import report
-from .toolkit import (BenchResults, Target, attempt, conclude, count,
-                      machine_info, print_grid, require_root, run_job)
+from .toolkit import (BenchResults, Target, conclude, count, machine_info,
+                      measure_rounds, print_grid, require_root, run_job)
+from .toolkit import summarize as toolkit_summarize
 
 APPS = ("hpcc", "openfoam", "micromag")
 CONFIGS = ("one", "tcp", "ivshmem")
@@ -154,11 +155,11 @@ class Workloads:
 
 def run_app(cluster: ClusterSession, work: Workloads, app: str,
             config: str, hosts: Sequence[str], transport: str,
-            rnd: int) -> List[Dict]:
+            metrics: Optional[Sequence[str]] = None) -> List[Dict]:
     """One run of `app` with rank r on hosts[r]; its records (one per
-    metric)."""
+    metric, or per metric of `metrics`)."""
     argv, parse = work.job(app, len(hosts))
-    origin = f"{app} {config} ({len(hosts)} ranks, round {rnd + 1})"
+    origin = f"{app} {config} ({len(hosts)} ranks)"
     if cluster.topo.vcpus > 1:
         kw = {"rankfile": floating_rankfile(hosts, cluster.topo.vcpus)}
     else:
@@ -176,51 +177,46 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
     wall = time.monotonic() - t0
     values = parse(stdout)
     return [{"app": app, "config": config, "ranks": len(hosts),
-             "transport": transport, "hosts": list(hosts), "round": rnd,
+             "transport": transport, "hosts": list(hosts),
              "metric": metric, "value": value,
              "unit": METRICS[(app, metric)][1], "wall_s": wall}
-            for metric, value in values.items()]
+            for metric, value in values.items()
+            if metrics is None or metric in metrics]
 
 
 def measure_pairs(cluster: ClusterSession, work: Workloads,
                   s: AppsSettings, res: BenchResults, log) -> None:
-    for rnd in range(s.rounds):
-        for config in CONFIGS:
-            transport = "ivshmem" if config == "ivshmem" else "tcp"
-            for app in s.apps:
-                recs = attempt(res, "apps", f"{app} {config} round "
-                               f"{rnd + 1}", lambda: run_app(
-                                   cluster, work, app, config,
-                                   PAIR_HOSTS[config], transport, rnd), log)
-                res.records += recs or []
+    steps = []
+    for config in CONFIGS:
+        transport = "ivshmem" if config == "ivshmem" else "tcp"
+        steps += [(f"{app} {config}",
+                   functools.partial(run_app, cluster, work, app, config,
+                                     PAIR_HOSTS[config], transport))
+                  for app in s.apps]
+    measure_rounds(res, "apps", s.rounds, steps, log)
 
 
 def measure_scaling(cluster: ClusterSession, work: Workloads,
                     s: AppsSettings, res: BenchResults, log) -> None:
     hosts = [i.hostname for i in cluster.topo.instance_list()]
-    for rnd in range(s.rounds):
-        for ranks in s.scaling_ranks:
-            for app in s.apps:
-                recs = attempt(res, "apps", f"{app} scaling {ranks} ranks "
-                               f"round {rnd + 1}", lambda: run_app(
-                                   cluster, work, app, "scaling",
-                                   hosts[:ranks], "ivshmem", rnd), log)
-                res.records += [r for r in recs or []
-                                if r["metric"] == SCALING_METRIC[app]]
+    measure_rounds(res, "apps", s.rounds, [
+        (f"{app} scaling {p} ranks",
+         functools.partial(run_app, cluster, work, app, "scaling",
+                           hosts[:p], "ivshmem", (SCALING_METRIC[app],)))
+        for p in s.scaling_ranks for app in s.apps], log)
 
 
 # ---------------------------------------------------------------- summary
 
+SUMMARY_KEYS = ("app", "config", "ranks", "metric")
+
+
 def summarize(records: Sequence[Dict]) -> List[Dict]:
-    """Median and spread of every (app, config, ranks, metric)."""
-    groups: Dict[Tuple, List[float]] = {}
-    for r in records:
-        groups.setdefault((r["app"], r["config"], r["ranks"],
-                           r["metric"]), []).append(r["value"])
-    return [{"app": a, "config": c, "ranks": p, "metric": m,
-             "median": statistics.median(v), "min": min(v), "max": max(v),
-             "runs": len(v)}
-            for (a, c, p, m), v in sorted(groups.items())]
+    """Every (app, config, ranks, metric): `value` (and `wall_s`) the
+    median of its rounds, with value_min, value_max and runs."""
+    return sorted(toolkit_summarize(records, SUMMARY_KEYS,
+                                    ("value", "wall_s")),
+                  key=lambda r: tuple(r[k] for k in SUMMARY_KEYS))
 
 
 def speed(app: str, metric: str, value: float, reference: float
@@ -235,7 +231,7 @@ def speed(app: str, metric: str, value: float, reference: float
 def relative(summary: Sequence[Dict]) -> List[Dict]:
     """Per app and metric: tcp and ivshmem medians as speeds relative to
     one, and ivshmem relative to tcp."""
-    med = {(r["app"], r["config"], r["metric"]): r["median"]
+    med = {(r["app"], r["config"], r["metric"]): r["value"]
            for r in summary if r["config"] in CONFIGS}
     rows = []
     for (app, metric) in METRICS:
@@ -269,7 +265,7 @@ def scaling(summary: Sequence[Dict]) -> List[Dict]:
     """T/S/E rows per app (medians), with the fitted serial fraction."""
     out = []
     for app, metric in SCALING_METRIC.items():
-        pts = {r["ranks"]: r["median"] for r in summary
+        pts = {r["ranks"]: r["value"] for r in summary
                if r["app"] == app and r["config"] == "scaling"
                and r["metric"] == metric}
         if 1 not in pts:
@@ -347,6 +343,8 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
                 scale_desc = cl.describe()
     finally:
         work.close()
+    # every run is a record of the document; the tables use the medians
+    res.records, res.runs = res.runs, []
     summary = summarize(res.records)
     rel = relative(summary)
     ts = targets(rel)

@@ -102,7 +102,7 @@ def halo_table(summ: Dict[str, Dict]) -> Tuple[List[str], List[List[str]]]:
 
 
 def _spread(r: Dict) -> str:
-    return f"{r['median']:.4g} ({r['min']:.3g}..{r['max']:.3g})"
+    return f"{r['value']:.4g} ({r['value_min']:.3g}..{r['value_max']:.3g})"
 
 
 def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
