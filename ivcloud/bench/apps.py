@@ -343,23 +343,23 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
                 scale_desc = cl.describe()
     finally:
         work.close()
-    # every run is a record of the document; the tables use the medians
-    res.records, res.runs = res.runs, []
-    summary = summarize(res.records)
+    # as in every benchmark: records are the medians, runs every round's
+    res.records = summarize(res.runs)
+    summary = res.records
     rel = relative(summary)
     ts = targets(rel)
     res.notes.append("instances are namespaces, not VMs; the host has "
                      f"{info['cpus']} CPUs, so more ranks than that "
                      f"share CPUs (scaling beyond it is oversubscribed)")
-    doc = {"summary": summary, "relative": rel, "scaling": scaling(summary),
-           "metrics": {f"{a}:{m}": {"label": v[0], "unit": v[1],
-                                    "higher_is_better": v[2]}
-                       for (a, m), v in METRICS.items()}}
-    print_tables(doc, out)
+    fields = {"relative": rel, "scaling": scaling(summary),
+              "metrics": {f"{a}:{m}": {"label": v[0], "unit": v[1],
+                                       "higher_is_better": v[2]}
+                          for (a, m), v in METRICS.items()}}
+    print_tables({"records": summary, **fields}, out)
     doc = conclude("apps", s.quick, info, res, ts, out,
                    cluster=pair_desc, scaling_cluster=scale_desc,
                    configs={c: list(PAIR_HOSTS[c]) for c in CONFIGS},
                    rounds=s.rounds, hpcc_n=s.hpcc_n,
-                   foam_iterations=s.foam_iterations, **doc)
+                   foam_iterations=s.foam_iterations, **fields)
     return report.publish("apps", doc, out_dir, json_path,
                           failed=bool(res.failed), stdout=out)

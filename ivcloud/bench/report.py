@@ -111,7 +111,7 @@ def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
     header = ["application", "figure", "one", "tcp", "ivshmem",
               "tcp/one", "ivshmem/one", "ivshmem/tcp"]
     summ = {(r["app"], r["config"], r["metric"]): r
-            for r in doc["summary"] if r["ranks"] == 2}
+            for r in doc["records"] if r["ranks"] == 2}
     rows = []
     for rel in doc["relative"]:
         app, metric = rel["app"], rel["metric"]
