@@ -45,8 +45,8 @@ def jobs_dir(servers_dir: Path, server_name: str) -> Path:
 
 def job_server_paths(servers_dir: Path, server_name: str, index: int,
                      job: str) -> server_mod.ServerPaths:
-    # the name is also the region's (/dev/shm/ivcloud-NAME): one per job
-    # and server
+    # unique per job and server (in host-file mode it would also name the
+    # region file /dev/shm/ivcloud-NAME)
     return server_mod.paths_for(f"{job}s{index}",
                                 str(jobs_dir(servers_dir, server_name)))
 
