@@ -29,6 +29,8 @@ import pytest
 
 from ivcloud.vm import qemu
 
+from test_guest_image import qemus_naming
+
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
 RUN_DIR = Path("/var/tmp") / f"ivc-cvm-{os.getpid()}"
@@ -80,20 +82,6 @@ def ivcloud(*args, timeout=600, **kw):
 def cluster(action, name, *args, timeout=600, **kw):
     return ivcloud("cluster", action, "--name", name, "--run-dir", RUN_DIR,
                    *args, timeout=timeout, **kw)
-
-
-def qemus_naming(path: Path):
-    out = []
-    needle = str(path).encode()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if ((p / "comm").read_text().startswith("qemu-system") and
-                        needle in (p / "cmdline").read_bytes()):
-                    out.append(int(p.name))
-            except OSError:
-                pass
-    return out
 
 
 def assert_nothing_left(name: str, fabric_pid=None):

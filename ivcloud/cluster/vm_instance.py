@@ -30,12 +30,11 @@ the command agent on each guest's second serial port.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import ClusterError, ClusterFailure, IvcloudError
+from ..errors import ClusterError, ClusterFailure, IvcloudError, VmFailure
 from ..vm import agent, debian, qemu
 from ..vm import lifecycle as vm_lifecycle
 from ..vm.image import READY_BANNER
@@ -167,18 +166,10 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
                                  net=net)
         # in the fabric's network namespace, where the tap is
         full = holders.enter_argv(fabric_pid, ("net",)) + cmd
-        with open(d / "qemu.log", "w") as qlog:
-            try:
-                p = subprocess.run(full, stdin=subprocess.DEVNULL,
-                                   stdout=qlog, stderr=subprocess.PIPE,
-                                   text=True, timeout=60)
-            except subprocess.TimeoutExpired:
-                raise ClusterFailure(f"QEMU for {inst.hostname} did not "
-                                     f"start within 60 s")
-        if p.returncode != 0:
-            lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-            raise ClusterFailure(f"QEMU for {inst.hostname} failed: "
-                                 f"{lines[-1] if lines else p.returncode}")
+        try:
+            qemu.launch(full, d, inst.hostname)
+        except VmFailure as e:
+            raise ClusterFailure(str(e)) from None
         state["vms"][inst.hostname]["pid"] = vm_lifecycle.qemu_pid(d)
         save(sd, state)
 

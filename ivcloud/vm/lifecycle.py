@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -323,18 +322,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
                 "disk": str(img.disk) if img.disk else None,
                 "command": cmd, "state": "starting",
                 "started": time.time()})
-            with open(d / "qemu.log", "w") as qlog:
-                try:
-                    p = subprocess.run(cmd, stdin=subprocess.DEVNULL,
-                                       stdout=qlog, stderr=subprocess.PIPE,
-                                       text=True, timeout=60)
-                except subprocess.TimeoutExpired:
-                    raise VmFailure(f"QEMU for {n} did not start "
-                                          f"within 60 s")
-            if p.returncode != 0:
-                lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-                raise VmFailure(f"QEMU for {n} failed: "
-                                      f"{lines[-1] if lines else p.returncode}")
+            qemu.launch(cmd, d, n)
         t0 = time.monotonic()
         pending = {d.name: d for d in started}
         info: Dict[str, Dict[str, str]] = {}

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import QmpError
+from ..errors import QmpError, VmFailure
 from .image import INIT_BANNER, GuestImage
 
 QEMU_ENV = "IVCLOUD_QEMU"
@@ -90,6 +90,25 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
     if daemonize:
         cmd.append("-daemonize")
     return cmd
+
+
+def launch(cmd: List[str], vm_dir: Path, name: str,
+           timeout_s: float = 60.0) -> None:
+    """Run a daemonizing QEMU command line (`guest_command`), its output
+    in VM_DIR/qemu.log; VmFailure with QEMU's last word if it does not
+    come up."""
+    with open(vm_dir / "qemu.log", "w") as qlog:
+        try:
+            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=qlog,
+                               stderr=subprocess.PIPE, text=True,
+                               timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise VmFailure(f"QEMU for {name} did not start within "
+                            f"{timeout_s:g} s")
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        raise VmFailure(f"QEMU for {name} failed: "
+                        f"{lines[-1] if lines else p.returncode}")
 
 
 def console_text(vm_dir: Path) -> str:
