@@ -88,7 +88,9 @@ class Simulation:
         if self.cfg["demag"]["enabled"]:
             td = time.perf_counter()
             self.demag = DemagField(sp, self.state.Ms_nodes,
-                                    rtol=self.cfg["demag"]["rtol"])
+                                    rtol=self.cfg["demag"]["rtol"],
+                                    method=self.cfg["demag"]["method"],
+                                    tol=self.cfg["demag"]["tol"])
             self.demag_setup_time = time.perf_counter() - td
             self.terms.append(self.demag)
         self.stages = self.cfg["stage"]
