@@ -35,8 +35,8 @@
     enabled = true      # hybrid FEM/BEM (micromag.terms.demag)
     rtol = 1e-10        # its Krylov tolerance
     method = "auto"     # boundary operator: dense | fmm (fast multipole,
-                        # O(N) memory) | auto (dense up to 8000 surface
-                        # nodes); docs/mag-demag.md
+                        # O(N) memory) | auto (dense while it takes at
+                        # most 4 GB: 22,360 surface nodes); docs/mag-demag.md
     tol = 1e-5          # fmm: relative accuracy of the boundary operator
 
     [[field]]           # applied in every stage (also [[stage.field]])

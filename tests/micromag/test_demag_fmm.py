@@ -2,7 +2,7 @@
 demag_fmm.py, real fmm3dpy and PETSc): its pieces (quadrature rules, pair
 weights), the operator against the dense matrix B on small meshes for two
 tolerances, the sphere's demagnetizing factor on surfaces whose dense B
-would not fit (10,000 boundary nodes here; 41,000 under IVCLOUD_SLOW=1,
+would be large (10,000 boundary nodes here; 41,000 under IVCLOUD_SLOW=1,
 13.7 GB dense, in a memory budget of 3 GB), and bad [demag] settings
 through `ivcloud mag run`. 1 = 2 = 4 ranks with the FMM: test_demag.py.
 """
@@ -135,12 +135,12 @@ def test_fmm_operator_matches_dense(shape, tol):
 # ----------------------------------------------------- large surfaces
 
 def test_sphere_factor_with_fmm_beyond_dense_limit():
-    """About 10,000 boundary nodes: auto picks the FMM (the dense B would
-    take 0.8 GB); the operator keeps 2 kB per boundary node (2 %)."""
+    """About 10,000 boundary nodes (the dense B would take 0.8 GB): the
+    FMM operator keeps 2 kB per boundary node (2 %)."""
     sp = FEMSpace(graded_sphere(10.0, 0.38, 0.5))
-    field = DemagField(sp, MS)                  # method auto, tol 1e-5
+    field = DemagField(sp, MS, method="fmm")    # tol 1e-5
     nb = field.n_boundary
-    assert nb > demag_fmm.DENSE_AUTO_MAX and field.method == "fmm"
+    assert nb > 10_000 and field.method == "fmm"
     assert field.bem is None and field.bem_bytes < 2000 * nb   # O(N)
     N, _, _ = demag_factors(sp, field)
     assert np.allclose(N, 1 / 3, rtol=0.005), N
