@@ -50,7 +50,7 @@ METHODS = ("auto", "dense", "fmm")
 
 # auto: the dense matrix while it takes at most 4 GB over all ranks
 # (8 Nb^2 bytes: Nb <= 22,360). As long as it fits, the dense product is
-# 20-50 times faster than fmm3dpy's FMM on this machine (docs/mag-demag.md,
+# 20-300 times faster than fmm3dpy's FMM on this machine (docs/mag-demag.md,
 # "Cost"), so memory, not time, decides.
 DENSE_AUTO_BYTES = 4e9
 DENSE_AUTO_MAX = int((DENSE_AUTO_BYTES / 8) ** 0.5)
