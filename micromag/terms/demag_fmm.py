@@ -184,6 +184,7 @@ class FMMBoundaryOperator:
         extent = float(np.ptp(points[bnd_nodes], axis=0).max()) or 1.0
         centre = points[bnd_nodes].mean(axis=0)
         xs = (points[bnd_nodes] - centre) / extent              # (Nb, 3)
+        kernel = _BoundaryKernel(xs, fcols, 1.0)   # MeshError: degenerate
         tri = xs[fcols]                                         # (F, 3, 3)
         cross = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
         area = 0.5 * np.linalg.norm(cross, axis=1)
@@ -196,6 +197,8 @@ class FMMBoundaryOperator:
         # --- far field: this rank's triangles' quadrature points as
         # sources. u(y_q) w_q A_T = sum_j lambda_j(y_q) w_q A_T u_j.
         r0 = int(self.counts[:comm.Get_rank()].sum())
+        if not np.array_equal(rows, np.arange(r0, r0 + len(rows))):
+            raise ValueError("rows must be this rank's contiguous slice")
         mine = np.flatnonzero((fcols.min(axis=1) >= r0)
                               & (fcols.min(axis=1) < r0 + len(rows)))
         self.sources = np.ascontiguousarray(
@@ -217,7 +220,6 @@ class FMMBoundaryOperator:
         pair_node, pair_tri = _near_pairs(cKDTree(own_x) if len(rows) else
                                           None, tri.mean(axis=1),
                                           self.eta * diam)
-        kernel = _BoundaryKernel(xs, fcols, 1.0)
         ent_r, ent_c, ent_v = [], [], []
         for start in range(0, len(pair_node), _PAIRS_PER_BLOCK):
             pn = pair_node[start:start + _PAIRS_PER_BLOCK]
