@@ -108,12 +108,19 @@ mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
     return &f->base;
 }
 
-/* Queue `f` behind whatever `ep` already waits for. With `lock`. */
-static inline void enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
-                                   mca_btl_ivshmem_frag_t *f)
+/* Queue `f` behind whatever `ep` already waits for; progress retries
+   the endpoints on pending_eps only. With `lock`. */
+void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
+                                     mca_btl_ivshmem_frag_t *f)
 {
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     ivshmem_queue_push(&ep->pending, f);
-    mca_btl_ivshmem_component.num_pending++;
+    c->num_pending++;
+    if (!ep->on_pending_list) {
+        ep->on_pending_list = true;
+        ep->next_pending = c->pending_eps;
+        c->pending_eps = ep;
+    }
 }
 
 static inline void count_sent(size_t len)
@@ -159,7 +166,7 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
         /* fragments queued since it was packed must go first: it leaves
            the (unpublished) slot for our own buffer and queues too */
         memcpy(f->data, buf, len);
-        enqueue_pending(ep, f);
+        mca_btl_ivshmem_enqueue_pending(ep, f);
         OPAL_THREAD_UNLOCK(&c->lock);
         return OPAL_SUCCESS;
     }
@@ -177,7 +184,7 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
             return OPAL_ERR_UNREACH;
         }
     }
-    enqueue_pending(ep, f);
+    mca_btl_ivshmem_enqueue_pending(ep, f);
     OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
 }
@@ -285,7 +292,7 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
             goto failed;
         }
     }
-    enqueue_pending(ep, f);
+    mca_btl_ivshmem_enqueue_pending(ep, f);
     OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
 
