@@ -1,0 +1,119 @@
+"""Many ranks in one region (issue 14): 128 real Open MPI ranks on this
+2-core machine, oversubscribed (blocking waits: Open MPI yields when
+idle, the BTL spins then blocks), every inter-rank byte through the
+ivshmem BTL (`--mca btl self,ivshmem`, no tcp in the list) in one
+private region that `ivcloud mpirun` sizes from the linear formula.
+
+- native/btl/tests/scale_check.c: a ring of sendrecvs (eager and
+  rendezvous), fan-in with MPI_ANY_SOURCE from every rank to three roots
+  (per-sender order and payload checked), and collectives (barrier,
+  bcast/reduce from three roots, allreduce, allgather, alltoall,
+  gather/scatter), all content-checked, bounded work per rank.
+- native/tests/mpi/p2p.c, the p2p suite of tests/test_mpi_btl.py
+  (ANY_SOURCE/ANY_TAG, probes, ordering, many outstanding requests), at
+  128 ranks with sizes up to 1 MiB.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from ivcloud import mpi
+from ivcloud.errors import IvcloudError
+
+REPO = Path(__file__).resolve().parent.parent
+SCALE = REPO / "native" / "btl" / "tests" / "scale_check.c"
+P2P = REPO / "native" / "tests" / "mpi" / "p2p.c"
+RANKS = 128
+JOB_TIMEOUT = 240  # s: a hang fails the test, it does not hold the suite
+
+
+def _mpicc(tmp_path_factory, src: Path) -> Path:
+    mpicc = shutil.which("mpicc")
+    assert mpicc, "mpicc not found (install libopenmpi-dev)"
+    out = tmp_path_factory.mktemp("scale") / src.stem
+    proc = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror", "-o",
+                           str(out), str(src)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory) -> Dict[str, Path]:
+    return {"scale": _mpicc(tmp_path_factory, SCALE),
+            "p2p": _mpicc(tmp_path_factory, P2P)}
+
+
+@pytest.fixture(scope="module")
+def component() -> Path:
+    try:
+        return mpi.component_dir()
+    except IvcloudError as e:
+        pytest.fail(str(e))
+
+
+def _private_regions() -> List[str]:
+    return sorted(p.name for p in Path("/dev/shm").glob("ivcloud-mpi-*"))
+
+
+def _ivcloud_mpirun(np: int, program: List[str]) -> subprocess.CompletedProcess:
+    """`ivcloud mpirun` as a user runs it: private region, counters on,
+    self,ivshmem only. In its own session, killed whole on a timeout."""
+    cmd = [sys.executable, "-m", "ivcloud", "mpirun", "-np", str(np),
+           "--verbose-btl", "--no-tcp-fallback", "--"] + program
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("IVSHM_REGION", "IVSHM_SOCKET")}
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"{np} ranks: no end within {JOB_TIMEOUT} s\n"
+                    f"{out[-2000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _assert_all_ranks_used_the_region(job, np: int) -> None:
+    described = f"exit {job.returncode}\n{job.stdout[-2000:]}\n" \
+                f"{job.stderr[-3000:]}"
+    counters = mpi.parse_btl_counters(job.stderr)
+    assert sorted(counters) == list(range(np)), described
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
+        assert c["sent_bytes"] > 0 and c["recv_bytes"] > 0, (rank, c)
+
+
+def test_128_ranks_in_one_region(programs, component):
+    before = _private_regions()
+    t0 = time.monotonic()
+    job = _ivcloud_mpirun(RANKS, [str(programs["scale"]), "2"])
+    seconds = time.monotonic() - t0
+    assert job.returncode == 0, f"{job.stdout[-2000:]}\n{job.stderr[-3000:]}"
+    assert f"PASS scale_check {RANKS} ranks" in job.stdout, job.stdout
+    _assert_all_ranks_used_the_region(job, RANKS)
+    # the fan-in roots heard from every other rank through the region
+    counters = mpi.parse_btl_counters(job.stderr)
+    for root in (0, RANKS // 2, RANKS - 1):
+        assert counters[root]["recv_msgs"] >= 2 * 6 * (RANKS - 1), \
+            (root, counters[root])
+    assert _private_regions() == before, "the private region was left behind"
+    print(f"scale_check: {RANKS} ranks in {seconds:.1f} s")
+
+
+def test_128_ranks_p2p_suite(programs, component):
+    job = _ivcloud_mpirun(RANKS, [str(programs["p2p"]), "1"])
+    assert job.returncode == 0, f"{job.stdout[-2000:]}\n{job.stderr[-3000:]}"
+    assert "PASS p2p" in job.stdout, job.stdout
+    _assert_all_ranks_used_the_region(job, RANKS)
