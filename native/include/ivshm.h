@@ -37,15 +37,29 @@ enum {
 
 const char *ivshm_strerror(int err);
 
-/* Shape of a region, fixed when it is formatted. Zero fields take defaults. */
+/* Shape of a region, fixed when it is formatted. Zero fields take defaults.
+   Every peer owns one receive area: a queue of queue_slots cells that
+   every other peer appends to, and fast_channels single-producer rings
+   of ring_slots slots that its busiest senders take over on demand
+   (docs/region-layout.md). The region grows linearly with max_peers. */
 typedef struct ivshm_geometry {
-    uint32_t max_peers;   /* registry slots, 2..64 (default 8)               */
-    uint32_t ring_slots;  /* slots per directed ring, power of two (64)      */
-    uint32_t slot_size;   /* bytes per slot incl. 32 B header, %64 (4096)    */
+    uint32_t max_peers;   /* registry slots, 2..1024 (default 8)             */
+    uint32_t ring_slots;  /* slots per fast channel, power of two (64)       */
+    uint32_t slot_size;   /* bytes per slot / cell incl. 32 B header, %64
+                             (4096)                                          */
     uint32_t max_windows; /* window directory entries (32)                   */
+    uint32_t queue_slots; /* cells of each peer's shared receive queue,
+                             power of two, 2..65536 (64)                     */
+    uint32_t fast_channels; /* fast channels per receiver, 1..64 (8), at
+                               most max_peers - 1 are laid out;
+                               IVSHM_FAST_NONE: none, every message goes
+                               through the queues                            */
 } ivshm_geometry;
 
-/* Smallest region size that holds `g` (rings + registry + a 1 MiB heap). */
+#define IVSHM_FAST_NONE 0xffffffffu
+
+/* Smallest region size that holds `g` (receive areas + registry + window
+   tables + a 1 MiB heap): linear in max_peers. */
 uint64_t ivshm_min_region_size(const ivshm_geometry *g);
 
 /* Format a blank, mapped region of `size` bytes in place. */
@@ -112,7 +126,9 @@ typedef struct ivshm_peer_info {
 } ivshm_peer_info;
 
 /* The geometry this region was formatted with (for sizing messages:
-   one ring holds ring_slots * (slot_size - 32) payload bytes). */
+   one ring holds ring_slots * (slot_size - 32) payload bytes, a queue
+   queue_slots * (slot_size - 32)). fast_channels is IVSHM_FAST_NONE for a
+   region without fast channels. */
 void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out);
 
 int ivshm_self(const ivshm *h);            /* our registry slot */

@@ -400,6 +400,8 @@ int ivshm_win_open(ivshm *h, const char *name, uint32_t nseg,
         return -EINVAL;
     if (nseg == 0 || nseg > h->max_peers)
         return -EINVAL;
+    if (h->self >= 64)
+        return -ENOTSUP; /* member masks are 64 bits wide */
     if (seg_size > h->heap_size)
         return IVSHM_EFULL;
     char want[IVSHM_NAME_LEN] = {0};
@@ -469,7 +471,8 @@ void ivshm_windows_on_leave(ivshm *h, int slot)
 {
     if (!h || !ivshm_slot_ok(h, slot))
         return;
-    const uint64_t bit = 1ull << slot, holder = (uint64_t)slot + 1;
+    const uint64_t bit = slot < 64 ? 1ull << slot : 0,
+                   holder = (uint64_t)slot + 1;
     uint64_t expect = holder;
     atomic_compare_exchange_strong(&ivshm_hdr(h)->alloc_lock, &expect, 0);
     for (uint32_t i = 0; i < h->max_windows; i++) {
