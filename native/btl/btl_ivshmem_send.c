@@ -159,9 +159,13 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
                 OPAL_THREAD_UNLOCK(&c->lock);
                 return OPAL_SUCCESS;
             }
-            OPAL_THREAD_UNLOCK(&c->lock);
-            mca_btl_ivshmem_peer_failed(ep, rc);
-            return OPAL_ERR_UNREACH;
+            if (rc != -EAGAIN) {
+                OPAL_THREAD_UNLOCK(&c->lock);
+                mca_btl_ivshmem_peer_failed(ep, rc);
+                return OPAL_ERR_UNREACH;
+            }
+            /* packed for the receiver's queue, whose room other senders
+               took since the reservation: it waits in our own buffer */
         }
         /* fragments queued since it was packed must go first: it leaves
            the (unpublished) slot for our own buffer and queues too */
@@ -252,10 +256,30 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
             goto busy;
         }
         rc = ivshm_send_commit(c->h, ep->slot, tag, total);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (OPAL_UNLIKELY(rc < 0))
+        if (OPAL_LIKELY(0 == rc)) {
+            OPAL_THREAD_UNLOCK(&c->lock);
+            count_sent(total);
+            return OPAL_SUCCESS;
+        }
+        if (rc != -EAGAIN) {
+            OPAL_THREAD_UNLOCK(&c->lock);
             goto failed;
-        count_sent(total);
+        }
+        /* Packed for the receiver's queue (staged in our memory), whose
+           room other senders took since the reservation: keep a copy in
+           the FIFO, as for a full ring below; the PML is done. */
+        f = ivshmem_frag_get(total);
+        if (!f) {
+            OPAL_THREAD_UNLOCK(&c->lock); /* never committed: nothing sent */
+            goto busy;
+        }
+        memcpy(f->data, slot, total);
+        f->segment.seg_len = total;
+        f->endpoint = ep;
+        f->tag = tag;
+        f->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP; /* no callback */
+        mca_btl_ivshmem_enqueue_pending(ep, f);
+        OPAL_THREAD_UNLOCK(&c->lock);
         return OPAL_SUCCESS;
     }
     OPAL_THREAD_UNLOCK(&c->lock);

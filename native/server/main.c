@@ -46,8 +46,12 @@ static void usage(FILE *f)
 "  -l, --size BYTES      region size, power of two, K/M/G suffix (default 64M)\n"
 "  -n, --vectors N       interrupt vectors per peer, 1..%d (default 1)\n"
 "      --max-peers N     registry slots of the region, 2..%d (default 8)\n"
-"      --ring-slots N    slots per ring, power of two (default 64)\n"
-"      --slot-size N     bytes per ring slot, multiple of 64 (default 4096)\n"
+"      --ring-slots N    slots per fast channel, power of two (default 64)\n"
+"      --slot-size N     bytes per slot / queue cell, multiple of 64 (default 4096)\n"
+"      --queue-slots N   cells of each peer's receive queue, a power of two\n"
+"                        2..65536 (default 64)\n"
+"      --fast-channels N fast per-pair channels per receiver, 0..%d (default 8;\n"
+"                        0: none, every message through the queues)\n"
 "      --max-clients N   connections at once, 1..%d (default 2 x max-peers)\n"
 "      --max-clients-per-uid N  connections at once from one uid (default max-clients)\n"
 "  -F, --foreground      do not daemonize\n"
@@ -59,7 +63,7 @@ static void usage(FILE *f)
 "  -h, --help            this text\n"
 "Each client holds one eventfd per vector of every other client: with many\n"
 "peers raise the clients' RLIMIT_NOFILE (ulimit -n) above max-clients x vectors.\n",
-            IVS_MAX_VECTORS, IVS_MAX_PEERS, IVS_MAX_CLIENTS);
+            IVS_MAX_VECTORS, IVS_MAX_PEERS, IVS_MAX_FAST, IVS_MAX_CLIENTS);
 }
 
 /* One line on stderr, exit 2: the contract for a bad command line. */
@@ -232,7 +236,8 @@ static void check_config(struct ivs_config *cfg)
     uint64_t need = ivshm_min_region_size(&cfg->geometry);
     if (need == 0)
         bad_usage("invalid region geometry (ring-slots a power of two, "
-                  "slot-size a multiple of 64 >= 128)");
+                  "slot-size a multiple of 64 >= 128, a message of one "
+                  "slot fitting the queue)");
     if (cfg->size < need)
         bad_usage("size %llu too small for this geometry (needs %llu)",
                   (unsigned long long)cfg->size, (unsigned long long)need);
@@ -249,7 +254,8 @@ static void check_config(struct ivs_config *cfg)
 static void parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM,
-           OPT_MAX_CLIENTS, OPT_MAX_PER_UID };
+           OPT_MAX_CLIENTS, OPT_MAX_PER_UID, OPT_QUEUE_SLOTS,
+           OPT_FAST_CHANNELS };
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 'S'},
         {"shm", required_argument, NULL, 'M'},
@@ -258,6 +264,8 @@ static void parse_options(int argc, char **argv, struct options *o)
         {"max-peers", required_argument, NULL, OPT_MAX_PEERS},
         {"ring-slots", required_argument, NULL, OPT_RING_SLOTS},
         {"slot-size", required_argument, NULL, OPT_SLOT_SIZE},
+        {"queue-slots", required_argument, NULL, OPT_QUEUE_SLOTS},
+        {"fast-channels", required_argument, NULL, OPT_FAST_CHANNELS},
         {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
         {"max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID},
         {"foreground", no_argument, NULL, 'F'},
@@ -313,6 +321,19 @@ static void parse_options(int argc, char **argv, struct options *o)
             if (!parse_uint(optarg, UINT32_MAX, &v) || v < 1)
                 bad_usage("bad --slot-size '%s'", optarg);
             cfg->geometry.slot_size = (uint32_t)v;
+            break;
+        case OPT_QUEUE_SLOTS:
+            if (!parse_uint(optarg, IVS_MAX_QUEUE, &v) || v < 2 || (v & (v - 1)))
+                bad_usage("--queue-slots must be a power of two in 2..%d, "
+                          "not '%s'", IVS_MAX_QUEUE, optarg);
+            cfg->geometry.queue_slots = (uint32_t)v;
+            break;
+        case OPT_FAST_CHANNELS:
+            if (!parse_uint(optarg, IVS_MAX_FAST, &v))
+                bad_usage("--fast-channels must be 0..%d, not '%s'",
+                          IVS_MAX_FAST, optarg);
+            /* 0 on the command line: none (0 in the geometry: default) */
+            cfg->geometry.fast_channels = v ? (uint32_t)v : IVSHM_FAST_NONE;
             break;
         case OPT_MAX_CLIENTS:
             if (!parse_uint(optarg, IVS_MAX_CLIENTS, &v) || v < 1)
