@@ -112,7 +112,17 @@ struct ivshm_cell {
 /* FIRST/LAST as in a ring slot; PAD: no message (a producer whose cells
    were skipped); OPEN: the sender uses fast channel `total` from now on. */
 enum { CELL_PAD = 4u, CELL_OPEN = 8u };
+/* seq of a claimed cell: bit 63 CLAIM, bits 53..62 the claimer's slot,
+   bits 32..52 the low 21 bits of its generation, bits 0..31 the low 32
+   bits of the position. Free and full values are plain positions, far
+   below 2^63. */
 #define CELL_CLAIM (1ull << 63)
+#define CLAIM_GEN_MASK 0x1fffffu
+static inline uint64_t ivshm_claim_word(uint64_t pos, int slot, uint32_t gen)
+{
+    return CELL_CLAIM | ((uint64_t)slot << 53) |
+           ((uint64_t)(gen & CLAIM_GEN_MASK) << 32) | (pos & 0xffffffffull);
+}
 
 /* Fast channel descriptor: owner 0 = free, else (slot + 1) | gen << 32. */
 #define IVSHM_FAST_DESC 64u
@@ -265,6 +275,7 @@ struct ivshm {
     uint64_t q_head;
     uint64_t q_stuck_seq;     /* seq value seen at q_head while waiting   */
     uint64_t q_stuck_since;   /* ... since then (ns), 0 = not waiting     */
+    uint64_t q_skip_until;    /* free cells below it are skipped at once  */
     int q_peek_src;           /* sender whose peeked message is at q_head */
     /* senders using a fast channel of our area (peers[x].rx_chan >= 0) */
     int n_act;
