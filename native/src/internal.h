@@ -155,11 +155,11 @@ enum { WIN_FREE = 0, WIN_BUSY = 1, WIN_READY = 2 };
 struct ivshm_win_desc {
     _Atomic uint32_t state;
     uint32_t nseg;
-    _Atomic uint64_t members; /* bit s: slot s has it open; 0 -> freed   */
+    uint64_t reserved;        /* v1's members mask: see the window's ctl  */
     uint64_t job_id;
     char name[IVSHM_NAME_LEN];
     uint64_t data_off;        /* from region base, inside the heap       */
-    uint64_t data_bytes;      /* nseg * seg_size rounded to a page       */
+    uint64_t data_bytes;      /* ctl + nseg * seg_size rounded to a page */
     uint64_t seg_size;
     uint32_t gen;             /* bumps at every create                   */
     _Atomic uint32_t bar_count;  /* barrier arrivals in this phase        */
@@ -167,10 +167,14 @@ struct ivshm_win_desc {
     uint8_t pad[128 - 92];
 };
 _Static_assert(sizeof(struct ivshm_win_desc) == 128, "win desc is 2 lines");
+/* A window's heap extent starts with its ctl pages: the members bitmap
+   (bit s: slot s has it open; all clear -> freed), then one readers
+   bitmap per segment (bit s: slot s holds it shared), each
+   ceil(max_peers / 64) words; the segments follow, page aligned. */
 /* per (window, segment) lock line at wctl_off + (win*max_peers + seg)*64 */
 struct ivshm_win_lock {
     _Atomic uint64_t writer;  /* 0 free, else holder slot + 1             */
-    _Atomic uint64_t readers; /* bit s set: slot s holds it shared        */
+    uint64_t reserved;        /* v1's readers mask: see the window's ctl  */
     uint8_t pad[48];
 };
 
@@ -394,6 +398,10 @@ void ivshm_kick(ivshm *h, int slot);
 
 /* window.c: free windows held by a dead or leaving slot (refs) */
 void ivshm_windows_on_leave(ivshm *h, int slot);
+/* The members bitmap (seg < 0) or the readers bitmap of `seg` of the
+   READY window in directory entry `index`, validated; NULL if there is
+   none. For tests and diagnostics. */
+_Atomic uint64_t *ivshm_win_bitmap(ivshm *h, uint32_t index, int seg);
 
 /* lock over heap + window directory, dead owner is broken */
 int ivshm_alloc_lock(ivshm *h);
