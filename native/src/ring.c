@@ -1705,6 +1705,8 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
             h->stats.bytes_recv += (uint64_t)rc;
             return rc;
         }
+        if (rc == -EAGAIN)
+            maybe_sweep(h);
         if (rc != -EAGAIN || from == IVSHM_ANY)
             return rc;
         if (rx_view(h, from) == RX_LIVE)

@@ -308,16 +308,26 @@ static bool in_rings(const ivshm *h, const void *p)
            (const uint8_t *)p < r + (uint64_t)h->fast_channels * h->ring_bytes;
 }
 
+/* A fresh region of geometry `g` and three attachments (ranks 0..2)
+   that take a fast channel after `fast_after` queued messages. */
+static void trio_open(const ivshm_geometry *g, const char *fast_after,
+                      ivshm **a, ivshm **b, ivshm **c)
+{
+    job++;
+    path = tu_region(ivshm_min_region_size(g), g);
+    setenv("IVSHM_FAST_AFTER", fast_after, 1);
+    *a = tu_attach(path, job, 0, 0);
+    *b = tu_attach(path, job, 1, 0);
+    *c = tu_attach(path, job, 2, 0);
+    unsetenv("IVSHM_FAST_AFTER");
+}
+
 static void test_switch_over(void)
 {
     ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
                         .queue_slots = 16, .fast_channels = 2};
-    job++;
-    path = tu_region(ivshm_min_region_size(&g), &g);
-    setenv("IVSHM_FAST_AFTER", "4", 1);
-    ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0),
-          *c = tu_attach(path, job, 2, 0);
-    unsetenv("IVSHM_FAST_AFTER");
+    ivshm *a, *b, *c;
+    trio_open(&g, "4", &a, &b, &c);
     int sa = ivshm_self(a), sb = ivshm_self(b), sc = ivshm_self(c);
     uint32_t tag;
     int src;
@@ -854,12 +864,8 @@ static void test_forged_cells(void)
 {
     ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
                         .queue_slots = 16, .fast_channels = 2};
-    job++;
-    path = tu_region(ivshm_min_region_size(&g), &g);
-    setenv("IVSHM_FAST_AFTER", "100", 1);
-    ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0),
-          *x = tu_attach(path, job, 2, 0);
-    unsetenv("IVSHM_FAST_AFTER");
+    ivshm *a, *b, *x;
+    trio_open(&g, "100", &a, &b, &x);
     int sa = ivshm_self(a), sb = ivshm_self(b);
     uint32_t ga = a->self_gen, tag;
     int src;
