@@ -441,6 +441,68 @@ static void test_switch_over(void)
     ivshm_detach(b);
 }
 
+/* Channels come back: a sender that took a descriptor and died before
+   its OPEN arrived, and one that used its channel and left. */
+static int grab_and_die(void *arg)
+{
+    (void)arg;
+    ivshm *h = tu_attach(path, job, 3, 0);
+    int to = await_peer(h, 1);
+    REQUIRE(to >= 0);
+    uint64_t want = 0, mine = (uint64_t)(h->self + 1) | (uint64_t)h->self_gen << 32;
+    REQUIRE(atomic_compare_exchange_strong(&ivshm_fdesc(h, to, 0)->owner,
+                                           &want, mine));
+    _exit(0); /* no OPEN, no detach */
+}
+
+static void test_channels_come_back(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
+                        .queue_slots = 16, .fast_channels = 1};
+    ivshm *a, *b, *c;
+    trio_open(&g, "0", &a, &b, &c);
+    int sb = ivshm_self(b);
+    pid_t pid = tu_fork(grab_and_die, NULL);
+    CHECK(tu_wait(pid, 5000) == 0);
+    CHECK(atomic_load(&ivshm_fdesc(b, sb, 0)->owner) != 0);
+    /* no channel free: a stays on the queue, in order */
+    uint32_t tag, v;
+    for (uint32_t i = 0; i < 3; i++)
+        CHECK_RC(ivshm_send(a, sb, i, &i, 4), 0);
+    CHECK(a->peers[sb].tx_chan < 0);
+    bool order = true;
+    for (uint32_t i = 0; i < 3; i++)
+        order &= ivshm_recv(b, IVSHM_ANY, NULL, &tag, &v, 4, 0) == 4 && tag == i;
+    CHECK(order);
+    /* the receiver finds the dead grabber and frees its descriptor */
+    ivshm_reap(b);
+    CHECK(atomic_load(&ivshm_fdesc(b, sb, 0)->owner) == 0);
+    /* a's next try (after OPEN_RETRY queue sends) takes it */
+    for (uint32_t i = 3; i < 100 && a->peers[sb].tx_chan < 0; i++) {
+        CHECK_RC(ivshm_send(a, sb, i, &i, 4), 0);
+        CHECK_RC(ivshm_recv(b, IVSHM_ANY, NULL, &tag, &v, 4, 0), 4);
+    }
+    CHECK(a->peers[sb].tx_chan == 0);
+    CHECK_RC(ivshm_send(a, sb, 500, "r", 1), 0);
+    CHECK_RC(ivshm_recv(b, IVSHM_ANY, NULL, &tag, &v, 4, 0), 1);
+    CHECK(tag == 500 && b->peers[ivshm_self(a)].rx_chan == 0);
+    /* a leaves with a message on its ring: delivered, then the channel
+       is free for c */
+    CHECK_RC(ivshm_send(a, sb, 501, "l", 1), 0);
+    int sa = ivshm_self(a);
+    ivshm_detach(a);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, &v, 4, 0), 1);
+    CHECK(tag == 501);
+    CHECK_RC(ivshm_recv(b, sa, NULL, &tag, &v, 4, 0), IVSHM_EPEERDEAD);
+    CHECK(atomic_load(&ivshm_fdesc(b, sb, 0)->owner) == 0);
+    CHECK_RC(ivshm_send(c, sb, 7, "c", 1), 0);
+    CHECK(c->peers[sb].tx_chan == 0);
+    CHECK_RC(ivshm_recv(b, IVSHM_ANY, NULL, &tag, &v, 4, 0), 1);
+    CHECK(tag == 7);
+    ivshm_detach(b);
+    ivshm_detach(c);
+}
+
 /* A region without fast channels: everything through the queues. */
 static void test_queue_only(void)
 {
@@ -1009,6 +1071,7 @@ int main(void)
     test_linear_size();
     test_switch_over();
     test_queue_only();
+    test_channels_come_back();
     test_forged_cells();
     test_dead_producers();
     test_garbage();
