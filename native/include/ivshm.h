@@ -248,6 +248,18 @@ void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err);
    stays open (commit again, or abandon it). */
 int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
 
+/* Hear only listed senders: for a transport that must not even buffer
+   what peers it does not trust write (the BTL). With on != 0, cells of
+   any other sender that reach our shared queue are dropped (counted in
+   stats.dropped) and their requests for a fast channel refused, so a
+   co-tenant writing to us costs neither memory nor the order of the
+   senders we hear; a receive from it finds nothing. Off (the default):
+   every peer is heard. 0, or -EINVAL. */
+int ivshm_listen_only(ivshm *h, int on);
+/* Hear the peer in `slot` in its incarnation `generation` (as
+   ivshm_peer_info reports it), or stop hearing it (generation 0). */
+int ivshm_listen(ivshm *h, int slot, uint32_t generation);
+
 /* Wait (spin, then block on the doorbell) until some peer has a message
    for us, without taking it: 0, or -ETIMEDOUT. For progress engines that
    poll with ivshm_recv(..., 0) and must not burn an idle core. */

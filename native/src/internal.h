@@ -288,6 +288,8 @@ struct ivshm {
     /* senders with a backlog, and its size */
     int n_bl;
     int *bl_list;             /* max_peers entries                        */
+    bool listen_only;         /* drop queue cells of senders not listed   */
+    uint32_t *listen_gen;     /* max_peers: generation heard, 0 = none    */
     uint64_t bl_bytes;
     uint64_t next_sweep_ns;
     unsigned sweep_polls;

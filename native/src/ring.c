@@ -1005,7 +1005,8 @@ static int q_front(ivshm *h, struct qhead *out)
                    we deliver from (an earlier one, or a slot being
                    claimed) */
                 drop = rx_view(h, src) == RX_NONE ||
-                       out->f.gen != h->peers[src].gen;
+                       out->f.gen != h->peers[src].gen ||
+                       (h->listen_only && h->listen_gen[src] != out->f.gen);
                 h->stats.dropped += drop;
             }
             if (drop) {
@@ -1668,6 +1669,22 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         /* ready or dead: the next round drains what is left, then the
            view check above reports the death */
     }
+}
+
+int ivshm_listen_only(ivshm *h, int on)
+{
+    if (!h)
+        return -EINVAL;
+    h->listen_only = on != 0;
+    return 0;
+}
+
+int ivshm_listen(ivshm *h, int slot, uint32_t generation)
+{
+    if (!h || !ivshm_slot_ok(h, slot))
+        return -EINVAL;
+    h->listen_gen[slot] = generation;
+    return 0;
 }
 
 int ivshm_wait_message(ivshm *h, int timeout_ms)

@@ -503,6 +503,66 @@ static void test_channels_come_back(void)
     ivshm_detach(c);
 }
 
+/* Hearing only listed senders (the BTL's trust): a co-tenant flooding
+   our queue costs neither backlog memory nor the listed senders' order,
+   and its channel requests are refused. */
+static void test_listen_only(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
+                        .queue_slots = 8, .fast_channels = 2};
+    ivshm *a, *b, *x;
+    trio_open(&g, "0", &a, &b, &x);
+    int sa = ivshm_self(a), sb = ivshm_self(b), sx = ivshm_self(x);
+    ivshm_peer_info pa;
+    CHECK_RC(ivshm_peer(b, sa, &pa), 0);
+    CHECK_RC(ivshm_listen_only(b, 1), 0);
+    CHECK_RC(ivshm_listen(b, sa, pa.generation), 0);
+    CHECK_RC(ivshm_listen(b, 99, 1), -EINVAL);
+    ivshm_stats st0, st1;
+    ivshm_get_stats(b, &st0);
+    uint32_t tag, v;
+    int src;
+    unsigned hostile = 0;
+    bool order = true;
+    /* both on the queue: x's junk before and after each of a's
+       messages; they come through in order, the junk is dropped */
+    x->fast_after = a->fast_after = 1000000;
+    for (uint32_t i = 0; i < 100; i++) {
+        for (int k = 0; k < 3; k++)
+            hostile += ivshm_try_send(x, sb, 0xbad, "junk", 4) == 0;
+        CHECK_RC(ivshm_send_timeout(a, sb, i, &i, 4, 1000), 0);
+        while (ivshm_try_send(x, sb, 0xbad, "junk", 4) == 0)
+            hostile++;
+        ssize_t n = (i % 2) ? ivshm_recv(b, sa, &src, &tag, &v, 4, 1000)
+                            : ivshm_recv(b, IVSHM_ANY, &src, &tag, &v, 4, 1000);
+        order &= n == 4 && src == sa && tag == i && v == i;
+        /* the junk after it is dropped by the next look */
+        order &= ivshm_recv(b, IVSHM_ANY, NULL, NULL, &v, 4, 0) == -EAGAIN;
+    }
+    CHECK(order);
+    CHECK(hostile > 200);
+    CHECK(b->bl_bytes == 0 && b->n_bl == 0);
+    ivshm_get_stats(b, &st1);
+    CHECK(st1.dropped >= st0.dropped + hostile - g.queue_slots);
+    /* x takes a channel: its OPEN is dropped, its ring never read */
+    CHECK_RC(ivshm_fast_open(x, sb), 0);
+    CHECK_RC(ivshm_try_send(x, sb, 0xbad, "ring", 4), 0);
+    CHECK_RC(ivshm_recv(b, IVSHM_ANY, NULL, NULL, &v, 4, 0), -EAGAIN);
+    CHECK_RC(ivshm_recv(b, sx, NULL, NULL, &v, 4, 0), -EAGAIN);
+    CHECK(b->peers[sx].rx_chan < 0);
+    /* a new x, listed: heard from then on */
+    ivshm_detach(x);
+    x = tu_attach(path, job, 2, 0);
+    sx = ivshm_self(x);
+    CHECK_RC(ivshm_listen(b, sx, x->self_gen), 0);
+    CHECK_RC(ivshm_send(x, sb, 5, "ok", 2), 0);
+    CHECK_RC(ivshm_recv(b, sx, NULL, &tag, &v, 4, 0), 2);
+    CHECK(tag == 5);
+    ivshm_detach(a);
+    ivshm_detach(b);
+    ivshm_detach(x);
+}
+
 /* A region without fast channels: everything through the queues. */
 static void test_queue_only(void)
 {
@@ -1072,6 +1132,7 @@ int main(void)
     test_switch_over();
     test_queue_only();
     test_channels_come_back();
+    test_listen_only();
     test_forged_cells();
     test_dead_producers();
     test_garbage();
