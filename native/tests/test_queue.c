@@ -868,7 +868,7 @@ static void run_garble(const char *what, uint64_t off, uint64_t len,
         uint64_t el = now_ms() - t0;
         if (el > worst)
             worst = el;
-        if (el > (uint64_t)tmo + 1000)
+        if (el > (uint64_t)tmo + 3000) /* scheduling slack, shared cores */
             late++;
         if (n >= 0)
             (*ok_msgs)++;
@@ -1110,7 +1110,7 @@ static void test_dead_producers(void)
         CHECK(st1.dropped >= st0.dropped + 2);
         /* a dead claimer is seen within ms; a position never claimed
            costs the skip timeout (2 s) once for both cells */
-        CHECK(mode == DIE_EXIT_TAKEN ? el >= 1900 && el < 8000 : el < 3000);
+        CHECK(mode == DIE_EXIT_TAKEN ? el >= 1900 && el < 12000 : el < 6000);
         printf("  %s: later messages after %llu ms\n", names[mode],
                (unsigned long long)el);
         /* and the queue keeps working */
