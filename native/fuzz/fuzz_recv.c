@@ -11,7 +11,8 @@
    crash or an out-of-bounds access is fine.
 
    Input: byte 0 = slot 1's state (ACTIVE, DEAD, FREE), the receive
-   capacity and whether a peek or a copying receive comes first; byte 1 =
+   capacity, whether a peek or a copying receive comes first, and whether
+   we hear only listed senders (slot 1, or nobody); byte 1 =
    our starting queue position, whether slot 1 already uses fast channel
    0 or 1 of ours and our position in it; byte 2 = our starting send
    position and whether we already own a channel of slot 1; the rest is
@@ -96,7 +97,8 @@ static void setup(void)
     h->heap_size = hdr->heap_size;
     h->peers = calloc(h->max_peers, sizeof *h->peers);
     h->bl_list = calloc(h->max_peers, sizeof *h->bl_list);
-    if (!h->peers || !h->bl_list)
+    h->listen_gen = calloc(h->max_peers, sizeof *h->listen_gen);
+    if (!h->peers || !h->bl_list || !h->listen_gen)
         __builtin_trap();
     h->spin_ns = 1;
     h->pidns = 1;
@@ -172,6 +174,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
        this generation before. */
     struct ivshm_peer_local *p = &h->peers[1];
     p->gen = atomic_load(&peer->gen);
+    /* hearing only slot 1 (or nobody), as the BTL does */
+    ivshm_listen_only(h, data[0] & 0x20);
+    ivshm_listen(h, 1, (data[0] & 0x40) ? p->gen : 0);
     h->q_head = data[1] & 7;
     if (data[1] & 0x80) {
         int k = (data[1] >> 6) & 1;

@@ -112,7 +112,17 @@ struct ivshm_cell {
 /* FIRST/LAST as in a ring slot; PAD: no message (a producer whose cells
    were skipped); OPEN: the sender uses fast channel `total` from now on. */
 enum { CELL_PAD = 4u, CELL_OPEN = 8u };
+/* seq of a claimed cell: bit 63 CLAIM, bits 53..62 the claimer's slot,
+   bits 32..52 the low 21 bits of its generation, bits 0..31 the low 32
+   bits of the position. Free and full values are plain positions, far
+   below 2^63. */
 #define CELL_CLAIM (1ull << 63)
+#define CLAIM_GEN_MASK 0x1fffffu
+static inline uint64_t ivshm_claim_word(uint64_t pos, int slot, uint32_t gen)
+{
+    return CELL_CLAIM | ((uint64_t)slot << 53) |
+           ((uint64_t)(gen & CLAIM_GEN_MASK) << 32) | (pos & 0xffffffffull);
+}
 
 /* Fast channel descriptor: owner 0 = free, else (slot + 1) | gen << 32. */
 #define IVSHM_FAST_DESC 64u
@@ -145,11 +155,11 @@ enum { WIN_FREE = 0, WIN_BUSY = 1, WIN_READY = 2 };
 struct ivshm_win_desc {
     _Atomic uint32_t state;
     uint32_t nseg;
-    _Atomic uint64_t members; /* bit s: slot s has it open; 0 -> freed   */
+    uint64_t reserved;        /* v1's members mask: see the window's ctl  */
     uint64_t job_id;
     char name[IVSHM_NAME_LEN];
     uint64_t data_off;        /* from region base, inside the heap       */
-    uint64_t data_bytes;      /* nseg * seg_size rounded to a page       */
+    uint64_t data_bytes;      /* ctl + nseg * seg_size rounded to a page */
     uint64_t seg_size;
     uint32_t gen;             /* bumps at every create                   */
     _Atomic uint32_t bar_count;  /* barrier arrivals in this phase        */
@@ -157,10 +167,14 @@ struct ivshm_win_desc {
     uint8_t pad[128 - 92];
 };
 _Static_assert(sizeof(struct ivshm_win_desc) == 128, "win desc is 2 lines");
+/* A window's heap extent starts with its ctl pages: the members bitmap
+   (bit s: slot s has it open; all clear -> freed), then one readers
+   bitmap per segment (bit s: slot s holds it shared), each
+   ceil(max_peers / 64) words; the segments follow, page aligned. */
 /* per (window, segment) lock line at wctl_off + (win*max_peers + seg)*64 */
 struct ivshm_win_lock {
     _Atomic uint64_t writer;  /* 0 free, else holder slot + 1             */
-    _Atomic uint64_t readers; /* bit s set: slot s holds it shared        */
+    uint64_t reserved;        /* v1's readers mask: see the window's ctl  */
     uint8_t pad[48];
 };
 
@@ -265,6 +279,7 @@ struct ivshm {
     uint64_t q_head;
     uint64_t q_stuck_seq;     /* seq value seen at q_head while waiting   */
     uint64_t q_stuck_since;   /* ... since then (ns), 0 = not waiting     */
+    uint64_t q_skip_until;    /* free cells below it are skipped at once  */
     int q_peek_src;           /* sender whose peeked message is at q_head */
     /* senders using a fast channel of our area (peers[x].rx_chan >= 0) */
     int n_act;
@@ -273,6 +288,8 @@ struct ivshm {
     /* senders with a backlog, and its size */
     int n_bl;
     int *bl_list;             /* max_peers entries                        */
+    bool listen_only;         /* drop queue cells of senders not listed   */
+    uint32_t *listen_gen;     /* max_peers: generation heard, 0 = none    */
     uint64_t bl_bytes;
     uint64_t next_sweep_ns;
     unsigned sweep_polls;
@@ -383,6 +400,10 @@ void ivshm_kick(ivshm *h, int slot);
 
 /* window.c: free windows held by a dead or leaving slot (refs) */
 void ivshm_windows_on_leave(ivshm *h, int slot);
+/* The members bitmap (seg < 0) or the readers bitmap of `seg` of the
+   READY window in directory entry `index`, validated; NULL if there is
+   none. For tests and diagnostics. */
+_Atomic uint64_t *ivshm_win_bitmap(ivshm *h, uint32_t index, int seg);
 
 /* lock over heap + window directory, dead owner is broken */
 int ivshm_alloc_lock(ivshm *h);

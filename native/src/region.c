@@ -382,9 +382,11 @@ static int map_fd(int fd, bool may_format, ivshm **out)
         /* local state sized by this region's peers, not by the maximum */
         h->peers = calloc(l.max_peers, sizeof *h->peers);
         h->bl_list = calloc(l.max_peers, sizeof *h->bl_list);
-        if (!h->peers || !h->bl_list) {
+        h->listen_gen = calloc(l.max_peers, sizeof *h->listen_gen);
+        if (!h->peers || !h->bl_list || !h->listen_gen) {
             free(h->peers);
             free(h->bl_list);
+            free(h->listen_gen);
             free(h);
             h = NULL;
         }
@@ -437,6 +439,7 @@ void ivshm_region_unmap(ivshm *h)
         close(h->map_fd);
     free(h->peers);
     free(h->bl_list);
+    free(h->listen_gen);
     free(h);
 }
 

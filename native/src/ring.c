@@ -112,17 +112,6 @@ _Static_assert(IVSHM_MAX_PEERS <= 1024, "CLAIM holds 10 bits of slot");
 #define SWEEP_POLLS 4096
 #define SWEEP_EVERY_NS 200000000ull
 
-/* seq bit split of a claimed cell: bit 63 CLAIM, bits 53..62 the
-   claimer's slot, bits 32..52 the low 21 bits of its generation, bits
-   0..31 the low 32 bits of the position. Free and full values are plain
-   positions, far below 2^63. */
-#define CLAIM_GEN_MASK 0x1fffffu
-static inline uint64_t claim_word(uint64_t pos, int slot, uint32_t gen)
-{
-    return CELL_CLAIM | ((uint64_t)slot << 53) |
-           ((uint64_t)(gen & CLAIM_GEN_MASK) << 32) | (pos & 0xffffffffull);
-}
-
 static inline uint32_t slot_payload(const ivshm *h)
 {
     return h->slot_size - IVSHM_SLOT_HDR;
@@ -425,7 +414,7 @@ static bool q_publish(ivshm *h, int j, uint64_t pos, uint32_t len,
     c->total = total;
     if (len)
         memcpy(slot_data(c), src, len);
-    uint64_t mine = claim_word(pos, h->self, h->self_gen);
+    uint64_t mine = ivshm_claim_word(pos, h->self, h->self_gen);
     /* release: the header and payload are visible before seq says full */
     return atomic_compare_exchange_strong_explicit(
         &c->seq, &mine, pos + 1, memory_order_release, memory_order_relaxed);
@@ -437,7 +426,7 @@ static bool q_claim(ivshm *h, int j, uint64_t pos)
     /* acquire: the consumer's last reads of the cell happen before ours */
     return atomic_compare_exchange_strong_explicit(
         &ivshm_qcell(h, j, pos)->seq, &want,
-        claim_word(pos, h->self, h->self_gen), memory_order_acquire,
+        ivshm_claim_word(pos, h->self, h->self_gen), memory_order_acquire,
         memory_order_relaxed);
 }
 
@@ -1016,7 +1005,8 @@ static int q_front(ivshm *h, struct qhead *out)
                    we deliver from (an earlier one, or a slot being
                    claimed) */
                 drop = rx_view(h, src) == RX_NONE ||
-                       out->f.gen != h->peers[src].gen;
+                       out->f.gen != h->peers[src].gen ||
+                       (h->listen_only && h->listen_gen[src] != out->f.gen);
                 h->stats.dropped += drop;
             }
             if (drop) {
@@ -1043,9 +1033,17 @@ static int q_front(ivshm *h, struct qhead *out)
                 q_wake_waiters(h);
                 return Q_EMPTY;
             }
-            /* taken, not claimed yet: wait, unless for QUEUE_SKIP_NS */
-            if (!q_stuck_for(h, seq, QUEUE_SKIP_NS) || !q_advance(h, seq, true))
+            /* Taken, not claimed yet: wait, unless for QUEUE_SKIP_NS.
+               The producer that took it took the cells after it in the
+               same CAS: those (up to the enqueue_pos seen now) go without
+               another wait. A live producer among them finds its claim
+               failing and sends again. */
+            if (pos >= h->q_skip_until && !q_stuck_for(h, seq, QUEUE_SKIP_NS))
                 return Q_WAIT;
+            if (!q_advance(h, seq, true))
+                return Q_WAIT;
+            if (pos >= h->q_skip_until)
+                h->q_skip_until = e;
             h->stats.dropped++;
             continue;
         }
@@ -1063,9 +1061,15 @@ static int q_front(ivshm *h, struct qhead *out)
             }
         }
         /* A dead claimer's cell, or a value no producer writes: skip it.
-           CAS: a producer may be claiming or publishing right now. */
+           CAS: a producer may be claiming or publishing right now. The
+           rest of a dead claimer's batch (free cells up to the
+           enqueue_pos seen now) goes without the QUEUE_SKIP_NS wait. */
+        uint64_t e = atomic_load_explicit(
+            &ivshm_qctrl(h, h->self)->enqueue_pos, memory_order_relaxed);
         if (!q_advance(h, seq, true))
             continue;
+        if (e - pos <= h->queue_slots && e > h->q_skip_until)
+            h->q_skip_until = e;
         h->stats.dropped++;
     }
     return Q_WAIT;
@@ -1667,6 +1671,22 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
     }
 }
 
+int ivshm_listen_only(ivshm *h, int on)
+{
+    if (!h)
+        return -EINVAL;
+    h->listen_only = on != 0;
+    return 0;
+}
+
+int ivshm_listen(ivshm *h, int slot, uint32_t generation)
+{
+    if (!h || !ivshm_slot_ok(h, slot))
+        return -EINVAL;
+    h->listen_gen[slot] = generation;
+    return 0;
+}
+
 int ivshm_wait_message(ivshm *h, int timeout_ms)
 {
     if (!h || h->self < 0)
@@ -1702,6 +1722,8 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
             h->stats.bytes_recv += (uint64_t)rc;
             return rc;
         }
+        if (rc == -EAGAIN)
+            maybe_sweep(h);
         if (rc != -EAGAIN || from == IVSHM_ANY)
             return rc;
         if (rx_view(h, from) == RX_LIVE)
@@ -1755,6 +1777,7 @@ void ivshm_rx_area_reset(ivshm *h)
     }
     h->n_act = 0;
     h->q_head = 0;
+    h->q_skip_until = 0;
     h->q_stuck_since = 0;
     h->q_peek_src = -1;
     h->rr_next = 0;

@@ -120,7 +120,8 @@ static void test_attach_race(void)
 
     /* A READY window whose extent is valid only for a heap of ~2^64
        bytes: joined with a forged heap_size, a put would land 1 TiB past
-       the mapping. Member: slot 3, so it is neither free nor ours. */
+       the mapping. Member (the bitmap at the start of its extent): slot
+       3, so it is neither empty nor ours. */
     ivshm *owner = tu_attach(path, job, 0, 0);
     struct ivshm_win_desc *d =
         (struct ivshm_win_desc *)(owner->base + owner->windir_off);
@@ -133,7 +134,7 @@ static void test_attach_race(void)
     d->data_bytes = 2 * tib;
     d->seg_size = tib;
     d->gen = 1;
-    atomic_store(&d->members, 1ull << 3);
+    atomic_store((_Atomic uint64_t *)(owner->base + heap_off), 1ull << 3);
     atomic_store(&d->state, WIN_READY);
 
     struct flipper f = {.heap_size = &hdr->heap_size,
