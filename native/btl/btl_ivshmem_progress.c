@@ -396,6 +396,27 @@ int mca_btl_ivshmem_drain(uint32_t budget)
     return poll_region(budget);
 }
 
+/* A queued fragment left the FIFO: sent (rc 0) or failed. With `lock`. */
+static void pending_sent(mca_btl_ivshmem_endpoint_t *ep,
+                         mca_btl_ivshmem_frag_t *f, int rc)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    const mca_btl_base_segment_t *seg = f->base.des_segments;
+    (void)ivshmem_queue_pop(&ep->pending);
+    c->num_pending--;
+    if (rc == 0) {
+        c->counters.sent_msgs++;
+        c->counters.sent_bytes += seg->seg_len;
+    } else {
+        f->status = OPAL_ERR_UNREACH;
+        ep->send_error = rc; /* reported by the caller, unlocked */
+    }
+    if (f->base.des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
+        ivshmem_queue_push(&c->complete, f);
+    else if (f->base.des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP)
+        ivshmem_frag_return(f);
+}
+
 int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -409,22 +430,50 @@ int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
                                 seg->seg_len);
         if (rc == -EAGAIN)
             break;
-        (void)ivshmem_queue_pop(&ep->pending);
-        c->num_pending--;
-        if (rc == 0) {
-            c->counters.sent_msgs++;
-            c->counters.sent_bytes += seg->seg_len;
-        } else {
-            f->status = OPAL_ERR_UNREACH;
-            ep->send_error = rc; /* reported by the caller, unlocked */
-        }
-        if (f->base.des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
-            ivshmem_queue_push(&c->complete, f);
-        else if (f->base.des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP)
-            ivshmem_frag_return(f);
+        pending_sent(ep, f, rc);
         sent++;
     }
     return sent;
+}
+
+/*
+ * Sends queued for a receiver whose queue (or our channel to it) is
+ * full, nothing else to do, and a CPU shared with other ranks: spinning
+ * would only take the CPU from the ranks that have to drain those
+ * queues (with a hundred ranks on a few cores, that is most of them).
+ * Instead wait, for at most one slice, for room for the first queued
+ * fragment: libivshm registers us as a waiter of that receiver, which
+ * wakes us when it frees a cell. All or nothing: a fragment fits the
+ * queue and a channel, so a timeout leaves no trace. What arrives for us
+ * meanwhile waits at most the slice.
+ */
+static int wait_for_room(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    mca_btl_ivshmem_endpoint_t *ep;
+    OPAL_THREAD_LOCK(&c->lock);
+    for (ep = c->pending_eps; ep; ep = ep->next_pending)
+        if (ep->pending.head && !ep->in_ring && !ep->dead)
+            break;
+    if (!ep) {
+        OPAL_THREAD_UNLOCK(&c->lock);
+        return 0;
+    }
+    mca_btl_ivshmem_frag_t *f = ep->pending.head;
+    const mca_btl_base_segment_t *seg = f->base.des_segments;
+    int rc = ivshm_send_timeout(c->h, ep->slot, f->tag, seg->seg_addr.pval,
+                                seg->seg_len, c->block_ms);
+    if (rc == -EAGAIN || rc == -ETIMEDOUT) {
+        OPAL_THREAD_UNLOCK(&c->lock);
+        return 0;
+    }
+    pending_sent(ep, f, rc);
+    int err = ep->send_error;
+    ep->send_error = 0;
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (OPAL_UNLIKELY(err))
+        mca_btl_ivshmem_peer_failed(ep, err);
+    return 1;
 }
 
 /* Only the endpoints with queued fragments (pending_eps) are looked
@@ -585,16 +634,18 @@ static int housekeeping(uint64_t now)
 }
 
 /* Blocking is for ranks that have nothing else to do and a CPU to give
-   away: not with sends or callbacks outstanding, not while other threads
+   away: not with callbacks outstanding, with queued sends only to wait
+   for their room (`for_room`), not while other threads
    may need the handle, (by default) not when another BTL carries some
    peer, whose progress would then be polled only once per slice, and
    (by default) not on CPUs of its own (update_cpu_sharing). */
-static bool may_block(uint64_t now)
+static bool may_block(uint64_t now, bool for_room)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed))
         return false;
-    if (c->num_pending || c->complete.head || opal_using_threads())
+    if ((c->num_pending && !for_room) || c->complete.head ||
+        opal_using_threads())
         return false;
     if (0 == c->num_endpoints && 0 == c->counters.recv_msgs)
         return false; /* not carrying anything (yet) */
@@ -622,8 +673,13 @@ static int idle_tick(void)
     int n = housekeeping(now);
     if (0 == n)
         n = poll_region(IVSHMEM_RECV_BATCH); /* nothing arrived before we block? */
-    if (0 == n && may_block(now) && 0 == ivshm_wait_message(c->h, c->block_ms))
+    if (0 == n && c->num_pending) {
+        if (may_block(now, true))
+            n = wait_for_room(); /* our sends wait for room: so do we */
+    } else if (0 == n && may_block(now, false) &&
+               0 == ivshm_wait_message(c->h, c->block_ms)) {
         n = poll_region(IVSHMEM_RECV_BATCH); /* woken by a sender: take it now */
+    }
     return n;
 }
 
