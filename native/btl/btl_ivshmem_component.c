@@ -24,6 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Attempts at attaching through a server (each bounded by libivshm). */
+#define ATTACH_TRIES 4
+
 static int ivshmem_register(void);
 static int ivshmem_open(void);
 static int ivshmem_close(void);
@@ -396,6 +399,16 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
         raise_fd_limit();
     int rc = sock ? ivshm_attach_server(sock, &cfg, &c->h)
                   : ivshm_attach_path(region, &cfg, &c->h);
+    /* A job of hundreds of ranks starting at once on a few cores can keep
+       the server from handing out every peer's eventfds within one
+       attach's deadline: a few more tries (before the modex fence, so
+       nobody waits on us yet). */
+    for (int tries = 1; sock && rc == -ETIMEDOUT && tries < ATTACH_TRIES;
+         tries++) {
+        VERBOSE(1, "btl_ivshmem: rank %u: attach to %s timed out, again",
+                c->vpid, sock);
+        rc = ivshm_attach_server(sock, &cfg, &c->h);
+    }
     if (rc < 0) {
         c->h = NULL;
         fprintf(stderr,
