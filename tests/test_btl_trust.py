@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict
 
@@ -143,25 +142,14 @@ VERBOSE2_RE = re.compile(
     r"[^\n]*, ignored (\d+) messages of untrusted senders")
 
 
-def _mpicc(tmp_path_factory, src: Path) -> Path:
-    mpicc = shutil.which("mpicc")
-    assert mpicc, "mpicc not found (install libopenmpi-dev)"
-    out = tmp_path_factory.mktemp("trust") / src.stem
-    proc = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror", "-o",
-                           str(out), str(src)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return out
+@pytest.fixture(scope="module")
+def pingpong(mpicc) -> Path:
+    return mpicc(PROGRAM)
 
 
 @pytest.fixture(scope="module")
-def pingpong(tmp_path_factory) -> Path:
-    return _mpicc(tmp_path_factory, PROGRAM)
-
-
-@pytest.fixture(scope="module")
-def spawner(tmp_path_factory) -> Path:
-    return _mpicc(tmp_path_factory, SPAWN)
+def spawner(mpicc) -> Path:
+    return mpicc(SPAWN)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -44,21 +43,9 @@ SERVER_RANKS = 64
 JOB_TIMEOUT = 240  # s: a hang fails the test, it does not hold the suite
 
 
-def _mpicc(tmp_path_factory, src: Path) -> Path:
-    mpicc = shutil.which("mpicc")
-    assert mpicc, "mpicc not found (install libopenmpi-dev)"
-    out = tmp_path_factory.mktemp("scale") / src.stem
-    proc = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror", "-o",
-                           str(out), str(src)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory) -> Dict[str, Path]:
-    return {"scale": _mpicc(tmp_path_factory, SCALE),
-            "p2p": _mpicc(tmp_path_factory, P2P)}
+def programs(mpicc) -> Dict[str, Path]:
+    return {"scale": mpicc(SCALE), "p2p": mpicc(P2P)}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ medians, and each round's under "runs") as a JSON document.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from dataclasses import dataclass
@@ -26,9 +25,10 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import mpi
 from ..errors import BenchError, InvalidRequest
+from . import mpi as bench_mpi
 from .toolkit import (MIB, BenchResults, Target, count, fmt_size,
-                      measure_rounds, parse_records, program, ratio_target,
-                      run_benchmark, run_job, spread, summarize)
+                      measure_rounds, program, ratio_target, run_benchmark,
+                      spread, summarize)
 
 FULL_RANKS = [2, 8, 32, 128]
 QUICK_RANKS = [2, 4]
@@ -50,11 +50,7 @@ def check_ranks(values: Sequence[int]) -> List[int]:
 
 
 def check_transports(names: Sequence[str]) -> List[str]:
-    names = list(names)
-    if not names or any(t not in TRANSPORTS for t in names):
-        raise InvalidRequest(f"transports are a comma-separated subset of "
-                             f"{','.join(TRANSPORTS)}")
-    return names
+    return bench_mpi.check_transports(names, TRANSPORTS)
 
 
 @dataclass
@@ -113,34 +109,13 @@ def region_bytes(transport: str, np: int) -> int:
 def run_one(transport: str, np: int, s: ScalingSettings) -> List[Dict]:
     """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
     private region and must show traffic in every rank's BTL counters."""
-    origin = f"mpi-scaling {transport} ({np} ranks)"
-    kwargs = dict(transport=transport)
-    if transport == "ivshmem":
-        kwargs.update(tcp_fallback=False, verbose_btl=True)
-
-    def start(**io) -> int:
-        with contextlib.ExitStack() as stack:
-            if transport == "ivshmem":
-                kwargs["region"] = stack.enter_context(
-                    mpi.private_region(np))
-            cmd = mpi.mpirun_command(s.argv(transport, np), np, **kwargs)
-            return mpi.run_command(cmd, **io)
-
-    stdout, stderr = run_job(start, s.timeout_s, origin)
-    recs = parse_records(stdout, origin, KEYS)
-    if transport == "ivshmem":
-        counters = mpi.parse_btl_counters(stderr)
-        idle = [r for r in range(np) if r not in counters
-                or counters[r]["sent_msgs"] == 0
-                or counters[r]["recv_msgs"] == 0]
-        if idle:
-            raise BenchError(f"{origin}: btl_ivshmem counters show no "
-                             f"traffic for rank(s) {idle[:8]}")
+    recs, _ = bench_mpi.mpi_job(transport, np, s.argv(transport, np),
+                                s.timeout_s,
+                                f"mpi-scaling {transport} ({np} ranks)", KEYS)
     shm = region_bytes(transport, np)
     for rec in recs:
         rec["region_bytes"] = shm
         rec["bytes_per_rank"] = shm // np
-        rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
     return recs
 
 
