@@ -351,6 +351,10 @@ static inline void ivshm_cpu_relax(void)
 #endif
 }
 
+/* region.c: ivshm_format for memory known to be all zero (a file or
+   memfd just grown from empty): the receive areas are not written, so a
+   large region's pages are only allocated as peers use them. */
+int ivshm_format_fresh(void *base, uint64_t size, const ivshm_geometry *g);
 /* region.c: map `fd` (size from fstat), validate the header, copy the
    geometry into a new handle with no registry slot (self = -1). Used by
    the attach paths and by the server. */

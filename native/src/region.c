@@ -151,6 +151,11 @@ int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
     return format_region(base, size, g, false);
 }
 
+int ivshm_format_fresh(void *base, uint64_t size, const ivshm_geometry *g)
+{
+    return format_region(base, size, g, true);
+}
+
 /* Size `fd` (empty, ours) and format it through a temporary mapping. */
 static int format_fd(int fd, uint64_t size, const ivshm_geometry *g,
                      unsigned mode)
