@@ -99,7 +99,7 @@ struct ivshm_queue_ctrl {
 };
 /* Queue cell header (same size as a ring slot's); payload follows.
    seq: == pos free for the producer of position pos; == pos + 1 full;
-   CLAIM(pos, slot, gen) while a producer writes it (see ring.c). */
+   CLAIM(pos, slot, gen) while a producer writes it (see queue.c). */
 struct ivshm_cell {
     _Atomic uint64_t seq;
     uint32_t len;             /* payload bytes in this cell               */
@@ -372,21 +372,23 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
    last talked to, a new incarnation took the slot: reset our local view
    of it (the newcomer emptied its receive area at join). */
 bool ivshm_peer_current(ivshm *h, int slot);
-/* ring.c: forget everything we know about `slot` (positions, a
+/* recv.c: forget everything we know about `slot` (positions, a
    half-received message, its backlog, the fast channel it used in our
    area, which is freed) and start over with generation `gen`. */
 void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen);
 /* Free the local memory kept for `slot` (detach: shared memory untouched). */
 void ivshm_peer_local_free(ivshm *h, int slot);
-/* ring.c: empty our own receive area (queue, descriptors, fast rings)
-   while our slot is CLAIMING; free descriptors of departed senders. */
+/* recv.c: empty our own receive area (queue, descriptors, fast rings)
+   while our slot is CLAIMING. channel.c: free descriptors of departed
+   senders. */
 void ivshm_rx_area_reset(ivshm *h);
 void ivshm_fast_sweep(ivshm *h);
-/* Take a fast channel to `slot` now, whatever fast_after says (tests,
-   and callers that know a pair will be busy): 0, -EAGAIN if none is free. */
+/* send.c: take a fast channel to `slot` now, whatever fast_after says
+   (tests, and callers that know a pair will be busy): 0, -EAGAIN if none
+   is free. */
 int ivshm_fast_open(ivshm *h, int slot);
-/* The fast ring `from` -> `to` if `from` owns a channel of `to`'s area
-   (for tests and diagnostics), else NULL. */
+/* channel.c: the fast ring `from` -> `to` if `from` owns a channel of
+   `to`'s area (for tests and diagnostics), else NULL. */
 uint8_t *ivshm_fast_ring_of(const ivshm *h, int from, int to);
 /* Mark every ACTIVE slot whose doorbell id is `doorbell_id` dead. */
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
