@@ -480,9 +480,11 @@ static void test_tail_rewind(void)
     /* one write rewinds the tail to "full"; a hostile thread keeps it so */
     struct rewinder r = {.tail = &ctrl->tail, .value = 0};
     atomic_init(&r.stop, false);
+    /* rewound before the thread runs: on a loaded host it may not get a
+       CPU before our send looks at the tail */
+    atomic_store(&ctrl->tail, r.value);
     pthread_t th;
     CHECK(pthread_create(&th, NULL, rewind_tail, &r) == 0);
-    tu_sleep_ms(5);
     uint64_t t0 = now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 100), -ETIMEDOUT);
     uint64_t el = now_ms() - t0;
