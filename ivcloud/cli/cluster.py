@@ -143,6 +143,22 @@ def register(sub) -> None:
     e.add_argument("command", nargs=argparse.REMAINDER)
     e.set_defaults(func=_cmd_exec)
 
+    c = actions.add_parser(
+        "put", help="copy files into the instances (VM instances)",
+        usage="ivcloud cluster put [--name NAME] [--host HOST]... "
+              "FILE... DIR",
+        description="Copy host files into DIR (an absolute path, made if "
+                    "missing) of every guest of a VM cluster, or of the "
+                    "--host ones, through the guests' command agents; "
+                    "e.g. the MPI programs `cluster mpirun` is to run. "
+                    "Files keep their names and permission bits and "
+                    "become readable to every user.")
+    _common(c)
+    c.add_argument("--host", action="append", default=[], metavar="HOST",
+                   help="a guest to copy into (repeatable; default all)")
+    c.add_argument("paths", nargs="+", metavar="FILE... DIR")
+    c.set_defaults(func=_cmd_put)
+
 
 # ---------------------------------------------------------------- actions
 
@@ -361,6 +377,22 @@ class _Terminated(BaseException):
 
 def _raise_terminated(signum, frame):
     raise _Terminated(signum)
+
+
+def _cmd_put(args) -> int:
+    if len(args.paths) < 2:
+        raise CliError("give the files and then the directory in the guests")
+    *files, dest = args.paths
+    state = lifecycle.load_up(_sd(args))
+    if state.get("kind") != vm_instance.KIND:
+        raise CliError(f"cluster '{state['name']}' has namespace instances: "
+                       f"they see the host's files (outside /tmp and "
+                       f"/dev/shm), there is nothing to copy")
+    hosts = args.host or sorted(state["vms"])
+    for host in hosts:
+        for path in vm_instance.put_files(state, host, files, dest):
+            print(f"{host}:{path}")
+    return 0
 
 
 def _cmd_exec(args) -> int:
