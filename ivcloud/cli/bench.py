@@ -11,9 +11,10 @@ from typing import Callable, List, Optional, TypeVar
 
 from ..bench import apps, halo, hierarchy, mpi, p2p
 from ..bench.report import write as write_report
+from ..cluster.session import VmOptions
 from ..errors import ReportError
 from ..server import parse_size
-from . import positive_int
+from . import CliError, positive_int
 
 DEFAULT_OUT = "build/demo"
 
@@ -61,6 +62,12 @@ level 3 tcp, because a region is shared only by one server's instances.
 Uplinks are unshaped unless --uplink-rate is given. The cluster is taken
 down at the end, also after an error or a signal (unless
 --keep-cluster).
+
+With --instance-kind vm the instances are QEMU guests of the Debian image
+(1 server x 2 guests x 2 vCPUs; mpi-osu is copied into them) and levels 1
+and 2 are measured: level 2 tcp is virtio-net through the server's bridge,
+level 2 ivshmem the guests' ivshmem-doorbell devices. The table names the
+accelerator; under TCG only the ratios mean something.
 
 Prints one table and the targets as ratios measured in this run, writes
 the records as JSON, and into --out the plots and report.md
@@ -152,7 +159,20 @@ def _run_hierarchy(args) -> int:
                                          uplink_rate=args.uplink_rate,
                                          rounds=args.rounds)
     return hierarchy.run(s, Path(args.out), json_path=args.json,
-                         keep_cluster=args.keep_cluster)
+                         keep_cluster=args.keep_cluster, vm=_vm_options(args))
+
+
+def _vm_options(args) -> Optional[VmOptions]:
+    """VmOptions of --instance-kind vm, None for namespaces (which take
+    no VM option)."""
+    if args.instance_kind == "vm":
+        return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
+                         accel=args.accel)
+    if args.guest_deb or args.accel != "auto" or \
+            args.vm_memory != VmOptions.memory_mb:
+        raise CliError("--guest-deb, --vm-memory and --accel need "
+                       "--instance-kind vm")
+    return None
 
 
 def _run_halo(args) -> int:
@@ -230,6 +250,25 @@ def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="rounds of alternating levels and transports; "
                         "figures are medians (default 3, quick 1)")
+    _vm_arguments(p)
+
+
+def _vm_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--instance-kind", choices=("namespace", "vm"),
+                   default="namespace",
+                   help="namespace (default) or vm: QEMU guests of the "
+                        "Debian image (1 server x 2 guests x 2 vCPUs, "
+                        "levels 1 and 2)")
+    p.add_argument("--guest-deb", default=None, metavar="DEB",
+                   help="vm: the ivcloud-guest package of the image "
+                        "(default: the newest in build/deb)")
+    p.add_argument("--vm-memory", type=positive_int,
+                   default=VmOptions.memory_mb, metavar="MIB",
+                   help=f"vm: memory per guest in MiB (default "
+                        f"{VmOptions.memory_mb})")
+    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="vm: QEMU accelerator (default auto: KVM if a probe "
+                        "guest boots under it)")
 
 
 def _halo_arguments(p: argparse.ArgumentParser) -> None:
