@@ -421,6 +421,51 @@ def test_c_suite_over_virtio_net(vmc, c_suite, name):
     assert "btl_ivshmem" not in r.stdout, r.stdout
 
 
+BML_RE = re.compile(r"\[(s0i\d):\d+\] mca: bml: Using (\w+) btl for send "
+                    r"to \[\[\d+,\d+\],(\d)\]")
+
+
+def test_two_ranks_per_guest(vmc, c_suite, tmp_path):
+    """-np 4, ranks 0-1 in s0i0 and 2-3 in s0i1: the first rank of a
+    guest holds its device's vfio group, the second shares the region
+    without a doorbell of its own (it registers the guest's IVPosition,
+    which ivshm-bind put into Open MPI's defaults). Between the guests
+    every rank uses the ivshmem BTL, inside a guest Open MPI's vader."""
+    for host in ("s0i0", "s0i1"):
+        r = cluster("exec", vmc, host, "--", "sh", "-c",
+                    ". /run/ivshm/ivshm.env && grep -x \"btl_ivshmem_position"
+                    " = $IVSHM_POSITION\" /etc/openmpi/openmpi-mca-params.conf",
+                    timeout=60)
+        assert r.returncode == 0, (host, r.stdout)
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("".join(f"rank {r}=s0i{r // 2} slot=0\n"
+                                for r in range(4)))
+    t0 = time.monotonic()
+    r = cluster("mpirun", vmc, "--transport", "ivshmem", "--verbose-btl",
+                "--oversubscribe", "--rankfile", rankfile, "--mca",
+                "btl_base_verbose", "10", "-np", 4, "--", c_suite["coll"][0],
+                "1", timeout=600)
+    print(f"coll, 2 ranks in each of 2 guests: {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS coll (4 ranks" in r.stdout, r.stdout
+    assert "cannot attach" not in r.stdout, r.stdout
+    counters = mpi.parse_btl_counters(r.stdout)
+    assert sorted(counters) == [0, 1, 2, 3], r.stdout
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
+    used = {}
+    for host, btl, peer in BML_RE.findall(r.stdout):
+        if btl != "self":
+            used.setdefault((host, int(peer)), set()).add(btl)
+    for rank in range(4):
+        for peer in range(4):
+            if peer == rank:
+                continue
+            want = "vader" if rank // 2 == peer // 2 else "ivshmem"
+            assert used.get((f"s0i{rank // 2}", peer)) == {want}, \
+                (rank, peer, used)
+
+
 def test_killed_guest_ends_the_job(vmc):
     state = json.loads((RUN_DIR / f"cluster-{vmc}" / "state.json"
                         ).read_text())
