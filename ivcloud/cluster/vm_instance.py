@@ -296,8 +296,9 @@ def exec_in(state: Dict, host: str, command: Sequence[str],
                      else "true", timeout)
 
 
-# raw bytes per agent command: 64 KiB of base64 on the serial line
-PUT_CHUNK = 48 << 10
+# bytes per agent command (gzipped): 32 KiB of base64 on the serial line,
+# a few seconds of it under TCG
+PUT_CHUNK = 24 << 10
 
 
 def put_files(state: Dict, host: str, files: Sequence[Path],
