@@ -399,6 +399,8 @@ def test_c_suite_over_the_region(vmc, c_suite, name):
     print(f"{name} over the region: {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"PASS {name}" in r.stdout, r.stdout
+    # no region of the job's own (a namespace job's default): said once
+    assert r.stderr.count("standing region") == 1, r.stderr
     counters = mpi.parse_btl_counters(r.stdout)
     assert sorted(counters) == [0, 1], r.stdout
     for rank, c in counters.items():
@@ -442,13 +444,15 @@ def test_two_ranks_per_guest(vmc, c_suite, tmp_path):
                                 for r in range(4)))
     t0 = time.monotonic()
     r = cluster("mpirun", vmc, "--transport", "ivshmem", "--verbose-btl",
-                "--oversubscribe", "--rankfile", rankfile, "--mca",
+                "--shared-region", "--oversubscribe", "--rankfile", rankfile,
+                "--mca",
                 "btl_base_verbose", "10", "-np", 4, "--", c_suite["coll"][0],
                 "1", timeout=600)
     print(f"coll, 2 ranks in each of 2 guests: {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS coll (4 ranks" in r.stdout, r.stdout
     assert "cannot attach" not in r.stdout, r.stdout
+    assert "standing region" not in r.stderr  # asked for it
     counters = mpi.parse_btl_counters(r.stdout)
     assert sorted(counters) == [0, 1, 2, 3], r.stdout
     for rank, c in counters.items():

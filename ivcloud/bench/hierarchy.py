@@ -20,6 +20,7 @@ absolute figures are emulation speed: only ratios mean something).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -214,6 +215,8 @@ def print_table(records: Sequence[Dict], out=None,
 # a VM cluster: the two levels one server has, 2 vCPUs per guest so that
 # level 1's two ranks have one each
 VM_SHAPE = (1, 2, 2)
+# per job on guests: TCP over virtio-net under TCG takes ms per message
+VM_TIMEOUT_S = 900
 
 
 def run(s: HierarchySettings, out_dir: Path,
@@ -228,6 +231,8 @@ def run(s: HierarchySettings, out_dir: Path,
     program("mpi-osu")  # refuse before building anything
     info = machine_info()
     levels = LEVELS if vm is None else LEVELS[:2]
+    if vm is not None:
+        s = dataclasses.replace(s, timeout_s=max(s.timeout_s, VM_TIMEOUT_S))
     shape = (2, 2, 2) if vm is None else VM_SHAPE
     with ClusterSession("hier", *shape, s.uplink_rate, keep=keep_cluster,
                         log=log, vm=vm) as cluster:

@@ -121,7 +121,9 @@ def register(sub) -> None:
     m.add_argument("--shared-region", action="store_true",
                    help="run in each server's standing region, shared with "
                         "the other jobs that ask for it (one tenant's jobs); "
-                        "by default an ivshmem job gets regions of its own")
+                        "by default an ivshmem job gets regions of its own "
+                        "(not on a VM cluster: its jobs always share the "
+                        "standing regions, and say so unless given this)")
     m.add_argument("--verbose-btl", action="store_true",
                    help="ivshmem: ranks print their BTL counters")
     m.add_argument("--mca", nargs=2, action="append", default=[],
@@ -350,6 +352,10 @@ def _mpirun_vm(args, state, program) -> int:
         print("# VM instances: the job uses each server's standing region",
               file=sys.stderr)
         return 0
+    if _uses_ivshmem(args) and not args.shared_region:
+        # no region of its own, as a namespace job would get: say so
+        sys.stderr.write(f"ivcloud cluster: note: {vm_instance.SHARED_NOTE}"
+                         f"\n")
     old = {s: signal.signal(s, _raise_terminated)
            for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -367,6 +373,12 @@ def _mpirun_vm(args, state, program) -> int:
     sys.stdout.write(r.output)
     sys.stdout.flush()
     return r.status
+
+
+def _uses_ivshmem(args) -> bool:
+    if args.btl is not None:
+        return "ivshmem" in args.btl.split(",")
+    return args.transport == "ivshmem"
 
 
 class _Terminated(BaseException):

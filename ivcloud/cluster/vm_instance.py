@@ -55,6 +55,10 @@ GUEST_HOSTFILE_DIR = "/etc/ivcloud"
 MPI_USER = debian.MPI_USER
 # after a guest of a running job died: how often the host looks
 JOB_POLL_S = 1.0
+# what an ivshmem job on a VM cluster gets instead of regions of its own
+SHARED_NOTE = ("the guests' ivshmem devices were attached at boot: this "
+               "job shares each server's standing region with every other "
+               "job of the cluster (a VM cluster is one trust domain)")
 
 
 def tap_name(hostname: str) -> str:
