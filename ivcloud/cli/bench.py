@@ -14,7 +14,7 @@ from ..bench.report import write as write_report
 from ..cluster.session import VmOptions
 from ..errors import ReportError
 from ..server import parse_size
-from . import CliError, positive_int
+from . import add_vm_arguments, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
 
@@ -163,16 +163,11 @@ def _run_hierarchy(args) -> int:
 
 
 def _vm_options(args) -> Optional[VmOptions]:
-    """VmOptions of --instance-kind vm, None for namespaces (which take
-    no VM option)."""
-    if args.instance_kind == "vm":
-        return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
-                         accel=args.accel)
-    if args.guest_deb or args.accel != "auto" or \
-            args.vm_memory != VmOptions.memory_mb:
-        raise CliError("--guest-deb, --vm-memory and --accel need "
-                       "--instance-kind vm")
-    return None
+    """VmOptions of --instance-kind vm, None for namespaces."""
+    if not wants_vm(args, VmOptions.memory_mb):
+        return None
+    return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
+                     accel=args.accel)
 
 
 def _run_halo(args) -> int:
@@ -254,21 +249,9 @@ def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _vm_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--instance-kind", choices=("namespace", "vm"),
-                   default="namespace",
-                   help="namespace (default) or vm: QEMU guests of the "
+    add_vm_arguments(p, "namespace (default) or vm: QEMU guests of the "
                         "Debian image (1 server x 2 guests x 2 vCPUs, "
-                        "levels 1 and 2)")
-    p.add_argument("--guest-deb", default=None, metavar="DEB",
-                   help="vm: the ivcloud-guest package of the image "
-                        "(default: the newest in build/deb)")
-    p.add_argument("--vm-memory", type=positive_int,
-                   default=VmOptions.memory_mb, metavar="MIB",
-                   help=f"vm: memory per guest in MiB (default "
-                        f"{VmOptions.memory_mb})")
-    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
-                   help="vm: QEMU accelerator (default auto: KVM if a probe "
-                        "guest boots under it)")
+                        "levels 1 and 2)", VmOptions.memory_mb)
 
 
 def _halo_arguments(p: argparse.ArgumentParser) -> None:

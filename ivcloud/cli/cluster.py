@@ -20,7 +20,7 @@ from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..errors import LaunchError, OperationFailed
 from ..server import format_size
-from . import CliError, positive_int
+from . import CliError, add_vm_arguments, positive_int, wants_vm
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -65,23 +65,12 @@ def register(sub) -> None:
                         "e.g. 1gbit, 100mbit")
     u.add_argument("--oversubscribe", action="store_true",
                    help="allow more vCPUs in total than host CPUs")
-    u.add_argument("--instance-kind", choices=vm_instance.KINDS,
-                   default="namespace",
-                   help="namespace (default): namespaces pinned to vCPUs; "
+    add_vm_arguments(u, "namespace (default): namespaces pinned to vCPUs; "
                         "vm: a QEMU guest per instance (Debian image with "
                         "the guest package), its NIC on a tap in the "
                         "server's bridge, its ivshmem device on the "
-                        "server's region, vCPU threads pinned")
-    u.add_argument("--guest-deb", default=None, metavar="DEB",
-                   help="vm: the ivcloud-guest package of the image "
-                        "(default: the newest in build/deb)")
-    u.add_argument("--vm-memory", type=positive_int,
-                   default=vm_instance.DEFAULT_MEMORY_MB, metavar="MIB",
-                   help=f"vm: memory per guest in MiB (default "
-                        f"{vm_instance.DEFAULT_MEMORY_MB})")
-    u.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
-                   help="vm: QEMU accelerator (auto: KVM if a probe guest "
-                        "boots with it, else TCG)")
+                        "server's region, vCPU threads pinned",
+                     vm_instance.DEFAULT_MEMORY_MB)
     u.set_defaults(func=_cmd_up)
 
     d = actions.add_parser("down", help="remove a cluster (also a "
@@ -169,13 +158,9 @@ def _cmd_up(args) -> int:
                 args.vcpus, args.uplink_rate, args.oversubscribe)
     sd = state_dir(topo.name, args.run_dir)
     vm = None
-    if args.instance_kind == vm_instance.KIND:
+    if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
         vm = vm_instance.preflight(topo, args.guest_deb, args.vm_memory)
         vm["accel"] = args.accel
-    elif args.guest_deb or args.accel != "auto" or \
-            args.vm_memory != vm_instance.DEFAULT_MEMORY_MB:
-        raise CliError("--guest-deb, --vm-memory and --accel need "
-                       "--instance-kind vm")
     lifecycle.up(topo, sd, log=lambda line: print(line, flush=True), vm=vm)
     print(f"cluster '{topo.name}' is up (state {sd.state})")
     return 0
