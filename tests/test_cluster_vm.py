@@ -151,6 +151,18 @@ def test_bad_input_exits_2(guest_deb, tmp_path):
                 "--accel", "tcg", timeout=60)
     assert r.returncode == 2 and "--instance-kind" in r.stderr
     assert not (RUN_DIR / "cluster-cvmbad").exists()
+    # the benchmark on a VM cluster refuses the same way, before any
+    # cluster exists
+    for extra, env, word in (
+            (["--instance-kind", "vm"], {"IVCLOUD_QEMU": "/nonexistent/qemu"},
+             "QEMU"),
+            (["--vm-memory", 300], {}, "--instance-kind")):
+        r = ivcloud("bench", "hierarchy", "--quick", "--out",
+                    tmp_path / "bench", "--guest-deb", guest_deb, *extra,
+                    timeout=60, env={**os.environ, **env})
+        assert r.returncode == 2, (extra, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+    assert not (tmp_path / "bench").exists()
 
 
 def test_down_after_up_killed_with_sigkill(guest_deb):
