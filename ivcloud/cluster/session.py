@@ -183,7 +183,6 @@ class ClusterSession:
             if path is not None:
                 path.unlink(missing_ok=True)
 
-
     def _mpirun_vm(self, program, np, transport, timeout, stdout, stderr,
                    placement, rankfile, extra_mca) -> int:
         tag = uuid.uuid4().hex[:8]
