@@ -358,11 +358,10 @@ static int none_wait(struct ivshm_doorbell *db, ivshm *h, uint64_t token,
     (void)db;
     (void)h;
     (void)token;
+    /* a slice of at least 1 ms is never shorter than one poll */
     if (timeout_ms == 0)
         return -ETIMEDOUT;
     struct timespec ts = {0, POLL_SLICE_US * 1000L};
-    if (timeout_ms > 0 && (long)timeout_ms * 1000 < POLL_SLICE_US)
-        ts.tv_nsec = (long)timeout_ms * 1000000L;
     nanosleep(&ts, NULL);
     return -ETIMEDOUT;
 }
