@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import ClusterError, ClusterFailure, IvcloudError, VmFailure
+from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
+                      VmFailure)
 from ..vm import agent, debian, qemu
 from ..vm import lifecycle as vm_lifecycle
 from . import instance as holders
@@ -266,6 +267,10 @@ def stop_guests(sd: StateDir, state: Optional[Dict]) -> List[str]:
 
 # ---------------------------------------------------------------- use
 
+def vm_dir_of(state: Dict, host: str) -> Path:
+    return Path(state["vms"][host]["dir"])
+
+
 def guest(state: Dict, host: str) -> Path:
     """The agent socket of live guest `host`, or ClusterFailure."""
     rec = state.get("vms", {}).get(host)
@@ -429,9 +434,19 @@ def run_job(state: Dict, command: str, timeout: Optional[float] = None,
         _check(r, host)
     job = agent.Job(sock, command)
     deadline = None if timeout is None else time.monotonic() + timeout
+    first = vm_dir_of(state, host)
     try:
         while True:
-            rc = job.done()
+            try:
+                rc = job.done()
+            except AgentError:
+                # a guest busy on a loaded host may answer late; only a
+                # guest whose QEMU is gone (its exit closed the agent's
+                # socket, give it a moment) has gone
+                time.sleep(JOB_POLL_S)
+                if vm_lifecycle.qemu_pid(first) is None:
+                    raise
+                rc = None
             if rc is not None:
                 return agent.Result(rc, job.output())
             dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
