@@ -11,9 +11,10 @@ from typing import Callable, List, Optional, TypeVar
 
 from ..bench import apps, halo, hierarchy, mpi, p2p, scaling
 from ..bench.report import write as write_report
+from ..cluster.session import VmOptions
 from ..errors import ReportError
 from ..server import parse_size
-from . import positive_int
+from . import add_vm_arguments, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
 
@@ -61,6 +62,12 @@ level 3 tcp, because a region is shared only by one server's instances.
 Uplinks are unshaped unless --uplink-rate is given. The cluster is taken
 down at the end, also after an error or a signal (unless
 --keep-cluster).
+
+With --instance-kind vm the instances are QEMU guests of the Debian image
+(1 server x 2 guests x 2 vCPUs; mpi-osu is copied into them) and levels 1
+and 2 are measured: level 2 tcp is virtio-net through the server's bridge,
+level 2 ivshmem the guests' ivshmem-doorbell devices. The table names the
+accelerator; under TCG only the ratios mean something.
 
 Prints one table and the targets as ratios measured in this run, writes
 the records as JSON, and into --out the plots and report.md
@@ -176,7 +183,15 @@ def _run_hierarchy(args) -> int:
                                          uplink_rate=args.uplink_rate,
                                          rounds=args.rounds)
     return hierarchy.run(s, Path(args.out), json_path=args.json,
-                         keep_cluster=args.keep_cluster)
+                         keep_cluster=args.keep_cluster, vm=_vm_options(args))
+
+
+def _vm_options(args) -> Optional[VmOptions]:
+    """VmOptions of --instance-kind vm, None for namespaces."""
+    if not wants_vm(args, VmOptions.memory_mb):
+        return None
+    return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
+                     accel=args.accel)
 
 
 def _run_halo(args) -> int:
@@ -261,6 +276,13 @@ def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="rounds of alternating levels and transports; "
                         "figures are medians (default 3, quick 1)")
+    _vm_arguments(p)
+
+
+def _vm_arguments(p: argparse.ArgumentParser) -> None:
+    add_vm_arguments(p, "namespace (default) or vm: QEMU guests of the "
+                        "Debian image (1 server x 2 guests x 2 vCPUs, "
+                        "levels 1 and 2)", VmOptions.memory_mb)
 
 
 def _halo_arguments(p: argparse.ArgumentParser) -> None:

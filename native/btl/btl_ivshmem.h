@@ -126,6 +126,7 @@ typedef struct mca_btl_ivshmem_component_t {
     char *socket_path;
     char *uio_dev;
     char *bar0_path;
+    int position;      /* the guest's IVPosition, -1 unknown          */
     int verbose;
     int spin_us;       /* idle polling before blocking                 */
     int block_us;      /* one blocking slice; -1 auto, 0 never block   */

@@ -143,6 +143,12 @@ static int ivshmem_register(void)
                &c->uio_dev);
     reg_string("bar0", "Inside a guest: path of the ivshmem BAR0 resource file",
                &c->bar0_path);
+    reg_int("position",
+            "Inside a guest: the device's IVPosition (ivshm-bind writes it); "
+            "lets ranks after the first in a guest, which cannot open the "
+            "vfio device the first holds, share the region without a "
+            "doorbell. -1: read it from BAR0",
+            &c->position, -1);
     reg_int("verbose",
             "1: print per-rank message counters at finalize; 2: also the "
             "counts of dropped messages and of region slots that posed as "
@@ -392,7 +398,8 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
         .spin_ns = 1,
         .uio_dev = c->uio_dev && *c->uio_dev ? c->uio_dev : NULL,
         .bar0_path = c->bar0_path && *c->bar0_path ? c->bar0_path : NULL,
-        .doorbell_id = -1,
+        .doorbell_id = c->position >= 0 && c->position <= 0xffff
+                           ? c->position : -1,
     };
     const char *what = sock ? sock : region;
     if (sock)

@@ -88,7 +88,11 @@ typedef struct ivshm_config {
        both set selects the UIO backend for ivshm_attach_path().            */
     const char *uio_dev;  /* e.g. /dev/uio0                                  */
     const char *bar0_path;/* e.g. /sys/bus/pci/devices/0000:00:04.0/resource0*/
-    int32_t doorbell_id;  /* with UIO: our IVPosition; -1 = read from BAR0   */
+    int32_t doorbell_id;  /* with UIO: our IVPosition; -1 = read from BAR0.
+                             Given, a process that finds the device held
+                             by another of its guest (vfio: EBUSY) attaches
+                             without a doorbell of its own: it polls, and
+                             its rings are dropped (docs/vm.md)          */
 } ivshm_config;
 
 #define IVSHM_F_FORMAT 0x1u  /* attach_path: format the region if blank */

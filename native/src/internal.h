@@ -58,7 +58,10 @@ struct ivshm_header {
 /* registry entry state */
 enum { PEER_FREE = 0, PEER_CLAIMING = 1, PEER_ACTIVE = 2, PEER_DEAD = 3 };
 /* how a peer can be woken */
-enum { DB_FUTEX = 1, DB_EVENTFD = 2, DB_UIO = 3 };
+enum { DB_FUTEX = 1, DB_EVENTFD = 2, DB_UIO = 3,
+       /* in a guest whose device another process holds: can neither be
+          rung nor ring (doorbell_uio.c) */
+       DB_NONE = 4 };
 
 /* ---- registry: max_peers entries, two cache lines each ---- */
 struct ivshm_peer_entry {
@@ -198,6 +201,9 @@ struct ivshm_doorbell {
 };
 
 struct ivshm_doorbell *ivshm_db_futex_new(void);
+/* The guest backend. When the device's vfio group is held by another
+   process of the guest (EBUSY) and *doorbell_id is known (>= 0), returns
+   a DB_NONE doorbell instead: the region is shared, interrupts are not. */
 struct ivshm_doorbell *ivshm_db_uio_new(const char *uio_dev,
                                         const char *bar0_path,
                                         int32_t *doorbell_id, int *err);

@@ -466,7 +466,7 @@ int ivshm_attach_path(const char *path, const ivshm_config *cfg, ivshm **out)
     if (cfg->uio_dev && cfg->bar0_path) {
         db_id = cfg->doorbell_id;
         h->db = ivshm_db_uio_new(cfg->uio_dev, cfg->bar0_path, &db_id, &rc);
-        kind = DB_UIO;
+        kind = h->db ? h->db->kind : DB_UIO;
     } else {
         h->db = ivshm_db_futex_new();
         if (!h->db)
