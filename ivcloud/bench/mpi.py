@@ -14,18 +14,15 @@ each round's under "runs") as a JSON document.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-from .. import mpi
-from ..errors import BenchError, InvalidRequest
-from .toolkit import (MIB, BenchResults, Target, count, csv, fmt_size,
-                      measure_rounds, parse_records, program, ratio_target,
-                      run_benchmark, run_job, spread, summarize)
+from .toolkit import (MIB, BenchResults, Target, check_transports, count, csv,
+                      fmt_size, measure_rounds, mpi_job, program, ratio_target,
+                      run_benchmark, spread, summarize)
 
 FULL_SIZES = [8, 64, 512, 4096, 32768, 262144, MIB, 4 * MIB]
 QUICK_SIZES = [8, MIB]
@@ -36,16 +33,6 @@ PAIR_TESTS = "latency,bw,put,get,put-fence,get-fence"
 ALLREDUCE_RANKS = 4
 KEYS = ("transport", "test", "ranks", "size", "latency_us",
         "bandwidth_MBps")
-
-
-def check_transports(names: Sequence[str],
-                     allowed: Sequence[str] = TRANSPORTS) -> List[str]:
-    """`names`, if they are a non-empty subset of `allowed`."""
-    names = list(names)
-    if not names or any(t not in allowed for t in names):
-        raise InvalidRequest(f"transports are a comma-separated subset of "
-                             f"{','.join(allowed)}")
-    return names
 
 
 @dataclass
@@ -72,46 +59,13 @@ class MpiSettings:
                           or (300 if quick else 10000)),
                    budget=(16 if quick else 256) * MIB,
                    timeout_s=60 if quick else 300,
-                   transports=(check_transports(transports) if transports
+                   transports=(check_transports(transports, TRANSPORTS) if transports
                                else list(TRANSPORTS)),
                    rounds=count("rounds", rounds) or (1 if quick else 3),
                    quick=quick)
 
 
 # ---------------------------------------------------------------- running
-
-
-def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
-            origin: str, keys: Sequence[str],
-            osc: Optional[str] = None) -> Tuple[List[Dict], Dict]:
-    """One mpirun job of a benchmark program over `transport`: its records
-    (each with `keys`) and the BTL counters. ivshmem jobs get a private
-    region and must show traffic in every rank's BTL counters."""
-    kwargs = dict(transport=transport, osc=osc)
-    if transport == "ivshmem":
-        kwargs.update(tcp_fallback=False, verbose_btl=True)
-
-    def start(**io) -> int:
-        with contextlib.ExitStack() as stack:
-            if transport == "ivshmem":
-                kwargs["region"] = stack.enter_context(
-                    mpi.private_region(np))
-            cmd = mpi.mpirun_command(argv, np, **kwargs)
-            return mpi.run_command(cmd, **io)
-
-    stdout, stderr = run_job(start, timeout_s, origin)
-    recs = parse_records(stdout, origin, keys)
-    counters = mpi.parse_btl_counters(stderr)
-    if transport == "ivshmem":
-        idle = [r for r in range(np) if r not in counters
-                or counters[r]["sent_msgs"] == 0
-                or counters[r]["recv_msgs"] == 0]
-        if idle:
-            raise BenchError(f"{origin}: btl_ivshmem counters show no "
-                             f"traffic for rank(s) {idle[:8]}")
-    for rec in recs:
-        rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
-    return recs, counters
 
 
 def _job(transport: str, np: int, argv: Sequence[str], timeout_s: int,

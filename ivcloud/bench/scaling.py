@@ -25,10 +25,9 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import mpi
 from ..errors import BenchError, InvalidRequest
-from . import mpi as bench_mpi
-from .toolkit import (MIB, BenchResults, Target, count, fmt_size,
-                      measure_rounds, program, ratio_target, run_benchmark,
-                      spread, summarize)
+from .toolkit import (MIB, BenchResults, Target, check_transports, count,
+                      fmt_size, measure_rounds, mpi_job, program, ratio_target,
+                      run_benchmark, spread, summarize)
 
 FULL_RANKS = [2, 8, 32, 128]
 QUICK_RANKS = [2, 4]
@@ -48,9 +47,6 @@ def check_ranks(values: Sequence[int]) -> List[int]:
         raise InvalidRequest(f"rank counts must be 2..{MAX_RANKS}")
     return ranks
 
-
-def check_transports(names: Sequence[str]) -> List[str]:
-    return bench_mpi.check_transports(names, TRANSPORTS)
 
 
 @dataclass
@@ -73,7 +69,7 @@ class ScalingSettings:
         round, few operations); the arguments override the defaults."""
         return cls(ranks=check_ranks(ranks) if ranks
                    else list(QUICK_RANKS if quick else FULL_RANKS),
-                   transports=(check_transports(transports) if transports
+                   transports=(check_transports(transports, TRANSPORTS) if transports
                                else list(TRANSPORTS)),
                    lat_iters=count("operations", iters)
                    or (50 if quick else 2000),
@@ -109,7 +105,7 @@ def region_bytes(transport: str, np: int) -> int:
 def run_one(transport: str, np: int, s: ScalingSettings) -> List[Dict]:
     """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
     private region and must show traffic in every rank's BTL counters."""
-    recs, _ = bench_mpi.mpi_job(transport, np, s.argv(transport, np),
+    recs, _ = mpi_job(transport, np, s.argv(transport, np),
                                 s.timeout_s,
                                 f"mpi-scaling {transport} ({np} ranks)", KEYS)
     shm = region_bytes(transport, np)

@@ -11,6 +11,7 @@ here parses command lines or prints errors: a benchmark raises
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
                     Tuple, TypeVar)
 
+from .. import mpi
 from ..errors import BenchError, ClusterError, InvalidRequest, IvcloudError
 from ..native import native_dir
 
@@ -357,3 +359,46 @@ def run_benchmark(bench: str, quick: bool,
     if json_path:
         write_docs(doc, [Path(json_path)], out)
     return res.exit_status
+
+
+def check_transports(names: Sequence[str],
+                     allowed: Sequence[str]) -> List[str]:
+    """`names`, if they are a non-empty subset of `allowed`."""
+    names = list(names)
+    if not names or any(t not in allowed for t in names):
+        raise InvalidRequest(f"transports are a comma-separated subset of "
+                             f"{','.join(allowed)}")
+    return names
+
+
+def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
+            origin: str, keys: Sequence[str],
+            osc: Optional[str] = None) -> Tuple[List[Dict], Dict]:
+    """One mpirun job of a benchmark program over `transport`: its records
+    (each with `keys`) and the BTL counters. ivshmem jobs get a private
+    region and must show traffic in every rank's BTL counters."""
+    kwargs = dict(transport=transport, osc=osc)
+    if transport == "ivshmem":
+        kwargs.update(tcp_fallback=False, verbose_btl=True)
+
+    def start(**io) -> int:
+        with contextlib.ExitStack() as stack:
+            if transport == "ivshmem":
+                kwargs["region"] = stack.enter_context(
+                    mpi.private_region(np))
+            cmd = mpi.mpirun_command(argv, np, **kwargs)
+            return mpi.run_command(cmd, **io)
+
+    stdout, stderr = run_job(start, timeout_s, origin)
+    recs = parse_records(stdout, origin, keys)
+    counters = mpi.parse_btl_counters(stderr)
+    if transport == "ivshmem":
+        idle = [r for r in range(np) if r not in counters
+                or counters[r]["sent_msgs"] == 0
+                or counters[r]["recv_msgs"] == 0]
+        if idle:
+            raise BenchError(f"{origin}: btl_ivshmem counters show no "
+                             f"traffic for rank(s) {idle[:8]}")
+    for rec in recs:
+        rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
+    return recs, counters

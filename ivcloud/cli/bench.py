@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, TypeVar
 
 from ..bench import apps, halo, hierarchy, mpi, p2p, scaling
 from ..bench.report import write as write_report
+from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..errors import ReportError
 from ..server import parse_size
@@ -134,14 +135,14 @@ def _sizes(text: str) -> List[int]:
 
 @_checked
 def _transports(text: str) -> List[str]:
-    return mpi.check_transports(t.strip() for t in text.split(",")
-                                if t.strip())
+    return check_transports((t.strip() for t in text.split(",")
+                             if t.strip()), mpi.TRANSPORTS)
 
 
 @_checked
 def _scaling_transports(text: str) -> List[str]:
-    return scaling.check_transports(t.strip() for t in text.split(",")
-                                    if t.strip())
+    return check_transports((t.strip() for t in text.split(",")
+                             if t.strip()), scaling.TRANSPORTS)
 
 
 def _names(text: str) -> List[str]:
