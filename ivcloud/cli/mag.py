@@ -257,6 +257,8 @@ def cmd_bench(args) -> int:
                     "time_to_solution_s": round(wall, 3),
                     "solve_time_s": round(s["solve_time_s"], 3),
                     "setup_time_s": round(s["setup_time_s"], 3),
+                    "solve_cpu_s_max_rank": round(
+                        s.get("solve_cpu_s", {}).get("max", 0.0), 3),
                     "steps": s["steps"], "rejected_steps":
                         s["rejected_steps"],
                     "relax_iterations": s["relax_iterations"],
