@@ -12,8 +12,8 @@ integrated by PETSc TS on the distributed vector_vec of the FEM space:
     bdf     implicit BDF (order from the damping unless `order`, see
             auto_bdf_order), adaptive, Newton with a
             matrix-free Jacobian (MFFD) and GMRES preconditioned by the
-            exchange part of the Jacobian (ExchangeJacobian; block Jacobi
-            + ILU): the PVODE set-up of Magpar, for stiff (fine-mesh) runs
+            exchange part of the Jacobian (ExchangeJacobian; additive
+            Schwarz + ILU(1)): the PVODE set-up of Magpar, for stiff (fine-mesh) runs
     beuler  implicit Euler, same nonlinear solver, fixed or adaptive
 
 |m| = 1 is kept by rescaling after every accepted step (the error that
