@@ -36,9 +36,13 @@ deps:
 $(BUILD)/build.ninja: | deps
 	cmake -S native -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
 
+# fmm3dpy (the demag's fast multipole method, PyPI only): --no-deps, or
+# pip would put a numpy 2 in the venv over Debian's, which scipy and
+# petsc4py are built against; the wheel runs with Debian's numpy 1.24.
 $(VENV)/.installed: pyproject.toml | deps
 	$(PY_SYS) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install -q --no-build-isolation -e .
+	$(PY) -m pip install -q --no-deps fmm3dpy==2.1.0
 	touch $@
 
 build: $(BUILD)/build.ninja $(VENV)/.installed

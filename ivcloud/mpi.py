@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import MpiError, MpiSetupError
+from .server import MAX_PEERS
 
 TRANSPORTS = ("ivshmem", "tcp", "vader")
 COMPONENT_FILE = "mca_btl_ivshmem.so"
@@ -37,15 +38,19 @@ COMPONENT_FILE = "mca_btl_ivshmem.so"
 # replaces the default search path, so it must be listed next to ours.
 STOCK_COMPONENT_DIR = Path("/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3")
 MIB = 1 << 20
-MAX_PEERS_LIMIT = 64          # ivshm_geometry.max_peers upper bound
+MAX_PEERS_LIMIT = MAX_PEERS   # ivshm_geometry.max_peers upper bound
 PRIVATE_MIN_PEERS = 8         # room for a few ranks more than asked
 PRIVATE_MIN_SIZE = 64 * MIB
-PRIVATE_HEAP = 32 * MIB       # on top of the rings: windows, big messages
-# Rings of MPI regions: a slot holds one whole BTL fragment (the BTL sizes
-# max_send_size to one slot's payload), so the BTL packs fragments into
-# the ring and delivers them from it in place. A region holds
-# max_peers^2 rings: many peers get smaller slots to stay in the budget.
+PRIVATE_HEAP = 32 * MIB       # on top of the receive areas: windows, big messages
+# Receive areas of MPI regions (one per rank, linear in ranks): a queue of
+# MPI_QUEUE_SLOTS cells every sender appends to, and MPI_FAST_CHANNELS
+# rings of MPI_RING_SLOTS slots for the busiest senders. A slot holds one
+# whole BTL fragment (the BTL sizes max_send_size to one slot's payload),
+# so the BTL packs fragments into the region and delivers them from it in
+# place. Many ranks get smaller slots to keep the areas in the budget.
 MPI_RING_SLOTS = 16
+MPI_QUEUE_SLOTS = 64
+MPI_FAST_CHANNELS = 8
 MPI_SLOT_SIZES = (64 * 1024 + 64, 32 * 1024 + 64, 16 * 1024 + 64, 4096)
 PRIVATE_RING_BUDGET = 300 * MIB
 TERMINATE_GRACE_S = 10.0      # mpirun gets this long to tear a job down
@@ -180,26 +185,32 @@ def mpirun_command(program: Sequence[str], np: int,
 
 # ---------------------------------------------------------------- region
 
-def mpi_ring_geometry(max_peers: int) -> Tuple[int, int]:
-    """(ring_slots, slot_size) of an MPI region for `max_peers` peers: the
-    largest slot whose max_peers^2 rings fit PRIVATE_RING_BUDGET."""
-    rings = max_peers * max_peers
+def mpi_geometry(max_peers: int) -> Dict[str, int]:
+    """Geometry of an MPI region for `max_peers` peers (keyword arguments
+    of format_region / min_region_size besides max_peers): the largest
+    slot whose receive areas fit PRIVATE_RING_BUDGET. The region grows
+    linearly with max_peers, so beyond the budget (some hundreds of
+    ranks) it keeps the smallest slot and grows past it."""
+    from .native import min_region_size
+    geometry = {}
     for slot_size in MPI_SLOT_SIZES:
-        if rings * MPI_RING_SLOTS * slot_size <= PRIVATE_RING_BUDGET:
-            return MPI_RING_SLOTS, slot_size
-    return MPI_RING_SLOTS, MPI_SLOT_SIZES[-1]
+        geometry = dict(ring_slots=MPI_RING_SLOTS, slot_size=slot_size,
+                        queue_slots=MPI_QUEUE_SLOTS,
+                        fast_channels=MPI_FAST_CHANNELS)
+        if min_region_size(max_peers, **geometry) <= PRIVATE_RING_BUDGET:
+            break
+    return geometry
 
 
 def private_geometry(np: int) -> Tuple[int, int]:
     """(max_peers, size in bytes) of a private region for `np` ranks
-    (rings shaped by mpi_ring_geometry(max_peers))."""
+    (receive areas shaped by mpi_geometry(max_peers))."""
     from .native import min_region_size
     if np > MAX_PEERS_LIMIT:
         raise MpiError(f"a region holds at most {MAX_PEERS_LIMIT} ranks, "
                        f"not {np}")
     max_peers = max(PRIVATE_MIN_PEERS, np)
-    ring_slots, slot_size = mpi_ring_geometry(max_peers)
-    need = min_region_size(max_peers, ring_slots, slot_size) + PRIVATE_HEAP
+    need = min_region_size(max_peers, **mpi_geometry(max_peers)) + PRIVATE_HEAP
     size = max(PRIVATE_MIN_SIZE, (need + MIB - 1) // MIB * MIB)
     return max_peers, size
 
@@ -214,7 +225,7 @@ def private_region(np: int, path: Optional[Path] = None) -> Iterator[Path]:
     when the block ends, also on an exception or KeyboardInterrupt."""
     from .native import IvshmError, format_region
     max_peers, size = private_geometry(np)
-    ring_slots, slot_size = mpi_ring_geometry(max_peers)
+    geometry = mpi_geometry(max_peers)
     path = Path(path) if path else private_region_path()
     try:
         # O_EXCL: never adopt (and later delete) somebody else's file
@@ -224,9 +235,8 @@ def private_region(np: int, path: Optional[Path] = None) -> Iterator[Path]:
     os.close(fd)
     try:
         try:
-            format_region(path, size, max_peers=max_peers,
-                          ring_slots=ring_slots, slot_size=slot_size,
-                          mode=0o600)
+            format_region(path, size, max_peers=max_peers, mode=0o600,
+                          **geometry)
         except (IvshmError, OSError) as e:
             raise MpiSetupError(f"cannot format {path}: {e}")
         yield path

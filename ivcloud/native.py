@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple, Union
 from .errors import RegionError
 
 __all__ = [
-    "ANY", "LOCK_SHARED", "LOCK_EXCLUSIVE",
+    "ANY", "LOCK_SHARED", "LOCK_EXCLUSIVE", "FAST_NONE",
     "IvshmError", "MagicError", "VersionError", "SizeError", "CorruptError",
     "PeerDead", "RegionFull", "Timeout", "WouldBlock", "NotFound",
     "MessageTruncated",
@@ -132,7 +132,8 @@ _ERROR_CLASSES = {
 
 class _Geometry(Structure):
     _fields_ = [("max_peers", c_uint32), ("ring_slots", c_uint32),
-                ("slot_size", c_uint32), ("max_windows", c_uint32)]
+                ("slot_size", c_uint32), ("max_windows", c_uint32),
+                ("queue_slots", c_uint32), ("fast_channels", c_uint32)]
 
 
 class _Config(Structure):
@@ -159,17 +160,29 @@ _F_FORMAT = 0x1
 _F_UNSEALED = 0x2
 
 
+#: Geometry.fast_channels for a region without fast channels (every
+#: message goes through the receivers' shared queues).
+FAST_NONE = 0xFFFFFFFF
+
+
 @dataclass(frozen=True)
 class Geometry:
-    """Shape of a region; zero fields take the library defaults."""
+    """Shape of a region; zero fields take the library defaults.
+
+    Every peer owns a receive area: a shared queue of `queue_slots` cells
+    and `fast_channels` rings of `ring_slots` slots (docs/region-layout.md),
+    so the region grows linearly with `max_peers` (up to 1024)."""
     max_peers: int = 0
     ring_slots: int = 0
     slot_size: int = 0
     max_windows: int = 0
+    queue_slots: int = 0
+    fast_channels: int = 0
 
     def _c(self) -> _Geometry:
         return _Geometry(self.max_peers, self.ring_slots, self.slot_size,
-                         self.max_windows)
+                         self.max_windows, self.queue_slots,
+                         self.fast_channels)
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ivshm_detach": (None, [c_void_p]),
         "ivshm_self": (c_int, [c_void_p]),
         "ivshm_max_peers": (c_int, [c_void_p]),
+        "ivshm_get_geometry": (None, [c_void_p, POINTER(_Geometry)]),
         "ivshm_peer": (c_int, [c_void_p, c_int, POINTER(_PeerInfo)]),
         "ivshm_find": (c_int, [c_void_p, c_uint64, c_uint32]),
         "ivshm_reap": (c_int, [c_void_p]),
@@ -302,8 +316,12 @@ def _in_buffer(data: Buffer) -> Tuple[object, int]:
 # ---------------------------------------------------------------- regions
 
 def min_region_size(max_peers: int = 0, ring_slots: int = 0,
-                    slot_size: int = 0, max_windows: int = 0) -> int:
-    g = Geometry(max_peers, ring_slots, slot_size, max_windows)._c()
+                    slot_size: int = 0, max_windows: int = 0,
+                    queue_slots: int = 0, fast_channels: int = 0) -> int:
+    """Smallest region for this geometry (zero: defaults): linear in
+    max_peers, see docs/region-layout.md for the bytes per peer."""
+    g = Geometry(max_peers, ring_slots, slot_size, max_windows, queue_slots,
+                 fast_channels)._c()
     n = library().ivshm_min_region_size(byref(g))
     if n == 0:
         raise IvshmError(-_errno.EINVAL, "invalid geometry",
@@ -313,10 +331,12 @@ def min_region_size(max_peers: int = 0, ring_slots: int = 0,
 
 def format_region(path: Union[str, Path], size: int, max_peers: int = 0,
                   ring_slots: int = 0, slot_size: int = 0,
-                  max_windows: int = 0, mode: int = 0o600) -> None:
+                  max_windows: int = 0, mode: int = 0o600,
+                  queue_slots: int = 0, fast_channels: int = 0) -> None:
     """Create (or truncate) the file `path` of `size` bytes and format it."""
     lib = library()
-    g = Geometry(max_peers, ring_slots, slot_size, max_windows)._c()
+    g = Geometry(max_peers, ring_slots, slot_size, max_windows, queue_slots,
+                 fast_channels)._c()
     _check(lib, lib.ivshm_format_file(os.fsencode(path), size, byref(g), mode),
            f"ivshm_format_file({path})")
 
@@ -437,6 +457,15 @@ class Channel:
     @property
     def max_peers(self) -> int:
         return self._lib.ivshm_max_peers(self._handle())
+
+    @property
+    def geometry(self) -> Geometry:
+        """The geometry the region was formatted with (fast_channels is
+        FAST_NONE for a region without fast channels)."""
+        g = _Geometry()
+        self._lib.ivshm_get_geometry(self._handle(), byref(g))
+        return Geometry(g.max_peers, g.ring_slots, g.slot_size, g.max_windows,
+                        g.queue_slots, g.fast_channels)
 
     def peer(self, slot: int) -> Optional[PeerInfo]:
         """The live peer in `slot`, or None."""

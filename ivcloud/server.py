@@ -29,6 +29,11 @@ DEFAULT_NAME = "default"
 SERVER_BINARY = "ivshmem-server"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+# Region geometry bounds (ivshm.h): peers per region, cells of a peer's
+# receive queue, fast channels per receiver
+MAX_PEERS = 1024
+MAX_QUEUE_SLOTS = 65536
+MAX_FAST_CHANNELS = 64
 
 
 
@@ -166,12 +171,24 @@ def remove_dir(paths: ServerPaths) -> None:
 
 # ---------------------------------------------------------------- actions
 
-def _min_size(max_peers: int) -> int:
-    """Smallest region for this geometry, 0 if libivshm is unavailable
-    (the daemon then checks it itself)."""
+def _fast_channels_arg(fast_channels: Optional[int]) -> int:
+    """ivshm_geometry.fast_channels for a count (None: the default, 0:
+    none)."""
+    if fast_channels is None:
+        return 0
+    from .native import FAST_NONE
+    return FAST_NONE if fast_channels == 0 else fast_channels
+
+
+def _min_size(max_peers: int, queue_slots: int = 0,
+              fast_channels: int = 0) -> int:
+    """Smallest region for this geometry (the daemon's default ring and
+    slot sizes), 0 if libivshm is unavailable (the daemon then checks it
+    itself)."""
     try:
         from .native import min_region_size
-        return min_region_size(max_peers=max_peers)
+        return min_region_size(max_peers=max_peers, queue_slots=queue_slots,
+                               fast_channels=fast_channels)
     except (OSError, ImportError):
         return 0
 
@@ -179,16 +196,30 @@ def _min_size(max_peers: int) -> int:
 def start(paths: ServerPaths, size: int, vectors: int = 1,
           max_peers: Optional[int] = None, group: Optional[str] = None,
           verbose: bool = False, timeout_s: float = 10.0,
-          host_file: bool = False) -> int:
-    """Start the daemon; returns its pid. Raises ServerError/OperationFailed."""
+          host_file: bool = False, queue_slots: Optional[int] = None,
+          fast_channels: Optional[int] = None) -> int:
+    """Start the daemon; returns its pid. Raises ServerError/OperationFailed.
+    queue_slots / fast_channels: the region's receive queues and fast
+    channels per peer (None: the library's defaults; fast_channels 0: no
+    fast channels, every message through the queues)."""
     if size <= 0 or size & (size - 1):
         raise ServerError(f"size {size} is not a power of two (QEMU "
                           f"maps the region as a PCI BAR)")
     if not 1 <= vectors <= 64:
         raise ServerError(f"vectors must be 1..64, not {vectors}")
-    if max_peers is not None and not 2 <= max_peers <= 64:
-        raise ServerError(f"the number of peers must be 2..64, not {max_peers}")
-    need = _min_size(max_peers or 0)
+    if max_peers is not None and not 2 <= max_peers <= MAX_PEERS:
+        raise ServerError(f"the number of peers must be 2..{MAX_PEERS}, "
+                          f"not {max_peers}")
+    if queue_slots is not None and (
+            not 2 <= queue_slots <= MAX_QUEUE_SLOTS
+            or queue_slots & (queue_slots - 1)):
+        raise ServerError(f"queue slots must be a power of two in "
+                          f"2..{MAX_QUEUE_SLOTS}, not {queue_slots}")
+    if fast_channels is not None and not 0 <= fast_channels <= MAX_FAST_CHANNELS:
+        raise ServerError(f"fast channels must be 0..{MAX_FAST_CHANNELS}, "
+                          f"not {fast_channels}")
+    need = _min_size(max_peers or 0, queue_slots or 0,
+                     _fast_channels_arg(fast_channels))
     if need and size < need:
         raise ServerError(f"size {format_size(size)} is too small for "
                           f"{max_peers or 8} peers (needs at least "
@@ -234,6 +265,10 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         cmd += ["-M", str(paths.region)]
     if max_peers is not None:
         cmd += ["--max-peers", str(max_peers)]
+    if queue_slots is not None:
+        cmd += ["--queue-slots", str(queue_slots)]
+    if fast_channels is not None:
+        cmd += ["--fast-channels", str(fast_channels)]
     if group is not None:
         cmd += ["-g", str(gid)]
     if verbose:

@@ -34,6 +34,10 @@
     [demag]
     enabled = true      # hybrid FEM/BEM (micromag.terms.demag)
     rtol = 1e-10        # its Krylov tolerance
+    method = "auto"     # boundary operator: dense | fmm (fast multipole,
+                        # O(N) memory) | auto (dense while it takes at
+                        # most 4 GB: 22,360 surface nodes); docs/mag-demag.md
+    tol = 1e-5          # fmm: relative accuracy of the boundary operator
 
     [[field]]           # applied in every stage (also [[stage.field]])
     H = [0, 0, 10]
@@ -90,6 +94,7 @@ import numpy as np
 from .constants import GAMMA0, MU0
 from .errors import ProblemError
 from .llg import INTEGRATORS
+from .terms.demag_fmm import METHODS as DEMAG_METHODS
 
 try:
     import tomllib
@@ -110,7 +115,7 @@ MATERIAL_DEFAULTS = {"A": 0.0, "alpha": 0.5, "gamma": GAMMA0, "K1": 0.0,
                      "axis": [0.0, 0.0, 1.0], "Kc1": 0.0, "Kc2": 0.0,
                      "cubic_axes": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]}
 INITIAL_KEYS = {"m": list, "type": str, "seed": int, "file": str}
-DEMAG_KEYS = {"enabled": bool, "rtol": float}
+DEMAG_KEYS = {"enabled": bool, "rtol": float, "method": str, "tol": float}
 FIELD_KEYS = {"H": list, "unit": str, "amplitude": list, "frequency": float,
               "phase": float, "ramp": float, "t_on": float, "t_off": float}
 STAGE_KEYS = {"type": str, "name": str, "duration": float,
@@ -369,7 +374,14 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     demag = c.table(top.get("demag", {}), DEMAG_KEYS, "demag")
     cfg["demag"] = {"enabled": demag.get("enabled", True),
                     "rtol": c.positive(demag.get("rtol", 1e-10),
-                                       "demag rtol")}
+                                       "demag rtol"),
+                    "method": demag.get("method", "auto"),
+                    "tol": demag.get("tol", 1e-5)}
+    if cfg["demag"]["method"] not in DEMAG_METHODS:
+        c.fail(f"demag method '{cfg['demag']['method']}' unknown "
+               f"({', '.join(DEMAG_METHODS)})")
+    if not 0.0 < cfg["demag"]["tol"] <= 0.1:
+        c.fail("demag tol must be in (0, 0.1]")
 
     # --- fields
     cfg["field"] = [_field(c, f, f"field #{i + 1}")

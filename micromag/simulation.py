@@ -116,7 +116,9 @@ class Simulation:
                         added.append(key)
             try:
                 self.demag = DemagField(sp, self.state.Ms_nodes,
-                                        rtol=self.cfg["demag"]["rtol"])
+                                        rtol=self.cfg["demag"]["rtol"],
+                                        method=self.cfg["demag"]["method"],
+                                        tol=self.cfg["demag"]["tol"])
             finally:
                 for key in added:      # later solvers of this process
                     opts.delValue(key)

@@ -79,6 +79,22 @@ def native_dir() -> Path:
     return Path(os.environ["IVCLOUD_NATIVE_DIR"])
 
 
+@pytest.fixture(scope="session")
+def mpicc(tmp_path_factory):
+    """Compile an MPI C program (warnings are errors): mpicc(src) -> the
+    executable, in a directory of this session."""
+    def build(src: Path) -> Path:
+        cc = shutil.which("mpicc")
+        assert cc, "mpicc not found (install libopenmpi-dev)"
+        out = tmp_path_factory.mktemp("mpicc") / src.stem
+        proc = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror",
+                               "-o", str(out), str(src)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return out
+    return build
+
+
 @pytest.fixture
 def unique() -> str:
     """A short name no other test run uses."""

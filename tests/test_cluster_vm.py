@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from ivcloud import mpi
 from ivcloud.vm import qemu
 
 from test_guest_image import qemus_naming
@@ -150,6 +151,18 @@ def test_bad_input_exits_2(guest_deb, tmp_path):
                 "--accel", "tcg", timeout=60)
     assert r.returncode == 2 and "--instance-kind" in r.stderr
     assert not (RUN_DIR / "cluster-cvmbad").exists()
+    # the benchmark on a VM cluster refuses the same way, before any
+    # cluster exists
+    for extra, env, word in (
+            (["--instance-kind", "vm"], {"IVCLOUD_QEMU": "/nonexistent/qemu"},
+             "QEMU"),
+            (["--vm-memory", 300], {}, "--instance-kind")):
+        r = ivcloud("bench", "hierarchy", "--quick", "--out",
+                    tmp_path / "bench", "--guest-deb", guest_deb, *extra,
+                    timeout=60, env={**os.environ, **env})
+        assert r.returncode == 2, (extra, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+    assert not (tmp_path / "bench").exists()
 
 
 def test_down_after_up_killed_with_sigkill(guest_deb):
@@ -331,6 +344,142 @@ def test_mpi4py_over_virtio_net(vmc):
     assert "rank 0 on s0i0 allreduce 3 pingpong ok 20" in r.stdout, r.stdout
     assert "rank 1 on s0i1 allreduce 3 pingpong ok 20" in r.stdout, r.stdout
     assert "btl_ivshmem" not in r.stdout
+
+
+# The C MPI correctness suite (native/tests/mpi, as tests/test_mpi_btl.py
+# runs it on the host): built on the host with mpicc against Debian's Open
+# MPI, the same libmpi.so.40 the image's openmpi-bin brings, and copied
+# into the guests with `cluster put`, as a user brings a program in.
+# p2p: messages up to 8 MiB; coll: 2 iterations
+C_SUITE = {"p2p": ["8"], "coll": ["2"], "rma": [], "comm": []}
+GUEST_BIN = "/opt/ivcloud-tests"
+
+
+@pytest.fixture(scope="module")
+def c_suite(vmc, tmp_path_factory):
+    mpicc = shutil.which("mpicc")
+    assert mpicc, "mpicc not found (install libopenmpi-dev)"
+    out = tmp_path_factory.mktemp("mpi-c")
+    for name in C_SUITE:
+        r = subprocess.run([mpicc, "-O2", "-Wall", "-Wextra", "-Werror",
+                            "-o", str(out / name),
+                            str(REPO / "native" / "tests" / "mpi" /
+                                f"{name}.c")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    r = cluster("put", vmc, *(out / n for n in C_SUITE), GUEST_BIN,
+                timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(f"\ncluster put of {len(C_SUITE)} programs into 2 guests: "
+          f"{time.monotonic() - t0:.1f} s")
+    assert sorted(r.stdout.split()) == sorted(
+        f"{h}:{GUEST_BIN}/{n}" for h in ("s0i0", "s0i1") for n in C_SUITE)
+    # the copies are the files, executable by the MPI user
+    want = subprocess.run(["sha256sum", *(str(out / n) for n in C_SUITE)],
+                          capture_output=True, text=True).stdout.split()[::2]
+    r = cluster("exec", vmc, "s0i1", "--", "sh", "-c",
+                f"cd {GUEST_BIN} && sha256sum {' '.join(C_SUITE)} && "
+                f"runuser -u mpi -- test -x p2p && ls {GUEST_BIN}",
+                timeout=60)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.split()[:2 * len(C_SUITE):2] == want, r.stdout
+    assert ".part" not in r.stdout
+    return {n: [f"{GUEST_BIN}/{n}", *a] for n, a in C_SUITE.items()}
+
+
+def test_cluster_put_bad_input(vmc, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    for args, word in (([f, "relative/dir"], "absolute"),
+                       ([tmp_path / "none", "/tmp"], "none"),
+                       ([f], "directory"),
+                       (["--host", "nosuch", f, "/tmp"], "nosuch")):
+        r = cluster("put", vmc, *args, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(C_SUITE))
+def test_c_suite_over_the_region(vmc, c_suite, name):
+    """--btl self,ivshmem: no other BTL could carry a byte between the
+    guests, and both ranks' counters show traffic both ways."""
+    t0 = time.monotonic()
+    r = cluster("mpirun", vmc, "--transport", "ivshmem", "--btl",
+                "self,ivshmem", "--verbose-btl", "-np", 2, "--",
+                *c_suite[name], timeout=600)
+    print(f"{name} over the region: {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"PASS {name}" in r.stdout, r.stdout
+    # no region of the job's own (a namespace job's default): said once
+    assert r.stderr.count("standing region") == 1, r.stderr
+    counters = mpi.parse_btl_counters(r.stdout)
+    assert sorted(counters) == [0, 1], r.stdout
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
+        assert c["sent_bytes"] > 0 and c["recv_bytes"] > 0, (rank, c)
+    if name == "p2p":
+        # the 8 MiB messages each way went through the region
+        assert min(c["sent_bytes"] for c in counters.values()) > 8 << 20
+
+
+@pytest.mark.parametrize("name", sorted(C_SUITE))
+def test_c_suite_over_virtio_net(vmc, c_suite, name):
+    # osc pt2pt: one-sided operations as messages, over tcp here (the
+    # ivshmem transport picks it by itself)
+    r = cluster("mpirun", vmc, "--transport", "tcp", "--mca", "osc",
+                "pt2pt", "-np", 2, "--", *c_suite[name], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"PASS {name}" in r.stdout, r.stdout
+    # self,vader,tcp: the component was not even loaded
+    assert "btl_ivshmem" not in r.stdout, r.stdout
+
+
+BML_RE = re.compile(r"\[(s0i\d):\d+\] mca: bml: Using (\w+) btl for send "
+                    r"to \[\[\d+,\d+\],(\d)\]")
+
+
+def test_two_ranks_per_guest(vmc, c_suite, tmp_path):
+    """-np 4, ranks 0-1 in s0i0 and 2-3 in s0i1: the first rank of a
+    guest holds its device's vfio group, the second shares the region
+    without a doorbell of its own (it registers the guest's IVPosition,
+    which ivshm-bind put into Open MPI's defaults). Between the guests
+    every rank uses the ivshmem BTL, inside a guest Open MPI's vader."""
+    for host in ("s0i0", "s0i1"):
+        r = cluster("exec", vmc, host, "--", "sh", "-c",
+                    ". /run/ivshm/ivshm.env && grep -x \"btl_ivshmem_position"
+                    " = $IVSHM_POSITION\" /etc/openmpi/openmpi-mca-params.conf",
+                    timeout=60)
+        assert r.returncode == 0, (host, r.stdout)
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("".join(f"rank {r}=s0i{r // 2} slot=0\n"
+                                for r in range(4)))
+    t0 = time.monotonic()
+    r = cluster("mpirun", vmc, "--transport", "ivshmem", "--verbose-btl",
+                "--shared-region", "--oversubscribe", "--rankfile", rankfile,
+                "--mca",
+                "btl_base_verbose", "10", "-np", 4, "--", c_suite["coll"][0],
+                "1", timeout=600)
+    print(f"coll, 2 ranks in each of 2 guests: {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS coll (4 ranks" in r.stdout, r.stdout
+    assert "cannot attach" not in r.stdout, r.stdout
+    assert "standing region" not in r.stderr  # asked for it
+    counters = mpi.parse_btl_counters(r.stdout)
+    assert sorted(counters) == [0, 1, 2, 3], r.stdout
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
+    used = {}
+    for host, btl, peer in BML_RE.findall(r.stdout):
+        if btl != "self":
+            used.setdefault((host, int(peer)), set()).add(btl)
+    for rank in range(4):
+        for peer in range(4):
+            if peer == rank:
+                continue
+            want = "vader" if rank // 2 == peer // 2 else "ivshmem"
+            assert used.get((f"s0i{rank // 2}", peer)) == {want}, \
+                (rank, peer, used)
 
 
 def test_killed_guest_ends_the_job(vmc):

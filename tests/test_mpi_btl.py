@@ -364,7 +364,7 @@ def test_cli_dry_run_prints_the_command(component, region):
     ["--region", "/nonexistent/region", "-np", "2", "--", "/bin/true"],
     ["--region", "/dev/shm/a", "--socket", "/tmp/b", "-np", "2", "--",
      "/bin/true"],
-    ["-np", "65", "--", "/bin/true"],
+    ["-np", "1025", "--", "/bin/true"],
 ])
 def test_cli_bad_input_is_one_line_exit_2(component, args):
     proc = ivcloud("mpirun", *args, timeout=60)

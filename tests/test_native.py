@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ivcloud import native
-from ivcloud.native import (ANY, Channel, IvshmError, MagicError,
+from ivcloud.native import (ANY, Channel, Geometry, IvshmError, MagicError,
                             MessageTruncated, NotFound, PeerDead, Timeout,
                             WouldBlock, format_region)
 
@@ -260,8 +260,38 @@ def test_attach_missing_file_and_bad_geometry(shm_path):
         Channel.attach_path(shm_path)
     assert ei.value.errno == 2
     with pytest.raises(IvshmError):
-        format_region(shm_path, REGION, max_peers=1000)
+        format_region(shm_path, REGION, max_peers=1000)  # needs more room
+    with pytest.raises(IvshmError):
+        format_region(shm_path, REGION, max_peers=1025)  # beyond the limit
+    with pytest.raises(IvshmError):
+        format_region(shm_path, REGION, queue_slots=48)  # not a power of 2
     assert not shm_path.exists()
+
+
+def test_region_size_is_linear_in_peers():
+    sizes = {p: native.min_region_size(max_peers=p) for p in (64, 512, 1024)}
+    per_peer = (sizes[1024] - sizes[512]) / 512
+    # the same bytes per peer between 64 and 512 as between 512 and 1024,
+    # up to page rounding
+    assert abs((sizes[512] - sizes[64]) / 448 - per_peer) < 64
+    g = Geometry(max_peers=1024)
+    assert native.min_region_size(max_peers=1024) == native.min_region_size(
+        **g.__dict__)
+    # fewer fast channels, smaller queues: fewer bytes per peer
+    small = native.min_region_size(max_peers=512, queue_slots=16,
+                                   fast_channels=native.FAST_NONE)
+    assert small < sizes[512] / 4
+
+
+def test_geometry_round_trip(shm_path):
+    format_region(shm_path, native.min_region_size(
+        max_peers=300, queue_slots=32, fast_channels=2) + (1 << 20),
+        max_peers=300, queue_slots=32, fast_channels=2)
+    with Channel.attach_path(shm_path) as ch:
+        assert ch.max_peers == 300
+        g = ch.geometry
+        assert (g.max_peers, g.queue_slots, g.fast_channels) == (300, 32, 2)
+        assert (g.ring_slots, g.slot_size, g.max_windows) == (64, 4096, 32)
 
 
 def test_format_flag_formats_a_blank_file(shm_path):

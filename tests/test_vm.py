@@ -476,3 +476,17 @@ def test_down_after_crash_finds_qemu_without_pidfile(empty_run, tmp_path):
         _assert_nothing_left(empty_run)
     finally:
         server_stop(paths)
+
+
+def test_ready_banner_after_a_login_prompt():
+    """getty prints its prompt without a newline while the ready unit
+    prints the banner: the banner then starts mid-line (seen under load;
+    `cluster up` used to wait for it until its boot timeout)."""
+    from ivcloud.vm.lifecycle import ready_banner
+    text = ("Debian GNU/Linux 12 s0i0 ttyS0\n\ns0i0 login: ivcloud-guest: "
+            "ready name=s0i0 device=0000:00:03.0 ivposition=0 doorbell=vfio "
+            "irq=/dev/vfio/3\n")
+    assert ready_banner(text) == {"name": "s0i0", "device": "0000:00:03.0",
+                                  "ivposition": "0", "doorbell": "vfio",
+                                  "irq": "/dev/vfio/3"}
+    assert ready_banner("s0i0 login: \nivcloud-guest: init 6.1\n") is None

@@ -6,11 +6,13 @@ side; their command line is ivcloud/cli/bench.py).
 - :mod:`.report`: tables, plots and report.md from the cloud benchmarks'
   documents (it reads documents, never the benchmarks' code);
 - :mod:`.p2p`, :mod:`.mpi`: single-host point-to-point and MPI;
+- :mod:`.scaling`: many ranks in one region, ivshmem against vader;
 - :mod:`.hierarchy`, :mod:`.halo`: on an emulated cloud
   (ivcloud.cluster.session).
 
 Each benchmark has a settings dataclass (``P2pSettings``,
-``MpiSettings``, ``HierarchySettings``, ``HaloSettings``) and a
+``MpiSettings``, ``HierarchySettings``, ``HaloSettings``,
+``ScalingSettings``) and a
 ``run(settings, ...)`` that prints its table and returns the exit
 status; failures are :class:`ivcloud.errors.BenchError`.
 """

@@ -11,10 +11,16 @@ down at the end, also after an error or a signal, unless it is to be
 kept. It prints one table and the targets as ratios measured in this
 run, and writes the document, the plots and report.md into the output
 directory (ivcloud.bench.report).
+
+On a VM cluster (`vm`: instances are QEMU guests, 1 server x 2 guests x
+2 vCPUs) only levels 1 and 2 are measured; mpi-osu is copied into the
+guests and every table and note names the accelerator (under TCG the
+absolute figures are emulation speed: only ratios mean something).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from ..cluster.session import ClusterSession, floating_rankfile
+from ..cluster.session import ClusterSession, VmOptions, floating_rankfile
 from ..errors import BenchError
 from . import report
 from .toolkit import (MIB, BenchResults, Target, conclude, count, csv,
@@ -124,7 +130,7 @@ def run_level(cluster: ClusterSession, level: Level, transport: str,
     # spreads them) and connections open lazily, which the first size
     # would pay for, and would pay more for on a loaded machine.
     sizes = [s.sizes[0]] + s.sizes
-    argv = [str(program("mpi-osu")), "--test", "latency,bw", "--sizes",
+    argv = [cluster.stage(program("mpi-osu")), "--test", "latency,bw", "--sizes",
             csv(sizes), "--iters", str(s.iters),
             "--budget", str(s.budget), "--transport", transport]
     stdout, stderr = run_job(functools.partial(
@@ -155,12 +161,13 @@ def run_level(cluster: ClusterSession, level: Level, transport: str,
 
 
 def measure(cluster: ClusterSession, s: HierarchySettings,
-            log=None) -> BenchResults:
+            log=None, levels: Sequence[Level] = tuple(LEVELS)
+            ) -> BenchResults:
     res = BenchResults()
     measure_rounds(res, "hierarchy", s.rounds,
                    [(f"level {lv.number} {t}",
                      functools.partial(run_level, cluster, lv, t, s))
-                    for lv in LEVELS for t in TRANSPORTS], log)
+                    for lv in levels for t in TRANSPORTS], log)
     res.records = summarize(res.runs, ("level", "transport", "test", "size"),
                             ("latency_us", "bandwidth_MBps"))
     return res
@@ -185,12 +192,16 @@ def targets(records: Sequence[Dict]) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(records: Sequence[Dict], out=None) -> None:
+def print_table(records: Sequence[Dict], out=None,
+                levels: Sequence[Level] = tuple(LEVELS),
+                title: Optional[str] = None) -> None:
     out = out or sys.stdout
     if not records:
         out.write("no records\n")
         return
-    for lv in LEVELS:
+    if title:
+        out.write(f"{title}\n")
+    for lv in levels:
         out.write(f"L{lv.number} = {lv.name}: {lv.what} "
                   f"({' + '.join(lv.hosts)})\n")
     for test, title in (("latency", "one-way latency (us)"),
@@ -201,35 +212,59 @@ def print_table(records: Sequence[Dict], out=None) -> None:
 
 # ---------------------------------------------------------------- driver
 
+# a VM cluster: the two levels one server has, 2 vCPUs per guest so that
+# level 1's two ranks have one each
+VM_SHAPE = (1, 2, 2)
+# per job on guests: TCP over virtio-net under TCG takes ms per message
+VM_TIMEOUT_S = 900
+
+
 def run(s: HierarchySettings, out_dir: Path,
         json_path: Optional[Path] = None, keep_cluster: bool = False,
-        out=None, log=None) -> int:
+        out=None, log=None, vm: Optional[VmOptions] = None) -> int:
     """Bring a cluster up, measure every level, take it down (unless
     `keep_cluster`); print the tables, targets and notes to `out`,
     progress to `log`; write the document to OUT_DIR/hierarchy.json (and
     `json_path`) and the report into `out_dir`. 1 if a job or the report
-    failed."""
+    failed. `vm`: instances are QEMU guests (levels 1 and 2 only)."""
     require_root("hierarchy")
     program("mpi-osu")  # refuse before building anything
     info = machine_info()
-    with ClusterSession("hier", 2, 2, 2, s.uplink_rate, keep=keep_cluster,
-                        log=log) as cluster:
-        res = measure(cluster, s, log)
-    res.notes.append("instances are namespaces, not VMs: TCP between "
-                     "them has no virtio/vhost path and Open MPI's tcp BTL "
-                     "busy-polls, so it is a few us, not the tens of us "
-                     "of TCP between VMs")
-    if not s.uplink_rate:
+    levels = LEVELS if vm is None else LEVELS[:2]
+    if vm is not None:
+        s = dataclasses.replace(s, timeout_s=max(s.timeout_s, VM_TIMEOUT_S))
+    shape = (2, 2, 2) if vm is None else VM_SHAPE
+    with ClusterSession("hier", *shape, s.uplink_rate, keep=keep_cluster,
+                        log=log, vm=vm) as cluster:
+        res = measure(cluster, s, log, levels)
+        accel = cluster.accel
+    title = None
+    if vm is None:
+        res.notes.append("instances are namespaces, not VMs: TCP between "
+                         "them has no virtio/vhost path and Open MPI's tcp "
+                         "BTL busy-polls, so it is a few us, not the tens "
+                         "of us of TCP between VMs")
+    else:
+        why = ("emulated CPUs: absolute figures are not performance "
+               "claims, compare the ratios" if accel == "tcg"
+               else "hardware virtualisation")
+        title = f"instances: QEMU guests under {accel.upper()} ({why})"
+        res.notes.append(f"instances are QEMU guests ({accel.upper()}): "
+                         f"level 2 tcp is virtio-net through a tap in the "
+                         f"server's bridge, level 2 ivshmem the "
+                         f"ivshmem-doorbell device on the server's "
+                         f"standing region")
+    if not s.uplink_rate and vm is None:
         res.notes.append("uplinks unshaped: level 3 crosses two veth pairs "
                          "and three bridges at memory speed, with no "
                          "latency added (the kernel has no netem)")
     ts = targets(res.records)
-    print_table(res.records, out)
+    print_table(res.records, out, levels, title)
     doc = conclude("hierarchy", s.quick, info, res, ts, out,
                    cluster=cluster.describe(),
                    levels=[{"level": lv.number, "name": lv.name,
                             "hosts": list(lv.hosts), "what": lv.what}
-                           for lv in LEVELS],
+                           for lv in levels],
                    transports=TRANSPORTS, sizes=s.sizes, rounds=s.rounds)
     return report.publish("hierarchy", doc, out_dir, json_path,
                           failed=bool(res.failed), stdout=out)

@@ -19,7 +19,7 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
 from ..errors import BenchError, InvalidRequest
@@ -38,11 +38,13 @@ KEYS = ("transport", "test", "ranks", "size", "latency_us",
         "bandwidth_MBps")
 
 
-def check_transports(names: Sequence[str]) -> List[str]:
+def check_transports(names: Sequence[str],
+                     allowed: Sequence[str] = TRANSPORTS) -> List[str]:
+    """`names`, if they are a non-empty subset of `allowed`."""
     names = list(names)
-    if not names or any(t not in TRANSPORTS for t in names):
+    if not names or any(t not in allowed for t in names):
         raise InvalidRequest(f"transports are a comma-separated subset of "
-                             f"{','.join(TRANSPORTS)}")
+                             f"{','.join(allowed)}")
     return names
 
 
@@ -79,11 +81,13 @@ class MpiSettings:
 # ---------------------------------------------------------------- running
 
 
-def _job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
-         origin: str) -> List[Dict]:
-    """One mpirun job of mpi-osu; its records. ivshmem jobs get a private
+def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
+            origin: str, keys: Sequence[str],
+            osc: Optional[str] = None) -> Tuple[List[Dict], Dict]:
+    """One mpirun job of a benchmark program over `transport`: its records
+    (each with `keys`) and the BTL counters. ivshmem jobs get a private
     region and must show traffic in every rank's BTL counters."""
-    kwargs = dict(transport=transport, osc="pt2pt")
+    kwargs = dict(transport=transport, osc=osc)
     if transport == "ivshmem":
         kwargs.update(tcp_fallback=False, verbose_btl=True)
 
@@ -96,20 +100,29 @@ def _job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
             return mpi.run_command(cmd, **io)
 
     stdout, stderr = run_job(start, timeout_s, origin)
-    recs = parse_records(stdout, origin, KEYS)
+    recs = parse_records(stdout, origin, keys)
+    counters = mpi.parse_btl_counters(stderr)
     if transport == "ivshmem":
-        counters = mpi.parse_btl_counters(stderr)
         idle = [r for r in range(np) if r not in counters
                 or counters[r]["sent_msgs"] == 0
                 or counters[r]["recv_msgs"] == 0]
         if idle:
             raise BenchError(f"{origin}: btl_ivshmem counters show no "
-                             f"traffic for rank(s) {idle}")
-        sleeps = sum(c["sleeps"] for c in counters.values())
-        for rec in recs:
-            rec["btl_sleeps"] = sleeps
+                             f"traffic for rank(s) {idle[:8]}")
     for rec in recs:
         rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
+    return recs, counters
+
+
+def _job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
+         origin: str) -> List[Dict]:
+    """One mpi-osu job (one-sided tests through osc pt2pt)."""
+    recs, counters = mpi_job(transport, np, argv, timeout_s, origin, KEYS,
+                             osc="pt2pt")
+    sleeps = sum(c["sleeps"] for c in counters.values())
+    for rec in recs:
+        if transport == "ivshmem":
+            rec["btl_sleeps"] = sleeps
         if rec["test"] not in ("latency", "bw", "allreduce"):
             rec["osc"] = "pt2pt"
     return recs

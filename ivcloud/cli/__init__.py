@@ -41,6 +41,35 @@ def int_at_least(minimum: int):
 
 positive_int = int_at_least(1)
 
+def add_vm_arguments(p: argparse.ArgumentParser, kind_help: str,
+                     default_memory_mb: int) -> None:
+    """--instance-kind and the options of QEMU-guest instances (cluster
+    up, the cluster benchmarks)."""
+    p.add_argument("--instance-kind", choices=("namespace", "vm"),
+                   default="namespace", help=kind_help)
+    p.add_argument("--guest-deb", default=None, metavar="DEB",
+                   help="vm: the ivcloud-guest package of the image "
+                        "(default: the newest in build/deb)")
+    p.add_argument("--vm-memory", type=positive_int,
+                   default=default_memory_mb, metavar="MIB",
+                   help=f"vm: memory per guest in MiB (default "
+                        f"{default_memory_mb})")
+    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="vm: QEMU accelerator (auto: KVM if a probe guest "
+                        "boots with it, else TCG)")
+
+
+def wants_vm(args, default_memory_mb: int) -> bool:
+    """Whether --instance-kind vm was given; VM options without it are
+    bad input."""
+    if args.instance_kind == "vm":
+        return True
+    if args.guest_deb or args.accel != "auto" or \
+            args.vm_memory != default_memory_mb:
+        raise CliError("--guest-deb, --vm-memory and --accel need "
+                       "--instance-kind vm")
+    return False
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are a single line and exit status 2."""

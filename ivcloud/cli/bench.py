@@ -1,4 +1,4 @@
-"""`ivcloud bench p2p|mpi|hierarchy|halo|apps`: the command line of the
+"""`ivcloud bench p2p|mpi|hierarchy|halo|apps|scaling`: the command line of the
 benchmarks in ivcloud.bench (options -> settings -> ``run``), and of
 `python -m ivcloud.report DIR`."""
 
@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
-from ..bench import apps, halo, hierarchy, mpi, p2p
+from ..bench import apps, halo, hierarchy, mpi, p2p, scaling
 from ..bench.report import write as write_report
+from ..cluster.session import VmOptions
 from ..errors import ReportError
 from ..server import parse_size
-from . import positive_int
+from . import add_vm_arguments, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
 
@@ -62,6 +63,12 @@ Uplinks are unshaped unless --uplink-rate is given. The cluster is taken
 down at the end, also after an error or a signal (unless
 --keep-cluster).
 
+With --instance-kind vm the instances are QEMU guests of the Debian image
+(1 server x 2 guests x 2 vCPUs; mpi-osu is copied into them) and levels 1
+and 2 are measured: level 2 tcp is virtio-net through the server's bridge,
+level 2 ivshmem the guests' ivshmem-doorbell devices. The table names the
+accelerator; under TCG only the ratios mean something.
+
 Prints one table and the targets as ratios measured in this run, writes
 the records as JSON, and into --out the plots and report.md
 (ivcloud.report).
@@ -91,6 +98,20 @@ this run. The cluster is taken down at the end, also after an error or
 a signal (unless --keep-cluster).
 """
 
+SCALING = """Many ranks in one region: ivshmem against vader as ranks are added.
+
+Runs the mpi-scaling program (native/bench/scaling.c) under Open MPI on
+this machine at 2, 8, 32 and 128 ranks (oversubscribed: the ranks share
+the host's cores), for self,ivshmem (a private region sized for the job,
+linear in the ranks; the BTL counters must show traffic on every rank)
+and self,vader. Per transport and rank count: the shared memory it
+sets up, the 8 B latency between rank 0 and rank N-1, the 8 B allreduce
+latency and the 8 B message rate of N/2 streaming pairs. Transports and
+rank counts alternate in rounds; figures are medians with their spread.
+Prints one table, the ratios ivshmem / vader measured in this run
+(informational), and optionally writes every record as JSON.
+"""
+
 
 # ---------------------------------------------------------------- types
 
@@ -117,6 +138,12 @@ def _transports(text: str) -> List[str]:
                                 if t.strip())
 
 
+@_checked
+def _scaling_transports(text: str) -> List[str]:
+    return scaling.check_transports(t.strip() for t in text.split(",")
+                                    if t.strip())
+
+
 def _names(text: str) -> List[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -126,6 +153,10 @@ def _ranks(text: str) -> List[int]:
         return [positive_int(t) for t in _names(text)]
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"bad rank list '{text}': {e}")
+
+
+def _scaling_ranks(text: str) -> List[int]:
+    return _checked(scaling.check_ranks)(_ranks(text))
 
 
 def _face(text: str) -> int:
@@ -152,7 +183,15 @@ def _run_hierarchy(args) -> int:
                                          uplink_rate=args.uplink_rate,
                                          rounds=args.rounds)
     return hierarchy.run(s, Path(args.out), json_path=args.json,
-                         keep_cluster=args.keep_cluster)
+                         keep_cluster=args.keep_cluster, vm=_vm_options(args))
+
+
+def _vm_options(args) -> Optional[VmOptions]:
+    """VmOptions of --instance-kind vm, None for namespaces."""
+    if not wants_vm(args, VmOptions.memory_mb):
+        return None
+    return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
+                     accel=args.accel)
 
 
 def _run_halo(args) -> int:
@@ -171,6 +210,13 @@ def _run_apps(args) -> int:
                                scaling_ranks=args.ranks)
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster)
+
+
+def _run_scaling(args) -> int:
+    s = scaling.ScalingSettings.make(quick=args.quick, ranks=args.ranks,
+                                     transports=args.transports,
+                                     rounds=args.rounds, iters=args.iters)
+    return scaling.run(s, json_path=args.json)
 
 
 # ---------------------------------------------------------------- options
@@ -230,6 +276,13 @@ def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="rounds of alternating levels and transports; "
                         "figures are medians (default 3, quick 1)")
+    _vm_arguments(p)
+
+
+def _vm_arguments(p: argparse.ArgumentParser) -> None:
+    add_vm_arguments(p, "namespace (default) or vm: QEMU guests of the "
+                        "Debian image (1 server x 2 guests x 2 vCPUs, "
+                        "levels 1 and 2)", VmOptions.memory_mb)
 
 
 def _halo_arguments(p: argparse.ArgumentParser) -> None:
@@ -267,6 +320,25 @@ def _apps_arguments(p: argparse.ArgumentParser) -> None:
                         "1,2,4 up to the host's CPUs)")
 
 
+def _scaling_arguments(p: argparse.ArgumentParser) -> None:
+    names = ",".join(scaling.TRANSPORTS)
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write the records and targets as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="2 and 4 ranks, one round, few operations "
+                        "(plumbing check)")
+    p.add_argument("--ranks", type=_scaling_ranks, default=None,
+                   help="comma-separated rank counts (default 2,8,32,128)")
+    p.add_argument("--transports", type=_scaling_transports, default=None,
+                   help=f"comma-separated subset of {names}")
+    p.add_argument("--iters", type=positive_int, default=None,
+                   help="latency round trips per batch at 2 ranks (fewer "
+                        "with more ranks)")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="rounds of alternating transports and rank counts; "
+                        "figures are medians (default 3, quick 1)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
@@ -281,7 +353,8 @@ def register(sub) -> None:
             ("hierarchy", HIERARCHY, _hierarchy_arguments, _run_hierarchy,
              True),
             ("halo", HALO, _halo_arguments, _run_halo, True),
-            ("apps", apps.__doc__, _apps_arguments, _run_apps, True)):
+            ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
+            ("scaling", SCALING, _scaling_arguments, _run_scaling, False)):
         kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
               if raw else {})
         b = actions.add_parser(name, help=text.splitlines()[0],

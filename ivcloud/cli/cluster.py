@@ -20,7 +20,7 @@ from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..errors import LaunchError, OperationFailed
 from ..server import format_size
-from . import CliError, positive_int
+from . import CliError, add_vm_arguments, positive_int, wants_vm
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -65,23 +65,12 @@ def register(sub) -> None:
                         "e.g. 1gbit, 100mbit")
     u.add_argument("--oversubscribe", action="store_true",
                    help="allow more vCPUs in total than host CPUs")
-    u.add_argument("--instance-kind", choices=vm_instance.KINDS,
-                   default="namespace",
-                   help="namespace (default): namespaces pinned to vCPUs; "
+    add_vm_arguments(u, "namespace (default): namespaces pinned to vCPUs; "
                         "vm: a QEMU guest per instance (Debian image with "
                         "the guest package), its NIC on a tap in the "
                         "server's bridge, its ivshmem device on the "
-                        "server's region, vCPU threads pinned")
-    u.add_argument("--guest-deb", default=None, metavar="DEB",
-                   help="vm: the ivcloud-guest package of the image "
-                        "(default: the newest in build/deb)")
-    u.add_argument("--vm-memory", type=positive_int,
-                   default=vm_instance.DEFAULT_MEMORY_MB, metavar="MIB",
-                   help=f"vm: memory per guest in MiB (default "
-                        f"{vm_instance.DEFAULT_MEMORY_MB})")
-    u.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
-                   help="vm: QEMU accelerator (auto: KVM if a probe guest "
-                        "boots with it, else TCG)")
+                        "server's region, vCPU threads pinned",
+                     vm_instance.DEFAULT_MEMORY_MB)
     u.set_defaults(func=_cmd_up)
 
     d = actions.add_parser("down", help="remove a cluster (also a "
@@ -121,7 +110,9 @@ def register(sub) -> None:
     m.add_argument("--shared-region", action="store_true",
                    help="run in each server's standing region, shared with "
                         "the other jobs that ask for it (one tenant's jobs); "
-                        "by default an ivshmem job gets regions of its own")
+                        "by default an ivshmem job gets regions of its own "
+                        "(not on a VM cluster: its jobs always share the "
+                        "standing regions, and say so unless given this)")
     m.add_argument("--verbose-btl", action="store_true",
                    help="ivshmem: ranks print their BTL counters")
     m.add_argument("--mca", nargs=2, action="append", default=[],
@@ -143,6 +134,22 @@ def register(sub) -> None:
     e.add_argument("command", nargs=argparse.REMAINDER)
     e.set_defaults(func=_cmd_exec)
 
+    c = actions.add_parser(
+        "put", help="copy files into the instances (VM instances)",
+        usage="ivcloud cluster put [--name NAME] [--host HOST]... "
+              "FILE... DIR",
+        description="Copy host files into DIR (an absolute path, made if "
+                    "missing) of every guest of a VM cluster, or of the "
+                    "--host ones, through the guests' command agents; "
+                    "e.g. the MPI programs `cluster mpirun` is to run. "
+                    "Files keep their names and permission bits and "
+                    "become readable to every user.")
+    _common(c)
+    c.add_argument("--host", action="append", default=[], metavar="HOST",
+                   help="a guest to copy into (repeatable; default all)")
+    c.add_argument("paths", nargs="+", metavar="FILE... DIR")
+    c.set_defaults(func=_cmd_put)
+
 
 # ---------------------------------------------------------------- actions
 
@@ -151,13 +158,9 @@ def _cmd_up(args) -> int:
                 args.vcpus, args.uplink_rate, args.oversubscribe)
     sd = state_dir(topo.name, args.run_dir)
     vm = None
-    if args.instance_kind == vm_instance.KIND:
+    if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
         vm = vm_instance.preflight(topo, args.guest_deb, args.vm_memory)
         vm["accel"] = args.accel
-    elif args.guest_deb or args.accel != "auto" or \
-            args.vm_memory != vm_instance.DEFAULT_MEMORY_MB:
-        raise CliError("--guest-deb, --vm-memory and --accel need "
-                       "--instance-kind vm")
     lifecycle.up(topo, sd, log=lambda line: print(line, flush=True), vm=vm)
     print(f"cluster '{topo.name}' is up (state {sd.state})")
     return 0
@@ -334,6 +337,10 @@ def _mpirun_vm(args, state, program) -> int:
         print("# VM instances: the job uses each server's standing region",
               file=sys.stderr)
         return 0
+    if _uses_ivshmem(args) and not args.shared_region:
+        # no region of its own, as a namespace job would get: say so
+        sys.stderr.write(f"ivcloud cluster: note: {vm_instance.SHARED_NOTE}"
+                         f"\n")
     old = {s: signal.signal(s, _raise_terminated)
            for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -353,6 +360,12 @@ def _mpirun_vm(args, state, program) -> int:
     return r.status
 
 
+def _uses_ivshmem(args) -> bool:
+    if args.btl is not None:
+        return "ivshmem" in args.btl.split(",")
+    return args.transport == "ivshmem"
+
+
 class _Terminated(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -361,6 +374,22 @@ class _Terminated(BaseException):
 
 def _raise_terminated(signum, frame):
     raise _Terminated(signum)
+
+
+def _cmd_put(args) -> int:
+    if len(args.paths) < 2:
+        raise CliError("give the files and then the directory in the guests")
+    *files, dest = args.paths
+    state = lifecycle.load_up(_sd(args))
+    if state.get("kind") != vm_instance.KIND:
+        raise CliError(f"cluster '{state['name']}' has namespace instances: "
+                       f"they see the host's files (outside /tmp and "
+                       f"/dev/shm), there is nothing to copy")
+    hosts = args.host or sorted(state["vms"])
+    for host in hosts:
+        for path in vm_instance.put_files(state, host, files, dest):
+            print(f"{host}:{path}")
+    return 0
 
 
 def _cmd_exec(args) -> int:

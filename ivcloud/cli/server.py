@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, format_size,
-                      parse_size, paths_for, start, status, stop)
+from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, MAX_FAST_CHANNELS,
+                      MAX_PEERS, MAX_QUEUE_SLOTS, format_size, parse_size,
+                      paths_for, start, status, stop)
 from . import CliError
 
 
@@ -54,8 +55,17 @@ def register(sub) -> None:
                    help="region size, a power of two (default 64M)")
     s.add_argument("--vectors", type=_ranged_int(1, 64), default=1,
                    help="interrupt vectors per peer (default 1)")
-    s.add_argument("--max-peers", type=_ranged_int(2, 64), default=None,
-                   help="registry slots in the region (default 8)")
+    s.add_argument("--max-peers", type=_ranged_int(2, MAX_PEERS), default=None,
+                   help=f"registry slots in the region, 2..{MAX_PEERS} "
+                        f"(default 8); the region grows linearly with them")
+    s.add_argument("--queue-slots", type=_pow2_int(2, MAX_QUEUE_SLOTS),
+                   default=None,
+                   help="cells of each peer's receive queue, shared by its "
+                        "senders: a power of two (default 64)")
+    s.add_argument("--fast-channels", type=_ranged_int(0, MAX_FAST_CHANNELS),
+                   default=None,
+                   help="fast per-pair channels per receiver, for its "
+                        "busiest senders (default 8; 0: none)")
     s.add_argument("--group", default=None,
                    help="share socket and region with this group (0660)")
     s.add_argument("--host-file", action="store_true",
@@ -79,10 +89,25 @@ def register(sub) -> None:
     u.set_defaults(func=_cmd_status)
 
 
+def _pow2_int(lo: int, hi: int):
+    """argparse type of a power of two in a closed range."""
+    ranged = _ranged_int(lo, hi)
+
+    def parse(text: str) -> int:
+        value = ranged(text)
+        if value & (value - 1):
+            raise argparse.ArgumentTypeError(
+                f"must be a power of two, not {value}")
+        return value
+    return parse
+
+
 def _cmd_start(args) -> int:
     paths = paths_for(args.name, args.run_dir)
     pid = start(paths, args.size, args.vectors, args.max_peers, args.group,
-                args.verbose, host_file=args.host_file)
+                args.verbose, host_file=args.host_file,
+                queue_slots=args.queue_slots,
+                fast_channels=args.fast_channels)
     region = paths.region if args.host_file else "sealed memfd"
     print(f"server '{paths.name}' started (pid {pid}): socket {paths.socket}, "
           f"region {region} ({format_size(args.size)})")

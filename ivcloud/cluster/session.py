@@ -2,18 +2,24 @@
 taken down on exit whatever happened (an error, Ctrl-C, SIGTERM or
 SIGHUP), and MPI jobs run on it as `ivcloud cluster mpirun` runs them.
 The cloud benchmarks (ivcloud.bench.hierarchy, ivcloud.bench.halo) use
-it; anything else that needs a throw-away cluster can."""
+it; anything else that needs a throw-away cluster can. Its instances are
+namespaces, or QEMU guests (VmOptions): then host programs are copied
+into the guests (`stage`) and jobs run from the first guest
+(vm_instance), in the servers' standing regions."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
-from . import jobs, lifecycle
+from . import jobs, lifecycle, vm_instance
 from .launch import enter_command, mpirun_command
 from .state import state_dir
 from .topology import plan
@@ -32,14 +38,27 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
+@dataclass(frozen=True)
+class VmOptions:
+    """Instances as QEMU guests (`cluster up --instance-kind vm`)."""
+    guest_deb: Optional[str] = None     # None: the newest in build/deb
+    memory_mb: int = vm_instance.DEFAULT_MEMORY_MB
+    accel: str = "auto"
+
+
+# where `stage` puts host programs in the guests
+GUEST_PROGRAM_DIR = "/opt/ivcloud/bin"
+
+
 class ClusterSession:
     """An emulated cluster under a unique name made from `prefix`: up on
     entry, down on exit unless `keep`. `log` gets a line when it is up
-    and when it is down (or kept)."""
+    and when it is down (or kept). `vm`: its instances are QEMU guests."""
 
     def __init__(self, prefix: str, servers: int, instances: int,
                  vcpus: int, uplink_rate: Optional[str] = None,
-                 keep: bool = False, log=None):
+                 keep: bool = False, log=None,
+                 vm: Optional[VmOptions] = None):
         # unique, and short enough for the socket paths (24 characters)
         self.name = f"{prefix}{os.getpid() % 100000}{uuid.uuid4().hex[:4]}"
         self.topo = plan(self.name, servers, instances, vcpus, uplink_rate,
@@ -49,13 +68,35 @@ class ClusterSession:
         self.log = log or sys.stderr
         self.state: Optional[Dict] = None
         self._old_handlers: Dict = {}
+        self.vm = vm
+        self._vm_conf = None
+        if vm is not None:
+            # refuses (no QEMU, no package, memory) before anything exists
+            self._vm_conf = vm_instance.preflight(self.topo, vm.guest_deb,
+                                                  vm.memory_mb)
+            self._vm_conf["accel"] = vm.accel
+        self._staged: Dict[str, str] = {}
+
+    @property
+    def kind(self) -> str:
+        return vm_instance.KIND if self.vm else "namespace"
+
+    @property
+    def accel(self) -> Optional[str]:
+        """VM instances: the accelerator they run under (kvm or tcg)."""
+        if self.vm is None or self.state is None:
+            return None
+        return self.state["vm"].get("accel")
 
     def describe(self) -> Dict:
         t = self.topo
-        return {"name": self.name, "servers": t.servers,
-                "instances_per_server": t.instances_per_server,
-                "vcpus": t.vcpus, "host_cpus": len(t.host_cpus),
-                "uplink_rate": self.uplink_rate}
+        d = {"name": self.name, "servers": t.servers,
+             "instances_per_server": t.instances_per_server,
+             "vcpus": t.vcpus, "host_cpus": len(t.host_cpus),
+             "uplink_rate": self.uplink_rate, "instance_kind": self.kind}
+        if self.vm is not None:
+            d.update(accel=self.accel, vm_memory_mb=self.vm.memory_mb)
+        return d
 
     def __enter__(self) -> "ClusterSession":
         self.sd = state_dir(self.name)
@@ -63,7 +104,8 @@ class ClusterSession:
                               for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
             # up() rolls back by itself when it fails or is interrupted
-            lifecycle.up(self.topo, self.sd, log=lambda line: None)
+            lifecycle.up(self.topo, self.sd, log=lambda line: None,
+                         vm=self._vm_conf)
             self.state = lifecycle.load_up(self.sd)
         except BaseException:
             self._restore()
@@ -93,6 +135,20 @@ class ClusterSession:
         finally:
             self._restore()
 
+    def stage(self, program: os.PathLike) -> str:
+        """The path by which the instances run host program `program`:
+        itself for namespaces (they see the host's files); for guests a
+        copy put into every guest's GUEST_PROGRAM_DIR once."""
+        path = str(program)
+        if self.vm is None:
+            return path
+        if path not in self._staged:
+            for host in sorted(self.state["vms"]):
+                dest = vm_instance.put_files(self.state, host, [Path(path)],
+                                             GUEST_PROGRAM_DIR)[0]
+            self._staged[path] = dest
+        return self._staged[path]
+
     def mpirun(self, program: Sequence[str], np: int, transport: str,
                timeout: Optional[float] = None, stdout=None, stderr=None,
                placement: str = "block",
@@ -104,7 +160,11 @@ class ClusterSession:
         subprocess.TimeoutExpired raised at `timeout`; LaunchError if it
         cannot be launched). rankfile: its lines ("rank R=HOST slot=K"),
         else `placement`'s mapping. An ivshmem job gets regions of its
-        own unless `shared_region` (ivcloud.cluster.jobs)."""
+        own unless `shared_region` (ivcloud.cluster.jobs); a VM job
+        always runs in the servers' standing regions."""
+        if self.vm is not None:
+            return self._mpirun_vm(program, np, transport, timeout, stdout,
+                                   stderr, placement, rankfile, extra_mca)
         path = None
         if rankfile is not None:
             # in the state directory: the head node sees it (not /tmp)
@@ -122,6 +182,32 @@ class ClusterSession:
         finally:
             if path is not None:
                 path.unlink(missing_ok=True)
+
+    def _mpirun_vm(self, program, np, transport, timeout, stdout, stderr,
+                   placement, rankfile, extra_mca) -> int:
+        tag = uuid.uuid4().hex[:8]
+        text = path = None
+        if rankfile is not None:
+            text = "\n".join(rankfile) + "\n"
+            path = f"/tmp/rankfile.{tag}"
+        # stderr apart from stdout, as for a namespace job: in a file of
+        # the first guest, read when the job ended
+        err = f"/tmp/mpirun-{tag}.err"
+        cmd = vm_instance.mpirun_command(
+            self.state, list(program), np, transport=transport,
+            placement=placement, rankfile=path, stderr_path=err,
+            extra_mca=list(extra_mca) + [("rmaps_base_oversubscribe", "1")])
+        try:
+            r = vm_instance.run_job(self.state, cmd, timeout,
+                                    rankfile_text=text, rankfile=path)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        errors = vm_instance.take_file(self.state, err)
+        for f, data in ((stdout or sys.stdout, r.output),
+                        (stderr or sys.stderr, errors)):
+            f.write(data)
+            f.flush()
+        return r.status
 
 
 def floating_rankfile(hosts: Sequence[str], vcpus: int) -> List[str]:

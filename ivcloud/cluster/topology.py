@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from .. import server as server_mod
 from ..errors import ClusterError
 
 SUBNET = "10.251.0.0/16"
@@ -31,7 +32,7 @@ INSTANCE_IFNAME = "eth0"
 CORE_BRIDGE = "core"
 MAX_SERVERS = 250          # third octet of the address
 MAX_INSTANCES = 250        # fourth octet (1..250)
-MAX_PEERS_PER_REGION = 64  # ivshm_geometry.max_peers upper bound
+MAX_PEERS_PER_REGION = server_mod.MAX_PEERS  # ivshm_geometry.max_peers bound
 DEFAULT_NAME = "default"
 # Server names become region files /dev/shm/ivcloud-<cluster>-s<k> and
 # socket paths under the state directory (108 bytes at most).

@@ -29,15 +29,18 @@ the command agent on each guest's second serial port.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
 import os
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import ClusterError, ClusterFailure, IvcloudError, VmFailure
+from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
+                      VmFailure)
 from ..vm import agent, debian, qemu
 from ..vm import lifecycle as vm_lifecycle
-from ..vm.image import READY_BANNER
 from . import instance as holders
 from . import network
 from .launch import PLACEMENTS, hostfile_text
@@ -53,6 +56,10 @@ GUEST_HOSTFILE_DIR = "/etc/ivcloud"
 MPI_USER = debian.MPI_USER
 # after a guest of a running job died: how often the host looks
 JOB_POLL_S = 1.0
+# what an ivshmem job on a VM cluster gets instead of regions of its own
+SHARED_NOTE = ("the guests' ivshmem devices were attached at boot: this "
+               "job shares each server's standing region with every other "
+               "job of the cluster (a VM cluster is one trust domain)")
 
 
 def tap_name(hostname: str) -> str:
@@ -115,10 +122,7 @@ def _mem_available() -> Optional[int]:
 # ---------------------------------------------------------------- up
 
 def _read_banner(d: Path) -> Optional[Dict[str, str]]:
-    for line in qemu.console_text(d).splitlines():
-        if line.startswith(READY_BANNER):
-            return dict(w.split("=", 1) for w in line.split() if "=" in w)
-    return None
+    return vm_lifecycle.ready_banner(qemu.console_text(d))
 
 
 def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
@@ -263,6 +267,10 @@ def stop_guests(sd: StateDir, state: Optional[Dict]) -> List[str]:
 
 # ---------------------------------------------------------------- use
 
+def vm_dir_of(state: Dict, host: str) -> Path:
+    return Path(state["vms"][host]["dir"])
+
+
 def guest(state: Dict, host: str) -> Path:
     """The agent socket of live guest `host`, or ClusterFailure."""
     rec = state.get("vms", {}).get(host)
@@ -297,6 +305,57 @@ def exec_in(state: Dict, host: str, command: Sequence[str],
                      else "true", timeout)
 
 
+# bytes per agent command (gzipped): 32 KiB of base64 on the serial line,
+# a few seconds of it under TCG
+PUT_CHUNK = 24 << 10
+
+
+def put_files(state: Dict, host: str, files: Sequence[Path],
+              dest_dir: str) -> List[str]:
+    """Copy host files into guest `host`'s DEST_DIR (made if missing),
+    through its command agent, as root; each file keeps its name and
+    its permission bits (made readable to everyone, so the image's MPI
+    user runs what it was given). A file is written beside its
+    destination, checked against its SHA-256 and then renamed: a copy
+    cut short leaves no half file under the name. Returns the paths in
+    the guest."""
+    if not dest_dir.startswith("/"):
+        raise ClusterError(f"the directory in the guest must be an "
+                           f"absolute path, not '{dest_dir}'")
+    blobs = []
+    for src in files:
+        try:
+            blobs.append((Path(src).name, Path(src).read_bytes(),
+                          Path(src).stat().st_mode & 0o755 | 0o444))
+        except OSError as e:
+            raise ClusterError(f"{src}: {e.strerror}")
+    sock = guest(state, host)
+    d = dest_dir.rstrip("/") or "/"
+    _check(agent.run(sock, f"mkdir -p {agent.quote([d])}", 30), host)
+    out = []
+    for name, data, mode in blobs:
+        dest = f"{d.rstrip('/')}/{name}"
+        part = agent.quote([dest + ".part"])
+        # the serial line carries about 10 KB/s: gzip first
+        packed = gzip.compress(data, 6)
+        _check(agent.run(sock, f": > {part}.gz", 30), host)
+        for off in range(0, len(packed), PUT_CHUNK):
+            b64 = base64.b64encode(packed[off:off + PUT_CHUNK]).decode()
+            _check(agent.run(sock, f"echo {b64} | base64 -d >> {part}.gz",
+                             60), host)
+        digest = hashlib.sha256(data).hexdigest()
+        r = agent.run(sock, f"gzip -dc < {part}.gz > {part} && rm {part}.gz"
+                            f" && [ \"$(sha256sum < {part})\" = "
+                            f"'{digest}  -' ] && chmod {mode:o} {part} && "
+                            f"mv -f {part} {agent.quote([dest])}", 30)
+        if not r.ok:
+            agent.run(sock, f"rm -f {part} {part}.gz", 30)
+            raise ClusterFailure(f"copy of {name} into {host} failed "
+                                 f"{r.output.strip()[-200:] or '(checksum)'}")
+        out.append(dest)
+    return out
+
+
 def first_guest(state: Dict) -> str:
     return sorted(state["vms"].values(),
                   key=lambda v: v["dir"])[0]["dir"].rsplit("/", 1)[-1]
@@ -306,11 +365,14 @@ def mpirun_command(state: Dict, program: Sequence[str], np: int,
                    transport: str = "tcp", placement: str = "block",
                    btl: Optional[str] = None, verbose_btl: bool = False,
                    extra_mca: Sequence = (),
-                   rankfile: Optional[str] = None) -> str:
+                   rankfile: Optional[str] = None,
+                   stderr_path: Optional[str] = None) -> str:
     """The shell command, run in the first guest, of a cluster job:
     mpirun as the unprivileged user, the guests' hostfile, ssh between
     guests. PROGRAM is a path in the guests. The guests' Open MPI
-    defaults (ivcloud-guest) name their device and region."""
+    defaults (ivcloud-guest) name their device and region. The job's
+    stderr goes with its stdout, or into `stderr_path` in that guest
+    (take_file reads it)."""
     from .launch import default_btl
     from .topology import SUBNET
     mca = [("btl", btl or default_btl(transport)),
@@ -318,8 +380,15 @@ def mpirun_command(state: Dict, program: Sequence[str], np: int,
            ("pml", "ob1")]
     if verbose_btl:
         mca.append(("btl_ivshmem_verbose", "1"))
-    mca += [(str(k), str(v)) for k, v in extra_mca]
     args = ["mpirun", "-np", str(np)]
+    if transport == "ivshmem":
+        # as ivcloud.mpi does: one-sided operations as messages, so
+        # through the BTL (Debian's default `osc = ^ucx,pt2pt` leaves
+        # osc rdma, which refuses windows over these BTLs), and mpi4py
+        # asks for no more than osc pt2pt takes
+        mca.append(("osc", "pt2pt"))
+        args += ["-x", "MPI4PY_RC_THREAD_LEVEL=serialized"]
+    mca += [(str(k), str(v)) for k, v in extra_mca]
     if rankfile is not None:
         args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.block",
                  "--rankfile", rankfile]
@@ -330,7 +399,20 @@ def mpirun_command(state: Dict, program: Sequence[str], np: int,
     for k, v in mca:
         args += ["--mca", k, v]
     args += list(program)
-    return f"cd /tmp && runuser -u {MPI_USER} -- {agent.quote(args)} 2>&1"
+    err = "&1" if stderr_path is None else f" {agent.quote([stderr_path])}"
+    return f"cd /tmp && runuser -u {MPI_USER} -- {agent.quote(args)} 2>{err}"
+
+
+def take_file(state: Dict, path: str) -> str:
+    """The text of file `path` in the first guest, which is removed;
+    "" when that guest is gone."""
+    try:
+        sock = guest(state, first_guest(state))
+        r = agent.run(sock, f"cat {agent.quote([path])} 2>/dev/null; "
+                            f"rm -f {agent.quote([path])}", 60)
+    except IvcloudError:
+        return ""
+    return r.output
 
 
 def run_job(state: Dict, command: str, timeout: Optional[float] = None,
@@ -352,9 +434,19 @@ def run_job(state: Dict, command: str, timeout: Optional[float] = None,
         _check(r, host)
     job = agent.Job(sock, command)
     deadline = None if timeout is None else time.monotonic() + timeout
+    first = vm_dir_of(state, host)
     try:
         while True:
-            rc = job.done()
+            try:
+                rc = job.done()
+            except AgentError:
+                # a guest busy on a loaded host may answer late; only a
+                # guest whose QEMU is gone (its exit closed the agent's
+                # socket, give it a moment) has gone
+                time.sleep(JOB_POLL_S)
+                if vm_lifecycle.qemu_pid(first) is None:
+                    raise
+                rc = None
             if rc is not None:
                 return agent.Result(rc, job.output())
             dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]

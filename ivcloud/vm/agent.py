@@ -60,8 +60,15 @@ def run(sock_path: Path, command: str, timeout: float = 60.0) -> Result:
         raise AgentError(f"cannot reach the guest agent at {sock_path}: "
                          f"{e.strerror or e}")
     buf = b""
-    try:
+
+    def send() -> None:
+        # a long line takes the guest a while to read off its serial
+        # port: the whole deadline, not the connect timeout
+        s.settimeout(max(0.05, deadline - time.monotonic()))
         s.sendall(line)
+
+    try:
+        send()
         next_send = time.monotonic() + RESEND_S
         while True:
             m = end.search(buf)
@@ -73,7 +80,7 @@ def run(sock_path: Path, command: str, timeout: float = 60.0) -> Result:
             if now >= deadline:
                 raise AgentError(f"guest did not answer within {timeout:.0f} s")
             if now >= next_send and f"@@ivc-ack {cid}".encode() not in buf:
-                s.sendall(line)
+                send()
                 next_send = now + RESEND_S
             s.settimeout(max(0.05, min(deadline, next_send) - now))
             try:

@@ -112,7 +112,8 @@ if [ -z "$DEV" ]; then
     exit 0
 fi
 i=0
-while [ ! -e /run/ivshm/ivshm.env ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+# ivshm-bind@ may take up to its 120 s start timeout on a loaded TCG host
+while [ ! -e /run/ivshm/ivshm.env ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done
 if [ ! -e /run/ivshm/ivshm.env ]; then
     echo "ivcloud-guest: ivshm-bind@$DEV did not bind the device:" \
         "$(systemctl is-failed ivshm-bind@$DEV.service)" > /dev/console

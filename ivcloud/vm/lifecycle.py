@@ -184,10 +184,15 @@ def _check_socket(path: str) -> str:
     return str(p.absolute())
 
 
-def _banner(text: str) -> Optional[Dict[str, str]]:
+def ready_banner(text: str) -> Optional[Dict[str, str]]:
+    """The key=value words of the guest's ready banner on its console,
+    or None. The banner may follow other output on its line: getty's
+    login prompt, printed by another service at the same time, ends
+    without a newline."""
     for line in text.splitlines():
-        if line.startswith(image.READY_BANNER):
-            return dict(w.split("=", 1) for w in line.split()
+        at = line.find(image.READY_BANNER)
+        if at >= 0:
+            return dict(w.split("=", 1) for w in line[at:].split()
                         if "=" in w)
     return None
 
@@ -328,7 +333,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
         info: Dict[str, Dict[str, str]] = {}
         while pending:
             for n, d in list(pending.items()):
-                banner = _banner(qemu.console_text(d))
+                banner = ready_banner(qemu.console_text(d))
                 if banner is not None:
                     info[n] = banner
                     del pending[n]

@@ -32,6 +32,7 @@ import numpy as np
 from ..constants import FOUR_PI, MU0
 from ..errors import MeshError, ProblemError, SimulationError
 from .base import Term
+from .demag_fmm import FMMBoundaryOperator, choose_method, scheme_for
 
 # PETSc comes from the FEM space (fem.py initialises petsc4py without
 # reading sys.argv), so importing this module does not start PETSc.
@@ -175,22 +176,38 @@ class _BoundaryKernel:
         self.in_plane_tol = 1e-10 * length.max(axis=1)[:, None]
         self.tiny = np.finfo(np.float64).tiny
 
-    def weights(self, obs):
-        """(3, F, R) weights for observers obs (R, 3), in metres."""
-        x = (obs / self.scale).T[:, None, :]                      # (3,1,R)
+    def weights(self, obs, facets=None):
+        """(3, F, R) weights of every triangle for observers obs (R, 3), in
+        metres. With `facets` ((R,) triangle indices): the (3, R) weights of
+        the pairs (obs[r], triangle facets[r]) only (the near field of the
+        fast-multipole operator, demag_fmm.py); same arithmetic."""
+        if facets is None:
+            x = (obs / self.scale).T[:, None, :]                  # (3,1,R)
+
+            def take(a):
+                return a
+        else:
+            x = (obs / self.scale).T                              # (3,R)
+
+            def take(a):
+                return a[..., facets, 0]
+        corner = [take(c) for c in self.corner]
+        normal = take(self.normal)
+        length = [take(v) for v in self.length]
+        len_sq = [take(v) for v in self.len_sq]
         dist, dist_sq = [], []
         for j in range(3):
-            d = self.corner[j] - x                                # (3,F,R)
+            d = corner[j] - x                                     # (3,F,R)
             sq = d[0] * d[0]
             sq += d[1] * d[1]
             sq += d[2] * d[2]
             dist_sq.append(sq)
             dist.append(np.sqrt(sq))
-        height = self.normal[0] * x[0]
-        height += self.normal[1] * x[1]
-        height += self.normal[2] * x[2]
-        height -= self.offset
-        in_plane = np.abs(height) <= self.in_plane_tol
+        height = normal[0] * x[0]
+        height += normal[1] * x[1]
+        height += normal[2] * x[2]
+        height -= take(self.offset)
+        in_plane = np.abs(height) <= take(self.in_plane_tol)
         height[in_plane] = 0.0
         # rho_i . rho_j = (|rho_i|^2 + |rho_j|^2 - |r_i - r_j|^2) / 2;
         # edge e joins corners e and e+1.
@@ -199,30 +216,32 @@ class _BoundaryKernel:
         for i, j, e in ((1, 2, 1), (0, 2, 2), (0, 1, 0)):
             k = 3 - i - j
             dot = dist_sq[i] + dist_sq[j]
-            dot -= self.len_sq[e]
+            dot -= len_sq[e]
             dot *= 0.5 * dist[k]
             denom += dot
-        solid = np.arctan2(self.twice_area * height, denom)
+        solid = np.arctan2(take(self.twice_area) * height, denom)
         solid *= 2.0                   # = -2 atan2(triple), triple = -2Ah
         solid[in_plane] = 0.0
         edge_int = []
         for e in range(3):
             ends = dist[e] + dist[(e + 1) % 3]
-            num = ends + self.length[e]
-            ends -= self.length[e]
+            num = ends + length[e]
+            ends -= length[e]
             np.maximum(ends, self.tiny, out=ends)   # observer on this edge
             num /= ends
             edge_int.append(np.log(num, out=num))
         w = np.empty((3,) + height.shape)
         for i in range(2):
-            hat = self.grad_hat[i][0] * x[0]
-            hat += self.grad_hat[i][1] * x[1]
-            hat += self.grad_hat[i][2] * x[2]
-            hat -= self.hat_offset[i]
+            grad = take(self.grad_hat[i])
+            hat = grad[0] * x[0]
+            hat += grad[1] * x[1]
+            hat += grad[2] * x[2]
+            hat -= take(self.hat_offset[i])
             hat *= solid
-            comb = self.gdn[i][0] * edge_int[0]
-            comb += self.gdn[i][1] * edge_int[1]
-            comb += self.gdn[i][2] * edge_int[2]
+            gdn = [take(v) for v in self.gdn[i]]
+            comb = gdn[0] * edge_int[0]
+            comb += gdn[1] * edge_int[1]
+            comb += gdn[2] * edge_int[2]
             comb *= height
             np.subtract(hat, comb, out=w[i])
         np.subtract(solid, w[0], out=w[2])
@@ -299,12 +318,22 @@ class DemagField(Term):
     (u2, Dirichlet problem); defaults are CG + block Jacobi/ICC(0) with
     rtol = `rtol` (relative to the right-hand side), warm-started from the
     previous call's solutions.
+
+    ``method``: the boundary operator B as a dense matrix ("dense", the
+    reference), as fast multipole far field plus sparse exact near field
+    ("fmm", relative accuracy `tol`, demag_fmm.py), or "auto": dense up to
+    demag_fmm.DENSE_AUTO_MAX boundary nodes or when fmm3dpy is missing.
+    ``self.method`` is the one used, ``self.bem_bytes`` its memory on this
+    rank; ``self.bem`` is the dense PETSc matrix (None with the FMM),
+    ``self.fmm`` the demag_fmm.FMMBoundaryOperator (None when dense).
     """
 
     name = "demag"
 
-    def __init__(self, space, Ms_nodes, rtol: float = 1e-10):
+    def __init__(self, space, Ms_nodes, rtol: float = 1e-10,
+                 method: str = "auto", tol: float = 1e-5):
         super().__init__()
+        scheme_for(tol)                         # ProblemError if out of range
         PETSc = space.PETSc
         self.PETSc = PETSc
         self.space = space
@@ -361,17 +390,30 @@ class DemagField(Term):
         self._bnd_local = bnodes[b0:b1] - r0          # positions in our part
         self.n_boundary = len(bnodes)
 
-        # --- BEM matrix: our rows, all columns
+        # --- boundary operator B: our rows, all columns; a dense matrix,
+        # or FMM + sparse near field (demag_fmm.py) for large surfaces
         omega = vertex_solid_angles(points, tets)
         nb = len(bnodes)
-        self.bem = PETSc.Mat().createDense(((b1 - b0, nb), (b1 - b0, nb)),
-                                           comm=space.pcomm)
-        self.bem.setUp()
-        dense = self.bem.getDenseArray()
-        if b1 > b0:
-            bem_rows(points, bnodes, np.asarray(space.boundary_facets),
-                     omega, self._bnd_rows, out=dense)
-        self.bem.assemble()
+        self.method = choose_method(method, nb)
+        self.tol = tol
+        if self.method == "fmm":
+            counts = np.diff(np.searchsorted(bnodes, space.ranges))
+            self.fmm = FMMBoundaryOperator(
+                space.comm, points, bnodes, space.boundary_facets, omega,
+                self._bnd_rows, counts, tol)
+            self.bem = None
+            self.bem_bytes = self.fmm.nbytes()
+        else:
+            self.fmm = None
+            self.bem = PETSc.Mat().createDense(
+                ((b1 - b0, nb), (b1 - b0, nb)), comm=space.pcomm)
+            self.bem.setUp()
+            dense = self.bem.getDenseArray()
+            if b1 > b0:
+                bem_rows(points, bnodes, np.asarray(space.boundary_facets),
+                         omega, self._bnd_rows, out=dense)
+            self.bem.assemble()
+            self.bem_bytes = dense.nbytes
 
         # --- solvers, built once and warm-started at every call
         self._b = space.scalar_vec()          # D m
@@ -380,7 +422,9 @@ class DemagField(Term):
         self._u = space.scalar_vec()
         self._rhs2 = space.scalar_vec()
         self._g_ext = space.scalar_vec()
-        self._bnd_u1, self._bnd_u2 = self.bem.createVecs()
+        self._bnd_u1, self._bnd_u2 = (
+            PETSc.Vec().createMPI((b1 - b0, nb), comm=space.pcomm)
+            for _ in range(2))
 
         self._poisson_mat = space.K.duplicate(copy=True)
         self._constants = PETSc.NullSpace().create(constant=True,
@@ -452,7 +496,11 @@ class DemagField(Term):
         # u2 on the boundary: B u1|bnd (owned boundary nodes are local)
         u1_local = self._u1.getArray(readonly=True)
         self._bnd_u1.setArray(u1_local[self._bnd_local])
-        self.bem.mult(self._bnd_u1, self._bnd_u2)
+        if self.fmm is not None:
+            with self._bnd_u2 as out:
+                out[:] = self.fmm.apply(u1_local[self._bnd_local])
+        else:
+            self.bem.mult(self._bnd_u1, self._bnd_u2)
         g = self._bnd_u2.getArray(readonly=True)
         # u2 inside: K_int u2 = -K_int,bnd g, u2|bnd = g
         # (`with vec as array` restores the array and bumps the Vec's state,

@@ -1,7 +1,8 @@
 /*
  * Open MPI 4.1 BTL over libivshm: ranks attached to one shared-memory
  * region (QEMU ivshmem between co-resident VMs, or a host shm file)
- * exchange BTL fragments through libivshm's per-pair rings.
+ * exchange BTL fragments through libivshm (each rank's receive queue, fed
+ * by every peer, plus fast per-pair channels for its busiest senders).
  *
  * Layout (one file per concern):
  *   btl_ivshmem_component.c  MCA params, version check, attach, sizing
@@ -44,6 +45,17 @@ BEGIN_C_DECLS
 /* Housekeeping (reap, peer liveness) period. */
 #define IVSHMEM_REAP_NS 100000000ull
 
+/* Stash of not-yet-added connected jobs' messages: per slot and in all.
+   Beyond it their messages are ignored (counted), so a co-tenant that
+   poses as another Open MPI job costs bounded memory. */
+#define IVSHMEM_STASH_PER_SLOT 256u
+#define IVSHMEM_STASH_MAX_MSGS 4096u
+#define IVSHMEM_STASH_MAX_BYTES (16u << 20)
+
+/* Messages a housekeeping drain takes at most (looking for departed
+   peers' goodbyes) */
+#define IVSHMEM_DRAIN_BUDGET 4096u
+
 /* High half of our registry job ids ("OMPI"): keeps Open MPI ranks apart
    from other libivshm users of the region, which number jobs from 0. Only
    a naming convention: any co-tenant can write it into its own registry
@@ -51,6 +63,7 @@ BEGIN_C_DECLS
 #define IVSHMEM_JOB_TAG UINT64_C(0x4f4d5049)
 
 struct mca_btl_ivshmem_frag_t;
+struct ivshmem_stashed;
 
 /* FIFO of fragments linked through frag->next (a frag is on at most one
    queue: an endpoint's pending queue or the completion queue). */
@@ -85,7 +98,10 @@ struct mca_btl_base_endpoint_t {
     bool said_bye;             /* peer finalized: its leave is not death  */
     bool deleted;              /* del_procs: no longer read or watched    */
     bool dead;                 /* reported; every send now fails          */
-    struct mca_btl_base_endpoint_t *retired_next;
+    bool on_pending_list;      /* in the component's pending_eps list     */
+    /* the component's live endpoints (one per slot), or retired ones */
+    struct mca_btl_base_endpoint_t *next;
+    struct mca_btl_base_endpoint_t *next_pending; /* pending_eps link     */
 };
 typedef struct mca_btl_base_endpoint_t mca_btl_ivshmem_endpoint_t;
 
@@ -99,6 +115,7 @@ typedef struct ivshmem_counters {
     uint64_t dropped;  /* malformed, unregistered-tag or stale messages */
     uint64_t rejected; /* (slot, generation)s that claimed to be a rank of
                           our job but failed the modex check */
+    uint64_t ignored;  /* messages of untrusted senders, never delivered */
 } ivshmem_counters_t;
 
 typedef struct mca_btl_ivshmem_component_t {
@@ -109,6 +126,7 @@ typedef struct mca_btl_ivshmem_component_t {
     char *socket_path;
     char *uio_dev;
     char *bar0_path;
+    int position;      /* the guest's IVPosition, -1 unknown          */
     int verbose;
     int spin_us;       /* idle polling before blocking                 */
     int block_us;      /* one blocking slice; -1 auto, 0 never block   */
@@ -127,10 +145,14 @@ typedef struct mca_btl_ivshmem_component_t {
     opal_free_list_t frags_eager; /* eager_limit bytes each   */
     opal_free_list_t frags_max;   /* max_send_size bytes each */
 
-    /* endpoints we created, at most one per registry slot */
-    mca_btl_ivshmem_endpoint_t *by_slot[64];
+    /* endpoints we created, at most one per registry slot: by_slot has
+       geom.max_peers entries (allocated at init, like every per-slot
+       array below); `endpoints` lists them, so nothing walks every slot */
+    mca_btl_ivshmem_endpoint_t **by_slot;
+    mca_btl_ivshmem_endpoint_t *endpoints;
     int num_endpoints;
     mca_btl_ivshmem_endpoint_t *retired; /* replaced, freed at finalize */
+    mca_btl_ivshmem_endpoint_t *pending_eps; /* those with queued frags */
     bool mixed;        /* some peer is reached through another BTL */
     bool shares_cpu;   /* ranks of ours on this kernel share our CPUs  */
     uint64_t cpu_checked_ns;
@@ -147,20 +169,31 @@ typedef struct mca_btl_ivshmem_component_t {
      * modex (posted through Open MPI's runtime, out of the region's reach)
      * names exactly that slot, generation and random name, and whose
      * registry entry matched it: a proc handed to add_procs, or a rank of
-     * our own job admitted before ob1 adds it lazily (admit_job_peers).
-     * Cleared by del_procs, by the peer's BYE, and when the slot's live
-     * generation is no longer the trusted one. Progress reads only the
-     * rings of active[] (the set slots), and delivers a message only if
-     * the slot still holds that generation after the message was taken.
+     * our own job admitted when its first message arrives before ob1
+     * adds it lazily (admit_sender). Cleared by del_procs, by the peer's
+     * BYE, and when the slot's live generation is no longer the trusted
+     * one. Progress takes every sender's messages from the region (one
+     * receive queue per rank, libivshm validates them) but delivers a
+     * message only if its sender is trusted and the slot still holds that
+     * generation after the message was taken. active[] lists the trusted
+     * slots, for the housekeeping that watches them.
      */
-    uint64_t trusted[64];
-    int active[64];
+    uint64_t *trusted;
+    int *active;
     int nactive;
-    int rr;                    /* round-robin start in active[] */
     /* generation+1 of a registry entry that failed the modex check, so a
        co-tenant posing as one of our ranks costs one lookup, not one per
-       housekeeping round */
-    uint64_t rejected[64];
+       message */
+    uint64_t *rejected;
+    /* messages of slots that claim another Open MPI job (a spawned or
+       connected job whose add_procs has not run yet here), kept in
+       arrival order until ob1 adds the sender; bounded per slot and in
+       all (btl_ivshmem_progress.c) */
+    struct ivshmem_stashed *stash_head, *stash_tail;
+    uint32_t *stashed;         /* per slot: its messages in the stash */
+    size_t stash_msgs, stash_bytes;
+    bool stash_ready;          /* a stashed sender is trusted now */
+    int *departed;             /* housekeeping scratch, max_peers entries */
     uint32_t job_size;         /* ranks in our job (0: unknown) */
 
     /* progress state */
@@ -183,6 +216,7 @@ OPAL_MODULE_DECLSPEC extern mca_btl_ivshmem_module_t mca_btl_ivshmem;
 /* component */
 uint64_t mca_btl_ivshmem_now_ns(void);
 uint64_t mca_btl_ivshmem_job_id(uint32_t opal_jobid);
+void mca_btl_ivshmem_free_slot_arrays(void);
 
 /* module */
 int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
@@ -225,16 +259,31 @@ int mca_btl_ivshmem_component_progress(void);
    (and no slot is reserved); called with `lock` held. Returns how many
    went out. */
 int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep);
-/* Take what `slot` (incarnation `gen`) published: delivered while it is
-   live at `gen`, only its BYE once it left, nothing after a reclaim. */
-int mca_btl_ivshmem_drain_slot(int slot, uint32_t gen);
+/* Take up to `budget` messages from the region now (delivered or dropped
+   by their sender's trust, as in progress): a departed peer's goodbye
+   is found this way, and a peer blocked on our full queue gets room. */
+int mca_btl_ivshmem_drain(uint32_t budget);
 /* Accept messages from `slot` (generation `gen`) / stop accepting. With
    `lock`. Callers must have checked the peer against its modex. */
 void mca_btl_ivshmem_trust(int slot, uint32_t gen);
 void mca_btl_ivshmem_distrust(int slot);
-/* Trust the ranks of our own job that the registry lists and whose modex
-   matches (ob1 adds remote peers lazily: one may write to us first). */
-void mca_btl_ivshmem_admit_job_peers(void);
+/* What to do with a message of an untrusted sender. */
+enum ivshmem_untrusted {
+    IVSHMEM_ADMITTED, /* a rank of our job, modex checked: now trusted */
+    IVSHMEM_STASH,    /* claims another Open MPI job: keep until added */
+    IVSHMEM_IGNORE,   /* anybody else, or failed the modex check      */
+};
+/* A message came from untrusted `slot` at generation `gen`: if the
+   registry lists it as a rank of our own job and its modex matches (ob1
+   adds remote peers lazily: one may write to us first), trust it. Each
+   failing (slot, generation) is looked up once. Without `lock`. */
+enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int slot, uint32_t gen);
+/* Queue a fragment on `ep` (FIFO) and put ep on the pending list. With
+   `lock`. */
+void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
+                                     struct mca_btl_ivshmem_frag_t *f);
+/* Free what the stash holds (finalize). */
+void mca_btl_ivshmem_stash_clear(void);
 
 END_C_DECLS
 #endif

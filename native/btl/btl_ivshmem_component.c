@@ -20,8 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Attempts at attaching through a server (each bounded by libivshm). */
+#define ATTACH_TRIES 4
 
 static int ivshmem_register(void);
 static int ivshmem_open(void);
@@ -139,6 +143,12 @@ static int ivshmem_register(void)
                &c->uio_dev);
     reg_string("bar0", "Inside a guest: path of the ivshmem BAR0 resource file",
                &c->bar0_path);
+    reg_int("position",
+            "Inside a guest: the device's IVPosition (ivshm-bind writes it); "
+            "lets ranks after the first in a guest, which cannot open the "
+            "vfio device the first holds, share the region without a "
+            "doorbell. -1: read it from BAR0",
+            &c->position, -1);
     reg_int("verbose",
             "1: print per-rank message counters at finalize; 2: also the "
             "counts of dropped messages and of region slots that posed as "
@@ -194,8 +204,12 @@ static int ivshmem_register(void)
                 &c->counters.dropped, NULL);
     reg_counter("rejected",
                 "Region slots that claimed to be a rank of this job but did "
-                "not match its modex (never read)",
+                "not match its modex (their messages are ignored)",
                 &c->counters.rejected, NULL);
+    reg_counter("ignored",
+                "Messages of untrusted senders taken from the region and "
+                "never delivered",
+                &c->counters.ignored, NULL);
     return OPAL_SUCCESS;
 }
 
@@ -206,6 +220,42 @@ static int ivshmem_open(void)
     OBJ_CONSTRUCT(&c->frags_eager, opal_free_list_t);
     OBJ_CONSTRUCT(&c->frags_max, opal_free_list_t);
     return OPAL_SUCCESS;
+}
+
+/* Per-slot state, sized by the region's max_peers (up to 1024: a few
+   tens of KiB, so allocated rather than fixed at the largest). */
+static int alloc_slot_arrays(uint32_t n)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    c->by_slot = calloc(n, sizeof *c->by_slot);
+    c->trusted = calloc(n, sizeof *c->trusted);
+    c->active = calloc(n, sizeof *c->active);
+    c->rejected = calloc(n, sizeof *c->rejected);
+    c->stashed = calloc(n, sizeof *c->stashed);
+    c->departed = calloc(n, sizeof *c->departed);
+    c->nactive = 0;
+    if (!c->by_slot || !c->trusted || !c->active || !c->rejected ||
+        !c->stashed || !c->departed)
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    return OPAL_SUCCESS;
+}
+
+void mca_btl_ivshmem_free_slot_arrays(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    free(c->by_slot);
+    free(c->trusted);
+    free(c->active);
+    free(c->rejected);
+    free(c->stashed);
+    free(c->departed);
+    c->by_slot = NULL;
+    c->trusted = NULL;
+    c->active = NULL;
+    c->rejected = NULL;
+    c->stashed = NULL;
+    c->departed = NULL;
+    c->nactive = 0;
 }
 
 static int ivshmem_close(void)
@@ -220,6 +270,8 @@ static int ivshmem_close(void)
     }
     free(c->rxbuf);
     c->rxbuf = NULL;
+    mca_btl_ivshmem_stash_clear();
+    mca_btl_ivshmem_free_slot_arrays();
     return OPAL_SUCCESS;
 }
 
@@ -227,23 +279,31 @@ static int ivshmem_close(void)
     opal_output_verbose((lvl), opal_btl_base_framework.framework_output,      \
                         __VA_ARGS__)
 
-/* Fragment sizes from the geometry. Invariant afterwards:
-   eager_limit <= max_send_size <= ring_capacity, so every fragment fits a
-   ring and ivshm_try_send never answers -EMSGSIZE. User-set values are
-   kept but clamped to that. */
+/* Fragment sizes from the geometry. A message goes through the
+   receiver's queue (queue_slots cells) or, once the pair has one, a fast
+   channel (ring_slots slots); try_send takes the cells of one message
+   all at once, so `ring_capacity` is what the smaller of the two holds.
+   Invariant afterwards: eager_limit <= max_send_size <= ring_capacity,
+   so every fragment fits either path and ivshm_try_send never answers
+   -EMSGSIZE. User-set values are kept but clamped to that. */
 static int size_fragments(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     mca_btl_base_module_t *m = &mca_btl_ivshmem.super;
     const size_t payload = c->geom.slot_size - IVSHMEM_SLOT_HDR;
-    c->ring_capacity = (size_t)c->geom.ring_slots * payload;
+    uint32_t slots_max = c->geom.queue_slots;
+    if (c->geom.fast_channels != IVSHM_FAST_NONE &&
+        c->geom.ring_slots < slots_max)
+        slots_max = c->geom.ring_slots;
+    c->ring_capacity = (size_t)slots_max * payload;
 
     if (0 == m->btl_max_send_size) {
         /* ~32 KiB in whole slots (ob1 pipelines a few of them), but at
-           most a quarter of the ring so several are in flight at once */
+           most a quarter of the queue or channel so several are in
+           flight at once */
         size_t slots = 32768 / payload;
-        if (slots > c->geom.ring_slots / 4)
-            slots = c->geom.ring_slots / 4;
+        if (slots > slots_max / 4)
+            slots = slots_max / 4;
         if (slots < 1)
             slots = 1;
         m->btl_max_send_size = slots * payload;
@@ -282,6 +342,19 @@ static void publish_modex(void)
                     sizeof c->my_modex);
     if (OPAL_SUCCESS != rc)
         VERBOSE(1, "btl_ivshmem: modex send failed (%d)", rc);
+}
+
+/* Through ivshmem-server every peer of the region sends us its eventfd:
+   a region of hundreds of ranks needs more descriptors than the usual
+   soft limit of 1024. Raised to the hard limit, which root or the admin
+   set; libivshm skips (and counts) a peer's fd beyond it. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (0 == getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
 }
 
 static const char *param_or_env(const char *param, const char *env)
@@ -325,11 +398,24 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
         .spin_ns = 1,
         .uio_dev = c->uio_dev && *c->uio_dev ? c->uio_dev : NULL,
         .bar0_path = c->bar0_path && *c->bar0_path ? c->bar0_path : NULL,
-        .doorbell_id = -1,
+        .doorbell_id = c->position >= 0 && c->position <= 0xffff
+                           ? c->position : -1,
     };
     const char *what = sock ? sock : region;
+    if (sock)
+        raise_fd_limit();
     int rc = sock ? ivshm_attach_server(sock, &cfg, &c->h)
                   : ivshm_attach_path(region, &cfg, &c->h);
+    /* A job of hundreds of ranks starting at once on a few cores can keep
+       the server from handing out every peer's eventfds within one
+       attach's deadline: a few more tries (before the modex fence, so
+       nobody waits on us yet). */
+    for (int tries = 1; sock && rc == -ETIMEDOUT && tries < ATTACH_TRIES;
+         tries++) {
+        VERBOSE(1, "btl_ivshmem: rank %u: attach to %s timed out, again",
+                c->vpid, sock);
+        rc = ivshm_attach_server(sock, &cfg, &c->h);
+    }
     if (rc < 0) {
         c->h = NULL;
         fprintf(stderr,
@@ -343,7 +429,7 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
     ivshm_get_geometry(c->h, &c->geom);
     c->self_slot = ivshm_self(c->h);
     ivshm_peer_info me;
-    if (c->geom.max_peers > 64 || ivshm_peer(c->h, c->self_slot, &me) < 0 ||
+    if (ivshm_peer(c->h, c->self_slot, &me) < 0 ||
         OPAL_SUCCESS != size_fragments()) {
         fprintf(stderr,
                 "btl_ivshmem: rank %u: region %s has an unusable geometry "
@@ -358,7 +444,7 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
     c->rxcap = c->ring_capacity;
     c->rxbuf = malloc(c->rxcap);
     btls = malloc(sizeof *btls);
-    if (!c->rxbuf || !btls)
+    if (!c->rxbuf || !btls || OPAL_SUCCESS != alloc_slot_arrays(c->geom.max_peers))
         goto fail;
     rc = opal_free_list_init(&c->frags_eager,
                              sizeof(mca_btl_ivshmem_frag_t) + m->btl_eager_limit,
@@ -377,7 +463,7 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
     if (OPAL_SUCCESS != rc)
         goto fail;
 
-    /* the vpids that admit_job_peers may look up (0: it admits nobody,
+    /* the vpids that admit_sender may look up (0: it admits nobody,
        and ob1's add_procs alone builds the trusted set) */
     opal_process_name_t wild = OPAL_PROC_MY_NAME;
     wild.vpid = OPAL_VPID_WILDCARD;
@@ -408,6 +494,7 @@ fail:
     free(btls);
     free(c->rxbuf);
     c->rxbuf = NULL;
+    mca_btl_ivshmem_free_slot_arrays();
     ivshm_detach(c->h);
     c->h = NULL;
     memset(&c->my_modex, 0, sizeof c->my_modex);

@@ -107,48 +107,50 @@ static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
 /*
  * ob1 adds a peer on another node lazily, when it first sends to it, so
  * a rank of our job may write to us before ob1 ever adds it here. Such a
- * rank is admitted like add_procs would: the registry entry only says
- * which rank to look up (our jobid, a vpid below the job size), the
- * modex of that rank must name this very slot and generation. Spawned
- * and connected jobs are not admitted here: ob1 adds them through
- * add_procs when the communicator is built (their messages wait in their
- * rings until then). Each failed (slot, generation) is looked up once.
+ * rank is admitted like add_procs would, when its first message arrives:
+ * the registry entry only says which rank to look up (our jobid, a vpid
+ * below the job size), the modex of that rank must name this very slot
+ * and generation. Spawned and connected jobs are not admitted here: ob1
+ * adds them through add_procs when the communicator is built; what they
+ * send before that is stashed (bounded). Each failed (slot, generation)
+ * is looked up once.
  */
-void mca_btl_ivshmem_admit_job_peers(void)
+enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int s, uint32_t gen)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (!c->h || c->finalizing || 0 == c->job_size)
-        return;
-    for (int s = 0; s < (int)c->geom.max_peers; s++) {
-        if (s == c->self_slot || c->trusted[s])
-            continue;
-        ivshm_peer_info info;
+    if (!c->h || c->finalizing || s == c->self_slot ||
+        c->rejected[s] == (uint64_t)gen + 1)
+        return IVSHMEM_IGNORE;
+    ivshm_peer_info info;
+    OPAL_THREAD_LOCK(&c->lock);
+    int rc = ivshm_peer(c->h, s, &info);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (rc != 0 || info.generation != gen)
+        return IVSHMEM_IGNORE; /* gone or replaced since the message */
+    if (info.job_id != c->job_id)
+        return info.job_id >> 32 == IVSHMEM_JOB_TAG ? IVSHMEM_STASH
+                                                    : IVSHMEM_IGNORE;
+    if (0 == c->job_size || info.rank == c->vpid || info.rank >= c->job_size)
+        return IVSHMEM_IGNORE;
+    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+    if (ep && ep->generation == gen)
+        return IVSHMEM_IGNORE; /* ours already, distrusted on purpose */
+    opal_process_name_t name = OPAL_PROC_MY_NAME;
+    name.vpid = info.rank;
+    uint32_t found = 0;
+    if (locate_name(name, &found) == s && found == gen) {
         OPAL_THREAD_LOCK(&c->lock);
-        int rc = ivshm_peer(c->h, s, &info);
+        mca_btl_ivshmem_trust(s, gen);
         OPAL_THREAD_UNLOCK(&c->lock);
-        if (rc != 0 || info.job_id != c->job_id || info.rank == c->vpid ||
-            info.rank >= c->job_size ||
-            c->rejected[s] == (uint64_t)info.generation + 1)
-            continue;
-        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-        if (ep && ep->generation == info.generation)
-            continue; /* ours already, distrusted on purpose (BYE, del_procs) */
-        opal_process_name_t name = OPAL_PROC_MY_NAME;
-        name.vpid = info.rank;
-        uint32_t gen = 0;
-        if (locate_name(name, &gen) == s && gen == info.generation) {
-            OPAL_THREAD_LOCK(&c->lock);
-            mca_btl_ivshmem_trust(s, gen);
-            OPAL_THREAD_UNLOCK(&c->lock);
-            VERBOSE(10, "btl_ivshmem: admitted rank %u of our job in slot %d",
-                    info.rank, s);
-        } else {
-            c->rejected[s] = (uint64_t)info.generation + 1;
-            c->counters.rejected++;
-            VERBOSE(10, "btl_ivshmem: slot %d claims rank %u of our job but "
-                        "does not match its modex: ignored", s, info.rank);
-        }
+        VERBOSE(10, "btl_ivshmem: admitted rank %u of our job in slot %d",
+                info.rank, s);
+        return IVSHMEM_ADMITTED;
     }
+    c->rejected[s] = (uint64_t)gen + 1;
+    c->counters.rejected++;
+    VERBOSE(10, "btl_ivshmem: slot %d claims rank %u of our job but does "
+                "not match its modex: ignored", s, info.rank);
+    return IVSHMEM_IGNORE;
 }
 
 /* The endpoint for `proc` in `slot`, created if needed. With `lock`. */
@@ -171,7 +173,12 @@ static mca_btl_ivshmem_endpoint_t *endpoint_for(struct opal_proc_t *proc,
         /* the PML may still hold it: retire it (sends fail), free it at
            finalize */
         ep->dead = true;
-        ep->retired_next = c->retired;
+        for (mca_btl_ivshmem_endpoint_t **p = &c->endpoints; *p; p = &(*p)->next)
+            if (*p == ep) {
+                *p = ep->next;
+                break;
+            }
+        ep->next = c->retired;
         c->retired = ep;
         c->num_endpoints--;
         c->by_slot[slot] = NULL;
@@ -185,6 +192,8 @@ static mca_btl_ivshmem_endpoint_t *endpoint_for(struct opal_proc_t *proc,
     ep->slot = slot;
     ep->generation = gen;
     c->by_slot[slot] = ep;
+    ep->next = c->endpoints;
+    c->endpoints = ep;
     c->num_endpoints++;
     mca_btl_ivshmem_trust(slot, gen); /* its messages are welcome */
     return ep;
@@ -249,8 +258,6 @@ int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                 OPAL_NAME_PRINT(proc->proc_name),
                 proc->proc_hostname ? proc->proc_hostname : "?", slot);
     }
-    /* the ranks of our job ob1 will add lazily (see admit_job_peers) */
-    mca_btl_ivshmem_admit_job_peers();
     return OPAL_SUCCESS;
 }
 
@@ -293,11 +300,16 @@ void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
     if (ep->dead || ep->said_bye || c->finalizing)
         return;
     ep->dead = true;
+    char why[128];
+    if (err == IVSHM_ECORRUPT)
+        snprintf(why, sizeof why, "sent a corrupt message");
+    else if (err == IVSHM_EPEERDEAD)
+        snprintf(why, sizeof why, "died or left without finalizing");
+    else /* a send to it failed: say how */
+        snprintf(why, sizeof why, "cannot be sent to (%s)", ivshm_strerror(err));
     snprintf(msg, sizeof msg,
              "btl_ivshmem: peer rank %u (region slot %d) %s; aborting the job",
-             ep->vpid, ep->slot,
-             err == IVSHM_ECORRUPT ? "sent a corrupt message"
-                                   : "died or left without finalizing");
+             ep->vpid, ep->slot, why);
     if (mca_btl_ivshmem.error_cb) {
         /* ob1 prints msg and aborts the job; if it ever returns, our
            sends to this peer fail from now on */
@@ -317,9 +329,8 @@ static void say_goodbye(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     uint64_t deadline = mca_btl_ivshmem_now_ns() + BYE_BUDGET_NS;
-    for (int s = 0; s < 64; s++) {
-        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-        if (!ep || ep->dead)
+    for (mca_btl_ivshmem_endpoint_t *ep = c->endpoints; ep; ep = ep->next) {
+        if (ep->dead)
             continue;
         ep->in_ring = NULL; /* a descriptor the PML never sent: dropped */
         for (;;) {
@@ -330,10 +341,9 @@ static void say_goodbye(void)
                          : ivshm_try_send(c->h, ep->slot, IVSHMEM_TAG_BYE, NULL, 0);
             if (rc != -EAGAIN || mca_btl_ivshmem_now_ns() > deadline)
                 break;
-            /* the peer may be waiting for room in our ring meanwhile:
-               take (and drop, we are finalizing) what this verified
-               member sent, as long as the slot is still its own */
-            (void)mca_btl_ivshmem_drain_slot(ep->slot, ep->generation);
+            /* the peer may be waiting for room in our queue meanwhile:
+               take (and drop, we are finalizing) what arrived */
+            (void)mca_btl_ivshmem_drain(IVSHMEM_RECV_BATCH);
             sched_yield();
         }
     }
@@ -350,6 +360,9 @@ int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl)
        the PML, and peers leaving is no longer news */
     c->finalizing = true;
     say_goodbye();
+    /* what never got trusted stays undelivered: counted as ignored */
+    c->counters.ignored += c->stash_msgs;
+    mca_btl_ivshmem_stash_clear();
     ivshm_stats st;
     ivshm_get_stats(c->h, &st);
     if (c->verbose >= 1)
@@ -362,25 +375,27 @@ int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl)
     if (c->verbose >= 2)
         fprintf(stderr,
                 "btl_ivshmem: rank %u dropped %" PRIu64 " messages, rejected %"
-                PRIu64 " slots posing as ranks of this job\n",
-                c->vpid, c->counters.dropped, c->counters.rejected);
-    for (int s = 0; s < 64; s++) {
-        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-        if (!ep)
-            continue;
+                PRIu64 " slots posing as ranks of this job, ignored %" PRIu64
+                " messages of untrusted senders\n",
+                c->vpid, c->counters.dropped, c->counters.rejected,
+                c->counters.ignored);
+    while (c->endpoints) {
+        mca_btl_ivshmem_endpoint_t *ep = c->endpoints;
+        c->endpoints = ep->next;
         /* the PML is gone: whatever is still queued is dropped silently */
         mca_btl_ivshmem_frag_t *f;
         while ((f = ivshmem_queue_pop(&ep->pending)))
             ivshmem_frag_return(f);
+        c->by_slot[ep->slot] = NULL;
         free(ep);
-        c->by_slot[s] = NULL;
     }
     while (c->retired) {
         mca_btl_ivshmem_endpoint_t *ep = c->retired;
-        c->retired = ep->retired_next;
+        c->retired = ep->next;
         free(ep);
     }
     c->num_endpoints = 0;
+    c->pending_eps = NULL;
     c->num_pending = 0;
     mca_btl_ivshmem_frag_t *f;
     while ((f = ivshmem_queue_pop(&c->complete)))
@@ -389,5 +404,6 @@ int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl)
     c->h = NULL;
     free(c->rxbuf);
     c->rxbuf = NULL;
+    mca_btl_ivshmem_free_slot_arrays();
     return OPAL_SUCCESS;
 }

@@ -1,7 +1,8 @@
 /*
  * Progress (called from opal_progress once the BML has registered us):
- *   1. deliver what arrived in our rings to the PML's active-message
- *      callbacks (at most IVSHMEM_RECV_BATCH per call),
+ *   1. deliver what arrived for us (our receive queue and fast channels,
+ *      any sender; only trusted senders reach the PML) to the PML's
+ *      active-message callbacks (at most IVSHMEM_RECV_BATCH per call),
  *   2. retry fragments waiting for ring space,
  *   3. make the owed completion callbacks,
  *   4. when idle: every ~100 ms reap dead peers (a peer gone without its
@@ -20,6 +21,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Clock reads are spaced out: one every this many idle polls. */
@@ -36,6 +38,8 @@ void mca_btl_ivshmem_trust(int slot, uint32_t gen)
     if (!c->trusted[slot])
         c->active[c->nactive++] = slot;
     c->trusted[slot] = (uint64_t)gen + 1;
+    if (c->stashed[slot])
+        c->stash_ready = true; /* what it sent before is delivered first */
 }
 
 void mca_btl_ivshmem_distrust(int slot)
@@ -49,31 +53,19 @@ void mca_btl_ivshmem_distrust(int slot)
             c->active[i] = c->active[--c->nactive];
             break;
         }
-    c->rr = 0;
 }
 
-/* Who wrote a message we just took from `slot`, as far as the registry
-   tells after the fact. */
+/* Who wrote a message we just took, as far as the registry tells after
+   the fact. */
 enum sender_state {
-    SENDER_CURRENT,  /* live at the generation we trust: deliver          */
-    SENDER_DEPARTED, /* left or died: only its BYE still means something */
-    SENDER_REPLACED, /* the slot holds another incarnation: drop all      */
+    SENDER_CURRENT,   /* live at the generation we trust: deliver          */
+    SENDER_DEPARTED,  /* left or died: only its BYE still means something */
+    SENDER_REPLACED,  /* the slot holds another incarnation: drop all      */
+    SENDER_UNTRUSTED, /* not (yet) trusted: admit, stash or ignore         */
 };
 
-/* Checked after the take: generations only grow, so a slot live at
-   generation g now was at g when libivshm took the message (it delivers
-   only frames of the generation it read then). With `lock`. */
-static inline enum sender_state sender_state(int slot, uint32_t gen)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    int64_t now = ivshm_peer_generation(c->h, slot);
-    if (now < 0)
-        return SENDER_DEPARTED;
-    return (uint32_t)now == gen ? SENDER_CURRENT : SENDER_REPLACED;
-}
-
 /* A control message of a trusted sender. BYE is the last message a
-   finalizing rank sends us: we stop reading its ring. */
+   finalizing rank sends us: we stop delivering its messages. */
 static void handle_control(int src, uint32_t tag)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -91,9 +83,9 @@ static void handle_control(int src, uint32_t tag)
 
 /* Hand one received message of a trusted, current sender to the PML.
    Called without `lock`: the callback may send. The descriptor lives on
-   our stack and its data in the ring slot (or rxbuf), valid only during
-   the callback (the BTL contract). `len` was checked against the slot
-   (in place) or rxbuf (copied) by the caller. */
+   our stack and its data in the queue cell (or rxbuf, or a stash entry),
+   valid only during the callback (the BTL contract). `len` was checked
+   against where the data lies by the caller. */
 static inline int deliver(int src, uint32_t tag, const void *data, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -115,32 +107,34 @@ static inline int deliver(int src, uint32_t tag, const void *data, size_t len)
     return 1;
 }
 
-/* One received message: in place in its ring slot (in_ring) until
+/* One received message: in place in the region (in_ring) until
    release_message, or reassembled in rxbuf. */
 typedef struct ivshmem_rx_msg {
     int src;
     uint32_t tag;
     bool in_ring;
     enum sender_state sender;
+    int64_t live_gen; /* the sender slot's generation after the take */
     const void *data;
 } ivshmem_rx_msg_t;
 
-/* Next message from slot `from`: its length, -EAGAIN, or an error. With
-   `lock`. A message that fits one slot is not copied: the payload is
-   shared memory a co-tenant could still scribble on, but ob1 only reads
-   it once per use, so that corrupts that message alone, just as a
-   scribble before a copy would. */
-static inline ssize_t take_message(int from, ivshmem_rx_msg_t *m)
+/* Next message from any sender: its length, -EAGAIN, or an error (with
+   m->src set to the sender it concerns). With `lock`. libivshm looks at
+   our receive queue and our few active fast channels (not at every
+   slot) and validates the header. A message that fits one slot is not
+   copied: the payload is shared memory a co-tenant could still scribble
+   on, but ob1 only reads it once per use, so that corrupts that message
+   alone, just as a scribble before a copy would. */
+static inline ssize_t take_message(ivshmem_rx_msg_t *m)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    ssize_t n = ivshm_recv_peek(c->h, from, &m->src, &m->tag, &m->data);
+    ssize_t n = ivshm_recv_peek(c->h, IVSHM_ANY, &m->src, &m->tag, &m->data);
     m->in_ring = n >= 0;
-    if (OPAL_UNLIKELY(n == -EMSGSIZE)) {
+    if (OPAL_UNLIKELY(n == -EMSGSIZE) && m->src >= 0) {
         /* spans several slots (a user-set max_send_size): copy it out */
-        n = ivshm_recv(c->h, from, NULL, &m->tag, c->rxbuf, c->rxcap, 0);
+        n = ivshm_recv(c->h, m->src, NULL, &m->tag, c->rxbuf, c->rxcap, 0);
         m->data = c->rxbuf;
     }
-    m->src = from;
     return n;
 }
 
@@ -153,7 +147,7 @@ static inline bool length_ok(const ivshmem_rx_msg_t *m, ssize_t n)
     return (size_t)n <= cap;
 }
 
-/* Give a taken in-place message's slot back to its sender. */
+/* Give a taken in-place message's cell back to the queue (or channel). */
 static inline void release_message(const ivshmem_rx_msg_t *m)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -189,25 +183,8 @@ static void receive_error(const ivshmem_rx_msg_t *m, ssize_t err)
         mca_btl_ivshmem_peer_failed(ep, IVSHM_ECORRUPT);
 }
 
-/* One message from the trusted senders, round-robin; -EAGAIN if none.
-   With `lock`. Only rings of active[] are ever looked at. */
-static inline ssize_t recv_active(ivshmem_rx_msg_t *m)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    const int n = c->nactive;
-    int i = c->rr < n ? c->rr : 0;
-    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
-        ssize_t got = take_message(c->active[i], m);
-        /* a departed sender with nothing left: housekeeping drops it */
-        if (got == -EAGAIN || got == IVSHM_EPEERDEAD)
-            continue;
-        c->rr = i + 1;
-        return got;
-    }
-    return -EAGAIN;
-}
-
-/* What to do with a taken message, by who wrote it. Without `lock`. */
+/* What to do with a taken message of a trusted sender, by what became
+   of it. Without `lock`. */
 static inline int dispatch(const ivshmem_rx_msg_t *m, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -229,67 +206,215 @@ static inline int dispatch(const ivshmem_rx_msg_t *m, size_t len)
     return 0;
 }
 
-/*
- * Hot path of the receiver: poll the rings of the trusted senders (one
- * seq load each when empty), check that the slot still holds the trusted
- * generation, make the upcall on the message where it lies, release it.
- * Invariants: no ring outside active[] is read, so a co-tenant that is
- * not a verified member of our job cannot reach ob1; every taken message
- * is released after its upcall (or drop), so the sender gets its slot
- * back; rxbuf holds ring_capacity bytes, the most any ivshm_try_send can
- * send, so an honest message is never truncated.
- */
-static int poll_rings(void)
+/* ---- the stash: messages of a connected job ob1 has not added yet ---- */
+
+typedef struct ivshmem_stashed {
+    struct ivshmem_stashed *next;
+    int slot;
+    uint32_t gen;
+    uint32_t tag;
+    size_t len;
+    unsigned char data[];
+} ivshmem_stashed_t;
+
+/* Keep a copy of `m` (generation `gen`) in arrival order. `force`: a
+   trusted sender whose earlier messages are still stashed (its order
+   must hold, so no limit applies; the stash is delivered next). */
+static void stash_put(const ivshmem_rx_msg_t *m, size_t len, uint32_t gen,
+                      bool force)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (!force && (c->stashed[m->src] >= IVSHMEM_STASH_PER_SLOT ||
+                   c->stash_msgs >= IVSHMEM_STASH_MAX_MSGS ||
+                   len > IVSHMEM_STASH_MAX_BYTES - c->stash_bytes)) {
+        c->counters.ignored++;
+        return;
+    }
+    ivshmem_stashed_t *e = malloc(sizeof *e + len);
+    if (!e) {
+        c->counters.ignored++;
+        return;
+    }
+    e->next = NULL;
+    e->slot = m->src;
+    e->gen = gen;
+    e->tag = m->tag;
+    e->len = len;
+    memcpy(e->data, m->data, len);
+    if (c->stash_tail)
+        c->stash_tail->next = e;
+    else
+        c->stash_head = e;
+    c->stash_tail = e;
+    c->stashed[m->src]++;
+    c->stash_msgs++;
+    c->stash_bytes += len;
+}
+
+/* Deliver the stashed messages of senders trusted since (in order), drop
+   those of slots that changed hands, keep the rest. */
+static int stash_deliver(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int delivered = 0;
-    for (int i = 0; i < IVSHMEM_RECV_BATCH; i++) {
+    c->stash_ready = false;
+    ivshmem_stashed_t **p = &c->stash_head, *prev = NULL;
+    while (*p) {
+        ivshmem_stashed_t *e = *p;
+        OPAL_THREAD_LOCK(&c->lock);
+        int64_t now = ivshm_peer_generation(c->h, e->slot);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        bool trusted = c->trusted[e->slot] == (uint64_t)e->gen + 1;
+        if (trusted || now != (int64_t)e->gen) {
+            *p = e->next; /* unlinked before the upcall, which may send */
+            if (c->stash_tail == e)
+                c->stash_tail = prev;
+            c->stashed[e->slot]--;
+            c->stash_msgs--;
+            c->stash_bytes -= e->len;
+            if (trusted && now == (int64_t)e->gen)
+                delivered += deliver(e->slot, e->tag, e->data, e->len);
+            else if (trusted && now < 0 && e->tag == IVSHMEM_TAG_BYE)
+                handle_control(e->slot, e->tag);
+            else
+                c->counters.ignored++;
+            free(e);
+            continue;
+        }
+        prev = e;
+        p = &e->next;
+    }
+    return delivered;
+}
+
+void mca_btl_ivshmem_stash_clear(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    while (c->stash_head) {
+        ivshmem_stashed_t *e = c->stash_head;
+        c->stash_head = e->next;
+        free(e);
+    }
+    c->stash_tail = NULL;
+    c->stash_msgs = c->stash_bytes = 0;
+    c->stash_ready = false;
+}
+
+/* A message of a sender we do not trust: never handed to ob1 unless the
+   sender is admitted now (a rank of our job, modex checked). Without
+   `lock`; releases the message. */
+static int untrusted_message(ivshmem_rx_msg_t *m, ssize_t n)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int delivered = 0;
+    if (n < 0 || !length_ok(m, n) || m->live_gen < 0) {
+        c->counters.ignored++;
+    } else {
+        switch (mca_btl_ivshmem_admit_sender(m->src, (uint32_t)m->live_gen)) {
+        case IVSHMEM_ADMITTED:
+            m->sender = SENDER_CURRENT;
+            delivered = dispatch(m, (size_t)n);
+            break;
+        case IVSHMEM_STASH:
+            stash_put(m, (size_t)n, (uint32_t)m->live_gen, false);
+            break;
+        default:
+            c->counters.ignored++;
+            break;
+        }
+    }
+    if (n >= 0)
+        release_message(m);
+    return delivered;
+}
+
+/*
+ * Hot path of the receiver: take the next message of any sender (one
+ * queue and at most fast_channels channels looked at, whatever the
+ * number of peers), check that its sender is trusted and the slot still
+ * holds the trusted generation, make the upcall on the message where it
+ * lies, release it. Invariants: ob1 only ever sees messages of trusted
+ * senders at their trusted generation (others are admitted, stashed or
+ * ignored first); every taken message is released after its upcall (or
+ * drop), so the queue cell goes back; rxbuf holds ring_capacity bytes,
+ * the most any honest fragment has, so one is never truncated; a
+ * sender's messages reach ob1 in the order it sent them (the stash of a
+ * just-trusted sender goes first).
+ */
+static int poll_region(uint32_t budget)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int delivered = 0;
+    if (OPAL_UNLIKELY(c->stash_ready))
+        delivered += stash_deliver();
+    for (uint32_t i = 0; i < budget; i++) {
         ivshmem_rx_msg_t m = {.src = -1};
         OPAL_THREAD_LOCK(&c->lock);
-        ssize_t n = recv_active(&m);
-        if (n != -EAGAIN)
-            m.sender = sender_state(m.src, (uint32_t)(c->trusted[m.src] - 1));
+        ssize_t n = take_message(&m);
+        uint64_t t = 0;
+        if (OPAL_LIKELY(n != -EAGAIN) && m.src >= 0 &&
+            m.src < (int)c->geom.max_peers) {
+            /* generations only grow: a slot live at g now was at g when
+               libivshm took the message (it hands out only frames of
+               the generation it read then) */
+            m.live_gen = ivshm_peer_generation(c->h, m.src);
+            t = c->trusted[m.src];
+            m.sender = !t ? SENDER_UNTRUSTED
+                       : m.live_gen < 0 ? SENDER_DEPARTED
+                       : (uint64_t)m.live_gen + 1 == t ? SENDER_CURRENT
+                                                       : SENDER_REPLACED;
+        }
         OPAL_THREAD_UNLOCK(&c->lock);
         if (OPAL_LIKELY(n == -EAGAIN))
             break;
+        if (OPAL_UNLIKELY(m.src < 0 || m.src >= (int)c->geom.max_peers))
+            break; /* an error about no sender in particular */
+        if (OPAL_UNLIKELY(m.sender == SENDER_UNTRUSTED)) {
+            delivered += untrusted_message(&m, n);
+            continue;
+        }
         if (OPAL_UNLIKELY(n < 0 || !length_ok(&m, n))) {
             receive_error(&m, n < 0 ? n : IVSHM_ECORRUPT);
             if (n >= 0)
                 release_message(&m);
             continue;
         }
-        delivered += dispatch(&m, (size_t)n);
+        if (OPAL_UNLIKELY(c->stashed[m.src]) && m.sender == SENDER_CURRENT) {
+            /* behind its stashed messages: keep the order */
+            stash_put(&m, (size_t)n, (uint32_t)(t - 1), true);
+            c->stash_ready = true;
+        } else {
+            delivered += dispatch(&m, (size_t)n);
+        }
         release_message(&m);
     }
     return delivered;
 }
 
-int mca_btl_ivshmem_drain_slot(int slot, uint32_t gen)
+int mca_btl_ivshmem_drain(uint32_t budget)
+{
+    return poll_region(budget);
+}
+
+/* A queued fragment left the FIFO: sent (rc 0) or failed. With `lock`. */
+static void pending_sent(mca_btl_ivshmem_endpoint_t *ep,
+                         mca_btl_ivshmem_frag_t *f, int rc)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    int delivered = 0;
-    /* bounded: a live sender could keep its ring busy forever */
-    for (uint32_t i = 0; i < 2 * c->geom.ring_slots; i++) {
-        ivshmem_rx_msg_t m = {.src = slot};
-        OPAL_THREAD_LOCK(&c->lock);
-        /* a reclaimed slot's ring is the new occupant's: not ours to read */
-        m.sender = sender_state(slot, gen);
-        ssize_t n = m.sender == SENDER_REPLACED ? -EAGAIN : take_message(slot, &m);
-        if (n >= 0 || n == IVSHM_ECORRUPT)
-            m.sender = sender_state(slot, gen);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (n == -EAGAIN || n == IVSHM_EPEERDEAD || n == -EINVAL)
-            break;
-        if (n < 0 || !length_ok(&m, n)) {
-            c->counters.dropped++;
-            if (n >= 0)
-                release_message(&m);
-            continue;
-        }
-        delivered += dispatch(&m, (size_t)n);
-        release_message(&m);
+    const mca_btl_base_segment_t *seg = f->base.des_segments;
+    (void)ivshmem_queue_pop(&ep->pending);
+    c->num_pending--;
+    if (rc == 0) {
+        c->counters.sent_msgs++;
+        c->counters.sent_bytes += seg->seg_len;
+    } else {
+        f->status = OPAL_ERR_UNREACH;
+        ep->send_error = rc; /* reported by the caller, unlocked */
     }
-    return delivered;
+    if (f->base.des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
+        ivshmem_queue_push(&c->complete, f);
+    else if (f->base.des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP)
+        ivshmem_frag_return(f);
 }
 
 int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
@@ -305,42 +430,78 @@ int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
                                 seg->seg_len);
         if (rc == -EAGAIN)
             break;
-        (void)ivshmem_queue_pop(&ep->pending);
-        c->num_pending--;
-        if (rc == 0) {
-            c->counters.sent_msgs++;
-            c->counters.sent_bytes += seg->seg_len;
-        } else {
-            f->status = OPAL_ERR_UNREACH;
-            ep->send_error = rc; /* reported by the caller, unlocked */
-        }
-        if (f->base.des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
-            ivshmem_queue_push(&c->complete, f);
-        else if (f->base.des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP)
-            ivshmem_frag_return(f);
+        pending_sent(ep, f, rc);
         sent++;
     }
     return sent;
 }
 
+/*
+ * Sends queued for a receiver whose queue (or our channel to it) is
+ * full, nothing else to do, and a CPU shared with other ranks: spinning
+ * would only take the CPU from the ranks that have to drain those
+ * queues (with a hundred ranks on a few cores, that is most of them).
+ * Instead wait, for at most one slice, for room for the first queued
+ * fragment: libivshm registers us as a waiter of that receiver, which
+ * wakes us when it frees a cell. All or nothing: a fragment fits the
+ * queue and a channel, so a timeout leaves no trace. What arrives for us
+ * meanwhile waits at most the slice.
+ */
+static int wait_for_room(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    mca_btl_ivshmem_endpoint_t *ep;
+    OPAL_THREAD_LOCK(&c->lock);
+    for (ep = c->pending_eps; ep; ep = ep->next_pending)
+        if (ep->pending.head && !ep->in_ring && !ep->dead)
+            break;
+    if (!ep) {
+        OPAL_THREAD_UNLOCK(&c->lock);
+        return 0;
+    }
+    mca_btl_ivshmem_frag_t *f = ep->pending.head;
+    const mca_btl_base_segment_t *seg = f->base.des_segments;
+    int rc = ivshm_send_timeout(c->h, ep->slot, f->tag, seg->seg_addr.pval,
+                                seg->seg_len, c->block_ms);
+    if (rc == -EAGAIN || rc == -ETIMEDOUT) {
+        OPAL_THREAD_UNLOCK(&c->lock);
+        return 0;
+    }
+    pending_sent(ep, f, rc);
+    int err = ep->send_error;
+    ep->send_error = 0;
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (OPAL_UNLIKELY(err))
+        mca_btl_ivshmem_peer_failed(ep, err);
+    return 1;
+}
+
+/* Only the endpoints with queued fragments (pending_eps) are looked
+   at; an emptied one leaves the list. */
 static int retry_pending(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int n = 0;
+    mca_btl_ivshmem_endpoint_t *failed = NULL;
     OPAL_THREAD_LOCK(&c->lock);
-    for (int s = 0; s < 64 && c->num_pending; s++) {
-        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-        if (ep && ep->pending.count)
-            n += mca_btl_ivshmem_flush_pending(ep);
+    mca_btl_ivshmem_endpoint_t **p = &c->pending_eps;
+    while (*p) {
+        mca_btl_ivshmem_endpoint_t *ep = *p;
+        n += mca_btl_ivshmem_flush_pending(ep);
+        if (OPAL_UNLIKELY(ep->send_error) && !failed)
+            failed = ep; /* one per call: reported below, unlocked */
+        if (0 == ep->pending.count) {
+            *p = ep->next_pending;
+            ep->on_pending_list = false;
+        } else {
+            p = &ep->next_pending;
+        }
     }
     OPAL_THREAD_UNLOCK(&c->lock);
-    for (int s = 0; s < 64; s++) {
-        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-        if (ep && OPAL_UNLIKELY(ep->send_error)) {
-            int err = ep->send_error;
-            ep->send_error = 0;
-            mca_btl_ivshmem_peer_failed(ep, err);
-        }
+    if (OPAL_UNLIKELY(failed)) {
+        int err = failed->send_error;
+        failed->send_error = 0;
+        mca_btl_ivshmem_peer_failed(failed, err);
     }
     return n;
 }
@@ -391,8 +552,9 @@ static void update_cpu_sharing(uint64_t now)
     }
     all = mine;
     int ranks = 1;
-    for (int s = 0; s < (int)c->geom.max_peers; s++) {
-        if (!c->trusted[s] || s == c->self_slot)
+    for (int i = 0; i < c->nactive; i++) {
+        int s = c->active[i];
+        if (s == c->self_slot)
             continue;
         ivshm_peer_info info;
         OPAL_THREAD_LOCK(&c->lock);
@@ -411,66 +573,79 @@ static void update_cpu_sharing(uint64_t now)
     c->shares_cpu = ranks > CPU_COUNT(&all);
 }
 
+/* Is `slot` live at generation `gen`? With `lock`. */
+static inline bool slot_live(int slot, uint32_t gen)
+{
+    return ivshm_peer_generation(mca_btl_ivshmem_component.h, slot) ==
+           (int64_t)gen;
+}
+
 /* Every ~100 ms: reap, then check each peer we talk to (endpoints) or
-   accept messages from (trusted senders). A departed one is drained
-   first: its goodbye is still in its ring; only then is a missing
-   goodbye taken for a crash. Last, admit ranks of our job that turned
-   up in the registry. */
+   accept messages from (trusted senders): O(those peers), not O(slots).
+   A departed one's goodbye may still wait in our queue: the region is
+   drained first, and only then is a missing goodbye taken for a crash. */
 static int housekeeping(uint64_t now)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    mca_btl_ivshmem_endpoint_t *failed[64];
-    int nfailed = 0, delivered = 0;
+    int ndeparted = 0, delivered = 0;
     if (now - c->last_reap_ns < IVSHMEM_REAP_NS)
         return 0;
     c->last_reap_ns = now;
 
     OPAL_THREAD_LOCK(&c->lock);
     (void)ivshm_reap(c->h);
-    OPAL_THREAD_UNLOCK(&c->lock);
-    for (int s = 0; s < (int)c->geom.max_peers; s++) {
+    /* departed[] has max_peers entries and each slot goes in at most
+       once: watched endpoints (one per slot), then trusted slots
+       without a watched endpoint */
+    for (mca_btl_ivshmem_endpoint_t *ep = c->endpoints; ep; ep = ep->next)
+        if (!ep->dead && !ep->deleted && !slot_live(ep->slot, ep->generation))
+            c->departed[ndeparted++] = ep->slot;
+    for (int i = 0; i < c->nactive; i++) {
+        int s = c->active[i];
         mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-        uint64_t t = c->trusted[s];
-        bool watched = ep && !ep->dead && !ep->deleted;
-        if (!watched && !t)
-            continue;
-        uint32_t gen = watched ? ep->generation : (uint32_t)(t - 1);
-        ivshm_peer_info info;
-        OPAL_THREAD_LOCK(&c->lock);
-        bool live = ivshm_peer(c->h, s, &info) == 0 && info.generation == gen;
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (live)
-            continue;
-        if (t)
-            delivered += mca_btl_ivshmem_drain_slot(s, (uint32_t)(t - 1));
-        OPAL_THREAD_LOCK(&c->lock);
-        mca_btl_ivshmem_distrust(s);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (watched) {
-            if (ep->said_bye)
-                ep->dead = true; /* gone for good: sends fail, no more checks */
-            else
-                failed[nfailed++] = ep;
-        }
+        if (ep && !ep->dead && !ep->deleted)
+            continue; /* looked at above */
+        if (!slot_live(s, (uint32_t)(c->trusted[s] - 1)))
+            c->departed[ndeparted++] = s;
     }
-    for (int i = 0; i < nfailed; i++)
-        mca_btl_ivshmem_peer_failed(failed[i], IVSHM_EPEERDEAD);
-    mca_btl_ivshmem_admit_job_peers();
+    OPAL_THREAD_UNLOCK(&c->lock);
     update_cpu_sharing(now);
+    if (0 == ndeparted)
+        return 0;
+
+    delivered += mca_btl_ivshmem_drain(IVSHMEM_DRAIN_BUDGET);
+    for (int i = 0; i < ndeparted; i++) {
+        int s = c->departed[i];
+        mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+        OPAL_THREAD_LOCK(&c->lock);
+        if (c->trusted[s] && !slot_live(s, (uint32_t)(c->trusted[s] - 1)))
+            mca_btl_ivshmem_distrust(s);
+        bool watched = ep && !ep->dead && !ep->deleted &&
+                       !slot_live(s, ep->generation);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (!watched)
+            continue;
+        if (ep->said_bye)
+            ep->dead = true; /* gone for good: sends fail, no more checks */
+        else
+            mca_btl_ivshmem_peer_failed(ep, IVSHM_EPEERDEAD);
+    }
     return delivered;
 }
 
 /* Blocking is for ranks that have nothing else to do and a CPU to give
-   away: not with sends or callbacks outstanding, not while other threads
+   away: not with callbacks outstanding, with queued sends only to wait
+   for their room (`for_room`), not while other threads
    may need the handle, (by default) not when another BTL carries some
    peer, whose progress would then be polled only once per slice, and
    (by default) not on CPUs of its own (update_cpu_sharing). */
-static bool may_block(uint64_t now)
+static bool may_block(uint64_t now, bool for_room)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed))
         return false;
-    if (c->num_pending || c->complete.head || opal_using_threads())
+    if ((c->num_pending && !for_room) || c->complete.head ||
+        opal_using_threads())
         return false;
     if (0 == c->num_endpoints && 0 == c->counters.recv_msgs)
         return false; /* not carrying anything (yet) */
@@ -497,9 +672,14 @@ static int idle_tick(void)
         c->idle_since_ns = now;
     int n = housekeeping(now);
     if (0 == n)
-        n = poll_rings(); /* nothing arrived before we block? */
-    if (0 == n && may_block(now) && 0 == ivshm_wait_message(c->h, c->block_ms))
-        n = poll_rings(); /* woken by a sender: take it right away */
+        n = poll_region(IVSHMEM_RECV_BATCH); /* nothing arrived before we block? */
+    if (0 == n && c->num_pending) {
+        if (may_block(now, true))
+            n = wait_for_room(); /* our sends wait for room: so do we */
+    } else if (0 == n && may_block(now, false) &&
+               0 == ivshm_wait_message(c->h, c->block_ms)) {
+        n = poll_region(IVSHMEM_RECV_BATCH); /* woken by a sender: take it now */
+    }
     return n;
 }
 
@@ -518,7 +698,7 @@ int mca_btl_ivshmem_component_progress(void)
         c->in_progress = 1;
     }
 
-    int events = poll_rings();
+    int events = poll_region(IVSHMEM_RECV_BATCH);
     if (OPAL_UNLIKELY(c->num_pending))
         events += retry_pending();
     if (OPAL_UNLIKELY(NULL != c->complete.head))

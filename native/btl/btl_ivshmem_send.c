@@ -108,12 +108,19 @@ mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
     return &f->base;
 }
 
-/* Queue `f` behind whatever `ep` already waits for. With `lock`. */
-static inline void enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
-                                   mca_btl_ivshmem_frag_t *f)
+/* Queue `f` behind whatever `ep` already waits for; progress retries
+   the endpoints on pending_eps only. With `lock`. */
+void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
+                                     mca_btl_ivshmem_frag_t *f)
 {
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     ivshmem_queue_push(&ep->pending, f);
-    mca_btl_ivshmem_component.num_pending++;
+    c->num_pending++;
+    if (!ep->on_pending_list) {
+        ep->on_pending_list = true;
+        ep->next_pending = c->pending_eps;
+        c->pending_eps = ep;
+    }
 }
 
 static inline void count_sent(size_t len)
@@ -152,14 +159,18 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
                 OPAL_THREAD_UNLOCK(&c->lock);
                 return OPAL_SUCCESS;
             }
-            OPAL_THREAD_UNLOCK(&c->lock);
-            mca_btl_ivshmem_peer_failed(ep, rc);
-            return OPAL_ERR_UNREACH;
+            if (rc != -EAGAIN) {
+                OPAL_THREAD_UNLOCK(&c->lock);
+                mca_btl_ivshmem_peer_failed(ep, rc);
+                return OPAL_ERR_UNREACH;
+            }
+            /* packed for the receiver's queue, whose room other senders
+               took since the reservation: it waits in our own buffer */
         }
         /* fragments queued since it was packed must go first: it leaves
            the (unpublished) slot for our own buffer and queues too */
         memcpy(f->data, buf, len);
-        enqueue_pending(ep, f);
+        mca_btl_ivshmem_enqueue_pending(ep, f);
         OPAL_THREAD_UNLOCK(&c->lock);
         return OPAL_SUCCESS;
     }
@@ -177,7 +188,7 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
             return OPAL_ERR_UNREACH;
         }
     }
-    enqueue_pending(ep, f);
+    mca_btl_ivshmem_enqueue_pending(ep, f);
     OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
 }
@@ -245,10 +256,30 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
             goto busy;
         }
         rc = ivshm_send_commit(c->h, ep->slot, tag, total);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (OPAL_UNLIKELY(rc < 0))
+        if (OPAL_LIKELY(0 == rc)) {
+            OPAL_THREAD_UNLOCK(&c->lock);
+            count_sent(total);
+            return OPAL_SUCCESS;
+        }
+        if (rc != -EAGAIN) {
+            OPAL_THREAD_UNLOCK(&c->lock);
             goto failed;
-        count_sent(total);
+        }
+        /* Packed for the receiver's queue (staged in our memory), whose
+           room other senders took since the reservation: keep a copy in
+           the FIFO, as for a full ring below; the PML is done. */
+        f = ivshmem_frag_get(total);
+        if (!f) {
+            OPAL_THREAD_UNLOCK(&c->lock); /* never committed: nothing sent */
+            goto busy;
+        }
+        memcpy(f->data, slot, total);
+        f->segment.seg_len = total;
+        f->endpoint = ep;
+        f->tag = tag;
+        f->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP; /* no callback */
+        mca_btl_ivshmem_enqueue_pending(ep, f);
+        OPAL_THREAD_UNLOCK(&c->lock);
         return OPAL_SUCCESS;
     }
     OPAL_THREAD_UNLOCK(&c->lock);
@@ -285,7 +316,7 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
             goto failed;
         }
     }
-    enqueue_pending(ep, f);
+    mca_btl_ivshmem_enqueue_pending(ep, f);
     OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
 

@@ -1,16 +1,22 @@
-/* libFuzzer: receive from a ring whose every byte a hostile peer chose.
+/* libFuzzer: receive from a receive area whose every byte a hostile peer
+   chose.
 
-   A region is formatted in a heap buffer (small geometry) and a handle is
-   built for it by hand, as slot 0, with a doorbell that never blocks. The
-   input is sprayed over ring(1->0), the registry entry of slot 1 and the
-   tail of ring(0->1); then we receive (copying, or peek + release) and
-   send (copying, or reserve + commit) a few times. Any outcome but a
+   A region is formatted in a heap buffer (small geometry: 3 peers, a
+   queue of 4 cells, 2 fast rings of 4 slots) and a handle is built for it
+   by hand, as slot 0, with a doorbell that never blocks. The input is
+   sprayed over our receive area (queue ctrl, cells, channel descriptors,
+   fast rings), the registry entries of slots 1 and 2 and slot 1's receive
+   area (where our sends go); then we receive (copying, or peek + release)
+   and send (copying, or reserve + commit) a few times. Any outcome but a
    crash or an out-of-bounds access is fine.
 
    Input: byte 0 = slot 1's state (ACTIVE, DEAD, FREE), the receive
-   capacity and whether a peek or a copying receive comes first; byte 1 =
-   our starting receive position, byte 2 = our starting send position;
-   the rest is sprayed in the order above. */
+   capacity, whether a peek or a copying receive comes first, and whether
+   we hear only listed senders (slot 1, or nobody); byte 1 =
+   our starting queue position, whether slot 1 already uses fast channel
+   0 or 1 of ours and our position in it; byte 2 = our starting send
+   position and whether we already own a channel of slot 1; the rest is
+   sprayed in the order above. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -60,8 +66,9 @@ static struct ivshm_doorbell fake_db = {
 
 static void setup(void)
 {
-    ivshm_geometry g = {.max_peers = 2, .ring_slots = 4, .slot_size = 128,
-                        .max_windows = 1};
+    ivshm_geometry g = {.max_peers = 3, .ring_slots = 4, .slot_size = 128,
+                        .max_windows = 1, .queue_slots = 4,
+                        .fast_channels = 2};
     uint64_t size = ivshm_min_region_size(&g);
     uint8_t *base = aligned_alloc(IVSHM_PAGE, size);
     if (!base || ivshm_format(base, size, &g) < 0)
@@ -78,18 +85,31 @@ static void setup(void)
     h->ring_slots = hdr->ring_slots;
     h->slot_size = hdr->slot_size;
     h->max_windows = hdr->max_windows;
+    h->queue_slots = hdr->queue_slots;
+    h->fast_channels = hdr->fast_channels;
     h->registry_off = hdr->registry_off;
-    h->ring_off = hdr->ring_off;
+    h->rx_off = hdr->rx_off;
+    h->rx_bytes = hdr->rx_bytes;
     h->ring_bytes = hdr->ring_bytes;
     h->windir_off = hdr->windir_off;
     h->wctl_off = hdr->wctl_off;
     h->heap_off = hdr->heap_off;
     h->heap_size = hdr->heap_size;
-    h->self = 0;
-    h->self_gen = 1;
+    h->peers = calloc(h->max_peers, sizeof *h->peers);
+    h->bl_list = calloc(h->max_peers, sizeof *h->bl_list);
+    h->listen_gen = calloc(h->max_peers, sizeof *h->listen_gen);
+    if (!h->peers || !h->bl_list || !h->listen_gen)
+        __builtin_trap();
     h->spin_ns = 1;
     h->pidns = 1;
+    h->fast_after = 2;
     h->db = &fake_db;
+    /* both receive areas as their owners leave them when they join */
+    h->self = 1;
+    ivshm_rx_area_reset(h);
+    h->self = 0;
+    ivshm_rx_area_reset(h);
+    h->self_gen = 1;
 
     struct ivshm_peer_entry *me = ivshm_entry(h, 0);
     atomic_store(&me->gen, 1);
@@ -120,45 +140,63 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
     if (size < 3)
         return 0;
-    memcpy(h->base + shared_off, pristine, shared_len);
-    /* forget positions and any message an earlier input left half
-       received (its staged prefix is freed) */
-    for (int x = 0; x < (int)IVSHM_MAX_PEERS; x++)
+    /* forget positions, backlogs, channels and any message an earlier
+       input left half received (its staged prefix is freed) */
+    for (int x = 0; x < (int)h->max_peers; x++)
         ivshm_peer_local_reset(h, x, 0);
-    h->rr_next = 0;
+    memcpy(h->base + shared_off, pristine, shared_len);
+    ivshm_rx_area_reset(h);
 
     static const uint32_t states[4] = {PEER_ACTIVE, PEER_ACTIVE, PEER_DEAD,
                                        PEER_FREE};
     static const size_t caps[4] = {0, 7, 200, sizeof rxbuf};
     uint32_t state = states[data[0] & 3];
     size_t cap = caps[(data[0] >> 2) & 3];
-    uint64_t rx_start = data[1];
-    uint64_t tx_start = data[2] & 15;
 
     const uint8_t *in = data + 3;
     size_t left = size - 3;
-    spray(ivshm_ring(h, 1, 0), h->ring_bytes, &in, &left);
+    spray(ivshm_rx_area(h, 0), h->rx_bytes, &in, &left);
     struct ivshm_peer_entry *peer = ivshm_entry(h, 1);
     spray((uint8_t *)peer, sizeof *peer, &in, &left);
-    struct ivshm_ring_ctrl *tx_ctrl = (void *)ivshm_ring(h, 0, 1);
-    spray((uint8_t *)&tx_ctrl->tail, sizeof tx_ctrl->tail, &in, &left);
+    spray((uint8_t *)ivshm_entry(h, 2), sizeof *peer, &in, &left);
+    spray(ivshm_rx_area(h, 1), h->rx_bytes, &in, &left);
 
     /* Considered at all; and when its liveness is probed, found dead, so
        a wait for a fragment that never comes ends. */
     atomic_store(&peer->state, state);
     peer->pidns = h->pidns;
     peer->pid = INT32_MAX;
+    struct ivshm_peer_entry *other = ivshm_entry(h, 2);
+    other->pidns = h->pidns;
+    other->pid = INT32_MAX;
 
     /* Start our positions where the input says, as if we had talked to
-       this generation before (tail cache consistent with the head). */
+       this generation before. */
     struct ivshm_peer_local *p = &h->peers[1];
     p->gen = atomic_load(&peer->gen);
-    p->rx_tail = rx_start;
-    p->tx_head = tx_start;
-    p->tx_tail_cache = tx_start > h->ring_slots ? tx_start - h->ring_slots : 0;
+    /* hearing only slot 1 (or nobody), as the BTL does */
+    ivshm_listen_only(h, data[0] & 0x20);
+    ivshm_listen(h, 1, (data[0] & 0x40) ? p->gen : 0);
+    h->q_head = data[1] & 7;
+    if (data[1] & 0x80) {
+        int k = (data[1] >> 6) & 1;
+        p->rx_chan = (int16_t)k;
+        p->rx_tail = (data[1] >> 3) & 7;
+        h->chan_user[k] = 1;
+        h->act[h->n_act++] = 1;
+    }
+    if (data[2] & 0x80) {
+        uint64_t tx_start = data[2] & 15;
+        p->tx_chan = (int16_t)((data[2] >> 4) & 1);
+        p->tx_head = tx_start;
+        p->tx_tail_cache = tx_start > h->ring_slots ? tx_start - h->ring_slots
+                                                    : 0;
+    } else {
+        p->tx_queued = data[2] & 3;
+    }
 
     /* copying receives and zero-copy peeks, interleaved as byte 0 says */
-    const uint8_t *ring = ivshm_ring(h, 1, 0);
+    const uint8_t *area = ivshm_rx_area(h, 0);
     for (int i = 0; i < 4; i++) {
         int src = -1;
         uint32_t tag = 0;
@@ -168,27 +206,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ssize_t rc = ivshm_recv_peek(h, from, &src, &tag, &msg);
             if (rc < 0)
                 continue;
-            /* a peeked payload lies inside one slot of ring(1->0) */
+            /* a peeked payload lies inside our receive area (a cell or a
+               ring slot), or in a backlog record of ours */
             const uint8_t *m = msg;
-            if (src != 1 || !m || m < ring + IVSHM_RING_CTRL ||
-                m + rc > ring + h->ring_bytes ||
+            bool in_region = m >= h->base && m < h->base + h->size;
+            if (src < 1 || src > 2 || !m ||
+                (in_region && (m < area || m + rc > area + h->rx_bytes)) ||
                 (uint64_t)rc > h->slot_size - IVSHM_SLOT_HDR)
                 __builtin_trap();
             volatile uint8_t sink = 0;
             for (ssize_t k = 0; k < rc; k++)
                 sink ^= m[k];
             (void)sink;
-            /* nobody wrote the ring since the peek: it must be there */
-            if (ivshm_recv_release(h, 1) != 0)
+            /* nobody wrote the area since the peek: it must be there */
+            if (ivshm_recv_release(h, src) != 0)
                 __builtin_trap();
         } else {
             ssize_t rc = ivshm_recv(h, from, &src, &tag,
                                     cap ? rxbuf : NULL, cap, 0);
-            if (rc > 0 && (src != 1 || (uint64_t)rc > (uint64_t)SSIZE_MAX))
+            if (rc > 0 && (src < 1 || src > 2 || (uint64_t)rc > (uint64_t)SSIZE_MAX))
                 __builtin_trap();
         }
     }
     (void)ivshm_recv_release(h, 1);
+    (void)ivshm_recv_release(h, 2);
     ivshm_try_send(h, 1, 5, "fuzz", 4);
     int err = 0;
     uint8_t *slotp = ivshm_send_reserve(h, 1, 16, &err);
@@ -197,8 +238,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ivshm_send_commit(h, 1, 7, 16);
     }
     ivshm_send(h, 1, 6, rxbuf, 300);
-    /* a bounded send of a message larger than the ring (4 slots of 96):
-       streams, and must give up by its deadline whatever the tail says */
+    /* a bounded send of a message larger than the ring or queue (4 slots
+       of 96): streams, and must give up by its deadline whatever the
+       tail or the queue says */
     ivshm_send_timeout(h, 1, 8, rxbuf, 500, 1);
     return 0;
 }

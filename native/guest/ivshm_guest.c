@@ -14,6 +14,9 @@
  *              blocked guest; with --spin -1 it spins instead)
  *     watch    receive from the partner until it dies: reports
  *              IVSHM_EPEERDEAD (the server marked it dead)
+ *     position print the device's IVPosition, read from BAR0 (--bar0)
+ *              without attaching: for ivshm-bind, before vfio-pci
+ *              claims the BAR
  *
  *   Attach (guest defaults come from the environment the guest's init
  *   writes: IVSHM_BAR2, IVSHM_UIO, IVSHM_BAR0):
@@ -37,6 +40,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -112,12 +117,13 @@ static void parse(int argc, char **argv, struct opts *o)
     if (argc < 2)
         usage_error("missing command");
     static const char *const commands[] = {"info", "ping", "pong", "window",
-                                           "wait", "watch"};
+                                           "wait", "watch", "position"};
     bool known = false;
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         known |= strcmp(argv[1], commands[i]) == 0;
     if (!known)
-        usage_error("unknown command (info, ping, pong, window, wait, watch)");
+        usage_error("unknown command (info, ping, pong, window, wait, watch, "
+                    "position)");
     *o = (struct opts){
         .cmd = argv[1],
         .region = env_or("IVSHM_BAR2", NULL),
@@ -170,8 +176,12 @@ static void parse(int argc, char **argv, struct opts *o)
             usage_error(msg);
         }
     }
-    if (!o->server && !o->region)
+    if (!strcmp(o->cmd, "position")) {
+        if (!o->bar0)
+            usage_error("position needs --bar0 (or IVSHM_BAR0)");
+    } else if (!o->server && !o->region) {
         usage_error("no region: give --server or --region (or IVSHM_BAR2)");
+    }
     if (!o->have_peer_rank)
         o->peer_rank = o->rank ^ 1u;
 }
@@ -415,6 +425,31 @@ static int cmd_watch(const struct opts *o)
     return 0;
 }
 
+#define BAR0_BYTES 256
+#define REG_IVPOSITION 8
+
+/* One read of the IVPosition register through a sysfs mapping of BAR0:
+   no attachment, no registry entry, no interrupt, so it is quick and
+   leaves nothing behind. The register reads all ones until QEMU has the
+   server's answer; only 16 bits are usable as a doorbell id. */
+static int cmd_position(const struct opts *o)
+{
+    int fd = open(o->bar0, O_RDWR | O_SYNC | O_CLOEXEC);
+    if (fd < 0)
+        fail(o->bar0, -errno);
+    void *bar = mmap(NULL, BAR0_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (bar == MAP_FAILED)
+        fail(o->bar0, -e);
+    uint32_t pos = ((volatile uint32_t *)bar)[REG_IVPOSITION / 4];
+    munmap(bar, BAR0_BYTES);
+    if (pos > 0xffff)
+        fail("IVPosition not assigned (no server yet?)", -ENODEV);
+    printf("{\"cmd\":\"position\",\"position\":%" PRIu32 "}\n", pos);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
@@ -434,6 +469,9 @@ int main(int argc, char **argv)
         return cmd_wait(&o);
     if (!strcmp(o.cmd, "watch"))
         return cmd_watch(&o);
-    usage_error("unknown command (info, ping, pong, window, wait, watch)");
+    if (!strcmp(o.cmd, "position"))
+        return cmd_position(&o);
+    usage_error("unknown command (info, ping, pong, window, wait, watch, "
+                    "position)");
     return 2;
 }

@@ -37,15 +37,29 @@ enum {
 
 const char *ivshm_strerror(int err);
 
-/* Shape of a region, fixed when it is formatted. Zero fields take defaults. */
+/* Shape of a region, fixed when it is formatted. Zero fields take defaults.
+   Every peer owns one receive area: a queue of queue_slots cells that
+   every other peer appends to, and fast_channels single-producer rings
+   of ring_slots slots that its busiest senders take over on demand
+   (docs/region-layout.md). The region grows linearly with max_peers. */
 typedef struct ivshm_geometry {
-    uint32_t max_peers;   /* registry slots, 2..64 (default 8)               */
-    uint32_t ring_slots;  /* slots per directed ring, power of two (64)      */
-    uint32_t slot_size;   /* bytes per slot incl. 32 B header, %64 (4096)    */
+    uint32_t max_peers;   /* registry slots, 2..1024 (default 8)             */
+    uint32_t ring_slots;  /* slots per fast channel, power of two (64)       */
+    uint32_t slot_size;   /* bytes per slot / cell incl. 32 B header, %64
+                             (4096)                                          */
     uint32_t max_windows; /* window directory entries (32)                   */
+    uint32_t queue_slots; /* cells of each peer's shared receive queue,
+                             power of two, 2..65536 (64)                     */
+    uint32_t fast_channels; /* fast channels per receiver, 1..64 (8), at
+                               most max_peers - 1 are laid out;
+                               IVSHM_FAST_NONE: none, every message goes
+                               through the queues                            */
 } ivshm_geometry;
 
-/* Smallest region size that holds `g` (rings + registry + a 1 MiB heap). */
+#define IVSHM_FAST_NONE 0xffffffffu
+
+/* Smallest region size that holds `g` (receive areas + registry + window
+   tables + a 1 MiB heap): linear in max_peers. */
 uint64_t ivshm_min_region_size(const ivshm_geometry *g);
 
 /* Format a blank, mapped region of `size` bytes in place. */
@@ -74,7 +88,11 @@ typedef struct ivshm_config {
        both set selects the UIO backend for ivshm_attach_path().            */
     const char *uio_dev;  /* e.g. /dev/uio0                                  */
     const char *bar0_path;/* e.g. /sys/bus/pci/devices/0000:00:04.0/resource0*/
-    int32_t doorbell_id;  /* with UIO: our IVPosition; -1 = read from BAR0   */
+    int32_t doorbell_id;  /* with UIO: our IVPosition; -1 = read from BAR0.
+                             Given, a process that finds the device held
+                             by another of its guest (vfio: EBUSY) attaches
+                             without a doorbell of its own: it polls, and
+                             its rings are dropped (docs/vm.md)          */
 } ivshm_config;
 
 #define IVSHM_F_FORMAT 0x1u  /* attach_path: format the region if blank */
@@ -112,7 +130,9 @@ typedef struct ivshm_peer_info {
 } ivshm_peer_info;
 
 /* The geometry this region was formatted with (for sizing messages:
-   one ring holds ring_slots * (slot_size - 32) payload bytes). */
+   one ring holds ring_slots * (slot_size - 32) payload bytes, a queue
+   queue_slots * (slot_size - 32)). fast_channels is IVSHM_FAST_NONE for a
+   region without fast channels. */
 void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out);
 
 int ivshm_self(const ivshm *h);            /* our registry slot */
@@ -141,30 +161,36 @@ int ivshm_server_peers(ivshm *h, int32_t *ids, int *vectors, int n);
    (doorbell or server notice), or -1. For event loops such as Open MPI's. */
 int ivshm_event_fd(ivshm *h);
 
-/* ---- messages: per-pair SPSC rings, large messages pipelined ---- */
+/* ---- messages: per-receiver shared queues, fast SPSC channels for busy
+   pairs taken on demand, large messages pipelined; per-pair order holds
+   across the switch (docs/region-layout.md) ---- */
 
 #define IVSHM_ANY (-1)
 
-/* Send `len` bytes to the peer in `slot`. Messages longer than one slot
-   stream through the ring in fragments. Blocks (spin, then doorbell)
-   while the ring is full, as long as the consumer lives: a consumer that
-   never receives, or a co-tenant that keeps rewriting the ring's tail,
-   holds it (use ivshm_send_timeout for a bounded wait).
+/* Send `len` bytes to the peer in `slot`: through its shared queue, or
+   on our fast channel to it once we have one. Messages longer than one
+   slot go in fragments; longer than the queue or ring, they stream.
+   Blocks (spin, then doorbell) while there is no room, as long as the
+   consumer lives: a consumer that never receives, or a co-tenant that
+   keeps rewriting a ring's tail or the queue, holds it (use
+   ivshm_send_timeout for a bounded wait).
    -IVSHM_EPEERDEAD if the peer goes away; -IVSHM_ECORRUPT if the tail
    the consumer publishes fails validation (out of range, or moved
-   backwards). */
+   backwards), or if the queue was tampered with in the middle of a
+   streamed message. */
 int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len);
-/* ivshm_send waiting at most timeout_ms for ring space (-1: as
-   ivshm_send; 0: as ivshm_try_send): -ETIMEDOUT when the time is up. A
-   message that fits in the ring (ceil(len / (slot_size - 32)) <=
-   ring_slots) is all or nothing: nothing is published before there is
+/* ivshm_send waiting at most timeout_ms for room (-1: as ivshm_send; 0:
+   as ivshm_try_send): -ETIMEDOUT when the time is up. A message that fits
+   in the ring or queue it goes through (ceil(len / (slot_size - 32)) <=
+   ring_slots, resp. queue_slots) is all or nothing: nothing is published before there is
    room for all of it, so a timeout leaves no trace. A larger one streams,
    and a timeout midway cuts it: the receiver gets -IVSHM_ECORRUPT for
    it, and the messages after it intact. */
 int ivshm_send_timeout(ivshm *h, int slot, uint32_t tag, const void *buf,
                        size_t len, int timeout_ms);
 /* Like ivshm_send but never waits: -EAGAIN unless the whole message fits
-   now; -EMSGSIZE if it needs more slots than the ring has (use send). */
+   now; -EMSGSIZE if it needs more slots than the path to the peer has
+   (its fast ring, or its queue before the switch; use send). */
 int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
                    size_t len);
 /* Receive one message from `from` (a slot or IVSHM_ANY). Returns its full
@@ -210,17 +236,33 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
 int ivshm_recv_release(ivshm *h, int src);
 
 /* Zero-copy send of one single-slot message: a pointer to the payload of
-   the next free slot of the ring to `slot`, to be filled with up to `len`
-   bytes, or NULL with *err = -EAGAIN (ring full), -EMSGSIZE (len > slot
-   payload), -IVSHM_EPEERDEAD, -EINVAL. Nothing is visible to the peer
-   before ivshm_send_commit; a reservation that is never committed costs
+   the next free slot of the fast ring to `slot`, to be filled with up to
+   `len` bytes, or NULL with *err = -EAGAIN (no room), -EMSGSIZE (len >
+   slot payload), -IVSHM_EPEERDEAD, -EINVAL. Towards a peer we still reach
+   through its shared queue the pointer is a buffer of ours, copied into
+   the queue by the commit. Nothing is visible to the peer before
+   ivshm_send_commit; a reservation that is never committed costs
    nothing. A copying send to `slot` meanwhile takes that same slot and
    ends the reservation (a later commit is -EINVAL). */
 void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err);
 /* Publish the reserved slot as a message of `len` bytes (len <= the
    slot payload) with `tag`, waking the peer like ivshm_send. -EINVAL
-   without an open reservation. */
+   without an open reservation. Through a shared queue only: -EAGAIN if
+   other senders took the room since the reservation; the reservation
+   stays open (commit again, or abandon it). */
 int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
+
+/* Hear only listed senders: for a transport that must not even buffer
+   what peers it does not trust write (the BTL). With on != 0, cells of
+   any other sender that reach our shared queue are dropped (counted in
+   stats.dropped) and their requests for a fast channel refused, so a
+   co-tenant writing to us costs neither memory nor the order of the
+   senders we hear; a receive from it finds nothing. Off (the default):
+   every peer is heard. 0, or -EINVAL. */
+int ivshm_listen_only(ivshm *h, int on);
+/* Hear the peer in `slot` in its incarnation `generation` (as
+   ivshm_peer_info reports it), or stop hearing it (generation 0). */
+int ivshm_listen(ivshm *h, int slot, uint32_t generation);
 
 /* Wait (spin, then block on the doorbell) until some peer has a message
    for us, without taking it: 0, or -ETIMEDOUT. For progress engines that

@@ -45,10 +45,14 @@ static void usage(FILE *f)
 "                        single-user only); default: a sealed memfd, no file\n"
 "  -l, --size BYTES      region size, power of two, K/M/G suffix (default 64M)\n"
 "  -n, --vectors N       interrupt vectors per peer, 1..%d (default 1)\n"
-"      --max-peers N     registry slots of the region (default 8)\n"
-"      --ring-slots N    slots per ring, power of two (default 64)\n"
-"      --slot-size N     bytes per ring slot, multiple of 64 (default 4096)\n"
-"      --max-clients N   connections at once (default 2 x max-peers)\n"
+"      --max-peers N     registry slots of the region, 2..%d (default 8)\n"
+"      --ring-slots N    slots per fast channel, power of two (default 64)\n"
+"      --slot-size N     bytes per slot / queue cell, multiple of 64 (default 4096)\n"
+"      --queue-slots N   cells of each peer's receive queue, a power of two\n"
+"                        2..65536 (default 64)\n"
+"      --fast-channels N fast per-pair channels per receiver, 0..%d (default 8;\n"
+"                        0: none, every message through the queues)\n"
+"      --max-clients N   connections at once, 1..%d (default 2 x max-peers)\n"
 "      --max-clients-per-uid N  connections at once from one uid (default max-clients)\n"
 "  -F, --foreground      do not daemonize\n"
 "  -p, --pidfile PATH    write the server's pid there\n"
@@ -56,8 +60,10 @@ static void usage(FILE *f)
 "  -g, --group NAME      socket and region mode 0660 with this group (default 0600)\n"
 "      --keep-shm        leave the region file (--shm) in place at shutdown\n"
 "  -v, --verbose         log joins and leaves\n"
-"  -h, --help            this text\n",
-            IVS_MAX_VECTORS);
+"  -h, --help            this text\n"
+"Each client holds one eventfd per vector of every other client: with many\n"
+"peers raise the clients' RLIMIT_NOFILE (ulimit -n) above max-clients x vectors.\n",
+            IVS_MAX_VECTORS, IVS_MAX_PEERS, IVS_MAX_FAST, IVS_MAX_CLIENTS);
 }
 
 /* One line on stderr, exit 2: the contract for a bad command line. */
@@ -134,14 +140,51 @@ static int write_pidfile(const char *path)
     return ivs_write_file_atomic(path, line, (size_t)len);
 }
 
-/* More clients need more fds (1 + vectors each, plus those in flight). */
-static void raise_fd_limit(void)
+/* Descriptors the server holds besides its clients': listener, spare,
+   region, pid/state files being written, syslog, stdio. */
+#define FD_SLACK 32u
+
+/* More clients need more fds: each holds its socket and its `vectors`
+   eventfds. The soft limit is raised to the hard one; if even that
+   cannot hold the clients, a --max-clients the operator asked for is a
+   bad command line (exit 2), and the default (2 x max-peers) shrinks to
+   what fits, as long as every registry slot still can connect. */
+static void fit_fd_limit(struct ivs_config *cfg, bool clients_given)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            (void)getrlimit(RLIMIT_NOFILE, &rl);
     }
+    if (rl.rlim_cur == RLIM_INFINITY)
+        return;
+    const unsigned long long per_client = 1ull + cfg->vectors;
+    const unsigned long long need = cfg->max_clients * per_client + FD_SLACK;
+    if (need <= rl.rlim_cur)
+        return;
+    unsigned long long fit =
+        rl.rlim_cur > FD_SLACK ? (rl.rlim_cur - FD_SLACK) / per_client : 0;
+    unsigned slots = cfg->geometry.max_peers ? cfg->geometry.max_peers : 8;
+    if (clients_given)
+        bad_usage("--max-clients %u with %u vector(s) needs %llu file "
+                  "descriptors but RLIMIT_NOFILE is %llu (raise ulimit -n / "
+                  "LimitNOFILE=, or lower --max-clients)",
+                  cfg->max_clients, cfg->vectors, need,
+                  (unsigned long long)rl.rlim_cur);
+    if (fit < slots)
+        bad_usage("--max-peers %u with %u vector(s) needs %llu file "
+                  "descriptors but RLIMIT_NOFILE is %llu (raise ulimit -n / "
+                  "LimitNOFILE=)",
+                  slots, cfg->vectors, slots * per_client + FD_SLACK,
+                  (unsigned long long)rl.rlim_cur);
+    ivs_log_info("RLIMIT_NOFILE %llu: at most %llu clients at once",
+                 (unsigned long long)rl.rlim_cur, fit);
+    cfg->max_clients = (unsigned)fit;
+    if (cfg->max_per_uid > cfg->max_clients)
+        cfg->max_per_uid = cfg->max_clients;
 }
 
 /* Parent side of daemonizing: wait for the child's "ready" byte. */
@@ -166,6 +209,7 @@ struct options {
     struct ivs_config cfg;
     const char *pidfile;
     bool foreground;
+    bool clients_given; /* --max-clients on the command line */
 };
 
 static void resolve_group(const char *arg, struct ivs_config *cfg)
@@ -191,8 +235,9 @@ static void check_config(struct ivs_config *cfg)
         bad_usage("size %llu is too large", (unsigned long long)cfg->size);
     uint64_t need = ivshm_min_region_size(&cfg->geometry);
     if (need == 0)
-        bad_usage("invalid region geometry (max-peers 2..64, ring-slots a "
-                  "power of two, slot-size a multiple of 64 >= 128)");
+        bad_usage("invalid region geometry (ring-slots a power of two, "
+                  "slot-size a multiple of 64 >= 128, a message of one "
+                  "slot fitting the queue)");
     if (cfg->size < need)
         bad_usage("size %llu too small for this geometry (needs %llu)",
                   (unsigned long long)cfg->size, (unsigned long long)need);
@@ -200,7 +245,8 @@ static void check_config(struct ivs_config *cfg)
         bad_usage("--keep-shm needs a region file (--shm)");
     unsigned slots = cfg->geometry.max_peers ? cfg->geometry.max_peers : 8;
     if (!cfg->max_clients)
-        cfg->max_clients = 2 * slots;
+        cfg->max_clients = 2 * slots <= IVS_MAX_CLIENTS ? 2 * slots
+                                                        : IVS_MAX_CLIENTS;
     if (!cfg->max_per_uid || cfg->max_per_uid > cfg->max_clients)
         cfg->max_per_uid = cfg->max_clients;
 }
@@ -208,7 +254,8 @@ static void check_config(struct ivs_config *cfg)
 static void parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM,
-           OPT_MAX_CLIENTS, OPT_MAX_PER_UID };
+           OPT_MAX_CLIENTS, OPT_MAX_PER_UID, OPT_QUEUE_SLOTS,
+           OPT_FAST_CHANNELS };
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 'S'},
         {"shm", required_argument, NULL, 'M'},
@@ -217,6 +264,8 @@ static void parse_options(int argc, char **argv, struct options *o)
         {"max-peers", required_argument, NULL, OPT_MAX_PEERS},
         {"ring-slots", required_argument, NULL, OPT_RING_SLOTS},
         {"slot-size", required_argument, NULL, OPT_SLOT_SIZE},
+        {"queue-slots", required_argument, NULL, OPT_QUEUE_SLOTS},
+        {"fast-channels", required_argument, NULL, OPT_FAST_CHANNELS},
         {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
         {"max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID},
         {"foreground", no_argument, NULL, 'F'},
@@ -258,8 +307,9 @@ static void parse_options(int argc, char **argv, struct options *o)
             cfg->vectors = (unsigned)v;
             break;
         case OPT_MAX_PEERS:
-            if (!parse_uint(optarg, UINT32_MAX, &v) || v < 2)
-                bad_usage("bad --max-peers '%s'", optarg);
+            if (!parse_uint(optarg, IVS_MAX_PEERS, &v) || v < 2)
+                bad_usage("--max-peers must be 2..%d, not '%s'", IVS_MAX_PEERS,
+                          optarg);
             cfg->geometry.max_peers = (uint32_t)v;
             break;
         case OPT_RING_SLOTS:
@@ -272,11 +322,25 @@ static void parse_options(int argc, char **argv, struct options *o)
                 bad_usage("bad --slot-size '%s'", optarg);
             cfg->geometry.slot_size = (uint32_t)v;
             break;
+        case OPT_QUEUE_SLOTS:
+            if (!parse_uint(optarg, IVS_MAX_QUEUE, &v) || v < 2 || (v & (v - 1)))
+                bad_usage("--queue-slots must be a power of two in 2..%d, "
+                          "not '%s'", IVS_MAX_QUEUE, optarg);
+            cfg->geometry.queue_slots = (uint32_t)v;
+            break;
+        case OPT_FAST_CHANNELS:
+            if (!parse_uint(optarg, IVS_MAX_FAST, &v))
+                bad_usage("--fast-channels must be 0..%d, not '%s'",
+                          IVS_MAX_FAST, optarg);
+            /* 0 on the command line: none (0 in the geometry: default) */
+            cfg->geometry.fast_channels = v ? (uint32_t)v : IVSHM_FAST_NONE;
+            break;
         case OPT_MAX_CLIENTS:
             if (!parse_uint(optarg, IVS_MAX_CLIENTS, &v) || v < 1)
                 bad_usage("--max-clients must be 1..%d, not '%s'",
                           IVS_MAX_CLIENTS, optarg);
             cfg->max_clients = (unsigned)v;
+            o->clients_given = true;
             break;
         case OPT_MAX_PER_UID:
             if (!parse_uint(optarg, IVS_MAX_CLIENTS, &v) || v < 1)
@@ -311,6 +375,7 @@ static void parse_options(int argc, char **argv, struct options *o)
     if (strlen(cfg->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
         bad_usage("socket path too long: %s", cfg->socket_path);
     check_config(cfg);
+    fit_fd_limit(cfg, o->clients_given);
 }
 
 /* Fork; the parent waits for "ready" and exits. Returns, in the child,
@@ -381,7 +446,6 @@ int main(int argc, char **argv)
 {
     struct options o = {.cfg = {.size = DEFAULT_SIZE, .vectors = 1}};
     parse_options(argc, argv, &o);
-    raise_fd_limit();
     int ready_fd = o.foreground ? -1 : daemonize();
     sigset_t wait_mask;
     setup_signals(&wait_mask);

@@ -19,6 +19,10 @@
 #define IVS_MAX_VECTORS 64
 #define IVS_MAX_IDS 65536 /* the Doorbell register has 16 bits for the id */
 #define IVS_MAX_CLIENTS 4096
+/* Registry slots of a region: libivshm's limit (region layout v2) */
+#define IVS_MAX_PEERS 1024
+#define IVS_MAX_QUEUE 65536 /* cells of one receive queue */
+#define IVS_MAX_FAST 64     /* fast channels per receiver */
 
 struct ivs_config {
     const char *socket_path;  /* absolute */

@@ -24,7 +24,8 @@ struct ivshm_admin {
 };
 
 /* Size `fd` (fresh, empty) to `size` and format it through a temporary
-   mapping. */
+   mapping. Grown from empty, it reads as zeros: the receive areas need
+   no writing (each peer empties its own when it joins). */
 static int size_and_format(int fd, uint64_t size, const ivshm_geometry *g)
 {
     if (ftruncate(fd, (off_t)size) < 0)
@@ -32,7 +33,7 @@ static int size_and_format(int fd, uint64_t size, const ivshm_geometry *g)
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return -errno;
-    int rc = ivshm_format(p, size, g);
+    int rc = ivshm_format_fresh(p, size, g);
     munmap(p, size);
     return rc;
 }

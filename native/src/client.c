@@ -27,7 +27,12 @@
 #define SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 #define SERVER_MAX_VECTORS 64       /* per peer; more is a protocol error */
 #define FDS_PER_MSG_ROOM 4          /* control buffer: >1 fd is detected */
-#define ATTACH_TIMEOUT_MS 5000      /* whole initial burst */
+/* The whole initial burst. The server greets a newcomer with every
+   peer's vectors and tells every peer about it, so a job of hundreds of
+   ranks attaching at once keeps it busy for seconds on a loaded host
+   (128 ranks on 2 busy cores overran 5 s). Still a bound: a server that
+   stalls fails the attach instead of hanging it. */
+#define ATTACH_TIMEOUT_MS 30000
 #define MSG_REST_TIMEOUT_MS 1000    /* rest of a message once it started */
 #define NOTICES_PER_DRAIN 4096      /* bounds one drain against a flood */
 #define EV_SOCKET UINT64_MAX        /* epoll tag; eventfds are tagged by fd */

@@ -20,6 +20,20 @@
  *
  * bar0_path is the device's sysfs resource0; in vfio mode its directory
  * name is the PCI address vfio wants.
+ *
+ * A vfio group is opened by one process at a time. Later processes of the
+ * same guest (more MPI ranks in one VM) get EBUSY; when they know the
+ * guest's IVPosition (cfg->doorbell_id, from the guest's configuration)
+ * they attach with a DB_NONE doorbell instead: the region (resource2)
+ * maps for any number of processes, the device's interrupt and registers
+ * stay with the first. Such an attachment never announces sleep, so
+ * nobody rings it, and waits in POLL_SLICE_US sleeps, re-checking its
+ * rings after each. Its own rings are dropped: a peer it wakes that
+ * sleeps sees the message at the end of its slice (ivshm_wait's liveness
+ * slice, the BTL's block slice; the BTL does not block at all while
+ * another BTL such as vader carries some of its peers). It registers the
+ * guest's IVPosition as its doorbell id, so when the guest dies the
+ * server's notice marks it dead with the first.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -34,6 +48,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BAR0_BYTES 256
@@ -316,6 +331,69 @@ static int open_vfio(struct uio_db *u, const char *group_dev,
     return 0;
 }
 
+/* ---- DB_NONE: another process of the guest holds the device ---- */
+
+#define POLL_SLICE_US 100
+
+static int none_ring(struct ivshm_doorbell *db, ivshm *h, int slot,
+                     int32_t doorbell_id)
+{
+    (void)db;
+    (void)h;
+    (void)slot;
+    (void)doorbell_id;
+    return -ENOTSUP; /* no register to write: the peer wakes at its slice */
+}
+
+static uint64_t none_arm(struct ivshm_doorbell *db, ivshm *h)
+{
+    (void)db;
+    (void)h;
+    return 0;
+}
+
+static int none_wait(struct ivshm_doorbell *db, ivshm *h, uint64_t token,
+                     int timeout_ms)
+{
+    (void)db;
+    (void)h;
+    (void)token;
+    /* a slice of at least 1 ms is never shorter than one poll */
+    if (timeout_ms == 0)
+        return -ETIMEDOUT;
+    struct timespec ts = {0, POLL_SLICE_US * 1000L};
+    nanosleep(&ts, NULL);
+    return -ETIMEDOUT;
+}
+
+static int none_fd(struct ivshm_doorbell *db)
+{
+    (void)db;
+    return -1;
+}
+
+static void none_destroy(struct ivshm_doorbell *db)
+{
+    free(db);
+}
+
+static struct ivshm_doorbell *none_new(int *err)
+{
+    struct ivshm_doorbell *db = calloc(1, sizeof *db);
+    if (!db) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    db->kind = DB_NONE;
+    db->ring = none_ring;
+    db->arm = none_arm;
+    db->wait = none_wait;
+    db->fd = none_fd;
+    db->poll_notices = uio_notices;
+    db->destroy = none_destroy;
+    return db;
+}
+
 struct ivshm_doorbell *ivshm_db_uio_new(const char *uio_dev,
                                         const char *bar0_path,
                                         int32_t *doorbell_id, int *err)
@@ -340,7 +418,12 @@ struct ivshm_doorbell *ivshm_db_uio_new(const char *uio_dev,
             *doorbell_id = (int32_t)pos;
     }
     if (rc < 0) {
+        bool vfio = u->vfio;
         uio_destroy(&u->db);
+        /* the group belongs to another process of this guest */
+        if (rc == -EBUSY && vfio && *doorbell_id >= 0 &&
+            *doorbell_id <= 0xffff)
+            return none_new(err);
         *err = rc;
         return NULL;
     }

@@ -24,7 +24,8 @@
 
 struct layout {
     uint32_t max_peers, ring_slots, slot_size, max_windows;
-    uint64_t registry_off, ring_off, ring_bytes, windir_off, wctl_off;
+    uint32_t queue_slots, fast_channels; /* fast_channels: the real count */
+    uint64_t registry_off, rx_off, rx_bytes, ring_bytes, windir_off, wctl_off;
     uint64_t heap_off;
     uint64_t heap_size; /* validate_header only: region_size - heap_off */
 };
@@ -34,35 +35,57 @@ static uint64_t align_up(uint64_t v, uint64_t a)
     return (v + a - 1) & ~(a - 1);
 }
 
+static bool pow2(uint32_t v)
+{
+    return v && !(v & (v - 1));
+}
+
 static int geometry_defaults(const ivshm_geometry *g, struct layout *l)
 {
     l->max_peers = g && g->max_peers ? g->max_peers : 8;
     l->ring_slots = g && g->ring_slots ? g->ring_slots : 64;
     l->slot_size = g && g->slot_size ? g->slot_size : 4096;
     l->max_windows = g && g->max_windows ? g->max_windows : 32;
+    l->queue_slots = g && g->queue_slots ? g->queue_slots : 64;
+    uint32_t f = g && g->fast_channels ? g->fast_channels : 8;
+    l->fast_channels = f == IVSHM_FAST_NONE ? 0 : f;
     if (l->max_peers < 2 || l->max_peers > IVSHM_MAX_PEERS)
         return -EINVAL;
-    if (l->ring_slots < 2 || l->ring_slots > 65536 ||
-        (l->ring_slots & (l->ring_slots - 1)))
+    if (l->ring_slots < 2 || l->ring_slots > 65536 || !pow2(l->ring_slots))
+        return -EINVAL;
+    if (l->queue_slots < 2 || l->queue_slots > 65536 || !pow2(l->queue_slots))
+        return -EINVAL;
+    if (f != IVSHM_FAST_NONE && f > IVSHM_MAX_FAST)
         return -EINVAL;
     if (l->slot_size < 128 || l->slot_size > (1u << 20) ||
         l->slot_size % IVSHM_CACHELINE)
         return -EINVAL;
     if (l->max_windows < 1 || l->max_windows > 1024)
         return -EINVAL;
+    /* more channels than other peers would never be used: a small job
+       pays what it did with one ring per pair */
+    if (l->fast_channels > l->max_peers - 1)
+        l->fast_channels = l->max_peers - 1;
     return 0;
 }
 
 /* Offsets for a validated geometry; all products fit in 64 bits because
-   every factor is bounded above (64 peers, 65536 slots, 1 MiB slots). */
+   every factor is bounded above (1024 peers, 64 channels, 65536 slots,
+   1 MiB slots: a receive area is below 2^43 bytes). Every term is linear
+   in max_peers: one receive area, one registry entry and max_windows
+   lock lines per peer. */
 static void compute_layout(struct layout *l)
 {
     uint64_t p = l->max_peers;
     l->registry_off = IVSHM_HEADER_BYTES;
-    l->ring_off = align_up(l->registry_off +
-                               p * sizeof(struct ivshm_peer_entry), IVSHM_PAGE);
+    l->rx_off = align_up(l->registry_off +
+                             p * sizeof(struct ivshm_peer_entry), IVSHM_PAGE);
     l->ring_bytes = IVSHM_RING_CTRL + (uint64_t)l->ring_slots * l->slot_size;
-    l->windir_off = align_up(l->ring_off + p * p * l->ring_bytes, IVSHM_PAGE);
+    l->rx_bytes = IVSHM_QUEUE_CTRL +
+                  (uint64_t)l->queue_slots * l->slot_size +
+                  (uint64_t)l->fast_channels *
+                      (IVSHM_FAST_DESC + l->ring_bytes);
+    l->windir_off = align_up(l->rx_off + p * l->rx_bytes, IVSHM_PAGE);
     l->wctl_off = l->windir_off +
                   (uint64_t)l->max_windows * sizeof(struct ivshm_win_desc);
     l->heap_off = align_up(l->wctl_off + (uint64_t)l->max_windows * p *
@@ -80,8 +103,9 @@ uint64_t ivshm_min_region_size(const ivshm_geometry *g)
 }
 
 /* `zeroed`: the memory is known to be all zero (a file just truncated
-   to size), so the rings need not be written: a 256 MiB MPI region would
-   otherwise be touched page by page for nothing. */
+   to size), so the receive areas need not be written: a large MPI region
+   would otherwise be touched page by page for nothing. (Each peer empties
+   its own receive area when it claims its slot.) */
 static int format_region(void *base, uint64_t size, const ivshm_geometry *g,
                          bool zeroed)
 {
@@ -106,9 +130,12 @@ static int format_region(void *base, uint64_t size, const ivshm_geometry *g,
     hdr->ring_slots = l.ring_slots;
     hdr->slot_size = l.slot_size;
     hdr->max_windows = l.max_windows;
+    hdr->queue_slots = l.queue_slots;
+    hdr->fast_channels = l.fast_channels;
     hdr->reserved0 = 0;
     hdr->registry_off = l.registry_off;
-    hdr->ring_off = l.ring_off;
+    hdr->rx_off = l.rx_off;
+    hdr->rx_bytes = l.rx_bytes;
     hdr->ring_bytes = l.ring_bytes;
     hdr->windir_off = l.windir_off;
     hdr->wctl_off = l.wctl_off;
@@ -122,6 +149,11 @@ static int format_region(void *base, uint64_t size, const ivshm_geometry *g,
 int ivshm_format(void *base, uint64_t size, const ivshm_geometry *g)
 {
     return format_region(base, size, g, false);
+}
+
+int ivshm_format_fresh(void *base, uint64_t size, const ivshm_geometry *g)
+{
+    return format_region(base, size, g, true);
 }
 
 /* Size `fd` (empty, ours) and format it through a temporary mapping. */
@@ -251,10 +283,16 @@ static int validate_header(const uint8_t *base, uint64_t size, struct layout *ou
         .ring_slots = __atomic_load_n(&hdr->ring_slots, __ATOMIC_RELAXED),
         .slot_size = __atomic_load_n(&hdr->slot_size, __ATOMIC_RELAXED),
         .max_windows = __atomic_load_n(&hdr->max_windows, __ATOMIC_RELAXED),
+        .queue_slots = __atomic_load_n(&hdr->queue_slots, __ATOMIC_RELAXED),
+        .fast_channels = __atomic_load_n(&hdr->fast_channels, __ATOMIC_RELAXED),
     };
-    /* zero would silently mean "default" below */
-    if (!g.max_peers || !g.ring_slots || !g.slot_size || !g.max_windows)
+    /* zero would silently mean "default" below (the header stores the
+       real channel count, 0 included) */
+    if (!g.max_peers || !g.ring_slots || !g.slot_size || !g.max_windows ||
+        !g.queue_slots || g.fast_channels == IVSHM_FAST_NONE)
         return IVSHM_ESIZE;
+    if (!g.fast_channels)
+        g.fast_channels = IVSHM_FAST_NONE;
     if (geometry_defaults(&g, out) < 0)
         return IVSHM_ESIZE;
     compute_layout(out);
@@ -267,7 +305,8 @@ static int validate_header(const uint8_t *base, uint64_t size, struct layout *ou
     out->heap_size = region_size - out->heap_off;
     if (__atomic_load_n(&hdr->header_bytes, __ATOMIC_RELAXED) != IVSHM_HEADER_BYTES ||
         __atomic_load_n(&hdr->registry_off, __ATOMIC_RELAXED) != out->registry_off ||
-        __atomic_load_n(&hdr->ring_off, __ATOMIC_RELAXED) != out->ring_off ||
+        __atomic_load_n(&hdr->rx_off, __ATOMIC_RELAXED) != out->rx_off ||
+        __atomic_load_n(&hdr->rx_bytes, __ATOMIC_RELAXED) != out->rx_bytes ||
         __atomic_load_n(&hdr->ring_bytes, __ATOMIC_RELAXED) != out->ring_bytes ||
         __atomic_load_n(&hdr->windir_off, __ATOMIC_RELAXED) != out->windir_off ||
         __atomic_load_n(&hdr->wctl_off, __ATOMIC_RELAXED) != out->wctl_off ||
@@ -344,6 +383,19 @@ static int map_fd(int fd, bool may_format, ivshm **out)
     if (rc == 0)
         rc = validate_header(base, size, &l);
     ivshm *h = rc == 0 ? calloc(1, sizeof *h) : NULL;
+    if (h) {
+        /* local state sized by this region's peers, not by the maximum */
+        h->peers = calloc(l.max_peers, sizeof *h->peers);
+        h->bl_list = calloc(l.max_peers, sizeof *h->bl_list);
+        h->listen_gen = calloc(l.max_peers, sizeof *h->listen_gen);
+        if (!h->peers || !h->bl_list || !h->listen_gen) {
+            free(h->peers);
+            free(h->bl_list);
+            free(h->listen_gen);
+            free(h);
+            h = NULL;
+        }
+    }
     if (rc == 0 && !h)
         rc = -ENOMEM;
     if (rc < 0) {
@@ -357,14 +409,22 @@ static int map_fd(int fd, bool may_format, ivshm **out)
     h->ring_slots = l.ring_slots;
     h->slot_size = l.slot_size;
     h->max_windows = l.max_windows;
+    h->queue_slots = l.queue_slots;
+    h->fast_channels = l.fast_channels;
     h->registry_off = l.registry_off;
-    h->ring_off = l.ring_off;
+    h->rx_off = l.rx_off;
+    h->rx_bytes = l.rx_bytes;
     h->ring_bytes = l.ring_bytes;
     h->windir_off = l.windir_off;
     h->wctl_off = l.wctl_off;
     h->heap_off = l.heap_off;
     h->heap_size = l.heap_size; /* validated copy: the header is not re-read */
     h->self = -1;
+    h->q_peek_src = -1;
+    for (uint32_t k = 0; k < IVSHM_MAX_FAST; k++)
+        h->chan_user[k] = -1;
+    for (uint32_t x = 0; x < l.max_peers; x++)
+        h->peers[x].tx_chan = h->peers[x].rx_chan = -1;
     h->pidns = self_pidns();
     *out = h;
     return 0;
@@ -382,6 +442,9 @@ void ivshm_region_unmap(ivshm *h)
     munmap(h->base, h->size);
     if (h->map_fd >= 0)
         close(h->map_fd);
+    free(h->peers);
+    free(h->bl_list);
+    free(h->listen_gen);
     free(h);
 }
 
@@ -403,7 +466,7 @@ int ivshm_attach_path(const char *path, const ivshm_config *cfg, ivshm **out)
     if (cfg->uio_dev && cfg->bar0_path) {
         db_id = cfg->doorbell_id;
         h->db = ivshm_db_uio_new(cfg->uio_dev, cfg->bar0_path, &db_id, &rc);
-        kind = DB_UIO;
+        kind = h->db ? h->db->kind : DB_UIO;
     } else {
         h->db = ivshm_db_futex_new();
         if (!h->db)
@@ -427,8 +490,9 @@ void ivshm_detach(ivshm *h)
         return;
     if (h->self >= 0)
         ivshm_registry_leave(h);
-    for (int x = 0; x < (int)IVSHM_MAX_PEERS; x++)
-        free(h->peers[x].rx_stage);
+    /* local memory only: what we kept for each peer */
+    for (uint32_t x = 0; x < h->max_peers; x++)
+        ivshm_peer_local_free(h, (int)x);
     if (h->db)
         h->db->destroy(h->db);
     ivshm_region_unmap(h);
@@ -452,6 +516,8 @@ void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out)
     out->ring_slots = h->ring_slots;
     out->slot_size = h->slot_size;
     out->max_windows = h->max_windows;
+    out->queue_slots = h->queue_slots;
+    out->fast_channels = h->fast_channels ? h->fast_channels : IVSHM_FAST_NONE;
 }
 
 void ivshm_set_spin(ivshm *h, int64_t spin_ns)

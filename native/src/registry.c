@@ -4,7 +4,7 @@
  * region is co-resident with everyone listed there.
  *
  * Slot life cycle: FREE/DEAD -> CLAIMING (CAS, owner fills identity and
- * empties every ring touching the slot) -> ACTIVE (release) -> FREE at
+ * empties its own receive area) -> ACTIVE (release) -> FREE at
  * detach, or DEAD when found dead (pid gone, or the server's leave
  * notice). `gen` bumps at every claim, so peers can tell a new incarnation
  * from the old one and reset their local ring positions.
@@ -32,30 +32,6 @@ static int64_t default_spin_ns(void)
     return 20000; /* 20 us: several round trips of a busy peer */
 }
 
-/* Empty both directions between `slot` and every other slot. Only the
-   claimer of `slot` does this, before it becomes ACTIVE: nobody may send
-   to a non-ACTIVE slot, and a peer that sent to the previous incarnation
-   resets its own position when it sees the new generation. */
-static void reset_rings(ivshm *h, int slot)
-{
-    for (uint32_t x = 0; x < h->max_peers; x++) {
-        if ((int)x == slot)
-            continue;
-        uint8_t *rings[2] = {ivshm_ring(h, (int)x, slot),
-                             ivshm_ring(h, slot, (int)x)};
-        for (int d = 0; d < 2; d++) {
-            struct ivshm_ring_ctrl *c = (void *)rings[d];
-            atomic_store_explicit(&c->head, 0, memory_order_relaxed);
-            atomic_store_explicit(&c->tail, 0, memory_order_relaxed);
-            uint8_t *slots = rings[d] + IVSHM_RING_CTRL;
-            for (uint32_t k = 0; k < h->ring_slots; k++) {
-                struct ivshm_slot *s = (void *)(slots + (uint64_t)k * h->slot_size);
-                atomic_store_explicit(&s->seq, 0, memory_order_relaxed);
-            }
-        }
-    }
-}
-
 /* IVSHM_LOCK_TIMEOUT_MS: how long a window lock (and, capped at 5 s,
    the allocation lock) may be waited for while a live peer holds it. */
 static uint64_t default_lock_timeout_ns(void)
@@ -70,6 +46,20 @@ static uint64_t default_lock_timeout_ns(void)
     return 30ull * 1000000000ull;
 }
 
+/* IVSHM_FAST_AFTER: messages sent to a peer through its queue before we
+   try to take a fast channel to it (0: at the first message). */
+static uint32_t default_fast_after(void)
+{
+    const char *s = getenv("IVSHM_FAST_AFTER");
+    if (s && *s) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 1000000000)
+            return (uint32_t)v;
+    }
+    return 4;
+}
+
 int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
                         int backend)
 {
@@ -79,6 +69,7 @@ int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
     h->rank = cfg->rank;
     h->spin_ns = cfg->spin_ns ? cfg->spin_ns : default_spin_ns();
     h->lock_timeout_ns = default_lock_timeout_ns();
+    h->fast_after = default_fast_after();
 
     /* A (job, rank) pair names one process: refuse a live duplicate. */
     int dup = ivshm_find(h, cfg->job_id, cfg->rank);
@@ -111,9 +102,10 @@ int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
                 memcpy(e->name, cfg->name, strlen(cfg->name));
             atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
             atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
-            reset_rings(h, (int)s);
-            for (int x = 0; x < (int)IVSHM_MAX_PEERS; x++)
-                ivshm_peer_local_reset(h, x, 0);
+            for (uint32_t x = 0; x < h->max_peers; x++)
+                ivshm_peer_local_reset(h, (int)x, 0);
+            /* nobody sends to a slot that is not ACTIVE: ours to empty */
+            ivshm_rx_area_reset(h);
             h->self_gen = gen;
             atomic_store_explicit(&e->state, PEER_ACTIVE, memory_order_release);
             return 0;
@@ -206,14 +198,6 @@ bool ivshm_peer_current(ivshm *h, int slot)
     return true;
 }
 
-void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    free(p->rx_stage);
-    memset(p, 0, sizeof *p);
-    p->gen = gen;
-}
-
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
 {
     int n = 0;
@@ -244,6 +228,8 @@ int ivshm_reap(ivshm *h)
         if (!ivshm_peer_alive(h, (int)s, 0))
             dead++;
     }
+    if (h->self >= 0)
+        ivshm_fast_sweep(h);
     return dead;
 }
 

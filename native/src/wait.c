@@ -50,9 +50,13 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
     }
 
     struct ivshm_peer_entry *me = ivshm_entry(h, h->self);
+    /* Nobody can ring a DB_NONE attachment: it never announces sleep (so
+       nobody tries) and its wait() is a short sleep, after which the
+       loop re-checks `ready` like after any wake-up. */
+    uint32_t announce = h->db->kind != DB_NONE;
     for (;;) {
         uint64_t token = h->db->arm(h->db, h);
-        atomic_store_explicit(&me->sleeping, 1, memory_order_seq_cst);
+        atomic_store_explicit(&me->sleeping, announce, memory_order_seq_cst);
         atomic_thread_fence(memory_order_seq_cst);
         if (ready(h, arg)) {
             atomic_store_explicit(&me->sleeping, 0, memory_order_relaxed);

@@ -3,12 +3,16 @@
  * put/get, 64-bit atomics, per-segment passive-target locks and a barrier.
  *
  * Shared state (docs/region-layout.md, "Windows"):
- * - descriptor[i] in the window directory: state, geometry, members mask,
- *   barrier counters. Geometry and state change only under alloc_lock;
- *   `members` bits are set under alloc_lock and cleared by their owner
- *   (or, for a dead owner, by whoever finds it dead) with atomic AND.
- * - lock line (i, seg): writer = holder slot + 1, readers = mask of slots.
- * - the data: [data_off, data_off + data_bytes) inside the heap.
+ * - descriptor[i] in the window directory: state, geometry, barrier
+ *   counters. Geometry and state change only under alloc_lock.
+ * - the extent [data_off, data_off + data_bytes) inside the heap: ctl
+ *   pages (a members bitmap and one readers bitmap per segment, one bit
+ *   per registry slot, so any of up to 1024 slots can take part), then
+ *   the segments. Members bits are set under alloc_lock and cleared by
+ *   their owner (or, for a dead owner, by whoever finds it dead) with
+ *   atomic AND; reader bits by their holder (or the breaker of a dead
+ *   holder's hold).
+ * - lock line (i, seg): writer = holder slot + 1.
  *
  * Everything above can be scribbled on by a co-tenant. A descriptor is
  * copied once, validated, and the local `ivshm_window` keeps the validated
@@ -16,12 +20,15 @@
  * Lock words and barrier counters are validated at every read (holder
  * slot in range, reader bits below max_peers, count <= nseg).
  *
- * Freeing: a descriptor whose `members` is 0 while READY/BUSY is empty.
- * ivshm_win_close frees it at once under alloc_lock; ivshm_windows_on_leave
- * only clears bits (it runs inside registry paths, e.g. while our own slot
- * is still CLAIMING, where waiting for alloc_lock could deadlock or have our
- * hold broken), and the allocator reclaims empty descriptors lazily. `gen`
- * bumps at every create, so a late closer never frees a reused descriptor.
+ * Freeing: a READY descriptor whose members bitmap is empty is free, and
+ * so is a BUSY one found under alloc_lock (its creator held the lock and
+ * died). ivshm_win_close frees it at once under alloc_lock;
+ * ivshm_windows_on_leave only clears bits (it runs inside registry paths,
+ * e.g. while our own slot is still CLAIMING, where waiting for alloc_lock
+ * could deadlock or have our hold broken), and the allocator reclaims
+ * empty descriptors lazily. `gen` bumps at every create, so a late closer
+ * never frees a reused descriptor, and a snapshot taken while a create
+ * runs is told by its changed gen or state.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -56,13 +63,15 @@ static uint64_t alloc_lock_timeout(const ivshm *h)
 
 enum { HELD_NONE = 0, HELD_SHARED = 1, HELD_EXCLUSIVE = 2 };
 /* Set in bar_count when a member left without closing: no round of this
-   window can complete any more. Far above any real count (<= 64). */
+   window can complete any more. Far above any real count (<= 1024). */
 #define BAR_BROKEN 0x80000000u
 
 struct ivshm_window {
     ivshm *h;
     struct ivshm_win_desc *desc;
     struct ivshm_win_lock *locks; /* max_peers lines of this window */
+    _Atomic uint64_t *members;    /* validated: the ctl in the heap  */
+    _Atomic uint64_t *readers;    /* nseg bitmaps after members      */
     uint8_t *data;                /* validated: inside the heap      */
     uint64_t seg_size;
     uint32_t nseg;                /* 1..max_peers                    */
@@ -76,7 +85,7 @@ struct ivshm_window {
 /* Snapshot of a descriptor: read once, then validated and used. */
 struct desc_snap {
     uint32_t state, nseg, gen;
-    uint64_t members, job_id, data_off, data_bytes, seg_size;
+    uint64_t job_id, data_off, data_bytes, seg_size;
     char name[IVSHM_NAME_LEN];
 };
 
@@ -91,15 +100,55 @@ static struct ivshm_win_lock *win_locks(const ivshm *h, uint32_t index)
            (uint64_t)index * h->max_peers;
 }
 
-static uint64_t self_bit(const ivshm *h)
+/* ---- slot bitmaps: one bit per registry slot, words of 64 ---- */
+
+static uint32_t bm_words(const ivshm *h)
 {
-    return 1ull << h->self;
+    return (h->max_peers + 63) / 64;
 }
 
-/* Mask of the bits that can name a registry slot. */
-static uint64_t slot_mask(const ivshm *h)
+/* Bytes of ctl ahead of a window's segments: members + nseg readers. */
+static uint64_t ctl_bytes(const ivshm *h, uint32_t nseg)
 {
-    return h->max_peers >= 64 ? ~0ull : (1ull << h->max_peers) - 1;
+    uint64_t b = (uint64_t)(1 + nseg) * bm_words(h) * 8;
+    return (b + IVSHM_PAGE - 1) & ~(uint64_t)(IVSHM_PAGE - 1);
+}
+
+static bool bm_test(_Atomic uint64_t *bm, int slot)
+{
+    return atomic_load_explicit(&bm[slot / 64], memory_order_relaxed) &
+           (1ull << (slot % 64));
+}
+
+/* Set / clear our bit; returns whether it was set before. */
+static bool bm_set(_Atomic uint64_t *bm, int slot, memory_order mo)
+{
+    uint64_t bit = 1ull << (slot % 64);
+    return atomic_fetch_or_explicit(&bm[slot / 64], bit, mo) & bit;
+}
+
+static bool bm_clear(_Atomic uint64_t *bm, int slot, memory_order mo)
+{
+    uint64_t bit = 1ull << (slot % 64);
+    return atomic_fetch_and_explicit(&bm[slot / 64], ~bit, mo) & bit;
+}
+
+/* Each word loaded once: bits set (into *count), and whether a bit
+   names no slot (garbage). */
+static bool bm_scan(const ivshm *h, _Atomic uint64_t *bm, uint32_t *count,
+                    memory_order mo)
+{
+    uint32_t n = 0, words = bm_words(h);
+    bool bad = false;
+    for (uint32_t w = 0; w < words; w++) {
+        uint64_t v = atomic_load_explicit(&bm[w], mo);
+        if (w == words - 1 && h->max_peers % 64)
+            bad |= (v >> (h->max_peers % 64)) != 0;
+        n += (uint32_t)__builtin_popcountll(v);
+    }
+    if (count)
+        *count = n;
+    return bad;
 }
 
 static void snap_desc(const struct ivshm_win_desc *d, struct desc_snap *s)
@@ -107,7 +156,6 @@ static void snap_desc(const struct ivshm_win_desc *d, struct desc_snap *s)
     s->state = atomic_load_explicit(&d->state, memory_order_acquire);
     s->nseg = __atomic_load_n(&d->nseg, __ATOMIC_RELAXED);
     s->gen = __atomic_load_n(&d->gen, __ATOMIC_RELAXED);
-    s->members = atomic_load_explicit(&d->members, memory_order_relaxed);
     s->job_id = __atomic_load_n(&d->job_id, __ATOMIC_RELAXED);
     s->data_off = __atomic_load_n(&d->data_off, __ATOMIC_RELAXED);
     s->data_bytes = __atomic_load_n(&d->data_bytes, __ATOMIC_RELAXED);
@@ -129,8 +177,38 @@ static bool snap_extent_ok(const ivshm *h, const struct desc_snap *s)
         return false;
     if (s->data_off - h->heap_off > h->heap_size - s->data_bytes)
         return false;
-    /* nseg * seg_size <= data_bytes, without the multiplication */
-    return s->seg_size <= s->data_bytes / s->nseg;
+    /* ctl + nseg * seg_size <= data_bytes, without the multiplication */
+    uint64_t ctl = ctl_bytes(h, s->nseg);
+    return s->data_bytes > ctl && s->seg_size <= (s->data_bytes - ctl) / s->nseg;
+}
+
+/* A snapshot of a READY window not torn by a create running meanwhile:
+   the state and gen read before and after the fields agree (a create
+   goes BUSY, rewrites, bumps gen, goes READY). */
+static bool snap_ready(const ivshm *h, uint32_t index, struct desc_snap *s)
+{
+    struct ivshm_win_desc *d = win_desc(h, index);
+    snap_desc(d, s);
+    atomic_thread_fence(memory_order_acquire);
+    return s->state == WIN_READY && snap_extent_ok(h, s) &&
+           atomic_load_explicit(&d->state, memory_order_relaxed) == WIN_READY &&
+           __atomic_load_n(&d->gen, __ATOMIC_RELAXED) == s->gen;
+}
+
+static _Atomic uint64_t *snap_bitmap(const ivshm *h, const struct desc_snap *s,
+                                     uint32_t which)
+{
+    return (_Atomic uint64_t *)(h->base + s->data_off) +
+           (uint64_t)which * bm_words(h);
+}
+
+_Atomic uint64_t *ivshm_win_bitmap(ivshm *h, uint32_t index, int seg)
+{
+    struct desc_snap s;
+    if (!h || index >= h->max_windows || !snap_ready(h, index, &s) ||
+        (seg >= 0 && (uint32_t)seg >= s.nseg))
+        return NULL;
+    return snap_bitmap(h, &s, seg < 0 ? 0 : (uint32_t)seg + 1);
 }
 
 /* Slot live for the purpose of holding locks and barrier membership.
@@ -240,12 +318,20 @@ void ivshm_alloc_unlock(ivshm *h)
 
 /* ---- open / close ---- */
 
-/* Under alloc_lock no legitimate create is in progress except ours, and
-   an empty descriptor has no member left to use it: both may be reused. */
-static bool snap_reusable(const struct desc_snap *s)
+/* Under alloc_lock no legitimate create is in progress except ours (a
+   BUSY one was left by a creator that died holding the lock), and an
+   empty window has no member left to use it: both may be reused. A
+   READY one describing no valid extent stays: joining it by name
+   reports the corruption. */
+static bool snap_reusable(const ivshm *h, const struct desc_snap *s)
 {
-    return s->state == WIN_FREE ||
-           ((s->state == WIN_READY || s->state == WIN_BUSY) && s->members == 0);
+    if (s->state == WIN_FREE || s->state == WIN_BUSY)
+        return true;
+    if (s->state != WIN_READY || !snap_extent_ok(h, s))
+        return false;
+    uint32_t n;
+    bm_scan(h, snap_bitmap(h, s, 0), &n, memory_order_relaxed);
+    return n == 0;
 }
 
 struct extent {
@@ -270,7 +356,7 @@ static int heap_first_fit(ivshm *h, uint64_t bytes, uint64_t *off_out)
     for (uint32_t i = 0; i < h->max_windows; i++) {
         struct desc_snap s;
         snap_desc(win_desc(h, i), &s);
-        if (snap_reusable(&s) || (s.state != WIN_READY && s.state != WIN_BUSY))
+        if (snap_reusable(h, &s) || s.state != WIN_READY)
             continue;
         if (!snap_extent_ok(h, &s))
             continue;
@@ -305,7 +391,9 @@ static ivshm_window *make_handle(ivshm *h, uint32_t index,
     w->index = index;
     w->desc = win_desc(h, index);
     w->locks = win_locks(h, index);
-    w->data = h->base + s->data_off;
+    w->members = snap_bitmap(h, s, 0);
+    w->readers = snap_bitmap(h, s, 1);
+    w->data = h->base + s->data_off + ctl_bytes(h, s->nseg);
     w->seg_size = s->seg_size;
     w->nseg = s->nseg;
     w->gen = s->gen;
@@ -320,17 +408,18 @@ static int join_existing(ivshm *h, uint32_t index, const struct desc_snap *s,
         return IVSHM_ECORRUPT;
     if (s->nseg != nseg || s->seg_size != seg_size)
         return -EINVAL;
-    if (s->members & ~slot_mask(h))
+    _Atomic uint64_t *members = snap_bitmap(h, s, 0);
+    uint32_t n;
+    if (bm_scan(h, members, &n, memory_order_acquire))
         return IVSHM_ECORRUPT;
-    if (s->members & self_bit(h))
+    if (bm_test(members, h->self))
         return -EBUSY; /* this attachment already has it open */
-    if ((uint32_t)__builtin_popcountll(s->members) >= nseg)
+    if (n >= nseg)
         return IVSHM_EFULL; /* one member per segment */
     ivshm_window *w = make_handle(h, index, s);
     if (!w)
         return -ENOMEM;
-    atomic_fetch_or_explicit(&win_desc(h, index)->members, self_bit(h),
-                             memory_order_acq_rel);
+    bm_set(members, h->self, memory_order_acq_rel);
     *out = w;
     return 0;
 }
@@ -339,12 +428,15 @@ static int join_existing(ivshm *h, uint32_t index, const struct desc_snap *s,
 static int create_window(ivshm *h, uint32_t index, const char *name,
                          uint32_t nseg, uint64_t seg_size, ivshm_window **out)
 {
-    /* nseg <= 64 and seg_size <= heap_size < 2^46: no overflow */
+    /* nseg <= 1024 and seg_size <= heap_size < 2^46: no overflow */
     uint64_t need = (uint64_t)nseg * seg_size;
     if (need > h->heap_size)
         return IVSHM_EFULL;
     if (need == 0)
         need = 1; /* a zero-size window still gets a valid extent */
+    need += ctl_bytes(h, nseg);
+    if (need > h->heap_size)
+        return IVSHM_EFULL;
     uint64_t bytes = (need + IVSHM_PAGE - 1) & ~(uint64_t)(IVSHM_PAGE - 1);
     uint64_t data_off;
     int rc = heap_first_fit(h, bytes, &data_off);
@@ -352,10 +444,11 @@ static int create_window(ivshm *h, uint32_t index, const char *name,
         return rc;
 
     struct ivshm_win_desc *d = win_desc(h, index);
-    /* members first: if we die from here on, BUSY + our bit lets whoever
-       finds us dead empty it, and an empty BUSY one is reusable. */
-    atomic_store_explicit(&d->members, self_bit(h), memory_order_relaxed);
-    atomic_store_explicit(&d->state, WIN_BUSY, memory_order_release);
+    /* BUSY first: if we die from here on, the next allocator (under
+       alloc_lock, which our death releases) reuses it; nobody clears
+       bits in the extent of a window that is not READY. */
+    atomic_store_explicit(&d->state, WIN_BUSY, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
     d->nseg = nseg;
     d->job_id = h->job_id;
     memset(d->name, 0, sizeof d->name);
@@ -368,21 +461,18 @@ static int create_window(ivshm *h, uint32_t index, const char *name,
     atomic_store_explicit(&d->bar_count, 0, memory_order_relaxed);
     atomic_store_explicit(&d->bar_phase, 0, memory_order_relaxed);
     struct ivshm_win_lock *locks = win_locks(h, index);
-    for (uint32_t s = 0; s < h->max_peers; s++) {
+    for (uint32_t s = 0; s < h->max_peers; s++)
         atomic_store_explicit(&locks[s].writer, 0, memory_order_relaxed);
-        atomic_store_explicit(&locks[s].readers, 0, memory_order_relaxed);
-    }
-    memset(h->base + data_off, 0, bytes);
+    memset(h->base + data_off, 0, bytes); /* ctl bitmaps and data */
+    struct desc_snap s = {.state = WIN_READY, .nseg = nseg, .gen = gen,
+                          .job_id = h->job_id, .data_off = data_off,
+                          .data_bytes = bytes, .seg_size = seg_size};
+    bm_set(snap_bitmap(h, &s, 0), h->self, memory_order_relaxed);
     /* Publish: a joiner that sees READY (acquire) sees all of the above. */
     atomic_store_explicit(&d->state, WIN_READY, memory_order_release);
 
-    struct desc_snap s = {.state = WIN_READY, .nseg = nseg, .gen = gen,
-                          .members = self_bit(h), .job_id = h->job_id,
-                          .data_off = data_off, .data_bytes = bytes,
-                          .seg_size = seg_size};
     ivshm_window *w = make_handle(h, index, &s);
     if (!w) {
-        atomic_store_explicit(&d->members, 0, memory_order_relaxed);
         atomic_store_explicit(&d->state, WIN_FREE, memory_order_release);
         return -ENOMEM;
     }
@@ -413,7 +503,7 @@ int ivshm_win_open(ivshm *h, const char *name, uint32_t nseg,
     for (uint32_t i = 0; i < h->max_windows && rc == 1; i++) {
         struct desc_snap s;
         snap_desc(win_desc(h, i), &s);
-        if (snap_reusable(&s)) {
+        if (snap_reusable(h, &s)) {
             if (free_index < 0)
                 free_index = i;
             continue;
@@ -444,19 +534,21 @@ void ivshm_win_close(ivshm_window *w)
     ivshm *h = w->h;
     release_held(w);
     struct ivshm_win_desc *d = w->desc;
-    uint64_t bit = self_bit(h);
     /* If the descriptor was recreated meanwhile (we were thought dead and
        emptied), the bit there is not ours to clear. */
-    if (__atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen) {
-        uint64_t old = atomic_fetch_and_explicit(&d->members, ~bit,
-                                                 memory_order_acq_rel);
-        if ((old & bit) && (old & ~bit) == 0 && ivshm_alloc_lock(h) == 0) {
+    uint32_t left;
+    if (__atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen &&
+        atomic_load_explicit(&d->state, memory_order_acquire) == WIN_READY &&
+        bm_clear(w->members, h->self, memory_order_acq_rel) &&
+        !bm_scan(h, w->members, &left, memory_order_acquire) && left == 0) {
+        if (ivshm_alloc_lock(h) == 0) {
             /* Recheck under the lock: a joiner may have re-joined it, or
                an allocator reclaimed and recreated it (gen moved). */
             uint32_t st = atomic_load_explicit(&d->state, memory_order_relaxed);
-            if ((st == WIN_READY || st == WIN_BUSY) &&
+            if (st == WIN_READY &&
                 __atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen &&
-                atomic_load_explicit(&d->members, memory_order_relaxed) == 0)
+                !bm_scan(h, w->members, &left, memory_order_relaxed) &&
+                left == 0)
                 atomic_store_explicit(&d->state, WIN_FREE, memory_order_release);
             ivshm_alloc_unlock(h);
         }
@@ -469,22 +561,30 @@ void ivshm_windows_on_leave(ivshm *h, int slot)
 {
     if (!h || !ivshm_slot_ok(h, slot))
         return;
-    const uint64_t bit = 1ull << slot, holder = (uint64_t)slot + 1;
+    const uint64_t holder = (uint64_t)slot + 1;
     uint64_t expect = holder;
     atomic_compare_exchange_strong(&ivshm_hdr(h)->alloc_lock, &expect, 0);
     for (uint32_t i = 0; i < h->max_windows; i++) {
         struct ivshm_win_desc *d = win_desc(h, i);
         if (atomic_load_explicit(&d->state, memory_order_acquire) == WIN_FREE)
             continue; /* lock lines are cleared when it is created */
-        /* A member gone without closing can never arrive at a barrier. */
-        if (atomic_fetch_and(&d->members, ~bit) & bit)
-            atomic_fetch_or(&d->bar_count, BAR_BROKEN);
         struct ivshm_win_lock *locks = win_locks(h, i);
         for (uint32_t s = 0; s < h->max_peers; s++) {
             expect = holder;
             atomic_compare_exchange_strong(&locks[s].writer, &expect, 0);
-            if (atomic_load_explicit(&locks[s].readers, memory_order_relaxed) & bit)
-                atomic_fetch_and(&locks[s].readers, ~bit);
+        }
+        /* bits only in a READY window's validated, untorn extent */
+        struct desc_snap sn;
+        if (!snap_ready(h, i, &sn))
+            continue;
+        /* A member gone without closing can never arrive at a barrier. */
+        _Atomic uint64_t *members = snap_bitmap(h, &sn, 0);
+        if (bm_test(members, slot) && bm_clear(members, slot, memory_order_acq_rel))
+            atomic_fetch_or(&d->bar_count, BAR_BROKEN);
+        for (uint32_t seg = 0; seg < sn.nseg; seg++) {
+            _Atomic uint64_t *r = snap_bitmap(h, &sn, seg + 1);
+            if (bm_test(r, slot))
+                bm_clear(r, slot, memory_order_relaxed);
         }
     }
 }
@@ -602,24 +702,43 @@ static int break_stale_writer(ivshm_window *w, struct ivshm_win_lock *l,
     return 0;
 }
 
-/* Reader bits `r` are set (while we wait to hold exclusive, so none of
-   them is ours legitimately). Clear the ones of dead slots. */
-static int break_stale_readers(ivshm_window *w, struct ivshm_win_lock *l,
-                               uint64_t r, struct backoff *b)
+static _Atomic uint64_t *seg_readers(const ivshm_window *w, uint32_t seg)
+{
+    return w->readers + (uint64_t)seg * bm_words(w->h);
+}
+
+/* Reader bits of `seg` are set (while we wait to hold exclusive, so
+   none of them is ours legitimately). Clear the ones of dead slots. */
+static int break_stale_readers(ivshm_window *w, uint32_t seg,
+                               struct backoff *b)
 {
     ivshm *h = w->h;
-    if (r & ~slot_mask(h))
+    _Atomic uint64_t *r = seg_readers(w, seg);
+    if (bm_scan(h, r, NULL, memory_order_relaxed))
         return IVSHM_ECORRUPT;
-    uint64_t stale = r & self_bit(h);
-    if (backoff_probe_due(b))
-        for (uint64_t m = r & ~stale; m; m &= m - 1) {
-            int s = __builtin_ctzll(m);
+    if (bm_test(r, h->self))
+        bm_clear(r, h->self, memory_order_relaxed);
+    if (!backoff_probe_due(b))
+        return 0;
+    for (uint32_t wd = 0; wd < bm_words(h); wd++) {
+        uint64_t m = atomic_load_explicit(&r[wd], memory_order_relaxed);
+        for (; m; m &= m - 1) {
+            int s = (int)(wd * 64 + (uint32_t)__builtin_ctzll(m));
             if (!slot_alive(h, s))
-                stale |= 1ull << s;
+                bm_clear(r, s, memory_order_relaxed);
         }
-    if (stale)
-        atomic_fetch_and(&l->readers, ~stale);
+    }
     return 0;
+}
+
+/* Any reader bit of `seg` set? Each word loaded once. */
+static bool readers_present(const ivshm_window *w, uint32_t seg)
+{
+    _Atomic uint64_t *r = seg_readers(w, seg);
+    for (uint32_t wd = 0; wd < bm_words(w->h); wd++)
+        if (atomic_load_explicit(&r[wd], memory_order_seq_cst))
+            return true;
+    return false;
 }
 
 /*
@@ -637,7 +756,8 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
         return -EDEADLK;
     ivshm *h = w->h;
     struct ivshm_win_lock *l = &w->locks[seg];
-    const uint64_t me = (uint64_t)h->self + 1, bit = self_bit(h);
+    const uint64_t me = (uint64_t)h->self + 1;
+    _Atomic uint64_t *readers = seg_readers(w, seg);
     struct backoff b;
     backoff_init(&b, win_lock_timeout(h));
     int rc;
@@ -656,10 +776,9 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
         /* We own `writer`: new readers back off, existing ones finish. */
         backoff_init(&b, win_lock_timeout(h));
         for (;;) {
-            uint64_t r = atomic_load_explicit(&l->readers, memory_order_seq_cst);
-            if (r == 0)
+            if (!readers_present(w, seg))
                 break;
-            if ((rc = break_stale_readers(w, l, r, &b)) < 0 ||
+            if ((rc = break_stale_readers(w, seg, &b)) < 0 ||
                 (rc = backoff_pause(&b)) < 0) {
                 uint64_t mine = me;
                 atomic_compare_exchange_strong(&l->writer, &mine, 0);
@@ -671,17 +790,16 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
     }
 
     for (;;) {
-        uint64_t r = atomic_fetch_or_explicit(&l->readers, bit,
-                                              memory_order_seq_cst);
-        if (r & ~slot_mask(h)) {
-            atomic_fetch_and(&l->readers, ~bit);
+        bm_set(readers, h->self, memory_order_seq_cst);
+        if (bm_scan(h, readers, NULL, memory_order_relaxed)) {
+            bm_clear(readers, h->self, memory_order_relaxed);
             return IVSHM_ECORRUPT;
         }
         uint64_t cur = atomic_load_explicit(&l->writer, memory_order_seq_cst);
         if (cur == 0)
             break;
         /* A writer holds or wants it: withdraw so it can drain readers. */
-        atomic_fetch_and_explicit(&l->readers, ~bit, memory_order_seq_cst);
+        bm_clear(readers, h->self, memory_order_seq_cst);
         while (cur != 0) {
             if ((rc = break_stale_writer(w, l, cur, &b)) < 0 ||
                 (rc = backoff_pause(&b)) < 0)
@@ -702,9 +820,9 @@ int ivshm_win_unlock(ivshm_window *w, uint32_t seg)
     int kind = w->held[seg];
     w->held[seg] = HELD_NONE;
     if (kind == HELD_SHARED) {
-        uint64_t r = atomic_fetch_and_explicit(&l->readers, ~self_bit(h),
-                                               memory_order_release);
-        return (r & self_bit(h)) ? 0 : IVSHM_ECORRUPT;
+        return bm_clear(seg_readers(w, seg), h->self, memory_order_release)
+                   ? 0
+                   : IVSHM_ECORRUPT;
     }
     /* Release: the epoch's stores are visible before the lock is free. A
        failed CAS means our hold was broken or overwritten meanwhile. */
@@ -739,15 +857,17 @@ static bool phase_moved_or_broken(ivshm *h, void *arg)
 static int members_ok(ivshm_window *w, uint64_t *seen)
 {
     ivshm *h = w->h;
-    uint64_t m = atomic_load_explicit(&w->desc->members, memory_order_acquire);
-    if (m & ~slot_mask(h))
+    if (bm_scan(h, w->members, NULL, memory_order_relaxed))
         return IVSHM_ECORRUPT;
-    if (*seen & ~m)
-        return IVSHM_EPEERDEAD;
-    *seen |= m;
-    for (uint64_t x = m; x; x &= x - 1)
-        if (!slot_alive(h, __builtin_ctzll(x)))
+    for (uint32_t wd = 0; wd < bm_words(h); wd++) {
+        uint64_t m = atomic_load_explicit(&w->members[wd], memory_order_acquire);
+        if (seen[wd] & ~m)
             return IVSHM_EPEERDEAD;
+        seen[wd] |= m;
+        for (; m; m &= m - 1)
+            if (!slot_alive(h, (int)(wd * 64 + (uint32_t)__builtin_ctzll(m))))
+                return IVSHM_EPEERDEAD;
+    }
     return 0;
 }
 
@@ -797,10 +917,15 @@ int ivshm_win_barrier(ivshm_window *w, int timeout_ms)
                                                     memory_order_relaxed);
             atomic_store_explicit(&d->bar_phase, pw.phase + 1,
                                   memory_order_release);
-            uint64_t m = atomic_load_explicit(&d->members, memory_order_relaxed) &
-                         slot_mask(h) & ~self_bit(h);
-            for (; m; m &= m - 1)
-                ivshm_kick(h, __builtin_ctzll(m));
+            for (uint32_t wd = 0; wd < bm_words(h); wd++) {
+                uint64_t m = atomic_load_explicit(&w->members[wd],
+                                                  memory_order_relaxed);
+                for (; m; m &= m - 1) {
+                    uint32_t s = wd * 64 + (uint32_t)__builtin_ctzll(m);
+                    if (s < h->max_peers && (int)s != h->self)
+                        ivshm_kick(h, (int)s);
+                }
+            }
             return 0;
         }
         w->bar_pending = true;
@@ -810,7 +935,7 @@ int ivshm_win_barrier(ivshm_window *w, int timeout_ms)
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX
                                        : ivshm_now_ns() +
                                              (uint64_t)timeout_ms * 1000000ull;
-    uint64_t seen = 0;
+    uint64_t seen[IVSHM_MAX_PEERS / 64] = {0};
     for (;;) {
         int slice = BARRIER_SLICE_MS;
         if (deadline != UINT64_MAX) {
@@ -824,7 +949,7 @@ int ivshm_win_barrier(ivshm_window *w, int timeout_ms)
             return barrier_done(w, &pw);
         if (rc != -ETIMEDOUT)
             return rc;
-        rc = members_ok(w, &seen);
+        rc = members_ok(w, seen);
         /* a member may have passed and left after the round completed */
         if (phase_moved_or_broken(h, &pw))
             return barrier_done(w, &pw);

@@ -41,6 +41,18 @@ static int await_peer(ivshm *h, uint32_t rank)
     return -1;
 }
 
+/* The fast ring from -> to (opened with ivshm_fast_open: these attacks
+   write into a pair's ring; test_queue attacks the shared queues). */
+static uint8_t *ivshm_ring(ivshm *h, int from, int to)
+{
+    uint8_t *r = ivshm_fast_ring_of(h, from, to);
+    if (!r) {
+        fprintf(stderr, "no fast ring %d -> %d\n", from, to);
+        exit(1);
+    }
+    return r;
+}
+
 static struct ivshm_slot *ring_slot(ivshm *h, int from, int to, uint64_t pos)
 {
     return (struct ivshm_slot *)(ivshm_ring(h, from, to) + IVSHM_RING_CTRL +
@@ -108,7 +120,8 @@ static void test_attach_race(void)
 
     /* A READY window whose extent is valid only for a heap of ~2^64
        bytes: joined with a forged heap_size, a put would land 1 TiB past
-       the mapping. Member: slot 3, so it is neither free nor ours. */
+       the mapping. Member (the bitmap at the start of its extent): slot
+       3, so it is neither empty nor ours. */
     ivshm *owner = tu_attach(path, job, 0, 0);
     struct ivshm_win_desc *d =
         (struct ivshm_win_desc *)(owner->base + owner->windir_off);
@@ -121,7 +134,7 @@ static void test_attach_race(void)
     d->data_bytes = 2 * tib;
     d->seg_size = tib;
     d->gen = 1;
-    atomic_store(&d->members, 1ull << 3);
+    atomic_store((_Atomic uint64_t *)(owner->base + heap_off), 1ull << 3);
     atomic_store(&d->state, WIN_READY);
 
     struct flipper f = {.heap_size = &hdr->heap_size,
@@ -194,6 +207,7 @@ static int stall_child(void *arg)
     int victim = await_peer(h, 0);
     REQUIRE(victim >= 0);
     REQUIRE(ivshm_peer_current(h, victim));
+    REQUIRE(ivshm_fast_open(h, victim) == 0);
     const uint32_t payload = h->slot_size - IVSHM_SLOT_HDR;
     const uint64_t total = 1ull << 40;
     raw_publish(h, victim, 0, 77, SLOT_FIRST, payload, total, 0xaa);
@@ -301,6 +315,7 @@ static void test_resume(void)
     ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0);
     int sa = ivshm_self(a), sb = ivshm_self(b);
     CHECK(ivshm_peer_current(a, sb));
+    CHECK_RC(ivshm_fast_open(a, sb), 0);
     const uint32_t pl = a->slot_size - IVSHM_SLOT_HDR;
     const uint64_t total = 2 * pl + 10;
     uint8_t buf1[1024], buf2[1024];
@@ -453,6 +468,7 @@ static void test_tail_rewind(void)
     path = tu_region(ivshm_min_region_size(&g), &g);
     ivshm *a = tu_attach(path, job, 0, 0), *b = tu_attach(path, job, 1, 0);
     int sa = ivshm_self(a), sb = ivshm_self(b);
+    CHECK_RC(ivshm_fast_open(a, sb), 0);
     struct ivshm_ring_ctrl *ctrl = ring_ctrl(a, sa, sb);
     char in[8];
     /* fill the ring, the receiver drains it all */
@@ -464,9 +480,11 @@ static void test_tail_rewind(void)
     /* one write rewinds the tail to "full"; a hostile thread keeps it so */
     struct rewinder r = {.tail = &ctrl->tail, .value = 0};
     atomic_init(&r.stop, false);
+    /* rewound before the thread runs: on a loaded host it may not get a
+       CPU before our send looks at the tail */
+    atomic_store(&ctrl->tail, r.value);
     pthread_t th;
     CHECK(pthread_create(&th, NULL, rewind_tail, &r) == 0);
-    tu_sleep_ms(5);
     uint64_t t0 = now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 100), -ETIMEDOUT);
     uint64_t el = now_ms() - t0;
@@ -680,6 +698,8 @@ static void test_format_file(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
+    /* pairs on their fast rings from the first message on */
+    setenv("IVSHM_FAST_AFTER", "0", 1);
     test_attach_race();
     test_mid_message_stall();
     test_resume();

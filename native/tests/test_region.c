@@ -43,7 +43,13 @@ static void test_header_errors(void)
                     (uint64_t)SIZE * 4, 8, IVSHM_ESIZE);
     poke_and_expect(path, offsetof(struct ivshm_header, max_peers), 1000, 4,
                     IVSHM_ESIZE);
-    poke_and_expect(path, offsetof(struct ivshm_header, ring_off), 12, 8,
+    poke_and_expect(path, offsetof(struct ivshm_header, rx_off), 12, 8,
+                    IVSHM_ESIZE);
+    poke_and_expect(path, offsetof(struct ivshm_header, rx_bytes), 4096, 8,
+                    IVSHM_ESIZE);
+    poke_and_expect(path, offsetof(struct ivshm_header, queue_slots), 48, 4,
+                    IVSHM_ESIZE);
+    poke_and_expect(path, offsetof(struct ivshm_header, fast_channels), 0, 4,
                     IVSHM_ESIZE);
     poke_and_expect(path, offsetof(struct ivshm_header, heap_size), 1, 8,
                     IVSHM_ESIZE);

@@ -74,14 +74,22 @@ static uint32_t payload_of(const ivshm *h)
 static struct ivshm_slot *pending_slot(ivshm *rx, int from, uint64_t ahead)
 {
     uint64_t pos = rx->peers[from].rx_tail + ahead;
-    return (struct ivshm_slot *)(ivshm_ring(rx, from, rx->self) +
+    return (struct ivshm_slot *)(ivshm_fast_ring_of(rx, from, rx->self) +
                                  IVSHM_RING_CTRL +
                                  (pos & (rx->ring_slots - 1)) * rx->slot_size);
 }
 
+/* The fast ring from -> to (these tests run with IVSHM_FAST_AFTER=0:
+   the first message opens it; test_queue covers the shared queues). */
 static struct ivshm_ring_ctrl *ring_ctrl(ivshm *h, int from, int to)
 {
-    return (struct ivshm_ring_ctrl *)ivshm_ring(h, from, to);
+    struct ivshm_ring_ctrl *c =
+        (struct ivshm_ring_ctrl *)ivshm_fast_ring_of(h, from, to);
+    if (!c) {
+        fprintf(stderr, "no fast ring %d -> %d\n", from, to);
+        exit(1);
+    }
+    return c;
 }
 
 /* ---- single process: two attachments a -> b ---- */
@@ -561,10 +569,10 @@ static void test_garbage_tail(void)
     ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
     struct duo d;
     duo_open(&d, &g, false);
-    struct ivshm_ring_ctrl *ctrl = ring_ctrl(d.a, d.sa, d.sb);
     char in[8];
     for (int i = 0; i < 8; i++)
         CHECK_RC(ivshm_try_send(d.a, d.sb, 0, "x", 1), 0);
+    struct ivshm_ring_ctrl *ctrl = ring_ctrl(d.a, d.sa, d.sb);
     atomic_store(&ctrl->tail, 1000000); /* beyond anything published */
     CHECK_RC(ivshm_try_send(d.a, d.sb, 0, "x", 1), IVSHM_ECORRUPT);
     CHECK_RC(ivshm_send(d.a, d.sb, 0, "x", 1), IVSHM_ECORRUPT);
@@ -790,10 +798,15 @@ static void test_peer_death(void)
     /* 3. sender killed in the middle of a large message */
     victim = spawn_victim(true, &slot);
     CHECK(slot >= 0);
-    struct ivshm_ring_ctrl *ctrl = ring_ctrl(h, slot, ivshm_self(h));
-    for (int i = 0; i < 5000 && atomic_load(&ctrl->head) < h->ring_slots; i++)
+    struct ivshm_ring_ctrl *ctrl = NULL;
+    for (int i = 0; i < 5000 && !ctrl; i++) {
+        ctrl = (void *)ivshm_fast_ring_of(h, slot, ivshm_self(h));
         tu_sleep_ms(1);
-    CHECK(atomic_load(&ctrl->head) == h->ring_slots); /* full, blocked */
+    }
+    CHECK(ctrl != NULL);
+    for (int i = 0; ctrl && i < 5000 && atomic_load(&ctrl->head) < h->ring_slots; i++)
+        tu_sleep_ms(1);
+    CHECK(ctrl && atomic_load(&ctrl->head) == h->ring_slots); /* full, blocked */
     kill(victim, SIGKILL);
     CHECK(tu_wait(victim, 5000) == -1);
     t0 = now_s();
@@ -807,6 +820,8 @@ static void test_peer_death(void)
 
 int main(void)
 {
+    /* every pair on its fast ring from the first message on */
+    setenv("IVSHM_FAST_AFTER", "0", 1);
     test_small_and_sizes();
     test_truncation();
     test_full_ring();

@@ -388,11 +388,12 @@ int main(void)
     areas[nareas++] = (struct area){0, IVSHM_PAGE, 1}; /* header, alloc_lock */
     areas[nareas++] = (struct area){probe->registry_off,
                                     probe->max_peers * sizeof(struct ivshm_peer_entry), 1};
-    areas[nareas++] = (struct area){probe->ring_off,
-                                    (uint64_t)probe->max_peers * probe->max_peers *
-                                        probe->ring_bytes, 3};
-    areas[nareas++] = (struct area){probe->ring_off, /* ctrl + first slots */
-                                    (uint64_t)probe->max_peers * probe->ring_bytes, 3};
+    /* receive areas: queue ctrl, cells, descriptors, fast rings */
+    areas[nareas++] = (struct area){probe->rx_off,
+                                    (uint64_t)probe->max_peers * probe->rx_bytes, 3};
+    areas[nareas++] = (struct area){probe->rx_off, /* queue ctrl + cells */
+                                    IVSHM_QUEUE_CTRL +
+                                        (uint64_t)probe->queue_slots * probe->slot_size, 3};
     areas[nareas++] = (struct area){probe->windir_off,
                                     probe->max_windows * sizeof(struct ivshm_win_desc), 2};
     areas[nareas++] = (struct area){probe->wctl_off,

@@ -214,7 +214,8 @@ static void test_limits(void)
     CHECK(idx >= 0);
     ivshm_win_close(w[1]);
     CHECK(find_desc(a, "w1") == idx);
-    CHECK(atomic_load(&desc_of(a, (uint32_t)idx)->members) == 1ull << ivshm_self(b));
+    _Atomic uint64_t *members = ivshm_win_bitmap(a, (uint32_t)idx, -1);
+    CHECK(members && atomic_load(members) == 1ull << ivshm_self(b));
     ivshm_win_close(bw);
     CHECK(find_desc(a, "w1") < 0);
     CHECK(atomic_load(&desc_of(a, (uint32_t)idx)->state) == WIN_FREE);
@@ -275,7 +276,8 @@ static void test_limits(void)
     CHECK_RC(ivshm_win_open(c, "left", 1, 64, &left), 0);
     ivshm_detach(c);
     idx = find_desc(a, "left");
-    CHECK(idx >= 0 && atomic_load(&desc_of(a, (uint32_t)idx)->members) == 0);
+    members = idx >= 0 ? ivshm_win_bitmap(a, (uint32_t)idx, -1) : NULL;
+    CHECK(members && atomic_load(members) == 0);
     free(left); /* handle of a detached attachment: only local memory */
     ivshm_window *ws[4] = {0};
     for (int i = 0; i < 4; i++)
@@ -616,9 +618,14 @@ static void test_garbage(void)
     CHECK_RC(ivshm_win_open(b, "g", 2, UINT64_MAX / 2, &wb), IVSHM_EFULL);
     CHECK_RC(ivshm_win_open(b, "g", 2, 4096, &wb), IVSHM_ECORRUPT);
     d->seg_size = saved.seg_size;
-    atomic_store(&d->members, ~0ull);
+    /* the members bitmap at the start of its extent */
+    _Atomic uint64_t *members = ivshm_win_bitmap(a, (uint32_t)idx, -1);
+    CHECK(members != NULL);
+    if (!members)
+        return;
+    atomic_store(members, ~0ull);
     CHECK_RC(ivshm_win_open(b, "g", 2, 4096, &wb), IVSHM_ECORRUPT);
-    atomic_store(&d->members, 1ull << ivshm_self(a));
+    atomic_store(members, 1ull << ivshm_self(a));
     CHECK(wb == NULL);
     /* the handle kept its validated copy: operations still work */
     uint64_t v = 42;
@@ -630,6 +637,10 @@ static void test_garbage(void)
 
     /* lock lines: garbage holder values fail fast, dead ones are broken */
     struct ivshm_win_lock *l = lock_of(a, (uint32_t)idx, 0);
+    _Atomic uint64_t *readers = ivshm_win_bitmap(a, (uint32_t)idx, 0);
+    CHECK(readers != NULL);
+    if (!readers)
+        return;
     uint64_t t0 = ivshm_now_ns();
     atomic_store(&l->writer, 1000);
     CHECK_RC(ivshm_win_lock(wa, 0, IVSHM_LOCK_EXCLUSIVE), IVSHM_ECORRUPT);
@@ -637,13 +648,13 @@ static void test_garbage(void)
     atomic_store(&l->writer, 7 + 1); /* slot 7: nobody there */
     CHECK_RC(ivshm_win_lock(wa, 0, IVSHM_LOCK_EXCLUSIVE), 0);
     CHECK_RC(ivshm_win_unlock(wa, 0), 0);
-    atomic_store(&l->readers, 1ull << 40);
+    atomic_store(readers, 1ull << 40);
     CHECK_RC(ivshm_win_lock(wa, 0, IVSHM_LOCK_EXCLUSIVE), IVSHM_ECORRUPT);
     CHECK(atomic_load(&l->writer) == 0); /* gave its claim back */
     CHECK_RC(ivshm_win_lock(wa, 0, IVSHM_LOCK_SHARED), IVSHM_ECORRUPT);
-    atomic_store(&l->readers, (1ull << 6) | (1ull << ivshm_self(a)));
+    atomic_store(readers, (1ull << 6) | (1ull << ivshm_self(a)));
     CHECK_RC(ivshm_win_lock(wa, 0, IVSHM_LOCK_EXCLUSIVE), 0);
-    CHECK(atomic_load(&l->readers) == 0);
+    CHECK(atomic_load(readers) == 0);
     /* someone broke our hold and took it: unlock reports it */
     atomic_store(&l->writer, (uint64_t)ivshm_self(b) + 1);
     CHECK_RC(ivshm_win_unlock(wa, 0), IVSHM_ECORRUPT);

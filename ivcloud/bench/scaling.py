@@ -1,0 +1,209 @@
+"""Many ranks in one region: how ivshmem scales against vader.
+
+:func:`run` runs mpi-scaling (native/bench/scaling.c) under Open MPI for
+each rank count of RANKS (oversubscribed: the ranks share this host's
+cores) and each transport: our ivshmem component alone with self, in a
+private region that `ivcloud mpirun` sizes for the job (linear in the
+ranks), and Open MPI's vader. For every (transport, ranks) it records
+the shared memory the transport needs, the 8 B latency between rank 0
+and rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
+streaming pairs. Transports and rank counts alternate in rounds; each
+figure is the median of its rounds, with the spread. A vader job that
+fails or times out at some rank count is noted (vader "where it runs"),
+an ivshmem one is a failure. It prints one table and the ratios ivshmem
+/ vader from this run (informational), and can write every record (the
+medians, and each round's under "runs") as a JSON document.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .. import mpi
+from ..errors import BenchError, InvalidRequest
+from . import mpi as bench_mpi
+from .toolkit import (MIB, BenchResults, Target, count, fmt_size,
+                      measure_rounds, program, ratio_target, run_benchmark,
+                      spread, summarize)
+
+FULL_RANKS = [2, 8, 32, 128]
+QUICK_RANKS = [2, 4]
+TRANSPORTS = ["ivshmem", "vader"]
+TESTS = ("latency", "allreduce", "msgrate")
+KEYS = ("transport", "test", "ranks", "size", "latency_us",
+        "rate_msgs_per_s")
+# vader's shared memory: one segment per rank (btl_vader_segment_size,
+# Open MPI 4.1's default), holding its FIFO, fast boxes and fragments
+VADER_SEGMENT = 4 * MIB
+MAX_RANKS = mpi.MAX_PEERS_LIMIT
+
+
+def check_ranks(values: Sequence[int]) -> List[int]:
+    ranks = sorted(set(values))
+    if not ranks or ranks[0] < 2 or ranks[-1] > MAX_RANKS:
+        raise InvalidRequest(f"rank counts must be 2..{MAX_RANKS}")
+    return ranks
+
+
+def check_transports(names: Sequence[str]) -> List[str]:
+    return bench_mpi.check_transports(names, TRANSPORTS)
+
+
+@dataclass
+class ScalingSettings:
+    ranks: List[int]
+    transports: List[str]
+    lat_iters: int       # round trips per timed batch (2 ranks; fewer above)
+    allreduce_ops: int   # allreduces per batch at 2 ranks (fewer above)
+    windows: int         # message-rate windows of 64 per pair and batch
+    timeout_s: int       # per mpirun job
+    rounds: int = 3
+    quick: bool = False
+
+    @classmethod
+    def make(cls, quick: bool = False, ranks: Optional[Sequence[int]] = None,
+             transports: Optional[Sequence[str]] = None,
+             rounds: Optional[int] = None,
+             iters: Optional[int] = None) -> "ScalingSettings":
+        """The full run, or a quick plumbing check (2 and 4 ranks, one
+        round, few operations); the arguments override the defaults."""
+        return cls(ranks=check_ranks(ranks) if ranks
+                   else list(QUICK_RANKS if quick else FULL_RANKS),
+                   transports=(check_transports(transports) if transports
+                               else list(TRANSPORTS)),
+                   lat_iters=count("operations", iters)
+                   or (50 if quick else 2000),
+                   allreduce_ops=20 if quick else 1000,
+                   windows=2 if quick else 20,
+                   timeout_s=120 if quick else 600,
+                   rounds=count("rounds", rounds) or (1 if quick else 3),
+                   quick=quick)
+
+    def argv(self, transport: str, np: int) -> List[str]:
+        """mpi-scaling's arguments for `np` ranks. Oversubscribed, an
+        operation that involves every rank costs about a scheduling round
+        of all of them: the counts shrink with the ranks so that one job
+        stays in seconds."""
+        per_rank = max(1, np // 2)
+        return [str(program("mpi-scaling")), "--transport", transport,
+                "--lat-iters", str(max(20, self.lat_iters // per_rank)),
+                "--allreduce-iters", str(max(5, self.allreduce_ops // np)),
+                "--windows", str(self.windows)]
+
+
+# ---------------------------------------------------------------- running
+
+def region_bytes(transport: str, np: int) -> int:
+    """Shared memory the transport sets up for `np` ranks on one host:
+    the private region `ivcloud mpirun` formats (ivshmem), or one segment
+    per rank (vader)."""
+    if transport == "ivshmem":
+        return mpi.private_geometry(np)[1]
+    return np * VADER_SEGMENT
+
+
+def run_one(transport: str, np: int, s: ScalingSettings) -> List[Dict]:
+    """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
+    private region and must show traffic in every rank's BTL counters."""
+    recs, _ = bench_mpi.mpi_job(transport, np, s.argv(transport, np),
+                                s.timeout_s,
+                                f"mpi-scaling {transport} ({np} ranks)", KEYS)
+    shm = region_bytes(transport, np)
+    for rec in recs:
+        rec["region_bytes"] = shm
+        rec["bytes_per_rank"] = shm // np
+    return recs
+
+
+def _step(transport: str, np: int, s: ScalingSettings,
+          res: BenchResults) -> List[Dict]:
+    """A job; vader's failure at a rank count is a note, not a failure
+    (it is compared where it runs)."""
+    if transport == "ivshmem":
+        return run_one(transport, np, s)
+    try:
+        return run_one(transport, np, s)
+    except BenchError as e:
+        res.notes.append(f"vader at {np} ranks: {e}")
+        return []
+
+
+# ---------------------------------------------------------------- targets
+
+def targets(res: BenchResults) -> List[Target]:
+    out = []
+    for np in sorted({r["ranks"] for r in res.records}):
+        for test, key, op in (("latency", "latency_us", "<="),
+                              ("allreduce", "latency_us", "<="),
+                              ("msgrate", "rate_msgs_per_s", ">=")):
+            out.append(ratio_target(
+                f"{test} {np} ranks ivshmem / vader",
+                res.find(transport="ivshmem", test=test, ranks=np),
+                res.find(transport="vader", test=test, ranks=np),
+                key, op, 1.0 if test != "allreduce" else 1.2,
+                missing="no vader (or ivshmem) figure at this rank count"))
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+def _fmt_rate(r: Dict) -> str:
+    return f"{r['rate_msgs_per_s'] / 1e6:.3f}"
+
+
+def print_table(res: BenchResults, out=None) -> None:
+    """One row per (ranks, transport): memory, and the three figures with
+    their spread over the rounds."""
+    out = out or sys.stdout
+    head = (f"{'ranks':>5} {'transport':<9} {'shared mem':>10} "
+            f"{'per rank':>9} {'lat 8B us':>10} {'(min..max)':>15} "
+            f"{'allred 8B us':>12} {'(min..max)':>17} {'Mmsg/s':>8} "
+            f"{'(min..max)':>13}")
+    out.write(head + "\n" + "-" * len(head) + "\n")
+    rows = {(r["ranks"], r["transport"]) for r in res.records}
+    for np, transport in sorted(rows, key=lambda k: (
+            k[0], TRANSPORTS.index(k[1]) if k[1] in TRANSPORTS else 99)):
+        lat = res.find(transport=transport, ranks=np, test="latency")
+        ar = res.find(transport=transport, ranks=np, test="allreduce")
+        mr = res.find(transport=transport, ranks=np, test="msgrate")
+        any_rec = lat or ar or mr
+        rate_spread = ""
+        if mr and mr.get("runs", 1) > 1 and "rate_msgs_per_s_min" in mr:
+            rate_spread = (f"{mr['rate_msgs_per_s_min'] / 1e6:.3f}.."
+                           f"{mr['rate_msgs_per_s_max'] / 1e6:.3f}")
+        out.write(
+            f"{np:>5} {transport:<9} "
+            f"{fmt_size(any_rec['region_bytes']):>10} "
+            f"{fmt_size(any_rec['bytes_per_rank']):>9} "
+            f"{lat['latency_us'] if lat else float('nan'):>10.2f} "
+            f"{spread(lat, 'latency_us') if lat else '':>15} "
+            f"{ar['latency_us'] if ar else float('nan'):>12.1f} "
+            f"{spread(ar, 'latency_us') if ar else '':>17} "
+            f"{_fmt_rate(mr) if mr else 'nan':>8} {rate_spread:>13}\n")
+
+
+# ---------------------------------------------------------------- driver
+
+def measure(s: ScalingSettings, log=None) -> BenchResults:
+    res = BenchResults()
+    steps = [(f"{t} {np} ranks", functools.partial(_step, t, np, s, res))
+             for np in s.ranks for t in s.transports]
+    measure_rounds(res, "scaling", s.rounds, steps, log)
+    res.records = summarize(res.runs, ("transport", "test", "ranks"),
+                            ("latency_us", "rate_msgs_per_s"))
+    return res
+
+
+def run(s: ScalingSettings, json_path: Optional[Path] = None, out=None,
+        log=None) -> int:
+    """Measure, print the table, targets and notes to `out`, progress to
+    `log`; write the document to `json_path`. 1 if an ivshmem job
+    failed."""
+    return run_benchmark("scaling", s.quick, lambda: measure(s, log),
+                         targets, print_table, json_path, out,
+                         ranks=s.ranks, transports=s.transports,
+                         rounds=s.rounds, vader_segment=VADER_SEGMENT)

@@ -1,0 +1,783 @@
+/*
+ * The consumer keeps its position locally (q_head). A receive from one
+ * sender that finds other senders' cells at the head moves them to
+ * per-sender backlogs in local memory (bounded), delivered later in
+ * order. IVSHM_ANY polls the backlogs, the active fast channels and the
+ * queue head round robin: O(backlogs + channels), never O(peers).
+ *
+ * Zero-copy: recv_peek hands out the payload of the message where it
+ * lies (ring slot, queue cell or backlog) and recv_release consumes it.
+ */
+#define _GNU_SOURCE
+#include "msg.h"
+
+#include <stdlib.h>
+
+/* Drops of stale cells in one receive call: a producer that keeps
+   writing stale slots must not hold us in the loop. */
+#define MAX_DROPS_PER_CALL(h) ((h)->ring_slots + (h)->queue_slots)
+
+/* Bound on what the backlogs hold (payload + record headers). */
+#define BACKLOG_MAX_BYTES (64ull << 20)
+
+/* Empty receive polls between two looks at the clock for a sweep of
+   descriptors left by departed senders. */
+#define SWEEP_POLLS 4096
+#define SWEEP_EVERY_NS 200000000ull
+
+/* ------------------------------------------------------------------ */
+/* receiving: our area                                                */
+/* ------------------------------------------------------------------ */
+
+/* Refresh our local view of the sender in `slot`. A sender that left or
+   died keeps its generation in the registry until the slot is claimed
+   again: so what it published is still that generation's and may be
+   delivered. We never write the tail of a departed sender's ring. */
+enum rx_view ivshm_rx_view(ivshm *h, int slot)
+{
+    if (ivshm_peer_current(h, slot))
+        return RX_LIVE;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
+    if (st != PEER_FREE && st != PEER_DEAD)
+        return RX_NONE;
+    uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+    if (gen == 0)
+        return RX_NONE;
+    /* an incarnation we never talked to: its positions began at 0 */
+    if (h->peers[slot].gen != gen)
+        ivshm_peer_local_reset(h, slot, gen);
+    return RX_GONE;
+}
+
+/* The next cell of one sender, wherever it lies. */
+struct cref {
+    int kind;            /* SRC_* */
+    struct frag f;       /* validated by the caller before use */
+    const uint8_t *data; /* payload: backlog record, ring slot or cell */
+};
+
+/* ---- backlogs ---- */
+
+static void bl_pop(ivshm *h, int slot)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    struct ivshm_backlog *b = p->bl_head;
+    if (!b)
+        return;
+    p->bl_head = b->next;
+    if (!p->bl_head)
+        p->bl_tail = NULL;
+    h->bl_bytes -= sizeof *b + b->len;
+    free(b);
+    if (--p->bl_count == 0)
+        for (int x = 0; x < h->n_bl; x++)
+            if (h->bl_list[x] == slot) {
+                h->bl_list[x] = h->bl_list[--h->n_bl];
+                break;
+            }
+}
+
+static void bl_clear(ivshm *h, int slot)
+{
+    while (h->peers[slot].bl_head)
+        bl_pop(h, slot);
+}
+
+/* Move the head cell (of q->src) to its sender's backlog. Refused while
+   a peeked message lies at the head (its pointer must stay good), when
+   the backlogs are at their bound, or out of memory. */
+static int q_to_backlog(ivshm *h, const struct qhead *q)
+{
+    if (h->q_peek_src >= 0)
+        return -EAGAIN;
+    struct frag f = q->f;
+    if (f.len > slot_payload(h)) {
+        f.len = 0;        /* kept as a marker: reported as corrupt */
+        f.flags = 0xffff;
+    }
+    if (h->bl_bytes + sizeof(struct ivshm_backlog) + f.len > BACKLOG_MAX_BYTES)
+        return -ENOBUFS;
+    struct ivshm_backlog *b = malloc(sizeof *b + f.len);
+    if (!b)
+        return -ENOMEM;
+    b->next = NULL;
+    b->len = f.len;
+    b->tag = f.tag;
+    b->gen = f.gen;
+    b->flags = f.flags;
+    b->total = f.total;
+    if (f.len)
+        memcpy(b->data, q->data, f.len);
+    struct ivshm_peer_local *p = &h->peers[q->src];
+    if (p->bl_tail)
+        p->bl_tail->next = b;
+    else
+        p->bl_head = b;
+    p->bl_tail = b;
+    if (p->bl_count++ == 0)
+        h->bl_list[h->n_bl++] = q->src;
+    h->bl_bytes += sizeof *b + f.len;
+    q_advance(h, 0, false);
+    return 0;
+}
+
+/* ---- the next cell of one sender ---- */
+
+/* The next cell of sender `slot`: its backlog first, then its fast ring
+   if it has one, else our queue's head if it is that sender's. `drain`:
+   other senders' cells at the head are moved to their backlogs to get
+   at this sender's. 1 with *c filled, 0 if there is none (yet). A ring
+   found empty gets its tail checked (rx_heal_tail); a departed sender's
+   drained ring is freed. */
+
+static int next_cell(ivshm *h, int slot, enum rx_view view, bool drain,
+                     struct cref *c)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->bl_head) {
+        const struct ivshm_backlog *b = p->bl_head;
+        c->kind = SRC_BACKLOG;
+        c->f = (struct frag){b->len, b->tag, b->gen, b->flags, b->total};
+        c->data = b->data;
+        return 1;
+    }
+    if (p->rx_chan >= 0) {
+        uint8_t *ring = rx_ring(h, slot);
+        struct ivshm_slot *s = slot_at(h, ring, p->rx_tail);
+        if (slot_full(s, p->rx_tail)) {
+            c->kind = SRC_RING;
+            frag_read(s, &c->f);
+            c->data = slot_data(s);
+            return 1;
+        }
+        if (view == RX_LIVE) {
+            rx_heal_tail(h, slot, ring);
+            return 0;
+        }
+        ivshm_chan_free(h, slot);
+    }
+    for (;;) {
+        struct qhead q;
+        if (ivshm_q_front(h, &q) != Q_FULL)
+            return 0;
+        if (q.src == slot) {
+            c->kind = SRC_QUEUE;
+            c->f = q.f;
+            c->data = q.data;
+            return 1;
+        }
+        if (!drain || q_to_backlog(h, &q) < 0)
+            return 0;
+    }
+}
+
+/* The cell next_cell returned is done with. */
+static void consume_cell(ivshm *h, int slot, const struct cref *c,
+                         enum rx_view view)
+{
+    h->peers[slot].peeked = false;
+    switch (c->kind) {
+    case SRC_BACKLOG:
+        bl_pop(h, slot);
+        break;
+    case SRC_RING:
+        rx_consume(h, slot, rx_ring(h, slot), view);
+        break;
+    case SRC_QUEUE:
+        q_advance(h, 0, false);
+        break;
+    }
+}
+
+/* An OPEN cell of `slot`: from now on it sends on fast channel k of our
+   area. Accepted only if the descriptor says so (loaded once): the
+   sender took it with its slot and generation. */
+static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
+{
+    uint64_t k = c->f.total;
+    consume_cell(h, slot, c, view);
+    struct ivshm_peer_local *p = &h->peers[slot];
+    uint64_t want = (uint64_t)(slot + 1) | (uint64_t)p->gen << 32;
+    bool ok = k < h->fast_channels && p->rx_chan < 0 &&
+              h->chan_user[k] < 0 &&
+              atomic_load_explicit(&ivshm_fdesc(h, h->self, (uint32_t)k)->owner,
+                                   memory_order_acquire) == want;
+    if (!ok) {
+        /* a departed sender's descriptor may have been swept already */
+        h->stats.dropped++;
+        return view == RX_LIVE ? IVSHM_ECORRUPT : 0;
+    }
+    p->rx_chan = (int16_t)k;
+    p->rx_tail = 0;
+    h->chan_user[k] = slot;
+    h->act[h->n_act++] = slot;
+    return 0;
+}
+
+/* ---- reassembly ---- */
+
+/* Store what fits of a validated fragment (len <= payload) below `keep`. */
+static inline void copy_out(void *buf, uint64_t keep, uint64_t *stored,
+                            const uint8_t *data, uint32_t len)
+{
+    if (*stored >= keep || len == 0)
+        return;
+    uint64_t n = keep - *stored < len ? keep - *stored : len;
+    memcpy((uint8_t *)buf + *stored, data, n);
+    *stored += n;
+}
+
+static inline bool flags_bad(uint32_t flags)
+{
+    return (flags & ~(uint32_t)(SLOT_FIRST | SLOT_LAST)) != 0;
+}
+
+/* The message in progress from `slot` is given up (error, or a new
+   incarnation): what was staged goes, its stream moves on. */
+static void rx_abandon(struct ivshm_peer_local *p)
+{
+    free(p->rx_stage);
+    p->rx_stage = NULL;
+    p->rx_stage_cap = 0;
+    p->rx_partial = false;
+    p->rx_nomem = false;
+    p->rx_kept = 0;
+}
+
+/* Room for `n` staged bytes (n <= rx_keep). Grows by doubling, so the
+   memory follows the bytes actually received, not a forged total, and
+   never exceeds rx_keep (at most the caller's cap). False (and rx_nomem) when out of
+   memory: the message is then drained and reported as -ENOMEM. */
+static bool stage_room(struct ivshm_peer_local *p, uint64_t n)
+{
+    if (n <= p->rx_stage_cap)
+        return true;
+    if (p->rx_nomem)
+        return false;
+    uint64_t cap = p->rx_stage_cap ? p->rx_stage_cap : 4096;
+    while (cap < n)
+        cap *= 2;
+    if (cap > p->rx_keep)
+        cap = p->rx_keep;
+    uint8_t *st = realloc(p->rx_stage, cap);
+    if (!st) {
+        p->rx_nomem = true;
+        return false;
+    }
+    p->rx_stage = st;
+    p->rx_stage_cap = cap;
+    return true;
+}
+
+/* Append what fits of a validated fragment to the stage. */
+static void stage_append(struct ivshm_peer_local *p, const uint8_t *data,
+                         uint32_t len)
+{
+    if (p->rx_kept >= p->rx_keep || len == 0)
+        return;
+    uint64_t n = p->rx_keep - p->rx_kept < len ? p->rx_keep - p->rx_kept : len;
+    if (!stage_room(p, p->rx_kept + n))
+        return;
+    memcpy(p->rx_stage + p->rx_kept, data, n);
+    p->rx_kept += n;
+}
+
+struct cell_wait {
+    int slot;
+    enum rx_view view;
+};
+
+static bool cell_ready(ivshm *h, void *arg)
+{
+    const struct cell_wait *w = arg;
+    struct cref c;
+    return next_cell(h, w->slot, w->view, true, &c) > 0;
+}
+
+/* Mid-message: wait for the next fragment until `deadline` (0: not at
+   all), spinning as a receive between messages would. 0 when it is
+   there, -ETIMEDOUT, IVSHM_EPEERDEAD once a dead sender's last published
+   fragment is gone (a death turns *view into RX_GONE). */
+static int rx_wait_fragment(ivshm *h, int slot, enum rx_view *view,
+                            uint64_t deadline)
+{
+    struct cell_wait w = {slot, *view};
+    if (*view == RX_LIVE) {
+        int ms = deadline == 0 ? -ETIMEDOUT : ms_left(deadline);
+        if (ms == -ETIMEDOUT)
+            return -ETIMEDOUT;
+        int rc = ivshm_wait(h, cell_ready, &w, slot, h->peers[slot].gen, ms);
+        if (rc != IVSHM_EPEERDEAD)
+            return rc;
+        *view = w.view = RX_GONE;
+    }
+    /* gone: what it published before dying is still ours */
+    return cell_ready(h, &w) ? 0 : IVSHM_EPEERDEAD;
+}
+
+/* Consume the continuation fragments of the message in progress from
+   `slot` (p->rx_partial: its FIRST fragment is consumed). A fresh message
+   (!staged) is stored straight into buf after the `stored` bytes there; a
+   resumed one goes to the stage and is copied to buf once complete.
+   Waits for late fragments until `deadline` (0: never; UINT64_MAX:
+   forever); when it passes -- checked also between long runs of
+   fragments, so a sender streaming without end cannot hold us -- the
+   message stays in progress (the stored prefix staged) and the call
+   returns -EAGAIN. Invariant: rx_left = bytes not consumed yet. */
+static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
+                            uint32_t *tag, void *buf, size_t cap,
+                            uint64_t stored, uint64_t deadline, bool staged)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    const uint32_t payload = slot_payload(h);
+    const uint32_t run_max = h->ring_slots + h->queue_slots;
+    uint32_t run = 0;
+    while (p->rx_left) {
+        struct cref c;
+        int rc = 0;
+        if (!next_cell(h, slot, view, true, &c)) {
+            run = 0;
+            rc = rx_wait_fragment(h, slot, &view, deadline);
+            if (rc == IVSHM_EPEERDEAD) {
+                rx_abandon(p);
+                return rc;
+            }
+            if (rc == 0)
+                continue; /* there now: take it through next_cell */
+        } else if (++run == run_max) {
+            run = 0;
+            if (deadline != UINT64_MAX && ivshm_now_ns() >= deadline)
+                rc = -ETIMEDOUT;
+        }
+        if (rc < 0) {
+            /* cut: keep what this call stored, for the next one */
+            if (!staged && stored && stage_room(p, stored)) {
+                memcpy(p->rx_stage, buf, stored);
+                p->rx_kept = stored;
+            }
+            return rc == -ETIMEDOUT ? -EAGAIN : rc;
+        }
+        if (c.kind == SRC_RING && c.f.gen != p->gen) {
+            rx_abandon(p);
+            if (c.f.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
+                                                memory_order_relaxed))
+                return IVSHM_EPEERDEAD; /* new incarnation; leave its slot */
+            consume_cell(h, slot, &c, view);
+            return IVSHM_ECORRUPT;
+        }
+        if (c.f.flags & (SLOT_FIRST | CELL_OPEN)) {
+            /* the sender gave up on this message (send deadline): leave
+               the cell, it may start a good message */
+            rx_abandon(p);
+            return IVSHM_ECORRUPT;
+        }
+        bool is_last = c.f.flags & SLOT_LAST;
+        if (flags_bad(c.f.flags) || c.f.len == 0 || c.f.len > payload ||
+            c.f.len > p->rx_left || is_last != (c.f.len == p->rx_left) ||
+            c.f.tag != p->rx_tag || c.f.total != p->rx_total) {
+            rx_abandon(p);
+            consume_cell(h, slot, &c, view);
+            return IVSHM_ECORRUPT;
+        }
+        if (staged)
+            stage_append(p, c.data, c.f.len);
+        else
+            copy_out(buf, p->rx_keep, &stored, c.data, c.f.len);
+        consume_cell(h, slot, &c, view);
+        p->rx_left -= c.f.len;
+    }
+    bool nomem = p->rx_nomem;
+    /* An earlier call with a smaller cap dropped bytes this caller would
+       expect: returning the length would pass stale buffer bytes off as
+       the message's. */
+    bool lost = p->rx_keep < p->rx_total && p->rx_keep < cap;
+    if (staged && !nomem && !lost) {
+        uint64_t n = p->rx_kept < p->rx_keep ? p->rx_kept : p->rx_keep;
+        if (n)
+            memcpy(buf, p->rx_stage, n);
+    }
+    rx_abandon(p); /* complete: nothing in progress any more */
+    if (nomem)
+        return -ENOMEM;
+    if (lost)
+        return -EMSGSIZE;
+    *tag = p->rx_tag;
+    return (ssize_t)p->rx_total;
+}
+
+/* ---- messages ---- */
+
+/* Receive one whole message from `slot` if its first fragment is there.
+   Returns the message length, -EAGAIN if there is none (or it is still
+   incomplete at `deadline`, see rx_fragments), or an error. A malformed
+   cell is consumed and reported as IVSHM_ECORRUPT, so a scribbled ring
+   costs the scribbler's messages, not a stuck receiver. peek non-NULL: a
+   valid single-slot message is left in place and *peek points at its
+   payload; a longer one (or one in progress) is left: -EMSGSIZE. `drain`
+   as in next_cell. */
+static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
+                          size_t cap, const void **peek, uint64_t deadline,
+                          bool drain)
+{
+    enum rx_view view = ivshm_rx_view(h, slot);
+    if (view == RX_NONE)
+        return -EAGAIN;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    const uint32_t payload = slot_payload(h);
+
+    if (p->rx_partial) {
+        if (peek)
+            return -EMSGSIZE;
+        /* Resume into the stage. The bytes delivered never grow past an
+           earlier call's cap: those beyond it are gone. */
+        if (p->rx_keep > cap)
+            p->rx_keep = cap;
+        return rx_fragments(h, slot, view, tag, buf, cap, 0, deadline, true);
+    }
+
+    struct cref c;
+    for (uint32_t drops = 0;; drops++) {
+        if (drops == MAX_DROPS_PER_CALL(h))
+            return -EAGAIN;
+        if (!next_cell(h, slot, view, drain, &c))
+            return -EAGAIN;
+        if (c.kind == SRC_RING && c.f.gen != p->gen) {
+            if (c.f.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
+                                                memory_order_relaxed))
+                return -EAGAIN; /* the slot changed hands just now: our
+                                   next call sees the new generation */
+            /* written by an earlier incarnation of the sender */
+            consume_cell(h, slot, &c, view);
+            h->stats.dropped++;
+            continue;
+        }
+        if (c.kind != SRC_RING && (c.f.flags & CELL_OPEN)) {
+            int rc = rx_open(h, slot, &c, view);
+            if (rc < 0)
+                return rc;
+            continue; /* its next message is on the ring */
+        }
+        break;
+    }
+
+    /* FIRST fragment: the whole message is described here. */
+    bool last = c.f.flags & SLOT_LAST;
+    if (flags_bad(c.f.flags) || !(c.f.flags & SLOT_FIRST) ||
+        c.f.len > payload || c.f.total > (uint64_t)SSIZE_MAX ||
+        (last ? c.f.total != c.f.len
+              : (c.f.len == 0 || c.f.total <= c.f.len))) {
+        consume_cell(h, slot, &c, view);
+        return IVSHM_ECORRUPT;
+    }
+    if (peek) {
+        if (!last)
+            return -EMSGSIZE;
+        *peek = c.data;
+        *tag = c.f.tag;
+        p->peek_kind = (uint8_t)c.kind;
+        if (c.kind == SRC_QUEUE)
+            h->q_peek_src = slot;
+        return (ssize_t)c.f.len;
+    }
+    p->rx_partial = true;
+    p->rx_tag = c.f.tag;
+    p->rx_total = c.f.total;
+    p->rx_keep = c.f.total < cap ? c.f.total : cap;
+    p->rx_kept = 0;
+    uint64_t stored = 0;
+    copy_out(buf, p->rx_keep, &stored, c.data, c.f.len);
+    consume_cell(h, slot, &c, view);
+    p->rx_left = c.f.total - c.f.len;
+    return rx_fragments(h, slot, view, tag, buf, cap, stored, deadline, false);
+}
+
+/* Round robin over the sources of IVSHM_ANY, from rr_next: the senders
+   with a backlog, the senders with a fast channel, and the queue head
+   (whose sender's older messages, in its backlog, go first). A busy
+   sender cannot starve the others, and the cost is O(backlogs +
+   channels), not O(peers). */
+static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
+                      size_t cap, const void **peek, uint64_t deadline)
+{
+    int n = h->n_bl + h->n_act + 1;
+    int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
+    for (int k = 0; k < n; k++, i = i + 1 >= n ? 0 : i + 1) {
+        /* the lists may shrink while we go (a backlog emptied, a
+           departed sender's channel freed): what is out of range waits
+           for the next call */
+        int who;
+        if (i < h->n_bl) {
+            who = h->bl_list[i];
+        } else if (i < h->n_bl + h->n_act) {
+            who = h->act[i - h->n_bl];
+        } else if (i == n - 1) {
+            struct qhead q;
+            if (ivshm_q_front(h, &q) != Q_FULL)
+                continue;
+            who = q.src;
+            /* A queue cell of a sender on a fast channel is out of order
+               (only a co-tenant writes one): through the backlog it is
+               validated and delivered, and the queue moves on. */
+            if (h->peers[who].rx_chan >= 0 && q_to_backlog(h, &q) < 0)
+                continue;
+        } else {
+            continue;
+        }
+        ssize_t rc = rx_message(h, who, tag, buf, cap, peek, deadline, false);
+        if (rc != -EAGAIN) {
+            h->rr_next = i + 1;
+            *src = who;
+            return rc;
+        }
+    }
+    return -EAGAIN;
+}
+
+/* Is there a message (or fragment) of `slot` for us? */
+static bool rx_has_message(ivshm *h, int slot)
+{
+    enum rx_view view = ivshm_rx_view(h, slot);
+    if (view == RX_NONE)
+        return false;
+    struct cref c;
+    return next_cell(h, slot, view, true, &c) > 0;
+}
+
+static bool any_ready(ivshm *h, void *arg)
+{
+    (void)arg;
+    if (h->n_bl)
+        return true;
+    for (int x = 0; x < h->n_act; x++)
+        if (rx_has_message(h, h->act[x]))
+            return true;
+    struct qhead q;
+    return ivshm_q_front(h, &q) == Q_FULL;
+}
+
+static bool one_ready(ivshm *h, void *arg)
+{
+    return rx_has_message(h, *(const int *)arg);
+}
+
+/* A sender whose message we hold half-received, or -1: an IVSHM_ANY
+   wait watches its liveness, so its death ends the wait and is reported. */
+static int partial_sender(const ivshm *h)
+{
+    for (int i = 0; i < (int)h->max_peers; i++)
+        if (h->peers[i].rx_partial)
+            return i;
+    return -1;
+}
+
+/* Now and then, when a receive finds nothing: free descriptors of
+   senders that took one and went away before using it. */
+static void maybe_sweep(ivshm *h)
+{
+    if (++h->sweep_polls % SWEEP_POLLS)
+        return;
+    uint64_t now = ivshm_now_ns();
+    if (now < h->next_sweep_ns)
+        return;
+    h->next_sweep_ns = now + SWEEP_EVERY_NS;
+    ivshm_fast_sweep(h);
+}
+
+ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
+                   size_t cap, int timeout_ms)
+{
+    if (!h || h->self < 0 || (cap && !buf))
+        return -EINVAL;
+    if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
+        return -EINVAL;
+    /* 0: poll, the deadline has passed already; UINT64_MAX: forever */
+    const uint64_t deadline =
+        timeout_ms < 0 ? UINT64_MAX
+        : timeout_ms == 0 ? 0
+                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+
+    for (;;) {
+        int got_src = from;
+        uint32_t got_tag = 0;
+        ssize_t rc =
+            from == IVSHM_ANY
+                ? rx_any(h, &got_src, &got_tag, buf, cap, NULL, deadline)
+                : rx_message(h, from, &got_tag, buf, cap, NULL, deadline,
+                             true);
+        if (rc != -EAGAIN && src)
+            *src = got_src; /* on ECORRUPT too: says who scribbled */
+        if (rc >= 0) {
+            if (tag)
+                *tag = got_tag;
+            h->stats.recvs++;
+            h->stats.bytes_recv += (uint64_t)rc;
+            return rc;
+        }
+        if (rc != -EAGAIN)
+            return rc;
+        maybe_sweep(h);
+        if (from != IVSHM_ANY && ivshm_rx_view(h, from) != RX_LIVE) {
+            /* it may have published and left since rx_message looked */
+            if (rx_has_message(h, from))
+                continue;
+            rx_abandon(&h->peers[from]);
+            return IVSHM_EPEERDEAD;
+        }
+        if (timeout_ms == 0)
+            return -EAGAIN;
+        int peer = from != IVSHM_ANY ? from : partial_sender(h);
+        uint32_t peer_gen = peer >= 0 ? h->peers[peer].gen : 0;
+        int wait_ms = ms_left(deadline);
+        if (wait_ms == -ETIMEDOUT)
+            return -ETIMEDOUT;
+        int w = ivshm_wait(h, from == IVSHM_ANY ? any_ready : one_ready, &from,
+                           peer, peer_gen, wait_ms);
+        if (w == -ETIMEDOUT)
+            return -ETIMEDOUT;
+        if (w < 0 && w != IVSHM_EPEERDEAD)
+            return w;
+        /* A partial sender whose slot is being claimed again (or whose
+           state a co-tenant keeps at CLAIMING) will never continue that
+           message: drop it, or this loop would spin on its "death". */
+        if (w == IVSHM_EPEERDEAD && from == IVSHM_ANY && peer >= 0 &&
+            ivshm_rx_view(h, peer) == RX_NONE)
+            rx_abandon(&h->peers[peer]);
+        /* ready or dead: the next round drains what is left, then the
+           view check above reports the death */
+    }
+}
+
+int ivshm_listen_only(ivshm *h, int on)
+{
+    if (!h)
+        return -EINVAL;
+    h->listen_only = on != 0;
+    return 0;
+}
+
+int ivshm_listen(ivshm *h, int slot, uint32_t generation)
+{
+    if (!h || !ivshm_slot_ok(h, slot))
+        return -EINVAL;
+    h->listen_gen[slot] = generation;
+    return 0;
+}
+
+int ivshm_wait_message(ivshm *h, int timeout_ms)
+{
+    if (!h || h->self < 0)
+        return -EINVAL;
+    return ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
+}
+
+/* Never waits. Stale cells of an earlier incarnation are dropped and a
+   malformed one is consumed (-IVSHM_ECORRUPT), as in ivshm_recv; a valid
+   message stays where it is until ivshm_recv_release. */
+ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
+                        const void **data)
+{
+    if (!h || h->self < 0 || !data)
+        return -EINVAL;
+    if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
+        return -EINVAL;
+    /* two rounds: a sender may publish and leave between them */
+    for (int round = 0; round < 2; round++) {
+        int got_src = from;
+        uint32_t got_tag = 0;
+        ssize_t rc =
+            from == IVSHM_ANY
+                ? rx_any(h, &got_src, &got_tag, NULL, 0, data, 0)
+                : rx_message(h, from, &got_tag, NULL, 0, data, 0, true);
+        if (rc != -EAGAIN && src)
+            *src = got_src;
+        if (rc >= 0) {
+            if (tag)
+                *tag = got_tag;
+            h->peers[got_src].peeked = true;
+            h->stats.recvs++;
+            h->stats.bytes_recv += (uint64_t)rc;
+            return rc;
+        }
+        if (rc == -EAGAIN)
+            maybe_sweep(h);
+        if (rc != -EAGAIN || from == IVSHM_ANY)
+            return rc;
+        if (ivshm_rx_view(h, from) == RX_LIVE)
+            return -EAGAIN;
+        if (!rx_has_message(h, from))
+            return IVSHM_EPEERDEAD;
+    }
+    return -EAGAIN;
+}
+
+/* Consume the message ivshm_recv_peek returned for `src`. Decided on
+   local state only: a co-tenant rewriting the slot meanwhile cannot make
+   the release fail and the message stick. */
+int ivshm_recv_release(ivshm *h, int src)
+{
+    if (!h || h->self < 0 || !ivshm_slot_ok(h, src) || src == h->self)
+        return -EINVAL;
+    enum rx_view view = ivshm_rx_view(h, src); /* a new incarnation drops it */
+    struct ivshm_peer_local *p = &h->peers[src];
+    if (view == RX_NONE || !p->peeked)
+        return -EINVAL;
+    struct cref c = {.kind = p->peek_kind};
+    if ((c.kind == SRC_QUEUE && h->q_peek_src != src) ||
+        (c.kind == SRC_RING && p->rx_chan < 0) ||
+        (c.kind == SRC_BACKLOG && !p->bl_head)) {
+        p->peeked = false;
+        return -EINVAL;
+    }
+    consume_cell(h, src, &c, view);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* local state                                                        */
+/* ------------------------------------------------------------------ */
+
+void ivshm_rx_area_reset(ivshm *h)
+{
+    struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);
+    atomic_store_explicit(&qc->enqueue_pos, 0, memory_order_relaxed);
+    atomic_store_explicit(&qc->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&qc->waiters_any, 0, memory_order_relaxed);
+    for (uint32_t w = 0; w < IVSHM_MAX_PEERS / 64; w++)
+        atomic_store_explicit(&qc->waiters[w], 0, memory_order_relaxed);
+    for (uint64_t pos = 0; pos < h->queue_slots; pos++)
+        atomic_store_explicit(&ivshm_qcell(h, h->self, pos)->seq, pos,
+                              memory_order_relaxed);
+    for (uint32_t k = 0; k < h->fast_channels; k++) {
+        ivshm_chan_reset(h, k);
+        h->chan_user[k] = -1;
+    }
+    h->n_act = 0;
+    h->q_head = 0;
+    h->q_skip_until = 0;
+    h->q_stuck_since = 0;
+    h->q_peek_src = -1;
+    h->rr_next = 0;
+}
+
+void ivshm_peer_local_free(ivshm *h, int slot)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    bl_clear(h, slot);
+    free(p->rx_stage);
+    free(p->tx_stage);
+    p->rx_stage = p->tx_stage = NULL;
+}
+
+void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->rx_chan >= 0 && h->self >= 0)
+        ivshm_chan_free(h, slot);
+    if (h->q_peek_src == slot)
+        h->q_peek_src = -1;
+    ivshm_peer_local_free(h, slot);
+    memset(p, 0, sizeof *p);
+    p->gen = gen;
+    p->tx_chan = p->rx_chan = -1;
+}

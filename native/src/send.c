@@ -1,0 +1,170 @@
+/*
+ * Sending. The path to `slot`: its fast ring once we hold one of its
+ * channels (ring.c), else its queue (queue.c), asking for a channel
+ * after fast_after queued messages (channel.c).
+ *
+ * Zero-copy: on a fast ring send_reserve hands out the payload of the
+ * slot at tx_head (nothing moves) and send_commit publishes it; through
+ * the queue a reservation is staged in local memory and the commit
+ * copies it into a cell (claiming a cell early would block the queue for
+ * everybody while the caller fills it).
+ */
+#define _GNU_SOURCE
+#include "msg.h"
+
+#include <stdlib.h>
+
+/* Checks every send starts with. */
+static int tx_begin(ivshm *h, int slot, size_t len)
+{
+    if (!h || h->self < 0 || !ivshm_slot_ok(h, slot) || slot == h->self)
+        return -EINVAL;
+    if (len > (size_t)SSIZE_MAX) /* recv reports the length as ssize_t */
+        return -EMSGSIZE;
+    /* also resets our view if a new incarnation took the slot */
+    if (!ivshm_peer_current(h, slot))
+        return IVSHM_EPEERDEAD;
+    return 0;
+}
+
+static inline bool want_channel(const ivshm *h, const struct ivshm_peer_local *p)
+{
+    return p->tx_chan < 0 && h->fast_channels && p->tx_queued >= h->fast_after;
+}
+
+static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
+                    size_t len, int timeout_ms)
+{
+    if (len && !buf)
+        return -EINVAL;
+    int rc = tx_begin(h, slot, len);
+    if (rc < 0)
+        return rc;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    p->reserved = false; /* we publish that slot: an open reservation ends */
+    /* no clock read on the try_send / send fast paths */
+    const uint64_t deadline =
+        timeout_ms < 0    ? UINT64_MAX
+        : timeout_ms == 0 ? 0
+                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    /* Hot path once the channel is open: one compare, then the ring. */
+    if (p->tx_chan >= 0)
+        return ivshm_ring_send(h, slot, tag, buf, len, timeout_ms, deadline);
+    if (want_channel(h, p)) {
+        ivshm_tx_try_open(h, slot, timeout_ms, deadline);
+        if (p->tx_chan >= 0)
+            return ivshm_ring_send(h, slot, tag, buf, len, timeout_ms,
+                                   deadline);
+    }
+    rc = ivshm_q_send(h, slot, tag, buf, len, 0, 0, timeout_ms, deadline);
+    if (rc == 0) {
+        if (p->tx_queued != UINT32_MAX)
+            p->tx_queued++;
+        count_sent(h, len);
+    }
+    return rc;
+}
+
+int ivshm_fast_open(ivshm *h, int slot)
+{
+    int rc = tx_begin(h, slot, 0);
+    if (rc < 0 || !h->fast_channels)
+        return rc < 0 ? rc : -ENOTSUP;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->tx_chan < 0) {
+        p->tx_retry = 0;
+        ivshm_tx_try_open(h, slot, -1, UINT64_MAX);
+    }
+    return p->tx_chan >= 0 ? 0 : -EAGAIN;
+}
+
+int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len)
+{
+    return send_msg(h, slot, tag, buf, len, -1);
+}
+
+int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
+                   size_t len)
+{
+    return send_msg(h, slot, tag, buf, len, 0);
+}
+
+int ivshm_send_timeout(ivshm *h, int slot, uint32_t tag, const void *buf,
+                       size_t len, int timeout_ms)
+{
+    return send_msg(h, slot, tag, buf, len, timeout_ms < 0 ? -1 : timeout_ms);
+}
+
+/* On a fast ring: the payload of the slot at tx_head, if the ring has
+   room for it; tx_head does not move, so an abandoned reservation costs
+   nothing. Through the queue: a local stage, if the queue has room now. */
+void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err)
+{
+    int rc = tx_begin(h, slot, len);
+    if (rc == 0 && len > slot_payload(h))
+        rc = -EMSGSIZE;
+    struct ivshm_peer_local *p = rc == 0 ? &h->peers[slot] : NULL;
+    void *out = NULL;
+    if (rc == 0 && want_channel(h, p))
+        ivshm_tx_try_open(h, slot, 0, 0);
+    if (rc == 0 && p->tx_chan >= 0) {
+        uint8_t *ring = tx_ring(h, slot);
+        rc = ivshm_tx_reserve(h, slot, (struct ivshm_ring_ctrl *)ring, 1);
+        if (rc == 0) {
+            p->reserve_kind = SRC_RING;
+            out = slot_data(slot_at(h, ring, p->tx_head));
+        }
+    } else if (rc == 0) {
+        if (!q_room(h, slot, 1))
+            rc = -EAGAIN;
+        else if (!p->tx_stage && !(p->tx_stage = malloc(slot_payload(h))))
+            rc = -ENOMEM;
+        p->reserve_kind = SRC_QUEUE;
+        out = p->tx_stage;
+    }
+    if (err)
+        *err = rc;
+    if (rc < 0)
+        return NULL;
+    p->reserved = true;
+    return out;
+}
+
+/* Publish the reservation as one message of `len` bytes: the same
+   release store and kick as a copying send. On a ring the reservation
+   proved the room (the tail only moves forward); through the queue the
+   staged bytes are copied into a cell, and if other senders took the
+   room meanwhile it is -EAGAIN with the reservation kept. */
+int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len)
+{
+    int rc = tx_begin(h, slot, len);
+    if (rc < 0)
+        return rc;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (!p->reserved || len > slot_payload(h))
+        return -EINVAL;
+    if (p->reserve_kind == SRC_QUEUE) {
+        if (!p->tx_stage)
+            return -EINVAL;
+        rc = ivshm_q_send(h, slot, tag, p->tx_stage, len, 0, 0, 0, 0);
+        if (rc == -EAGAIN)
+            return rc;
+        p->reserved = false;
+        if (rc == 0) {
+            if (p->tx_queued != UINT32_MAX)
+                p->tx_queued++;
+            count_sent(h, len);
+        }
+        return rc;
+    }
+    if (p->tx_chan < 0)
+        return -EINVAL;
+    uint8_t *ring = tx_ring(h, slot);
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    p->reserved = false;
+    tx_publish(h, ring, p->tx_head, tag, SLOT_FIRST | SLOT_LAST, len, NULL,
+               (uint32_t)len);
+    p->tx_head++;
+    tx_done(h, slot, ctrl, len);
+    return 0;
+}
