@@ -12,8 +12,8 @@ integrated by PETSc TS on the distributed vector_vec of the FEM space:
     bdf     implicit BDF (order from the damping unless `order`, see
             auto_bdf_order), adaptive, Newton with a
             matrix-free Jacobian (MFFD) and GMRES preconditioned by the
-            exchange part of the Jacobian (ExchangeJacobian; block Jacobi
-            + ILU): the PVODE set-up of Magpar, for stiff (fine-mesh) runs
+            exchange part of the Jacobian (ExchangeJacobian; additive
+            Schwarz + ILU(1)): the PVODE set-up of Magpar, for stiff (fine-mesh) runs
     beuler  implicit Euler, same nonlinear solver, fixed or adaptive
 
 |m| = 1 is kept by rescaling after every accepted step (the error that
@@ -32,6 +32,7 @@ below tol * max Ms.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -59,6 +60,7 @@ class Dynamics:
         self._work = self.space.vector_vec()
         self.n_field = 0
         self.n_rhs = 0
+        self.field_time = 0.0        # wall seconds spent in field()
         self.set_damping()
 
     def set_damping(self, alpha_local: Optional[np.ndarray] = None) -> None:
@@ -90,11 +92,13 @@ class Dynamics:
         """Effective field (A/m) at (m_vec, t), into `out` (default: the
         object's own heff vector, returned)."""
         out = self.heff if out is None else out
+        t0 = time.perf_counter()
         with self._at(m_vec, t) as st:
             out.set(0.0)
             for term in self.terms:
                 term.h(st, self._work)
                 out.axpy(1.0, self._work)
+        self.field_time += time.perf_counter() - t0
         self.n_field += 1
         return out
 
@@ -259,7 +263,11 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
             # Jacobian as preconditioner: ILU per rank, additive Schwarz
             # with one layer of overlap across ranks (block Jacobi lost
             # 30 % more Krylov iterations on 2 ranks of the bar, 80 % on
-            # standard problem 4)
+            # standard problem 4). ILU(1), not ILU(0): with ILU(0) the
+            # Krylov count depended on the node ordering, which changes
+            # with the number of ranks (standard problem 4, 0.2 ns: 4,036
+            # field evaluations on 1 rank, 5,386 on 2; with ILU(1) 4,035
+            # and 4,071, at the same cost per step on 1 rank)
             jac = ExchangeJacobian(dyn, exch[0].matrix)
             ts.setRHSJacobian(lambda ts_, t, u, J, P: _jacobian(jac, u, J,
                                                                 P),
@@ -268,6 +276,7 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
             ksp.getPC().setType("asm")
             own_opts.setdefault("pc_asm_overlap", 1)
             own_opts.setdefault("sub_pc_type", "ilu")
+            own_opts.setdefault("sub_pc_factor_levels", 1)
         else:
             snes.setUseMF(True)
             ksp.getPC().setType("none")

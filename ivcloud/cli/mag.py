@@ -3,6 +3,7 @@
     ivcloud mag run PROBLEM.toml --out DIR [--np N] [--transport T] [--quiet]
     ivcloud mag check PROBLEM.toml          validate, print the effective TOML
     ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4]
+    ivcloud mag converge PROBLEM.toml --out DIR [--cells 10,5,3.3] [--layers 3]
 
 The solver is the `micromag` package (its own package in this
 repository; it never imports ivcloud). This module is the command on top:
@@ -91,6 +92,32 @@ def register(sub) -> None:
     b.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per run before it is stopped")
     b.set_defaults(func=cmd_bench)
+
+    c = acts.add_parser("converge", help="mesh-convergence study of a "
+                                         "structured-box problem (e.g. "
+                                         "standard problem 4)")
+    c.add_argument("problem", help="problem file (TOML)")
+    c.add_argument("--out", required=True, help="study directory (one "
+                   "run per cell size in it; finished runs are reused)")
+    c.add_argument("--cells", default="10,5,3.3",
+                   help="in-plane cell sizes in the mesh's unit, "
+                        "comma-separated (default 10,5,3.3)")
+    c.add_argument("--layers", type=positive_int, default=3,
+                   help="element layers across the thickness (default 3)")
+    c.add_argument("--duration", type=float, default=None,
+                   help="shorten the last llg stage to this many seconds")
+    c.add_argument("--times", default=None,
+                   help="stage times (s) to compare, comma-separated "
+                        "(default 0.1, 0.2, 0.5 and 1 of 1 ns, scaled "
+                        "to the duration)")
+    c.add_argument("--tol", type=float, default=0.01,
+                   help="largest change of a component under refinement "
+                        "called converged (default 0.01)")
+    c.add_argument("--np", type=positive_int, default=1)
+    c.add_argument("--transport", choices=TRANSPORTS, default="vader")
+    c.add_argument("--no-run", action="store_true",
+                   help="only compare what the runs in --out have so far")
+    c.set_defaults(func=cmd_converge)
 
 
 def _load(path: str):
@@ -230,6 +257,8 @@ def cmd_bench(args) -> int:
                     "time_to_solution_s": round(wall, 3),
                     "solve_time_s": round(s["solve_time_s"], 3),
                     "setup_time_s": round(s["setup_time_s"], 3),
+                    "solve_cpu_s_max_rank": round(
+                        s.get("solve_cpu_s", {}).get("max", 0.0), 3),
                     "steps": s["steps"], "rejected_steps":
                         s["rejected_steps"],
                     "relax_iterations": s["relax_iterations"],
@@ -238,14 +267,21 @@ def cmd_bench(args) -> int:
                     "peak_rss_mb_per_rank": round(
                         s["peak_rss_mb"]["max"], 1),
                     "peak_rss_mb_total": round(s["peak_rss_mb"]["sum"], 1),
+                    "peak_rss_mb_ranks": [round(v, 1) for v in
+                                          s["peak_rss_mb"]["per_rank"]],
+                    "field_time_s": round(s.get("field_time_s", 0.0), 3),
+                    "ms_per_field_eval": round(
+                        1e3 * s.get("field_time_s", 0.0)
+                        / max(1, s["field_evals"]), 4),
                     "m_final": [round(v, 5) for v in s["m_final"]],
                 }
                 runs.append(entry)
                 sys.stderr.write(
                     f"bench: {name} np={np_}: {wall:.2f} s to solution "
                     f"(solve {s['solve_time_s']:.2f} s), {s['steps']} steps, "
-                    f"{s['field_evals']} field evaluations, peak "
-                    f"{entry['peak_rss_mb_per_rank']} MB/rank\n")
+                    f"{s['field_evals']} field evaluations "
+                    f"({entry['ms_per_field_eval']:.3g} ms each), peak "
+                    f"{entry['peak_rss_mb_ranks']} MB per rank\n")
     for name in names:
         base = [r for r in runs if r["problem"] == name and r["ranks"] == 1
                 and "error" not in r]
@@ -266,6 +302,75 @@ def cmd_bench(args) -> int:
         Path(args.json).write_text(text)
     sys.stdout.write(text)
     return 0 if all("error" not in r for r in runs) else 1
+
+
+# ---------------------------------------------------------------- converge
+
+def cmd_converge(args) -> int:
+    from micromag import convergence as cv
+    from micromag.errors import ProblemError
+    prob = _load(args.problem)
+    try:
+        cells = cv.parse_cells(args.cells)
+        texts = {c: cv.problem_toml(prob, c, args.layers, args.duration)
+                 for c in cells}
+    except ProblemError as e:
+        raise CliError(f"{args.problem}: {e}") from None
+    llg = [s for s in prob.config["stage"] if s["type"] == "llg"][-1]
+    duration = args.duration or llg["duration"]
+    if args.times:
+        try:
+            times = [float(x) for x in args.times.split(",") if x.strip()]
+        except ValueError:
+            raise CliError(f"--times '{args.times}' is not a list of "
+                           f"numbers") from None
+    else:
+        times = [f * duration for f in (0.1, 0.2, 0.5, 1.0)]
+    out = _check_out(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = {}
+    failed = []
+    for c in cells:
+        d = out / f"h{c:g}"
+        dirs[c] = d
+        d.mkdir(exist_ok=True)
+        (d / "problem.toml").write_text(texts[c])
+        if args.no_run or (d / "summary.json").is_file():
+            continue
+        unit = prob.config["mesh"]["unit"]
+        sys.stderr.write(f"converge: cells of {c:g} {unit}, "
+                         f"{args.layers} layer(s) ...\n")
+        sys.stderr.flush()
+        cmd = [sys.executable, "-m", "ivcloud", "mag", "run",
+               str(d / "problem.toml"), "--out", str(d / "run"), "--np",
+               str(args.np), "--transport", args.transport, "--quiet"]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            failed.append(c)
+            continue
+        (d / "summary.json").write_text((d / "run" / "summary.json")
+                                        .read_text())
+    curves = {}
+    for c, d in dirs.items():
+        if cv.table_path(d / "run") is not None:
+            curves[c] = cv.read_curve(d / "run")
+    if not curves:
+        raise CliError(f"no results in {out}")
+    report = cv.compare(curves, times)
+    report.update(problem=str(Path(args.problem).resolve()),
+                  cells=cells, layers=args.layers, duration_s=duration,
+                  tol=args.tol, failed=failed,
+                  converged_cells=cv.converged(report, args.tol),
+                  complete=[c for c in cells
+                            if (dirs[c] / "summary.json").is_file()])
+    (out / "convergence.json").write_text(json.dumps(report, indent=2)
+                                          + "\n")
+    cv.plot(curves, out / "convergence.png",
+            title=f"{prob.title}: in-plane cells "
+                  f"{', '.join(f'{c:g}' for c in cells)} "
+                  f"{prob.config['mesh']['unit']}, {args.layers} layers")
+    sys.stdout.write(cv.format_table(report) + "\n")
+    return 1 if failed else 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
