@@ -25,22 +25,6 @@
 static uint64_t job = 0x4057;
 static const char *path;
 
-static uint64_t now_ms(void)
-{
-    return ivshm_now_ns() / 1000000ull;
-}
-
-static int await_peer(ivshm *h, uint32_t rank)
-{
-    for (int i = 0; i < 5000; i++) {
-        int s = ivshm_find(h, job, rank);
-        if (s >= 0)
-            return s;
-        tu_sleep_ms(1);
-    }
-    return -1;
-}
-
 /* The fast ring from -> to (opened with ivshm_fast_open: these attacks
    write into a pair's ring; test_queue attacks the shared queues). */
 static uint8_t *ivshm_ring(ivshm *h, int from, int to)
@@ -145,9 +129,9 @@ static void test_attach_race(void)
     CHECK(pthread_create(&th, NULL, flip_heap_size, &f) == 0);
 
     unsigned attached = 0, refused = 0, escaped = 0, put_ok = 0;
-    uint64_t end = now_ms() + 2000;
+    uint64_t end = tu_now_ms() + 2000;
     ivshm_config cfg = {.job_id = job, .rank = 1};
-    while (now_ms() < end) {
+    while (tu_now_ms() < end) {
         ivshm *v = NULL;
         int rc = ivshm_attach_path(path, &cfg, &v);
         if (rc == IVSHM_ESIZE) {
@@ -204,7 +188,7 @@ static int stall_child(void *arg)
 {
     struct stall_args *a = arg;
     ivshm *h = tu_attach(path, job, 1, 0);
-    int victim = await_peer(h, 0);
+    int victim = tu_await_peer(h, job, 0, 10000);
     REQUIRE(victim >= 0);
     REQUIRE(ivshm_peer_current(h, victim));
     REQUIRE(ivshm_fast_open(h, victim) == 0);
@@ -246,51 +230,51 @@ static void run_stall(bool endless)
     pid_t pid = tu_fork(stall_child, &a);
     char c;
     CHECK(read(ready[0], &c, 1) == 1);
-    int src = await_peer(h, 1);
+    int src = tu_await_peer(h, job, 1, 10000);
     CHECK(src >= 0);
 
     uint8_t buf[4096];
     uint32_t tag = 0;
     int got = -2;
     /* poll: returns at once, the partial message kept */
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(h, src, &got, &tag, buf, sizeof buf, 0), -EAGAIN);
-    CHECK(now_ms() - t0 < 1000);
-    t0 = now_ms();
+    CHECK(tu_now_ms() - t0 < 1000);
+    t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(h, IVSHM_ANY, &got, &tag, buf, sizeof buf, 0),
              -EAGAIN);
-    CHECK(now_ms() - t0 < 1000);
+    CHECK(tu_now_ms() - t0 < 1000);
     /* bounded waits end at their deadline, not when the message does */
-    t0 = now_ms();
+    t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(h, src, &got, &tag, buf, sizeof buf, 50), -ETIMEDOUT);
-    uint64_t el = now_ms() - t0;
+    uint64_t el = tu_now_ms() - t0;
     CHECK(el >= 45 && el < 2000);
-    t0 = now_ms();
+    t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(h, IVSHM_ANY, &got, &tag, buf, sizeof buf, 50),
              -ETIMEDOUT);
-    el = now_ms() - t0;
+    el = tu_now_ms() - t0;
     CHECK(el >= 45 && el < 2000);
     /* the BTL's sequence: peek says multi-slot, then a polling recv */
     const void *data = NULL;
     int psrc = -1;
     CHECK_RC(ivshm_recv_peek(h, IVSHM_ANY, &psrc, &tag, &data), -EMSGSIZE);
     CHECK(psrc == src);
-    t0 = now_ms();
+    t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(h, psrc, NULL, &tag, buf, sizeof buf, 0), -EAGAIN);
-    CHECK(now_ms() - t0 < 1000);
-    t0 = now_ms();
+    CHECK(tu_now_ms() - t0 < 1000);
+    t0 = tu_now_ms();
     int wm = ivshm_wait_message(h, 20);
     CHECK(wm == 0 || wm == -ETIMEDOUT);
-    CHECK(now_ms() - t0 < 1000);
+    CHECK(tu_now_ms() - t0 < 1000);
 
     /* the sender dies: the message in progress ends as EPEERDEAD */
     CHECK(write(stop[1], "s", 1) == 1);
     CHECK(tu_wait(pid, 5000) == 0);
     ssize_t rc = 0;
-    t0 = now_ms();
+    t0 = tu_now_ms();
     do {
         rc = ivshm_recv(h, src, NULL, NULL, buf, sizeof buf, 100);
-    } while (rc == -ETIMEDOUT && now_ms() - t0 < 3000);
+    } while (rc == -ETIMEDOUT && tu_now_ms() - t0 < 3000);
     CHECK_RC(rc, IVSHM_EPEERDEAD);
     close(ready[0]);
     close(ready[1]);
@@ -375,7 +359,7 @@ static int stream_child(void *arg)
 {
     (void)arg;
     ivshm *h = tu_attach(path, job, 1, 0);
-    int to = await_peer(h, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     size_t n = 3u << 20;
     uint8_t *m = malloc(n);
@@ -399,7 +383,7 @@ static void test_poll_stream(void)
     path = tu_region(ivshm_min_region_size(&g), &g);
     ivshm *h = tu_attach(path, job, 0, 0);
     pid_t pid = tu_fork(stream_child, NULL);
-    int src = await_peer(h, 1);
+    int src = tu_await_peer(h, job, 1, 10000);
     CHECK(src >= 0);
     size_t n = 3u << 20;
     uint8_t *bufs[2] = {malloc(n), malloc(n)};
@@ -407,8 +391,8 @@ static void test_poll_stream(void)
     ssize_t rc = -EAGAIN;
     uint32_t tag = 0;
     unsigned calls = 0;
-    uint64_t end = now_ms() + 60000;
-    while (rc == -EAGAIN && now_ms() < end) {
+    uint64_t end = tu_now_ms() + 60000;
+    while (rc == -EAGAIN && tu_now_ms() < end) {
         rc = ivshm_recv(h, src, NULL, &tag, bufs[calls & 1], n, 0);
         calls++;
     }
@@ -485,15 +469,15 @@ static void test_tail_rewind(void)
     atomic_store(&ctrl->tail, r.value);
     pthread_t th;
     CHECK(pthread_create(&th, NULL, rewind_tail, &r) == 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 100), -ETIMEDOUT);
-    uint64_t el = now_ms() - t0;
+    uint64_t el = tu_now_ms() - t0;
     CHECK(el >= 95 && el < 3000);
     /* a message longer than the ring streams: the deadline still holds */
     static uint8_t big[8 * 256];
-    t0 = now_ms();
+    t0 = tu_now_ms();
     CHECK_RC(ivshm_send_timeout(a, sb, 0, big, sizeof big, 100), -ETIMEDOUT);
-    el = now_ms() - t0;
+    el = tu_now_ms() - t0;
     CHECK(el >= 95 && el < 3000);
     CHECK_RC(ivshm_send_timeout(a, sb, 0, "x", 1, 0), -EAGAIN);
     atomic_store(&r.stop, true);
@@ -523,9 +507,9 @@ static void test_tail_rewind(void)
     atomic_store(&ctrl->tail, 12);             /* plausible, but rewound */
     for (int i = 0; i < 7; i++)
         CHECK_RC(ivshm_try_send(a, sb, 0, "z", 1), 0);
-    t0 = now_ms();
+    t0 = tu_now_ms();
     CHECK_RC(ivshm_send(a, sb, 0, "z", 1), IVSHM_ECORRUPT);
-    CHECK(now_ms() - t0 < 1000);
+    CHECK(tu_now_ms() - t0 < 1000);
     ivshm_detach(a);
     ivshm_detach(b);
 }

@@ -38,22 +38,6 @@ static double dabs(double x)
     return x < 0 ? -x : x;
 }
 
-static uint64_t now_ms(void)
-{
-    return ivshm_now_ns() / 1000000ull;
-}
-
-static int await_peer(ivshm *h, uint32_t rank)
-{
-    for (int i = 0; i < 10000; i++) {
-        int s = ivshm_find(h, job, rank);
-        if (s >= 0)
-            return s;
-        tu_sleep_ms(1);
-    }
-    return -1;
-}
-
 static uint64_t mix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
@@ -127,17 +111,17 @@ static void sender_send(ivshm *h, int to, uint32_t rank, uint32_t seq,
     size_t n = msg_len(rank, seq, payload, h->queue_slots);
     fill_msg(buf, n, rank, seq);
     if (n <= payload && seq % 4 == 1) {
-        uint64_t end = now_ms() + 20000;
+        uint64_t end = tu_now_ms() + 20000;
         int err = 0;
         uint8_t *slot;
         while (!(slot = ivshm_send_reserve(h, to, n, &err)) &&
-               err == -EAGAIN && now_ms() < end)
+               err == -EAGAIN && tu_now_ms() < end)
             sched_yield();
         REQUIRE(slot != NULL);
         memcpy(slot, buf, n);
         int rc;
         while ((rc = ivshm_send_commit(h, to, seq, n)) == -EAGAIN &&
-               now_ms() < end)
+               tu_now_ms() < end)
             sched_yield();
         REQUIRE(rc == 0);
         return;
@@ -149,7 +133,7 @@ static int many_child(void *arg)
 {
     uint32_t rank = *(uint32_t *)arg;
     ivshm *h = tu_attach(path, job, rank, 0);
-    int to = await_peer(h, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     uint8_t *buf = malloc(64 * 1024);
     REQUIRE(buf);
@@ -186,7 +170,7 @@ static void test_many_senders(void)
     for (int i = 0; i < (int)IVSHM_MAX_PEERS; i++)
         rank_of[i] = -1;
     for (uint32_t r = 1; r <= NSEND; r++) {
-        slot_of[r] = await_peer(h, r);
+        slot_of[r] = tu_await_peer(h, job, r, 10000);
         CHECK(slot_of[r] >= 0);
         if (slot_of[r] >= 0)
             rank_of[slot_of[r]] = (int)r;
@@ -195,10 +179,10 @@ static void test_many_senders(void)
     uint8_t *buf = malloc(cap);
     uint32_t next[NSEND + 1] = {0};
     unsigned bad = 0, peeks = 0, copies = 0;
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
 
     /* phase A: everything with IVSHM_ANY, peeks and copies mixed */
-    for (unsigned got = 0; got < NSEND * MSGS && now_ms() - t0 < 120000;) {
+    for (unsigned got = 0; got < NSEND * MSGS && tu_now_ms() - t0 < 120000;) {
         int src = -1;
         uint32_t tag = 0;
         ssize_t n;
@@ -248,13 +232,13 @@ static void test_many_senders(void)
     /* a few busy senders on channels, the others on the queue */
     CHECK(h->n_act == 4);
     printf("  phase A: %u messages from %d senders, %u peeked, in %.2f s\n",
-           peeks + copies, NSEND, peeks, (double)(now_ms() - t0) / 1e3);
+           peeks + copies, NSEND, peeks, (double)(tu_now_ms() - t0) / 1e3);
 
     /* phase B: one sender at a time, the last attached first: the
        others' cells are moved aside and come later, in order */
     for (uint32_t r = 1; r <= NSEND; r++)
         CHECK_RC(ivshm_send(h, slot_of[r], TAG_GO, NULL, 0), 0);
-    t0 = now_ms();
+    t0 = tu_now_ms();
     uint64_t max_bl = 0;
     for (int r = NSEND; r >= 1 && !bad; r--) {
         for (uint32_t k = 0; k < MSGS; k++) {
@@ -278,7 +262,7 @@ static void test_many_senders(void)
     CHECK(h->n_bl == 0 && h->bl_bytes == 0);
     printf("  phase B: %d x %d messages one sender at a time in %.2f s, "
            "backlogs up to %llu bytes\n",
-           NSEND, MSGS, (double)(now_ms() - t0) / 1e3,
+           NSEND, MSGS, (double)(tu_now_ms() - t0) / 1e3,
            (unsigned long long)max_bl);
     for (uint32_t r = 1; r <= NSEND; r++)
         CHECK_RC(ivshm_send(h, slot_of[r], TAG_DONE, NULL, 0), 0);
@@ -447,7 +431,7 @@ static int grab_and_die(void *arg)
 {
     (void)arg;
     ivshm *h = tu_attach(path, job, 3, 0);
-    int to = await_peer(h, 1);
+    int to = tu_await_peer(h, job, 1, 10000);
     REQUIRE(to >= 0);
     uint64_t want = 0, mine = (uint64_t)(h->self + 1) | (uint64_t)h->self_gen << 32;
     REQUIRE(atomic_compare_exchange_strong(&ivshm_fdesc(h, to, 0)->owner,
@@ -821,7 +805,7 @@ static int flood_child(void *arg)
 {
     int stop_fd = *(int *)arg;
     ivshm *h = tu_attach(path, job, 1, 0);
-    int to = await_peer(h, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     uint8_t buf[600];
     for (uint32_t s = 0;; s++) {
@@ -847,7 +831,7 @@ static void run_garble(const char *what, uint64_t off, uint64_t len,
     int pipefd[2];
     CHECK(pipe2(pipefd, O_NONBLOCK) == 0);
     pid_t pid = tu_fork(flood_child, &pipefd[0]);
-    int sender = await_peer(h, 1);
+    int sender = tu_await_peer(h, job, 1, 10000);
     CHECK(sender >= 0);
     struct garbler g = {.area = ivshm_rx_area(h, h->self) + off, .len = len,
                         .live_slot = sender,
@@ -857,15 +841,15 @@ static void run_garble(const char *what, uint64_t off, uint64_t len,
     CHECK(pthread_create(&th, NULL, garble, &g) == 0);
     uint8_t buf[4096];
     unsigned calls = 0, errs = 0, late = 0;
-    uint64_t worst = 0, end = now_ms() + 1500;
-    while (now_ms() < end) {
+    uint64_t worst = 0, end = tu_now_ms() + 1500;
+    while (tu_now_ms() < end) {
         int tmo = (int)(calls % 3) * 25; /* 0, 25, 50 ms */
-        uint64_t t0 = now_ms();
+        uint64_t t0 = tu_now_ms();
         int src = -1;
         ssize_t n = (calls & 1)
                         ? ivshm_recv(h, IVSHM_ANY, &src, NULL, buf, sizeof buf, tmo)
                         : ivshm_recv(h, sender, &src, NULL, buf, sizeof buf, tmo);
-        uint64_t el = now_ms() - t0;
+        uint64_t el = tu_now_ms() - t0;
         if (el > worst)
             worst = el;
         if (el > (uint64_t)tmo + 3000) /* scheduling slack, shared cores */
@@ -894,7 +878,7 @@ static int hello_child(void *arg)
 {
     (void)arg;
     ivshm *h = tu_attach(path, job, 2, 0);
-    int to = await_peer(h, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     REQUIRE(ivshm_send_timeout(h, to, 77, "hello", 5, 20000) == 0);
     char c;
@@ -923,18 +907,18 @@ static void expect_recovery(bool rejoin)
         atomic_store(&ivshm_fdesc(h, h->self, 0)->owner, 0xdeadbeefull);
     }
     pid_t pid = tu_fork(hello_child, NULL);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     int src = -1;
     uint32_t tag = 0;
     char in[16];
     ssize_t n;
     do {
         n = ivshm_recv(h, IVSHM_ANY, &src, &tag, in, sizeof in, 1000);
-    } while (n != 5 && now_ms() - t0 < 15000);
+    } while (n != 5 && tu_now_ms() - t0 < 15000);
     CHECK_RC(n, 5);
     CHECK(tag == 77 && memcmp(in, "hello", 5) == 0);
     printf("  recovered (%s) after %llu ms\n", rejoin ? "rejoined" : "in place",
-           (unsigned long long)(now_ms() - t0));
+           (unsigned long long)(tu_now_ms() - t0));
     if (src >= 0)
         ivshm_send(h, src, 0, "k", 1);
     CHECK(tu_wait(pid, 20000) == 0);
@@ -1049,7 +1033,7 @@ static int die_child(void *arg)
 {
     struct dier *d = arg;
     ivshm *h = tu_attach(path, job, 5, 0);
-    int to = await_peer(h, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     /* take a position the way a producer does, then stop short */
     struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, to);
@@ -1096,7 +1080,7 @@ static void test_dead_producers(void)
                      0);
         ivshm_stats st0, st1;
         ivshm_get_stats(rx, &st0);
-        uint64_t t0 = now_ms();
+        uint64_t t0 = tu_now_ms();
         bool order = true;
         char in[16];
         for (uint32_t i = 1; i < 6; i++) {
@@ -1104,7 +1088,7 @@ static void test_dead_producers(void)
             ssize_t n = ivshm_recv(rx, IVSHM_ANY, NULL, &tag, in, sizeof in, 10000);
             order &= n == (i == 1 ? 6 : 5) && tag == i;
         }
-        uint64_t el = now_ms() - t0;
+        uint64_t el = tu_now_ms() - t0;
         ivshm_get_stats(rx, &st1);
         CHECK(order);
         CHECK(st1.dropped >= st0.dropped + 2);

@@ -46,18 +46,6 @@ static bool pattern_ok(const uint8_t *b, size_t n, uint32_t seed)
     return true;
 }
 
-/* Slot of the live peer (job, rank), waiting up to 5 s for it to attach. */
-static int await_peer(ivshm *h, uint32_t rank)
-{
-    for (int i = 0; i < 5000; i++) {
-        int s = ivshm_find(h, job, rank);
-        if (s >= 0)
-            return s;
-        tu_sleep_ms(1);
-    }
-    return -1;
-}
-
 static const char *fresh_region(const ivshm_geometry *g)
 {
     job++;
@@ -603,7 +591,7 @@ static int echo_child(void *arg)
 {
     (void)arg;
     ivshm *h = tu_attach(path, job, 1, 0);
-    int parent = await_peer(h, 0);
+    int parent = tu_await_peer(h, job, 0, 10000);
     REQUIRE(parent >= 0);
     uint8_t *buf = malloc(BIG + 1);
     REQUIRE(buf);
@@ -625,7 +613,7 @@ static void test_echo_process(void)
     fresh_region(NULL);
     ivshm *h = tu_attach(path, job, 0, 0);
     pid_t pid = tu_fork(echo_child, NULL);
-    int child = await_peer(h, 1);
+    int child = tu_await_peer(h, job, 1, 10000);
     CHECK(child >= 0);
     uint32_t P = payload_of(h);
     size_t sizes[] = {11, 0, P, P + 1, 3 * (size_t)P - 1, 100000, BIG};
@@ -658,7 +646,7 @@ static int send_and_leave_child(void *arg)
 {
     (void)arg;
     ivshm *h = tu_attach(path, job, 1, 0);
-    int parent = await_peer(h, 0);
+    int parent = tu_await_peer(h, job, 0, 10000);
     REQUIRE(parent >= 0);
     uint8_t *buf = malloc(100000);
     fill_pattern(buf, 100000, 77);
@@ -675,7 +663,7 @@ static int recv_one_child(void *arg)
 {
     uint32_t want = *(uint32_t *)arg;
     ivshm *h = tu_attach(path, job, 1, 0);
-    int parent = await_peer(h, 0);
+    int parent = tu_await_peer(h, job, 0, 10000);
     REQUIRE(parent >= 0);
     uint32_t tag;
     char in[8];
@@ -709,7 +697,7 @@ static void test_departed_and_rejoined(void)
     for (int round = 0; round < 2; round++) {
         uint32_t want = round ? 3 : 20;
         pid = tu_fork(recv_one_child, &want);
-        int child = await_peer(h, 1);
+        int child = tu_await_peer(h, job, 1, 10000);
         CHECK(child == src);
         for (uint32_t i = 0; i < want && child >= 0; i++)
             CHECK_RC(ivshm_send(h, child, i, "hi", 2), 0);
@@ -735,7 +723,7 @@ static int victim_child(void *arg)
     int me = ivshm_self(h);
     REQUIRE(write(v->pipe_w, &me, sizeof me) == sizeof me);
     if (v->send_big) {
-        int parent = await_peer(h, 0);
+        int parent = tu_await_peer(h, job, 0, 10000);
         uint8_t *buf = malloc(BIG);
         fill_pattern(buf, BIG, 9);
         ivshm_send(h, parent, 1, buf, BIG);

@@ -31,11 +31,6 @@ static const char *path;
 static uint64_t job = 0x5c21;
 static atomic_bool stop;
 
-static uint64_t now_ms(void)
-{
-    return ivshm_now_ns() / 1000000ull;
-}
-
 static uint64_t xorshift(uint64_t *s)
 {
     uint64_t x = *s;
@@ -61,7 +56,7 @@ struct victim {
     ({                                                                     \
         atomic_store(&(v)->op, what);                                      \
         atomic_store(&(v)->allow, (uint64_t)(allow_ms));                   \
-        atomic_store(&(v)->op_start, now_ms());                            \
+        atomic_store(&(v)->op_start, tu_now_ms());                            \
         uint64_t t_ = ivshm_now_ns();                                      \
         long long r_ = (long long)(expr);                                  \
         account(what, ivshm_now_ns() - t_);                                \
@@ -107,7 +102,7 @@ static void *watchdog(void *arg)
 {
     (void)arg;
     while (!atomic_load(&stop)) {
-        uint64_t t = now_ms();
+        uint64_t t = tu_now_ms();
         for (int i = 0; i < nvictims; i++) {
             struct victim *v = &victims[i];
             uint64_t s = atomic_load(&v->op_start);
@@ -141,7 +136,7 @@ static void *scribbler(void *arg)
 {
     (void)arg;
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
-    uint64_t next_quiet = now_ms() + 200;
+    uint64_t next_quiet = tu_now_ms() + 200;
     while (!atomic_load(&stop)) {
         /* bursts of writes, then a pause in which traffic can succeed */
         unsigned total = 0;
@@ -190,12 +185,12 @@ static void *scribbler(void *arg)
            which traffic gets going again (victims rejoin to repair their
            registry entries and rings), so the next storm hits live
            windows and messages in flight, not only dead tables. */
-        if (now_ms() >= next_quiet) {
+        if (tu_now_ms() >= next_quiet) {
             memset(scribble_base + areas[4].off, 0, areas[4].len);
             memset(scribble_base + areas[5].off, 0, areas[5].len);
             struct timespec q = {0, 100000000};
             nanosleep(&q, NULL);
-            next_quiet = now_ms() + 200;
+            next_quiet = tu_now_ms() + 200;
         }
     }
     return NULL;

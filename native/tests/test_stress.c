@@ -74,18 +74,6 @@ static void msg_fill(uint8_t *b, size_t n, uint64_t seed)
     memcpy(b + i, &x, n - i);
 }
 
-static int await_peer(ivshm *h, uint32_t rank)
-{
-    for (int i = 0; i < 10000; i++) {
-        int s = ivshm_find(h, job, rank);
-        if (s >= 0)
-            return s;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-    return -1;
-}
-
 /* Checks one received message against what `src_rank` must have sent. */
 struct checker {
     uint32_t self_rank;
@@ -121,7 +109,7 @@ static int consumer(void)
     for (int i = 0; i < (int)IVSHM_MAX_PEERS; i++)
         rank_of[i] = -1;
     for (uint32_t r = 1; r <= NPROD; r++) {
-        int s = await_peer(h, r);
+        int s = tu_await_peer(h, job, r, 10000);
         REQUIRE(s >= 0);
         rank_of[s] = (int)r;
     }
@@ -153,7 +141,7 @@ static int consumer(void)
 static int producer(uint32_t rank)
 {
     ivshm *h = tu_attach(path, job, rank, 0);
-    int dst = await_peer(h, RANK_CONSUMER);
+    int dst = tu_await_peer(h, job, RANK_CONSUMER, 10000);
     REQUIRE(dst >= 0);
     uint8_t *buf = malloc(LARGE_MAX);
     for (uint32_t seq = 0; seq < PROD_MSGS; seq++) {
@@ -177,7 +165,7 @@ static int pair(uint32_t rank)
 {
     ivshm *h = tu_attach(path, job, rank, 0);
     uint32_t other_rank = rank == RANK_PAIR_A ? RANK_PAIR_B : RANK_PAIR_A;
-    int other = await_peer(h, other_rank);
+    int other = tu_await_peer(h, job, other_rank, 10000);
     REQUIRE(other >= 0);
     struct checker c = {.self_rank = rank, .want = malloc(4 * payload)};
     uint8_t *out = malloc(4 * payload), *in = malloc(4 * payload);

@@ -124,6 +124,22 @@ uint64_t tu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t tu_now_ms(void)
+{
+    return tu_now_ns() / 1000000ull;
+}
+
+int tu_await_peer(ivshm *h, uint64_t job, uint32_t rank, int timeout_ms)
+{
+    for (int i = 0; i < timeout_ms; i++) {
+        int s = ivshm_find(h, job, rank);
+        if (s >= 0)
+            return s;
+        tu_sleep_ms(1);
+    }
+    return -1;
+}
+
 bool tu_exists(const char *path)
 {
     struct stat st;

@@ -63,8 +63,12 @@ pid_t tu_fork(int (*fn)(void *), void *arg);
 int tu_wait(pid_t pid, int timeout_ms);
 /* Sleep `ms` milliseconds. */
 void tu_sleep_ms(int ms);
-/* CLOCK_MONOTONIC in nanoseconds. */
+/* CLOCK_MONOTONIC in nanoseconds, and in milliseconds. */
 uint64_t tu_now_ns(void);
+uint64_t tu_now_ms(void);
+/* Slot of the live peer (job, rank) in h's region, waiting up to
+   timeout_ms for it to attach; -1 if it never does. */
+int tu_await_peer(ivshm *h, uint64_t job, uint32_t rank, int timeout_ms);
 /* Does `cond` become true within `timeout_ms`? Polled every millisecond;
    a statement expression, usable inside CHECK(). */
 #define TU_EVENTUALLY(cond, timeout_ms)                                      \
