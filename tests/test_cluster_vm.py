@@ -28,22 +28,14 @@ from pathlib import Path
 import pytest
 
 from ivcloud import mpi
-from ivcloud.vm import qemu
 
-from test_guest_image import qemus_naming
+# the same requirements as the image tests (root, QEMU, mmdebstrap)
+from test_guest_image import pytestmark, qemus_naming  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
 RUN_DIR = Path("/var/tmp") / f"ivc-cvm-{os.getpid()}"
 
-pytestmark = [
-    pytest.mark.skipif(os.environ.get("IVCLOUD_SKIP_GUEST_IMAGE") == "1",
-                       reason="IVCLOUD_SKIP_GUEST_IMAGE=1"),
-    pytest.mark.skipif(qemu.qemu_binary() is None, reason="no QEMU"),
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mmdebstrap") is None
-                       or shutil.which("dpkg-deb") is None,
-                       reason="needs root, mmdebstrap and dpkg-deb"),
-]
 
 PROGRAM = r"""
 import sys

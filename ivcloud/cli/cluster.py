@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from typing import Optional
 
 from ..cluster import jobs, lifecycle, vm_instance
 from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
@@ -236,30 +237,19 @@ def _cmd_mpirun(args) -> int:
                        "-np N -- PROGRAM [ARGS...])")
     sd = _sd(args)
     state = lifecycle.load_up(sd)
+    _check_slots(args, state)
+    text = _rankfile_text(args)
     if state.get("kind") == vm_instance.KIND:
-        return _mpirun_vm(args, state, program)
+        return _mpirun_vm(args, state, program, text)
     program = _check_program(program)
-    topo = state["topology"]
-    slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
-    if args.np > slots and not args.oversubscribe:
-        raise CliError(f"-np {args.np} exceeds the cluster's {slots} vCPUs "
-                       f"(add --oversubscribe)")
     if args.transport == "ivshmem":
         from ..mpi import MpiSetupError, component_dir
         try:
             _check_visible(component_dir(), "the ivshmem BTL")
         except MpiSetupError as e:
             raise OperationFailed(str(e))
-    rankfile = None
-    if args.rankfile is not None:
-        if args.placement != "block":
-            raise CliError("give either --rankfile or --placement")
-        try:
-            text = open(args.rankfile).read()
-        except OSError as e:
-            raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
-        # a copy the head node sees (the caller's may be in /tmp)
-        rankfile = sd.dir / f"rankfile.{os.getpid()}"
+    # a copy the head node sees (the caller's may be in /tmp)
+    rankfile = None if text is None else sd.dir / f"rankfile.{os.getpid()}"
     try:
         cmd = mpirun_command(state, sd, program, args.np,
                              transport=args.transport,
@@ -306,24 +296,31 @@ def _cmd_mpirun(args) -> int:
                 pass
 
 
-def _mpirun_vm(args, state, program) -> int:
-    """mpirun in the first guest (PROGRAM is a path in the guests). The
-    guests' devices were fixed at boot: jobs use each server's standing
-    region, shared by every job on the cluster."""
+def _check_slots(args, state) -> None:
     topo = state["topology"]
     slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
     if args.np > slots and not args.oversubscribe:
         raise CliError(f"-np {args.np} exceeds the cluster's {slots} vCPUs "
                        f"(add --oversubscribe)")
-    text = rankfile = None
-    if args.rankfile is not None:
-        if args.placement != "block":
-            raise CliError("give either --rankfile or --placement")
-        try:
-            text = open(args.rankfile).read()
-        except OSError as e:
-            raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
-        rankfile = f"/tmp/rankfile.{os.getpid()}"
+
+
+def _rankfile_text(args) -> Optional[str]:
+    """The text of --rankfile, read before anything starts, or None."""
+    if args.rankfile is None:
+        return None
+    if args.placement != "block":
+        raise CliError("give either --rankfile or --placement")
+    try:
+        return open(args.rankfile).read()
+    except OSError as e:
+        raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
+
+
+def _mpirun_vm(args, state, program, text) -> int:
+    """mpirun in the first guest (PROGRAM is a path in the guests). The
+    guests' devices were fixed at boot: jobs use each server's standing
+    region, shared by every job on the cluster."""
+    rankfile = None if text is None else f"/tmp/rankfile.{os.getpid()}"
     extra = [tuple(kv) for kv in args.mca]
     if args.oversubscribe:
         extra.append(("rmaps_base_oversubscribe", "1"))

@@ -66,17 +66,10 @@ static bool find_on_path(const char *name, char *out, size_t cap)
 
 static bool state_has_peer(int32_t id, int vectors)
 {
-    char want[64], buf[4096];
+    char want[64];
     snprintf(want, sizeof want, "{\"id\":%d,\"vectors\":%d}", (int)id, vectors);
-    int fd = open(state_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n < 0)
-        return false;
-    buf[n] = '\0';
-    return strstr(buf, want) != NULL;
+    const char *text = tu_read_text(state_path);
+    return text && strstr(text, want) != NULL;
 }
 
 /* The first server peer other than `self` and its vector count, or -1. */
