@@ -155,6 +155,7 @@ typedef struct mca_btl_ivshmem_component_t {
     mca_btl_ivshmem_endpoint_t *pending_eps; /* those with queued frags */
     bool mixed;        /* some peer is reached through another BTL */
     bool shares_cpu;   /* ranks of ours on this kernel share our CPUs  */
+    bool spins_only;   /* told libivshm (and so the peers) we never block */
     uint64_t cpu_checked_ns;
     size_t num_pending;            /* frags on all pending queues */
     ivshmem_frag_queue_t complete; /* sent, callback still owed   */

@@ -539,6 +539,33 @@ static int run_completions(void)
    yield_when_idle (oversubscribed nodes) counts as sharing too. */
 #define CPU_CHECK_NS 1000000000ull     /* affinity changes rarely */
 
+/* Can this rank block at all, whatever the moment? Not with block_us 0,
+   not (by default) with another BTL to poll, and (by default) only on
+   CPUs shared with other ranks of ours. */
+static bool may_ever_block(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed))
+        return false;
+    return c->block_us >= 0 || opal_progress_yield_when_idle ||
+           c->shares_cpu;
+}
+
+/* A rank that never blocks says so to libivshm (a spin budget of
+   "forever"), which tells the peers: their sends and our receives then
+   skip the fences that only a sleeper needs (wait.c in libivshm), the
+   largest cost of a small message. */
+static void publish_blocking(bool may)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (may != c->spins_only)
+        return;
+    c->spins_only = !may;
+    OPAL_THREAD_LOCK(&c->lock);
+    ivshm_set_spin(c->h, may ? 1 : -1);
+    OPAL_THREAD_UNLOCK(&c->lock);
+}
+
 static void update_cpu_sharing(uint64_t now)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -571,6 +598,7 @@ static void update_cpu_sharing(uint64_t now)
         ranks++;
     }
     c->shares_cpu = ranks > CPU_COUNT(&all);
+    publish_blocking(may_ever_block());
 }
 
 /* Is `slot` live at generation `gen`? With `lock`. */
@@ -642,17 +670,16 @@ static int housekeeping(uint64_t now)
 static bool may_block(uint64_t now, bool for_room)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed))
+    bool ever = may_ever_block();
+    publish_blocking(ever); /* before a block: libivshm spins its grace */
+    if (!ever)
         return false;
     if ((c->num_pending && !for_room) || c->complete.head ||
         opal_using_threads())
         return false;
     if (0 == c->num_endpoints && 0 == c->counters.recv_msgs)
         return false; /* not carrying anything (yet) */
-    if (now - c->idle_since_ns < (uint64_t)c->spin_us * 1000u)
-        return false;
-    return c->block_us >= 0 || opal_progress_yield_when_idle ||
-           c->shares_cpu;
+    return now - c->idle_since_ns >= (uint64_t)c->spin_us * 1000u;
 }
 
 static int idle_tick(void)

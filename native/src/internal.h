@@ -79,7 +79,10 @@ struct ivshm_peer_entry {
     _Atomic uint32_t sleeping __attribute__((aligned(64))); /* 1 = blocked */
     _Atomic uint32_t wake;    /* futex word, bumped by every ring       */
     _Atomic uint64_t heartbeat;
-    uint8_t pad[48];
+    /* 0 = the owner never blocks (it spins), so wakers skip the fence
+       and the look at `sleeping` (wait.c, "blocking announced") */
+    _Atomic uint32_t may_sleep;
+    uint8_t pad[44];
 };
 _Static_assert(sizeof(struct ivshm_peer_entry) == 128, "entry is 2 lines");
 
@@ -274,6 +277,8 @@ struct ivshm {
     uint64_t job_id;
     uint32_t rank;
     int64_t spin_ns;
+    bool may_sleep;           /* what our entry's may_sleep says           */
+    uint64_t announced_ns;    /* when it last went from 0 to 1             */
     uint64_t lock_timeout_ns; /* bound on a live, stuck lock holder       */
     uint64_t pidns;
     uint32_t fast_after;      /* queue messages to a peer before a channel */
@@ -409,6 +414,17 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
 /* After publishing something `slot` may wait for: ring it if it sleeps.
    The seq_cst fence pairs with the one in ivshm_wait (Dekker). */
 void ivshm_kick(ivshm *h, int slot);
+/* Tell the peers whether we may block from now on (wait.c). */
+void ivshm_announce_blocking(ivshm *h, bool may_sleep);
+
+/* May `slot` block in a wait? If not, nothing we publish needs a wake,
+   nor the fence that orders it (wait.c). One load of a word that rarely
+   changes. */
+static inline bool ivshm_peer_may_sleep(const ivshm *h, int slot)
+{
+    return atomic_load_explicit(&ivshm_entry(h, slot)->may_sleep,
+                                memory_order_relaxed) != 0;
+}
 
 /* window.c: free windows held by a dead or leaving slot (refs) */
 void ivshm_windows_on_leave(ivshm *h, int slot);

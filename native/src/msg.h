@@ -172,7 +172,10 @@ static inline void rx_consume(ivshm *h, int slot, uint8_t *ring,
        (store seq ... fence, load tail in its wait): if we do not see that
        seq, its next look at the tail sees ours, so a wake is only owed
        when we do see it. This spares a futex wake to a producer that
-       sleeps for another reason (waiting for our reply). */
+       sleeps for another reason (waiting for our reply). A producer
+       that never blocks needs neither (wait.c, "blocking announced"). */
+    if (!ivshm_peer_may_sleep(h, slot))
+        return;
     atomic_thread_fence(memory_order_seq_cst);
     const struct ivshm_slot *last = slot_at(h, ring, pos + h->ring_slots - 1);
     if (atomic_load_explicit(&last->seq, memory_order_relaxed) ==

@@ -523,6 +523,7 @@ void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out)
 void ivshm_set_spin(ivshm *h, int64_t spin_ns)
 {
     h->spin_ns = spin_ns;
+    ivshm_announce_blocking(h, spin_ns >= 0);
 }
 
 int ivshm_event_fd(ivshm *h)

@@ -101,6 +101,12 @@ int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
             if (cfg->name)
                 memcpy(e->name, cfg->name, strlen(cfg->name));
             atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
+            /* published with the state below: no waker has looked yet,
+               so no grace is owed (wait.c) */
+            h->may_sleep = h->spin_ns >= 0 && (!h->db || h->db->kind != DB_NONE);
+            h->announced_ns = 0;
+            atomic_store_explicit(&e->may_sleep, h->may_sleep,
+                                  memory_order_relaxed);
             atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
             for (uint32_t x = 0; x < h->max_peers; x++)
                 ivshm_peer_local_reset(h, (int)x, 0);

@@ -8,6 +8,18 @@
  * a full fence (Dekker): waiter stores sleeping then re-checks the data;
  * producer stores the data then loads sleeping. At least one of them sees
  * the other's store.
+ *
+ * Blocking announced: those fences stall both sides until their stores
+ * reach the other core, on every message, and they only matter if the
+ * other side can sleep. So every peer says in its entry whether it may
+ * block at all (`may_sleep`, cleared when its spin budget is "never
+ * block", ivshm_set_spin), and a waker that sees 0 skips fence and look.
+ * Turning it back on: a waker whose load still saw 0 made its data store
+ * before that load, so the store is visible within a store buffer's
+ * drain time of our announcement; we spin at least ANNOUNCE_GRACE_NS
+ * after announcing before we block, and so see it. A co-tenant clearing
+ * the flag costs its victim at most one slice per sleep: every sleep
+ * re-announces, and every sleep is bounded.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -19,6 +31,24 @@
 #define LIVENESS_SLICE_MS 20
 /* While spinning forever (spin_ns < 0), probe liveness this often. */
 #define SPIN_LIVENESS_NS 10000000ull
+/* Spinning after announcing that we may block, before the first block:
+   far beyond the time a store spends in a store buffer. */
+#define ANNOUNCE_GRACE_NS 100000ull
+
+void ivshm_announce_blocking(ivshm *h, bool may_sleep)
+{
+    /* nobody can ring a DB_NONE attachment (see below): wakers need not
+       look at it, ever */
+    if (h->db && h->db->kind == DB_NONE)
+        may_sleep = false;
+    if (h->self < 0 || may_sleep == h->may_sleep)
+        return;
+    h->may_sleep = may_sleep;
+    if (may_sleep)
+        h->announced_ns = ivshm_now_ns();
+    atomic_store_explicit(&ivshm_entry(h, h->self)->may_sleep, may_sleep,
+                          memory_order_seq_cst);
+}
 
 int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
                uint32_t peer_gen, int timeout_ms)
@@ -29,6 +59,8 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX
                                        : t0 + (uint64_t)timeout_ms * 1000000ull;
     uint64_t spin_end = h->spin_ns < 0 ? UINT64_MAX : t0 + (uint64_t)h->spin_ns;
+    if (spin_end < h->announced_ns + ANNOUNCE_GRACE_NS)
+        spin_end = h->announced_ns + ANNOUNCE_GRACE_NS;
     uint64_t next_probe = t0 + SPIN_LIVENESS_NS;
 
     for (unsigned n = 1;; n++) {
@@ -57,6 +89,8 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
     for (;;) {
         uint64_t token = h->db->arm(h->db, h);
         atomic_store_explicit(&me->sleeping, announce, memory_order_seq_cst);
+        if (announce) /* heals a co-tenant's write; ours says 1 here */
+            atomic_store_explicit(&me->may_sleep, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);
         if (ready(h, arg)) {
             atomic_store_explicit(&me->sleeping, 0, memory_order_relaxed);
@@ -88,6 +122,8 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
 void ivshm_kick(ivshm *h, int slot)
 {
     struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (!atomic_load_explicit(&e->may_sleep, memory_order_relaxed))
+        return; /* it spins: no wake, no fence (see the top) */
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&e->sleeping, memory_order_relaxed)) {
         h->stats.rings++;
