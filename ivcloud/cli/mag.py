@@ -5,6 +5,7 @@
     ivcloud mag check PROBLEM.toml          validate, print the effective TOML
     ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4]
     ivcloud mag converge PROBLEM.toml --out DIR [--cells 10,5,3.3] [--layers 3]
+                    [--reference auto|none|FILE]
 
 The solver is the `micromag` package (its own package in this
 repository; it never imports ivcloud). This module is the command on top:
@@ -141,6 +142,11 @@ def register(sub) -> None:
                         "(default 60); an interrupted run continues from "
                         "its checkpoint when the study is started again")
     c.add_argument("--transport", choices=TRANSPORTS, default="vader")
+    c.add_argument("--reference", default="auto", metavar="auto|none|FILE",
+                   help="reference <m>(t) for the table and plot: auto "
+                        "(the published solution for standard problem 4, "
+                        "field 1, when the problem is that one), none, or "
+                        "a file of rows 't mx my mz' (t in s)")
     c.add_argument("--no-run", action="store_true",
                    help="only compare what the runs in --out have so far")
     c.set_defaults(func=cmd_converge)
@@ -347,6 +353,15 @@ def cmd_converge(args) -> int:
                  for c in cells}
     except ProblemError as e:
         raise CliError(f"{args.problem}: {e}") from None
+    try:
+        if args.reference == "none":
+            reference = None
+        elif args.reference == "auto":
+            reference = cv.reference_for(prob)
+        else:
+            reference = cv.read_reference(args.reference)
+    except ProblemError as e:
+        raise CliError(str(e)) from None
     llg = [s for s in prob.config["stage"] if s["type"] == "llg"][-1]
     duration = args.duration or llg["duration"]
     if args.times:
@@ -395,7 +410,7 @@ def cmd_converge(args) -> int:
             curves[c] = cv.read_curve(d / "run")
     if not curves:
         raise CliError(f"no results in {out}")
-    report = cv.compare(curves, times)
+    report = cv.compare(curves, times, reference=reference)
     report.update(problem=str(Path(args.problem).resolve()),
                   cells=cells, layers=args.layers, duration_s=duration,
                   tol=args.tol, failed=failed,
@@ -407,7 +422,8 @@ def cmd_converge(args) -> int:
     cv.plot(curves, out / "convergence.png",
             title=f"{prob.title}: in-plane cells "
                   f"{', '.join(f'{c:g}' for c in cells)} "
-                  f"{prob.config['mesh']['unit']}, {args.layers} layers")
+                  f"{prob.config['mesh']['unit']}, {args.layers} layers",
+            reference=reference)
     sys.stdout.write(cv.format_table(report) + "\n")
     return 1 if failed else 0
 
