@@ -151,15 +151,52 @@ def plot_m(path: Path, t: np.ndarray, m: np.ndarray, title: str = "",
 class Results:
     """The output directory of one run (rank 0 only)."""
 
-    def __init__(self, out_dir: os.PathLike):
+    def __init__(self, out_dir: os.PathLike, keep: bool = False):
+        """`keep`: leave the files of an interrupted run in the staging
+        directory (to resume it: see `restore`, `reset`)."""
         self.out_dir = Path(out_dir)
         self.stage_dir = self.out_dir / STAGING
+        self.table: Optional[Table] = None
+        self.snapshots = 0
+        if keep and self.stage_dir.is_dir():
+            (self.stage_dir / "snapshots").mkdir(exist_ok=True)
+        else:
+            self.reset()
+
+    def reset(self) -> None:
+        """Start with an empty staging directory."""
+        if self.table is not None:
+            self.table.close()
+            self.table = None
         if self.stage_dir.exists():
             shutil.rmtree(self.stage_dir)
         self.stage_dir.mkdir(parents=True)
         (self.stage_dir / "snapshots").mkdir()
-        self.table: Optional[Table] = None
         self.snapshots = 0
+
+    def restore(self, snapshots: int) -> None:
+        """Continue an interrupted run whose checkpoint had written
+        `snapshots` numbered snapshots: later ones (written after the
+        checkpoint) and the old error report go."""
+        snap_dir = self.stage_dir / "snapshots"
+        times = snap_dir / "times.txt"
+        lines = times.read_text().splitlines() if times.is_file() else []
+        numbered = [ln for ln in lines if ln.startswith("snapshots/m_")]
+        keep = set(ln.split()[0] for ln in numbered[:snapshots])
+        for f in snap_dir.glob("m_*.vtu"):
+            if f"snapshots/{f.name}" not in keep:
+                f.unlink()
+        # m_final.vtu is written after the last stage: never kept
+        lines = [ln for ln in lines if ln.split()[0] in keep]
+        if lines:
+            times.write_text("\n".join(lines) + "\n")
+        elif times.exists():
+            times.unlink()
+        for name in ("error.txt", "m_final.vtu", "summary.json"):
+            p = self.stage_dir / name
+            if p.exists():
+                p.unlink()
+        self.snapshots = snapshots
 
     def open_table(self, title, columns, units) -> Table:
         self.table = Table(self.stage_dir, title, columns, units)
@@ -191,6 +228,9 @@ class Results:
         earlier run in the same directory)."""
         if self.table is not None:
             self.table.close()
+        # a finished run is not resumed: its checkpoint goes
+        for p in self.stage_dir.glob("*checkpoint.npz*"):
+            p.unlink()
         for name in RESULT_NAMES:
             old = self.out_dir / name
             if old.is_dir():

@@ -8,6 +8,13 @@
     sim.run_stage(sim.stages[0])
     print(sim.state.average_m())
 
+    simulation.run(prob, "out/bar", resume=True)     # continue a killed run
+
+A run checkpoints its state (micromag.checkpoint) at the end of every
+stage and every `checkpoint_every` wall seconds (and with every snapshot)
+into its staging directory; with resume=True a run whose checkpoint
+matches the problem continues from it.
+
 Every rank calls the same functions (collective); rank 0 writes files and
 the progress display. Results do not depend on the number of ranks
 beyond solver tolerance (see fem.py).
@@ -19,10 +26,11 @@ import math
 import resource
 import time
 import traceback
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from . import checkpoint as ckpt_mod
 from . import problem as problem_mod
 from .constants import MU0, RAD_PER_S_TO_DEG_PER_NS
 from .errors import IntegrationError, MagError, ProblemError, SimulationError
@@ -129,6 +137,14 @@ class Simulation:
         self.stats: Dict[str, float] = {"steps": 0, "rejected": 0,
                                         "relax_iterations": 0,
                                         "field_time": 0.0}
+        # checkpoints (set up by `run`): written only when enabled, which
+        # is the same on every rank
+        self.ck_every: Optional[float] = None
+        self.ck_path = None              # rank 0
+        self.ck_key = ""
+        # run()'s part of the meta data
+        self.ck_base: Callable[[], dict] = dict
+        self._ck_last = time.perf_counter()
 
     # ------------------------------------------------------------ setup
 
@@ -158,11 +174,14 @@ class Simulation:
             _, idx = tree.query(sp.mesh.points)
             self.state.set_m(m[idx])
 
-    def terms_for(self, stage: dict) -> List:
+    def terms_for(self, stage: dict, t_stage0: Optional[float] = None
+                  ) -> List:
+        """The terms of a stage that started (or starts now) at t_stage0."""
         fields = self.cfg["field"] + stage["field"]
         terms = list(self.terms)
         if fields:
-            H = problem_mod.field_function(fields, self.state.t)
+            H = problem_mod.field_function(
+                fields, self.state.t if t_stage0 is None else t_stage0)
             terms.append(Zeeman(self.state, H))
         return terms
 
@@ -206,21 +225,73 @@ class Simulation:
         return int(self.stats.get("field_evals", 0)
                    + (dyn.n_field if dyn is not None else 0))
 
+    # ------------------------------------------------------------ checkpoints
+
+    def mesh_original(self):
+        """(points, tets) of the mesh in the input numbering."""
+        sp = self.space
+        order = np.argsort(sp.perm)          # new id -> old id
+        return sp.to_original(sp.mesh.points), order[sp.mesh.tets]
+
+    def checkpoint_due(self, forced: bool = False) -> bool:
+        """Whether to checkpoint now (rank 0 decides: wall clocks differ
+        between ranks, and the gather is collective)."""
+        if self.ck_every is None:
+            return False
+        due = forced or (time.perf_counter() - self._ck_last
+                         >= self.ck_every)
+        return bool(self.comm.bcast(due, root=0))
+
+    def write_checkpoint(self, index: int, done: bool, m_vec=None,
+                         t: Optional[float] = None,
+                         t_stage0: Optional[float] = None,
+                         next_snap: Optional[float] = None,
+                         dyn: Optional[Dynamics] = None, steps: int = 0,
+                         table=None, snapshots: int = 0) -> None:
+        """Checkpoint stage `index` at (m_vec, t): finished (done) or
+        going, `dyn`/`steps` its integrator's counts so far. Collective;
+        rank 0 writes."""
+        m_vec = self.state.m if m_vec is None else m_vec
+        m = self.space.gather(m_vec)
+        self._ck_last = time.perf_counter()
+        if self.rank != 0 or self.ck_path is None:
+            return
+        stats = dict(self.stats)
+        if dyn is not None:
+            stats["steps"] += steps
+            for k, v in (("field_evals", dyn.n_field),
+                         ("rhs_evals", dyn.n_rhs),
+                         ("field_time", dyn.field_time)):
+                stats[k] = stats.get(k, 0) + v
+        t = self.state.t if t is None else t
+        meta = dict(self.ck_base(), key=self.ck_key, stage=index, done=done,
+                    t=float(t), t_stage0=None if t_stage0 is None
+                    else float(t_stage0),
+                    next_snap=None if next_snap is None or
+                    not math.isfinite(next_snap) else float(next_snap),
+                    snapshots=snapshots, stats=stats,
+                    ranks=self.comm.Get_size())
+        rows = table.array() if table is not None else np.zeros((0, 0))
+        ckpt_mod.save(self.ck_path, self.space.to_original(m), rows, meta)
+
     # ------------------------------------------------------------ stages
 
     def run_stage(self, stage: dict, index: int = 1, results=None,
-                  table=None) -> dict:
+                  table=None, resume: Optional[dict] = None) -> dict:
         """Run one stage; rows go to `table` and snapshots to `results`
-        (rank 0) when given."""
+        (rank 0) when given. `resume` ({"t_stage0", "next_snap"} of a
+        checkpoint) continues the stage from the current state (its time
+        st.t and its rows up to st.t already recorded)."""
         st = self.state
-        terms = self.terms_for(stage)
+        t_stage0 = st.t if resume is None else resume["t_stage0"]
+        terms = self.terms_for(stage, t_stage0)
         if "alpha" in stage:
             st.set_alpha(stage["alpha"])
         else:
             st.set_alpha(self.mats["alpha"])
         dyn = Dynamics(st, terms)
         rank0 = self.rank == 0
-        t_stage0 = st.t
+        t_run0 = st.t
         prog = self.progress
         label = f"stage {index}/{len(self.stages)} {stage['name']}"
 
@@ -228,7 +299,8 @@ class Simulation:
             if rank0 and table is not None:
                 table.append(row)
 
-        add_row(self.record(dyn, index))
+        if resume is None:
+            add_row(self.record(dyn, index))
         t_wall = time.perf_counter()
         out: dict = {"name": stage["name"], "type": stage["type"]}
         if stage["type"] == "relax" and stage["method"] == "bb":
@@ -250,20 +322,28 @@ class Simulation:
             t_end = t_stage0 + duration
             snap_every = stage.get("snapshot_every", 0.0)
             next_snap = [t_stage0 + snap_every if snap_every else math.inf]
+            if resume is not None and resume.get("next_snap") is not None:
+                next_snap[0] = resume["next_snap"]
             stop = stage.get("stop_dmdt", 0.0)
 
             def cb(report):
                 row = self.record(dyn, index, report.m, report.t,
                                   steps=report.step)
                 add_row(row)
-                if report.t >= next_snap[0] - 1e-9 * duration:
+                snapped = report.t >= next_snap[0] - 1e-9 * duration
+                if snapped:
                     self.snapshot(results, report.m, report.t)
                     while next_snap[0] <= report.t + 1e-9 * duration:
                         next_snap[0] += snap_every
+                if not report.final and self.checkpoint_due(snapped):
+                    self.write_checkpoint(
+                        index, False, report.m, report.t, t_stage0,
+                        next_snap[0], dyn, report.step, table,
+                        results.snapshots if results is not None else 0)
                 if rank0:
                     frac = (report.t - t_stage0) / duration
                     el = time.perf_counter() - t_wall
-                    rate = (report.t - t_stage0) / el if el > 0 else 0.0
+                    rate = (report.t - t_run0) / el if el > 0 else 0.0
                     prog.update(
                         f"{label}: t = {report.t * 1e9:.4g} ns "
                         f"({100 * frac:.0f} %), step {report.step}, "
@@ -313,40 +393,115 @@ class Simulation:
                              extra={"Ms": self.state.Ms_nodes}, name=name)
 
 
+def _resume_point(sim: Simulation, results: Optional[Results],
+                  resume: bool, prog: Progress) -> Optional[dict]:
+    """The checkpoint to continue from (on every rank), or None: then
+    the staging directory is emptied. Collective."""
+    comm, rank = sim.comm, sim.rank
+    ck = None
+    if rank == 0:
+        points, tets = sim.mesh_original()
+        sim.ck_key = ckpt_mod.key(sim.problem, points, tets)
+        sim.ck_path = results.stage_dir / ckpt_mod.NAME
+        if resume:
+            ck, why = ckpt_mod.load_matching(sim.ck_path, sim.ck_key,
+                                             sim.space.n, sim.columns()[0])
+            if ck is None:
+                prog.message(f"note: {why}: starting from the beginning")
+                results.reset()
+    return comm.bcast(ck, root=0)
+
+
 def run(prob: problem_mod.Problem, out_dir, comm=None,
-        progress: bool = True, argv: Optional[List[str]] = None) -> dict:
+        progress: bool = True, argv: Optional[List[str]] = None,
+        resume: bool = False,
+        checkpoint_every: Optional[float] = 60.0) -> dict:
     """Run all stages of `prob`, writing results into out_dir; returns
-    the summary (also written as summary.json). Collective."""
+    the summary (also written as summary.json). Collective.
+
+    The state is checkpointed at the end of every stage, with every
+    snapshot and every `checkpoint_every` wall seconds (0: at every table
+    row; None: never). `resume`: continue from the checkpoint an
+    interrupted run left in out_dir if it was written for this very
+    problem, mesh and solver (else start from the beginning); on any
+    number of ranks."""
     comm = comm if comm is not None else comm_world()
     rank = comm.Get_rank()
     t_start = time.perf_counter()
     prog = Progress(enabled=progress and rank == 0)
-    results = Results(out_dir) if rank == 0 else None
+    results = Results(out_dir, keep=resume) if rank == 0 else None
     try:
         sim = Simulation(prob, comm, prog)
         for note in sim.notes:
             prog.message(f"note: {note}")
         sp = sim.space
+        ck = _resume_point(sim, results, resume, prog)
+        sim.ck_every = checkpoint_every
+        if checkpoint_every is None and rank == 0:
+            sim.ck_path = None
+        meta = ck["meta"] if ck is not None else {}
         if rank == 0:
             prog.message(f"mesh: {sp.mesh.summary()}, "
                          f"{len(sp.boundary_nodes)} boundary nodes; "
                          f"{comm.Get_size()} rank(s); setup "
                          f"{sim.setup_time:.2f} s")
+            if ck is not None:
+                results.restore(meta["snapshots"])
+                prog.message(f"resuming stage {meta['stage']} "
+                             f"({'finished' if meta['done'] else 'going'})"
+                             f" at t = {meta['t']:.6g} s from "
+                             f"{sim.ck_path}")
             results.write_text("effective.toml",
                                problem_mod.to_toml(prob.config))
             cols, units = sim.columns()
             table = results.open_table(prob.title or "micromag", cols,
                                        units)
+            if ck is not None:
+                for row in ck["rows"]:
+                    table.append(dict(zip(cols, row)))
         else:
             table = None
-        stage_out = []
-        stage_starts = []
+        stage_out = list(meta.get("stage_out", []))
+        stage_starts = list(meta.get("stage_starts", []))
+        resumed = list(meta.get("resumed", []))
+        solve_before = float(meta.get("solve_time_s", 0.0))
+        first, stage_resume = 1, None
+        if ck is not None:
+            orig = ck["m"]
+            arr = np.empty_like(orig)
+            arr[sp.perm] = orig
+            sim.state.set_m(arr)
+            sim.state.t = float(meta["t"])
+            sim.stats = dict(meta["stats"])
+            resumed.append({"stage": meta["stage"], "t": meta["t"],
+                            "ranks_before": meta["ranks"]})
+            first = meta["stage"] + (1 if meta["done"] else 0)
+            if not meta["done"]:
+                stage_resume = {"t_stage0": meta["t_stage0"],
+                                "next_snap": meta["next_snap"]}
         t_solve = time.perf_counter()
         cpu_solve = time.process_time()
+
+        def base_meta():
+            return {"stage_out": stage_out, "stage_starts": stage_starts,
+                    "resumed": resumed, "columns": sim.columns()[0],
+                    "solve_time_s": solve_before
+                    + time.perf_counter() - t_solve}
+
         for i, stage in enumerate(sim.stages, start=1):
-            stage_starts.append(sim.state.t)
-            stage_out.append(sim.run_stage(stage, i, results, table))
-        solve_time = time.perf_counter() - t_solve
+            if i < first:
+                continue
+            if i != first or stage_resume is None:
+                stage_starts.append(sim.state.t)
+            sim.ck_base = base_meta
+            stage_out.append(sim.run_stage(
+                stage, i, results, table,
+                resume=stage_resume if i == first else None))
+            if sim.ck_every is not None:
+                sim.write_checkpoint(i, True, table=table,
+                                     snapshots=results.snapshots
+                                     if results is not None else 0)
+        solve_time = solve_before + time.perf_counter() - t_solve
         # CPU seconds of the solve per rank: on a shared machine a
         # steadier figure than the wall time (MPI waits spin, so a rank
         # that waits is still counted while it runs)
@@ -376,6 +531,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
             "stages": stage_out,
             "notes": sim.notes,
             "argv": argv,
+            "resumed": resumed,
         }
         if rank == 0:
             summary["solve_cpu_s"] = {"max": max(solve_cpu),

@@ -1,9 +1,11 @@
 """`ivcloud mag`: run micromagnetic problems and benchmark the solver.
 
     ivcloud mag run PROBLEM.toml --out DIR [--np N] [--transport T] [--quiet]
+                    [--resume] [--checkpoint-every SECONDS]
     ivcloud mag check PROBLEM.toml          validate, print the effective TOML
     ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4]
     ivcloud mag converge PROBLEM.toml --out DIR [--cells 10,5,3.3] [--layers 3]
+                    [--reference auto|none|FILE]
 
 The solver is the `micromag` package (its own package in this
 repository; it never imports ivcloud). This module is the command on top:
@@ -53,6 +55,17 @@ def _np_list(text: str) -> List[int]:
     return out
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v >= 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of "
+                                         f"seconds >= 0")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser("mag", help="micromagnetic FEM solver (LLG, PETSc)",
                        description="Finite-element micromagnetics: "
@@ -70,6 +83,15 @@ def register(sub) -> None:
                      help="MPI transport for --np > 1 (default: vader)")
     run.add_argument("--quiet", action="store_true",
                      help="no progress display")
+    run.add_argument("--resume", action="store_true",
+                     help="continue an interrupted run in --out from its "
+                          "checkpoint (if it was written for this problem, "
+                          "mesh and solver; else start from the beginning)")
+    run.add_argument("--checkpoint-every", type=_seconds, default=60.0,
+                     metavar="SECONDS",
+                     help="checkpoint the state every this many wall "
+                          "seconds (and at every snapshot and stage end; "
+                          "0: at every table row; default 60)")
     run.add_argument(CHILD_FLAG, action="store_true",
                      help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
@@ -114,7 +136,17 @@ def register(sub) -> None:
                    help="largest change of a component under refinement "
                         "called converged (default 0.01)")
     c.add_argument("--np", type=positive_int, default=1)
+    c.add_argument("--checkpoint-every", type=_seconds, default=60.0,
+                   metavar="SECONDS",
+                   help="checkpoint each run every this many wall seconds "
+                        "(default 60); an interrupted run continues from "
+                        "its checkpoint when the study is started again")
     c.add_argument("--transport", choices=TRANSPORTS, default="vader")
+    c.add_argument("--reference", default="auto", metavar="auto|none|FILE",
+                   help="reference <m>(t) for the table and plot: auto "
+                        "(the published solution for standard problem 4, "
+                        "field 1, when the problem is that one), none, or "
+                        "a file of rows 't mx my mz' (t in s)")
     c.add_argument("--no-run", action="store_true",
                    help="only compare what the runs in --out have so far")
     c.set_defaults(func=cmd_converge)
@@ -157,6 +189,9 @@ def cmd_run(args) -> int:
                str(out.resolve()), CHILD_FLAG]
     if args.quiet:
         program.append("--quiet")
+    if args.resume:
+        program.append("--resume")
+    program += ["--checkpoint-every", repr(args.checkpoint_every)]
     env = clean_mpi_env(os.environ)
     # the ranks import these very trees (ivcloud and micromag), wherever
     # the parent found them
@@ -190,7 +225,8 @@ def _run_here(args) -> int:
     comm.Barrier()
     try:
         run(prob, out, comm, progress=not args.quiet,
-            argv=sys.argv[1:])
+            argv=sys.argv[1:], resume=args.resume,
+            checkpoint_every=args.checkpoint_every)
     except MagError as e:
         if comm.Get_size() > 1:
             sys.stderr.write(f"ivcloud mag: error: "
@@ -308,6 +344,7 @@ def cmd_bench(args) -> int:
 
 def cmd_converge(args) -> int:
     from micromag import convergence as cv
+    from micromag.checkpoint import peek
     from micromag.errors import ProblemError
     prob = _load(args.problem)
     try:
@@ -316,6 +353,15 @@ def cmd_converge(args) -> int:
                  for c in cells}
     except ProblemError as e:
         raise CliError(f"{args.problem}: {e}") from None
+    try:
+        if args.reference == "none":
+            reference = None
+        elif args.reference == "auto":
+            reference = cv.reference_for(prob)
+        else:
+            reference = cv.read_reference(args.reference)
+    except ProblemError as e:
+        raise CliError(str(e)) from None
     llg = [s for s in prob.config["stage"] if s["type"] == "llg"][-1]
     duration = args.duration or llg["duration"]
     if args.times:
@@ -338,12 +384,20 @@ def cmd_converge(args) -> int:
         if args.no_run or (d / "summary.json").is_file():
             continue
         unit = prob.config["mesh"]["unit"]
+        ck = peek(d / "run")
+        how = "" if ck is None else (
+            f" (continuing from the checkpoint at stage {ck['stage']}, "
+            f"t = {ck['t']:.4g} s, if it fits the problem)")
         sys.stderr.write(f"converge: cells of {c:g} {unit}, "
-                         f"{args.layers} layer(s) ...\n")
+                         f"{args.layers} layer(s){how} ...\n")
         sys.stderr.flush()
+        # an interrupted run continues: its checkpoint is tied to the
+        # problem text, mesh and solver, so a changed study starts over
         cmd = [sys.executable, "-m", "ivcloud", "mag", "run",
                str(d / "problem.toml"), "--out", str(d / "run"), "--np",
-               str(args.np), "--transport", args.transport, "--quiet"]
+               str(args.np), "--transport", args.transport, "--quiet",
+               "--resume", "--checkpoint-every",
+               repr(args.checkpoint_every)]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             failed.append(c)
@@ -356,7 +410,7 @@ def cmd_converge(args) -> int:
             curves[c] = cv.read_curve(d / "run")
     if not curves:
         raise CliError(f"no results in {out}")
-    report = cv.compare(curves, times)
+    report = cv.compare(curves, times, reference=reference)
     report.update(problem=str(Path(args.problem).resolve()),
                   cells=cells, layers=args.layers, duration_s=duration,
                   tol=args.tol, failed=failed,
@@ -368,7 +422,8 @@ def cmd_converge(args) -> int:
     cv.plot(curves, out / "convergence.png",
             title=f"{prob.title}: in-plane cells "
                   f"{', '.join(f'{c:g}' for c in cells)} "
-                  f"{prob.config['mesh']['unit']}, {args.layers} layers")
+                  f"{prob.config['mesh']['unit']}, {args.layers} layers",
+            reference=reference)
     sys.stdout.write(cv.format_table(report) + "\n")
     return 1 if failed else 0
 

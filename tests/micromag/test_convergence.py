@@ -49,6 +49,18 @@ def test_sp4_curve_moves_little_from_20_to_10_nm(tmp_path):
     # the s-state the dynamics start from, and the field turning m over
     m10 = report["values"][1]["m"]
     assert 0.5 < m10[-1][0] < 0.7 and m10[-1][1] > 0.5
+    # the published solution (OOMMF, docs/mag-sp4-references.md) is in
+    # the report: the finer mesh is closer to it at every compared time
+    # (measured at 0.1 ns: 0.088 for 20 nm, 0.024 for 10 nm)
+    ref = report["reference"]
+    assert ref["name"].startswith("OOMMF")
+    assert ref["m"][2] == pytest.approx([0.52146, 0.66498, -0.08469])
+    d20, d10 = ref["differences"]
+    assert (d20["cell"], d10["cell"]) == (20.0, 10.0)
+    for a20, a10 in zip(d20["at"], d10["at"]):
+        assert a10["max"] < a20["max"]
+    assert d10["at"][2]["max"] < 0.05
+    assert "reference <m>" in r.stdout and "10 nm - ref" in r.stdout
     # every run's problem file is the example with only the mesh and
     # duration changed
     cfg = load(out / "h10" / "problem.toml").config
@@ -77,3 +89,75 @@ def test_compare_tables_successive_refinements_and_partial_runs(tmp_path):
     assert d2["at"][1] is None                  # 3.3 nm not there yet
     assert convergence.converged(rep, 0.01) == []
     assert "(not reached)" in convergence.format_table(rep)
+
+
+def _sp4_variant(tmp_path, old, new):
+    text = (EXAMPLES / "sp4.toml").read_text()
+    assert old in text
+    p = tmp_path / "variant.toml"
+    p.write_text(text.replace(old, new))
+    return load(p)
+
+
+def test_reference_only_for_standard_problem_4_field_1(tmp_path):
+    ref = convergence.reference_for(load(EXAMPLES / "sp4.toml"))
+    assert ref is not None and ref["first_crossing_s"] == 0.1385e-9
+    assert len(ref["t"]) == len(ref["m"]) == 12
+    # another material, field or film: no reference
+    for old, new in (("alpha = 0.02", "alpha = 0.03"),
+                     ("H = [-24.6, 4.3, 0.0]", "H = [-35.5, -6.3, 0.0]"),
+                     ("size = [500.0, 125.0, 3.0]",
+                      "size = [500.0, 125.0, 5.0]")):
+        assert convergence.reference_for(
+            _sp4_variant(tmp_path, old, new)) is None, new
+    # the same field in other units is still field 1
+    same = _sp4_variant(tmp_path, 'H = [-24.6, 4.3, 0.0]\nunit = "mT"',
+                        'H = [-0.0246, 0.0043, 0.0]\nunit = "T"')
+    assert convergence.reference_for(same) is not None
+
+
+def test_compare_against_a_reference(tmp_path):
+    import numpy as np
+    t = np.linspace(0, 1e-9, 101)
+    mx = np.cos(t * 1e10)                 # first zero at pi/2 * 0.1 ns
+    curve = {"t": t, "m": np.stack([mx, np.sin(t * 1e10), 0 * t], axis=1)}
+    tab = {"name": "tab", "source": "test", "interpolate": False,
+           "t": [0.1e-9, 0.5e-9], "m": [[0.5, 0.5, 0.0], [0.1, 0.2, 0.3]]}
+    rep = convergence.compare({5.0: curve}, [0.1e-9, 0.3e-9], reference=tab)
+    r = rep["reference"]
+    assert r["m"][0] == [0.5, 0.5, 0.0] and r["m"][1] is None  # not tabulated
+    (d,) = r["differences"]
+    assert d["at"][0]["dm"][0] == pytest.approx(np.cos(1.0) - 0.5, abs=1e-3)
+    assert d["at"][1] is None
+    assert rep["values"][0]["first_crossing_s"] == pytest.approx(
+        np.pi / 2 * 1e-10, rel=1e-3)
+    text = convergence.format_table(rep)
+    assert "5 nm - ref" in text and "(none)" in text
+    # a full curve from a file is interpolated
+    f = tmp_path / "ref.txt"
+    f.write_text("# t mx my mz\n" + "\n".join(
+        f"{x:.6e} {np.cos(x * 1e10):.8f} {np.sin(x * 1e10):.8f} 0"
+        for x in t[::5]) + "\n")
+    full = convergence.read_reference(f)
+    rep = convergence.compare({5.0: curve}, [0.3e-9], reference=full)
+    assert rep["reference"]["differences"][0]["at"][0]["max"] < 0.02
+    assert rep["reference"]["differences"][0]["crossing_diff_s"] == \
+        pytest.approx(0, abs=2e-12)
+    convergence.plot({5.0: curve}, tmp_path / "p.png", reference=full)
+    convergence.plot({5.0: curve}, tmp_path / "q.png", reference=tab)
+    assert (tmp_path / "q.png").stat().st_size > 10_000
+
+
+def test_bad_reference_file_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2\n3 4\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "ivcloud", "mag", "converge",
+         str(EXAMPLES / "sp4.toml"), "--out", str(tmp_path / "s"),
+         "--reference", str(bad), "--no-run"],
+        capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL, env=clean_mpi_env(os.environ))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.txt" in lines[0], r.stderr
+    assert not (tmp_path / "s").exists()
