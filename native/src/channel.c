@@ -67,6 +67,7 @@ void ivshm_tx_try_open(ivshm *h, int j, int timeout_ms, uint64_t deadline)
         return;
     }
     p->tx_chan = (int16_t)k;
+    p->tx_ring = ivshm_fring(h, j, (uint32_t)k);
     p->tx_head = 0;
     p->tx_tail_cache = 0;
 }
@@ -98,6 +99,7 @@ void ivshm_chan_free(ivshm *h, int slot)
     uint32_t k = (uint32_t)p->rx_chan;
     ivshm_chan_reset(h, k);
     p->rx_chan = -1;
+    p->rx_ring = NULL;
     h->chan_user[k] = -1;
     for (int x = 0; x < h->n_act; x++)
         if (h->act[x] == slot) {
@@ -114,9 +116,9 @@ void ivshm_fast_sweep(ivshm *h)
     if (h->self < 0 || h->n_bl)
         return;
     uint64_t pos = h->q_head;
-    struct ivshm_cell *c = ivshm_qcell(h, h->self, pos);
+    struct ivshm_cell *c = ivshm_my_qcell(h, pos);
     if (atomic_load_explicit(&c->seq, memory_order_acquire) != pos ||
-        atomic_load_explicit(&ivshm_qctrl(h, h->self)->enqueue_pos,
+        atomic_load_explicit(&h->my_qctrl->enqueue_pos,
                              memory_order_relaxed) != pos)
         return;
     for (uint32_t k = 0; k < h->fast_channels; k++) {

@@ -230,6 +230,9 @@ struct ivshm_peer_local {
     uint32_t gen;             /* generation we last talked to; 0 = none   */
     int16_t tx_chan;          /* fast channel of its area we own, or -1   */
     int16_t rx_chan;          /* fast channel of our area it uses, or -1  */
+    /* those channels' rings (ivshm_fring), kept with tx_chan / rx_chan:
+       the hot paths need no address arithmetic */
+    uint8_t *tx_ring, *rx_ring;
     uint32_t tx_queued;       /* messages sent to it through its queue    */
     uint32_t tx_retry;        /* queue sends before trying to open again  */
     uint64_t tx_head;         /* our producer position in the fast ring   */
@@ -286,7 +289,10 @@ struct ivshm {
     struct ivshm_doorbell *db;
     struct ivshm_peer_local *peers; /* max_peers entries                  */
     int rr_next;              /* round-robin start for IVSHM_ANY receive  */
-    /* our queue, consumer side (local: the shared head is a hint) */
+    /* our queue, consumer side (local: the shared head is a hint); its
+       ctrl and cells, set when we claim our slot */
+    struct ivshm_queue_ctrl *my_qctrl;
+    uint8_t *my_cells;
     uint64_t q_head;
     uint64_t q_stuck_seq;     /* seq value seen at q_head while waiting   */
     uint64_t q_stuck_since;   /* ... since then (ns), 0 = not waiting     */
@@ -332,6 +338,12 @@ static inline struct ivshm_cell *ivshm_qcell(const ivshm *h, int slot,
     return (struct ivshm_cell *)(ivshm_rx_area(h, slot) + IVSHM_QUEUE_CTRL +
                                  (pos & (h->queue_slots - 1)) *
                                      (uint64_t)h->slot_size);
+}
+/* a cell of our own queue: the consumer's hot path */
+static inline struct ivshm_cell *ivshm_my_qcell(const ivshm *h, uint64_t pos)
+{
+    return (struct ivshm_cell *)(h->my_cells + (pos & (h->queue_slots - 1)) *
+                                                   (uint64_t)h->slot_size);
 }
 static inline struct ivshm_fast_desc *ivshm_fdesc(const ivshm *h, int slot,
                                                   uint32_t k)
@@ -382,7 +394,6 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
 /* Is `slot` an ACTIVE peer? If its generation differs from the one we
    last talked to, a new incarnation took the slot: reset our local view
    of it (the newcomer emptied its receive area at join). */
-bool ivshm_peer_current(ivshm *h, int slot);
 /* recv.c: forget everything we know about `slot` (positions, a
    half-received message, its backlog, the fast channel it used in our
    area, which is freed) and start over with generation `gen`. */
@@ -424,6 +435,20 @@ static inline bool ivshm_peer_may_sleep(const ivshm *h, int slot)
 {
     return atomic_load_explicit(&ivshm_entry(h, slot)->may_sleep,
                                 memory_order_relaxed) != 0;
+}
+
+/* Is `slot` ACTIVE? On every send and receive, hence inline. A new
+   incarnation emptied our rings with it at join: our view of the old
+   one is reset (out of line, rare). */
+static inline bool ivshm_peer_current(ivshm *h, int slot)
+{
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+        return false;
+    uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+    if (__builtin_expect(h->peers[slot].gen != gen, 0))
+        ivshm_peer_local_reset(h, slot, gen);
+    return true;
 }
 
 /* window.c: free windows held by a dead or leaving slot (refs) */

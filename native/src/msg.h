@@ -39,6 +39,9 @@
 /* Shared between the message files only: not exported from libivshm.so,
    and a direct call (no PLT) like the file-local call it was. */
 #define IVSHM_MSG_FN __attribute__((visibility("hidden")))
+/* A helper of a hot path folded into its callers, whose constant
+   arguments then remove most of its branches. */
+#define IVSHM_HOT_INLINE static inline __attribute__((always_inline))
 
 /* ------------------------------------------------------------------ */
 /* slots, rings, deadlines                                            */
@@ -65,12 +68,12 @@ static inline uint8_t *slot_data(void *s)
 /* Our fast ring into `slot`'s area / its fast ring into ours. */
 static inline uint8_t *tx_ring(const ivshm *h, int slot)
 {
-    return ivshm_fring(h, slot, (uint32_t)h->peers[slot].tx_chan);
+    return h->peers[slot].tx_ring;
 }
 
 static inline uint8_t *rx_ring(const ivshm *h, int slot)
 {
-    return ivshm_fring(h, h->self, (uint32_t)h->peers[slot].rx_chan);
+    return h->peers[slot].rx_ring;
 }
 
 /* Milliseconds left until `deadline` (UINT64_MAX: -1, forever), or
@@ -253,7 +256,7 @@ IVSHM_MSG_FN enum rx_view ivshm_rx_view(ivshm *h, int slot);
    saw there, for the CAS of a cell somebody else may still write). */
 static inline bool q_advance(ivshm *h, uint64_t seq, bool cas)
 {
-    struct ivshm_cell *c = ivshm_qcell(h, h->self, h->q_head);
+    struct ivshm_cell *c = ivshm_my_qcell(h, h->q_head);
     uint64_t next = h->q_head + h->queue_slots;
     /* release: our reads of the cell are done before a producer may
        claim it again */
@@ -266,7 +269,7 @@ static inline bool q_advance(ivshm *h, uint64_t seq, bool cas)
         atomic_store_explicit(&c->seq, next, memory_order_release);
     }
     h->q_head++;
-    atomic_store_explicit(&ivshm_qctrl(h, h->self)->head, h->q_head,
+    atomic_store_explicit(&h->my_qctrl->head, h->q_head,
                           memory_order_relaxed);
     h->q_stuck_since = 0;
     if (h->q_peek_src >= 0) {

@@ -236,7 +236,7 @@ int ivshm_q_send(ivshm *h, int j, uint32_t tag, const void *buf, size_t len,
    for the pairing). Called after we freed cells. */
 void ivshm_q_wake_waiters(ivshm *h)
 {
-    struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);
+    struct ivshm_queue_ctrl *qc = h->my_qctrl;
     atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load_explicit(&qc->waiters_any, memory_order_relaxed))
         return;
@@ -279,7 +279,7 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
 {
     for (uint32_t round = 0; round < h->queue_slots; round++) {
         const uint64_t pos = h->q_head;
-        struct ivshm_cell *c = ivshm_qcell(h, h->self, pos);
+        struct ivshm_cell *c = ivshm_my_qcell(h, pos);
         uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
         if (seq == pos + 1) {
             uint16_t src = __atomic_load_n(&c->src, __ATOMIC_RELAXED);
@@ -309,7 +309,7 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
             return Q_FULL;
         }
         if (seq == pos) {
-            struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);
+            struct ivshm_queue_ctrl *qc = h->my_qctrl;
             uint64_t e =
                 atomic_load_explicit(&qc->enqueue_pos, memory_order_relaxed);
             if (e == pos) {
@@ -356,7 +356,7 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
            rest of a dead claimer's batch (free cells up to the
            enqueue_pos seen now) goes without the QUEUE_SKIP_NS wait. */
         uint64_t e = atomic_load_explicit(
-            &ivshm_qctrl(h, h->self)->enqueue_pos, memory_order_relaxed);
+            &h->my_qctrl->enqueue_pos, memory_order_relaxed);
         if (!q_advance(h, seq, true))
             continue;
         if (e - pos <= h->queue_slots && e > h->q_skip_until)

@@ -131,8 +131,8 @@ static int q_to_backlog(ivshm *h, const struct qhead *q)
    found empty gets its tail checked (rx_heal_tail); a departed sender's
    drained ring is freed. */
 
-static int next_cell(ivshm *h, int slot, enum rx_view view, bool drain,
-                     struct cref *c)
+IVSHM_HOT_INLINE int next_cell(ivshm *h, int slot, enum rx_view view,
+                               bool drain, struct cref *c)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     if (p->bl_head) {
@@ -173,7 +173,7 @@ static int next_cell(ivshm *h, int slot, enum rx_view view, bool drain,
 }
 
 /* The cell next_cell returned is done with. */
-static void consume_cell(ivshm *h, int slot, const struct cref *c,
+static inline void consume_cell(ivshm *h, int slot, const struct cref *c,
                          enum rx_view view)
 {
     h->peers[slot].peeked = false;
@@ -209,6 +209,7 @@ static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
         return view == RX_LIVE ? IVSHM_ECORRUPT : 0;
     }
     p->rx_chan = (int16_t)k;
+    p->rx_ring = ivshm_fring(h, h->self, (uint32_t)k);
     p->rx_tail = 0;
     h->chan_user[k] = slot;
     h->act[h->n_act++] = slot;
@@ -291,7 +292,7 @@ struct cell_wait {
 static bool cell_ready(ivshm *h, void *arg)
 {
     const struct cell_wait *w = arg;
-    struct cref c;
+    struct cref c = {0};
     return next_cell(h, w->slot, w->view, true, &c) > 0;
 }
 
@@ -334,7 +335,7 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
     const uint32_t run_max = h->ring_slots + h->queue_slots;
     uint32_t run = 0;
     while (p->rx_left) {
-        struct cref c;
+        struct cref c = {0};
         int rc = 0;
         if (!next_cell(h, slot, view, true, &c)) {
             run = 0;
@@ -416,9 +417,9 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
    valid single-slot message is left in place and *peek points at its
    payload; a longer one (or one in progress) is left: -EMSGSIZE. `drain`
    as in next_cell. */
-static ssize_t rx_message(ivshm *h, int slot, uint32_t *tag, void *buf,
-                          size_t cap, const void **peek, uint64_t deadline,
-                          bool drain)
+IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
+                                    void *buf, size_t cap, const void **peek,
+                                    uint64_t deadline, bool drain)
 {
     enum rx_view view = ivshm_rx_view(h, slot);
     if (view == RX_NONE)
@@ -540,7 +541,7 @@ static bool rx_has_message(ivshm *h, int slot)
     enum rx_view view = ivshm_rx_view(h, slot);
     if (view == RX_NONE)
         return false;
-    struct cref c;
+    struct cref c = {0};
     return next_cell(h, slot, view, true, &c) > 0;
 }
 
@@ -740,13 +741,15 @@ int ivshm_recv_release(ivshm *h, int src)
 void ivshm_rx_area_reset(ivshm *h)
 {
     struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);
+    h->my_qctrl = qc;
+    h->my_cells = ivshm_rx_area(h, h->self) + IVSHM_QUEUE_CTRL;
     atomic_store_explicit(&qc->enqueue_pos, 0, memory_order_relaxed);
     atomic_store_explicit(&qc->head, 0, memory_order_relaxed);
     atomic_store_explicit(&qc->waiters_any, 0, memory_order_relaxed);
     for (uint32_t w = 0; w < IVSHM_MAX_PEERS / 64; w++)
         atomic_store_explicit(&qc->waiters[w], 0, memory_order_relaxed);
     for (uint64_t pos = 0; pos < h->queue_slots; pos++)
-        atomic_store_explicit(&ivshm_qcell(h, h->self, pos)->seq, pos,
+        atomic_store_explicit(&ivshm_my_qcell(h, pos)->seq, pos,
                               memory_order_relaxed);
     for (uint32_t k = 0; k < h->fast_channels; k++) {
         ivshm_chan_reset(h, k);

@@ -192,17 +192,6 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen)
     return true;
 }
 
-bool ivshm_peer_current(ivshm *h, int slot)
-{
-    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
-    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
-        return false;
-    uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
-    /* New incarnation: it emptied our rings with it at join. */
-    if (h->peers[slot].gen != gen)
-        ivshm_peer_local_reset(h, slot, gen);
-    return true;
-}
 
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
 {
