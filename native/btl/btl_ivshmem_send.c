@@ -240,12 +240,18 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
     (void)order;
     (void)flags;
 
-    if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring || ep->dead ||
-                      total > btl->btl_eager_limit)) {
+    if (OPAL_UNLIKELY(ep->dead || total > btl->btl_eager_limit)) {
         if (descriptor)
             *descriptor = NULL;
         return ep->dead ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
     }
+    /* Behind queued fragments: a copy joins the queue, never a refusal.
+       A refused sendi sends ob1's request to its own pending list, and
+       ob1 retries all of those on every progress call, each retry one
+       more refusal, until our queue drains (a retry storm that halved
+       the message rate). */
+    if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring))
+        goto copy;
 
     OPAL_THREAD_LOCK(&c->lock);
     unsigned char *slot = ivshm_send_reserve(c->h, ep->slot, total, &rc);
@@ -289,7 +295,9 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
     if (rc != -EAGAIN && rc != -EMSGSIZE)
         goto failed;
 
-    /* ring full: keep our own copy in the FIFO; the PML is done */
+copy:
+    /* ring full or fragments queued: keep our own copy in the FIFO; the
+       PML is done */
     f = ivshmem_frag_get(total);
     if (!f)
         goto busy;
