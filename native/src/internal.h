@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define IVSHM_MAGIC 0x4d48535649435649ULL /* "IVCIVSHM" little-endian */
-#define IVSHM_LAYOUT_VERSION 2u
+#define IVSHM_LAYOUT_VERSION 3u
 #define IVSHM_CACHELINE 64u
 #define IVSHM_PAGE 4096u
 #define IVSHM_HEADER_BYTES IVSHM_PAGE
