@@ -30,13 +30,23 @@ PACKAGED_ENV = {"PETSC_DIR": "/usr/lib/petscdir/petsc3.18/"
                              "x86_64-linux-gnu-real"}
 
 
-def prepare(workdir: Path, duration_s: Optional[float] = None) -> Path:
+def prepare(workdir: Path, duration_s: Optional[float] = None,
+            cell_nm: Optional[float] = None) -> Path:
     """The bar problem in `workdir` (its relaxation shortened to
-    `duration_s` for plumbing runs); returns the problem file."""
+    `duration_s`, its mesh coarsened to cells of `cell_nm`, for plumbing
+    runs); returns the problem file."""
     try:
         text = EXAMPLE.read_text()
     except OSError as e:
         raise OperationFailed(f"cannot read {EXAMPLE}: {e.strerror}")
+    if cell_nm is not None:
+        if cell_nm <= 0:
+            raise InvalidRequest(f"cell size must be positive, not "
+                                 f"{cell_nm}")
+        text, n = re.subn(r"^h\s*=.*$", f"h = {cell_nm!r}", text,
+                          flags=re.M)
+        if n != 1:
+            raise OperationFailed(f"{EXAMPLE} has no single mesh size h")
     if duration_s is not None:
         if duration_s <= 0:
             raise InvalidRequest(f"duration must be positive, not "
