@@ -58,16 +58,20 @@ fuzz-build: | deps
 
 # Debian packages (docs/vm.md, "Packages"): build/deb/ivcloud-guest_V_amd64.deb
 # (libivshm, the Open MPI BTL, the ivshmem device binding, Open MPI
-# defaults) and ivcloud-host_V_amd64.deb (ivshmem-server, its unit, the CLI).
+# defaults), ivcloud-host_V_amd64.deb (ivshmem-server, its unit, the CLI)
+# and python3-micromag_V_all.deb (the solver alone, for the guests).
 DEB_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 deb: build
 	sh packaging/mkdeb.sh $(BUILD) build/deb $(DEB_VERSION)
 
-# The Debian 12 guest image with the guest package installed, cached by
-# the hash of its inputs in $${IVCLOUD_IMAGE_CACHE:-/var/cache/ivcloud}.
+# The Debian 12 guest image with the guest package and the solver's
+# (python3-micromag) installed, the one `cluster up --instance-kind vm`
+# boots, cached by the hash of its inputs in
+# $${IVCLOUD_IMAGE_CACHE:-/var/cache/ivcloud}.
 guest-image: deb
 	$(PY) -m ivcloud vm image --kind debian \
-	  --guest-deb build/deb/ivcloud-guest_$(DEB_VERSION)_amd64.deb
+	  --guest-deb build/deb/ivcloud-guest_$(DEB_VERSION)_amd64.deb \
+	  --extra-deb build/deb/python3-micromag_$(DEB_VERSION)_all.deb
 
 # C tests under address+undefined sanitizers, real processes and QEMU.
 test-native: asan

@@ -1,9 +1,9 @@
 #!/bin/sh
 # mkdeb.sh NATIVE_BUILD OUT_DIR VERSION
 #
-# Builds ivcloud-guest_VERSION_amd64.deb and ivcloud-host_VERSION_amd64.deb
-# with dpkg-deb from a release build of native/ (cmake) and the ivcloud
-# Python package of this tree. No debian/ source tree, no debhelper: the
+# Builds ivcloud-guest_VERSION_amd64.deb, ivcloud-host_VERSION_amd64.deb and
+# python3-micromag_VERSION_all.deb with dpkg-deb from a release build of
+# native/ (cmake) and the Python packages (ivcloud, micromag) of this tree. No debian/ source tree, no debhelper: the
 # packages are staged here file by file, so what they hold is exactly
 # what this script lists (see docs/vm.md, "Packages").
 set -eu
@@ -78,7 +78,7 @@ control() { # root package depends recommends description...
         echo "Installed-Size: $size"
         echo "Depends: $deps"
         [ -z "$recs" ] || echo "Recommends: $recs"
-        echo "Section: net"
+        echo "Section: ${SECTION:-net}"
         echo "Priority: optional"
         echo "Homepage: https://localhost/ivcloud"
         for line in "$@"; do echo "$line"; done
@@ -150,9 +150,13 @@ install -m 0644 "$HERE/host/README" "$H/usr/share/doc/ivcloud-host/README"
 for s in postinst prerm postrm; do
     install -m 0755 "$HERE/host/$s" "$H/DEBIAN/$s"
 done
+# it carries the solver too (`ivcloud mag`): it takes python3-micromag's
+# place rather than sharing its files
 control "$H" ivcloud-host "python3 (>= 3.9), libc6 (>= 2.34)" \
     "qemu-system-x86, openmpi-bin, python3-numpy" \
     "Suggests: python3-matplotlib, python3-scipy, python3-petsc4py" \
+    "Provides: python3-micromag (= $VERSION)" \
+    "Conflicts: python3-micromag" "Replaces: python3-micromag" \
     "Description: ivcloud host: ivshmem-server, its systemd unit and the CLI" \
     " Installs on a VM host:" \
     "  - ivshmem-server, which hands QEMU guests (ivshmem-doorbell) and" \
@@ -160,3 +164,28 @@ control "$H" ivcloud-host "python3 (>= 3.9), libc6 (>= 2.34)" \
     "    template unit ivshmem-server@NAME.service;" \
     "  - the ivcloud command (servers, VMs, MPI launcher, benchmarks)."
 build "$H" ivcloud-host
+
+# ---------------------------------------------------------------- solver
+# The micromagnetic solver alone (`python3 -m micromag run`), for machines
+# without ivcloud: the guests of a VM cluster run the application
+# benchmark's bar with it. Pure Python: architecture all.
+ARCH=all
+M=$STAGE/micromag
+mkdir -p "$M/DEBIAN"
+P=$M/usr/lib/python3/dist-packages
+mkdir -p "$P"
+(cd "$SRC" && find micromag -name '*.py' -printf '%p\0' | sort -z \
+    | xargs -0 -I{} install -D -m 0644 {} "$P/{}")
+docs "$M" python3-micromag "the micromagnetic finite-element solver of ivcloud"
+SECTION=python control "$M" python3-micromag \
+    "python3 (>= 3.11), python3-numpy, python3-scipy, python3-petsc4py, python3-mpi4py" \
+    "python3-meshio, python3-matplotlib" \
+    "Suggests: python3-gmsh" \
+    "Description: finite-element micromagnetics on PETSc (ivcloud's solver)" \
+    " LLG dynamics and energy minimisation with exchange, demagnetization" \
+    " (FEM/BEM), anisotropy and Zeeman fields on tetrahedral meshes, on any" \
+    " number of MPI ranks. Run a TOML problem file with" \
+    " \"mpirun -np N python3 -m micromag run PROBLEM.toml --out DIR\"." \
+    " meshio writes the VTU snapshots and matplotlib the <m>(t) plot; gmsh" \
+    " meshes shapes that are not structured boxes."
+build "$M" python3-micromag

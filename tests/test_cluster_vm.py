@@ -102,9 +102,12 @@ def guest_deb(tmp_path_factory):
                     str(out), "0.1.0"], check=True, capture_output=True,
                    timeout=300)
     deb = out / "ivcloud-guest_0.1.0_amd64.deb"
-    # the image (built once per package, cached in /var/cache/ivcloud)
+    # the image a cluster of this package boots (built once per package,
+    # cached in /var/cache/ivcloud): with the solver's package beside it
     from ivcloud.vm import debian
-    debian.build(deb=deb)
+    solver = debian.solver_deb_beside(deb)
+    assert solver is not None, "mkdeb.sh built no python3-micromag"
+    debian.build(deb=deb, extra=[solver])
     try:
         yield deb
     finally:

@@ -139,6 +139,12 @@ def results(workdir: Path) -> Dict[str, float]:
         text = (workdir / OUTPUT).read_text(errors="replace")
     except OSError as e:
         raise OperationFailed(f"cannot read hpcc output: {e.strerror}")
+    return results_of(text)
+
+
+def results_of(text: str) -> Dict[str, float]:
+    """The metrics of METRICS from the text of an output file (read
+    wherever rank 0 wrote it)."""
     summary = parse_summary(text)
     missing = [k for k, *_ in METRICS if k not in summary]
     if missing:

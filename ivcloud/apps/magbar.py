@@ -3,8 +3,10 @@ run`) on the thesis's test problem: the Permalloy bar of
 examples/bar.toml relaxing for 300 ps (seed 000, section 4.1).
 
 Every rank runs `python -m ivcloud mag run PROBLEM --out DIR
---mpi-child`; rank 0 writes DIR/summary.json, whose wall time (setup and
-solve: the thesis's time to solution) and solve time we read.
+--mpi-child` (or, where only the python3-micromag package is installed,
+as in the guests of a VM cluster, `python3 -m micromag run PROBLEM --out
+DIR`); rank 0 writes DIR/summary.json, whose wall time (setup and solve:
+the thesis's time to solution) and solve time we read.
 """
 
 from __future__ import annotations
@@ -20,15 +22,31 @@ from ..errors import InvalidRequest, OperationFailed
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bar.toml"
 ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 CHILD_FLAG = "--mpi-child"     # the ranks of a job launched elsewhere
+SUMMARY = "summary.json"       # rank 0 writes it into the output directory
+PACKAGED_PYTHON = "/usr/bin/python3"   # Debian's, with python3-micromag
+# Debian 12's petsc4py is found through /usr/lib/petsc, an alternative
+# that only PETSc's development package makes, or through PETSC_DIR
+PACKAGED_ENV = {"PETSC_DIR": "/usr/lib/petscdir/petsc3.18/"
+                             "x86_64-linux-gnu-real"}
 
 
-def prepare(workdir: Path, duration_s: Optional[float] = None) -> Path:
+def prepare(workdir: Path, duration_s: Optional[float] = None,
+            cell_nm: Optional[float] = None) -> Path:
     """The bar problem in `workdir` (its relaxation shortened to
-    `duration_s` for plumbing runs); returns the problem file."""
+    `duration_s`, its mesh coarsened to cells of `cell_nm`, for plumbing
+    runs); returns the problem file."""
     try:
         text = EXAMPLE.read_text()
     except OSError as e:
         raise OperationFailed(f"cannot read {EXAMPLE}: {e.strerror}")
+    if cell_nm is not None:
+        if cell_nm <= 0:
+            raise InvalidRequest(f"cell size must be positive, not "
+                                 f"{cell_nm}")
+        text, n = re.subn(r"^h\s*=.*$", f"h = {cell_nm!r}", text,
+                          flags=re.M)
+        if n != 1:
+            raise OperationFailed(f"{EXAMPLE} has no single mesh size h")
     if duration_s is not None:
         if duration_s <= 0:
             raise InvalidRequest(f"duration must be positive, not "
@@ -50,11 +68,31 @@ def command(problem: Path, out: Path) -> List[str]:
              "--out", str(out), CHILD_FLAG, "--quiet"])
 
 
+def packaged_command(problem: Path, out: Path) -> List[str]:
+    """Every rank's argv on a machine with the python3-micromag package
+    and without ivcloud (the guests of a VM cluster): the solver's own
+    `python3 -m micromag run`, one thread per rank."""
+    env = dict(ENV, **PACKAGED_ENV)
+    return (["/usr/bin/env"] + [f"{k}={v}" for k, v in env.items()] +
+            [PACKAGED_PYTHON, "-m", "micromag", "run", str(problem),
+             "--out", str(out), "--quiet"])
+
+
 def results(out: Path) -> Dict[str, float]:
     """time_s (setup + solve) and solve_s of a finished run."""
     try:
-        summary = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError) as e:
+        text = (out / SUMMARY).read_text()
+    except OSError as e:
+        raise OperationFailed(f"no solver summary in {out}: {e}")
+    return results_of(text, out)
+
+
+def results_of(text: str, out: Path) -> Dict[str, float]:
+    """time_s and solve_s from the text of OUT/summary.json (read
+    wherever rank 0 wrote it)."""
+    try:
+        summary = json.loads(text)
+    except ValueError as e:
         raise OperationFailed(f"no solver summary in {out}: {e}")
     try:
         return {"time_s": float(summary["wall_time_s"]),

@@ -54,7 +54,7 @@ def _set_entry(text: str, key: str, value: str) -> str:
 def _run(cmd: List[str], case: Path, env: Dict[str, str]) -> None:
     log = case / f"log.{Path(cmd[0]).name}"
     with open(log, "w") as f:
-        proc = subprocess.run(cmd + ["-case", str(case)], stdout=f,
+        proc = subprocess.run(cmd, stdout=f,
                               stderr=subprocess.STDOUT, env=env,
                               timeout=600)
     if proc.returncode != 0:
@@ -66,16 +66,28 @@ def prepare(case: Path, ranks: int, iterations: int,
             base_env: Dict[str, str]) -> Path:
     """A fresh pitzDaily case in `case`, meshed and decomposed for
     `ranks` ranks; returns it."""
+    for tool in ("blockMesh", "decomposePar", SOLVER):
+        if shutil.which(tool) is None:
+            raise OperationFailed(f"{tool} not found (apt-get install "
+                                  f"openfoam)")
+    write_case(case, ranks, iterations)
+    env = dict(base_env, **ENV)
+    for cmd in mesh_commands(case, ranks):
+        _run(cmd, case, env)
+    return case
+
+
+def write_case(case: Path, ranks: int, iterations: int) -> Path:
+    """A fresh pitzDaily case in `case`, shortened to `iterations` and
+    set up to be split for `ranks` ranks, not yet meshed: its text files
+    only (a few tens of KB), to be meshed where it runs
+    (mesh_commands); returns it."""
     if iterations < 1:
         raise InvalidRequest(f"iterations must be at least 1, not "
                              f"{iterations}")
     if not (TUTORIAL / "system" / "controlDict").exists():
         raise OperationFailed(f"{TUTORIAL} missing (apt-get install "
                               f"openfoam openfoam-examples)")
-    for tool in ("blockMesh", "decomposePar", SOLVER):
-        if shutil.which(tool) is None:
-            raise OperationFailed(f"{tool} not found (apt-get install "
-                                  f"openfoam)")
     if case.exists():
         shutil.rmtree(case)
     shutil.copytree(TUTORIAL, case)
@@ -93,11 +105,16 @@ def prepare(case: Path, ranks: int, iterations: int,
         f"numberOfSubdomains {ranks};\n"
         "method simple;\n"
         f"coeffs {{ n ({nx} {ny} 1); }}\n")
-    env = dict(base_env, **ENV)
-    _run(["blockMesh"], case, env)
-    if ranks > 1:
-        _run(["decomposePar", "-force"], case, env)
     return case
+
+
+def mesh_commands(case: Path, ranks: int) -> List[List[str]]:
+    """The commands (run with ENV) that mesh a written case and split it
+    for `ranks` ranks, in order."""
+    cmds = [["blockMesh"]]
+    if ranks > 1:
+        cmds.append(["decomposePar", "-force"])
+    return [c + ["-case", str(case)] for c in cmds]
 
 
 def command(case: Path, ranks: int) -> List[str]:

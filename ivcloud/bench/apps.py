@@ -22,6 +22,15 @@ many ranks as the host has CPUs, so on 2 cores 1 and 2): time T, speed-up
 S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
 7.3) and seed 002, and the serial fraction of Amdahl's law fitted to S
 (thesis ch. 7.5).
+
+With --instance-kind vm the instances are QEMU guests of the Debian
+image (docs/vm.md), whose python3-micromag package runs the solver: the
+inputs made on this host are copied into every guest at the same path
+and the OpenFOAM case is meshed in each; tcp is virtio-net, ivshmem the
+guests' ivshmem-doorbell devices (every ivshmem run must show traffic in
+the BTL's counters). The scaling series runs only when --ranks is given
+(4 more guests). Under TCG only the ratios mean something: the table
+says so.
 """
 
 from __future__ import annotations
@@ -36,9 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import mpi
 from ..apps import hpcc, magbar, openfoam
-from ..cluster.session import ClusterSession, floating_rankfile
-from ..errors import InvalidRequest
+from ..cluster.session import ClusterSession, VmOptions, floating_rankfile
+from ..errors import BenchError, InvalidRequest
+from ..vm.debian import SOLVER_PACKAGE
 from . import report
 from .toolkit import (BenchResults, Target, conclude, count, machine_info,
                       measure_rounds, print_grid, require_root, run_job)
@@ -53,6 +64,18 @@ PAIR_HOSTS = {"one": ("s0i0", "s0i0"), "tcp": ("s0i0", "s0i1"),
               "ivshmem": ("s0i0", "s0i1")}
 SCALING_SHAPE = (2, 2, 1)
 JOB_TIMEOUT_S = 600.0
+# QEMU guests: under TCG a run takes tens of times longer
+VM_JOB_TIMEOUT_S = 3600.0
+VM_MEMORY_MB = 1024            # two solver ranks share one guest in `one`
+# --quick on guests: HPCC's kernels over virtio-net under TCG take minutes
+# at N = 400 (RandomAccess's table and PTRANS grow with N^2), and the
+# bar's setup (its 3,040-node boundary matrix) a minute per run: a
+# smaller N and 6 nm cells (about 700 nodes) instead of 3 nm
+VM_QUICK_HPCC_N = 200
+VM_QUICK_MAG_CELL_NM = 6.0
+VM_NO_SCALING = ("the scaling series was not run: on a VM cluster it "
+                 "boots 4 more guests (2 servers x 2 x 1 vCPU); it runs "
+                 "when its rank counts are given")
 MAG_QUICK_S = 5e-12            # the bar relaxes 300 ps; plumbing: 5 ps
 
 # (app, metric): (label, unit, higher is better) of what the tables show
@@ -76,13 +99,17 @@ class AppsSettings:
     hpcc_n: int
     foam_iterations: int
     scaling_ranks: Tuple[int, ...]
+    # the bar's mesh cells (nm); None: its own (examples/bar.toml)
+    mag_cell_nm: Optional[float] = None
 
     @classmethod
     def make(cls, quick: bool = False, apps: Optional[Sequence[str]] = None,
              rounds: Optional[int] = None, hpcc_n: Optional[int] = None,
              foam_iterations: Optional[int] = None,
-             scaling_ranks: Optional[Sequence[int]] = None
-             ) -> "AppsSettings":
+             scaling_ranks: Optional[Sequence[int]] = None,
+             vm: bool = False) -> "AppsSettings":
+        """`vm`: for a VM cluster, whose scaling series (4 more guests)
+        runs only when rank counts are given."""
         apps = tuple(apps) if apps else APPS
         unknown = [a for a in apps if a not in APPS]
         if unknown:
@@ -93,16 +120,26 @@ class AppsSettings:
         # by default as many ranks as the host has CPUs (powers of two):
         # more would measure the oversubscription, not the scaling
         cpus = len(os.sched_getaffinity(0))
-        ranks = tuple(scaling_ranks) if scaling_ranks is not None \
-            else tuple(p for p in (1, 2, 4) if p <= max(1, min(most, cpus)))
+        if scaling_ranks is not None:
+            ranks = tuple(scaling_ranks)
+        elif vm:
+            ranks = ()
+        else:
+            ranks = tuple(p for p in (1, 2, 4)
+                          if p <= max(1, min(most, cpus)))
         if any(not 1 <= p <= most for p in ranks):
             raise InvalidRequest(f"scaling ranks must be 1..{most} (the "
                                  f"3-level cluster's vCPUs)",
                                  setting="ranks")
+        # a quick run on guests (under TCG tens of times slower): smaller
+        # still, so that a plumbing check stays a few minutes
+        vm_quick = quick and vm
         return cls(quick=quick, apps=apps,
                    rounds=count("rounds", rounds) or (1 if quick else 3),
                    hpcc_n=count("HPCC problem size", hpcc_n)
-                   or (400 if quick else 2000),
+                   or (VM_QUICK_HPCC_N if vm_quick else
+                       400 if quick else 2000),
+                   mag_cell_nm=VM_QUICK_MAG_CELL_NM if vm_quick else None,
                    foam_iterations=count("OpenFOAM iterations",
                                          foam_iterations)
                    or (5 if quick else 200),
@@ -112,45 +149,82 @@ class AppsSettings:
 # ---------------------------------------------------------------- jobs
 
 class Workloads:
-    """Inputs of every application, made once per rank count in a
-    directory the instances see (not /tmp: theirs is private)."""
+    """Inputs of every application, made on this host once per cluster
+    and rank count in a directory the instances see at the same path
+    (not /tmp: an instance's is private): namespaces see the host's
+    files, guests get copies (ClusterSession.stage_dir) and mesh the
+    OpenFOAM case themselves, as copying a mesh over their serial
+    line would take minutes."""
 
     def __init__(self, s: AppsSettings):
         self.s = s
         self.root = Path(tempfile.mkdtemp(prefix="ivcloud-apps-",
                                           dir="/var/tmp"))
-        self._cases: Dict[Tuple[str, int], Path] = {}
+        self._made: Dict[Tuple[str, str, int], Path] = {}
         self._runs = 0
+        self.timeout_s = JOB_TIMEOUT_S
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def job(self, app: str, ranks: int
+    def _input(self, cluster: ClusterSession, app: str, ranks: int,
+               make: Callable[[Path], Path]) -> Path:
+        """make(dir) once per (cluster, app, ranks), in a directory of its
+        own that is then staged into the cluster's instances."""
+        key = (cluster.name, app, ranks)
+        if key not in self._made:
+            d = self.root / f"{cluster.name}-{app}-{ranks}"
+            made = make(d)
+            cluster.stage_dir(d)
+            self._made[key] = made
+        return self._made[key]
+
+    def job(self, cluster: ClusterSession, app: str, ranks: int
             ) -> Tuple[List[str], Callable[[str], Dict[str, float]]]:
         """(argv, parse(stdout) -> {metric: value}) of one run."""
-        key = (app, ranks)
         self._runs += 1
+        guests = cluster.kind == "vm"
         if app == "micromag":
-            problem = magbar.prepare(self.root / "mag",
-                                     MAG_QUICK_S if self.s.quick else None)
-            out = self.root / f"mag-out-{self._runs}"
-            return (magbar.command(problem, out),
-                    lambda stdout: magbar.results(out))
+            problem = self._input(cluster, app, 0, lambda d: magbar.prepare(
+                d, MAG_QUICK_S if self.s.quick else None,
+                self.s.mag_cell_nm))
+            # rank 0 makes it, in the staged directory (the job user's)
+            out = problem.parent / f"out-{self._runs}"
+            argv = (magbar.packaged_command(problem, out) if guests
+                    else magbar.command(problem, out))
+            return argv, lambda stdout: magbar.results_of(
+                cluster.read_file(out / magbar.SUMMARY), out)
         if app == "hpcc":
-            work = self.root / f"hpcc-{ranks}"
-            hpcc.prepare(work, ranks, self.s.hpcc_n)
-            # hpcc reads and writes its files in its working directory
+            work = self._input(cluster, app, ranks, lambda d: hpcc.prepare(
+                d, ranks, self.s.hpcc_n))
+            # hpcc reads and writes its files in its working directory;
+            # rank 0 appends to the output file, so it goes when read
             argv = ["/usr/bin/env", "-C", str(work)] + \
                 [f"{k}={v}" for k, v in hpcc.ENV.items()] + hpcc.command()
-            return argv, lambda out: hpcc.results(work)
-        case = self._cases.get(key)
-        if case is None:
-            case = openfoam.prepare(self.root / f"foam-{ranks}", ranks,
-                                    self.s.foam_iterations,
-                                    {"PATH": "/usr/bin:/bin"})
-            self._cases[key] = case
+            return argv, lambda stdout: hpcc.results_of(cluster.read_file(
+                work / hpcc.OUTPUT, remove=True))
+        case = self._input(cluster, app, ranks, lambda d: openfoam.write_case(
+            d, ranks, self.s.foam_iterations))
+        if (cluster.name, "mesh", ranks) not in self._made:
+            for cmd in openfoam.mesh_commands(case, ranks):
+                cluster.run_everywhere(cmd, openfoam.ENV)
+            self._made[(cluster.name, "mesh", ranks)] = case
         return (openfoam.command(case, ranks),
                 lambda out: {"solver_s": openfoam.execution_time(out)})
+
+
+def check_ivshmem_used(stderr: str, ranks: int, origin: str
+                       ) -> Dict[int, Dict[str, int]]:
+    """The BTL's counters of every rank (btl_ivshmem_verbose); BenchError
+    unless each rank sent and received through the region."""
+    counters = mpi.parse_btl_counters(stderr)
+    idle = [r for r in range(ranks)
+            if not counters.get(r, {}).get("sent_msgs")
+            or not counters.get(r, {}).get("recv_msgs")]
+    if idle:
+        raise BenchError(f"{origin}: rank(s) {idle} carried no message "
+                         f"over the ivshmem BTL")
+    return counters
 
 
 def run_app(cluster: ClusterSession, work: Workloads, app: str,
@@ -158,7 +232,7 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
             metrics: Optional[Sequence[str]] = None) -> List[Dict]:
     """One run of `app` with rank r on hosts[r]; its records (one per
     metric, or per metric of `metrics`)."""
-    argv, parse = work.job(app, len(hosts))
+    argv, parse = work.job(cluster, app, len(hosts))
     origin = f"{app} {config} ({len(hosts)} ranks)"
     if cluster.topo.vcpus > 1:
         kw = {"rankfile": floating_rankfile(hosts, cluster.topo.vcpus)}
@@ -170,18 +244,32 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
             raise InvalidRequest(f"{origin}: ranks on {hosts} need a "
                                  f"rankfile; instances have one vCPU")
         kw = {"placement": "block"}
+    # the pair's ivshmem configuration must really go through the BTL:
+    # its counters say so (printed at finalize, on stderr)
+    check = config == "ivshmem"
+    if check:
+        kw["extra_mca"] = [("btl_ivshmem_verbose", "1")]
     t0 = time.monotonic()
-    stdout, _ = run_job(
+    stdout, stderr = run_job(
         lambda **k: cluster.mpirun(argv, len(hosts), transport, **kw, **k),
-        JOB_TIMEOUT_S, origin)
+        work.timeout_s, origin)
     wall = time.monotonic() - t0
+    counters = check_ivshmem_used(stderr, len(hosts), origin) \
+        if check else None
     values = parse(stdout)
-    return [{"app": app, "config": config, "ranks": len(hosts),
+    recs = [{"app": app, "config": config, "ranks": len(hosts),
              "transport": transport, "hosts": list(hosts),
+             "instance_kind": cluster.kind,
              "metric": metric, "value": value,
              "unit": METRICS[(app, metric)][1], "wall_s": wall}
             for metric, value in values.items()
             if metrics is None or metric in metrics]
+    for r in recs:
+        if cluster.accel:
+            r["accel"] = cluster.accel
+        if counters is not None:
+            r["ivshmem_btl"] = {str(k): v for k, v in counters.items()}
+    return recs
 
 
 def measure_pairs(cluster: ClusterSession, work: Workloads,
@@ -306,8 +394,12 @@ def _num(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.3g}"
 
 
-def print_tables(doc: Dict, out=None) -> None:
+def print_tables(doc: Dict, out=None, title: Optional[str] = None
+                 ) -> None:
+    """`title`: a line above the tables (what the instances are)."""
     out = out or sys.stdout
+    if title:
+        out.write(f"\n{title}\n")
     header, rows = report.apps_table(doc)
     if rows:
         out.write("\nApplications, 2 ranks (median of rounds, "
@@ -321,26 +413,44 @@ def print_tables(doc: Dict, out=None) -> None:
 
 
 def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
-        keep_cluster: bool = False, out=None, log=None) -> int:
+        keep_cluster: bool = False, out=None, log=None,
+        vm: Optional[VmOptions] = None) -> int:
     """Measure every application in every configuration, then the
     scaling series; print tables, targets and notes to `out`; write
     OUT_DIR/apps.json (and `json_path`) and redo the report. 1 if a run
-    or the report failed."""
+    or the report failed. `vm`: the instances are QEMU guests of the
+    Debian image (the inputs are copied into them, the solver runs from
+    its package)."""
     require_root("apps")
     info = machine_info()
     res = BenchResults()
+    log = log or sys.stderr
+    # both clusters refuse (no QEMU, no guest package, memory) before
+    # anything is made
+    pair = ClusterSession("apps", *PAIR_SHAPE, keep=keep_cluster, log=log,
+                          vm=vm)
+    scale = ClusterSession("scal", *SCALING_SHAPE, keep=keep_cluster,
+                           log=log, vm=vm) if s.scaling_ranks else None
+    if vm is not None and "micromag" in s.apps and not any(
+            p.startswith(f"{SOLVER_PACKAGE}_") for p in pair.guest_packages):
+        raise InvalidRequest(f"the guests would have no {SOLVER_PACKAGE} "
+                             f"package: it is looked for beside the guest "
+                             f"package (`make deb` builds both)",
+                             setting="guest_deb")
+    if vm is not None and not s.scaling_ranks:
+        log.write(f"note: {VM_NO_SCALING}\n")
     work = Workloads(s)
+    if vm is not None:
+        work.timeout_s = VM_JOB_TIMEOUT_S
     try:
-        with ClusterSession("apps", *PAIR_SHAPE, keep=keep_cluster,
-                            log=log) as pair:
+        with pair:
             measure_pairs(pair, work, s, res, log)
             pair_desc = pair.describe()
         scale_desc = None
-        if s.scaling_ranks:
-            with ClusterSession("scal", *SCALING_SHAPE, keep=keep_cluster,
-                                log=log) as cl:
-                measure_scaling(cl, work, s, res, log)
-                scale_desc = cl.describe()
+        if scale is not None:
+            with scale:
+                measure_scaling(scale, work, s, res, log)
+                scale_desc = scale.describe()
     finally:
         work.close()
     # as in every benchmark: records are the medians, runs every round's
@@ -348,18 +458,37 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
     summary = res.records
     rel = relative(summary)
     ts = targets(rel)
-    res.notes.append("instances are namespaces, not VMs; the host has "
-                     f"{info['cpus']} CPUs, so more ranks than that "
-                     f"share CPUs (scaling beyond it is oversubscribed)")
+    title = None
+    if vm is None:
+        res.notes.append("instances are namespaces, not VMs; the host has "
+                         f"{info['cpus']} CPUs, so more ranks than that "
+                         f"share CPUs (scaling beyond it is oversubscribed)")
+    else:
+        title = report.guest_title(pair_desc.get("accel"))
+        res.notes.append(f"instances are QEMU guests "
+                         f"({str(pair_desc.get('accel')).upper()}): tcp is "
+                         f"virtio-net through a tap in the server's bridge, "
+                         f"ivshmem the ivshmem-doorbell device on the "
+                         f"server's standing region; the inputs were copied "
+                         f"into the guests and the OpenFOAM case meshed "
+                         f"there, the bar ran on the {SOLVER_PACKAGE} "
+                         f"package")
+        if not s.scaling_ranks:
+            res.notes.append(VM_NO_SCALING)
+    if s.mag_cell_nm is not None:
+        res.notes.append(f"the bar ran on a coarser mesh than the "
+                         f"thesis's (cells of {s.mag_cell_nm:g} nm, not "
+                         f"3 nm): a plumbing check")
     fields = {"relative": rel, "scaling": scaling(summary),
               "metrics": {f"{a}:{m}": {"label": v[0], "unit": v[1],
                                        "higher_is_better": v[2]}
                           for (a, m), v in METRICS.items()}}
-    print_tables({"records": summary, **fields}, out)
+    print_tables({"records": summary, **fields}, out, title)
     doc = conclude("apps", s.quick, info, res, ts, out,
                    cluster=pair_desc, scaling_cluster=scale_desc,
                    configs={c: list(PAIR_HOSTS[c]) for c in CONFIGS},
                    rounds=s.rounds, hpcc_n=s.hpcc_n,
-                   foam_iterations=s.foam_iterations, **fields)
+                   foam_iterations=s.foam_iterations,
+                   mag_cell_nm=s.mag_cell_nm, **fields)
     return report.publish("apps", doc, out_dir, json_path,
                           failed=bool(res.failed), stdout=out)

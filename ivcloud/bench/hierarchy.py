@@ -245,10 +245,7 @@ def run(s: HierarchySettings, out_dir: Path,
                          "BTL busy-polls, so it is a few us, not the tens "
                          "of us of TCP between VMs")
     else:
-        why = ("emulated CPUs: absolute figures are not performance "
-               "claims, compare the ratios" if accel == "tcg"
-               else "hardware virtualisation")
-        title = f"instances: QEMU guests under {accel.upper()} ({why})"
+        title = report.guest_title(accel)
         res.notes.append(f"instances are QEMU guests ({accel.upper()}): "
                          f"level 2 tcp is virtio-net through a tap in the "
                          f"server's bridge, level 2 ivshmem the "

@@ -333,12 +333,23 @@ def _when(doc: Dict) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
 
 
+def guest_title(accel: Optional[str]) -> str:
+    """What a VM cluster's figures are: under TCG emulation speed."""
+    why = ("emulated CPUs: absolute figures are not performance claims, "
+           "compare the ratios" if accel == "tcg"
+           else "hardware virtualisation")
+    return f"instances: QEMU guests under {str(accel).upper()} ({why})"
+
+
 def _cluster_line(c: Dict) -> str:
     rate = c.get("uplink_rate")
-    return (f"{c['servers']} servers x {c['instances_per_server']} "
+    line = (f"{c['servers']} servers x {c['instances_per_server']} "
             f"instances x {c['vcpus']} vCPUs on {c['host_cpus']} host CPUs "
             f"(oversubscribed), uplinks "
             f"{'limited to ' + rate if rate else 'unshaped'}")
+    if c.get("instance_kind") == "vm":
+        line += f"; {guest_title(c.get('accel'))}"
+    return line
 
 
 def hierarchy_md(doc: Dict, images: Sequence[str]) -> List[str]:

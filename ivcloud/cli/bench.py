@@ -187,9 +187,11 @@ def _run_hierarchy(args) -> int:
                          keep_cluster=args.keep_cluster, vm=_vm_options(args))
 
 
-def _vm_options(args) -> Optional[VmOptions]:
-    """VmOptions of --instance-kind vm, None for namespaces."""
-    if not wants_vm(args, VmOptions.memory_mb):
+def _vm_options(args, memory_mb: int = VmOptions.memory_mb
+                ) -> Optional[VmOptions]:
+    """VmOptions of --instance-kind vm, None for namespaces
+    (`memory_mb`: the command's default guest memory)."""
+    if not wants_vm(args, memory_mb):
         return None
     return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
                      accel=args.accel)
@@ -205,12 +207,14 @@ def _run_halo(args) -> int:
 
 
 def _run_apps(args) -> int:
+    vm = _vm_options(args, apps.VM_MEMORY_MB)
     s = apps.AppsSettings.make(quick=args.quick, apps=args.apps,
                                rounds=args.rounds, hpcc_n=args.hpcc_n,
                                foam_iterations=args.foam_iterations,
-                               scaling_ranks=args.ranks)
+                               scaling_ranks=args.ranks,
+                               vm=vm is not None)
     return apps.run(s, Path(args.out), json_path=args.json,
-                    keep_cluster=args.keep_cluster)
+                    keep_cluster=args.keep_cluster, vm=vm)
 
 
 def _run_scaling(args) -> int:
@@ -318,7 +322,10 @@ def _apps_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="simpleFoam iterations (default 200)")
     p.add_argument("--ranks", type=_ranks, default=None,
                    help="rank counts of the scaling series (default "
-                        "1,2,4 up to the host's CPUs)")
+                        "1,2,4 up to the host's CPUs; none on VMs)")
+    add_vm_arguments(p, "namespace (default) or vm: QEMU guests of the "
+                        "Debian image (the inputs copied in, the solver "
+                        "from python3-micromag)", apps.VM_MEMORY_MB)
 
 
 def _scaling_arguments(p: argparse.ArgumentParser) -> None:

@@ -210,40 +210,20 @@ def cmd_run(args) -> int:
 
 
 def _run_here(args) -> int:
-    # one thread per rank (the ranks are the parallelism); must be set
-    # before numpy/PETSc load their BLAS
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+    from micromag.ranks import one_thread_per_rank, run_on_ranks
+    one_thread_per_rank()
     from micromag.errors import MagError, ProblemError
-    from micromag.simulation import run
     prob = _load(args.problem)
     out = _check_out(args.out)
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    if comm.Get_rank() == 0:
-        out.mkdir(parents=True, exist_ok=True)
-    comm.Barrier()
     try:
-        run(prob, out, comm, progress=not args.quiet,
-            argv=sys.argv[1:], resume=args.resume,
-            checkpoint_every=args.checkpoint_every)
+        run_on_ranks(prob, out, not args.quiet, sys.argv[1:], "ivcloud mag",
+                     resume=args.resume,
+                     checkpoint_every=args.checkpoint_every)
     except MagError as e:
-        if comm.Get_size() > 1:
-            sys.stderr.write(f"ivcloud mag: error: "
-                             f"{' '.join(str(e).split())}\n")
-            sys.stderr.flush()
-            comm.Abort(2 if isinstance(e, ProblemError) else 1)
         err = CliError(str(e))
         if not isinstance(e, ProblemError):
             err.exit_code = 1        # a valid problem that failed to run
         raise err from None
-    except Exception:
-        if comm.Get_size() > 1:
-            import traceback
-            traceback.print_exc()
-            sys.stderr.flush()
-            comm.Abort(1)
-        raise
     return 0
 
 

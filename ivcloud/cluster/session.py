@@ -13,12 +13,17 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
+from ..errors import ClusterFailure
+from ..vm import agent
 from . import jobs, lifecycle, vm_instance
 from .launch import enter_command, mpirun_command
 from .state import state_dir
@@ -48,6 +53,10 @@ class VmOptions:
 
 # where `stage` puts host programs in the guests
 GUEST_PROGRAM_DIR = "/opt/ivcloud/bin"
+# where `stage_dir` puts its archive in the guests on the way
+GUEST_STAGING_DIR = "/var/tmp/ivcloud-staging"
+# preparing inputs in the guests (meshing, decomposing) under TCG
+PREPARE_TIMEOUT_S = 900.0
 
 
 class ClusterSession:
@@ -148,6 +157,113 @@ class ClusterSession:
                                              GUEST_PROGRAM_DIR)[0]
             self._staged[path] = dest
         return self._staged[path]
+
+    @property
+    def guest_packages(self) -> List[str]:
+        """VM instances: the packages their image has besides the guest
+        package (file names)."""
+        if self._vm_conf is None:
+            return []
+        return [Path(x).name for x in self._vm_conf.get("extra_debs", [])]
+
+    def _guests(self) -> List[str]:
+        return sorted(self.state["vms"])
+
+    def stage_dir(self, path: os.PathLike) -> None:
+        """Make host directory `path` (an absolute path, with everything
+        under it) exist at the same path in every instance, owned by the
+        user jobs run as there (they write their output into it): for
+        namespaces nothing to do (they see the host's files); guests get
+        one archive of it, unpacked in place of what was there."""
+        path = Path(path)
+        if self.vm is None:
+            return
+        if not path.is_absolute() or not path.is_dir():
+            raise ClusterFailure(f"{path} is not an absolute path of a "
+                                 f"directory")
+        with tempfile.TemporaryDirectory(prefix="ivcloud-stage-") as tmp:
+            archive = Path(tmp) / f"{path.name}.tar"
+            with tarfile.open(archive, "w") as tar:
+                tar.add(path, arcname=path.name)
+            parent = agent.quote([str(path.parent)])
+            target = agent.quote([str(path)])
+
+            def one(host: str) -> None:
+                [copy] = vm_instance.put_files(self.state, host, [archive],
+                                               GUEST_STAGING_DIR)
+                q = agent.quote([copy])
+                self._guest_shell(host, f"rm -rf {target} && mkdir -p "
+                                        f"{parent} && tar -C {parent} "
+                                        f"--no-same-owner -xf {q} && "
+                                        f"rm -f {q} && chown -R "
+                                        f"{vm_instance.MPI_USER}: {target}",
+                                  120)
+            self._each_guest(one)
+
+    def run_everywhere(self, argv: Sequence[str],
+                       env: Optional[Dict[str, str]] = None,
+                       timeout: float = PREPARE_TIMEOUT_S) -> None:
+        """Run a preparation command (e.g. meshing a case) once in every
+        instance, as the user jobs run as there, with `env` added to a
+        plain environment; for namespaces once on this host (they share
+        its files). ClusterFailure with its last lines if it fails."""
+        env = dict(env or {})
+        if self.vm is None:
+            full_env = {"PATH": "/usr/bin:/bin", **env}
+            try:
+                p = subprocess.run(list(argv), stdin=subprocess.DEVNULL,
+                                   capture_output=True, text=True,
+                                   env=full_env, timeout=timeout)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise ClusterFailure(f"{argv[0]}: {e}")
+            if p.returncode != 0:
+                tail = (p.stdout + p.stderr).strip().splitlines()[-3:]
+                raise ClusterFailure(f"{argv[0]} failed: {' '.join(tail)}")
+            return
+        cmd = ["runuser", "-u", vm_instance.MPI_USER, "--", "env"] + \
+            [f"{k}={v}" for k, v in env.items()] + list(argv)
+        # its output stays in the guest (the serial line is slow) unless
+        # it fails
+        log = f"/tmp/prepare-{uuid.uuid4().hex[:8]}.log"
+        self._each_guest(lambda host: self._guest_shell(
+            host, f"{agent.quote(cmd)} > {log} 2>&1; rc=$?; "
+                  f"[ $rc = 0 ] || tail -n 3 {log}; rm -f {log}; exit $rc",
+            timeout))
+
+    def read_file(self, path: os.PathLike, remove: bool = False) -> str:
+        """The text of file `path` in the first instance (where rank 0 of
+        every placement here runs), removed after reading if `remove`;
+        ClusterFailure if it is missing."""
+        if self.vm is None:
+            try:
+                text = Path(path).read_text(errors="replace")
+                if remove:
+                    Path(path).unlink()
+            except OSError as e:
+                raise ClusterFailure(f"cannot read {path}: {e.strerror}")
+            return text
+        host = vm_instance.first_guest(self.state)
+        q = agent.quote([str(path)])
+        r = agent.run(vm_instance.guest(self.state, host),
+                      f"cat {q}" + (f" && rm -f {q}" if remove else ""), 120)
+        if not r.ok:
+            raise ClusterFailure(f"cannot read {path} in {host}: "
+                                 f"{r.output.strip()[-200:]}")
+        return r.output
+
+    def _guest_shell(self, host: str, command: str, timeout: float) -> None:
+        r = agent.run(vm_instance.guest(self.state, host),
+                                  command, timeout)
+        if not r.ok:
+            tail = " ".join(r.output.strip().splitlines()[-3:])
+            raise ClusterFailure(f"in {host}: {tail or f'exit {r.status}'}")
+
+    def _each_guest(self, fn) -> None:
+        """fn(host) for every guest at once (each has its own agent)."""
+        hosts = self._guests()
+        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+            for f in [pool.submit(fn, h) for h in hosts]:
+                f.result()
 
     def mpirun(self, program: Sequence[str], np: int, transport: str,
                timeout: Optional[float] = None, stdout=None, stderr=None,

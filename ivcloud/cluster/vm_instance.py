@@ -54,6 +54,8 @@ MIN_MEMORY_MB = 256
 BOOT_TIMEOUT_S = 300.0
 GUEST_HOSTFILE_DIR = "/etc/ivcloud"
 MPI_USER = debian.MPI_USER
+# OpenBLAS's kernels for a guest under TCG (see mpirun_command)
+TCG_OPENBLAS_CORE = "Prescott"
 # after a guest of a running job died: how often the host looks
 JOB_POLL_S = 1.0
 # what an ivshmem job on a VM cluster gets instead of regions of its own
@@ -103,7 +105,10 @@ def preflight(topo: ClusterTopology, guest_deb: Optional[str],
         raise ClusterError(f"{n} guests of {memory_mb} MiB need more "
                            f"memory than the host has free "
                            f"({avail >> 20} MiB)")
+    # the solver's package, when `make deb` built it with this one
+    solver = debian.solver_deb_beside(deb)
     return {"qemu": binary, "deb": str(deb.absolute()),
+            "extra_debs": [str(solver.absolute())] if solver else [],
             "memory_mb": memory_mb}
 
 
@@ -133,6 +138,7 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
     conf = state["vm"]
     step("image")
     img = debian.build(deb=Path(conf["deb"]),
+                       extra=[Path(x) for x in conf.get("extra_debs", [])],
                        log=lambda m: log(f"  {m}"))
     accel = conf.get("accel") or "auto"
     if accel == "auto":
@@ -389,6 +395,12 @@ def mpirun_command(state: Dict, program: Sequence[str], np: int,
         mca.append(("osc", "pt2pt"))
         args += ["-x", "MPI4PY_RC_THREAD_LEVEL=serialized"]
     mca += [(str(k), str(v)) for k, v in extra_mca]
+    if state.get("vm", {}).get("accel") == "tcg":
+        # TCG's default CPU (qemu64) says AMD family 15: OpenBLAS then
+        # picks its Opteron kernels, whose 3DNow! instructions TCG does
+        # not emulate (SIGILL in numpy, HPL, PETSc). SSE3 is what qemu64
+        # has.
+        args += ["-x", f"OPENBLAS_CORETYPE={TCG_OPENBLAS_CORE}"]
     if rankfile is not None:
         args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.block",
                  "--rankfile", rankfile]

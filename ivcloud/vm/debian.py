@@ -7,13 +7,15 @@ outside the source tree (default /var/cache/ivcloud, $IVCLOUD_IMAGE_CACHE),
 so that every clone and every CI run on the host reuses them:
 
 - debian-base-<hash>/root.tar: `mmdebstrap --variant=apt` of BASE_PACKAGES
-  (kernel, systemd, Open MPI, mpi4py, numpy, hpcc, ...). Inputs: suite,
-  mirrors, package list, BASE_VERSION.
+  (kernel, systemd, Open MPI, mpi4py, numpy, hpcc, openfoam, PETSc's
+  petsc4py, ...). Inputs: suite, mirrors, package list, BASE_VERSION.
 - guest-debian-<hash>/: vmlinuz, initrd.img (Debian's own, from the
   kernel package's initramfs-tools hook) and disk.img, a raw ext4 file
   system made with `mke2fs -d` from the base root after `dpkg -i` of the
-  guest package and the files of this module (agent and ready units).
-  Inputs: the base hash, the .deb's sha256, the files, IMAGE_VERSION.
+  guest package (and extra packages: a VM cluster adds python3-micromag,
+  the solver, when `make deb` built it beside the guest package) and the
+  files of this module (agent and ready units). Inputs: the base hash,
+  the .debs' sha256, the files, IMAGE_VERSION.
 
 QEMU boots it directly (-kernel/-initrd, root=/dev/vda) with the disk in
 snapshot mode, so any number of guests share one read-only image.
@@ -54,8 +56,17 @@ BASE_PACKAGES = [
     "linux-image-amd64", "systemd-sysv", "udev", "kmod", "adduser",
     "openmpi-bin", "python3-mpi4py", "python3-numpy", "hpcc",
     "openssh-client", "openssh-server", "iproute2", "procps",
+    # the application benchmarks (ivcloud.apps): OpenFOAM's solvers and
+    # what the python3-micromag package of `make deb` depends on (PETSc,
+    # SciPy) or recommends (meshio for VTU snapshots, matplotlib for the
+    # <m>(t) plot), so that dpkg -i of it needs nothing from a mirror
+    "openfoam", "python3-scipy", "python3-petsc4py", "python3-meshio",
+    "python3-matplotlib",
 ]
 GUEST_PACKAGE = "ivcloud-guest"
+# the solver's package (`make deb` builds it beside the guest package):
+# VM clusters install it too, for the application benchmarks
+SOLVER_PACKAGE = "python3-micromag"
 MPI_USER = "mpi"   # an unprivileged user in group ivshm, for mpirun
 CACHE_ENV = "IVCLOUD_IMAGE_CACHE"
 DEFAULT_CACHE = "/var/cache/ivcloud"
@@ -317,6 +328,18 @@ def default_guest_deb() -> Path:
         raise ImageError(f"no {GUEST_PACKAGE} package in {debs} (run "
                          f"`make deb`)", setting="guest_deb")
     return found[-1]
+
+
+def solver_deb_beside(deb: Path) -> Optional[Path]:
+    """The python3-micromag package `make deb` built with guest package
+    `deb` (same directory, same version), or None."""
+    name = Path(deb).name
+    prefix = f"{GUEST_PACKAGE}_"
+    if not (name.startswith(prefix) and name.endswith("_amd64.deb")):
+        return None
+    version = name[len(prefix):-len("_amd64.deb")]
+    solver = Path(deb).parent / f"{SOLVER_PACKAGE}_{version}_all.deb"
+    return solver if solver.is_file() else None
 
 
 def image_dir_for(deb: Path, cache: Optional[Path] = None,

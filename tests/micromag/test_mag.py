@@ -411,3 +411,63 @@ def test_standard_problem_4_finer(tmp_path):
     assert relaxed["mx"] == pytest.approx(0.967, abs=0.005)
     assert relaxed["my"] == pytest.approx(0.125, abs=0.008)
     assert crossing == pytest.approx(0.14e-9, abs=0.005e-9)
+
+
+# ---------------------------------------------------------------- python3 -m micromag
+
+def micromag_main(*args, np_=1, timeout=300):
+    """The solver's own command (python3-micromag's), under mpirun with
+    np_ ranks as a user without ivcloud starts it."""
+    cmd = [sys.executable, "-m", "micromag", *args]
+    if np_ > 1:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe",
+               "--mca", "btl", "self,vader", "-np", str(np_)] + cmd
+    return subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL,
+                          env=clean_mpi_env(os.environ))
+
+
+def test_own_command_runs_on_the_ranks_it_is_given(tmp_path):
+    """`mpirun -np 2 python3 -m micromag run` (no ivcloud involved):
+    the same table as `ivcloud mag run --np 2`."""
+    prob = _write(tmp_path / "small.toml", SMALL.format(demag="true"))
+    r = micromag_main("run", str(prob), "--out", str(tmp_path / "own"),
+                      "--quiet", np_=2)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "own" / "summary.json").read_text())
+    assert summary["ranks"] == 2
+    r = mag_cli("run", str(prob), "--out", str(tmp_path / "cli"), "--np",
+                "2", "--quiet")
+    assert r.returncode == 0, r.stderr
+    own, cli = table(tmp_path / "own"), table(tmp_path / "cli")
+    assert np.array_equal(own["t"], cli["t"]) and len(own) == 11
+    for c in ("mx", "my", "mz"):
+        assert np.abs(own[c] - cli[c]).max() <= 1e-12
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_own_command_bad_input_is_one_line_and_exit_2(tmp_path, np_):
+    case, text, needle = BAD_INPUT[1]
+    prob = _write(tmp_path / f"{case}.toml", text)
+    r = micromag_main("run", str(prob), "--out", str(tmp_path / "out"),
+                      np_=np_)
+    assert r.returncode == 2, r.stderr
+    # one line per rank (mpirun adds its own note on the exit status)
+    lines = [ln for ln in r.stderr.strip().splitlines()
+             if ln.startswith("micromag: error: ")]
+    assert len(lines) == np_ and all(needle in ln for ln in lines)
+    if np_ == 1:
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+    # an output path that is a file; no problem file; no action
+    (tmp_path / "file").write_text("x")
+    good = _write(tmp_path / "good.toml", SMALL.format(demag="false"))
+    for args, word in (([str(good), "--out", str(tmp_path / "file")],
+                        "not a directory"),
+                       ([str(tmp_path / "none.toml"), "--out",
+                         str(tmp_path / "o")], "none.toml")):
+        r = micromag_main("run", *args)
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+    r = micromag_main()
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

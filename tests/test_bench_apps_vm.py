@@ -1,0 +1,146 @@
+"""`ivcloud bench apps --instance-kind vm` (issue 12): the application
+benchmark on a VM cluster, as a user runs it. HPCC, OpenFOAM's
+simpleFoam on pitzDaily and our solver's bar (from the image's
+python3-micromag package) each run in the three configurations (one
+guest, two guests over virtio-net, two guests over the ivshmem device)
+on 1 server x 2 guests x 2 vCPUs under TCG, with the quick inputs; the
+inputs are copied into the guests and the case meshed there.
+
+Checked: every (app, configuration) has its records (2 ranks, a
+positive value, the instance kind and accelerator, the ranks' hosts),
+every ivshmem run carried messages through the BTL on both ranks (its
+counters, recorded by the benchmark), the table says TCG and that its
+figures are no performance claims, the scaling series is skipped with
+its reason, and nothing is left behind. Before that, bad input: one
+line, exit status 2, nothing made.
+
+The packages and the image come as in test_cluster_vm.py (its guest_deb
+fixture: built once, the image cached in /var/cache/ivcloud); the
+benchmark takes about 3 min here under TCG. IVCLOUD_SKIP_GUEST_IMAGE=1 skips the
+module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ivcloud.bench import apps
+
+# the same requirements as the image tests (root, QEMU, mmdebstrap), and
+# the same packages and image as the cluster tests
+from test_cluster_vm import guest_deb  # noqa: F401
+from test_guest_image import pytestmark, qemus_naming  # noqa: F401
+
+RUN_DIR = Path("/var/tmp") / f"ivc-appsvm-{os.getpid()}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def run_dir():
+    yield RUN_DIR
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def bench_apps(*args, env=None, timeout=900):
+    return subprocess.run(
+        [sys.executable, "-m", "ivcloud", "bench", "apps", *map(str, args)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=timeout,
+        env={**os.environ, "IVCLOUD_RUN_DIR": str(RUN_DIR), **(env or {})})
+
+
+def assert_nothing_left():
+    assert not qemus_naming(RUN_DIR)
+    assert not list(RUN_DIR.glob("cluster-*"))
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True,
+                         text=True).stdout
+    assert "t-s0i" not in out
+
+
+def test_bad_input_exits_2(guest_deb, tmp_path):  # noqa: F811
+    # a guest package without the solver's beside it
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(guest_deb, lone / guest_deb.name)
+    for extra, env, word in (
+            (["--guest-deb", lone / guest_deb.name], {}, "python3-micromag"),
+            (["--guest-deb", guest_deb], {"IVCLOUD_QEMU": "/nonexistent/qemu"},
+             "QEMU"),
+            (["--guest-deb", tmp_path / "none.deb"], {}, "none.deb")):
+        r = bench_apps("--quick", "--instance-kind", "vm", "--out",
+                       tmp_path / "out", *extra, env=env, timeout=60)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr, \
+            r.stderr
+    # without the solver's package the other applications still run:
+    # that refusal is the bar's only (checked before anything is made)
+    r = bench_apps("--quick", "--vm-memory", 2048, "--out", tmp_path / "out",
+                   timeout=60)
+    assert r.returncode == 2 and "--instance-kind" in r.stderr
+    assert not (tmp_path / "out").exists()
+    assert_nothing_left()
+
+
+def test_bench_apps_quick_on_vms(guest_deb, tmp_path):  # noqa: F811
+    out = tmp_path / "demo"
+    t0 = time.monotonic()
+    try:
+        r = bench_apps("--quick", "--instance-kind", "vm", "--accel", "tcg",
+                       "--guest-deb", guest_deb, "--out", out, "--json",
+                       tmp_path / "apps.json", timeout=1200)
+    finally:
+        print(f"\nbench apps --quick on VMs: {time.monotonic() - t0:.0f} s")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "apps.json").read_text())
+    assert doc == json.loads((out / "apps.json").read_text())
+    assert doc["cluster"]["instance_kind"] == "vm"
+    assert doc["cluster"]["accel"] == "tcg"
+    recs = doc["records"]
+    seen = {(r["app"], r["config"]) for r in recs}
+    for app in apps.APPS:
+        for config in apps.CONFIGS:
+            assert (app, config) in seen, (app, config, seen)
+    metrics = {app: {m for a, m in apps.METRICS if a == app}
+               for app in apps.APPS}
+    for rec in recs:
+        assert rec["config"] in apps.CONFIGS, rec   # no scaling series
+        assert rec["ranks"] == 2 and rec["metric"] in metrics[rec["app"]]
+        assert rec["value"] > 0, rec
+        assert rec["instance_kind"] == "vm" and rec["accel"] == "tcg", rec
+        assert rec["hosts"] == list(apps.PAIR_HOSTS[rec["config"]]), rec
+        assert rec["transport"] == ("ivshmem" if rec["config"] == "ivshmem"
+                                    else "tcp")
+        if rec["config"] == "ivshmem":
+            # both ranks sent and received through the region
+            btl = rec["ivshmem_btl"]
+            assert sorted(btl) == ["0", "1"], rec
+            for c in btl.values():
+                assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, rec
+                assert c["sent_bytes"] > 0 and c["recv_bytes"] > 0, rec
+        else:
+            assert "ivshmem_btl" not in rec
+    # every metric of each app in each configuration
+    for app in apps.APPS:
+        for config in apps.CONFIGS:
+            got = {r["metric"] for r in recs
+                   if r["app"] == app and r["config"] == config}
+            assert got == metrics[app], (app, config, got)
+    assert {r["app"] for r in doc["relative"]} == set(apps.APPS)
+    assert doc["scaling"] == [] and doc["scaling_cluster"] is None
+    assert any("scaling series was not run" in n for n in doc["notes"])
+    assert "scaling series was not run" in r.stderr
+    # the table and the report say what the figures are
+    assert "QEMU guests under TCG" in r.stdout
+    assert "not performance claims" in r.stdout
+    assert "ivshmem/one" in r.stdout
+    md = (out / "report.md").read_text()
+    assert "## Applications: `ivcloud bench apps`" in md
+    assert "QEMU guests under TCG" in md
+    assert_nothing_left()
