@@ -289,6 +289,9 @@ struct ivshm {
     struct ivshm_doorbell *db;
     struct ivshm_peer_local *peers; /* max_peers entries                  */
     int rr_next;              /* round-robin start for IVSHM_ANY receive  */
+    int rx_hot;               /* sender whose fast ring IVSHM_ANY looks at
+                                 first (recv.c, rx_hot_peek), or -1       */
+    uint32_t rx_hot_run;      /* messages taken that way in a row         */
     /* our queue, consumer side (local: the shared head is a hint); its
        ctrl and cells, set when we claim our slot */
     struct ivshm_queue_ctrl *my_qctrl;

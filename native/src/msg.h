@@ -154,7 +154,8 @@ static inline void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
 {
     atomic_store_explicit(&ctrl->head, h->peers[slot].tx_head,
                           memory_order_relaxed);
-    ivshm_kick(h, slot);
+    if (ivshm_peer_may_sleep(h, slot)) /* else no wake is owed (wait.c) */
+        ivshm_kick(h, slot);
     count_sent(h, len);
 }
 
@@ -246,7 +247,14 @@ IVSHM_MSG_FN void ivshm_tx_try_open(ivshm *h, int j, int timeout_ms,
 IVSHM_MSG_FN void ivshm_chan_reset(ivshm *h, uint32_t k);
 IVSHM_MSG_FN void ivshm_chan_free(ivshm *h, int slot);
 /* recv.c */
-IVSHM_MSG_FN enum rx_view ivshm_rx_view(ivshm *h, int slot);
+IVSHM_MSG_FN enum rx_view ivshm_rx_view_slow(ivshm *h, int slot);
+
+/* Which incarnation of `slot` we read from: the live one on every
+   message (inline), anything else out of line. */
+static inline enum rx_view ivshm_rx_view(ivshm *h, int slot)
+{
+    return ivshm_peer_current(h, slot) ? RX_LIVE : ivshm_rx_view_slow(h, slot);
+}
 
 /* ------------------------------------------------------------------ */
 /* the queue, consumer side: the hot path of a queued message         */

@@ -33,10 +33,8 @@
    died keeps its generation in the registry until the slot is claimed
    again: so what it published is still that generation's and may be
    delivered. We never write the tail of a departed sender's ring. */
-enum rx_view ivshm_rx_view(ivshm *h, int slot)
+enum rx_view ivshm_rx_view_slow(ivshm *h, int slot)
 {
-    if (ivshm_peer_current(h, slot))
-        return RX_LIVE;
     struct ivshm_peer_entry *e = ivshm_entry(h, slot);
     uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
     if (st != PEER_FREE && st != PEER_DEAD)
@@ -493,6 +491,49 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     return rx_fragments(h, slot, view, tag, buf, cap, stored, deadline, false);
 }
 
+/* Messages an IVSHM_ANY peek takes in a row from the last sender's fast
+   ring before it goes round robin again. */
+#define HOT_RUN_MAX 16
+
+/*
+ * Hot path of IVSHM_ANY: a whole single-slot message at the head of the
+ * fast ring of the sender we last took a message from (rx_hot). Only the
+ * plain case is handled here; anything else (a backlog, a message in
+ * progress, several fragments, another generation, a malformed header)
+ * returns -EAGAIN and the general path (rx_any) sees it. Invariants:
+ * the header is read once (frag_read) and checked as rx_message would
+ * for a FIRST|LAST fragment; a sender's backlog is older than its ring,
+ * so a sender with one is not taken here; after HOT_RUN_MAX messages the
+ * round robin gets its turn, so a busy sender cannot starve the others.
+ */
+static inline ssize_t rx_hot_peek(ivshm *h, int *src, uint32_t *tag,
+                                  const void **data)
+{
+    const int slot = h->rx_hot;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (h->rx_hot_run >= HOT_RUN_MAX || p->rx_chan < 0 || p->bl_head ||
+        p->rx_partial || p->peeked)
+        return -EAGAIN;
+    struct ivshm_slot *s = slot_at(h, p->rx_ring, p->rx_tail);
+    if (!slot_full(s, p->rx_tail) || !ivshm_peer_current(h, slot) ||
+        p->rx_chan < 0) /* (a new incarnation reset our view) */
+        return -EAGAIN;
+    struct frag f;
+    frag_read(s, &f);
+    if (f.gen != p->gen || f.flags != (SLOT_FIRST | SLOT_LAST) ||
+        f.len > slot_payload(h) || f.total != f.len)
+        return -EAGAIN;
+    h->rx_hot_run++;
+    p->peek_kind = SRC_RING;
+    p->peeked = true;
+    h->stats.recvs++;
+    h->stats.bytes_recv += f.len;
+    *src = slot;
+    *tag = f.tag;
+    *data = slot_data(s);
+    return (ssize_t)f.len;
+}
+
 /* Round robin over the sources of IVSHM_ANY, from rr_next: the senders
    with a backlog, the senders with a fast channel, and the queue head
    (whose sender's older messages, in its backlog, go first). A busy
@@ -680,6 +721,18 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
 {
     if (!h || h->self < 0 || !data)
         return -EINVAL;
+    if (from == IVSHM_ANY && h->rx_hot >= 0) {
+        int hot_src;
+        uint32_t hot_tag;
+        ssize_t rc = rx_hot_peek(h, &hot_src, &hot_tag, data);
+        if (rc >= 0) {
+            if (src)
+                *src = hot_src;
+            if (tag)
+                *tag = hot_tag;
+            return rc;
+        }
+    }
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
     /* two rounds: a sender may publish and leave between them */
@@ -696,6 +749,9 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
             if (tag)
                 *tag = got_tag;
             h->peers[got_src].peeked = true;
+            /* a ring message: look at that ring first next time */
+            h->rx_hot = h->peers[got_src].peek_kind == SRC_RING ? got_src : -1;
+            h->rx_hot_run = 0;
             h->stats.recvs++;
             h->stats.bytes_recv += (uint64_t)rc;
             return rc;
@@ -761,6 +817,7 @@ void ivshm_rx_area_reset(ivshm *h)
     h->q_stuck_since = 0;
     h->q_peek_src = -1;
     h->rr_next = 0;
+    h->rx_hot = -1;
 }
 
 void ivshm_peer_local_free(ivshm *h, int slot)

@@ -421,6 +421,7 @@ static int map_fd(int fd, bool may_format, ivshm **out)
     h->heap_size = l.heap_size; /* validated copy: the header is not re-read */
     h->self = -1;
     h->q_peek_src = -1;
+    h->rx_hot = -1;
     for (uint32_t k = 0; k < IVSHM_MAX_FAST; k++)
         h->chan_user[k] = -1;
     for (uint32_t x = 0; x < l.max_peers; x++)
