@@ -181,6 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[1] & 0x80) {
         int k = (data[1] >> 6) & 1;
         p->rx_chan = (int16_t)k;
+        p->rx_ring = ivshm_fring(h, h->self, (uint32_t)k); /* kept together */
         p->rx_tail = (data[1] >> 3) & 7;
         h->chan_user[k] = 1;
         h->act[h->n_act++] = 1;
@@ -188,6 +189,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[2] & 0x80) {
         uint64_t tx_start = data[2] & 15;
         p->tx_chan = (int16_t)((data[2] >> 4) & 1);
+        p->tx_ring = ivshm_fring(h, 1, (uint32_t)p->tx_chan);
         p->tx_head = tx_start;
         p->tx_tail_cache = tx_start > h->ring_slots ? tx_start - h->ring_slots
                                                     : 0;
