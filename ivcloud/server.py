@@ -181,14 +181,15 @@ def _fast_channels_arg(fast_channels: Optional[int]) -> int:
 
 
 def _min_size(max_peers: int, queue_slots: int = 0,
-              fast_channels: int = 0) -> int:
-    """Smallest region for this geometry (the daemon's default ring and
-    slot sizes), 0 if libivshm is unavailable (the daemon then checks it
-    itself)."""
+              fast_channels: int = 0, ring_slots: int = 0,
+              slot_size: int = 0) -> int:
+    """Smallest region for this geometry (0: the daemon's default), 0 if
+    libivshm is unavailable (the daemon then checks it itself)."""
     try:
         from .native import min_region_size
         return min_region_size(max_peers=max_peers, queue_slots=queue_slots,
-                               fast_channels=fast_channels)
+                               fast_channels=fast_channels,
+                               ring_slots=ring_slots, slot_size=slot_size)
     except (OSError, ImportError):
         return 0
 
@@ -197,11 +198,14 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
           max_peers: Optional[int] = None, group: Optional[str] = None,
           verbose: bool = False, timeout_s: float = 10.0,
           host_file: bool = False, queue_slots: Optional[int] = None,
-          fast_channels: Optional[int] = None) -> int:
+          fast_channels: Optional[int] = None,
+          ring_slots: Optional[int] = None,
+          slot_size: Optional[int] = None) -> int:
     """Start the daemon; returns its pid. Raises ServerError/OperationFailed.
     queue_slots / fast_channels: the region's receive queues and fast
     channels per peer (None: the library's defaults; fast_channels 0: no
-    fast channels, every message through the queues)."""
+    fast channels, every message through the queues); ring_slots /
+    slot_size: the fast channels' rings (None: the defaults)."""
     if size <= 0 or size & (size - 1):
         raise ServerError(f"size {size} is not a power of two (QEMU "
                           f"maps the region as a PCI BAR)")
@@ -219,7 +223,8 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         raise ServerError(f"fast channels must be 0..{MAX_FAST_CHANNELS}, "
                           f"not {fast_channels}")
     need = _min_size(max_peers or 0, queue_slots or 0,
-                     _fast_channels_arg(fast_channels))
+                     _fast_channels_arg(fast_channels), ring_slots or 0,
+                     slot_size or 0)
     if need and size < need:
         raise ServerError(f"size {format_size(size)} is too small for "
                           f"{max_peers or 8} peers (needs at least "
@@ -269,6 +274,10 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         cmd += ["--queue-slots", str(queue_slots)]
     if fast_channels is not None:
         cmd += ["--fast-channels", str(fast_channels)]
+    if ring_slots is not None:
+        cmd += ["--ring-slots", str(ring_slots)]
+    if slot_size is not None:
+        cmd += ["--slot-size", str(slot_size)]
     if group is not None:
         cmd += ["-g", str(gid)]
     if verbose:

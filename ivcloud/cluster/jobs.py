@@ -71,7 +71,8 @@ def job_regions(state: Dict, job: str) -> Iterator[Dict[int, str]]:
             paths = job_server_paths(servers_dir, srv["name"], int(key),
                                      job)
             started.append(paths)
-            server_mod.start(paths, srv["size"], max_peers=srv["max_peers"])
+            server_mod.start(paths, srv["size"], max_peers=srv["max_peers"],
+                             **srv.get("geometry", {}))
             sockets[int(key)] = str(paths.socket)
         yield sockets
     except BaseException:

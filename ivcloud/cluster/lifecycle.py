@@ -28,6 +28,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from .. import server as server_mod
+from ..mpi import mpi_geometry
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from . import instance as holders
 from . import jobs, network, vm_instance
@@ -72,14 +73,18 @@ def preflight(topo: ClusterTopology) -> None:
 
 
 def region_geometry(topo: ClusterTopology):
-    """(max_peers, size) of each server's region: a peer per vCPU of its
-    instances (at least 8), a power-of-two size with 32 MiB to spare."""
+    """(max_peers, size, geometry) of each server's region: a peer per
+    vCPU of its instances (at least 8), the rings and queues of
+    `ivcloud mpirun`'s regions (mpi.mpi_geometry: the BTL's fragments are
+    one slot, so jobs on a cluster see the same BTL as on the host), a
+    power-of-two size with 32 MiB to spare."""
     max_peers = max(8, topo.instances_per_server * topo.vcpus)
-    need = server_mod._min_size(max_peers) + 32 * MIB
+    geometry = mpi_geometry(max_peers)
+    need = server_mod._min_size(max_peers, **geometry) + 32 * MIB
     size = 64 * MIB
     while size < need:
         size <<= 1
-    return max_peers, size
+    return max_peers, size, geometry
 
 
 def _host_namespaces() -> Dict[str, set]:
@@ -95,7 +100,7 @@ def _host_namespaces() -> Dict[str, set]:
 
 def initial_state(topo: ClusterTopology, sd: StateDir,
                   vm: Optional[Dict] = None) -> Dict:
-    max_peers, size = region_geometry(topo)
+    max_peers, size, geometry = region_geometry(topo)
     servers = {}
     for srv in topo.server_list():
         paths = server_mod.paths_for(srv.name, str(sd.servers))
@@ -106,7 +111,7 @@ def initial_state(topo: ClusterTopology, sd: StateDir,
             "index": srv.index, "name": srv.name, "socket": str(paths.socket),
             "region": str(paths.region), "bridge": srv.bridge,
             "uplink": [srv.uplink, srv.uplink_peer], "max_peers": max_peers,
-            "size": size, "pid": None}
+            "size": size, "geometry": geometry, "pid": None}
     instances = {
         inst.hostname: {"hostname": inst.hostname, "server": inst.server,
                         "index": inst.index, "address": inst.address,
@@ -228,7 +233,8 @@ def _build(topo: ClusterTopology, sd: StateDir, state: Dict, log) -> None:
         step(f"server s{srv.index}")
         paths = server_mod.paths_for(srv.name, str(sd.servers))
         rec["pid"] = server_mod.start(paths, rec["size"],
-                                      max_peers=rec["max_peers"])
+                                      max_peers=rec["max_peers"],
+                                      **rec.get("geometry", {}))
         save(sd, state)
         state["links"] += network.create_server_switch(
             fabric, srv, topo.uplink_rate_bps)
