@@ -192,7 +192,6 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen)
     return true;
 }
 
-
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
 {
     int n = 0;
