@@ -540,12 +540,14 @@ static int run_completions(void)
 #define CPU_CHECK_NS 1000000000ull     /* affinity changes rarely */
 
 /* Can this rank block at all, whatever the moment? Not with block_us 0,
-   not (by default) with another BTL to poll, and (by default) only on
-   CPUs shared with other ranks of ours. */
+   not with threads (other threads may need the handle), not (by default)
+   with another BTL to poll, and (by default) only on CPUs shared with
+   other ranks of ours. */
 static bool may_ever_block(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed))
+    if (c->block_ms <= 0 || (c->block_us < 0 && c->mixed) ||
+        opal_using_threads())
         return false;
     return c->block_us >= 0 || opal_progress_yield_when_idle ||
            c->shares_cpu;
@@ -674,8 +676,7 @@ static bool may_block(uint64_t now, bool for_room)
     publish_blocking(ever); /* before a block: libivshm spins its grace */
     if (!ever)
         return false;
-    if ((c->num_pending && !for_room) || c->complete.head ||
-        opal_using_threads())
+    if ((c->num_pending && !for_room) || c->complete.head)
         return false;
     if (0 == c->num_endpoints && 0 == c->counters.recv_msgs)
         return false; /* not carrying anything (yet) */
