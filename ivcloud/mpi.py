@@ -44,14 +44,18 @@ PRIVATE_MIN_SIZE = 64 * MIB
 PRIVATE_HEAP = 32 * MIB       # on top of the receive areas: windows, big messages
 # Receive areas of MPI regions (one per rank, linear in ranks): a queue of
 # MPI_QUEUE_SLOTS cells every sender appends to, and MPI_FAST_CHANNELS
-# rings of MPI_RING_SLOTS slots for the busiest senders. A slot holds one
-# whole BTL fragment (the BTL sizes max_send_size to one slot's payload),
-# so the BTL packs fragments into the region and delivers them from it in
-# place. Many ranks get smaller slots to keep the areas in the budget.
-MPI_RING_SLOTS = 16
+# rings for the busiest senders. A slot holds one whole BTL fragment (the
+# BTL sizes max_send_size to one slot's payload), so the BTL packs
+# fragments into the region and delivers them from it in place.
+# MPI_RING_SHAPES lists (slots, slot size) from the preferred shape down;
+# many ranks get smaller rings to keep the areas in the budget. 64 slots
+# of 16 KiB rather than 16 of 64 KiB (the same 1 MiB per ring): PTRANS's
+# many mid-sized messages keep more fragments in flight (PTRANS 0.90 of
+# vader against 0.79, ring bandwidth still 1.6x vader's; BENCHMARKS.md).
+MPI_RING_SHAPES = ((64, 16 * 1024 + 64), (64, 8 * 1024 + 64), (64, 4096),
+                   (16, 4096))
 MPI_QUEUE_SLOTS = 64
 MPI_FAST_CHANNELS = 8
-MPI_SLOT_SIZES = (64 * 1024 + 64, 32 * 1024 + 64, 16 * 1024 + 64, 4096)
 PRIVATE_RING_BUDGET = 300 * MIB
 TERMINATE_GRACE_S = 10.0      # mpirun gets this long to tear a job down
 
@@ -187,14 +191,14 @@ def mpirun_command(program: Sequence[str], np: int,
 
 def mpi_geometry(max_peers: int) -> Dict[str, int]:
     """Geometry of an MPI region for `max_peers` peers (keyword arguments
-    of format_region / min_region_size besides max_peers): the largest
-    slot whose receive areas fit PRIVATE_RING_BUDGET. The region grows
+    of format_region / min_region_size besides max_peers): the first
+    ring shape whose receive areas fit PRIVATE_RING_BUDGET. The region grows
     linearly with max_peers, so beyond the budget (some hundreds of
     ranks) it keeps the smallest slot and grows past it."""
     from .native import min_region_size
     geometry = {}
-    for slot_size in MPI_SLOT_SIZES:
-        geometry = dict(ring_slots=MPI_RING_SLOTS, slot_size=slot_size,
+    for ring_slots, slot_size in MPI_RING_SHAPES:
+        geometry = dict(ring_slots=ring_slots, slot_size=slot_size,
                         queue_slots=MPI_QUEUE_SLOTS,
                         fast_channels=MPI_FAST_CHANNELS)
         if min_region_size(max_peers, **geometry) <= PRIVATE_RING_BUDGET:

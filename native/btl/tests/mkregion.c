@@ -1,8 +1,8 @@
 /* Format a libivshm region file for the BTL smoke test.
    usage: btl_mkregion PATH [SIZE_MIB [MAX_PEERS [RING_SLOTS SLOT_SIZE]]]
    SIZE_MIB 0 (the default) or too small: the smallest size that holds
-   the geometry. Default rings as ivcloud mpirun's (ivcloud/mpi.py): 16
-   slots of 64 KiB + 64, one BTL fragment each, 16 peers: ~257 MiB. */
+   the geometry. Default rings as ivcloud mpirun's (ivcloud/mpi.py): 64
+   slots of 16 KiB + 64, one BTL fragment each, 16 peers: ~146 MiB. */
 #include "ivshm.h"
 
 #include <stdio.h>
@@ -17,8 +17,8 @@ int main(int argc, char **argv)
     }
     uint64_t mib = argc > 2 ? strtoull(argv[2], NULL, 10) : 0;
     ivshm_geometry g = {.max_peers = argc > 3 ? (uint32_t)atoi(argv[3]) : 16,
-                        .ring_slots = 16,
-                        .slot_size = 64 * 1024 + 64};
+                        .ring_slots = 64,
+                        .slot_size = 16 * 1024 + 64};
     if (argc == 6) {
         g.ring_slots = (uint32_t)atoi(argv[4]);
         g.slot_size = (uint32_t)atoi(argv[5]);
