@@ -313,6 +313,7 @@ struct ivshm {
     uint64_t bl_bytes;
     uint64_t next_sweep_ns;
     unsigned sweep_polls;
+    unsigned empty_polls;     /* recv.c rx_nothing: full check every N  */
     ivshm_stats stats;
 };
 

@@ -534,30 +534,42 @@ static inline ssize_t rx_hot_peek(ivshm *h, int *src, uint32_t *tag,
     return (ssize_t)f.len;
 }
 
+/* Empty IVSHM_ANY polls between two full checks in rx_nothing (a power
+   of two). */
+#define RX_CHECK_EVERY 64
+
 /*
  * Hot path of an IVSHM_ANY poll that finds nothing, which is what an
  * application polling with MPI_Test between bits of its own work does
- * most of the time: true only if no backlog, no live sender's fast ring
- * and not our queue has anything, and no sender on a fast ring is in the
- * middle of a message (a peek reports that one), in a few loads and no
- * calls. Each ring
- * found empty gets its tail checked as in next_cell (a co-tenant's
- * rewind is healed). A departed sender's channel, a queue cell taken but
- * not yet claimed, or anything else unusual: false, and the general path
- * (rx_any) deals with it.
+ * most of the time, and what a rank waiting in MPI_Wait does until the
+ * message comes (the shorter this poll, the sooner it is seen): true
+ * only if no backlog, no fast ring and not our queue has anything, and
+ * no sender on a fast ring is in the middle of a message (a peek reports
+ * that one), in a few loads and no calls.
+ * What only a sender's departure or a co-tenant's meddling changes is
+ * looked at every RX_CHECK_EVERY empty polls, a few microseconds apart:
+ * that the sender is still the incarnation we know (a new one starts its
+ * ring from 0, where we do not look) and that each ring's tail is ours
+ * (a co-tenant's rewind is healed, as in next_cell). A departed sender's
+ * channel, a queue cell taken but not yet claimed, or anything else
+ * unusual: false, and the general path (rx_any) deals with it.
  */
 static inline bool rx_nothing(ivshm *h)
 {
     if (h->n_bl)
         return false;
+    const bool full_check = (++h->empty_polls & (RX_CHECK_EVERY - 1)) == 0;
     for (int x = 0; x < h->n_act; x++) {
         int slot = h->act[x];
         struct ivshm_peer_local *p = &h->peers[slot];
         if (p->rx_chan < 0 || p->rx_partial ||
-            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail) ||
-            !ivshm_peer_current(h, slot) || p->rx_chan < 0)
+            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
             return false;
-        rx_heal_tail(h, slot, p->rx_ring);
+        if (full_check) {
+            if (!ivshm_peer_current(h, slot) || p->rx_chan < 0)
+                return false;
+            rx_heal_tail(h, slot, p->rx_ring);
+        }
     }
     uint64_t pos = h->q_head;
     return atomic_load_explicit(&ivshm_my_qcell(h, pos)->seq,
@@ -745,31 +757,12 @@ int ivshm_wait_message(ivshm *h, int timeout_ms)
     return ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
 }
 
-/* Never waits. Stale cells of an earlier incarnation are dropped and a
-   malformed one is consumed (-IVSHM_ECORRUPT), as in ivshm_recv; a valid
-   message stays where it is until ivshm_recv_release. */
-ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
-                        const void **data)
+/* The general path of ivshm_recv_peek, out of line so that its fast
+   paths (a hot ring's message, nothing at all) stay short. */
+static __attribute__((noinline)) ssize_t peek_general(ivshm *h, int from,
+                                                       int *src, uint32_t *tag,
+                                                       const void **data)
 {
-    if (!h || h->self < 0 || !data)
-        return -EINVAL;
-    if (from == IVSHM_ANY && h->rx_hot >= 0) {
-        int hot_src;
-        uint32_t hot_tag;
-        ssize_t rc = rx_hot_peek(h, &hot_src, &hot_tag, data);
-        if (rc >= 0) {
-            if (src)
-                *src = hot_src;
-            if (tag)
-                *tag = hot_tag;
-            return rc;
-        }
-    }
-    if (from == IVSHM_ANY && rx_nothing(h)) {
-        h->q_stuck_since = 0; /* as the general path's empty queue does */
-        maybe_sweep(h);
-        return -EAGAIN;
-    }
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
     /* two rounds: a sender may publish and leave between them */
@@ -803,6 +796,34 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
             return IVSHM_EPEERDEAD;
     }
     return -EAGAIN;
+}
+
+/* Never waits. Stale cells of an earlier incarnation are dropped and a
+   malformed one is consumed (-IVSHM_ECORRUPT), as in ivshm_recv; a valid
+   message stays where it is until ivshm_recv_release. */
+ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
+                        const void **data)
+{
+    if (!h || h->self < 0 || !data)
+        return -EINVAL;
+    if (from == IVSHM_ANY && h->rx_hot >= 0) {
+        int hot_src;
+        uint32_t hot_tag;
+        ssize_t rc = rx_hot_peek(h, &hot_src, &hot_tag, data);
+        if (rc >= 0) {
+            if (src)
+                *src = hot_src;
+            if (tag)
+                *tag = hot_tag;
+            return rc;
+        }
+    }
+    if (from == IVSHM_ANY && rx_nothing(h)) {
+        h->q_stuck_since = 0; /* as the general path's empty queue does */
+        maybe_sweep(h);
+        return -EAGAIN;
+    }
+    return peek_general(h, from, src, tag, data);
 }
 
 /* Consume the message ivshm_recv_peek returned for `src`. Decided on
