@@ -313,7 +313,7 @@ struct ivshm {
     uint64_t bl_bytes;
     uint64_t next_sweep_ns;
     unsigned sweep_polls;
-    unsigned empty_polls;     /* recv.c rx_nothing: full check every N  */
+    unsigned idle_polls;      /* ivshm_recv_idle calls (its run limit)    */
     ivshm_stats stats;
 };
 

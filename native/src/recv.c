@@ -534,48 +534,71 @@ static inline ssize_t rx_hot_peek(ivshm *h, int *src, uint32_t *tag,
     return (ssize_t)f.len;
 }
 
-/* Empty IVSHM_ANY polls between two full checks in rx_nothing (a power
-   of two). */
-#define RX_CHECK_EVERY 64
-
-/*
- * Hot path of an IVSHM_ANY poll that finds nothing, which is what an
- * application polling with MPI_Test between bits of its own work does
- * most of the time, and what a rank waiting in MPI_Wait does until the
- * message comes (the shorter this poll, the sooner it is seen): true
- * only if no backlog, no fast ring and not our queue has anything, and
- * no sender on a fast ring is in the middle of a message (a peek reports
- * that one), in a few loads and no calls.
- * What only a sender's departure or a co-tenant's meddling changes is
- * looked at every RX_CHECK_EVERY empty polls, a few microseconds apart:
- * that the sender is still the incarnation we know (a new one starts its
- * ring from 0, where we do not look) and that each ring's tail is ours
- * (a co-tenant's rewind is healed, as in next_cell). A departed sender's
- * channel, a queue cell taken but not yet claimed, or anything else
- * unusual: false, and the general path (rx_any) deals with it.
- */
-static inline bool rx_nothing(ivshm *h)
+/* Our queue's head cell is free and no sender holds a position past it. */
+static inline bool q_empty(const ivshm *h)
 {
-    if (h->n_bl)
-        return false;
-    const bool full_check = (++h->empty_polls & (RX_CHECK_EVERY - 1)) == 0;
-    for (int x = 0; x < h->n_act; x++) {
-        int slot = h->act[x];
-        struct ivshm_peer_local *p = &h->peers[slot];
-        if (p->rx_chan < 0 || p->rx_partial ||
-            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
-            return false;
-        if (full_check) {
-            if (!ivshm_peer_current(h, slot) || p->rx_chan < 0)
-                return false;
-            rx_heal_tail(h, slot, p->rx_ring);
-        }
-    }
     uint64_t pos = h->q_head;
     return atomic_load_explicit(&ivshm_my_qcell(h, pos)->seq,
                                 memory_order_acquire) == pos &&
            atomic_load_explicit(&h->my_qctrl->enqueue_pos,
                                 memory_order_relaxed) == pos;
+}
+
+/*
+ * Hot path of an IVSHM_ANY poll that finds nothing, which is what an
+ * application polling with MPI_Test between bits of its own work does
+ * most of the time: true only if no backlog, no live sender's fast ring
+ * and not our queue has anything, and no sender on a fast ring is in the
+ * middle of a message (a peek reports that one), in a few loads and no
+ * calls. Each ring found empty gets its tail checked as in next_cell (a
+ * co-tenant's rewind is healed). A departed sender's channel, a queue
+ * cell taken but not yet claimed, or anything else unusual: false, and
+ * the general path (rx_any) deals with it.
+ */
+static inline bool rx_nothing(ivshm *h)
+{
+    if (h->n_bl)
+        return false;
+    for (int x = 0; x < h->n_act; x++) {
+        int slot = h->act[x];
+        struct ivshm_peer_local *p = &h->peers[slot];
+        if (p->rx_chan < 0 || p->rx_partial ||
+            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail) ||
+            !ivshm_peer_current(h, slot) || p->rx_chan < 0)
+            return false;
+        rx_heal_tail(h, slot, p->rx_ring);
+    }
+    return q_empty(h);
+}
+
+/* ivshm_recv_idle answers "nothing" at most this many times in a row (a
+   power of two), so that a caller polling with it still makes a full
+   peek, with its checks, every so often. */
+#define IDLE_RUN_MAX 64
+
+/*
+ * The cheapest answer to "would an IVSHM_ANY peek find something now?"
+ * for a caller that polls between bits of other work (the BTL's
+ * progress, called by every MPI_Test): the seq of the head slot of each
+ * fast ring and of our queue's head cell, a few loads. Invariant: true
+ * only when each of them says empty, and never IDLE_RUN_MAX times in a
+ * row: what only a full peek looks at (a sender's new incarnation,
+ * whose ring restarts where we do not look; a rewound tail to heal; the
+ * fast-channel sweep) waits at most that many polls.
+ */
+int ivshm_recv_idle(ivshm *h)
+{
+    if (!h || h->self < 0 || h->n_bl)
+        return 0;
+    if ((++h->idle_polls & (IDLE_RUN_MAX - 1)) == 0)
+        return 0;
+    for (int x = 0; x < h->n_act; x++) {
+        const struct ivshm_peer_local *p = &h->peers[h->act[x]];
+        if (p->rx_chan < 0 || p->rx_partial ||
+            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
+            return 0;
+    }
+    return q_empty(h);
 }
 
 /* Round robin over the sources of IVSHM_ANY, from rr_next: the senders

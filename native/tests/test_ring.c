@@ -834,6 +834,52 @@ static void test_peer_death(void)
     ivshm_detach(h);
 }
 
+/* ivshm_recv_idle: 1 only when nothing waits, on a fast ring or in the
+   queue, and never 64 times in a row. */
+static int idle_run(ivshm *h)
+{
+    int run = 0;
+    while (run < 1000 && ivshm_recv_idle(h))
+        run++;
+    return run;
+}
+
+static void test_recv_idle(void)
+{
+    struct duo d;
+    duo_open(&d, NULL, false);
+    char in[16];
+    CHECK_RC(ivshm_recv_idle(NULL), 0);
+    CHECK(idle_run(d.b) < 64);
+    CHECK(idle_run(d.b) == 63); /* then a full peek's turn, every 64th */
+    CHECK_RC(ivshm_send(d.a, d.sb, 1, "ring", 4), 0); /* opens the ring */
+    for (int i = 0; i < 200; i++)
+        CHECK_RC(ivshm_recv_idle(d.b), 0);
+    CHECK_RC(ivshm_recv(d.b, IVSHM_ANY, NULL, NULL, in, sizeof in, 0), 4);
+    CHECK(idle_run(d.b) > 0);
+    /* on the fast ring now */
+    CHECK_RC(ivshm_send(d.a, d.sb, 1, "ring", 4), 0);
+    CHECK_RC(ivshm_recv_idle(d.b), 0);
+    const void *data;
+    int src;
+    CHECK_RC(ivshm_recv_peek(d.b, IVSHM_ANY, &src, NULL, &data), 4);
+    CHECK_RC(ivshm_recv_idle(d.b), 0); /* peeked, not yet released */
+    CHECK_RC(ivshm_recv_release(d.b, src), 0);
+    CHECK(idle_run(d.b) > 0);
+    duo_close(&d);
+
+    /* without fast channels: the shared queue */
+    ivshm_geometry g = {.max_peers = 4, .fast_channels = IVSHM_FAST_NONE};
+    duo_open(&d, &g, false);
+    CHECK(idle_run(d.b) > 0);
+    CHECK_RC(ivshm_send(d.a, d.sb, 2, "queue", 5), 0);
+    for (int i = 0; i < 200; i++)
+        CHECK_RC(ivshm_recv_idle(d.b), 0);
+    CHECK_RC(ivshm_recv(d.b, IVSHM_ANY, NULL, NULL, in, sizeof in, 0), 5);
+    CHECK(idle_run(d.b) > 0);
+    duo_close(&d);
+}
+
 int main(void)
 {
     /* every pair on its fast ring from the first message on */
@@ -850,5 +896,6 @@ int main(void)
     test_echo_process();
     test_departed_and_rejoined();
     test_peer_death();
+    test_recv_idle();
     return tu_summary("test_ring");
 }
