@@ -347,14 +347,6 @@ static int poll_region(uint32_t budget)
     int delivered = 0;
     if (OPAL_UNLIKELY(c->stash_ready))
         delivered += stash_deliver();
-    /* Most calls (every MPI_Test, every spin of MPI_Wait) find nothing:
-       a few loads answer that, and the sooner a waiting rank looks
-       again, the sooner it sees its message. */
-    OPAL_THREAD_LOCK(&c->lock);
-    int idle = ivshm_recv_idle(c->h);
-    OPAL_THREAD_UNLOCK(&c->lock);
-    if (OPAL_LIKELY(idle))
-        return delivered;
     for (uint32_t i = 0; i < budget; i++) {
         ivshmem_rx_msg_t m = {.src = -1};
         OPAL_THREAD_LOCK(&c->lock);
@@ -486,7 +478,7 @@ static int wait_for_room(void)
 
 /* Only the endpoints with queued fragments (pending_eps) are looked
    at; an emptied one leaves the list. */
-static int retry_pending(void)
+static __attribute__((noinline)) int retry_pending(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int n = 0;
@@ -516,7 +508,7 @@ static int retry_pending(void)
 
 /* Callbacks of what was queued when we started: those they trigger wait
    for the next call, so a long pipeline cannot monopolize progress. */
-static int run_completions(void)
+static __attribute__((noinline)) int run_completions(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     OPAL_THREAD_LOCK(&c->lock);
@@ -691,7 +683,7 @@ static bool may_block(uint64_t now, bool for_room)
     return now - c->idle_since_ns >= (uint64_t)c->spin_us * 1000u;
 }
 
-static int idle_tick(void)
+static __attribute__((noinline)) int idle_tick(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     uint64_t now = mca_btl_ivshmem_now_ns();
@@ -734,7 +726,15 @@ int mca_btl_ivshmem_component_progress(void)
         c->in_progress = 1;
     }
 
-    int events = poll_region(IVSHMEM_RECV_BATCH);
+    /* Most calls (every MPI_Test, every spin of MPI_Wait) find nothing:
+       a few loads answer that, and the sooner a waiting rank looks
+       again, the sooner it sees its message. */
+    OPAL_THREAD_LOCK(&c->lock);
+    int idle = ivshm_recv_idle(c->h);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    int events = 0;
+    if (OPAL_UNLIKELY(!idle || c->stash_ready))
+        events = poll_region(IVSHMEM_RECV_BATCH);
     if (OPAL_UNLIKELY(c->num_pending))
         events += retry_pending();
     if (OPAL_UNLIKELY(NULL != c->complete.head))
