@@ -275,6 +275,13 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     from micromag.terms.demag import DemagField
 
     data = np.load(sys.argv[1])
+    if sys.argv[4] == "direct":     # the simulation's choice of u1 solve
+        from micromag.parallel import petsc
+        from micromag.simulation import POISSON_DIRECT, POISSON_SCHUR
+        opts = petsc().Options()
+        for key, value in (POISSON_SCHUR if MPI.COMM_WORLD.size > 1
+                           else POISSON_DIRECT).items():
+            opts[key] = value
     sp = FEMSpace(Mesh(data["points"], data["tets"]))
     field = DemagField(sp, data["ms"][sp.perm.argsort()],
                        method=sys.argv[3], tol=1e-6)
@@ -289,15 +296,20 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     if MPI.COMM_WORLD.rank == 0:
         np.savez(sys.argv[2], H=sp.to_original(H), E=E,
                  nb=field.n_boundary, size=MPI.COMM_WORLD.size,
-                 method=field.method)
+                 method=field.method,
+                 pc=field._poisson.getPC().getType())
 """)
 
 
 # dense: round-off and solver tolerance only; fmm (tol 1e-6): each rank
-# runs the FMM on its own triangles, so the trees and their errors differ
-@pytest.mark.parametrize("method,ranks,rel", [("dense", (1, 2), 1e-6),
-                                              ("fmm", (1, 2, 4), 1e-5)])
-def test_parallel_equals_serial(tmp_path, method, ranks, rel):
+# runs the FMM on its own triangles, so the trees and their errors differ;
+# direct: the u1 solve of simulation.py (the replicated Cholesky factor on
+# one rank, the interface Schur complement of terms/schur.py on several)
+@pytest.mark.parametrize("method,ranks,rel,solver", [
+    ("dense", (1, 2), 1e-6, "cg"),
+    ("fmm", (1, 2, 4), 1e-5, "cg"),
+    ("dense", (1, 2, 3), 1e-6, "direct")])
+def test_parallel_equals_serial(tmp_path, method, ranks, rel, solver):
     if method == "fmm":
         pytest.importorskip("fmm3dpy")
     mpirun = shutil.which("mpirun")
@@ -320,7 +332,7 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel):
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += ["--oversubscribe", "-np", str(np_), sys.executable,
-                str(script), str(case), str(result), method]
+                str(script), str(case), str(result), method, solver]
         # env=os.environ (Python's copy of the start-up environment): MPI_Init
         # in this process (singleton) added OMPI_/PMIX_ variables to the C
         # environment that a child would inherit and that make mpirun fail
@@ -331,6 +343,9 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel):
         results[np_] = np.load(result)
         assert int(results[np_]["size"]) == np_
         assert str(results[np_]["method"]) == method
+        if solver == "direct":
+            assert str(results[np_]["pc"]) == ("python" if np_ > 1
+                                               else "redundant")
     H1 = results[1]["H"]
     scale = np.abs(H1).max()
     assert scale > 0.1 * MS
