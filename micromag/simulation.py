@@ -134,8 +134,7 @@ class Simulation:
                     opts.hasName(k) for k in ("demag_poisson_pc_type",
                                               "demag_poisson_ksp_type")):
                 direct = POISSON_DIRECT
-                if self.comm.Get_size() > 1 and (
-                        schur.interface_size(sp.K) <= schur.MAX_INTERFACE):
+                if self.comm.Get_size() > 1 and schur.fits(sp.K):
                     direct = POISSON_SCHUR
                 for key, value in direct.items():
                     if not opts.hasName(key):

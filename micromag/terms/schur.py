@@ -55,10 +55,17 @@ def _split(A):
     return csr, on_gamma
 
 
-def interface_size(A) -> int:
-    """Number of interface nodes of the split of A; collective."""
-    local = int(_split(A)[1].sum())
-    return int(A.getComm().tompi4py().allreduce(local))
+def fits(A) -> bool:
+    """Whether the split of A suits InterfaceSchurPC: at most
+    MAX_INTERFACE interface nodes and some interior on every rank (a
+    rank of interface nodes only would factor an empty block); collective.
+    """
+    from mpi4py import MPI
+    on_gamma = _split(A)[1]
+    comm = A.getComm().tompi4py()
+    ng = comm.allreduce(int(on_gamma.sum()))
+    interior = comm.allreduce(not on_gamma.all(), op=MPI.LAND)
+    return bool(ng <= MAX_INTERFACE and interior)
 
 
 def _release(pc) -> None:

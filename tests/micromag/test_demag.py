@@ -293,11 +293,13 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     field.h(state, out)
     H = sp.gather(out)
     E = field.E(state)
+    from micromag.terms import schur
+    fits = schur.fits(sp.K) if MPI.COMM_WORLD.size > 1 else False
     if MPI.COMM_WORLD.rank == 0:
         np.savez(sys.argv[2], H=sp.to_original(H), E=E,
                  nb=field.n_boundary, size=MPI.COMM_WORLD.size,
                  method=field.method,
-                 pc=field._poisson.getPC().getType())
+                 pc=field._poisson.getPC().getType(), fits=fits)
 """)
 
 
@@ -346,6 +348,8 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel, solver):
         if solver == "direct":
             assert str(results[np_]["pc"]) == ("python" if np_ > 1
                                                else "redundant")
+            # what Simulation asks before it chooses the Schur solve
+            assert bool(results[np_]["fits"]) == (np_ > 1)
     H1 = results[1]["H"]
     scale = np.abs(H1).max()
     assert scale > 0.1 * MS
