@@ -111,8 +111,8 @@ class Dynamics:
         return out
 
     def dmdt_local(self, m: np.ndarray, h: np.ndarray) -> np.ndarray:
-        mxh = np.cross(m, h)
-        return self._c1 * mxh + self._c2 * np.cross(m, mxh)
+        mxh = _cross(m, h)
+        return self._c1 * mxh + self._c2 * _cross(m, mxh)
 
     def rhs(self, t: float, u, F) -> None:
         h = self.field(u, t)
@@ -139,6 +139,19 @@ class Dynamics:
         tq = np.cross(m, h)[self.state.magnetic_local]
         local = float(np.sqrt((tq * tq).sum(axis=1)).max()) if len(tq) else 0.0
         return global_max(self.space.comm, local)
+
+
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise a x b of (n, 3) arrays: np.cross's arithmetic (the same
+    bits), without its axis handling, which cost ~2/3 of its time per
+    right-hand side at a few thousand nodes."""
+    out = np.empty_like(a)
+    a0, a1, a2 = a[:, 0], a[:, 1], a[:, 2]
+    b0, b1, b2 = b[:, 0], b[:, 1], b[:, 2]
+    np.subtract(a1 * b2, a2 * b1, out=out[:, 0])
+    np.subtract(a2 * b0, a0 * b2, out=out[:, 1])
+    np.subtract(a0 * b1, a1 * b0, out=out[:, 2])
+    return out
 
 
 class ExchangeJacobian:

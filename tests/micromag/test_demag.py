@@ -275,6 +275,13 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     from micromag.terms.demag import DemagField
 
     data = np.load(sys.argv[1])
+    if sys.argv[4] == "direct":     # the simulation's choice of u1 solve
+        from micromag.parallel import petsc
+        from micromag.simulation import POISSON_DIRECT, POISSON_SCHUR
+        opts = petsc().Options()
+        for key, value in (POISSON_SCHUR if MPI.COMM_WORLD.size > 1
+                           else POISSON_DIRECT).items():
+            opts[key] = value
     sp = FEMSpace(Mesh(data["points"], data["tets"]))
     field = DemagField(sp, data["ms"][sp.perm.argsort()],
                        method=sys.argv[3], tol=1e-6)
@@ -286,18 +293,25 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     field.h(state, out)
     H = sp.gather(out)
     E = field.E(state)
+    from micromag.terms import schur
+    fits = schur.fits(sp.K) if MPI.COMM_WORLD.size > 1 else False
     if MPI.COMM_WORLD.rank == 0:
         np.savez(sys.argv[2], H=sp.to_original(H), E=E,
                  nb=field.n_boundary, size=MPI.COMM_WORLD.size,
-                 method=field.method)
+                 method=field.method,
+                 pc=field._poisson.getPC().getType(), fits=fits)
 """)
 
 
 # dense: round-off and solver tolerance only; fmm (tol 1e-6): each rank
-# runs the FMM on its own triangles, so the trees and their errors differ
-@pytest.mark.parametrize("method,ranks,rel", [("dense", (1, 2), 1e-6),
-                                              ("fmm", (1, 2, 4), 1e-5)])
-def test_parallel_equals_serial(tmp_path, method, ranks, rel):
+# runs the FMM on its own triangles, so the trees and their errors differ;
+# direct: the u1 solve of simulation.py (the replicated Cholesky factor on
+# one rank, the interface Schur complement of terms/schur.py on several)
+@pytest.mark.parametrize("method,ranks,rel,solver", [
+    ("dense", (1, 2), 1e-6, "cg"),
+    ("fmm", (1, 2, 4), 1e-5, "cg"),
+    ("dense", (1, 2, 3), 1e-6, "direct")])
+def test_parallel_equals_serial(tmp_path, method, ranks, rel, solver):
     if method == "fmm":
         pytest.importorskip("fmm3dpy")
     mpirun = shutil.which("mpirun")
@@ -320,7 +334,7 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel):
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += ["--oversubscribe", "-np", str(np_), sys.executable,
-                str(script), str(case), str(result), method]
+                str(script), str(case), str(result), method, solver]
         # env=os.environ (Python's copy of the start-up environment): MPI_Init
         # in this process (singleton) added OMPI_/PMIX_ variables to the C
         # environment that a child would inherit and that make mpirun fail
@@ -331,6 +345,11 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel):
         results[np_] = np.load(result)
         assert int(results[np_]["size"]) == np_
         assert str(results[np_]["method"]) == method
+        if solver == "direct":
+            assert str(results[np_]["pc"]) == ("python" if np_ > 1
+                                               else "redundant")
+            # what Simulation asks before it chooses the Schur solve
+            assert bool(results[np_]["fits"]) == (np_ > 1)
     H1 = results[1]["H"]
     scale = np.abs(H1).max()
     assert scale > 0.1 * MS
@@ -338,3 +357,50 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel):
         assert np.abs(results[np_]["H"] - H1).max() <= rel * scale
         assert float(results[np_]["E"]) == pytest.approx(
             float(results[1]["E"]), rel=rel)
+
+
+def test_direct_neumann_solve_matches_cg(sphere_space):
+    """The simulation's u1 solve (simulation.POISSON_DIRECT: one
+    application of a replicated Cholesky factor, no Krylov method) gives
+    the field of the CG solve, and K u1 = D m to round-off."""
+    from micromag.parallel import petsc
+    from micromag.simulation import POISSON_DIRECT
+    sp = sphere_space
+    pts = sp.mesh.points
+    vortex = np.stack([-pts[:, 1], pts[:, 0], np.full(sp.n, 3 * NM)], axis=1)
+    vortex /= np.linalg.norm(vortex, axis=1)[:, None]
+    state = SimpleNamespace(m=sp.vector_vec())
+    sp.set_global(state.m, vortex)
+    reference = DemagField(sp, MS, rtol=1e-12)
+    out = sp.vector_vec()
+    reference.h(state, out)
+    H_cg = sp.gather(out, to_all=True).copy()
+    opts = petsc().Options()
+
+    def direct_field(ms):
+        for key, value in POISSON_DIRECT.items():
+            opts[key] = value
+        try:
+            return DemagField(sp, ms)
+        finally:
+            for key in POISSON_DIRECT:
+                opts.delValue(key)
+
+    direct = direct_field(MS)
+    assert direct._poisson.getType() == "preonly"
+    for _ in range(2):                  # a second m: no stale warm start
+        direct.h(state, out)
+        H = sp.gather(out, to_all=True)
+        assert np.abs(H - H_cg).max() <= 1e-8 * np.abs(H_cg).max()
+        resid = direct._b.duplicate()
+        sp.K.mult(direct._u1, resid)
+        resid.axpy(-1.0, direct._b)
+        assert resid.norm() <= 1e-10 * direct._b.norm()
+        assert abs(direct._u1.sum()) <= 1e-10 * direct._u1.norm() * sp.n
+        sp.set_global(state.m, np.tile([0.0, 0.6, 0.8], (sp.n, 1)))
+        reference.h(state, out)
+        H_cg = sp.gather(out, to_all=True).copy()
+    assert direct.E(state) == pytest.approx(reference.E(state), rel=1e-9)
+    # no magnetic material: a zero right-hand side gives a zero field
+    direct_field(0.0).h(state, out)
+    assert out.norm() == 0.0
