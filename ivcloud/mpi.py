@@ -48,12 +48,17 @@ PRIVATE_HEAP = 32 * MIB       # on top of the receive areas: windows, big messag
 # BTL sizes max_send_size to one slot's payload), so the BTL packs
 # fragments into the region and delivers them from it in place.
 # MPI_RING_SHAPES lists (slots, slot size) from the preferred shape down;
-# many ranks get smaller rings to keep the areas in the budget. 64 slots
-# of 16 KiB rather than 16 of 64 KiB (the same 1 MiB per ring): PTRANS's
-# many mid-sized messages keep more fragments in flight (PTRANS 0.90 of
-# vader against 0.79, ring bandwidth still 1.6x vader's; BENCHMARKS.md).
-MPI_RING_SHAPES = ((64, 16 * 1024 + 64), (64, 8 * 1024 + 64), (64, 4096),
-                   (16, 4096))
+# many ranks get shorter rings to keep the areas in the budget. The slots
+# stay at 16 KiB + 64 as long as possible: the BTL's fragments are about
+# 32 KiB in whole slots, so only a payload above 16 KiB makes a fragment
+# exactly one slot (smaller slots would send every fragment through the
+# copying path). 64 slots of 16 KiB rather than 16 of 64 KiB (the same
+# 1 MiB per ring): PTRANS's many mid-sized messages keep more fragments
+# in flight (PTRANS 0.85 of vader against 0.77, ring bandwidth still 1.6x
+# vader's; BENCHMARKS.md). From about 100 ranks on, 4 KiB slots, whose
+# fragments span several slots and go through the copying path.
+MPI_RING_SHAPES = ((64, 16 * 1024 + 64), (32, 16 * 1024 + 64),
+                   (16, 16 * 1024 + 64), (16, 4096))
 MPI_QUEUE_SLOTS = 64
 MPI_FAST_CHANNELS = 8
 PRIVATE_RING_BUDGET = 300 * MIB

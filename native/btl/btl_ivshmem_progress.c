@@ -477,7 +477,9 @@ static int wait_for_room(void)
 }
 
 /* Only the endpoints with queued fragments (pending_eps) are looked
-   at; an emptied one leaves the list. */
+   at; an emptied one leaves the list. Out of line, like run_completions
+   and idle_tick: inlined, their registers made every empty progress
+   call save and restore six of them. */
 static __attribute__((noinline)) int retry_pending(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -727,8 +729,9 @@ int mca_btl_ivshmem_component_progress(void)
     }
 
     /* Most calls (every MPI_Test, every spin of MPI_Wait) find nothing:
-       a few loads answer that, and the sooner a waiting rank looks
-       again, the sooner it sees its message. */
+       a few loads answer that (and a "maybe" every 64th call, so the
+       full peek's checks of the senders still run). Stashed messages
+       are ours, out of libivshm's sight: they always get their poll. */
     OPAL_THREAD_LOCK(&c->lock);
     int idle = ivshm_recv_idle(c->h);
     OPAL_THREAD_UNLOCK(&c->lock);

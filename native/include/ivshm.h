@@ -234,11 +234,12 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
    copying ivshm_recv since). Decided on our own state, so a co-tenant
    cannot make a message stick. *data is no longer ours afterwards. */
 int ivshm_recv_release(ivshm *h, int src);
-/* 1 if an IVSHM_ANY receive or peek now would certainly find nothing,
-   0 if it may find something: a few loads, for a caller that polls
-   densely (a progress engine). Every 64th call in a row answers 0
-   regardless, so that a caller which peeks only after a 0 still makes
-   the full peek, with its checks of the senders, every so often. */
+/* 0 if an IVSHM_ANY receive or peek now may find something, 1 if the
+   head of every fast ring and of the queue is empty: a few loads, for a
+   caller that polls densely (a progress engine) and peeks only after a
+   0. Every 64th call answers 0 regardless: what only the full peek sees
+   (a sender's new incarnation, whose ring restarts elsewhere; a tail a
+   co-tenant rewound) is then found at most 63 calls late. */
 int ivshm_recv_idle(ivshm *h);
 
 /* Zero-copy send of one single-slot message: a pointer to the payload of

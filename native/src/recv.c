@@ -583,8 +583,9 @@ static inline bool rx_nothing(ivshm *h)
  * fast ring and of our queue's head cell, a few loads. Invariant: true
  * only when each of them says empty, and never IDLE_RUN_MAX times in a
  * row: what only a full peek looks at (a sender's new incarnation,
- * whose ring restarts where we do not look; a rewound tail to heal; the
- * fast-channel sweep) waits at most that many polls.
+ * whose ring restarts where we do not look; a rewound tail to heal)
+ * waits at most that many polls. (The fast-channel sweep counts full
+ * empty peeks, so it comes later too, but it is also paced by time.)
  */
 int ivshm_recv_idle(ivshm *h)
 {
