@@ -553,9 +553,11 @@ static inline bool q_empty(const ivshm *h)
  * calls. Each ring found empty gets its tail checked as in next_cell (a
  * co-tenant's rewind is healed). A departed sender's channel, a queue
  * cell taken but not yet claimed, or anything else unusual: false, and
- * the general path (rx_any) deals with it.
+ * the general path (rx_any) deals with it. Without `full_check`
+ * (ivshm_recv_idle) only the heads are looked at: no incarnation check,
+ * no tail healing.
  */
-static inline bool rx_nothing(ivshm *h)
+static inline bool rx_nothing(ivshm *h, bool full_check)
 {
     if (h->n_bl)
         return false;
@@ -563,8 +565,11 @@ static inline bool rx_nothing(ivshm *h)
         int slot = h->act[x];
         struct ivshm_peer_local *p = &h->peers[slot];
         if (p->rx_chan < 0 || p->rx_partial ||
-            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail) ||
-            !ivshm_peer_current(h, slot) || p->rx_chan < 0)
+            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
+            return false;
+        if (!full_check)
+            continue;
+        if (!ivshm_peer_current(h, slot) || p->rx_chan < 0)
             return false;
         rx_heal_tail(h, slot, p->rx_ring);
     }
@@ -589,17 +594,12 @@ static inline bool rx_nothing(ivshm *h)
  */
 int ivshm_recv_idle(ivshm *h)
 {
-    if (!h || h->self < 0 || h->n_bl)
+    if (!h || h->self < 0)
         return 0;
     if ((++h->idle_polls & (IDLE_RUN_MAX - 1)) == 0)
         return 0;
-    for (int x = 0; x < h->n_act; x++) {
-        const struct ivshm_peer_local *p = &h->peers[h->act[x]];
-        if (p->rx_chan < 0 || p->rx_partial ||
-            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
-            return 0;
-    }
-    return q_empty(h);
+    /* the head loads only: incarnations and tails are the full peek's */
+    return rx_nothing(h, false);
 }
 
 /* Round robin over the sources of IVSHM_ANY, from rr_next: the senders
@@ -842,7 +842,7 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
             return rc;
         }
     }
-    if (from == IVSHM_ANY && rx_nothing(h)) {
+    if (from == IVSHM_ANY && rx_nothing(h, true)) {
         h->q_stuck_since = 0; /* as the general path's empty queue does */
         maybe_sweep(h);
         return -EAGAIN;
