@@ -323,6 +323,22 @@ def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
     return sorted(set(names))
 
 
+def _kill_all(listing, grace_s: float, rounds: int = 5):
+    """Kill what listing() finds until it finds nothing new. One listing
+    is not enough: a process killed while it forks (an orphaned mpirun's
+    launch agent, a rank's helper) leaves a child nobody listed.
+    Returns (how many were stopped, pids that survived SIGKILL)."""
+    seen: set = set()
+    survivors: set = set()
+    for _ in range(rounds):
+        pids = set(listing()) - survivors
+        if not pids:
+            break
+        seen |= pids
+        survivors |= set(holders.kill_pids(sorted(pids), grace_s))
+    return len(seen - survivors), sorted(survivors)
+
+
 def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
     """Remove everything of the cluster; returns what was done. Raises
     ClusterFailure (after doing all it can) if anything is left."""
@@ -344,14 +360,13 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                                                              {}))
     roles.discard("fabric")
     certain, recorded = _namespaces(state, all_holders, roles)
-    pids = (set(_cluster_processes(name, certain, recorded))
-            | holders.live_pids(others))
-    if pids:
-        left = holders.kill_pids(sorted(pids), grace_s)
-        done.append(f"stopped {len(pids) - len(left)} processes in "
-                    f"instances")
-        if left:
-            problems.append(f"pids {left} survived SIGKILL")
+    stopped, left = _kill_all(
+        lambda: (set(_cluster_processes(name, certain, recorded))
+                 | holders.live_pids(others)), grace_s)
+    if stopped:
+        done.append(f"stopped {stopped} processes in instances")
+    if left:
+        problems.append(f"pids {left} survived SIGKILL")
 
     # 2. ivshmem-servers (their sockets, pid files and regions). A server
     # whose directory does not exist was never started by us: a region
@@ -383,20 +398,22 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
             if links:
                 done.append(f"deleted {len(links)} links")
     fab_certain, fab_recorded = _namespaces(state, all_holders, {"fabric"})
-    pids = (set(_cluster_processes(name, fab_certain, fab_recorded))
-            | holders.live_pids(fabric))
-    if pids:
-        left = holders.kill_pids(sorted(pids), grace_s)
-        if left:
-            problems.append(f"fabric pids {left} survived SIGKILL")
+    _, left = _kill_all(
+        lambda: (set(_cluster_processes(name, fab_certain, fab_recorded))
+                 | holders.live_pids(fabric)), grace_s)
+    if left:
+        problems.append(f"fabric pids {left} survived SIGKILL")
 
     # 4. check, then the files
     for kind in ("net", "mnt"):
         certain[kind] |= fab_certain[kind]
         recorded[kind] |= fab_recorded[kind] | certain[kind]
     # the holders are gone now, so every namespace counts as recorded only
-    still = (_cluster_processes(name, {}, recorded)
-             + [h.pid for h in holders.find_by_marker(name)])
+    def remaining():
+        return set(_cluster_processes(name, {}, recorded)
+                   + [h.pid for h in holders.find_by_marker(name)])
+    _kill_all(remaining, grace_s)   # anything that slipped in meanwhile
+    still = remaining()
     if still:
         problems.append(f"processes {sorted(set(still))} still in the "
                         f"cluster's namespaces")
