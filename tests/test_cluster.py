@@ -538,3 +538,29 @@ def test_down_finds_processes_of_a_dead_instance(cluster):
         if job.poll() is None:
             job.kill()
             job.wait()
+
+
+def test_down_stops_what_a_dying_process_starts(cluster):
+    """A process that starts another while `down` stops it (an orphaned
+    mpirun's launch agent did, in CI): the newcomer, unseen by the first
+    look, is stopped too, and down succeeds."""
+    name, state = cluster(servers=1, instances=2)
+    script = "trap 'sleep 300 & exit 0' TERM; while :; do sleep 0.1; done"
+    job = subprocess.Popen([sys.executable, "-m", "ivcloud", "cluster",
+                            "exec", "--name", name, "s0i1", "--", "sh", "-c",
+                            script])
+    try:
+        ns = {"net": {state["namespaces"]["s0i1"]["net"]}}
+        deadline = time.monotonic() + 20
+        # its loop's first sleep runs: the trap is set
+        while len(holders.processes_in(ns, cluster=name)) < 2:
+            assert time.monotonic() < deadline, "the script never started"
+            time.sleep(0.05)
+        down = ivcloud("cluster", "down", "--name", name)
+        assert down.returncode == 0, down.stderr
+        assert holders.processes_in(ns, cluster=name) == []
+        assert not [p for p in holders.find_by_marker(name)]
+    finally:
+        if job.poll() is None:
+            job.kill()
+        job.wait()
