@@ -247,6 +247,7 @@ def compare(curves: Dict[float, Dict[str, np.ndarray]],
                 row.append({"dm": d, "max": max(abs(x) for x in d)})
         diffs.append({"from": a["cell"], "to": b["cell"], "at": row})
     report = {"times": list(times), "values": values, "differences": diffs}
+    report["richardson"] = richardson(report)
     for v in values:
         v["first_crossing_s"] = first_crossing(curves[v["cell"]])
     if reference is not None:
@@ -274,6 +275,54 @@ def compare(curves: Dict[float, Dict[str, np.ndarray]],
                                "first_crossing_s": first_crossing(reference),
                                "differences": to_ref}
     return report
+
+
+def _observed_order(h1: float, h2: float, h3: float, r: float
+                    ) -> Optional[float]:
+    """p with (h3^p - h2^p) / (h2^p - h1^p) = r, for h1 > h2 > h3 and
+    0 < r < 1 (the ratio falls as p grows); None outside 0.25..8."""
+    def ratio(p):
+        return (h3 ** p - h2 ** p) / (h2 ** p - h1 ** p)
+    lo, hi = 0.25, 8.0
+    if not ratio(hi) < r < ratio(lo):
+        return None
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if ratio(mid) > r:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def richardson(report: Dict[str, list]) -> Optional[dict]:
+    """Richardson's estimate from the three finest sizes of `compare`:
+    if <m>(h) = m0 + C h^p, two successive changes give the observed
+    order p and the finest size's distance to m0 (its error), per time
+    and component. Only where both changes have the same sign and the
+    second is the smaller (the asymptotic regime the model assumes);
+    None elsewhere, and None without three sizes."""
+    values = report["values"]
+    if len(values) < 3:
+        return None
+    (h1, m1), (h2, m2), (h3, m3) = [(v["cell"], v["m"]) for v in values[-3:]]
+    rows = []
+    for a, b, c in zip(m1, m2, m3):
+        row = []
+        for k in range(3):
+            if a is None or b is None or c is None:
+                row.append(None)
+                continue
+            d1, d2 = b[k] - a[k], c[k] - b[k]
+            p = (_observed_order(h1, h2, h3, d2 / d1)
+                 if d1 != 0 and d2 * d1 > 0 and abs(d2) < abs(d1) else None)
+            if p is None:
+                row.append(None)
+                continue
+            err = d2 * h3 ** p / (h3 ** p - h2 ** p)  # = C h3^p
+            row.append({"p": p, "error": err, "m0": c[k] - err})
+        rows.append(None if all(x is None for x in row) else row)
+    return {"cells": [h1, h2, h3], "at": rows}
 
 
 def _cells(row, missing: str = "(not reached)") -> str:
@@ -307,6 +356,20 @@ def format_table(report: Dict[str, list]) -> str:
         for d in ref["differences"]:
             lines.append(f"{d['cell']:g} nm - ref".ljust(18)
                          + _cells(d["at"], "(none)"))
+    rich = report.get("richardson")
+    if rich is not None:
+        h = ", ".join(f"{c:g}" for c in rich["cells"])
+        lines.append("")
+        lines.append(f"Richardson from {h} nm (where both changes agree "
+                     f"in sign and shrink):")
+        lines.append(f"{rich['cells'][-1]:g} nm error".ljust(18) + "".join(
+            f"{'(not reached)':>27}" if row is None else "   " + " ".join(
+                "   n/a " if x is None else f"{x['error']:+.4f}"
+                for x in row) for row in rich["at"]))
+        lines.append("observed order".ljust(18) + "".join(
+            f"{'':>27}" if row is None else "   " + " ".join(
+                "   n/a " if x is None else f"{x['p']:7.2f}" for x in row)
+            for row in rich["at"]))
     xs = [(v["cell"], v.get("first_crossing_s")) for v in report["values"]]
     if any(x is not None for _, x in xs) or ref is not None:
         lines.append("")

@@ -91,6 +91,34 @@ def test_compare_tables_successive_refinements_and_partial_runs(tmp_path):
     assert "(not reached)" in convergence.format_table(rep)
 
 
+def test_richardson_recovers_order_and_limit():
+    import numpy as np
+    t = np.linspace(0, 1e-9, 11)
+    m0 = np.stack([np.cos(t * 1e9), np.sin(t * 1e9), 0.1 + 0 * t], axis=1)
+
+    def at(h, p, c):   # <m>(h) = m0 + c h^p, per component
+        return {"t": t, "m": m0 + np.outer(np.ones_like(t),
+                                           np.asarray(c) * h ** p)}
+    curves = {h: at(h, 2.0, [1e-3, -2e-3, 0.0]) for h in (10.0, 5.0, 2.5)}
+    rep = convergence.compare(curves, [0.5e-9])
+    rich = rep["richardson"]
+    assert rich["cells"] == [10.0, 5.0, 2.5]
+    mx, my, mz = rich["at"][0]
+    assert mx["p"] == pytest.approx(2.0, rel=1e-6)
+    assert mx["error"] == pytest.approx(1e-3 * 2.5 ** 2, rel=1e-6)
+    assert my["m0"] == pytest.approx(np.sin(0.5), rel=1e-6)
+    assert mz is None            # no change at all: nothing to estimate
+    assert "Richardson from 10, 5, 2.5 nm" in convergence.format_table(rep)
+    # changes that grow (not yet asymptotic) give no estimate
+    curves[2.5] = at(2.5, 2.0, [1e-3, -2e-3, 0.0])
+    curves[2.5]["m"][:, 0] += 0.5
+    assert convergence.compare(curves, [0.5e-9])["richardson"]["at"][0][0] \
+        is None
+    # two sizes: none
+    del curves[2.5]
+    assert convergence.compare(curves, [0.5e-9])["richardson"] is None
+
+
 def _sp4_variant(tmp_path, old, new):
     text = (EXAMPLES / "sp4.toml").read_text()
     assert old in text
