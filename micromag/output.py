@@ -207,7 +207,10 @@ def plot_m(path: Path, t: np.ndarray, m: np.ndarray, title: str = "",
     ax.legend(loc="best")
     if title:
         ax.set_title(title)
-    fig.tight_layout()
+    # fixed margins that fit these labels, not tight_layout (one more
+    # draw of the figure: ~45 ms)
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.12,
+                        top=0.92 if title else 0.97)
     fig.savefig(path)
 
 
