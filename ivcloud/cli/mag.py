@@ -303,10 +303,24 @@ def cmd_bench(args) -> int:
                 and "error" not in r]
         for r in runs:
             if r["problem"] == name and base and "error" not in r:
+                # speedup/efficiency: of the solve (the stages), as
+                # before; *_time_to_solution: of the wall time of the
+                # whole command as a user sees it (start-up, set-up and
+                # outputs included), the figure the goal is for
                 t1 = base[0]["solve_time_s"]
                 r["speedup"] = round(t1 / r["solve_time_s"], 3)
                 r["efficiency"] = round(t1 / r["solve_time_s"] / r["ranks"],
                                         3)
+                w1 = base[0]["time_to_solution_s"]
+                w = r["time_to_solution_s"]
+                r["speedup_time_to_solution"] = round(w1 / w, 3)
+                r["efficiency_time_to_solution"] = round(
+                    w1 / w / r["ranks"], 3)
+                if r["ranks"] > 1:
+                    sys.stderr.write(
+                        f"bench: {name} on {r['ranks']} ranks: efficiency "
+                        f"{r['efficiency_time_to_solution']:.2f} (time to "
+                        f"solution), {r['efficiency']:.2f} (solve)\n")
     report = {"benchmark": "ivcloud mag bench", "host": platform.node(),
               "cpus": os.cpu_count(), "transport": args.transport,
               "anchors": {"magpar_bar_1_vcpu_s": 114, "magpar_bar_4_vcpu_s":

@@ -375,6 +375,32 @@ def test_bar_relaxes_towards_the_long_axis(tmp_path):
     assert odt[0] == "# ODT 1.0" and odt[-1] == "# Table End"
 
 
+def test_bench_reports_both_efficiencies(tmp_path):
+    """`ivcloud mag bench` on a small problem, 1 and 2 ranks: the JSON has
+    the time-to-solution efficiency (the issue's figure) next to the
+    solve's, consistent with the times it reports."""
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    _write(examples / "small.toml", SMALL.format(demag="true"))
+    out = tmp_path / "bench.json"
+    r = mag_cli("bench", "--examples", str(examples), "--problems",
+                "small", "--np", "1,2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    runs = {x["ranks"]: x for x in json.loads(out.read_text())["runs"]}
+    one, two = runs[1], runs[2]
+    assert one["efficiency_time_to_solution"] == 1.0
+    w = one["time_to_solution_s"] / two["time_to_solution_s"]
+    assert two["speedup_time_to_solution"] == pytest.approx(w, abs=1e-3)
+    assert two["efficiency_time_to_solution"] == pytest.approx(w / 2,
+                                                               abs=1e-3)
+    s = one["solve_time_s"] / two["solve_time_s"]
+    assert two["efficiency"] == pytest.approx(s / 2, abs=2e-3)
+    for x in (one, two):
+        assert 0 < x["solve_time_s"] < x["time_to_solution_s"]
+        assert x["field_evals"] > 0 and x["ms_per_field_eval"] > 0
+    assert "small on 2 ranks: efficiency" in r.stderr
+
+
 def _sp4(tmp_path, h: str, duration: float = 0.2e-9):
     text = (EXAMPLES / "sp4.toml").read_text().replace(
         "h = [10.0, 10.0, 1.5]", f"h = {h}")
