@@ -304,6 +304,10 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
     ts.setTolerances(rtol=rtol, atol=atol)
     if not adaptive:
         own_opts.setdefault("ts_adapt_type", "none")
+    # A value the problem's [petsc] table set (the options database)
+    # wins over ours; ours are set for this run only and taken away after
+    own_opts = {k: v for k, v in own_opts.items()
+                if not opts.hasName(prefix + k)}
     for key, value in own_opts.items():
         opts[prefix + key] = value
     ts.setFromOptions()

@@ -226,6 +226,24 @@ def test_damped_switching_follows_the_field_and_integrators_agree():
         assert np.allclose(m, results["rk5dp"], atol=1e-4), method
 
 
+def test_petsc_table_values_win_over_the_integrators_defaults():
+    """A problem's [petsc] table (the options database) sets what the
+    bdf integrator would otherwise default: its value is used and stays;
+    the integrator's own defaults are set for the run only."""
+    st = _state(meshmod.box(5 * NM, 5 * NM, 5 * NM, 5 * NM,
+                            structured=True), alpha=0.1)
+    st.set_m([1, 0, 0.1])
+    opts = st.space.PETSc.Options()
+    opts["mag_snes_lag_jacobian"] = 7
+    try:
+        dyn = Dynamics(st, [Zeeman(st, [0, 0, 0.5 / MU0])])
+        integrate(dyn, 5e-12, method="bdf", rtol=1e-6, atol=1e-6)
+        assert opts.getInt("mag_snes_lag_jacobian") == 7
+        assert not opts.hasName("mag_snes_lag_jacobian_persists")
+    finally:
+        opts.delValue("mag_snes_lag_jacobian")
+
+
 def test_bb_minimizer_finds_the_stoner_wohlfarth_angle():
     """Easy axis z, field along x below the anisotropy field:
     sin(theta) = mu0 Ms H / (2 K1)."""
