@@ -152,8 +152,10 @@ static inline void count_sent(ivshm *h, size_t len)
 static inline void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                            size_t len)
 {
+    /* release: a consumer that sees this head sees every slot below it
+       published (rx_heal_hidden); a plain store on x86 */
     atomic_store_explicit(&ctrl->head, h->peers[slot].tx_head,
-                          memory_order_relaxed);
+                          memory_order_release);
     if (ivshm_peer_may_sleep(h, slot)) /* else no wake is owed (wait.c) */
         ivshm_kick(h, slot);
     count_sent(h, len);

@@ -120,7 +120,7 @@ static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                          uint64_t need, uint64_t deadline)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
-    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_relaxed);
+    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_release);
     ivshm_kick(h, slot);
     struct space_wait w = {ctrl, p->tx_head, need, h->ring_slots};
     for (;;) {

@@ -5,6 +5,7 @@
    - a tail rewound behind the producer's back,
    - garbage in what ivshm_recv_idle reads (ring head slots, the queue
      head cell and enqueue_pos) while honest processes send,
+   - a published message made to look empty, a forged producer head,
    - names planted where ivshm_format_file will create its file.
    Time bounds are generous (the machine is shared): they separate
    "returned by its deadline" from "hung", not fast from slow. */
@@ -14,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1016,6 +1018,206 @@ static void test_idle_scribble(void)
     board = NULL;
 }
 
+/* ---- attack 9: a published message made to look empty ---- */
+
+/* A co-tenant rewrites the seq of a slot the producer published back to
+   an "empty" value: nothing in the slot tells it from an empty one, so
+   the receiver would wait there for good, and the producer, once the
+   ring is full, too; the pair never recovered. The producer's published
+   head tells (rx_heal_hidden). Processes: the receiver (us), an honest
+   sender and a hostile one, driven step by step through pipes. */
+
+struct hide_pipes {
+    int cmd[2], ack[2]; /* to the child / back */
+};
+
+/* One step of a child, acknowledged within 20 s (a child that died or
+   hangs fails the step instead of holding us). */
+static void hide_ack(struct hide_pipes *p, char c)
+{
+    char a = 0;
+    struct pollfd pf = {.fd = p->ack[0], .events = POLLIN};
+    CHECK(poll(&pf, 1, 20000) == 1 && read(p->ack[0], &a, 1) == 1 && a == c);
+}
+
+static void hide_step(struct hide_pipes *p, char c)
+{
+    CHECK(write(p->cmd[1], &c, 1) == 1);
+    hide_ack(p, c);
+}
+
+/* A step that needs us to receive meanwhile: acknowledged later. */
+static void hide_start(struct hide_pipes *p, char c)
+{
+    CHECK(write(p->cmd[1], &c, 1) == 1);
+}
+
+/* Sender: 'a' .. 'z' sends that many messages (1 .. 26), numbered on. */
+static int hide_sender(void *arg)
+{
+    struct hide_pipes *p = arg;
+    close(p->cmd[1]); /* our reads end when the receiver closes it */
+    ivshm *h = tu_attach(path, job, 1, 0);
+    int r = tu_await_peer(h, job, 0, 10000);
+    REQUIRE(r >= 0);
+    uint32_t next = 0;
+    char c;
+    while (read(p->cmd[0], &c, 1) == 1) {
+        for (int k = 0; k <= c - 'a'; k++, next++)
+            REQUIRE(ivshm_send_timeout(h, r, 40, &next, sizeof next, 10000) ==
+                    0);
+        REQUIRE(write(p->ack[1], &c, 1) == 1);
+    }
+    ivshm_detach(h);
+    return 0;
+}
+
+/* Hostile: 'h' waits for the message at the receiver's tail and makes it
+   look empty; 'f' forges the producer's head one past the tail. */
+static int hide_hostile(void *arg)
+{
+    struct hide_pipes *p = arg;
+    ivshm *h = tu_attach(path, job, 2, 0);
+    int r = tu_await_peer(h, job, 0, 10000), s = tu_await_peer(h, job, 1, 10000);
+    REQUIRE(r >= 0 && s >= 0);
+    char c;
+    while (read(p->cmd[0], &c, 1) == 1) {
+        uint8_t *ring = ivshm_fast_ring_of(h, s, r);
+        REQUIRE(ring);
+        struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+        uint64_t tail = atomic_load(&ctrl->tail);
+        struct ivshm_slot *sl =
+            (struct ivshm_slot *)(ring + IVSHM_RING_CTRL +
+                                  (tail & (h->ring_slots - 1)) * h->slot_size);
+        if (c == 'h') {
+            REQUIRE(TU_EVENTUALLY(atomic_load(&sl->seq) == tail + 1, 5000));
+            atomic_store(&sl->seq, tail);
+        } else {
+            atomic_store(&ctrl->head, tail + 1);
+        }
+        REQUIRE(write(p->ack[1], &c, 1) == 1);
+    }
+    for (;;)
+        pause(); /* until SIGKILL */
+}
+
+/* Poll as the BTL does until a message arrives or `ms` pass: its
+   number, or -1. */
+static int64_t idle_poll(ivshm *r, int ms, uint64_t *took_ms)
+{
+    uint64_t t0 = tu_now_ms();
+    while (tu_now_ms() - t0 < (uint64_t)ms) {
+        if (ivshm_recv_idle(r))
+            continue;
+        const void *data;
+        int src;
+        uint32_t tag;
+        ssize_t rc = ivshm_recv_peek(r, IVSHM_ANY, &src, &tag, &data);
+        if (rc == -EAGAIN)
+            continue;
+        uint32_t v = UINT32_MAX;
+        if (rc == (ssize_t)sizeof v && tag == 40)
+            memcpy(&v, data, sizeof v);
+        if (rc >= 0)
+            CHECK_RC(ivshm_recv_release(r, src), 0);
+        *took_ms = tu_now_ms() - t0;
+        return rc >= 0 ? (int64_t)v : rc;
+    }
+    *took_ms = tu_now_ms() - t0;
+    return -1;
+}
+
+static void test_hidden_slot(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *r = tu_attach(path, job, 0, -1);
+    struct hide_pipes sp, hp;
+    CHECK(pipe(sp.cmd) == 0 && pipe(sp.ack) == 0 && pipe(hp.cmd) == 0 &&
+          pipe(hp.ack) == 0);
+    pid_t sender = tu_fork(hide_sender, &sp);
+    pid_t hostile = tu_fork(hide_hostile, &hp);
+    int s = tu_await_peer(r, job, 1, 10000);
+    CHECK(s >= 0 && tu_await_peer(r, job, 2, 10000) >= 0);
+    uint32_t v = 0;
+    uint64_t took = 0;
+    /* message 0 opens the fast ring */
+    hide_step(&sp, 'a');
+    CHECK_RC(ivshm_recv(r, IVSHM_ANY, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == 0 && ivshm_fast_ring_of(r, s, ivshm_self(r)) != NULL);
+
+    /* polling idle-then-peek: message 1, hidden, is shown again */
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    CHECK(idle_poll(r, 5000, &took) == 1);
+    printf("hidden slot: shown to the poller after %llu ms\n",
+           (unsigned long long)took);
+    /* a blocking receive, from anyone and from the sender */
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    uint64_t t0 = tu_now_ms();
+    CHECK_RC(ivshm_recv(r, IVSHM_ANY, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == 2);
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, -1), 4);
+    CHECK(v == 3);
+    printf("hidden slot: shown to blocking receives within %llu ms\n",
+           (unsigned long long)(tu_now_ms() - t0));
+    /* a full ring's worth and more goes through: the pair is in step */
+    hide_start(&sp, 'l'); /* 4 .. 15 */
+    for (uint32_t i = 4; i < 16; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == i);
+    }
+    hide_ack(&sp, 'l');
+
+    /* A forged head: we take what lies in the slot (a message of the
+       ring's last lap, replayed, or a stale one, dropped) and are one
+       ahead of the producer, which follows (tail_ahead): at most the
+       message it sent into the skipped position is lost. */
+    hide_step(&hp, 'f');
+    int64_t stale = idle_poll(r, 600, &took);
+    CHECK(stale == -1 || (stale >= 0 && stale < 16)); /* nothing, or a replay */
+    hide_start(&sp, 't'); /* 16 .. 35 */
+    uint32_t got = 0, last = 15;
+    bool in_order = true;
+    while (last < 35) {
+        ssize_t n = ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000);
+        CHECK_RC(n, 4);
+        if (n != 4)
+            break;
+        in_order &= v > last;
+        last = v;
+        got++;
+    }
+    CHECK(in_order && last == 35 && got >= 19);
+    hide_ack(&sp, 't');
+    hide_start(&sp, 'z'); /* 36 .. 61: nothing lost any more */
+    for (uint32_t i = 36; i < 62; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == i);
+    }
+    hide_ack(&sp, 'z');
+    printf("hidden slot: forged head: took %lld from the slot, then %u of 20 "
+           "arrived, in order\n", (long long)stale, got);
+
+    CHECK(kill(hostile, SIGKILL) == 0);
+    CHECK(tu_wait(hostile, 5000) == -1);
+    close(sp.cmd[1]);
+    CHECK(tu_wait(sender, 10000) == 0);
+    close(sp.cmd[0]);
+    close(sp.ack[0]);
+    close(sp.ack[1]);
+    close(hp.cmd[0]);
+    close(hp.cmd[1]);
+    close(hp.ack[0]);
+    close(hp.ack[1]);
+    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
+    ivshm_detach(r);
+}
+
 /* ivshm_send_timeout: all or nothing for a message that fits the ring; a
    longer one cut by its deadline costs that message only. */
 static void test_send_timeout(void)
@@ -1192,6 +1394,7 @@ int main(void)
     test_poll_stream();
     test_tail_rewind();
     test_idle_scribble();
+    test_hidden_slot();
     test_send_timeout();
     test_format_file();
     return tu_summary("test_hostile");
