@@ -12,6 +12,9 @@ region through the Python binding, registers twice with the Open MPI tag
 (once with a foreign jobid, once with the job's own jobid, its entry then
 rewritten to pose as rank 1), and floods both ranks with ob1-shaped
 garbage (pointer fields 0x4141..., every PML tag, a forged goodbye).
+A third case polls with MPI_Test (every call goes through the BTL's
+ivshm_recv_idle look) while a co-tenant scribbles exactly what that look
+reads: ring head slots and queue heads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from ivcloud.native import format_region, min_region_size
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
 SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
+IDLE_PINGPONG = REPO / "native" / "btl" / "tests" / "idle_pingpong.c"
+IDLE_SCRIBBLER = REPO / "native" / "btl" / "tests" / "idle_scribbler.c"
 FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
@@ -150,6 +155,25 @@ def pingpong(mpicc) -> Path:
 @pytest.fixture(scope="module")
 def spawner(mpicc) -> Path:
     return mpicc(SPAWN)
+
+
+@pytest.fixture(scope="module")
+def idle_pingpong(mpicc) -> Path:
+    return mpicc(IDLE_PINGPONG)
+
+
+@pytest.fixture(scope="module")
+def idle_scribbler(tmp_path_factory) -> Path:
+    """A plain C program on libivshm's layout header (native/src)."""
+    out = tmp_path_factory.mktemp("scribbler") / "idle_scribbler"
+    proc = subprocess.run(
+        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
+         "-I", str(REPO / "native" / "src"),
+         "-I", str(REPO / "native" / "include"),
+         "-o", str(out), str(IDLE_SCRIBBLER)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +312,54 @@ def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
                        r"received (\d+) msgs", err)
     assert len(lines) == 4, described  # 2 parents + 2 children
     assert all(int(s) > 0 and int(r) > 0 for s, r in lines), lines
+
+
+def test_idle_polling_with_scribbled_ring_heads(idle_pingpong, idle_scribbler,
+                                                component, shm_path):
+    """Every MPI_Test of a polling loop goes through the BTL's progress,
+    which asks ivshm_recv_idle (the head slot of each fast ring, the
+    queue head cell and enqueue_pos) before it peeks. A co-tenant process
+    keeps writing there what the job must survive: published ring
+    messages made to look empty (shown again by the receiver's sweep),
+    "empty" garbage in free slots and cells, enqueue_pos out of range.
+    The ping-pong completes with every byte checked, and the scribbler
+    was at work during it."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    scribbler = subprocess.Popen(
+        [str(idle_scribbler), str(shm_path), str(JOB_TIMEOUT)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = mpi.mpirun_command([str(idle_pingpong), "2000"], 2,
+                             transport="ivshmem", region=shm_path,
+                             tcp_fallback=False, verbose_btl=True)
+    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        try:
+            out, err = job.communicate(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _kill(job)
+            out, err = job.communicate()
+            pytest.fail(f"the job hung\n{out[-2000:]}\n{err[-2000:]}")
+        # the scribbler ran the whole time: end it, then ask what it did
+        assert scribbler.poll() is None, scribbler.communicate()
+        os.killpg(scribbler.pid, 15)
+        s_out, s_err = scribbler.communicate(timeout=30)
+    finally:
+        _kill(job)
+        _kill(scribbler)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert job.returncode == 0, described
+    assert re.search(r"PASS idle_pingpong \(2000 round trips, \d+ tests\)",
+                     out), described
+    counters = mpi.parse_btl_counters(err)
+    assert sorted(counters) == [0, 1], described
+    for rank, c in counters.items():
+        assert c["sent_msgs"] >= 2000 and c["recv_msgs"] >= 2000, (rank, c)
+    assert scribbler.returncode == 0, s_err
+    landed = json.loads(s_out)
+    assert landed["hide"] >= 1 and landed["ring_junk"] >= 1, landed
+    assert landed["q_junk"] >= 1, landed
