@@ -250,6 +250,7 @@ IVSHM_MSG_FN void ivshm_chan_reset(ivshm *h, uint32_t k);
 IVSHM_MSG_FN void ivshm_chan_free(ivshm *h, int slot);
 /* recv.c */
 IVSHM_MSG_FN enum rx_view ivshm_rx_view_slow(ivshm *h, int slot);
+IVSHM_MSG_FN void ivshm_rx_adopt(ivshm *h, int slot, uint32_t k);
 
 /* Which incarnation of `slot` we read from: the live one on every
    message (inline), anything else out of line. */

@@ -189,6 +189,19 @@ static inline void consume_cell(ivshm *h, int slot, const struct cref *c,
     }
 }
 
+/* Read `slot`'s messages from fast channel k of our area from now on
+   (validated by the caller: k is free on our side, its descriptor names
+   the sender, the sender has no channel with us). */
+void ivshm_rx_adopt(ivshm *h, int slot, uint32_t k)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    p->rx_chan = (int16_t)k;
+    p->rx_ring = ivshm_fring(h, h->self, k);
+    p->rx_tail = 0;
+    h->chan_user[k] = slot;
+    h->act[h->n_act++] = slot;
+}
+
 /* An OPEN cell of `slot`: from now on it sends on fast channel k of our
    area. Accepted only if the descriptor says so (loaded once): the
    sender took it with its slot and generation. */
@@ -207,11 +220,7 @@ static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
         h->stats.dropped++;
         return view == RX_LIVE ? IVSHM_ECORRUPT : 0;
     }
-    p->rx_chan = (int16_t)k;
-    p->rx_ring = ivshm_fring(h, h->self, (uint32_t)k);
-    p->rx_tail = 0;
-    h->chan_user[k] = slot;
-    h->act[h->n_act++] = slot;
+    ivshm_rx_adopt(h, slot, (uint32_t)k);
     return 0;
 }
 
