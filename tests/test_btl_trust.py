@@ -12,6 +12,9 @@ region through the Python binding, registers twice with the Open MPI tag
 (once with a foreign jobid, once with the job's own jobid, its entry then
 rewritten to pose as rank 1), and floods both ranks with ob1-shaped
 garbage (pointer fields 0x4141..., every PML tag, a forged goodbye).
+A third case polls with MPI_Test (every call goes through the BTL's
+ivshm_recv_idle look) while a co-tenant scribbles exactly what that look
+reads: ring head slots and queue heads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ivcloud.native import format_region, min_region_size
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
 SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
+IDLE_SCRIBBLER = REPO / "native" / "btl" / "tests" / "idle_scribbler.c"
 FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
@@ -153,6 +157,20 @@ def spawner(mpicc) -> Path:
 
 
 @pytest.fixture(scope="module")
+def idle_scribbler(tmp_path_factory) -> Path:
+    """A plain C program on libivshm's layout header (native/src)."""
+    out = tmp_path_factory.mktemp("scribbler") / "idle_scribbler"
+    proc = subprocess.run(
+        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
+         "-I", str(REPO / "native" / "src"),
+         "-I", str(REPO / "native" / "include"),
+         "-o", str(out), str(IDLE_SCRIBBLER)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
 def component() -> Path:
     try:
         return mpi.component_dir()
@@ -167,6 +185,23 @@ def _kill(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
+
+
+def _start(cmd) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _finish(job: subprocess.Popen, what: str):
+    """stdout and stderr of `job`; a job still running after JOB_TIMEOUT
+    is killed and fails the test."""
+    try:
+        return job.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill(job)
+        out, err = job.communicate()
+        pytest.fail(f"{what} hung\n{out[-2000:]}\n{err[-2000:]}")
 
 
 def _two_nodes_possible() -> bool:
@@ -189,11 +224,9 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
     gate, result = tmp_path / "gate", tmp_path / "hostile.json"
-    hostile = subprocess.Popen(
+    hostile = _start(
         [sys.executable, "-c", HOSTILE, str(shm_path), str(gate),
-         str(result), str(HOSTILE_SECONDS), str(FLOOD)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+         str(result), str(HOSTILE_SECONDS), str(FLOOD)])
     cmd = mpi.mpirun_command(
         [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
         region=shm_path, tcp_fallback=False,
@@ -201,16 +234,9 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
     if nodes == "two_nodes":
         cmd[1:1] = ["--host", "vmA:1,vmB:1", "--bind-to", "none",
                     "--mca", "plm_rsh_agent", str(FAKE_RSH)]
-    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    job = _start(cmd)
     try:
-        try:
-            out, err = job.communicate(timeout=JOB_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            _kill(job)
-            out, err = job.communicate()
-            pytest.fail(f"the job hung\n{out[-2000:]}\n{err[-2000:]}")
+        out, err = _finish(job, "the job")
         try:
             h_out, h_err = hostile.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -270,15 +296,9 @@ def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
     cmd = mpi.mpirun_command([str(spawner)], 2, transport="ivshmem",
                              region=shm_path, tcp_fallback=False,
                              verbose_btl=True)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = _start(cmd)
     try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        out, err = proc.communicate()
-        pytest.fail(f"spawn job hung\n{out[-2000:]}\n{err[-2000:]}")
+        out, err = _finish(proc, "spawn job")
     finally:
         _kill(proc)
     described = f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
@@ -288,3 +308,43 @@ def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
                        r"received (\d+) msgs", err)
     assert len(lines) == 4, described  # 2 parents + 2 children
     assert all(int(s) > 0 and int(r) > 0 for s, r in lines), lines
+
+
+def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
+                                                component, shm_path):
+    """Every MPI_Test of a polling loop goes through the BTL's progress,
+    which asks ivshm_recv_idle (the head slot of each fast ring, the
+    queue head cell and enqueue_pos) before it peeks. A co-tenant process
+    keeps writing there what the job must survive: published ring
+    messages made to look empty (shown again by the receiver's sweep),
+    "empty" garbage in free slots and cells, enqueue_pos out of range.
+    The ping-pong completes with every byte checked, and the scribbler
+    was at work during it."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    scribbler = _start([str(idle_scribbler), str(shm_path), str(JOB_TIMEOUT)])
+    cmd = mpi.mpirun_command([str(pingpong), "-", "2000", "test"], 2,
+                             transport="ivshmem", region=shm_path,
+                             tcp_fallback=False, verbose_btl=True)
+    job = _start(cmd)
+    try:
+        out, err = _finish(job, "the job")
+        # the scribbler ran the whole time: end it, then ask what it did
+        assert scribbler.poll() is None, scribbler.communicate()
+        os.killpg(scribbler.pid, 15)
+        s_out, s_err = scribbler.communicate(timeout=30)
+    finally:
+        _kill(job)
+        _kill(scribbler)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert job.returncode == 0, described
+    assert "PASS trust_pingpong (2000 round trips)" in out, described
+    counters = mpi.parse_btl_counters(err)
+    assert sorted(counters) == [0, 1], described
+    for rank, c in counters.items():
+        assert c["sent_msgs"] >= 2000 and c["recv_msgs"] >= 2000, (rank, c)
+    assert scribbler.returncode == 0, s_err
+    landed = json.loads(s_out)
+    assert landed["hide"] >= 1 and landed["ring_junk"] >= 1, landed
+    assert landed["q_junk"] >= 1, landed

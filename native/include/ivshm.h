@@ -177,7 +177,8 @@ int ivshm_event_fd(ivshm *h);
    -IVSHM_EPEERDEAD if the peer goes away; -IVSHM_ECORRUPT if the tail
    the consumer publishes fails validation (out of range, or moved
    backwards), or if the queue was tampered with in the middle of a
-   streamed message. */
+   streamed message. A tail ahead of us over slots a co-tenant forged
+   "full" (which the consumer then took) is followed, not an error. */
 int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len);
 /* ivshm_send waiting at most timeout_ms for room (-1: as ivshm_send; 0:
    as ivshm_try_send): -ETIMEDOUT when the time is up. A message that fits

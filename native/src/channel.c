@@ -108,9 +108,32 @@ void ivshm_chan_free(ivshm *h, int slot)
         }
 }
 
+/* A live sender's channel whose OPEN we never saw, though the sender
+   writes to the ring: a co-tenant took the OPEN cell out of our queue
+   (or garbled it). A sender publishes on the ring only after its OPEN
+   is in the queue, so with the queue empty (the caller's check) the
+   OPEN will not come, and without this the pair would stall for good:
+   the sender on a ring we never read. Evidence, each loaded once: the
+   descriptor names the sender in its current incarnation, the slot of
+   position 0 says "full" in that incarnation. Forged, it makes us read
+   a ring the sender does not use, as a forged OPEN cell would. */
+static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
+{
+    struct ivshm_peer_local *p = &h->peers[s];
+    if (!ivshm_peer_current(h, s) || p->gen != g || p->rx_chan >= 0 ||
+        p->rx_partial || p->bl_head ||
+        (h->listen_only && h->listen_gen[s] != g))
+        return false;
+    const struct ivshm_slot *first = slot_at(h, ivshm_fring(h, h->self, k), 0);
+    if (atomic_load_explicit(&first->seq, memory_order_acquire) != 1)
+        return false;
+    return __atomic_load_n(&first->gen, __ATOMIC_RELAXED) == g;
+}
+
 /* Descriptors taken by senders that left or died before their OPEN
-   arrived (or scribbled on): free them. Only while our queue and
-   backlogs are empty, so no OPEN of theirs can still be on its way. */
+   arrived (or scribbled on): free them; those of live senders whose
+   OPEN was lost: adopt them. Only while our queue and backlogs are
+   empty, so no OPEN of theirs can still be on its way. */
 void ivshm_fast_sweep(ivshm *h)
 {
     if (h->self < 0 || h->n_bl)
@@ -130,8 +153,11 @@ void ivshm_fast_sweep(ivshm *h)
             continue;
         uint32_t s = (uint32_t)owner - 1, g = (uint32_t)(owner >> 32);
         if (s < h->max_peers && (int)s != h->self && g != 0 &&
-            ivshm_peer_alive(h, (int)s, g))
-            continue; /* its OPEN may still come */
+            ivshm_peer_alive(h, (int)s, g)) {
+            if (chan_orphaned(h, k, (int)s, g))
+                ivshm_rx_adopt(h, (int)s, k);
+            continue; /* else its OPEN may still come */
+        }
         ivshm_chan_reset(h, k);
     }
 }

@@ -152,8 +152,10 @@ static inline void count_sent(ivshm *h, size_t len)
 static inline void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                            size_t len)
 {
+    /* release: a consumer that sees this head sees every slot below it
+       published (rx_heal_hidden); a plain store on x86 */
     atomic_store_explicit(&ctrl->head, h->peers[slot].tx_head,
-                          memory_order_relaxed);
+                          memory_order_release);
     if (ivshm_peer_may_sleep(h, slot)) /* else no wake is owed (wait.c) */
         ivshm_kick(h, slot);
     count_sent(h, len);
@@ -248,6 +250,7 @@ IVSHM_MSG_FN void ivshm_chan_reset(ivshm *h, uint32_t k);
 IVSHM_MSG_FN void ivshm_chan_free(ivshm *h, int slot);
 /* recv.c */
 IVSHM_MSG_FN enum rx_view ivshm_rx_view_slow(ivshm *h, int slot);
+IVSHM_MSG_FN void ivshm_rx_adopt(ivshm *h, int slot, uint32_t k);
 
 /* Which incarnation of `slot` we read from: the live one on every
    message (inline), anything else out of line. */

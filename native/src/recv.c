@@ -23,7 +23,8 @@
 /* Empty receive polls between two looks at the clock for a sweep of
    descriptors left by departed senders. */
 #define SWEEP_POLLS 4096
-#define SWEEP_EVERY_NS 200000000ull
+#define SWEEP_EVERY_MS 200
+#define SWEEP_EVERY_NS (SWEEP_EVERY_MS * 1000000ull)
 
 /* ------------------------------------------------------------------ */
 /* receiving: our area                                                */
@@ -188,6 +189,19 @@ static inline void consume_cell(ivshm *h, int slot, const struct cref *c,
     }
 }
 
+/* Read `slot`'s messages from fast channel k of our area from now on
+   (validated by the caller: k is free on our side, its descriptor names
+   the sender, the sender has no channel with us). */
+void ivshm_rx_adopt(ivshm *h, int slot, uint32_t k)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    p->rx_chan = (int16_t)k;
+    p->rx_ring = ivshm_fring(h, h->self, k);
+    p->rx_tail = 0;
+    h->chan_user[k] = slot;
+    h->act[h->n_act++] = slot;
+}
+
 /* An OPEN cell of `slot`: from now on it sends on fast channel k of our
    area. Accepted only if the descriptor says so (loaded once): the
    sender took it with its slot and generation. */
@@ -206,11 +220,7 @@ static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
         h->stats.dropped++;
         return view == RX_LIVE ? IVSHM_ECORRUPT : 0;
     }
-    p->rx_chan = (int16_t)k;
-    p->rx_ring = ivshm_fring(h, h->self, (uint32_t)k);
-    p->rx_tail = 0;
-    h->chan_user[k] = slot;
-    h->act[h->n_act++] = slot;
+    ivshm_rx_adopt(h, slot, (uint32_t)k);
     return 0;
 }
 
@@ -681,8 +691,40 @@ static int partial_sender(const ivshm *h)
     return -1;
 }
 
+/* A message hidden by a co-tenant: it rewrote the seq of a slot the
+   producer had published, so the slot looks empty, we wait at it for
+   good and the producer, once the ring is full, too. The producer's
+   `head` (stored with release after the publication of every position
+   below it) tells: when it says our position is published, a seq loaded
+   after it must say "full" unless somebody else wrote it, and we put
+   that value back (the header and payload are then validated as for any
+   slot). A forged head makes us take what lies in a slot the producer
+   has not written yet: a stale or half-written message, reported or
+   delivered as a forgery would be, and the producer follows our tail
+   (tail_ahead). Off the hot path: it costs a load of the producer's
+   line, which would bounce on every message. */
+static void rx_heal_hidden(ivshm *h)
+{
+    for (int x = 0; x < h->n_act; x++) {
+        int slot = h->act[x];
+        struct ivshm_peer_local *p = &h->peers[slot];
+        if (p->rx_chan < 0 || !ivshm_peer_current(h, slot) || p->rx_chan < 0)
+            continue;
+        struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
+        const uint64_t pos = p->rx_tail;
+        uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
+        if (head <= pos || head - pos > h->ring_slots)
+            continue;
+        struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
+        uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+        if (seq != pos + 1)
+            atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
+    }
+}
+
 /* Now and then, when a receive finds nothing: free descriptors of
-   senders that took one and went away before using it. */
+   senders that took one and went away before using it, and show
+   messages a co-tenant hid. */
 static void maybe_sweep(ivshm *h)
 {
     if (++h->sweep_polls % SWEEP_POLLS)
@@ -692,6 +734,7 @@ static void maybe_sweep(ivshm *h)
         return;
     h->next_sweep_ns = now + SWEEP_EVERY_NS;
     ivshm_fast_sweep(h);
+    rx_heal_hidden(h);
 }
 
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
@@ -741,8 +784,15 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         int wait_ms = ms_left(deadline);
         if (wait_ms == -ETIMEDOUT)
             return -ETIMEDOUT;
+        /* in slices, each followed by a look for hidden messages: a
+           co-tenant could otherwise hold a long receive at one forever */
+        const bool sliced = wait_ms < 0 || wait_ms > SWEEP_EVERY_MS;
         int w = ivshm_wait(h, from == IVSHM_ANY ? any_ready : one_ready, &from,
-                           peer, peer_gen, wait_ms);
+                           peer, peer_gen, sliced ? SWEEP_EVERY_MS : wait_ms);
+        if (w == -ETIMEDOUT && sliced) {
+            rx_heal_hidden(h);
+            continue;
+        }
         if (w == -ETIMEDOUT)
             return -ETIMEDOUT;
         if (w < 0 && w != IVSHM_EPEERDEAD)

@@ -45,6 +45,33 @@ static int tail_error(ivshm *h, int slot)
     return IVSHM_ECORRUPT;
 }
 
+/* The consumer's tail is ahead of our head: it consumed positions we
+   never published, because a co-tenant wrote "full" into their slots
+   (the consumer reported them as corrupt or took them as messages).
+   Publishing there would be lost and the tail would stay ahead: every
+   send after it would fail. If each slot of [tx_head, tail) does say
+   "full" for its position (loaded once each; we never wrote those
+   values, so somebody forged them and the consumer may have taken
+   them), continue from the tail: the ring is empty from there. Else the
+   tail itself is forged: false, the caller reports it. A co-tenant that
+   forges both the slots and the tail only makes us skip positions whose
+   forged slots the consumer will take when it gets there, so the pair
+   stays in step either way. */
+static bool tail_ahead(ivshm *h, struct ivshm_peer_local *p,
+                       struct ivshm_ring_ctrl *ctrl, uint64_t tail)
+{
+    if (tail - p->tx_head > h->ring_slots)
+        return false;
+    uint8_t *ring = (uint8_t *)ctrl;
+    for (uint64_t pos = p->tx_head; pos < tail; pos++)
+        if (atomic_load_explicit(&slot_at(h, ring, pos)->seq,
+                                 memory_order_relaxed) != pos + 1)
+            return false;
+    p->tx_head = tail;
+    p->tx_tail_cache = tail;
+    return true;
+}
+
 /* Room for `need` positions from tx_head: 0, -EAGAIN, or an error.
    Invariant kept: tx_tail_cache <= tx_head and tx_head - tx_tail_cache <=
    ring_slots, so positions [tx_head, tx_tail_cache + ring_slots) hold
@@ -58,6 +85,8 @@ int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
         return 0;
     /* acquire: the consumer is done reading the slots it released */
     uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
+    if (tail > p->tx_head && tail_ahead(h, p, ctrl, tail))
+        return need <= h->ring_slots ? 0 : -EAGAIN;
     /* Within one incarnation the tail only moves forward: one below what
        we saw before was rewound by somebody else. */
     if (tail < p->tx_tail_cache || tail > p->tx_head ||
@@ -91,7 +120,7 @@ static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                          uint64_t need, uint64_t deadline)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
-    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_relaxed);
+    atomic_store_explicit(&ctrl->head, p->tx_head, memory_order_release);
     ivshm_kick(h, slot);
     struct space_wait w = {ctrl, p->tx_head, need, h->ring_slots};
     for (;;) {

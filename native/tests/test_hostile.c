@@ -3,6 +3,10 @@
    - a header flipper racing attach (heap_size double fetch),
    - a sender that stalls or streams forever in the middle of a message,
    - a tail rewound behind the producer's back,
+   - garbage in what ivshm_recv_idle reads (ring head slots, the queue
+     head cell and enqueue_pos) while honest processes send,
+   - a published message made to look empty, a forged producer head, a
+     lost OPEN cell,
    - names planted where ivshm_format_file will create its file.
    Time bounds are generous (the machine is shared): they separate
    "returned by its deadline" from "hung", not fast from slow. */
@@ -12,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -543,6 +548,694 @@ static void test_tail_rewind(void)
     ivshm_detach(b);
 }
 
+/* ---- attack 8: garbage in exactly what ivshm_recv_idle reads ---- */
+
+/* ivshm_recv_idle loads the seq of the head slot of each active fast
+   ring and our queue head cell's seq and enqueue_pos. Here a hostile
+   PROCESS of the same job keeps writing garbage there (and rewinds a
+   ring tail) while two honest processes send, one on a fast ring, one
+   through the queue, and the receiver polls idle-then-peek as the BTL's
+   progress does. */
+
+enum { IS_RING = 0, IS_QUEUE = 1, IS_N = 2 };
+#define IS_LEN 48u
+#define IS_TAG 0x1d1e0000u
+/* hostile modes, counted in the board */
+enum {
+    HM_RING_EMPTY, /* garbage "empty" seq at the ring head (CAS on free) */
+    HM_RING_FULL,  /* a forged slot published at the ring head           */
+    HM_RING_HIDE,  /* the message at the ring head made to look empty    */
+    HM_TAIL,       /* ring tail rewound                                   */
+    HM_Q_GARBAGE,  /* garbage seq in a free queue head cell               */
+    HM_Q_FULL,     /* a forged cell at the queue head                     */
+    HM_Q_EMPTY,    /* a full queue head cell made free, enqueue_pos too   */
+    HM_ENQ,        /* garbage enqueue_pos                                 */
+    HM_N
+};
+
+struct idle_board {
+    _Atomic int phase;         /* 0: hostile at work; 1: it is dead     */
+    _Atomic uint32_t sent[IS_N];       /* messages sent (send returned 0) */
+    _Atomic uint32_t phase2_first[IS_N]; /* first index sent in phase 1: set
+                                            before it is sent, else MAX */
+    _Atomic uint32_t done[IS_N];
+    _Atomic uint32_t refused[IS_N];    /* -ETIMEDOUT / ECORRUPT: sent again */
+    _Atomic uint32_t bad_rc[IS_N];     /* any other result                */
+    _Atomic uint32_t late[IS_N];       /* a call outlived its deadline    */
+    _Atomic uint64_t max_call_ms[IS_N];
+    _Atomic uint64_t hits[HM_N];       /* hostile writes that landed      */
+};
+
+static struct idle_board *board;
+
+static void is_fill(uint8_t *m, int who, uint32_t i)
+{
+    memset(m, 0, IS_LEN);
+    uint32_t w = (uint32_t)who, chk = i * 2654435761u ^ (w + 1) * 40503u;
+    memcpy(m, &w, 4);
+    memcpy(m + 4, &i, 4);
+    memcpy(m + 8, &chk, 4);
+    for (uint32_t k = 12; k < IS_LEN; k++)
+        m[k] = (uint8_t)(chk + k);
+}
+
+/* Is `m` (a private copy) honest message i of `who`? */
+static bool is_honest(const uint8_t *m, uint32_t len, uint32_t tag, int who,
+                      uint32_t *index)
+{
+    if (len != IS_LEN || tag != IS_TAG + (uint32_t)who)
+        return false;
+    uint32_t i;
+    memcpy(&i, m + 4, 4);
+    uint8_t want[IS_LEN];
+    is_fill(want, who, i);
+    if (memcmp(m, want, IS_LEN) != 0)
+        return false;
+    *index = i;
+    return true;
+}
+
+static void note_max(_Atomic uint64_t *m, uint64_t v)
+{
+    uint64_t old = atomic_load(m);
+    while (v > old && !atomic_compare_exchange_weak(m, &old, v))
+        ;
+}
+
+/* An honest sender: while the hostile one works, each send has a 100 ms
+   deadline and is sent again when refused (a message that fits the ring
+   is all or nothing); once it is dead, 100 more with 5 s each, which
+   must all go through. */
+static int idle_sender(void *arg)
+{
+    int who = (int)(intptr_t)arg;
+    if (who == IS_QUEUE) /* stays on the receiver's queue */
+        setenv("IVSHM_FAST_AFTER", "1000000000", 1);
+    ivshm *h = tu_attach(path, job, 1 + (uint32_t)who, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
+    REQUIRE(to >= 0);
+    uint8_t m[IS_LEN];
+    uint32_t i = 0, end = UINT32_MAX;
+    while (i < end) {
+        int phase = atomic_load(&board->phase);
+        if (phase >= 1 && end == UINT32_MAX) {
+            atomic_store(&board->phase2_first[who], i);
+            end = i + 100;
+        }
+        const int timeout = phase ? 5000 : 100;
+        is_fill(m, who, i);
+        uint64_t t0 = tu_now_ms();
+        int rc = ivshm_send_timeout(h, to, IS_TAG + (uint32_t)who, m, IS_LEN,
+                                    timeout);
+        uint64_t el = tu_now_ms() - t0;
+        note_max(&board->max_call_ms[who], el);
+        if (el > (uint64_t)timeout + 2000)
+            atomic_fetch_add(&board->late[who], 1);
+        if (rc == 0) {
+            atomic_store(&board->sent[who], ++i);
+        } else if (phase == 0 && (rc == -ETIMEDOUT || rc == IVSHM_ECORRUPT)) {
+            atomic_fetch_add(&board->refused[who], 1);
+        } else {
+            fprintf(stderr, "idle sender %d: message %u: %s (phase %d)\n",
+                    who, i, ivshm_strerror(rc), phase);
+            atomic_fetch_add(&board->bad_rc[who], 1);
+            if (phase)
+                break;
+        }
+    }
+    atomic_store(&board->done[who], 1);
+    /* stay attached until the receiver has looked at everything: a
+       departed sender's ring is drained, but its slot could be reused */
+    while (atomic_load(&board->phase) != 2)
+        tu_sleep_ms(5);
+    ivshm_detach(h);
+    return 0;
+}
+
+struct idle_targets {
+    int r, s_ring, s_queue;
+    uint32_t gen_ring, gen_queue;
+};
+
+/* The hostile co-tenant: a peer of the job (rank 3) writing, in turns,
+   garbage into the head slot of the ring from s_ring, the receiver's
+   queue head cell and enqueue_pos, and the ring's tail. It runs until
+   SIGKILL. */
+static int idle_hostile(void *arg)
+{
+    const struct idle_targets *t = arg;
+    ivshm *h = tu_attach(path, job, 3, 0);
+    const int r = t->r, me = ivshm_self(h);
+    uint8_t *ring = NULL;
+    while (!(ring = ivshm_fast_ring_of(h, t->s_ring, r)))
+        tu_sleep_ms(1);
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, r);
+    const uint64_t S = h->ring_slots, Q = h->queue_slots;
+    const uint32_t pl = h->slot_size - IVSHM_SLOT_HDR;
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    for (unsigned n = 0;; n++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (n % 64 == 0)
+            tu_sleep_ms(1); /* leave the honest ones a CPU, too */
+        int mode = (int)(x % HM_N);
+        /* the receiver's published positions: where it looks next */
+        uint64_t tail = atomic_load(&ctrl->tail);
+        struct ivshm_slot *s =
+            (struct ivshm_slot *)(ring + IVSHM_RING_CTRL +
+                                  (tail & (S - 1)) * h->slot_size);
+        uint64_t v = atomic_load(&s->seq);
+        uint64_t qpos = atomic_load(&qc->head);
+        struct ivshm_cell *c = ivshm_qcell(h, r, qpos);
+        uint64_t cv = atomic_load(&c->seq);
+        bool landed = false;
+        switch (mode) {
+        case HM_RING_EMPTY: {
+            /* only a slot no position >= tail is published in (v <= tail):
+               one the producer writes later, with one store */
+            const uint64_t junk[] = {tail, tail + 2, ~0ull, tail - S + 1,
+                                     0x5a5a5a5a5a5a5a5aull};
+            if (v <= tail)
+                landed = atomic_compare_exchange_strong(&s->seq, &v,
+                                                        junk[(x >> 8) % 5]);
+            break;
+        }
+        case HM_RING_FULL: {
+            /* a slot that says "full" at the receiver's position, at most
+               one ahead of what the producer published, so the pair can
+               catch up; its header is garbage the receiver must report
+               (bad flags, a multi-slot FIRST, an oversized length) or a
+               plausible header over garbage bytes */
+            uint64_t head = atomic_load(&ctrl->head);
+            if (v > tail || tail > head)
+                break;
+            unsigned kind = (unsigned)(x >> 8) % 4;
+            s->gen = t->gen_ring;
+            s->tag = kind == 3 ? IS_TAG + IS_RING : 0xbad;
+            s->flags = kind == 0 ? 0x40 | SLOT_FIRST | SLOT_LAST
+                       : kind == 1 ? SLOT_FIRST
+                                   : SLOT_FIRST | SLOT_LAST;
+            s->len = kind == 2 ? 0xffffff00u : kind == 1 ? pl : IS_LEN;
+            s->total = kind == 1 ? 1ull << 40 : kind == 2 ? 0xffffff00u : IS_LEN;
+            memset((uint8_t *)s + IVSHM_SLOT_HDR, 0xee, IS_LEN);
+            landed = atomic_compare_exchange_strong(&s->seq, &v, tail + 1);
+            break;
+        }
+        case HM_RING_HIDE:
+            /* the receiver finds it again (rx_heal_hidden): not lost */
+            if (v == tail + 1)
+                landed = atomic_compare_exchange_strong(&s->seq, &v, tail);
+            break;
+        case HM_TAIL: {
+            /* backwards only: the ring looks fuller than it is */
+            uint64_t k = 1 + (x >> 8) % S;
+            if (tail >= k)
+                landed = atomic_compare_exchange_strong(&ctrl->tail, &tail,
+                                                        tail - k);
+            break;
+        }
+        case HM_Q_GARBAGE: {
+            /* values no producer writes, a claim naming no slot, a claim
+               in another generation of the queue sender */
+            const uint64_t junk[] = {qpos + 12345, ~0ull,
+                                     ivshm_claim_word(qpos, 1000, 1),
+                                     ivshm_claim_word(qpos, t->s_queue,
+                                                      t->gen_queue + 5)};
+            if (cv == qpos)
+                landed = atomic_compare_exchange_strong(&c->seq, &cv,
+                                                        junk[(x >> 8) % 4]);
+            break;
+        }
+        case HM_Q_FULL: {
+            /* claimed as a producer would, so no honest cell is touched;
+               then published naming the queue sender (plausible or bad
+               flags) or a slot that does not exist */
+            if (cv != qpos ||
+                !atomic_compare_exchange_strong(
+                    &c->seq, &cv, ivshm_claim_word(qpos, me, h->self_gen)))
+                break;
+            unsigned kind = (unsigned)(x >> 8) % 3;
+            c->src = kind == 2 ? 1000 : (uint16_t)t->s_queue;
+            c->gen = t->gen_queue;
+            c->tag = IS_TAG + IS_QUEUE;
+            c->flags = kind == 1 ? 0x40 | SLOT_FIRST | SLOT_LAST
+                                 : SLOT_FIRST | SLOT_LAST;
+            c->len = IS_LEN;
+            c->total = IS_LEN;
+            memset((uint8_t *)c + IVSHM_SLOT_HDR, 0xdd, IS_LEN);
+            atomic_store(&c->seq, qpos + 1);
+            landed = true;
+            break;
+        }
+        case HM_Q_EMPTY:
+            /* a message at the head vanishes: cell and enqueue_pos say
+               "empty" (counted: that message is lost) */
+            if (cv == qpos + 1) {
+                landed = atomic_compare_exchange_strong(&c->seq, &cv, qpos);
+                atomic_store(&qc->enqueue_pos, qpos);
+            }
+            break;
+        case HM_ENQ: {
+            const uint64_t junk[] = {qpos + Q + 7, ~0ull >> 1, qpos - 3,
+                                     qpos + 1 + (x >> 20) % Q};
+            atomic_store(&qc->enqueue_pos, junk[(x >> 8) % 4]);
+            landed = true;
+            break;
+        }
+        }
+        if (landed)
+            atomic_fetch_add(&board->hits[mode], 1);
+    }
+    return 0; /* not reached: SIGKILL ends it */
+}
+
+/* Every message the receiver meets: honest (in order, intact), forged
+   (delivered, but not the sender's next message), or reported. */
+struct idle_tally {
+    uint32_t next[IS_N];      /* next index expected (last honest + 1) */
+    uint32_t honest[IS_N];
+    uint32_t phase2_honest[IS_N]; /* of those sent after the hostile died */
+    uint32_t forged[IS_N], corrupt[IS_N];
+    uint32_t other_src, bad_rc, release_bad, unheard;
+};
+
+static void idle_take(struct idle_tally *t, const struct idle_targets *tg,
+                      int src, uint32_t tag, const uint8_t *m, ssize_t len)
+{
+    int who = src == tg->s_ring ? IS_RING : src == tg->s_queue ? IS_QUEUE : -1;
+    if (who < 0) {
+        t->unheard++; /* listen_only: nobody else is ever delivered */
+        return;
+    }
+    uint32_t i;
+    if (len >= 0 && is_honest(m, (uint32_t)len, tag, who, &i) &&
+        i >= t->next[who]) {
+        t->honest[who]++;
+        /* the sender stored this before it sent message i, so a message
+           of phase 2 finds it stored */
+        t->phase2_honest[who] += i >= atomic_load(&board->phase2_first[who]);
+        t->next[who] = i + 1;
+    } else {
+        t->forged[who]++;
+    }
+}
+
+static void test_idle_scribble(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
+                        .queue_slots = 8};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    board = mmap(NULL, sizeof *board, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(board != MAP_FAILED);
+    memset(board, 0, sizeof *board);
+    for (int w = 0; w < IS_N; w++)
+        atomic_store(&board->phase2_first[w], UINT32_MAX);
+    ivshm *r = tu_attach(path, job, 0, -1); /* spins, as the BTL's rank */
+    pid_t senders[IS_N];
+    for (int w = 0; w < IS_N; w++)
+        senders[w] = tu_fork(idle_sender, (void *)(intptr_t)w);
+    struct idle_targets tg = {.r = ivshm_self(r)};
+    tg.s_ring = tu_await_peer(r, job, 1, 10000);
+    tg.s_queue = tu_await_peer(r, job, 2, 10000);
+    CHECK(tg.s_ring >= 0 && tg.s_queue >= 0);
+    ivshm_peer_info pi;
+    CHECK_RC(ivshm_peer(r, tg.s_ring, &pi), 0);
+    tg.gen_ring = pi.generation;
+    CHECK_RC(ivshm_peer(r, tg.s_queue, &pi), 0);
+    tg.gen_queue = pi.generation;
+    /* the BTL hears only the ranks it verified */
+    CHECK_RC(ivshm_listen_only(r, 1), 0);
+    CHECK_RC(ivshm_listen(r, tg.s_ring, tg.gen_ring), 0);
+    CHECK_RC(ivshm_listen(r, tg.s_queue, tg.gen_queue), 0);
+    pid_t hostile = tu_fork(idle_hostile, &tg);
+
+    struct idle_tally t = {0};
+    unsigned run = 0, max_run = 0, run_there = 0, max_run_there = 0;
+    uint64_t polls = 0, peeks = 0, max_call_ns = 0;
+    const uint64_t start = tu_now_ms();
+    uint64_t phase1_end = start + 3000, end = start + 60000;
+    bool killed = false, finished = false;
+    uint8_t m[IS_LEN];
+    while (tu_now_ms() < end) {
+        if ((++polls & 255) == 0) {
+            sched_yield();
+            if (!killed && tu_now_ms() >= phase1_end) {
+                /* the hostile process dies, in the middle of whatever it
+                   was writing */
+                CHECK(kill(hostile, SIGKILL) == 0);
+                CHECK(tu_wait(hostile, 5000) == -1);
+                CHECK(kill(hostile, 0) == -1 && errno == ESRCH);
+                killed = true;
+                atomic_store(&board->phase, 1);
+            }
+            if (killed && atomic_load(&board->done[0]) &&
+                atomic_load(&board->done[1]) &&
+                t.next[0] >= atomic_load(&board->sent[0]) &&
+                t.next[1] >= atomic_load(&board->sent[1])) {
+                finished = true;
+                break;
+            }
+        }
+        if (ivshm_recv_idle(r)) {
+            run++;
+            if (run > max_run)
+                max_run = run;
+            /* is there something at a head all the same? (our own look,
+               after the call's: a message that arrived in between is
+               counted once) */
+            bool there = false;
+            for (int x = 0; x < r->n_act; x++) {
+                struct ivshm_peer_local *p = &r->peers[r->act[x]];
+                struct ivshm_slot *s =
+                    (struct ivshm_slot *)(p->rx_ring + IVSHM_RING_CTRL +
+                                          (p->rx_tail & (r->ring_slots - 1)) *
+                                              r->slot_size);
+                there |= atomic_load(&s->seq) == p->rx_tail + 1;
+            }
+            there |= atomic_load(&ivshm_my_qcell(r, r->q_head)->seq) ==
+                     r->q_head + 1;
+            run_there = there ? run_there + 1 : 0;
+            if (run_there > max_run_there)
+                max_run_there = run_there;
+            continue;
+        }
+        run = run_there = 0;
+        peeks++;
+        const void *data = NULL;
+        int src = -1;
+        uint32_t tag = 0;
+        uint64_t t0 = tu_now_ns();
+        ssize_t rc = ivshm_recv_peek(r, IVSHM_ANY, &src, &tag, &data);
+        if (rc >= 0) {
+            /* shared bytes: copy, then check the copy */
+            memset(m, 0, sizeof m);
+            memcpy(m, data, (size_t)rc < sizeof m ? (size_t)rc : sizeof m);
+            if (ivshm_recv_release(r, src) != 0)
+                t.release_bad++;
+            idle_take(&t, &tg, src, tag, m, rc);
+        } else if (rc == -EMSGSIZE) {
+            /* the BTL's way with a multi-slot message: a polling recv */
+            ssize_t n = ivshm_recv(r, src, NULL, &tag, m, sizeof m, 0);
+            if (n >= 0)
+                idle_take(&t, &tg, src, tag, m, n);
+            else if (n == IVSHM_ECORRUPT && ivshm_slot_ok(r, src))
+                t.corrupt[src == tg.s_ring ? IS_RING : IS_QUEUE]++;
+            else if (n != -EAGAIN)
+                t.bad_rc++;
+        } else if (rc == IVSHM_ECORRUPT) {
+            if (src == tg.s_ring)
+                t.corrupt[IS_RING]++;
+            else if (src == tg.s_queue)
+                t.corrupt[IS_QUEUE]++;
+            else
+                t.other_src++;
+        } else if (rc != -EAGAIN) {
+            fprintf(stderr, "idle scribble: peek: %s\n", ivshm_strerror((int)rc));
+            t.bad_rc++;
+        }
+        uint64_t el = tu_now_ns() - t0;
+        if (el > max_call_ns)
+            max_call_ns = el;
+    }
+    if (!killed) {
+        kill(hostile, SIGKILL);
+        tu_wait(hostile, 5000);
+    }
+    atomic_store(&board->phase, 2);
+    for (int w = 0; w < IS_N; w++)
+        CHECK(tu_wait(senders[w], 10000) == 0);
+
+    ivshm_stats st;
+    ivshm_get_stats(r, &st);
+    printf("idle scribble: %llu polls, %llu peeks, longest idle run %u "
+           "(%u with a message there), longest peek %.1f ms, %llu dropped\n",
+           (unsigned long long)polls, (unsigned long long)peeks, max_run,
+           max_run_there, max_call_ns / 1e6, (unsigned long long)st.dropped);
+    static const char *const hm_name[HM_N] = {
+        "ring-empty", "ring-full", "ring-hide", "tail", "q-garbage", "q-full",
+        "q-empty",
+        "enqueue_pos"};
+    printf("idle scribble: hostile writes:");
+    for (int k = 0; k < HM_N; k++)
+        printf(" %s %llu", hm_name[k],
+               (unsigned long long)atomic_load(&board->hits[k]));
+    printf("\n");
+    for (int w = 0; w < IS_N; w++) {
+        uint32_t sent = atomic_load(&board->sent[w]);
+        uint32_t p2 = atomic_load(&board->phase2_first[w]);
+        uint32_t lost = sent - t.honest[w];
+        printf("idle scribble: %s sender: %u sent (%u in phase 2), %u refused "
+               "and sent again, longest send %llu ms; %u honest, %u lost, "
+               "%u forged, %u corrupt\n",
+               w == IS_RING ? "ring" : "queue", sent, sent - p2,
+               atomic_load(&board->refused[w]),
+               (unsigned long long)atomic_load(&board->max_call_ms[w]),
+               t.honest[w], lost, t.forged[w], t.corrupt[w]);
+        CHECK(atomic_load(&board->bad_rc[w]) == 0);
+        CHECK(atomic_load(&board->late[w]) == 0);
+        CHECK(sent > p2 && sent - p2 == 100); /* phase 2: all went through */
+        /* every message lost was reported in its place: a forged one
+           delivered, IVSHM_ECORRUPT, or (queue) one the hostile process
+           made vanish */
+        uint64_t gone = w == IS_QUEUE ? atomic_load(&board->hits[HM_Q_EMPTY])
+                                      : 0;
+        CHECK(lost <= t.forged[w] + t.corrupt[w] + gone);
+        /* once the hostile process is dead, at most what it left at the
+           head costs a message */
+        CHECK(t.phase2_honest[w] + 1 >= sent - p2);
+        CHECK(t.next[w] == sent); /* the last one arrived */
+    }
+    CHECK(finished);
+    CHECK(max_run <= 63);       /* every 64th poll peeks */
+    CHECK(max_run_there <= 64); /* never blind to a message at a head */
+    CHECK(max_call_ns < 1000000000ull);
+    CHECK(t.bad_rc == 0 && t.release_bad == 0 && t.other_src == 0);
+    CHECK(t.unheard == 0);
+    /* the dead hostile peer is found dead and its slot reclaimed */
+    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 3) < 0, 5000));
+    ivshm_detach(r);
+    munmap(board, sizeof *board);
+    board = NULL;
+}
+
+/* ---- attack 9: a published message made to look empty ---- */
+
+/* A co-tenant rewrites the seq of a slot the producer published back to
+   an "empty" value: nothing in the slot tells it from an empty one, so
+   the receiver would wait there for good, and the producer, once the
+   ring is full, too; the pair never recovered. The producer's published
+   head tells (rx_heal_hidden). Processes: the receiver (us), an honest
+   sender and a hostile one, driven step by step through pipes. */
+
+struct hide_pipes {
+    int cmd[2], ack[2]; /* to the child / back */
+};
+
+/* One step of a child, acknowledged within 20 s (a child that died or
+   hangs fails the step instead of holding us). */
+static void hide_ack(struct hide_pipes *p, char c)
+{
+    char a = 0;
+    struct pollfd pf = {.fd = p->ack[0], .events = POLLIN};
+    CHECK(poll(&pf, 1, 20000) == 1 && read(p->ack[0], &a, 1) == 1 && a == c);
+}
+
+static void hide_step(struct hide_pipes *p, char c)
+{
+    CHECK(write(p->cmd[1], &c, 1) == 1);
+    hide_ack(p, c);
+}
+
+/* A step that needs us to receive meanwhile: acknowledged later. */
+static void hide_start(struct hide_pipes *p, char c)
+{
+    CHECK(write(p->cmd[1], &c, 1) == 1);
+}
+
+/* Sender: 'a' .. 'z' sends that many messages (1 .. 26), numbered on. */
+static int hide_sender(void *arg)
+{
+    struct hide_pipes *p = arg;
+    close(p->cmd[1]); /* our reads end when the receiver closes it */
+    ivshm *h = tu_attach(path, job, 1, 0);
+    int r = tu_await_peer(h, job, 0, 10000);
+    REQUIRE(r >= 0);
+    uint32_t next = 0;
+    char c;
+    while (read(p->cmd[0], &c, 1) == 1) {
+        for (int k = 0; k <= c - 'a'; k++, next++)
+            REQUIRE(ivshm_send_timeout(h, r, 40, &next, sizeof next, 10000) ==
+                    0);
+        REQUIRE(write(p->ack[1], &c, 1) == 1);
+    }
+    ivshm_detach(h);
+    return 0;
+}
+
+/* Hostile: 'h' waits for the message at the receiver's tail and makes it
+   look empty; 'f' forges the producer's head one past the tail; 'o' makes
+   the sender's OPEN cell vanish from the receiver's queue (cell and
+   enqueue_pos say "empty"). */
+static int hide_hostile(void *arg)
+{
+    struct hide_pipes *p = arg;
+    ivshm *h = tu_attach(path, job, 2, 0);
+    int r = tu_await_peer(h, job, 0, 10000), s = tu_await_peer(h, job, 1, 10000);
+    REQUIRE(r >= 0 && s >= 0);
+    char c;
+    while (read(p->cmd[0], &c, 1) == 1) {
+        uint8_t *ring = ivshm_fast_ring_of(h, s, r);
+        REQUIRE(ring);
+        struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+        uint64_t tail = atomic_load(&ctrl->tail);
+        struct ivshm_slot *sl =
+            (struct ivshm_slot *)(ring + IVSHM_RING_CTRL +
+                                  (tail & (h->ring_slots - 1)) * h->slot_size);
+        if (c == 'o') {
+            struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, r);
+            uint64_t pos = atomic_load(&qc->head);
+            struct ivshm_cell *cell = ivshm_qcell(h, r, pos);
+            REQUIRE(TU_EVENTUALLY(atomic_load(&cell->seq) == pos + 1, 5000));
+            REQUIRE(cell->flags & CELL_OPEN);
+            atomic_store(&cell->seq, pos);
+            atomic_store(&qc->enqueue_pos, pos);
+        } else if (c == 'h') {
+            REQUIRE(TU_EVENTUALLY(atomic_load(&sl->seq) == tail + 1, 5000));
+            atomic_store(&sl->seq, tail);
+        } else {
+            atomic_store(&ctrl->head, tail + 1);
+        }
+        REQUIRE(write(p->ack[1], &c, 1) == 1);
+    }
+    for (;;)
+        pause(); /* until SIGKILL */
+}
+
+/* Poll as the BTL does until a message arrives or `ms` pass: its
+   number, or -1. */
+static int64_t idle_poll(ivshm *r, int ms, uint64_t *took_ms)
+{
+    uint64_t t0 = tu_now_ms();
+    while (tu_now_ms() - t0 < (uint64_t)ms) {
+        if (ivshm_recv_idle(r))
+            continue;
+        const void *data;
+        int src;
+        uint32_t tag;
+        ssize_t rc = ivshm_recv_peek(r, IVSHM_ANY, &src, &tag, &data);
+        if (rc == -EAGAIN)
+            continue;
+        uint32_t v = UINT32_MAX;
+        if (rc == (ssize_t)sizeof v && tag == 40)
+            memcpy(&v, data, sizeof v);
+        if (rc >= 0)
+            CHECK_RC(ivshm_recv_release(r, src), 0);
+        *took_ms = tu_now_ms() - t0;
+        return rc >= 0 ? (int64_t)v : rc;
+    }
+    *took_ms = tu_now_ms() - t0;
+    return -1;
+}
+
+static void test_hidden_slot(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *r = tu_attach(path, job, 0, -1);
+    struct hide_pipes sp, hp;
+    CHECK(pipe(sp.cmd) == 0 && pipe(sp.ack) == 0 && pipe(hp.cmd) == 0 &&
+          pipe(hp.ack) == 0);
+    pid_t sender = tu_fork(hide_sender, &sp);
+    pid_t hostile = tu_fork(hide_hostile, &hp);
+    int s = tu_await_peer(r, job, 1, 10000);
+    CHECK(s >= 0 && tu_await_peer(r, job, 2, 10000) >= 0);
+    uint32_t v = 0;
+    uint64_t took = 0;
+    /* message 0 opens the fast ring, but its OPEN cell vanishes before
+       we look: the sender is on a ring we were never told of, and its
+       message arrives all the same (the sweep adopts the channel) */
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'o');
+    CHECK(idle_poll(r, 5000, &took) == 0);
+    printf("hidden slot: lost OPEN: the ring's message after %llu ms\n",
+           (unsigned long long)took);
+    CHECK(ivshm_fast_ring_of(r, s, ivshm_self(r)) != NULL);
+
+    /* polling idle-then-peek: message 1, hidden, is shown again */
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 0), -EAGAIN);
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    CHECK(idle_poll(r, 5000, &took) == 1);
+    printf("hidden slot: shown to the poller after %llu ms\n",
+           (unsigned long long)took);
+    /* a blocking receive, from anyone and from the sender */
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    uint64_t t0 = tu_now_ms();
+    CHECK_RC(ivshm_recv(r, IVSHM_ANY, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == 2);
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, -1), 4);
+    CHECK(v == 3);
+    printf("hidden slot: shown to blocking receives within %llu ms\n",
+           (unsigned long long)(tu_now_ms() - t0));
+    /* a full ring's worth and more goes through: the pair is in step */
+    hide_start(&sp, 'l'); /* 4 .. 15 */
+    for (uint32_t i = 4; i < 16; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == i);
+    }
+    hide_ack(&sp, 'l');
+
+    /* A forged head: we take what lies in the slot (a message of the
+       ring's last lap, replayed, or a stale one, dropped) and are one
+       ahead of the producer, which follows (tail_ahead): at most the
+       message it sent into the skipped position is lost. */
+    hide_step(&hp, 'f');
+    int64_t stale = idle_poll(r, 600, &took);
+    CHECK(stale == -1 || (stale >= 0 && stale < 16)); /* nothing, or a replay */
+    hide_start(&sp, 't'); /* 16 .. 35 */
+    uint32_t got = 0, last = 15;
+    bool in_order = true;
+    while (last < 35) {
+        ssize_t n = ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000);
+        CHECK_RC(n, 4);
+        if (n != 4)
+            break;
+        in_order &= v > last;
+        last = v;
+        got++;
+    }
+    CHECK(in_order && last == 35 && got >= 19);
+    hide_ack(&sp, 't');
+    hide_start(&sp, 'z'); /* 36 .. 61: nothing lost any more */
+    for (uint32_t i = 36; i < 62; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == i);
+    }
+    hide_ack(&sp, 'z');
+    printf("hidden slot: forged head: took %lld from the slot, then %u of 20 "
+           "arrived, in order\n", (long long)stale, got);
+
+    CHECK(kill(hostile, SIGKILL) == 0);
+    CHECK(tu_wait(hostile, 5000) == -1);
+    close(sp.cmd[1]);
+    CHECK(tu_wait(sender, 10000) == 0);
+    close(sp.cmd[0]);
+    close(sp.ack[0]);
+    close(sp.ack[1]);
+    close(hp.cmd[0]);
+    close(hp.cmd[1]);
+    close(hp.ack[0]);
+    close(hp.ack[1]);
+    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
+    ivshm_detach(r);
+}
+
 /* ivshm_send_timeout: all or nothing for a message that fits the ring; a
    longer one cut by its deadline costs that message only. */
 static void test_send_timeout(void)
@@ -718,6 +1411,8 @@ int main(void)
     test_resume();
     test_poll_stream();
     test_tail_rewind();
+    test_idle_scribble();
+    test_hidden_slot();
     test_send_timeout();
     test_format_file();
     return tu_summary("test_hostile");

@@ -1,12 +1,15 @@
 /*
  * Ping-pong with content checks for the BTL trust test
  * (tests/test_btl_trust.py): 2 ranks; rank 1 first waits (at most 60 s)
- * until the file GATE exists, which the hostile co-tenant creates once it
- * has filled its rings towards both ranks, while rank 0 idles in a
- * barrier (so its housekeeping looks at the registry meanwhile). Then
- * ITERS round trips of sizes from 0 B to 1 MiB, eager and rendezvous;
- * every byte is checked on both sides. Prints "PASS trust_pingpong".
- *   trust_pingpong GATE ITERS
+ * until the file GATE exists (GATE "-": no gate), which the hostile
+ * co-tenant creates once it has filled its rings towards both ranks,
+ * while rank 0 idles in a barrier (so its housekeeping looks at the
+ * registry meanwhile). Then ITERS round trips of sizes from 0 B to 1 MiB,
+ * eager and rendezvous; every byte is checked on both sides. With "test",
+ * every receive is an MPI_Irecv completed by calling MPI_Test until it is
+ * done: each call is one pass of the BTL's progress, its ivshm_recv_idle
+ * look first. Prints "PASS trust_pingpong (N round trips)".
+ *   trust_pingpong GATE ITERS [test]
  */
 #include <mpi.h>
 
@@ -46,6 +49,25 @@ static void check(const unsigned char *b, size_t n, uint32_t seed)
             fail("payload mismatch at byte", (long)i, (long)seed);
 }
 
+/* Receive into buf (1 MiB) from peer with tag: blocking, or by polling
+   MPI_Test. The byte count. */
+static int recv_from(unsigned char *buf, int peer, int tag, int by_test)
+{
+    MPI_Status st;
+    int got;
+    if (by_test) {
+        MPI_Request req;
+        int done = 0;
+        MPI_Irecv(buf, 1 << 20, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req);
+        while (!done)
+            MPI_Test(&req, &done, &st);
+    } else {
+        MPI_Recv(buf, 1 << 20, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &st);
+    }
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    return got;
+}
+
 static void wait_gate(const char *gate)
 {
     struct timespec nap = {0, 10 * 1000 * 1000};
@@ -65,10 +87,12 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    if (argc != 3 || nranks != 2)
-        fail("usage: trust_pingpong GATE ITERS, 2 ranks", argc, nranks);
+    if ((argc != 3 && (argc != 4 || strcmp(argv[3], "test") != 0)) ||
+        nranks != 2)
+        fail("usage: trust_pingpong GATE ITERS [test], 2 ranks", argc, nranks);
     long iters = strtol(argv[2], NULL, 10);
-    if (rank == 1)
+    const int by_test = argc == 4;
+    if (rank == 1 && strcmp(argv[1], "-") != 0)
         wait_gate(argv[1]);
     MPI_Barrier(MPI_COMM_WORLD);
 
@@ -79,19 +103,16 @@ int main(int argc, char **argv)
     for (long it = 0; it < iters; it++) {
         size_t n = sizes[it % nsizes];
         uint32_t ping = (uint32_t)(2 * it + 1), pong = (uint32_t)(2 * it + 2);
-        MPI_Status st;
         int got;
         if (rank == 0) {
             fill(buf, n, ping);
             MPI_Send(buf, (int)n, MPI_BYTE, peer, 7, MPI_COMM_WORLD);
-            MPI_Recv(buf, 1 << 20, MPI_BYTE, peer, 8, MPI_COMM_WORLD, &st);
-            MPI_Get_count(&st, MPI_BYTE, &got);
+            got = recv_from(buf, peer, 8, by_test);
             if ((size_t)got != n)
                 fail("pong length", got, (long)n);
             check(buf, n, pong);
         } else {
-            MPI_Recv(buf, 1 << 20, MPI_BYTE, peer, 7, MPI_COMM_WORLD, &st);
-            MPI_Get_count(&st, MPI_BYTE, &got);
+            got = recv_from(buf, peer, 7, by_test);
             if ((size_t)got != n)
                 fail("ping length", got, (long)n);
             check(buf, n, ping);
