@@ -108,6 +108,17 @@ void ivshm_chan_free(ivshm *h, int slot)
         }
 }
 
+/* Our queue's head cell is free and no sender holds a position at or
+   past it: nothing, an OPEN included, is on its way. */
+static bool queue_idle(const ivshm *h)
+{
+    uint64_t pos = h->q_head;
+    return atomic_load_explicit(&ivshm_my_qcell(h, pos)->seq,
+                                memory_order_acquire) == pos &&
+           atomic_load_explicit(&h->my_qctrl->enqueue_pos,
+                                memory_order_relaxed) == pos;
+}
+
 /* A live sender's channel whose OPEN we never saw, though the sender
    writes to the ring: a co-tenant took the OPEN cell out of our queue
    (or garbled it). A sender publishes on the ring only after its OPEN
@@ -125,9 +136,13 @@ static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
         (h->listen_only && h->listen_gen[s] != g))
         return false;
     const struct ivshm_slot *first = slot_at(h, ivshm_fring(h, h->self, k), 0);
-    if (atomic_load_explicit(&first->seq, memory_order_acquire) != 1)
+    if (atomic_load_explicit(&first->seq, memory_order_acquire) != 1 ||
+        __atomic_load_n(&first->gen, __ATOMIC_RELAXED) != g)
         return false;
-    return __atomic_load_n(&first->gen, __ATOMIC_RELAXED) == g;
+    /* Again after that acquire load: an honest sender takes its OPEN's
+       queue position before it publishes position 0, so an OPEN enqueued
+       since the caller's look shows here and is waited for */
+    return queue_idle(h);
 }
 
 /* Descriptors taken by senders that left or died before their OPEN
@@ -136,13 +151,7 @@ static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
    empty, so no OPEN of theirs can still be on its way. */
 void ivshm_fast_sweep(ivshm *h)
 {
-    if (h->self < 0 || h->n_bl)
-        return;
-    uint64_t pos = h->q_head;
-    struct ivshm_cell *c = ivshm_my_qcell(h, pos);
-    if (atomic_load_explicit(&c->seq, memory_order_acquire) != pos ||
-        atomic_load_explicit(&h->my_qctrl->enqueue_pos,
-                             memory_order_relaxed) != pos)
+    if (h->self < 0 || h->n_bl || !queue_idle(h))
         return;
     for (uint32_t k = 0; k < h->fast_channels; k++) {
         if (h->chan_user[k] >= 0)
