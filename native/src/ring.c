@@ -85,7 +85,10 @@ int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
         return 0;
     /* acquire: the consumer is done reading the slots it released */
     uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
-    if (tail > p->tx_head && tail_ahead(h, p, ctrl, tail))
+    /* a consumer's new incarnation resets the ring, and another sender
+       may fill it: only the consumer we know is followed */
+    if (tail > p->tx_head && tail_error(h, slot) != IVSHM_EPEERDEAD &&
+        tail_ahead(h, p, ctrl, tail))
         return need <= h->ring_slots ? 0 : -EAGAIN;
     /* Within one incarnation the tail only moves forward: one below what
        we saw before was rewound by somebody else. */
