@@ -708,6 +708,9 @@ static void rx_heal_hidden(ivshm *h)
     for (int x = 0; x < h->n_act; x++) {
         int slot = h->act[x];
         struct ivshm_peer_local *p = &h->peers[slot];
+        /* rx_chan again: a new incarnation seen by ivshm_peer_current
+           frees the channel (and moves act[], so one entry may be
+           skipped this round) */
         if (p->rx_chan < 0 || !ivshm_peer_current(h, slot) || p->rx_chan < 0)
             continue;
         struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
@@ -790,6 +793,9 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         int w = ivshm_wait(h, from == IVSHM_ANY ? any_ready : one_ready, &from,
                            peer, peer_gen, sliced ? SWEEP_EVERY_MS : wait_ms);
         if (w == -ETIMEDOUT && sliced) {
+            /* both repairs of the 200 ms sweep: a poller gets them from
+               maybe_sweep, a long blocking receive only here */
+            ivshm_fast_sweep(h);
             rx_heal_hidden(h);
             continue;
         }
