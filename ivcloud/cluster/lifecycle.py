@@ -324,19 +324,27 @@ def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
 
 
 def _kill_all(listing, grace_s: float, rounds: int = 5):
-    """Kill what listing() finds until it finds nothing new. One listing
-    is not enough: a process killed while it forks (an orphaned mpirun's
-    launch agent, a rank's helper) leaves a child nobody listed.
+    """Kill what listing(first) finds until it finds nothing new. One
+    listing is not enough: a process killed while it forks (an orphaned
+    mpirun's launch agent, a rank's helper) leaves a child nobody
+    listed. Only the first round may trust namespaces by their holders
+    (first=True): the first round kills those holders, and the kernel
+    may hand a freed namespace's inode number to somebody else's, so
+    later rounds take only processes that carry the cluster's marker.
     Returns (how many were stopped, pids that survived SIGKILL)."""
     seen: set = set()
     survivors: set = set()
-    for _ in range(rounds):
-        pids = set(listing()) - survivors
+    for r in range(rounds):
+        pids = set(listing(r == 0)) - survivors
         if not pids:
             break
         seen |= pids
         survivors |= set(holders.kill_pids(sorted(pids), grace_s))
     return len(seen - survivors), sorted(survivors)
+
+
+def _merged(a: Dict, b: Dict) -> Dict:
+    return {k: set(a.get(k, ())) | set(b.get(k, ())) for k in set(a) | set(b)}
 
 
 def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
@@ -361,8 +369,10 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     roles.discard("fabric")
     certain, recorded = _namespaces(state, all_holders, roles)
     stopped, left = _kill_all(
-        lambda: (set(_cluster_processes(name, certain, recorded))
-                 | holders.live_pids(others)), grace_s)
+        lambda first: (set(_cluster_processes(name, certain, recorded))
+                       | holders.live_pids(others)) if first else
+        set(_cluster_processes(name, {}, _merged(certain, recorded))),
+        grace_s)
     if stopped:
         done.append(f"stopped {stopped} processes in instances")
     if left:
@@ -399,8 +409,12 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                 done.append(f"deleted {len(links)} links")
     fab_certain, fab_recorded = _namespaces(state, all_holders, {"fabric"})
     _, left = _kill_all(
-        lambda: (set(_cluster_processes(name, fab_certain, fab_recorded))
-                 | holders.live_pids(fabric)), grace_s)
+        lambda first: (set(_cluster_processes(name, fab_certain,
+                                              fab_recorded))
+                       | holders.live_pids(fabric)) if first else
+        set(_cluster_processes(name, {}, _merged(fab_certain,
+                                                 fab_recorded))),
+        grace_s)
     if left:
         problems.append(f"fabric pids {left} survived SIGKILL")
 
@@ -412,7 +426,9 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     def remaining():
         return set(_cluster_processes(name, {}, recorded)
                    + [h.pid for h in holders.find_by_marker(name)])
-    _kill_all(remaining, grace_s)   # anything that slipped in meanwhile
+    late, _ = _kill_all(lambda first: remaining(), grace_s)
+    if late:   # slipped in meanwhile
+        done.append(f"stopped {late} more processes")
     still = remaining()
     if still:
         problems.append(f"processes {sorted(set(still))} still in the "
