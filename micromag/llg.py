@@ -302,14 +302,34 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
         dt = _initial_dt(dyn)
     ts.setTimeStep(dt)
     ts.setTolerances(rtol=rtol, atol=atol)
-    if not adaptive:
-        own_opts.setdefault("ts_adapt_type", "none")
     # A value the problem's [petsc] table set (the options database)
-    # wins over ours; ours are set for this run only and taken away after
+    # wins over our defaults, but not over what the method needs (a
+    # fixed step has no adaptor); ours are set for this run only, and a
+    # value of the user's we had to override comes back after it
     own_opts = {k: v for k, v in own_opts.items()
                 if not opts.hasName(prefix + k)}
+    needed = {} if adaptive else {"ts_adapt_type": "none"}
+    saved = {k: opts.getString(prefix + k) for k in needed
+             if opts.hasName(prefix + k)}
+    own_opts.update(needed)
     for key, value in own_opts.items():
         opts[prefix + key] = value
+    try:
+        return _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every,
+                       callback, max_steps, renorm_tol, method, rtol, F)
+    finally:
+        for key in own_opts:
+            opts.delValue(prefix + key)
+        for key, value in saved.items():
+            opts[prefix + key] = value
+        ts.destroy()
+        F.destroy()
+
+
+def _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every, callback,
+            max_steps, renorm_tol, method, rtol, F) -> dict:
+    """integrate()'s time loop on its configured TS."""
+    PETSc = dyn.space.PETSc
     ts.setFromOptions()
     if adaptive:
         # never above 1 ns per step (shapes the first steps of a relax)
@@ -392,10 +412,6 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
              "t": float(st.t), "stopped": state["stopped"],
              "renormalized": state["renormalized"],
              "last_dt": float(ts.getTimeStep())}
-    for key in own_opts:
-        opts.delValue(prefix + key)
-    ts.destroy()
-    F.destroy()
     interp.destroy()
     return stats
 

@@ -240,8 +240,16 @@ def test_petsc_table_values_win_over_the_integrators_defaults():
         integrate(dyn, 5e-12, method="bdf", rtol=1e-6, atol=1e-6)
         assert opts.getInt("mag_snes_lag_jacobian") == 7
         assert not opts.hasName("mag_snes_lag_jacobian_persists")
+        # what the method needs wins: a fixed step has no adaptor, and
+        # the user's adaptor comes back after the stage
+        opts["mag_ts_adapt_type"] = "basic"
+        stats = integrate(dyn, st.t + 1e-12, method="rk4", dt=1e-13,
+                          adaptive=False)
+        assert stats["steps"] == 10
+        assert opts.getString("mag_ts_adapt_type") == "basic"
     finally:
         opts.delValue("mag_snes_lag_jacobian")
+        opts.delValue("mag_ts_adapt_type")
 
 
 def test_bb_minimizer_finds_the_stoner_wohlfarth_angle():
