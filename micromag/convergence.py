@@ -299,9 +299,9 @@ def richardson(report: Dict[str, list]) -> Optional[dict]:
     """Richardson's estimate from the three finest sizes of `compare`:
     if <m>(h) = m0 + C h^p, two successive changes give the observed
     order p and the finest size's distance to m0 (its error), per time
-    and component. Only where both changes have the same sign and the
-    second is the smaller (the asymptotic regime the model assumes);
-    None elsewhere, and None without three sizes."""
+    and component. Only where both changes have the same sign and their
+    ratio fits an order between 0.25 and 8 (the asymptotic regime the
+    model assumes); None elsewhere, and None without three sizes."""
     values = report["values"]
     if len(values) < 3:
         return None
@@ -315,7 +315,7 @@ def richardson(report: Dict[str, list]) -> Optional[dict]:
                 continue
             d1, d2 = b[k] - a[k], c[k] - b[k]
             p = (_observed_order(h1, h2, h3, d2 / d1)
-                 if d1 != 0 and d2 * d1 > 0 and abs(d2) < abs(d1) else None)
+                 if d1 != 0 and d2 * d1 > 0 else None)
             if p is None:
                 row.append(None)
                 continue
@@ -361,7 +361,7 @@ def format_table(report: Dict[str, list]) -> str:
         h = ", ".join(f"{c:g}" for c in rich["cells"])
         lines.append("")
         lines.append(f"Richardson from {h} nm (where both changes agree "
-                     f"in sign and shrink):")
+                     f"in sign and fit an order of 0.25-8):")
         lines.append(f"{rich['cells'][-1]:g} nm error".ljust(18) + "".join(
             f"{'(not reached)':>27}" if row is None else "   " + " ".join(
                 "   n/a " if x is None else f"{x['error']:+.4f}"

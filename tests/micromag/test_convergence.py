@@ -109,6 +109,11 @@ def test_richardson_recovers_order_and_limit():
     assert my["m0"] == pytest.approx(np.sin(0.5), rel=1e-6)
     assert mz is None            # no change at all: nothing to estimate
     assert "Richardson from 10, 5, 2.5 nm" in convergence.format_table(rep)
+    # uneven sizes: a second change larger than the first still fits
+    # (5, 4, 3 nm at p = 0.5: ratio 1.135)
+    uneven = {h: at(h, 0.5, [1e-3, 0.0, 0.0]) for h in (5.0, 4.0, 3.0)}
+    x = convergence.compare(uneven, [0.5e-9])["richardson"]["at"][0][0]
+    assert x["p"] == pytest.approx(0.5, rel=1e-6)
     # changes that grow (not yet asymptotic) give no estimate
     curves[2.5] = at(2.5, 2.0, [1e-3, -2e-3, 0.0])
     curves[2.5]["m"][:, 0] += 0.5
