@@ -316,7 +316,7 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
         opts[prefix + key] = value
     try:
         return _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every,
-                       callback, max_steps, renorm_tol, method, rtol, F)
+                       callback, max_steps, renorm_tol, method, rtol)
     finally:
         for key in own_opts:
             opts.delValue(prefix + key)
@@ -327,7 +327,7 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
 
 
 def _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every, callback,
-            max_steps, renorm_tol, method, rtol, F) -> dict:
+            max_steps, renorm_tol, method, rtol) -> dict:
     """integrate()'s time loop on its configured TS."""
     PETSc = dyn.space.PETSc
     ts.setFromOptions()
