@@ -108,17 +108,6 @@ void ivshm_chan_free(ivshm *h, int slot)
         }
 }
 
-/* Our queue's head cell is free and no sender holds a position at or
-   past it: nothing, an OPEN included, is on its way. */
-static bool queue_idle(const ivshm *h)
-{
-    uint64_t pos = h->q_head;
-    return atomic_load_explicit(&ivshm_my_qcell(h, pos)->seq,
-                                memory_order_acquire) == pos &&
-           atomic_load_explicit(&h->my_qctrl->enqueue_pos,
-                                memory_order_relaxed) == pos;
-}
-
 /* A live sender's channel whose OPEN we never saw, though the sender
    writes to the ring: a co-tenant took the OPEN cell out of our queue
    (or garbled it). A sender publishes on the ring only after its OPEN
@@ -142,7 +131,7 @@ static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
     /* Again after that acquire load: an honest sender takes its OPEN's
        queue position before it publishes position 0, so an OPEN enqueued
        since the caller's look shows here and is waited for */
-    return queue_idle(h);
+    return q_empty(h);
 }
 
 /* Descriptors taken by senders that left or died before their OPEN
@@ -151,7 +140,7 @@ static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
    empty, so no OPEN of theirs can still be on its way. */
 void ivshm_fast_sweep(ivshm *h)
 {
-    if (h->self < 0 || h->n_bl || !queue_idle(h))
+    if (h->self < 0 || h->n_bl || !q_empty(h))
         return;
     for (uint32_t k = 0; k < h->fast_channels; k++) {
         if (h->chan_user[k] >= 0)

@@ -216,6 +216,17 @@ struct qhead {
     const uint8_t *data;
 };
 
+/* Our queue's head cell is free and no sender holds a position at or
+   past it: nothing, an OPEN included, is on its way to us. */
+static inline bool q_empty(const ivshm *h)
+{
+    uint64_t pos = h->q_head;
+    return atomic_load_explicit(&ivshm_my_qcell(h, pos)->seq,
+                                memory_order_acquire) == pos &&
+           atomic_load_explicit(&h->my_qctrl->enqueue_pos,
+                                memory_order_relaxed) == pos;
+}
+
 /* Is the cell of enqueue_pos + n - 1 free, that is, could n cells be
    taken now? Two loads; a garbled enqueue_pos looks like "no room". */
 static inline bool q_room(const ivshm *h, int j, uint32_t n)

@@ -544,16 +544,6 @@ static inline ssize_t rx_hot_peek(ivshm *h, int *src, uint32_t *tag,
     return (ssize_t)f.len;
 }
 
-/* Our queue's head cell is free and no sender holds a position past it. */
-static inline bool q_empty(const ivshm *h)
-{
-    uint64_t pos = h->q_head;
-    return atomic_load_explicit(&ivshm_my_qcell(h, pos)->seq,
-                                memory_order_acquire) == pos &&
-           atomic_load_explicit(&h->my_qctrl->enqueue_pos,
-                                memory_order_relaxed) == pos;
-}
-
 /*
  * Hot path of an IVSHM_ANY poll that finds nothing, which is what an
  * application polling with MPI_Test between bits of its own work does
