@@ -80,15 +80,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-# the area modules, in the order of `ivcloud --help`
-AREAS = ("server", "bench", "mpi", "place", "cluster", "mag", "vm",
-         "libvirt", "isolate")
-# command -> the area module that registers it (tests/test_cli_areas.py
-# checks it against what the modules register)
+# command -> the area module that registers it, in the order of
+# `ivcloud --help` (tests/test_cli_areas.py checks it against what the
+# modules register)
 COMMANDS = {"server": "server", "bench": "bench", "mpirun": "mpi",
             "place": "place", "cluster": "cluster", "mag": "mag",
             "vm": "vm", "pin": "vm", "libvirt": "libvirt",
             "isolate": "isolate"}
+AREAS = tuple(dict.fromkeys(COMMANDS.values()))
 
 
 def _areas(command: Optional[str] = None):
