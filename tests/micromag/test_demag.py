@@ -222,6 +222,23 @@ def test_cube_and_thin_film_factors():
     assert N[0] == pytest.approx(N[1], rel=1e-9)      # symmetric mesh
 
 
+def test_film_in_plane_factors_converge_with_layers():
+    # µMAG problem 4's film (500 x 125 x 3 nm) at 10 nm cells: its in-plane
+    # factors, which set the shape anisotropy the switching runs against,
+    # are limited by the element layers across the 3 nm, not by the cells
+    # in the plane (docs/mag-demag.md, "Thin films need layers").
+    lx, ly, lz = 500 * NM, 125 * NM, 3 * NM
+    exact = np.array([prism_factor_z(ly, lz, lx), prism_factor_z(lz, lx, ly)])
+    err = {}
+    for layers in (3, 6):
+        film = FEMSpace(meshes.box(lx, ly, lz, (10 * NM, 10 * NM, lz / layers),
+                                   structured=True))
+        N, _, _ = demag_factors(film, DemagField(film, MS, method="dense"))
+        err[layers] = np.abs(N[:2] / exact - 1)
+    assert np.all(err[6] < [0.02, 0.01]), err
+    assert err[6][1] < err[3][1] / 2, err          # N_y: 1.8 % -> 0.8 %
+
+
 def test_energy_caching_and_ms_scaling(sphere_space):
     sp = sphere_space
     pts = sp.mesh.points
