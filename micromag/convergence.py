@@ -433,6 +433,23 @@ def converged(report: Dict[str, list], tol: float) -> List[float]:
     return out
 
 
+def parse_layers(text: str, n: int) -> List[int]:
+    """`text` is one number of layers for every cell size, or one per cell
+    size (n of them), comma-separated: '3' or '3,6,9'."""
+    try:
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ProblemError(f"'{text}' is not a list of layer counts")
+    if not layers or any(v < 1 for v in layers):
+        raise ProblemError(f"'{text}': layers must be positive integers")
+    if len(layers) == 1:
+        return layers * n
+    if len(layers) != n:
+        raise ProblemError(f"'{text}': give one number of layers, or one "
+                           f"per cell size ({n})")
+    return layers
+
+
 def parse_cells(text: str) -> List[float]:
     try:
         cells = [float(x) for x in text.split(",") if x.strip()]

@@ -124,8 +124,10 @@ def register(sub) -> None:
     c.add_argument("--cells", default="10,5,3.3",
                    help="in-plane cell sizes in the mesh's unit, "
                         "comma-separated (default 10,5,3.3)")
-    c.add_argument("--layers", type=positive_int, default=3,
-                   help="element layers across the thickness (default 3)")
+    c.add_argument("--layers", default="3",
+                   help="element layers across the thickness: one number "
+                        "for every cell size, or one per cell size, "
+                        "comma-separated (default 3)")
     c.add_argument("--duration", type=float, default=None,
                    help="shorten the last llg stage to this many seconds")
     c.add_argument("--times", default=None,
@@ -343,7 +345,8 @@ def cmd_converge(args) -> int:
     prob = _load(args.problem)
     try:
         cells = cv.parse_cells(args.cells)
-        texts = {c: cv.problem_toml(prob, c, args.layers, args.duration)
+        layers = dict(zip(cells, cv.parse_layers(args.layers, len(cells))))
+        texts = {c: cv.problem_toml(prob, c, layers[c], args.duration)
                  for c in cells}
     except ProblemError as e:
         raise CliError(f"{args.problem}: {e}") from None
@@ -374,7 +377,15 @@ def cmd_converge(args) -> int:
         d = out / f"h{c:g}"
         dirs[c] = d
         d.mkdir(exist_ok=True)
-        (d / "problem.toml").write_text(texts[c])
+        # a finished or interrupted run of another text (other layers, an
+        # other duration) must not be taken for this one
+        old = d / "problem.toml"
+        if (old.is_file() and old.read_text() != texts[c]
+                and ((d / "summary.json").is_file()
+                     or cv.table_path(d / "run") is not None)):
+            raise CliError(f"{d} holds a run of another problem (other "
+                           f"layers or duration?): use another --out")
+        old.write_text(texts[c])
         if args.no_run or (d / "summary.json").is_file():
             continue
         unit = prob.config["mesh"]["unit"]
@@ -383,7 +394,7 @@ def cmd_converge(args) -> int:
             f" (continuing from the checkpoint at stage {ck['stage']}, "
             f"t = {ck['t']:.4g} s, if it fits the problem)")
         sys.stderr.write(f"converge: cells of {c:g} {unit}, "
-                         f"{args.layers} layer(s){how} ...\n")
+                         f"{layers[c]} layer(s){how} ...\n")
         sys.stderr.flush()
         # an interrupted run continues: its checkpoint is tied to the
         # problem text, mesh and solver, so a changed study starts over
@@ -406,7 +417,8 @@ def cmd_converge(args) -> int:
         raise CliError(f"no results in {out}")
     report = cv.compare(curves, times, reference=reference)
     report.update(problem=str(Path(args.problem).resolve()),
-                  cells=cells, layers=args.layers, duration_s=duration,
+                  cells=cells, layers=[layers[c] for c in cells],
+                  duration_s=duration,
                   tol=args.tol, failed=failed,
                   converged_cells=cv.converged(report, args.tol),
                   complete=[c for c in cells
@@ -416,7 +428,8 @@ def cmd_converge(args) -> int:
     cv.plot(curves, out / "convergence.png",
             title=f"{prob.title}: in-plane cells "
                   f"{', '.join(f'{c:g}' for c in cells)} "
-                  f"{prob.config['mesh']['unit']}, {args.layers} layers",
+                  f"{prob.config['mesh']['unit']}, layers "
+                  f"{', '.join(str(layers[c]) for c in cells)}",
             reference=reference)
     sys.stdout.write(cv.format_table(report) + "\n")
     return 1 if failed else 0

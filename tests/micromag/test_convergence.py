@@ -67,6 +67,25 @@ def test_sp4_curve_moves_little_from_20_to_10_nm(tmp_path):
     assert cfg["mesh"]["h"] == [10.0, 10.0, 1.5]
     assert cfg["stage"][-1]["duration"] == pytest.approx(0.1e-9)
     assert cfg["material"] == load(EXAMPLES / "sp4.toml").config["material"]
+    # the finished runs are not taken for a study of other layers
+    r = subprocess.run(
+        [sys.executable, "-m", "ivcloud", "mag", "converge",
+         str(EXAMPLES / "sp4.toml"), "--out", str(out), "--cells", "20,10",
+         "--layers", "3", "--duration", "0.1e-9", "--no-run"],
+        capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL, env=clean_mpi_env(os.environ))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "h20" in lines[0], r.stderr
+    assert load(out / "h20" / "problem.toml").config["mesh"]["h"][2] == 1.5
+
+
+def test_layers_one_for_all_or_one_per_cell_size():
+    assert convergence.parse_layers("3", 2) == [3, 3]
+    assert convergence.parse_layers("3,6", 2) == [3, 6]
+    for bad in ("3,6,9", "0", "x", ""):
+        with pytest.raises(convergence.ProblemError):
+            convergence.parse_layers(bad, 2)
 
 
 def test_compare_tables_successive_refinements_and_partial_runs(tmp_path):
