@@ -271,7 +271,7 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
 
 /* Hot path of a small send (a protocol header and its payload): one
    check of the arguments and of the peer, both parts copied straight
-   into the slot at tx_head, one release store; no stack frame. What
+   into the slot at tx_head, one release store, no call but a wake. What
    reserve + commit did in two calls, each with its own checks. */
 int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                      size_t alen, const void *b, size_t blen)
