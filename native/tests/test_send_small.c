@@ -148,17 +148,24 @@ static void test_bytes_and_paths(void)
     duo_close(&d);
 }
 
+/* A pair on a fast ring of 8 slots of 256 bytes, and two parts to send. */
+static void duo_ring(struct duo *d, uint8_t *a, size_t alen, uint8_t *b,
+                     size_t blen, uint32_t seed)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    duo_open(d, &g);
+    fill(a, alen, seed);
+    fill(b, blen, seed + 1);
+    CHECK_RC(ivshm_fast_open(d->a, d->sb), 0);
+}
+
 /* What the general path repairs or reports, reached through the hot
    path's "not for me". */
 static void test_repairs(void)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
     struct duo d;
-    duo_open(&d, &g);
     uint8_t a[64], b[64];
-    fill(a, sizeof a, 3);
-    fill(b, sizeof b, 4);
-    CHECK_RC(ivshm_fast_open(d.a, d.sb), 0);
+    duo_ring(&d, a, sizeof a, b, sizeof b, 3);
     bool ok = true;
     for (uint32_t i = 0; i < 8; i++)
         ok &= ivshm_send_small(d.a, d.sb, i, a, 14, b, 8) == 0;
@@ -252,13 +259,9 @@ static int scribble_child(void *arg)
    receiver's empty polls put its tail back and the pair talks again. */
 static void test_hostile_tail(void)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
     struct duo d;
-    duo_open(&d, &g);
     uint8_t a[16], b[8];
-    fill(a, sizeof a, 5);
-    fill(b, sizeof b, 6);
-    CHECK_RC(ivshm_fast_open(d.a, d.sb), 0);
+    duo_ring(&d, a, sizeof a, b, sizeof b, 5);
     struct ivshm_ring_ctrl *ctrl = ring_ctrl(d.a, d.sa, d.sb);
     struct scribbler s = {(uint64_t)((uint8_t *)&ctrl->tail - d.a->base),
                           tu_now_ms() + 1500};
