@@ -350,6 +350,16 @@ static int poll_region(uint32_t budget)
     for (uint32_t i = 0; i < budget; i++) {
         ivshmem_rx_msg_t m = {.src = -1};
         OPAL_THREAD_LOCK(&c->lock);
+        /* After the first message, often nothing follows (a ping-pong):
+           the idle look answers that in a few loads, where a full empty
+           peek checks every sender first. Only once per call: in a
+           stream, where more follows, it would cost a few loads per
+           message. Its "maybe" every 64th call still gives the full peek
+           its turn. */
+        if (i == 1 && ivshm_recv_idle(c->h)) {
+            OPAL_THREAD_UNLOCK(&c->lock);
+            break;
+        }
         ssize_t n = take_message(&m);
         uint64_t t = 0;
         if (OPAL_LIKELY(n != -EAGAIN) && m.src >= 0 &&
@@ -701,8 +711,10 @@ static __attribute__((noinline)) int idle_tick(void)
     if (0 == c->idle_since_ns)
         c->idle_since_ns = now;
     int n = housekeeping(now);
-    if (0 == n)
-        n = poll_region(IVSHMEM_RECV_BATCH); /* nothing arrived before we block? */
+    /* nothing arrived before we block? (A rank that never blocks has
+       its full peek every 64th progress call already.) */
+    if (0 == n && may_ever_block())
+        n = poll_region(IVSHMEM_RECV_BATCH);
     if (0 == n && c->num_pending) {
         if (may_block(now, true))
             n = wait_for_room(); /* our sends wait for room: so do we */
@@ -713,28 +725,17 @@ static __attribute__((noinline)) int idle_tick(void)
     return n;
 }
 
-int mca_btl_ivshmem_component_progress(void)
+/* Everything but the empty call of one thread: delivery, retries,
+   callbacks, the idle tick. `idle`: what ivshm_recv_idle answered (-1:
+   not asked yet). Under the one-progress-at-a-time guard. */
+static __attribute__((noinline)) int progress_body(int idle)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (OPAL_UNLIKELY(NULL == c->h || c->finalizing))
-        return 0;
-    /* one progress at a time: other threads, or an upcall re-entering */
-    if (OPAL_UNLIKELY(opal_using_threads())) {
-        if (opal_atomic_swap_32(&c->in_progress, 1))
-            return 0;
-    } else if (c->in_progress) {
-        return 0;
-    } else {
-        c->in_progress = 1;
+    if (idle < 0) {
+        OPAL_THREAD_LOCK(&c->lock);
+        idle = ivshm_recv_idle(c->h);
+        OPAL_THREAD_UNLOCK(&c->lock);
     }
-
-    /* Most calls (every MPI_Test, every spin of MPI_Wait) find nothing:
-       a few loads answer that (and a "maybe" every 64th call, so the
-       full peek's checks of the senders still run). Stashed messages
-       are ours, out of libivshm's sight: they always get their poll. */
-    OPAL_THREAD_LOCK(&c->lock);
-    int idle = ivshm_recv_idle(c->h);
-    OPAL_THREAD_UNLOCK(&c->lock);
     int events = 0;
     if (OPAL_UNLIKELY(!idle || c->stash_ready))
         events = poll_region(IVSHMEM_RECV_BATCH);
@@ -751,12 +752,44 @@ int mca_btl_ivshmem_component_progress(void)
     } else if (OPAL_UNLIKELY(++c->idle_polls % IDLE_POLLS_PER_TICK == 0)) {
         events = idle_tick();
     }
+    return events;
+}
 
+int mca_btl_ivshmem_component_progress(void)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (OPAL_UNLIKELY(NULL == c->h || c->finalizing))
+        return 0;
+    /* one progress at a time: other threads, or an upcall re-entering */
     if (OPAL_UNLIKELY(opal_using_threads())) {
+        if (opal_atomic_swap_32(&c->in_progress, 1))
+            return 0;
+        int events = progress_body(-1);
         opal_atomic_wmb();
         c->in_progress = 0;
-    } else {
-        c->in_progress = 0;
+        return events;
     }
+    if (c->in_progress)
+        return 0;
+    /* Most calls (every MPI_Test, every spin of MPI_Wait) find nothing:
+       a few loads answer that (and a "maybe" every 64th call, so the
+       full peek's checks of the senders still run), and with one thread
+       nothing else is touched: no guard to set (the idle look makes no
+       upcall), no lock. Stashed messages are ours, out of libivshm's
+       sight: they always get their poll; queued sends and callbacks
+       their turn; every IDLE_POLLS_PER_TICK-th empty call its tick. */
+    int idle = ivshm_recv_idle(c->h);
+    int events;
+    if (OPAL_LIKELY(idle && !c->stash_ready && !c->num_pending &&
+                    NULL == c->complete.head)) {
+        if (OPAL_LIKELY(++c->idle_polls % IDLE_POLLS_PER_TICK != 0))
+            return 0;
+        c->in_progress = 1;
+        events = idle_tick();
+    } else {
+        c->in_progress = 1;
+        events = progress_body(idle);
+    }
+    c->in_progress = 0;
     return events;
 }

@@ -222,7 +222,8 @@ static inline int pack_inline(unsigned char *dst, const void *header,
 /*
  * Hot path of small messages (ob1's match header + up to eager_limit
  * bytes): header and payload go straight into the next ring slot, one
- * release store publishes them. Invariant: we only write the ring when
+ * release store publishes them (ivshm_send_small for contiguous data;
+ * reserve, pack, commit when the convertor must pack). Invariant: we only write the ring when
  * the endpoint has nothing queued or reserved, so a sendi never overtakes
  * a queued fragment.
  */
@@ -252,6 +253,31 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
        the message rate). */
     if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring))
         goto copy;
+
+    /* Contiguous data (the common case): header and payload go into the
+       slot in one libivshm call, no reservation. */
+    if (OPAL_LIKELY(0 == payload_size || !opal_convertor_need_buffers(convertor))) {
+        void *data = NULL;
+        if (payload_size)
+            opal_convertor_get_current_pointer(convertor, &data);
+        OPAL_THREAD_LOCK(&c->lock);
+        if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring)) {
+            OPAL_THREAD_UNLOCK(&c->lock); /* another thread got there first */
+            goto copy;
+        }
+        rc = ivshm_send_small(c->h, ep->slot, tag, header, header_size, data,
+                              payload_size);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (OPAL_LIKELY(0 == rc)) {
+            count_sent(total);
+            return OPAL_SUCCESS;
+        }
+        /* ring or queue full; -EMSGSIZE: an eager limit set above one
+           slot's payload (the copy goes through try_send, which streams) */
+        if (rc != -EAGAIN && rc != -EMSGSIZE)
+            goto failed;
+        goto copy;
+    }
 
     OPAL_THREAD_LOCK(&c->lock);
     unsigned char *slot = ivshm_send_reserve(c->h, ep->slot, total, &rc);

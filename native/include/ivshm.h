@@ -260,6 +260,17 @@ void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err);
    stays open (commit again, or abandon it). */
 int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
 
+/* One single-slot message made of two parts, `a` (alen bytes) then `b`
+   (blen bytes; either part may be empty), sent without waiting: the hot
+   path of small sends, a protocol header and its payload copied straight
+   into the ring slot in one call (what ivshm_send_reserve + copy +
+   ivshm_send_commit do in two, each checking the peer). Returns 0,
+   -EAGAIN (no room now), -EMSGSIZE (alen + blen > the slot payload:
+   use ivshm_try_send), or an error of ivshm_try_send. Ends an open
+   reservation to `slot`, as any send does. */
+int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
+                     size_t alen, const void *b, size_t blen);
+
 /* Hear only listed senders: for a transport that must not even buffer
    what peers it does not trust write (the BTL). With on != 0, cells of
    any other sender that reach our shared queue are dropped (counted in

@@ -168,3 +168,120 @@ int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len)
     tx_done(h, slot, ctrl, len);
     return 0;
 }
+
+/* Publish a wake: after the message is out, as a tail call, so that
+   the hot path of ivshm_send_small needs no stack frame. */
+static __attribute__((noinline)) int kick_sent(ivshm *h, int slot)
+{
+    ivshm_kick(h, slot);
+    return 0;
+}
+
+/* The message `a` + `b` on our fast ring to `slot` if nothing stands in
+   the way: 0 (sent), or 1 when the general path must look (the peer is
+   not the incarnation we know, no ring yet, our cached tail says full,
+   bad arguments). `tiny`: only parts of up to 32 bytes, copied without
+   a call. Invariants: the peer's registry entry is read on every call
+   (state and generation, as ivshm_peer_current: a new incarnation
+   emptied the ring we would write to, and the general path resets our
+   view); the shared tail is never read here, only our cached copy
+   (the general path has ivshm_tx_reserve load, check and keep it); the
+   whole message fits the slot or nothing is written. */
+IVSHM_HOT_INLINE int small_to_ring(ivshm *h, int slot, uint32_t tag,
+                                   const void *a, size_t alen, const void *b,
+                                   size_t blen, bool tiny)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    const uint32_t payload = slot_payload(h);
+    const bool fits = tiny ? alen <= 32 && blen <= 32 && alen + blen <= payload
+                           : alen <= payload && blen <= payload - alen;
+    if (!fits || (alen && !a) || (blen && !b) ||
+        atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
+        atomic_load_explicit(&e->gen, memory_order_relaxed) != p->gen ||
+        p->tx_chan < 0 || p->tx_head - p->tx_tail_cache >= h->ring_slots)
+        return 1;
+    /* What tx_publish + tx_done do, from locals loaded before the copies
+       (which may alias anything, so the compiler would load again). */
+    uint8_t *ring = p->tx_ring;
+    const uint64_t pos = p->tx_head;
+    const uint32_t len = (uint32_t)(alen + blen);
+    const uint32_t self_gen = h->self_gen;
+    struct ivshm_slot *s = slot_at(h, ring, pos);
+    p->reserved = false; /* we publish that slot: an open reservation ends */
+    p->tx_head = pos + 1;
+    copy_small(slot_data(s), a, alen);
+    copy_small(slot_data(s) + alen, b, blen);
+    s->len = len;
+    s->tag = tag;
+    s->gen = self_gen;
+    s->flags = SLOT_FIRST | SLOT_LAST;
+    s->total = len;
+    /* Publication point: header and payload are visible before seq is;
+       then the head, as tx_done shows it (rx_heal_hidden). */
+    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+    atomic_store_explicit(&((struct ivshm_ring_ctrl *)ring)->head, pos + 1,
+                          memory_order_release);
+    count_sent(h, len);
+    if (atomic_load_explicit(&e->may_sleep, memory_order_relaxed))
+        return kick_sent(h, slot); /* else no wake is owed (wait.c) */
+    return 0;
+}
+
+/* Everything ivshm_send_small's hot path leaves: the checks with their
+   own errors, a new incarnation of the peer (tx_begin resets our view),
+   a ring our cached tail calls full (ivshm_tx_reserve looks at the real
+   one), larger parts (copied with memcpy), and no ring yet: then the two
+   parts are joined in our stage and go the way of a try_send, through
+   the queue, counting towards opening a channel as any message does. */
+static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
+                                                        uint32_t tag,
+                                                        const void *a,
+                                                        size_t alen,
+                                                        const void *b,
+                                                        size_t blen)
+{
+    int rc = tx_begin(h, slot, alen);
+    if (rc < 0)
+        return rc;
+    if ((alen && !a) || (blen && !b))
+        return -EINVAL;
+    if (alen > slot_payload(h) || blen > slot_payload(h) - alen)
+        return -EMSGSIZE;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->tx_chan >= 0) {
+        rc = ivshm_tx_reserve(h, slot, (struct ivshm_ring_ctrl *)p->tx_ring, 1);
+        if (rc < 0)
+            return rc;
+        if (small_to_ring(h, slot, tag, a, alen, b, blen, false) == 0)
+            return 0;
+    }
+    if (!blen)
+        return send_msg(h, slot, tag, a, alen, 0);
+    /* the stage holds a queue reservation's bytes: the send below ends
+       any such reservation anyway (as every send to `slot` does) */
+    p->reserved = false;
+    if (!p->tx_stage && !(p->tx_stage = malloc(slot_payload(h))))
+        return -ENOMEM;
+    if (alen)
+        memcpy(p->tx_stage, a, alen);
+    memcpy(p->tx_stage + alen, b, blen);
+    return send_msg(h, slot, tag, p->tx_stage, alen + blen, 0);
+}
+
+/* Hot path of a small send (a protocol header and its payload): one
+   check of the arguments and of the peer, both parts copied straight
+   into the slot at tx_head, one release store, no call but a wake. What
+   reserve + commit did in two calls, each with its own checks. */
+int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
+                     size_t alen, const void *b, size_t blen)
+{
+    if (__builtin_expect(!h || h->self < 0 || !ivshm_slot_ok(h, slot) ||
+                             slot == h->self,
+                         0))
+        return -EINVAL;
+    int rc = small_to_ring(h, slot, tag, a, alen, b, blen, true);
+    if (__builtin_expect(rc <= 0, 1))
+        return rc;
+    return send_small_general(h, slot, tag, a, alen, b, blen);
+}
