@@ -29,6 +29,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from . import procfs
 from .errors import MpiError, MpiSetupError
 from .server import MAX_PEERS
 
@@ -263,17 +264,23 @@ def _exit_status(returncode: int) -> int:
 
 def _stop(proc: subprocess.Popen) -> None:
     """Ask mpirun to tear the job down (it forwards SIGTERM to the ranks
-    and cleans up), and kill it if it does not within the grace time."""
+    and cleans up), and kill it if it does not within the grace time.
+    Then no process of the job outlives it: mpirun killed, or slow on a
+    busy machine, can leave ranks behind, orphaned, still running."""
     if proc.poll() is not None:
         return
+    # pinned now: once mpirun is gone its ranks are no longer below us
+    job = procfs.descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=TERMINATE_GRACE_S)
     except subprocess.TimeoutExpired:
+        job.update(procfs.descendants(proc.pid))
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()
+    procfs.kill_pinned(job, grace_s=1.0)
 
 
 def run_command(cmd: Sequence[str], timeout: Optional[float] = None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import procfs
 from .errors import OperationFailed, ServerError
 
 DEFAULT_RUN_DIR = "/run/ivcloud"
@@ -101,20 +102,9 @@ def paths_for(name: str, run_dir: Optional[str] = None) -> ServerPaths:
 
 # ---------------------------------------------------------------- processes
 
-def _pid_state(pid: int) -> Optional[str]:
-    """Kernel state letter of `pid` ('R', 'S', 'Z', ...), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name is in parentheses and may contain spaces
-    return stat[stat.rindex(")") + 2:].split()[0]
-
-
 def _is_server_pid(pid: int) -> bool:
     """Does `pid` live and run our server binary (not a recycled pid)?"""
-    state = _pid_state(pid)
-    if state is None or state in ("Z", "X"):
+    if not procfs.alive(pid):
         return False
     try:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()

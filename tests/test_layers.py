@@ -4,7 +4,7 @@
     workloads, benchmarks  ivcloud.apps, ivcloud.bench
     library           server, mpi, netns, cluster, vm, place, libvirt,
                       isolate
-    binding, errors   ivcloud.native, ivcloud.errors
+    binding, errors   ivcloud.native, ivcloud.errors, ivcloud.procfs
 
 The solver, micromag, is its own package and imports nothing of ivcloud.
 Static: the test reads the source (ast), so an import hidden inside a
@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS = {
     "ivcloud.errors": 0,
     "ivcloud.native": 0,
+    "ivcloud.procfs": 0,
     "ivcloud.server": 1, "ivcloud.mpi": 1, "ivcloud.netns": 1,
     "ivcloud.cluster": 1, "ivcloud.vm": 1, "ivcloud.place": 1,
     "ivcloud.libvirt": 1, "ivcloud.isolate": 1,

@@ -388,6 +388,28 @@ def test_cli_private_region_run_and_cleanup(programs, component):
     assert private_regions() <= before
 
 
+def test_a_stopped_job_leaves_no_process_behind(tmp_path, monkeypatch):
+    """A launcher that ignores SIGTERM (mpirun slow to tear down on a busy
+    machine; seen once as ranks holding the CLI's pipes after it exited)
+    is killed after the grace time, and its children with it, although
+    they ignore SIGTERM too and are orphaned by then."""
+    monkeypatch.setattr(mpi, "TERMINATE_GRACE_S", 0.5)
+    pidfile = tmp_path / "child.pid"
+    launcher = ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile};"
+                            " wait; wait"]
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        mpi.run_command(launcher, timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)   # the kill is sent; the kernel reaps the orphan
+    state = Path(f"/proc/{child}/stat").read_text().split(")")[-1].split() \
+        if Path(f"/proc/{child}").exists() else ["gone"]
+    assert state[0] in ("gone", "Z", "X"), state
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cli_interrupted_tears_down_job_and_region(programs, component, sig):
     """ivcloud mpirun interrupted while a job runs: the job ends, the

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 from ..errors import HolderError
+from ..procfs import cmdline, pids, start_time
 
 MARKER = "ivcloud-holder"
 CLUSTER_ENV = "IVCLOUD_CLUSTER"
@@ -102,35 +102,11 @@ def marker(cluster: str, role: str) -> str:
 
 # ---------------------------------------------------------------- /proc
 
-def start_time(pid: int) -> Optional[int]:
-    """Start time (clock ticks since boot) of a live, non-zombie pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])  # field 22 of proc(5), counted from state (3)
-
-
 def ns_inode(pid: int, kind: str) -> Optional[int]:
     try:
         return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
     except OSError:
         return None
-
-
-def _cmdline(pid: int) -> List[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return raw.decode(errors="replace").split("\0")
-
-
-def _pids() -> List[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
 @dataclass(frozen=True)
@@ -155,8 +131,8 @@ def find_by_marker(cluster: str) -> List[Holder]:
     one started but not yet written into the state file)."""
     prefix = f"{MARKER}:{cluster}:"
     found = []
-    for pid in _pids():
-        for arg in _cmdline(pid):
+    for pid in pids():
+        for arg in cmdline(pid):
             if arg.startswith(prefix) and arg.count(":") == 2:
                 st = start_time(pid)
                 if st is not None:
@@ -184,7 +160,7 @@ def processes_in(namespaces: Dict[str, Iterable[int]],
     wanted = {kind: set(inos) for kind, inos in namespaces.items() if inos}
     me = os.getpid()
     hits = []
-    for pid in _pids():
+    for pid in pids():
         if pid == me:
             continue
         for kind, inos in wanted.items():
@@ -193,30 +169,6 @@ def processes_in(namespaces: Dict[str, Iterable[int]],
                     hits.append(pid)
                 break
     return hits
-
-
-def kill_pids(pids: Sequence[int], grace_s: float = 3.0) -> List[int]:
-    """SIGTERM, then SIGKILL whatever is left after grace_s. Each pid is
-    pinned by its start time so a recycled pid is left alone. Returns the
-    pids still alive at the end (should be none)."""
-    pinned = {pid: start_time(pid) for pid in pids}
-    pinned = {p: st for p, st in pinned.items() if st is not None}
-
-    def alive():
-        return [p for p, st in pinned.items() if start_time(p) == st]
-
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in alive():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not alive():
-            return []
-    return alive()
 
 
 # ---------------------------------------------------------------- spawn

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import server as server_mod
 from ..mpi import mpi_geometry
 from ..errors import ClusterError, ClusterFailure, IvcloudError
+from .. import procfs
 from . import instance as holders
 from . import jobs, network, vm_instance
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
@@ -119,7 +120,7 @@ def initial_state(topo: ClusterTopology, sd: StateDir,
         for inst in topo.instance_list()}
     return {"name": topo.name, "phase": "building",
             "builder": {"pid": os.getpid(),
-                        "start": holders.start_time(os.getpid())},
+                        "start": procfs.start_time(os.getpid())},
             "created": time.time(), "topology": topo.to_dict(),
             "dir": str(sd.dir), "agent": str(sd.agent),
             "hosts": str(sd.hosts), "servers_dir": str(sd.servers),
@@ -135,7 +136,7 @@ def _start_holder(sd: StateDir, state: Dict, role: str, **kw) -> int:
     # recorded before anything else: the pid cannot be recycled while
     # `proc` (our unreaped child) exists, and a later `down` needs it
     state["holders"][role] = {"role": role, "pid": proc.pid,
-                              "start": holders.start_time(proc.pid)}
+                              "start": procfs.start_time(proc.pid)}
     save(sd, state)
     try:
         holders.wait_ready(proc, role)
@@ -339,7 +340,7 @@ def _kill_all(listing, grace_s: float, rounds: int = 5):
         if not pids:
             break
         seen |= pids
-        survivors |= set(holders.kill_pids(sorted(pids), grace_s))
+        survivors |= set(procfs.kill_pids(sorted(pids), grace_s))
     return len(seen - survivors), sorted(survivors)
 
 
@@ -462,7 +463,7 @@ def down(sd: StateDir) -> List[str]:
         if (b.get("pid") not in (None, os.getpid())
                 and state.get("phase") == "building"
                 and b.get("start") is not None
-                and holders.start_time(b["pid"]) == b["start"]):
+                and procfs.start_time(b["pid"]) == b["start"]):
             raise ClusterError(f"cluster '{sd.name}' is being built by pid "
                            f"{b['pid']} (wait for it, or kill it first)")
     return teardown(sd, state)

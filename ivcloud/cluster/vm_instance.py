@@ -41,6 +41,7 @@ from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
                       VmFailure)
 from ..vm import agent, debian, qemu
 from ..vm import lifecycle as vm_lifecycle
+from .. import procfs
 from . import instance as holders
 from . import network
 from .launch import PLACEMENTS, hostfile_text
@@ -259,7 +260,7 @@ def stop_guests(sd: StateDir, state: Optional[Dict]) -> List[str]:
     # entry: its command line still names the state directory
     left = vm_lifecycle._pids_naming(vm_root(sd))
     if left:
-        left = holders.kill_pids(left, 1.0)
+        left = procfs.kill_pids(left, 1.0)
         if left:
             problems.append(f"QEMU {left} survived SIGKILL")
     try:

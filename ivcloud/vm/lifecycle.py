@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .. import procfs
 from ..errors import VmError, VmFailure
 from ..server import format_size
 from . import agent, debian, image, qemu
@@ -76,26 +77,10 @@ def list_vms(root: Path) -> List[str]:
 
 # ---------------------------------------------------------------- processes
 
-def _cmdline(pid: int) -> List[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        st = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return st[st.rindex(")") + 2:].split()[0] not in ("Z", "X")
-
-
 def _names_dir(pid: int, d: Path) -> bool:
     """Is `pid` a QEMU started for the VM directory `d`?"""
     prefix = str(d) + "/"
-    return any(prefix in a for a in _cmdline(pid))
+    return any(prefix in a for a in procfs.cmdline(pid))
 
 
 def qemu_pid(d: Path) -> Optional[int]:
@@ -103,25 +88,23 @@ def qemu_pid(d: Path) -> Optional[int]:
         pid = int((d / "qemu.pid").read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid > 0 and _alive(pid) and _names_dir(pid, d) else None
+    return pid if pid > 0 and procfs.alive(pid) and _names_dir(pid, d) else None
 
 
 def _pids_naming(d: Path) -> List[int]:
     """Every live process whose command line names `d` (a QEMU whose pid
     file is gone, after a crash of `vm up`)."""
     out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            pid = int(entry.name)
-            if pid != os.getpid() and _alive(pid) and _names_dir(pid, d):
-                out.append(pid)
+    for pid in procfs.pids():
+        if pid != os.getpid() and procfs.alive(pid) and _names_dir(pid, d):
+            out.append(pid)
     return out
 
 
 def _wait_gone(pids: List[int], timeout: float) -> List[int]:
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in pids if _alive(p)]
+        left = [p for p in pids if procfs.alive(p)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

@@ -1,0 +1,104 @@
+"""What /proc says about processes: one reader for the library's
+teardown code (servers, clusters, VMs, MPI jobs).
+
+A pid alone can be reused; code that must not signal a stranger pairs it
+with `start_time`, which a reused pid does not share.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+
+def _stat(pid: int) -> Optional[List[str]]:
+    """Fields of /proc/PID/stat from the state (field 3 of proc(5)) on;
+    None if the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name is in parentheses and may contain anything
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def state(pid: int) -> Optional[str]:
+    """Kernel state letter ('R', 'S', 'Z', ...), None if gone."""
+    f = _stat(pid)
+    return f[0] if f else None
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping: not gone and not a zombie."""
+    return state(pid) not in (None, "Z", "X")
+
+
+def start_time(pid: int) -> Optional[int]:
+    """Start time (clock ticks since boot) of a live, non-zombie pid."""
+    f = _stat(pid)
+    if not f or f[0] in ("Z", "X"):
+        return None
+    return int(f[19])  # field 22 of proc(5), counted from the state
+
+
+def cmdline(pid: int) -> List[str]:
+    """The argument vector, [] if gone (or a kernel thread)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def pids() -> List[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def descendants(pid: int) -> Dict[int, int]:
+    """Every live process below `pid` (children, grandchildren, ...) as
+    {pid: start_time}, from one pass over /proc."""
+    children: Dict[int, List[int]] = {}
+    for p in pids():
+        f = _stat(p)
+        if f and f[0] not in ("Z", "X"):
+            children.setdefault(int(f[1]), []).append(p)
+    out: Dict[int, int] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        st = start_time(p)
+        if st is not None and p not in out:
+            out[p] = st
+            todo.extend(children.get(p, []))
+    return out
+
+
+def kill_pinned(pinned: Dict[int, int], grace_s: float = 3.0) -> List[int]:
+    """SIGTERM the processes {pid: start_time}, then SIGKILL whatever is
+    left after grace_s; a pid whose start time changed (recycled) is left
+    alone. Returns the pids still alive at the end (should be none)."""
+    def left():
+        return [p for p, st in pinned.items() if start_time(p) == st]
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in left():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not left():
+            return []
+    return left()
+
+
+def kill_pids(pids: Sequence[int], grace_s: float = 3.0) -> List[int]:
+    """kill_pinned of `pids` as they are now."""
+    pinned = {pid: start_time(pid) for pid in pids}
+    return kill_pinned({p: st for p, st in pinned.items() if st is not None},
+                       grace_s)
