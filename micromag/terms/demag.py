@@ -492,11 +492,14 @@ class DemagField(Term):
 
     # ------------------------------------------------------------ potential
 
-    def potential(self, m_vec):
+    def potential(self, m_vec, reuse: bool = True):
         """Total scalar potential u (A) for magnetization directions m_vec
         (a vector_vec). Returns a Vec owned by this object: copy it to keep
-        it past the next call."""
-        if self._have_last and m_vec.equal(self._m_last):
+        it past the next call. `reuse`: return the last potential if m_vec
+        equals the last call's (a comparison of the whole vector and an
+        allreduce); the field (`h`) does not ask, as a time integrator
+        hardly ever evaluates the same m twice in a row."""
+        if reuse and self._have_last and m_vec.equal(self._m_last):
             return self._u
         self.div.mult(m_vec, self._b)
         # u1: Neumann problem; its constant is arbitrary (B.1 = -1 removes
@@ -533,7 +536,7 @@ class DemagField(Term):
 
     def h(self, state, out_vec) -> None:
         """Overwrite out_vec with H_demag (A/m) for state.m."""
-        self.grad.mult(self.potential(state.m), out_vec)
+        self.grad.mult(self.potential(state.m, reuse=False), out_vec)
 
     def E(self, state) -> float:
         """Demagnetization energy (J): (mu0/2) int M.grad u."""

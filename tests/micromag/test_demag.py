@@ -320,6 +320,43 @@ PARALLEL_SCRIPT = textwrap.dedent("""
 """)
 
 
+def test_field_solves_energy_reuses(sphere_space, monkeypatch):
+    """h() solves at every call without comparing m with the last call's
+    (a whole-vector compare and an allreduce per field evaluation); E()
+    right after it reuses that potential, and a later E at another m does
+    not."""
+    sp = sphere_space
+    field = DemagField(sp, MS)
+    state = SimpleNamespace(m=sp.vector_vec())
+    sp.set_global(state.m, np.tile([0.6, 0.0, 0.8], (sp.n, 1)))
+    calls = {"solves": 0, "compares": 0}
+    solve = field._solve
+
+    def counting_solve(*args):
+        calls["solves"] += 1
+        return solve(*args)
+    monkeypatch.setattr(field, "_solve", counting_solve)
+    out = sp.vector_vec()
+    field.h(state, out)
+    H1 = sp.gather(out, to_all=True).copy()
+    assert calls["solves"] == 2                       # u1 and u2
+    field.h(state, out)                               # the same m: solved
+    assert calls["solves"] == 4
+    assert np.allclose(sp.gather(out, to_all=True), H1, rtol=0,
+                       atol=1e-9 * MS)
+    E = field.E(state)                                # reuses h's potential
+    assert calls["solves"] == 4
+    vol = sp.gather(sp.mass, to_all=True)
+    m = sp.gather(state.m, to_all=True)
+    assert E == pytest.approx(
+        -0.5 * MU0 * MS * np.einsum("i,ij,ij->", vol, m, H1), rel=1e-9)
+    pts = sp.mesh.points                              # a vortex: lower E
+    vortex = np.stack([-pts[:, 1], pts[:, 0], np.full(sp.n, 3 * NM)], axis=1)
+    sp.set_global(state.m, vortex / np.linalg.norm(vortex, axis=1)[:, None])
+    E2 = field.E(state)                               # new m: solved again
+    assert calls["solves"] == 6 and 0 < E2 < 0.9 * E
+
+
 # dense: round-off and solver tolerance only; fmm (tol 1e-6): each rank
 # runs the FMM on its own triangles, so the trees and their errors differ;
 # direct: the u1 solve of simulation.py (the replicated Cholesky factor on
