@@ -70,6 +70,7 @@ void ivshm_tx_try_open(ivshm *h, int j, int timeout_ms, uint64_t deadline)
     p->tx_ring = ivshm_fring(h, j, (uint32_t)k);
     p->tx_head = 0;
     p->tx_tail_cache = 0;
+    p->tx_odd_since = 0;
 }
 
 /* ------------------------------------------------------------------ */

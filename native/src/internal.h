@@ -237,7 +237,13 @@ struct ivshm_peer_local {
     uint32_t tx_retry;        /* queue sends before trying to open again  */
     uint64_t tx_head;         /* our producer position in the fast ring   */
     uint64_t tx_tail_cache;   /* last validated tail of that ring         */
+    /* a tail ahead of tx_head that we refused, and since when (ns; 0 =
+       none): followed once it has stood that long (ring.c, tail_ahead) */
+    uint64_t tx_odd_tail, tx_odd_since;
     uint64_t rx_tail;         /* our consumer position in its fast ring   */
+    /* its producer overwrote messages we had not read (recv.c,
+       rx_heal_ring): the next receive from it reports IVSHM_ECORRUPT */
+    bool rx_lost;
     bool reserved;            /* send_reserve handed out a slot           */
     bool peeked;              /* recv_peek handed out a message           */
     uint8_t reserve_kind;     /* SRC_RING: slot at tx_head; SRC_QUEUE: stage */

@@ -1054,7 +1054,22 @@ static void hide_start(struct hide_pipes *p, char c)
     CHECK(write(p->cmd[1], &c, 1) == 1);
 }
 
-/* Sender: 'a' .. 'z' sends that many messages (1 .. 26), numbered on. */
+/* A message of three fragments (slots of 256 bytes): its number, then
+   bytes that depend on it. */
+#define HIDE_LONG 600
+#define HIDE_LONG_TAG 41
+
+static void hide_long_fill(uint8_t *m, uint32_t n)
+{
+    memcpy(m, &n, sizeof n);
+    for (uint32_t i = sizeof n; i < HIDE_LONG; i++)
+        m[i] = (uint8_t)(n * 7 + i);
+}
+
+/* Sender: 'a' .. 'z' sends that many messages (1 .. 26), numbered on;
+   'M' one long message (HIDE_LONG), numbered on; 'R' one message,
+   sending it again while the send says IVSHM_ECORRUPT (at most 5 s).
+   It leaves (detaches) when the receiver closes the command pipe. */
 static int hide_sender(void *arg)
 {
     struct hide_pipes *p = arg;
@@ -1065,6 +1080,21 @@ static int hide_sender(void *arg)
     uint32_t next = 0;
     char c;
     while (read(p->cmd[0], &c, 1) == 1) {
+        if (c == 'M') {
+            uint8_t m[HIDE_LONG];
+            hide_long_fill(m, next++);
+            REQUIRE(ivshm_send_timeout(h, r, HIDE_LONG_TAG, m, sizeof m,
+                                       10000) == 0);
+        } else if (c == 'R') {
+            uint64_t t0 = tu_now_ms();
+            int rc;
+            while ((rc = ivshm_send_timeout(h, r, 40, &next, sizeof next,
+                                            10000)) == IVSHM_ECORRUPT &&
+                   tu_now_ms() - t0 < 5000)
+                tu_sleep_ms(10);
+            REQUIRE(rc == 0);
+            next++;
+        }
         for (int k = 0; k <= c - 'a'; k++, next++)
             REQUIRE(ivshm_send_timeout(h, r, 40, &next, sizeof next, 10000) ==
                     0);
@@ -1075,9 +1105,15 @@ static int hide_sender(void *arg)
 }
 
 /* Hostile: 'h' waits for the message at the receiver's tail and makes it
-   look empty; 'f' forges the producer's head one past the tail; 'o' makes
-   the sender's OPEN cell vanish from the receiver's queue (cell and
+   look empty; 'C' does so with the slot after the tail (a long message's
+   second fragment); 'f' forges the producer's head one past the tail;
+   'F' writes the tail forward to the producer's head (what the receiver
+   has not read looks consumed); 'L' writes the head back to 0; 'E' forges a message (number
+   HIDE_FORGED) at the tail, and 'X' later makes its slot say "empty"
+   (the evidence of what the receiver took is gone); 'o' makes the
+   sender's OPEN cell vanish from the receiver's queue (cell and
    enqueue_pos say "empty"). */
+#define HIDE_FORGED 0xfeedbeefu
 static int hide_hostile(void *arg)
 {
     struct hide_pipes *p = arg;
@@ -1085,15 +1121,37 @@ static int hide_hostile(void *arg)
     int r = tu_await_peer(h, job, 0, 10000), s = tu_await_peer(h, job, 1, 10000);
     REQUIRE(r >= 0 && s >= 0);
     char c;
+    struct ivshm_slot *forged = NULL;
     while (read(p->cmd[0], &c, 1) == 1) {
         uint8_t *ring = ivshm_fast_ring_of(h, s, r);
         REQUIRE(ring);
         struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
         uint64_t tail = atomic_load(&ctrl->tail);
+        uint64_t at = c == 'C' ? tail + 1 : tail;
         struct ivshm_slot *sl =
             (struct ivshm_slot *)(ring + IVSHM_RING_CTRL +
-                                  (tail & (h->ring_slots - 1)) * h->slot_size);
-        if (c == 'o') {
+                                  (at & (h->ring_slots - 1)) * h->slot_size);
+        if (c == 'C') {
+            REQUIRE(TU_EVENTUALLY(atomic_load(&sl->seq) == at + 1, 5000));
+            atomic_store(&sl->seq, at);
+        } else if (c == 'L') {
+            atomic_store(&ctrl->head, 0);
+        } else if (c == 'F') {
+            atomic_store(&ctrl->tail, atomic_load(&ctrl->head));
+        } else if (c == 'E') {
+            uint32_t v = HIDE_FORGED;
+            sl->len = sizeof v;
+            sl->tag = 40;
+            sl->gen = atomic_load(&ivshm_entry(h, s)->gen);
+            sl->flags = SLOT_FIRST | SLOT_LAST;
+            sl->total = sizeof v;
+            memcpy((uint8_t *)sl + IVSHM_SLOT_HDR, &v, sizeof v);
+            atomic_store(&sl->seq, tail + 1);
+            forged = sl;
+        } else if (c == 'X') {
+            REQUIRE(forged);
+            atomic_store(&forged->seq, 0);
+        } else if (c == 'o') {
             struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, r);
             uint64_t pos = atomic_load(&qc->head);
             struct ivshm_cell *cell = ivshm_qcell(h, r, pos);
@@ -1225,6 +1283,236 @@ static void test_hidden_slot(void)
     CHECK(tu_wait(hostile, 5000) == -1);
     close(sp.cmd[1]);
     CHECK(tu_wait(sender, 10000) == 0);
+    close(sp.cmd[0]);
+    close(sp.ack[0]);
+    close(sp.ack[1]);
+    close(hp.cmd[0]);
+    close(hp.cmd[1]);
+    close(hp.ack[0]);
+    close(hp.ack[1]);
+    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
+    ivshm_detach(r);
+}
+
+/* ---- attack 10: what else one co-tenant write leaves in a pair ---- */
+
+struct watchdog {
+    pid_t victim;
+    atomic_bool done;
+};
+
+/* A receive that hangs would hang the test: after 8 s its sender is
+   killed (the checks on the elapsed time have failed by then). */
+static void *watchdog_run(void *arg)
+{
+    struct watchdog *w = arg;
+    uint64_t t0 = tu_now_ms();
+    while (!atomic_load(&w->done) && tu_now_ms() - t0 < 8000)
+        tu_sleep_ms(5);
+    if (!atomic_load(&w->done))
+        kill(w->victim, SIGKILL);
+    return NULL;
+}
+
+static bool long_ok(const uint8_t *m, ssize_t n, uint32_t want)
+{
+    uint8_t e[HIDE_LONG];
+    hide_long_fill(e, want);
+    return n == HIDE_LONG && memcmp(m, e, HIDE_LONG) == 0;
+}
+
+/* A receive of `from` that blocks without deadline, bounded by a
+   watchdog on the sender; its time in ms. */
+static uint64_t guarded_recv(ivshm *r, int from, pid_t sender, uint8_t *m,
+                             ssize_t *n)
+{
+    struct watchdog w = {.victim = sender};
+    atomic_init(&w.done, false);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, watchdog_run, &w) == 0);
+    uint64_t t0 = tu_now_ms();
+    uint32_t tag = 0;
+    *n = ivshm_recv(r, from, NULL, &tag, m, HIDE_LONG, -1);
+    uint64_t el = tu_now_ms() - t0;
+    atomic_store(&w.done, true);
+    pthread_join(th, NULL);
+    return el;
+}
+
+/* Poll as the BTL does (idle, peek, -EMSGSIZE: ivshm_recv(src, 0))
+   until a long message arrives or `ms` pass: its length or error. */
+static ssize_t idle_poll_long(ivshm *r, int ms, uint8_t *m, uint64_t *took)
+{
+    uint64_t t0 = tu_now_ms();
+    ssize_t rc = -EAGAIN;
+    while (tu_now_ms() - t0 < (uint64_t)ms) {
+        if (ivshm_recv_idle(r))
+            continue;
+        const void *data;
+        int src;
+        rc = ivshm_recv_peek(r, IVSHM_ANY, &src, NULL, &data);
+        if (rc == -EMSGSIZE)
+            rc = ivshm_recv(r, src, NULL, NULL, m, HIDE_LONG, 0);
+        if (rc != -EAGAIN)
+            break;
+    }
+    *took = tu_now_ms() - t0;
+    return rc;
+}
+
+/* A hidden continuation fragment, a ring tail written forward (within
+   the producer's head, and past it), the hidden last message of a
+   sender that left: each stalled a pair for good. Processes: the
+   receiver (us), an honest sender and a hostile one. */
+static void test_hostile_ring(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *r = tu_attach(path, job, 0, 0);
+    struct hide_pipes sp, hp;
+    CHECK(pipe(sp.cmd) == 0 && pipe(sp.ack) == 0 && pipe(hp.cmd) == 0 &&
+          pipe(hp.ack) == 0);
+    pid_t sender = tu_fork(hide_sender, &sp);
+    pid_t hostile = tu_fork(hide_hostile, &hp);
+    int s = tu_await_peer(r, job, 1, 10000);
+    CHECK(s >= 0 && tu_await_peer(r, job, 2, 10000) >= 0);
+    uint8_t m[HIDE_LONG];
+    uint32_t v = 0, next = 0;
+    uint64_t took = 0;
+    ssize_t n;
+    hide_step(&sp, 'a'); /* message 0 opens the fast ring */
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == next++);
+
+    /* 1. A long message's second fragment made to look empty: a receive
+       without deadline waited at it for good; now it is shown again
+       within a 200 ms slice, intact. */
+    hide_step(&sp, 'M');
+    hide_step(&hp, 'C');
+    took = guarded_recv(r, s, sender, m, &n);
+    CHECK(long_ok(m, n, next++));
+    CHECK(took < 3000);
+    printf("hostile ring: hidden fragment, blocking receive: %llu ms\n",
+           (unsigned long long)took);
+    /* from anyone, with a deadline longer than a slice */
+    hide_step(&sp, 'M');
+    hide_step(&hp, 'C');
+    uint64_t t0 = tu_now_ms();
+    CHECK(long_ok(m, ivshm_recv(r, IVSHM_ANY, NULL, NULL, m, HIDE_LONG, 3000),
+                  next++));
+    CHECK(tu_now_ms() - t0 < 2500);
+    /* a deadline shorter than a slice is kept, and the next receive
+       finds the fragment shown again */
+    hide_step(&sp, 'M');
+    hide_step(&hp, 'C');
+    t0 = tu_now_ms();
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, m, HIDE_LONG, 50), -ETIMEDOUT);
+    took = tu_now_ms() - t0;
+    CHECK(took >= 45 && took < 2000);
+    CHECK(long_ok(m, ivshm_recv(r, s, NULL, NULL, m, HIDE_LONG, 0), next++));
+    /* a hidden message under receives with short deadlines, in a loop:
+       the sweep comes by time, not only every 4096 empty polls */
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    t0 = tu_now_ms();
+    while ((n = ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 20)) ==
+               -ETIMEDOUT &&
+           tu_now_ms() - t0 < 3000)
+        ;
+    CHECK_RC(n, 4);
+    CHECK(v == next++);
+    /* polled as the BTL polls */
+    hide_step(&sp, 'M');
+    hide_step(&hp, 'C');
+    n = idle_poll_long(r, 5000, m, &took);
+    CHECK(long_ok(m, n, next++));
+    printf("hostile ring: hidden fragment, poller: %llu ms\n",
+           (unsigned long long)took);
+
+    /* 2a. The tail written forward over 8 messages we had not read: the
+       sender wrote 8 more over them. The 8 are lost (one IVSHM_ECORRUPT
+       says so), the next 8 arrive in order, and the pair is in step. */
+    hide_step(&sp, 'h'); /* 8: the ring is full */
+    hide_step(&hp, 'F');
+    hide_step(&sp, 'h'); /* 8 more, over the first 8 */
+    next += 8;
+    t0 = tu_now_ms();
+    int src = -1;
+    CHECK_RC(ivshm_recv(r, s, &src, NULL, &v, sizeof v, 5000),
+             IVSHM_ECORRUPT);
+    CHECK(src == s);
+    took = tu_now_ms() - t0;
+    for (int i = 0; i < 8; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_step(&sp, 'e'); /* 5 */
+    for (int i = 0; i < 5; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    printf("hostile ring: tail written forward: reported after %llu ms, "
+           "in step again\n", (unsigned long long)took);
+    /* the same, and the producer's head written back: the sender's
+       refused send shows the receiver its head again */
+    hide_step(&sp, 'h');
+    hide_step(&hp, 'F');
+    hide_step(&sp, 'h');
+    hide_step(&hp, 'L');
+    next += 8;
+    /* our ring looks empty: we put our tail back, so the sender's next
+       send is refused, before any wait for room could show its head */
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 0), -EAGAIN);
+    hide_start(&sp, 'R');
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000),
+             IVSHM_ECORRUPT);
+    for (int i = 0; i < 9; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_ack(&sp, 'R');
+
+    /* 2b. We take a message forged at our position, then its slot is
+       made to say "empty": the sender finds our tail past its head with
+       no forged slot to explain it. It refused every send for good; now
+       it follows a tail that stands. */
+    hide_step(&sp, 'h'); /* 8: the sender's next send reads our tail */
+    for (int i = 0; i < 8; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_step(&hp, 'E');
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == HIDE_FORGED);
+    hide_step(&hp, 'X');
+    t0 = tu_now_ms();
+    hide_step(&sp, 'R');
+    took = tu_now_ms() - t0;
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == next++);
+    hide_start(&sp, 'l'); /* 12: more than a ring, in order */
+    for (int i = 0; i < 12; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_ack(&sp, 'l');
+    printf("hostile ring: tail past the head: the sender followed after "
+           "%llu ms\n", (unsigned long long)took);
+
+    /* 3. The sender's last message made to look empty, then the sender
+       leaves: it is still delivered, then IVSHM_EPEERDEAD. */
+    hide_step(&sp, 'a');
+    hide_step(&hp, 'h');
+    CHECK(kill(hostile, SIGKILL) == 0); /* it holds the pipe open too */
+    CHECK(tu_wait(hostile, 5000) == -1);
+    close(sp.cmd[1]); /* the sender detaches */
+    CHECK(tu_wait(sender, 10000) == 0);
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == next++);
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 1000),
+             IVSHM_EPEERDEAD);
+
     close(sp.cmd[0]);
     close(sp.ack[0]);
     close(sp.ack[1]);
@@ -1413,6 +1701,7 @@ int main(void)
     test_tail_rewind();
     test_idle_scribble();
     test_hidden_slot();
+    test_hostile_ring();
     test_send_timeout();
     test_format_file();
     return tu_summary("test_hostile");
