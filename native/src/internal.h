@@ -237,13 +237,7 @@ struct ivshm_peer_local {
     uint32_t tx_retry;        /* queue sends before trying to open again  */
     uint64_t tx_head;         /* our producer position in the fast ring   */
     uint64_t tx_tail_cache;   /* last validated tail of that ring         */
-    /* a tail ahead of tx_head that we refused, and since when (ns; 0 =
-       none): followed once it has stood that long (ring.c, tail_ahead) */
-    uint64_t tx_odd_tail, tx_odd_since;
     uint64_t rx_tail;         /* our consumer position in its fast ring   */
-    /* its producer overwrote messages we had not read (recv.c,
-       rx_heal_ring): the next receive from it reports IVSHM_ECORRUPT */
-    bool rx_lost;
     bool reserved;            /* send_reserve handed out a slot           */
     bool peeked;              /* recv_peek handed out a message           */
     uint8_t reserve_kind;     /* SRC_RING: slot at tx_head; SRC_QUEUE: stage */
@@ -266,6 +260,13 @@ struct ivshm_peer_local {
     uint64_t rx_stage_cap;    /* allocated bytes of rx_stage               */
     uint8_t *rx_stage;        /* malloc'd: the stored prefix, then the rest
                                  of what is stored, until it completes     */
+    /* Repairs only (cold, kept off the lines the hot paths use): */
+    /* a tail ahead of tx_head that we refused, and since when (ns; 0 =
+       none): followed once it has stood that long (ring.c, tail_ahead) */
+    uint64_t tx_odd_tail, tx_odd_since;
+    /* its producer overwrote messages we had not read (recv.c,
+       rx_heal_ring): the next receive from it reports IVSHM_ECORRUPT */
+    bool rx_lost;
 };
 /* where a message lies */
 enum { SRC_NONE = 0, SRC_BACKLOG = 1, SRC_RING = 2, SRC_QUEUE = 3 };

@@ -108,20 +108,13 @@ static int tail_refused(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl)
     return rc;
 }
 
-/* Room for `need` positions from tx_head: 0, -EAGAIN, or an error.
-   Invariant kept: tx_tail_cache <= tx_head and tx_head - tx_tail_cache <=
-   ring_slots, so positions [tx_head, tx_tail_cache + ring_slots) hold
-   nothing the consumer has yet to read -- as far as the tail tells: one
-   a co-tenant wrote forward within that range cannot be told from the
-   consumer's and makes us overwrite what it had not read (the consumer
-   notices, rx_heal_hidden). The shared tail is loaded once into `tail`;
-   only that copy is checked and kept. */
-int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
-                     uint64_t need)
+/* The cached tail says "no room": load the shared one. Out of line, so
+   that the repairs above do not make the fast check pay for a larger
+   frame (ivshm_tx_reserve is called for every message). */
+static __attribute__((noinline)) int tx_reserve_slow(
+    ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl, uint64_t need)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
-    if (p->tx_head - p->tx_tail_cache + need <= h->ring_slots)
-        return 0;
     /* acquire: the consumer is done reading the slots it released */
     uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
     if (tail > p->tx_head) {
@@ -140,6 +133,23 @@ int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
         return tail_refused(h, slot, ctrl);
     p->tx_tail_cache = tail;
     return p->tx_head - tail + need <= h->ring_slots ? 0 : -EAGAIN;
+}
+
+/* Room for `need` positions from tx_head: 0, -EAGAIN, or an error.
+   Invariant kept: tx_tail_cache <= tx_head and tx_head - tx_tail_cache <=
+   ring_slots, so positions [tx_head, tx_tail_cache + ring_slots) hold
+   nothing the consumer has yet to read -- as far as the tail tells: one
+   a co-tenant wrote forward within that range cannot be told from the
+   consumer's and makes us overwrite what it had not read (the consumer
+   notices, rx_heal_ring). The shared tail is loaded once into `tail`;
+   only that copy is checked and kept. */
+int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
+                     uint64_t need)
+{
+    const struct ivshm_peer_local *p = &h->peers[slot];
+    if (p->tx_head - p->tx_tail_cache + need <= h->ring_slots)
+        return 0;
+    return tx_reserve_slow(h, slot, ctrl, need);
 }
 
 struct space_wait {
