@@ -1524,6 +1524,150 @@ static void test_hostile_ring(void)
     ivshm_detach(r);
 }
 
+/* ---- attack 11: tails scribbled for a while, then the writer dies ---- */
+
+struct tail_board {
+    _Atomic int phase;         /* 0: hostile at work; 1: it is dead      */
+    _Atomic uint32_t sent;     /* messages whose send returned 0         */
+    _Atomic uint32_t p2_first; /* first number sent in phase 1           */
+    _Atomic uint32_t refused;  /* sends refused (ECORRUPT, deadline)     */
+    _Atomic uint32_t p2_bad;   /* phase 1 sends that did not go through  */
+    _Atomic uint64_t hits;
+};
+static struct tail_board *tboard;
+
+/* Sends numbered messages with 50 ms deadlines, again when refused; once
+   the hostile is dead, 100 more, each of which must go through within
+   5 s (a refusal may repeat for the 200 ms a tail past our head needs). */
+static int tail_sender(void *arg)
+{
+    (void)arg;
+    ivshm *h = tu_attach(path, job, 1, 0);
+    int r = tu_await_peer(h, job, 0, 10000);
+    REQUIRE(r >= 0);
+    uint32_t i = 0, end = UINT32_MAX;
+    while (i != end) {
+        if (end == UINT32_MAX && atomic_load(&tboard->phase) == 1) {
+            atomic_store(&tboard->p2_first, i);
+            end = i + 100;
+        }
+        uint64_t t0 = tu_now_ms();
+        int rc;
+        while ((rc = ivshm_send_timeout(h, r, 40, &i, sizeof i, 50)) != 0) {
+            atomic_fetch_add(&tboard->refused, 1);
+            if (rc == IVSHM_ECORRUPT) /* returned at once: no busy loop */
+                sched_yield();
+            if (end != UINT32_MAX && tu_now_ms() - t0 > 5000) {
+                atomic_fetch_add(&tboard->p2_bad, 1);
+                break;
+            }
+        }
+        atomic_store(&tboard->sent, ++i);
+    }
+    ivshm_detach(h);
+    return 0;
+}
+
+/* Writes the receiver's tail of the sender's ring: forward within the
+   sender's head (it writes over what the receiver has not read), past
+   the head, and back. */
+static int tail_hostile(void *arg)
+{
+    const int *ids = arg;
+    ivshm *h = tu_attach(path, job, 2, 0);
+    uint8_t *ring;
+    while (!(ring = ivshm_fast_ring_of(h, ids[1], ids[0])))
+        tu_sleep_ms(1);
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    const uint64_t S = h->ring_slots;
+    uint64_t x = 0x2545f4914f6cdd1dull ^ (uint64_t)getpid();
+    for (unsigned n = 0;; n++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (n % 16 == 0)
+            tu_sleep_ms(1);
+        uint64_t tail = atomic_load(&ctrl->tail), head = atomic_load(&ctrl->head);
+        uint64_t k = 1 + (x >> 8) % S, to;
+        switch (x % 3) {
+        case 0: to = head > tail ? tail + 1 + (x >> 16) % (head - tail) : tail;
+                break;
+        case 1: to = head + k; break;
+        default: to = tail >= k ? tail - k : tail; break;
+        }
+        if (atomic_compare_exchange_strong(&ctrl->tail, &tail, to))
+            atomic_fetch_add(&tboard->hits, 1);
+    }
+    return 0; /* not reached: SIGKILL ends it */
+}
+
+static void test_tail_scribble(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    tboard = mmap(NULL, sizeof *tboard, PROT_READ | PROT_WRITE,
+                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(tboard != MAP_FAILED);
+    memset(tboard, 0, sizeof *tboard);
+    ivshm *r = tu_attach(path, job, 0, 0);
+    pid_t sender = tu_fork(tail_sender, NULL);
+    int ids[2] = {ivshm_self(r), tu_await_peer(r, job, 1, 10000)};
+    CHECK(ids[1] >= 0);
+    pid_t hostile = tu_fork(tail_hostile, ids);
+    uint32_t last = 0, got = 0, corrupt = 0, p2_got = 0, longest = 0;
+    bool any = false;
+    uint64_t t0 = tu_now_ms(), killed_at = 0;
+    for (;;) {
+        uint64_t now = tu_now_ms();
+        if (!killed_at && now - t0 >= 2000) {
+            CHECK(kill(hostile, SIGKILL) == 0);
+            CHECK(tu_wait(hostile, 5000) == -1);
+            atomic_store(&tboard->phase, 1);
+            killed_at = tu_now_ms();
+        }
+        uint32_t v;
+        uint64_t c0 = tu_now_ms();
+        ssize_t rc = ivshm_recv(r, ids[1], NULL, NULL, &v, sizeof v, 20);
+        uint64_t el = tu_now_ms() - c0;
+        if (el > longest)
+            longest = (uint32_t)el;
+        if (rc == IVSHM_ECORRUPT)
+            corrupt++;
+        if (rc == 4) {
+            got++;
+            if (!any || v > last) /* else a replay of an earlier lap */
+                last = v;
+            any = true;
+            uint32_t p2 = atomic_load(&tboard->p2_first);
+            if (killed_at && p2 && v >= p2)
+                p2_got++;
+        }
+        CHECK(rc == 4 || rc == -ETIMEDOUT || rc == IVSHM_ECORRUPT);
+        if (killed_at && atomic_load(&tboard->p2_first) &&
+            any && last + 1 == atomic_load(&tboard->p2_first) + 100)
+            break; /* the last one arrived */
+        if (killed_at && tu_now_ms() - killed_at > 20000)
+            break; /* stalled: the checks below fail */
+    }
+    CHECK(tu_wait(sender, 10000) == 0);
+    uint32_t p2 = atomic_load(&tboard->p2_first);
+    CHECK(p2 > 0 && last + 1 == p2 + 100);
+    CHECK(atomic_load(&tboard->p2_bad) == 0);
+    /* after the death at most a ring's worth of the sender's messages
+       (overwritten just before it, or their replays) is missing */
+    CHECK(p2_got + g.ring_slots >= 100);
+    CHECK(longest < 1000);
+    printf("tail scribble: %llu hostile writes; %u received (%u after its "
+           "death), %u IVSHM_ECORRUPT, %u sends refused; after the death the "
+           "last of 100 arrived %llu ms later\n",
+           (unsigned long long)atomic_load(&tboard->hits), got, p2_got,
+           corrupt, atomic_load(&tboard->refused),
+           (unsigned long long)(tu_now_ms() - killed_at));
+    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
+    ivshm_detach(r);
+    munmap(tboard, sizeof *tboard);
+    tboard = NULL;
+}
+
 /* ---- two honest races of the repairs, replayed by hand ---- */
 
 /* The OPEN cell the sweep's hook puts back: the sender's OPEN arriving
@@ -1769,6 +1913,7 @@ int main(void)
     test_hidden_slot();
     test_hostile_ring();
     test_repair_races();
+    test_tail_scribble();
     test_send_timeout();
     test_format_file();
     return tu_summary("test_hostile");
