@@ -1171,6 +1171,62 @@ static int hide_hostile(void *arg)
         pause(); /* until SIGKILL */
 }
 
+/* The receiver (us, rank 0), a hide_sender and a hide_hostile process
+   on a fresh region, driven through pipes. */
+struct hide_run {
+    ivshm *r;
+    int s; /* the sender's slot */
+    struct hide_pipes sp, hp;
+    pid_t sender, hostile;
+};
+
+static void hide_begin(struct hide_run *t, int64_t spin_ns)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    t->r = tu_attach(path, job, 0, spin_ns);
+    CHECK(pipe(t->sp.cmd) == 0 && pipe(t->sp.ack) == 0 &&
+          pipe(t->hp.cmd) == 0 && pipe(t->hp.ack) == 0);
+    t->sender = tu_fork(hide_sender, &t->sp);
+    t->hostile = tu_fork(hide_hostile, &t->hp);
+    t->s = tu_await_peer(t->r, job, 1, 10000);
+    CHECK(t->s >= 0 && tu_await_peer(t->r, job, 2, 10000) >= 0);
+}
+
+/* Kill the hostile process (it holds the sender's command pipe open
+   too), then close that pipe: the sender detaches and exits. */
+static void hide_kill_hostile(struct hide_run *t)
+{
+    CHECK(kill(t->hostile, SIGKILL) == 0);
+    CHECK(tu_wait(t->hostile, 5000) == -1);
+    t->hostile = -1;
+}
+
+static void hide_sender_leaves(struct hide_run *t)
+{
+    close(t->sp.cmd[1]);
+    t->sp.cmd[1] = -1;
+    CHECK(tu_wait(t->sender, 10000) == 0);
+    t->sender = -1;
+}
+
+static void hide_end(struct hide_run *t)
+{
+    if (t->hostile > 0)
+        hide_kill_hostile(t);
+    if (t->sender > 0)
+        hide_sender_leaves(t);
+    int *fds[] = {t->sp.cmd, t->sp.ack, t->hp.cmd, t->hp.ack};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            if (fds[i][j] >= 0)
+                close(fds[i][j]);
+    CHECK(TU_EVENTUALLY(ivshm_reap(t->r) >= 0 && ivshm_find(t->r, job, 2) < 0,
+                        5000));
+    ivshm_detach(t->r);
+}
+
 /* Poll as the BTL does until a message arrives or `ms` pass: its
    number, or -1. */
 static int64_t idle_poll(ivshm *r, int ms, uint64_t *took_ms)
@@ -1199,24 +1255,17 @@ static int64_t idle_poll(ivshm *r, int ms, uint64_t *took_ms)
 
 static void test_hidden_slot(void)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
-    job++;
-    path = tu_region(ivshm_min_region_size(&g), &g);
-    ivshm *r = tu_attach(path, job, 0, -1);
-    struct hide_pipes sp, hp;
-    CHECK(pipe(sp.cmd) == 0 && pipe(sp.ack) == 0 && pipe(hp.cmd) == 0 &&
-          pipe(hp.ack) == 0);
-    pid_t sender = tu_fork(hide_sender, &sp);
-    pid_t hostile = tu_fork(hide_hostile, &hp);
-    int s = tu_await_peer(r, job, 1, 10000);
-    CHECK(s >= 0 && tu_await_peer(r, job, 2, 10000) >= 0);
+    struct hide_run t;
+    hide_begin(&t, -1);
+    ivshm *r = t.r;
+    const int s = t.s;
     uint32_t v = 0;
     uint64_t took = 0;
     /* message 0 opens the fast ring, but its OPEN cell vanishes before
        we look: the sender is on a ring we were never told of, and its
        message arrives all the same (the sweep adopts the channel) */
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'o');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'o');
     CHECK(idle_poll(r, 5000, &took) == 0);
     printf("hidden slot: lost OPEN: the ring's message after %llu ms\n",
            (unsigned long long)took);
@@ -1224,39 +1273,39 @@ static void test_hidden_slot(void)
 
     /* polling idle-then-peek: message 1, hidden, is shown again */
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 0), -EAGAIN);
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     CHECK(idle_poll(r, 5000, &took) == 1);
     printf("hidden slot: shown to the poller after %llu ms\n",
            (unsigned long long)took);
     /* a blocking receive, from anyone and from the sender */
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     uint64_t t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(r, IVSHM_ANY, NULL, NULL, &v, sizeof v, 5000), 4);
     CHECK(v == 2);
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, -1), 4);
     CHECK(v == 3);
     printf("hidden slot: shown to blocking receives within %llu ms\n",
            (unsigned long long)(tu_now_ms() - t0));
     /* a full ring's worth and more goes through: the pair is in step */
-    hide_start(&sp, 'l'); /* 4 .. 15 */
+    hide_start(&t.sp, 'l'); /* 4 .. 15 */
     for (uint32_t i = 4; i < 16; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == i);
     }
-    hide_ack(&sp, 'l');
+    hide_ack(&t.sp, 'l');
 
     /* A forged head: we take what lies in the slot (a message of the
        ring's last lap, replayed, or a stale one, dropped) and are one
        ahead of the producer, which follows (tail_ahead): at most the
        message it sent into the skipped position is lost. */
-    hide_step(&hp, 'f');
+    hide_step(&t.hp, 'f');
     int64_t stale = idle_poll(r, 600, &took);
     CHECK(stale == -1 || (stale >= 0 && stale < 16)); /* nothing, or a replay */
-    hide_start(&sp, 't'); /* 16 .. 35 */
+    hide_start(&t.sp, 't'); /* 16 .. 35 */
     uint32_t got = 0, last = 15;
     bool in_order = true;
     while (last < 35) {
@@ -1269,29 +1318,17 @@ static void test_hidden_slot(void)
         got++;
     }
     CHECK(in_order && last == 35 && got >= 19);
-    hide_ack(&sp, 't');
-    hide_start(&sp, 'z'); /* 36 .. 61: nothing lost any more */
+    hide_ack(&t.sp, 't');
+    hide_start(&t.sp, 'z'); /* 36 .. 61: nothing lost any more */
     for (uint32_t i = 36; i < 62; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == i);
     }
-    hide_ack(&sp, 'z');
+    hide_ack(&t.sp, 'z');
     printf("hidden slot: forged head: took %lld from the slot, then %u of 20 "
            "arrived, in order\n", (long long)stale, got);
 
-    CHECK(kill(hostile, SIGKILL) == 0);
-    CHECK(tu_wait(hostile, 5000) == -1);
-    close(sp.cmd[1]);
-    CHECK(tu_wait(sender, 10000) == 0);
-    close(sp.cmd[0]);
-    close(sp.ack[0]);
-    close(sp.ack[1]);
-    close(hp.cmd[0]);
-    close(hp.cmd[1]);
-    close(hp.ack[0]);
-    close(hp.ack[1]);
-    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
-    ivshm_detach(r);
+    hide_end(&t);
 }
 
 /* ---- attack 10: what else one co-tenant write leaves in a pair ---- */
@@ -1366,46 +1403,39 @@ static ssize_t idle_poll_long(ivshm *r, int ms, uint8_t *m, uint64_t *took)
    receiver (us), an honest sender and a hostile one. */
 static void test_hostile_ring(void)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
-    job++;
-    path = tu_region(ivshm_min_region_size(&g), &g);
-    ivshm *r = tu_attach(path, job, 0, 0);
-    struct hide_pipes sp, hp;
-    CHECK(pipe(sp.cmd) == 0 && pipe(sp.ack) == 0 && pipe(hp.cmd) == 0 &&
-          pipe(hp.ack) == 0);
-    pid_t sender = tu_fork(hide_sender, &sp);
-    pid_t hostile = tu_fork(hide_hostile, &hp);
-    int s = tu_await_peer(r, job, 1, 10000);
-    CHECK(s >= 0 && tu_await_peer(r, job, 2, 10000) >= 0);
+    struct hide_run t;
+    hide_begin(&t, 0);
+    ivshm *r = t.r;
+    const int s = t.s;
     uint8_t m[HIDE_LONG];
     uint32_t v = 0, next = 0;
     uint64_t took = 0;
     ssize_t n;
-    hide_step(&sp, 'a'); /* message 0 opens the fast ring */
+    hide_step(&t.sp, 'a'); /* message 0 opens the fast ring */
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
     CHECK(v == next++);
 
     /* 1. A long message's second fragment made to look empty: a receive
        without deadline waited at it for good; now it is shown again
        within a 200 ms slice, intact. */
-    hide_step(&sp, 'M');
-    hide_step(&hp, 'C');
-    took = guarded_recv(r, s, sender, m, &n);
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
+    took = guarded_recv(r, s, t.sender, m, &n);
     CHECK(long_ok(m, n, next++));
     CHECK(took < 3000);
     printf("hostile ring: hidden fragment, blocking receive: %llu ms\n",
            (unsigned long long)took);
     /* from anyone, with a deadline longer than a slice */
-    hide_step(&sp, 'M');
-    hide_step(&hp, 'C');
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
     uint64_t t0 = tu_now_ms();
     CHECK(long_ok(m, ivshm_recv(r, IVSHM_ANY, NULL, NULL, m, HIDE_LONG, 3000),
                   next++));
     CHECK(tu_now_ms() - t0 < 2500);
     /* a deadline shorter than a slice is kept, and the next receive
        finds the fragment shown again */
-    hide_step(&sp, 'M');
-    hide_step(&hp, 'C');
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
     t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, m, HIDE_LONG, 50), -ETIMEDOUT);
     took = tu_now_ms() - t0;
@@ -1413,8 +1443,8 @@ static void test_hostile_ring(void)
     CHECK(long_ok(m, ivshm_recv(r, s, NULL, NULL, m, HIDE_LONG, 0), next++));
     /* a hidden message under receives with short deadlines, in a loop:
        the sweep comes by time, not only every 4096 empty polls */
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     t0 = tu_now_ms();
     while ((n = ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 20)) ==
                -ETIMEDOUT &&
@@ -1423,8 +1453,8 @@ static void test_hostile_ring(void)
     CHECK_RC(n, 4);
     CHECK(v == next++);
     /* polled as the BTL polls */
-    hide_step(&sp, 'M');
-    hide_step(&hp, 'C');
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
     n = idle_poll_long(r, 5000, m, &took);
     CHECK(long_ok(m, n, next++));
     printf("hostile ring: hidden fragment, poller: %llu ms\n",
@@ -1433,9 +1463,9 @@ static void test_hostile_ring(void)
     /* 2a. The tail written forward over 8 messages we had not read: the
        sender wrote 8 more over them. The 8 are lost (one IVSHM_ECORRUPT
        says so), the next 8 arrive in order, and the pair is in step. */
-    hide_step(&sp, 'h'); /* 8: the ring is full */
-    hide_step(&hp, 'F');
-    hide_step(&sp, 'h'); /* 8 more, over the first 8 */
+    hide_step(&t.sp, 'h'); /* 8: the ring is full */
+    hide_step(&t.hp, 'F');
+    hide_step(&t.sp, 'h'); /* 8 more, over the first 8 */
     next += 8;
     t0 = tu_now_ms();
     int src = -1;
@@ -1447,7 +1477,7 @@ static void test_hostile_ring(void)
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == next++);
     }
-    hide_step(&sp, 'e'); /* 5 */
+    hide_step(&t.sp, 'e'); /* 5 */
     for (int i = 0; i < 5; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == next++);
@@ -1456,72 +1486,61 @@ static void test_hostile_ring(void)
            "in step again\n", (unsigned long long)took);
     /* the same, and the producer's head written back: the sender's
        refused send shows the receiver its head again */
-    hide_step(&sp, 'h');
-    hide_step(&hp, 'F');
-    hide_step(&sp, 'h');
-    hide_step(&hp, 'L');
+    hide_step(&t.sp, 'h');
+    hide_step(&t.hp, 'F');
+    hide_step(&t.sp, 'h');
+    hide_step(&t.hp, 'L');
     next += 8;
     /* our ring looks empty: we put our tail back, so the sender's next
        send is refused, before any wait for room could show its head */
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 0), -EAGAIN);
-    hide_start(&sp, 'R');
+    hide_start(&t.sp, 'R');
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000),
              IVSHM_ECORRUPT);
     for (int i = 0; i < 9; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == next++);
     }
-    hide_ack(&sp, 'R');
+    hide_ack(&t.sp, 'R');
 
     /* 2b. We take a message forged at our position, then its slot is
        made to say "empty": the sender finds our tail past its head with
        no forged slot to explain it. It refused every send for good; now
        it follows a tail that stands. */
-    hide_step(&sp, 'h'); /* 8: the sender's next send reads our tail */
+    hide_step(&t.sp, 'h'); /* 8: the sender's next send reads our tail */
     for (int i = 0; i < 8; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == next++);
     }
-    hide_step(&hp, 'E');
+    hide_step(&t.hp, 'E');
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
     CHECK(v == HIDE_FORGED);
-    hide_step(&hp, 'X');
+    hide_step(&t.hp, 'X');
     t0 = tu_now_ms();
-    hide_step(&sp, 'R');
+    hide_step(&t.sp, 'R');
     took = tu_now_ms() - t0;
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
     CHECK(v == next++);
-    hide_start(&sp, 'l'); /* 12: more than a ring, in order */
+    hide_start(&t.sp, 'l'); /* 12: more than a ring, in order */
     for (int i = 0; i < 12; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == next++);
     }
-    hide_ack(&sp, 'l');
+    hide_ack(&t.sp, 'l');
     printf("hostile ring: tail past the head: the sender followed after "
            "%llu ms\n", (unsigned long long)took);
 
     /* 3. The sender's last message made to look empty, then the sender
        leaves: it is still delivered, then IVSHM_EPEERDEAD. */
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
-    CHECK(kill(hostile, SIGKILL) == 0); /* it holds the pipe open too */
-    CHECK(tu_wait(hostile, 5000) == -1);
-    close(sp.cmd[1]); /* the sender detaches */
-    CHECK(tu_wait(sender, 10000) == 0);
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
+    hide_kill_hostile(&t);
+    hide_sender_leaves(&t);
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
     CHECK(v == next++);
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 1000),
              IVSHM_EPEERDEAD);
-
-    close(sp.cmd[0]);
-    close(sp.ack[0]);
-    close(sp.ack[1]);
-    close(hp.cmd[0]);
-    close(hp.cmd[1]);
-    close(hp.ack[0]);
-    close(hp.ack[1]);
-    CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
-    ivshm_detach(r);
+    hide_end(&t);
 }
 
 /* ---- attack 11: tails scribbled for a while, then the writer dies ---- */
