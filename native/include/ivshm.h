@@ -178,7 +178,10 @@ int ivshm_event_fd(ivshm *h);
    the consumer publishes fails validation (out of range, or moved
    backwards), or if the queue was tampered with in the middle of a
    streamed message. A tail ahead of us over slots a co-tenant forged
-   "full" (which the consumer then took) is followed, not an error. */
+   "full" (which the consumer then took) is followed, not an error; one
+   ahead of us without them is -IVSHM_ECORRUPT until the same value has
+   stood 200 ms, then followed (the consumer puts back a tail it does not
+   hold), so a send after that goes through again. */
 int ivshm_send(ivshm *h, int slot, uint32_t tag, const void *buf, size_t len);
 /* ivshm_send waiting at most timeout_ms for room (-1: as ivshm_send; 0:
    as ivshm_try_send): -ETIMEDOUT when the time is up. A message that fits
@@ -198,10 +201,12 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
    length; at most `cap` bytes are stored, so a return > cap means it was
    truncated (the rest is consumed). timeout_ms: -1 forever, 0 poll
    (-EAGAIN), > 0 at most that long (-ETIMEDOUT). *src and *tag may be
-   NULL. Messages a peer published before it left are still delivered;
-   after them: -IVSHM_EPEERDEAD. A slot that fails validation is consumed
-   and reported as -IVSHM_ECORRUPT, with *src naming the peer that wrote
-   it.
+   NULL. Messages a peer published before it left are still delivered
+   (also one a co-tenant hid); after them: -IVSHM_EPEERDEAD. A slot that
+   fails validation is consumed and reported as -IVSHM_ECORRUPT, with
+   *src naming the peer that wrote it; so are, as one -IVSHM_ECORRUPT,
+   messages a co-tenant made their sender write over before we read
+   them (a ring tail written forward; counted in stats.dropped).
    The timeout holds in the middle of a multi-slot message too: when the
    next fragment is late (or a sender streams fragments without end) the
    call returns -EAGAIN / -ETIMEDOUT and keeps the part received so far
@@ -331,7 +336,7 @@ typedef struct ivshm_stats {
     uint64_t sends, recvs, bytes_sent, bytes_recv;
     uint64_t sleeps;   /* times we blocked on the doorbell   */
     uint64_t rings;    /* doorbells we rang                  */
-    uint64_t dropped;  /* stale messages of a dead sender    */
+    uint64_t dropped;  /* stale, unheard or overwritten msgs */
 } ivshm_stats;
 void ivshm_get_stats(const ivshm *h, ivshm_stats *out);
 /* Change the spin budget at run time (ns; <0 never block). */

@@ -70,6 +70,7 @@ void ivshm_tx_try_open(ivshm *h, int j, int timeout_ms, uint64_t deadline)
     p->tx_ring = ivshm_fring(h, j, (uint32_t)k);
     p->tx_head = 0;
     p->tx_tail_cache = 0;
+    p->tx_odd_since = 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -134,6 +135,11 @@ static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
     return q_empty(h);
 }
 
+/* Tests only (test_hostile): called by the sweep between its look at
+   the queue and chan_orphaned's, where an honest sender's OPEN may be
+   taking its queue position; NULL otherwise. */
+void (*ivshm_sweep_test_hook)(ivshm *h);
+
 /* Descriptors taken by senders that left or died before their OPEN
    arrived (or scribbled on): free them; those of live senders whose
    OPEN was lost: adopt them. Only while our queue and backlogs are
@@ -152,6 +158,8 @@ void ivshm_fast_sweep(ivshm *h)
         uint32_t s = (uint32_t)owner - 1, g = (uint32_t)(owner >> 32);
         if (s < h->max_peers && (int)s != h->self && g != 0 &&
             ivshm_peer_alive(h, (int)s, g)) {
+            if (ivshm_sweep_test_hook)
+                ivshm_sweep_test_hook(h);
             if (chan_orphaned(h, k, (int)s, g))
                 ivshm_rx_adopt(h, (int)s, k);
             continue; /* else its OPEN may still come */

@@ -260,6 +260,13 @@ struct ivshm_peer_local {
     uint64_t rx_stage_cap;    /* allocated bytes of rx_stage               */
     uint8_t *rx_stage;        /* malloc'd: the stored prefix, then the rest
                                  of what is stored, until it completes     */
+    /* Repairs only (cold, kept off the lines the hot paths use): */
+    /* a tail ahead of tx_head that we refused, and since when (ns; 0 =
+       none): followed once it has stood that long (ring.c, tail_ahead) */
+    uint64_t tx_odd_tail, tx_odd_since;
+    /* its producer overwrote messages we had not read (recv.c,
+       rx_heal_ring): the next receive from it reports IVSHM_ECORRUPT */
+    bool rx_lost;
 };
 /* where a message lies */
 enum { SRC_NONE = 0, SRC_BACKLOG = 1, SRC_RING = 2, SRC_QUEUE = 3 };
@@ -409,6 +416,7 @@ void ivshm_peer_local_free(ivshm *h, int slot);
    senders. */
 void ivshm_rx_area_reset(ivshm *h);
 void ivshm_fast_sweep(ivshm *h);
+extern void (*ivshm_sweep_test_hook)(ivshm *h); /* channel.c: tests only */
 /* send.c: take a fast channel to `slot` now, whatever fast_after says
    (tests, and callers that know a pair will be busy): 0, -EAGAIN if none
    is free. */

@@ -76,6 +76,12 @@ static inline uint8_t *rx_ring(const ivshm *h, int slot)
     return h->peers[slot].rx_ring;
 }
 
+/* The farthest one end of a fast ring follows the other at once when a
+   co-tenant's writes put them apart (ring.c tail_ahead, recv.c
+   rx_heal_ring): beyond any lag an honest pair can build up while they
+   are apart, far below a wrap of the 64-bit positions. */
+#define RING_JUMP_MAX (1ull << 40)
+
 /* Milliseconds left until `deadline` (UINT64_MAX: -1, forever), or
    -ETIMEDOUT once it has passed. */
 static inline int ms_left(uint64_t deadline)

@@ -121,6 +121,96 @@ static int q_to_backlog(ivshm *h, const struct qhead *q)
     return 0;
 }
 
+/* What one co-tenant write can leave in `slot`'s fast ring (a live
+   sender we read from), repaired by the producer's `head` (stored with
+   release after the publication of every position below it). Off the
+   hot paths: it costs a load of the producer's line, which would bounce
+   on every message. Two repairs:
+   - A message hidden: a co-tenant rewrote the seq of a slot the
+     producer had published, so the slot looks empty, we wait at it for
+     good and the producer, once the ring is full, too. When the head
+     says our position is published, a seq loaded after it must say
+     "full" unless somebody else wrote it, and we put that value back
+     (the header and payload are then validated as for any slot). A
+     forged head makes us take what lies in a slot the producer has not
+     written yet: a stale or half-written message, reported or delivered
+     as a forgery would be, and the producer follows our tail
+     (tail_ahead).
+   - Messages overwritten: a head more than a ring ahead of us means the
+     producer believed a tail written forward by a co-tenant and wrote
+     over positions we had not read (an honest producer never gets that
+     far ahead). Those are gone: we go on from head - ring_slots, the
+     oldest position the ring can still hold, and the next receive from
+     that sender reports IVSHM_ECORRUPT for them (a message of theirs in
+     progress goes too; counted in stats.dropped). A forged head makes us
+     skip what we had not read, and the producer then follows our tail.
+   Not while a peeked message lies at our position (its pointer must
+   stay good). True if it skipped. */
+static void rx_abandon(struct ivshm_peer_local *p);
+
+static bool rx_heal_ring(ivshm *h, int slot)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
+    uint64_t pos = p->rx_tail;
+    uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
+    if (head <= pos || p->peeked)
+        return false;
+    bool skipped = false;
+    if (head - pos > h->ring_slots) {
+        if (head - pos > RING_JUMP_MAX)
+            return false;
+        uint64_t to = head - h->ring_slots;
+        rx_abandon(p);
+        p->rx_partial = p->rx_lost = true; /* rx_message reports it */
+        h->stats.dropped += to - pos;
+        p->rx_tail = pos = to;
+        atomic_store_explicit(&ctrl->tail, to, memory_order_release);
+        ivshm_kick(h, slot);
+        skipped = true;
+    }
+    struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
+    uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+    if (seq != pos + 1)
+        atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
+    return skipped;
+}
+
+/* rx_heal_ring for every live sender on a fast channel of ours. */
+static void rx_heal_hidden(ivshm *h)
+{
+    for (int x = 0; x < h->n_act; x++) {
+        int slot = h->act[x];
+        struct ivshm_peer_local *p = &h->peers[slot];
+        /* rx_chan again: a new incarnation seen by ivshm_peer_current
+           frees the channel (and moves act[], so one entry may be
+           skipped this round) */
+        if (p->rx_chan < 0 || !ivshm_peer_current(h, slot) || p->rx_chan < 0)
+            continue;
+        rx_heal_ring(h, slot);
+    }
+}
+
+/* A departed sender's ring looks empty at our position: if its last
+   head says the position was published, a co-tenant hid the message
+   (see rx_heal_ring). Put the "full" value back, so that what it sent
+   before it left is still delivered. False if the position was not
+   published (or a co-tenant's head says so: we then take what lies
+   there, validated, as for a live sender). */
+static __attribute__((noinline)) bool rx_unhide_gone(ivshm *h, int slot)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
+    const uint64_t pos = p->rx_tail;
+    uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
+    if (head <= pos || head - pos > h->ring_slots)
+        return false;
+    struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
+    uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+    return seq == pos + 1 ||
+           atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
+}
+
 /* ---- the next cell of one sender ---- */
 
 /* The next cell of sender `slot`: its backlog first, then its fast ring
@@ -153,6 +243,12 @@ IVSHM_HOT_INLINE int next_cell(ivshm *h, int slot, enum rx_view view,
         if (view == RX_LIVE) {
             rx_heal_tail(h, slot, ring);
             return 0;
+        }
+        if (rx_unhide_gone(h, slot)) {
+            c->kind = SRC_RING;
+            frag_read(s, &c->f);
+            c->data = slot_data(s);
+            return 1;
         }
         ivshm_chan_free(h, slot);
     }
@@ -251,6 +347,7 @@ static void rx_abandon(struct ivshm_peer_local *p)
     p->rx_stage_cap = 0;
     p->rx_partial = false;
     p->rx_nomem = false;
+    p->rx_lost = false;
     p->rx_kept = 0;
 }
 
@@ -305,18 +402,33 @@ static bool cell_ready(ivshm *h, void *arg)
 }
 
 /* Mid-message: wait for the next fragment until `deadline` (0: not at
-   all), spinning as a receive between messages would. 0 when it is
-   there, -ETIMEDOUT, IVSHM_EPEERDEAD once a dead sender's last published
-   fragment is gone (a death turns *view into RX_GONE). */
+   all), spinning as a receive between messages would, in slices of at
+   most SWEEP_EVERY_MS each followed by rx_heal_ring: a fragment a
+   co-tenant hid would otherwise hold a receive without deadline for
+   good (and one with a deadline until then, every time). 0 when it is
+   there, -ETIMEDOUT, IVSHM_ECORRUPT when the producer overwrote what we
+   had not read (rx_heal_ring: the message is lost), IVSHM_EPEERDEAD
+   once a dead sender's last published fragment is gone (a death turns
+   *view into RX_GONE). */
 static int rx_wait_fragment(ivshm *h, int slot, enum rx_view *view,
                             uint64_t deadline)
 {
     struct cell_wait w = {slot, *view};
-    if (*view == RX_LIVE) {
+    while (*view == RX_LIVE) {
         int ms = deadline == 0 ? -ETIMEDOUT : ms_left(deadline);
         if (ms == -ETIMEDOUT)
             return -ETIMEDOUT;
-        int rc = ivshm_wait(h, cell_ready, &w, slot, h->peers[slot].gen, ms);
+        const bool sliced = ms < 0 || ms > SWEEP_EVERY_MS;
+        int rc = ivshm_wait(h, cell_ready, &w, slot, h->peers[slot].gen,
+                            sliced ? SWEEP_EVERY_MS : ms);
+        if (rc == -ETIMEDOUT) {
+            /* the wait saw the sender alive in the incarnation we know:
+               its ring (if it has one) is the one we read */
+            if (h->peers[slot].rx_chan >= 0 && rx_heal_ring(h, slot))
+                return IVSHM_ECORRUPT;
+            if (sliced)
+                continue;
+        }
         if (rc != IVSHM_EPEERDEAD)
             return rc;
         *view = w.view = RX_GONE;
@@ -348,7 +460,7 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
         if (!next_cell(h, slot, view, true, &c)) {
             run = 0;
             rc = rx_wait_fragment(h, slot, &view, deadline);
-            if (rc == IVSHM_EPEERDEAD) {
+            if (rc == IVSHM_EPEERDEAD || rc == IVSHM_ECORRUPT) {
                 rx_abandon(p);
                 return rc;
             }
@@ -436,6 +548,10 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     const uint32_t payload = slot_payload(h);
 
     if (p->rx_partial) {
+        if (p->rx_lost) { /* overwritten (rx_heal_ring): say so once */
+            rx_abandon(p);
+            return IVSHM_ECORRUPT;
+        }
         if (peek)
             return -EMSGSIZE;
         /* Resume into the stage. The bytes delivered never grow past an
@@ -681,53 +797,26 @@ static int partial_sender(const ivshm *h)
     return -1;
 }
 
-/* A message hidden by a co-tenant: it rewrote the seq of a slot the
-   producer had published, so the slot looks empty, we wait at it for
-   good and the producer, once the ring is full, too. The producer's
-   `head` (stored with release after the publication of every position
-   below it) tells: when it says our position is published, a seq loaded
-   after it must say "full" unless somebody else wrote it, and we put
-   that value back (the header and payload are then validated as for any
-   slot). A forged head makes us take what lies in a slot the producer
-   has not written yet: a stale or half-written message, reported or
-   delivered as a forgery would be, and the producer follows our tail
-   (tail_ahead). Off the hot path: it costs a load of the producer's
-   line, which would bounce on every message. */
-static void rx_heal_hidden(ivshm *h)
+/* At most every SWEEP_EVERY_MS, when a receive finds nothing: free
+   descriptors of senders that took one and went away before using it,
+   adopt channels whose OPEN was lost, and repair what rx_heal_ring
+   repairs. */
+static void sweep_due(ivshm *h)
 {
-    for (int x = 0; x < h->n_act; x++) {
-        int slot = h->act[x];
-        struct ivshm_peer_local *p = &h->peers[slot];
-        /* rx_chan again: a new incarnation seen by ivshm_peer_current
-           frees the channel (and moves act[], so one entry may be
-           skipped this round) */
-        if (p->rx_chan < 0 || !ivshm_peer_current(h, slot) || p->rx_chan < 0)
-            continue;
-        struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
-        const uint64_t pos = p->rx_tail;
-        uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
-        if (head <= pos || head - pos > h->ring_slots)
-            continue;
-        struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
-        uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        if (seq != pos + 1)
-            atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
-    }
-}
-
-/* Now and then, when a receive finds nothing: free descriptors of
-   senders that took one and went away before using it, and show
-   messages a co-tenant hid. */
-static void maybe_sweep(ivshm *h)
-{
-    if (++h->sweep_polls % SWEEP_POLLS)
-        return;
     uint64_t now = ivshm_now_ns();
     if (now < h->next_sweep_ns)
         return;
     h->next_sweep_ns = now + SWEEP_EVERY_NS;
     ivshm_fast_sweep(h);
     rx_heal_hidden(h);
+}
+
+/* Counted polls first: the clock is not read on every empty poll. */
+static void maybe_sweep(ivshm *h)
+{
+    if (++h->sweep_polls % SWEEP_POLLS)
+        return;
+    sweep_due(h);
 }
 
 ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
@@ -789,8 +878,12 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
             rx_heal_hidden(h);
             continue;
         }
-        if (w == -ETIMEDOUT)
+        if (w == -ETIMEDOUT) {
+            /* a caller that receives with short deadlines in a loop
+               never polls 4096 times: the sweep is due by time alone */
+            sweep_due(h);
             return -ETIMEDOUT;
+        }
         if (w < 0 && w != IVSHM_EPEERDEAD)
             return w;
         /* A partial sender whose slot is being claimed again (or whose
@@ -824,7 +917,10 @@ int ivshm_wait_message(ivshm *h, int timeout_ms)
 {
     if (!h || h->self < 0)
         return -EINVAL;
-    return ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
+    int rc = ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
+    if (rc == -ETIMEDOUT)
+        sweep_due(h); /* as ivshm_recv: a message hidden may be why */
+    return rc;
 }
 
 /* The general path of ivshm_recv_peek, out of line so that its fast

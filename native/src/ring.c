@@ -46,57 +46,110 @@ static int tail_error(ivshm *h, int slot)
 }
 
 /* The consumer's tail is ahead of our head: it consumed positions we
-   never published, because a co-tenant wrote "full" into their slots
-   (the consumer reported them as corrupt or took them as messages).
-   Publishing there would be lost and the tail would stay ahead: every
-   send after it would fail. If each slot of [tx_head, tail) does say
-   "full" for its position (loaded once each; we never wrote those
-   values, so somebody forged them and the consumer may have taken
-   them), continue from the tail: the ring is empty from there. Else the
-   tail itself is forged: false, the caller reports it. A co-tenant that
-   forges both the slots and the tail only makes us skip positions whose
-   forged slots the consumer will take when it gets there, so the pair
-   stays in step either way. */
+   never published. Honestly that cannot happen; it does when a co-tenant
+   wrote "full" into their slots before we wrote them (the consumer
+   reported them as corrupt or took them as messages), forged our head
+   (rx_heal_hidden), or forged the tail itself. Publishing below the tail
+   would be lost, and the tail would stay ahead: every send after it
+   would fail, also after the co-tenant stopped. So continue from the
+   tail (the ring is empty from there) when
+   - each slot of [tx_head, tail) says "full" for its position (loaded
+     once each; we never wrote those values, so somebody forged them and
+     the consumer may have taken them): at once;
+   - or the same tail has stood for TAIL_STANDS_NS: a tail the consumer
+     does not hold is put back by it within a 20 ms wait slice or its
+     next receive (rx_heal_tail), so one that stands is its position (it
+     may have passed forged slots whose values were rewritten since).
+   A tail more than RING_JUMP_MAX ahead is never followed. Following a
+   forged tail only skips positions: the consumer takes what lies there
+   as forgeries or is shown our head (rx_heal_hidden), so the pair gets
+   back in step either way. Only the consumer incarnation we know is
+   followed (the caller checks): a new one resets the ring, and another
+   sender may fill it. */
+#define TAIL_STANDS_NS 200000000ull
+
 static bool tail_ahead(ivshm *h, struct ivshm_peer_local *p,
                        struct ivshm_ring_ctrl *ctrl, uint64_t tail)
 {
-    if (tail - p->tx_head > h->ring_slots)
-        return false;
+    uint64_t ahead = tail - p->tx_head;
+    bool forged = ahead <= h->ring_slots;
     uint8_t *ring = (uint8_t *)ctrl;
-    for (uint64_t pos = p->tx_head; pos < tail; pos++)
-        if (atomic_load_explicit(&slot_at(h, ring, pos)->seq,
-                                 memory_order_relaxed) != pos + 1)
+    for (uint64_t pos = p->tx_head; forged && pos < tail; pos++)
+        forged = atomic_load_explicit(&slot_at(h, ring, pos)->seq,
+                                      memory_order_relaxed) == pos + 1;
+    if (!forged) {
+        uint64_t now = ivshm_now_ns();
+        if (ahead > RING_JUMP_MAX)
             return false;
+        if (!p->tx_odd_since || p->tx_odd_tail != tail) {
+            p->tx_odd_tail = tail;
+            p->tx_odd_since = now;
+            return false;
+        }
+        if (now - p->tx_odd_since < TAIL_STANDS_NS)
+            return false;
+    }
+    p->tx_odd_since = 0;
     p->tx_head = tail;
     p->tx_tail_cache = tail;
     return true;
 }
 
+/* The tail failed validation: reported (tail_error). To the known
+   consumer we publish our head, which a co-tenant may have forged:
+   the consumer's repairs (rx_heal_hidden) work from it, and an idle
+   or refused sender would otherwise leave the forgery standing. */
+static int tail_refused(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl)
+{
+    int rc = tail_error(h, slot);
+    if (rc == IVSHM_ECORRUPT)
+        atomic_store_explicit(&ctrl->head, h->peers[slot].tx_head,
+                              memory_order_release);
+    return rc;
+}
+
+/* The cached tail says "no room": load the shared one. Out of line, so
+   that the repairs above do not make the fast check pay for a larger
+   frame (ivshm_tx_reserve is called for every message). */
+static __attribute__((noinline)) int tx_reserve_slow(
+    ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl, uint64_t need)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    /* acquire: the consumer is done reading the slots it released */
+    uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
+    if (tail > p->tx_head) {
+        if (tail_error(h, slot) != IVSHM_EPEERDEAD &&
+            tail_ahead(h, p, ctrl, tail))
+            return need <= h->ring_slots ? 0 : -EAGAIN;
+        return tail_refused(h, slot, ctrl);
+    }
+    if (p->tx_head - tail > h->ring_slots)
+        return tail_refused(h, slot, ctrl);
+    /* Within one incarnation the tail only moves forward: one below what
+       we saw before was rewound by somebody else (or what we saw was
+       written forward: then the consumer's own tail passes it once it
+       has read what we published, rx_heal_ring). */
+    if (tail < p->tx_tail_cache)
+        return tail_refused(h, slot, ctrl);
+    p->tx_tail_cache = tail;
+    return p->tx_head - tail + need <= h->ring_slots ? 0 : -EAGAIN;
+}
+
 /* Room for `need` positions from tx_head: 0, -EAGAIN, or an error.
    Invariant kept: tx_tail_cache <= tx_head and tx_head - tx_tail_cache <=
    ring_slots, so positions [tx_head, tx_tail_cache + ring_slots) hold
-   nothing the consumer has yet to read. The shared tail is loaded once
-   into `tail`; only that copy is checked and kept. */
+   nothing the consumer has yet to read -- as far as the tail tells: one
+   a co-tenant wrote forward within that range cannot be told from the
+   consumer's and makes us overwrite what it had not read (the consumer
+   notices, rx_heal_ring). The shared tail is loaded once into `tail`;
+   only that copy is checked and kept. */
 int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                      uint64_t need)
 {
-    struct ivshm_peer_local *p = &h->peers[slot];
+    const struct ivshm_peer_local *p = &h->peers[slot];
     if (p->tx_head - p->tx_tail_cache + need <= h->ring_slots)
         return 0;
-    /* acquire: the consumer is done reading the slots it released */
-    uint64_t tail = atomic_load_explicit(&ctrl->tail, memory_order_acquire);
-    /* a consumer's new incarnation resets the ring, and another sender
-       may fill it: only the consumer we know is followed */
-    if (tail > p->tx_head && tail_error(h, slot) != IVSHM_EPEERDEAD &&
-        tail_ahead(h, p, ctrl, tail))
-        return need <= h->ring_slots ? 0 : -EAGAIN;
-    /* Within one incarnation the tail only moves forward: one below what
-       we saw before was rewound by somebody else. */
-    if (tail < p->tx_tail_cache || tail > p->tx_head ||
-        p->tx_head - tail > h->ring_slots)
-        return tail_error(h, slot);
-    p->tx_tail_cache = tail;
-    return p->tx_head - tail + need <= h->ring_slots ? 0 : -EAGAIN;
+    return tx_reserve_slow(h, slot, ctrl, need);
 }
 
 struct space_wait {

@@ -11,7 +11,7 @@
    Time bounds are generous (the machine is shared): they separate
    "returned by its deadline" from "hung", not fast from slow. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "msg.h"
 #include "testutil.h"
 
 #include <errno.h>
@@ -1054,7 +1054,22 @@ static void hide_start(struct hide_pipes *p, char c)
     CHECK(write(p->cmd[1], &c, 1) == 1);
 }
 
-/* Sender: 'a' .. 'z' sends that many messages (1 .. 26), numbered on. */
+/* A message of three fragments (slots of 256 bytes): its number, then
+   bytes that depend on it. */
+#define HIDE_LONG 600
+#define HIDE_LONG_TAG 41
+
+static void hide_long_fill(uint8_t *m, uint32_t n)
+{
+    memcpy(m, &n, sizeof n);
+    for (uint32_t i = sizeof n; i < HIDE_LONG; i++)
+        m[i] = (uint8_t)(n * 7 + i);
+}
+
+/* Sender: 'a' .. 'z' sends that many messages (1 .. 26), numbered on;
+   'M' one long message (HIDE_LONG), numbered on; 'R' one message,
+   sending it again while the send says IVSHM_ECORRUPT (at most 5 s).
+   It leaves (detaches) when the receiver closes the command pipe. */
 static int hide_sender(void *arg)
 {
     struct hide_pipes *p = arg;
@@ -1065,6 +1080,21 @@ static int hide_sender(void *arg)
     uint32_t next = 0;
     char c;
     while (read(p->cmd[0], &c, 1) == 1) {
+        if (c == 'M') {
+            uint8_t m[HIDE_LONG];
+            hide_long_fill(m, next++);
+            REQUIRE(ivshm_send_timeout(h, r, HIDE_LONG_TAG, m, sizeof m,
+                                       10000) == 0);
+        } else if (c == 'R') {
+            uint64_t t0 = tu_now_ms();
+            int rc;
+            while ((rc = ivshm_send_timeout(h, r, 40, &next, sizeof next,
+                                            10000)) == IVSHM_ECORRUPT &&
+                   tu_now_ms() - t0 < 5000)
+                tu_sleep_ms(10);
+            REQUIRE(rc == 0);
+            next++;
+        }
         for (int k = 0; k <= c - 'a'; k++, next++)
             REQUIRE(ivshm_send_timeout(h, r, 40, &next, sizeof next, 10000) ==
                     0);
@@ -1075,9 +1105,15 @@ static int hide_sender(void *arg)
 }
 
 /* Hostile: 'h' waits for the message at the receiver's tail and makes it
-   look empty; 'f' forges the producer's head one past the tail; 'o' makes
-   the sender's OPEN cell vanish from the receiver's queue (cell and
+   look empty; 'C' does so with the slot after the tail (a long message's
+   second fragment); 'f' forges the producer's head one past the tail;
+   'F' writes the tail forward to the producer's head (what the receiver
+   has not read looks consumed); 'L' writes the head back to 0; 'E' forges a message (number
+   HIDE_FORGED) at the tail, and 'X' later makes its slot say "empty"
+   (the evidence of what the receiver took is gone); 'o' makes the
+   sender's OPEN cell vanish from the receiver's queue (cell and
    enqueue_pos say "empty"). */
+#define HIDE_FORGED 0xfeedbeefu
 static int hide_hostile(void *arg)
 {
     struct hide_pipes *p = arg;
@@ -1085,15 +1121,37 @@ static int hide_hostile(void *arg)
     int r = tu_await_peer(h, job, 0, 10000), s = tu_await_peer(h, job, 1, 10000);
     REQUIRE(r >= 0 && s >= 0);
     char c;
+    struct ivshm_slot *forged = NULL;
     while (read(p->cmd[0], &c, 1) == 1) {
         uint8_t *ring = ivshm_fast_ring_of(h, s, r);
         REQUIRE(ring);
         struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
         uint64_t tail = atomic_load(&ctrl->tail);
+        uint64_t at = c == 'C' ? tail + 1 : tail;
         struct ivshm_slot *sl =
             (struct ivshm_slot *)(ring + IVSHM_RING_CTRL +
-                                  (tail & (h->ring_slots - 1)) * h->slot_size);
-        if (c == 'o') {
+                                  (at & (h->ring_slots - 1)) * h->slot_size);
+        if (c == 'C') {
+            REQUIRE(TU_EVENTUALLY(atomic_load(&sl->seq) == at + 1, 5000));
+            atomic_store(&sl->seq, at);
+        } else if (c == 'L') {
+            atomic_store(&ctrl->head, 0);
+        } else if (c == 'F') {
+            atomic_store(&ctrl->tail, atomic_load(&ctrl->head));
+        } else if (c == 'E') {
+            uint32_t v = HIDE_FORGED;
+            sl->len = sizeof v;
+            sl->tag = 40;
+            sl->gen = atomic_load(&ivshm_entry(h, s)->gen);
+            sl->flags = SLOT_FIRST | SLOT_LAST;
+            sl->total = sizeof v;
+            memcpy((uint8_t *)sl + IVSHM_SLOT_HDR, &v, sizeof v);
+            atomic_store(&sl->seq, tail + 1);
+            forged = sl;
+        } else if (c == 'X') {
+            REQUIRE(forged);
+            atomic_store(&forged->seq, 0);
+        } else if (c == 'o') {
             struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, r);
             uint64_t pos = atomic_load(&qc->head);
             struct ivshm_cell *cell = ivshm_qcell(h, r, pos);
@@ -1111,6 +1169,62 @@ static int hide_hostile(void *arg)
     }
     for (;;)
         pause(); /* until SIGKILL */
+}
+
+/* The receiver (us, rank 0), a hide_sender and a hide_hostile process
+   on a fresh region, driven through pipes. */
+struct hide_run {
+    ivshm *r;
+    int s; /* the sender's slot */
+    struct hide_pipes sp, hp;
+    pid_t sender, hostile;
+};
+
+static void hide_begin(struct hide_run *t, int64_t spin_ns)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    t->r = tu_attach(path, job, 0, spin_ns);
+    CHECK(pipe(t->sp.cmd) == 0 && pipe(t->sp.ack) == 0 &&
+          pipe(t->hp.cmd) == 0 && pipe(t->hp.ack) == 0);
+    t->sender = tu_fork(hide_sender, &t->sp);
+    t->hostile = tu_fork(hide_hostile, &t->hp);
+    t->s = tu_await_peer(t->r, job, 1, 10000);
+    CHECK(t->s >= 0 && tu_await_peer(t->r, job, 2, 10000) >= 0);
+}
+
+/* Kill the hostile process (it holds the sender's command pipe open
+   too), then close that pipe: the sender detaches and exits. */
+static void hide_kill_hostile(struct hide_run *t)
+{
+    CHECK(kill(t->hostile, SIGKILL) == 0);
+    CHECK(tu_wait(t->hostile, 5000) == -1);
+    t->hostile = -1;
+}
+
+static void hide_sender_leaves(struct hide_run *t)
+{
+    close(t->sp.cmd[1]);
+    t->sp.cmd[1] = -1;
+    CHECK(tu_wait(t->sender, 10000) == 0);
+    t->sender = -1;
+}
+
+static void hide_end(struct hide_run *t)
+{
+    if (t->hostile > 0)
+        hide_kill_hostile(t);
+    if (t->sender > 0)
+        hide_sender_leaves(t);
+    int *fds[] = {t->sp.cmd, t->sp.ack, t->hp.cmd, t->hp.ack};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            if (fds[i][j] >= 0)
+                close(fds[i][j]);
+    CHECK(TU_EVENTUALLY(ivshm_reap(t->r) >= 0 && ivshm_find(t->r, job, 2) < 0,
+                        5000));
+    ivshm_detach(t->r);
 }
 
 /* Poll as the BTL does until a message arrives or `ms` pass: its
@@ -1141,24 +1255,17 @@ static int64_t idle_poll(ivshm *r, int ms, uint64_t *took_ms)
 
 static void test_hidden_slot(void)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
-    job++;
-    path = tu_region(ivshm_min_region_size(&g), &g);
-    ivshm *r = tu_attach(path, job, 0, -1);
-    struct hide_pipes sp, hp;
-    CHECK(pipe(sp.cmd) == 0 && pipe(sp.ack) == 0 && pipe(hp.cmd) == 0 &&
-          pipe(hp.ack) == 0);
-    pid_t sender = tu_fork(hide_sender, &sp);
-    pid_t hostile = tu_fork(hide_hostile, &hp);
-    int s = tu_await_peer(r, job, 1, 10000);
-    CHECK(s >= 0 && tu_await_peer(r, job, 2, 10000) >= 0);
+    struct hide_run t;
+    hide_begin(&t, -1);
+    ivshm *r = t.r;
+    const int s = t.s;
     uint32_t v = 0;
     uint64_t took = 0;
     /* message 0 opens the fast ring, but its OPEN cell vanishes before
        we look: the sender is on a ring we were never told of, and its
        message arrives all the same (the sweep adopts the channel) */
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'o');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'o');
     CHECK(idle_poll(r, 5000, &took) == 0);
     printf("hidden slot: lost OPEN: the ring's message after %llu ms\n",
            (unsigned long long)took);
@@ -1166,39 +1273,39 @@ static void test_hidden_slot(void)
 
     /* polling idle-then-peek: message 1, hidden, is shown again */
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 0), -EAGAIN);
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     CHECK(idle_poll(r, 5000, &took) == 1);
     printf("hidden slot: shown to the poller after %llu ms\n",
            (unsigned long long)took);
     /* a blocking receive, from anyone and from the sender */
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     uint64_t t0 = tu_now_ms();
     CHECK_RC(ivshm_recv(r, IVSHM_ANY, NULL, NULL, &v, sizeof v, 5000), 4);
     CHECK(v == 2);
-    hide_step(&sp, 'a');
-    hide_step(&hp, 'h');
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
     CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, -1), 4);
     CHECK(v == 3);
     printf("hidden slot: shown to blocking receives within %llu ms\n",
            (unsigned long long)(tu_now_ms() - t0));
     /* a full ring's worth and more goes through: the pair is in step */
-    hide_start(&sp, 'l'); /* 4 .. 15 */
+    hide_start(&t.sp, 'l'); /* 4 .. 15 */
     for (uint32_t i = 4; i < 16; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == i);
     }
-    hide_ack(&sp, 'l');
+    hide_ack(&t.sp, 'l');
 
     /* A forged head: we take what lies in the slot (a message of the
        ring's last lap, replayed, or a stale one, dropped) and are one
        ahead of the producer, which follows (tail_ahead): at most the
        message it sent into the skipped position is lost. */
-    hide_step(&hp, 'f');
+    hide_step(&t.hp, 'f');
     int64_t stale = idle_poll(r, 600, &took);
     CHECK(stale == -1 || (stale >= 0 && stale < 16)); /* nothing, or a replay */
-    hide_start(&sp, 't'); /* 16 .. 35 */
+    hide_start(&t.sp, 't'); /* 16 .. 35 */
     uint32_t got = 0, last = 15;
     bool in_order = true;
     while (last < 35) {
@@ -1211,28 +1318,438 @@ static void test_hidden_slot(void)
         got++;
     }
     CHECK(in_order && last == 35 && got >= 19);
-    hide_ack(&sp, 't');
-    hide_start(&sp, 'z'); /* 36 .. 61: nothing lost any more */
+    hide_ack(&t.sp, 't');
+    hide_start(&t.sp, 'z'); /* 36 .. 61: nothing lost any more */
     for (uint32_t i = 36; i < 62; i++) {
         CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
         CHECK(v == i);
     }
-    hide_ack(&sp, 'z');
+    hide_ack(&t.sp, 'z');
     printf("hidden slot: forged head: took %lld from the slot, then %u of 20 "
            "arrived, in order\n", (long long)stale, got);
 
-    CHECK(kill(hostile, SIGKILL) == 0);
-    CHECK(tu_wait(hostile, 5000) == -1);
-    close(sp.cmd[1]);
+    hide_end(&t);
+}
+
+/* ---- attack 10: what else one co-tenant write leaves in a pair ---- */
+
+struct watchdog {
+    pid_t victim;
+    atomic_bool done;
+};
+
+/* A receive that hangs would hang the test: after 8 s its sender is
+   killed (the checks on the elapsed time have failed by then). */
+static void *watchdog_run(void *arg)
+{
+    struct watchdog *w = arg;
+    uint64_t t0 = tu_now_ms();
+    while (!atomic_load(&w->done) && tu_now_ms() - t0 < 8000)
+        tu_sleep_ms(5);
+    if (!atomic_load(&w->done))
+        kill(w->victim, SIGKILL);
+    return NULL;
+}
+
+static bool long_ok(const uint8_t *m, ssize_t n, uint32_t want)
+{
+    uint8_t e[HIDE_LONG];
+    hide_long_fill(e, want);
+    return n == HIDE_LONG && memcmp(m, e, HIDE_LONG) == 0;
+}
+
+/* A receive of `from` that blocks without deadline, bounded by a
+   watchdog on the sender; its time in ms. */
+static uint64_t guarded_recv(ivshm *r, int from, pid_t sender, uint8_t *m,
+                             ssize_t *n)
+{
+    struct watchdog w = {.victim = sender};
+    atomic_init(&w.done, false);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, watchdog_run, &w) == 0);
+    uint64_t t0 = tu_now_ms();
+    uint32_t tag = 0;
+    *n = ivshm_recv(r, from, NULL, &tag, m, HIDE_LONG, -1);
+    uint64_t el = tu_now_ms() - t0;
+    atomic_store(&w.done, true);
+    pthread_join(th, NULL);
+    return el;
+}
+
+/* Poll as the BTL does (idle, peek, -EMSGSIZE: ivshm_recv(src, 0))
+   until a long message arrives or `ms` pass: its length or error. */
+static ssize_t idle_poll_long(ivshm *r, int ms, uint8_t *m, uint64_t *took)
+{
+    uint64_t t0 = tu_now_ms();
+    ssize_t rc = -EAGAIN;
+    while (tu_now_ms() - t0 < (uint64_t)ms) {
+        if (ivshm_recv_idle(r))
+            continue;
+        const void *data;
+        int src;
+        rc = ivshm_recv_peek(r, IVSHM_ANY, &src, NULL, &data);
+        if (rc == -EMSGSIZE)
+            rc = ivshm_recv(r, src, NULL, NULL, m, HIDE_LONG, 0);
+        if (rc != -EAGAIN)
+            break;
+    }
+    *took = tu_now_ms() - t0;
+    return rc;
+}
+
+/* A hidden continuation fragment, a ring tail written forward (within
+   the producer's head, and past it), the hidden last message of a
+   sender that left: each stalled a pair for good. Processes: the
+   receiver (us), an honest sender and a hostile one. */
+static void test_hostile_ring(void)
+{
+    struct hide_run t;
+    hide_begin(&t, 0);
+    ivshm *r = t.r;
+    const int s = t.s;
+    uint8_t m[HIDE_LONG];
+    uint32_t v = 0, next = 0;
+    uint64_t took = 0;
+    ssize_t n;
+    hide_step(&t.sp, 'a'); /* message 0 opens the fast ring */
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == next++);
+
+    /* 1. A long message's second fragment made to look empty: a receive
+       without deadline waited at it for good; now it is shown again
+       within a 200 ms slice, intact. */
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
+    took = guarded_recv(r, s, t.sender, m, &n);
+    CHECK(long_ok(m, n, next++));
+    CHECK(took < 3000);
+    printf("hostile ring: hidden fragment, blocking receive: %llu ms\n",
+           (unsigned long long)took);
+    /* from anyone, with a deadline longer than a slice */
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
+    uint64_t t0 = tu_now_ms();
+    CHECK(long_ok(m, ivshm_recv(r, IVSHM_ANY, NULL, NULL, m, HIDE_LONG, 3000),
+                  next++));
+    CHECK(tu_now_ms() - t0 < 2500);
+    /* a deadline shorter than a slice is kept, and the next receive
+       finds the fragment shown again */
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
+    t0 = tu_now_ms();
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, m, HIDE_LONG, 50), -ETIMEDOUT);
+    took = tu_now_ms() - t0;
+    CHECK(took >= 45 && took < 2000);
+    CHECK(long_ok(m, ivshm_recv(r, s, NULL, NULL, m, HIDE_LONG, 0), next++));
+    /* a hidden message under receives with short deadlines, in a loop:
+       the sweep comes by time, not only every 4096 empty polls */
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
+    t0 = tu_now_ms();
+    while ((n = ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 20)) ==
+               -ETIMEDOUT &&
+           tu_now_ms() - t0 < 3000)
+        ;
+    CHECK_RC(n, 4);
+    CHECK(v == next++);
+    /* polled as the BTL polls */
+    hide_step(&t.sp, 'M');
+    hide_step(&t.hp, 'C');
+    n = idle_poll_long(r, 5000, m, &took);
+    CHECK(long_ok(m, n, next++));
+    printf("hostile ring: hidden fragment, poller: %llu ms\n",
+           (unsigned long long)took);
+
+    /* 2a. The tail written forward over 8 messages we had not read: the
+       sender wrote 8 more over them. The 8 are lost (one IVSHM_ECORRUPT
+       says so), the next 8 arrive in order, and the pair is in step. */
+    hide_step(&t.sp, 'h'); /* 8: the ring is full */
+    hide_step(&t.hp, 'F');
+    hide_step(&t.sp, 'h'); /* 8 more, over the first 8 */
+    next += 8;
+    t0 = tu_now_ms();
+    int src = -1;
+    CHECK_RC(ivshm_recv(r, s, &src, NULL, &v, sizeof v, 5000),
+             IVSHM_ECORRUPT);
+    CHECK(src == s);
+    took = tu_now_ms() - t0;
+    for (int i = 0; i < 8; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_step(&t.sp, 'e'); /* 5 */
+    for (int i = 0; i < 5; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    printf("hostile ring: tail written forward: reported after %llu ms, "
+           "in step again\n", (unsigned long long)took);
+    /* the same, and the producer's head written back: the sender's
+       refused send shows the receiver its head again */
+    hide_step(&t.sp, 'h');
+    hide_step(&t.hp, 'F');
+    hide_step(&t.sp, 'h');
+    hide_step(&t.hp, 'L');
+    next += 8;
+    /* our ring looks empty: we put our tail back, so the sender's next
+       send is refused, before any wait for room could show its head */
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 0), -EAGAIN);
+    hide_start(&t.sp, 'R');
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000),
+             IVSHM_ECORRUPT);
+    for (int i = 0; i < 9; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_ack(&t.sp, 'R');
+
+    /* 2b. We take a message forged at our position, then its slot is
+       made to say "empty": the sender finds our tail past its head with
+       no forged slot to explain it. It refused every send for good; now
+       it follows a tail that stands. */
+    hide_step(&t.sp, 'h'); /* 8: the sender's next send reads our tail */
+    for (int i = 0; i < 8; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_step(&t.hp, 'E');
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == HIDE_FORGED);
+    hide_step(&t.hp, 'X');
+    t0 = tu_now_ms();
+    hide_step(&t.sp, 'R');
+    took = tu_now_ms() - t0;
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == next++);
+    hide_start(&t.sp, 'l'); /* 12: more than a ring, in order */
+    for (int i = 0; i < 12; i++) {
+        CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+        CHECK(v == next++);
+    }
+    hide_ack(&t.sp, 'l');
+    printf("hostile ring: tail past the head: the sender followed after "
+           "%llu ms\n", (unsigned long long)took);
+
+    /* 3. The sender's last message made to look empty, then the sender
+       leaves: it is still delivered, then IVSHM_EPEERDEAD. */
+    hide_step(&t.sp, 'a');
+    hide_step(&t.hp, 'h');
+    hide_kill_hostile(&t);
+    hide_sender_leaves(&t);
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 5000), 4);
+    CHECK(v == next++);
+    CHECK_RC(ivshm_recv(r, s, NULL, NULL, &v, sizeof v, 1000),
+             IVSHM_EPEERDEAD);
+    hide_end(&t);
+}
+
+/* ---- attack 11: tails scribbled for a while, then the writer dies ---- */
+
+struct tail_board {
+    _Atomic int phase;         /* 0: hostile at work; 1: it is dead      */
+    _Atomic uint32_t sent;     /* messages whose send returned 0         */
+    _Atomic uint32_t p2_first; /* first number sent in phase 1           */
+    _Atomic uint32_t refused;  /* sends refused (ECORRUPT, deadline)     */
+    _Atomic uint32_t p2_bad;   /* phase 1 sends that did not go through  */
+    _Atomic uint64_t hits;
+};
+static struct tail_board *tboard;
+
+/* Sends numbered messages with 50 ms deadlines, again when refused; once
+   the hostile is dead, 100 more, each of which must go through within
+   5 s (a refusal may repeat for the 200 ms a tail past our head needs). */
+static int tail_sender(void *arg)
+{
+    (void)arg;
+    ivshm *h = tu_attach(path, job, 1, 0);
+    int r = tu_await_peer(h, job, 0, 10000);
+    REQUIRE(r >= 0);
+    uint32_t i = 0, end = UINT32_MAX;
+    while (i != end) {
+        if (end == UINT32_MAX && atomic_load(&tboard->phase) == 1) {
+            atomic_store(&tboard->p2_first, i);
+            end = i + 100;
+        }
+        uint64_t t0 = tu_now_ms();
+        int rc;
+        while ((rc = ivshm_send_timeout(h, r, 40, &i, sizeof i, 50)) != 0) {
+            atomic_fetch_add(&tboard->refused, 1);
+            if (rc == IVSHM_ECORRUPT) /* returned at once: no busy loop */
+                sched_yield();
+            if (end != UINT32_MAX && tu_now_ms() - t0 > 5000) {
+                atomic_fetch_add(&tboard->p2_bad, 1);
+                break;
+            }
+        }
+        atomic_store(&tboard->sent, ++i);
+    }
+    ivshm_detach(h);
+    return 0;
+}
+
+/* Writes the receiver's tail of the sender's ring: forward within the
+   sender's head (it writes over what the receiver has not read), past
+   the head, and back. */
+static int tail_hostile(void *arg)
+{
+    const int *ids = arg;
+    ivshm *h = tu_attach(path, job, 2, 0);
+    uint8_t *ring;
+    while (!(ring = ivshm_fast_ring_of(h, ids[1], ids[0])))
+        tu_sleep_ms(1);
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    const uint64_t S = h->ring_slots;
+    uint64_t x = 0x2545f4914f6cdd1dull ^ (uint64_t)getpid();
+    for (unsigned n = 0;; n++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (n % 16 == 0)
+            tu_sleep_ms(1);
+        uint64_t tail = atomic_load(&ctrl->tail), head = atomic_load(&ctrl->head);
+        uint64_t k = 1 + (x >> 8) % S, to;
+        switch (x % 3) {
+        case 0: to = head > tail ? tail + 1 + (x >> 16) % (head - tail) : tail;
+                break;
+        case 1: to = head + k; break;
+        default: to = tail >= k ? tail - k : tail; break;
+        }
+        if (atomic_compare_exchange_strong(&ctrl->tail, &tail, to))
+            atomic_fetch_add(&tboard->hits, 1);
+    }
+    return 0; /* not reached: SIGKILL ends it */
+}
+
+static void test_tail_scribble(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    tboard = mmap(NULL, sizeof *tboard, PROT_READ | PROT_WRITE,
+                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(tboard != MAP_FAILED);
+    memset(tboard, 0, sizeof *tboard);
+    ivshm *r = tu_attach(path, job, 0, 0);
+    pid_t sender = tu_fork(tail_sender, NULL);
+    int ids[2] = {ivshm_self(r), tu_await_peer(r, job, 1, 10000)};
+    CHECK(ids[1] >= 0);
+    pid_t hostile = tu_fork(tail_hostile, ids);
+    uint32_t last = 0, got = 0, corrupt = 0, p2_got = 0, longest = 0;
+    bool any = false;
+    uint64_t t0 = tu_now_ms(), killed_at = 0;
+    for (;;) {
+        uint64_t now = tu_now_ms();
+        if (!killed_at && now - t0 >= 2000) {
+            CHECK(kill(hostile, SIGKILL) == 0);
+            CHECK(tu_wait(hostile, 5000) == -1);
+            atomic_store(&tboard->phase, 1);
+            killed_at = tu_now_ms();
+        }
+        uint32_t v;
+        uint64_t c0 = tu_now_ms();
+        ssize_t rc = ivshm_recv(r, ids[1], NULL, NULL, &v, sizeof v, 20);
+        uint64_t el = tu_now_ms() - c0;
+        if (el > longest)
+            longest = (uint32_t)el;
+        if (rc == IVSHM_ECORRUPT)
+            corrupt++;
+        if (rc == 4) {
+            got++;
+            if (!any || v > last) /* else a replay of an earlier lap */
+                last = v;
+            any = true;
+            uint32_t p2 = atomic_load(&tboard->p2_first);
+            if (killed_at && p2 && v >= p2)
+                p2_got++;
+        }
+        CHECK(rc == 4 || rc == -ETIMEDOUT || rc == IVSHM_ECORRUPT);
+        if (killed_at && atomic_load(&tboard->p2_first) &&
+            any && last + 1 == atomic_load(&tboard->p2_first) + 100)
+            break; /* the last one arrived */
+        if (killed_at && tu_now_ms() - killed_at > 20000)
+            break; /* stalled: the checks below fail */
+    }
     CHECK(tu_wait(sender, 10000) == 0);
-    close(sp.cmd[0]);
-    close(sp.ack[0]);
-    close(sp.ack[1]);
-    close(hp.cmd[0]);
-    close(hp.cmd[1]);
-    close(hp.ack[0]);
-    close(hp.ack[1]);
+    uint32_t p2 = atomic_load(&tboard->p2_first);
+    CHECK(p2 > 0 && last + 1 == p2 + 100);
+    CHECK(atomic_load(&tboard->p2_bad) == 0);
+    /* after the death at most a ring's worth of the sender's messages
+       (overwritten just before it, or their replays) is missing */
+    CHECK(p2_got + g.ring_slots >= 100);
+    CHECK(longest < 1000);
+    printf("tail scribble: %llu hostile writes; %u received (%u after its "
+           "death), %u IVSHM_ECORRUPT, %u sends refused; after the death the "
+           "last of 100 arrived %llu ms later\n",
+           (unsigned long long)atomic_load(&tboard->hits), got, p2_got,
+           corrupt, atomic_load(&tboard->refused),
+           (unsigned long long)(tu_now_ms() - killed_at));
     CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 2) < 0, 5000));
+    ivshm_detach(r);
+    munmap(tboard, sizeof *tboard);
+    tboard = NULL;
+}
+
+/* ---- two honest races of the repairs, replayed by hand ---- */
+
+/* The OPEN cell the sweep's hook puts back: the sender's OPEN arriving
+   between the sweep's look at the queue and chan_orphaned's. */
+static struct ivshm_cell *race_cell;
+static uint64_t race_pos;
+
+static void open_arrives(ivshm *h)
+{
+    atomic_store(&race_cell->seq, race_pos + 1);
+    atomic_store(&h->my_qctrl->enqueue_pos, race_pos + 1);
+}
+
+static void test_repair_races(void)
+{
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    job++;
+    path = tu_region(ivshm_min_region_size(&g), &g);
+    ivshm *r = tu_attach(path, job, 0, 0), *a = tu_attach(path, job, 1, 0);
+    int sr = ivshm_self(r), sa = ivshm_self(a);
+    char in[8];
+
+    /* chan_orphaned adopts a live sender's channel only when its OPEN is
+       not in the queue: a's OPEN and first message are out, and the OPEN
+       cell is made to look free (lost) ... */
+    CHECK_RC(ivshm_send(a, sr, 5, "open", 4), 0);
+    struct ivshm_queue_ctrl *qc = ivshm_qctrl(r, sr);
+    race_pos = r->q_head;
+    race_cell = ivshm_qcell(r, sr, race_pos);
+    CHECK(atomic_load(&race_cell->seq) == race_pos + 1 &&
+          (race_cell->flags & CELL_OPEN));
+    atomic_store(&race_cell->seq, race_pos);
+    atomic_store(&qc->enqueue_pos, race_pos);
+    /* ... but shows up again after the sweep's first look at the queue
+       (an honest OPEN still being enqueued): not adopted; the OPEN is
+       taken as such, no IVSHM_ECORRUPT */
+    ivshm_sweep_test_hook = open_arrives;
+    ivshm_fast_sweep(r);
+    ivshm_sweep_test_hook = NULL;
+    CHECK(r->peers[sa].rx_chan < 0);
+    uint32_t tag = 0;
+    CHECK_RC(ivshm_recv(r, sa, NULL, &tag, in, sizeof in, 1000), 4);
+    CHECK(tag == 5 && memcmp(in, "open", 4) == 0);
+    CHECK(r->peers[sa].rx_chan >= 0);
+
+    /* tail_ahead follows the consumer incarnation we know only: r leaves,
+       its slot's next incarnation resets the ring, another sender fills
+       it and the newcomer reads 5 messages. Its tail is past a's head
+       over slots that say "full", but it is not a's consumer. */
+    CHECK_RC(ivshm_send(r, sa, 0, "x", 1), 0); /* r -> a: a ring of a's */
+    ivshm_detach(a);
+    ivshm *a2 = tu_attach(path, job, 1, 0);
+    CHECK(ivshm_self(a2) == sa);
+    uint8_t *ring = r->peers[sa].tx_ring;
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    for (uint64_t pos = 0; pos < 5; pos++)
+        atomic_store(&slot_at(r, ring, pos)->seq, pos + 1);
+    atomic_store(&ctrl->tail, 5);
+    uint64_t head = r->peers[sa].tx_head;
+    CHECK(head == 1);
+    CHECK_RC(ivshm_tx_reserve(r, sa, ctrl, g.ring_slots), IVSHM_EPEERDEAD);
+    CHECK(r->peers[sa].tx_head == head);
+    ivshm_detach(a2);
     ivshm_detach(r);
 }
 
@@ -1413,6 +1930,9 @@ int main(void)
     test_tail_rewind();
     test_idle_scribble();
     test_hidden_slot();
+    test_hostile_ring();
+    test_repair_races();
+    test_tail_scribble();
     test_send_timeout();
     test_format_file();
     return tu_summary("test_hostile");
