@@ -265,8 +265,10 @@ def _exit_status(returncode: int) -> int:
 def _stop(proc: subprocess.Popen) -> None:
     """Ask mpirun to tear the job down (it forwards SIGTERM to the ranks
     and cleans up), and kill it if it does not within the grace time.
-    Then no process of the job outlives it: mpirun killed, or slow on a
-    busy machine, can leave ranks behind, orphaned, still running."""
+    Then what was below mpirun when we came to stop it is stopped too:
+    mpirun killed, or slow on a busy machine, can leave ranks behind,
+    orphaned, still running. (A job whose mpirun has already exited is
+    not looked for: its orphans are no longer below us.)"""
     if proc.poll() is not None:
         return
     # pinned now: once mpirun is gone its ranks are no longer below us

@@ -60,18 +60,21 @@ def pids() -> List[int]:
 def descendants(pid: int) -> Dict[int, int]:
     """Every live process below `pid` (children, grandchildren, ...) as
     {pid: start_time}, from one pass over /proc."""
+    # parent and start time from the same read: a pid reused between two
+    # reads would pin a stranger
     children: Dict[int, List[int]] = {}
+    started: Dict[int, int] = {}
     for p in pids():
         f = _stat(p)
         if f and f[0] not in ("Z", "X"):
             children.setdefault(int(f[1]), []).append(p)
+            started[p] = int(f[19])
     out: Dict[int, int] = {}
     todo = list(children.get(pid, []))
     while todo:
         p = todo.pop()
-        st = start_time(p)
-        if st is not None and p not in out:
-            out[p] = st
+        if p not in out:
+            out[p] = started[p]
             todo.extend(children.get(p, []))
     return out
 
@@ -79,9 +82,13 @@ def descendants(pid: int) -> Dict[int, int]:
 def kill_pinned(pinned: Dict[int, int], grace_s: float = 3.0) -> List[int]:
     """SIGTERM the processes {pid: start_time}, then SIGKILL whatever is
     left after grace_s; a pid whose start time changed (recycled) is left
-    alone. Returns the pids still alive at the end (should be none)."""
+    alone. Returns the pids still alive at the end (should be none),
+    including any we may not signal (one that became another user's)."""
+    refused: List[int] = []
+
     def left():
-        return [p for p, st in pinned.items() if start_time(p) == st]
+        return [p for p, st in pinned.items()
+                if p not in refused and start_time(p) == st]
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in left():
@@ -89,12 +96,14 @@ def kill_pinned(pinned: Dict[int, int], grace_s: float = 3.0) -> List[int]:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+            except PermissionError:
+                refused.append(pid)
         deadline = time.monotonic() + wait_s
         while left() and time.monotonic() < deadline:
             time.sleep(0.02)
         if not left():
-            return []
-    return left()
+            break
+    return left() + refused
 
 
 def kill_pids(pids: Sequence[int], grace_s: float = 3.0) -> List[int]:
