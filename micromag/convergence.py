@@ -433,6 +433,16 @@ def converged(report: Dict[str, list], tol: float) -> List[float]:
     return out
 
 
+def refined_alike(cells: Sequence[float], layers: Sequence[int]) -> bool:
+    """Do the runs refine along one parameter: the same layers everywhere,
+    or layers in proportion to 1/cell (cell x layers constant within 2 %)?
+    Only then is Richardson's estimate over the cell size meaningful."""
+    if len(set(layers)) <= 1:
+        return True
+    prod = [c * n for c, n in zip(cells, layers)]
+    return max(prod) <= 1.02 * min(prod)
+
+
 def parse_layers(text: str, n: int) -> List[int]:
     """`text` is one number of layers for every cell size, or one per cell
     size (n of them), comma-separated: '3' or '3,6,9'."""

@@ -371,21 +371,21 @@ def cmd_converge(args) -> int:
         times = [f * duration for f in (0.1, 0.2, 0.5, 1.0)]
     out = _check_out(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dirs = {}
-    failed = []
-    for c in cells:
-        d = out / f"h{c:g}"
-        dirs[c] = d
-        d.mkdir(exist_ok=True)
-        # a finished or interrupted run of another text (other layers, an
-        # other duration) must not be taken for this one
+    dirs = {c: out / f"h{c:g}" for c in cells}
+    # a finished or interrupted run of another text (other layers, another
+    # duration) must not be taken for this one; all looked at before any
+    # run starts, so a refusal costs no compute
+    for c, d in dirs.items():
         old = d / "problem.toml"
         if (old.is_file() and old.read_text() != texts[c]
                 and ((d / "summary.json").is_file()
                      or cv.table_path(d / "run") is not None)):
             raise CliError(f"{d} holds a run of another problem (other "
                            f"layers or duration?): use another --out")
-        old.write_text(texts[c])
+    failed = []
+    for c, d in dirs.items():
+        d.mkdir(exist_ok=True)
+        (d / "problem.toml").write_text(texts[c])
         if args.no_run or (d / "summary.json").is_file():
             continue
         unit = prob.config["mesh"]["unit"]
@@ -416,6 +416,10 @@ def cmd_converge(args) -> int:
     if not curves:
         raise CliError(f"no results in {out}")
     report = cv.compare(curves, times, reference=reference)
+    if not cv.refined_alike(cells, [layers[c] for c in cells]):
+        # Richardson needs one refinement parameter: cells and layers
+        # refined in different ratios have none
+        report["richardson"] = None
     report.update(problem=str(Path(args.problem).resolve()),
                   cells=cells, layers=[layers[c] for c in cells],
                   duration_s=duration,

@@ -86,6 +86,10 @@ def test_layers_one_for_all_or_one_per_cell_size():
     for bad in ("3,6,9", "0", "x", ""):
         with pytest.raises(convergence.ProblemError):
             convergence.parse_layers(bad, 2)
+    # Richardson over the cell size only where one parameter is refined
+    assert convergence.refined_alike([10, 5, 3.3], [3, 3, 3])
+    assert convergence.refined_alike([10, 5, 3.3], [3, 6, 9])
+    assert not convergence.refined_alike([5, 3.3, 2.5], [3, 6, 6])
 
 
 def test_compare_tables_successive_refinements_and_partial_runs(tmp_path):
