@@ -272,7 +272,8 @@ int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
    ivshm_send_commit do in two, each checking the peer). Returns 0,
    -EAGAIN (no room now), -EMSGSIZE (alen + blen > the slot payload:
    use ivshm_try_send), or an error of ivshm_try_send. Ends an open
-   reservation to `slot`, as any send does. */
+   reservation to `slot`, as any send does, so `a` and `b` must not
+   point into a reservation's buffer. */
 int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                      size_t alen, const void *b, size_t blen);
 

@@ -244,11 +244,12 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
     int rc = tx_begin(h, slot, alen);
     if (rc < 0)
         return rc;
+    struct ivshm_peer_local *p = &h->peers[slot];
+    p->reserved = false; /* as in send_msg: this send ends a reservation */
     if ((alen && !a) || (blen && !b))
         return -EINVAL;
     if (alen > slot_payload(h) || blen > slot_payload(h) - alen)
         return -EMSGSIZE;
-    struct ivshm_peer_local *p = &h->peers[slot];
     if (p->tx_chan >= 0) {
         rc = ivshm_tx_reserve(h, slot, (struct ivshm_ring_ctrl *)p->tx_ring, 1);
         if (rc < 0)
@@ -258,9 +259,8 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
     }
     if (!blen)
         return send_msg(h, slot, tag, a, alen, 0);
-    /* the stage holds a queue reservation's bytes: the send below ends
-       any such reservation anyway (as every send to `slot` does) */
-    p->reserved = false;
+    /* the stage may hold a queue reservation's bytes: ended above (the
+       header says `a` and `b` must not point into a reservation) */
     if (!p->tx_stage && !(p->tx_stage = malloc(slot_payload(h))))
         return -ENOMEM;
     if (alen)
