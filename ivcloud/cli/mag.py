@@ -436,6 +436,13 @@ def cmd_converge(args) -> int:
                   f"{', '.join(str(layers[c]) for c in cells)}",
             reference=reference)
     sys.stdout.write(cv.format_table(report) + "\n")
+    if len(cells) > 1 and len(set(layers.values())) == 1:
+        n = layers[cells[0]]
+        sys.stdout.write(f"\nlayers: {n} at every size, so the study "
+                         f"converges to the {n}-layer film (for a thin "
+                         f"film not the limit: docs/mag.md, 'sixth "
+                         f"session'); refine them in proportion, e.g. "
+                         f"--layers {','.join(str(round(n * cells[0] / c)) for c in cells)}\n")
     return 1 if failed else 0
 
 
