@@ -416,7 +416,8 @@ void ivshm_peer_local_free(ivshm *h, int slot);
    senders. */
 void ivshm_rx_area_reset(ivshm *h);
 void ivshm_fast_sweep(ivshm *h);
-extern void (*ivshm_sweep_test_hook)(ivshm *h); /* channel.c: tests only */
+extern __attribute__((visibility("hidden"))) void (*ivshm_sweep_test_hook)(
+    ivshm *h); /* channel.c: tests only, not exported by the shared library */
 /* send.c: take a fast channel to `slot` now, whatever fast_after says
    (tests, and callers that know a pair will be busy): 0, -EAGAIN if none
    is free. */

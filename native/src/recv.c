@@ -139,7 +139,7 @@ static int q_to_backlog(ivshm *h, const struct qhead *q)
    - Messages overwritten: a head more than a ring ahead of us means the
      producer believed a tail written forward by a co-tenant and wrote
      over positions we had not read (an honest producer never gets that
-     far ahead). Those are gone: we go on from head - ring_slots, the
+     far ahead), if the slot at our position holds such a later lap. Those are gone: we go on from head - ring_slots, the
      oldest position the ring can still hold, and the next receive from
      that sender reports IVSHM_ECORRUPT for them (a message of theirs in
      progress goes too; counted in stats.dropped). A forged head makes us
@@ -160,6 +160,15 @@ static bool rx_heal_ring(ivshm *h, int slot)
     if (head - pos > h->ring_slots) {
         if (head - pos > RING_JUMP_MAX)
             return false;
+        /* Evidence beyond the head, which a co-tenant can forge and a
+           sender that passed its checks before this ring was reset for
+           us (descheduled across our incarnation) can store stale: the
+           slot at our position holds a later lap, below the head.
+           Without it, no jump (a hidden slot is still shown below). */
+        uint64_t lap = atomic_load_explicit(
+            &slot_at(h, p->rx_ring, pos)->seq, memory_order_acquire);
+        if (lap <= pos + 1 || lap > head || (lap - 1 - pos) % h->ring_slots)
+            goto heal_hidden;
         uint64_t to = head - h->ring_slots;
         rx_abandon(p);
         p->rx_partial = p->rx_lost = true; /* rx_message reports it */
@@ -169,6 +178,7 @@ static bool rx_heal_ring(ivshm *h, int slot)
         ivshm_kick(h, slot);
         skipped = true;
     }
+heal_hidden:;
     struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
     uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
     if (seq != pos + 1)

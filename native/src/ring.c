@@ -123,6 +123,9 @@ static __attribute__((noinline)) int tx_reserve_slow(
             return need <= h->ring_slots ? 0 : -EAGAIN;
         return tail_refused(h, slot, ctrl);
     }
+    /* a tail at or below our head: a past sighting of one beyond it no
+       longer stands (the next must stand its own 200 ms, tail_ahead) */
+    p->tx_odd_since = 0;
     if (p->tx_head - tail > h->ring_slots)
         return tail_refused(h, slot, ctrl);
     /* Within one incarnation the tail only moves forward: one below what
