@@ -295,14 +295,51 @@ def run_command(cmd: Sequence[str], timeout: Optional[float] = None,
     # itself (mpi4py, petsc4py) carries singleton PMIx/ORTE variables set
     # with setenv() behind os.environ, and an mpirun inheriting them exits
     # at once without a word.
-    proc = subprocess.Popen(list(cmd), env=dict(env if env else os.environ),
-                            stdout=stdout, stderr=stderr)
+    pending: List[int] = []
+    proc = _start(list(cmd), dict(env if env else os.environ), stdout,
+                  stderr, pending)
     try:
+        for signum in pending:          # now they find the job to stop
+            os.kill(os.getpid(), signum)
         proc.wait(timeout=timeout)
     except BaseException:
         _stop(proc)
         raise
     return _exit_status(proc.returncode)
+
+
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _start(cmd: List[str], env: Dict[str, str], stdout, stderr,
+           pending: List[int]) -> subprocess.Popen:
+    """Popen with the interrupting signals held back into `pending`: one
+    arriving while Popen waits for the exec (long on a busy machine)
+    would raise out of it with mpirun started and unknown to us, left
+    running. (Handlers, not a signal mask: mpirun must not inherit a
+    mask.) Outside the main thread nothing can be held back."""
+    saved = {}
+    try:
+        for signum in _DEFERRED:
+            saved[signum] = signal.signal(
+                signum, lambda n, _frame: pending.append(n))
+    except ValueError:                  # not the main thread
+        pass
+    try:
+        return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
+    except BaseException:
+        _restore(saved)
+        for signum in pending:          # no job: the signal acts as usual
+            os.kill(os.getpid(), signum)
+        raise
+    finally:
+        _restore(saved)
+
+
+def _restore(saved: Dict[int, object]) -> None:
+    for signum, handler in saved.items():
+        # None: a handler installed outside Python; the default is nearest
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def check_region(region: os.PathLike) -> Path:

@@ -410,6 +410,36 @@ def test_a_stopped_job_leaves_no_process_behind(tmp_path, monkeypatch):
     assert state[0] in ("gone", "Z", "X"), state
 
 
+def test_an_interrupt_while_mpirun_starts_stops_it(tmp_path, monkeypatch):
+    """Ctrl-C arriving while Popen waits for mpirun's exec (long on a busy
+    machine: seen as a hang of the test below, the ranks left holding the
+    CLI's pipes) used to raise out of Popen with mpirun running and
+    unknown to us. The launcher here gets its SIGINT right there."""
+    pidfile = tmp_path / "child.pid"
+    launcher = ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"]
+    real_popen = subprocess.Popen
+
+    def popen_then_interrupted(*a, **kw):
+        proc = real_popen(*a, **kw)
+        os.kill(os.getpid(), signal.SIGINT)   # before Popen returns
+        return proc
+
+    monkeypatch.setattr(mpi.subprocess, "Popen", popen_then_interrupted)
+    monkeypatch.setattr(mpi, "TERMINATE_GRACE_S", 2.0)
+    with pytest.raises(KeyboardInterrupt):
+        mpi.run_command(launcher, timeout=30)
+    deadline = time.monotonic() + 5
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = int(pidfile.read_text())
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = Path(f"/proc/{child}/stat").read_text().split(")")[-1].split() \
+        if Path(f"/proc/{child}").exists() else ["gone"]
+    assert state[0] in ("gone", "Z", "X"), state
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cli_interrupted_tears_down_job_and_region(programs, component, sig):
     """ivcloud mpirun interrupted while a job runs: the job ends, the
