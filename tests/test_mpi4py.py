@@ -61,6 +61,9 @@ def _p2p(MPI, np, comm):
             n = 100 * k + rank
             comm.Send(np.full(n, rank * 1000 + k, dtype=np.int32), dest=0,
                       tag=100 * rank + k)
+    # rank 0's ANY_TAG receives would also match the next phase's tag 7
+    # from rank size-1 once that rank's 20 arrays are in (a truncation)
+    comm.Barrier()
 
     # pickled objects, non-blocking, and probe
     right, left = (rank + 1) % size, (rank - 1) % size
