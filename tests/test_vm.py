@@ -490,3 +490,17 @@ def test_ready_banner_after_a_login_prompt():
                                   "ivposition": "0", "doorbell": "vfio",
                                   "irq": "/dev/vfio/3"}
     assert ready_banner("s0i0 login: \nivcloud-guest: init 6.1\n") is None
+
+
+def test_ready_banner_only_when_its_line_is_finished():
+    """A console read can end in the middle of the banner (QEMU writes
+    the file as the guest prints): that is no banner yet, not a guest
+    without a device (`cluster up` failed once under load with "has no
+    ivshmem device")."""
+    from ivcloud.vm.lifecycle import ready_banner
+    line = ("ivcloud-guest: ready name=s0i1 device=0000:00:03.0 "
+            "ivposition=1 doorbell=vfio irq=/dev/vfio/3")
+    for cut in range(len(line)):
+        assert ready_banner("boot\n" + line[:cut]) is None, cut
+    assert ready_banner("boot\n" + line + "\r\n")["device"] == \
+        "0000:00:03.0"

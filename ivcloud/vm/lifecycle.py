@@ -171,8 +171,10 @@ def ready_banner(text: str) -> Optional[Dict[str, str]]:
     """The key=value words of the guest's ready banner on its console,
     or None. The banner may follow other output on its line: getty's
     login prompt, printed by another service at the same time, ends
-    without a newline."""
-    for line in text.splitlines():
+    without a newline. Only a finished line counts: QEMU writes the
+    console file as the guest prints, so under load a read can end in
+    the middle of the banner (a cut-off "device=" read as no device)."""
+    for line in text.split("\n")[:-1]:
         at = line.find(image.READY_BANNER)
         if at >= 0:
             return dict(w.split("=", 1) for w in line[at:].split()
