@@ -927,10 +927,27 @@ int ivshm_wait_message(ivshm *h, int timeout_ms)
 {
     if (!h || h->self < 0)
         return -EINVAL;
-    int rc = ivshm_wait(h, any_ready, NULL, -1, 0, timeout_ms);
-    if (rc == -ETIMEDOUT)
-        sweep_due(h); /* as ivshm_recv: a message hidden may be why */
-    return rc;
+    const uint64_t deadline =
+        timeout_ms < 0 ? UINT64_MAX
+                       : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int wait_ms = timeout_ms == 0 ? 0 : ms_left(deadline);
+        if (wait_ms == -ETIMEDOUT)
+            wait_ms = 0;
+        /* in slices, as a long receive: a message a co-tenant hid is not
+           "ready", so one long wait would last its whole timeout */
+        const bool sliced = wait_ms < 0 || wait_ms > SWEEP_EVERY_MS;
+        int rc = ivshm_wait(h, any_ready, NULL, -1, 0,
+                            sliced ? SWEEP_EVERY_MS : wait_ms);
+        if (rc == -ETIMEDOUT && sliced) {
+            ivshm_fast_sweep(h);
+            rx_heal_hidden(h);
+            continue;
+        }
+        if (rc == -ETIMEDOUT)
+            sweep_due(h); /* as ivshm_recv: a message hidden may be why */
+        return rc;
+    }
 }
 
 /* The general path of ivshm_recv_peek, out of line so that its fast
