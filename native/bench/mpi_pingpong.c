@@ -3,6 +3,11 @@
  *   mpirun -np 2 --mca pml ob1 --mca btl self,vader mpi-pingpong --sizes 8,64
  * Rank 0 prints one JSON line per size, in the same shape as
  * ivshm-pingpong (one-way latency = half a round trip).
+ *
+ * --pattern exchange: both ranks MPI_Sendrecv at once, as HPCC's ring
+ * latency does with two ranks; the figure is the time per exchange. Both
+ * ranks publish and poll at the same moment there, which a ping-pong
+ * never makes them do (BENCHMARKS.md, issue 11, eighth session).
  */
 #include <mpi.h>
 
@@ -26,6 +31,7 @@ int main(int argc, char **argv)
     long iters = 10000;
     uint64_t budget = 256u << 20;
     const char *transport = "mpi-vader", *mode = "vader";
+    int exchange = 0;
     bench_parse_sizes(BENCH_DEFAULT_SIZES, sizes, &nsizes);
     int bad = nranks != 2;
     for (int i = 1; i < argc; i += 2) {
@@ -42,6 +48,9 @@ int main(int argc, char **argv)
             transport = v;
         else if (!strcmp(a, "--mode"))
             mode = v;
+        else if (!strcmp(a, "--pattern") &&
+                 (!strcmp(v, "pingpong") || !strcmp(v, "exchange")))
+            exchange = !strcmp(v, "exchange");
         else
             bad = 1;
     }
@@ -49,14 +58,14 @@ int main(int argc, char **argv)
         if (rank == 0)
             fprintf(stderr, "usage: mpirun -np 2 mpi-pingpong [--sizes LIST] "
                             "[--iters N] [--budget BYTES] [--transport NAME] "
-                            "[--mode NAME]\n");
+                            "[--mode NAME] [--pattern pingpong|exchange]\n");
         MPI_Finalize();
         return 2;
     }
 
     size_t cap = bench_max_size(sizes, nsizes);
-    char *buf = malloc(cap);
-    if (!buf)
+    char *buf = malloc(cap), *buf2 = malloc(cap);
+    if (!buf || !buf2)
         MPI_Abort(MPI_COMM_WORLD, 1);
     memset(buf, 0x77, cap);
     int peer = rank ^ 1;
@@ -70,7 +79,11 @@ int main(int argc, char **argv)
             long count = b < 0 ? p.warm : p.per;
             double t0 = MPI_Wtime();
             for (long i = 0; i < count; i++) {
-                if (rank == 0) {
+                if (exchange) {
+                    MPI_Sendrecv(buf, size, MPI_BYTE, peer, 0, buf2, size,
+                                 MPI_BYTE, peer, 0, MPI_COMM_WORLD,
+                                 MPI_STATUS_IGNORE);
+                } else if (rank == 0) {
                     MPI_Send(buf, size, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
                     MPI_Recv(buf, size, MPI_BYTE, peer, 0, MPI_COMM_WORLD,
                              MPI_STATUS_IGNORE);
@@ -86,12 +99,13 @@ int main(int argc, char **argv)
         if (rank == 0) {
             /* MPI_Wtime gives seconds: same figures, other unit */
             qsort(batch, (size_t)p.nb, sizeof batch[0], bench_cmp_double);
-            double div = (double)p.per * 2 / 1e6;
+            double div = (double)p.per * (exchange ? 1 : 2) / 1e6;
             bench_print_batched(transport, mode, sizes[s], batch[p.nb / 2] / div,
                                 batch[0] / div, p.per * p.nb, p.nb);
         }
     }
     free(buf);
+    free(buf2);
     MPI_Finalize();
     return 0;
 }
