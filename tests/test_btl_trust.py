@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
 SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
 IDLE_SCRIBBLER = REPO / "native" / "btl" / "tests" / "idle_scribbler.c"
+TAIL_SCRIBBLER = REPO / "native" / "btl" / "tests" / "tail_scribbler.c"
 FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
@@ -144,6 +145,9 @@ json.dump({"filled": filled, "total": sent,
 VERBOSE2_RE = re.compile(
     r"btl_ivshmem: rank (\d+) dropped (\d+) messages, rejected (\d+) slots"
     r"[^\n]*, ignored (\d+) messages of untrusted senders")
+REFUSED_RE = re.compile(
+    r"btl_ivshmem: rank (\d+) dropped [^\n]*, retried (\d+) sends refused "
+    r"for a forged ring tail")
 
 
 @pytest.fixture(scope="module")
@@ -156,18 +160,27 @@ def spawner(mpicc) -> Path:
     return mpicc(SPAWN)
 
 
-@pytest.fixture(scope="module")
-def idle_scribbler(tmp_path_factory) -> Path:
+def _scribbler(tmp_path_factory, source: Path) -> Path:
     """A plain C program on libivshm's layout header (native/src)."""
-    out = tmp_path_factory.mktemp("scribbler") / "idle_scribbler"
+    out = tmp_path_factory.mktemp("scribbler") / source.stem
     proc = subprocess.run(
         ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
          "-I", str(REPO / "native" / "src"),
          "-I", str(REPO / "native" / "include"),
-         "-o", str(out), str(IDLE_SCRIBBLER)],
+         "-o", str(out), str(source)],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def idle_scribbler(tmp_path_factory) -> Path:
+    return _scribbler(tmp_path_factory, IDLE_SCRIBBLER)
+
+
+@pytest.fixture(scope="module")
+def tail_scribbler(tmp_path_factory) -> Path:
+    return _scribbler(tmp_path_factory, TAIL_SCRIBBLER)
 
 
 @pytest.fixture(scope="module")
@@ -348,3 +361,40 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
     landed = json.loads(s_out)
     assert landed["hide"] >= 1 and landed["ring_junk"] >= 1, landed
     assert landed["q_junk"] >= 1, landed
+
+
+def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
+                                       shm_path):
+    """A co-tenant rewinds the consumer tails of the job's fast rings
+    (bursts of 20 ms, then 20 ms of quiet) during a ping-pong of every
+    size from 0 B to 1 MiB. A sender that loads such a tail gets
+    IVSHM_ECORRUPT for that send (nothing went out); the BTL queues it and
+    tries again, and the receiver puts its tail back when it finds its
+    ring empty. Before, the BTL failed the peer at the first refusal and
+    the job aborted. Every byte is checked, the job ends cleanly, and at
+    least one send was refused and retried."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    scribbler = _start([str(tail_scribbler), str(shm_path), str(JOB_TIMEOUT)])
+    cmd = mpi.mpirun_command([str(pingpong), "-", "2000"], 2,
+                             transport="ivshmem", region=shm_path,
+                             tcp_fallback=False,
+                             extra_mca=[("btl_ivshmem_verbose", "2")])
+    job = _start(cmd)
+    try:
+        out, err = _finish(job, "the job")
+        assert scribbler.poll() is None, scribbler.communicate()
+        os.killpg(scribbler.pid, 15)
+        s_out, s_err = scribbler.communicate(timeout=30)
+    finally:
+        _kill(job)
+        _kill(scribbler)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert job.returncode == 0, described
+    assert "PASS trust_pingpong (2000 round trips)" in out, described
+    refused = {int(r): int(n) for r, n in REFUSED_RE.findall(err)}
+    assert sorted(refused) == [0, 1], described
+    assert sum(refused.values()) >= 1, refused
+    assert scribbler.returncode == 0, s_err
+    assert json.loads(s_out)["rewound"] >= 1, s_out

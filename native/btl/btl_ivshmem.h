@@ -56,6 +56,15 @@ BEGIN_C_DECLS
    peers' goodbyes) */
 #define IVSHMEM_DRAIN_BUDGET 4096u
 
+/* How long sends to one peer may keep being refused with IVSHM_ECORRUPT
+   (our ring's tail fails libivshm's checks: a co-tenant wrote it, and
+   nothing was sent) before that peer is failed. The receiver puts back a
+   tail it does not hold as soon as it finds its ring empty, and libivshm
+   follows one that has stood 200 ms, so an honest pair is through well
+   within this; a co-tenant that keeps scribbling gets a clean failure,
+   not a hang. */
+#define IVSHMEM_REFUSED_NS 2000000000ull
+
 /* High half of our registry job ids ("OMPI"): keeps Open MPI ranks apart
    from other libivshm users of the region, which number jobs from 0. Only
    a naming convention: any co-tenant can write it into its own registry
@@ -95,6 +104,7 @@ struct mca_btl_base_endpoint_t {
        yet sent: until then nothing else may write that ring */
     struct mca_btl_ivshmem_frag_t *in_ring;
     int send_error;            /* a queued send failed: report it         */
+    uint64_t refused_since_ns; /* sends refused (forged tail) since, or 0  */
     bool said_bye;             /* peer finalized: its leave is not death  */
     bool deleted;              /* del_procs: no longer read or watched    */
     bool dead;                 /* reported; every send now fails          */
@@ -116,6 +126,7 @@ typedef struct ivshmem_counters {
     uint64_t rejected; /* (slot, generation)s that claimed to be a rank of
                           our job but failed the modex check */
     uint64_t ignored;  /* messages of untrusted senders, never delivered */
+    uint64_t refused;  /* sends refused for a forged ring tail, retried */
 } ivshmem_counters_t;
 
 typedef struct mca_btl_ivshmem_component_t {
@@ -279,6 +290,11 @@ enum ivshmem_untrusted {
    adds remote peers lazily: one may write to us first), trust it. Each
    failing (slot, generation) is looked up once. Without `lock`. */
 enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int slot, uint32_t gen);
+/* A send to `ep` failed with `rc`: true if it is to be queued and
+   retried (IVSHM_ECORRUPT, a forged tail, for less than
+   IVSHMEM_REFUSED_NS in a row), false if the peer is to be failed. With
+   `lock`. */
+bool mca_btl_ivshmem_send_refused(mca_btl_ivshmem_endpoint_t *ep, int rc);
 /* Queue a fragment on `ep` (FIFO) and put ep on the pending list. With
    `lock`. */
 void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,

@@ -417,6 +417,7 @@ static void pending_sent(mca_btl_ivshmem_endpoint_t *ep,
     if (rc == 0) {
         c->counters.sent_msgs++;
         c->counters.sent_bytes += seg->seg_len;
+        ep->refused_since_ns = 0; /* the tail checks out again */
     } else {
         f->status = OPAL_ERR_UNREACH;
         ep->send_error = rc; /* reported by the caller, unlocked */
@@ -425,6 +426,17 @@ static void pending_sent(mca_btl_ivshmem_endpoint_t *ep,
         ivshmem_queue_push(&c->complete, f);
     else if (f->base.des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP)
         ivshmem_frag_return(f);
+}
+
+bool mca_btl_ivshmem_send_refused(mca_btl_ivshmem_endpoint_t *ep, int rc)
+{
+    if (rc != IVSHM_ECORRUPT)
+        return false;
+    mca_btl_ivshmem_component.counters.refused++;
+    uint64_t now = mca_btl_ivshmem_now_ns();
+    if (0 == ep->refused_since_ns)
+        ep->refused_since_ns = now;
+    return now - ep->refused_since_ns < IVSHMEM_REFUSED_NS;
 }
 
 int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
@@ -438,7 +450,7 @@ int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep)
         const mca_btl_base_segment_t *seg = f->base.des_segments;
         int rc = ivshm_try_send(c->h, ep->slot, f->tag, seg->seg_addr.pval,
                                 seg->seg_len);
-        if (rc == -EAGAIN)
+        if (rc == -EAGAIN || mca_btl_ivshmem_send_refused(ep, rc))
             break;
         pending_sent(ep, f, rc);
         sent++;
@@ -473,7 +485,8 @@ static int wait_for_room(void)
     const mca_btl_base_segment_t *seg = f->base.des_segments;
     int rc = ivshm_send_timeout(c->h, ep->slot, f->tag, seg->seg_addr.pval,
                                 seg->seg_len, c->block_ms);
-    if (rc == -EAGAIN || rc == -ETIMEDOUT) {
+    if (rc == -EAGAIN || rc == -ETIMEDOUT ||
+        mca_btl_ivshmem_send_refused(ep, rc)) {
         OPAL_THREAD_UNLOCK(&c->lock);
         return 0;
     }

@@ -159,13 +159,14 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
                 OPAL_THREAD_UNLOCK(&c->lock);
                 return OPAL_SUCCESS;
             }
-            if (rc != -EAGAIN) {
+            if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
                 OPAL_THREAD_UNLOCK(&c->lock);
                 mca_btl_ivshmem_peer_failed(ep, rc);
                 return OPAL_ERR_UNREACH;
             }
             /* packed for the receiver's queue, whose room other senders
-               took since the reservation: it waits in our own buffer */
+               took since the reservation (or refused): it waits in our
+               own buffer */
         }
         /* fragments queued since it was packed must go first: it leaves
            the (unpublished) slot for our own buffer and queues too */
@@ -182,7 +183,7 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
             OPAL_THREAD_UNLOCK(&c->lock);
             return OPAL_SUCCESS;
         }
-        if (rc != -EAGAIN) {
+        if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
             OPAL_THREAD_UNLOCK(&c->lock);
             mca_btl_ivshmem_peer_failed(ep, rc);
             return OPAL_ERR_UNREACH;
@@ -273,8 +274,9 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
             return OPAL_SUCCESS;
         }
         /* ring or queue full; -EMSGSIZE: an eager limit set above one
-           slot's payload (the copy goes through try_send, which streams) */
-        if (rc != -EAGAIN && rc != -EMSGSIZE)
+           slot's payload (the copy goes through try_send, which streams);
+           a refusal is retried from the queue */
+        if (rc != -EAGAIN && rc != -EMSGSIZE && rc != IVSHM_ECORRUPT)
             goto failed;
         goto copy;
     }
@@ -317,8 +319,9 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
     OPAL_THREAD_UNLOCK(&c->lock);
     if (NULL != slot)
         goto busy; /* another thread queued or reserved meanwhile */
-    /* -EMSGSIZE: an eager limit set above one slot's payload */
-    if (rc != -EAGAIN && rc != -EMSGSIZE)
+    /* -EMSGSIZE: an eager limit set above one slot's payload; a
+       refusal is retried from the queue */
+    if (rc != -EAGAIN && rc != -EMSGSIZE && rc != IVSHM_ECORRUPT)
         goto failed;
 
 copy:
@@ -344,7 +347,7 @@ copy:
             ivshmem_frag_return(f);
             return OPAL_SUCCESS;
         }
-        if (rc != -EAGAIN) {
+        if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
             OPAL_THREAD_UNLOCK(&c->lock);
             ivshmem_frag_return(f);
             goto failed;
