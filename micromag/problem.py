@@ -36,7 +36,8 @@
     rtol = 1e-10        # its Krylov tolerance
     method = "auto"     # boundary operator: dense | fmm (fast multipole,
                         # O(N) memory) | auto (dense while it takes at
-                        # most 4 GB: 22,360 surface nodes); docs/mag-demag.md
+                        # most 4 GB, 22,360 surface nodes, or a third of
+                        # the host's memory if more); docs/mag-demag.md
     tol = 1e-5          # fmm: relative accuracy of the boundary operator
 
     [[field]]           # applied in every stage (also [[stage.field]])

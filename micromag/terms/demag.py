@@ -31,8 +31,10 @@ import numpy as np
 
 from ..constants import FOUR_PI, MU0
 from ..errors import MeshError, ProblemError, SimulationError
+from ..parallel import global_min
 from .base import Term
-from .demag_fmm import FMMBoundaryOperator, choose_method, scheme_for
+from .demag_fmm import (FMMBoundaryOperator, choose_method,
+                         host_memory_bytes, scheme_for)
 
 # PETSc comes from the FEM space (fem.py initialises petsc4py without
 # reading sys.argv), so importing this module does not start PETSc.
@@ -321,8 +323,9 @@ class DemagField(Term):
 
     ``method``: the boundary operator B as a dense matrix ("dense", the
     reference), as fast multipole far field plus sparse exact near field
-    ("fmm", relative accuracy `tol`, demag_fmm.py), or "auto": dense up to
-    demag_fmm.DENSE_AUTO_MAX boundary nodes or when fmm3dpy is missing.
+    ("fmm", relative accuracy `tol`, demag_fmm.py), or "auto": dense while
+    it takes at most 4 GB or a third of the smallest host's memory
+    (demag_fmm.dense_auto_max), or when fmm3dpy is missing.
     ``self.method`` is the one used, ``self.bem_bytes`` its memory on this
     rank; ``self.bem`` is the dense PETSc matrix (None with the FMM),
     ``self.fmm`` the demag_fmm.FMMBoundaryOperator (None when dense).
@@ -394,7 +397,10 @@ class DemagField(Term):
         # or FMM + sparse near field (demag_fmm.py) for large surfaces
         omega = vertex_solid_angles(points, tets)
         nb = len(bnodes)
-        self.method = choose_method(method, nb)
+        # the same choice on every rank: by the smallest host's memory
+        host = (global_min(space.comm, host_memory_bytes())
+                if method == "auto" else 0)
+        self.method = choose_method(method, nb, host)
         self.tol = tol
         if self.method == "fmm":
             counts = np.diff(np.searchsorted(bnodes, space.ranges))

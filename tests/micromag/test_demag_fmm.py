@@ -91,6 +91,14 @@ def test_method_choice_and_bad_settings():
     assert demag_fmm.choose_method("auto", 500) == "dense"
     assert demag_fmm.choose_method("auto",
                                    demag_fmm.DENSE_AUTO_MAX + 1) == "fmm"
+    # a host of 24 GB keeps 8 GB dense (31,622 boundary nodes): the 2.5 nm
+    # six-layer SP4 film (23,000) stays on the fast product
+    big = 24e9
+    assert demag_fmm.dense_auto_max(big) == 31_622
+    assert demag_fmm.choose_method("auto", 23_000, big) == "dense"
+    assert demag_fmm.choose_method("auto", 31_623, big) == "fmm"
+    assert demag_fmm.choose_method("auto", 22_000, 1e9) == "dense"
+    assert demag_fmm.choose_method("auto", 23_000, 1e9) == "fmm"
     assert demag_fmm.choose_method("dense", 10 ** 6) == "dense"
     with pytest.raises(ValueError, match="unknown"):
         demag_fmm.choose_method("fast", 10)
