@@ -377,7 +377,7 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
     scribbler = _start([str(tail_scribbler), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), "-", "2000"], 2,
+    cmd = mpi.mpirun_command([str(pingpong), "-", "20000"], 2,
                              transport="ivshmem", region=shm_path,
                              tcp_fallback=False,
                              extra_mca=[("btl_ivshmem_verbose", "2")])
@@ -392,9 +392,14 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
         _kill(scribbler)
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
-    assert "PASS trust_pingpong (2000 round trips)" in out, described
+    assert "PASS trust_pingpong (20000 round trips)" in out, described
     refused = {int(r): int(n) for r, n in REFUSED_RE.findall(err)}
     assert sorted(refused) == [0, 1], described
-    assert sum(refused.values()) >= 1, refused
     assert scribbler.returncode == 0, s_err
     assert json.loads(s_out)["rewound"] >= 1, s_out
+    # A sender loads the shared tail only when its cached one says "full"
+    # (the 1 MiB messages), and a rewind lasts only until the receiver's
+    # next release: with 2000 round trips (about 10 bursts) no send was
+    # refused in about one run of six here, hence 20000 (about 12 s,
+    # every run here refused 0.3-16 million sends).
+    assert sum(refused.values()) >= 1, (refused, s_out)
