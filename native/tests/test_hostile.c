@@ -580,9 +580,12 @@ struct idle_board {
                                             before it is sent, else MAX */
     _Atomic uint32_t done[IS_N];
     _Atomic uint32_t refused[IS_N];    /* -ETIMEDOUT / ECORRUPT: sent again */
+    _Atomic uint32_t refused_dead[IS_N]; /* ECORRUPT after the death: a tail
+                                            it left behind, sent again   */
     _Atomic uint32_t bad_rc[IS_N];     /* any other result                */
     _Atomic uint32_t late[IS_N];       /* a call outlived its deadline    */
     _Atomic uint64_t max_call_ms[IS_N];
+    _Atomic uint64_t max_dead_ms[IS_N]; /* after the death: first try to sent */
     _Atomic uint64_t hits[HM_N];       /* hostile writes that landed      */
 };
 
@@ -625,7 +628,10 @@ static void note_max(_Atomic uint64_t *m, uint64_t v)
 /* An honest sender: while the hostile one works, each send has a 100 ms
    deadline and is sent again when refused (a message that fits the ring
    is all or nothing); once it is dead, 100 more with 5 s each, which
-   must all go through. */
+   must all go through. A tail the hostile process wrote just before its
+   death stands until the receiver puts it back (its next receive), and a
+   send that loads it is refused at once (IVSHM_ECORRUPT, nothing sent,
+   as documented): sent again within the same 5 s, as tail_sender does. */
 static int idle_sender(void *arg)
 {
     int who = (int)(intptr_t)arg;
@@ -635,7 +641,8 @@ static int idle_sender(void *arg)
     int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     uint8_t m[IS_LEN];
-    uint32_t i = 0, end = UINT32_MAX;
+    uint32_t i = 0, end = UINT32_MAX, msg_of_t = UINT32_MAX;
+    uint64_t msg_t0 = 0; /* when message msg_of_t was first sent */
     while (i < end) {
         int phase = atomic_load(&board->phase);
         if (phase >= 1 && end == UINT32_MAX) {
@@ -645,6 +652,10 @@ static int idle_sender(void *arg)
         const int timeout = phase ? 5000 : 100;
         is_fill(m, who, i);
         uint64_t t0 = tu_now_ms();
+        if (i != msg_of_t) {
+            msg_of_t = i;
+            msg_t0 = t0;
+        }
         int rc = ivshm_send_timeout(h, to, IS_TAG + (uint32_t)who, m, IS_LEN,
                                     timeout);
         uint64_t el = tu_now_ms() - t0;
@@ -652,9 +663,15 @@ static int idle_sender(void *arg)
         if (el > (uint64_t)timeout + 2000)
             atomic_fetch_add(&board->late[who], 1);
         if (rc == 0) {
+            if (phase)
+                note_max(&board->max_dead_ms[who], tu_now_ms() - msg_t0);
             atomic_store(&board->sent[who], ++i);
         } else if (phase == 0 && (rc == -ETIMEDOUT || rc == IVSHM_ECORRUPT)) {
             atomic_fetch_add(&board->refused[who], 1);
+        } else if (phase && rc == IVSHM_ECORRUPT &&
+                   tu_now_ms() - msg_t0 < (uint64_t)timeout) {
+            atomic_fetch_add(&board->refused_dead[who], 1);
+            sched_yield(); /* returned at once: no busy loop */
         } else {
             fprintf(stderr, "idle sender %d: message %u: %s (phase %d)\n",
                     who, i, ivshm_strerror(rc), phase);
@@ -987,10 +1004,13 @@ static void test_idle_scribble(void)
         uint32_t p2 = atomic_load(&board->phase2_first[w]);
         uint32_t lost = sent - t.honest[w];
         printf("idle scribble: %s sender: %u sent (%u in phase 2), %u refused "
-               "and sent again, longest send %llu ms; %u honest, %u lost, "
-               "%u forged, %u corrupt\n",
+               "and sent again (%u after the death, the longest for %llu ms), "
+               "longest send %llu ms; %u honest, %u lost, %u forged, "
+               "%u corrupt\n",
                w == IS_RING ? "ring" : "queue", sent, sent - p2,
                atomic_load(&board->refused[w]),
+               atomic_load(&board->refused_dead[w]),
+               (unsigned long long)atomic_load(&board->max_dead_ms[w]),
                (unsigned long long)atomic_load(&board->max_call_ms[w]),
                t.honest[w], lost, t.forged[w], t.corrupt[w]);
         CHECK(atomic_load(&board->bad_rc[w]) == 0);
