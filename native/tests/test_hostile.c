@@ -585,7 +585,8 @@ struct idle_board {
     _Atomic uint32_t bad_rc[IS_N];     /* any other result                */
     _Atomic uint32_t late[IS_N];       /* a call outlived its deadline    */
     _Atomic uint64_t max_call_ms[IS_N];
-    _Atomic uint64_t max_dead_ms[IS_N]; /* after the death: first try to sent */
+    _Atomic uint64_t max_dead_ms[IS_N]; /* after the death: a message's
+                                           first try to its send       */
     _Atomic uint64_t hits[HM_N];       /* hostile writes that landed      */
 };
 
@@ -628,10 +629,11 @@ static void note_max(_Atomic uint64_t *m, uint64_t v)
 /* An honest sender: while the hostile one works, each send has a 100 ms
    deadline and is sent again when refused (a message that fits the ring
    is all or nothing); once it is dead, 100 more with 5 s each, which
-   must all go through. A tail the hostile process wrote just before its
-   death stands until the receiver puts it back (its next receive), and a
-   send that loads it is refused at once (IVSHM_ECORRUPT, nothing sent,
-   as documented): sent again within the same 5 s, as tail_sender does. */
+   must all go through. A send that loads a tail the hostile process wrote
+   just before its death is refused at once (IVSHM_ECORRUPT, nothing sent,
+   as ivshm.h documents) until the receiver puts the tail back or, if it
+   is ahead of our head, it has stood 200 ms: sent again within the same
+   5 s, as tail_sender does. */
 static int idle_sender(void *arg)
 {
     int who = (int)(intptr_t)arg;
