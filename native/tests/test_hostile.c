@@ -643,8 +643,8 @@ static int idle_sender(void *arg)
     int to = tu_await_peer(h, job, 0, 10000);
     REQUIRE(to >= 0);
     uint8_t m[IS_LEN];
-    uint32_t i = 0, end = UINT32_MAX, msg_of_t = UINT32_MAX;
-    uint64_t msg_t0 = 0; /* when message msg_of_t was first sent */
+    uint32_t i = 0, end = UINT32_MAX;
+    uint64_t msg_t0 = tu_now_ms(); /* when message i was first tried */
     while (i < end) {
         int phase = atomic_load(&board->phase);
         if (phase >= 1 && end == UINT32_MAX) {
@@ -654,10 +654,6 @@ static int idle_sender(void *arg)
         const int timeout = phase ? 5000 : 100;
         is_fill(m, who, i);
         uint64_t t0 = tu_now_ms();
-        if (i != msg_of_t) {
-            msg_of_t = i;
-            msg_t0 = t0;
-        }
         int rc = ivshm_send_timeout(h, to, IS_TAG + (uint32_t)who, m, IS_LEN,
                                     timeout);
         uint64_t el = tu_now_ms() - t0;
@@ -668,6 +664,7 @@ static int idle_sender(void *arg)
             if (phase)
                 note_max(&board->max_dead_ms[who], tu_now_ms() - msg_t0);
             atomic_store(&board->sent[who], ++i);
+            msg_t0 = tu_now_ms();
         } else if (phase == 0 && (rc == -ETIMEDOUT || rc == IVSHM_ECORRUPT)) {
             atomic_fetch_add(&board->refused[who], 1);
         } else if (phase && rc == IVSHM_ECORRUPT &&
