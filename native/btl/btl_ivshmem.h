@@ -42,6 +42,10 @@ BEGIN_C_DECLS
    (tcp, pml) get their turn under a flood. */
 #define IVSHMEM_RECV_BATCH 16
 
+/* After a look for a second message that found none, this many progress
+   calls deliver one message each without looking (poll_region). */
+#define IVSHMEM_LOOK_PAUSE 32
+
 /* Housekeeping (reap, peer liveness) period. */
 #define IVSHMEM_REAP_NS 100000000ull
 
@@ -211,6 +215,7 @@ typedef struct mca_btl_ivshmem_component_t {
     /* progress state */
     volatile int32_t in_progress;
     uint32_t idle_polls;
+    uint32_t looks_paused; /* deliveries left before the next look (poll_region) */
     uint32_t ticks;
     uint64_t idle_since_ns;
     uint64_t last_tick_ns;
