@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -184,6 +185,33 @@ def test_point_to_point(programs, component, region, np, max_mib):
         # the 256 MiB message each way went through the component
         assert counters[0]["sent_bytes"] > 256 * MIB, counters[0]
         assert counters[1]["sent_bytes"] > 256 * MIB, counters[1]
+
+
+@pytest.mark.parametrize("mode,streams", [("1", True), ("0", False)])
+def test_point_to_point_large_payload_copies(programs, component, shm_path,
+                                              mode, streams):
+    """btl_ivshmem_stream_copy 1 copies every large contiguous payload into
+    its slot with non-temporal stores (0: never): the content checks of
+    0 B..64 MiB pass either way, and the verbose-2 count says which path
+    ran. In a region of `ivcloud mpirun`'s geometry, where a fragment is
+    one slot and is packed in place."""
+    geo = mpi.mpi_geometry(REGION_PEERS)
+    size = (min_region_size(REGION_PEERS, **geo) + 32 * MIB + MIB - 1) \
+        // MIB * MIB
+    format_region(shm_path, size, max_peers=REGION_PEERS, **geo)
+    region = shm_path
+    job = run_job(ivshmem_cmd(
+        [programs["p2p"], 64], 2, region, verbose=False,
+        extra_mca=[("btl_ivshmem_stream_copy", mode),
+                   ("btl_ivshmem_verbose", "2")]))
+    assert_passed_over_ivshmem(job, "p2p", 2)
+    streamed = [int(n) for n in re.findall(r"streamed (\d+) large payloads",
+                                           job.stderr)]
+    assert len(streamed) == 2, job.describe()
+    if streams:
+        assert all(n > 1000 for n in streamed), streamed
+    else:
+        assert streamed == [0, 0], streamed
 
 
 @pytest.mark.parametrize("np", [2, 4, 8])

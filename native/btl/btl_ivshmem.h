@@ -8,6 +8,8 @@
  *   btl_ivshmem_component.c  MCA params, version check, attach, sizing
  *   btl_ivshmem_module.c     add/del procs (reachability), finalize
  *   btl_ivshmem_send.c       alloc/free/prepare_src/send/sendi
+ *   btl_ivshmem_copy.c       a large payload into its slot: plain or
+ *                            non-temporal stores, by how fast they are
  *   btl_ivshmem_frag.[ch]    send fragments (descriptors) and queues
  *   btl_ivshmem_progress.c   receive, retries, completions, liveness,
  *                            spin-then-block
@@ -41,6 +43,11 @@ BEGIN_C_DECLS
 /* Messages delivered per progress call, so other progress functions
    (tcp, pml) get their turn under a flood. */
 #define IVSHMEM_RECV_BATCH 16
+
+/* Contiguous payloads of this size or more are copied into their slot by
+   btl_ivshmem_copy.c; smaller ones are packed by ob1's convertor (they
+   are latency, not bandwidth). */
+#define IVSHMEM_STREAM_MIN 8192u
 
 /* After a look for a second message that found none, this many progress
    calls deliver one message each without looking (poll_region). */
@@ -109,6 +116,9 @@ struct mca_btl_base_endpoint_t {
     struct mca_btl_ivshmem_frag_t *in_ring;
     int send_error;            /* a queued send failed: report it         */
     uint64_t refused_since_ns; /* sends refused (forged tail) since, or 0  */
+    /* btl_ivshmem_copy.c: large copies still to stream, plain ones made,
+       timed plain ones in a row that were slow */
+    uint32_t stream_left, plain_copies, slow_copies;
     bool said_bye;             /* peer finalized: its leave is not death  */
     bool deleted;              /* del_procs: no longer read or watched    */
     bool dead;                 /* reported; every send now fails          */
@@ -131,6 +141,7 @@ typedef struct ivshmem_counters {
                           our job but failed the modex check */
     uint64_t ignored;  /* messages of untrusted senders, never delivered */
     uint64_t refused;  /* sends refused for a forged ring tail, retried */
+    uint64_t streamed; /* payloads copied with non-temporal stores */
 } ivshmem_counters_t;
 
 typedef struct mca_btl_ivshmem_component_t {
@@ -146,6 +157,7 @@ typedef struct mca_btl_ivshmem_component_t {
     int spin_us;       /* idle polling before blocking                 */
     int block_us;      /* one blocking slice; -1 auto, 0 never block   */
     int free_list_num, free_list_max, free_list_inc;
+    int stream_copy;   /* large payloads: -1 by speed, 0 plain, 1 stream */
 
     /* attachment */
     ivshm *h;
@@ -306,6 +318,10 @@ void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
                                      struct mca_btl_ivshmem_frag_t *f);
 /* Free what the stash holds (finalize). */
 void mca_btl_ivshmem_stash_clear(void);
+/* Copy `n` bytes of a payload into a ring slot of `ep`'s peer, with
+   plain or non-temporal stores (btl_ivshmem_copy.c). Without `lock`. */
+void mca_btl_ivshmem_copy_to_slot(mca_btl_ivshmem_endpoint_t *ep, void *dst,
+                                  const void *src, size_t n);
 
 END_C_DECLS
 #endif

@@ -164,6 +164,12 @@ static int ivshmem_register(void)
             "-1: 1000 when every peer is reached through this BTL, else 0; "
             "0: never block (pure polling)",
             &c->block_us, -1);
+    reg_int("stream_copy",
+            "How a payload of 8 KiB or more is copied into its ring slot: "
+            "1 with non-temporal stores, 0 with memcpy, -1 with memcpy "
+            "unless timed copies to that peer run below 4 GB/s (then "
+            "non-temporal for the next 4 MiB): see btl_ivshmem_copy.c",
+            &c->stream_copy, -1);
     reg_int("free_list_num", "Initial number of send fragments per list",
             &c->free_list_num, 8);
     reg_int("free_list_max", "Maximum number of send fragments per list",

@@ -377,9 +377,11 @@ int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl)
                 "btl_ivshmem: rank %u dropped %" PRIu64 " messages, rejected %"
                 PRIu64 " slots posing as ranks of this job, ignored %" PRIu64
                 " messages of untrusted senders, retried %" PRIu64
-                " sends refused for a forged ring tail\n",
+                " sends refused for a forged ring tail, streamed %" PRIu64
+                " large payloads\n",
                 c->vpid, c->counters.dropped, c->counters.rejected,
-                c->counters.ignored, c->counters.refused);
+                c->counters.ignored, c->counters.refused,
+                c->counters.streamed);
     while (c->endpoints) {
         mca_btl_ivshmem_endpoint_t *ep = c->endpoints;
         c->endpoints = ep->next;

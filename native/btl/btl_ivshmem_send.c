@@ -58,10 +58,11 @@ int mca_btl_ivshmem_free(struct mca_btl_base_module_t *btl,
     return OPAL_SUCCESS;
 }
 
-/* Always a copy (the convertor packs): into the ring slot the fragment
-   will be published from when the endpoint has nothing queued or
-   reserved, else into the fragment's own buffer (it may wait in a queue
-   after we return). */
+/* Always a copy: into the ring slot the fragment will be published from
+   when the endpoint has nothing queued or reserved, else into the
+   fragment's own buffer (it may wait in a queue after we return). The
+   convertor packs, except a large contiguous payload into a slot, which
+   btl_ivshmem_copy.c copies. */
 mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
     struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
     struct opal_convertor_t *convertor, uint8_t order, size_t reserve,
@@ -90,7 +91,20 @@ mca_btl_base_descriptor_t *mca_btl_ivshmem_prepare_src(
         }
         OPAL_THREAD_UNLOCK(&c->lock);
     }
-    if (*size) {
+    if (*size >= IVSHMEM_STREAM_MIN && dst != f->data &&
+        !opal_convertor_need_buffers(convertor)) {
+        /* contiguous, into the slot: copied here rather than by the
+           convertor, so that a large payload can take non-temporal
+           stores; then the convertor is moved on as a pack would */
+        size_t left = convertor->local_size - convertor->bConverted;
+        if (*size > left)
+            *size = left;
+        void *src;
+        opal_convertor_get_current_pointer(convertor, &src);
+        mca_btl_ivshmem_copy_to_slot(ep, dst + reserve, src, *size);
+        size_t pos = convertor->bConverted + *size;
+        opal_convertor_set_position(convertor, &pos);
+    } else if (*size) {
         struct iovec iov = {.iov_base = (IOVBASE_TYPE *)(dst + reserve),
                             .iov_len = *size};
         uint32_t iov_count = 1;
