@@ -6,12 +6,13 @@
  * then go from our cache to the receiver's, and plain stores are the
  * fastest way. But the lines of a slot were last read by the receiver,
  * and there are stretches of seconds on the project's VMs in which
- * writing lines the other CPU holds runs at 2-4 GB/s instead of 15-28
+ * writing lines the other CPU holds runs at 2-4 GB/s instead of up to 27
  * (`handoff` shows it without MPI; BENCHMARKS.md, eleventh session): a
- * 2 MB MPI_Sendrecv then takes 1 ms instead of 0.16. Non-temporal stores
- * need no copy of the line first and keep 15-20 GB/s in those stretches,
- * but cost 1.6x when the machine is fine (the receiver then reads from
- * memory, not from our cache). So by default (btl_ivshmem_stream_copy
+ * 2 MB MPI_Sendrecv then takes 1.33 ms instead of 0.19. Non-temporal
+ * stores need no copy of the line first and keep 9-20 GB/s (median 16)
+ * in those stretches, but make that exchange 1.8-2.9x slower when the
+ * machine is fine (the receiver then reads from memory, not from our
+ * cache). So by default (btl_ivshmem_stream_copy
  * -1) we time every IVSHMEM_COPY_SAMPLE-th plain copy of a large
  * payload; two timed copies in a row slower than IVSHMEM_SLOW_NS_PER_KIB
  * make the next IVSHMEM_STREAM_RUN copies to that peer non-temporal,
