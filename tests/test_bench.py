@@ -144,6 +144,21 @@ def test_attempt_notes_a_failed_step_and_goes_on():
         toolkit.attempt(res, "t", "bug", lambda: len(3), log)
 
 
+def test_rounds_alternate_the_steps_and_reverse_every_second_round():
+    res = toolkit.BenchResults()
+    order = []
+
+    def step(name):
+        order.append(name)
+        return [{"step": name}]
+
+    steps = [(n, functools.partial(step, n)) for n in "abc"]
+    toolkit.measure_rounds(res, "t", 3, steps, io.StringIO())
+    assert "".join(order) == "abccbaabc"
+    assert [(r["step"], r["round"]) for r in res.runs[3:6]] == [
+        ("c", 1), ("b", 1), ("a", 1)]
+
+
 def test_ratio_targets():
     num, den = {"v": 6.0}, {"v": 2.0}
     t = toolkit.ratio_target("n", num, den, "v", ">=", 2.0)

@@ -274,13 +274,14 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
 
 def measure_pairs(cluster: ClusterSession, work: Workloads,
                   s: AppsSettings, res: BenchResults, log) -> None:
-    steps = []
-    for config in CONFIGS:
-        transport = "ivshmem" if config == "ivshmem" else "tcp"
-        steps += [(f"{app} {config}",
-                   functools.partial(run_app, cluster, work, app, config,
-                                     PAIR_HOSTS[config], transport))
-                  for app in s.apps]
+    # an application's configurations run back to back: the machine's
+    # state changes over seconds to minutes (BENCHMARKS.md), and the
+    # ratios compare runs of one app
+    steps = [(f"{app} {config}",
+              functools.partial(run_app, cluster, work, app, config,
+                                PAIR_HOSTS[config],
+                                "ivshmem" if config == "ivshmem" else "tcp"))
+             for app in s.apps for config in CONFIGS]
     measure_rounds(res, "apps", s.rounds, steps, log)
 
 

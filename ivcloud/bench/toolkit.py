@@ -188,11 +188,12 @@ def measure_rounds(res: BenchResults, bench: str, rounds: int,
                    log=None) -> None:
     """Every step once per round, the steps alternating within a round
     (one run on a shared machine is not a measurement: what disturbs one
-    configuration then disturbs the others too). Each record, tagged
-    with its `round`, goes to res.runs; a failed step is noted and the
-    rest go on."""
+    configuration then disturbs the others too), in reverse order every
+    second round (A B C, C B A, ...), so that a machine state drifting in
+    time favours no step. Each record, tagged with its `round`, goes to
+    res.runs; a failed step is noted and the rest go on."""
     for rnd in range(rounds):
-        for name, fn in steps:
+        for name, fn in (steps if rnd % 2 == 0 else steps[::-1]):
             what = name if rounds == 1 else f"{name} (round {rnd + 1})"
             for rec in attempt(res, bench, what, fn, log) or []:
                 rec["round"] = rnd
