@@ -10,8 +10,9 @@ of 2 ranks on one emulated server of 2 instances x 2 vCPUs:
   tcp      one rank in each of two instances, over TCP on the bridge
   ivshmem  one rank in each of two instances, over our BTL
 
-The configurations alternate in rounds (one run each per round), and
-each figure is the median of its rounds with the spread (min..max).
+The configurations alternate in rounds (one run each per round; an
+application's three back to back, every second round in reverse order),
+and each figure is the median of its rounds with the spread (min..max).
 Ratios are speeds relative to `one` from the same run: a time t gives
 t_one / t, a rate r gives r / r_one, so 1.0 is bare-metal speed.
 
