@@ -84,9 +84,16 @@ def test_bench_apps_quick_end_to_end(tmp_path):
     for app in apps.APPS:
         for config in apps.CONFIGS + ("scaling",):
             assert (app, config) in configs, (app, config)
+    # HPCC's two-copy reference: one instance, vader's CMA off
+    assert {r["app"] for r in recs if r["config"] == apps.TWO_COPY} == \
+        set(apps.TWO_COPY_APPS)
+    assert all(r["mca"] == {"btl_vader_single_copy_mechanism": "none"}
+               for r in recs if r["config"] == apps.TWO_COPY)
+    assert all(r["ivshmem_vs_one_twocopy"] > 0 for r in doc["relative"]
+               if r["app"] in apps.TWO_COPY_APPS)
     # ivshmem really means two instances; one means one
     for r in recs:
-        if r["config"] in apps.CONFIGS:
+        if r["config"] in apps.PAIR_HOSTS:
             assert r["hosts"] == list(apps.PAIR_HOSTS[r["config"]])
     assert {r["app"] for r in doc["relative"]} == set(apps.APPS)
     assert all(r["ivshmem_vs_one"] and r["ivshmem_vs_one"] > 0
@@ -98,6 +105,7 @@ def test_bench_apps_quick_end_to_end(tmp_path):
     assert doc["targets"]
     # the tables on stdout, the report with its plots
     assert "ivshmem/one" in proc.stdout and "Strong scaling" in proc.stdout
+    assert "ivshmem/one, 2 copies" in proc.stdout
     md = (out / "report.md").read_text()
     assert "## Applications: `ivcloud bench apps`" in md
     for png in ("apps.png", "speedup.png"):
