@@ -167,6 +167,16 @@ def test_ratio_targets():
     assert t.to_json()["missing"] == "no record" and t.status == "N/A"
     t = toolkit.ratio_target("n", num, {"v": 0}, "v", "<=", 1.0)
     assert t.why_missing == "zero denominator"
+    # a miss the runs' spread still reaches is told apart from a miss
+    t = toolkit.Target("n", 1.2, "<=", 1.0, best=0.95)
+    assert (t.status, t.within_spread) == ("MISS", True)
+    t = toolkit.Target("n", 1.2, "<=", 1.0, best=1.1)
+    assert (t.status, t.within_spread) == ("MISS", False)
+    assert not toolkit.Target("n", 0.9, "<=", 1.0, best=0.8).within_spread
+    out = io.StringIO()
+    toolkit.print_targets([toolkit.Target("n", 1.2, "<=", 1.0, best=0.95)],
+                          out)
+    assert "within the runs' spread: up to 0.95" in out.getvalue()
 
 
 def test_settings_checks_name_no_flags():

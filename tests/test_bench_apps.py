@@ -46,6 +46,31 @@ def test_speed_is_relative_to_one_instance_both_ways():
                       2.0, 1.0) == 0.5
 
 
+def test_ratios_carry_the_most_favourable_one_the_spread_allows():
+    def rec(config, metric, lo, med, hi):
+        return {"app": "hpcc", "config": config, "ranks": 2,
+                "metric": metric, "value": med, "value_min": lo,
+                "value_max": hi}
+    rate, lat = "RandomlyOrderedRingBandwidth_GBytes", \
+        "RandomlyOrderedRingLatency_usec"
+    rel = {r["metric"]: r for r in apps.relative([
+        rec("one", rate, 9.0, 10.0, 11.0), rec("ivshmem", rate, 8.0, 8.5, 9.9),
+        rec("one", lat, 0.9, 1.0, 1.2), rec("ivshmem", lat, 1.1, 1.25, 1.3)])}
+    # a rate: our best run over the reference's worst
+    assert rel[rate]["ivshmem_vs_one"] == 0.85
+    assert rel[rate]["ivshmem_vs_one_best"] == 9.9 / 9.0
+    # a time: the reference's worst over our best
+    assert rel[lat]["ivshmem_vs_one"] == 0.8
+    assert rel[lat]["ivshmem_vs_one_best"] == 1.2 / 1.1
+    assert rel[lat]["ivshmem_vs_tcp"] is None
+    assert rel[lat]["ivshmem_vs_tcp_best"] is None
+    s = apps.AppsSettings.make(apps=["hpcc"])
+    ts = {t.name: t for t in apps.targets(list(rel.values()), s)}
+    t = ts["hpcc ring bandwidth: ivshmem vs one"]
+    assert (t.status, t.within_spread) == ("MISS", True)
+    assert t.to_json()["within_spread"] is True
+
+
 def test_amdahl_fit_recovers_the_serial_fraction():
     f = 0.2
     pts = [(p, 1 / (f + (1 - f) / p)) for p in (1, 2, 4, 8)]

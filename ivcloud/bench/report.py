@@ -330,7 +330,10 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
 def _targets_and_notes(doc: Dict) -> List[str]:
     """A document's closing sections: its targets, then its notes."""
     rows = [[t["name"], "n/a" if t["value"] is None else f"{t['value']:.3g}",
-             f"{t['op']} {t['threshold']:g}", t["status"]]
+             f"{t['op']} {t['threshold']:g}",
+             t["status"] + (f" (within the runs' spread: up to "
+                            f"{t['best']:.3g})"
+                            if t.get("within_spread") else "")]
             for t in doc["targets"]]
     lines = ["", "### Targets", ""] + _md_table(
         ["target (ratio from this run)", "value", "wanted", "status"], rows)
