@@ -19,8 +19,8 @@ is those two copies and how much is our BTL (not with --quick on VMs).
 
 The configurations alternate in rounds (one run each per round; an
 application's configurations back to back, every second round in reverse
-order),
-and each figure is the median of its rounds with the spread (min..max).
+order), and each figure is the median of its rounds with the spread
+(min..max).
 Ratios are speeds relative to `one` from the same run: a time t gives
 t_one / t, a rate r gives r / r_one, so 1.0 is bare-metal speed.
 
@@ -69,14 +69,13 @@ CONFIGS = ("one", "tcp", "ivshmem")
 # one server, two instances of two vCPUs: `one` gets an instance with
 # as many vCPUs as the other configurations have in two instances
 PAIR_SHAPE = (1, 2, 2)
-PAIR_HOSTS = {"one": ("s0i0", "s0i0"), "tcp": ("s0i0", "s0i1"),
-              "ivshmem": ("s0i0", "s0i1")}
 # `one` with two copies per message, as between VMs (module docstring);
 # HPCC only: its bandwidth figures are where the copies count
 TWO_COPY = "one-twocopy"
 TWO_COPY_APPS = ("hpcc",)
 TWO_COPY_MCA = (("btl_vader_single_copy_mechanism", "none"),)
-PAIR_HOSTS[TWO_COPY] = PAIR_HOSTS["one"]
+PAIR_HOSTS = {"one": ("s0i0", "s0i0"), TWO_COPY: ("s0i0", "s0i0"),
+              "tcp": ("s0i0", "s0i1"), "ivshmem": ("s0i0", "s0i1")}
 SCALING_SHAPE = (2, 2, 1)
 JOB_TIMEOUT_S = 600.0
 # QEMU guests: under TCG a run takes tens of times longer
