@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ReportError
-from .toolkit import fmt_size, find_record, write_docs
+from .toolkit import find_record, fmt_size, spread_note, write_docs
 
 # one colour per level, one line style per transport: the level is what
 # the figures are about, the transport what changes within a level
@@ -331,8 +331,7 @@ def _targets_and_notes(doc: Dict) -> List[str]:
     """A document's closing sections: its targets, then its notes."""
     rows = [[t["name"], "n/a" if t["value"] is None else f"{t['value']:.3g}",
              f"{t['op']} {t['threshold']:g}",
-             t["status"] + (f" (within the runs' spread: up to "
-                            f"{t['best']:.3g})"
+             t["status"] + (f" ({spread_note(t['best'])})"
                             if t.get("within_spread") else "")]
             for t in doc["targets"]]
     lines = ["", "### Targets", ""] + _md_table(

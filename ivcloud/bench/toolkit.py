@@ -281,6 +281,11 @@ def ratio_target(name: str, num: Optional[Dict], den: Optional[Dict],
     return Target(name, num[key] / den[key], op, threshold)
 
 
+def spread_note(best: float) -> str:
+    """What a miss within the runs' spread (Target.within_spread) says."""
+    return f"within the runs' spread: up to {best:.3g}"
+
+
 def print_targets(ts: Sequence[Target], out=None) -> None:
     out = out or sys.stdout
     out.write("\nTargets (ratios from this run; informational):\n")
@@ -292,7 +297,7 @@ def print_targets(ts: Sequence[Target], out=None) -> None:
                else f"{t.threshold:g}")
         why = f"  ({t.why_missing})" if t.value is None else ""
         if t.within_spread:
-            why = f"  (within the runs' spread: up to {t.best:.3g})"
+            why = f"  ({spread_note(t.best)})"
         out.write(f"  {t.status:<4}  {t.name:<44} {val:>9} {t.op} {thr}"
                   f"{why}\n")
 
