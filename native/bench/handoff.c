@@ -15,9 +15,9 @@
  * One JSON line per second on stdout:
  *   {"t_s":..,"memcpy_GBs":..,"stream_GBs":..}
  * On the project's VMs the memcpy handoff drops from up to 27 GB/s to
- * 2-4 for seconds at a time while the stream one stays at 9-20, median 16
- * (BENCHMARKS.md, eleventh session): that state, not the BTL, is what makes HPCC's ring
- * bandwidth over ivshmem bimodal.
+ * 2-4 for seconds at a time while the stream one stays at 9-20, median
+ * 16 (BENCHMARKS.md, eleventh session): that state, not the BTL, is what
+ * makes HPCC's ring bandwidth over ivshmem bimodal.
  *
  *   handoff [--seconds N] [--cpus A,B] [--blocks N]
  *
