@@ -10,6 +10,8 @@
  *              round-trip times (median/min/max)
  *     window   put a pattern into the partner's segment, barrier, check
  *              ours, get theirs back, --count rounds
+ *     atomic   --count fetch-and-adds on one window word, racing the
+ *              partner's; prints the total (a lost update shows there)
  *     wait     block for a message for --timeout-ms (CPU use of a
  *              blocked guest; with --spin -1 it spins instead)
  *     watch    receive from the partner until it dies: reports
@@ -117,13 +119,14 @@ static void parse(int argc, char **argv, struct opts *o)
     if (argc < 2)
         usage_error("missing command");
     static const char *const commands[] = {"info", "ping", "pong", "window",
-                                           "wait", "watch", "position"};
+                                           "atomic", "wait", "watch",
+                                           "position"};
     bool known = false;
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         known |= strcmp(argv[1], commands[i]) == 0;
     if (!known)
-        usage_error("unknown command (info, ping, pong, window, wait, watch, "
-                    "position)");
+        usage_error("unknown command (info, ping, pong, window, atomic, wait, "
+                    "watch, position)");
     *o = (struct opts){
         .cmd = argv[1],
         .region = env_or("IVSHM_BAR2", NULL),
@@ -389,6 +392,40 @@ static int cmd_window(const struct opts *o)
     return 0;
 }
 
+/* Both ranks add 1 to the same word --count times at once. In a guest
+   the atomicity of these adds is QEMU's to keep (TCG emulates `lock`
+   instructions), so the total is the check: 2 x count, or updates were
+   lost. */
+static int cmd_atomic(const struct opts *o)
+{
+    ivshm *h = attach(o);
+    find_partner(h, o);
+    uint32_t nseg = (o->rank > o->peer_rank ? o->rank : o->peer_rank) + 1;
+    ivshm_window *w;
+    int rc = ivshm_win_open(h, "ivshm-guest-atomic", nseg, 64, &w);
+    if (rc < 0)
+        fail("win_open", rc);
+    if ((rc = ivshm_win_barrier(w, o->timeout_ms)) < 0) /* start together */
+        fail("win_barrier", rc);
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < o->count; i++)
+        if ((rc = ivshm_win_fetch_add(w, 0, 0, 1, NULL)) < 0)
+            fail("win_fetch_add", rc);
+    uint64_t t1 = now_ns();
+    if ((rc = ivshm_win_barrier(w, o->timeout_ms)) < 0)
+        fail("win_barrier", rc);
+    int64_t total;
+    if ((rc = ivshm_win_fetch_add(w, 0, 0, 0, &total)) < 0)
+        fail("win_fetch_add", rc);
+    printf("{\"cmd\":\"atomic\",\"count\":%ld,\"total\":%" PRId64
+           ",\"ns_per_add\":%.1f,", o->count, total,
+           (double)(t1 - t0) / (double)o->count);
+    print_stats_tail(h);
+    ivshm_win_close(w);
+    ivshm_detach(h);
+    return 0;
+}
+
 static int cmd_wait(const struct opts *o)
 {
     ivshm *h = attach(o);
@@ -465,13 +502,15 @@ int main(int argc, char **argv)
         return cmd_ping(&o, false);
     if (!strcmp(o.cmd, "window"))
         return cmd_window(&o);
+    if (!strcmp(o.cmd, "atomic"))
+        return cmd_atomic(&o);
     if (!strcmp(o.cmd, "wait"))
         return cmd_wait(&o);
     if (!strcmp(o.cmd, "watch"))
         return cmd_watch(&o);
     if (!strcmp(o.cmd, "position"))
         return cmd_position(&o);
-    usage_error("unknown command (info, ping, pong, window, wait, watch, "
-                    "position)");
+    usage_error("unknown command (info, ping, pong, window, atomic, wait, "
+                    "watch, position)");
     return 2;
 }
