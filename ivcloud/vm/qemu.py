@@ -35,6 +35,20 @@ def qemu_binary() -> Optional[str]:
     return shutil.which(os.environ.get(QEMU_ENV) or DEFAULT_QEMU)
 
 
+def smp(accel: str, vcpus: int) -> str:
+    """The -smp value. Under TCG a guest's `lock` instructions are atomic
+    against other processes (the ivshmem region's other guests and the
+    host) only when QEMU translates for parallel vCPUs, which it does
+    only if the machine may have more than one: with -smp 1 a guest's
+    atomic add on the region is a plain load and store, and concurrent
+    adds of two 1-vCPU guests lost a fifth of their updates (tests/
+    test_vm.py, test_atomics_across_guests). A second, absent
+    (hot-pluggable) vCPU slot turns parallel translation on."""
+    if accel == "tcg" and vcpus < 2:
+        return f"{vcpus},maxcpus=2"
+    return str(vcpus)
+
+
 def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                   accel: str, vcpus: int, memory_mb: int,
                   server_socket: Optional[str], vectors: int = 1,
@@ -51,7 +65,7 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
         append += f" ivcloud.ip={net['ip']} ivcloud.hosts={net['hosts']}"
     cmd = [qemu, "-name", f"{name},debug-threads=on",
            "-machine", "q35", "-accel", accel,
-           "-smp", str(vcpus), "-m", f"{memory_mb}M",
+           "-smp", smp(accel, vcpus), "-m", f"{memory_mb}M",
            "-nodefaults", "-no-user-config", "-display", "none",
            "-no-reboot",  # a guest that panics or reboots ends its QEMU
            # before any PCI device: the IOMMU must see them all
