@@ -132,6 +132,23 @@ def test_domain_elements_read_back(xml_validator):
     assert shm[1].find("server") is None and shm[1].find("msi") is None
 
 
+def test_single_vcpu_emulated_domain_has_a_second_slot():
+    # TCG keeps a guest's atomics atomic against the region's other
+    # processes only when the machine may have two vCPUs (test_vm.py,
+    # test_atomics_across_guests_and_host); KVM needs no such slot
+    root = ET.fromstring(Domain("vm-tcg", 64 << 20, 1).xml())
+    assert _el(root, "vcpu").attrib == {"placement": "static",
+                                        "current": "1"}
+    assert _el(root, "vcpu").text == "2"
+    assert _el(root, "cpu/topology").get("cores") == "2"
+    root = ET.fromstring(Domain("vm-kvm", 64 << 20, 1, kvm=True).xml())
+    assert _el(root, "vcpu").text == "1"
+    assert _el(root, "vcpu").get("current") is None
+    root = ET.fromstring(Domain("vm-two", 64 << 20, 2).xml())
+    assert _el(root, "vcpu").text == "2"
+    assert _el(root, "vcpu").get("current") is None
+
+
 DOMAIN_CASES = {
     "minimal": [],
     "plain-shmem": ["--shmem-name", "shm0", "--shmem-size", "64M"],

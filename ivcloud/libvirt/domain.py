@@ -110,6 +110,14 @@ class Shmem:
                 raise SpecError(f"vectors must be 1..{MAX_VECTORS}, not "
                                 f"{self.vectors}")
 
+    def max_vcpus(self) -> int:
+        """vCPU slots of the machine. Emulated (TCG) guests translate their
+        atomic instructions as atomic against other processes, such as
+        the peers of a shared-memory device, only on a machine that may
+        have more than one vCPU (see ivcloud.vm.qemu.smp): a single-vCPU
+        emulated domain gets a second, absent slot."""
+        return 2 if not self.kvm and self.vcpus == 1 else self.vcpus
+
     def element(self) -> ET.Element:
         self.validate()
         shm = ET.Element("shmem", name=self.name)
@@ -256,6 +264,14 @@ class Domain:
         for shm in self.shmems:
             shm.validate()
 
+    def max_vcpus(self) -> int:
+        """vCPU slots of the machine. Emulated (TCG) guests translate their
+        atomic instructions as atomic against other processes, such as
+        the peers of a shared-memory device, only on a machine that may
+        have more than one vCPU (see ivcloud.vm.qemu.smp): a single-vCPU
+        emulated domain gets a second, absent slot."""
+        return 2 if not self.kvm and self.vcpus == 1 else self.vcpus
+
     def element(self) -> ET.Element:
         self.validate()
         dom = ET.Element("domain", type="kvm" if self.kvm else "qemu")
@@ -267,7 +283,10 @@ class Domain:
             pages = ET.SubElement(backing, "hugepages")
             ET.SubElement(pages, "page", size=str(self.hugepage_size // 1024),
                           unit="KiB")
-        ET.SubElement(dom, "vcpu", placement="static").text = str(self.vcpus)
+        vcpu = ET.SubElement(dom, "vcpu", placement="static")
+        vcpu.text = str(self.max_vcpus())
+        if self.max_vcpus() != self.vcpus:
+            vcpu.set("current", str(self.vcpus))
         tune = cputune_element(self.pins, self.emulator_pin)
         if tune is not None:
             dom.append(tune)
@@ -297,7 +316,7 @@ class Domain:
         # Guest topology matching the pinning: the guest scheduler then
         # treats vCPUs as cores (or SMT siblings when threads > 1).
         ET.SubElement(cpu, "topology", sockets="1", dies="1",
-                      cores=str(self.vcpus // self.threads),
+                      cores=str(self.max_vcpus() // self.threads),
                       threads=str(self.threads))
         ET.SubElement(dom, "clock", offset="utc")
         ET.SubElement(dom, "on_poweroff").text = "destroy"
