@@ -110,14 +110,6 @@ class Shmem:
                 raise SpecError(f"vectors must be 1..{MAX_VECTORS}, not "
                                 f"{self.vectors}")
 
-    def max_vcpus(self) -> int:
-        """vCPU slots of the machine. Emulated (TCG) guests translate their
-        atomic instructions as atomic against other processes, such as
-        the peers of a shared-memory device, only on a machine that may
-        have more than one vCPU (see ivcloud.vm.qemu.smp): a single-vCPU
-        emulated domain gets a second, absent slot."""
-        return 2 if not self.kvm and self.vcpus == 1 else self.vcpus
-
     def element(self) -> ET.Element:
         self.validate()
         shm = ET.Element("shmem", name=self.name)

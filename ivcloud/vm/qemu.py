@@ -41,9 +41,9 @@ def smp(accel: str, vcpus: int) -> str:
     host) only when QEMU translates for parallel vCPUs, which it does
     only if the machine may have more than one: with -smp 1 a guest's
     atomic add on the region is a plain load and store, and concurrent
-    adds of two 1-vCPU guests lost a fifth of their updates (tests/
-    test_vm.py, test_atomics_across_guests). A second, absent
-    (hot-pluggable) vCPU slot turns parallel translation on."""
+    adds of two 1-vCPU guests lost 11-19 % of their updates
+    (tests/test_vm.py, test_atomics_across_guests_and_host). A second,
+    absent (hot-pluggable) vCPU slot turns parallel translation on."""
     if accel == "tcg" and vcpus < 2:
         return f"{vcpus},maxcpus=2"
     return str(vcpus)
