@@ -142,6 +142,15 @@ def lab(tmp_path_factory):
         assert not left, f"vm down left QEMU processes {left}"
 
 
+def both_sides(job: agent.Job) -> str:
+    """The partner's side of a failed exchange, for the assertion: what
+    the guest job printed (it fails or times out on its own)."""
+    try:
+        return job.wait(GUEST_TIMEOUT_MS / 1000 + 10).output
+    except Exception as e:
+        return f"partner: {e}"
+
+
 def tempfile_short() -> str:
     # UNIX socket paths are short: keep the run dir near the root
     import tempfile
@@ -179,7 +188,7 @@ def test_guest_guest_pingpong_with_doorbells(lab):
     ping = lab.run("vm0", f"ivshm-guest ping --job 11 --rank 0 "
                           f"--count {count} --size 256 --gap-ms 3 "
                           f"--timeout-ms {GUEST_TIMEOUT_MS}", timeout=120)
-    assert ping.ok, ping.output
+    assert ping.ok, (ping.output, both_sides(pong))
     res = last_json(ping.output)
     other = pong.wait(60)
     assert other.ok, other.output
@@ -236,8 +245,9 @@ def test_window_put_get_guest_guest_and_guest_host(lab):
     mine = lab.run("vm0", f"ivshm-guest window --job 12 --rank 0 "
                           f"--count {rounds} --size {size} "
                           f"--timeout-ms {GUEST_TIMEOUT_MS}", timeout=120)
-    assert mine.ok, mine.output
-    assert other.wait(60).ok
+    assert mine.ok, (mine.output, both_sides(other))
+    theirs = other.wait(60)
+    assert theirs.ok, theirs.output
     assert last_json(mine.output)["rounds"] == rounds
 
     # host (rank 0) with vm1 (rank 1), the same protocol from Python
@@ -269,7 +279,7 @@ def test_atomics_across_guests_and_host(lab):
     mine = lab.run("vm0", f"ivshm-guest atomic --job 15 --rank 0 "
                           f"--count {count} --timeout-ms {GUEST_TIMEOUT_MS}",
                    timeout=120)
-    assert mine.ok, mine.output
+    assert mine.ok, (mine.output, both_sides(other))
     theirs = other.wait(60)
     assert theirs.ok, theirs.output
     assert last_json(mine.output)["total"] == 2 * count
