@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from ivcloud.bench import apps
+from ivcloud.bench import apps, report
 from ivcloud.errors import InvalidRequest
 
 from test_demo import PNG_MAGIC, RUN_DIR
@@ -86,6 +86,34 @@ def test_settings_refuse_without_flag_names():
         apps.AppsSettings.make(scaling_ranks=[9])
     with pytest.raises(InvalidRequest):
         apps.AppsSettings.make(rounds=0)
+    for configs, word in ((["tcp", "ivshmem"], "one"), (["one", "rdma"],
+                                                        "rdma")):
+        with pytest.raises(InvalidRequest) as e:
+            apps.AppsSettings.make(configs=configs)
+        assert word in str(e.value) and e.value.setting == "configs"
+
+
+def test_left_out_configurations_have_no_targets_columns_or_bars():
+    s = apps.AppsSettings.make(configs=["ivshmem", "one"])
+    assert s.configs("openfoam") == ("one", "ivshmem")
+    assert s.configs("hpcc") == ("one", apps.TWO_COPY, "ivshmem")
+    recs = [{"app": "openfoam", "config": c, "ranks": 2,
+             "metric": "solver_s", "value": v}
+            for c, v in (("one", 2.0), ("ivshmem", 2.1))]
+    summary = apps.summarize(recs)
+    rel = apps.relative(summary)
+    names = [t.name for t in apps.targets(rel, s)]
+    assert names == ["openfoam simpleFoam time: ivshmem vs one"]
+    doc = {"records": summary, "relative": rel,
+           "metrics": {"openfoam:solver_s": {"label": "simpleFoam time",
+                                             "unit": "s"}}}
+    header, rows = report.apps_table(doc)
+    assert header == ["application", "figure", "one", "ivshmem",
+                      "ivshmem/one"]
+    assert rows[0][-1] == "0.95"
+    # without ivshmem, no target at all
+    s = apps.AppsSettings.make(configs=["one", "tcp"])
+    assert apps.targets(rel, s) == []
 
 
 # ---------------------------------------------------------------- real

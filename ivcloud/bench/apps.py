@@ -10,6 +10,8 @@ of 2 ranks on one emulated server of 2 instances x 2 vCPUs:
   tcp      one rank in each of two instances, over TCP on the bridge
   ivshmem  one rank in each of two instances, over our BTL
 
+(--configs runs a subset; one, the reference, is always among them.)
+
 HPCC also runs as `one-twocopy`: both ranks in one instance, Open MPI's
 shared memory without its single-copy mechanism (CMA, with which the
 receiver reads the sender's buffer itself). Between VMs nothing can read
@@ -117,21 +119,35 @@ class AppsSettings:
     mag_cell_nm: Optional[float] = None
     # run TWO_COPY for TWO_COPY_APPS
     two_copy: bool = True
+    # the CONFIGS to run (always "one", the reference of every ratio)
+    pair_configs: Tuple[str, ...] = CONFIGS
 
     @classmethod
     def make(cls, quick: bool = False, apps: Optional[Sequence[str]] = None,
              rounds: Optional[int] = None, hpcc_n: Optional[int] = None,
              foam_iterations: Optional[int] = None,
              scaling_ranks: Optional[Sequence[int]] = None,
-             vm: bool = False) -> "AppsSettings":
+             vm: bool = False,
+             configs: Optional[Sequence[str]] = None) -> "AppsSettings":
         """`vm`: for a VM cluster, whose scaling series (4 more guests)
-        runs only when rank counts are given."""
+        runs only when rank counts are given. `configs`: a subset of
+        CONFIGS that includes "one"."""
         apps = tuple(apps) if apps else APPS
         unknown = [a for a in apps if a not in APPS]
         if unknown:
             raise InvalidRequest(f"unknown application(s) "
                                  f"{', '.join(unknown)} (choose from "
                                  f"{', '.join(APPS)})", setting="apps")
+        wanted = set(configs) if configs else set(CONFIGS)
+        unknown = sorted(wanted - set(CONFIGS))
+        if unknown:
+            raise InvalidRequest(f"unknown configuration(s) "
+                                 f"{', '.join(unknown)} (choose from "
+                                 f"{', '.join(CONFIGS)})", setting="configs")
+        if "one" not in wanted:
+            raise InvalidRequest("the configurations must include one: it "
+                                 "is the reference of every ratio",
+                                 setting="configs")
         most = SCALING_SHAPE[0] * SCALING_SHAPE[1] * SCALING_SHAPE[2]
         # by default as many ranks as the host has CPUs (powers of two):
         # more would measure the oversubscription, not the scaling
@@ -160,13 +176,14 @@ class AppsSettings:
                                          foam_iterations)
                    or (5 if quick else 200),
                    scaling_ranks=tuple(sorted(set(ranks))),
-                   two_copy=not vm_quick)
+                   two_copy=not vm_quick,
+                   pair_configs=tuple(c for c in CONFIGS if c in wanted))
 
     def configs(self, app: str) -> Tuple[str, ...]:
         """The pair configurations `app` runs in, in their order."""
         if self.two_copy and app in TWO_COPY_APPS:
-            return (CONFIGS[0], TWO_COPY) + CONFIGS[1:]
-        return CONFIGS
+            return (self.pair_configs[0], TWO_COPY) + self.pair_configs[1:]
+        return self.pair_configs
 
 
 # ---------------------------------------------------------------- jobs
@@ -422,15 +439,19 @@ def targets(rel: Sequence[Dict], s: AppsSettings) -> List[Target]:
             return Target(f"{name}: ivshmem vs {what}", r[key], ">=",
                           threshold, "not measured", best=r[f"{key}_best"])
 
+        ran = s.configs(r["app"])
+        if "ivshmem" not in ran:
+            continue
         if r["app"] == "hpcc":
             ts.append(goal("one", "ivshmem_vs_one", 0.9))
-            if TWO_COPY in s.configs(r["app"]):
+            if TWO_COPY in ran:
                 ts.append(goal("one with two copies",
                                "ivshmem_vs_one_twocopy", 0.9))
         else:
             # within 1.05x of one instance's time
             ts.append(goal("one", "ivshmem_vs_one", round(1 / 1.05, 3)))
-        ts.append(goal("tcp", "ivshmem_vs_tcp", 1.0))
+        if "tcp" in ran:
+            ts.append(goal("tcp", "ivshmem_vs_tcp", 1.0))
     return ts
 
 
@@ -521,6 +542,10 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
                          f"package")
         if not s.scaling_ranks:
             res.notes.append(VM_NO_SCALING)
+    skipped = [c for c in CONFIGS if c not in s.pair_configs]
+    if skipped:
+        res.notes.append(f"configuration(s) left out on request: "
+                         f"{', '.join(skipped)}")
     if s.mag_cell_nm is not None:
         res.notes.append(f"the bar ran on a coarser mesh than the "
                          f"thesis's (cells of {s.mag_cell_nm:g} nm, not "

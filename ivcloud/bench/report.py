@@ -115,11 +115,12 @@ def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
     ratios = [("tcp/one", "tcp_vs_one"), ("ivshmem/one", "ivshmem_vs_one"),
               ("ivshmem/one, 2 copies", "ivshmem_vs_one_twocopy"),
               ("ivshmem/tcp", "ivshmem_vs_tcp")]
-    # one with two copies per message (bench apps' one-twocopy): only
-    # when it ran
-    if not any(c == "one-twocopy" for _, c, _ in summ):
-        configs.pop(1)
-        ratios.pop(2)
+    # only the configurations that ran (one-twocopy is HPCC's, and
+    # --configs may leave out tcp or ivshmem), and the ratios between them
+    ran = {c for _, c, _ in summ}
+    configs = [(h, c) for h, c in configs if c in ran]
+    ratios = [(h, key) for h, key in ratios
+              if any(r.get(key) is not None for r in doc["relative"])]
     header = ["application", "figure"] + [h for h, _ in configs + ratios]
     rows = []
     for rel in doc["relative"]:
@@ -270,6 +271,8 @@ def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
                 (-0.2, "tcp_vs_one", "two instances, tcp", "#d62728"),
                 (0.2, "ivshmem_vs_one", "two instances, ivshmem",
                  "#1f77b4")):
+            if all(r[key] is None for r in rel):
+                continue        # not run (bench apps --configs)
             ax.bar([x + off for x in xs], [r[key] or 0 for r in rel],
                    width=0.4, label=label, color=colour)
         ax.axhline(1.0, color="black", linewidth=0.8)

@@ -212,7 +212,7 @@ def _run_apps(args) -> int:
                                rounds=args.rounds, hpcc_n=args.hpcc_n,
                                foam_iterations=args.foam_iterations,
                                scaling_ranks=args.ranks,
-                               vm=vm is not None)
+                               vm=vm is not None, configs=args.configs)
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster, vm=vm)
 
@@ -314,6 +314,10 @@ def _apps_arguments(p: argparse.ArgumentParser) -> None:
                        "one round, tiny inputs, 1-2 ranks (plumbing check)")
     p.add_argument("--apps", type=_names, default=None,
                    help=f"comma-separated subset of {','.join(apps.APPS)}")
+    p.add_argument("--configs", type=_names, default=None,
+                   help=f"comma-separated subset of "
+                        f"{','.join(apps.CONFIGS)} (default all; one is "
+                        f"the reference and always needed)")
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="rounds of alternating configurations (default 3)")
     p.add_argument("--hpcc-n", type=positive_int, default=None,
