@@ -13,9 +13,10 @@
  * in those stretches, but make that exchange 1.8-2.9x slower when the
  * machine is fine (the receiver then reads from memory, not from our
  * cache). So by default (btl_ivshmem_stream_copy -1) we time every
- * IVSHMEM_COPY_SAMPLE-th plain copy of a large payload; two timed copies in a row slower than IVSHMEM_SLOW_NS_PER_KIB
- * make the next IVSHMEM_STREAM_RUN copies to that peer non-temporal,
- * after which plain copies are timed again.
+ * IVSHMEM_COPY_SAMPLE-th plain copy of a large payload; two timed copies
+ * in a row slower than IVSHMEM_SLOW_NS_PER_KIB make the next
+ * IVSHMEM_STREAM_RUN copies to that peer non-temporal, after which plain
+ * copies are timed again.
  *
  * The state is per endpoint and only steers a heuristic: two threads
  * sending to one peer at once may lose an update, never data.

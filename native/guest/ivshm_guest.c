@@ -49,6 +49,9 @@
 #include <unistd.h>
 
 #define MAX_COUNT 1000000L
+#define UNKNOWN_COMMAND                                                     \
+    "unknown command (info, ping, pong, window, atomic, wait, watch, "     \
+    "position)"
 #define MAX_SIZE (1u << 20)
 
 struct opts {
@@ -125,8 +128,7 @@ static void parse(int argc, char **argv, struct opts *o)
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         known |= strcmp(argv[1], commands[i]) == 0;
     if (!known)
-        usage_error("unknown command (info, ping, pong, window, atomic, wait, "
-                    "watch, position)");
+        usage_error(UNKNOWN_COMMAND);
     *o = (struct opts){
         .cmd = argv[1],
         .region = env_or("IVSHM_BAR2", NULL),
@@ -346,11 +348,17 @@ static uint8_t pattern(uint32_t rank, long round, uint64_t i)
     return (uint8_t)(rank * 131u + (uint64_t)round * 17u + i * 7u + 1u);
 }
 
+/* One segment per rank up to the higher of the pair's two. */
+static uint32_t window_segments(const struct opts *o)
+{
+    return (o->rank > o->peer_rank ? o->rank : o->peer_rank) + 1;
+}
+
 static int cmd_window(const struct opts *o)
 {
     ivshm *h = attach(o);
     find_partner(h, o);
-    uint32_t nseg = (o->rank > o->peer_rank ? o->rank : o->peer_rank) + 1;
+    uint32_t nseg = window_segments(o);
     ivshm_window *w;
     int rc = ivshm_win_open(h, "ivshm-guest", nseg, o->size, &w);
     if (rc < 0)
@@ -400,7 +408,7 @@ static int cmd_atomic(const struct opts *o)
 {
     ivshm *h = attach(o);
     find_partner(h, o);
-    uint32_t nseg = (o->rank > o->peer_rank ? o->rank : o->peer_rank) + 1;
+    uint32_t nseg = window_segments(o);
     ivshm_window *w;
     int rc = ivshm_win_open(h, "ivshm-guest-atomic", nseg, 64, &w);
     if (rc < 0)
@@ -510,7 +518,6 @@ int main(int argc, char **argv)
         return cmd_watch(&o);
     if (!strcmp(o.cmd, "position"))
         return cmd_position(&o);
-    usage_error("unknown command (info, ping, pong, window, atomic, wait, "
-                    "watch, position)");
+    usage_error(UNKNOWN_COMMAND); /* parse() refused it already */
     return 2;
 }
