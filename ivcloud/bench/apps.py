@@ -107,6 +107,15 @@ SCALING_METRIC = {"hpcc": "HPL_Tflops", "openfoam": "solver_s",
                   "micromag": "time_s"}
 
 
+def _refuse_unknown(what: str, given: Sequence[str],
+                    known: Sequence[str], setting: str) -> None:
+    unknown = [g for g in given if g not in known]
+    if unknown:
+        raise InvalidRequest(f"unknown {what}(s) {', '.join(unknown)} "
+                             f"(choose from {', '.join(known)})",
+                             setting=setting)
+
+
 @dataclass(frozen=True)
 class AppsSettings:
     quick: bool
@@ -133,17 +142,9 @@ class AppsSettings:
         runs only when rank counts are given. `configs`: a subset of
         CONFIGS that includes "one"."""
         apps = tuple(apps) if apps else APPS
-        unknown = [a for a in apps if a not in APPS]
-        if unknown:
-            raise InvalidRequest(f"unknown application(s) "
-                                 f"{', '.join(unknown)} (choose from "
-                                 f"{', '.join(APPS)})", setting="apps")
+        _refuse_unknown("application", apps, APPS, "apps")
         wanted = set(configs) if configs else set(CONFIGS)
-        unknown = sorted(wanted - set(CONFIGS))
-        if unknown:
-            raise InvalidRequest(f"unknown configuration(s) "
-                                 f"{', '.join(unknown)} (choose from "
-                                 f"{', '.join(CONFIGS)})", setting="configs")
+        _refuse_unknown("configuration", sorted(wanted), CONFIGS, "configs")
         if "one" not in wanted:
             raise InvalidRequest("the configurations must include one: it "
                                  "is the reference of every ratio",
