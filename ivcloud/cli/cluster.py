@@ -252,6 +252,7 @@ def _cmd_mpirun(args) -> int:
     debian = mpis.check_name(args.mpi) == mpis.DEBIAN_OPENMPI
     if not debian:
         _check_ofi_options(args)
+        mpis.flavor(args.mpi).check(args.transport, args.report_transport)
     sd = _sd(args)
     state = lifecycle.load_up(sd)
     _check_slots(args, state)

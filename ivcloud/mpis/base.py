@@ -97,13 +97,17 @@ class Flavor:
 
     # ---------------------------------------------------------- launch
 
-    def check(self, transport: str) -> None:
+    def check(self, transport: str, report: bool = False) -> None:
         """Refuse what this machine cannot run: an unknown transport, a
-        missing prefix, ivshmem without the provider built."""
+        missing prefix, ivshmem without the provider built, a per-rank
+        report where no provider of ours runs."""
         if transport not in TRANSPORTS:
             raise MpiFlavorError(f"unknown transport '{transport}' for "
                                  f"{self.title} (choose from "
                                  f"{', '.join(TRANSPORTS)})")
+        if report and transport != "ivshmem":
+            raise MpiFlavorError(f"only the ivshmem transport reports its "
+                                 f"traffic per rank, not '{transport}'")
         self.prefix()
         if transport == "ivshmem":
             provider.library()
@@ -111,17 +115,13 @@ class Flavor:
     def command(self, job: Job) -> List[str]:
         """The launcher's argv for `job` (run it where the hosts resolve:
         a cluster's head node)."""
-        self.check(job.transport)
+        self.check(job.transport, job.report)
         program = [str(a) for a in job.program]
         if not program or not program[0]:
             raise MpiFlavorError("no program given")
         if not isinstance(job.np, int) or job.np < 1:
             raise MpiFlavorError(f"the number of ranks must be a positive "
                                  f"integer, not {job.np!r}")
-        if job.report and job.transport != "ivshmem":
-            raise MpiFlavorError(f"only the ivshmem transport reports its "
-                                 f"traffic per rank, not "
-                                 f"'{job.transport}'")
         if job.hosts and not job.agent:
             raise MpiFlavorError("hosts need an agent to reach them")
         return self.launch_line(job, program, self.rank_env(job))

@@ -19,15 +19,17 @@ class HydraFlavor(Flavor):
     def launcher_options(self, agent: str) -> Sequence[str]:
         raise NotImplementedError
 
+    def placement(self, job: Job) -> List[str]:
+        """MPICH's hydra takes every host's slots (`-hosts h:n,...`)."""
+        out = ["-hosts", hosts_arg(job.hosts)] if job.hosts else []
+        return out + (["-ppn", "1"] if job.spread else [])
+
     def launch_line(self, job: Job, program: List[str],
                     env: Dict[str, str]) -> List[str]:
         cmd = [str(self.launcher_path())]
         if job.agent:
             cmd += [*self.launcher_options(job.agent), "-genvnone"]
-        if job.hosts:
-            cmd += ["-hosts", hosts_arg(job.hosts)]
-        if job.spread:
-            cmd += ["-ppn", "1"]
+        cmd += self.placement(job)
         if job.wdir:
             cmd += ["-wdir", job.wdir]
         cmd += ["-n", str(job.np)]

@@ -20,7 +20,9 @@ import os
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from ..errors import MpiFlavorError
 from . import provider
+from .base import Job
 from .hydra import HydraFlavor
 from .mpich import Mpich
 
@@ -35,6 +37,21 @@ class IntelMpi(HydraFlavor):
 
     def launcher_options(self, agent: str) -> Sequence[str]:
         return ["-bootstrap", "ssh", "-bootstrap-exec", agent]
+
+    def placement(self, job: Job) -> List[str]:
+        """Intel's hydra reads no slots in -hosts (it would fill a host
+        with as many ranks as it has cores): -ppn says how many go to
+        each host, the same number for all."""
+        if not job.hosts:
+            return []
+        slots = {n for _, n in job.hosts}
+        if len(slots) > 1 and not job.spread:
+            raise MpiFlavorError(f"{self.title} places as many ranks on "
+                                 f"every host; these hosts have "
+                                 f"{sorted(slots)} slots")
+        ppn = 1 if job.spread else slots.pop()
+        return ["-hosts", ",".join(h for h, _ in job.hosts),
+                "-ppn", str(ppn)]
 
     def transport_env(self, transport: str) -> Dict[str, str]:
         env = {"I_MPI_FABRICS": _FABRICS[transport], "I_MPI_PIN": "0"}
