@@ -70,6 +70,8 @@ class Flavor:
     title = ""          # for people: the MPI and its version
     wheel = ""          # the pip requirement `make build` installs
     launcher = "mpiexec"
+    # transports this MPI cannot take, and why
+    lacks: Mapping[str, str] = {}
 
     # ---------------------------------------------------------- install
 
@@ -105,6 +107,9 @@ class Flavor:
             raise MpiFlavorError(f"unknown transport '{transport}' for "
                                  f"{self.title} (choose from "
                                  f"{', '.join(TRANSPORTS)})")
+        if transport in self.lacks:
+            raise MpiFlavorError(f"{self.title} cannot use the {transport} "
+                                 f"transport: {self.lacks[transport]}")
         if report and transport != "ivshmem":
             raise MpiFlavorError(f"only the ivshmem transport reports its "
                                  f"traffic per rank, not '{transport}'")

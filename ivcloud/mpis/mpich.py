@@ -26,8 +26,10 @@ class Mpich(HydraFlavor):
     def transport_env(self, transport: str) -> Dict[str, str]:
         env = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
         if transport == "own-shm":
-            # the netmod opens a provider even when every peer is local
-            env["FI_PROVIDER"] = "tcp"
+            # the netmod opens a provider even when every peer is local,
+            # and ch4 polls it in every progress call: shm's poll is the
+            # cheapest (tcp's doubled the 8 B latency)
+            env["FI_PROVIDER"] = "shm"
         if transport == "shm":
             env["MPIR_CVAR_NOLOCAL"] = "1"
         return env

