@@ -1,0 +1,551 @@
+/*
+ * The libfabric provider `ivshm` (docs/provider.md): internal objects and
+ * the wire protocol shared by both sides of every exchange.
+ *
+ * One endpoint = one libivshm attachment (a registry slot) + optionally a
+ * core provider endpoint (tcp;ofi_rxm by default) for the peers that are
+ * not in our region. Every peer the application inserts into the AV is
+ * resolved once: same region, slot live at the generation and random name
+ * its address names -> the region; anything else -> the core provider.
+ *
+ * Built against the oldest headers we support (Debian 12's libfabric
+ * 1.17). Newer cores hand us structures that grew at their ends (we read
+ * only the prefix we know) and read ours past that prefix: everything we
+ * return to the core is allocated with zeroed room (fiv_getinfo.c).
+ */
+#ifndef FIV_H
+#define FIV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_log.h>
+#include <rdma/providers/fi_prov.h>
+
+#include "ivshm.h"
+
+#define FIV_PROV_NAME "ivshm"
+#define FIV_PROV_VERSION FI_VERSION(1, 0)
+#define FIV_FABRIC_NAME "ivshm"
+#define FIV_DOMAIN_NAME "ivshm"
+
+/* What the provider offers (fiv_getinfo.c trims it to what was asked). */
+#define FIV_CAPS                                                              \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV | FI_READ |  \
+     FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_DIRECTED_RECV |         \
+     FI_MULTI_RECV | FI_SOURCE | FI_RMA_EVENT | FI_LOCAL_COMM |               \
+     FI_REMOTE_COMM)
+#define FIV_TX_OP_FLAGS                                                       \
+    (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
+     FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
+#define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
+#define FIV_MSG_ORDER                                                         \
+    (FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |              \
+     FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW | FI_ORDER_RAS |              \
+     FI_ORDER_WAS)
+#define FIV_MR_MODES                                                          \
+    (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
+#define FIV_MAX_MSG ((size_t)1 << 30)  /* one message, any path          */
+#define FIV_INJECT 256                 /* fi_inject / FI_INJECT bytes     */
+#define FIV_IOV_LIMIT 4
+#define FIV_RMA_IOV_LIMIT 1
+#define FIV_CQ_DATA_SIZE 8
+#define FIV_ATOMIC_MAX 256             /* operand bytes of one atomic     */
+
+/* ---- wire protocol ----
+   Over the region the libivshm message tag carries the operation (low 8
+   bits) and flags; over the core provider a 4-byte word in front of the
+   payload carries the same. A message longer than one slot (or core
+   buffer) is its first fragment (header + leading bytes) followed by raw
+   continuation fragments: both paths keep each pair's order, so a
+   receiver appends continuations to that sender's message in progress. */
+enum fiv_op {
+    FIV_OP_MSG = 1,        /* fiv_msg_hdr + payload (first or only part)  */
+    FIV_OP_MORE = 2,       /* continuation of the sender's current message */
+    FIV_OP_WRITE = 3,      /* fiv_rma_hdr + data                          */
+    FIV_OP_READ = 4,       /* fiv_rma_hdr: send the bytes back            */
+    FIV_OP_READ_RESP = 5,  /* fiv_resp_hdr + data                         */
+    FIV_OP_ATOMIC = 6,     /* fiv_rma_hdr + operand (+ compare)           */
+    FIV_OP_ACK = 7,        /* fiv_resp_hdr (+ fetched data for atomics)   */
+};
+#define FIV_OP_MASK 0xffu
+#define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
+#define FIV_F_DATA 0x200u     /* MSG/WRITE: remote CQ data present        */
+#define FIV_F_FETCH 0x400u    /* ATOMIC: send the old value back          */
+#define FIV_F_COMPARE 0x800u  /* ATOMIC: compare operand follows          */
+#define FIV_F_ACK 0x1000u     /* WRITE: acknowledge once applied          */
+
+struct fiv_msg_hdr {     /* 24 bytes: with libivshm's 32 B slot header and
+                            an 8 B payload, one 64 B line */
+    uint64_t tag;
+    uint64_t len;        /* total payload bytes of the message            */
+    uint64_t data;       /* remote CQ data (FIV_F_DATA)                   */
+};
+
+struct fiv_rma_hdr {
+    uint64_t addr, key;
+    uint64_t len;        /* bytes (WRITE, READ) or operand bytes (ATOMIC) */
+    uint64_t id;         /* initiator's request id, echoed in the answer  */
+    uint64_t data;       /* remote CQ data (WRITE with FIV_F_DATA)        */
+    uint32_t op, datatype; /* ATOMIC                                      */
+};
+
+struct fiv_resp_hdr {
+    uint64_t id;
+    int32_t status;      /* 0 or a negative FI_E* code                    */
+    uint32_t pad;
+    uint64_t len;        /* bytes following (READ_RESP, fetching ACK)     */
+};
+
+/* The endpoint name (fi_getname): who we are in which region, and where
+   the core provider reaches us. Always FIV_ADDR_LEN (64) bytes, the size
+   MPICH reserves for a name, so that names pack into arrays. */
+#define FIV_ADDR_MAGIC 0x7669u  /* "iv" */
+#define FIV_CORE_ADDR_MAX 44
+struct fiv_addr {
+    uint16_t magic;
+    uint8_t version;
+    uint8_t core_len;    /* bytes of core address, 0 = none               */
+    int16_t slot;        /* region slot, -1 = not attached                */
+    uint16_t pad;
+    uint32_t generation;
+    uint32_t nonce[2];   /* our registry name's random part: the region   */
+    uint8_t core[FIV_CORE_ADDR_MAX];
+};
+#define FIV_ADDR_LEN sizeof(struct fiv_addr)
+_Static_assert(sizeof(struct fiv_addr) == 64, "names are 64 bytes");
+
+/* ---- configuration (fi_param_define'd: FI_IVSHM_*) ---- */
+struct fiv_config {
+    char *region;        /* region file / BAR resource2                   */
+    char *socket;        /* ivshmem-server socket                         */
+    char *uio_dev, *bar0;
+    int position;        /* guest's IVPosition (-1)                       */
+    char *core;          /* core provider name(s), "none" = no delegation */
+    int report;          /* FI_IVSHM_REPORT: one counter line at exit     */
+    int spin_us;         /* spin before blocking in sread/cntr wait       */
+};
+extern struct fiv_config fiv_cfg;
+extern struct fi_provider fiv_prov;
+
+/* ---- objects ---- */
+
+struct fiv_fabric {
+    struct fid_fabric fab;
+    uint32_t api_version;
+};
+
+struct fiv_mr;
+
+struct fiv_domain {
+    struct fid_domain dom;
+    struct fiv_fabric *fab;
+    uint32_t api_version;
+    int mr_mode;          /* the FI_MR_* bits we answered with            */
+    bool locking;         /* FI_THREAD_SAFE/COMPLETION: one mutex         */
+    pthread_mutex_t lock;
+    bool auto_progress;
+    pthread_t progress_thread;
+    volatile bool stop;
+    struct fiv_mr **mrs;  /* registered regions, by key order (sorted)    */
+    size_t nmrs, capmrs;
+    uint64_t next_key;
+    struct fiv_ep **eps;  /* open endpoints, for auto progress            */
+    size_t neps, capeps;
+    int refs;
+};
+
+struct fiv_mr {
+    struct fid_mr mr;
+    struct fiv_domain *dom;
+    uint8_t *base;        /* first byte of the region                     */
+    size_t len;
+    uint64_t access;
+    uint64_t offset;      /* without FI_MR_VIRT_ADDR: address of base     */
+    struct fiv_cntr *rma_cntr; /* FI_RMA_EVENT: counts remote accesses   */
+};
+
+/* One completion, kept in the widest form until read. */
+struct fiv_cqe {
+    void *context;
+    uint64_t flags;
+    size_t len;
+    void *buf;
+    uint64_t data;
+    uint64_t tag;
+    fi_addr_t src;
+    /* errors */
+    int err;              /* positive FI_E* code, 0 = success             */
+    size_t olen;
+};
+
+struct fiv_cq {
+    struct fid_cq cq;
+    struct fiv_domain *dom;
+    enum fi_cq_format format;
+    struct fiv_cqe *ring; /* grows: completions are never refused         */
+    size_t cap, head, count;
+    struct fiv_cqe *errs;
+    size_t errcap, errhead, errcount;
+    struct fiv_ep **eps;  /* endpoints that report here: progress them    */
+    size_t neps;
+    int refs;
+};
+
+struct fiv_cntr {
+    struct fid_cntr cntr;
+    struct fiv_domain *dom;
+    uint64_t val, err;    /* updated under the domain's lock (or the
+                             application's serialization)                 */
+    struct fiv_ep **eps;
+    size_t neps;
+    int refs;
+};
+
+struct fiv_av_entry {
+    struct fiv_addr addr;
+    bool used;
+};
+
+struct fiv_av {
+    struct fid_av av;
+    struct fiv_domain *dom;
+    enum fi_av_type type;
+    struct fiv_av_entry *entries;
+    size_t count, cap;
+    struct fiv_ep **eps;
+    size_t neps;
+    int refs;
+};
+
+struct fiv_eq {
+    struct fid_eq eq;
+    struct fiv_fabric *fab;
+};
+
+/* A receive the application posted. */
+struct fiv_rx {
+    struct fiv_rx *next;
+    void *context;
+    struct iovec iov[FIV_IOV_LIMIT];
+    size_t iov_count;
+    size_t total;         /* sum of iov lengths                            */
+    fi_addr_t src;        /* FI_ADDR_UNSPEC = any                          */
+    uint64_t tag, ignore;
+    uint64_t flags;       /* FI_COMPLETION, FI_MULTI_RECV, FI_TAGGED...    */
+    size_t multi_used;    /* FI_MULTI_RECV: bytes handed out               */
+    int pending;          /* FI_MULTI_RECV: messages still being filled    */
+    bool retired;         /* FI_MULTI_RECV: no more messages go in         */
+};
+
+/* A message that arrived before its receive (copied out of the region). */
+struct fiv_unexp {
+    struct fiv_unexp *next;
+    fi_addr_t src;
+    uint64_t tag, data;
+    uint32_t flags;       /* FIV_F_*                                      */
+    size_t len, got;      /* total, received so far                       */
+    uint8_t *buf;
+    void *claim;          /* FI_CLAIM: the context that claimed it        */
+    bool claimed;
+    struct fiv_rx *waiting; /* a receive matched while still arriving      */
+};
+
+/* What a sender's next continuation fragments belong to. */
+enum fiv_asm_kind { ASM_NONE, ASM_RECV, ASM_UNEXP, ASM_WRITE, ASM_READ_RESP,
+                    ASM_DISCARD };
+struct fiv_asm {
+    enum fiv_asm_kind kind;
+    size_t total, got;
+    struct fiv_rx *rx;        /* ASM_RECV                                 */
+    struct fiv_unexp *ux;     /* ASM_UNEXP                                */
+    size_t rx_off;            /* ASM_RECV: where in rx's buffers          */
+    uint8_t *dst;             /* ASM_WRITE / ASM_READ_RESP                */
+    uint64_t tag, data;
+    uint32_t flags;
+    size_t olen;              /* full length (truncation)                 */
+    struct fiv_op_req *req;   /* ASM_READ_RESP                            */
+    struct fiv_mr *mr;        /* ASM_WRITE                                */
+    uint64_t write_id;        /* ASM_WRITE with FIV_F_ACK                 */
+};
+
+/* An operation the initiator waits on (RMA/atomic answer), or a send
+   still going out. */
+enum fiv_req_kind { REQ_SEND, REQ_WRITE, REQ_READ, REQ_ATOMIC, REQ_REPLY };
+struct fiv_op_req {
+    struct fiv_op_req *next;      /* per-peer send queue / wait list      */
+    enum fiv_req_kind kind;
+    uint64_t id;
+    fi_addr_t peer;
+    void *context;
+    uint64_t flags;               /* completion flags to report (FI_SEND..)*/
+    bool complete_ev;             /* write a CQ entry                      */
+    /* what goes out: header (op word + header bytes), then the payload
+       from iov (the application's, or `own` for injected/answer data) */
+    uint32_t op;
+    uint8_t hdr[48];
+    size_t hlen;
+    struct iovec iov[FIV_IOV_LIMIT];
+    size_t iov_count;
+    size_t total, sent;           /* payload bytes                         */
+    uint8_t *own;                 /* our copy (inject, answers)            */
+    bool started;                 /* first fragment is out                 */
+    /* where an answer lands (READ: iov; ATOMIC fetch: result)             */
+    struct iovec res[FIV_IOV_LIMIT];
+    size_t res_count;
+    size_t res_got;
+    bool awaits_answer;
+    int status;
+};
+
+/* Per-AV-entry state of one endpoint. */
+enum fiv_path { PATH_UNRESOLVED, PATH_SELF, PATH_REGION, PATH_CORE,
+                PATH_NONE };
+struct fiv_peer {
+    enum fiv_path path;
+    int slot;
+    uint32_t generation;
+    fi_addr_t core_addr;
+    struct fiv_op_req *txq, *txq_tail; /* sends waiting for room           */
+    struct fiv_asm as;                 /* what its continuations fill       */
+    bool dead;
+};
+
+/* A message of a region slot we have not heard of yet (no AV entry): kept
+   until its address is inserted, then delivered in order; bounded. */
+struct fiv_stash {
+    struct fiv_stash *next;
+    int slot;
+    uint32_t generation;
+    uint32_t op;
+    size_t len;
+    uint8_t data[];
+};
+
+struct fiv_core;
+
+struct fiv_ep {
+    struct fid_ep ep;
+    struct fiv_domain *dom;
+    struct fiv_av *av;
+    struct fiv_cq *tx_cq, *rx_cq;
+    uint64_t tx_cq_flags, rx_cq_flags;   /* FI_SELECTIVE_COMPLETION bits    */
+    struct fiv_cntr *cntr_send, *cntr_recv, *cntr_read, *cntr_write,
+        *cntr_rread, *cntr_rwrite;
+    uint64_t caps, tx_op_flags, rx_op_flags;
+    size_t min_multi_recv;
+    bool enabled;
+    /* the region */
+    ivshm *h;
+    int self_slot;
+    uint32_t self_gen;
+    uint64_t nonce;
+    size_t frag;                         /* payload bytes of one slot      */
+    int max_peers;
+    fi_addr_t *by_slot;                  /* slot -> AV index, or NOTAVAIL  */
+    uint32_t *gen_by_slot;
+    struct fiv_stash *stash, *stash_tail;
+    size_t stash_bytes, stash_msgs;
+    uint64_t stash_dropped;
+    uint64_t last_check_ns;
+    /* the core provider (fiv_delegate.c) */
+    struct fiv_core *core;
+    /* peers, indexed by AV index */
+    struct fiv_peer *peers;
+    size_t npeers;
+    struct fiv_peer self_peer_dummy;
+    /* receives */
+    struct fiv_rx *trecv, *trecv_tail;   /* posted tagged                   */
+    struct fiv_rx *recv, *recv_tail;     /* posted untagged                 */
+    struct fiv_unexp *tunexp, *tunexp_tail;
+    struct fiv_unexp *unexp, *unexp_tail;
+    /* sends in flight with a pending queue, answers awaited */
+    struct fiv_op_req *waiting;          /* RMA/atomics awaiting an answer  */
+    uint64_t next_id;
+    int txq_peers;                       /* peers with queued sends         */
+    /* the one report line */
+    uint64_t sent, received, delegated;
+    bool reported;
+    uint32_t idle_calls;
+};
+
+
+/* ---- the "not supported" entries (the core exports none) ---- */
+static inline int fiv_no_bind(struct fid *fid, struct fid *bfid, uint64_t f)
+{ (void)fid; (void)bfid; (void)f; return -FI_ENOSYS; }
+static inline int fiv_no_control(struct fid *fid, int cmd, void *arg)
+{ (void)fid; (void)cmd; (void)arg; return -FI_ENOSYS; }
+static inline int fiv_no_ops_open(struct fid *fid, const char *name,
+                                  uint64_t flags, void **ops, void *context)
+{ (void)fid; (void)name; (void)flags; (void)ops; (void)context;
+  return -FI_ENOSYS; }
+static inline int fiv_no_passive_ep(struct fid_fabric *f, struct fi_info *i,
+                                    struct fid_pep **pep, void *c)
+{ (void)f; (void)i; (void)pep; (void)c; return -FI_ENOSYS; }
+static inline int fiv_no_wait_open(struct fid_fabric *f,
+                                   struct fi_wait_attr *a, struct fid_wait **w)
+{ (void)f; (void)a; (void)w; return -FI_ENOSYS; }
+static inline int fiv_no_trywait(struct fid_fabric *f, struct fid **fids,
+                                 int count)
+{ (void)f; (void)fids; (void)count; return 0; }
+
+/* ---- locking ---- */
+static inline void fiv_lock(struct fiv_domain *d)
+{
+    if (d->locking)
+        pthread_mutex_lock(&d->lock);
+}
+static inline void fiv_unlock(struct fiv_domain *d)
+{
+    if (d->locking)
+        pthread_mutex_unlock(&d->lock);
+}
+
+/* ---- functions by file ---- */
+/* fiv_init.c */
+int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
+                    void *context);
+uint64_t fiv_now_ns(void);
+void fiv_report(struct fiv_ep *ep);
+void fiv_register_ep(struct fiv_ep *ep);
+void fiv_unregister_ep(struct fiv_ep *ep);
+/* fiv_getinfo.c */
+int fiv_getinfo(uint32_t version, const char *node, const char *service,
+                uint64_t flags, const struct fi_info *hints,
+                struct fi_info **info);
+/* fiv_domain.c */
+int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
+                    struct fid_domain **dom, void *context);
+void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
+void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
+/* fiv_eq.c */
+int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
+                struct fid_eq **eq, void *context);
+/* fiv_cq.c */
+int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
+                struct fid_cq **cq, void *context);
+int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
+int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
+void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+/* fiv_cntr.c */
+int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
+                  struct fid_cntr **cntr, void *context);
+void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+void fiv_cntr_del_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+static inline void fiv_cntr_inc(struct fiv_cntr *c)
+{
+    if (c)
+        __atomic_add_fetch(&c->val, 1, __ATOMIC_RELEASE);
+}
+static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
+{
+    if (c)
+        __atomic_add_fetch(&c->err, 1, __ATOMIC_RELEASE);
+}
+/* fiv_av.c */
+int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
+                struct fid_av **av, void *context);
+const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a);
+void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
+void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
+/* fiv_mr.c */
+int fiv_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
+               uint64_t offset, uint64_t requested_key, uint64_t flags,
+               struct fid_mr **mr, void *context);
+int fiv_mr_regv(struct fid *fid, const struct iovec *iov, size_t count,
+                uint64_t access, uint64_t offset, uint64_t requested_key,
+                uint64_t flags, struct fid_mr **mr, void *context);
+int fiv_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr,
+                   uint64_t flags, struct fid_mr **mr);
+/* Bytes [addr, addr+len) of a region registered under `key` with
+   `access`, or NULL (never beyond what was registered). */
+uint8_t *fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
+                       size_t len, uint64_t access, struct fiv_mr **mr);
+void fiv_mr_close_all(struct fiv_domain *d);
+/* fiv_ep.c */
+int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
+                struct fid_ep **ep, void *context);
+struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
+void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
+void fiv_ep_forget(struct fiv_ep *ep, size_t index);
+/* fiv_msg.c: MSG and TAGGED, matching */
+extern struct fi_ops_msg fiv_msg_ops;
+extern struct fi_ops_tagged fiv_tagged_ops;
+void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                 uint32_t op, const uint8_t *p, size_t n);
+void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err);
+void fiv_rx_free_all(struct fiv_ep *ep);
+/* fiv_tx.c: sending to one peer, either path, with a queue */
+int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
+ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     uint32_t op, const void *hdr, size_t hlen,
+                     const void *buf, size_t len);
+void fiv_tx_progress(struct fiv_ep *ep);
+void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
+struct fiv_op_req *fiv_req_new(void);
+void fiv_req_free(struct fiv_op_req *r);
+void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
+/* fiv_rma.c: RMA and atomics, both sides */
+extern struct fi_ops_rma fiv_rma_ops;
+extern struct fi_ops_atomic fiv_atomic_ops;
+void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
+int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
+                     enum fi_op op, struct fi_atomic_attr *attr,
+                     uint64_t flags);
+/* fiv_progress.c */
+void fiv_progress(struct fiv_ep *ep);
+void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+void fiv_stash_replay(struct fiv_ep *ep, int slot);
+/* fiv_delegate.c: the core provider */
+int fiv_core_open(struct fiv_ep *ep);
+void fiv_core_close(struct fiv_ep *ep);
+size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap);
+int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t len,
+                    fi_addr_t *out);
+size_t fiv_core_frag(struct fiv_ep *ep);
+ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
+                      const void *hdr, size_t hlen, const void *buf,
+                      size_t len);
+int fiv_core_progress(struct fiv_ep *ep);
+bool fiv_core_active(const struct fiv_ep *ep);
+
+/* Completion helpers (fiv_cq.c) */
+void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
+                     bool want, int err);
+void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
+
+static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
+{
+    size_t t = 0;
+    for (size_t i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    return t;
+}
+/* Copy `len` bytes into iov at byte offset `off`, never past its end. */
+size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
+                     const void *src, size_t len);
+size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
+                    size_t len);
+
+#define FIV_WARN(...) FI_WARN(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)
+#define FIV_INFO(...) FI_INFO(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)
+
+#endif

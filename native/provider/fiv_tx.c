@@ -1,0 +1,313 @@
+/*
+ * Sending to one peer over its path. A message is its first fragment
+ * (operation header + leading bytes) and raw continuations, each at most
+ * one region slot (or one core buffer). Region fragments go straight
+ * from the caller's buffer into the ring slot: ivshm_send_small for a
+ * header + contiguous bytes, ivshm_try_send for a contiguous
+ * continuation, reserve + gather + commit otherwise (one copy each).
+ * What does not fit now waits, in order, on the peer's queue: nothing
+ * overtakes it, and progress retries it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fiv.h"
+
+struct fiv_op_req *fiv_req_new(void)
+{
+    return calloc(1, sizeof(struct fiv_op_req));
+}
+
+void fiv_req_free(struct fiv_op_req *r)
+{
+    if (r) {
+        free(r->own);
+        free(r);
+    }
+}
+
+size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
+                     const void *src, size_t len)
+{
+    size_t done = 0;
+    for (size_t i = 0; i < n && done < len; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        size_t k = iov[i].iov_len - off;
+        if (k > len - done)
+            k = len - done;
+        memcpy((uint8_t *)iov[i].iov_base + off, (const uint8_t *)src + done, k);
+        done += k;
+        off = 0;
+    }
+    return done;
+}
+
+size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
+                    size_t len)
+{
+    size_t done = 0;
+    for (size_t i = 0; i < n && done < len; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        size_t k = iov[i].iov_len - off;
+        if (k > len - done)
+            k = len - done;
+        memcpy((uint8_t *)dst + done, (const uint8_t *)iov[i].iov_base + off, k);
+        done += k;
+        off = 0;
+    }
+    return done;
+}
+
+/* The bytes [off, off+len) of iov if they lie in one element, else NULL. */
+static const void *contiguous(const struct iovec *iov, size_t n, size_t off,
+                              size_t len)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        return iov[i].iov_len - off >= len ? (const uint8_t *)iov[i].iov_base + off
+                                           : NULL;
+    }
+    return len == 0 ? "" : NULL;
+}
+
+static int map_err(int rc)
+{
+    if (rc == -EAGAIN)
+        return -EAGAIN;
+    return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
+}
+
+/* One fragment to a region peer: 0, -EAGAIN, or an -FI_E* error. */
+static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
+                       const void *hdr, size_t hlen, const struct iovec *iov,
+                       size_t iovn, size_t off, size_t n)
+{
+    const void *flat = contiguous(iov, iovn, off, n);
+    int rc;
+    if (flat && hlen) {
+        rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, flat, n);
+    } else if (flat) {
+        rc = ivshm_try_send(ep->h, p->slot, op, flat, n);
+    } else {
+        int err = 0;
+        uint8_t *dst = ivshm_send_reserve(ep->h, p->slot, hlen + n, &err);
+        if (!dst)
+            return map_err(err);
+        memcpy(dst, hdr, hlen);
+        fiv_iov_read(iov, iovn, off, dst + hlen, n);
+        rc = ivshm_send_commit(ep->h, p->slot, op, hlen + n);
+    }
+    return rc < 0 ? map_err(rc) : 0;
+}
+
+static int send_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
+                     const void *hdr, size_t hlen, const struct iovec *iov,
+                     size_t iovn, size_t off, size_t n)
+{
+    if (p->path == PATH_REGION)
+        return region_frag(ep, p, op, hdr, hlen, iov, iovn, off, n);
+    uint8_t tmp[FIV_INJECT];
+    const void *flat = contiguous(iov, iovn, off, n);
+    if (!flat && n <= sizeof tmp) {
+        fiv_iov_read(iov, iovn, off, tmp, n);
+        flat = tmp;
+    }
+    if (!flat) {
+        uint8_t *buf = malloc(n);
+        if (!buf)
+            return -FI_ENOMEM;
+        fiv_iov_read(iov, iovn, off, buf, n);
+        ssize_t rc = fiv_core_send(ep, p->core_addr, op, hdr, hlen, buf, n);
+        free(buf);
+        return (int)rc;
+    }
+    return (int)fiv_core_send(ep, p->core_addr, op, hdr, hlen, flat, n);
+}
+
+static size_t frag_of(struct fiv_ep *ep, struct fiv_peer *p)
+{
+    return p->path == PATH_REGION ? ep->frag : fiv_core_frag(ep);
+}
+
+static void count_first(struct fiv_ep *ep, struct fiv_peer *p)
+{
+    if (p->path == PATH_REGION)
+        ep->sent++;
+    else
+        ep->delegated++;
+}
+
+/* Push what fits now: 1 all out, 0 more to go, < 0 an error. */
+static int push(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
+{
+    size_t frag = frag_of(ep, p);
+    while (!r->started || r->sent < r->total) {
+        size_t hlen = r->started ? 0 : r->hlen;
+        size_t n = r->total - r->sent;
+        if (n > frag - hlen)
+            n = frag - hlen;
+        int rc = send_frag(ep, p, r->started ? FIV_OP_MORE : r->op, r->hdr,
+                           hlen, r->iov, r->iov_count, r->sent, n);
+        if (rc == -EAGAIN)
+            return 0;
+        if (rc < 0)
+            return rc;
+        if (!r->started)
+            count_first(ep, p);
+        r->started = true;
+        r->sent += n;
+    }
+    return 1;
+}
+
+/* A message to ourselves: handed to our own receive side whole. */
+static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
+{
+    size_t n = r->hlen + r->total;
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        fiv_tx_done(ep, r, FI_ENOMEM);
+        return;
+    }
+    memcpy(buf, r->hdr, r->hlen);
+    fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
+    r->started = true;
+    r->sent = r->total;
+    /* the sender's side completes first: an answer (RMA) finds it waiting */
+    fiv_tx_done(ep, r, 0);
+    fiv_deliver(ep, self, &ep->self_peer_dummy, r->op, buf, n);
+    free(buf);
+}
+
+void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err)
+{
+    switch (r->kind) {
+    case REQ_SEND:
+        fiv_complete_tx(ep, r->context, r->flags, r->complete_ev, err);
+        fiv_req_free(r);
+        break;
+    case REQ_REPLY:
+        fiv_req_free(r);
+        break;
+    default:
+        if (err || !r->awaits_answer) {
+            fiv_complete_tx(ep, r->context, r->flags, r->complete_ev, err);
+            fiv_req_free(r);
+        } else {
+            r->next = ep->waiting;
+            ep->waiting = r;
+        }
+    }
+}
+
+static void enqueue(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
+{
+    r->next = NULL;
+    if (!p->txq) {
+        p->txq = r;
+        ep->txq_peers++;
+    } else {
+        p->txq_tail->next = r;
+    }
+    p->txq_tail = r;
+}
+
+int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r)
+{
+    struct fiv_peer *p = fiv_peer(ep, r->peer);
+    if (!p || p->path == PATH_NONE || p->path == PATH_UNRESOLVED || p->dead) {
+        fiv_tx_done(ep, r, FI_EHOSTUNREACH);
+        return 0;
+    }
+    if (p->path == PATH_SELF) {
+        loopback(ep, r, r->peer);
+        return 0;
+    }
+    if (p->txq) {
+        enqueue(ep, p, r);
+        return 0;
+    }
+    int rc = push(ep, p, r);
+    if (rc > 0)
+        fiv_tx_done(ep, r, 0);
+    else if (rc == 0)
+        enqueue(ep, p, r);
+    else
+        fiv_tx_done(ep, r, -rc);
+    return 0;
+}
+
+/* The hot path: one fragment, nothing queued before it. 0 sent,
+   -EAGAIN (queue it), or an -FI_E* error. */
+ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *p,
+                     uint32_t op, const void *hdr, size_t hlen,
+                     const void *buf, size_t len)
+{
+    (void)a;
+    if (p->txq || p->dead)
+        return -EAGAIN;
+    int rc;
+    if (p->path == PATH_REGION) {
+        if (hlen + len > ep->frag)
+            return -EAGAIN;
+        rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, buf, len);
+        if (rc < 0)
+            return map_err(rc);
+        ep->sent++;
+        return 0;
+    }
+    if (p->path == PATH_CORE) {
+        if (hlen + len > fiv_core_frag(ep))
+            return -EAGAIN;
+        rc = (int)fiv_core_send(ep, p->core_addr, op, hdr, hlen, buf, len);
+        if (rc == 0)
+            ep->delegated++;
+        return rc;
+    }
+    return -EAGAIN;
+}
+
+void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
+{
+    while (p->txq) {
+        struct fiv_op_req *r = p->txq;
+        p->txq = r->next;
+        if (!p->txq)
+            ep->txq_peers--;
+        fiv_tx_done(ep, r, err);
+    }
+    p->txq_tail = NULL;
+}
+
+void fiv_tx_progress(struct fiv_ep *ep)
+{
+    for (size_t i = 0; i < ep->npeers && ep->txq_peers; i++) {
+        struct fiv_peer *p = &ep->peers[i];
+        while (p->txq) {
+            struct fiv_op_req *r = p->txq;
+            int rc = push(ep, p, r);
+            if (rc == 0)
+                break;
+            p->txq = r->next;
+            if (!p->txq) {
+                p->txq_tail = NULL;
+                ep->txq_peers--;
+            }
+            fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
+            if (rc < 0) {
+                p->dead = true;
+                fiv_tx_fail_peer(ep, p, -rc);
+            }
+        }
+    }
+}
