@@ -132,14 +132,15 @@ class Flavor:
         return self.launch_line(job, program, self.rank_env(job))
 
     def rank_env(self, job: Job) -> Dict[str, str]:
-        """What every rank gets on top of what the agent gives it: the
-        flavor's choice of path, libfabric's provider selection, the
-        report switch, and the job's own variables."""
+        """What every rank gets on top of what the agent gives it: where
+        libfabric finds the provider, the report switch, the flavor's
+        choice of path and provider, and the job's own variables.
+
+        Each flavor picks the provider through its MPI's own setting
+        where it has one: FI_PROVIDER (MPICH has nothing else) hides
+        every other provider from libfabric altogether, also the core
+        provider ivshm delegates to."""
         env: Dict[str, str] = {}
-        if job.transport in ("ivshmem", "tcp", "shm"):
-            name = provider.NAME if job.transport == "ivshmem" \
-                else job.transport
-            env["FI_PROVIDER"] = name
         if job.transport == "ivshmem":
             env["FI_PROVIDER_PATH"] = self.provider_path(provider.library())
             if job.report:

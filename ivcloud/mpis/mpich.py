@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Dict, Sequence
 
+from . import provider
 from .hydra import HydraFlavor
 
 
@@ -24,12 +25,12 @@ class Mpich(HydraFlavor):
         return ["-launcher", "ssh", "-launcher-exec", agent]
 
     def transport_env(self, transport: str) -> Dict[str, str]:
-        env = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
-        if transport == "own-shm":
-            # the netmod opens a provider even when every peer is local,
-            # and ch4 polls it in every progress call: shm's poll is the
-            # cheapest (tcp's doubled the 8 B latency)
-            env["FI_PROVIDER"] = "shm"
+        # own-shm: the netmod opens a provider even when every peer is
+        # local, and ch4 polls it in every progress call: shm's poll is
+        # the cheapest (tcp's doubled the 8 B latency)
+        env = {"MPIR_CVAR_CH4_NETMOD": "ofi",
+               "FI_PROVIDER": {"ivshmem": provider.NAME, "tcp": "tcp"}.get(
+                   transport, "shm")}
         if transport == "shm":
             env["MPIR_CVAR_NOLOCAL"] = "1"
         return env
