@@ -189,12 +189,13 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
        initrd: Optional[str] = None,
        boot_timeout: float = BOOT_TIMEOUT_S, log=None,
        kind: str = "busybox", guest_deb: Optional[str] = None,
-       network: bool = False, extra_debs: Optional[List[str]] = None
-       ) -> List[Dict]:
+       network: bool = False, extra_debs: Optional[List[str]] = None,
+       release: Optional[str] = None) -> List[Dict]:
     """Boot `count` VMs named PREFIX0.. attached to `server`. All or
     nothing: on failure every VM started here is stopped again. `kind`
     picks the image: the busybox initramfs (image.py) or the Debian
-    image with the ivcloud-guest package (debian.py). `network` links
+    image with the ivcloud-guest package (debian.py; `release` names a
+    Debian release other than 12, e.g. trixie). `network` links
     two Debian guests by an Ethernet of their own (10.12.0.1 and .2, each
     other's names in /etc/hosts), for mpirun between them."""
     log = log or (lambda msg: sys.stderr.write(msg + "\n"))
@@ -229,6 +230,9 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     if kind == "debian" and (kernel or initrd):
         raise VmError("the Debian image boots its own kernel and initramfs",
                       setting="kernel")
+    if release is not None and kind != "debian":
+        raise VmError("a Debian release applies to the Debian image only",
+                      setting="release")
     if network and (kind != "debian" or count != 2):
         raise VmError("a guest network links exactly 2 Debian guests",
                       setting="network")
@@ -254,7 +258,8 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     if kind == "debian":
         img = debian.build(Path(image_dir) if image_dir else None,
                            Path(guest_deb) if guest_deb else None, log=log,
-                           extra=[Path(x) for x in extra_debs or ()])
+                           extra=[Path(x) for x in extra_debs or ()],
+                           release_name=release)
     elif kernel and initrd:
         img = image.GuestImage(Path(kernel).absolute(),
                                Path(initrd).absolute(), "custom")
