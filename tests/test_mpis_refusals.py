@@ -39,3 +39,16 @@ def mpirun(*args, env=None):
 ])
 def test_bad_input_is_one_line_exit_2(args, env, words):
     assert words in one_line_error(mpirun(*args, env=env))
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--mpi", "lam"], "unknown MPI 'lam'"),
+    (["--mpi", "openmpi5", "--transports", "shm"],
+     "cannot use the shm transport"),
+    (["--mpi", "mpich", "--transports", "vader"], "subset of"),
+])
+def test_bench_refuses_in_one_line(args, words):
+    proc = subprocess.run([sys.executable, "-m", "ivcloud", "bench", "mpi",
+                           *args], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert words in one_line_error(proc)
