@@ -183,9 +183,11 @@ static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
     fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
     r->started = true;
     r->sent = r->total;
-    /* the sender's side completes first: an answer (RMA) finds it waiting */
+    uint32_t op = r->op;
+    /* the sender's side completes first (r may be gone after): an answer
+       (RMA) finds it waiting */
     fiv_tx_done(ep, r, 0);
-    fiv_deliver(ep, self, &ep->self_peer_dummy, r->op, buf, n);
+    fiv_deliver(ep, self, &ep->self_peer_dummy, op, buf, n);
     free(buf);
 }
 
