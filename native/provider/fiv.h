@@ -51,10 +51,15 @@
     (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
      FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
 #define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
+/* Every operation to a peer travels one ordered path and its target
+   handles them in arrival order (fiv_rma.c: a read larger than
+   FIV_READ_COPY is answered from the registered bytes as the answer
+   leaves, see docs/provider.md "Limits"). */
 #define FIV_MSG_ORDER                                                         \
-    (FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |              \
-     FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW | FI_ORDER_RAS |              \
-     FI_ORDER_WAS)
+    (0x1ffull | FI_ORDER_DATA | FI_ORDER_RMA_RAR | FI_ORDER_RMA_RAW |         \
+     FI_ORDER_RMA_WAR | FI_ORDER_RMA_WAW | FI_ORDER_ATOMIC_RAR |              \
+     FI_ORDER_ATOMIC_RAW | FI_ORDER_ATOMIC_WAR | FI_ORDER_ATOMIC_WAW)
+#define FIV_READ_COPY (64u << 10)
 #define FIV_MR_MODES                                                          \
     (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
 #define FIV_MAX_MSG ((size_t)1 << 30)  /* one message, any path          */

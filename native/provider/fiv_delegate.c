@@ -10,8 +10,8 @@
  * source the core cannot name (not inserted by the application) is
  * dropped, the core path's admission.
  *
- * Default "tcp;ofi_rxm", then "tcp"; FI_IVSHM_CORE overrides ("none":
- * none). We never open ourselves (no recursion), and ask for hidden
+ * Default "tcp;ofi_rxm", then "tcp" (2.x: RDM of its own), then "sockets"
+ * (1.x); FI_IVSHM_CORE overrides ("none": none). We never open ourselves (no recursion), and ask for hidden
  * providers too: an application that sets FI_PROVIDER=ivshm hides the
  * others from fi_getinfo, ours included.
  */
@@ -83,17 +83,20 @@ static struct fi_info *find_core(const char *name)
     if (hints->fabric_attr->prov_name &&
         fi_getinfo(FI_VERSION(1, 17), NULL, NULL, FIV_GETINFO_HIDDEN, hints,
                    &all) == 0) {
-        /* the first that is not us, preferring a real interface to lo */
+        /* not us; exactly the name asked for ("tcp" also matches the
+           layered "tcp;ofi_rxm", which may not open: see fiv_core_open);
+           a real interface before lo */
         struct fi_info *pick = NULL;
+        int best = -1;
         for (struct fi_info *i = all; i; i = i->next) {
             if (is_us(i))
                 continue;
-            if (!pick)
+            int score = !strcmp(i->fabric_attr->prov_name, name) * 2 +
+                        (i->domain_attr && i->domain_attr->name &&
+                         strcmp(i->domain_attr->name, "lo") != 0);
+            if (score > best) {
+                best = score;
                 pick = i;
-            if (i->domain_attr && i->domain_attr->name &&
-                strcmp(i->domain_attr->name, "lo")) {
-                pick = i;
-                break;
             }
         }
         if (pick)
@@ -211,7 +214,7 @@ fail:
    is tried. */
 int fiv_core_open(struct fiv_ep *ep)
 {
-    const char *names = fiv_cfg.core ? fiv_cfg.core : "tcp;ofi_rxm,tcp";
+    const char *names = fiv_cfg.core ? fiv_cfg.core : "tcp;ofi_rxm,tcp,sockets";
     if (!strcmp(names, "none"))
         return -FI_ENODATA;
     char *list = strdup(names);

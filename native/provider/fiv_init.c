@@ -228,8 +228,9 @@ FI_EXT_INI
                     "the first attach without a doorbell of their own)");
     fi_param_define(&fiv_prov, "core", FI_PARAM_STRING,
                     "Core provider for peers outside the region "
-                    "(default \"tcp;ofi_rxm\", then \"tcp\"; \"none\": "
-                    "region peers only)");
+                    "(comma-separated, the first that opens; default "
+                    "\"tcp;ofi_rxm,tcp,sockets\"; \"none\": region peers "
+                    "only)");
     fi_param_define(&fiv_prov, "report", FI_PARAM_BOOL,
                     "Print one line 'fi_ivshm: pid P sent S received R "
                     "delegated D' per process to stderr at exit");

@@ -245,8 +245,10 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             return;
         }
         count_remote(ep, mr, false);
-        /* the bytes go out from registered memory as the answer leaves */
-        reply(ep, src, FIV_OP_READ_RESP, h.id, 0, at, h.len, false);
+        /* small answers carry a copy (a later write cannot overtake them);
+           large ones go out from registered memory as they leave */
+        reply(ep, src, FIV_OP_READ_RESP, h.id, 0, at, h.len,
+              h.len <= FIV_READ_COPY);
         break;
     }
     case FIV_OP_ATOMIC: {
