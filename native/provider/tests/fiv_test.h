@@ -170,7 +170,7 @@ static void t_exchange(struct rank *r)
 }
 
 /* A barrier through the parent that does not drive progress. */
-static void t_barrier_plain(struct rank *r)
+static inline void t_barrier_plain(struct rank *r)
 {
     char c = 'B';
     REQ(write(r->sock, &c, 1) == 1);
@@ -179,7 +179,7 @@ static void t_barrier_plain(struct rank *r)
 
 /* A barrier that drives progress while it waits (through a counter read,
    which consumes no completion): a target answers RMA meanwhile. */
-static void t_barrier(struct rank *r)
+static inline void t_barrier(struct rank *r)
 {
     char c = 'B';
     REQ(write(r->sock, &c, 1) == 1);
@@ -190,7 +190,7 @@ static void t_barrier(struct rank *r)
 }
 
 /* Send / receive a small blob through the parent (keys, addresses). */
-static void t_bcast(struct rank *r, int root, void *buf, size_t len)
+static inline void t_bcast(struct rank *r, int root, void *buf, size_t len)
 {
     char msg[1 + 1024];
     REQ(len <= 1024);
