@@ -423,6 +423,10 @@ static inline void fiv_unlock(struct fiv_domain *d)
 int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
                     void *context);
 uint64_t fiv_now_ns(void);
+/* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
+uint64_t fiv_deadline(int timeout_ms);
+/* Text for an error code (CQ and EQ strerror), in buf if given. */
+const char *fiv_strerror(int prov_errno, char *buf, size_t len);
 void fiv_report(struct fiv_ep *ep);
 void fiv_register_ep(struct fiv_ep *ep);
 void fiv_unregister_ep(struct fiv_ep *ep);
@@ -502,6 +506,8 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 void fiv_tx_progress(struct fiv_ep *ep);
 void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
 struct fiv_op_req *fiv_req_new(void);
+int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
+                    size_t count, bool copy);
 void fiv_req_free(struct fiv_op_req *r);
 void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
 /* fiv_rma.c: RMA and atomics, both sides */

@@ -35,6 +35,21 @@ uint64_t fiv_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t fiv_deadline(int timeout_ms)
+{
+    return timeout_ms < 0 ? UINT64_MAX
+                          : fiv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+const char *fiv_strerror(int prov_errno, char *buf, size_t len)
+{
+    const char *s = fi_strerror(prov_errno < 0 ? -prov_errno : prov_errno);
+    if (!buf || !len)
+        return s;
+    snprintf(buf, len, "%s", s);
+    return buf;
+}
+
 /* ---- the report line: one per process, at the last endpoint's close or
    at exit/cleanup, whichever comes first ---- */
 

@@ -411,19 +411,9 @@ static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
     r->op = FIV_OP_WRITE | FIV_F_ACK | (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
-    r->total = len;
-    if (flags & FI_INJECT) {
-        r->own = malloc(len ? len : 1);
-        if (!r->own) {
-            free(r);
-            return -FI_ENOMEM;
-        }
-        fiv_iov_read(iov, count, 0, r->own, len);
-        r->iov[0] = (struct iovec){r->own, len};
-        r->iov_count = 1;
-    } else {
-        memcpy(r->iov, iov, count * sizeof *iov);
-        r->iov_count = count;
+    if (fiv_req_payload(r, iov, count, flags & FI_INJECT) < 0) {
+        fiv_req_free(r);
+        return -FI_ENOMEM;
     }
     return issue(ep, r);
 }
