@@ -104,6 +104,20 @@ def test_api_under_wheel_libfabric(name, native_dir, provider):
     assert "all passed" in proc.stdout
 
 
+@pytest.mark.parametrize("name", ["mpich", "openmpi5"])
+def test_fi_info_under_wheel_libfabric(name, provider):
+    """Debian's fi_info, run on the wheel's libfabric 2.5.1 (same soname,
+    its 1.x entry points kept): the provider loads and is listed."""
+    lib = libfabric_dir(prefix(name))
+    env = {"LD_LIBRARY_PATH": str(lib),
+           "FI_PROVIDER_PATH": str(provider.parent)}
+    version = run(["fi_info", "--version"], env)
+    assert "libfabric: 2." in version.stdout, version.stdout
+    proc = run(["fi_info", "-p", "ivshm"], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "provider: ivshm" in proc.stdout and "FI_EP_RDM" in proc.stdout
+
+
 def test_intel_fi_info_lists_it(provider):
     p = prefix("impi")
     # bin/fi_info is a wrapper script that expects /opt/mpi; the binary:

@@ -254,6 +254,45 @@ static void two_on_region(struct rank *r)
     t_close(r);
 }
 
+/* ---- a target that never calls in: FI_PROGRESS_AUTO answers ---- */
+
+static void auto_progress(struct rank *r)
+{
+    if (r->me == 0)
+        setenv("FIV_TEST_AUTO", "1", 1);
+    t_open(r, api_version);
+    if (r->me == 0)
+        REQ(r->info->domain_attr->data_progress == FI_PROGRESS_AUTO);
+    t_exchange(r);
+    uint64_t words[4] = {0, 0, 0, 0};
+    struct fid_mr *mr;
+    REQ_RC(fi_mr_reg(r->dom, words, sizeof words,
+                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+    struct target t = {(uint64_t)(uintptr_t)words, fi_mr_key(mr)};
+    t_bcast(r, 0, &t, sizeof t);
+    if (r->me == 0) {
+        /* no libfabric call until rank 1 is done */
+        t_barrier_plain(r);
+        REQ(words[0] == 0x5555 && words[1] == 3);
+    } else {
+        struct fi_cq_tagged_entry e;
+        uint64_t v = 0x5555, one = 3, old = 1, back = 0;
+        REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], t.addr, t.key, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ_RC(fi_fetch_atomic(r->ep, &one, 1, NULL, &old, NULL, r->addr[0],
+                               t.addr + 8, t.key, FI_UINT64, FI_SUM, &old), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(old == 0);
+        REQ_RC(fi_read(r->ep, &back, 8, NULL, r->addr[0], t.addr, t.key, &back), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(back == 0x5555);
+        t_barrier_plain(r);
+    }
+    t_barrier_plain(r);
+    fi_close(&mr->fid);
+    t_close(r);
+}
+
 /* ---- a peer killed in the middle of a message ---- */
 
 static void killed_mid_message(struct rank *r)
@@ -369,6 +408,11 @@ int main(int argc, char **argv)
            "probe, self, RMA, atomics, errors)\n", f ? "FAIL" : "ok");
     failed += f;
 
+    f = t_run(2, auto_progress, env2, 30, NULL);
+    printf("%s: a target that never calls in (FI_PROGRESS_AUTO)\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
     f = t_run_ex(2, killed_mid_message, env2, 30, NULL, 2u);
     printf("%s: a peer killed in the middle of a message\n", f ? "FAIL" : "ok");
     failed += f;
@@ -378,8 +422,11 @@ int main(int argc, char **argv)
     int fd = mkstemp(tmpl);
     if (fd >= 0)
         close(fd);
-    snprintf(env_a, sizeof env_a, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1", ra);
-    snprintf(env_b, sizeof env_b, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1", rb);
+    /* with AV maps this time */
+    snprintf(env_a, sizeof env_a,
+             "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1;FIV_TEST_AV_MAP=1", ra);
+    snprintf(env_b, sizeof env_b,
+             "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1;FIV_TEST_AV_MAP=1", rb);
     const char *env3[] = {env_a, env_a, env_b};
     f = t_run(3, mixed, env3, 60, tmpl);
     char p0[300], p2[300];
@@ -395,7 +442,8 @@ int main(int argc, char **argv)
                 "sent %d received %d delegated %d\n", s0, d0, s2, r2, d2);
         f = 1;
     }
-    printf("%s: three ranks, one through the core provider (report lines)\n",
+    printf("%s: three ranks, one through the core provider (AV map, report "
+           "lines)\n",
            f ? "FAIL" : "ok");
     failed += f;
     for (int i = 0; i < 3; i++) {

@@ -112,12 +112,15 @@ static void t_open(struct rank *r, uint32_t version)
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                                   FI_MR_PROV_KEY;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (getenv("FIV_TEST_AUTO")) /* a target that answers on its own */
+        hints->domain_attr->data_progress = FI_PROGRESS_AUTO;
     const char *prov = getenv("FIV_TEST_PROVIDER"); /* the benchmark's shm */
     hints->fabric_attr->prov_name = strdup(prov ? prov : "ivshm");
     REQ_RC(fi_getinfo(version, NULL, NULL, 0, hints, &r->info), 0);
     fi_freeinfo(hints);
     struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 256};
-    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_av_attr ava = {.type = getenv("FIV_TEST_AV_MAP") ? FI_AV_MAP
+                                                                : FI_AV_TABLE};
     struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
     REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
     REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
