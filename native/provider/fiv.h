@@ -384,6 +384,7 @@ struct fiv_ep {
     uint64_t sent, received, delegated;
     bool reported;
     uint32_t idle_calls;
+    uint32_t core_turn;
 };
 
 
