@@ -243,6 +243,15 @@ static void check_rma_atomics(struct rank *r)
     free(mem);
 }
 
+static void check_tagged_only(struct rank *r)
+{
+    t_open(r, api_version);
+    t_exchange(r);
+    check_tagged(r);
+    check_large_and_truncation(r);
+    t_close(r);
+}
+
 static void two_on_region(struct rank *r)
 {
     t_open(r, api_version);
@@ -290,6 +299,43 @@ static void auto_progress(struct rank *r)
     }
     t_barrier_plain(r);
     fi_close(&mr->fid);
+    t_close(r);
+}
+
+/* ---- a peer that sends before we inserted it: kept, then delivered ---- */
+
+static void late_insert(struct rank *r)
+{
+    if (r->me == 1)
+        t_insert_delay_ms = 300; /* rank 0's messages arrive first */
+    t_open(r, api_version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    uint8_t big[100000];
+    if (r->me == 0) {
+        for (int i = 0; i < 3; i++) {
+            uint64_t v = 10 + (uint64_t)i;
+            REQ_RC(fi_tinject(r->ep, &v, 8, r->addr[1], 20 + (uint64_t)i), 0);
+        }
+        memset(big, 0x5a, sizeof big);
+        REQ_RC(fi_tsend(r->ep, big, sizeof big, NULL, r->addr[1], 30, big), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+    } else {
+        for (int i = 0; i < 3; i++) {
+            uint64_t v = 0;
+            fi_addr_t src = FI_ADDR_NOTAVAIL;
+            REQ_RC(fi_trecv(r->ep, &v, 8, NULL, FI_ADDR_UNSPEC, 20 + (uint64_t)i,
+                            0, &v), 0);
+            REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+            REQ(v == 10 + (uint64_t)i && src == r->addr[0]);
+        }
+        memset(big, 0, sizeof big);
+        REQ_RC(fi_trecv(r->ep, big, sizeof big, NULL, r->addr[0], 30, 0, big), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        for (size_t i = 0; i < sizeof big; i++)
+            REQ(big[i] == 0x5a);
+    }
+    t_barrier(r);
     t_close(r);
 }
 
@@ -413,8 +459,20 @@ int main(int argc, char **argv)
            f ? "FAIL" : "ok");
     failed += f;
 
+    f = t_run(2, late_insert, env2, 30, NULL);
+    printf("%s: a peer that sent before we inserted it\n", f ? "FAIL" : "ok");
+    failed += f;
+
     f = t_run_ex(2, killed_mid_message, env2, 30, NULL, 2u);
     printf("%s: a peer killed in the middle of a message\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    const char *nothing[] = {"FI_IVSHM_REPORT=1", "FI_IVSHM_REPORT=1"};
+    unsetenv("FI_IVSHM_REGION");
+    unsetenv("IVSHM_REGION");
+    f = t_run(2, check_tagged_only, nothing, 60, NULL);
+    printf("%s: no region: everything through the core provider\n",
+           f ? "FAIL" : "ok");
     failed += f;
 
     const char *rb = t_region(8, 0);

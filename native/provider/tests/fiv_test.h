@@ -158,7 +158,10 @@ static void t_read_full(int fd, void *buf, size_t len)
     }
 }
 
-/* Everyone's names, in rank order, inserted into the AV. */
+/* Everyone's names, in rank order, inserted into the AV (after
+   t_insert_delay_ms, for the rank that sets it). */
+static int t_insert_delay_ms;
+
 static void t_exchange(struct rank *r)
 {
     char name[NAMELEN] = {0};
@@ -170,6 +173,8 @@ static void t_exchange(struct rank *r)
     REQ(write(r->sock, msg, sizeof msg) == (ssize_t)sizeof msg);
     char all[MAXR * NAMELEN];
     t_read_full(r->sock, all, (size_t)r->n * NAMELEN);
+    if (t_insert_delay_ms)
+        usleep((useconds_t)t_insert_delay_ms * 1000);
     /* one at a time: names of other providers differ in length */
     for (int i = 0; i < r->n; i++)
         REQ_RC(fi_av_insert(r->av, all + i * NAMELEN, 1, &r->addr[i], 0, NULL), 1);
