@@ -58,6 +58,7 @@ static struct fiv_ep **live_eps;
 static size_t nlive, caplive;
 static uint64_t done_sent, done_received, done_delegated;
 static bool any_ep, reported;
+static pid_t owner; /* a forked child inherits our counters: not its line */
 
 void fiv_register_ep(struct fiv_ep *ep)
 {
@@ -74,12 +75,13 @@ void fiv_register_ep(struct fiv_ep *ep)
     }
     live_eps[nlive++] = ep;
     any_ep = true;
+    owner = getpid();
     pthread_mutex_unlock(&reg_lock);
 }
 
 static void print_report_locked(void)
 {
-    if (reported || !any_ep || !fiv_cfg.report)
+    if (reported || !any_ep || !fiv_cfg.report || getpid() != owner)
         return;
     uint64_t s = done_sent, r = done_received, d = done_delegated;
     for (size_t i = 0; i < nlive; i++) {
