@@ -51,10 +51,15 @@
     (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
      FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
 #define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
+/* Every operation to a peer travels one ordered path and its target
+   handles them in arrival order (fiv_rma.c: a read larger than
+   FIV_READ_COPY is answered from the registered bytes as the answer
+   leaves, see docs/provider.md "Limits"). */
 #define FIV_MSG_ORDER                                                         \
-    (FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |              \
-     FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW | FI_ORDER_RAS |              \
-     FI_ORDER_WAS)
+    (0x1ffull | FI_ORDER_DATA | FI_ORDER_RMA_RAR | FI_ORDER_RMA_RAW |         \
+     FI_ORDER_RMA_WAR | FI_ORDER_RMA_WAW | FI_ORDER_ATOMIC_RAR |              \
+     FI_ORDER_ATOMIC_RAW | FI_ORDER_ATOMIC_WAR | FI_ORDER_ATOMIC_WAW)
+#define FIV_READ_COPY (64u << 10)
 #define FIV_MR_MODES                                                          \
     (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
 #define FIV_MAX_MSG ((size_t)1 << 30)  /* one message, any path          */
@@ -379,6 +384,7 @@ struct fiv_ep {
     uint64_t sent, received, delegated;
     bool reported;
     uint32_t idle_calls;
+    uint32_t core_turn;
 };
 
 
@@ -418,6 +424,10 @@ static inline void fiv_unlock(struct fiv_domain *d)
 int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
                     void *context);
 uint64_t fiv_now_ns(void);
+/* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
+uint64_t fiv_deadline(int timeout_ms);
+/* Text for an error code (CQ and EQ strerror), in buf if given. */
+const char *fiv_strerror(int prov_errno, char *buf, size_t len);
 void fiv_report(struct fiv_ep *ep);
 void fiv_register_ep(struct fiv_ep *ep);
 void fiv_unregister_ep(struct fiv_ep *ep);
@@ -497,6 +507,8 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 void fiv_tx_progress(struct fiv_ep *ep);
 void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
 struct fiv_op_req *fiv_req_new(void);
+int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
+                    size_t count, bool copy);
 void fiv_req_free(struct fiv_op_req *r);
 void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
 /* fiv_rma.c: RMA and atomics, both sides */

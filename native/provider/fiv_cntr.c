@@ -85,8 +85,7 @@ static int cntr_wait(struct fid_cntr *f, uint64_t threshold, int timeout)
 {
     struct fiv_cntr *c = container_of(f, struct fiv_cntr, cntr);
     uint64_t err0 = __atomic_load_n(&c->err, __ATOMIC_ACQUIRE);
-    uint64_t deadline = timeout < 0 ? UINT64_MAX
-                                    : fiv_now_ns() + (uint64_t)timeout * 1000000ull;
+    uint64_t deadline = fiv_deadline(timeout);
     for (unsigned spins = 0;; spins++) {
         drive(c);
         if (__atomic_load_n(&c->val, __ATOMIC_ACQUIRE) >= threshold)

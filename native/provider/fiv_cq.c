@@ -229,8 +229,7 @@ static ssize_t cq_sreadfrom(struct fid_cq *cq, void *buf, size_t count,
                             fi_addr_t *src_addr, const void *cond, int timeout)
 {
     (void)cond;
-    uint64_t deadline = timeout < 0 ? UINT64_MAX
-                                    : fiv_now_ns() + (uint64_t)timeout * 1000000ull;
+    uint64_t deadline = fiv_deadline(timeout);
     for (unsigned spins = 0;; spins++) {
         ssize_t n = cq_readfrom(cq, buf, count, src_addr);
         if (n != -FI_EAGAIN)
@@ -255,13 +254,7 @@ static const char *cq_strerror(struct fid_cq *cq, int prov_errno,
 {
     (void)cq;
     (void)err_data;
-    const char *s = fi_strerror(prov_errno < 0 ? -prov_errno : prov_errno);
-    if (buf && len) {
-        strncpy(buf, s, len - 1);
-        buf[len - 1] = 0;
-        return buf;
-    }
-    return s;
+    return fiv_strerror(prov_errno, buf, len);
 }
 
 static int cq_close(struct fid *fid)

@@ -10,8 +10,8 @@
  * source the core cannot name (not inserted by the application) is
  * dropped, the core path's admission.
  *
- * Default "tcp;ofi_rxm", then "tcp"; FI_IVSHM_CORE overrides ("none":
- * none). We never open ourselves (no recursion), and ask for hidden
+ * Default "tcp;ofi_rxm", then "tcp" (2.x: RDM of its own), then "sockets"
+ * (1.x); FI_IVSHM_CORE overrides ("none": none). We never open ourselves (no recursion), and ask for hidden
  * providers too: an application that sets FI_PROVIDER=ivshm hides the
  * others from fi_getinfo, ours included.
  */
@@ -24,9 +24,12 @@
 /* libfabric's own flag for "include providers hidden by FI_PROVIDER"
    (ofi.h, unchanged from 1.17 to 2.5): the one efa uses to open shm */
 #define FIV_GETINFO_HIDDEN (1ULL << 60)
-#define CORE_BUF 65536
-#define CORE_RX 16
-#define CORE_TX 32
+/* One core message stays below ofi_rxm's eager size (16 KiB): a larger
+   one goes by rendezvous and may complete after the eager messages that
+   follow it, and our fragments must complete in order. */
+#define CORE_BUF 8192
+#define CORE_RX 64
+#define CORE_TX 64
 #define CORE_WORD 8 /* operation word + pad in front of every message */
 
 struct core_buf {
@@ -60,7 +63,7 @@ static bool is_us(const struct fi_info *i)
            strstr(i->fabric_attr->prov_name, FIV_PROV_NAME);
 }
 
-static struct fi_info *find_core(const char *names)
+static struct fi_info *find_core(const char *name)
 {
     struct fi_info *hints = fi_allocinfo();
     if (!hints)
@@ -75,35 +78,31 @@ static struct fi_info *find_core(const char *names)
     hints->tx_attr->msg_order = FI_ORDER_SAS;
     hints->rx_attr->msg_order = FI_ORDER_SAS;
     struct fi_info *found = NULL;
-    char *list = strdup(names);
-    for (char *save = NULL, *n = list ? strtok_r(list, ",", &save) : NULL;
-         n && !found; n = strtok_r(NULL, ",", &save)) {
-        if (strstr(n, FIV_PROV_NAME))
-            continue;
-        free(hints->fabric_attr->prov_name);
-        hints->fabric_attr->prov_name = strdup(n);
-        struct fi_info *all = NULL;
-        if (fi_getinfo(FI_VERSION(1, 17), NULL, NULL, FIV_GETINFO_HIDDEN,
-                       hints, &all) != 0)
-            continue;
-        /* the first that is not us and not the loopback interface */
+    hints->fabric_attr->prov_name = strdup(name);
+    struct fi_info *all = NULL;
+    if (hints->fabric_attr->prov_name &&
+        fi_getinfo(FI_VERSION(1, 17), NULL, NULL, FIV_GETINFO_HIDDEN, hints,
+                   &all) == 0) {
+        /* not us; exactly the name asked for ("tcp" also matches the
+           layered "tcp;ofi_rxm", which may not open: see fiv_core_open);
+           a real interface before lo */
         struct fi_info *pick = NULL;
+        int best = -1;
         for (struct fi_info *i = all; i; i = i->next) {
             if (is_us(i))
                 continue;
-            if (!pick)
+            int score = !strcmp(i->fabric_attr->prov_name, name) * 2 +
+                        (i->domain_attr && i->domain_attr->name &&
+                         strcmp(i->domain_attr->name, "lo") != 0);
+            if (score > best) {
+                best = score;
                 pick = i;
-            if (i->domain_attr && i->domain_attr->name &&
-                strcmp(i->domain_attr->name, "lo")) {
-                pick = i;
-                break;
             }
         }
         if (pick)
             found = fi_dupinfo(pick);
         fi_freeinfo(all);
     }
-    free(list);
     fi_freeinfo(hints);
     return found;
 }
@@ -142,49 +141,59 @@ void fiv_core_close(struct fiv_ep *ep)
     ep->core = NULL;
 }
 
-int fiv_core_open(struct fiv_ep *ep)
+static int open_one(struct fiv_ep *ep, const char *name)
 {
-    const char *names = fiv_cfg.core ? fiv_cfg.core : "tcp;ofi_rxm,tcp";
-    if (!strcmp(names, "none"))
-        return -FI_ENODATA;
     struct fiv_core *c = calloc(1, sizeof *c);
     if (!c)
         return -FI_ENOMEM;
     ep->core = c;
-    c->info = find_core(names);
-    if (!c->info)
-        goto fail;
+    c->info = find_core(name);
+    if (!c->info) {
+        FIV_INFO("no core provider %s\n", name);
+        fiv_core_close(ep);
+        return -FI_ENODATA;
+    }
     struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_MSG,
                              .wait_obj = FI_WAIT_NONE, .size = 1024};
     struct fi_av_attr ava = {.type = FI_AV_TABLE};
-    if (fi_fabric(c->info->fabric_attr, &c->fabric, NULL) ||
-        fi_domain(c->fabric, c->info, &c->domain, NULL) ||
-        fi_cq_open(c->domain, &cqa, &c->cq, NULL) ||
-        fi_av_open(c->domain, &ava, &c->av, NULL) ||
-        fi_endpoint(c->domain, c->info, &c->ep, NULL) ||
-        fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV) ||
-        fi_ep_bind(c->ep, &c->av->fid, 0) || fi_enable(c->ep))
-        goto fail;
+    const char *step = "";
+    int rc;
+#define STEP(call)                                                            \
+    do {                                                                      \
+        step = #call;                                                         \
+        if ((rc = (int)(call)) != 0)                                          \
+            goto fail;                                                        \
+    } while (0)
+    STEP(fi_fabric(c->info->fabric_attr, &c->fabric, NULL));
+    STEP(fi_domain(c->fabric, c->info, &c->domain, NULL));
+    STEP(fi_cq_open(c->domain, &cqa, &c->cq, NULL));
+    STEP(fi_av_open(c->domain, &ava, &c->av, NULL));
+    STEP(fi_endpoint(c->domain, c->info, &c->ep, NULL));
+    STEP(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV));
+    STEP(fi_ep_bind(c->ep, &c->av->fid, 0));
+    STEP(fi_enable(c->ep));
     c->namelen = sizeof c->name;
-    if (fi_getname(&c->ep->fid, c->name, &c->namelen) || c->namelen == 0 ||
-        c->namelen > sizeof c->name)
+    STEP(fi_getname(&c->ep->fid, c->name, &c->namelen));
+    if (c->namelen == 0 || c->namelen > sizeof c->name) {
+        rc = -FI_ETOOSMALL;
         goto fail;
+    }
     bool need_mr = c->info->domain_attr->mr_mode & FI_MR_LOCAL;
     for (size_t i = 0; i < CORE_RX + CORE_TX; i++) {
         struct core_buf *b = &c->bufs[i];
         b->mem = malloc(CORE_BUF);
-        if (!b->mem)
+        if (!b->mem) {
+            rc = -FI_ENOMEM;
             goto fail;
+        }
         b->rx = i < CORE_RX;
         if (need_mr) {
-            if (fi_mr_reg(c->domain, b->mem, CORE_BUF, FI_SEND | FI_RECV, 0,
-                          i, 0, &b->mr, NULL))
-                goto fail;
+                STEP(fi_mr_reg(c->domain, b->mem, CORE_BUF, FI_SEND | FI_RECV, 0,
+                           i, 0, &b->mr, NULL));
             b->desc = fi_mr_desc(b->mr);
         }
         if (b->rx) {
-            if (post_rx(c, b))
-                goto fail;
+            STEP(post_rx(c, b));
         } else {
             b->next_free = c->free_tx;
             c->free_tx = b;
@@ -193,10 +202,32 @@ int fiv_core_open(struct fiv_ep *ep)
     FIV_INFO("core provider %s\n", c->info->fabric_attr->prov_name);
     return 0;
 fail:
-    FIV_WARN("no core provider from \"%s\": only peers in the region are "
-             "reachable\n", names);
+    FIV_INFO("core provider %s: %s failed: %s\n", c->info->fabric_attr->prov_name,
+             step, fi_strerror(-rc));
     fiv_core_close(ep);
     return -FI_ENODATA;
+}
+
+/* The first of the comma-separated names that opens. A layered one
+   (tcp;ofi_rxm) cannot open when FI_PROVIDER hides its core (the
+   utility provider asks without libfabric's hidden flag): the next name
+   is tried. */
+int fiv_core_open(struct fiv_ep *ep)
+{
+    const char *names = fiv_cfg.core ? fiv_cfg.core : "tcp;ofi_rxm,tcp,sockets";
+    if (!strcmp(names, "none"))
+        return -FI_ENODATA;
+    char *list = strdup(names);
+    int rc = -FI_ENODATA;
+    for (char *save = NULL, *n = list ? strtok_r(list, ",", &save) : NULL;
+         n && rc; n = strtok_r(NULL, ",", &save))
+        if (!strstr(n, FIV_PROV_NAME))
+            rc = open_one(ep, n);
+    free(list);
+    if (rc)
+        FIV_WARN("no core provider of \"%s\" opens: only peers in the region "
+                 "are reachable\n", names);
+    return rc;
 }
 
 size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap)

@@ -94,13 +94,16 @@ void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
         fiv_stash_replay(ep, a->slot);
         return;
     }
+    int rc = -FI_ENODATA;
     if (a->core_len && ep->core &&
-        fiv_core_insert(ep, a->core, a->core_len, &p->core_addr) == 0) {
+        (rc = fiv_core_insert(ep, a->core, a->core_len, &p->core_addr)) == 0) {
         p->path = PATH_CORE;
         return;
     }
-    FIV_WARN("peer %zu is neither in our region nor reachable by a core "
-             "provider\n", index);
+    FIV_WARN("peer %zu (slot %d) is neither in our region nor reachable by "
+             "a core provider (%s)\n", index, a->slot,
+             !a->core_len ? "its name has no core address"
+             : !ep->core ? "we have no core provider" : fi_strerror(-rc));
 }
 
 void fiv_ep_forget(struct fiv_ep *ep, size_t index)
@@ -125,7 +128,9 @@ static void attach_region(struct fiv_ep *ep)
     name_of(ep->nonce, name, sizeof name);
     ivshm_config cfg = {
         .job_id = FIV_JOB_TAG,
-        .rank = (uint32_t)getpid(),
+        /* (job, rank) names one attachment: an MPI may open several
+           endpoints per process (Open MPI: the mtl and the btl) */
+        .rank = (uint32_t)ep->nonce,
         .name = name,
         /* we spin in the caller's progress loop; a wait is meant to block */
         .spin_ns = 1,

@@ -74,8 +74,7 @@ static ssize_t eq_write(struct fid_eq *f, uint32_t event, const void *buf,
 static ssize_t eq_sread(struct fid_eq *f, uint32_t *event, void *buf,
                         size_t len, int timeout, uint64_t flags)
 {
-    uint64_t deadline = timeout < 0 ? UINT64_MAX
-                                    : fiv_now_ns() + (uint64_t)timeout * 1000000ull;
+    uint64_t deadline = fiv_deadline(timeout);
     for (;;) {
         ssize_t n = eq_read(f, event, buf, len, flags);
         if (n != -FI_EAGAIN || fiv_now_ns() >= deadline)
@@ -86,14 +85,9 @@ static ssize_t eq_sread(struct fid_eq *f, uint32_t *event, void *buf,
 static const char *eq_strerror(struct fid_eq *f, int prov_errno,
                                const void *err_data, char *buf, size_t len)
 {
-    (void)f; (void)err_data;
-    const char *s = fi_strerror(prov_errno < 0 ? -prov_errno : prov_errno);
-    if (buf && len) {
-        strncpy(buf, s, len - 1);
-        buf[len - 1] = 0;
-        return buf;
-    }
-    return s;
+    (void)f;
+    (void)err_data;
+    return fiv_strerror(prov_errno, buf, len);
 }
 
 static int eq_close(struct fid *fid)

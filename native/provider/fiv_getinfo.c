@@ -59,70 +59,77 @@ static int answer_mr_mode(uint32_t version, const struct fi_info *hints)
     return asked & (FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY);
 }
 
+/* Why we do not fit, for FI_LOG_LEVEL=info. */
+static bool refuse(const char *why)
+{
+    FIV_INFO("hints not met: %s\n", why);
+    return false;
+}
+
 static bool hints_fit(uint32_t version, const struct fi_info *h)
 {
     if (!h)
         return true;
     if (h->caps & ~FIV_CAPS)
-        return false;
+        return refuse("h->caps & ~FIV_CAPS");
     if (h->addr_format != FI_FORMAT_UNSPEC)
-        return false;
+        return refuse("h->addr_format != FI_FORMAT_UNSPEC");
     if (h->ep_attr) {
         if (h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM)
-            return false;
+            return refuse("h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM");
         if (h->ep_attr->max_msg_size > FIV_MAX_MSG)
-            return false;
+            return refuse("h->ep_attr->max_msg_size > FIV_MAX_MSG");
         if (h->ep_attr->tx_ctx_cnt > 1 && h->ep_attr->tx_ctx_cnt != FI_SHARED_CONTEXT)
-            return false;
+            return refuse("h->ep_attr->tx_ctx_cnt > 1 && h->ep_attr->tx_ctx_cnt != FI_SHARED_CONTEXT");
         if (h->ep_attr->rx_ctx_cnt > 1 && h->ep_attr->rx_ctx_cnt != FI_SHARED_CONTEXT)
-            return false;
+            return refuse("h->ep_attr->rx_ctx_cnt > 1 && h->ep_attr->rx_ctx_cnt != FI_SHARED_CONTEXT");
         if (h->ep_attr->auth_key_size)
-            return false;
+            return refuse("h->ep_attr->auth_key_size");
     }
     if (h->fabric_attr) {
         if (h->fabric_attr->prov_name &&
             !strstr(h->fabric_attr->prov_name, FIV_PROV_NAME))
-            return false;
+            return refuse("h->fabric_attr->prov_name && !strstr(h->fabric_attr->prov_name, FIV_PROV_NAME)");
         if (h->fabric_attr->name &&
             strcmp(h->fabric_attr->name, FIV_FABRIC_NAME))
-            return false;
+            return refuse("h->fabric_attr->name && strcmp(h->fabric_attr->name, FIV_FABRIC_NAME)");
     }
     if (h->domain_attr) {
         const struct fi_domain_attr *d = h->domain_attr;
         if (d->name && strcmp(d->name, FIV_DOMAIN_NAME))
-            return false;
+            return refuse("d->name && strcmp(d->name, FIV_DOMAIN_NAME)");
         if (d->cq_data_size > FIV_CQ_DATA_SIZE)
-            return false;
+            return refuse("d->cq_data_size > FIV_CQ_DATA_SIZE");
         if (d->mr_key_size > 8)
-            return false;
+            return refuse("d->mr_key_size > 8");
         if (d->auth_key_size)
-            return false;
+            return refuse("d->auth_key_size");
         if (FI_VERSION_GE(version, FI_VERSION(1, 5)) && d->mr_mode > 2 &&
             (d->mr_mode & FI_MR_RAW))
-            return false; /* raw keys we cannot produce */
+            return refuse("FI_VERSION_GE(version, FI_VERSION(1, 5)) && d->mr_mode > 2 && (d->mr_mode & FI_MR_RAW)");
     }
     if (h->tx_attr) {
         if (h->tx_attr->caps & ~FIV_CAPS)
-            return false;
+            return refuse("h->tx_attr->caps & ~FIV_CAPS");
         if (h->tx_attr->inject_size > FIV_INJECT)
-            return false;
+            return refuse("h->tx_attr->inject_size > FIV_INJECT");
         if (h->tx_attr->iov_limit > FIV_IOV_LIMIT)
-            return false;
+            return refuse("h->tx_attr->iov_limit > FIV_IOV_LIMIT");
         if (h->tx_attr->rma_iov_limit > FIV_RMA_IOV_LIMIT)
-            return false;
+            return refuse("h->tx_attr->rma_iov_limit > FIV_RMA_IOV_LIMIT");
         if (h->tx_attr->msg_order & ~FIV_MSG_ORDER)
-            return false;
+            return refuse("h->tx_attr->msg_order & ~FIV_MSG_ORDER");
     }
     if (h->rx_attr) {
         if (h->rx_attr->caps & ~FIV_CAPS)
-            return false;
+            return refuse("h->rx_attr->caps & ~FIV_CAPS");
         if (h->rx_attr->iov_limit > FIV_IOV_LIMIT)
-            return false;
+            return refuse("h->rx_attr->iov_limit > FIV_IOV_LIMIT");
         if (h->rx_attr->msg_order & ~FIV_MSG_ORDER)
-            return false;
+            return refuse("h->rx_attr->msg_order & ~FIV_MSG_ORDER");
         if (h->rx_attr->total_buffered_recv > 0 &&
             FI_VERSION_LT(version, FI_VERSION(1, 5)))
-            return false;
+            return refuse("h->rx_attr->total_buffered_recv > 0 && FI_VERSION_LT(version, FI_VERSION(1, 5))");
     }
     return true;
 }
@@ -216,6 +223,15 @@ int fiv_getinfo(uint32_t version, const char *node, const char *service,
     (void)service;
     (void)flags;
     *info = NULL;
+    FIV_INFO("getinfo %u.%u caps %#llx mode %#llx mr_mode %#x\n",
+             FI_MAJOR(version), FI_MINOR(version),
+             hints ? (unsigned long long)hints->caps : 0ull,
+             hints ? (unsigned long long)hints->mode : 0ull,
+             hints && hints->domain_attr ? hints->domain_attr->mr_mode : -1);
+    /* Intel MPI's core probes with version 0 and no hints: it means "any",
+       answered in the core's own version */
+    if (version == 0)
+        version = fiv_prov.fi_version;
     if (FI_VERSION_LT(version, FI_VERSION(1, 5)))
         return -FI_ENODATA;
     if (!hints_fit(version, hints))

@@ -35,6 +35,21 @@ uint64_t fiv_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t fiv_deadline(int timeout_ms)
+{
+    return timeout_ms < 0 ? UINT64_MAX
+                          : fiv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+const char *fiv_strerror(int prov_errno, char *buf, size_t len)
+{
+    const char *s = fi_strerror(prov_errno < 0 ? -prov_errno : prov_errno);
+    if (!buf || !len)
+        return s;
+    snprintf(buf, len, "%s", s);
+    return buf;
+}
+
 /* ---- the report line: one per process, at the last endpoint's close or
    at exit/cleanup, whichever comes first ---- */
 
@@ -43,6 +58,7 @@ static struct fiv_ep **live_eps;
 static size_t nlive, caplive;
 static uint64_t done_sent, done_received, done_delegated;
 static bool any_ep, reported;
+static pid_t owner; /* a forked child inherits our counters: not its line */
 
 void fiv_register_ep(struct fiv_ep *ep)
 {
@@ -59,12 +75,13 @@ void fiv_register_ep(struct fiv_ep *ep)
     }
     live_eps[nlive++] = ep;
     any_ep = true;
+    owner = getpid();
     pthread_mutex_unlock(&reg_lock);
 }
 
 static void print_report_locked(void)
 {
-    if (reported || !any_ep || !fiv_cfg.report)
+    if (reported || !any_ep || !fiv_cfg.report || getpid() != owner)
         return;
     uint64_t s = done_sent, r = done_received, d = done_delegated;
     for (size_t i = 0; i < nlive; i++) {
@@ -228,8 +245,9 @@ FI_EXT_INI
                     "the first attach without a doorbell of their own)");
     fi_param_define(&fiv_prov, "core", FI_PARAM_STRING,
                     "Core provider for peers outside the region "
-                    "(default \"tcp;ofi_rxm\", then \"tcp\"; \"none\": "
-                    "region peers only)");
+                    "(comma-separated, the first that opens; default "
+                    "\"tcp;ofi_rxm,tcp,sockets\"; \"none\": region peers "
+                    "only)");
     fi_param_define(&fiv_prov, "report", FI_PARAM_BOOL,
                     "Print one line 'fi_ivshm: pid P sent S received R "
                     "delegated D' per process to stderr at exit");

@@ -578,20 +578,10 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
     r->op = op;
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
-    r->total = len;
-    if (inject) {
-        r->own = malloc(len ? len : 1);
-        if (!r->own) {
-            free(r);
-            fiv_unlock(d);
-            return -FI_ENOMEM;
-        }
-        fiv_iov_read(iov, count, 0, r->own, len);
-        r->iov[0] = (struct iovec){r->own, len};
-        r->iov_count = 1;
-    } else {
-        memcpy(r->iov, iov, count * sizeof *iov);
-        r->iov_count = count;
+    if (fiv_req_payload(r, iov, count, inject) < 0) {
+        fiv_req_free(r);
+        fiv_unlock(d);
+        return -FI_ENOMEM;
     }
     fiv_tx_start(ep, r);
     fiv_unlock(d);

@@ -245,8 +245,10 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             return;
         }
         count_remote(ep, mr, false);
-        /* the bytes go out from registered memory as the answer leaves */
-        reply(ep, src, FIV_OP_READ_RESP, h.id, 0, at, h.len, false);
+        /* small answers carry a copy (a later write cannot overtake them);
+           large ones go out from registered memory as they leave */
+        reply(ep, src, FIV_OP_READ_RESP, h.id, 0, at, h.len,
+              h.len <= FIV_READ_COPY);
         break;
     }
     case FIV_OP_ATOMIC: {
@@ -409,19 +411,9 @@ static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
     r->op = FIV_OP_WRITE | FIV_F_ACK | (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
-    r->total = len;
-    if (flags & FI_INJECT) {
-        r->own = malloc(len ? len : 1);
-        if (!r->own) {
-            free(r);
-            return -FI_ENOMEM;
-        }
-        fiv_iov_read(iov, count, 0, r->own, len);
-        r->iov[0] = (struct iovec){r->own, len};
-        r->iov_count = 1;
-    } else {
-        memcpy(r->iov, iov, count * sizeof *iov);
-        r->iov_count = count;
+    if (fiv_req_payload(r, iov, count, flags & FI_INJECT) < 0) {
+        fiv_req_free(r);
+        return -FI_ENOMEM;
     }
     return issue(ep, r);
 }

@@ -27,6 +27,26 @@ void fiv_req_free(struct fiv_op_req *r)
     }
 }
 
+/* What r sends after its header: the caller's buffers, or (inject) a
+   copy of them, so that the caller may reuse them at once. */
+int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
+                    size_t count, bool copy)
+{
+    r->total = fiv_iov_total(iov, count);
+    if (!copy) {
+        memcpy(r->iov, iov, count * sizeof *iov);
+        r->iov_count = count;
+        return 0;
+    }
+    r->own = malloc(r->total ? r->total : 1);
+    if (!r->own)
+        return -FI_ENOMEM;
+    fiv_iov_read(iov, count, 0, r->own, r->total);
+    r->iov[0] = (struct iovec){r->own, r->total};
+    r->iov_count = 1;
+    return 0;
+}
+
 size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
                      const void *src, size_t len)
 {
@@ -183,9 +203,11 @@ static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
     fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
     r->started = true;
     r->sent = r->total;
-    /* the sender's side completes first: an answer (RMA) finds it waiting */
+    uint32_t op = r->op;
+    /* the sender's side completes first (r may be gone after): an answer
+       (RMA) finds it waiting */
     fiv_tx_done(ep, r, 0);
-    fiv_deliver(ep, self, &ep->self_peer_dummy, r->op, buf, n);
+    fiv_deliver(ep, self, &ep->self_peer_dummy, op, buf, n);
     free(buf);
 }
 
