@@ -138,8 +138,7 @@ class Flavor:
 
         Each flavor picks the provider through its MPI's own setting
         where it has one: FI_PROVIDER (MPICH has nothing else) hides
-        every other provider from libfabric altogether, also the core
-        provider ivshm delegates to."""
+        every provider it does not name from libfabric."""
         env: Dict[str, str] = {}
         if job.transport == "ivshmem":
             env["FI_PROVIDER_PATH"] = self.provider_path(provider.library())

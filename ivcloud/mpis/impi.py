@@ -54,10 +54,19 @@ class IntelMpi(HydraFlavor):
                 "-ppn", str(ppn)]
 
     def transport_env(self, transport: str) -> Dict[str, str]:
-        env = {"I_MPI_FABRICS": _FABRICS[transport], "I_MPI_PIN": "0"}
-        if transport != "own-shm":
-            env["I_MPI_OFI_PROVIDER"] = (provider.NAME if transport
-                                         == "ivshmem" else transport)
+        # LD_LIBRARY_PATH, as Intel's own environment scripts set it: the
+        # program's RUNPATH finds Intel's libmpi, but libmpi's libfabric
+        # would be the system's (Debian's 1.17), which knows neither the
+        # `+FILE` form nor Intel's providers
+        env = {"I_MPI_FABRICS": _FABRICS[transport], "I_MPI_PIN": "0",
+               "LD_LIBRARY_PATH": str(self.prefix() / "lib")}
+        if transport == "ivshmem":
+            # Intel's core registers only the providers FI_PROVIDER names
+            # (when set): tcp too, for the peers ivshm delegates
+            env.update(I_MPI_OFI_PROVIDER=provider.NAME,
+                       FI_PROVIDER=f"{provider.NAME},tcp")
+        elif transport != "own-shm":
+            env["I_MPI_OFI_PROVIDER"] = transport
         return env
 
     def provider_path(self, library: Path) -> str:

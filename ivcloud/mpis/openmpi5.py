@@ -39,12 +39,15 @@ class OpenMpi5(Flavor):
         if transport == "own-shm":
             return [["pml", "ob1"], ["btl", "self,sm"]]
         name = provider.NAME if transport == "ivshmem" else "tcp"
-        # one-sided goes through osc rdma over the BTLs (btl ofi opens the
-        # same provider); the wheel's UCX finds no device here and says so
-        # on every rank, as Debian's defaults keep it out too
-        return [["pml", "cm"], ["mtl", "ofi"],
-                ["mtl_ofi_provider_include", name], ["osc", "^ucx"],
-                ["btl", "^uct"]]
+        mca = [["pml", "cm"], ["mtl", "ofi"],
+               ["mtl_ofi_provider_include", name]]
+        if transport == "ivshmem":
+            # one-sided: osc rdma over btl ofi, on the same provider
+            return mca + [["osc", "rdma"], ["btl", "self,ofi"],
+                          ["btl_ofi_provider_include", name]]
+        # the wheel's UCX finds no device here and says so on every rank
+        # (Debian's defaults keep it out too)
+        return mca + [["osc", "^ucx"], ["btl", "^uct"]]
 
     def launch_line(self, job: Job, program: List[str],
                     env: Dict[str, str]) -> List[str]:
