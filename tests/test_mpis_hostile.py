@@ -30,7 +30,6 @@ import pytest
 from ivcloud import server as server_mod
 from ivcloud.cluster import jobs
 from mpis_support import OFI, ofi_cluster  # noqa: F401 (fixture)
-from test_cluster import RUN_DIR
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="cluster tests need root")

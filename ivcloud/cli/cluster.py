@@ -251,7 +251,7 @@ def _cmd_mpirun(args) -> int:
                        "-np N -- PROGRAM [ARGS...])")
     debian = mpis.check_name(args.mpi) == mpis.DEBIAN_OPENMPI
     if not debian:
-        _check_ofi_options(args)
+        _refuse_openmpi_options(args)
         mpis.flavor(args.mpi).check(args.transport, args.report_transport)
     sd = _sd(args)
     state = lifecycle.load_up(sd)
@@ -326,7 +326,7 @@ def _cmd_mpirun(args) -> int:
                 pass
 
 
-def _check_ofi_options(args) -> None:
+def _refuse_openmpi_options(args) -> None:
     """Options that only Debian's Open MPI (its BTL, MCA, rankfiles)
     understands."""
     given = [opt for opt, value in (("--btl", args.btl),
