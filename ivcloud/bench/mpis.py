@@ -82,7 +82,8 @@ class OfiSettings:
                    budget=(16 if quick else 512) * MIB,
                    timeout_s=60 if quick else 300,
                    configs=(check_transports(configs, CONFIGS) if configs
-                            else list(CONFIGS)),
+                            else [c for c in CONFIGS
+                                  if c not in flavor.lacks]),
                    rounds=count("rounds", rounds) or (1 if quick else 3),
                    quick=quick)
 
