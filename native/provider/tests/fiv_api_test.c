@@ -443,6 +443,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "FI_PROVIDER_PATH must name the provider's directory\n");
         return 2;
     }
+    /* lines, not a buffer forked children would inherit */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int failed = 0;
 
     char env_a[256], env_b[256];
