@@ -530,8 +530,10 @@ void fiv_stash_replay(struct fiv_ep *ep, int slot);
 int fiv_core_open(struct fiv_ep *ep);
 void fiv_core_close(struct fiv_ep *ep);
 size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap);
-int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t len,
+/* Insert a peer's core address for our AV entry `index`. */
+int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
                     fi_addr_t *out);
+void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr);
 size_t fiv_core_frag(struct fiv_ep *ep);
 ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
                       const void *hdr, size_t hlen, const void *buf,

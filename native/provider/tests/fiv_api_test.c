@@ -418,6 +418,36 @@ static void mixed(struct rank *r)
     t_close(r);
 }
 
+/* ivshmem-server of this build tree (beside the provider's directory). */
+static pid_t start_server(const char *sock)
+{
+    char exe[512], bin[600];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return -1;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return -1;
+    *slash = 0;
+    snprintf(bin, sizeof bin, "%s/../ivshmem-server", exe);
+    unlink(sock);
+    pid_t p = fork();
+    if (p == 0) {
+        execl(bin, bin, "-S", sock, "-F", "-l", "64M", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500 && access(sock, F_OK) != 0; i++)
+        usleep(10000);
+    if (access(sock, F_OK) != 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+        fprintf(stderr, "ivshmem-server (%s) did not start\n", bin);
+        return -1;
+    }
+    return p;
+}
+
 static int report_field(const char *path, const char *field)
 {
     FILE *f = fopen(path, "r");
@@ -467,6 +497,24 @@ int main(int argc, char **argv)
 
     f = t_run_ex(2, killed_mid_message, env2, 30, NULL, 2u);
     printf("%s: a peer killed in the middle of a message\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    /* through an ivshmem-server (eventfd doorbells, a sealed memfd) */
+    char sock[96], env_s[160];
+    snprintf(sock, sizeof sock, "/tmp/fiv-server-%d.sock", (int)getpid());
+    pid_t server = start_server(sock);
+    f = server < 0;
+    if (!f) {
+        snprintf(env_s, sizeof env_s, "FI_IVSHM_SOCKET=%s;FI_IVSHM_CORE=none",
+                 sock);
+        const char *envs[] = {env_s, env_s};
+        f = t_run(2, check_tagged_only, envs, 60, NULL);
+        kill(server, SIGTERM);
+        waitpid(server, NULL, 0);
+        unlink(sock);
+    }
+    printf("%s: two ranks attached through an ivshmem-server\n",
+           f ? "FAIL" : "ok");
     failed += f;
 
     const char *nothing[] = {"FI_IVSHM_REPORT=1", "FI_IVSHM_REPORT=1"};
