@@ -13,6 +13,7 @@
  * inserted; never otherwise.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,10 +165,20 @@ void fiv_progress(struct fiv_ep *ep)
         found += fiv_core_progress(ep);
     if (ep->txq_peers)
         fiv_tx_progress(ep);
-    if (found || !ep->h)
+    if (found) {
+        ep->idle_calls = 0;
         return;
-    /* nothing came: every ~100 ms, see whether a peer we wait on died */
-    if ((++ep->idle_calls & 255) == 0) {
+    }
+    /* Nothing came for 256 calls in a row (several µs): give the CPU to
+       whoever shares it, the peer we wait on perhaps. A rank on a core of
+       its own gets it straight back; on a shared one this is what lets
+       a ring drain (sender and receiver take turns, not time slices). */
+    if ((++ep->idle_calls & 255) == 0)
+        sched_yield();
+    if (!ep->h)
+        return;
+    /* every ~100 ms, see whether a peer we wait on died */
+    if ((ep->idle_calls & 255) == 0) {
         uint64_t now = fiv_now_ns();
         if (now - ep->last_check_ns >= FIV_CHECK_NS) {
             ep->last_check_ns = now;
