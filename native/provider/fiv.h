@@ -372,6 +372,8 @@ struct fiv_ep {
     size_t npeers;
     struct fiv_peer self_peer_dummy;
     /* receives */
+    struct fiv_rx *rx_cache;             /* freed receives, for reuse       */
+    size_t rx_cached;
     struct fiv_rx *trecv, *trecv_tail;   /* posted tagged                   */
     struct fiv_rx *recv, *recv_tail;     /* posted untagged                 */
     struct fiv_unexp *tunexp, *tunexp_tail;
@@ -499,6 +501,7 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err);
 void fiv_rx_free_all(struct fiv_ep *ep);
+void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
 ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,

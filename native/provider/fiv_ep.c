@@ -465,7 +465,7 @@ static ssize_t ep_cancel(fid_t fid, void *context)
                                 (FI_TAGGED | FI_MSG | FI_RECV | FI_MULTI_RECV),
                                 .err = FI_ECANCELED, .src = FI_ADDR_NOTAVAIL};
             fiv_complete_rx(ep, &e, true);
-            free(r);
+            fiv_rx_put(ep, r);
             rc = 0;
             break;
         }
