@@ -289,12 +289,12 @@ ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
         return -FI_EHOSTUNREACH;
     if (CORE_WORD + hlen + len > CORE_BUF)
         return -FI_EMSGSIZE;
+    /* no progress from here: a send may be the answer to a message that
+       progress is delivering, or come from the loop over queued sends;
+       the next progress call frees buffers and retries */
     struct core_buf *b = c->free_tx;
-    if (!b) {
-        fiv_core_progress(ep);
-        if (!(b = c->free_tx))
-            return -EAGAIN;
-    }
+    if (!b)
+        return -EAGAIN;
     memcpy(b->mem, &op, sizeof op);
     memset(b->mem + sizeof op, 0, CORE_WORD - sizeof op);
     memcpy(b->mem + CORE_WORD, hdr, hlen);
@@ -302,10 +302,8 @@ ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
         memcpy(b->mem + CORE_WORD + hlen, buf, len);
     ssize_t rc = fi_send(c->ep, b->mem, CORE_WORD + hlen + len, b->desc,
                          core_addr, &b->ctx);
-    if (rc == -FI_EAGAIN) {
-        fiv_core_progress(ep);
+    if (rc == -FI_EAGAIN)
         return -EAGAIN;
-    }
     if (rc)
         return rc;
     c->free_tx = b->next_free;
