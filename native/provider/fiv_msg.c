@@ -359,8 +359,11 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
         }
         free(u->buf);
         free(u);
-    } else if (as->kind == ASM_READ_RESP || as->kind == ASM_WRITE) {
-        /* fiv_rma_fail_peer fails the request itself */
+    } else if (as->kind == ASM_READ_RESP && as->req) {
+        /* taken off the waiting list when its answer began */
+        fiv_complete_tx(ep, as->req->context, as->req->flags,
+                        as->req->complete_ev, err);
+        fiv_req_free(as->req);
     }
     memset(as, 0, sizeof *as);
     peer->dead = true;
