@@ -332,9 +332,10 @@ static void msg_more(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     }
 }
 
-/* A peer that died or broke its stream: what it was filling fails. */
-void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
-                     int err)
+/* What a sender's continuations were filling fails (it died, or began
+   another message before finishing this one). */
+static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                          int err)
 {
     struct fiv_asm *as = &peer->as;
     if (as->kind == ASM_RECV) {
@@ -366,6 +367,14 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
         fiv_req_free(as->req);
     }
     memset(as, 0, sizeof *as);
+}
+
+/* A peer that died or whose slot changed hands: everything we wait on
+   from it fails, and nothing more goes to it. */
+void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err)
+{
+    fail_assembly(ep, a, peer, err);
     peer->dead = true;
     fiv_tx_fail_peer(ep, peer, err);
     fiv_rma_fail_peer(ep, a, err);
@@ -374,14 +383,12 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n)
 {
+    if ((op & FIV_OP_MASK) != FIV_OP_MORE && peer->as.kind != ASM_NONE)
+        /* the previous message was cut short: it fails, this one stands
+           on its own */
+        fail_assembly(ep, src, peer, FI_EIO);
     switch (op & FIV_OP_MASK) {
     case FIV_OP_MSG:
-        if (peer->as.kind != ASM_NONE) {
-            /* the previous message was cut short: it fails, this one
-               stands on its own */
-            fiv_peer_failed(ep, src, peer, FI_EIO);
-            peer->dead = false;
-        }
         msg_first(ep, src, peer, op, p, n);
         break;
     case FIV_OP_MORE:
