@@ -5,7 +5,8 @@ with Intel's libfabric 2.4).
 
 - The provider's own C test (native/provider/tests/fiv_api_test.c, also a
   ctest under Debian's libfabric 1.17) run against the wheels'
-  libfabrics; Intel's fi_info lists it (Intel's libfabric reads only the
+  libfabrics, in the API versions the MPIs ask for; fi_info lists it
+  (Debian's on the wheels' 2.5.1, Intel's own) (Intel's libfabric reads only the
   first directory of FI_PROVIDER_PATH; `+/path/lib...-fi.so` adds ours).
 - mpi_check.c (ANY_SOURCE, 1 MiB, collectives, one-sided put, get,
   accumulate, fetch-and-op under fence and lock) under each MPI's own
@@ -92,14 +93,25 @@ def intel_provider_path(impi: Path, so: Path) -> str:
 
 # ---- the provider's own test under other libfabrics ----
 
-@pytest.mark.parametrize("name", ["mpich", "impi"])
-def test_api_under_wheel_libfabric(name, native_dir, provider):
-    p = prefix(name)
-    lib = libfabric_dir(p)
-    path = (intel_provider_path(p, provider) if name == "impi"
-            else str(provider.parent))
-    proc = run([native_dir / "provider" / "fiv_api_test"],
-               {"LD_LIBRARY_PATH": str(lib), "FI_PROVIDER_PATH": path})
+# the API versions the MPIs ask for: MPICH 5 2.5, Open MPI 5 1.18,
+# Intel MPI 1.5 (through its core), Open MPI 4.1 1.5
+# "filtered": FI_PROVIDER=ivshm hides the other providers; the core is
+# then opened with libfabric's hidden flag (1.17: sockets)
+@pytest.mark.parametrize("name,version", [("mpich", "2.5"), ("mpich", "1.18"),
+                                          ("impi", "1.5"), ("debian", "1.5"),
+                                          ("filtered", "1.17")])
+def test_api_under_each_libfabric(name, version, native_dir, provider):
+    env = {"FI_PROVIDER_PATH": str(provider.parent)}
+    if name == "filtered":
+        env["FI_PROVIDER"] = "ivshm"
+        name = "debian"
+    if name != "debian":
+        p = prefix(name)
+        env["LD_LIBRARY_PATH"] = str(libfabric_dir(p))
+        if name == "impi":
+            env["FI_PROVIDER_PATH"] = intel_provider_path(p, provider)
+    proc = run([native_dir / "provider" / "fiv_api_test",
+                *version.split(".")], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all passed" in proc.stdout
 

@@ -372,6 +372,8 @@ struct fiv_ep {
     size_t npeers;
     struct fiv_peer self_peer_dummy;
     /* receives */
+    struct fiv_rx *rx_cache;             /* freed receives, for reuse       */
+    size_t rx_cached;
     struct fiv_rx *trecv, *trecv_tail;   /* posted tagged                   */
     struct fiv_rx *recv, *recv_tail;     /* posted untagged                 */
     struct fiv_unexp *tunexp, *tunexp_tail;
@@ -499,6 +501,7 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err);
 void fiv_rx_free_all(struct fiv_ep *ep);
+void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
 ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
@@ -530,8 +533,10 @@ void fiv_stash_replay(struct fiv_ep *ep, int slot);
 int fiv_core_open(struct fiv_ep *ep);
 void fiv_core_close(struct fiv_ep *ep);
 size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap);
-int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t len,
+/* Insert a peer's core address for our AV entry `index`. */
+int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
                     fi_addr_t *out);
+void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr);
 size_t fiv_core_frag(struct fiv_ep *ep);
 ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
                       const void *hdr, size_t hlen, const void *buf,

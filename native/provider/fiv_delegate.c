@@ -249,11 +249,10 @@ bool fiv_core_active(const struct fiv_ep *ep)
     return ep->core && ep->core->nowner;
 }
 
-int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t len,
+int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
                     fi_addr_t *out)
 {
     struct fiv_core *c = ep->core;
-    (void)len;
     fi_addr_t ca = FI_ADDR_NOTAVAIL;
     if (fi_av_insert(c->av, addr, 1, &ca, 0, NULL) != 1)
         return -FI_EADDRNOTAVAIL;
@@ -269,21 +268,16 @@ int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t len,
         c->owner = p;
         c->nowner = n;
     }
-    /* the AV index of ours this core address belongs to: the caller's
-       entry is the one being resolved (fiv_ep_resolve) */
+    c->owner[ca] = index; /* whose messages its source names */
     *out = ca;
     return 0;
 }
 
-static void note_owner(struct fiv_ep *ep)
+void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr)
 {
-    /* rebuild core address -> AV index from the resolved peers */
     struct fiv_core *c = ep->core;
-    for (size_t i = 0; i < ep->npeers; i++) {
-        struct fiv_peer *p = &ep->peers[i];
-        if (p->path == PATH_CORE && p->core_addr < c->nowner)
-            c->owner[p->core_addr] = i;
-    }
+    if (c && core_addr < c->nowner)
+        c->owner[core_addr] = FI_ADDR_NOTAVAIL; /* unheard from now on */
 }
 
 ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
@@ -295,12 +289,12 @@ ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
         return -FI_EHOSTUNREACH;
     if (CORE_WORD + hlen + len > CORE_BUF)
         return -FI_EMSGSIZE;
+    /* no progress from here: a send may be the answer to a message that
+       progress is delivering, or come from the loop over queued sends;
+       the next progress call frees buffers and retries */
     struct core_buf *b = c->free_tx;
-    if (!b) {
-        fiv_core_progress(ep);
-        if (!(b = c->free_tx))
-            return -EAGAIN;
-    }
+    if (!b)
+        return -EAGAIN;
     memcpy(b->mem, &op, sizeof op);
     memset(b->mem + sizeof op, 0, CORE_WORD - sizeof op);
     memcpy(b->mem + CORE_WORD, hdr, hlen);
@@ -308,10 +302,8 @@ ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
         memcpy(b->mem + CORE_WORD + hlen, buf, len);
     ssize_t rc = fi_send(c->ep, b->mem, CORE_WORD + hlen + len, b->desc,
                          core_addr, &b->ctx);
-    if (rc == -FI_EAGAIN) {
-        fiv_core_progress(ep);
+    if (rc == -FI_EAGAIN)
         return -EAGAIN;
-    }
     if (rc)
         return rc;
     c->free_tx = b->next_free;
@@ -344,7 +336,6 @@ int fiv_core_progress(struct fiv_ep *ep)
     }
     if (n <= 0)
         return 0;
-    bool owners_known = false;
     for (ssize_t i = 0; i < n; i++) {
         struct core_buf *b = ev[i].op_context;
         if (!b->rx) {
@@ -352,10 +343,6 @@ int fiv_core_progress(struct fiv_ep *ep)
             b->next_free = c->free_tx;
             c->free_tx = b;
             continue;
-        }
-        if (!owners_known) {
-            note_owner(ep);
-            owners_known = true;
         }
         fi_addr_t a = from[i] < c->nowner ? c->owner[from[i]] : FI_ADDR_NOTAVAIL;
         struct fiv_peer *peer = fiv_peer(ep, a);

@@ -144,9 +144,8 @@ int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
         return -FI_EINVAL;
     }
     d->mr_mode = a ? a->mr_mode : FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-    if (FI_VERSION_LT(d->api_version, FI_VERSION(1, 5)) || d->mr_mode == 1 ||
-        d->mr_mode == 2) {
-        /* the old enum: basic = virtual addresses and our keys */
+    if (d->mr_mode == 1 || d->mr_mode == 2) {
+        /* the old modes: basic = virtual addresses and our keys */
         d->mr_mode = d->mr_mode == 1 ? FI_MR_VIRT_ADDR | FI_MR_PROV_KEY : 0;
     }
     enum fi_threading t = a ? a->threading : FI_THREAD_SAFE;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "fiv.h"
@@ -96,7 +97,7 @@ void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
     }
     int rc = -FI_ENODATA;
     if (a->core_len && ep->core &&
-        (rc = fiv_core_insert(ep, a->core, a->core_len, &p->core_addr)) == 0) {
+        (rc = fiv_core_insert(ep, a->core, index, &p->core_addr)) == 0) {
         p->path = PATH_CORE;
         return;
     }
@@ -114,6 +115,8 @@ void fiv_ep_forget(struct fiv_ep *ep, size_t index)
     fiv_tx_fail_peer(ep, p, FI_ECANCELED);
     if (p->path == PATH_REGION && ep->by_slot[p->slot] == index)
         ep->by_slot[p->slot] = FI_ADDR_NOTAVAIL;
+    if (p->path == PATH_CORE)
+        fiv_core_forget(ep, p->core_addr);
     p->path = PATH_NONE;
 }
 
@@ -138,8 +141,22 @@ static void attach_region(struct fiv_ep *ep)
         .bar0_path = fiv_cfg.bar0,
         .doorbell_id = fiv_cfg.position,
     };
-    int rc = fiv_cfg.socket ? ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h)
-                            : ivshm_attach_path(fiv_cfg.region, &cfg, &ep->h);
+    int rc;
+    if (fiv_cfg.socket) {
+        /* one eventfd per peer comes through the socket (docs/btl.md,
+           "Limits"); a job starting at once may keep the server from
+           answering everybody within one attach's deadline */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        rc = ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h);
+        for (int tries = 1; rc == -ETIMEDOUT && tries < 4; tries++)
+            rc = ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h);
+    } else {
+        rc = ivshm_attach_path(fiv_cfg.region, &cfg, &ep->h);
+    }
     if (rc < 0) {
         ep->h = NULL;
         fprintf(stderr, "fi_ivshm: pid %d cannot attach to %s: %s; every "
@@ -448,7 +465,7 @@ static ssize_t ep_cancel(fid_t fid, void *context)
                                 (FI_TAGGED | FI_MSG | FI_RECV | FI_MULTI_RECV),
                                 .err = FI_ECANCELED, .src = FI_ADDR_NOTAVAIL};
             fiv_complete_rx(ep, &e, true);
-            free(r);
+            fiv_rx_put(ep, r);
             rc = 0;
             break;
         }

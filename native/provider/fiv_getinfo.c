@@ -45,13 +45,12 @@ static struct fi_info *alloc_info(void)
    ones the caller offers that change how it addresses memory. */
 static int answer_mr_mode(uint32_t version, const struct fi_info *hints)
 {
+    (void)version; /* below 1.5 (the old enum only) we answer nothing */
     int asked = hints && hints->domain_attr ? hints->domain_attr->mr_mode : -1;
-    if (FI_VERSION_LT(version, FI_VERSION(1, 5))) {
-        /* the old enum: basic (virtual addresses, our keys) or scalable */
-        return asked == 1 /* FI_MR_BASIC */ ? 1 : 2 /* FI_MR_SCALABLE */;
-    }
     if (asked < 0)
         return FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    /* 1.x callers may still name the old modes: basic is these bits,
+       scalable none */
     if (asked == 1 /* FI_MR_BASIC */)
         return FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     if (asked == 2 /* FI_MR_SCALABLE */)

@@ -15,6 +15,36 @@
 
 #include "fiv.h"
 
+/* ---- posted receives: kept on a short free list (one malloc and one
+   free less per message on the hot path) ---- */
+
+#define RX_CACHE 64
+
+static struct fiv_rx *rx_get(struct fiv_ep *ep)
+{
+    struct fiv_rx *rx = ep->rx_cache;
+    if (rx) {
+        ep->rx_cache = rx->next;
+        ep->rx_cached--;
+        memset(rx, 0, sizeof *rx);
+        return rx;
+    }
+    return calloc(1, sizeof *rx);
+}
+
+void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx)
+{
+    if (!rx)
+        return;
+    if (ep->rx_cached >= RX_CACHE) {
+        fiv_rx_put(ep, rx);
+        return;
+    }
+    rx->next = ep->rx_cache;
+    ep->rx_cache = rx;
+    ep->rx_cached++;
+}
+
 /* ---- completions of receives ---- */
 
 static bool want_rx(struct fiv_ep *ep, uint64_t flags)
@@ -167,7 +197,7 @@ static void unexp_to_rx(struct fiv_ep *ep, struct fiv_unexp *u, struct fiv_rx *r
     }
     finish_rx(ep, rx, u->src, u->tag, u->data, u->flags, u->len, stored, at, last);
     if (!(rx->flags & FI_MULTI_RECV) || last)
-        free(rx);
+        fiv_rx_put(ep, rx);
 }
 
 static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
@@ -204,7 +234,7 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             finish_rx(ep, rx, src, h.tag, h.data, mflags, h.len, stored,
                       v.iov_base, last);
             if (!(rx->flags & FI_MULTI_RECV) || last)
-                free(rx);
+                fiv_rx_put(ep, rx);
             return;
         }
         if (rx->flags & FI_MULTI_RECV)
@@ -295,16 +325,17 @@ static void msg_more(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         finish_rx(ep, rx, src, done.tag, done.data, done.flags, done.total,
                   stored, done.dst, last);
         if (!multi || last)
-            free(rx);
+            fiv_rx_put(ep, rx);
     } else if (done.kind == ASM_UNEXP) {
         done.ux->got = done.total;
         unexp_complete(ep, done.ux);
     }
 }
 
-/* A peer that died or broke its stream: what it was filling fails. */
-void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
-                     int err)
+/* What a sender's continuations were filling fails (it died, or began
+   another message before finishing this one). */
+static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                          int err)
 {
     struct fiv_asm *as = &peer->as;
     if (as->kind == ASM_RECV) {
@@ -315,7 +346,7 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                             .src = a};
         fiv_complete_rx(ep, &e, true);
         if (!(rx->flags & FI_MULTI_RECV))
-            free(rx);
+            fiv_rx_put(ep, rx);
     } else if (as->kind == ASM_UNEXP) {
         struct fiv_unexp *u = as->ux;
         bool tagged = u->flags & FIV_F_TAGGED;
@@ -325,14 +356,25 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                                 .flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG),
                                 .tag = u->tag, .err = err, .src = a};
             fiv_complete_rx(ep, &e, true);
-            free(u->waiting);
+            fiv_rx_put(ep, u->waiting);
         }
         free(u->buf);
         free(u);
-    } else if (as->kind == ASM_READ_RESP || as->kind == ASM_WRITE) {
-        /* fiv_rma_fail_peer fails the request itself */
+    } else if (as->kind == ASM_READ_RESP && as->req) {
+        /* taken off the waiting list when its answer began */
+        fiv_complete_tx(ep, as->req->context, as->req->flags,
+                        as->req->complete_ev, err);
+        fiv_req_free(as->req);
     }
     memset(as, 0, sizeof *as);
+}
+
+/* A peer that died or whose slot changed hands: everything we wait on
+   from it fails, and nothing more goes to it. */
+void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err)
+{
+    fail_assembly(ep, a, peer, err);
     peer->dead = true;
     fiv_tx_fail_peer(ep, peer, err);
     fiv_rma_fail_peer(ep, a, err);
@@ -341,14 +383,12 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n)
 {
+    if ((op & FIV_OP_MASK) != FIV_OP_MORE && peer->as.kind != ASM_NONE)
+        /* the previous message was cut short: it fails, this one stands
+           on its own */
+        fail_assembly(ep, src, peer, FI_EIO);
     switch (op & FIV_OP_MASK) {
     case FIV_OP_MSG:
-        if (peer->as.kind != ASM_NONE) {
-            /* the previous message was cut short: it fails, this one
-               stands on its own */
-            fiv_peer_failed(ep, src, peer, FI_EIO);
-            peer->dead = false;
-        }
         msg_first(ep, src, peer, op, p, n);
         break;
     case FIV_OP_MORE:
@@ -375,19 +415,25 @@ void fiv_rx_free_all(struct fiv_ep *ep)
         while (lists[l]) {
             struct fiv_rx *r = lists[l];
             lists[l] = r->next;
-            free(r);
+            fiv_rx_put(ep, r);
         }
     struct fiv_unexp *ul[] = {ep->tunexp, ep->unexp};
     for (int l = 0; l < 2; l++)
         while (ul[l]) {
             struct fiv_unexp *u = ul[l];
             ul[l] = u->next;
-            free(u->waiting);
+            fiv_rx_put(ep, u->waiting);
             free(u->buf);
             free(u);
         }
     ep->trecv = ep->recv = NULL;
     ep->tunexp = ep->unexp = NULL;
+    while (ep->rx_cache) {
+        struct fiv_rx *rx = ep->rx_cache;
+        ep->rx_cache = rx->next;
+        free(rx);
+    }
+    ep->rx_cached = 0;
 }
 
 /* ---- posting receives ---- */
@@ -458,7 +504,7 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         fiv_unlock(d);
         return 0;
     }
-    struct fiv_rx *rx = calloc(1, sizeof *rx);
+    struct fiv_rx *rx = rx_get(ep);
     if (!rx) {
         fiv_unlock(d);
         return -FI_ENOMEM;
@@ -485,7 +531,7 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         fiv_complete_rx(ep, &e, want_rx(ep, rx->flags));
         free(u->buf);
         free(u);
-        free(rx);
+        fiv_rx_put(ep, rx);
     } else if (u && u->got == u->len) {
         remove_unexp(ep, u, tagged);
         unexp_to_rx(ep, u, rx);

@@ -47,8 +47,10 @@ int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
     return 0;
 }
 
-size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
-                     const void *src, size_t len)
+/* Copy between `buf` and the bytes of iov from offset `off`, never past
+   iov's end: into iov when `into`, out of it otherwise. */
+static size_t iov_copy(const struct iovec *iov, size_t n, size_t off,
+                       uint8_t *buf, size_t len, bool into)
 {
     size_t done = 0;
     for (size_t i = 0; i < n && done < len; i++) {
@@ -59,30 +61,27 @@ size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
         size_t k = iov[i].iov_len - off;
         if (k > len - done)
             k = len - done;
-        memcpy((uint8_t *)iov[i].iov_base + off, (const uint8_t *)src + done, k);
+        uint8_t *at = (uint8_t *)iov[i].iov_base + off;
+        if (into)
+            memcpy(at, buf + done, k);
+        else
+            memcpy(buf + done, at, k);
         done += k;
         off = 0;
     }
     return done;
 }
 
+size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
+                     const void *src, size_t len)
+{
+    return iov_copy(iov, n, off, (uint8_t *)src, len, true);
+}
+
 size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
                     size_t len)
 {
-    size_t done = 0;
-    for (size_t i = 0; i < n && done < len; i++) {
-        if (off >= iov[i].iov_len) {
-            off -= iov[i].iov_len;
-            continue;
-        }
-        size_t k = iov[i].iov_len - off;
-        if (k > len - done)
-            k = len - done;
-        memcpy((uint8_t *)dst + done, (const uint8_t *)iov[i].iov_base + off, k);
-        done += k;
-        off = 0;
-    }
-    return done;
+    return iov_copy(iov, n, off, dst, len, false);
 }
 
 /* The bytes [off, off+len) of iov if they lie in one element, else NULL. */

@@ -12,9 +12,11 @@
  */
 #include "fiv_test.h"
 
+#include <sys/mman.h>
+
 #define JOB_TAG (UINT64_C(0x46495653) << 32)
-#define ROUNDS 4000   /* both ranks: a fixed count */
-#define RUN_MS 2000
+#define ROUNDS 2000   /* both ranks: a fixed count */
+#define RUN_MS 1500
 
 static const char *region;
 
@@ -86,6 +88,61 @@ static int hostile(void)
     }
     ivshm_detach(h);
     return sent > 0 ? 0 : 6;
+}
+
+/* The raw scribbler: random bytes at random places of the mapped file
+   (past its first page, the header read once at attach) for RUN_MS. */
+static int scribbler(void)
+{
+    int fd = open(region, O_RDWR);
+    if (fd < 0)
+        return 3;
+    off_t size = lseek(fd, 0, SEEK_END);
+    uint8_t *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
+                         MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED)
+        return 4;
+    usleep(200000); /* let the ranks attach */
+    uint64_t writes = 0;
+    for (uint64_t end = t_now_ms() + RUN_MS; t_now_ms() < end;) {
+        size_t off = 4096 + (size_t)(rnd() % (uint64_t)(size - 4096 - 8));
+        uint64_t v = rnd();
+        memcpy(base + off, &v, 1 + rnd() % 8);
+        if (++writes % 64 == 0)
+            usleep(100);
+    }
+    munmap(base, (size_t)size);
+    return 0;
+}
+
+/* Ranks under the scribbler: messages may be lost or corrupted (raw
+   writes cannot be told from a rank's own), but every call returns, no
+   rank crashes or reads out of bounds, and each gives up by its deadline. */
+static void survive(struct rank *r)
+{
+    t_open(r, FI_VERSION(1, 17));
+    t_exchange(r);
+    int peer = 1 - r->me;
+    uint8_t *buf = malloc(1 << 16);
+    REQ(buf);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    uint64_t end = t_now_ms() + RUN_MS + 500;
+    for (int i = 0; t_now_ms() < end; i++) {
+        size_t len = (size_t)8 << (i % 14);
+        if (fi_trecv(r->ep, buf, 1 << 16, NULL, FI_ADDR_UNSPEC, 0, ~0ull, buf))
+            break;
+        (void)fi_tsend(r->ep, buf, len, NULL, r->addr[peer], (uint64_t)i, r);
+        /* whatever comes, within 50 ms */
+        for (uint64_t t = t_now_ms() + 50; t_now_ms() < t;)
+            if (fi_cq_read(r->cq, &e, 1) == -FI_EAVAIL)
+                (void)fi_cq_readerr(r->cq, &err, 0);
+        (void)fi_cancel(&r->ep->fid, buf);
+    }
+    free(buf);
+    t_barrier_plain(r);
+    t_close(r);
 }
 
 struct target {
@@ -162,6 +219,8 @@ int main(void)
         fprintf(stderr, "FI_PROVIDER_PATH must name the provider's directory\n");
         return 2;
     }
+    /* lines, not a buffer forked children would inherit */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     region = t_region(8, 0);
     pid_t h = getenv("FIV_NO_HOSTILE") ? -1 : fork();
     if (h == 0) {
@@ -181,5 +240,22 @@ int main(void)
     }
     printf("%s: checked ping-pong and RMA under a flooding co-tenant posing "
            "as a rank\n", failed ? "FAIL" : "ok");
+
+    region = t_region(8, 0);
+    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", region);
+    pid_t s = fork();
+    if (s == 0) {
+        alarm(30);
+        _exit(scribbler());
+    }
+    int f = t_run(2, survive, envs, 60, NULL);
+    waitpid(s, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "the scribbler failed (status %#x)\n", st);
+        f++;
+    }
+    printf("%s: two ranks survive raw writes all over their region\n",
+           f ? "FAIL" : "ok");
+    failed += f;
     return failed ? 1 : 0;
 }
