@@ -29,7 +29,7 @@ CORRECTNESS = ("p2p", "coll", "rma")
 # what each correctness program is given: p2p's largest size in MiB,
 # coll's rounds (small, to keep the suite bounded)
 CORRECTNESS_ARGS = {"p2p": ["16"], "coll": ["1"], "rma": []}
-JOB_TIMEOUT_S = 120
+JOB_TIMEOUT_S = 80    # the launcher tears a job down 20 s before this
 
 # Every rank says who it is (so that the provider's per-process lines can
 # be matched to ranks), then an allreduce and a 1 MiB ping-pong between

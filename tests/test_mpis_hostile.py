@@ -7,8 +7,8 @@ protocol.md: version, id, the region's fd) and, while two ranks on two
 instances of that server ping-pong through the region, writes random
 bytes over random places of it (registry and receive areas included)
 for two seconds. The job may end with an error or complete; it must end
-within a bound, and leave nothing behind (the cluster's teardown checks
-that no process of it remains)."""
+within a bound (30 s from the first garbage), and leave nothing behind
+(the cluster's teardown checks that no process of it remains)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ print(f"rank {rank} done after {i} rounds", flush=True)
 '''
 RUN_S = 10          # the victims' own length
 SCRIBBLE_S = 2.0
-BOUND_S = 60        # from the first garbage to the job's end, at most
+BOUND_S = 30        # from the first garbage to the job's end, at most
 
 
 def _recv_msg(sock: socket.socket):
@@ -137,6 +137,12 @@ def _job_socket(state, timeout: float = 60) -> Path:
     raise AssertionError("the job's region never appeared")
 
 
+# Known: both ranks then wait in MPI_Recv for ever, each for a message
+# the garbage destroyed (the provider loses it without an error entry in
+# the CQ). strict: the test fails once that is repaired, for this mark
+# to go.
+@pytest.mark.xfail(strict=True, reason="a message lost to the garbage "
+                   "raises no error: MPI_Recv waits for ever")
 @pytest.mark.parametrize("mpi", OFI)
 def test_garbage_in_the_region_ends_the_job_within_a_bound(mpi,
                                                           ofi_cluster):

@@ -52,3 +52,10 @@ def test_bench_refuses_in_one_line(args, words):
                            *args], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=60)
     assert words in one_line_error(proc)
+
+
+def test_bench_leaves_out_what_an_mpi_cannot_take():
+    from ivcloud.bench import mpis as bench
+    assert bench.OfiSettings.make("openmpi5").configs == \
+        ["own-shm", "ivshmem", "tcp"]
+    assert bench.OfiSettings.make("mpich").configs == bench.CONFIGS
