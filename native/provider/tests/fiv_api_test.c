@@ -443,7 +443,13 @@ static void mixed(struct rank *r)
     REQ_RC(fi_tsend(r->ep, out, big, NULL, r->addr[next], 4, out), 0);
     fi_addr_t src;
     for (int k = 0; k < 4; k++) {
-        REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+        int rc = t_wait(r, &e, NULL, &src, 10000);
+        if (rc)
+            fprintf(stderr, "rank %d: completion %d of 4 missing (8 B in %s, "
+                    "1 MiB in %s)\n", r->me, k, got ? "done" : "waiting",
+                    in[0] == want[0] && in[big - 1] == want[big - 1]
+                        ? "done" : "waiting");
+        REQ_RC(rc, 0);
         if (e.op_context == &got)
             REQ(src == r->addr[prev]);
     }

@@ -208,6 +208,10 @@ static inline void t_bcast(struct rank *r, int root, void *buf, size_t len)
     msg[0] = r->me == root ? 'R' : 'r';
     memcpy(msg + 1, buf, len);
     REQ(write(r->sock, msg, 1 + len) == (ssize_t)(1 + len));
+    /* progress meanwhile, as an MPI rank does in its collectives */
+    struct pollfd pfd = {.fd = r->sock, .events = POLLIN};
+    while (r->rcntr && poll(&pfd, 1, 0) == 0)
+        (void)fi_cntr_read(r->rcntr);
     t_read_full(r->sock, buf, len);
 }
 
