@@ -31,9 +31,9 @@
 #define CORE_RX 64
 #define CORE_TX 64
 /* In front of every message: the operation word and the sender's
-   sequence number for us. Cores may complete messages out of order
-   (ofi_rxm's rendezvous, two sockets connections of one pair), and our
-   fragments need each pair's order: the receiver restores it. */
+   sequence number for us. A core may complete messages out of order
+   (ofi_rxm's rendezvous of larger ones), and our fragments need each
+   pair's order: the receiver restores it. */
 #define CORE_WORD 8
 #define CORE_WINDOW 4096 /* how far ahead a sequence number may be */
 
