@@ -590,6 +590,12 @@ int main(int argc, char **argv)
     int fd = mkstemp(tmpl);
     if (fd >= 0)
         close(fd);
+    t_track(tmpl);
+    for (int i = 0; i < 3; i++) {
+        char p[300];
+        snprintf(p, sizeof p, "%s.%d", tmpl, i);
+        t_track(p);
+    }
     /* with AV maps this time */
     snprintf(env_a, sizeof env_a,
              "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1;FIV_TEST_AV_MAP=1", ra);
