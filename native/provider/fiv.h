@@ -326,6 +326,10 @@ struct fiv_peer {
     struct fiv_op_req *txq, *txq_tail; /* sends waiting for room           */
     struct fiv_asm as;                 /* what its continuations fill       */
     bool dead;
+    /* core path: our order of its messages, whatever order the core
+       completes them in (fiv_delegate.c) */
+    uint32_t core_tx_seq, core_rx_seq;
+    struct fiv_held *held;             /* arrived ahead of their turn       */
 };
 
 /* A message of a region slot we have not heard of yet (no AV entry): kept
@@ -538,11 +542,14 @@ int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
                     fi_addr_t *out);
 void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr);
 size_t fiv_core_frag(struct fiv_ep *ep);
-ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
+ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                       const void *hdr, size_t hlen, const void *buf,
                       size_t len);
+void fiv_core_release_peer(struct fiv_peer *p);
 int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
+/* Messages handed to the core provider that it has not completed. */
+bool fiv_core_sending(const struct fiv_ep *ep);
 
 /* Completion helpers (fiv_cq.c) */
 void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,

@@ -30,7 +30,19 @@
 #define CORE_BUF 8192
 #define CORE_RX 64
 #define CORE_TX 64
-#define CORE_WORD 8 /* operation word + pad in front of every message */
+/* In front of every message: the operation word and the sender's
+   sequence number for us. A core may complete messages out of order
+   (ofi_rxm's rendezvous of larger ones), and our fragments need each
+   pair's order: the receiver restores it. */
+#define CORE_WORD 8
+#define CORE_WINDOW 4096 /* how far ahead a sequence number may be */
+
+struct fiv_held {
+    struct fiv_held *next;
+    uint32_t seq, op;
+    size_t len;
+    uint8_t data[];
+};
 
 struct core_buf {
     struct fi_context2 ctx;  /* first: the completion names the buffer */
@@ -119,6 +131,9 @@ void fiv_core_close(struct fiv_ep *ep)
     struct fiv_core *c = ep->core;
     if (!c)
         return;
+    if (c->dropped)
+        FIV_WARN("core provider: %llu messages of senders not in the AV "
+                 "dropped\n", (unsigned long long)c->dropped);
     if (c->ep)
         fi_close(&c->ep->fid);
     for (size_t i = 0; i < CORE_RX + CORE_TX; i++) {
@@ -244,6 +259,16 @@ size_t fiv_core_frag(struct fiv_ep *ep)
     return CORE_BUF - CORE_WORD;
 }
 
+bool fiv_core_sending(const struct fiv_ep *ep)
+{
+    if (!ep->core)
+        return false;
+    for (size_t i = CORE_RX; i < CORE_RX + CORE_TX; i++)
+        if (ep->core->bufs[i].busy)
+            return true;
+    return false;
+}
+
 bool fiv_core_active(const struct fiv_ep *ep)
 {
     return ep->core && ep->core->nowner;
@@ -280,10 +305,11 @@ void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr)
         c->owner[core_addr] = FI_ADDR_NOTAVAIL; /* unheard from now on */
 }
 
-ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
+ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                       const void *hdr, size_t hlen, const void *buf,
                       size_t len)
 {
+    fi_addr_t core_addr = p->core_addr;
     struct fiv_core *c = ep->core;
     if (!c)
         return -FI_EHOSTUNREACH;
@@ -296,7 +322,7 @@ ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
     if (!b)
         return -EAGAIN;
     memcpy(b->mem, &op, sizeof op);
-    memset(b->mem + sizeof op, 0, CORE_WORD - sizeof op);
+    memcpy(b->mem + sizeof op, &p->core_tx_seq, sizeof p->core_tx_seq);
     memcpy(b->mem + CORE_WORD, hdr, hlen);
     if (len)
         memcpy(b->mem + CORE_WORD + hlen, buf, len);
@@ -308,7 +334,64 @@ ssize_t fiv_core_send(struct fiv_ep *ep, fi_addr_t core_addr, uint32_t op,
         return rc;
     c->free_tx = b->next_free;
     b->busy = true;
+    p->core_tx_seq++;
     return 0;
+}
+
+void fiv_core_release_peer(struct fiv_peer *p)
+{
+    while (p->held) {
+        struct fiv_held *h = p->held;
+        p->held = h->next;
+        free(h);
+    }
+}
+
+/* One message of `peer` from the core, delivered in its sender's order:
+   early ones wait (copied) for those before them. */
+static void in_order(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     const uint8_t *m, size_t len)
+{
+    struct fiv_core *c = ep->core;
+    uint32_t op, seq;
+    memcpy(&op, m, sizeof op);
+    memcpy(&seq, m + sizeof op, sizeof seq);
+    uint32_t ahead = seq - peer->core_rx_seq;
+    if (ahead == 0) {
+        peer->core_rx_seq++;
+        fiv_deliver(ep, a, peer, op, m + CORE_WORD, len - CORE_WORD);
+        while (peer->held && peer->held->seq == peer->core_rx_seq &&
+               peer->path == PATH_CORE) {
+            struct fiv_held *h = peer->held;
+            peer->held = h->next;
+            peer->core_rx_seq++;
+            fiv_deliver(ep, a, peer, h->op, h->data, h->len);
+            free(h);
+        }
+        return;
+    }
+    if (ahead >= CORE_WINDOW) {
+        c->dropped++; /* behind us (a repeat) or impossibly far ahead */
+        return;
+    }
+    struct fiv_held *h = malloc(sizeof *h + len - CORE_WORD);
+    if (!h) {
+        c->dropped++;
+        return;
+    }
+    h->seq = seq;
+    h->op = op;
+    h->len = len - CORE_WORD;
+    memcpy(h->data, m + CORE_WORD, h->len);
+    struct fiv_held **pp = &peer->held;
+    while (*pp && (*pp)->seq - peer->core_rx_seq < ahead)
+        pp = &(*pp)->next;
+    if (*pp && (*pp)->seq == seq) {
+        free(h); /* a repeat of one held */
+        return;
+    }
+    h->next = *pp;
+    *pp = h;
 }
 
 int fiv_core_progress(struct fiv_ep *ep)
@@ -350,10 +433,7 @@ int fiv_core_progress(struct fiv_ep *ep)
             ev[i].len > CORE_BUF) {
             c->dropped++; /* not inserted by the application: unheard */
         } else {
-            uint32_t op;
-            memcpy(&op, b->mem, sizeof op);
-            fiv_deliver(ep, a, peer, op, b->mem + CORE_WORD,
-                        ev[i].len - CORE_WORD);
+            in_order(ep, a, peer, b->mem, ev[i].len);
         }
         (void)post_rx(c, b);
     }

@@ -117,6 +117,7 @@ void fiv_ep_forget(struct fiv_ep *ep, size_t index)
         ep->by_slot[p->slot] = FI_ADDR_NOTAVAIL;
     if (p->path == PATH_CORE)
         fiv_core_forget(ep, p->core_addr);
+    fiv_core_release_peer(p);
     p->path = PATH_NONE;
 }
 
@@ -191,9 +192,11 @@ static void attach_region(struct fiv_ep *ep)
 
 /* ---- fid ops ---- */
 
+/* Sends waiting for room, or handed to the core provider and not yet
+   out (with manual progress it moves them only when called). */
 static bool anything_queued(struct fiv_ep *ep)
 {
-    return ep->txq_peers > 0;
+    return ep->txq_peers > 0 || fiv_core_sending(ep);
 }
 
 static int ep_close(struct fid *fid)
@@ -206,11 +209,15 @@ static int ep_close(struct fid *fid)
     fiv_lock(d);
     while (anything_queued(ep) && fiv_now_ns() < end) {
         fiv_progress(ep);
+        if (fiv_core_sending(ep))
+            (void)fiv_core_progress(ep);
         fiv_unlock(d);
         fiv_lock(d);
     }
-    for (size_t i = 0; i < ep->npeers; i++)
+    for (size_t i = 0; i < ep->npeers; i++) {
         fiv_tx_fail_peer(ep, &ep->peers[i], FI_ECANCELED);
+        fiv_core_release_peer(&ep->peers[i]);
+    }
     fiv_unlock(d);
     fiv_domain_del_ep(d, ep);
     fiv_lock(d);

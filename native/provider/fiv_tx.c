@@ -146,11 +146,11 @@ static int send_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
         if (!buf)
             return -FI_ENOMEM;
         fiv_iov_read(iov, iovn, off, buf, n);
-        ssize_t rc = fiv_core_send(ep, p->core_addr, op, hdr, hlen, buf, n);
+        ssize_t rc = fiv_core_send(ep, p, op, hdr, hlen, buf, n);
         free(buf);
         return (int)rc;
     }
-    return (int)fiv_core_send(ep, p->core_addr, op, hdr, hlen, flat, n);
+    return (int)fiv_core_send(ep, p, op, hdr, hlen, flat, n);
 }
 
 static size_t frag_of(struct fiv_ep *ep, struct fiv_peer *p)
@@ -290,7 +290,7 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *p,
     if (p->path == PATH_CORE) {
         if (hlen + len > fiv_core_frag(ep))
             return -EAGAIN;
-        rc = (int)fiv_core_send(ep, p->core_addr, op, hdr, hlen, buf, len);
+        rc = (int)fiv_core_send(ep, p, op, hdr, hlen, buf, len);
         if (rc == 0)
             ep->delegated++;
         return rc;

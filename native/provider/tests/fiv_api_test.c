@@ -443,7 +443,13 @@ static void mixed(struct rank *r)
     REQ_RC(fi_tsend(r->ep, out, big, NULL, r->addr[next], 4, out), 0);
     fi_addr_t src;
     for (int k = 0; k < 4; k++) {
-        REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+        int rc = t_wait(r, &e, NULL, &src, 10000);
+        if (rc)
+            fprintf(stderr, "rank %d: completion %d of 4 missing (8 B in %s, "
+                    "1 MiB in %s)\n", r->me, k, got ? "done" : "waiting",
+                    in[0] == want[0] && in[big - 1] == want[big - 1]
+                        ? "done" : "waiting");
+        REQ_RC(rc, 0);
         if (e.op_context == &got)
             REQ(src == r->addr[prev]);
     }
@@ -584,6 +590,12 @@ int main(int argc, char **argv)
     int fd = mkstemp(tmpl);
     if (fd >= 0)
         close(fd);
+    t_track(tmpl);
+    for (int i = 0; i < 3; i++) {
+        char p[300];
+        snprintf(p, sizeof p, "%s.%d", tmpl, i);
+        t_track(p);
+    }
     /* with AV maps this time */
     snprintf(env_a, sizeof env_a,
              "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1;FIV_TEST_AV_MAP=1", ra);

@@ -62,31 +62,58 @@ static uint64_t t_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static char t_regions[4][96];
+static char t_regions[12][320];
 static int t_nregions;
+
+static pid_t t_parent;
 
 static void t_unlink_regions(void)
 {
+    if (getpid() != t_parent)
+        return; /* a forked rank leaves the parent's files alone */
     for (int i = 0; i < t_nregions; i++)
         unlink(t_regions[i]);
 }
+
+/* Killed by a timeout (SIGTERM), ^C or a closed pipe: the files go too. */
+static void t_on_signal(int sig)
+{
+    t_unlink_regions();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void t_track(const char *path);
 
 /* A fresh region file for up to `peers` endpoints; removed at exit. */
 static const char *t_region(uint32_t peers, uint32_t slot_size)
 {
     ivshm_geometry g = {.max_peers = peers, .slot_size = slot_size};
-    char *p = t_regions[t_nregions];
-    snprintf(p, sizeof t_regions[0], "/dev/shm/fiv-test-%d-%d", (int)getpid(),
-             t_nregions);
+    char p[96];
+    snprintf(p, sizeof p, "/dev/shm/fiv-test-%d-%d", (int)getpid(), t_nregions);
     unlink(p);
     int rc = ivshm_format_file(p, ivshm_min_region_size(&g), &g, 0600);
     if (rc < 0) {
         fprintf(stderr, "cannot format %s: %s\n", p, ivshm_strerror(rc));
         exit(1);
     }
-    if (t_nregions++ == 0)
+    t_track(p);
+    return t_regions[t_nregions - 1];
+}
+
+/* Remove `path` at exit (or when killed), as the regions are. */
+static void t_track(const char *path)
+{
+    if (t_nregions >= 12)
+        return;
+    snprintf(t_regions[t_nregions], sizeof t_regions[0], "%s", path);
+    if (t_nregions++ == 0) {
+        t_parent = getpid();
         atexit(t_unlink_regions);
-    return p;
+        signal(SIGTERM, t_on_signal);
+        signal(SIGINT, t_on_signal);
+        signal(SIGPIPE, t_on_signal);
+    }
 }
 
 struct rank {
@@ -208,6 +235,10 @@ static inline void t_bcast(struct rank *r, int root, void *buf, size_t len)
     msg[0] = r->me == root ? 'R' : 'r';
     memcpy(msg + 1, buf, len);
     REQ(write(r->sock, msg, 1 + len) == (ssize_t)(1 + len));
+    /* progress meanwhile, as an MPI rank does in its collectives */
+    struct pollfd pfd = {.fd = r->sock, .events = POLLIN};
+    while (r->rcntr && poll(&pfd, 1, 0) == 0)
+        (void)fi_cntr_read(r->rcntr);
     t_read_full(r->sock, buf, len);
 }
 
