@@ -137,12 +137,12 @@ def _job_socket(state, timeout: float = 60) -> Path:
     raise AssertionError("the job's region never appeared")
 
 
-# Known: both ranks then wait in MPI_Recv for ever, each for a message
-# the garbage destroyed (the provider loses it without an error entry in
-# the CQ). strict: the test fails once that is repaired, for this mark
-# to go.
-@pytest.mark.xfail(strict=True, reason="a message lost to the garbage "
-                   "raises no error: MPI_Recv waits for ever")
+# Known: often both ranks then wait in MPI_Recv for ever, each for a
+# message the garbage destroyed (the provider loses it without an error
+# entry in the CQ); where the garbage lands decides, so some runs end
+# with an error in time (not strict). Remove the mark once repaired.
+@pytest.mark.xfail(strict=False, reason="a message lost to the garbage "
+                   "raises no error: MPI_Recv may wait for ever")
 @pytest.mark.parametrize("mpi", OFI)
 def test_garbage_in_the_region_ends_the_job_within_a_bound(mpi,
                                                           ofi_cluster):
