@@ -212,10 +212,25 @@ static struct ivs_account *find_account(struct ivs_budget *b, pid_t pid,
 {
     size_t chain = (size_t)pid % CHAINS;
     sweep(b, (int)chain, now);
-    unsigned long long start = start_time(pid);
-    for (struct ivs_account *a = b->chain[chain]; a; a = a->next)
-        if (a->pid == pid && a->start == start && a->user->uid == uid)
+    /* An account with clients is its live process's: no need to read
+       /proc for every connection of a storm. Otherwise the start time
+       tells a recycled pid. */
+    unsigned long long start = 0;
+    bool looked = false;
+    for (struct ivs_account *a = b->chain[chain]; a; a = a->next) {
+        if (a->pid != pid || a->user->uid != uid)
+            continue;
+        if (a->clients)
             return a;
+        if (!looked) {
+            start = start_time(pid);
+            looked = true;
+        }
+        if (a->start == start)
+            return a;
+    }
+    if (!looked)
+        start = start_time(pid);
     struct user *u = find_user(b, uid, now);
     struct ivs_account *a = u ? calloc(1, sizeof *a) : NULL;
     if (!a)
