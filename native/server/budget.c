@@ -313,12 +313,16 @@ enum ivs_verdict ivs_budget_admit(struct ivs_budget *b, pid_t pid, uid_t uid,
     const struct ivs_budget_limits *l = &b->lim;
     struct user *u = a->user;
     enum ivs_verdict v = IVS_ADMIT;
-    /* the process's own limits first: a refusal then names it */
-    if (l->per_pid && a->clients >= l->per_pid)
+    /* the process's own limits first: a refusal then names it. Pid 0
+       is a process in a pid namespace we cannot see: only its uid's
+       limits can apply. */
+    bool known = pid > 0;
+    if (known && l->per_pid && a->clients >= l->per_pid)
         v = IVS_PID_CLIENTS;
-    else if (l->ids_per_pid && a->held_ids >= l->ids_per_pid)
+    else if (known && l->ids_per_pid && a->held_ids >= l->ids_per_pid)
         v = IVS_PID_IDS;
-    else if (!bucket_has_one(&a->bucket, l->pid_rate, l->pid_burst, now_ns))
+    else if (known &&
+             !bucket_has_one(&a->bucket, l->pid_rate, l->pid_burst, now_ns))
         v = IVS_PID_RATE;
     else if (l->per_uid && u->clients >= l->per_uid)
         v = IVS_UID_CLIENTS;
@@ -330,7 +334,8 @@ enum ivs_verdict ivs_budget_admit(struct ivs_budget *b, pid_t pid, uid_t uid,
             log_refusal(b, a, v, now_ns);
         return v;
     }
-    bucket_take(&a->bucket, l->pid_rate);
+    if (known)
+        bucket_take(&a->bucket, l->pid_rate);
     bucket_take(&u->bucket, l->uid_rate);
     a->clients++;
     u->clients++;
