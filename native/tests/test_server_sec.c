@@ -194,7 +194,7 @@ static void test_sealed_region(void)
     struct stat st;
     CHECK(fstat(shm, &st) == 0 && st.st_size == 32 << 20);
     CHECK_RC(ivshm_admin_sealed(shm), 1);
-    /* the attack of issue 10 (3): every mapping would SIGBUS after it */
+    /* the truncation attack: every mapping would SIGBUS after it */
     errno = 0;
     CHECK(ftruncate(shm, 0) < 0 && errno == EPERM);
     CHECK(ftruncate(shm, 64 << 20) < 0 && errno == EPERM);
