@@ -13,6 +13,7 @@
 #include "internal.h"
 #include "ivshm_admin.h"
 #include "testutil.h"
+#include "test_server_raw.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -105,18 +106,6 @@ static bool exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-static int connect_unix(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s >= 0 && connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        close(s);
-        return -1;
-    }
-    return s;
-}
-
 /* Read until `want` bytes or `until` appears, EOF or 5 s; NUL-terminated. */
 static size_t read_some(int s, char *buf, size_t cap, size_t want,
                         const char *until)
@@ -139,7 +128,7 @@ static size_t read_some(int s, char *buf, size_t cap, size_t want,
 /* Does QEMU answer QMP query-status? */
 static bool qmp_answers(void)
 {
-    int s = connect_unix(qmp_path);
+    int s = connect_to(qmp_path);
     if (s < 0)
         return false;
     char buf[4096];
@@ -162,7 +151,7 @@ static bool qmp_answers(void)
    kernel, as the fd-less recv gives them no place. */
 static int64_t connect_once(void)
 {
-    int s = connect_unix(sock_path);
+    int s = connect_to(sock_path);
     if (s < 0)
         return -2;
     char buf[2 * sizeof(int64_t) + 1];
