@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "testutil.h"
+#include "test_server_raw.h"
 
 #include <dirent.h>
 #include <endian.h>
@@ -395,39 +396,6 @@ static void test_peers(void)
 
 /* ---- the server marks the registry when a connection ends ---- */
 
-static int raw_recv(int sock, int64_t *value, int *fd)
-{
-    uint64_t le;
-    struct iovec iov = {.iov_base = &le, .iov_len = sizeof le};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
-                       .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
-    struct pollfd p = {.fd = sock, .events = POLLIN};
-    if (poll(&p, 1, 5000) != 1 || recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 8)
-        return -1;
-    *fd = -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    if (c && c->cmsg_type == SCM_RIGHTS)
-        memcpy(fd, CMSG_DATA(c), sizeof *fd);
-    *value = (int64_t)le64toh(le);
-    return 0;
-}
-
-static int connect_to(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s >= 0 && connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        close(s);
-        return -1;
-    }
-    return s;
-}
-
 /* Read the opening burst of a raw connection with one vector: returns
    the socket, our id, the region fd and our vector-0 eventfd. Messages
    about peers already connected are checked to carry one fd each. */
@@ -438,15 +406,15 @@ static int raw_attach(int64_t *id, int *shm_fd, int *vec_fd, int npeers)
         return -1;
     int64_t version = -2, marker = 0, v;
     int fd = -1;
-    bool ok = raw_recv(sock, &version, &fd) == 0 && version == 0 && fd < 0 &&
-              raw_recv(sock, id, &fd) == 0 && *id >= 0 && fd < 0 &&
-              raw_recv(sock, &marker, shm_fd) == 0 && marker == -1 && *shm_fd >= 0;
+    bool ok = raw_recv(sock, &version, &fd, 5000) == 1 && version == 0 && fd < 0 &&
+              raw_recv(sock, id, &fd, 5000) == 1 && *id >= 0 && fd < 0 &&
+              raw_recv(sock, &marker, shm_fd, 5000) == 1 && marker == -1 && *shm_fd >= 0;
     for (int i = 0; ok && i < npeers; i++) {
-        ok = raw_recv(sock, &v, &fd) == 0 && v != *id && fd >= 0;
+        ok = raw_recv(sock, &v, &fd, 5000) == 1 && v != *id && fd >= 0;
         if (fd >= 0)
             close(fd);
     }
-    ok = ok && raw_recv(sock, &v, vec_fd) == 0 && v == *id && *vec_fd >= 0;
+    ok = ok && raw_recv(sock, &v, vec_fd, 5000) == 1 && v == *id && *vec_fd >= 0;
     CHECK(ok);
     return sock;
 }
@@ -466,7 +434,7 @@ static void test_server_marks_registry(void)
     int gone = stay >= 0 ? raw_attach(&gone_id, &gone_shm, &gone_vec, 1) : -1;
     CHECK(stay >= 0 && gone >= 0);
     /* the stayer hears about the newcomer: one join, one fd */
-    CHECK(stay >= 0 && raw_recv(stay, &v, &fd) == 0 && v == gone_id && fd >= 0);
+    CHECK(stay >= 0 && raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd >= 0);
     if (fd >= 0)
         close(fd);
     ivshm *h = NULL;
@@ -481,7 +449,7 @@ static void test_server_marks_registry(void)
             struct ivshm_peer_entry *e = ivshm_entry(h, self);
             CHECK(TU_EVENTUALLY(atomic_load(&e->state) == PEER_DEAD, 2000));
         }
-        CHECK(raw_recv(stay, &v, &fd) == 0 && v == gone_id && fd < 0);
+        CHECK(raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd < 0);
         uint64_t count = 0;
         CHECK(TU_EVENTUALLY(read(stay_vec, &count, sizeof count) == 8, 2000));
         ivshm_detach(h);
