@@ -594,7 +594,7 @@ static bool may_ever_block(void)
 
 /* A rank that never blocks says so to libivshm (a spin budget of
    "forever"), which tells the peers: their sends and our receives then
-   skip the fences that only a sleeper needs (wait.c in libivshm), the
+   skip the fences that only a sleeper needs (doorbell.c in libivshm), the
    largest cost of a small message. */
 static void publish_blocking(bool may)
 {

@@ -5,7 +5,7 @@
  * processes whatever address each one mapped the region at.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "doorbell.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -36,7 +36,7 @@
  * server's notice marks it dead with the first.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "doorbell.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -11,7 +11,7 @@
    Time bounds are generous (the machine is shared): they separate
    "returned by its deadline" from "hung", not fast from slow. */
 #define _GNU_SOURCE
-#include "msg.h"
+#include "internal.h"
 #include "testutil.h"
 
 #include <errno.h>

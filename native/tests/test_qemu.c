@@ -284,7 +284,7 @@ int main(void)
         int gslot = -1;
         if (guest) {
             ivshm_config gcfg = {.job_id = JOB, .rank = 1, .name = "guest"};
-            CHECK_RC(ivshm_registry_join(guest, &gcfg, vm_id, DB_UIO), 0);
+            CHECK_RC(ivshm_join(guest, &gcfg, vm_id, DB_UIO), 0);
             gslot = ivshm_self(guest);
             CHECK(ivshm_find(h, JOB, 1) == gslot);
             /* Ring the VM's vector 0: QEMU takes the eventfd write. */

@@ -441,7 +441,7 @@ static void test_server_marks_registry(void)
     if (gone >= 0 && ivshm_region_map(gone_shm, &h) == 0) {
         gone_shm = -1; /* owned by h */
         ivshm_config cfg = {.job_id = JOB, .rank = 40};
-        CHECK_RC(ivshm_registry_join(h, &cfg, (int32_t)gone_id, DB_UIO), 0);
+        CHECK_RC(ivshm_join(h, &cfg, (int32_t)gone_id, DB_UIO), 0);
         int self = ivshm_self(h);
         close(gone);
         gone = -1;
@@ -741,7 +741,7 @@ static void test_fake_server(void)
         ivshm *guest = NULL;
         CHECK_RC(ivshm_region_map(fcntl(shm_fd, F_DUPFD_CLOEXEC, 0), &guest), 0);
         ivshm_config gcfg = {.job_id = JOB, .rank = 10};
-        CHECK_RC(ivshm_registry_join(guest, &gcfg, 1, DB_UIO), 0);
+        CHECK_RC(ivshm_join(guest, &gcfg, 1, DB_UIO), 0);
         int gslot = ivshm_self(guest);
         CHECK(ivshm_find(h, JOB, 10) == gslot);
         CHECK_RC(h->db->ring(h->db, h, gslot, 1), 0);

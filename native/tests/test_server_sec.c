@@ -214,7 +214,7 @@ static void test_sealed_region(void)
     shm = -1;
     if (h) {
         ivshm_config ecfg = {.job_id = JOB, .rank = 7};
-        CHECK_RC(ivshm_registry_join(h, &ecfg, (int32_t)id, DB_UIO), 0);
+        CHECK_RC(ivshm_join(h, &ecfg, (int32_t)id, DB_UIO), 0);
         int slot = ivshm_self(h);
         close(evil);
         evil = -1;
@@ -284,7 +284,7 @@ static void test_storm(void)
     }
     /* a registry entry whose liveness is our (live) pid */
     ivshm_config cfg = {.job_id = JOB, .rank = 3};
-    CHECK_RC(ivshm_registry_join(h, &cfg, (int32_t)id, DB_UIO), 0);
+    CHECK_RC(ivshm_join(h, &cfg, (int32_t)id, DB_UIO), 0);
     struct ivshm_peer_entry *me = ivshm_entry(h, ivshm_self(h));
 
     /* busy computing: we do not read our socket while the storm runs */
