@@ -7,7 +7,7 @@
  * --pattern exchange: both ranks MPI_Sendrecv at once, as HPCC's ring
  * latency does with two ranks; the figure is the time per exchange. Both
  * ranks publish and poll at the same moment there, which a ping-pong
- * never makes them do (BENCHMARKS.md, issue 11, eighth session).
+ * never makes them do (docs/btl.md, "Message path").
  */
 #include <mpi.h>
 

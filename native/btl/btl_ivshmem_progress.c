@@ -358,7 +358,7 @@ static int poll_region(uint32_t budget)
            MPI_Sendrecv), the answer is "no", and in an exchange that
            look reads the very slot the peer is writing at that moment:
            a cache-line transfer away from the writer, about a fifth of
-           an 8 B exchange (BENCHMARKS.md, eleventh session). So we look
+           an 8 B exchange (docs/btl.md, "Message path"). So we look
            only while it pays: after a "no", the next IVSHMEM_LOOK_PAUSE
            calls that deliver a message return without looking; a "yes"
            keeps a stream batching. */

@@ -590,7 +590,7 @@ struct fake_script {
     int nsteps;
     int lsock, shm_fd;
     int extra_vectors; /* then this many (1 + eventfd) joins: too many */
-    int go_fd;         /* fake_session: one byte per phase from the test */
+    int go_fd;         /* fake_conversation: one byte per phase from the test */
 };
 
 static int fake_server(void *arg)
@@ -627,9 +627,9 @@ static void expect_attach(int lsock, int shm_fd, const struct step *steps,
     CHECK_RC(tu_wait(pid, 10000), 0);
 }
 
-/* The valid fake session: join/leave notices, rings both ways, then a
+/* The valid fake conversation: join/leave notices, rings both ways, then a
    malformed notice that must only cost us the server connection. */
-static int fake_session(void *arg)
+static int fake_conversation(void *arg)
 {
     struct fake_script *fs = arg;
     int c = fake_accept(fs->lsock);
@@ -720,11 +720,11 @@ static void test_fake_server(void)
     expect_attach(lsock, shm_fd, none, 0, 0, -EPROTO);
     CHECK_RC(count_fds(), fds_before);
 
-    /* the good session, paced by "go" bytes through a pipe */
+    /* the good conversation, paced by "go" bytes through a pipe */
     int go[2];
     CHECK(pipe(go) == 0);
     struct fake_script fs = {NULL, 0, lsock, shm_fd, 0, go[0]};
-    pid_t pid = tu_fork(fake_session, &fs);
+    pid_t pid = tu_fork(fake_conversation, &fs);
     ivshm_config cfg = {.job_id = JOB, .rank = 9,
                             .flags = IVSHM_F_UNSEALED};
     ivshm *h = NULL;
