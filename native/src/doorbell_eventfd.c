@@ -409,6 +409,16 @@ static void es_destroy(struct ivshm_doorbell *db)
     free(s);
 }
 
+static const struct ivshm_doorbell eventfd_ops = {
+    .kind = DB_EVENTFD,
+    .ring = es_ring,
+    .arm = es_arm,
+    .wait = es_wait,
+    .fd = es_fd,
+    .poll_notices = es_poll_notices,
+    .destroy = es_destroy,
+};
+
 /* Takes ownership of `sock` (closed on failure too). Reads the rest of
    the initial burst: blocks (bounded) until our first own-id vector, then
    takes whatever else is already queued. */
@@ -421,13 +431,7 @@ struct ivshm_doorbell *ivshm_db_server_new(int sock, int32_t my_id, int *err)
         *err = -ENOMEM;
         return NULL;
     }
-    s->ops.kind = DB_EVENTFD;
-    s->ops.ring = es_ring;
-    s->ops.arm = es_arm;
-    s->ops.wait = es_wait;
-    s->ops.fd = es_fd;
-    s->ops.poll_notices = es_poll_notices;
-    s->ops.destroy = es_destroy;
+    s->ops = eventfd_ops;
     s->sock = sock;
     s->my_id = my_id;
     s->self.id = my_id;

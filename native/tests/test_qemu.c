@@ -54,13 +54,6 @@ static void cleanup(void)
     unlink(qmp_path);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool find_on_path(const char *name, char *out, size_t cap)
 {
     const char *path = getenv("PATH");
@@ -205,10 +198,7 @@ int main(void)
     snprintf(shm_path, sizeof shm_path, "/dev/shm/ivshm-qtest-%d", me);
     snprintf(state_path, sizeof state_path, "/tmp/ivshm-qtest-%d.json", me);
     snprintf(qmp_path, sizeof qmp_path, "/tmp/ivshm-qtest-%d.qmp", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
+    tu_cleanup_on_exit(cleanup);
 
     char vec_arg[8];
     snprintf(vec_arg, sizeof vec_arg, "%d", VECTORS);

@@ -77,13 +77,6 @@ static void cleanup(void)
             unlink(paths[i]);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool state_has_peer(const char *path, int32_t id, int vectors)
 {
     char want[64];
@@ -804,10 +797,7 @@ int main(void)
     snprintf(d_shm, sizeof d_shm, "/dev/shm/ivshm-test-srv-%d-d", me);
     snprintf(d_pid, sizeof d_pid, "/tmp/ivshm-test-%d-d.pid", me);
     snprintf(f_sock, sizeof f_sock, "/tmp/ivshm-test-%d-f.sock", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
+    tu_cleanup_on_exit(cleanup);
     board = mmap(NULL, sizeof *board, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (board == MAP_FAILED)

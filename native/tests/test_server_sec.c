@@ -73,13 +73,6 @@ static void cleanup(void)
     unlink(tmp);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool state_has_peer(int32_t id)
 {
     char want[64];
@@ -673,11 +666,7 @@ int main(void)
     snprintf(state_path, sizeof state_path, "/tmp/ivshm-sec-%d.json", me);
     snprintf(link_path, sizeof link_path, "/tmp/ivshm-sec-%d.link", me);
     snprintf(victim_path, sizeof victim_path, "/tmp/ivshm-sec-%d.victim", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
-    signal(SIGALRM, on_signal);
+    tu_cleanup_on_exit(cleanup);
     alarm(240);
 
     test_bad_options();
