@@ -61,6 +61,40 @@ static struct db_server *as_server(struct ivshm_doorbell *db)
 
 /* ---- wire ---- */
 
+/* Take ownership of every fd that arrived in `m` before judging them,
+   so none leaks whatever the verdict: the first into *fd (if it holds
+   none yet), any other closed. Truncated control data with no fd at all
+   is an fd lost on our side (EMFILE: *lost_fd), not a malformed message;
+   with fds, the sender sent too many. False if it sent too many. */
+static bool take_fds(struct msghdr *m, int *fd, bool *lost_fd)
+{
+    bool too_many = false;
+    int nrecv = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; i++) {
+            int x;
+            memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof x);
+            nrecv++;
+            if (*fd < 0) {
+                *fd = x;
+            } else {
+                close(x);
+                too_many = true;
+            }
+        }
+    }
+    if (m->msg_flags & MSG_CTRUNC) {
+        if (nrecv > 0)
+            too_many = true;
+        else
+            *lost_fd = true;
+    }
+    return !too_many;
+}
+
 /* A started message must complete within MSG_REST_TIMEOUT_MS. -EMFILE:
    we are at RLIMIT_NOFILE; the stream is still framed. */
 int ivshm_server_recv(int sock, int timeout_ms, int64_t *value, int *fd_out)
@@ -99,34 +133,7 @@ int ivshm_server_recv(int sock, int timeout_ms, int64_t *value, int *fd_out)
             rc = -errno;
             goto fail;
         }
-        /* Take ownership of every fd that arrived before judging them,
-           so none leaks whatever the verdict. Truncated control data
-           with no fd at all is an fd lost on our side (EMFILE), not a
-           malformed message; with fds, the sender sent too many. */
-        bool too_many = false;
-        int nrecv = 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < nfds; i++) {
-                int x;
-                memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof x);
-                nrecv++;
-                if (fd < 0) {
-                    fd = x;
-                } else {
-                    close(x);
-                    too_many = true;
-                }
-            }
-        }
-        if (m.msg_flags & MSG_CTRUNC) {
-            if (nrecv > 0)
-                too_many = true;
-            else
-                lost_fd = true;
-        }
+        bool too_many = !take_fds(&m, &fd, &lost_fd);
         if (too_many) {
             rc = -EPROTO;
             goto fail;
