@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud.cluster import instance as holders
+from ivcloud.cluster import holder
 from ivcloud.cluster.launch import visible_inside
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -87,20 +87,20 @@ def assert_gone(name: str, snapshot: dict) -> None:
     assert not (RUN_DIR / f"cluster-{name}").exists()
     for rec in snapshot.get("holders", {}).values():
         if rec.get("start") is not None:
-            assert holders.start_time(rec["pid"]) != rec["start"], rec
-    assert holders.find_by_marker(name) == []
+            assert holder.start_time(rec["pid"]) != rec["start"], rec
+    assert holder.find_by_marker(name) == []
     ns = {"net": set(), "mnt": set()}
     for rec in snapshot.get("namespaces", {}).values():
         for kind in ns:
             if rec.get(kind):
                 ns[kind].add(rec[kind])
     for kind in ns:  # never the host's own (as a guard for this check)
-        assert holders.ns_inode(os.getpid(), kind) not in ns[kind]
+        assert holder.ns_inode(os.getpid(), kind) not in ns[kind]
     # (namespace inode numbers get reused: also match the cluster's env)
-    assert holders.processes_in(ns, cluster=name) == []
+    assert holder.processes_in(ns, cluster=name) == []
     for srv in snapshot.get("servers", {}).values():
         if srv.get("pid"):
-            assert holders.start_time(srv["pid"]) is None or \
+            assert holder.start_time(srv["pid"]) is None or \
                 Path(f"/proc/{srv['pid']}/comm").read_text().strip() \
                 != "ivshmem-server", srv
         assert not os.path.lexists(srv["region"])
@@ -350,7 +350,7 @@ def test_down_after_up_killed_halfway():
         snapshot = json.loads(path.read_text())
         assert snapshot["phase"] == "building"
         live = [r for r in snapshot["holders"].values()
-                if holders.start_time(r["pid"]) == r["start"]]
+                if holder.start_time(r["pid"]) == r["start"]]
         assert live, "the killed up left no holders to clean up?"
         assert json.loads(ivcloud("cluster", "status", "--name", name,
                                   "--json").stdout)["healthy"] is False
@@ -368,7 +368,7 @@ def test_uplink_rate_limits_cross_server_traffic(cluster):
     name, state = cluster(servers=2, instances=2,
                           extra=["--uplink-rate", "20mbit"])
     fabric = state["holders"]["fabric"]["pid"]
-    qd = subprocess.run(holders.enter_argv(fabric, ("net",))
+    qd = subprocess.run(holder.enter_argv(fabric, ("net",))
                         + ["tc", "qdisc", "show"], capture_output=True,
                         text=True).stdout
     assert qd.count("qdisc tbf") == 4, qd  # both ends of both uplinks
@@ -518,13 +518,13 @@ def test_down_finds_processes_of_a_dead_instance(cluster):
                             "exec", "--name", name, "s0i1", "--", "sleep",
                             "300"])
     try:
-        holder = state["holders"]["s0i1"]
+        victim = state["holders"]["s0i1"]
         ns = {"net": {state["namespaces"]["s0i1"]["net"]}}
         deadline = time.monotonic() + 20
-        while not holders.processes_in(ns, cluster=name):
+        while not holder.processes_in(ns, cluster=name):
             assert time.monotonic() < deadline, "sleep never started"
             time.sleep(0.05)
-        os.kill(holder["pid"], signal.SIGKILL)
+        os.kill(victim["pid"], signal.SIGKILL)
         st = ivcloud("cluster", "status", "--name", name, "--json")
         assert st.returncode == 1
         dead = [i for i in json.loads(st.stdout)["instances"]
@@ -533,7 +533,7 @@ def test_down_finds_processes_of_a_dead_instance(cluster):
         down = ivcloud("cluster", "down", "--name", name)
         assert down.returncode == 0, down.stderr
         assert job.wait(timeout=20) != 0  # its sleep was killed
-        assert holders.processes_in(ns, cluster=name) == []
+        assert holder.processes_in(ns, cluster=name) == []
     finally:
         if job.poll() is None:
             job.kill()
@@ -553,13 +553,13 @@ def test_down_stops_what_a_dying_process_starts(cluster):
         ns = {"net": {state["namespaces"]["s0i1"]["net"]}}
         deadline = time.monotonic() + 20
         # its loop's first sleep runs: the trap is set
-        while len(holders.processes_in(ns, cluster=name)) < 2:
+        while len(holder.processes_in(ns, cluster=name)) < 2:
             assert time.monotonic() < deadline, "the script never started"
             time.sleep(0.05)
         down = ivcloud("cluster", "down", "--name", name)
         assert down.returncode == 0, down.stderr
-        assert holders.processes_in(ns, cluster=name) == []
-        assert not [p for p in holders.find_by_marker(name)]
+        assert holder.processes_in(ns, cluster=name) == []
+        assert not [p for p in holder.find_by_marker(name)]
     finally:
         if job.poll() is None:
             job.kill()

@@ -1,6 +1,7 @@
-"""`ivcloud cluster up|status|mpirun|exec|down`: argument parsing and
-output; the work is in ivcloud.cluster: lifecycle (up/down/status) and
-launch (entering instances, the mpirun command)."""
+"""`ivcloud cluster up|status|mpirun|exec|put|down`: argument parsing
+and output; the work is in ivcloud.cluster: lifecycle (up/down/status),
+kinds (the instances) and launch (entering instances, the mpirun
+command)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from ..cluster import jobs, lifecycle, vm_instance
+from ..cluster import jobs, kinds, lifecycle, vm_instance
 from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
                               enter_command, mpirun_command, visible_inside)
 from ..cluster.state import state_dir
@@ -160,9 +161,11 @@ def _cmd_up(args) -> int:
     sd = state_dir(topo.name, args.run_dir)
     vm = None
     if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
-        vm = vm_instance.preflight(topo, args.guest_deb, args.vm_memory)
-        vm["accel"] = args.accel
-    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True), vm=vm)
+        vm = vm_instance.VmOptions(args.guest_deb, args.vm_memory,
+                                   args.accel)
+    kind = kinds.choose(topo, vm)
+    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True),
+                 kind=kind)
     print(f"cluster '{topo.name}' is up (state {sd.state})")
     return 0
 
@@ -239,7 +242,7 @@ def _cmd_mpirun(args) -> int:
     state = lifecycle.load_up(sd)
     _check_slots(args, state)
     text = _rankfile_text(args)
-    if state.get("kind") == vm_instance.KIND:
+    if isinstance(kinds.of_state(state), kinds.VmInstances):
         return _mpirun_vm(args, state, program, text)
     program = _check_program(program)
     if args.transport == "ivshmem":
@@ -378,33 +381,12 @@ def _cmd_put(args) -> int:
         raise CliError("give the files and then the directory in the guests")
     *files, dest = args.paths
     state = lifecycle.load_up(_sd(args))
-    if state.get("kind") != vm_instance.KIND:
-        raise CliError(f"cluster '{state['name']}' has namespace instances: "
-                       f"they see the host's files (outside /tmp and "
-                       f"/dev/shm), there is nothing to copy")
-    hosts = args.host or sorted(state["vms"])
-    for host in hosts:
-        for path in vm_instance.put_files(state, host, files, dest):
-            print(f"{host}:{path}")
+    for copy in kinds.of_state(state).put(state, args.host, files, dest):
+        print(copy)
     return 0
 
 
 def _cmd_exec(args) -> int:
-    sd = _sd(args)
-    state = lifecycle.load_up(sd)
-    command = _remainder(args.command)
-    if state.get("kind") == vm_instance.KIND and args.host != "head":
-        r = vm_instance.exec_in(state, args.host, command)
-        sys.stdout.write(r.output)
-        sys.stdout.flush()
-        return r.status
-    try:
-        full, env, cpus = enter_command(state, args.host, command)
-    except LaunchError as e:
-        raise CliError(str(e))
-
-    def preexec():
-        os.sched_setaffinity(0, cpus)
-
-    proc = subprocess.run(full, env=env, cwd="/", preexec_fn=preexec)
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    state = lifecycle.load_up(_sd(args))
+    return kinds.of_state(state).exec(state, args.host,
+                                      _remainder(args.command))

@@ -17,17 +17,17 @@ import tarfile
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
 from ..errors import ClusterFailure
 from ..vm import agent
-from . import jobs, lifecycle, vm_instance
+from . import jobs, kinds, lifecycle, vm_instance
 from .launch import enter_command, mpirun_command
 from .state import state_dir
 from .topology import plan
+from .vm_instance import VmOptions
 
 
 class Interrupted(KeyboardInterrupt):
@@ -41,14 +41,6 @@ class Interrupted(KeyboardInterrupt):
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
-
-
-@dataclass(frozen=True)
-class VmOptions:
-    """Instances as QEMU guests (`cluster up --instance-kind vm`)."""
-    guest_deb: Optional[str] = None     # None: the newest in build/deb
-    memory_mb: int = vm_instance.DEFAULT_MEMORY_MB
-    accel: str = "auto"
 
 
 # where `stage` puts host programs in the guests
@@ -78,24 +70,20 @@ class ClusterSession:
         self.state: Optional[Dict] = None
         self._old_handlers: Dict = {}
         self.vm = vm
-        self._vm_conf = None
-        if vm is not None:
-            # refuses (no QEMU, no package, memory) before anything exists
-            self._vm_conf = vm_instance.preflight(self.topo, vm.guest_deb,
-                                                  vm.memory_mb)
-            self._vm_conf["accel"] = vm.accel
+        # refuses (no QEMU, no package, memory) before anything exists
+        self.instances = kinds.choose(self.topo, vm)
         self._staged: Dict[str, str] = {}
 
     @property
     def kind(self) -> str:
-        return vm_instance.KIND if self.vm else "namespace"
+        return self.instances.name
 
     @property
     def accel(self) -> Optional[str]:
         """VM instances: the accelerator they run under (kvm or tcg)."""
-        if self.vm is None or self.state is None:
+        if self.state is None:
             return None
-        return self.state["vm"].get("accel")
+        return vm_instance.guest_accel(self.state)
 
     def describe(self) -> Dict:
         t = self.topo
@@ -114,7 +102,7 @@ class ClusterSession:
         try:
             # up() rolls back by itself when it fails or is interrupted
             lifecycle.up(self.topo, self.sd, log=lambda line: None,
-                         vm=self._vm_conf)
+                         kind=self.instances)
             self.state = lifecycle.load_up(self.sd)
         except BaseException:
             self._restore()
@@ -162,9 +150,7 @@ class ClusterSession:
     def guest_packages(self) -> List[str]:
         """VM instances: the packages their image has besides the guest
         package (file names)."""
-        if self._vm_conf is None:
-            return []
-        return [Path(x).name for x in self._vm_conf.get("extra_debs", [])]
+        return self.instances.guest_packages()
 
     def _guests(self) -> List[str]:
         return sorted(self.state["vms"])
