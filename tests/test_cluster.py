@@ -28,10 +28,13 @@ RUN_DIR = Path(os.environ.get("IVCLOUD_RUN_DIR") or "/run/ivcloud")
 HAVE_MPI = shutil.which("mpicc") is not None and shutil.which("mpirun")
 
 # All pairs exchange a message (so every BTL endpoint gets created), then
-# an allreduce; each rank prints its host.
+# an allreduce; each rank prints its host and the region it was given.
+# Given a file name, the ranks then wait for that file (at most 2 min),
+# so that jobs overlap or a job runs while something is done to it.
 MPI_PROGRAM = r"""
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 int main(int argc, char **argv)
 {
@@ -51,7 +54,13 @@ int main(int argc, char **argv)
     }
     int mine = rank + 1;
     MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("rank %d of %d on %s sum %d\n", rank, size, host, sum);
+    const char *sock = getenv("IVSHM_SOCKET");
+    printf("rank %d of %d on %s sum %d socket %s\n", rank, size, host, sum,
+           sock ? sock : "-");
+    fflush(stdout);
+    for (int i = 0; argc > 1 && i < 1200 && access(argv[1], F_OK); i++)
+        usleep(100000);
+    MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
     return sum == size * (size + 1) / 2 ? 0 : 1;
 }
@@ -71,6 +80,18 @@ def one_line_error(proc) -> str:
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].strip(), proc.stderr
     return lines[0]
+
+
+def wait_for(cond, timeout, what):
+    """cond()'s first true value, polled every 0.1 s; fails the test
+    after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out ({timeout} s) waiting for {what}")
 
 
 def new_name() -> str:

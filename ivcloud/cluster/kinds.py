@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 class InstanceKind(ABC):
     name: ClassVar[str]
+    # whether `--scheduler slurm` can run a slurmd in each instance
+    runs_slurmd: ClassVar[bool] = False
 
     def record(self) -> Dict:
         return {"kind": self.name}
@@ -84,6 +86,7 @@ class InstanceKind(ABC):
 class NamespaceInstances(InstanceKind):
     """An instance is a holder process's namespaces (holder.py)."""
     name = "namespace"
+    runs_slurmd = True
 
     def start(self, build: "Build") -> None:
         servers = build.topo.server_list()
@@ -150,11 +153,16 @@ class VmInstances(InstanceKind):
                                                   dest)]
 
 
-def choose(topo: ClusterTopology,
-           vm: Optional[VmOptions] = None) -> InstanceKind:
+def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,
+           slurmd: bool = False) -> InstanceKind:
     """The kind of a cluster about to be brought up: QEMU guests when
     `vm` is given (checked now: QEMU, the guest package, memory), else
-    namespaces."""
+    namespaces. slurmd: the instances are to run Slurm's slurmd."""
+    cls = NamespaceInstances if vm is None else VmInstances
+    if slurmd and not cls.runs_slurmd:
+        raise ClusterError(f"--scheduler slurm needs namespace instances "
+                           f"({cls.name} instances have no slurmd)",
+                           setting="scheduler")
     if vm is None:
         return NamespaceInstances()
     return VmInstances(vm_instance.preflight(topo, vm))

@@ -90,6 +90,8 @@ def instance_env(state: Dict, host: str, base: Optional[Dict] = None) -> Dict[st
                TMPDIR="/tmp", IVCLOUD_INSTANCE=host)
     # `down` recognises what runs in an instance by this, too
     env[CLUSTER_ENV] = state["name"]
+    if state.get("slurm"):
+        env["SLURM_CONF"] = state["slurm"]["conf"]
     inst = state.get("instances", {}).get(host)
     if inst is not None:
         job = base.get(JOB_ENV)

@@ -3,13 +3,16 @@ every step, and taking it all apart again from the record.
 
 Order of `up` (each step saved to state.json before the next starts):
 
-    1. state dir (the lock), hosts file, agent script, hostfiles
+    1. state dir (the lock), hosts file, agent script, hostfiles (and
+       with --scheduler slurm its files, slurm/daemons.py)
     2. fabric holder (a network namespace for the switches), core bridge
     3. per server: its ivshmem-server, bridge and shaped uplink
     4. per instance: its holder (namespaces, tmpfs, hostname, CPUs), veth
        (VM instances, vm_instance.py: per guest its tap, then its QEMU;
        then the boot of all of them)
     5. head holder (where mpirun runs), veth into the core bridge
+    6. --scheduler slurm: munged and slurmctld in the head node, slurmd
+       in every instance (slurm/daemons.py)
 
 `down` (also the rollback of a failed `up`) works from the record plus a
 sweep for holders by their marker, so an `up` killed by SIGKILL at any
@@ -35,6 +38,8 @@ from .. import procfs
 from . import holder, jobs, kinds, network
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
                      hostfile_text)
+from .slurm import Slurm
+from .slurm import status as slurm_status
 from .state import StateDir, load, save
 from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology,
                        hosts_file_text, topology_from_dict)
@@ -98,7 +103,8 @@ def _host_namespaces() -> Dict[str, set]:
 # ---------------------------------------------------------------- up
 
 def initial_state(topo: ClusterTopology, sd: StateDir,
-                  kind: kinds.InstanceKind) -> Dict:
+                  kind: kinds.InstanceKind,
+                  scheduler: Optional[Slurm] = None) -> Dict:
     max_peers, size, geometry = region_geometry(topo)
     servers = {}
     for srv in topo.server_list():
@@ -124,7 +130,8 @@ def initial_state(topo: ClusterTopology, sd: StateDir,
             "hosts": str(sd.hosts), "servers_dir": str(sd.servers),
             "head": {"hostname": HEAD_HOSTNAME, "address": HEAD_ADDRESS},
             "holders": {}, "namespaces": {}, "links": [],
-            "servers": servers, "instances": instances, **kind.record()}
+            "servers": servers, "instances": instances, **kind.record(),
+            **(scheduler.record(sd) if scheduler else {})}
 
 
 class Build:
@@ -136,6 +143,8 @@ class Build:
                  log):
         self.topo, self.sd, self.state, self.log = topo, sd, state, log
         self.fabric: Optional[int] = None   # its holder's pid, once up
+        # run-dir paths every instance sees besides its server's (slurm/)
+        self.keep_visible: List[Path] = []
 
     def save(self) -> None:
         save(self.sd, self.state)
@@ -147,9 +156,10 @@ class Build:
 
     def visible_in(self, srv) -> List[Path]:
         """What the instances of server `srv` see of the run dir: their
-        own server's socket directory, and the agent (orted checks that
-        plm_rsh_agent, passed on from mpirun, exists)."""
-        return [self.sd.servers / srv.name, self.sd.agent]
+        own server's socket directory, the agent (orted checks that
+        plm_rsh_agent, passed on from mpirun, exists), and keep_visible."""
+        return [self.sd.servers / srv.name, self.sd.agent,
+                *self.keep_visible]
 
     def start_holder(self, role: str, **kw) -> int:
         """Start holder `role` (holder.spawn's keywords), recorded before
@@ -187,10 +197,15 @@ class Build:
 
 
 def up(topo: ClusterTopology, sd: StateDir, log=print,
-       kind: Optional[kinds.InstanceKind] = None) -> Dict:
-    """kind: the instances' (kinds.choose; None: namespaces)."""
+       kind: Optional[kinds.InstanceKind] = None,
+       scheduler: Optional[Slurm] = None) -> Dict:
+    """kind: the instances' (kinds.choose; None: namespaces); scheduler:
+    the batch scheduler to run on them (None: none, jobs start through
+    `cluster mpirun`)."""
     kind = kind or kinds.NamespaceInstances()
     preflight(topo)
+    if scheduler is not None:
+        scheduler.preflight(topo, sd, kind)
     real = os.path.realpath(sd.run_dir)
     for private in PRIVATE_DIRS:
         if real == private or real.startswith(private + "/"):
@@ -198,7 +213,8 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
                                f"which instances have privately (their "
                                f"server sockets would be invisible); use "
                                f"another run directory", setting="run_dir")
-    state = initial_state(topo, sd, kind)  # refuses too long socket paths
+    # refuses too long socket paths
+    state = initial_state(topo, sd, kind, scheduler)
     sd.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(sd.dir, 0o755)
@@ -211,7 +227,7 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         save(sd, state)
-        _build(Build(topo, sd, state, log), kind)
+        _build(Build(topo, sd, state, log), kind, scheduler)
         state["phase"] = "up"
         save(sd, state)
         return state
@@ -234,7 +250,8 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
             signal.signal(s, h)
 
 
-def _build(b: Build, kind: kinds.InstanceKind) -> None:
+def _build(b: Build, kind: kinds.InstanceKind,
+           scheduler: Optional[Slurm]) -> None:
     topo, sd, state = b.topo, b.sd, b.state
     b.step("files")
     sd.hosts.write_text(hosts_file_text(topo))
@@ -243,6 +260,8 @@ def _build(b: Build, kind: kinds.InstanceKind) -> None:
     for placement in PLACEMENTS:
         sd.hostfile(placement).write_text(hostfile_text(topo, placement))
     sd.servers.mkdir(mode=0o755)
+    if scheduler is not None:
+        scheduler.write_files(b)
 
     b.step("fabric")
     b.fabric = b.start_holder("fabric", unshare_flags=["--net"])
@@ -269,6 +288,10 @@ def _build(b: Build, kind: kinds.InstanceKind) -> None:
     network.attach(b.fabric, head, CORE_BRIDGE, network.HEAD_PORT,
                    HEAD_ADDRESS)
     state["links"].append(network.HEAD_PORT)
+    b.save()
+
+    if scheduler is not None:
+        scheduler.start(b)
     state.pop("step", None)
 
 
@@ -496,9 +519,11 @@ def status(sd: StateDir) -> Dict:
                           "planned_cpus": inst["cpus"], **info})
     head = {**state["head"], **holder.holder_info(state, HEAD_HOSTNAME)}
     fabric = holder.holder_info(state, "fabric")
+    slurm = slurm_status(state)
     healthy = (state.get("phase") == "up" and fabric["alive"]
                and head["alive"] and all(i["alive"] for i in instances)
-               and all(s["running"] for s in servers))
+               and all(s["running"] for s in servers)
+               and (slurm is None or slurm["healthy"]))
     return {"name": state["name"], "phase": state.get("phase"),
             "kind": kind.name,
             "healthy": healthy, "state_dir": str(sd.dir),
@@ -507,7 +532,9 @@ def status(sd: StateDir) -> Dict:
             "vcpus": topo.vcpus, "uplink_rate_bps": topo.uplink_rate_bps,
             "oversubscribe": topo.oversubscribe,
             "fabric": fabric, "head": head,
-            "servers": servers, "instances": instances}
+            "servers": servers, "instances": instances,
+            "scheduler": state.get("scheduler", "none"),
+            **({"slurm": slurm} if slurm else {})}
 
 
 def load_up(sd: StateDir) -> Dict:

@@ -5,7 +5,8 @@ The cloud benchmarks (ivcloud.bench.hierarchy, ivcloud.bench.halo) use
 it; anything else that needs a throw-away cluster can. Its instances are
 namespaces, or QEMU guests (VmOptions): then host programs are copied
 into the guests (`stage`) and jobs run from the first guest
-(vm_instance), in the servers' standing regions."""
+(vm_instance), in the servers' standing regions. With SlurmOptions it
+runs Slurm (ivcloud.cluster.slurm) and takes jobs through `srun`."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from . import jobs, kinds, lifecycle, vm_instance
 from .launch import enter_command, mpirun_command
 from .state import state_dir
 from .topology import plan
+from .slurm import Slurm, SlurmOptions
+from .slurm.client import client_command
 from .vm_instance import VmOptions
 
 
@@ -59,7 +62,8 @@ class ClusterSession:
     def __init__(self, prefix: str, servers: int, instances: int,
                  vcpus: int, uplink_rate: Optional[str] = None,
                  keep: bool = False, log=None,
-                 vm: Optional[VmOptions] = None):
+                 vm: Optional[VmOptions] = None,
+                 slurm: Optional[SlurmOptions] = None):
         # unique, and short enough for the socket paths (24 characters)
         self.name = f"{prefix}{os.getpid() % 100000}{uuid.uuid4().hex[:4]}"
         self.topo = plan(self.name, servers, instances, vcpus, uplink_rate,
@@ -71,7 +75,9 @@ class ClusterSession:
         self._old_handlers: Dict = {}
         self.vm = vm
         # refuses (no QEMU, no package, memory) before anything exists
-        self.instances = kinds.choose(self.topo, vm)
+        self.instances = kinds.choose(self.topo, vm,
+                                      slurmd=slurm is not None)
+        self.scheduler = Slurm(slurm) if slurm is not None else None
         self._staged: Dict[str, str] = {}
 
     @property
@@ -93,6 +99,8 @@ class ClusterSession:
              "uplink_rate": self.uplink_rate, "instance_kind": self.kind}
         if self.vm is not None:
             d.update(accel=self.accel, vm_memory_mb=self.vm.memory_mb)
+        if self.scheduler is not None:
+            d["scheduler"] = "slurm"
         return d
 
     def __enter__(self) -> "ClusterSession":
@@ -102,7 +110,7 @@ class ClusterSession:
         try:
             # up() rolls back by itself when it fails or is interrupted
             lifecycle.up(self.topo, self.sd, log=lambda line: None,
-                         kind=self.instances)
+                         kind=self.instances, scheduler=self.scheduler)
             self.state = lifecycle.load_up(self.sd)
         except BaseException:
             self._restore()
@@ -284,6 +292,15 @@ class ClusterSession:
         finally:
             if path is not None:
                 path.unlink(missing_ok=True)
+
+    def srun(self, args: Sequence[str], timeout: Optional[float] = None,
+             stdout=None, stderr=None) -> int:
+        """Run `srun ARGS` in the head node of a cluster brought up with
+        `slurm`; its exit status, as mpirun's (torn down and
+        subprocess.TimeoutExpired at `timeout`)."""
+        full, env, _, _ = client_command(self.state, "srun", list(args))
+        return mpi.run_command(full, timeout, env=env, stdout=stdout,
+                               stderr=stderr)
 
     def _mpirun_vm(self, program, np, transport, timeout, stdout, stderr,
                    placement, rankfile, extra_mca) -> int:
