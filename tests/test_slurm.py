@@ -299,6 +299,28 @@ def test_tree_topology_packs_a_job_onto_one_server(slurm_cluster, program,
                                                     rankfile=rankfile))
 
 
+def test_sbatch_job_with_a_rankfile(slurm_cluster, program):
+    """A batch job placed by a rankfile: its srun step runs each rank
+    where the file says, in the job's regions, which end with it."""
+    name, state = slurm_cluster
+    rankfile = Path(program).parent / "rankfile-batch"
+    rankfile.write_text("rank 0=s1i1 slot=0\nrank 1=s0i0 slot=0\n"
+                        "rank 2=s1i0 slot=0\n")
+    out = Path(program).parent / "batch.out"
+    p = ivcloud("cluster", "sbatch", "--name", name, "--rankfile", rankfile,
+                "--", f"--output={out}", "--wrap", f"srun {program}")
+    assert p.returncode == 0, p.stderr
+    job = int(re.search(r"Submitted batch job (\d+)", p.stdout).group(1))
+    found = wait_for(lambda: out.exists() and len(ranks(out.read_text())) == 3
+                     and ranks(out.read_text()), 60, "the batch job's ranks")
+    assert {r: h for r, (h, _) in found.items()} == {0: "s1i1", 1: "s0i0",
+                                                     2: "s1i0"}
+    assert {s for _, s in found.values()} == {socket_of(state, "s1i1", job),
+                                              socket_of(state, "s0i0", job)}
+    wait_for(lambda: not job_dirs(state, 0) and not job_dirs(state, 1), 30,
+             "the batch job's regions to go")
+
+
 def test_killed_slurmd_ends_the_job_and_frees_its_region(slurm_cluster,
                                                          program):
     name, state = slurm_cluster
