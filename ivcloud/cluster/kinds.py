@@ -160,7 +160,7 @@ def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,
     namespaces. slurmd: the instances are to run Slurm's slurmd."""
     cls = NamespaceInstances if vm is None else VmInstances
     if slurmd and not cls.runs_slurmd:
-        raise ClusterError(f"--scheduler slurm needs namespace instances "
+        raise ClusterError(f"Slurm needs namespace instances "
                            f"({cls.name} instances have no slurmd)",
                            setting="scheduler")
     if vm is None:

@@ -34,7 +34,7 @@ STOP_GRACE_S = 15.0
 def paths(state: Dict) -> SlurmPaths:
     if state.get("scheduler") != "slurm":
         raise ClusterError(f"cluster '{state['name']}' runs no Slurm (bring "
-                           f"it up with --scheduler slurm)")
+                           f"it up with Slurm as its scheduler)")
     return SlurmPaths(Path(state["slurm"]["dir"]))
 
 

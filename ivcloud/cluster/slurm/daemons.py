@@ -97,7 +97,7 @@ class Slurm:
         if not any(Path(d, PMIX_LIBRARY).exists() for d in LIBRARY_DIRS):
             missing.append(PMIX_LIBRARY)
         if missing:
-            raise ClusterError(f"--scheduler slurm needs {', '.join(missing)}"
+            raise ClusterError(f"Slurm needs {', '.join(missing)}"
                                f" (apt-get install slurmctld slurmd "
                                f"slurm-client munge libpmix-dev)",
                                setting="scheduler")
