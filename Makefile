@@ -18,7 +18,8 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   petsc-dev python3-gmsh python3-meshio \
   libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
   hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath \
-  libfabric-dev libfabric-bin
+  libfabric-dev libfabric-bin \
+  slurmctld slurmd slurm-client munge libpmix-dev
 
 .PHONY: all deps build mpis test-trixie asan fuzz-build test test-native test-fuzz test-python \
         demo bench bench-p2p fuzz clean deb guest-image mag-study
