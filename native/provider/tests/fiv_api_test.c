@@ -263,6 +263,108 @@ static void two_on_region(struct rank *r)
     t_close(r);
 }
 
+/* ---- many operations outstanding at once (an MPI's window of
+   isend/irecv) ---- */
+
+#define MANY 1500
+#define MANY_SLOT 20000
+
+/* Message i of `round` from rank `from`: its tag and its length (mostly
+   8 B, some a few hundred, a few fragmented). */
+static uint64_t many_tag(int round, int from, int i)
+{
+    return ((uint64_t)round << 40) | ((uint64_t)from << 32) | (uint64_t)i;
+}
+
+static size_t many_len(int i)
+{
+    return i % 97 == 0 ? MANY_SLOT : i % 5 == 0 ? 300 : 8;
+}
+
+/* Completions, each receive checked (its own buffer once, tag, length,
+   source): for `for_ms` if not 0, else until both counts reach MANY. */
+static void many_complete(struct rank *r, int round, int *sends, int *recvs,
+                          const uint8_t *in, uint8_t *seen, int for_ms)
+{
+    int peer = 1 - r->me;
+    uint64_t end = t_now_ms() + (uint64_t)for_ms;
+    while (for_ms ? t_now_ms() < end : *sends < MANY || *recvs < MANY) {
+        struct fi_cq_tagged_entry e;
+        fi_addr_t src;
+        int rc = t_wait(r, &e, NULL, &src, for_ms ? 0 : 20000);
+        if (for_ms && rc == -FI_ETIMEDOUT)
+            continue;
+        if (rc)
+            fprintf(stderr, "rank %d round %d: %d of %d sends and %d of %d "
+                    "receives completed\n", r->me, round, *sends, MANY, *recvs,
+                    MANY);
+        REQ_RC(rc, 0);
+        if (e.flags & FI_SEND) {
+            ++*sends;
+            continue;
+        }
+        size_t i = (size_t)((const uint8_t *)e.op_context - in) / MANY_SLOT;
+        REQ(i < MANY && !seen[i] && src == r->addr[peer]);
+        REQ(e.tag == many_tag(round, peer, (int)i) && e.len == many_len((int)i));
+        seen[i] = 1;
+        ++*recvs;
+    }
+}
+
+/* Each rank has MANY tagged receives and MANY sends in flight to the
+   other, the receives posted before the sends (round 0: all expected),
+   after them (round 1: all unexpected), half before and half after with
+   any source (round 2). Posted receives are taken and given back by the
+   thousand, round after round. */
+static void many_outstanding(struct rank *r)
+{
+    t_open(r, api_version);
+    t_exchange(r);
+    int peer = 1 - r->me;
+    uint8_t *out = malloc((size_t)MANY * MANY_SLOT);
+    uint8_t *in = malloc((size_t)MANY * MANY_SLOT), *want = malloc(MANY_SLOT);
+    uint8_t *seen = malloc(MANY);
+    REQ(out && in && want && seen);
+    for (int round = 0; round < 3; round++) {
+        memset(in, 0, (size_t)MANY * MANY_SLOT);
+        memset(seen, 0, MANY);
+        for (int i = 0; i < MANY; i++)
+            fill(out + (size_t)i * MANY_SLOT, many_len(i),
+                 (unsigned)(round * 7 + r->me * 3 + i));
+        int before = round == 0 ? MANY : round == 1 ? 0 : MANY / 2;
+        fi_addr_t from = round == 2 ? FI_ADDR_UNSPEC : r->addr[peer];
+        for (int i = 0; i < before; i++)
+            REQ_RC(fi_trecv(r->ep, in + (size_t)i * MANY_SLOT, MANY_SLOT, NULL,
+                            from, many_tag(round, peer, i), 0,
+                            in + (size_t)i * MANY_SLOT), 0);
+        t_barrier(r);
+        for (int i = 0; i < MANY; i++)
+            REQ_RC(fi_tsend(r->ep, out + (size_t)i * MANY_SLOT, many_len(i),
+                            NULL, r->addr[peer], many_tag(round, r->me, i),
+                            out + (size_t)i * MANY_SLOT), 0);
+        int sends = 0, recvs = 0;
+        if (before < MANY) {
+            /* the other side's messages arrive before these receives */
+            many_complete(r, round, &sends, &recvs, in, seen, 200);
+            for (int i = before; i < MANY; i++)
+                REQ_RC(fi_trecv(r->ep, in + (size_t)i * MANY_SLOT, MANY_SLOT,
+                                NULL, from, many_tag(round, peer, i), 0,
+                                in + (size_t)i * MANY_SLOT), 0);
+        }
+        many_complete(r, round, &sends, &recvs, in, seen, 0);
+        for (int i = 0; i < MANY; i++) {
+            fill(want, many_len(i), (unsigned)(round * 7 + peer * 3 + i));
+            REQ(memcmp(in + (size_t)i * MANY_SLOT, want, many_len(i)) == 0);
+        }
+        t_barrier(r);
+    }
+    free(out);
+    free(in);
+    free(want);
+    free(seen);
+    t_close(r);
+}
+
 /* ---- untagged: multi-receive buffers (MPICH's active messages), cancel ---- */
 
 static void multi_recv_and_cancel(struct rank *r)
@@ -540,6 +642,11 @@ int main(int argc, char **argv)
     int f = t_run(2, two_on_region, env2, 60, NULL);
     printf("%s: two ranks on one region (tagged, wildcard, large, truncation, "
            "probe, self, RMA, atomics, errors)\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, many_outstanding, env2, 60, NULL);
+    printf("%s: %d tagged receives and sends outstanding each way (expected, "
+           "unexpected, wildcard)\n", f ? "FAIL" : "ok", MANY);
     failed += f;
 
     f = t_run(2, multi_recv_and_cancel, env2, 30, NULL);
