@@ -36,22 +36,10 @@ def _over_the_region(reports, rank):
     return r["sent"] > 0 and r["received"] > 0
 
 
-# Known: with Open MPI 5 over the provider between two instances, rma.c
-# prints nothing before the launcher's timeout, and the provider's own
-# mpi_check.c, which passes with both ranks on one host, stops in its
-# first MPI_Recv(ANY_SOURCE) (p2p.c and coll.c pass). strict: the test
-# fails once that is repaired, for this mark to go.
-OMPI5_ONE_SIDED = pytest.mark.xfail(
-    strict=True, reason="Open MPI 5's one-sided over ivshm across "
-                        "instances hangs")
-
-
 def _correctness_cases():
     for program in CORRECTNESS:
         for mpi in OFI:
-            known = (mpi, program) == ("openmpi5", "rma")
-            yield pytest.param(mpi, program, id=f"{program}-{mpi}",
-                               marks=OMPI5_ONE_SIDED if known else ())
+            yield pytest.param(mpi, program, id=f"{program}-{mpi}")
 
 
 @pytest.mark.parametrize("mpi,program", list(_correctness_cases()))

@@ -34,6 +34,7 @@
 #include <rdma/providers/fi_log.h>
 #include <rdma/providers/fi_prov.h>
 
+#include "fiv_mac.h"
 #include "ivshm.h"
 
 #define FIV_PROV_NAME "ivshm"
@@ -84,6 +85,7 @@ enum fiv_op {
     FIV_OP_READ_RESP = 5,  /* fiv_resp_hdr + data                         */
     FIV_OP_ATOMIC = 6,     /* fiv_rma_hdr + operand (+ compare)           */
     FIV_OP_ACK = 7,        /* fiv_resp_hdr (+ fetched data for atomics)   */
+    FIV_OP_INTRO = 8,      /* fiv_intro: the sender's first message to us */
 };
 #define FIV_OP_MASK 0xffu
 #define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
@@ -116,9 +118,13 @@ struct fiv_resp_hdr {
 
 /* The endpoint name (fi_getname): who we are in which region, and where
    the core provider reaches us. Always FIV_ADDR_LEN (64) bytes, the size
-   MPICH reserves for a name, so that names pack into arrays. */
+   MPICH reserves for a name, so that names pack into arrays. The key is
+   the endpoint's secret: it travels only in names, i.e. through the
+   MPI's own out-of-band exchange, never through the region, and a peer
+   proves with it that it holds our name (fiv_intro.c). */
 #define FIV_ADDR_MAGIC 0x7669u  /* "iv" */
-#define FIV_CORE_ADDR_MAX 44
+#define FIV_ADDR_VERSION 2
+#define FIV_CORE_ADDR_MAX 28    /* a sockaddr_in6                         */
 struct fiv_addr {
     uint16_t magic;
     uint8_t version;
@@ -127,8 +133,20 @@ struct fiv_addr {
     uint16_t pad;
     uint32_t generation;
     uint32_t nonce[2];   /* our registry name's random part: the region   */
+    uint8_t key[FIV_KEY_LEN];
     uint8_t core[FIV_CORE_ADDR_MAX];
 };
+
+/* A sender's first region message to us (fiv_intro.c): who it is, and a
+   MAC of that under our key, which only a holder of our name has. */
+struct fiv_intro {
+    int16_t slot;
+    uint16_t pad;
+    uint32_t generation;
+    uint32_t nonce[2];
+    uint64_t mac;
+};
+
 #define FIV_ADDR_LEN sizeof(struct fiv_addr)
 _Static_assert(sizeof(struct fiv_addr) == 64, "names are 64 bytes");
 
@@ -322,6 +340,9 @@ struct fiv_peer {
     enum fiv_path path;
     int slot;
     uint32_t generation;
+    uint8_t key[FIV_KEY_LEN];          /* from its name: what we MAC with   */
+    bool introduced;                   /* region: our INTRO went out        */
+    uint64_t nonce;                    /* its registry name's random part   */
     fi_addr_t core_addr;
     struct fiv_op_req *txq, *txq_tail; /* sends waiting for room           */
     struct fiv_asm as;                 /* what its continuations fill       */
@@ -332,16 +353,9 @@ struct fiv_peer {
     struct fiv_held *held;             /* arrived ahead of their turn       */
 };
 
-/* A message of a region slot we have not heard of yet (no AV entry): kept
-   until its address is inserted, then delivered in order; bounded. */
-struct fiv_stash {
-    struct fiv_stash *next;
-    int slot;
-    uint32_t generation;
-    uint32_t op;
-    size_t len;
-    uint8_t data[];
-};
+/* Peers we hear without an AV entry (introduced, fiv_intro.c) have the
+   ids FIV_HIDDEN + slot; the application sees FI_ADDR_NOTAVAIL for them. */
+#define FIV_HIDDEN ((fi_addr_t)1 << 48)
 
 struct fiv_core;
 
@@ -363,11 +377,11 @@ struct fiv_ep {
     uint64_t nonce;
     size_t frag;                         /* payload bytes of one slot      */
     int max_peers;
-    fi_addr_t *by_slot;                  /* slot -> AV index, or NOTAVAIL  */
+    uint8_t key[FIV_KEY_LEN];            /* our name's secret              */
+    fi_addr_t *by_slot;                  /* slot -> peer id, or NOTAVAIL   */
     uint32_t *gen_by_slot;
-    struct fiv_stash *stash, *stash_tail;
-    size_t stash_bytes, stash_msgs;
-    uint64_t stash_dropped;
+    struct fiv_peer *hidden;             /* by slot: introduced, no AV entry */
+    uint64_t unheard;                    /* messages of no admitted sender */
     uint64_t last_check_ns;
     /* the core provider (fiv_delegate.c) */
     struct fiv_core *core;
@@ -532,7 +546,16 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);
-void fiv_stash_replay(struct fiv_ep *ep, int slot);
+/* fiv_intro.c: introductions, peers without an AV entry */
+void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
+int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n);
+/* The AV entry `index` names the hidden peer of its slot: it becomes that
+   peer, with what was under way. */
+bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
+/* Every peer of ours: AV entries, then hidden ones (id in *id). */
+struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id);
 /* fiv_delegate.c: the core provider */
 int fiv_core_open(struct fiv_ep *ep);
 void fiv_core_close(struct fiv_ep *ep);

@@ -12,7 +12,7 @@
 
 static bool addr_valid(const struct fiv_addr *a)
 {
-    return a->magic == FIV_ADDR_MAGIC && a->version == 1 &&
+    return a->magic == FIV_ADDR_MAGIC && a->version == FIV_ADDR_VERSION &&
            a->core_len <= FIV_CORE_ADDR_MAX && a->slot >= -1;
 }
 

@@ -26,6 +26,15 @@ static bool grow(struct fiv_cqe **ring, size_t *cap, size_t head, size_t count)
     return true;
 }
 
+/* The source the application sees: a peer it has not inserted (heard
+   through its introduction) has no address of its own. */
+static void store(struct fiv_cqe *to, const struct fiv_cqe *e)
+{
+    *to = *e;
+    if (to->src >= FIV_HIDDEN)
+        to->src = FI_ADDR_NOTAVAIL;
+}
+
 int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e)
 {
     if (cq->count == cq->cap) {
@@ -33,7 +42,7 @@ int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e)
             return -FI_ENOMEM;
         cq->head = 0;
     }
-    cq->ring[(cq->head + cq->count) % cq->cap] = *e;
+    store(&cq->ring[(cq->head + cq->count) % cq->cap], e);
     cq->count++;
     return 0;
 }
@@ -45,7 +54,7 @@ int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e)
             return -FI_ENOMEM;
         cq->errhead = 0;
     }
-    cq->errs[(cq->errhead + cq->errcount) % cq->errcap] = *e;
+    store(&cq->errs[(cq->errhead + cq->errcount) % cq->errcap], e);
     cq->errcount++;
     return 0;
 }

@@ -36,7 +36,12 @@ static void name_of(uint64_t nonce, char *out, size_t cap)
 
 struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a)
 {
-    return a < ep->npeers ? &ep->peers[a] : NULL;
+    if (a < ep->npeers)
+        return &ep->peers[a];
+    if (a >= FIV_HIDDEN && ep->hidden && a - FIV_HIDDEN < (fi_addr_t)ep->max_peers &&
+        ep->hidden[a - FIV_HIDDEN].path == PATH_REGION)
+        return &ep->hidden[a - FIV_HIDDEN];
+    return NULL;
 }
 
 static bool grow_peers(struct fiv_ep *ep, size_t n)
@@ -87,12 +92,17 @@ void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
         return;
     }
     if (in_our_region(ep, a)) {
+        /* a peer we already hear through its introduction: this entry
+           takes over what it had under way */
+        if (fiv_intro_adopt(ep, index, a))
+            return;
         p->path = PATH_REGION;
         p->slot = a->slot;
         p->generation = a->generation;
+        p->nonce = nonce;
+        memcpy(p->key, a->key, FIV_KEY_LEN);
         ep->by_slot[a->slot] = index;
         ep->gen_by_slot[a->slot] = a->generation;
-        fiv_stash_replay(ep, a->slot);
         return;
     }
     int rc = -FI_ENODATA;
@@ -173,16 +183,20 @@ static void attach_region(struct fiv_ep *ep)
     ivshm_peer_info me;
     ep->by_slot = malloc((size_t)ep->max_peers * sizeof *ep->by_slot);
     ep->gen_by_slot = calloc((size_t)ep->max_peers, sizeof *ep->gen_by_slot);
+    ep->hidden = calloc((size_t)ep->max_peers, sizeof *ep->hidden);
     if (ivshm_peer(ep->h, ep->self_slot, &me) < 0 || !ep->by_slot ||
-        !ep->gen_by_slot || ep->frag < 2 * sizeof(struct fiv_rma_hdr)) {
+        !ep->gen_by_slot || !ep->hidden ||
+        ep->frag < 2 * sizeof(struct fiv_rma_hdr)) {
         fprintf(stderr, "fi_ivshm: pid %d: region %s is unusable; every peer "
                 "goes through the core provider\n", (int)getpid(), what);
         ivshm_detach(ep->h);
         ep->h = NULL;
         free(ep->by_slot);
         free(ep->gen_by_slot);
+        free(ep->hidden);
         ep->by_slot = NULL;
         ep->gen_by_slot = NULL;
+        ep->hidden = NULL;
         return;
     }
     for (int i = 0; i < ep->max_peers; i++)
@@ -214,9 +228,10 @@ static int ep_close(struct fid *fid)
         fiv_unlock(d);
         fiv_lock(d);
     }
-    for (size_t i = 0; i < ep->npeers; i++) {
-        fiv_tx_fail_peer(ep, &ep->peers[i], FI_ECANCELED);
-        fiv_core_release_peer(&ep->peers[i]);
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
+        fiv_tx_fail_peer(ep, p, FI_ECANCELED);
+        fiv_core_release_peer(p);
     }
     fiv_unlock(d);
     fiv_domain_del_ep(d, ep);
@@ -237,11 +252,6 @@ static int ep_close(struct fid *fid)
             fiv_cntr_del_ep(cs[i], ep);
     }
     fiv_rx_free_all(ep);
-    while (ep->stash) {
-        struct fiv_stash *s = ep->stash;
-        ep->stash = s->next;
-        free(s);
-    }
     while (ep->waiting) {
         struct fiv_op_req *r = ep->waiting;
         ep->waiting = r->next;
@@ -255,6 +265,7 @@ static int ep_close(struct fid *fid)
     fiv_report(ep);
     free(ep->by_slot);
     free(ep->gen_by_slot);
+    free(ep->hidden);
     free(ep->peers);
     free(ep);
     return 0;
@@ -424,7 +435,8 @@ static int ep_getname(fid_t fid, void *addr, size_t *addrlen)
     struct fiv_addr a;
     memset(&a, 0, sizeof a);
     a.magic = FIV_ADDR_MAGIC;
-    a.version = 1;
+    a.version = FIV_ADDR_VERSION;
+    memcpy(a.key, ep->key, FIV_KEY_LEN);
     a.slot = ep->h ? (int16_t)ep->self_slot : -1;
     a.generation = ep->h ? ep->self_gen : 0;
     a.nonce[0] = (uint32_t)ep->nonce;
@@ -497,6 +509,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     ep->rx_op_flags = info && info->rx_attr ? info->rx_attr->op_flags : 0;
     ep->min_multi_recv = 64;
     ep->nonce = random_nonce();
+    fiv_new_key(ep->key);
     ep->self_slot = -1;
     ep->next_id = 1;
     attach_region(ep);

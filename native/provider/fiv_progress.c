@@ -6,11 +6,10 @@
  * serialization.
  *
  * Admission (docs/security.md, "The libfabric provider"): a region
- * message is delivered only if its sender's slot belongs to an address
- * the application inserted, at that address's generation. A slot we do
- * not know yet (a peer that inserted us and sent before we inserted it)
- * is stashed, bounded, and delivered in order once its address is
- * inserted; never otherwise.
+ * message is delivered only if its sender's slot belongs to a peer we
+ * hear, at that peer's generation: an address the application inserted,
+ * or a sender that introduced itself with our key (fiv_intro.c). Anything
+ * else is dropped unread.
  */
 #include <errno.h>
 #include <sched.h>
@@ -21,64 +20,6 @@
 
 #define FIV_BATCH 16                      /* messages per call            */
 #define FIV_CHECK_NS 100000000ull         /* liveness look every 100 ms   */
-#define FIV_STASH_MSGS 4096               /* unknown senders: messages    */
-#define FIV_STASH_BYTES (64u << 20)       /* ... and bytes, in all        */
-
-static void stash_put(struct fiv_ep *ep, int slot, int64_t gen, uint32_t op,
-                      const void *data, size_t len)
-{
-    if (gen < 0 || ep->stash_msgs >= FIV_STASH_MSGS ||
-        ep->stash_bytes + len > FIV_STASH_BYTES) {
-        ep->stash_dropped++;
-        return;
-    }
-    struct fiv_stash *s = malloc(sizeof *s + len);
-    if (!s) {
-        ep->stash_dropped++;
-        return;
-    }
-    s->next = NULL;
-    s->slot = slot;
-    s->generation = (uint32_t)gen;
-    s->op = op;
-    s->len = len;
-    memcpy(s->data, data, len);
-    if (ep->stash_tail)
-        ep->stash_tail->next = s;
-    else
-        ep->stash = s;
-    ep->stash_tail = s;
-    ep->stash_msgs++;
-    ep->stash_bytes += len;
-}
-
-/* The address of `slot` was inserted: its stashed messages of that
-   generation are delivered in arrival order; other generations' dropped. */
-void fiv_stash_replay(struct fiv_ep *ep, int slot)
-{
-    struct fiv_stash **pp = &ep->stash, *prev = NULL;
-    fi_addr_t a = ep->by_slot[slot];
-    struct fiv_peer *peer = fiv_peer(ep, a);
-    while (*pp) {
-        struct fiv_stash *s = *pp;
-        if (s->slot != slot) {
-            prev = s;
-            pp = &s->next;
-            continue;
-        }
-        *pp = s->next;
-        if (ep->stash_tail == s)
-            ep->stash_tail = prev;
-        ep->stash_msgs--;
-        ep->stash_bytes -= s->len;
-        if (peer && s->generation == ep->gen_by_slot[slot]) {
-            if ((s->op & FIV_OP_MASK) != FIV_OP_MORE)
-                ep->received++;
-            fiv_deliver(ep, a, peer, s->op, s->data, s->len);
-        }
-        free(s);
-    }
-}
 
 /* Our trusted senders that are gone: what we wait from them fails. Only
    once their queue is drained (a departed peer's last messages still
@@ -86,18 +27,18 @@ void fiv_stash_replay(struct fiv_ep *ep, int slot)
 static void check_peers(struct fiv_ep *ep)
 {
     (void)ivshm_reap(ep->h);
-    for (size_t i = 0; i < ep->npeers; i++) {
-        struct fiv_peer *p = &ep->peers[i];
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
         if (p->path != PATH_REGION || p->dead)
             continue;
         bool waits = p->as.kind != ASM_NONE || p->txq;
         for (struct fiv_op_req *r = ep->waiting; r && !waits; r = r->next)
-            waits = r->peer == i;
+            waits = r->peer == id;
         if (!waits)
             continue;
         int64_t g = ivshm_peer_generation(ep->h, p->slot);
         if (g != (int64_t)p->generation)
-            fiv_peer_failed(ep, i, p, FI_EIO);
+            fiv_peer_failed(ep, id, p, FI_EIO);
     }
 }
 
@@ -138,17 +79,21 @@ static int poll_region(struct fiv_ep *ep)
         /* generations only grow: a slot live at g now was at g when
            libivshm took the message; a free slot's last holder wrote it */
         int64_t g = ivshm_peer_generation(ep->h, src);
-        if (peer && peer->path == PATH_REGION) {
-            if (g < 0 || g == (int64_t)ep->gen_by_slot[src]) {
-                if ((tag & FIV_OP_MASK) != FIV_OP_MORE)
-                    ep->received++;
-                fiv_deliver(ep, a, peer, tag, data, (size_t)n);
-            } else if (!peer->dead) {
+        bool heard = peer && peer->path == PATH_REGION &&
+                     (g < 0 || g == (int64_t)ep->gen_by_slot[src]);
+        uint32_t op = tag & FIV_OP_MASK;
+        if (heard) {
+            if (op != FIV_OP_MORE && op != FIV_OP_INTRO)
+                ep->received++;
+            fiv_deliver(ep, a, peer, tag, data, (size_t)n);
+        } else {
+            if (peer && peer->path == PATH_REGION && !peer->dead)
                 /* the slot changed hands: the peer we knew is gone */
                 fiv_peer_failed(ep, a, peer, FI_EIO);
-            }
-        } else {
-            stash_put(ep, src, g, tag, data, (size_t)n);
+            if (op == FIV_OP_INTRO)
+                fiv_intro_receive(ep, src, g, data, (size_t)n);
+            else
+                ep->unheard++;
         }
         (void)ivshm_recv_release(ep->h, src);
     }

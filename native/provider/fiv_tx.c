@@ -111,8 +111,10 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                        const void *hdr, size_t hlen, const struct iovec *iov,
                        size_t iovn, size_t off, size_t n)
 {
+    int rc = fiv_introduce(ep, p);
+    if (rc < 0)
+        return map_err(rc);
     const void *flat = contiguous(iov, iovn, off, n);
-    int rc;
     if (flat && hlen) {
         rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, flat, n);
     } else if (flat) {
@@ -281,7 +283,9 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *p,
     if (p->path == PATH_REGION) {
         if (hlen + len > ep->frag)
             return -EAGAIN;
-        rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, buf, len);
+        rc = fiv_introduce(ep, p);
+        if (rc == 0)
+            rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, buf, len);
         if (rc < 0)
             return map_err(rc);
         ep->sent++;
@@ -312,8 +316,8 @@ void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
 
 void fiv_tx_progress(struct fiv_ep *ep)
 {
-    for (size_t i = 0; i < ep->npeers && ep->txq_peers; i++) {
-        struct fiv_peer *p = &ep->peers[i];
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
         while (p->txq) {
             struct fiv_op_req *r = p->txq;
             int rc = push(ep, p, r);

@@ -491,6 +491,82 @@ static void late_insert(struct rank *r)
     t_close(r);
 }
 
+/* ---- a peer that never inserts us (Open MPI 5 inserts a peer only
+   when it first sends to it): it hears our introduction ---- */
+
+static void never_inserted(struct rank *r)
+{
+    if (r->me == 1)
+        t_insert_mask = 1u << 1; /* itself only */
+    t_open(r, api_version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    uint64_t words[2] = {5, 0};
+    struct fid_mr *mr;
+    REQ_RC(fi_mr_reg(r->dom, words, sizeof words,
+                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+    struct target t = {(uint64_t)(uintptr_t)words, fi_mr_key(mr)};
+    t_bcast(r, 1, &t, sizeof t);
+    static uint8_t big[100000], got[100000];
+    if (r->me == 0) {
+        uint64_t v = 42, one = 7, old = 0, back = 0;
+        memset(big, 0x3c, sizeof big);
+        REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[1], 1, &v), 0);
+        REQ_RC(fi_tsend(r->ep, big, sizeof big, NULL, r->addr[1], 2, big), 0);
+        for (int k = 0; k < 2; k++)
+            REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        /* one-sided on a target that never named us */
+        uint64_t w = 0x77;
+        REQ_RC(fi_write(r->ep, &w, 8, NULL, r->addr[1], t.addr, t.key, &w), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        REQ_RC(fi_fetch_atomic(r->ep, &one, 1, NULL, &old, NULL, r->addr[1],
+                               t.addr + 8, t.key, FI_UINT64, FI_SUM, &old), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        REQ(old == 0);
+        REQ_RC(fi_read(r->ep, &back, 8, NULL, r->addr[1], t.addr, t.key, &back),
+               0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        REQ(back == 0x77);
+        t_barrier(r);
+        /* arrives before rank 1 inserts us, matched after */
+        uint64_t x = 43;
+        REQ_RC(fi_tinject(r->ep, &x, 8, r->addr[1], 3), 0);
+        t_barrier(r);
+        uint64_t reply = 0;
+        fi_addr_t src;
+        REQ_RC(fi_trecv(r->ep, &reply, 8, NULL, r->addr[1], 4, 0, &reply), 0);
+        REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+        REQ(reply == 44 && src == r->addr[1]);
+    } else {
+        uint64_t v = 0;
+        fi_addr_t src = 0;
+        REQ_RC(fi_trecv(r->ep, &v, 8, NULL, FI_ADDR_UNSPEC, 1, 0, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+        REQ(v == 42 && src == FI_ADDR_NOTAVAIL);
+        REQ_RC(fi_trecv(r->ep, got, sizeof got, NULL, FI_ADDR_UNSPEC, 2, 0, got),
+               0);
+        REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+        REQ(e.len == sizeof got && src == FI_ADDR_NOTAVAIL);
+        for (size_t i = 0; i < sizeof got; i++)
+            REQ(got[i] == 0x3c);
+        t_barrier(r); /* serves rank 0's RMA meanwhile */
+        REQ(words[0] == 0x77 && words[1] == 7);
+        t_barrier(r);
+        for (uint64_t end = t_now_ms() + 100; t_now_ms() < end;)
+            (void)fi_cq_read(r->cq, &e, 0);
+        t_insert(r, 0);
+        uint64_t x = 0, reply = 44;
+        REQ_RC(fi_trecv(r->ep, &x, 8, NULL, r->addr[0], 3, 0, &x), 0);
+        REQ_RC(t_wait(r, &e, NULL, &src, 10000), 0);
+        REQ(x == 43 && src == r->addr[0]);
+        REQ_RC(fi_tsend(r->ep, &reply, 8, NULL, r->addr[0], 4, &reply), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+    }
+    t_barrier(r);
+    fi_close(&mr->fid);
+    t_close(r);
+}
+
 /* ---- a peer killed in the middle of a message ---- */
 
 static void killed_mid_message(struct rank *r)
@@ -660,6 +736,11 @@ int main(int argc, char **argv)
 
     f = t_run(2, late_insert, env2, 30, NULL);
     printf("%s: a peer that sent before we inserted it\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, never_inserted, env2, 30, NULL);
+    printf("%s: a peer that never inserted us hears us (messages, RMA), "
+           "then inserts us\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run_ex(2, killed_mid_message, env2, 30, NULL, 2u);

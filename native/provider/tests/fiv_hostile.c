@@ -5,10 +5,13 @@
  * with a rank's own registry name, and floods both ranks with forged
  * messages of every operation (messages with the tags the ranks use,
  * continuations, RMA writes, reads and atomics with guessed keys, answers
- * with guessed ids, unknown operations) while the ranks run a checked
- * ping-pong with RMA. Nothing forged may be delivered (every payload,
- * tag and source is checked), no rank may crash, and every wait ends by
- * its deadline. Under ASan/UBSan in the sanitized build.
+ * with guessed ids, unknown operations, introductions with its own slot
+ * and the rank's nonce under guessed MACs) while the ranks run a checked
+ * ping-pong with RMA, and again while one rank streams to another that
+ * never inserted it (heard through its introduction only). Nothing forged
+ * may be delivered (every payload, tag and source is checked), no rank
+ * may crash, and every wait ends by its deadline. Under ASan/UBSan in the
+ * sanitized build.
  */
 #include "fiv_test.h"
 
@@ -69,17 +72,36 @@ static int hostile(void)
         return 5;
     uint8_t buf[4096];
     uint64_t sent = 0;
+    ivshm_peer_info me;
+    if (ivshm_peer(h, ivshm_self(h), &me) < 0)
+        return 7;
+    uint64_t nonce = strtoull(name + 3, NULL, 16);
     for (uint64_t end = t_now_ms() + RUN_MS; t_now_ms() < end;) {
         int v = victims[rnd() % 2];
-        uint32_t op = (uint32_t)(rnd() % 9) | (uint32_t)(rnd() & 0x1f00);
+        if (rnd() % 4 == 0) {
+            /* an introduction as a rank would write one, but for our own
+               slot (the receiver checks that) and with a guessed MAC */
+            struct { int16_t slot; uint16_t pad; uint32_t gen;
+                     uint64_t nonce, mac; } in = {
+                (int16_t)ivshm_self(h), 0, me.generation, nonce, rnd()};
+            if (ivshm_send_timeout(h, v, 8, &in, sizeof in, 5) == 0)
+                sent++;
+            continue;
+        }
+        uint32_t op = (uint32_t)(rnd() % 11) | (uint32_t)(rnd() & 0x1f00);
         size_t len = (size_t)(rnd() % sizeof buf);
         for (size_t i = 0; i < len; i += 8) {
             uint64_t x = rnd();
             memcpy(buf + i, &x, len - i < 8 ? len - i : 8);
         }
         if (len >= 24 && rnd() % 2) {
-            /* plausible headers: the ranks' tags, small lengths */
+            /* plausible headers: the ranks' tags, small lengths; one in
+               two a whole tagged message, as a rank would write it */
             uint64_t tag = rnd() % 4096, l = rnd() % 64;
+            if (rnd() % 2) {
+                op = 1 | 0x100;
+                len = 24 + (size_t)l;
+            }
             memcpy(buf, &tag, 8);
             memcpy(buf + 8, &l, 8);
         }
@@ -213,14 +235,48 @@ static void pingpong(struct rank *r)
     t_close(r);
 }
 
-int main(void)
+/* One way, to a rank that never inserts the sender: it hears rank 0
+   through its introduction alone, and nothing else. */
+static void unnamed(struct rank *r)
 {
-    if (!getenv("FI_PROVIDER_PATH")) {
-        fprintf(stderr, "FI_PROVIDER_PATH must name the provider's directory\n");
-        return 2;
+    if (r->me == 1)
+        t_insert_mask = 1u << 1;
+    t_open(r, FI_VERSION(1, 17));
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    fi_addr_t src = 0;
+    uint8_t *buf = malloc(1 << 16), *want = malloc(1 << 16);
+    REQ(buf && want);
+    for (int i = 0; i < ROUNDS; i++) {
+        size_t len = (size_t)8 << (i % 14);
+        uint64_t tag = (uint64_t)(i % 4096);
+        if (r->me == 0) {
+            fill(buf, len, (unsigned)i);
+            REQ_RC(fi_tsend(r->ep, buf, len, NULL, r->addr[1], tag, buf), 0);
+            REQ_RC(t_wait(r, &e, &err, NULL, 10000), 0);
+        } else {
+            REQ_RC(fi_trecv(r->ep, buf, 1 << 16, NULL, FI_ADDR_UNSPEC, tag, 0,
+                            buf), 0);
+            int rc = t_wait(r, &e, &err, &src, 10000);
+            if (rc)
+                fprintf(stderr, "rank 1: receive %d (%zu B) failed\n", i, len);
+            REQ_RC(rc, 0);
+            fill(want, len, (unsigned)i);
+            REQ(e.len == len && e.tag == tag && src == FI_ADDR_NOTAVAIL);
+            REQ(memcmp(buf, want, len) == 0);
+        }
     }
-    /* lines, not a buffer forked children would inherit */
-    setvbuf(stdout, NULL, _IOLBF, 0);
+    t_barrier(r);
+    free(buf);
+    free(want);
+    t_close(r);
+}
+
+/* Two ranks running `body` on a fresh region under the flooding
+   co-tenant: the number of failures. */
+static int under_hostile(t_body body)
+{
     region = t_region(8, 0);
     pid_t h = getenv("FIV_NO_HOSTILE") ? -1 : fork();
     if (h == 0) {
@@ -230,7 +286,7 @@ int main(void)
     char env[256];
     snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", region);
     const char *envs[] = {env, env};
-    int failed = t_run(2, pingpong, envs, 60, NULL);
+    int failed = t_run(2, body, envs, 60, NULL);
     int st = 0;
     if (h > 0)
         waitpid(h, &st, 0);
@@ -238,17 +294,36 @@ int main(void)
         fprintf(stderr, "the hostile process did not flood (status %#x)\n", st);
         failed++;
     }
+    return failed;
+}
+
+int main(void)
+{
+    if (!getenv("FI_PROVIDER_PATH")) {
+        fprintf(stderr, "FI_PROVIDER_PATH must name the provider's directory\n");
+        return 2;
+    }
+    /* lines, not a buffer forked children would inherit */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int failed = under_hostile(pingpong);
     printf("%s: checked ping-pong and RMA under a flooding co-tenant posing "
            "as a rank\n", failed ? "FAIL" : "ok");
+    int f = under_hostile(unnamed);
+    printf("%s: the same towards a rank that never inserted its sender "
+           "(forged introductions)\n", f ? "FAIL" : "ok");
+    failed += f;
 
     region = t_region(8, 0);
+    char env[256];
     snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", region);
+    const char *envs[] = {env, env};
     pid_t s = fork();
     if (s == 0) {
         alarm(30);
         _exit(scribbler());
     }
-    int f = t_run(2, survive, envs, 60, NULL);
+    int st = 0;
+    f = t_run(2, survive, envs, 60, NULL);
     waitpid(s, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fprintf(stderr, "the scribbler failed (status %#x)\n", st);

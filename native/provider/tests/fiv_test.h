@@ -126,7 +126,8 @@ struct rank {
     struct fid_av *av;
     struct fid_cq *cq;
     struct fid_cntr *rcntr, *wcntr;
-    fi_addr_t addr[MAXR];
+    fi_addr_t addr[MAXR];      /* FI_ADDR_NOTAVAIL: not inserted (yet)   */
+    char names[MAXR * NAMELEN];
 };
 
 static void t_open(struct rank *r, uint32_t version)
@@ -186,8 +187,17 @@ static void t_read_full(int fd, void *buf, size_t len)
 }
 
 /* Everyone's names, in rank order, inserted into the AV (after
-   t_insert_delay_ms, for the rank that sets it). */
+   t_insert_delay_ms, for the rank that sets it), those of t_insert_mask
+   (default: all); t_insert adds one later. */
 static int t_insert_delay_ms;
+static unsigned t_insert_mask = ~0u;
+
+static void t_insert(struct rank *r, int i)
+{
+    /* one at a time: names of other providers differ in length */
+    REQ_RC(fi_av_insert(r->av, r->names + i * NAMELEN, 1, &r->addr[i], 0,
+                        NULL), 1);
+}
 
 static void t_exchange(struct rank *r)
 {
@@ -198,13 +208,14 @@ static void t_exchange(struct rank *r)
     char msg[1 + NAMELEN] = {'N'};
     memcpy(msg + 1, name, NAMELEN);
     REQ(write(r->sock, msg, sizeof msg) == (ssize_t)sizeof msg);
-    char all[MAXR * NAMELEN];
-    t_read_full(r->sock, all, (size_t)r->n * NAMELEN);
+    t_read_full(r->sock, r->names, (size_t)r->n * NAMELEN);
     if (t_insert_delay_ms)
         usleep((useconds_t)t_insert_delay_ms * 1000);
-    /* one at a time: names of other providers differ in length */
-    for (int i = 0; i < r->n; i++)
-        REQ_RC(fi_av_insert(r->av, all + i * NAMELEN, 1, &r->addr[i], 0, NULL), 1);
+    for (int i = 0; i < r->n; i++) {
+        r->addr[i] = FI_ADDR_NOTAVAIL;
+        if (t_insert_mask & (1u << i))
+            t_insert(r, i);
+    }
 }
 
 /* A barrier through the parent that does not drive progress. */
