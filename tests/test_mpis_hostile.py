@@ -6,9 +6,13 @@ connects to the job's ivshmem-server as a QEMU would (docs/server-
 protocol.md: version, id, the region's fd) and, while two ranks on two
 instances of that server ping-pong through the region, writes random
 bytes over random places of it (registry and receive areas included)
-for two seconds. The job may end with an error or complete; it must end
-within a bound (30 s from the first garbage), and leave nothing behind
-(the cluster's teardown checks that no process of it remains)."""
+for two seconds. A message the garbage destroys or garbles must end the
+job with an error, as a failed network would (docs/provider.md,
+"Failures": the provider fails what waits on a broken path within about
+2 s while the ranks are in MPI calls), never leave both ranks waiting:
+the job ends with a non-zero status within a bound (30 s from the first
+garbage, generous for a loaded machine), and leaves nothing behind (the
+cluster's teardown checks that no process of it remains)."""
 
 from __future__ import annotations
 
@@ -137,12 +141,6 @@ def _job_socket(state, timeout: float = 60) -> Path:
     raise AssertionError("the job's region never appeared")
 
 
-# Known: often both ranks then wait in MPI_Recv for ever, each for a
-# message the garbage destroyed (the provider loses it without an error
-# entry in the CQ); where the garbage lands decides, so some runs end
-# with an error in time (not strict). Remove the mark once repaired.
-@pytest.mark.xfail(strict=False, reason="a message lost to the garbage "
-                   "raises no error: MPI_Recv may wait for ever")
 @pytest.mark.parametrize("mpi", OFI)
 def test_garbage_in_the_region_ends_the_job_within_a_bound(mpi,
                                                           ofi_cluster):
@@ -186,10 +184,9 @@ def test_garbage_in_the_region_ends_the_job_within_a_bound(mpi,
         print(f"\n{mpi}: exit status {status} {took:.1f} s after "
               f"{written} bytes of garbage; last lines:\n"
               + "".join(out[-5:]))
-        # the launcher's own timeout (124) would mean a hang it cut
-        assert status != 124, text
-        if status == 0:
-            assert "rank 0 done" in text and "rank 1 done" in text, text
+        # an error, not the launcher's own timeout (124: a hang it cut)
+        assert status not in (0, 124), text
+        assert took <= BOUND_S, text
     finally:
         if proc.poll() is None:
             proc.terminate()

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #include <rdma/fabric.h>
@@ -86,6 +87,8 @@ enum fiv_op {
     FIV_OP_ATOMIC = 6,     /* fiv_rma_hdr + operand (+ compare)           */
     FIV_OP_ACK = 7,        /* fiv_resp_hdr (+ fetched data for atomics)   */
     FIV_OP_INTRO = 8,      /* fiv_intro: the sender's first message to us */
+    FIV_OP_PROBE = 9,      /* fiv_probe: how many messages each way?      */
+    FIV_OP_PROBE_ACK = 10, /* fiv_probe: the answer                       */
 };
 #define FIV_OP_MASK 0xffu
 #define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
@@ -93,6 +96,24 @@ enum fiv_op {
 #define FIV_F_FETCH 0x400u    /* ATOMIC: send the old value back          */
 #define FIV_F_COMPARE 0x800u  /* ATOMIC: compare operand follows          */
 #define FIV_F_ACK 0x1000u     /* WRITE: acknowledge once applied          */
+/* Over the region the tag's upper 16 bits check the message's start
+   (fiv_wire_tag): random bytes a co-tenant wrote over a message are
+   found there, not taken for a header. Not a MAC: a deliberate forgery
+   in a genuine rank's ring passes, as any raw write would. */
+#define FIV_WIRE_OP 0xffffu
+#define FIV_WIRE_CHECKED 24   /* bytes of the message the check covers   */
+
+static inline uint32_t fiv_wire_tag(uint32_t op, const void *start, size_t n)
+{
+    uint64_t w[3] = {0, 0, 0};
+    memcpy(w, start, n < FIV_WIRE_CHECKED ? n : FIV_WIRE_CHECKED);
+    uint64_t h = (op & FIV_WIRE_OP) ^ ((uint64_t)n << 16);
+    h = (h ^ w[0]) * 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 31) ^ w[1]) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 29) ^ w[2]) * 0x94d049bb133111ebull;
+    h ^= h >> 32;
+    return (op & FIV_WIRE_OP) | ((uint32_t)h & ~FIV_WIRE_OP);
+}
 
 struct fiv_msg_hdr {     /* 24 bytes: with libivshm's 32 B slot header and
                             an 8 B payload, one 64 B line */
@@ -137,6 +158,17 @@ struct fiv_addr {
     uint8_t core[FIV_CORE_ADDR_MAX];
 };
 
+/* Message counts of one pair (fiv_probe.c): a probe asks, its answer
+   tells. `tx`: what the writer sent to the reader, `rx`: what it received
+   from the reader, probes and answers not counted; an answer echoes the
+   probe's `tx`, and says whether its writer still has messages for the
+   prober waiting to go out (`busy`). */
+struct fiv_probe {
+    uint64_t tx, rx;
+    uint64_t echo;
+    uint64_t busy;
+};
+
 /* A sender's first region message to us (fiv_intro.c): who it is, and a
    MAC of that under our key, which only a holder of our name has. */
 struct fiv_intro {
@@ -159,6 +191,8 @@ struct fiv_config {
     char *core;          /* core provider name(s), "none" = no delegation */
     int report;          /* FI_IVSHM_REPORT: one counter line at exit     */
     int spin_us;         /* spin before blocking in sread/cntr wait       */
+    uint64_t test_lose;  /* FIV_TEST_LOSE=N, tests only: the Nth region
+                            message to each peer is counted, not sent      */
 };
 extern struct fiv_config fiv_cfg;
 extern struct fi_provider fiv_prov;
@@ -347,10 +381,22 @@ struct fiv_peer {
     struct fiv_op_req *txq, *txq_tail; /* sends waiting for room           */
     struct fiv_asm as;                 /* what its continuations fill       */
     bool dead;
+    bool violated;                     /* broke our protocol (fiv_deliver) */
+    bool awaited;                      /* a receive waits on it (transient) */
     /* core path: our order of its messages, whatever order the core
        completes them in (fiv_delegate.c) */
     uint32_t core_tx_seq, core_rx_seq;
     struct fiv_held *held;             /* arrived ahead of their turn       */
+};
+
+/* Per region slot: the message counts of our pair with its holder, each
+   of the generation it counts for (fiv_probe.c). */
+struct fiv_pair {
+    uint32_t tx_gen, rx_gen;
+    uint64_t tx, rx;
+    uint64_t rx_seen;          /* rx at the last look                       */
+    uint64_t heard_ns;         /* when rx last moved                        */
+    uint64_t probed_ns;        /* when we last asked                        */
 };
 
 /* Peers we hear without an AV entry (introduced, fiv_intro.c) have the
@@ -381,6 +427,7 @@ struct fiv_ep {
     fi_addr_t *by_slot;                  /* slot -> peer id, or NOTAVAIL   */
     uint32_t *gen_by_slot;
     struct fiv_peer *hidden;             /* by slot: introduced, no AV entry */
+    struct fiv_pair *pairs;              /* by slot                        */
     uint64_t unheard;                    /* messages of no admitted sender */
     uint64_t last_check_ns;
     /* the core provider (fiv_delegate.c) */
@@ -518,9 +565,20 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n);
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err);
+/* Fail posted receives that wait on `a`: those directed at it, and with
+   `wildcard` those of any source too. */
+void fiv_fail_receives(struct fiv_ep *ep, fi_addr_t a, bool wildcard, int err);
+/* Mark the peers posted receives are directed at (fiv_peer.awaited);
+   true if one takes any source. */
+bool fiv_mark_awaited(struct fiv_ep *ep);
 void fiv_rx_free_all(struct fiv_ep *ep);
 void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
+/* One region message to `slot` (its holder at `gen`), with the wire
+   check in its tag and counted for the pair (probes excepted): 0,
+   -EAGAIN, or a libivshm error. */
+int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
+                    const void *hdr, size_t hlen, const void *buf, size_t len);
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
 ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      uint32_t op, const void *hdr, size_t hlen,
@@ -546,6 +604,22 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* fiv_probe.c: message counts, probes, broken paths */
+#define FIV_PROBE_NS 1000000000ull /* silence before we ask, between asks */
+void fiv_pair_received(struct fiv_ep *ep, int slot, int64_t gen, uint32_t op);
+void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       fi_addr_t a, struct fiv_peer *heard, uint32_t op,
+                       const uint8_t *p, size_t n);
+void fiv_probe_tick(struct fiv_ep *ep, uint64_t now);
+/* The path to a live peer is corrupt (a message lost, garbled, or one it
+   never sent): like a failed network, everything that waits on it fails,
+   receives of any source included, and nothing more goes either way. */
+void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     const char *why);
+/* A send to `peer` failed with `err`: a peer gone (FI_EHOSTUNREACH) fails
+   what waits on it, any other error breaks the path. */
+void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err);
 /* fiv_intro.c: introductions, peers without an AV entry */
 void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
 int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);

@@ -434,6 +434,10 @@ int fiv_core_progress(struct fiv_ep *ep)
             c->dropped++; /* not inserted by the application: unheard */
         } else {
             in_order(ep, a, peer, b->mem, ev[i].len);
+            if (peer->violated) {
+                peer->violated = false;
+                fiv_path_broken(ep, a, peer, "it broke our protocol");
+            }
         }
         (void)post_rx(c, b);
     }

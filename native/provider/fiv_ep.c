@@ -184,8 +184,9 @@ static void attach_region(struct fiv_ep *ep)
     ep->by_slot = malloc((size_t)ep->max_peers * sizeof *ep->by_slot);
     ep->gen_by_slot = calloc((size_t)ep->max_peers, sizeof *ep->gen_by_slot);
     ep->hidden = calloc((size_t)ep->max_peers, sizeof *ep->hidden);
+    ep->pairs = calloc((size_t)ep->max_peers, sizeof *ep->pairs);
     if (ivshm_peer(ep->h, ep->self_slot, &me) < 0 || !ep->by_slot ||
-        !ep->gen_by_slot || !ep->hidden ||
+        !ep->gen_by_slot || !ep->hidden || !ep->pairs ||
         ep->frag < 2 * sizeof(struct fiv_rma_hdr)) {
         fprintf(stderr, "fi_ivshm: pid %d: region %s is unusable; every peer "
                 "goes through the core provider\n", (int)getpid(), what);
@@ -194,9 +195,11 @@ static void attach_region(struct fiv_ep *ep)
         free(ep->by_slot);
         free(ep->gen_by_slot);
         free(ep->hidden);
+        free(ep->pairs);
         ep->by_slot = NULL;
         ep->gen_by_slot = NULL;
         ep->hidden = NULL;
+        ep->pairs = NULL;
         return;
     }
     for (int i = 0; i < ep->max_peers; i++)
@@ -266,6 +269,7 @@ static int ep_close(struct fid *fid)
     free(ep->by_slot);
     free(ep->gen_by_slot);
     free(ep->hidden);
+    free(ep->pairs);
     free(ep->peers);
     free(ep);
     return 0;

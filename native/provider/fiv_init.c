@@ -265,5 +265,9 @@ FI_EXT_INI
         fiv_cfg.report = rep;
     if (!fiv_cfg.region && !fiv_cfg.socket)
         guest_defaults();
+    /* for the tests of lost messages only (docs/provider.md), so not a
+       parameter fi_info lists */
+    const char *lose = getenv("FIV_TEST_LOSE");
+    fiv_cfg.test_lose = lose ? strtoull(lose, NULL, 10) : 0;
     return &fiv_prov;
 }

@@ -66,7 +66,8 @@ int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p)
                            .nonce = {(uint32_t)ep->nonce,
                                      (uint32_t)(ep->nonce >> 32)}};
     in.mac = intro_mac(p->key, &in);
-    int rc = ivshm_try_send(ep->h, p->slot, FIV_OP_INTRO, &in, sizeof in);
+    int rc = fiv_region_send(ep, p->slot, p->generation, FIV_OP_INTRO, &in,
+                             sizeof in, NULL, 0);
     if (rc < 0)
         return rc;
     p->introduced = true;

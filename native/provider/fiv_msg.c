@@ -206,12 +206,16 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                       uint32_t op, const uint8_t *p, size_t n)
 {
     struct fiv_msg_hdr h;
-    if (n < sizeof h)
+    if (n < sizeof h) {
+        peer->violated = true;
         return;
+    }
     memcpy(&h, p, sizeof h); /* once: the region is shared */
     size_t chunk = n - sizeof h;
-    if (h.len > FIV_MAX_MSG || chunk > h.len)
-        return; /* malformed: a trusted peer's bug, dropped */
+    if (h.len > FIV_MAX_MSG || chunk > h.len) {
+        peer->violated = true; /* malformed: not what a peer of ours sends */
+        return;
+    }
     p += sizeof h;
     bool tagged = op & FIV_F_TAGGED;
     uint32_t mflags = op & (FIV_F_TAGGED | FIV_F_DATA);
@@ -288,8 +292,11 @@ static void msg_more(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                      const uint8_t *p, size_t n)
 {
     struct fiv_asm *as = &peer->as;
-    if (n > as->total - as->got)
-        n = as->total - as->got; /* never past what the first part said */
+    if (as->kind == ASM_NONE || n > as->total - as->got) {
+        /* a continuation of nothing, or past what the first part said */
+        peer->violated = true;
+        return;
+    }
     switch (as->kind) {
     case ASM_RECV:
         if (as->rx_off == (size_t)-1) {
@@ -380,15 +387,63 @@ void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     peer->dead = true;
     fiv_tx_fail_peer(ep, peer, err);
     fiv_rma_fail_peer(ep, a, err);
+    fiv_fail_receives(ep, a, false, err);
+}
+
+void fiv_fail_receives(struct fiv_ep *ep, fi_addr_t a, bool wildcard, int err)
+{
+    struct fiv_rx **lists[] = {&ep->trecv, &ep->recv};
+    struct fiv_rx **tails[] = {&ep->trecv_tail, &ep->recv_tail};
+    for (int l = 0; l < 2; l++) {
+        struct fiv_rx *prev = NULL, *r = *lists[l];
+        while (r) {
+            struct fiv_rx *next = r->next;
+            if (r->src == a || (wildcard && r->src == FI_ADDR_UNSPEC)) {
+                if (prev)
+                    prev->next = next;
+                else
+                    *lists[l] = next;
+                if (*tails[l] == r)
+                    *tails[l] = prev;
+                struct fiv_cqe e = {.context = r->context,
+                                    .flags = r->flags & (FI_TAGGED | FI_MSG |
+                                                         FI_RECV |
+                                                         FI_MULTI_RECV),
+                                    .tag = r->tag, .err = err, .src = a};
+                fiv_complete_rx(ep, &e, true);
+                fiv_rx_put(ep, r);
+            } else {
+                prev = r;
+            }
+            r = next;
+        }
+    }
+}
+
+bool fiv_mark_awaited(struct fiv_ep *ep)
+{
+    bool any = false;
+    struct fiv_rx *lists[] = {ep->trecv, ep->recv};
+    for (int l = 0; l < 2; l++)
+        for (struct fiv_rx *r = lists[l]; r; r = r->next) {
+            struct fiv_peer *p = r->src == FI_ADDR_UNSPEC ? NULL
+                                                          : fiv_peer(ep, r->src);
+            if (p)
+                p->awaited = true;
+            else
+                any |= r->src == FI_ADDR_UNSPEC;
+        }
+    return any;
 }
 
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n)
 {
-    if ((op & FIV_OP_MASK) != FIV_OP_MORE && peer->as.kind != ASM_NONE)
-        /* the previous message was cut short: it fails, this one stands
-           on its own */
-        fail_assembly(ep, src, peer, FI_EIO);
+    if ((op & FIV_OP_MASK) != FIV_OP_MORE && peer->as.kind != ASM_NONE) {
+        /* the previous message was cut short: the caller breaks the path */
+        peer->violated = true;
+        return;
+    }
     switch (op & FIV_OP_MASK) {
     case FIV_OP_MSG:
         msg_first(ep, src, peer, op, p, n);
@@ -405,8 +460,11 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     case FIV_OP_ACK:
         fiv_rma_answer(ep, src, peer, op, p, n);
         break;
+    case FIV_OP_INTRO:
+        break; /* heard already */
     default:
-        break; /* unknown operation: dropped */
+        peer->violated = true; /* not an operation of ours */
+        break;
     }
 }
 
@@ -541,6 +599,14 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         free(u);
     } else if (u) {
         u->waiting = rx; /* still arriving: completes when whole */
+    } else if (src != FI_ADDR_UNSPEC && fiv_peer(ep, src) &&
+               fiv_peer(ep, src)->dead) {
+        /* nothing more comes from a failed peer (fiv_peer_failed) */
+        struct fiv_cqe e = {.context = context,
+                            .flags = rx->flags & (FI_RECV | FI_TAGGED | FI_MSG),
+                            .tag = tag, .err = FI_EIO, .src = src};
+        fiv_complete_rx(ep, &e, true);
+        fiv_rx_put(ep, rx);
     } else if (rx->flags & FI_MULTI_RECV) {
         /* whatever waits unexpected fills the new buffer first */
         struct fiv_rx **head = &ep->recv, **tail = &ep->recv_tail;
@@ -607,7 +673,7 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
             return 0;
         }
         if (rc != -EAGAIN) {
-            p->dead = true;
+            fiv_send_failed(ep, dest, p, (int)-rc);
             fiv_complete_tx(ep, context, cflags, want, (int)-rc);
             fiv_unlock(d);
             return 0;

@@ -21,27 +21,6 @@
 #define FIV_BATCH 16                      /* messages per call            */
 #define FIV_CHECK_NS 100000000ull         /* liveness look every 100 ms   */
 
-/* Our trusted senders that are gone: what we wait from them fails. Only
-   once their queue is drained (a departed peer's last messages still
-   arrive), so this runs after a poll that found nothing. */
-static void check_peers(struct fiv_ep *ep)
-{
-    (void)ivshm_reap(ep->h);
-    fi_addr_t id = FI_ADDR_NOTAVAIL;
-    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
-        if (p->path != PATH_REGION || p->dead)
-            continue;
-        bool waits = p->as.kind != ASM_NONE || p->txq;
-        for (struct fiv_op_req *r = ep->waiting; r && !waits; r = r->next)
-            waits = r->peer == id;
-        if (!waits)
-            continue;
-        int64_t g = ivshm_peer_generation(ep->h, p->slot);
-        if (g != (int64_t)p->generation)
-            fiv_peer_failed(ep, id, p, FI_EIO);
-    }
-}
-
 static int poll_region(struct fiv_ep *ep)
 {
     int found = 0;
@@ -61,40 +40,64 @@ static int poll_region(struct fiv_ep *ep)
             break; /* an error about no sender in particular */
         fi_addr_t a = ep->by_slot[src];
         struct fiv_peer *peer = fiv_peer(ep, a);
-        if (n == -EMSGSIZE) {
-            /* we never send multi-slot messages: not ours to read */
-            static uint8_t sink[1 << 16];
-            (void)ivshm_recv(ep->h, src, NULL, NULL, sink, sizeof sink, 0);
-            if (peer && peer->as.kind != ASM_NONE)
-                fiv_peer_failed(ep, a, peer, FI_EIO);
-            continue;
-        }
-        if (n < 0) {
-            /* a trusted sender's data is lost: what it was sending fails */
-            if (peer && peer->path == PATH_REGION && peer->as.kind != ASM_NONE)
-                fiv_peer_failed(ep, a, peer, FI_EIO);
-            continue;
-        }
-        found++;
         /* generations only grow: a slot live at g now was at g when
            libivshm took the message; a free slot's last holder wrote it */
         int64_t g = ivshm_peer_generation(ep->h, src);
         bool heard = peer && peer->path == PATH_REGION &&
                      (g < 0 || g == (int64_t)ep->gen_by_slot[src]);
-        uint32_t op = tag & FIV_OP_MASK;
-        if (heard) {
-            if (op != FIV_OP_MORE && op != FIV_OP_INTRO)
+        if (n == -EMSGSIZE) {
+            /* we never send multi-slot messages: not ours to read */
+            static uint8_t sink[1 << 16];
+            (void)ivshm_recv(ep->h, src, NULL, NULL, sink, sizeof sink, 0);
+            fiv_pair_received(ep, src, g, 0);
+            if (heard)
+                fiv_path_broken(ep, a, peer, "a message we never send");
+            continue;
+        }
+        if (n < 0) {
+            /* a slot libivshm could not validate: a message of its writer
+               is lost */
+            if (heard && n == IVSHM_ECORRUPT)
+                fiv_path_broken(ep, a, peer, "libivshm found its message "
+                                "corrupt");
+            continue;
+        }
+        found++;
+        uint32_t op = tag & FIV_WIRE_OP;
+        fiv_pair_received(ep, src, g, op);
+        /* the check reads bytes the handlers copy again: it finds what
+           was garbled before it, as a check, not a defence */
+        if (fiv_wire_tag(op, data, (size_t)n) != tag) {
+            if (heard)
+                fiv_path_broken(ep, a, peer, "a message failed its check");
+            else
+                ep->unheard++;
+        } else if ((op & FIV_OP_MASK) == FIV_OP_PROBE ||
+                   (op & FIV_OP_MASK) == FIV_OP_PROBE_ACK) {
+            fiv_probe_receive(ep, src, g, a, heard ? peer : NULL, op, data,
+                              (size_t)n);
+        } else if (heard && !peer->dead) {
+            if ((op & FIV_OP_MASK) != FIV_OP_MORE &&
+                (op & FIV_OP_MASK) != FIV_OP_INTRO)
                 ep->received++;
-            fiv_deliver(ep, a, peer, tag, data, (size_t)n);
+            fiv_deliver(ep, a, peer, op, data, (size_t)n);
+            if (peer->violated) {
+                peer->violated = false;
+                fiv_path_broken(ep, a, peer, "it broke our protocol");
+            }
+        } else if (heard) {
+            ep->unheard++; /* nothing more is taken from a failed peer */
         } else {
             if (peer && peer->path == PATH_REGION && !peer->dead)
                 /* the slot changed hands: the peer we knew is gone */
-                fiv_peer_failed(ep, a, peer, FI_EIO);
-            if (op == FIV_OP_INTRO)
+                fiv_path_broken(ep, a, peer, "its slot changed hands");
+            if ((op & FIV_OP_MASK) == FIV_OP_INTRO)
                 fiv_intro_receive(ep, src, g, data, (size_t)n);
             else
                 ep->unheard++;
         }
+        if (peer && peer->violated) /* dead already: nothing to break */
+            peer->violated = false;
         (void)ivshm_recv_release(ep->h, src);
     }
     return found;
@@ -124,12 +127,15 @@ void fiv_progress(struct fiv_ep *ep)
         sched_yield();
     if (!ep->h)
         return;
-    /* every ~100 ms, see whether a peer we wait on died */
+    /* every ~100 ms: is a peer we wait on gone, or silent for long
+       enough to ask it (fiv_probe.c)? Only once our receive area is
+       drained: a departed peer's last messages still arrive. */
     if ((ep->idle_calls & 255) == 0) {
         uint64_t now = fiv_now_ns();
         if (now - ep->last_check_ns >= FIV_CHECK_NS) {
             ep->last_check_ns = now;
-            check_peers(ep);
+            (void)ivshm_reap(ep->h);
+            fiv_probe_tick(ep, now);
         }
     }
 }

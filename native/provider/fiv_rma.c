@@ -210,8 +210,10 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                     uint32_t op, const uint8_t *p, size_t n)
 {
     struct fiv_rma_hdr h;
-    if (n < sizeof h)
+    if (n < sizeof h) {
+        peer->violated = true;
         return;
+    }
     memcpy(&h, p, sizeof h); /* once: the region is shared */
     p += sizeof h;
     n -= sizeof h;
@@ -219,8 +221,10 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     struct fiv_mr *mr = NULL;
     switch (op & FIV_OP_MASK) {
     case FIV_OP_WRITE: {
-        if (h.len > FIV_MAX_MSG || n > h.len)
+        if (h.len > FIV_MAX_MSG || n > h.len) {
+            peer->violated = true;
             return;
+        }
         uint8_t *dst = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_WRITE, &mr);
         if (dst)
             memcpy(dst, p, n);
@@ -333,15 +337,19 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         return;
     }
     struct fiv_resp_hdr h;
-    if (n < sizeof h)
+    if (n < sizeof h) {
+        peer->violated = true;
         return;
-    memcpy(&h, p, sizeof h);
+    }
+    memcpy(&h, p, sizeof h); /* once: the region is shared */
     p += sizeof h;
     n -= sizeof h;
     struct fiv_op_req *r = take_waiting(ep, h.id, src);
     if ((op & FIV_OP_MASK) == FIV_OP_READ_RESP) {
-        if (h.len > FIV_MAX_MSG || n > h.len)
+        if (h.len > FIV_MAX_MSG || n > h.len) {
+            peer->violated = true;
             return;
+        }
         if (r && h.status == 0)
             fiv_iov_write(r->res, r->res_count, 0, p, n);
         if (n < h.len) {

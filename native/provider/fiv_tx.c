@@ -106,6 +106,51 @@ static int map_err(int rc)
     return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
 }
 
+/* The pair of `slot`'s holder at `gen` (its counts start again with a
+   new holder). */
+static struct fiv_pair *tx_pair(struct fiv_ep *ep, int slot, uint32_t gen)
+{
+    struct fiv_pair *pr = &ep->pairs[slot];
+    if (pr->tx_gen != gen) {
+        pr->tx_gen = gen;
+        pr->tx = 0;
+    }
+    return pr;
+}
+
+static bool counted(uint32_t op)
+{
+    op &= FIV_OP_MASK;
+    return op != FIV_OP_PROBE && op != FIV_OP_PROBE_ACK;
+}
+
+/* FIV_TEST_LOSE: this message is counted as sent, and dropped. */
+static bool lost_on_purpose(const struct fiv_pair *pr, uint32_t op)
+{
+    return fiv_cfg.test_lose && counted(op) && pr->tx + 1 == fiv_cfg.test_lose;
+}
+
+int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
+                    const void *hdr, size_t hlen, const void *buf, size_t len)
+{
+    uint8_t start[FIV_WIRE_CHECKED];
+    size_t k = hlen < sizeof start ? hlen : sizeof start;
+    memcpy(start, hdr, k);
+    if (k < sizeof start && len)
+        memcpy(start + k, buf, len < sizeof start - k ? len : sizeof start - k);
+    uint32_t tag = fiv_wire_tag(op, start, hlen + len);
+    struct fiv_pair *pr = tx_pair(ep, slot, gen);
+    if (lost_on_purpose(pr, op)) {
+        pr->tx++;
+        return 0;
+    }
+    int rc = hlen ? ivshm_send_small(ep->h, slot, tag, hdr, hlen, buf, len)
+                  : ivshm_try_send(ep->h, slot, tag, buf, len);
+    if (rc == 0 && counted(op))
+        pr->tx++;
+    return rc;
+}
+
 /* One fragment to a region peer: 0, -EAGAIN, or an -FI_E* error. */
 static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                        const void *hdr, size_t hlen, const struct iovec *iov,
@@ -115,18 +160,25 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
     if (rc < 0)
         return map_err(rc);
     const void *flat = contiguous(iov, iovn, off, n);
-    if (flat && hlen) {
-        rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, flat, n);
-    } else if (flat) {
-        rc = ivshm_try_send(ep->h, p->slot, op, flat, n);
+    if (flat) {
+        rc = fiv_region_send(ep, p->slot, p->generation, op, hdr, hlen, flat, n);
     } else {
+        /* gathered straight into the slot */
         int err = 0;
         uint8_t *dst = ivshm_send_reserve(ep->h, p->slot, hlen + n, &err);
         if (!dst)
             return map_err(err);
         memcpy(dst, hdr, hlen);
         fiv_iov_read(iov, iovn, off, dst + hlen, n);
-        rc = ivshm_send_commit(ep->h, p->slot, op, hlen + n);
+        struct fiv_pair *pr = tx_pair(ep, p->slot, p->generation);
+        if (lost_on_purpose(pr, op)) {
+            pr->tx++;
+            return 0; /* the reservation lapses */
+        }
+        rc = ivshm_send_commit(ep->h, p->slot, fiv_wire_tag(op, dst, hlen + n),
+                               hlen + n);
+        if (rc == 0)
+            pr->tx++;
     }
     return rc < 0 ? map_err(rc) : 0;
 }
@@ -285,7 +337,8 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *p,
             return -EAGAIN;
         rc = fiv_introduce(ep, p);
         if (rc == 0)
-            rc = ivshm_send_small(ep->h, p->slot, op, hdr, hlen, buf, len);
+            rc = fiv_region_send(ep, p->slot, p->generation, op, hdr, hlen,
+                                 buf, len);
         if (rc < 0)
             return map_err(rc);
         ep->sent++;
@@ -329,10 +382,8 @@ void fiv_tx_progress(struct fiv_ep *ep)
                 ep->txq_peers--;
             }
             fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
-            if (rc < 0) {
-                p->dead = true;
-                fiv_tx_fail_peer(ep, p, -rc);
-            }
+            if (rc < 0)
+                fiv_send_failed(ep, id, p, -rc);
         }
     }
 }

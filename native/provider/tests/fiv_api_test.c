@@ -567,6 +567,80 @@ static void never_inserted(struct rank *r)
     t_close(r);
 }
 
+/* ---- a message lost on the way (FIV_TEST_LOSE=3 in rank 0: its third
+   region message to rank 1, after the introduction and tag 1, is counted
+   and dropped, as garbage in the ring would lose it) ends what waits on
+   that path with an error on both sides, by the probes' bound ---- */
+
+static void lost_message(struct rank *r)
+{
+    t_open(r, api_version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    uint64_t a = 1, b = 2, got = 0;
+    uint64_t t0;
+    if (r->me == 0) {
+        REQ_RC(fi_tinject(r->ep, &a, 8, r->addr[1], 1), 0);
+        REQ_RC(fi_tinject(r->ep, &b, 8, r->addr[1], 2), 0); /* lost */
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[1], 9, 0, &got), 0);
+        t0 = t_now_ms();
+        REQ_RC(t_wait(r, &e, &err, NULL, 10000), -FI_EIO);
+        REQ(err.op_context == &got);
+    } else {
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[0], 1, 0, &got), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        REQ(got == 1);
+        /* any source: the path it waits on is the broken one */
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, FI_ADDR_UNSPEC, 2, 0, &got), 0);
+        t0 = t_now_ms();
+        REQ_RC(t_wait(r, &e, &err, NULL, 10000), -FI_EIO);
+        REQ(err.op_context == &got);
+    }
+    uint64_t took = t_now_ms() - t0;
+    if (took > 5000)
+        fprintf(stderr, "rank %d: the error took %llu ms\n", r->me,
+                (unsigned long long)took);
+    REQ(took <= 5000);
+    /* nothing more goes either way */
+    int peer = 1 - r->me;
+    REQ_RC(fi_tsend(r->ep, &a, 8, NULL, r->addr[peer], 3, &a), 0);
+    REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_EHOSTUNREACH);
+    REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[peer], 4, 0, &got), 0);
+    REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_EIO);
+    t_barrier_plain(r);
+    t_close(r);
+}
+
+/* ---- a peer that stays away from libfabric for 3 s while we wait for
+   it is no error: our probes wait for it like everything else ---- */
+
+static void busy_peer(struct rank *r)
+{
+    t_open(r, api_version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    uint64_t v = 5, got = 0;
+    int peer = 1 - r->me;
+    /* the pair has talked before */
+    REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[peer], 1, 0, &got), 0);
+    REQ_RC(fi_tinject(r->ep, &v, 8, r->addr[peer], 1), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+    t_barrier(r);
+    if (r->me == 0) {
+        sleep(3);
+        REQ_RC(fi_tinject(r->ep, &v, 8, r->addr[1], 2), 0);
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[1], 3, 0, &got), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+    } else {
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[0], 2, 0, &got), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 10000), 0);
+        REQ_RC(fi_tinject(r->ep, &v, 8, r->addr[0], 3), 0);
+    }
+    t_barrier(r);
+    t_close(r);
+}
+
 /* ---- a peer killed in the middle of a message ---- */
 
 static void killed_mid_message(struct rank *r)
@@ -741,6 +815,19 @@ int main(int argc, char **argv)
     f = t_run(2, never_inserted, env2, 30, NULL);
     printf("%s: a peer that never inserted us hears us (messages, RMA), "
            "then inserts us\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    char env_lose[300];
+    snprintf(env_lose, sizeof env_lose, "%s;FIV_TEST_LOSE=3", env_a);
+    const char *env_l[] = {env_lose, env_a};
+    f = t_run(2, lost_message, env_l, 30, NULL);
+    printf("%s: a message lost on the way fails what waits on its path, on "
+           "both sides\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, busy_peer, env2, 30, NULL);
+    printf("%s: a peer away from libfabric for 3 s is no error\n",
+           f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run_ex(2, killed_mid_message, env2, 30, NULL, 2u);
