@@ -206,7 +206,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     running (_record_running)."""
     log = log or (lambda msg: sys.stderr.write(msg + "\n"))
     _check_request(count, vcpus, memory, vectors, doorbell, kind, kernel,
-                   initrd, network, prefix)
+                   initrd, network, prefix, release)
     binary = qemu.qemu_binary()
     if binary is None:
         raise VmError(f"{os.environ.get(qemu.QEMU_ENV) or qemu.DEFAULT_QEMU}"
@@ -217,7 +217,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
         if path is not None and not Path(path).is_file():
             raise VmError(f"guest {what} image {path} is missing")
     img = _guest_image(kind, image_dir, guest_deb, extra_debs, kernel,
-                       initrd, log)
+                       initrd, log, release)
     if accel == "auto":
         accel = _choose_accel(binary, img, root, log)
 
@@ -249,7 +249,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
 def _check_request(count: int, vcpus: int, memory: int, vectors: int,
                    doorbell: str, kind: str, kernel: Optional[str],
                    initrd: Optional[str], network: bool,
-                   prefix: str) -> None:
+                   prefix: str, release: Optional[str] = None) -> None:
     """Refuse, before anything starts, what `up` cannot boot."""
     if not 1 <= count <= MAX_VMS:
         raise VmError(f"the number of VMs must be 1..{MAX_VMS}, not {count}",
@@ -308,7 +308,7 @@ def _check_names(root: Path, prefix: str, count: int) -> List[str]:
 def _guest_image(kind: str, image_dir: Optional[str],
                  guest_deb: Optional[str], extra_debs: Optional[List[str]],
                  kernel: Optional[str], initrd: Optional[str],
-                 log) -> image.GuestImage:
+                 log, release: Optional[str] = None) -> image.GuestImage:
     """The image to boot: Debian's, a given kernel and initramfs, or the
     busybox one (with either of them replaced when given)."""
     if kind == "debian":
