@@ -161,12 +161,13 @@ struct fiv_addr {
 /* Message counts of one pair (fiv_probe.c): a probe asks, its answer
    tells. `tx`: what the writer sent to the reader, `rx`: what it received
    from the reader, probes and answers not counted; an answer echoes the
-   probe's `tx`, and says whether its writer still has messages for the
-   prober waiting to go out (`busy`). */
+   probe's `tx`. */
+#define FIV_PROBE_BUSY 1u    /* answer: messages for the prober still queued */
+#define FIV_PROBE_BROKEN 2u  /* probe: its writer found our path broken      */
 struct fiv_probe {
     uint64_t tx, rx;
     uint64_t echo;
-    uint64_t busy;
+    uint64_t flags;
 };
 
 /* A sender's first region message to us (fiv_intro.c): who it is, and a
@@ -397,6 +398,7 @@ struct fiv_pair {
     uint64_t rx_seen;          /* rx at the last look                       */
     uint64_t heard_ns;         /* when rx last moved                        */
     uint64_t probed_ns;        /* when we last asked                        */
+    uint64_t probe_gap_ns;     /* how long until we ask again               */
 };
 
 /* Peers we hear without an AV entry (introduced, fiv_intro.c) have the
@@ -605,7 +607,8 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);
 /* fiv_probe.c: message counts, probes, broken paths */
-#define FIV_PROBE_NS 1000000000ull /* silence before we ask, between asks */
+#define FIV_PROBE_NS 1000000000ull /* silence before we ask            */
+#define FIV_PROBE_MAX_NS 8000000000ull /* between unanswered asks, at most */
 void fiv_pair_received(struct fiv_ep *ep, int slot, int64_t gen, uint32_t op);
 void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,
                        fi_addr_t a, struct fiv_peer *heard, uint32_t op,

@@ -356,6 +356,8 @@ static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
         fiv_complete_rx(ep, &e, true);
         if (!(rx->flags & FI_MULTI_RECV))
             fiv_rx_put(ep, rx);
+        else if (--rx->pending == 0 && rx->retired)
+            fiv_rx_put(ep, rx); /* its last message: the buffer goes */
     } else if (as->kind == ASM_UNEXP) {
         struct fiv_unexp *u = as->ux;
         bool tagged = u->flags & FIV_F_TAGGED;
@@ -398,7 +400,11 @@ void fiv_fail_receives(struct fiv_ep *ep, fi_addr_t a, bool wildcard, int err)
         struct fiv_rx *prev = NULL, *r = *lists[l];
         while (r) {
             struct fiv_rx *next = r->next;
-            if (r->src == a || (wildcard && r->src == FI_ADDR_UNSPEC)) {
+            /* a multi-receive buffer that messages still fill is
+               released by the last of them (finish_rx), not here */
+            bool filling = (r->flags & FI_MULTI_RECV) && r->pending;
+            if (!filling &&
+                (r->src == a || (wildcard && r->src == FI_ADDR_UNSPEC))) {
                 if (prev)
                     prev->next = next;
                 else

@@ -25,7 +25,7 @@
  * queued sends, RMA awaiting answers, receives directed at it) and every
  * receive of any source, which is how an MPI learns of it (an error
  * completion ends the job under its default error handler), and nothing
- * more goes either way. A peer that leaves fails only what waits on it
+ * more goes either way; the peer is told with a probe marked broken. A peer that leaves fails only what waits on it
  * by name: receives of any source stay, since leaving is what every rank
  * does at MPI_Finalize.
  */
@@ -64,6 +64,16 @@ static uint64_t received_from(const struct fiv_ep *ep, int slot, uint32_t gen)
     return pr->rx_gen == gen ? pr->rx : 0;
 }
 
+static void send_counts(struct fiv_ep *ep, int slot, uint32_t gen,
+                        uint32_t op, uint64_t echo, uint64_t flags)
+{
+    struct fiv_probe m = {.tx = sent_to(ep, slot, gen),
+                          .rx = received_from(ep, slot, gen),
+                          .echo = echo, .flags = flags};
+    /* never waits: a probe that finds no room is asked again later */
+    (void)fiv_region_send(ep, slot, gen, op, &m, sizeof m, NULL, 0);
+}
+
 void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      const char *why)
 {
@@ -73,6 +83,12 @@ void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
              a >= FIV_HIDDEN ? -1 : (int)a, peer->slot, why);
     fiv_peer_failed(ep, a, peer, FI_EIO);
     fiv_fail_receives(ep, a, true, FI_EIO);
+    /* the peer learns it now, not at its next probe: what it waits on
+       from us fails too (if the slot is still that peer's) */
+    if (peer->path == PATH_REGION &&
+        ivshm_peer_generation(ep->h, peer->slot) == (int64_t)peer->generation)
+        send_counts(ep, peer->slot, peer->generation, FIV_OP_PROBE, 0,
+                    FIV_PROBE_BROKEN);
 }
 
 void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
@@ -82,16 +98,6 @@ void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
         fiv_peer_failed(ep, a, peer, err);
     else
         fiv_path_broken(ep, a, peer, "a send found it corrupt");
-}
-
-static void send_counts(struct fiv_ep *ep, int slot, uint32_t gen,
-                        uint32_t op, uint64_t echo, bool busy)
-{
-    struct fiv_probe m = {.tx = sent_to(ep, slot, gen),
-                          .rx = received_from(ep, slot, gen),
-                          .echo = echo, .busy = busy};
-    /* never waits: a probe that finds no room is asked again later */
-    (void)fiv_region_send(ep, slot, gen, op, &m, sizeof m, NULL, 0);
 }
 
 void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,
@@ -109,19 +115,22 @@ void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,
     if ((op & FIV_OP_MASK) == FIV_OP_PROBE) {
         /* answered whoever asks: two counts the asker knows anyway */
         send_counts(ep, slot, (uint32_t)gen, FIV_OP_PROBE_ACK, m.tx,
-                    heard && heard->txq);
-        if (heard && !heard->dead && m.tx != got)
+                    heard && heard->txq ? FIV_PROBE_BUSY : 0);
+        if (heard && !heard->dead && (m.flags & FIV_PROBE_BROKEN))
+            fiv_path_broken(ep, a, heard, "it found our path broken");
+        else if (heard && !heard->dead && m.tx != got)
             fiv_path_broken(ep, a, heard, "a probe counts messages we never "
                             "received");
         return;
     }
     if (!heard || heard->dead)
         return;
+    ep->pairs[slot].probe_gap_ns = 0; /* answered: ask again after FIV_PROBE_NS */
     if (m.tx != got)
         fiv_path_broken(ep, a, heard, "its messages to us were lost");
     else if (m.rx != m.echo)
         fiv_path_broken(ep, a, heard, "our messages to it were lost");
-    else if (heard->as.kind != ASM_NONE && !m.busy)
+    else if (heard->as.kind != ASM_NONE && !(m.flags & FIV_PROBE_BUSY))
         fiv_path_broken(ep, a, heard, "the rest of its message never comes");
 }
 
@@ -164,10 +173,14 @@ void fiv_probe_tick(struct fiv_ep *ep, uint64_t now)
             pr->rx_seen = pr->rx;
             pr->heard_ns = now;
         }
-        if (now - pr->heard_ns < FIV_PROBE_NS ||
-            now - pr->probed_ns < FIV_PROBE_NS)
+        /* a peer that does not answer (busy outside libfabric) is asked
+           at doubling intervals: its queue does not fill with probes */
+        uint64_t gap = pr->probe_gap_ns ? pr->probe_gap_ns : FIV_PROBE_NS;
+        if (now - pr->heard_ns < FIV_PROBE_NS || now - pr->probed_ns < gap)
             continue;
         pr->probed_ns = now;
+        pr->probe_gap_ns = gap * 2 > FIV_PROBE_MAX_NS ? FIV_PROBE_MAX_NS
+                                                      : gap * 2;
         send_counts(ep, p->slot, p->generation, FIV_OP_PROBE, 0, false);
     }
 }

@@ -608,7 +608,7 @@ static void lost_message(struct rank *r)
     REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_EHOSTUNREACH);
     REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[peer], 4, 0, &got), 0);
     REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_EIO);
-    t_barrier_plain(r);
+    t_barrier(r);
     t_close(r);
 }
 
