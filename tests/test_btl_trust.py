@@ -39,6 +39,7 @@ PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
 SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
 IDLE_SCRIBBLER = REPO / "native" / "btl" / "tests" / "idle_scribbler.c"
 TAIL_SCRIBBLER = REPO / "native" / "btl" / "tests" / "tail_scribbler.c"
+FOREIGN_RING = REPO / "native" / "btl" / "tests" / "foreign_ring.c"
 FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
@@ -160,14 +161,14 @@ def spawner(mpicc) -> Path:
     return mpicc(SPAWN)
 
 
-def _scribbler(tmp_path_factory, source: Path) -> Path:
+def _scribbler(tmp_path_factory, source: Path, libs=()) -> Path:
     """A plain C program on libivshm's layout header (native/src)."""
     out = tmp_path_factory.mktemp("scribbler") / source.stem
     proc = subprocess.run(
         ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
          "-I", str(REPO / "native" / "src"),
          "-I", str(REPO / "native" / "include"),
-         "-o", str(out), str(source)],
+         "-o", str(out), str(source), *libs],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return out
@@ -181,6 +182,14 @@ def idle_scribbler(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tail_scribbler(tmp_path_factory) -> Path:
     return _scribbler(tmp_path_factory, TAIL_SCRIBBLER)
+
+
+@pytest.fixture(scope="module")
+def foreign_ring(tmp_path_factory, component) -> Path:
+    """Linked with the build's libivshm.a: it opens channels the way
+    libivshm does."""
+    return _scribbler(tmp_path_factory, FOREIGN_RING,
+                      [str(component.parent / "libivshm.a"), "-lpthread"])
 
 
 @pytest.fixture(scope="module")
@@ -403,3 +412,38 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
     # refused in about one run of six here, hence 20000 (about 12 s,
     # every run here refused 0.3-16 million sends).
     assert sum(refused.values()) >= 1, (refused, s_out)
+
+
+@pytest.mark.xfail(strict=True,
+                   reason="the BTL does not use ivshm_listen_only yet")
+def test_foreign_rings_are_never_read(pingpong, foreign_ring, component,
+                                      shm_path):
+    """A co-tenant that is no rank of the job (a foreign Open MPI job, and
+    a job of nobody) takes a fast channel of each rank's receive area,
+    announces it with an OPEN cell through the rank's queue, and keeps
+    sending on the ring. The BTL hears only the ranks it verified
+    (ivshm_listen_only): the OPEN is refused and the ring never read, as
+    its consumer tail shows; the ping-pong completes."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    hostile = _start([str(foreign_ring), str(shm_path), str(JOB_TIMEOUT)])
+    cmd = mpi.mpirun_command([str(pingpong), "-", "2000"], 2,
+                             transport="ivshmem", region=shm_path,
+                             tcp_fallback=False, verbose_btl=True)
+    job = _start(cmd)
+    try:
+        out, err = _finish(job, "the job")
+        assert hostile.poll() is None, hostile.communicate()
+        os.killpg(hostile.pid, 15)
+        h_out, h_err = hostile.communicate(timeout=30)
+    finally:
+        _kill(job)
+        _kill(hostile)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert job.returncode == 0, described
+    assert "PASS trust_pingpong (2000 round trips)" in out, described
+    assert hostile.returncode == 0, h_err
+    res = json.loads(h_out)
+    assert res["ranks"] == 2 and res["opened"] == 4, res
+    assert res["read"] == 0, res
