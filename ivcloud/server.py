@@ -35,7 +35,7 @@ _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 MAX_PEERS = 1024
 MAX_QUEUE_SLOTS = 65536
 MAX_FAST_CHANNELS = 64
-
+MAX_CLIENTS = 4096  # connections at once (native/server/server.h)
 
 
 def parse_size(text: str) -> int:
@@ -184,18 +184,11 @@ def _min_size(max_peers: int, queue_slots: int = 0,
         return 0
 
 
-def start(paths: ServerPaths, size: int, vectors: int = 1,
-          max_peers: Optional[int] = None, group: Optional[str] = None,
-          verbose: bool = False, timeout_s: float = 10.0,
-          host_file: bool = False, queue_slots: Optional[int] = None,
-          fast_channels: Optional[int] = None,
-          ring_slots: Optional[int] = None,
-          slot_size: Optional[int] = None) -> int:
-    """Start the daemon; returns its pid. Raises ServerError/OperationFailed.
-    queue_slots / fast_channels: the region's receive queues and fast
-    channels per peer (None: the library's defaults; fast_channels 0: no
-    fast channels, every message through the queues); ring_slots /
-    slot_size: the fast channels' rings (None: the defaults)."""
+def _check_geometry(size: int, vectors: int, max_peers: Optional[int],
+                    queue_slots: Optional[int], fast_channels: Optional[int],
+                    ring_slots: Optional[int], slot_size: Optional[int],
+                    max_clients: Optional[int]) -> None:
+    """Refuse, as the daemon would (exit 2), what it cannot serve."""
     if size <= 0 or size & (size - 1):
         raise ServerError(f"size {size} is not a power of two (QEMU "
                           f"maps the region as a PCI BAR)")
@@ -204,6 +197,9 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
     if max_peers is not None and not 2 <= max_peers <= MAX_PEERS:
         raise ServerError(f"the number of peers must be 2..{MAX_PEERS}, "
                           f"not {max_peers}")
+    if max_clients is not None and not 1 <= max_clients <= MAX_CLIENTS:
+        raise ServerError(f"the number of clients must be 1..{MAX_CLIENTS}, "
+                          f"not {max_clients}")
     if queue_slots is not None and (
             not 2 <= queue_slots <= MAX_QUEUE_SLOTS
             or queue_slots & (queue_slots - 1)):
@@ -219,19 +215,22 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         raise ServerError(f"size {format_size(size)} is too small for "
                           f"{max_peers or 8} peers (needs at least "
                           f"{need} bytes)")
-    gid = None
-    if group is not None:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            if not group.isdigit():
-                raise ServerError(f"unknown group '{group}'")
-            gid = int(group)
-    binary = server_binary()
-    if not os.access(binary, os.X_OK):
-        raise OperationFailed(f"{binary} not found (run `make build` or set "
-                              f"IVCLOUD_NATIVE_DIR)")
 
+
+def _group_id(group: Optional[str]) -> Optional[int]:
+    if group is None:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        if not group.isdigit():
+            raise ServerError(f"unknown group '{group}'")
+        return int(group)
+
+
+def _prepare_dir(paths: ServerPaths, gid: Optional[int]) -> None:
+    """The server's directory, cleared of a dead server's files; refuses
+    while a server runs, or while a host-file region is left over."""
     pid = running_pid(paths)
     if pid is not None:
         raise ServerError(f"server '{paths.name}' is already running (pid {pid})")
@@ -241,7 +240,6 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
                           f"'{paths.name}' runs; stopping server "
                           f"'{paths.name}' removes the leftovers")
     _remove(stale)  # socket, pid and state of a server that died
-
     paths.dir.parent.mkdir(parents=True, exist_ok=True)
     try:
         paths.dir.mkdir(mode=0o750 if gid is not None else 0o700)
@@ -253,27 +251,12 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         os.chown(paths.dir, -1, gid)
         os.chmod(paths.dir, 0o2750)
 
-    cmd = [str(binary), "-S", str(paths.socket),
-           "-l", str(size), "-n", str(vectors), "-p", str(paths.pidfile),
-           "-s", str(paths.state)]
-    if host_file:
-        cmd += ["-M", str(paths.region)]
-    if max_peers is not None:
-        cmd += ["--max-peers", str(max_peers)]
-    if queue_slots is not None:
-        cmd += ["--queue-slots", str(queue_slots)]
-    if fast_channels is not None:
-        cmd += ["--fast-channels", str(fast_channels)]
-    if ring_slots is not None:
-        cmd += ["--ring-slots", str(ring_slots)]
-    if slot_size is not None:
-        cmd += ["--slot-size", str(slot_size)]
-    if group is not None:
-        cmd += ["-g", str(gid)]
-    if verbose:
-        cmd.append("-v")
-    # The daemon's parent returns once the socket listens and the pid file
-    # is written; its files get 0600 (0640 with a group) from this umask.
+
+def _run_daemon(cmd: List[str], paths: ServerPaths, gid: Optional[int],
+                timeout_s: float) -> int:
+    """Run the daemon's parent, which returns once the socket listens and
+    the pid file is written; its files get 0600 (0640 with a group) from
+    the umask. Returns the daemon's pid."""
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL,
@@ -295,6 +278,46 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
         raise OperationFailed(f"{SERVER_BINARY} reported ready but "
                               f"{paths.pidfile} names no live server")
     return pid
+
+
+def start(paths: ServerPaths, size: int, vectors: int = 1,
+          max_peers: Optional[int] = None, group: Optional[str] = None,
+          verbose: bool = False, timeout_s: float = 10.0,
+          host_file: bool = False, queue_slots: Optional[int] = None,
+          fast_channels: Optional[int] = None,
+          ring_slots: Optional[int] = None,
+          slot_size: Optional[int] = None,
+          max_clients: Optional[int] = None) -> int:
+    """Start the daemon; returns its pid. Raises ServerError/OperationFailed.
+    queue_slots / fast_channels: the region's receive queues and fast
+    channels per peer (None: the library's defaults; fast_channels 0: no
+    fast channels, every message through the queues); ring_slots /
+    slot_size: the fast channels' rings (None: the defaults);
+    max_clients: connections at once (None: 2 x max_peers)."""
+    _check_geometry(size, vectors, max_peers, queue_slots, fast_channels,
+                    ring_slots, slot_size, max_clients)
+    gid = _group_id(group)
+    binary = server_binary()
+    if not os.access(binary, os.X_OK):
+        raise OperationFailed(f"{binary} not found (run `make build` or set "
+                              f"IVCLOUD_NATIVE_DIR)")
+    _prepare_dir(paths, gid)
+    cmd = [str(binary), "-S", str(paths.socket),
+           "-l", str(size), "-n", str(vectors), "-p", str(paths.pidfile),
+           "-s", str(paths.state)]
+    if host_file:
+        cmd += ["-M", str(paths.region)]
+    for option, value in (("--max-peers", max_peers),
+                          ("--max-clients", max_clients),
+                          ("--queue-slots", queue_slots),
+                          ("--fast-channels", fast_channels),
+                          ("--ring-slots", ring_slots),
+                          ("--slot-size", slot_size), ("-g", gid)):
+        if value is not None:
+            cmd += [option, str(value)]
+    if verbose:
+        cmd.append("-v")
+    return _run_daemon(cmd, paths, gid, timeout_s)
 
 
 def stop(paths: ServerPaths, timeout_s: float = 10.0) -> str:

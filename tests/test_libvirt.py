@@ -11,8 +11,8 @@
 - against a real libvirtd (started here if none runs; skipped only if it
   cannot start): a TCG domain with an ivshmem-doorbell device on our
   ivshmem-server, pinned vCPUs read back from /proc, hot-attach and
-  detach of ivshmem devices through the libvirt API, the start-event
-  watcher on a Nova-like domain, and nothing left behind.
+  detach of ivshmem devices through the libvirt API, and nothing left
+  behind (the start-event watcher: test_nova_projects.py).
 """
 
 from __future__ import annotations
@@ -935,53 +935,6 @@ def test_attach_failures_are_one_line(libvirtd, cleanup_domains, unique,
     bad_uri = ivcloud("libvirt", "attach-shmem", "--domain", name, "--name",
                       "x", "--connect", "qemu+unix:///system?socket=/none")
     assert "cannot connect" in assert_one_line_error(bad_uri, "libvirt")
-
-
-NOVA_METADATA = """
-<metadata>
-  <nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">
-    <nova:name>hpc-1</nova:name>
-    <nova:flavor name="{flavor}">
-      <nova:memory>64</nova:memory><nova:vcpus>1</nova:vcpus>
-    </nova:flavor>
-  </nova:instance>
-</metadata>
-"""
-
-
-def test_watch_attaches_to_started_nova_instance(libvirtd, cleanup_domains,
-                                                  unique):
-    """The operator's hook: a watcher attaches the device to instances of
-    one flavor when they start (Nova rewrites the XML, so this survives
-    hard reboots). Other flavors are left alone."""
-    names, plain_files = cleanup_domains
-    flavor = f"ivcloud.{unique}"
-    shm = f"ivcloud-{unique}-w"
-    plain_files.append(Path("/dev/shm") / shm)
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "libvirt", "watch", "--flavor",
-         flavor, "--domain-glob", f"ivcloud-{unique}-*", "--name", shm,
-         "--size", "4M", "--once", "--timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(1.5)  # let it register for events
-        doms = {}
-        for suffix, fl in (("other", "m1.small"), ("hpc", flavor)):
-            name = f"ivcloud-{unique}-{suffix}"
-            names.append(name)
-            text = Domain(name, 64 << 20, 1).xml().replace(
-                "<memory", NOVA_METADATA.format(flavor=fl) + "<memory", 1)
-            doms[suffix] = libvirtd.createXML(text, 0)  # transient
-        out, err = watcher.communicate(timeout=60)
-    finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.wait()
-    assert watcher.returncode == 0, err
-    assert out.strip() == (f"attached shmem '{shm}' to "
-                           f"'ivcloud-{unique}-hpc'")
-    assert _ivshmem_functions(doms["hpc"]) == 1
-    assert _ivshmem_functions(doms["other"]) == 0
 
 
 def test_watch_needs_a_filter():

@@ -4,7 +4,7 @@
     shmem-xml      just the <shmem> device (for `virsh attach-device`)
     attach-shmem   hot-attach an ivshmem device to a running domain
     detach-shmem   remove it again (the guest must release it)
-    watch          attach to matching domains whenever they start
+    watch          attach each Nova instance to its project's own server
     nova-flavor    `openstack flavor` commands with the extra specs
 """
 
@@ -23,6 +23,7 @@ from ..libvirt import cpuset
 from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
                               parse_pins, validate_xml)
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
+from ..libvirt.projects import DEFAULT_POLICY
 from ..server import parse_size
 from . import CliError, int_at_least
 
@@ -213,13 +214,35 @@ def register(sub) -> None:
     _target_args(t)
     t.set_defaults(func=_cmd_detach)
 
-    w = actions.add_parser("watch", help="attach an ivshmem device to "
-                                         "matching domains as they start")
+    w = actions.add_parser("watch", help="attach each Nova instance to its "
+                                         "project's own ivshmem-server as "
+                                         "it starts",
+                           description="Attach every matching instance to "
+                                       "the ivshmem-server of the Nova "
+                                       "project that owns it (from the "
+                                       "domain's Nova metadata), starting "
+                                       "that server on demand and stopping "
+                                       "it when the project's last instance "
+                                       "on this host is gone: instances of "
+                                       "different projects never share a "
+                                       "region.")
     w.add_argument("--domain-glob", metavar="PATTERN",
                    help="domain names to serve, e.g. 'instance-*'")
     w.add_argument("--flavor", help="only Nova instances of this flavor "
                                     "(from the domain's Nova metadata)")
-    _add_shmem_args(w, "", name_required=True)
+    w.add_argument("--name", default="ivcloud", dest="shm_name",
+                   help="shmem device name in the domains (default ivcloud)")
+    w.add_argument("--policy", default=DEFAULT_POLICY, metavar="FILE",
+                   help=f"regions per project on this host (default "
+                        f"{DEFAULT_POLICY}; built-in defaults if absent)")
+    w.add_argument("--service", choices=("systemd", "direct"),
+                   default="systemd",
+                   help="start the servers as ivshmem-server@nova-PROJECT "
+                        "units (default), or run them directly (hosts "
+                        "without systemd)")
+    w.add_argument("--run-dir", default=None,
+                   help="with --service direct: directory of the servers "
+                        "(default $IVCLOUD_RUN_DIR or /run/ivcloud)")
     _connect_arg(w)
     w.add_argument("--once", action="store_true",
                    help="exit after the first attach")
@@ -359,19 +382,30 @@ def _cmd_detach(args) -> int:
 
 
 def _cmd_watch(args) -> int:
-    from ..libvirt import attach
+    from ..libvirt import attach, projects
     if args.domain_glob is None and args.flavor is None:
         raise CliError("give --domain-glob and/or --flavor: the watcher "
                        "does not attach to every domain")
-    shm = _shmem_from(args, check=True)
-    assert shm is not None
+    if args.run_dir is not None and args.service != "direct":
+        raise CliError("--run-dir goes with --service direct")
+    policy = (projects.HostPolicy.load(args.policy)
+              if args.policy != DEFAULT_POLICY or os.path.exists(args.policy)
+              else projects.HostPolicy())
+    if args.service == "systemd":
+        control = projects.SystemdServers()
+    else:
+        control = projects.DirectServers(
+            args.run_dir or os.environ.get("IVCLOUD_RUN_DIR")
+            or "/run/ivcloud")
+    regions = projects.ProjectRegions(control, policy, args.shm_name)
 
     def report(line: str) -> None:
         print(line, flush=True)
 
     count = attach.watch(args.connect,
                          attach.matcher(args.domain_glob, args.flavor),
-                         shm, report, once=args.once, timeout=args.timeout)
+                         regions, report, once=args.once,
+                         timeout=args.timeout)
     if args.once and count == 0:
         raise attach.LibvirtFailure("no matching domain started before the "
                                     "timeout")

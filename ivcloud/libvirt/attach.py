@@ -5,7 +5,8 @@ This is how an operator adds the ivshmem device to an instance that Nova
 rewrites the domain XML on hard reboot, resize and migration, so the
 device is attached to the *running* domain (``VIR_DOMAIN_AFFECT_LIVE``),
 either by hand (`attach_shmem`) or by a watcher that reacts to libvirt's
-lifecycle events (`watch`). A libvirt hook script cannot do it: hooks run
+lifecycle events (`watch`), which attaches each Nova instance to its
+own project's server (projects.py). A libvirt hook script cannot do it: hooks run
 while libvirtd waits for them and must not call back into libvirt.
 
 Attach needs ACPI hot-plug in the guest's machine (libvirt's default
@@ -24,13 +25,16 @@ import os
 import stat
 import time
 import xml.etree.ElementTree as ET
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from ..errors import LibvirtFailure
 from .domain import Shmem, SpecError, to_text
+from .nova import nova_flavor, nova_project
+
+if TYPE_CHECKING:
+    from .projects import ProjectRegions
 
 DEFAULT_URI = "qemu:///system"
-NOVA_NS_PREFIX = "http://openstack.org/xmlns/libvirt/nova/"
 
 
 def libvirt_module():
@@ -188,20 +192,6 @@ def detach_shmem(conn, domain: str, name: str, live: bool = True,
 
 # ---------------------------------------------------------------- watcher
 
-def nova_flavor(xml_text: str) -> Optional[str]:
-    """The flavor name Nova records in the domain's <metadata>, if any.
-    The namespace version (1.0, 1.1, ...) changes between releases."""
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError:
-        return None
-    for el in root.iter():
-        tag = el.tag
-        if tag.startswith("{" + NOVA_NS_PREFIX) and tag.endswith("}flavor"):
-            return el.get("name")
-    return None
-
-
 def matcher(glob: Optional[str], flavor: Optional[str]
             ) -> Callable[[str, str], bool]:
     """A predicate on (domain name, domain XML): every given criterion
@@ -215,46 +205,74 @@ def matcher(glob: Optional[str], flavor: Optional[str]
     return match
 
 
-def watch(uri: str, match: Callable[[str, str], bool], shm: Shmem,
-          report: Callable[[str], None], once: bool = False,
-          timeout: Optional[float] = None) -> int:
-    """Attach ``shm`` to every running domain that matches, now and each
-    time one starts, until ``timeout`` (seconds) or, with ``once``, the
-    first attach. Returns the number of attaches.
+def watch(uri: str, match: Callable[[str, str], bool],
+          regions: "ProjectRegions", report: Callable[[str], None],
+          once: bool = False, timeout: Optional[float] = None) -> int:
+    """Attach every running domain that matches to its Nova project's
+    own server (projects.py), now and each time one starts, and stop a
+    project's server once its last matching domain on this host is gone;
+    until ``timeout`` (seconds) or, with ``once``, the first attach.
+    Returns the number of attaches. A domain without a Nova project in
+    its metadata is reported and left alone: it has no trust domain to
+    share a region with.
 
     Failures on one domain are reported and do not stop the watcher: one
     misconfigured instance must not leave the others without the device.
     """
     lv = libvirt_module()
-    try:
-        shm.validate()
-    except SpecError as e:
-        raise LibvirtFailure(str(e)) from None
     # The event loop must exist before the connection is opened.
     lv.virEventRegisterDefaultImpl()
     conn = connect(uri)
     attached: List[str] = []
     pending: List[str] = []
+    stopped: List[bool] = []
 
     def consider(dom) -> None:
         try:
             name = dom.name()
-            if not dom.isActive() or not match(name, dom.XMLDesc(0)):
+            xml = dom.XMLDesc(0) if dom.isActive() else None
+            if xml is None or not match(name, xml):
                 return
+            project = nova_project(xml)
+            if project is None:
+                report(f"domain '{name}': no Nova project in its metadata: "
+                       f"not attached")
+                return
+            shm = regions.shmem(project)
             if shm.name in shmem_names(dom, live=True):
                 return
             attach_shmem(conn, name, shm, live=True, persistent=False)
             attached.append(name)
-            report(f"attached shmem '{shm.name}' to '{name}'")
+            report(f"attached shmem '{shm.name}' of project {project} to "
+                   f"'{name}'")
         except (LibvirtFailure, lv.libvirtError) as e:
             # dom.name() is cached client-side: safe even if it is gone
             report(f"domain '{dom.name()}': {_message(e)}")
 
+    def retire() -> None:
+        live = set()
+        for dom in conn.listAllDomains(lv.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+            try:
+                xml = dom.XMLDesc(0)
+            except lv.libvirtError:
+                continue  # gone meanwhile
+            project = nova_project(xml) if match(dom.name(), xml) else None
+            if project is not None:
+                live.add(project)
+        try:
+            for project in regions.retire(live):
+                report(f"project {project}: no instance left on this host: "
+                       f"its server stopped")
+        except LibvirtFailure as e:
+            report(_message(e))
+
     def on_lifecycle(_conn, dom, event, _detail, _opaque) -> None:
+        # Act outside the callback: libvirt is still delivering the
+        # event while we would issue the next request.
         if event == lv.VIR_DOMAIN_EVENT_STARTED:
-            # Attach outside the callback: libvirt is still delivering
-            # the event while we would issue the next request.
             pending.append(dom.name())
+        elif event == lv.VIR_DOMAIN_EVENT_STOPPED:
+            stopped.append(True)
 
     def tick(_timer, _opaque) -> None:
         pass  # only wakes the loop so the deadline is checked
@@ -266,6 +284,7 @@ def watch(uri: str, match: Callable[[str, str], bool], shm: Shmem,
     try:
         for dom in conn.listAllDomains(lv.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
             consider(dom)
+        retire()  # servers whose instances went while nobody watched
         while not (once and attached):
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -278,6 +297,9 @@ def watch(uri: str, match: Callable[[str, str], bool], shm: Shmem,
                     pass  # gone again before we got to it
                 if once and attached:
                     break
+            if stopped:
+                stopped.clear()
+                retire()
     finally:
         lv.virEventRemoveTimeout(timer)
         try:

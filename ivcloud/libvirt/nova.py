@@ -1,4 +1,5 @@
-"""OpenStack Nova flavor for pinned, NUMA-placed, huge-page instances.
+"""OpenStack Nova: the flavor for pinned, NUMA-placed, huge-page
+instances, and what Nova's metadata in a domain says (flavor, project).
 
 Nova turns these flavor extra specs into the same libvirt elements that
 `domain.Domain` writes by hand: hw:cpu_policy=dedicated -> <vcpupin> on
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import re
 import shlex
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from .domain import SpecError
 
@@ -25,6 +27,40 @@ _PAGE_EXPLICIT = {"2m": 2048, "2mb": 2048, "2048": 2048,
                   "1g": 1 << 20, "1gb": 1 << 20, "1048576": 1 << 20,
                   "4k": 4, "4kb": 4, "4": 4}
 _FLAVOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$")
+# The namespace of Nova's <metadata>; its version (1.0, 1.1, ...) changes
+# between releases.
+NOVA_NS_PREFIX = "http://openstack.org/xmlns/libvirt/nova/"
+
+
+def _nova_elements(parent: ET.Element, local: str) -> Iterator[ET.Element]:
+    for el in parent.iter():
+        if el.tag.startswith("{" + NOVA_NS_PREFIX) and \
+                el.tag.endswith("}" + local):
+            yield el
+
+
+def _nova_attr(xml_text: str, path: List[str], attr: str) -> Optional[str]:
+    """An attribute of the first Nova element along `path`, or None."""
+    try:
+        found = [ET.fromstring(xml_text)]
+    except ET.ParseError:
+        return None
+    for local in path:
+        found = [el for parent in found for el in _nova_elements(parent,
+                                                                 local)]
+    return found[0].get(attr) if found else None
+
+
+def nova_flavor(xml_text: str) -> Optional[str]:
+    """The flavor name Nova records in a domain's <metadata>, if any."""
+    return _nova_attr(xml_text, ["flavor"], "name")
+
+
+def nova_project(xml_text: str) -> Optional[str]:
+    """The project that owns a Nova instance
+    (<nova:owner><nova:project uuid=...>); None for a domain Nova did not
+    write, or wrote without an owner."""
+    return _nova_attr(xml_text, ["owner", "project"], "uuid")
 
 
 def page_size_spec(text: str) -> str:

@@ -27,6 +27,11 @@
 #include <unistd.h>
 
 #define DEFAULT_SIZE (64ull << 20)
+/* New connections per second (docs/server-protocol.md, "Budgets"): a
+   process's rate well below its uid's, so that one process cannot
+   spend what the uid's other processes (a tenant's QEMUs) need. */
+#define DEFAULT_UID_RATE 64
+#define DEFAULT_PID_RATE 8
 #define MAX_SIZE (1ull << 46) /* ivshm_format_file's limit */
 
 static volatile sig_atomic_t stop_signal;
@@ -54,6 +59,15 @@ static void usage(FILE *f)
 "                        0: none, every message through the queues)\n"
 "      --max-clients N   connections at once, 1..%d (default 2 x max-peers)\n"
 "      --max-clients-per-uid N  connections at once from one uid (default max-clients)\n"
+"      --max-clients-per-pid N  connections at once from one process\n"
+"                        (default max-peers / 2, at least 1)\n"
+"      --connect-rate-per-uid N  new connections per second from one uid\n"
+"                        (default %d; 0: no limit)\n"
+"      --connect-rate-per-pid N  new connections per second from one process\n"
+"                        (default %d; 0: no limit)\n"
+"      --ids-per-pid N   ids one process may leave unusable (default max-ids / 16;\n"
+"                        0: no limit)\n"
+"      --max-ids N       hand out ids 0..N-1, 2..%d (default %d)\n"
 "  -F, --foreground      do not daemonize\n"
 "  -p, --pidfile PATH    write the server's pid there\n"
 "  -s, --state PATH      JSON state file, rewritten on every join/leave\n"
@@ -63,7 +77,8 @@ static void usage(FILE *f)
 "  -h, --help            this text\n"
 "Each client holds one eventfd per vector of every other client: with many\n"
 "peers raise the clients' RLIMIT_NOFILE (ulimit -n) above max-clients x vectors.\n",
-            IVS_MAX_VECTORS, IVS_MAX_PEERS, IVS_MAX_FAST, IVS_MAX_CLIENTS);
+            IVS_MAX_VECTORS, IVS_MAX_PEERS, IVS_MAX_FAST, IVS_MAX_CLIENTS,
+            DEFAULT_UID_RATE, DEFAULT_PID_RATE, IVS_MAX_IDS, IVS_MAX_IDS);
 }
 
 /* One line on stderr, exit 2: the contract for a bad command line. */
@@ -205,11 +220,14 @@ static int __attribute__((noreturn)) wait_for_daemon(pid_t child, int ready_fd)
     _exit(1);
 }
 
+
+
 struct options {
     struct ivs_config cfg;
     const char *pidfile;
     bool foreground;
     bool clients_given; /* --max-clients on the command line */
+    bool per_pid_given, uid_rate_given, pid_rate_given, ids_given;
 };
 
 static void resolve_group(const char *arg, struct ivs_config *cfg)
@@ -249,13 +267,39 @@ static void check_config(struct ivs_config *cfg)
                                                         : IVS_MAX_CLIENTS;
     if (!cfg->max_per_uid || cfg->max_per_uid > cfg->max_clients)
         cfg->max_per_uid = cfg->max_clients;
+    if (!cfg->max_ids)
+        cfg->max_ids = IVS_MAX_IDS;
+    if (cfg->max_ids < cfg->max_clients)
+        bad_usage("--max-ids %u is below --max-clients %u", cfg->max_ids,
+                  cfg->max_clients);
+}
+
+/* The budgets' defaults, once the caps they are sized against are
+   final (fit_fd_limit may lower max-clients): a process gets at most
+   half the registry's slots, so the others of its uid keep room for a
+   full registry (max-clients is 2 x max-peers by default). */
+static void default_budgets(struct options *o)
+{
+    struct ivs_config *cfg = &o->cfg;
+    unsigned slots = cfg->geometry.max_peers ? cfg->geometry.max_peers : 8;
+    if (!o->per_pid_given)
+        cfg->max_per_pid = slots / 2 ? slots / 2 : 1;
+    if (cfg->max_per_pid > cfg->max_per_uid)
+        cfg->max_per_pid = cfg->max_per_uid;
+    if (!o->uid_rate_given)
+        cfg->uid_rate = DEFAULT_UID_RATE;
+    if (!o->pid_rate_given)
+        cfg->pid_rate = DEFAULT_PID_RATE;
+    if (!o->ids_given)
+        cfg->ids_per_pid = cfg->max_ids / 16;
 }
 
 static void parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM,
            OPT_MAX_CLIENTS, OPT_MAX_PER_UID, OPT_QUEUE_SLOTS,
-           OPT_FAST_CHANNELS };
+           OPT_FAST_CHANNELS, OPT_MAX_PER_PID, OPT_UID_RATE, OPT_PID_RATE,
+           OPT_IDS_PER_PID, OPT_MAX_IDS };
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 'S'},
         {"shm", required_argument, NULL, 'M'},
@@ -268,6 +312,11 @@ static void parse_options(int argc, char **argv, struct options *o)
         {"fast-channels", required_argument, NULL, OPT_FAST_CHANNELS},
         {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
         {"max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID},
+        {"max-clients-per-pid", required_argument, NULL, OPT_MAX_PER_PID},
+        {"connect-rate-per-uid", required_argument, NULL, OPT_UID_RATE},
+        {"connect-rate-per-pid", required_argument, NULL, OPT_PID_RATE},
+        {"ids-per-pid", required_argument, NULL, OPT_IDS_PER_PID},
+        {"max-ids", required_argument, NULL, OPT_MAX_IDS},
         {"foreground", no_argument, NULL, 'F'},
         {"pidfile", required_argument, NULL, 'p'},
         {"state", required_argument, NULL, 's'},
@@ -348,6 +397,41 @@ static void parse_options(int argc, char **argv, struct options *o)
                           IVS_MAX_CLIENTS, optarg);
             cfg->max_per_uid = (unsigned)v;
             break;
+        case OPT_MAX_PER_PID:
+            if (!parse_uint(optarg, IVS_MAX_CLIENTS, &v) || v < 1)
+                bad_usage("--max-clients-per-pid must be 1..%d, not '%s'",
+                          IVS_MAX_CLIENTS, optarg);
+            cfg->max_per_pid = (unsigned)v;
+            o->per_pid_given = true;
+            break;
+        case OPT_UID_RATE:
+        case OPT_PID_RATE:
+            if (!parse_uint(optarg, 1000000, &v))
+                bad_usage("%s must be 0..1000000, not '%s'",
+                          opt == OPT_UID_RATE ? "--connect-rate-per-uid"
+                                              : "--connect-rate-per-pid",
+                          optarg);
+            if (opt == OPT_UID_RATE) {
+                cfg->uid_rate = (unsigned)v;
+                o->uid_rate_given = true;
+            } else {
+                cfg->pid_rate = (unsigned)v;
+                o->pid_rate_given = true;
+            }
+            break;
+        case OPT_IDS_PER_PID:
+            if (!parse_uint(optarg, IVS_MAX_IDS, &v))
+                bad_usage("--ids-per-pid must be 0..%d, not '%s'", IVS_MAX_IDS,
+                          optarg);
+            cfg->ids_per_pid = (unsigned)v;
+            o->ids_given = true;
+            break;
+        case OPT_MAX_IDS:
+            if (!parse_uint(optarg, IVS_MAX_IDS, &v) || v < 2)
+                bad_usage("--max-ids must be 2..%d, not '%s'", IVS_MAX_IDS,
+                          optarg);
+            cfg->max_ids = (uint32_t)v;
+            break;
         case 'F': o->foreground = true; break;
         case 'p': o->pidfile = absolute(optarg, pid_buf, sizeof pid_buf); break;
         case 's':
@@ -376,6 +460,7 @@ static void parse_options(int argc, char **argv, struct options *o)
         bad_usage("socket path too long: %s", cfg->socket_path);
     check_config(cfg);
     fit_fd_limit(cfg, o->clients_given);
+    default_budgets(o);
 }
 
 /* Fork; the parent waits for "ready" and exits. Returns, in the child,

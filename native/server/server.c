@@ -14,6 +14,9 @@
  */
 #define _GNU_SOURCE
 #include "server.h"
+#include "budget.h"
+#include "ids.h"
+#include "marker.h"
 
 #include <endian.h>
 #include <errno.h>
@@ -39,6 +42,9 @@
    live peer and vector plus one leave per departed peer it was told
    about, far below this. Reaching it drops that client alone. */
 #define QUEUE_MAX (1u << 18)
+/* The state file is rewritten at most this often (a write and a rename
+   per join or leave would let a connect/close storm cost us file I/O). */
+#define STATE_EVERY_NS (10ull * 1000000)
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59
 #endif
@@ -78,6 +84,13 @@ void ivs_log_info(const char *fmt, ...)
     va_end(ap);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* What a queued message carries besides its value. */
 enum { ABOUT_NONE = -1, ABOUT_REGION = -2 };
 
@@ -95,6 +108,10 @@ struct client {
     int sock;
     int32_t id;
     uid_t uid;
+    pid_t pid;
+    uint64_t seq;             /* connect number: clients in connect order */
+    struct client *older, *newer;
+    struct ivs_account *account; /* its process's budget */
     int efd[IVS_MAX_VECTORS]; /* the vectors this client is interrupted on */
     bool dropping;            /* hung up, error or overflow: remove at reap */
     bool stalled;             /* ETOOMANYREFS: retry on the timer */
@@ -110,16 +127,25 @@ struct ivs_server {
     ivshm_admin *region;      /* our view of the registry, to mark leavers */
     struct client **clients;  /* sorted by id */
     size_t nclients, cap;
-    int32_t next_id;          /* where the search for a free id starts */
+    struct client *oldest, *newest; /* by seq */
+    uint64_t next_seq;
+    struct ivs_ids *ids;
+    struct ivs_budget *budget;
+    struct ivs_marker *marker; /* marks leavers' registry entries */
+    uint64_t no_id_logged_ns;  /* the "no safe id" line, once a second */
+    unsigned no_id_untold;
     struct pollfd *pfds;
     size_t pfds_cap;
     bool any_stalled;
     bool own_socket, own_shm, own_state;
+    bool state_dirty;         /* the table changed since the last write */
+    uint64_t state_written_ns;
 };
 
 /* ---- queues ---- */
 
-static struct client *find_client(struct ivs_server *s, int32_t id)
+/* Where `id` goes in the table sorted by id. */
+static size_t table_pos(const struct ivs_server *s, int32_t id)
 {
     size_t lo = 0, hi = s->nclients;
     while (lo < hi) {
@@ -129,8 +155,13 @@ static struct client *find_client(struct ivs_server *s, int32_t id)
         else
             hi = mid;
     }
-    return lo < s->nclients && s->clients[lo]->id == id ? s->clients[lo]
-                                                        : NULL;
+    return lo;
+}
+
+static struct client *find_client(struct ivs_server *s, int32_t id)
+{
+    size_t i = table_pos(s, id);
+    return i < s->nclients && s->clients[i]->id == id ? s->clients[i] : NULL;
 }
 
 static void enqueue(struct client *c, int64_t value, int32_t about,
@@ -359,6 +390,30 @@ void ivs_server_publish(struct ivs_server *s)
 {
     s->own_state = s->cfg.state_path != NULL;
     write_state(s);
+    s->state_written_ns = now_ns();
+}
+
+/* The table changed: the state file follows within STATE_EVERY_NS, so
+   a storm of joins and leaves costs at most one write per interval. */
+static void state_changed(struct ivs_server *s)
+{
+    s->state_dirty = true;
+}
+
+/* Write the state file if it changed and its interval is over; returns
+   how long until it may be written (ms, rounded up), or -1 if clean. */
+static int flush_state(struct ivs_server *s)
+{
+    if (!s->state_dirty)
+        return -1;
+    uint64_t now = now_ns();
+    if (now - s->state_written_ns < STATE_EVERY_NS)
+        return (int)((STATE_EVERY_NS - (now - s->state_written_ns) + 999999) /
+                     1000000);
+    write_state(s);
+    s->state_written_ns = now;
+    s->state_dirty = false;
+    return -1;
 }
 
 /* ---- peer table ---- */
@@ -374,26 +429,35 @@ static void client_free(struct ivs_server *s, struct client *c)
     free(c);
 }
 
-/* The id after the last one handed out, skipping ids in use, and the
-   table position that keeps the table sorted. Ids are not reused while
-   others are free: QEMU (7.2) keeps a departed peer's vector table and
-   corrupts its heap when the same id connects again. */
-static int32_t next_free_id(struct ivs_server *s, size_t *pos)
+/* The connect number of the oldest client, or the next one if none. */
+static uint64_t oldest_seq(const struct ivs_server *s)
 {
-    if (s->nclients >= IVS_MAX_IDS)
-        return -1;
-    for (int32_t n = 0; n < IVS_MAX_IDS; n++) {
-        int32_t id = (int32_t)((s->next_id + n) % IVS_MAX_IDS);
-        size_t i = 0;
-        while (i < s->nclients && s->clients[i]->id < id)
-            i++;
-        if (i < s->nclients && s->clients[i]->id == id)
-            continue;
-        s->next_id = (id + 1) % IVS_MAX_IDS;
-        *pos = i;
-        return id;
-    }
-    return -1;
+    return s->oldest ? s->oldest->seq : s->next_seq;
+}
+
+static void released_id(void *owner, void *arg)
+{
+    (void)arg;
+    ivs_budget_release_id(owner);
+}
+
+/* Ids whose watchers have all gone become reusable (ids.h). */
+static void release_ids(struct ivs_server *s)
+{
+    ivs_ids_release(s->ids, oldest_seq(s), released_id, NULL);
+}
+
+static void unlink_client(struct ivs_server *s, struct client *c)
+{
+    if (c->older)
+        c->older->newer = c->newer;
+    else
+        s->oldest = c->newer;
+    if (c->newer)
+        c->newer->older = c->older;
+    else
+        s->newest = c->older;
+    c->older = c->newer = NULL;
 }
 
 static void remove_client(struct ivs_server *s, size_t idx)
@@ -403,21 +467,43 @@ static void remove_client(struct ivs_server *s, size_t idx)
     memmove(&s->clients[idx], &s->clients[idx + 1],
             (s->nclients - idx - 1) * sizeof *s->clients);
     s->nclients--;
-
-    /* Guests cannot see leave notices: mark the registry ourselves, before
-       the notices and rings, so whoever is woken finds the entry DEAD.
-       The id is only reused after this (single thread), so a later peer
-       with the same id is never hit. */
-    int marked = ivshm_admin_mark_dead(s->region, id);
-    ivs_log_info("id %d left (%d registry entr%s marked dead)", (int)id,
-                 marked, marked == 1 ? "y" : "ies");
+    unlink_client(s, gone);
+    ivs_log_info("id %d left (pid %d)", (int)id, (int)gone->pid);
     for (size_t i = 0; i < s->nclients; i++) {
         coalesce_leave(s, s->clients[i], id);
         flush(s, s->clients[i]);
     }
+    /* The id stays out of use until its registry entries are marked
+       (so a later client with it is never hit) and every client that
+       was told it left has gone (QEMU's heap, ids.h). */
+    ivs_ids_retire(s->ids, id, s->next_seq, gone->account, false);
+    ivs_budget_hold_id(gone->account);
+    ivs_marker_push(s->marker, id);
+    ivs_budget_leave(gone->account);
     /* Only now: no queue refers to its eventfds any more. */
     client_free(s, gone);
-    /* Blocked waiters re-check their peer's liveness when woken. */
+    release_ids(s);
+}
+
+/* Registry entries of leavers are marked: wake the blocked waiters (they
+   re-check their peer's liveness and find the entry DEAD), and let the
+   ids be reused once it is safe. */
+static void marks_done(struct ivs_server *s)
+{
+    struct ivs_marked done[64];
+    size_t n, total = 0;
+    while ((n = ivs_marker_done(s->marker, done, 64)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            ivs_ids_cleaned(s->ids, done[i].id);
+            ivs_log_info("id %d: %d registry entr%s marked dead",
+                         (int)done[i].id, done[i].entries,
+                         done[i].entries == 1 ? "y" : "ies");
+        }
+        total += n;
+    }
+    if (!total)
+        return;
+    release_ids(s);
     for (size_t i = 0; i < s->nclients; i++)
         ring_vector0(s->clients[i]);
 }
@@ -437,7 +523,7 @@ static void reap_dropped(struct ivs_server *s)
         changed = true;
     }
     if (changed)
-        write_state(s);
+        state_changed(s);
 }
 
 /* Is the peer process allowed to be a client? The socket's mode already
@@ -483,16 +569,12 @@ static void reap_hangups(struct ivs_server *s)
     reap_dropped(s);
 }
 
-static unsigned clients_of(const struct ivs_server *s, uid_t uid)
-{
-    unsigned same = 0;
-    for (size_t i = 0; i < s->nclients; i++)
-        same += s->clients[i]->uid == uid;
-    return same;
-}
-
-/* Refuse a connection over the caps or from a stranger: logged, closed. */
-static bool admit(struct ivs_server *s, int sock, struct ucred *cred)
+/* Refuse a stranger, or a connection over a cap or a budget: logged
+   (at most once a second per uid or process), closed. Hung-up clients
+   are reaped before a cap refuses: a fast connect/close cycle must not
+   count against itself. */
+static bool admit(struct ivs_server *s, int sock, struct ucred *cred,
+                  struct ivs_account **account)
 {
     socklen_t len = sizeof *cred;
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, cred, &len) < 0) {
@@ -504,35 +586,56 @@ static bool admit(struct ivs_server *s, int sock, struct ucred *cred)
                       (int)cred->uid);
         return false;
     }
-    if (s->nclients >= s->cfg.max_clients ||
-        clients_of(s, cred->uid) >= s->cfg.max_per_uid)
+    if (s->nclients >= s->cfg.max_clients)
         reap_hangups(s);
     if (s->nclients >= s->cfg.max_clients) {
         ivs_log_error("refusing pid %d: %u clients connected (--max-clients)",
                       (int)cred->pid, s->cfg.max_clients);
         return false;
     }
-    unsigned same = clients_of(s, cred->uid);
-    if (same >= s->cfg.max_per_uid) {
-        ivs_log_error("refusing pid %d: uid %d has %u clients "
-                      "(--max-clients-per-uid)", (int)cred->pid,
-                      (int)cred->uid, same);
-        return false;
+    enum ivs_verdict v = ivs_budget_admit(s->budget, cred->pid, cred->uid,
+                                          now_ns(), false, account);
+    if (v == IVS_UID_CLIENTS || v == IVS_PID_CLIENTS) {
+        reap_hangups(s);
+        v = ivs_budget_admit(s->budget, cred->pid, cred->uid, now_ns(), true,
+                             account);
     }
-    return true;
+    if (v == IVS_NO_MEMORY)
+        ivs_log_error("out of memory: refusing pid %d", (int)cred->pid);
+    return v == IVS_ADMIT;
+}
+
+/* No id is safe to hand out (ids.h): one line a second. */
+static void log_no_id(struct ivs_server *s, pid_t pid)
+{
+    uint64_t now = now_ns();
+    if (s->no_id_logged_ns && now - s->no_id_logged_ns < 1000000000ull) {
+        s->no_id_untold++;
+        return;
+    }
+    char more[64] = "";
+    if (s->no_id_untold)
+        snprintf(more, sizeof more, " (%u more refused in the last second)",
+                 s->no_id_untold);
+    ivs_log_error("refusing pid %d: no id is safe to hand out: every free "
+                  "id left while the oldest client, pid %d, was connected%s",
+                  (int)pid, s->oldest ? (int)s->oldest->pid : -1, more);
+    s->no_id_logged_ns = now;
+    s->no_id_untold = 0;
 }
 
 static void client_join(struct ivs_server *s, int sock)
 {
     struct ucred cred;
-    size_t pos;
-    int32_t id = -1;
+    struct ivs_account *account = NULL;
+    if (!admit(s, sock, &cred, &account)) {
+        close(sock);
+        return;
+    }
+    int32_t id = ivs_ids_take(s->ids);
     struct client *c = NULL;
-    if (!admit(s, sock, &cred))
-        goto refuse;
-    id = next_free_id(s, &pos);
     if (id < 0) {
-        ivs_log_error("all %d ids in use: refusing a client", IVS_MAX_IDS);
+        log_no_id(s, cred.pid);
         goto refuse;
     }
     if (s->nclients == s->cap) {
@@ -549,20 +652,29 @@ static void client_join(struct ivs_server *s, int sock)
     c->sock = sock;
     c->id = id;
     c->uid = cred.uid;
+    c->pid = cred.pid;
+    c->account = account;
     for (unsigned v = 0; v < IVS_MAX_VECTORS; v++)
         c->efd[v] = -1;
     for (unsigned v = 0; v < s->cfg.vectors; v++) {
         c->efd[v] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (c->efd[v] < 0) {
             ivs_log_error("eventfd: %s", strerror(errno));
-            client_free(s, c);
-            return;
+            goto refuse;
         }
     }
+    size_t pos = table_pos(s, id);
     memmove(&s->clients[pos + 1], &s->clients[pos],
             (s->nclients - pos) * sizeof *s->clients);
     s->clients[pos] = c;
     s->nclients++;
+    c->seq = s->next_seq++;
+    c->older = s->newest;
+    if (s->newest)
+        s->newest->newer = c;
+    else
+        s->oldest = c;
+    s->newest = c;
 
     /* 1-3: version, id, region. */
     enqueue(c, 0, ABOUT_NONE, 0);
@@ -588,9 +700,17 @@ static void client_join(struct ivs_server *s, int sock)
     flush(s, c);
     ivs_log_info("id %d joined (pid %d, uid %d)", (int)id, (int)cred.pid,
                  (int)cred.uid);
-    write_state(s);
+    state_changed(s);
     return;
 refuse:
+    /* Nobody heard of the id: usable again at once. */
+    if (id >= 0)
+        ivs_ids_retire(s->ids, id, 0, NULL, true);
+    ivs_budget_leave(account);
+    if (c) {
+        client_free(s, c); /* closes sock */
+        return;
+    }
     close(sock);
 }
 
@@ -645,10 +765,13 @@ static void client_event(struct ivs_server *s, struct client *c, short revents)
         flush(s, c);
 }
 
+/* pfds: the listener, the marker's eventfd, then one per client. */
+enum { PFD_LISTEN, PFD_MARKER, PFD_CLIENTS };
+
 int ivs_server_poll_once(struct ivs_server *s, const sigset_t *wait_mask,
                          int timeout_ms)
 {
-    size_t n = 1 + s->nclients;
+    size_t n = PFD_CLIENTS + s->nclients;
     if (n > s->pfds_cap) {
         size_t cap = n * 2;
         struct pollfd *p = realloc(s->pfds, cap * sizeof *p);
@@ -659,13 +782,19 @@ int ivs_server_poll_once(struct ivs_server *s, const sigset_t *wait_mask,
     }
     if (s->any_stalled && (timeout_ms < 0 || timeout_ms > STALL_RETRY_MS))
         timeout_ms = STALL_RETRY_MS;
-    s->pfds[0] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    int state_due = flush_state(s);
+    if (state_due >= 0 && (timeout_ms < 0 || timeout_ms > state_due))
+        timeout_ms = state_due;
+    s->pfds[PFD_LISTEN] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    s->pfds[PFD_MARKER] = (struct pollfd){.fd = ivs_marker_fd(s->marker),
+                                          .events = POLLIN};
+    struct pollfd *cp = s->pfds + PFD_CLIENTS;
     for (size_t i = 0; i < s->nclients; i++) {
         const struct client *c = s->clients[i];
         short ev = POLLIN;
         if (c->qn > 0 && !c->stalled)
             ev |= POLLOUT;
-        s->pfds[1 + i] = (struct pollfd){.fd = c->sock, .events = ev};
+        cp[i] = (struct pollfd){.fd = c->sock, .events = ev};
     }
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
     int r = ppoll(s->pfds, n, timeout_ms < 0 ? NULL : &ts, wait_mask);
@@ -678,15 +807,18 @@ int ivs_server_poll_once(struct ivs_server *s, const sigset_t *wait_mask,
             flush(s, s->clients[i]);
         }
     }
-    /* pfds[1 + i] still matches clients[i]: nothing changed the table
-       since ppoll; removals wait for reap_dropped. */
-    for (size_t i = 0; i + 1 < n; i++)
-        if (s->pfds[1 + i].revents)
-            client_event(s, s->clients[i], s->pfds[1 + i].revents);
+    /* cp[i] still matches clients[i]: nothing changed the table since
+       ppoll; removals wait for reap_dropped. */
+    for (size_t i = 0; i < n - PFD_CLIENTS; i++)
+        if (cp[i].revents)
+            client_event(s, s->clients[i], cp[i].revents);
     reap_dropped(s);
-    if (s->pfds[0].revents & POLLIN)
+    if (s->pfds[PFD_MARKER].revents & POLLIN)
+        marks_done(s);
+    if (s->pfds[PFD_LISTEN].revents & POLLIN)
         accept_clients(s);
     reap_dropped(s);
+    flush_state(s);
     return 0;
 }
 
@@ -819,11 +951,38 @@ static int create_socket(struct ivs_server *s)
     return 0;
 }
 
+/* Ids, budgets and the marking thread (it needs the region). */
+static int start_accounting(struct ivs_server *s)
+{
+    const struct ivs_config *cfg = &s->cfg;
+    uint32_t space = cfg->max_ids ? cfg->max_ids : IVS_MAX_IDS;
+    unsigned per_pid = cfg->max_per_pid;
+    struct ivs_budget_limits lim = {
+        .per_uid = cfg->max_per_uid,
+        .per_pid = per_pid,
+        .uid_rate = cfg->uid_rate,
+        .uid_burst = cfg->max_clients,
+        .pid_rate = cfg->pid_rate,
+        /* a process may open all its connections at once, twice */
+        .pid_burst = per_pid ? 2 * per_pid : cfg->max_clients,
+        .ids_per_pid = cfg->ids_per_pid,
+    };
+    s->ids = ivs_ids_new(space);
+    s->budget = ivs_budget_new(&lim);
+    if (!s->ids || !s->budget)
+        return -ENOMEM;
+    int rc = ivs_marker_start(s->region, space, &s->marker);
+    if (rc < 0)
+        ivs_log_error("marking thread: %s", strerror(-rc));
+    return rc;
+}
+
 int ivs_server_start(const struct ivs_config *cfg, struct ivs_server **out)
 {
     if (!cfg || !cfg->socket_path || cfg->vectors < 1 ||
         cfg->vectors > IVS_MAX_VECTORS || cfg->max_clients < 1 ||
-        cfg->max_clients > IVS_MAX_CLIENTS || cfg->max_per_uid < 1)
+        cfg->max_clients > IVS_MAX_CLIENTS || cfg->max_per_uid < 1 ||
+        (cfg->max_ids && (cfg->max_ids < 2 || cfg->max_ids > IVS_MAX_IDS)))
         return -EINVAL;
     struct ivs_server *s = calloc(1, sizeof *s);
     if (!s)
@@ -834,6 +993,8 @@ int ivs_server_start(const struct ivs_config *cfg, struct ivs_server **out)
     int rc = clear_stale_socket(cfg->socket_path);
     if (rc == 0)
         rc = create_region(s);
+    if (rc == 0)
+        rc = start_accounting(s);
     if (rc == 0)
         rc = create_socket(s);
     if (rc < 0) {
@@ -856,6 +1017,10 @@ void ivs_server_stop(struct ivs_server *s)
         client_free(s, s->clients[i]);
     free(s->clients);
     free(s->pfds);
+    /* Leavers' entries still queued are marked before the region goes. */
+    ivs_marker_stop(s->marker);
+    ivs_budget_free(s->budget);
+    ivs_ids_free(s->ids);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->own_socket)

@@ -36,6 +36,12 @@ struct ivs_config {
     bool keep_shm;            /* host-file mode: leave the file at shutdown */
     unsigned max_clients;     /* connections at once, 1..IVS_MAX_CLIENTS */
     unsigned max_per_uid;     /* connections at once from one uid */
+    /* Budgets (budget.h); 0: no limit. */
+    unsigned max_per_pid;     /* connections at once from one process */
+    unsigned uid_rate;        /* new connections per second, one uid */
+    unsigned pid_rate;        /* ... one process */
+    unsigned ids_per_pid;     /* ids one process may leave unusable */
+    uint32_t max_ids;         /* id space 0..max_ids-1; 0: IVS_MAX_IDS */
 };
 
 /* Where log lines go: stderr (foreground), syslog (daemon), nowhere

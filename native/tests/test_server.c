@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "testutil.h"
+#include "test_server_raw.h"
 
 #include <dirent.h>
 #include <endian.h>
@@ -74,13 +75,6 @@ static void cleanup(void)
     for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
         if (paths[i][0])
             unlink(paths[i]);
-}
-
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
 }
 
 static bool state_has_peer(const char *path, int32_t id, int vectors)
@@ -395,39 +389,6 @@ static void test_peers(void)
 
 /* ---- the server marks the registry when a connection ends ---- */
 
-static int raw_recv(int sock, int64_t *value, int *fd)
-{
-    uint64_t le;
-    struct iovec iov = {.iov_base = &le, .iov_len = sizeof le};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
-                       .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
-    struct pollfd p = {.fd = sock, .events = POLLIN};
-    if (poll(&p, 1, 5000) != 1 || recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 8)
-        return -1;
-    *fd = -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    if (c && c->cmsg_type == SCM_RIGHTS)
-        memcpy(fd, CMSG_DATA(c), sizeof *fd);
-    *value = (int64_t)le64toh(le);
-    return 0;
-}
-
-static int connect_to(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s >= 0 && connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        close(s);
-        return -1;
-    }
-    return s;
-}
-
 /* Read the opening burst of a raw connection with one vector: returns
    the socket, our id, the region fd and our vector-0 eventfd. Messages
    about peers already connected are checked to carry one fd each. */
@@ -438,15 +399,15 @@ static int raw_attach(int64_t *id, int *shm_fd, int *vec_fd, int npeers)
         return -1;
     int64_t version = -2, marker = 0, v;
     int fd = -1;
-    bool ok = raw_recv(sock, &version, &fd) == 0 && version == 0 && fd < 0 &&
-              raw_recv(sock, id, &fd) == 0 && *id >= 0 && fd < 0 &&
-              raw_recv(sock, &marker, shm_fd) == 0 && marker == -1 && *shm_fd >= 0;
+    bool ok = raw_recv(sock, &version, &fd, 5000) == 1 && version == 0 && fd < 0 &&
+              raw_recv(sock, id, &fd, 5000) == 1 && *id >= 0 && fd < 0 &&
+              raw_recv(sock, &marker, shm_fd, 5000) == 1 && marker == -1 && *shm_fd >= 0;
     for (int i = 0; ok && i < npeers; i++) {
-        ok = raw_recv(sock, &v, &fd) == 0 && v != *id && fd >= 0;
+        ok = raw_recv(sock, &v, &fd, 5000) == 1 && v != *id && fd >= 0;
         if (fd >= 0)
             close(fd);
     }
-    ok = ok && raw_recv(sock, &v, vec_fd) == 0 && v == *id && *vec_fd >= 0;
+    ok = ok && raw_recv(sock, &v, vec_fd, 5000) == 1 && v == *id && *vec_fd >= 0;
     CHECK(ok);
     return sock;
 }
@@ -466,14 +427,14 @@ static void test_server_marks_registry(void)
     int gone = stay >= 0 ? raw_attach(&gone_id, &gone_shm, &gone_vec, 1) : -1;
     CHECK(stay >= 0 && gone >= 0);
     /* the stayer hears about the newcomer: one join, one fd */
-    CHECK(stay >= 0 && raw_recv(stay, &v, &fd) == 0 && v == gone_id && fd >= 0);
+    CHECK(stay >= 0 && raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd >= 0);
     if (fd >= 0)
         close(fd);
     ivshm *h = NULL;
     if (gone >= 0 && ivshm_region_map(gone_shm, &h) == 0) {
         gone_shm = -1; /* owned by h */
         ivshm_config cfg = {.job_id = JOB, .rank = 40};
-        CHECK_RC(ivshm_registry_join(h, &cfg, (int32_t)gone_id, DB_UIO), 0);
+        CHECK_RC(ivshm_join(h, &cfg, (int32_t)gone_id, DB_UIO), 0);
         int self = ivshm_self(h);
         close(gone);
         gone = -1;
@@ -481,7 +442,7 @@ static void test_server_marks_registry(void)
             struct ivshm_peer_entry *e = ivshm_entry(h, self);
             CHECK(TU_EVENTUALLY(atomic_load(&e->state) == PEER_DEAD, 2000));
         }
-        CHECK(raw_recv(stay, &v, &fd) == 0 && v == gone_id && fd < 0);
+        CHECK(raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd < 0);
         uint64_t count = 0;
         CHECK(TU_EVENTUALLY(read(stay_vec, &count, sizeof count) == 8, 2000));
         ivshm_detach(h);
@@ -622,7 +583,7 @@ struct fake_script {
     int nsteps;
     int lsock, shm_fd;
     int extra_vectors; /* then this many (1 + eventfd) joins: too many */
-    int go_fd;         /* fake_session: one byte per phase from the test */
+    int go_fd;         /* fake_conversation: one byte per phase from the test */
 };
 
 static int fake_server(void *arg)
@@ -659,9 +620,9 @@ static void expect_attach(int lsock, int shm_fd, const struct step *steps,
     CHECK_RC(tu_wait(pid, 10000), 0);
 }
 
-/* The valid fake session: join/leave notices, rings both ways, then a
+/* The valid fake conversation: join/leave notices, rings both ways, then a
    malformed notice that must only cost us the server connection. */
-static int fake_session(void *arg)
+static int fake_conversation(void *arg)
 {
     struct fake_script *fs = arg;
     int c = fake_accept(fs->lsock);
@@ -752,11 +713,11 @@ static void test_fake_server(void)
     expect_attach(lsock, shm_fd, none, 0, 0, -EPROTO);
     CHECK_RC(count_fds(), fds_before);
 
-    /* the good session, paced by "go" bytes through a pipe */
+    /* the good conversation, paced by "go" bytes through a pipe */
     int go[2];
     CHECK(pipe(go) == 0);
     struct fake_script fs = {NULL, 0, lsock, shm_fd, 0, go[0]};
-    pid_t pid = tu_fork(fake_session, &fs);
+    pid_t pid = tu_fork(fake_conversation, &fs);
     ivshm_config cfg = {.job_id = JOB, .rank = 9,
                             .flags = IVSHM_F_UNSEALED};
     ivshm *h = NULL;
@@ -773,7 +734,7 @@ static void test_fake_server(void)
         ivshm *guest = NULL;
         CHECK_RC(ivshm_region_map(fcntl(shm_fd, F_DUPFD_CLOEXEC, 0), &guest), 0);
         ivshm_config gcfg = {.job_id = JOB, .rank = 10};
-        CHECK_RC(ivshm_registry_join(guest, &gcfg, 1, DB_UIO), 0);
+        CHECK_RC(ivshm_join(guest, &gcfg, 1, DB_UIO), 0);
         int gslot = ivshm_self(guest);
         CHECK(ivshm_find(h, JOB, 10) == gslot);
         CHECK_RC(h->db->ring(h->db, h, gslot, 1), 0);
@@ -836,10 +797,7 @@ int main(void)
     snprintf(d_shm, sizeof d_shm, "/dev/shm/ivshm-test-srv-%d-d", me);
     snprintf(d_pid, sizeof d_pid, "/tmp/ivshm-test-%d-d.pid", me);
     snprintf(f_sock, sizeof f_sock, "/tmp/ivshm-test-%d-f.sock", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
+    tu_cleanup_on_exit(cleanup);
     board = mmap(NULL, sizeof *board, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (board == MAP_FAILED)

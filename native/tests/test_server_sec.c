@@ -17,6 +17,7 @@
 #include "internal.h"
 #include "ivshm_admin.h"
 #include "testutil.h"
+#include "test_server_raw.h"
 
 #include <endian.h>
 #include <errno.h>
@@ -72,13 +73,6 @@ static void cleanup(void)
     unlink(tmp);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool state_has_peer(int32_t id)
 {
     char want[64];
@@ -109,46 +103,7 @@ static bool start_server(const char *const *extra)
     return up;
 }
 
-/* ---- raw protocol ---- */
-
-static int connect_to(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s >= 0 && connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        close(s);
-        return -1;
-    }
-    return s;
-}
-
-/* One message within timeout_ms: 1, 0 on timeout, -1 on EOF/error. */
-static int raw_recv(int sock, int64_t *value, int *fd, int timeout_ms)
-{
-    uint64_t le;
-    struct iovec iov = {.iov_base = &le, .iov_len = sizeof le};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
-                       .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
-    struct pollfd p = {.fd = sock, .events = POLLIN};
-    int r = poll(&p, 1, timeout_ms);
-    if (r == 0)
-        return 0;
-    /* The server writes whole messages unless the socket is full; MSG_WAITALL
-       collects a message that went out in pieces. */
-    if (r < 0 || recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL) != 8)
-        return -1;
-    *fd = -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    if (c && c->cmsg_type == SCM_RIGHTS)
-        memcpy(fd, CMSG_DATA(c), sizeof *fd);
-    *value = (int64_t)le64toh(le);
-    return 1;
-}
+/* ---- raw protocol (test_server_raw.h) ---- */
 
 /* Read an opening burst with `vectors` vectors and `npeers` peers already
    there: returns the socket (-1 on failure), our id, the region fd. */
@@ -232,7 +187,7 @@ static void test_sealed_region(void)
     struct stat st;
     CHECK(fstat(shm, &st) == 0 && st.st_size == 32 << 20);
     CHECK_RC(ivshm_admin_sealed(shm), 1);
-    /* the attack of issue 10 (3): every mapping would SIGBUS after it */
+    /* the truncation attack: every mapping would SIGBUS after it */
     errno = 0;
     CHECK(ftruncate(shm, 0) < 0 && errno == EPERM);
     CHECK(ftruncate(shm, 64 << 20) < 0 && errno == EPERM);
@@ -252,7 +207,7 @@ static void test_sealed_region(void)
     shm = -1;
     if (h) {
         ivshm_config ecfg = {.job_id = JOB, .rank = 7};
-        CHECK_RC(ivshm_registry_join(h, &ecfg, (int32_t)id, DB_UIO), 0);
+        CHECK_RC(ivshm_join(h, &ecfg, (int32_t)id, DB_UIO), 0);
         int slot = ivshm_self(h);
         close(evil);
         evil = -1;
@@ -304,7 +259,11 @@ static int storm(void *arg)
 
 static void test_storm(void)
 {
-    if (!start_server(NULL))
+    /* One process storming: the budgets (test_server_dos) would refuse
+       it, and this is about what the storm does to the busy client. */
+    const char *extra[] = {"--connect-rate-per-uid", "0",
+                           "--connect-rate-per-pid", "0", NULL};
+    if (!start_server(extra))
         return;
     int64_t id = -1;
     int shm = -1;
@@ -318,7 +277,7 @@ static void test_storm(void)
     }
     /* a registry entry whose liveness is our (live) pid */
     ivshm_config cfg = {.job_id = JOB, .rank = 3};
-    CHECK_RC(ivshm_registry_join(h, &cfg, (int32_t)id, DB_UIO), 0);
+    CHECK_RC(ivshm_join(h, &cfg, (int32_t)id, DB_UIO), 0);
     struct ivshm_peer_entry *me = ivshm_entry(h, ivshm_self(h));
 
     /* busy computing: we do not read our socket while the storm runs */
@@ -707,11 +666,7 @@ int main(void)
     snprintf(state_path, sizeof state_path, "/tmp/ivshm-sec-%d.json", me);
     snprintf(link_path, sizeof link_path, "/tmp/ivshm-sec-%d.link", me);
     snprintf(victim_path, sizeof victim_path, "/tmp/ivshm-sec-%d.victim", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
-    signal(SIGALRM, on_signal);
+    tu_cleanup_on_exit(cleanup);
     alarm(240);
 
     test_bad_options();
