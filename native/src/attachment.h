@@ -49,7 +49,16 @@ struct ivshm_peer_local {
     bool peeked;              /* recv_peek handed out a message           */
     uint8_t reserve_kind;     /* SRC_RING: slot at tx_head; SRC_QUEUE: stage */
     uint8_t peek_kind;        /* SRC_*: where the peeked message lies     */
-    uint8_t *tx_stage;        /* queue reservations are staged here       */
+    /* Lifetimes: what we hand out stays ours to keep until its release,
+       whatever a reset (a new incarnation of the peer) or a copying
+       receive does meanwhile (peer_local.c). */
+    uint8_t *tx_stage;        /* queue reservations are staged here; kept
+                                 across resets, freed at detach          */
+    struct ivshm_backlog *peek_rec; /* the backlog record a peek handed
+                                 out, or NULL                            */
+    bool peek_orphan;         /* ... and it left the backlog (consumed,
+                                 or the backlog was cleared): freed by the
+                                 release, the sender's next peek, detach */
     struct ivshm_backlog *bl_head, *bl_tail;
     uint32_t bl_count;
     /* A message from this peer whose receive was cut by the caller's

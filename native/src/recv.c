@@ -379,6 +379,8 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     if (peek) {
         if (!last)
             return -EMSGSIZE;
+        /* a backlog record is ours until the caller releases it */
+        ivshm_peek_begin(p, c.kind == SRC_BACKLOG ? p->bl_head : NULL);
         *peek = c.data;
         *tag = c.f.tag;
         p->peek_kind = (uint8_t)c.kind;
@@ -419,7 +421,7 @@ static inline ssize_t rx_hot_peek(ivshm *h, int *src, uint32_t *tag,
     const int slot = h->rx_hot;
     struct ivshm_peer_local *p = &h->peers[slot];
     if (h->rx_hot_run >= HOT_RUN_MAX || p->rx_chan < 0 || p->bl_head ||
-        p->rx_partial || p->peeked)
+        p->rx_partial || p->peeked || p->peek_rec)
         return -EAGAIN;
     struct ivshm_slot *s = slot_at(h, p->rx_ring, p->rx_tail);
     if (!slot_full(s, p->rx_tail) || !ivshm_peer_current(h, slot) ||
@@ -794,15 +796,20 @@ int ivshm_recv_release(ivshm *h, int src)
         return -EINVAL;
     enum rx_view view = ivshm_rx_view(h, src); /* a new incarnation drops it */
     struct ivshm_peer_local *p = &h->peers[src];
-    if (view == RX_NONE || !p->peeked)
-        return -EINVAL;
+    int rc = 0;
     struct cref c = {.kind = p->peek_kind};
-    if ((c.kind == SRC_QUEUE && h->q_peek_src != src) ||
-        (c.kind == SRC_RING && p->rx_chan < 0) ||
-        (c.kind == SRC_BACKLOG && !p->bl_head)) {
+    if (view == RX_NONE || !p->peeked)
+        rc = -EINVAL;
+    else if ((c.kind == SRC_QUEUE && h->q_peek_src != src) ||
+             (c.kind == SRC_RING && p->rx_chan < 0) ||
+             (c.kind == SRC_BACKLOG && p->bl_head != p->peek_rec)) {
         p->peeked = false;
-        return -EINVAL;
+        rc = -EINVAL;
+    } else {
+        consume_cell(h, src, &c, view);
     }
-    consume_cell(h, src, &c, view);
-    return 0;
+    /* what the peek handed out is the caller's no more, whatever became
+       of the message meanwhile */
+    ivshm_peek_end(p);
+    return rc;
 }
