@@ -611,6 +611,7 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         return -EINVAL;
     /* 0: poll, the deadline has passed already; UINT64_MAX: forever */
     const uint64_t deadline = ivshm_deadline(timeout_ms);
+    bool looked_again = false;
 
     for (;;) {
         int got_src = from;
@@ -633,9 +634,16 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
             return rc;
         maybe_sweep(h);
         if (from != IVSHM_ANY && ivshm_rx_view(h, from) != RX_LIVE) {
-            /* it may have published and left since rx_message looked */
-            if (rx_has_message(h, from))
+            /* It may have published and left since rx_message looked:
+               one more round for that, then only while the deadline
+               allows (a co-tenant that moves a departed sender's head
+               makes its ring look endless). */
+            if (rx_has_message(h, from)) {
+                if (looked_again && ms_left(deadline) == -ETIMEDOUT)
+                    return timeout_ms == 0 ? -EAGAIN : -ETIMEDOUT;
+                looked_again = true;
                 continue;
+            }
             rx_abandon(&h->peers[from]);
             return IVSHM_EPEERDEAD;
         }
