@@ -28,10 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Drops of stale cells in one receive call: a producer that keeps
-   writing stale slots must not hold us in the loop. */
-#define MAX_DROPS_PER_CALL(h) ((h)->ring_slots + (h)->queue_slots)
-
 /* Empty receive polls between two looks at the clock for a sweep of
    descriptors left by departed senders. */
 #define SWEEP_POLLS 4096
@@ -113,7 +109,8 @@ IVSHM_HOT_INLINE int next_cell(ivshm *h, int slot, enum rx_view view,
             c->data = q.data;
             return 1;
         }
-        if (!drain || q_to_backlog(h, &q) < 0)
+        /* one unit a cell moved aside: peers decide how many wait */
+        if (!drain || !ivshm_work(h) || q_to_backlog(h, &q) < 0)
             return 0;
     }
 }
@@ -233,25 +230,30 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t payload = slot_payload(h);
-    const uint32_t run_max = h->ring_slots + h->queue_slots;
-    uint32_t run = 0;
     while (p->rx_left) {
         struct cref c = {0};
-        int rc = 0;
-        if (!next_cell(h, slot, view, true, &c)) {
-            run = 0;
+        int rc = 1; /* 1: look again, 0: a fragment in c, < 0: stop */
+        /* One unit a fragment: a sender streaming without end spends the
+           budget, and then the deadline decides (a poll's has passed). */
+        if (!ivshm_work(h)) {
+            if (deadline != UINT64_MAX &&
+                (deadline == 0 || ivshm_now_ns() >= deadline))
+                rc = -ETIMEDOUT;
+            else
+                ivshm_work_start(h);
+        } else if (next_cell(h, slot, view, true, &c)) {
+            rc = 0;
+        } else {
             rc = rx_wait_fragment(h, slot, &view, deadline);
             if (rc == IVSHM_EPEERDEAD || rc == IVSHM_ECORRUPT) {
                 rx_abandon(p);
                 return rc;
             }
             if (rc == 0)
-                continue; /* there now: take it through next_cell */
-        } else if (++run == run_max) {
-            run = 0;
-            if (deadline != UINT64_MAX && ivshm_now_ns() >= deadline)
-                rc = -ETIMEDOUT;
+                rc = 1; /* there now: take it through next_cell */
         }
+        if (rc > 0)
+            continue;
         if (rc < 0) {
             /* cut: keep what this call stored, for the next one */
             if (!staged && stored && ivshm_stage_room(p, stored)) {
@@ -343,10 +345,9 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     }
 
     struct cref c;
-    for (uint32_t drops = 0;; drops++) {
-        if (drops == MAX_DROPS_PER_CALL(h))
-            return -EAGAIN;
-        if (!next_cell(h, slot, view, drain, &c))
+    for (;;) {
+        /* one unit a cell: stale cells and OPENs are peers' doing */
+        if (!ivshm_work(h) || !next_cell(h, slot, view, drain, &c))
             return -EAGAIN;
         if (c.kind == SRC_RING && c.f.gen != p->gen) {
             if (c.f.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
@@ -511,7 +512,7 @@ static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
 {
     int n = h->n_bl + h->n_act + 1;
     int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
-    for (int k = 0; k < n; k++, i = i + 1 >= n ? 0 : i + 1) {
+    for (int k = 0; k < n && ivshm_work(h); k++, i = i + 1 >= n ? 0 : i + 1) {
         /* the lists may shrink while we go (a backlog emptied, a
            departed sender's channel freed): what is out of range waits
            for the next call */
@@ -614,6 +615,8 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
     bool looked_again = false;
 
     for (;;) {
+        /* each round follows a look at the clock (or a wait) */
+        ivshm_work_start(h);
         int got_src = from;
         uint32_t got_tag = 0;
         ssize_t rc =
@@ -734,6 +737,8 @@ static __attribute__((noinline)) ssize_t peek_general(ivshm *h, int from,
 {
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
+    /* one budget for both rounds: a peek never waits */
+    ivshm_work_start(h);
     /* two rounds: a sender may publish and leave between them */
     for (int round = 0; round < 2; round++) {
         int got_src = from;
