@@ -99,12 +99,22 @@ struct backoff {
     uint32_t n;
     uint64_t deadline;
     uint64_t next_probe;
+    uint32_t probe_from; /* the slot the next round of probes starts at */
 };
 
 static void backoff_init(struct backoff *b, uint64_t timeout_ns)
 {
     b->n = 0;
     b->deadline = ivshm_now_ns() + timeout_ns;
+    b->next_probe = 0;
+    b->probe_from = 0;
+}
+
+/* The next phase of the same wait (an exclusive lock's readers' drain
+   after its writer word): spin again first, under the same deadline. */
+static void backoff_next_phase(struct backoff *b)
+{
+    b->n = 0;
     b->next_probe = 0;
 }
 
@@ -133,15 +143,49 @@ static int backoff_pause(struct backoff *b)
             ivshm_cpu_relax();
         return 0;
     }
-    if (ivshm_now_ns() > b->deadline)
+    uint64_t now = ivshm_now_ns();
+    if (now >= b->deadline)
         return -ETIMEDOUT;
     if (n < 48) {
         sched_yield();
         return 0;
     }
-    long ns = n < 200 ? 20000 : n < 1000 ? 200000 : 1000000;
-    struct timespec ts = {0, ns};
+    /* never past the deadline: the caller looks once more, then gives up */
+    uint64_t ns = n < 200 ? 20000 : n < 1000 ? 200000 : 1000000;
+    if (ns > b->deadline - now)
+        ns = b->deadline - now;
+    struct timespec ts = {0, (long)ns};
     nanosleep(&ts, NULL);
+    return 0;
+}
+
+/* Liveness probes of the slots whose bits are set in `bm`, at most
+   PROBES_PER_ROUND of them from *from on (round robin over calls): a
+   probe may cost system calls (ivshm_peer_alive), and a co-tenant can
+   set every bit. `dead` is called for each slot found dead; a nonzero
+   return stops the round and is returned. */
+#define PROBES_PER_ROUND 32u
+static int probe_bits(ivshm *h, _Atomic uint64_t *bm, uint32_t *from,
+                      int (*dead)(ivshm *h, _Atomic uint64_t *bm, int slot))
+{
+    uint32_t words = bm_words(h), start = *from % (words * 64), probed = 0;
+    for (uint32_t k = 0; k < words + 1 && probed < PROBES_PER_ROUND; k++) {
+        uint32_t wd = (start / 64 + k) % words;
+        uint64_t m = atomic_load_explicit(&bm[wd], memory_order_relaxed);
+        if (k == 0)
+            m &= ~0ull << (start % 64);       /* from `start` on */
+        else if (k == words)
+            m &= (1ull << (start % 64)) - 1;  /* back below `start` */
+        for (; m && probed < PROBES_PER_ROUND; m &= m - 1, probed++) {
+            uint32_t s = wd * 64 + (uint32_t)__builtin_ctzll(m);
+            *from = s + 1;
+            if (s < h->max_peers && !slot_alive(h, (int)s)) {
+                int rc = dead(h, bm, (int)s);
+                if (rc)
+                    return rc;
+            }
+        }
+    }
     return 0;
 }
 
@@ -547,6 +591,13 @@ static _Atomic uint64_t *seg_readers(const ivshm_window *w, uint32_t seg)
     return w->readers + (uint64_t)seg * bm_words(w->h);
 }
 
+static int clear_dead_reader(ivshm *h, _Atomic uint64_t *bm, int slot)
+{
+    (void)h;
+    bm_clear(bm, slot, memory_order_relaxed);
+    return 0;
+}
+
 /* Reader bits of `seg` are set (while we wait to hold exclusive, so
    none of them is ours legitimately). Clear the ones of dead slots. */
 static int break_stale_readers(ivshm_window *w, uint32_t seg,
@@ -560,15 +611,7 @@ static int break_stale_readers(ivshm_window *w, uint32_t seg,
         bm_clear(r, h->self, memory_order_relaxed);
     if (!backoff_probe_due(b))
         return 0;
-    for (uint32_t wd = 0; wd < bm_words(h); wd++) {
-        uint64_t m = atomic_load_explicit(&r[wd], memory_order_relaxed);
-        for (; m; m &= m - 1) {
-            int s = (int)(wd * 64 + (uint32_t)__builtin_ctzll(m));
-            if (!slot_alive(h, s))
-                bm_clear(r, s, memory_order_relaxed);
-        }
-    }
-    return 0;
+    return probe_bits(h, r, &b->probe_from, clear_dead_reader);
 }
 
 /* Any reader bit of `seg` set? Each word loaded once. */
@@ -613,8 +656,9 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
                 (rc = backoff_pause(&b)) < 0)
                 return rc;
         }
-        /* We own `writer`: new readers back off, existing ones finish. */
-        backoff_init(&b, win_lock_timeout(h));
+        /* We own `writer`: new readers back off, existing ones finish,
+           by the same deadline (one bound for the whole call) */
+        backoff_next_phase(&b);
         for (;;) {
             if (!readers_present(w, seg))
                 break;
