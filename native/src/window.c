@@ -21,11 +21,13 @@
  * Lock words and barrier counters are validated at every read (holder
  * slot in range, reader bits below max_peers, count <= nseg).
  *
- * Freeing: a READY descriptor whose members bitmap is empty is free, and
- * so is a BUSY one found under alloc_lock (its creator held the lock and
- * died). ivshm_win_close frees it at once under alloc_lock;
- * ivshm_windows_on_leave (window_table.c) only clears bits, and the
- * allocator reclaims empty descriptors lazily. `gen` bumps at every
+ * Freeing: a READY descriptor without a present member (a bit whose
+ * registry entry is ACTIVE, ivshm_win_members_present) is free, and so is
+ * a BUSY one found under alloc_lock (its creator held the lock and died).
+ * ivshm_win_close frees it at once under alloc_lock; a member that died
+ * or left without closing is not cleared by anyone but itself (or the
+ * next incarnation of its slot, ivshm_windows_on_leave), so the
+ * allocator reclaims windows left without a present member lazily. `gen` bumps at every
  * create, so a late closer never frees a reused descriptor, and a
  * snapshot taken while a create runs is told by its changed gen or state.
  */
@@ -81,11 +83,13 @@ struct ivshm_window {
     bool bar_pending;             /* arrived, barrier not yet passed */
     uint32_t bar_phase;           /* phase we arrived in             */
     uint8_t held[IVSHM_MAX_PEERS];/* HELD_* per segment              */
+    uint32_t probe_from;          /* members_ok's next probe (probe_bits) */
 };
 
 /* Slot live for the purpose of holding locks and barrier membership.
-   ivshm_peer_alive probes the pid and marks a dead peer, which clears
-   its window state through ivshm_windows_on_leave (no lock taken there). */
+   ivshm_peer_alive probes the pid and marks a dead peer (O(1)): what it
+   held is broken by the waiter that found it (break_stale_writer,
+   break_stale_readers, the alloc lock) or not counted (members). */
 static bool slot_alive(ivshm *h, int slot)
 {
     if (slot == h->self)
@@ -246,7 +250,7 @@ static bool snap_reusable(const ivshm *h, const struct desc_snap *s)
     if (s->state != WIN_READY || !ivshm_win_snap_extent_ok(h, s))
         return false;
     uint32_t n;
-    bm_scan(h, snap_bitmap(h, s, 0), &n, memory_order_relaxed);
+    ivshm_win_members_present(h, snap_bitmap(h, s, 0), &n);
     return n == 0;
 }
 
@@ -326,7 +330,7 @@ static int join_existing(ivshm *h, uint32_t index, const struct desc_snap *s,
         return -EINVAL;
     _Atomic uint64_t *members = snap_bitmap(h, s, 0);
     uint32_t n;
-    if (bm_scan(h, members, &n, memory_order_acquire))
+    if (ivshm_win_members_present(h, members, &n))
         return IVSHM_ECORRUPT;
     if (bm_test(members, h->self))
         return -EBUSY; /* this attachment already has it open */
@@ -456,14 +460,14 @@ void ivshm_win_close(ivshm_window *w)
     if (__atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen &&
         atomic_load_explicit(&d->state, memory_order_acquire) == WIN_READY &&
         bm_clear(w->members, h->self, memory_order_acq_rel) &&
-        !bm_scan(h, w->members, &left, memory_order_acquire) && left == 0) {
+        !ivshm_win_members_present(h, w->members, &left) && left == 0) {
         if (ivshm_alloc_lock(h) == 0) {
             /* Recheck under the lock: a joiner may have re-joined it, or
                an allocator reclaimed and recreated it (gen moved). */
             uint32_t st = atomic_load_explicit(&d->state, memory_order_relaxed);
             if (st == WIN_READY &&
                 __atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen &&
-                !bm_scan(h, w->members, &left, memory_order_relaxed) &&
+                !ivshm_win_members_present(h, w->members, &left) &&
                 left == 0)
                 atomic_store_explicit(&d->state, WIN_FREE, memory_order_release);
             ivshm_alloc_unlock(h);
@@ -738,21 +742,32 @@ static bool phase_moved_or_broken(ivshm *h, void *arg)
 /* Can the barrier still complete? Members whose slot is dead, or that
    left while we waited (bit seen then cleared), never arrive. Finding a
    dead one marks it dead, which breaks the barrier for everyone. */
+static int member_dead(ivshm *h, _Atomic uint64_t *bm, int slot)
+{
+    (void)h;
+    (void)bm;
+    (void)slot;
+    return IVSHM_EPEERDEAD;
+}
+
 static int members_ok(ivshm_window *w, uint64_t *seen)
 {
     ivshm *h = w->h;
-    if (bm_scan(h, w->members, NULL, memory_order_relaxed))
+    uint32_t set, present;
+    if (bm_scan(h, w->members, &set, memory_order_relaxed))
         return IVSHM_ECORRUPT;
+    /* a member whose entry is no longer ACTIVE left or was found dead:
+       one load per member; pid probes (system calls) below are paced */
+    ivshm_win_members_present(h, w->members, &present);
+    if (present < set)
+        return IVSHM_EPEERDEAD;
     for (uint32_t wd = 0; wd < bm_words(h); wd++) {
         uint64_t m = atomic_load_explicit(&w->members[wd], memory_order_acquire);
         if (seen[wd] & ~m)
             return IVSHM_EPEERDEAD;
         seen[wd] |= m;
-        for (; m; m &= m - 1)
-            if (!slot_alive(h, (int)(wd * 64 + (uint32_t)__builtin_ctzll(m))))
-                return IVSHM_EPEERDEAD;
     }
-    return 0;
+    return probe_bits(h, w->members, &w->probe_from, member_dead);
 }
 
 /* Waiting is over: passed (0), or the barrier is broken. */
@@ -773,10 +788,12 @@ static int barrier_done(ivshm_window *w, struct phase_wait *pw)
  * move. After a timeout our arrival stays counted: calling again resumes
  * waiting for the same round instead of arriving twice.
  *
- * A member that dies or leaves without closing never arrives. Whoever
- * finds it gone (ivshm_windows_on_leave) sets BAR_BROKEN in the count, so
- * every waiter, even one that never saw the dead member's bit, fails with
- * IVSHM_EPEERDEAD; so does every later barrier of this window.
+ * A member that dies or leaves without closing never arrives. Its bit
+ * stays set with its registry entry no longer ACTIVE (or its pid gone,
+ * found by a paced probe), which every waiter sees each slice (members_ok):
+ * IVSHM_EPEERDEAD, also at every later barrier of this window. A member
+ * that leaves cleanly, and the next incarnation of a dead member's slot,
+ * clear the bit and set BAR_BROKEN in the count (ivshm_windows_on_leave).
  */
 int ivshm_win_barrier(ivshm_window *w, int timeout_ms)
 {
