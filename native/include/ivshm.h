@@ -277,14 +277,25 @@ int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
 int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                      size_t alen, const void *b, size_t blen);
 
-/* Hear only listed senders: for a transport that must not even buffer
-   what peers it does not trust write (the BTL). With on != 0, cells of
-   any other sender that reach our shared queue are dropped (counted in
-   stats.dropped) and their requests for a fast channel refused, so a
+/* Whom a receiver hears. IVSHM_LISTEN_ALL (the default): every peer.
+   IVSHM_LISTEN_LISTED: only the senders listed with ivshm_listen, in
+   the generation listed; cells of any other sender that reach our
+   shared queue are dropped as met (counted in stats.dropped), so a
    co-tenant writing to us costs neither memory nor the order of the
-   senders we hear; a receive from it finds nothing. Off (the default):
-   every peer is heard. 0, or -EINVAL. */
-int ivshm_listen_only(ivshm *h, int on);
+   senders we hear, and a receive from it finds nothing.
+   IVSHM_LISTEN_OTHERS_QUEUED: the listed senders on every path; the
+   others through our queue only, for a transport that must see a
+   stranger's first message to decide whether to trust it (the BTL
+   admits its own job's ranks so): their requests for a fast channel
+   are refused, so their rings are never read, and their cells are
+   never moved to a backlog (a receive from a listed sender waits
+   behind one until a receive from any sender takes it). A sender
+   listed later gets the channel it asked for meanwhile (ivshm_listen):
+   its messages stay in order. 0, or -EINVAL. */
+#define IVSHM_LISTEN_ALL 0
+#define IVSHM_LISTEN_LISTED 1
+#define IVSHM_LISTEN_OTHERS_QUEUED 2
+int ivshm_listen_only(ivshm *h, int mode);
 /* Hear the peer in `slot` in its incarnation `generation` (as
    ivshm_peer_info reports it), or stop hearing it (generation 0). */
 int ivshm_listen(ivshm *h, int slot, uint32_t generation);

@@ -83,6 +83,9 @@ struct ivshm_peer_local {
     /* its producer overwrote messages we had not read (ring.c,
        ivshm_ring_heal): the next receive from it reports IVSHM_ECORRUPT */
     bool rx_lost;
+    /* channel + 1 that it announced while we did not listen to it
+       (IVSHM_LISTEN_OTHERS_QUEUED): adopted when we start to, 0 none */
+    uint16_t open_refused;
 };
 /* where a message lies */
 enum { SRC_NONE = 0, SRC_BACKLOG = 1, SRC_RING = 2, SRC_QUEUE = 3 };
@@ -138,7 +141,7 @@ struct ivshm {
     /* senders with a backlog, and its size */
     int n_bl;
     int *bl_list;             /* max_peers entries                        */
-    bool listen_only;         /* drop queue cells of senders not listed   */
+    uint8_t listen_mode;      /* IVSHM_LISTEN_*: whom we hear (recv.c)     */
     uint32_t *listen_gen;     /* max_peers: generation heard, 0 = none    */
     uint64_t bl_bytes;
     uint64_t next_sweep_ns;
@@ -153,6 +156,12 @@ struct ivshm {
     uint64_t work_units, work_mark, work_peak;
     ivshm_stats stats;
 };
+
+/* Do we hear `src` in generation `gen` on every path (ivshm_listen)? */
+static inline bool ivshm_listened(const ivshm *h, int src, uint32_t gen)
+{
+    return h->listen_mode == IVSHM_LISTEN_ALL || h->listen_gen[src] == gen;
+}
 
 /* ---- where things lie, from the validated geometry ---- */
 static inline struct ivshm_header *ivshm_hdr(const ivshm *h)

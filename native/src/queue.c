@@ -306,7 +306,8 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
                    claimed) */
                 drop = ivshm_rx_view(h, src) == RX_NONE ||
                        out->f.gen != h->peers[src].gen ||
-                       (h->listen_only && h->listen_gen[src] != out->f.gen);
+                       (h->listen_mode == IVSHM_LISTEN_LISTED &&
+                        !ivshm_listened(h, src, out->f.gen));
                 h->stats.dropped += drop;
             }
             if (drop) {

@@ -52,6 +52,11 @@ static int q_to_backlog(ivshm *h, const struct qhead *q)
 {
     if (h->q_peek_src >= 0)
         return -EAGAIN;
+    /* a sender we hear through the queue only costs us no memory: its
+       cell waits at the head for a receive from any sender */
+    if (h->listen_mode == IVSHM_LISTEN_OTHERS_QUEUED &&
+        !ivshm_listened(h, q->src, q->f.gen))
+        return -EAGAIN;
     int rc = ivshm_bl_push(h, q->src, &q->f, q->data);
     if (rc == 0)
         q_advance(h, 0, false);
@@ -139,6 +144,15 @@ static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
 {
     uint64_t k = c->f.total;
     consume_cell(h, slot, c, view);
+    if (!ivshm_listened(h, slot, c->f.gen)) {
+        /* Not heard on a ring of ours (IVSHM_LISTEN_OTHERS_QUEUED): its
+           ring is never read. Kept for ivshm_listen, which adopts the
+           channel then: everything it sends after this cell is there. */
+        h->peers[slot].open_refused =
+            k < h->fast_channels ? (uint16_t)(k + 1) : 0;
+        h->stats.dropped++;
+        return 0;
+    }
     if (!ivshm_chan_accept(h, slot, k)) {
         /* a departed sender's descriptor may have been swept already */
         h->stats.dropped++;
@@ -688,11 +702,11 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
     }
 }
 
-int ivshm_listen_only(ivshm *h, int on)
+int ivshm_listen_only(ivshm *h, int mode)
 {
-    if (!h)
+    if (!h || mode < IVSHM_LISTEN_ALL || mode > IVSHM_LISTEN_OTHERS_QUEUED)
         return -EINVAL;
-    h->listen_only = on != 0;
+    h->listen_mode = (uint8_t)mode;
     return 0;
 }
 
@@ -701,6 +715,16 @@ int ivshm_listen(ivshm *h, int slot, uint32_t generation)
     if (!h || !ivshm_slot_ok(h, slot))
         return -EINVAL;
     h->listen_gen[slot] = generation;
+    /* A channel it announced before we listened: from now on we read it
+       (the OPEN was its last queue cell: order holds). Only if the slot
+       still holds that incarnation and the descriptor still names it. */
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (generation && p->open_refused && h->self >= 0 && slot != h->self &&
+        ivshm_peer_current(h, slot) && p->gen == generation) {
+        uint64_t k = p->open_refused - 1u;
+        p->open_refused = 0;
+        (void)ivshm_chan_accept(h, slot, k);
+    }
     return 0;
 }
 
