@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -54,4 +55,33 @@ bool ct_await(struct ct_gate *g, int timeout_ms)
     struct pollfd p = {.fd = g->fd[0], .events = POLLIN};
     char c;
     return poll(&p, 1, timeout_ms) == 1 && read(g->fd[0], &c, 1) == 1;
+}
+
+static cpu_set_t cpus_at_start;
+
+void ct_pin_init(void)
+{
+    if (sched_getaffinity(0, sizeof cpus_at_start, &cpus_at_start) < 0)
+        CPU_ZERO(&cpus_at_start);
+}
+
+void ct_pin(int n)
+{
+    if (CPU_COUNT(&cpus_at_start) < 2)
+        return;
+    int seen = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &cpus_at_start) && seen++ == n) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(c, &one);
+            sched_setaffinity(0, sizeof one, &one);
+            return;
+        }
+}
+
+void ct_unpin(void)
+{
+    if (CPU_COUNT(&cpus_at_start))
+        sched_setaffinity(0, sizeof cpus_at_start, &cpus_at_start);
 }
