@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -89,8 +90,10 @@ static void teardown(struct two *t)
 {
     struct sender *ss[2] = {&t->a, &t->b};
     for (int i = 0; i < 2; i++) {
-        close(ss[i]->go.fd[1]); /* it stops waiting */
+        /* (the other sender holds this gate open too: no EOF to wait for) */
+        kill(ss[i]->pid, SIGKILL);
         tu_wait(ss[i]->pid, 15000);
+        close(ss[i]->go.fd[1]);
         close(ss[i]->go.fd[0]);
         close(ss[i]->sent.fd[0]);
         close(ss[i]->sent.fd[1]);
