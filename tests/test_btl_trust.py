@@ -239,6 +239,30 @@ def _finish(job: subprocess.Popen, what: str):
         pytest.fail(f"{what} hung\n{out[-2000:]}\n{err[-2000:]}")
 
 
+def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args, **mpirun):
+    """Format a region, start `cotenant REGION SECONDS` on it, run a 2-rank
+    ping-pong (`pingpong ARGS...`) over the BTL alone, then end the
+    co-tenant with SIGTERM (it must still run then) and collect what it
+    says: (job, out, err, cotenant, c_out, c_err)."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    other = _start([str(cotenant), str(shm_path), str(JOB_TIMEOUT)])
+    cmd = mpi.mpirun_command([str(pingpong), *args], 2, transport="ivshmem",
+                             region=shm_path, tcp_fallback=False, **mpirun)
+    job = _start(cmd)
+    try:
+        out, err = _finish(job, "the job")
+        # the co-tenant ran the whole time: end it, then ask what it did
+        assert other.poll() is None, other.communicate()
+        os.killpg(other.pid, 15)
+        c_out, c_err = other.communicate(timeout=30)
+    finally:
+        _kill(job)
+        _kill(other)
+    return job, out, err, other, c_out, c_err
+
+
 def _two_nodes_possible() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
@@ -355,23 +379,9 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
     "empty" garbage in free slots and cells, enqueue_pos out of range.
     The ping-pong completes with every byte checked, and the scribbler
     was at work during it."""
-    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
-    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
-                  slot_size=SLOT_SIZE)
-    scribbler = _start([str(idle_scribbler), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), "-", "2000", "test"], 2,
-                             transport="ivshmem", region=shm_path,
-                             tcp_fallback=False, verbose_btl=True)
-    job = _start(cmd)
-    try:
-        out, err = _finish(job, "the job")
-        # the scribbler ran the whole time: end it, then ask what it did
-        assert scribbler.poll() is None, scribbler.communicate()
-        os.killpg(scribbler.pid, 15)
-        s_out, s_err = scribbler.communicate(timeout=30)
-    finally:
-        _kill(job)
-        _kill(scribbler)
+    job, out, err, scribbler, s_out, s_err = _pingpong_beside(
+        idle_scribbler, pingpong, shm_path, ["-", "2000", "test"],
+        verbose_btl=True)
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (2000 round trips)" in out, described
@@ -395,23 +405,9 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
     ring empty. Before, the BTL failed the peer at the first refusal and
     the job aborted. Every byte is checked, the job ends cleanly, and at
     least one send was refused and retried."""
-    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
-    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
-                  slot_size=SLOT_SIZE)
-    scribbler = _start([str(tail_scribbler), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), "-", "20000"], 2,
-                             transport="ivshmem", region=shm_path,
-                             tcp_fallback=False,
-                             extra_mca=[("btl_ivshmem_verbose", "2")])
-    job = _start(cmd)
-    try:
-        out, err = _finish(job, "the job")
-        assert scribbler.poll() is None, scribbler.communicate()
-        os.killpg(scribbler.pid, 15)
-        s_out, s_err = scribbler.communicate(timeout=30)
-    finally:
-        _kill(job)
-        _kill(scribbler)
+    job, out, err, scribbler, s_out, s_err = _pingpong_beside(
+        tail_scribbler, pingpong, shm_path, ["-", "20000"],
+        extra_mca=[("btl_ivshmem_verbose", "2")])
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (20000 round trips)" in out, described
@@ -435,22 +431,8 @@ def test_foreign_rings_are_never_read(pingpong, foreign_ring, component,
     sending on the ring. The BTL hears only the ranks it verified
     (ivshm_listen_only): the OPEN is refused and the ring never read, as
     its consumer tail shows; the ping-pong completes."""
-    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
-    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
-                  slot_size=SLOT_SIZE)
-    hostile = _start([str(foreign_ring), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), "-", "2000"], 2,
-                             transport="ivshmem", region=shm_path,
-                             tcp_fallback=False, verbose_btl=True)
-    job = _start(cmd)
-    try:
-        out, err = _finish(job, "the job")
-        assert hostile.poll() is None, hostile.communicate()
-        os.killpg(hostile.pid, 15)
-        h_out, h_err = hostile.communicate(timeout=30)
-    finally:
-        _kill(job)
-        _kill(hostile)
+    job, out, err, hostile, h_out, h_err = _pingpong_beside(
+        foreign_ring, pingpong, shm_path, ["-", "2000"], verbose_btl=True)
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (2000 round trips)" in out, described

@@ -9,33 +9,11 @@
  * never read, which the consumer tail shows (only a reader moves it).
  *   foreign_ring REGION SECONDS   (until then or SIGTERM; then prints
  *   JSON: channels opened, and rings whose tail moved)
- * Built with -I native/src against libivshm.a.
+ * Built with -I native/src against libivshm.a (scribbler.h).
  */
-#include "internal.h"
-
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
+#include "scribbler.h"
 
 #define OMPI_TAG 0x4f4d5049ull /* the job tag of the BTL's registry entries */
-
-static volatile sig_atomic_t stop;
-
-static void on_term(int sig)
-{
-    (void)sig;
-    stop = 1;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void nap_ms(int ms)
 {
@@ -45,17 +23,16 @@ static void nap_ms(int ms)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: foreign_ring REGION SECONDS\n");
-        return 2;
-    }
-    signal(SIGTERM, on_term);
-    uint64_t end = now_ms() + (uint64_t)atoi(argv[2]) * 1000;
+    struct scribbled r; /* the arguments, SIGTERM; the mapping unused */
+    int rc = scribbler_open("foreign_ring", argc, argv, &r);
+    if (rc)
+        return rc;
+    const uint64_t end = r.end_ms;
     const uint64_t jobs[2] = {OMPI_TAG << 32 | 0xf0f0, 0x5eed};
     ivshm *h[2];
     for (int i = 0; i < 2; i++) {
         ivshm_config cfg = {.job_id = jobs[i], .rank = 0, .name = "foreign"};
-        int rc = ivshm_attach_path(argv[1], &cfg, &h[i]);
+        rc = ivshm_attach_path(argv[1], &cfg, &h[i]);
         if (rc < 0) {
             fprintf(stderr, "foreign_ring: attach: %s\n", ivshm_strerror(rc));
             return 1;
