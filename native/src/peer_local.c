@@ -148,7 +148,7 @@ bool ivshm_stage_room(struct ivshm_peer_local *p, uint64_t n)
 {
     if (n <= p->rx_stage_cap)
         return true;
-    if (p->rx_nomem)
+    if (p->rx_nomem || n > p->rx_keep) /* (never more than it may keep) */
         return false;
     uint64_t cap = p->rx_stage_cap ? p->rx_stage_cap : 4096;
     while (cap < n)

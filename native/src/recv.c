@@ -244,6 +244,12 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t payload = slot_payload(h);
+    /* The incarnation the message is from. Looking at the queue can meet
+       a cell of the sender's next incarnation (a co-tenant's store of its
+       generation is enough), which resets our view of it under us: the
+       message in progress is gone then, nothing of it is ours to keep,
+       and the cell is the new incarnation's to deliver. */
+    const uint32_t gen = p->gen;
     while (p->rx_left) {
         struct cref c = {0};
         int rc = 1; /* 1: look again, 0: a fragment in c, < 0: stop */
@@ -266,6 +272,8 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
             if (rc == 0)
                 rc = 1; /* there now: take it through next_cell */
         }
+        if (p->gen != gen || !p->rx_partial)
+            return IVSHM_EPEERDEAD; /* reset meanwhile: see above */
         if (rc > 0)
             continue;
         if (rc < 0) {
