@@ -148,8 +148,8 @@ struct ivshm {
     unsigned sweep_polls;
     unsigned idle_polls;      /* ivshm_recv_idle calls (its run limit)    */
     /* Work budget (clock.h): units of work driven by region contents
-       left before the call looks at the clock again. */
-    uint32_t work_left;
+       left before the call looks at the clock again, and a whole one. */
+    uint32_t work_left, work_budget;
     /* Counted only by a build with IVSHM_WORK_COUNT (the hostile-peer
        harness): units charged in all, at the last look at the clock, and
        the most charged between two looks since work_peak was cleared. */

@@ -59,12 +59,21 @@ static inline int ms_left(uint64_t deadline)
    receive with timeout 0 takes up to the budget's worth of fragments of
    a long message, and the next one goes on from there. */
 #define IVSHM_WORK_SLOTS_MAX 2048u
-static inline uint32_t ivshm_work_budget(const ivshm *h)
+static inline uint32_t ivshm_work_budget_of(uint32_t queue_slots,
+                                            uint32_t ring_slots,
+                                            uint32_t max_peers)
 {
-    uint32_t slots = h->queue_slots + h->ring_slots;
+    uint32_t slots = queue_slots + ring_slots;
     if (slots > IVSHM_WORK_SLOTS_MAX)
         slots = IVSHM_WORK_SLOTS_MAX;
-    return 2 * slots + h->max_peers + 2 * IVSHM_MAX_FAST;
+    return 2 * slots + max_peers + 2 * IVSHM_MAX_FAST;
+}
+
+/* The budget of `h`'s geometry, computed once when the region is
+   mapped (region.c). */
+static inline uint32_t ivshm_work_budget(const ivshm *h)
+{
+    return h->work_budget;
 }
 
 #ifdef IVSHM_WORK_COUNT
@@ -86,7 +95,9 @@ static inline void ivshm_work_start(ivshm *h)
 }
 
 /* One trip of a loop that peers' writes drive: false once the budget is
-   spent (the loop stops; its caller looks at the clock). */
+   spent (the loop stops; its caller looks at the clock). Charged where
+   a loop goes round again (a cell dropped, a claim retried), so that
+   the plain case of one trip costs nothing. */
 static inline bool ivshm_work(ivshm *h)
 {
     if (IVSHM_WORK_COUNTING)

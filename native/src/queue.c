@@ -47,7 +47,7 @@ static int q_take(ivshm *h, int j, uint32_t n, uint64_t *pos)
 {
     struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, j);
     uint64_t e = atomic_load_explicit(&qc->enqueue_pos, memory_order_relaxed);
-    while (ivshm_work(h)) {
+    for (;;) {
         /* acquire: the consumer's reads of the cell are done */
         uint64_t seq = atomic_load_explicit(
             &ivshm_qcell(h, j, e + n - 1)->seq, memory_order_acquire);
@@ -57,16 +57,16 @@ static int q_take(ivshm *h, int j, uint32_t n, uint64_t *pos)
             if (again == e)
                 return -EAGAIN;
             e = again; /* another producer took positions: look again */
-            continue;
-        }
-        if (atomic_compare_exchange_weak_explicit(&qc->enqueue_pos, &e, e + n,
-                                                  memory_order_relaxed,
-                                                  memory_order_relaxed)) {
+        } else if (atomic_compare_exchange_weak_explicit(
+                       &qc->enqueue_pos, &e, e + n, memory_order_relaxed,
+                       memory_order_relaxed)) {
             *pos = e;
             return 0;
         }
+        /* again: a unit (a co-tenant can keep moving enqueue_pos) */
+        if (!ivshm_work(h))
+            return -EAGAIN;
     }
-    return -EAGAIN;
 }
 
 /* What a batch of cells carries: the next bytes of a message, or one
@@ -285,8 +285,11 @@ static bool q_stuck_for(ivshm *h, uint64_t seq, uint64_t ns)
    on the way; the loop is bounded by the queue's size. */
 int ivshm_q_front(ivshm *h, struct qhead *out)
 {
-    /* one unit a round: the cells dropped on the way are peers' doing */
-    for (uint32_t round = 0; round < h->queue_slots && ivshm_work(h); round++) {
+    /* a unit a round after the first: the cells dropped on the way are
+       peers' doing (each `continue` below) */
+    for (uint32_t round = 0; round < h->queue_slots; round++) {
+        if (round && !ivshm_work(h))
+            break;
         const uint64_t pos = h->q_head;
         struct ivshm_cell *c = ivshm_my_qcell(h, pos);
         uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);

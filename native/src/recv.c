@@ -367,9 +367,10 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     }
 
     struct cref c;
-    for (;;) {
-        /* one unit a cell: stale cells and OPENs are peers' doing */
-        if (!ivshm_work(h) || !next_cell(h, slot, view, drain, &c))
+    /* a unit a cell after the first: stale cells and OPENs (each
+       `continue`) are peers' doing */
+    for (bool again = false;; again = true) {
+        if ((again && !ivshm_work(h)) || !next_cell(h, slot, view, drain, &c))
             return -EAGAIN;
         if (c.kind == SRC_RING && c.f.gen != p->gen) {
             if (c.f.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
@@ -534,7 +535,11 @@ static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
 {
     int n = h->n_bl + h->n_act + 1;
     int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
-    for (int k = 0; k < n && ivshm_work(h); k++, i = i + 1 >= n ? 0 : i + 1) {
+    /* the sources: at most max_peers + fast_channels + 1, a unit each,
+       within the bound without a charge (the budget is for the loops
+       that peers can make long) */
+    ivshm_work_count(h, (uint32_t)n);
+    for (int k = 0; k < n; k++, i = i + 1 >= n ? 0 : i + 1) {
         /* the lists may shrink while we go (a backlog emptied, a
            departed sender's channel freed): what is out of range waits
            for the next call */
@@ -841,20 +846,21 @@ int ivshm_recv_release(ivshm *h, int src)
         return -EINVAL;
     enum rx_view view = ivshm_rx_view(h, src); /* a new incarnation drops it */
     struct ivshm_peer_local *p = &h->peers[src];
-    int rc = 0;
-    struct cref c = {.kind = p->peek_kind};
-    if (view == RX_NONE || !p->peeked)
-        rc = -EINVAL;
-    else if ((c.kind == SRC_QUEUE && h->q_peek_src != src) ||
-             (c.kind == SRC_RING && p->rx_chan < 0) ||
-             (c.kind == SRC_BACKLOG && p->bl_head != p->peek_rec)) {
-        p->peeked = false;
-        rc = -EINVAL;
-    } else {
-        consume_cell(h, src, &c, view);
+    /* whatever became of the message meanwhile, what the peek handed out
+       is the caller's no more after this call (ivshm_peek_end) */
+    if (view == RX_NONE || !p->peeked) {
+        ivshm_peek_end(p);
+        return -EINVAL;
     }
-    /* what the peek handed out is the caller's no more, whatever became
-       of the message meanwhile */
+    struct cref c = {.kind = p->peek_kind};
+    if ((c.kind == SRC_QUEUE && h->q_peek_src != src) ||
+        (c.kind == SRC_RING && p->rx_chan < 0) ||
+        (c.kind == SRC_BACKLOG && p->bl_head != p->peek_rec)) {
+        p->peeked = false;
+        ivshm_peek_end(p);
+        return -EINVAL;
+    }
+    consume_cell(h, src, &c, view);
     ivshm_peek_end(p);
-    return rc;
+    return 0;
 }
