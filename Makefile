@@ -17,7 +17,8 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   psmisc libmetis5 python3-matplotlib python3-scipy python3-petsc4py \
   petsc-dev python3-gmsh python3-meshio \
   libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
-  hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath
+  hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath \
+  slurmctld slurmd slurm-client munge libpmix-dev
 
 .PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
         test-hostile-long \

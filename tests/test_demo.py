@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud.cluster import instance as holders
+from ivcloud.cluster import holder
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="clusters need root"),
@@ -40,7 +40,7 @@ def netns_list() -> str:
 
 def assert_no_cluster_left(name: str) -> None:
     assert not (RUN_DIR / f"cluster-{name}").exists()
-    assert holders.find_by_marker(name) == []
+    assert holder.find_by_marker(name) == []
     procs = subprocess.run(["pgrep", "-af", f"{name}-s|holder:{name}:"],
                            capture_output=True, text=True).stdout
     assert procs == "", procs      # no ivshmem-server, no holder

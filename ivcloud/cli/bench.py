@@ -202,8 +202,9 @@ def _run_halo(args) -> int:
                                reps=args.reps, face=args.face,
                                uplink_rate=args.uplink_rate,
                                transport=args.transport)
-    return halo.run(s, Path(args.out), json_path=args.json,
-                    keep_cluster=args.keep_cluster)
+    run = halo.run_slurm if args.scheduler == "slurm" else halo.run
+    return run(s, Path(args.out), json_path=args.json,
+               keep_cluster=args.keep_cluster)
 
 
 def _run_apps(args) -> int:
@@ -307,6 +308,10 @@ def _halo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=halo.TRANSPORTS,
                    default="ivshmem", help="between instances of a server "
                                            "(default ivshmem)")
+    p.add_argument("--scheduler", choices=halo.SCHEDULERS, default="none",
+                   help="slurm: a 4-rank job on 2 instances of a cluster "
+                        "running Slurm, placed by Slurm's tree topology "
+                        "against a round-robin spread (halo-slurm.json)")
 
 
 def _apps_arguments(p: argparse.ArgumentParser) -> None:
