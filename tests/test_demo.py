@@ -109,6 +109,14 @@ def test_hierarchy_json_has_every_level_and_transport(demo):
     for t in doc["targets"]:
         assert t["value"] is not None and t["status"] in ("PASS", "MISS")
     assert "L2 ivshmem" in runs["hierarchy"].stdout
+    # the machine's load, sampled before measuring and after
+    load = doc["load"]
+    for when in ("before", "after"):
+        assert 0 <= load[when]["cpu_share"] <= 1, load
+        assert 0 <= load[when]["steal_share"] <= 1, load
+    assert load["busy"] == bool(load["reasons"])
+    if load["busy"]:
+        assert "warning: the machine was busy" in runs["hierarchy"].stdout
 
 
 def test_halo_json_both_placements(demo):
