@@ -445,8 +445,9 @@ def scaling(summary: Sequence[Dict], cpus: int) -> List[Dict]:
 
 
 def targets(rel: Sequence[Dict], s: AppsSettings) -> List[Target]:
-    """The issue's goals, as speeds relative to one instance; for HPCC
-    also relative to one instance with two copies per message."""
+    """The targets of docs/demo.md, section 3, as speeds relative to one
+    instance; for HPCC also relative to one instance with two copies per
+    message."""
     ts = []
     for r in rel:
         name = f"{r['app']} {METRICS[(r['app'], r['metric'])][0]}"
