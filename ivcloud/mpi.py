@@ -346,26 +346,25 @@ def _restore(saved: Dict[int, object]) -> None:
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
-def check_region(region: os.PathLike) -> Path:
-    p = Path(region)
+def _check_file(path: os.PathLike, what: str, is_kind, kind: str) -> Path:
+    """`path`, if it exists and `is_kind(st_mode)`; else MpiError naming
+    it as `what`."""
+    p = Path(path)
     try:
         st = p.stat()
     except OSError as e:
-        raise MpiError(f"region {p}: {e.strerror}")
-    if not stat.S_ISREG(st.st_mode):
-        raise MpiError(f"region {p} is not a regular file")
+        raise MpiError(f"{what} {p}: {e.strerror}")
+    if not is_kind(st.st_mode):
+        raise MpiError(f"{what} {p} is not {kind}")
     return p
+
+
+def check_region(region: os.PathLike) -> Path:
+    return _check_file(region, "region", stat.S_ISREG, "a regular file")
 
 
 def check_socket(sock: os.PathLike) -> Path:
-    p = Path(sock)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise MpiError(f"socket {p}: {e.strerror}")
-    if not stat.S_ISSOCK(st.st_mode):
-        raise MpiError(f"{p} is not a socket")
-    return p
+    return _check_file(sock, "socket", stat.S_ISSOCK, "a socket")
 
 
 def env_attachment(env: Mapping[str, str]) -> Dict[str, str]:

@@ -58,14 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import mpi
 from ..apps import hpcc, magbar, openfoam
 from ..cluster.session import ClusterSession, VmOptions, floating_rankfile
 from ..errors import BenchError, InvalidRequest
 from ..vm.debian import SOLVER_PACKAGE
 from . import report
-from .toolkit import (BenchResults, Target, conclude, count, machine_info,
-                      measure_rounds, print_grid, require_root, run_job)
+from .toolkit import (BenchResults, Target, check_ivshmem_used, conclude,
+                      count, machine_info, measure_rounds, print_grid,
+                      require_root, run_job)
 from .toolkit import summarize as toolkit_summarize
 
 APPS = ("hpcc", "openfoam", "micromag")
@@ -254,20 +254,6 @@ class Workloads:
             self._made[(cluster.name, "mesh", ranks)] = case
         return (openfoam.command(case, ranks),
                 lambda out: {"solver_s": openfoam.execution_time(out)})
-
-
-def check_ivshmem_used(stderr: str, ranks: int, origin: str
-                       ) -> Dict[int, Dict[str, int]]:
-    """The BTL's counters of every rank (btl_ivshmem_verbose); BenchError
-    unless each rank sent and received through the region."""
-    counters = mpi.parse_btl_counters(stderr)
-    idle = [r for r in range(ranks)
-            if not counters.get(r, {}).get("sent_msgs")
-            or not counters.get(r, {}).get("recv_msgs")]
-    if idle:
-        raise BenchError(f"{origin}: rank(s) {idle} carried no message "
-                         f"over the ivshmem BTL")
-    return counters
 
 
 def run_app(cluster: ClusterSession, work: Workloads, app: str,

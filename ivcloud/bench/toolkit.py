@@ -483,6 +483,22 @@ def check_transports(names: Sequence[str],
     return names
 
 
+def check_ivshmem_used(stderr: str, ranks: int, origin: str
+                       ) -> Dict[int, Dict[str, int]]:
+    """The BTL's counters of every rank (btl_ivshmem_verbose, printed at
+    finalize); BenchError unless each rank sent and received through the
+    region: a job that fell back to another transport is no figure of
+    ours."""
+    counters = mpi.parse_btl_counters(stderr)
+    idle = [r for r in range(ranks)
+            if not counters.get(r, {}).get("sent_msgs")
+            or not counters.get(r, {}).get("recv_msgs")]
+    if idle:
+        raise BenchError(f"{origin}: rank(s) {idle[:8]} carried no message "
+                         f"over the ivshmem BTL")
+    return counters
+
+
 def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
             origin: str, keys: Sequence[str],
             osc: Optional[str] = None) -> Tuple[List[Dict], Dict]:
@@ -503,14 +519,8 @@ def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
 
     stdout, stderr = run_job(start, timeout_s, origin)
     recs = parse_records(stdout, origin, keys)
-    counters = mpi.parse_btl_counters(stderr)
-    if transport == "ivshmem":
-        idle = [r for r in range(np) if r not in counters
-                or counters[r]["sent_msgs"] == 0
-                or counters[r]["recv_msgs"] == 0]
-        if idle:
-            raise BenchError(f"{origin}: btl_ivshmem counters show no "
-                             f"traffic for rank(s) {idle[:8]}")
+    counters = (check_ivshmem_used(stderr, np, origin)
+                if transport == "ivshmem" else mpi.parse_btl_counters(stderr))
     for rec in recs:
         rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
     return recs, counters
