@@ -42,7 +42,8 @@ field: a sparse product per rank, a reduce-scatter of the partial grids
 onto the slabs of a distributed real-to-complex FFT (mpi4py-fft, FFTW),
 the kernel product in Fourier space, the inverse FFT, an allgather of
 the field on the grid (3 numbers per cell) and a sparse product per
-rank. One rank uses scipy.fft.
+rank. One rank uses scipy.fft, and so does every rank where mpi4py-fft
+is missing (each the whole grid).
 """
 
 from __future__ import annotations
@@ -314,13 +315,8 @@ class _DistributedConvolution:
     each slab gathered to every rank."""
 
     def __init__(self, comm, grid: CellGrid, octant):
-        try:
-            from mpi4py_fft import PFFT
-        except ImportError as e:  # pragma: no cover - Debian: python3-mpi4py-fft
-            raise SetupError(f"demag method 'grid' on several ranks needs "
-                             f"mpi4py-fft ({e}); install "
-                             f"python3-mpi4py-fft") from None
         from mpi4py import MPI
+        from mpi4py_fft import PFFT
         self.MPI = MPI
         self.comm = comm
         self.n = grid.n
@@ -396,13 +392,23 @@ class _DistributedConvolution:
         return tuple(n)
 
 
+def have_mpi4py_fft() -> bool:
+    """Whether mpi4py-fft (Debian: python3-mpi4py-fft) can be imported."""
+    try:
+        import mpi4py_fft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _distributable(comm, grid: CellGrid) -> bool:
-    """A distributed FFT needs two FFT axes and a slab per rank."""
+    """A distributed FFT needs two FFT axes, a slab per rank and
+    mpi4py-fft; without them every rank transforms the whole grid (the
+    same field, without the speed-up of the FFT's share)."""
     axes = [k for k in range(3) if grid.n[k] > 1]
     size = comm.Get_size()
     return (size > 1 and len(axes) >= 2
-            and _padded(grid.n[axes[0]]) >= size
-            and grid.n[axes[0]] >= 1)
+            and _padded(grid.n[axes[0]]) >= size and have_mpi4py_fft())
 
 
 # ---------------------------------------------------------------- the term
