@@ -75,10 +75,14 @@ _SP4 = {"size": (500e-9, 125e-9, 3e-9), "Ms": 8.0e5, "A": 1.3e-11,
 
 
 def problem_toml(prob: problem_mod.Problem, cell: float, layers: int,
-                 duration: Optional[float] = None) -> str:
+                 duration: Optional[float] = None,
+                 method: Optional[str] = None,
+                 edge_h: Optional[float] = None) -> str:
     """The effective TOML of `prob` with in-plane cells of `cell` (in the
     mesh's unit) and `layers` element layers across z; `duration` (s)
-    shortens the last llg stage. Snapshots only at the stage's end."""
+    shortens the last llg stage; `method` sets the demag method and
+    `edge_h` grades the cells towards the lateral faces (both: as given
+    in the problem when None). Snapshots only at the stage's end."""
     cfg = copy.deepcopy(prob.config)
     mesh = cfg["mesh"]
     if mesh["shape"] != "box" or not mesh.get("structured", False):
@@ -87,6 +91,10 @@ def problem_toml(prob: problem_mod.Problem, cell: float, layers: int,
         raise ProblemError("cell size and layers must be positive")
     lz = mesh["size"][2]
     mesh["h"] = [float(cell), float(cell), lz / layers]
+    if edge_h is not None:
+        mesh["edge_h"] = float(edge_h)
+    if method is not None:
+        cfg["demag"]["method"] = method
     llg = [s for s in cfg["stage"] if s["type"] == "llg"]
     if not llg:
         raise ProblemError("a convergence study needs an llg stage")

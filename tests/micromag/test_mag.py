@@ -410,10 +410,13 @@ def test_bench_reports_both_efficiencies(tmp_path):
     _write(examples / "small.toml", SMALL.format(demag="true"))
     out = tmp_path / "bench.json"
     r = mag_cli("bench", "--examples", str(examples), "--problems",
-                "small", "--np", "1,2", "--json", str(out))
+                "small", "--np", "1,2", "--rounds", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    runs = {x["ranks"]: x for x in json.loads(out.read_text())["runs"]}
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "mag" and len(doc["runs"]) == 2
+    runs = {x["ranks"]: x for x in doc["records"]}
     one, two = runs[1], runs[2]
+    assert one["runs"] == two["runs"] == 1
     assert one["efficiency_time_to_solution"] == 1.0
     w = one["time_to_solution_s"] / two["time_to_solution_s"]
     assert two["speedup_time_to_solution"] == pytest.approx(w, abs=1e-3)
@@ -425,6 +428,7 @@ def test_bench_reports_both_efficiencies(tmp_path):
         assert 0 < x["solve_time_s"] < x["time_to_solution_s"]
         assert x["field_evals"] > 0 and x["ms_per_field_eval"] > 0
     assert "small on 2 ranks: efficiency" in r.stderr
+    assert "time to solution s" in r.stdout          # the table
 
 
 def _sp4(tmp_path, h: str, duration: float = 0.2e-9):
