@@ -15,11 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
-
 petsc4py = pytest.importorskip("petsc4py")
 
+from mag_helpers import EXAMPLES, mag_cli, table                  # noqa: E402
 from micromag import mesh as meshmod                              # noqa: E402
 from micromag import problem as problem_mod                       # noqa: E402
 from micromag.constants import GAMMA0, MU0, NM                    # noqa: E402
@@ -29,23 +27,6 @@ from micromag.parallel import clean_mpi_env                       # noqa: E402
 from micromag.state import State                                  # noqa: E402
 from micromag.terms import (CubicAnisotropy, Exchange,            # noqa: E402
                             UniaxialAnisotropy, Zeeman)
-
-slow = pytest.mark.skipif(os.environ.get("IVCLOUD_SLOW") != "1",
-                          reason="slow validation (set IVCLOUD_SLOW=1)")
-
-
-def mag_cli(*args, timeout=300):
-    # os.environ, not the C environment this process inherits to children
-    # by default: MPI_Init here (singleton) added launcher variables there
-    return subprocess.run([sys.executable, "-m", "ivcloud", "mag", *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL,
-                          env=clean_mpi_env(os.environ))
-
-
-def table(out: Path) -> np.ndarray:
-    return np.genfromtxt(out / "table.csv", delimiter=",", names=True)
-
 
 # ---------------------------------------------------------------- mesh, FEM
 
