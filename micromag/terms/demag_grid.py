@@ -12,7 +12,7 @@ nodes through the adjoint of the transfer:
 
 <phi_i>_c is the average of the hat function over cell c (outside the
 body M = 0), computed exactly by cutting the elements along the grid
-planes. With the second line, the grid's energy
+planes. The third line being the second's adjoint, the grid's energy
 E = -(mu0/2) sum_c V_c M_c.H_c equals the nodal one the solver uses,
 -(mu0/2) sum_i Ms_i V_i m_i.H_i, and H_i is -1/(mu0 Ms_i V_i) times its
 gradient with respect to m_i: the field stays the energy's gradient
