@@ -100,8 +100,8 @@ test: test-native test-fuzz test-python
 # The mesh-convergence study of µMAG standard problem 4, field 1
 # (docs/mag.md, "Standard problem 4"): the grid demag, in-plane cells of
 # 5, 3.33, 2.5 and 2 nm, one layer across the 3 nm, the whole
-# nanosecond; table, JSON and <m>(t) plot in $(MAG_STUDY)/grid. About 15
-# CPU minutes on one core (the 2 nm run half of it), so not in CI;
+# nanosecond; table, JSON and <m>(t) plot in $(MAG_STUDY)/grid. About 12
+# CPU minutes on one core (the 2 nm run 5 of them), so not in CI;
 # finished runs are reused and an interrupted one continues from its
 # checkpoint. FEM/BEM for comparison: --method dense or graded.
 MAG_STUDY := build/mag-study
