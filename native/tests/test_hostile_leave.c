@@ -170,7 +170,7 @@ static bool start_server(void)
     snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
     unlink(state_path);
     fflush(NULL);
-    server_pid = fork();
+    server_pid = tu_fork_child();
     if (server_pid == 0) {
         execl(bin, "ivshmem-server", "-F", "-S", sock_path, "-s", state_path,
               "-l", sz, "--max-peers", "1024", "--ring-slots", "2",
