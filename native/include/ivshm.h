@@ -325,7 +325,9 @@ int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
    the generation listed; cells of any other sender that reach our
    shared queue are dropped as met (counted in stats.dropped), so a
    co-tenant writing to us costs neither memory nor the order of the
-   senders we hear, and a receive from it finds nothing.
+   senders we hear, and a receive from it finds nothing. Its last request
+   for a fast channel is remembered (a slot's worth), so a sender that
+   opened one before we listened is heard on it once we do.
    IVSHM_LISTEN_OTHERS_QUEUED: the listed senders on every path; the
    others through our queue only, for a transport that must see a
    stranger's first message to decide whether to trust it (the BTL
