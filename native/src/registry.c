@@ -23,12 +23,44 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The FREE or DEAD slot claimed the fewest times (lowest generation,
+   0 for never), or -1. Invariant: a slot whose peer left or died is
+   claimed again as late as the registry allows, because its claim ends
+   the delivery of what that peer published and nobody has read yet
+   (RX_GONE, peer_local.c: a receiver may start reading after the sender
+   is gone). Claims taken this way keep the generations of cycling slots
+   within one of each other, so the slot claimed longest ago goes first,
+   and the one just left last. A co-tenant's forged generations only
+   change the choice; the CAS decides. */
+static int least_claimed(ivshm *h)
+{
+    int best = -1;
+    uint32_t best_gen = 0;
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
+        if (st != PEER_FREE && st != PEER_DEAD)
+            continue;
+        uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+        if (best < 0 || gen < best_gen) {
+            best = (int)s;
+            best_gen = gen;
+        }
+    }
+    return best;
+}
+
 int ivshm_registry_claim(ivshm *h, const ivshm_config *cfg,
                          int32_t doorbell_id, int backend, bool may_sleep,
                          uint32_t *gen_out)
 {
-    for (uint32_t s = 0; s < h->max_peers; s++) {
-        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+    /* a lost CAS means somebody else took that slot: max_peers tries */
+    for (uint32_t tries = 0; tries < h->max_peers; tries++) {
+        int found = least_claimed(h);
+        if (found < 0)
+            break;
+        uint32_t s = (uint32_t)found;
+        struct ivshm_peer_entry *e = ivshm_entry(h, found);
         uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
         if (st != PEER_FREE && st != PEER_DEAD)
             continue;
