@@ -308,7 +308,13 @@ void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
         return;
     ep->dead = true;
     char why[128];
-    if (err == IVSHM_ECORRUPT)
+    if (err == IVSHM_ECORRUPT && ep->refused_since_ns &&
+        mca_btl_ivshmem_now_ns() - ep->refused_since_ns >= IVSHMEM_REFUSED_NS)
+        /* not its messages: our sends to it (mca_btl_ivshmem_send_refused) */
+        snprintf(why, sizeof why,
+                 "refused our sends for %llu s in a row (a forged ring tail)",
+                 IVSHMEM_REFUSED_NS / 1000000000ull);
+    else if (err == IVSHM_ECORRUPT)
         snprintf(why, sizeof why, "sent a corrupt message");
     else if (err == IVSHM_EPEERDEAD)
         snprintf(why, sizeof why, "died or left without finalizing");
