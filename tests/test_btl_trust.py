@@ -329,7 +329,9 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
     which asks ivshm_recv_idle (the head slot of each fast ring, the
     queue head cell and enqueue_pos) before it peeks. A co-tenant process
     keeps writing there what the job must survive: published ring
-    messages made to look empty (shown again by the receiver's sweep),
+    messages made to look empty (shown again by the receiver's sweep
+    within 200 ms; at most one per 1024 slots a ring's receiver took, so
+    the job's time does not grow with the machine's load),
     "empty" garbage in free slots and cells, enqueue_pos out of range.
     The ping-pong completes with every byte checked, and the scribbler
     was at work during it."""
@@ -366,7 +368,10 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
 def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
                                        shm_path):
     """A co-tenant rewinds the consumer tails of the job's fast rings
-    (bursts of 20 ms, then 20 ms of quiet) during a ping-pong of every
+    (bursts of 20 ms, then 20 ms of quiet; a ring again only once the
+    send refused on it got through: by time alone, on a loaded machine
+    refusals chained across bursts to the BTL's 2 s bound, and it
+    aborted the job) during a ping-pong of every
     size from 0 B to 1 MiB. A sender that loads such a tail gets
     IVSHM_ECORRUPT for that send (nothing went out); the BTL queues it and
     tries again, and the receiver puts its tail back when it finds its
