@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +38,6 @@ PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
 SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
 IDLE_SCRIBBLER = REPO / "native" / "btl" / "tests" / "idle_scribbler.c"
 TAIL_SCRIBBLER = REPO / "native" / "btl" / "tests" / "tail_scribbler.c"
-FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
 MAX_PEERS = 8
@@ -217,22 +215,15 @@ def _finish(job: subprocess.Popen, what: str):
         pytest.fail(f"{what} hung\n{out[-2000:]}\n{err[-2000:]}")
 
 
-def _two_nodes_possible() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    return subprocess.run(["unshare", "--uts", "true"],
-                          capture_output=True).returncode == 0
-
-
 @pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
 def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
-                                          tmp_path, nodes):
+                                          tmp_path, nodes, request):
     """one_node: ob1 adds both ranks in MPI_Init (add_procs). two_nodes:
     the ranks get their own hostnames, as in co-resident VMs, so ob1 adds
     the peer lazily and the BTL admits it from the registry + modex
     first: the hostile's forged rank 1 meets that path."""
-    if nodes == "two_nodes" and not _two_nodes_possible():
-        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
+    hosts = request.getfixturevalue("other_hostnames") \
+        if nodes == "two_nodes" else None
     size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
@@ -244,9 +235,8 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
         [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
         region=shm_path, tcp_fallback=False,
         extra_mca=[("btl_ivshmem_verbose", "2")])
-    if nodes == "two_nodes":
-        cmd[1:1] = ["--host", "vmA:1,vmB:1", "--bind-to", "none",
-                    "--mca", "plm_rsh_agent", str(FAKE_RSH)]
+    if hosts:
+        cmd[1:1] = hosts("vmA:1,vmB:1")
     job = _start(cmd)
     try:
         out, err = _finish(job, "the job")

@@ -31,7 +31,6 @@ from ivcloud.native import format_region, min_region_size
 
 REPO = Path(__file__).resolve().parent.parent
 MPI_SRC = REPO / "native" / "tests" / "mpi"
-FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
 PROGRAMS = ["p2p", "coll", "rma", "comm", "kill", "last_words"]
 MIB = 1 << 20
 REGION_PEERS = 16
@@ -294,16 +293,9 @@ def test_rank_killed_mid_job_ends_the_job(programs, component, shm_path):
     assert_passed_over_ivshmem(job, "coll", 3)
 
 
-def _two_nodes_possible() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    return subprocess.run(["unshare", "--uts", "true"],
-                          capture_output=True).returncode == 0
-
-
 @pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
 def test_last_messages_outlive_their_sender(programs, component, region,
-                                            nodes):
+                                            nodes, request):
     """Three ranks send rank 0 eight eager messages each and finalize at
     once, without the finalize fence (async_mpi_finalize, as a fence that
     releases ranks early): they leave the region before rank 0, asleep
@@ -312,13 +304,12 @@ def test_last_messages_outlive_their_sender(programs, component, region,
     ob1 never adds the senders and the BTL admits each from the registry
     and the modex after it left. Before, the BTL dropped a departed
     rank's messages, and rank 0 waited for them for good."""
-    if nodes == "two_nodes" and not _two_nodes_possible():
-        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
+    hosts = request.getfixturevalue("other_hostnames") \
+        if nodes == "two_nodes" else None
     cmd = ivshmem_cmd([programs["last_words"], 8, 1000], 4, region,
                       extra_mca=[("async_mpi_finalize", "1")])
-    if nodes == "two_nodes":
-        cmd[1:1] = ["--host", "vmA:1,vmB:3", "--bind-to", "none",
-                    "--mca", "plm_rsh_agent", str(FAKE_RSH)]
+    if hosts:
+        cmd[1:1] = hosts("vmA:1,vmB:3")
     job = run_job(cmd, timeout=90)
     assert job.returncode == 0, job.describe()
     assert "PASS last_words (3 ranks, 8 messages each)" in job.stdout, \
