@@ -172,6 +172,12 @@ int ivshm_self(const ivshm *h);            /* our registry slot */
 int ivshm_max_peers(const ivshm *h);
 /* 0 and fill *out if `slot` holds a live peer; -ENOENT if free or dead. */
 int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
+/* As ivshm_peer, and also for the peer that held `slot` last if it left
+   or died and nobody has claimed the slot since: 1 and *out filled then.
+   What such a peer published before it went is still delivered
+   (ivshm_recv); this says whose it is. -ENOENT if the slot was never
+   held or is being claimed. */
+int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out);
 /* The generation of `slot`'s peer if it is registered (ACTIVE), else
    -ENOENT (-EINVAL for a bad slot): the cheap half of ivshm_peer, for a
    hot path that only checks who holds a slot. */
