@@ -82,7 +82,7 @@ def native_dir() -> Path:
 @pytest.fixture(scope="session")
 def mpicc(tmp_path_factory):
     """Compile an MPI C program (warnings are errors): mpicc(src) -> the
-    executable, in a directory of this session."""
+    executable, in a directory of this test session."""
     def build(src: Path) -> Path:
         cc = shutil.which("mpicc")
         assert cc, "mpicc not found (install libopenmpi-dev)"
@@ -93,6 +93,20 @@ def mpicc(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr
         return out
     return build
+
+
+@pytest.fixture
+def other_hostnames():
+    """hosts("vmA:1,vmB:1") -> the mpirun options that start the ranks on
+    this machine, each "node" under its own hostname, as in co-resident
+    VMs (native/btl/tests/fake_rsh.sh as the launch agent). Skips the
+    test without root and `unshare --uts`."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or subprocess.run(
+            ["unshare", "--uts", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
+    agent = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
+    return lambda hosts: ["--host", hosts, "--bind-to", "none",
+                          "--mca", "plm_rsh_agent", str(agent)]
 
 
 @pytest.fixture
