@@ -39,7 +39,12 @@
  * per (shape, pattern) with every round.
  *
  *   ring-shapes [--cpus A,B] [--rounds N] [--iters N] [--shapes LIST]
- *               [--patterns LIST] [--gap-ms N]
+ *               [--patterns LIST] [--work N] [--gap-ms N]
+ *
+ * --work: what a receiver does per message besides taking it (MPI's
+ * matching and completion), as N steps of a dependent multiply-add
+ * chain: with it the producer runs ahead in a stream, as the sender of
+ * an MPI message-rate test does.
  *
  * --gap-ms: a pause between runs, so that under a real-time class
  * (`chrt -f 5 ring-shapes ...`, which keeps a loaded machine's other
@@ -397,10 +402,25 @@ static void send_spin(struct chan *c, const uint8_t *msg)
         relax();
 }
 
+/* Work a receiver does per message besides taking it (MPI's matching
+   and completion): that many steps of a dependent chain, ~1 ns each. */
+static long consumer_work;
+static volatile uint64_t work_sink;
+
+static void work(int messages)
+{
+    uint64_t x = work_sink;
+    for (long i = 0; i < consumer_work * messages; i++)
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+    work_sink = x;
+}
+
 static void recv_n(struct chan *c, uint8_t *buf, int n)
 {
     while (n > 0) {
         int got = chan_poll(c, buf, n < 16 ? n : 16);
+        if (got && consumer_work)
+            work(got);
         n -= got;
     }
 }
@@ -505,6 +525,7 @@ int main(int argc, char **argv)
 {
     int cpu[2] = {0, 1};
     long rounds = 7, iters = 200000, gap_ms = 0;
+    consumer_work = 0;
     int shapes = DEFAULT_SHAPES, patterns = (1 << NPATTERNS) - 1;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -512,7 +533,8 @@ int main(int argc, char **argv)
         if (!v)
             usage("usage: ring-shapes [--cpus A,B] [--rounds N] [--iters N] "
                   "[--shapes LIST] "
-                  "[--patterns pingpong,exchange,stream] [--gap-ms N]");
+                  "[--patterns pingpong,exchange,stream] [--work N] "
+                  "[--gap-ms N]");
         if (!strcmp(argv[i], "--cpus")) {
             if (sscanf(v, "%d,%d", &cpu[0], &cpu[1]) != 2 || cpu[0] < -1 ||
                 cpu[1] < -1)
@@ -525,6 +547,10 @@ int main(int argc, char **argv)
             iters = strtol(v, &end, 10);
             if (*end || iters < 64 || iters > 100000000)
                 usage("--iters is 64 to 100000000");
+        } else if (!strcmp(argv[i], "--work")) {
+            consumer_work = strtol(v, &end, 10);
+            if (*end || consumer_work < 0 || consumer_work > 100000)
+                usage("--work is 0 to 100000");
         } else if (!strcmp(argv[i], "--gap-ms")) {
             gap_ms = strtol(v, &end, 10);
             if (*end || gap_ms < 0 || gap_ms > 10000)
