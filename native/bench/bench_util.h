@@ -144,4 +144,25 @@ static inline void bench_report_ns(const char *transport, const char *mode,
                         (double)batch_ns[0] / div, per * nb, nb);
 }
 
+#ifdef MPI_VERSION
+/* For the MPI programs (mpi.h included first): `count` round trips of
+   `size` bytes between `rank` and rank ^ 1, rank 0 sending first. */
+static inline void bench_mpi_pingpong(void *buf, int size, int rank, int tag,
+                                      long count)
+{
+    int peer = rank ^ 1;
+    for (long i = 0; i < count; i++) {
+        if (rank == 0) {
+            MPI_Send(buf, size, MPI_BYTE, peer, tag, MPI_COMM_WORLD);
+            MPI_Recv(buf, size, MPI_BYTE, peer, tag, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(buf, size, MPI_BYTE, peer, tag, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+            MPI_Send(buf, size, MPI_BYTE, peer, tag, MPI_COMM_WORLD);
+        }
+    }
+}
+#endif
+
 #endif

@@ -16,7 +16,7 @@
  *   {"t_s":..,"memcpy_GBs":..,"stream_GBs":..}
  * On the project's VMs the memcpy handoff drops from up to 27 GB/s to
  * 2-4 for seconds at a time while the stream one stays at 9-20, median
- * 16 (BENCHMARKS.md, eleventh session): that state, not the BTL, is what
+ * 16 (BENCHMARKS.md, `handoff`): that state, not the BTL, is what
  * makes HPCC's ring bandwidth over ivshmem bimodal.
  *
  *   handoff [--seconds N] [--cpus A,B] [--blocks N]

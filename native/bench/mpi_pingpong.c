@@ -7,7 +7,7 @@
  * --pattern exchange: both ranks MPI_Sendrecv at once, as HPCC's ring
  * latency does with two ranks; the figure is the time per exchange. Both
  * ranks publish and poll at the same moment there, which a ping-pong
- * never makes them do (BENCHMARKS.md, issue 11, eighth session).
+ * never makes them do (docs/btl.md, "Message path").
  */
 #include <mpi.h>
 
@@ -78,21 +78,13 @@ int main(int argc, char **argv)
         for (int b = -1; b < p.nb; b++) {
             long count = b < 0 ? p.warm : p.per;
             double t0 = MPI_Wtime();
-            for (long i = 0; i < count; i++) {
-                if (exchange) {
+            if (exchange)
+                for (long i = 0; i < count; i++)
                     MPI_Sendrecv(buf, size, MPI_BYTE, peer, 0, buf2, size,
                                  MPI_BYTE, peer, 0, MPI_COMM_WORLD,
                                  MPI_STATUS_IGNORE);
-                } else if (rank == 0) {
-                    MPI_Send(buf, size, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
-                    MPI_Recv(buf, size, MPI_BYTE, peer, 0, MPI_COMM_WORLD,
-                             MPI_STATUS_IGNORE);
-                } else {
-                    MPI_Recv(buf, size, MPI_BYTE, peer, 0, MPI_COMM_WORLD,
-                             MPI_STATUS_IGNORE);
-                    MPI_Send(buf, size, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
-                }
-            }
+            else
+                bench_mpi_pingpong(buf, size, rank, 0, count);
             if (b >= 0)
                 batch[b] = MPI_Wtime() - t0;
         }

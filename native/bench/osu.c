@@ -15,9 +15,9 @@
  * Each figure is the median of NBATCH timed batches after a warm-up;
  * bandwidth = size / latency per operation.
  */
-#include "bench_util.h"
-
 #include <mpi.h>
+
+#include "bench_util.h" /* after mpi.h: with its MPI helpers */
 
 #include <errno.h>
 #include <stdint.h>
@@ -114,22 +114,6 @@ static long ops_for(const struct opts *o, size_t per_op)
     if (n > o->iters)
         n = o->iters;
     return n < 2 * NBATCH ? 2 * NBATCH : n;
-}
-
-static void pingpong(char *buf, int size, long count)
-{
-    int peer = rank ^ 1;
-    for (long i = 0; i < count; i++) {
-        if (rank == 0) {
-            MPI_Send(buf, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD);
-            MPI_Recv(buf, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
-        } else {
-            MPI_Recv(buf, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
-            MPI_Send(buf, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD);
-        }
-    }
 }
 
 /* `count` windows of o->window messages; buf holds window * size bytes
@@ -230,7 +214,7 @@ static void run_test(const struct opts *o, enum test t, char *buf,
             if (p2p && rank > 1)
                 ; /* bystander */
             else if (t == T_LATENCY)
-                pingpong(buf, size, count);
+                bench_mpi_pingpong(buf, size, rank, 1, count);
             else if (t == T_BW)
                 stream(buf, size, window, count);
             else if (rma)

@@ -11,7 +11,7 @@
  *
  * Protocol: for each size the client sends a 16-byte header {size, count}
  * and then `count` full-size messages, each echoed back whole by the
- * server before the next one; size 0 ends the session. TCP_NODELAY on
+ * server before the next one; size 0 ends the connection. TCP_NODELAY on
  * both ends. The server trusts nothing: sizes are capped.
  */
 #define _GNU_SOURCE

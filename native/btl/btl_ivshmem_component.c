@@ -120,6 +120,8 @@ static void reg_counter(const char *name, const char *desc, uint64_t *ctx,
         NULL, ctx);
 }
 
+static void register_counters(mca_btl_ivshmem_component_t *c);
+
 static int ivshmem_register(void)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -193,7 +195,13 @@ static int ivshmem_register(void)
     m->btl_latency = 1;        /* us */
     m->btl_bandwidth = 10000;  /* Mb/s, like vader without single copy */
     mca_btl_base_param_register(&c->super.btl_version, m);
+    register_counters(c);
+    return OPAL_SUCCESS;
+}
 
+/* The performance variables of docs/btl.md, "Counters". */
+static void register_counters(mca_btl_ivshmem_component_t *c)
+{
     reg_counter("sent_msgs", "BTL messages sent through the region",
                 &c->counters.sent_msgs, NULL);
     reg_counter("sent_bytes", "Bytes sent through the region",
@@ -216,7 +224,6 @@ static int ivshmem_register(void)
                 "Messages of untrusted senders taken from the region and "
                 "never delivered",
                 &c->counters.ignored, NULL);
-    return OPAL_SUCCESS;
 }
 
 static int ivshmem_open(void)
@@ -371,26 +378,11 @@ static const char *param_or_env(const char *param, const char *env)
     return v && *v ? v : NULL;
 }
 
-static mca_btl_base_module_t **ivshmem_init(int *num_btls,
-                                            bool enable_progress_threads,
-                                            bool enable_mpi_threads)
+/* Attach to the region as this rank: through the server, or to the
+   region file. */
+static int attach_region(mca_btl_ivshmem_component_t *c, const char *region,
+                         const char *sock)
 {
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    mca_btl_base_module_t **btls = NULL;
-    *num_btls = 0;
-    (void)enable_progress_threads;
-    (void)enable_mpi_threads;
-
-    memset(&c->my_modex, 0, sizeof c->my_modex);
-    const char *region = param_or_env(c->region_path, "IVSHM_REGION");
-    const char *sock = param_or_env(c->socket_path, "IVSHM_SOCKET");
-    if (!region && !sock) {
-        VERBOSE(10, "btl_ivshmem: no region configured (btl_ivshmem_region, "
-                    "btl_ivshmem_socket, IVSHM_REGION, IVSHM_SOCKET); disabled");
-        publish_modex();
-        return NULL;
-    }
-
     c->job_id = mca_btl_ivshmem_job_id(OPAL_PROC_MY_NAME.jobid);
     c->vpid = OPAL_PROC_MY_NAME.vpid;
     snprintf(c->my_modex.name, sizeof c->my_modex.name, "ompi.%u.%012" PRIx64,
@@ -407,7 +399,6 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
         .doorbell_id = c->position >= 0 && c->position <= 0xffff
                            ? c->position : -1,
     };
-    const char *what = sock ? sock : region;
     if (sock)
         raise_fd_limit();
     int rc = sock ? ivshm_attach_server(sock, &cfg, &c->h)
@@ -422,6 +413,88 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
                 c->vpid, sock);
         rc = ivshm_attach_server(sock, &cfg, &c->h);
     }
+    return rc;
+}
+
+static int init_frag_list(opal_free_list_t *list, size_t payload)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    return opal_free_list_init(list, sizeof(mca_btl_ivshmem_frag_t) + payload,
+                               opal_cache_line_size,
+                               OBJ_CLASS(mca_btl_ivshmem_frag_t), 0,
+                               opal_cache_line_size, c->free_list_num,
+                               c->free_list_max, c->free_list_inc, NULL, 0,
+                               NULL, mca_btl_ivshmem_frag_init, list);
+}
+
+/* What an attached rank needs before it can send: the geometry and the
+   fragment sizes from it (an unusable geometry is said on stderr), our
+   own registry entry, the receive buffer, the per-slot arrays and the
+   fragment lists. */
+static int prepare_module(mca_btl_ivshmem_component_t *c, const char *what,
+                          ivshm_peer_info *me)
+{
+    ivshm_get_geometry(c->h, &c->geom);
+    c->self_slot = ivshm_self(c->h);
+    if (ivshm_peer(c->h, c->self_slot, me) < 0 ||
+        OPAL_SUCCESS != size_fragments()) {
+        fprintf(stderr,
+                "btl_ivshmem: rank %u: region %s has an unusable geometry "
+                "(%u peers, %u slots of %u bytes); traffic falls back to the "
+                "other BTLs\n",
+                c->vpid, what, c->geom.max_peers, c->geom.ring_slots,
+                c->geom.slot_size);
+        return OPAL_ERR_BAD_PARAM;
+    }
+    mca_btl_base_module_t *m = &mca_btl_ivshmem.super;
+    c->rxcap = c->ring_capacity;
+    c->rxbuf = malloc(c->rxcap);
+    if (!c->rxbuf || OPAL_SUCCESS != alloc_slot_arrays(c->geom.max_peers))
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    int rc = init_frag_list(&c->frags_eager, m->btl_eager_limit);
+    if (OPAL_SUCCESS == rc)
+        rc = init_frag_list(&c->frags_max, m->btl_max_send_size);
+    return rc;
+}
+
+/* The vpids that admit_sender may look up (0: it admits nobody, and
+   ob1's add_procs alone builds the trusted set). */
+static void read_job_size(mca_btl_ivshmem_component_t *c)
+{
+    opal_process_name_t wild = OPAL_PROC_MY_NAME;
+    wild.vpid = OPAL_VPID_WILDCARD;
+    uint32_t *job_size = &c->job_size;
+    int rc;
+    c->job_size = 0;
+    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &wild, &job_size,
+                                   OPAL_UINT32);
+    if (OPAL_SUCCESS != rc)
+        c->job_size = 0;
+}
+
+/* Attach, size, publish our place in the region (or that we have none:
+   peers never wait for our modex entry). Any failure leaves traffic to
+   the other BTLs. */
+static mca_btl_base_module_t **ivshmem_init(int *num_btls,
+                                            bool enable_progress_threads,
+                                            bool enable_mpi_threads)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    *num_btls = 0;
+    (void)enable_progress_threads;
+    (void)enable_mpi_threads;
+
+    memset(&c->my_modex, 0, sizeof c->my_modex);
+    const char *region = param_or_env(c->region_path, "IVSHM_REGION");
+    const char *sock = param_or_env(c->socket_path, "IVSHM_SOCKET");
+    if (!region && !sock) {
+        VERBOSE(10, "btl_ivshmem: no region configured (btl_ivshmem_region, "
+                    "btl_ivshmem_socket, IVSHM_REGION, IVSHM_SOCKET); disabled");
+        publish_modex();
+        return NULL;
+    }
+    const char *what = sock ? sock : region;
+    int rc = attach_region(c, region, sock);
     if (rc < 0) {
         c->h = NULL;
         fprintf(stderr,
@@ -432,59 +505,28 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
         publish_modex();
         return NULL;
     }
-    ivshm_get_geometry(c->h, &c->geom);
-    c->self_slot = ivshm_self(c->h);
+
     ivshm_peer_info me;
-    if (ivshm_peer(c->h, c->self_slot, &me) < 0 ||
-        OPAL_SUCCESS != size_fragments()) {
-        fprintf(stderr,
-                "btl_ivshmem: rank %u: region %s has an unusable geometry "
-                "(%u peers, %u slots of %u bytes); traffic falls back to the "
-                "other BTLs\n",
-                c->vpid, what, c->geom.max_peers, c->geom.ring_slots,
-                c->geom.slot_size);
-        goto fail;
+    mca_btl_base_module_t **btls = NULL;
+    if (OPAL_SUCCESS != prepare_module(c, what, &me) ||
+        !(btls = malloc(sizeof *btls))) {
+        free(btls);
+        free(c->rxbuf);
+        c->rxbuf = NULL;
+        mca_btl_ivshmem_free_slot_arrays();
+        ivshm_detach(c->h);
+        c->h = NULL;
+        memset(&c->my_modex, 0, sizeof c->my_modex);
+        publish_modex();
+        return NULL;
     }
-
-    mca_btl_base_module_t *m = &mca_btl_ivshmem.super;
-    c->rxcap = c->ring_capacity;
-    c->rxbuf = malloc(c->rxcap);
-    btls = malloc(sizeof *btls);
-    if (!c->rxbuf || !btls || OPAL_SUCCESS != alloc_slot_arrays(c->geom.max_peers))
-        goto fail;
-    rc = opal_free_list_init(&c->frags_eager,
-                             sizeof(mca_btl_ivshmem_frag_t) + m->btl_eager_limit,
-                             opal_cache_line_size, OBJ_CLASS(mca_btl_ivshmem_frag_t),
-                             0, opal_cache_line_size, c->free_list_num,
-                             c->free_list_max, c->free_list_inc, NULL, 0, NULL,
-                             mca_btl_ivshmem_frag_init, &c->frags_eager);
-    if (OPAL_SUCCESS != rc)
-        goto fail;
-    rc = opal_free_list_init(&c->frags_max,
-                             sizeof(mca_btl_ivshmem_frag_t) + m->btl_max_send_size,
-                             opal_cache_line_size, OBJ_CLASS(mca_btl_ivshmem_frag_t),
-                             0, opal_cache_line_size, c->free_list_num,
-                             c->free_list_max, c->free_list_inc, NULL, 0, NULL,
-                             mca_btl_ivshmem_frag_init, &c->frags_max);
-    if (OPAL_SUCCESS != rc)
-        goto fail;
-
-    /* the vpids that admit_sender may look up (0: it admits nobody,
-       and ob1's add_procs alone builds the trusted set) */
-    opal_process_name_t wild = OPAL_PROC_MY_NAME;
-    wild.vpid = OPAL_VPID_WILDCARD;
-    uint32_t *job_size = &c->job_size;
-    c->job_size = 0;
-    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &wild, &job_size,
-                                   OPAL_UINT32);
-    if (OPAL_SUCCESS != rc)
-        c->job_size = 0;
-
+    read_job_size(c);
     c->my_modex.attached = 1;
     c->my_modex.slot = c->self_slot;
     c->my_modex.generation = me.generation;
     publish_modex();
 
+    mca_btl_base_module_t *m = &mca_btl_ivshmem.super;
     c->block_ms = c->block_us < 0 ? 1 : (c->block_us + 999) / 1000;
     c->last_reap_ns = mca_btl_ivshmem_now_ns();
     VERBOSE(1,
@@ -495,15 +537,4 @@ static mca_btl_base_module_t **ivshmem_init(int *num_btls,
     btls[0] = m;
     *num_btls = 1;
     return btls;
-
-fail:
-    free(btls);
-    free(c->rxbuf);
-    c->rxbuf = NULL;
-    mca_btl_ivshmem_free_slot_arrays();
-    ivshm_detach(c->h);
-    c->h = NULL;
-    memset(&c->my_modex, 0, sizeof c->my_modex);
-    publish_modex();
-    return NULL;
 }

@@ -7,7 +7,7 @@
  * fastest way. But the lines of a slot were last read by the receiver,
  * and there are stretches of seconds on the project's VMs in which
  * writing lines the other CPU holds runs at 2-4 GB/s instead of up to 27
- * (`handoff` shows it without MPI; BENCHMARKS.md, eleventh session): a
+ * (`handoff` shows it without MPI; docs/btl.md, "Message path"): a
  * 2 MB MPI_Sendrecv then takes 1.33 ms instead of 0.19. Non-temporal
  * stores need no copy of the line first and keep 9-20 GB/s (median 16)
  * in those stretches, but make that exchange 1.8-2.9x slower when the

@@ -358,7 +358,7 @@ static int poll_region(uint32_t budget)
            MPI_Sendrecv), the answer is "no", and in an exchange that
            look reads the very slot the peer is writing at that moment:
            a cache-line transfer away from the writer, about a fifth of
-           an 8 B exchange (BENCHMARKS.md, eleventh session). So we look
+           an 8 B exchange (docs/btl.md, "Message path"). So we look
            only while it pays: after a "no", the next IVSHMEM_LOOK_PAUSE
            calls that deliver a message return without looking; a "yes"
            keeps a stream batching. */
@@ -594,7 +594,7 @@ static bool may_ever_block(void)
 
 /* A rank that never blocks says so to libivshm (a spin budget of
    "forever"), which tells the peers: their sends and our receives then
-   skip the fences that only a sleeper needs (wait.c in libivshm), the
+   skip the fences that only a sleeper needs (doorbell.c in libivshm), the
    largest cost of a small message. */
 static void publish_blocking(bool may)
 {

@@ -15,9 +15,9 @@
  *
  * Completion callbacks are never made from inside btl_send: ob1 updates
  * its pipeline counters after btl_send returns, and it advances its own
- * pending lists only from callbacks (Open MPI issue #3845, which is why
- * vader always calls back too). So sent fragments go on the completion
- * queue and progress makes their callbacks.
+ * pending lists only from callbacks (which is why vader always calls
+ * back too). So sent fragments go on the completion queue and progress
+ * makes their callbacks.
  */
 #include "btl_ivshmem.h"
 #include "btl_ivshmem_frag.h"
@@ -161,48 +161,36 @@ int mca_btl_ivshmem_send(struct mca_btl_base_module_t *btl,
     const void *buf = des->des_segments[0].seg_addr.pval;
     const size_t len = des->des_segments[0].seg_len;
     OPAL_THREAD_LOCK(&c->lock);
-    if (OPAL_LIKELY(ep->in_ring == f)) {
+    /* Published now only if nothing waits for the endpoint; -EAGAIN
+       stands for "queue it". */
+    int rc = -EAGAIN;
+    const bool packed = ep->in_ring == f;
+    if (OPAL_LIKELY(packed)) {
         /* packed in the slot at our ring head (prepare_src) */
         ep->in_ring = NULL;
         f->segment.seg_addr.pval = f->data; /* the slot is not ours after */
-        if (OPAL_LIKELY(0 == ep->pending.count)) {
-            int rc = ivshm_send_commit(c->h, ep->slot, tag, len);
-            if (OPAL_LIKELY(0 == rc)) {
-                count_sent(len);
-                ivshmem_queue_push(&c->complete, f);
-                OPAL_THREAD_UNLOCK(&c->lock);
-                return OPAL_SUCCESS;
-            }
-            if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
-                OPAL_THREAD_UNLOCK(&c->lock);
-                mca_btl_ivshmem_peer_failed(ep, rc);
-                return OPAL_ERR_UNREACH;
-            }
-            /* packed for the receiver's queue, whose room other senders
-               took since the reservation (or refused): it waits in our
-               own buffer */
-        }
-        /* fragments queued since it was packed must go first: it leaves
-           the (unpublished) slot for our own buffer and queues too */
-        memcpy(f->data, buf, len);
-        mca_btl_ivshmem_enqueue_pending(ep, f);
+        if (OPAL_LIKELY(0 == ep->pending.count))
+            rc = ivshm_send_commit(c->h, ep->slot, tag, len);
+    } else if (OPAL_LIKELY(0 == ep->pending.count && NULL == ep->in_ring)) {
+        rc = ivshm_try_send(c->h, ep->slot, tag, buf, len);
+    }
+    if (OPAL_LIKELY(0 == rc)) {
+        count_sent(len);
+        ivshmem_queue_push(&c->complete, f);
         OPAL_THREAD_UNLOCK(&c->lock);
         return OPAL_SUCCESS;
     }
-    if (OPAL_LIKELY(0 == ep->pending.count && NULL == ep->in_ring)) {
-        int rc = ivshm_try_send(c->h, ep->slot, tag, buf, len);
-        if (OPAL_LIKELY(0 == rc)) {
-            count_sent(len);
-            ivshmem_queue_push(&c->complete, f);
-            OPAL_THREAD_UNLOCK(&c->lock);
-            return OPAL_SUCCESS;
-        }
-        if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
-            OPAL_THREAD_UNLOCK(&c->lock);
-            mca_btl_ivshmem_peer_failed(ep, rc);
-            return OPAL_ERR_UNREACH;
-        }
+    if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
+        OPAL_THREAD_UNLOCK(&c->lock);
+        mca_btl_ivshmem_peer_failed(ep, rc);
+        return OPAL_ERR_UNREACH;
     }
+    /* Queued behind earlier fragments, or refused for now (a packed one
+       was packed for the receiver's queue, whose room other senders
+       took since the reservation): a packed fragment leaves the
+       unpublished slot for our own buffer. */
+    if (packed)
+        memcpy(f->data, buf, len);
     mca_btl_ivshmem_enqueue_pending(ep, f);
     OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
@@ -234,13 +222,157 @@ static inline int pack_inline(unsigned char *dst, const void *header,
     return 0;
 }
 
+/* How a way of sendi ended. */
+enum sendi_result {
+    SENDI_SENT,   /* published */
+    SENDI_COPY,   /* not now: keep a copy in the endpoint's FIFO */
+    SENDI_BUSY,   /* no fragment for a copy: ob1 keeps the message */
+    SENDI_FAILED, /* the peer failed (rc says how) */
+};
+
+/* A fragment of ours holding a `total`-byte message to `ep` that waits in
+   its FIFO: no completion callback, the PML is done with it. */
+static mca_btl_ivshmem_frag_t *fifo_frag(mca_btl_ivshmem_endpoint_t *ep,
+                                         mca_btl_base_tag_t tag, size_t total)
+{
+    mca_btl_ivshmem_frag_t *f = ivshmem_frag_get(total);
+    if (!f)
+        return NULL;
+    f->segment.seg_len = total;
+    f->endpoint = ep;
+    f->tag = tag;
+    f->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP; /* no callback */
+    return f;
+}
+
+/* What else than -EAGAIN sendi retries from the FIFO rather than failing
+   the peer: -EMSGSIZE (an eager limit set above one slot's payload: the
+   copy goes through try_send, which streams) and a refusal. */
+static inline bool sendi_retry(int rc)
+{
+    return rc == -EAGAIN || rc == -EMSGSIZE || rc == IVSHM_ECORRUPT;
+}
+
+/* Contiguous data (the common case): header and payload go into the next
+   slot in one libivshm call, no reservation. Invariant: the ring is
+   written only while the endpoint has nothing queued or reserved. */
+static inline enum sendi_result sendi_contiguous(
+    mca_btl_ivshmem_component_t *c, mca_btl_ivshmem_endpoint_t *ep,
+    struct opal_convertor_t *convertor, void *header, size_t header_size,
+    size_t payload_size, mca_btl_base_tag_t tag, int *rc)
+{
+    void *data = NULL;
+    if (payload_size)
+        opal_convertor_get_current_pointer(convertor, &data);
+    OPAL_THREAD_LOCK(&c->lock);
+    if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring)) {
+        OPAL_THREAD_UNLOCK(&c->lock); /* another thread got there first */
+        return SENDI_COPY;
+    }
+    *rc = ivshm_send_small(c->h, ep->slot, tag, header, header_size, data,
+                           payload_size);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (OPAL_LIKELY(0 == *rc)) {
+        count_sent(header_size + payload_size);
+        return SENDI_SENT;
+    }
+    /* ring or queue full, or refused: retried from the FIFO */
+    return sendi_retry(*rc) ? SENDI_COPY : SENDI_FAILED;
+}
+
+/* Data the convertor must pack: reserve the next slot, pack into it,
+   commit. With `lock`; `slot` reserved, nothing queued or reserved
+   before. */
+static enum sendi_result sendi_pack_commit(
+    mca_btl_ivshmem_component_t *c, mca_btl_ivshmem_endpoint_t *ep,
+    unsigned char *slot, struct opal_convertor_t *convertor, void *header,
+    size_t header_size, size_t payload_size, mca_btl_base_tag_t tag, int *rc)
+{
+    const size_t total = header_size + payload_size;
+    if (OPAL_UNLIKELY(pack_inline(slot, header, header_size, convertor,
+                                  payload_size) < 0))
+        return SENDI_BUSY; /* never committed: nothing sent */
+    *rc = ivshm_send_commit(c->h, ep->slot, tag, total);
+    if (OPAL_LIKELY(0 == *rc))
+        return SENDI_SENT;
+    if (*rc != -EAGAIN)
+        return SENDI_FAILED;
+    /* Packed for the receiver's queue (staged in our memory), whose
+       room other senders took since the reservation: a copy waits in
+       the FIFO, as for a full ring; the PML is done. */
+    mca_btl_ivshmem_frag_t *f = fifo_frag(ep, tag, total);
+    if (!f)
+        return SENDI_BUSY; /* never committed: nothing sent */
+    memcpy(f->data, slot, total);
+    mca_btl_ivshmem_enqueue_pending(ep, f);
+    return SENDI_SENT;
+}
+
+static enum sendi_result sendi_packed(
+    mca_btl_ivshmem_component_t *c, mca_btl_ivshmem_endpoint_t *ep,
+    struct opal_convertor_t *convertor, void *header, size_t header_size,
+    size_t payload_size, mca_btl_base_tag_t tag, int *rc)
+{
+    const size_t total = header_size + payload_size;
+    OPAL_THREAD_LOCK(&c->lock);
+    unsigned char *slot = ivshm_send_reserve(c->h, ep->slot, total, rc);
+    if (OPAL_LIKELY(NULL != slot && NULL == ep->in_ring && 0 == ep->pending.count)) {
+        enum sendi_result r = sendi_pack_commit(c, ep, slot, convertor, header,
+                                                header_size, payload_size, tag,
+                                                rc);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        if (SENDI_SENT == r && 0 == *rc)
+            count_sent(total);
+        return r;
+    }
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (NULL != slot)
+        return SENDI_BUSY; /* another thread queued or reserved meanwhile */
+    return sendi_retry(*rc) ? SENDI_COPY : SENDI_FAILED;
+}
+
+/* Ring full or fragments queued: our own copy goes to the FIFO, unless
+   the endpoint has become idle meanwhile and it goes out at once. */
+static enum sendi_result sendi_copy(
+    mca_btl_ivshmem_component_t *c, mca_btl_ivshmem_endpoint_t *ep,
+    struct opal_convertor_t *convertor, void *header, size_t header_size,
+    size_t payload_size, mca_btl_base_tag_t tag, int *rc)
+{
+    const size_t total = header_size + payload_size;
+    mca_btl_ivshmem_frag_t *f = fifo_frag(ep, tag, total);
+    if (!f)
+        return SENDI_BUSY;
+    if (pack_inline(f->data, header, header_size, convertor, payload_size) < 0) {
+        ivshmem_frag_return(f);
+        return SENDI_BUSY;
+    }
+    OPAL_THREAD_LOCK(&c->lock);
+    if (0 == ep->pending.count && NULL == ep->in_ring) {
+        *rc = ivshm_try_send(c->h, ep->slot, tag, f->data, total);
+        if (0 == *rc || (*rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, *rc))) {
+            if (0 == *rc)
+                count_sent(total);
+            OPAL_THREAD_UNLOCK(&c->lock);
+            ivshmem_frag_return(f);
+            return 0 == *rc ? SENDI_SENT : SENDI_FAILED;
+        }
+    }
+    mca_btl_ivshmem_enqueue_pending(ep, f);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    return SENDI_SENT;
+}
+
 /*
  * Hot path of small messages (ob1's match header + up to eager_limit
  * bytes): header and payload go straight into the next ring slot, one
  * release store publishes them (ivshm_send_small for contiguous data;
- * reserve, pack, commit when the convertor must pack). Invariant: we only write the ring when
- * the endpoint has nothing queued or reserved, so a sendi never overtakes
- * a queued fragment.
+ * reserve, pack, commit when the convertor must pack). Invariant: we
+ * only write the ring when the endpoint has nothing queued or reserved,
+ * so a sendi never overtakes a queued fragment. Behind queued fragments
+ * a copy joins the queue, never a refusal: a refused sendi sends ob1's
+ * request to its own pending list, and ob1 retries all of those on
+ * every progress call, each retry one more refusal, until our queue
+ * drains (a retry storm that halved the message rate).
  */
 int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
                           struct mca_btl_base_endpoint_t *ep,
@@ -250,134 +382,33 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
                           mca_btl_base_descriptor_t **descriptor)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    const size_t total = header_size + payload_size;
-    mca_btl_ivshmem_frag_t *f;
-    int rc;
     (void)order;
     (void)flags;
 
-    if (OPAL_UNLIKELY(ep->dead || total > btl->btl_eager_limit)) {
+    if (OPAL_UNLIKELY(ep->dead ||
+                      header_size + payload_size > btl->btl_eager_limit)) {
         if (descriptor)
             *descriptor = NULL;
         return ep->dead ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
     }
-    /* Behind queued fragments: a copy joins the queue, never a refusal.
-       A refused sendi sends ob1's request to its own pending list, and
-       ob1 retries all of those on every progress call, each retry one
-       more refusal, until our queue drains (a retry storm that halved
-       the message rate). */
-    if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring))
-        goto copy;
-
-    /* Contiguous data (the common case): header and payload go into the
-       slot in one libivshm call, no reservation. */
-    if (OPAL_LIKELY(0 == payload_size || !opal_convertor_need_buffers(convertor))) {
-        void *data = NULL;
-        if (payload_size)
-            opal_convertor_get_current_pointer(convertor, &data);
-        OPAL_THREAD_LOCK(&c->lock);
-        if (OPAL_UNLIKELY(ep->pending.count || ep->in_ring)) {
-            OPAL_THREAD_UNLOCK(&c->lock); /* another thread got there first */
-            goto copy;
-        }
-        rc = ivshm_send_small(c->h, ep->slot, tag, header, header_size, data,
-                              payload_size);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (OPAL_LIKELY(0 == rc)) {
-            count_sent(total);
-            return OPAL_SUCCESS;
-        }
-        /* ring or queue full; -EMSGSIZE: an eager limit set above one
-           slot's payload (the copy goes through try_send, which streams);
-           a refusal is retried from the queue */
-        if (rc != -EAGAIN && rc != -EMSGSIZE && rc != IVSHM_ECORRUPT)
-            goto failed;
-        goto copy;
-    }
-
-    OPAL_THREAD_LOCK(&c->lock);
-    unsigned char *slot = ivshm_send_reserve(c->h, ep->slot, total, &rc);
-    if (OPAL_LIKELY(NULL != slot && NULL == ep->in_ring && 0 == ep->pending.count)) {
-        if (OPAL_UNLIKELY(pack_inline(slot, header, header_size, convertor,
-                                      payload_size) < 0)) {
-            OPAL_THREAD_UNLOCK(&c->lock); /* never committed: nothing sent */
-            goto busy;
-        }
-        rc = ivshm_send_commit(c->h, ep->slot, tag, total);
-        if (OPAL_LIKELY(0 == rc)) {
-            OPAL_THREAD_UNLOCK(&c->lock);
-            count_sent(total);
-            return OPAL_SUCCESS;
-        }
-        if (rc != -EAGAIN) {
-            OPAL_THREAD_UNLOCK(&c->lock);
-            goto failed;
-        }
-        /* Packed for the receiver's queue (staged in our memory), whose
-           room other senders took since the reservation: keep a copy in
-           the FIFO, as for a full ring below; the PML is done. */
-        f = ivshmem_frag_get(total);
-        if (!f) {
-            OPAL_THREAD_UNLOCK(&c->lock); /* never committed: nothing sent */
-            goto busy;
-        }
-        memcpy(f->data, slot, total);
-        f->segment.seg_len = total;
-        f->endpoint = ep;
-        f->tag = tag;
-        f->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP; /* no callback */
-        mca_btl_ivshmem_enqueue_pending(ep, f);
-        OPAL_THREAD_UNLOCK(&c->lock);
+    int rc = 0;
+    enum sendi_result r = SENDI_COPY;
+    if (OPAL_LIKELY(0 == ep->pending.count && NULL == ep->in_ring))
+        r = OPAL_LIKELY(0 == payload_size ||
+                        !opal_convertor_need_buffers(convertor))
+                ? sendi_contiguous(c, ep, convertor, header, header_size,
+                                   payload_size, tag, &rc)
+                : sendi_packed(c, ep, convertor, header, header_size,
+                               payload_size, tag, &rc);
+    if (OPAL_UNLIKELY(SENDI_COPY == r))
+        r = sendi_copy(c, ep, convertor, header, header_size, payload_size,
+                       tag, &rc);
+    if (OPAL_LIKELY(SENDI_SENT == r))
         return OPAL_SUCCESS;
-    }
-    OPAL_THREAD_UNLOCK(&c->lock);
-    if (NULL != slot)
-        goto busy; /* another thread queued or reserved meanwhile */
-    /* -EMSGSIZE: an eager limit set above one slot's payload; a
-       refusal is retried from the queue */
-    if (rc != -EAGAIN && rc != -EMSGSIZE && rc != IVSHM_ECORRUPT)
-        goto failed;
-
-copy:
-    /* ring full or fragments queued: keep our own copy in the FIFO; the
-       PML is done */
-    f = ivshmem_frag_get(total);
-    if (!f)
-        goto busy;
-    if (pack_inline(f->data, header, header_size, convertor, payload_size) < 0) {
-        ivshmem_frag_return(f);
-        goto busy;
-    }
-    f->segment.seg_len = total;
-    f->endpoint = ep;
-    f->tag = tag;
-    f->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP; /* no callback */
-    OPAL_THREAD_LOCK(&c->lock);
-    if (0 == ep->pending.count && NULL == ep->in_ring) {
-        rc = ivshm_try_send(c->h, ep->slot, tag, f->data, total);
-        if (0 == rc) {
-            count_sent(total);
-            OPAL_THREAD_UNLOCK(&c->lock);
-            ivshmem_frag_return(f);
-            return OPAL_SUCCESS;
-        }
-        if (rc != -EAGAIN && !mca_btl_ivshmem_send_refused(ep, rc)) {
-            OPAL_THREAD_UNLOCK(&c->lock);
-            ivshmem_frag_return(f);
-            goto failed;
-        }
-    }
-    mca_btl_ivshmem_enqueue_pending(ep, f);
-    OPAL_THREAD_UNLOCK(&c->lock);
-    return OPAL_SUCCESS;
-
-failed:
+    if (descriptor)
+        *descriptor = NULL;
+    if (SENDI_BUSY == r)
+        return OPAL_ERR_OUT_OF_RESOURCE;
     mca_btl_ivshmem_peer_failed(ep, rc);
-    if (descriptor)
-        *descriptor = NULL;
     return OPAL_ERR_UNREACH;
-busy:
-    if (descriptor)
-        *descriptor = NULL;
-    return OPAL_ERR_OUT_OF_RESOURCE;
 }

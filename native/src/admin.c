@@ -7,7 +7,8 @@
 #define _GNU_SOURCE
 #include "ivshm_admin.h"
 
-#include "internal.h"
+#include "region.h"
+#include "registry.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
  * processes whatever address each one mapped the region at.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "doorbell.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -67,17 +67,20 @@ static void futex_destroy(struct ivshm_doorbell *db)
     free(db);
 }
 
+static const struct ivshm_doorbell futex_ops = {
+    .kind = DB_FUTEX,
+    .ring = futex_ring,
+    .arm = futex_arm,
+    .wait = futex_wait,
+    .fd = futex_fd,
+    .poll_notices = futex_notices,
+    .destroy = futex_destroy,
+};
+
 struct ivshm_doorbell *ivshm_db_futex_new(void)
 {
-    struct ivshm_doorbell *db = calloc(1, sizeof *db);
-    if (!db)
-        return NULL;
-    db->kind = DB_FUTEX;
-    db->ring = futex_ring;
-    db->arm = futex_arm;
-    db->wait = futex_wait;
-    db->fd = futex_fd;
-    db->poll_notices = futex_notices;
-    db->destroy = futex_destroy;
+    struct ivshm_doorbell *db = malloc(sizeof *db);
+    if (db)
+        *db = futex_ops;
     return db;
 }

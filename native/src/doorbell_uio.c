@@ -36,7 +36,7 @@
  * server's notice marks it dead with the first.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "doorbell.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -377,22 +377,36 @@ static void none_destroy(struct ivshm_doorbell *db)
     free(db);
 }
 
+static const struct ivshm_doorbell none_ops = {
+    .kind = DB_NONE,
+    .ring = none_ring,
+    .arm = none_arm,
+    .wait = none_wait,
+    .fd = none_fd,
+    .poll_notices = uio_notices,
+    .destroy = none_destroy,
+};
+
 static struct ivshm_doorbell *none_new(int *err)
 {
-    struct ivshm_doorbell *db = calloc(1, sizeof *db);
+    struct ivshm_doorbell *db = malloc(sizeof *db);
     if (!db) {
         *err = -ENOMEM;
         return NULL;
     }
-    db->kind = DB_NONE;
-    db->ring = none_ring;
-    db->arm = none_arm;
-    db->wait = none_wait;
-    db->fd = none_fd;
-    db->poll_notices = uio_notices;
-    db->destroy = none_destroy;
+    *db = none_ops;
     return db;
 }
+
+static const struct ivshm_doorbell uio_ops = {
+    .kind = DB_UIO,
+    .ring = uio_ring,
+    .arm = uio_arm,
+    .wait = uio_wait,
+    .fd = uio_fd,
+    .poll_notices = uio_notices,
+    .destroy = uio_destroy,
+};
 
 struct ivshm_doorbell *ivshm_db_uio_new(const char *uio_dev,
                                         const char *bar0_path,
@@ -427,12 +441,6 @@ struct ivshm_doorbell *ivshm_db_uio_new(const char *uio_dev,
         *err = rc;
         return NULL;
     }
-    u->db.kind = DB_UIO;
-    u->db.ring = uio_ring;
-    u->db.arm = uio_arm;
-    u->db.wait = uio_wait;
-    u->db.fd = uio_fd;
-    u->db.poll_notices = uio_notices;
-    u->db.destroy = uio_destroy;
+    u->db = uio_ops;
     return &u->db;
 }

@@ -1,4 +1,4 @@
-#include "internal.h"
+#include "ivshm.h"
 
 #include <string.h>
 

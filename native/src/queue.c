@@ -17,13 +17,14 @@
  * sends the message again.
  */
 #define _GNU_SOURCE
-#include "msg.h"
+#include "queue.h"
 
-_Static_assert(sizeof(struct ivshm_cell) == IVSHM_SLOT_HDR,
-               "cell header is IVSHM_SLOT_HDR bytes");
-_Static_assert(sizeof(struct ivshm_queue_ctrl) == IVSHM_QUEUE_CTRL,
-               "queue ctrl size");
-_Static_assert(IVSHM_MAX_PEERS <= 1024, "CLAIM holds 10 bits of slot");
+#include "clock.h"
+#include "doorbell.h"
+#include "peer_local.h"
+#include "registry.h"
+
+#include <string.h>
 
 /* A free cell behind enqueue_pos this long: its producer died (or was
    descheduled) between taking the position and claiming the cell. Its
@@ -174,10 +175,6 @@ static bool q_space_ready(ivshm *h, void *arg)
     return q_room(h, w->j, w->n);
 }
 
-/* Send one message (or one control cell) through Q(j). timeout_ms as in
-   ivshm_ring_send. A message of at most queue_slots cells is one batch, all or
-   nothing; a longer one streams in batches of half the queue, so other
-   senders get turns in between. */
 int ivshm_q_send(ivshm *h, int j, uint32_t tag, const void *buf, size_t len,
                  uint16_t ctl, uint64_t ctl_total, int timeout_ms,
                  uint64_t deadline)
@@ -232,8 +229,7 @@ int ivshm_q_send(ivshm *h, int j, uint32_t tag, const void *buf, size_t len,
 /* consumer side: our own queue                                       */
 /* ------------------------------------------------------------------ */
 
-/* Producers waiting for room in our queue: wake them (see q_space_ready
-   for the pairing). Called after we freed cells. */
+/* See q_space_ready for the pairing. */
 void ivshm_q_wake_waiters(ivshm *h)
 {
     struct ivshm_queue_ctrl *qc = h->my_qctrl;
@@ -270,11 +266,8 @@ static bool q_stuck_for(ivshm *h, uint64_t seq, uint64_t ns)
     return true;
 }
 
-/* Look at the head of our queue: Q_FULL with *out filled (a message
-   cell of a sender we know, in the generation we know), Q_EMPTY, or
-   Q_WAIT (a producer is still writing the head cell). Padding, stale
-   cells, cells of dead claimers and garbage are dropped on the way; the
-   loop is bounded by the queue's size. */
+/* Padding, stale cells, cells of dead claimers and garbage are dropped
+   on the way; the loop is bounded by the queue's size. */
 int ivshm_q_front(ivshm *h, struct qhead *out)
 {
     for (uint32_t round = 0; round < h->queue_slots; round++) {
@@ -364,4 +357,23 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
         h->stats.dropped++;
     }
     return Q_WAIT;
+}
+
+void ivshm_q_reset(ivshm *h)
+{
+    struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);
+    h->my_qctrl = qc;
+    h->my_cells = ivshm_rx_area(h, h->self) + IVSHM_QUEUE_CTRL;
+    atomic_store_explicit(&qc->enqueue_pos, 0, memory_order_relaxed);
+    atomic_store_explicit(&qc->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&qc->waiters_any, 0, memory_order_relaxed);
+    for (uint32_t w = 0; w < IVSHM_MAX_PEERS / 64; w++)
+        atomic_store_explicit(&qc->waiters[w], 0, memory_order_relaxed);
+    for (uint64_t pos = 0; pos < h->queue_slots; pos++)
+        atomic_store_explicit(&ivshm_my_qcell(h, pos)->seq, pos,
+                              memory_order_relaxed);
+    h->q_head = 0;
+    h->q_skip_until = 0;
+    h->q_stuck_since = 0;
+    h->q_peek_src = -1;
 }

@@ -1,4 +1,10 @@
 /*
+ * Receiving: where the next message of a sender lies (its backlog, its
+ * fast ring, or our queue's head), reassembly of a message of several
+ * fragments, and the receive API of ivshm.h. The structures themselves
+ * are ring.h, queue.h and channel.h; backlogs and the stage of a message
+ * in progress peer_local.h; the repairs of the whole area rx_area.c.
+ *
  * The consumer keeps its position locally (q_head). A receive from one
  * sender that finds other senders' cells at the head moves them to
  * per-sender backlogs in local memory (bounded), delivered later in
@@ -9,16 +15,22 @@
  * lies (ring slot, queue cell or backlog) and recv_release consumes it.
  */
 #define _GNU_SOURCE
-#include "msg.h"
+#include "channel.h"
+#include "clock.h"
+#include "doorbell.h"
+#include "peer_local.h"
+#include "queue.h"
+#include "ring.h"
+#include "rx_area.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Drops of stale cells in one receive call: a producer that keeps
    writing stale slots must not hold us in the loop. */
 #define MAX_DROPS_PER_CALL(h) ((h)->ring_slots + (h)->queue_slots)
-
-/* Bound on what the backlogs hold (payload + record headers). */
-#define BACKLOG_MAX_BYTES (64ull << 20)
 
 /* Empty receive polls between two looks at the clock for a sweep of
    descriptors left by departed senders. */
@@ -30,58 +42,12 @@
 /* receiving: our area                                                */
 /* ------------------------------------------------------------------ */
 
-/* Refresh our local view of the sender in `slot`. A sender that left or
-   died keeps its generation in the registry until the slot is claimed
-   again: so what it published is still that generation's and may be
-   delivered. We never write the tail of a departed sender's ring. */
-enum rx_view ivshm_rx_view_slow(ivshm *h, int slot)
-{
-    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
-    uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
-    if (st != PEER_FREE && st != PEER_DEAD)
-        return RX_NONE;
-    uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
-    if (gen == 0)
-        return RX_NONE;
-    /* an incarnation we never talked to: its positions began at 0 */
-    if (h->peers[slot].gen != gen)
-        ivshm_peer_local_reset(h, slot, gen);
-    return RX_GONE;
-}
-
 /* The next cell of one sender, wherever it lies. */
 struct cref {
     int kind;            /* SRC_* */
     struct frag f;       /* validated by the caller before use */
     const uint8_t *data; /* payload: backlog record, ring slot or cell */
 };
-
-/* ---- backlogs ---- */
-
-static void bl_pop(ivshm *h, int slot)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    struct ivshm_backlog *b = p->bl_head;
-    if (!b)
-        return;
-    p->bl_head = b->next;
-    if (!p->bl_head)
-        p->bl_tail = NULL;
-    h->bl_bytes -= sizeof *b + b->len;
-    free(b);
-    if (--p->bl_count == 0)
-        for (int x = 0; x < h->n_bl; x++)
-            if (h->bl_list[x] == slot) {
-                h->bl_list[x] = h->bl_list[--h->n_bl];
-                break;
-            }
-}
-
-static void bl_clear(ivshm *h, int slot)
-{
-    while (h->peers[slot].bl_head)
-        bl_pop(h, slot);
-}
 
 /* Move the head cell (of q->src) to its sender's backlog. Refused while
    a peeked message lies at the head (its pointer must stay good), when
@@ -90,135 +56,10 @@ static int q_to_backlog(ivshm *h, const struct qhead *q)
 {
     if (h->q_peek_src >= 0)
         return -EAGAIN;
-    struct frag f = q->f;
-    if (f.len > slot_payload(h)) {
-        f.len = 0;        /* kept as a marker: reported as corrupt */
-        f.flags = 0xffff;
-    }
-    if (h->bl_bytes + sizeof(struct ivshm_backlog) + f.len > BACKLOG_MAX_BYTES)
-        return -ENOBUFS;
-    struct ivshm_backlog *b = malloc(sizeof *b + f.len);
-    if (!b)
-        return -ENOMEM;
-    b->next = NULL;
-    b->len = f.len;
-    b->tag = f.tag;
-    b->gen = f.gen;
-    b->flags = f.flags;
-    b->total = f.total;
-    if (f.len)
-        memcpy(b->data, q->data, f.len);
-    struct ivshm_peer_local *p = &h->peers[q->src];
-    if (p->bl_tail)
-        p->bl_tail->next = b;
-    else
-        p->bl_head = b;
-    p->bl_tail = b;
-    if (p->bl_count++ == 0)
-        h->bl_list[h->n_bl++] = q->src;
-    h->bl_bytes += sizeof *b + f.len;
-    q_advance(h, 0, false);
-    return 0;
-}
-
-/* What one co-tenant write can leave in `slot`'s fast ring (a live
-   sender we read from), repaired by the producer's `head` (stored with
-   release after the publication of every position below it). Off the
-   hot paths: it costs a load of the producer's line, which would bounce
-   on every message. Two repairs:
-   - A message hidden: a co-tenant rewrote the seq of a slot the
-     producer had published, so the slot looks empty, we wait at it for
-     good and the producer, once the ring is full, too. When the head
-     says our position is published, a seq loaded after it must say
-     "full" unless somebody else wrote it, and we put that value back
-     (the header and payload are then validated as for any slot). A
-     forged head makes us take what lies in a slot the producer has not
-     written yet: a stale or half-written message, reported or delivered
-     as a forgery would be, and the producer follows our tail
-     (tail_ahead).
-   - Messages overwritten: a head more than a ring ahead of us means the
-     producer believed a tail written forward by a co-tenant and wrote
-     over positions we had not read (an honest producer never gets that
-     far ahead), if the slot at our position holds such a later lap. Those are gone: we go on from head - ring_slots, the
-     oldest position the ring can still hold, and the next receive from
-     that sender reports IVSHM_ECORRUPT for them (a message of theirs in
-     progress goes too; counted in stats.dropped). A forged head makes us
-     skip what we had not read, and the producer then follows our tail.
-   Not while a peeked message lies at our position (its pointer must
-   stay good). True if it skipped. */
-static void rx_abandon(struct ivshm_peer_local *p);
-
-static bool rx_heal_ring(ivshm *h, int slot)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
-    uint64_t pos = p->rx_tail;
-    uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
-    if (head <= pos || p->peeked)
-        return false;
-    bool skipped = false;
-    if (head - pos > h->ring_slots) {
-        if (head - pos > RING_JUMP_MAX)
-            return false;
-        /* Evidence beyond the head, which a co-tenant can forge and a
-           sender that passed its checks before this ring was reset for
-           us (descheduled across our incarnation) can store stale: the
-           slot at our position holds a later lap, below the head.
-           Without it, no jump (a hidden slot is still shown below). */
-        uint64_t lap = atomic_load_explicit(
-            &slot_at(h, p->rx_ring, pos)->seq, memory_order_acquire);
-        if (lap <= pos + 1 || lap > head || (lap - 1 - pos) % h->ring_slots)
-            goto heal_hidden;
-        uint64_t to = head - h->ring_slots;
-        rx_abandon(p);
-        p->rx_partial = p->rx_lost = true; /* rx_message reports it */
-        h->stats.dropped += to - pos;
-        p->rx_tail = pos = to;
-        atomic_store_explicit(&ctrl->tail, to, memory_order_release);
-        ivshm_kick(h, slot);
-        skipped = true;
-    }
-heal_hidden:;
-    struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
-    uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-    if (seq != pos + 1)
-        atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
-    return skipped;
-}
-
-/* rx_heal_ring for every live sender on a fast channel of ours. */
-static void rx_heal_hidden(ivshm *h)
-{
-    for (int x = 0; x < h->n_act; x++) {
-        int slot = h->act[x];
-        struct ivshm_peer_local *p = &h->peers[slot];
-        /* rx_chan again: a new incarnation seen by ivshm_peer_current
-           frees the channel (and moves act[], so one entry may be
-           skipped this round) */
-        if (p->rx_chan < 0 || !ivshm_peer_current(h, slot) || p->rx_chan < 0)
-            continue;
-        rx_heal_ring(h, slot);
-    }
-}
-
-/* A departed sender's ring looks empty at our position: if its last
-   head says the position was published, a co-tenant hid the message
-   (see rx_heal_ring). Put the "full" value back, so that what it sent
-   before it left is still delivered. False if the position was not
-   published (or a co-tenant's head says so: we then take what lies
-   there, validated, as for a live sender). */
-static __attribute__((noinline)) bool rx_unhide_gone(ivshm *h, int slot)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
-    const uint64_t pos = p->rx_tail;
-    uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
-    if (head <= pos || head - pos > h->ring_slots)
-        return false;
-    struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
-    uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-    return seq == pos + 1 ||
-           atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
+    int rc = ivshm_bl_push(h, q->src, &q->f, q->data);
+    if (rc == 0)
+        q_advance(h, 0, false);
+    return rc;
 }
 
 /* ---- the next cell of one sender ---- */
@@ -254,7 +95,7 @@ IVSHM_HOT_INLINE int next_cell(ivshm *h, int slot, enum rx_view view,
             rx_heal_tail(h, slot, ring);
             return 0;
         }
-        if (rx_unhide_gone(h, slot)) {
+        if (ivshm_ring_unhide_gone(h, slot)) {
             c->kind = SRC_RING;
             frag_read(s, &c->f);
             c->data = slot_data(s);
@@ -284,7 +125,7 @@ static inline void consume_cell(ivshm *h, int slot, const struct cref *c,
     h->peers[slot].peeked = false;
     switch (c->kind) {
     case SRC_BACKLOG:
-        bl_pop(h, slot);
+        ivshm_bl_pop(h, slot);
         break;
     case SRC_RING:
         rx_consume(h, slot, rx_ring(h, slot), view);
@@ -295,38 +136,17 @@ static inline void consume_cell(ivshm *h, int slot, const struct cref *c,
     }
 }
 
-/* Read `slot`'s messages from fast channel k of our area from now on
-   (validated by the caller: k is free on our side, its descriptor names
-   the sender, the sender has no channel with us). */
-void ivshm_rx_adopt(ivshm *h, int slot, uint32_t k)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    p->rx_chan = (int16_t)k;
-    p->rx_ring = ivshm_fring(h, h->self, k);
-    p->rx_tail = 0;
-    h->chan_user[k] = slot;
-    h->act[h->n_act++] = slot;
-}
-
 /* An OPEN cell of `slot`: from now on it sends on fast channel k of our
-   area. Accepted only if the descriptor says so (loaded once): the
-   sender took it with its slot and generation. */
+   area (if the descriptor says so: ivshm_chan_accept). */
 static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
 {
     uint64_t k = c->f.total;
     consume_cell(h, slot, c, view);
-    struct ivshm_peer_local *p = &h->peers[slot];
-    uint64_t want = (uint64_t)(slot + 1) | (uint64_t)p->gen << 32;
-    bool ok = k < h->fast_channels && p->rx_chan < 0 &&
-              h->chan_user[k] < 0 &&
-              atomic_load_explicit(&ivshm_fdesc(h, h->self, (uint32_t)k)->owner,
-                                   memory_order_acquire) == want;
-    if (!ok) {
+    if (!ivshm_chan_accept(h, slot, k)) {
         /* a departed sender's descriptor may have been swept already */
         h->stats.dropped++;
         return view == RX_LIVE ? IVSHM_ECORRUPT : 0;
     }
-    ivshm_rx_adopt(h, slot, (uint32_t)k);
     return 0;
 }
 
@@ -348,57 +168,6 @@ static inline bool flags_bad(uint32_t flags)
     return (flags & ~(uint32_t)(SLOT_FIRST | SLOT_LAST)) != 0;
 }
 
-/* The message in progress from `slot` is given up (error, or a new
-   incarnation): what was staged goes, its stream moves on. */
-static void rx_abandon(struct ivshm_peer_local *p)
-{
-    free(p->rx_stage);
-    p->rx_stage = NULL;
-    p->rx_stage_cap = 0;
-    p->rx_partial = false;
-    p->rx_nomem = false;
-    p->rx_lost = false;
-    p->rx_kept = 0;
-}
-
-/* Room for `n` staged bytes (n <= rx_keep). Grows by doubling, so the
-   memory follows the bytes actually received, not a forged total, and
-   never exceeds rx_keep (at most the caller's cap). False (and rx_nomem) when out of
-   memory: the message is then drained and reported as -ENOMEM. */
-static bool stage_room(struct ivshm_peer_local *p, uint64_t n)
-{
-    if (n <= p->rx_stage_cap)
-        return true;
-    if (p->rx_nomem)
-        return false;
-    uint64_t cap = p->rx_stage_cap ? p->rx_stage_cap : 4096;
-    while (cap < n)
-        cap *= 2;
-    if (cap > p->rx_keep)
-        cap = p->rx_keep;
-    uint8_t *st = realloc(p->rx_stage, cap);
-    if (!st) {
-        p->rx_nomem = true;
-        return false;
-    }
-    p->rx_stage = st;
-    p->rx_stage_cap = cap;
-    return true;
-}
-
-/* Append what fits of a validated fragment to the stage. */
-static void stage_append(struct ivshm_peer_local *p, const uint8_t *data,
-                         uint32_t len)
-{
-    if (p->rx_kept >= p->rx_keep || len == 0)
-        return;
-    uint64_t n = p->rx_keep - p->rx_kept < len ? p->rx_keep - p->rx_kept : len;
-    if (!stage_room(p, p->rx_kept + n))
-        return;
-    memcpy(p->rx_stage + p->rx_kept, data, n);
-    p->rx_kept += n;
-}
-
 struct cell_wait {
     int slot;
     enum rx_view view;
@@ -413,11 +182,11 @@ static bool cell_ready(ivshm *h, void *arg)
 
 /* Mid-message: wait for the next fragment until `deadline` (0: not at
    all), spinning as a receive between messages would, in slices of at
-   most SWEEP_EVERY_MS each followed by rx_heal_ring: a fragment a
+   most SWEEP_EVERY_MS each followed by ivshm_ring_heal: a fragment a
    co-tenant hid would otherwise hold a receive without deadline for
    good (and one with a deadline until then, every time). 0 when it is
    there, -ETIMEDOUT, IVSHM_ECORRUPT when the producer overwrote what we
-   had not read (rx_heal_ring: the message is lost), IVSHM_EPEERDEAD
+   had not read (ivshm_ring_heal: the message is lost), IVSHM_EPEERDEAD
    once a dead sender's last published fragment is gone (a death turns
    *view into RX_GONE). */
 static int rx_wait_fragment(ivshm *h, int slot, enum rx_view *view,
@@ -434,8 +203,10 @@ static int rx_wait_fragment(ivshm *h, int slot, enum rx_view *view,
         if (rc == -ETIMEDOUT) {
             /* the wait saw the sender alive in the incarnation we know:
                its ring (if it has one) is the one we read */
-            if (h->peers[slot].rx_chan >= 0 && rx_heal_ring(h, slot))
+            if (h->peers[slot].rx_chan >= 0 && ivshm_ring_heal(h, slot)) {
+                ivshm_rx_lost(&h->peers[slot]);
                 return IVSHM_ECORRUPT;
+            }
             if (sliced)
                 continue;
         }
@@ -483,7 +254,7 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
         }
         if (rc < 0) {
             /* cut: keep what this call stored, for the next one */
-            if (!staged && stored && stage_room(p, stored)) {
+            if (!staged && stored && ivshm_stage_room(p, stored)) {
                 memcpy(p->rx_stage, buf, stored);
                 p->rx_kept = stored;
             }
@@ -512,7 +283,7 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
             return IVSHM_ECORRUPT;
         }
         if (staged)
-            stage_append(p, c.data, c.f.len);
+            ivshm_stage_append(p, c.data, c.f.len);
         else
             copy_out(buf, p->rx_keep, &stored, c.data, c.f.len);
         consume_cell(h, slot, &c, view);
@@ -558,7 +329,7 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     const uint32_t payload = slot_payload(h);
 
     if (p->rx_partial) {
-        if (p->rx_lost) { /* overwritten (rx_heal_ring): say so once */
+        if (p->rx_lost) { /* overwritten (ivshm_ring_heal): say so once */
             rx_abandon(p);
             return IVSHM_ECORRUPT;
         }
@@ -809,7 +580,7 @@ static int partial_sender(const ivshm *h)
 
 /* At most every SWEEP_EVERY_MS, when a receive finds nothing: free
    descriptors of senders that took one and went away before using it,
-   adopt channels whose OPEN was lost, and repair what rx_heal_ring
+   adopt channels whose OPEN was lost, and repair what ivshm_ring_heal
    repairs. */
 static void sweep_due(ivshm *h)
 {
@@ -818,7 +589,7 @@ static void sweep_due(ivshm *h)
         return;
     h->next_sweep_ns = now + SWEEP_EVERY_NS;
     ivshm_fast_sweep(h);
-    rx_heal_hidden(h);
+    ivshm_rx_heal_hidden(h);
 }
 
 /* Counted polls first: the clock is not read on every empty poll. */
@@ -837,10 +608,7 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
     /* 0: poll, the deadline has passed already; UINT64_MAX: forever */
-    const uint64_t deadline =
-        timeout_ms < 0 ? UINT64_MAX
-        : timeout_ms == 0 ? 0
-                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    const uint64_t deadline = ivshm_deadline(timeout_ms);
 
     for (;;) {
         int got_src = from;
@@ -885,7 +653,7 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
             /* both repairs of the 200 ms sweep: a poller gets them from
                maybe_sweep, a long blocking receive only here */
             ivshm_fast_sweep(h);
-            rx_heal_hidden(h);
+            ivshm_rx_heal_hidden(h);
             continue;
         }
         if (w == -ETIMEDOUT) {
@@ -927,9 +695,7 @@ int ivshm_wait_message(ivshm *h, int timeout_ms)
 {
     if (!h || h->self < 0)
         return -EINVAL;
-    const uint64_t deadline =
-        timeout_ms < 0 ? UINT64_MAX
-                       : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    const uint64_t deadline = ivshm_deadline(timeout_ms);
     for (;;) {
         int wait_ms = timeout_ms == 0 ? 0 : ms_left(deadline);
         if (wait_ms == -ETIMEDOUT)
@@ -941,7 +707,7 @@ int ivshm_wait_message(ivshm *h, int timeout_ms)
                             sliced ? SWEEP_EVERY_MS : wait_ms);
         if (rc == -ETIMEDOUT && sliced) {
             ivshm_fast_sweep(h);
-            rx_heal_hidden(h);
+            ivshm_rx_heal_hidden(h);
             continue;
         }
         if (rc == -ETIMEDOUT)
@@ -1039,56 +805,4 @@ int ivshm_recv_release(ivshm *h, int src)
     }
     consume_cell(h, src, &c, view);
     return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* local state                                                        */
-/* ------------------------------------------------------------------ */
-
-void ivshm_rx_area_reset(ivshm *h)
-{
-    struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);
-    h->my_qctrl = qc;
-    h->my_cells = ivshm_rx_area(h, h->self) + IVSHM_QUEUE_CTRL;
-    atomic_store_explicit(&qc->enqueue_pos, 0, memory_order_relaxed);
-    atomic_store_explicit(&qc->head, 0, memory_order_relaxed);
-    atomic_store_explicit(&qc->waiters_any, 0, memory_order_relaxed);
-    for (uint32_t w = 0; w < IVSHM_MAX_PEERS / 64; w++)
-        atomic_store_explicit(&qc->waiters[w], 0, memory_order_relaxed);
-    for (uint64_t pos = 0; pos < h->queue_slots; pos++)
-        atomic_store_explicit(&ivshm_my_qcell(h, pos)->seq, pos,
-                              memory_order_relaxed);
-    for (uint32_t k = 0; k < h->fast_channels; k++) {
-        ivshm_chan_reset(h, k);
-        h->chan_user[k] = -1;
-    }
-    h->n_act = 0;
-    h->q_head = 0;
-    h->q_skip_until = 0;
-    h->q_stuck_since = 0;
-    h->q_peek_src = -1;
-    h->rr_next = 0;
-    h->rx_hot = -1;
-}
-
-void ivshm_peer_local_free(ivshm *h, int slot)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    bl_clear(h, slot);
-    free(p->rx_stage);
-    free(p->tx_stage);
-    p->rx_stage = p->tx_stage = NULL;
-}
-
-void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    if (p->rx_chan >= 0 && h->self >= 0)
-        ivshm_chan_free(h, slot);
-    if (h->q_peek_src == slot)
-        h->q_peek_src = -1;
-    ivshm_peer_local_free(h, slot);
-    memset(p, 0, sizeof *p);
-    p->gen = gen;
-    p->tx_chan = p->rx_chan = -1;
 }

@@ -8,7 +8,9 @@
  * view of the rings, registry or heap.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "region.h"
+
+#include "clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -436,6 +438,11 @@ int ivshm_region_map(int fd, ivshm **out)
     return map_fd(fd, false, out);
 }
 
+int ivshm_region_map_or_format(int fd, ivshm **out)
+{
+    return map_fd(fd, true, out);
+}
+
 void ivshm_region_unmap(ivshm *h)
 {
     if (!h)
@@ -447,87 +454,4 @@ void ivshm_region_unmap(ivshm *h)
     free(h->bl_list);
     free(h->listen_gen);
     free(h);
-}
-
-int ivshm_attach_path(const char *path, const ivshm_config *cfg, ivshm **out)
-{
-    if (!path || !cfg || !out)
-        return -EINVAL;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    ivshm *h;
-    int rc = map_fd(fd, cfg->flags & IVSHM_F_FORMAT, &h);
-    if (rc < 0) {
-        close(fd);
-        return rc;
-    }
-    int32_t db_id = -1;
-    int kind = DB_FUTEX;
-    if (cfg->uio_dev && cfg->bar0_path) {
-        db_id = cfg->doorbell_id;
-        h->db = ivshm_db_uio_new(cfg->uio_dev, cfg->bar0_path, &db_id, &rc);
-        kind = h->db ? h->db->kind : DB_UIO;
-    } else {
-        h->db = ivshm_db_futex_new();
-        if (!h->db)
-            rc = -ENOMEM;
-    }
-    if (h->db)
-        rc = ivshm_registry_join(h, cfg, db_id, kind);
-    if (rc < 0) {
-        if (h->db)
-            h->db->destroy(h->db);
-        ivshm_region_unmap(h);
-        return rc;
-    }
-    *out = h;
-    return 0;
-}
-
-void ivshm_detach(ivshm *h)
-{
-    if (!h)
-        return;
-    if (h->self >= 0)
-        ivshm_registry_leave(h);
-    /* local memory only: what we kept for each peer */
-    for (uint32_t x = 0; x < h->max_peers; x++)
-        ivshm_peer_local_free(h, (int)x);
-    if (h->db)
-        h->db->destroy(h->db);
-    ivshm_region_unmap(h);
-}
-
-uint64_t ivshm_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void ivshm_get_stats(const ivshm *h, ivshm_stats *out)
-{
-    *out = h->stats;
-}
-
-void ivshm_get_geometry(const ivshm *h, ivshm_geometry *out)
-{
-    out->max_peers = h->max_peers;
-    out->ring_slots = h->ring_slots;
-    out->slot_size = h->slot_size;
-    out->max_windows = h->max_windows;
-    out->queue_slots = h->queue_slots;
-    out->fast_channels = h->fast_channels ? h->fast_channels : IVSHM_FAST_NONE;
-}
-
-void ivshm_set_spin(ivshm *h, int64_t spin_ns)
-{
-    h->spin_ns = spin_ns;
-    ivshm_announce_blocking(h, spin_ns >= 0);
-}
-
-int ivshm_event_fd(ivshm *h)
-{
-    return h->db && h->db->fd ? h->db->fd(h->db) : -1;
 }

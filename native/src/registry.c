@@ -10,7 +10,10 @@
  * from the old one and reset their local ring positions.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "registry.h"
+
+#include "clock.h"
+#include "window_table.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,108 +23,52 @@
 #include <string.h>
 #include <unistd.h>
 
-static int64_t default_spin_ns(void)
+int ivshm_registry_claim(ivshm *h, const ivshm_config *cfg,
+                         int32_t doorbell_id, int backend, bool may_sleep,
+                         uint32_t *gen_out)
 {
-    const char *s = getenv("IVSHM_SPIN_NS");
-    if (s && *s) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (*end == '\0')
-            return v;
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
+        if (st != PEER_FREE && st != PEER_DEAD)
+            continue;
+        if (!atomic_compare_exchange_strong(&e->state, &st, PEER_CLAIMING))
+            continue;
+        /* The slot is ours; leftovers of a dead owner go first. */
+        h->self = (int)s;
+        ivshm_windows_on_leave(h, (int)s);
+        uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed) + 1;
+        if (gen == 0)
+            gen = 1; /* 0 means "never talked" in ivshm_peer_local */
+        atomic_store_explicit(&e->gen, gen, memory_order_relaxed);
+        e->job_id = cfg->job_id;
+        e->rank = cfg->rank;
+        e->doorbell_id = doorbell_id;
+        e->pid = (int32_t)getpid();
+        e->backend = (uint32_t)backend;
+        e->pidns = h->pidns;
+        memset(e->name, 0, sizeof e->name);
+        if (cfg->name)
+            memcpy(e->name, cfg->name, strlen(cfg->name));
+        atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
+        /* published with the state below: no waker has looked yet,
+           so no grace is owed (doorbell.c) */
+        h->may_sleep = may_sleep;
+        h->announced_ns = 0;
+        atomic_store_explicit(&e->may_sleep, h->may_sleep,
+                              memory_order_relaxed);
+        atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
+        *gen_out = gen;
+        return 0;
     }
-    return 20000; /* 20 us: several round trips of a busy peer */
-}
-
-/* IVSHM_LOCK_TIMEOUT_MS: how long a window lock (and, capped at 5 s,
-   the allocation lock) may be waited for while a live peer holds it. */
-static uint64_t default_lock_timeout_ns(void)
-{
-    const char *s = getenv("IVSHM_LOCK_TIMEOUT_MS");
-    if (s && *s) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (*end == '\0' && v > 0 && v <= 3600000)
-            return (uint64_t)v * 1000000ull;
-    }
-    return 30ull * 1000000000ull;
-}
-
-/* IVSHM_FAST_AFTER: messages sent to a peer through its queue before we
-   try to take a fast channel to it (0: at the first message). */
-static uint32_t default_fast_after(void)
-{
-    const char *s = getenv("IVSHM_FAST_AFTER");
-    if (s && *s) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (*end == '\0' && v >= 0 && v <= 1000000000)
-            return (uint32_t)v;
-    }
-    return 4;
-}
-
-int ivshm_registry_join(ivshm *h, const ivshm_config *cfg, int32_t doorbell_id,
-                        int backend)
-{
-    if (cfg->name && strlen(cfg->name) >= sizeof(((struct ivshm_peer_entry *)0)->name))
-        return -ENAMETOOLONG;
-    h->job_id = cfg->job_id;
-    h->rank = cfg->rank;
-    h->spin_ns = cfg->spin_ns ? cfg->spin_ns : default_spin_ns();
-    h->lock_timeout_ns = default_lock_timeout_ns();
-    h->fast_after = default_fast_after();
-
-    /* A (job, rank) pair names one process: refuse a live duplicate. */
-    int dup = ivshm_find(h, cfg->job_id, cfg->rank);
-    if (dup >= 0)
-        return -EEXIST;
-
-    for (int attempt = 0; attempt < 2; attempt++) {
-        for (uint32_t s = 0; s < h->max_peers; s++) {
-            struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
-            uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
-            if (st != PEER_FREE && st != PEER_DEAD)
-                continue;
-            if (!atomic_compare_exchange_strong(&e->state, &st, PEER_CLAIMING))
-                continue;
-            /* The slot is ours; leftovers of a dead owner go first. */
-            h->self = (int)s;
-            ivshm_windows_on_leave(h, (int)s);
-            uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed) + 1;
-            if (gen == 0)
-                gen = 1; /* 0 means "never talked" in ivshm_peer_local */
-            atomic_store_explicit(&e->gen, gen, memory_order_relaxed);
-            e->job_id = cfg->job_id;
-            e->rank = cfg->rank;
-            e->doorbell_id = doorbell_id;
-            e->pid = (int32_t)getpid();
-            e->backend = (uint32_t)backend;
-            e->pidns = h->pidns;
-            memset(e->name, 0, sizeof e->name);
-            if (cfg->name)
-                memcpy(e->name, cfg->name, strlen(cfg->name));
-            atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
-            /* published with the state below: no waker has looked yet,
-               so no grace is owed (wait.c) */
-            h->may_sleep = h->spin_ns >= 0 && (!h->db || h->db->kind != DB_NONE);
-            h->announced_ns = 0;
-            atomic_store_explicit(&e->may_sleep, h->may_sleep,
-                                  memory_order_relaxed);
-            atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
-            for (uint32_t x = 0; x < h->max_peers; x++)
-                ivshm_peer_local_reset(h, (int)x, 0);
-            /* nobody sends to a slot that is not ACTIVE: ours to empty */
-            ivshm_rx_area_reset(h);
-            h->self_gen = gen;
-            atomic_store_explicit(&e->state, PEER_ACTIVE, memory_order_release);
-            return 0;
-        }
-        /* Full: dead peers may still hold slots. */
-        if (ivshm_reap(h) == 0)
-            break;
-    }
-    h->self = -1;
     return IVSHM_EFULL;
+}
+
+void ivshm_registry_publish(ivshm *h, uint32_t gen)
+{
+    h->self_gen = gen;
+    atomic_store_explicit(&ivshm_entry(h, h->self)->state, PEER_ACTIVE,
+                          memory_order_release);
 }
 
 void ivshm_registry_leave(ivshm *h)
@@ -206,27 +153,6 @@ int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
     return n;
 }
 
-int ivshm_reap(ivshm *h)
-{
-    int dead = 0;
-    if (h->db && h->db->poll_notices) {
-        int n = h->db->poll_notices(h->db, h);
-        if (n > 0)
-            dead += n;
-    }
-    for (uint32_t s = 0; s < h->max_peers; s++) {
-        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
-        if ((int)s == h->self ||
-            atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
-            continue;
-        if (!ivshm_peer_alive(h, (int)s, 0))
-            dead++;
-    }
-    if (h->self >= 0)
-        ivshm_fast_sweep(h);
-    return dead;
-}
-
 int ivshm_self(const ivshm *h)
 {
     return h->self;
@@ -292,11 +218,4 @@ int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank)
             return (int)s;
     }
     return -ENOENT;
-}
-
-int ivshm_server_peers(ivshm *h, int32_t *ids, int *vectors, int n)
-{
-    if (!h->db || h->db->kind != DB_EVENTFD)
-        return -ENOTSUP;
-    return ivshm_db_server_peers(h->db, ids, vectors, n);
 }

@@ -20,17 +20,16 @@
  *    on us.
  */
 #define _GNU_SOURCE
-#include "msg.h"
+#include "ring.h"
 
-_Static_assert(sizeof(struct ivshm_slot) == IVSHM_SLOT_HDR,
-               "slot header is IVSHM_SLOT_HDR bytes");
+#include "clock.h"
 
 /* While streaming a large message, ring a sleeping receiver at least
    every this many fragments instead of only when we run out of space. */
 #define KICK_EVERY 8
 
 /* ------------------------------------------------------------------ */
-/* sending on a fast ring (its hot path is in msg.h)                  */
+/* producer (its hot path is in ring.h)                               */
 /* ------------------------------------------------------------------ */
 
 /* The tail failed validation. A new incarnation of the consumer resets
@@ -49,7 +48,7 @@ static int tail_error(ivshm *h, int slot)
    never published. Honestly that cannot happen; it does when a co-tenant
    wrote "full" into their slots before we wrote them (the consumer
    reported them as corrupt or took them as messages), forged our head
-   (rx_heal_hidden), or forged the tail itself. Publishing below the tail
+   (ivshm_ring_heal), or forged the tail itself. Publishing below the tail
    would be lost, and the tail would stay ahead: every send after it
    would fail, also after the co-tenant stopped. So continue from the
    tail (the ring is empty from there) when
@@ -62,7 +61,7 @@ static int tail_error(ivshm *h, int slot)
      may have passed forged slots whose values were rewritten since).
    A tail more than RING_JUMP_MAX ahead is never followed. Following a
    forged tail only skips positions: the consumer takes what lies there
-   as forgeries or is shown our head (rx_heal_hidden), so the pair gets
+   as forgeries or is shown our head (ivshm_ring_heal), so the pair gets
    back in step either way. Only the consumer incarnation we know is
    followed (the caller checks): a new one resets the ring, and another
    sender may fill it. */
@@ -97,7 +96,7 @@ static bool tail_ahead(ivshm *h, struct ivshm_peer_local *p,
 
 /* The tail failed validation: reported (tail_error). To the known
    consumer we publish our head, which a co-tenant may have forged:
-   the consumer's repairs (rx_heal_hidden) work from it, and an idle
+   the consumer's repairs (ivshm_ring_heal) work from it, and an idle
    or refused sender would otherwise leave the forgery standing. */
 static int tail_refused(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl)
 {
@@ -131,7 +130,7 @@ static __attribute__((noinline)) int tx_reserve_slow(
     /* Within one incarnation the tail only moves forward: one below what
        we saw before was rewound by somebody else (or what we saw was
        written forward: then the consumer's own tail passes it once it
-       has read what we published, rx_heal_ring). */
+       has read what we published, ivshm_ring_heal). */
     if (tail < p->tx_tail_cache)
         return tail_refused(h, slot, ctrl);
     p->tx_tail_cache = tail;
@@ -144,7 +143,7 @@ static __attribute__((noinline)) int tx_reserve_slow(
    nothing the consumer has yet to read -- as far as the tail tells: one
    a co-tenant wrote forward within that range cannot be told from the
    consumer's and makes us overwrite what it had not read (the consumer
-   notices, rx_heal_ring). The shared tail is loaded once into `tail`;
+   notices, ivshm_ring_heal). The shared tail is loaded once into `tail`;
    only that copy is checked and kept. */
 int ivshm_tx_reserve(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
                      uint64_t need)
@@ -198,10 +197,7 @@ static int tx_wait_space(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
 /* A message on our fast ring to `slot`: validated arguments, the
    registry says the peer is the one we know, the cached tail says there
    is room, one slot written, one release store, a fence and a look at
-   `sleeping`. timeout_ms: 0 all-or-nothing without waiting (try_send);
-   -1 wait as long as the consumer lives, fragment by fragment (send);
-   > 0 wait until `deadline`, for the whole message at once if it fits
-   the ring. */
+   `sleeping`. */
 int ivshm_ring_send(ivshm *h, int slot, uint32_t tag, const void *buf,
                     size_t len, int timeout_ms, uint64_t deadline)
 {
@@ -256,4 +252,99 @@ int ivshm_ring_send(ivshm *h, int slot, uint32_t tag, const void *buf,
     }
     tx_done(h, slot, ctrl, len);
     return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* consumer (its hot path is in ring.h)                               */
+/* ------------------------------------------------------------------ */
+
+/* What one co-tenant write can leave in `slot`'s fast ring (a live
+   sender we read from), repaired by the producer's `head` (stored with
+   release after the publication of every position below it). Off the
+   hot paths: it costs a load of the producer's line, which would bounce
+   on every message. Two repairs:
+   - A message hidden: a co-tenant rewrote the seq of a slot the
+     producer had published, so the slot looks empty, we wait at it for
+     good and the producer, once the ring is full, too. When the head
+     says our position is published, a seq loaded after it must say
+     "full" unless somebody else wrote it, and we put that value back
+     (the header and payload are then validated as for any slot). A
+     forged head makes us take what lies in a slot the producer has not
+     written yet: a stale or half-written message, reported or delivered
+     as a forgery would be, and the producer follows our tail
+     (tail_ahead).
+   - Messages overwritten: a head more than a ring ahead of us means the
+     producer believed a tail written forward by a co-tenant and wrote
+     over positions we had not read (an honest producer never gets that
+     far ahead), if the slot at our position holds such a later lap.
+     Those are gone: we go on from head - ring_slots, the oldest
+     position the ring can still hold, and the caller reports them
+     (ivshm_rx_lost: the next receive from that sender returns
+     IVSHM_ECORRUPT for them, a message of theirs in progress goes too;
+     counted in stats.dropped). A forged head makes us skip what we had
+     not read, and the producer then follows our tail.
+   Not while a peeked message lies at our position (its pointer must
+   stay good). True if it skipped. */
+bool ivshm_ring_heal(ivshm *h, int slot)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
+    uint64_t pos = p->rx_tail;
+    uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
+    if (head <= pos || p->peeked)
+        return false;
+    bool skipped = false;
+    if (head - pos > h->ring_slots) {
+        if (head - pos > RING_JUMP_MAX)
+            return false;
+        /* Evidence beyond the head, which a co-tenant can forge and a
+           sender that passed its checks before this ring was reset for
+           us (descheduled across our incarnation) can store stale: the
+           slot at our position holds a later lap, below the head.
+           Without it, no jump (a hidden slot is still shown below). */
+        uint64_t lap = atomic_load_explicit(
+            &slot_at(h, p->rx_ring, pos)->seq, memory_order_acquire);
+        if (lap <= pos + 1 || lap > head || (lap - 1 - pos) % h->ring_slots)
+            goto heal_hidden;
+        uint64_t to = head - h->ring_slots;
+        h->stats.dropped += to - pos;
+        p->rx_tail = pos = to;
+        atomic_store_explicit(&ctrl->tail, to, memory_order_release);
+        ivshm_kick(h, slot);
+        skipped = true;
+    }
+heal_hidden:;
+    struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
+    uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+    if (seq != pos + 1)
+        atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
+    return skipped;
+}
+
+/* The repair of a hidden message (ivshm_ring_heal) for a sender that
+   left: so that what it sent before it left is still delivered. False
+   if the position was not published (or a co-tenant's head says so: we
+   then take what lies there, validated, as for a live sender). */
+bool ivshm_ring_unhide_gone(ivshm *h, int slot)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)p->rx_ring;
+    const uint64_t pos = p->rx_tail;
+    uint64_t head = atomic_load_explicit(&ctrl->head, memory_order_acquire);
+    if (head <= pos || head - pos > h->ring_slots)
+        return false;
+    struct ivshm_slot *s = slot_at(h, p->rx_ring, pos);
+    uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+    return seq == pos + 1 ||
+           atomic_compare_exchange_strong(&s->seq, &seq, pos + 1);
+}
+
+void ivshm_ring_reset(ivshm *h, uint8_t *ring)
+{
+    struct ivshm_ring_ctrl *c = (struct ivshm_ring_ctrl *)ring;
+    atomic_store_explicit(&c->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->tail, 0, memory_order_relaxed);
+    for (uint32_t i = 0; i < h->ring_slots; i++)
+        atomic_store_explicit(&slot_at(h, ring, i)->seq, 0,
+                              memory_order_relaxed);
 }

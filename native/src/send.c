@@ -1,7 +1,8 @@
 /*
- * Sending. The path to `slot`: its fast ring once we hold one of its
- * channels (ring.c), else its queue (queue.c), asking for a channel
- * after fast_after queued messages (channel.c).
+ * Sending: the path to `slot` is its fast ring once we hold one of its
+ * channels (ring.h), else its queue (queue.h); after fast_after queued
+ * messages we take one of its channels (channel.h) and announce it with
+ * an OPEN cell in its queue.
  *
  * Zero-copy: on a fast ring send_reserve hands out the payload of the
  * slot at tx_head (nothing moves) and send_commit publishes it; through
@@ -10,9 +11,20 @@
  * everybody while the caller fills it).
  */
 #define _GNU_SOURCE
-#include "msg.h"
+#include "send.h"
 
+#include "channel.h"
+#include "clock.h"
+#include "peer_local.h"
+#include "queue.h"
+#include "ring.h"
+
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
+
+/* No channel was free: queue sends before we look again. */
+#define OPEN_RETRY 64
 
 /* Checks every send starts with. */
 static int tx_begin(ivshm *h, int slot, size_t len)
@@ -32,6 +44,34 @@ static inline bool want_channel(const ivshm *h, const struct ivshm_peer_local *p
     return p->tx_chan < 0 && h->fast_channels && p->tx_queued >= h->fast_after;
 }
 
+/* Enough messages went to `j` through its queue: take one of its fast
+   channels and announce it with an OPEN cell. From then on everything
+   goes on that ring; the OPEN cell orders it after what we queued. */
+static __attribute__((noinline)) void tx_try_open(ivshm *h, int j,
+                                                  int timeout_ms,
+                                                  uint64_t deadline)
+{
+    struct ivshm_peer_local *p = &h->peers[j];
+    if (p->tx_retry) {
+        p->tx_retry--;
+        return;
+    }
+    int k = ivshm_chan_claim(h, j);
+    if (k < 0) {
+        p->tx_retry = OPEN_RETRY;
+        return;
+    }
+    int rc = ivshm_q_send(h, j, 0, NULL, 0, CELL_OPEN, (uint64_t)k, timeout_ms,
+                          deadline);
+    if (rc < 0) {
+        /* not announced: give it back */
+        ivshm_chan_giveback(h, j, (uint32_t)k);
+        p->tx_retry = 8;
+        return;
+    }
+    ivshm_chan_use(h, j, (uint32_t)k);
+}
+
 static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
                     size_t len, int timeout_ms)
 {
@@ -43,15 +83,12 @@ static int send_msg(ivshm *h, int slot, uint32_t tag, const void *buf,
     struct ivshm_peer_local *p = &h->peers[slot];
     p->reserved = false; /* we publish that slot: an open reservation ends */
     /* no clock read on the try_send / send fast paths */
-    const uint64_t deadline =
-        timeout_ms < 0    ? UINT64_MAX
-        : timeout_ms == 0 ? 0
-                          : ivshm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    const uint64_t deadline = ivshm_deadline(timeout_ms);
     /* Hot path once the channel is open: one compare, then the ring. */
     if (p->tx_chan >= 0)
         return ivshm_ring_send(h, slot, tag, buf, len, timeout_ms, deadline);
     if (want_channel(h, p)) {
-        ivshm_tx_try_open(h, slot, timeout_ms, deadline);
+        tx_try_open(h, slot, timeout_ms, deadline);
         if (p->tx_chan >= 0)
             return ivshm_ring_send(h, slot, tag, buf, len, timeout_ms,
                                    deadline);
@@ -73,7 +110,7 @@ int ivshm_fast_open(ivshm *h, int slot)
     struct ivshm_peer_local *p = &h->peers[slot];
     if (p->tx_chan < 0) {
         p->tx_retry = 0;
-        ivshm_tx_try_open(h, slot, -1, UINT64_MAX);
+        tx_try_open(h, slot, -1, UINT64_MAX);
     }
     return p->tx_chan >= 0 ? 0 : -EAGAIN;
 }
@@ -106,7 +143,7 @@ void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err)
     struct ivshm_peer_local *p = rc == 0 ? &h->peers[slot] : NULL;
     void *out = NULL;
     if (rc == 0 && want_channel(h, p))
-        ivshm_tx_try_open(h, slot, 0, 0);
+        tx_try_open(h, slot, 0, 0);
     if (rc == 0 && p->tx_chan >= 0) {
         uint8_t *ring = tx_ring(h, slot);
         rc = ivshm_tx_reserve(h, slot, (struct ivshm_ring_ctrl *)ring, 1);
@@ -169,65 +206,6 @@ int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len)
     return 0;
 }
 
-/* Publish a wake: after the message is out, as a tail call, so that
-   the hot path of ivshm_send_small needs no stack frame. */
-static __attribute__((noinline)) int kick_sent(ivshm *h, int slot)
-{
-    ivshm_kick(h, slot);
-    return 0;
-}
-
-/* The message `a` + `b` on our fast ring to `slot` if nothing stands in
-   the way: 0 (sent), or 1 when the general path must look (the peer is
-   not the incarnation we know, no ring yet, our cached tail says full,
-   bad arguments). `tiny`: only parts of up to 32 bytes, copied without
-   a call. Invariants: the peer's registry entry is read on every call
-   (state and generation, as ivshm_peer_current: a new incarnation
-   emptied the ring we would write to, and the general path resets our
-   view); the shared tail is never read here, only our cached copy
-   (the general path has ivshm_tx_reserve load, check and keep it); the
-   whole message fits the slot or nothing is written. */
-IVSHM_HOT_INLINE int small_to_ring(ivshm *h, int slot, uint32_t tag,
-                                   const void *a, size_t alen, const void *b,
-                                   size_t blen, bool tiny)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
-    const uint32_t payload = slot_payload(h);
-    const bool fits = tiny ? alen <= 32 && blen <= 32 && alen + blen <= payload
-                           : alen <= payload && blen <= payload - alen;
-    if (!fits || (alen && !a) || (blen && !b) ||
-        atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
-        atomic_load_explicit(&e->gen, memory_order_relaxed) != p->gen ||
-        p->tx_chan < 0 || p->tx_head - p->tx_tail_cache >= h->ring_slots)
-        return 1;
-    /* What tx_publish + tx_done do, from locals loaded before the copies
-       (which may alias anything, so the compiler would load again). */
-    uint8_t *ring = p->tx_ring;
-    const uint64_t pos = p->tx_head;
-    const uint32_t len = (uint32_t)(alen + blen);
-    const uint32_t self_gen = h->self_gen;
-    struct ivshm_slot *s = slot_at(h, ring, pos);
-    p->reserved = false; /* we publish that slot: an open reservation ends */
-    p->tx_head = pos + 1;
-    copy_small(slot_data(s), a, alen);
-    copy_small(slot_data(s) + alen, b, blen);
-    s->len = len;
-    s->tag = tag;
-    s->gen = self_gen;
-    s->flags = SLOT_FIRST | SLOT_LAST;
-    s->total = len;
-    /* Publication point: header and payload are visible before seq is;
-       then the head, as tx_done shows it (rx_heal_hidden). */
-    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
-    atomic_store_explicit(&((struct ivshm_ring_ctrl *)ring)->head, pos + 1,
-                          memory_order_release);
-    count_sent(h, len);
-    if (atomic_load_explicit(&e->may_sleep, memory_order_relaxed))
-        return kick_sent(h, slot); /* else no wake is owed (wait.c) */
-    return 0;
-}
-
 /* Everything ivshm_send_small's hot path leaves: the checks with their
    own errors, a new incarnation of the peer (tx_begin resets our view),
    a ring our cached tail calls full (ivshm_tx_reserve looks at the real
@@ -254,7 +232,7 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
         rc = ivshm_tx_reserve(h, slot, (struct ivshm_ring_ctrl *)p->tx_ring, 1);
         if (rc < 0)
             return rc;
-        if (small_to_ring(h, slot, tag, a, alen, b, blen, false) == 0)
+        if (ring_send_small(h, slot, tag, a, alen, b, blen, false) == 0)
             return 0;
     }
     if (!blen)
@@ -280,7 +258,7 @@ int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                              slot == h->self,
                          0))
         return -EINVAL;
-    int rc = small_to_ring(h, slot, tag, a, alen, b, blen, true);
+    int rc = ring_send_small(h, slot, tag, a, alen, b, blen, true);
     if (__builtin_expect(rc <= 0, 1))
         return rc;
     return send_small_general(h, slot, tag, a, alen, b, blen);

@@ -2,7 +2,8 @@
  * One-sided windows: named shared segments in the region heap, with
  * put/get, 64-bit atomics, per-segment passive-target locks and a barrier.
  *
- * Shared state (docs/region-layout.md, "Windows"):
+ * Shared state (docs/region-layout.md, "Windows"; read through
+ * window_table.h):
  * - descriptor[i] in the window directory: state, geometry, barrier
  *   counters. Geometry and state change only under alloc_lock.
  * - the extent [data_off, data_off + data_bytes) inside the heap: ctl
@@ -23,15 +24,18 @@
  * Freeing: a READY descriptor whose members bitmap is empty is free, and
  * so is a BUSY one found under alloc_lock (its creator held the lock and
  * died). ivshm_win_close frees it at once under alloc_lock;
- * ivshm_windows_on_leave only clears bits (it runs inside registry paths,
- * e.g. while our own slot is still CLAIMING, where waiting for alloc_lock
- * could deadlock or have our hold broken), and the allocator reclaims
- * empty descriptors lazily. `gen` bumps at every create, so a late closer
- * never frees a reused descriptor, and a snapshot taken while a create
- * runs is told by its changed gen or state.
+ * ivshm_windows_on_leave (window_table.c) only clears bits, and the
+ * allocator reclaims empty descriptors lazily. `gen` bumps at every
+ * create, so a late closer never frees a reused descriptor, and a
+ * snapshot taken while a create runs is told by its changed gen or state.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "window.h"
+
+#include "clock.h"
+#include "doorbell.h"
+#include "registry.h"
+#include "window_table.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -62,9 +66,6 @@ static uint64_t alloc_lock_timeout(const ivshm *h)
 #define BARRIER_SLICE_MS 20
 
 enum { HELD_NONE = 0, HELD_SHARED = 1, HELD_EXCLUSIVE = 2 };
-/* Set in bar_count when a member left without closing: no round of this
-   window can complete any more. Far above any real count (<= 1024). */
-#define BAR_BROKEN 0x80000000u
 
 struct ivshm_window {
     ivshm *h;
@@ -81,135 +82,6 @@ struct ivshm_window {
     uint32_t bar_phase;           /* phase we arrived in             */
     uint8_t held[IVSHM_MAX_PEERS];/* HELD_* per segment              */
 };
-
-/* Snapshot of a descriptor: read once, then validated and used. */
-struct desc_snap {
-    uint32_t state, nseg, gen;
-    uint64_t job_id, data_off, data_bytes, seg_size;
-    char name[IVSHM_NAME_LEN];
-};
-
-static struct ivshm_win_desc *win_desc(const ivshm *h, uint32_t index)
-{
-    return (struct ivshm_win_desc *)(h->base + h->windir_off) + index;
-}
-
-static struct ivshm_win_lock *win_locks(const ivshm *h, uint32_t index)
-{
-    return (struct ivshm_win_lock *)(h->base + h->wctl_off) +
-           (uint64_t)index * h->max_peers;
-}
-
-/* ---- slot bitmaps: one bit per registry slot, words of 64 ---- */
-
-static uint32_t bm_words(const ivshm *h)
-{
-    return (h->max_peers + 63) / 64;
-}
-
-/* Bytes of ctl ahead of a window's segments: members + nseg readers. */
-static uint64_t ctl_bytes(const ivshm *h, uint32_t nseg)
-{
-    uint64_t b = (uint64_t)(1 + nseg) * bm_words(h) * 8;
-    return (b + IVSHM_PAGE - 1) & ~(uint64_t)(IVSHM_PAGE - 1);
-}
-
-static bool bm_test(_Atomic uint64_t *bm, int slot)
-{
-    return atomic_load_explicit(&bm[slot / 64], memory_order_relaxed) &
-           (1ull << (slot % 64));
-}
-
-/* Set / clear our bit; returns whether it was set before. */
-static bool bm_set(_Atomic uint64_t *bm, int slot, memory_order mo)
-{
-    uint64_t bit = 1ull << (slot % 64);
-    return atomic_fetch_or_explicit(&bm[slot / 64], bit, mo) & bit;
-}
-
-static bool bm_clear(_Atomic uint64_t *bm, int slot, memory_order mo)
-{
-    uint64_t bit = 1ull << (slot % 64);
-    return atomic_fetch_and_explicit(&bm[slot / 64], ~bit, mo) & bit;
-}
-
-/* Each word loaded once: bits set (into *count), and whether a bit
-   names no slot (garbage). */
-static bool bm_scan(const ivshm *h, _Atomic uint64_t *bm, uint32_t *count,
-                    memory_order mo)
-{
-    uint32_t n = 0, words = bm_words(h);
-    bool bad = false;
-    for (uint32_t w = 0; w < words; w++) {
-        uint64_t v = atomic_load_explicit(&bm[w], mo);
-        if (w == words - 1 && h->max_peers % 64)
-            bad |= (v >> (h->max_peers % 64)) != 0;
-        n += (uint32_t)__builtin_popcountll(v);
-    }
-    if (count)
-        *count = n;
-    return bad;
-}
-
-static void snap_desc(const struct ivshm_win_desc *d, struct desc_snap *s)
-{
-    s->state = atomic_load_explicit(&d->state, memory_order_acquire);
-    s->nseg = __atomic_load_n(&d->nseg, __ATOMIC_RELAXED);
-    s->gen = __atomic_load_n(&d->gen, __ATOMIC_RELAXED);
-    s->job_id = __atomic_load_n(&d->job_id, __ATOMIC_RELAXED);
-    s->data_off = __atomic_load_n(&d->data_off, __ATOMIC_RELAXED);
-    s->data_bytes = __atomic_load_n(&d->data_bytes, __ATOMIC_RELAXED);
-    s->seg_size = __atomic_load_n(&d->seg_size, __ATOMIC_RELAXED);
-    for (unsigned i = 0; i < IVSHM_NAME_LEN; i++)
-        s->name[i] = __atomic_load_n(&d->name[i], __ATOMIC_RELAXED);
-}
-
-/* Does the snapshot describe memory we may touch? Overflow-safe: every
-   comparison is between values already known to be <= heap_size. */
-static bool snap_extent_ok(const ivshm *h, const struct desc_snap *s)
-{
-    if (s->nseg == 0 || s->nseg > h->max_peers)
-        return false;
-    if (s->data_off < h->heap_off || s->data_off % IVSHM_PAGE)
-        return false;
-    if (s->data_bytes == 0 || s->data_bytes % IVSHM_PAGE ||
-        s->data_bytes > h->heap_size)
-        return false;
-    if (s->data_off - h->heap_off > h->heap_size - s->data_bytes)
-        return false;
-    /* ctl + nseg * seg_size <= data_bytes, without the multiplication */
-    uint64_t ctl = ctl_bytes(h, s->nseg);
-    return s->data_bytes > ctl && s->seg_size <= (s->data_bytes - ctl) / s->nseg;
-}
-
-/* A snapshot of a READY window not torn by a create running meanwhile:
-   the state and gen read before and after the fields agree (a create
-   goes BUSY, rewrites, bumps gen, goes READY). */
-static bool snap_ready(const ivshm *h, uint32_t index, struct desc_snap *s)
-{
-    struct ivshm_win_desc *d = win_desc(h, index);
-    snap_desc(d, s);
-    atomic_thread_fence(memory_order_acquire);
-    return s->state == WIN_READY && snap_extent_ok(h, s) &&
-           atomic_load_explicit(&d->state, memory_order_relaxed) == WIN_READY &&
-           __atomic_load_n(&d->gen, __ATOMIC_RELAXED) == s->gen;
-}
-
-static _Atomic uint64_t *snap_bitmap(const ivshm *h, const struct desc_snap *s,
-                                     uint32_t which)
-{
-    return (_Atomic uint64_t *)(h->base + s->data_off) +
-           (uint64_t)which * bm_words(h);
-}
-
-_Atomic uint64_t *ivshm_win_bitmap(ivshm *h, uint32_t index, int seg)
-{
-    struct desc_snap s;
-    if (!h || index >= h->max_windows || !snap_ready(h, index, &s) ||
-        (seg >= 0 && (uint32_t)seg >= s.nseg))
-        return NULL;
-    return snap_bitmap(h, &s, seg < 0 ? 0 : (uint32_t)seg + 1);
-}
 
 /* Slot live for the purpose of holding locks and barrier membership.
    ivshm_peer_alive probes the pid and marks a dead peer, which clears
@@ -327,7 +199,7 @@ static bool snap_reusable(const ivshm *h, const struct desc_snap *s)
 {
     if (s->state == WIN_FREE || s->state == WIN_BUSY)
         return true;
-    if (s->state != WIN_READY || !snap_extent_ok(h, s))
+    if (s->state != WIN_READY || !ivshm_win_snap_extent_ok(h, s))
         return false;
     uint32_t n;
     bm_scan(h, snap_bitmap(h, s, 0), &n, memory_order_relaxed);
@@ -355,10 +227,10 @@ static int heap_first_fit(ivshm *h, uint64_t bytes, uint64_t *off_out)
     uint32_t n = 0;
     for (uint32_t i = 0; i < h->max_windows; i++) {
         struct desc_snap s;
-        snap_desc(win_desc(h, i), &s);
+        ivshm_win_snap(win_desc(h, i), &s);
         if (snap_reusable(h, &s) || s.state != WIN_READY)
             continue;
-        if (!snap_extent_ok(h, &s))
+        if (!ivshm_win_snap_extent_ok(h, &s))
             continue;
         ext[n].start = s.data_off - h->heap_off;
         ext[n].end = ext[n].start + s.data_bytes;
@@ -404,7 +276,7 @@ static ivshm_window *make_handle(ivshm *h, uint32_t index,
 static int join_existing(ivshm *h, uint32_t index, const struct desc_snap *s,
                          uint32_t nseg, uint64_t seg_size, ivshm_window **out)
 {
-    if (!snap_extent_ok(h, s))
+    if (!ivshm_win_snap_extent_ok(h, s))
         return IVSHM_ECORRUPT;
     if (s->nseg != nseg || s->seg_size != seg_size)
         return -EINVAL;
@@ -502,7 +374,7 @@ int ivshm_win_open(ivshm *h, const char *name, uint32_t nseg,
     rc = 1; /* 1: not found yet */
     for (uint32_t i = 0; i < h->max_windows && rc == 1; i++) {
         struct desc_snap s;
-        snap_desc(win_desc(h, i), &s);
+        ivshm_win_snap(win_desc(h, i), &s);
         if (snap_reusable(h, &s)) {
             if (free_index < 0)
                 free_index = i;
@@ -555,38 +427,6 @@ void ivshm_win_close(ivshm_window *w)
         /* lock failure: left empty, the allocator reclaims it later */
     }
     free(w);
-}
-
-void ivshm_windows_on_leave(ivshm *h, int slot)
-{
-    if (!h || !ivshm_slot_ok(h, slot))
-        return;
-    const uint64_t holder = (uint64_t)slot + 1;
-    uint64_t expect = holder;
-    atomic_compare_exchange_strong(&ivshm_hdr(h)->alloc_lock, &expect, 0);
-    for (uint32_t i = 0; i < h->max_windows; i++) {
-        struct ivshm_win_desc *d = win_desc(h, i);
-        if (atomic_load_explicit(&d->state, memory_order_acquire) == WIN_FREE)
-            continue; /* lock lines are cleared when it is created */
-        struct ivshm_win_lock *locks = win_locks(h, i);
-        for (uint32_t s = 0; s < h->max_peers; s++) {
-            expect = holder;
-            atomic_compare_exchange_strong(&locks[s].writer, &expect, 0);
-        }
-        /* bits only in a READY window's validated, untorn extent */
-        struct desc_snap sn;
-        if (!snap_ready(h, i, &sn))
-            continue;
-        /* A member gone without closing can never arrive at a barrier. */
-        _Atomic uint64_t *members = snap_bitmap(h, &sn, 0);
-        if (bm_test(members, slot) && bm_clear(members, slot, memory_order_acq_rel))
-            atomic_fetch_or(&d->bar_count, BAR_BROKEN);
-        for (uint32_t seg = 0; seg < sn.nseg; seg++) {
-            _Atomic uint64_t *r = snap_bitmap(h, &sn, seg + 1);
-            if (bm_test(r, slot))
-                bm_clear(r, slot, memory_order_relaxed);
-        }
-    }
 }
 
 /* ---- data access ---- */

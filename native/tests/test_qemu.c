@@ -54,13 +54,6 @@ static void cleanup(void)
     unlink(qmp_path);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool find_on_path(const char *name, char *out, size_t cap)
 {
     const char *path = getenv("PATH");
@@ -205,10 +198,7 @@ int main(void)
     snprintf(shm_path, sizeof shm_path, "/dev/shm/ivshm-qtest-%d", me);
     snprintf(state_path, sizeof state_path, "/tmp/ivshm-qtest-%d.json", me);
     snprintf(qmp_path, sizeof qmp_path, "/tmp/ivshm-qtest-%d.qmp", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
+    tu_cleanup_on_exit(cleanup);
 
     char vec_arg[8];
     snprintf(vec_arg, sizeof vec_arg, "%d", VECTORS);
@@ -284,7 +274,7 @@ int main(void)
         int gslot = -1;
         if (guest) {
             ivshm_config gcfg = {.job_id = JOB, .rank = 1, .name = "guest"};
-            CHECK_RC(ivshm_registry_join(guest, &gcfg, vm_id, DB_UIO), 0);
+            CHECK_RC(ivshm_join(guest, &gcfg, vm_id, DB_UIO), 0);
             gslot = ivshm_self(guest);
             CHECK(ivshm_find(h, JOB, 1) == gslot);
             /* Ring the VM's vector 0: QEMU takes the eventfd write. */

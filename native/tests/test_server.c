@@ -77,13 +77,6 @@ static void cleanup(void)
             unlink(paths[i]);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool state_has_peer(const char *path, int32_t id, int vectors)
 {
     char want[64];
@@ -441,7 +434,7 @@ static void test_server_marks_registry(void)
     if (gone >= 0 && ivshm_region_map(gone_shm, &h) == 0) {
         gone_shm = -1; /* owned by h */
         ivshm_config cfg = {.job_id = JOB, .rank = 40};
-        CHECK_RC(ivshm_registry_join(h, &cfg, (int32_t)gone_id, DB_UIO), 0);
+        CHECK_RC(ivshm_join(h, &cfg, (int32_t)gone_id, DB_UIO), 0);
         int self = ivshm_self(h);
         close(gone);
         gone = -1;
@@ -590,7 +583,7 @@ struct fake_script {
     int nsteps;
     int lsock, shm_fd;
     int extra_vectors; /* then this many (1 + eventfd) joins: too many */
-    int go_fd;         /* fake_session: one byte per phase from the test */
+    int go_fd;         /* fake_conversation: one byte per phase from the test */
 };
 
 static int fake_server(void *arg)
@@ -627,9 +620,9 @@ static void expect_attach(int lsock, int shm_fd, const struct step *steps,
     CHECK_RC(tu_wait(pid, 10000), 0);
 }
 
-/* The valid fake session: join/leave notices, rings both ways, then a
+/* The valid fake conversation: join/leave notices, rings both ways, then a
    malformed notice that must only cost us the server connection. */
-static int fake_session(void *arg)
+static int fake_conversation(void *arg)
 {
     struct fake_script *fs = arg;
     int c = fake_accept(fs->lsock);
@@ -720,11 +713,11 @@ static void test_fake_server(void)
     expect_attach(lsock, shm_fd, none, 0, 0, -EPROTO);
     CHECK_RC(count_fds(), fds_before);
 
-    /* the good session, paced by "go" bytes through a pipe */
+    /* the good conversation, paced by "go" bytes through a pipe */
     int go[2];
     CHECK(pipe(go) == 0);
     struct fake_script fs = {NULL, 0, lsock, shm_fd, 0, go[0]};
-    pid_t pid = tu_fork(fake_session, &fs);
+    pid_t pid = tu_fork(fake_conversation, &fs);
     ivshm_config cfg = {.job_id = JOB, .rank = 9,
                             .flags = IVSHM_F_UNSEALED};
     ivshm *h = NULL;
@@ -741,7 +734,7 @@ static void test_fake_server(void)
         ivshm *guest = NULL;
         CHECK_RC(ivshm_region_map(fcntl(shm_fd, F_DUPFD_CLOEXEC, 0), &guest), 0);
         ivshm_config gcfg = {.job_id = JOB, .rank = 10};
-        CHECK_RC(ivshm_registry_join(guest, &gcfg, 1, DB_UIO), 0);
+        CHECK_RC(ivshm_join(guest, &gcfg, 1, DB_UIO), 0);
         int gslot = ivshm_self(guest);
         CHECK(ivshm_find(h, JOB, 10) == gslot);
         CHECK_RC(h->db->ring(h->db, h, gslot, 1), 0);
@@ -804,10 +797,7 @@ int main(void)
     snprintf(d_shm, sizeof d_shm, "/dev/shm/ivshm-test-srv-%d-d", me);
     snprintf(d_pid, sizeof d_pid, "/tmp/ivshm-test-%d-d.pid", me);
     snprintf(f_sock, sizeof f_sock, "/tmp/ivshm-test-%d-f.sock", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
+    tu_cleanup_on_exit(cleanup);
     board = mmap(NULL, sizeof *board, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (board == MAP_FAILED)

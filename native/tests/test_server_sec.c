@@ -73,13 +73,6 @@ static void cleanup(void)
     unlink(tmp);
 }
 
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static bool state_has_peer(int32_t id)
 {
     char want[64];
@@ -214,7 +207,7 @@ static void test_sealed_region(void)
     shm = -1;
     if (h) {
         ivshm_config ecfg = {.job_id = JOB, .rank = 7};
-        CHECK_RC(ivshm_registry_join(h, &ecfg, (int32_t)id, DB_UIO), 0);
+        CHECK_RC(ivshm_join(h, &ecfg, (int32_t)id, DB_UIO), 0);
         int slot = ivshm_self(h);
         close(evil);
         evil = -1;
@@ -284,7 +277,7 @@ static void test_storm(void)
     }
     /* a registry entry whose liveness is our (live) pid */
     ivshm_config cfg = {.job_id = JOB, .rank = 3};
-    CHECK_RC(ivshm_registry_join(h, &cfg, (int32_t)id, DB_UIO), 0);
+    CHECK_RC(ivshm_join(h, &cfg, (int32_t)id, DB_UIO), 0);
     struct ivshm_peer_entry *me = ivshm_entry(h, ivshm_self(h));
 
     /* busy computing: we do not read our socket while the storm runs */
@@ -673,11 +666,7 @@ int main(void)
     snprintf(state_path, sizeof state_path, "/tmp/ivshm-sec-%d.json", me);
     snprintf(link_path, sizeof link_path, "/tmp/ivshm-sec-%d.link", me);
     snprintf(victim_path, sizeof victim_path, "/tmp/ivshm-sec-%d.victim", me);
-    atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGABRT, on_signal);
-    signal(SIGALRM, on_signal);
+    tu_cleanup_on_exit(cleanup);
     alarm(240);
 
     test_bad_options();

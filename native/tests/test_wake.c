@@ -1,5 +1,5 @@
 /* Waking sleepers when peers announce whether they may block at all
-   (wait.c, "blocking announced"): a peer that only spins publishes
+   (doorbell.c, "blocking announced"): a peer that only spins publishes
    may_sleep = 0 and its senders skip the fence and the doorbell; one
    that turns blocking back on must still be woken by every message,
    also by one sent while it was announcing; and a co-tenant clearing the

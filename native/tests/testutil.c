@@ -23,13 +23,6 @@ static void tu_cleanup(void)
         unlink(tu_path);
 }
 
-static void tu_on_signal(int sig)
-{
-    tu_cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 const char *tu_region(uint64_t size, const ivshm_geometry *g)
 {
     static unsigned counter;
@@ -39,10 +32,7 @@ const char *tu_region(uint64_t size, const ivshm_geometry *g)
     tu_owner = getpid();
     static int registered;
     if (!registered) {
-        atexit(tu_cleanup);
-        signal(SIGINT, tu_on_signal);
-        signal(SIGTERM, tu_on_signal);
-        signal(SIGABRT, tu_on_signal);
+        tu_cleanup_on_exit(tu_cleanup);
         registered = 1;
     }
     /* ivshm_format_file never replaces a file: a name left over by a
@@ -168,4 +158,28 @@ const char *tu_server_bin(void)
         return NULL;
     }
     return bin;
+}
+
+static void (*exit_cleanups[4])(void);
+static unsigned n_exit_cleanups;
+
+static void cleanup_and_die(int sig)
+{
+    for (unsigned i = 0; i < n_exit_cleanups; i++)
+        exit_cleanups[i]();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void tu_cleanup_on_exit(void (*cleanup)(void))
+{
+    if (n_exit_cleanups == sizeof exit_cleanups / sizeof *exit_cleanups) {
+        fprintf(stderr, "tu_cleanup_on_exit: too many\n");
+        exit(1);
+    }
+    exit_cleanups[n_exit_cleanups++] = cleanup;
+    atexit(cleanup);
+    const int sigs[] = {SIGINT, SIGTERM, SIGABRT, SIGALRM};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
+        signal(sigs[i], cleanup_and_die);
 }

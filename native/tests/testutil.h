@@ -87,6 +87,9 @@ bool tu_exists(const char *path);
 /* The first 8 KiB of a text file, NUL-terminated, in a static buffer
    (overwritten by the next call), or NULL. */
 char *tu_read_text(const char *path);
+/* Run `cleanup` at exit, and on SIGINT, SIGTERM, SIGABRT and SIGALRM
+   before the signal ends the process as it would have. */
+void tu_cleanup_on_exit(void (*cleanup)(void));
 /* Print "N passed, N failed" and return the exit code for main. */
 int tu_summary(const char *name);
 

@@ -12,71 +12,26 @@
  * seen.
  *   tail_scribbler REGION SECONDS   (until then or SIGTERM; then prints
  *   how many rewinds landed, as JSON)
- * Built with -I native/src: it reads the layout from the header.
+ * Built with -I native/src: it reads the layout from the header
+ * (scribbler.h).
  */
-#include "internal.h"
-
-#include <fcntl.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
+#include "scribbler.h"
 
 #define BURST_MS 20
 #define QUIET_MS 20
 
-static volatile sig_atomic_t stop;
-
-static void on_term(int sig)
-{
-    (void)sig;
-    stop = 1;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: tail_scribbler REGION SECONDS\n");
-        return 2;
-    }
-    signal(SIGTERM, on_term);
-    int fd = open(argv[1], O_RDWR | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        perror(argv[1]);
-        return 1;
-    }
-    uint8_t *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
-                         MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
-    struct ivshm_header hdr;
-    memcpy(&hdr, base, sizeof hdr);
-    const uint64_t S = hdr.ring_slots, Q = hdr.queue_slots, Z = hdr.slot_size;
-    const uint32_t F = hdr.fast_channels == IVSHM_FAST_NONE ? 0
-                                                            : hdr.fast_channels;
-    if (hdr.magic != IVSHM_MAGIC || !S || !Q || !Z ||
-        hdr.rx_off + hdr.max_peers * hdr.rx_bytes > (uint64_t)st.st_size ||
-        IVSHM_QUEUE_CTRL + Q * Z + F * (IVSHM_FAST_DESC + hdr.ring_bytes) >
-            hdr.rx_bytes) {
-        fprintf(stderr, "tail_scribbler: not a region it understands\n");
-        return 1;
-    }
+    struct scribbled r;
+    int rc = scribbler_open("tail_scribbler", argc, argv, &r);
+    if (rc)
+        return rc;
+    uint8_t *const base = r.base;
+    const struct ivshm_header hdr = r.hdr;
+    const uint64_t S = r.S, Q = r.Q, Z = r.Z;
+    const uint32_t F = r.F;
     unsigned long long rewound = 0;
-    const uint64_t end = now_ms() + 1000 * strtoull(argv[2], NULL, 10);
+    const uint64_t end = r.end_ms;
     while (!stop && now_ms() < end) {
         const uint64_t burst_end = now_ms() + BURST_MS;
         while (!stop && now_ms() < burst_end) {

@@ -11,6 +11,8 @@
  * look first. Prints "PASS trust_pingpong (N round trips)".
  *   trust_pingpong GATE ITERS [test]
  */
+#include "trust_check.h"
+
 #include <mpi.h>
 
 #include <stdint.h>
@@ -19,22 +21,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static int rank;
-
-static void fail(const char *what, long a, long b)
-{
-    fprintf(stderr, "FAIL rank %d: %s (%ld, %ld)\n", rank, what, a, b);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    exit(1);
-}
-
-static unsigned char pattern(uint32_t seed, size_t i)
-{
-    uint32_t x = seed * 2654435761u + (uint32_t)i * 40503u;
-    return (unsigned char)(x ^ (x >> 13));
-}
 
 static void fill(unsigned char *b, size_t n, uint32_t seed)
 {

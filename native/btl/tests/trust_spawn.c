@@ -6,28 +6,14 @@
  * exchanges a checked eager and a checked rendezvous message, then all 4
  * allreduce over the merged communicator. Prints "PASS trust_spawn".
  */
+#include "trust_check.h"
+
 #include <mpi.h>
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int rank;
-
-static void fail(const char *what, long a, long b)
-{
-    fprintf(stderr, "FAIL rank %d: %s (%ld, %ld)\n", rank, what, a, b);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    exit(1);
-}
-
-static unsigned char pattern(uint32_t seed, size_t i)
-{
-    uint32_t x = seed * 2654435761u + (uint32_t)i * 40503u;
-    return (unsigned char)(x ^ (x >> 13));
-}
 
 /* Parent r sends seed 1 to child r, which answers with seed 2. */
 static void exchange(MPI_Comm inter, int parent_side, size_t n)

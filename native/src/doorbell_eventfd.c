@@ -1,6 +1,7 @@
 /*
- * Attach through an ivshmem-server, and the eventfd doorbell it gives us
- * (QEMU's ivshmem-doorbell protocol, docs/server-protocol.md).
+ * The eventfd doorbell an ivshmem-server gives us, and its notices
+ * (QEMU's ivshmem-doorbell protocol, docs/server-protocol.md); attaching
+ * through the server is attach_server.c.
  *
  * The server sends 8-byte little-endian numbers, some carrying one fd:
  * version 0, our id, -1 + the region fd, then "id + eventfd" once per
@@ -10,7 +11,10 @@
  * a malformed one is an error (-EPROTO), never a crash or an fd leak.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "doorbell_eventfd.h"
+
+#include "clock.h"
+#include "registry.h"
 
 #include <endian.h>
 #include <errno.h>
@@ -23,16 +27,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define SERVER_MAX_ID 65535         /* 16 bits in the Doorbell register */
-#define SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 #define SERVER_MAX_VECTORS 64       /* per peer; more is a protocol error */
 #define FDS_PER_MSG_ROOM 4          /* control buffer: >1 fd is detected */
-/* The whole initial burst. The server greets a newcomer with every
-   peer's vectors and tells every peer about it, so a job of hundreds of
-   ranks attaching at once keeps it busy for seconds on a loaded host
-   (128 ranks on 2 busy cores overran 5 s). Still a bound: a server that
-   stalls fails the attach instead of hanging it. */
-#define ATTACH_TIMEOUT_MS 30000
 #define MSG_REST_TIMEOUT_MS 1000    /* rest of a message once it started */
 #define NOTICES_PER_DRAIN 4096      /* bounds one drain against a flood */
 #define EV_SOCKET UINT64_MAX        /* epoll tag; eventfds are tagged by fd */
@@ -65,13 +61,43 @@ static struct db_server *as_server(struct ivshm_doorbell *db)
 
 /* ---- wire ---- */
 
-/* Read one message: 8 bytes and at most one fd. `timeout_ms` bounds the
-   wait for its first byte (0: only if one is pending); a started message
-   must complete within MSG_REST_TIMEOUT_MS. Returns 1 with a message, 0
-   if none came, -ECONNRESET at a clean EOF, -EPROTO for a malformed one,
-   -EMFILE for a whole message whose fd the kernel could not give us (we
-   are at RLIMIT_NOFILE): *value is set, the stream is still framed. */
-static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
+/* Take ownership of every fd that arrived in `m` before judging them,
+   so none leaks whatever the verdict: the first into *fd (if it holds
+   none yet), any other closed. Truncated control data with no fd at all
+   is an fd lost on our side (EMFILE: *lost_fd), not a malformed message;
+   with fds, the sender sent too many. False if it sent too many. */
+static bool take_fds(struct msghdr *m, int *fd, bool *lost_fd)
+{
+    bool too_many = false;
+    int nrecv = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; i++) {
+            int x;
+            memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof x);
+            nrecv++;
+            if (*fd < 0) {
+                *fd = x;
+            } else {
+                close(x);
+                too_many = true;
+            }
+        }
+    }
+    if (m->msg_flags & MSG_CTRUNC) {
+        if (nrecv > 0)
+            too_many = true;
+        else
+            *lost_fd = true;
+    }
+    return !too_many;
+}
+
+/* A started message must complete within MSG_REST_TIMEOUT_MS. -EMFILE:
+   we are at RLIMIT_NOFILE; the stream is still framed. */
+int ivshm_server_recv(int sock, int timeout_ms, int64_t *value, int *fd_out)
 {
     uint8_t bytes[8];
     size_t got = 0;
@@ -107,34 +133,7 @@ static int recv_msg(int sock, int timeout_ms, int64_t *value, int *fd_out)
             rc = -errno;
             goto fail;
         }
-        /* Take ownership of every fd that arrived before judging them,
-           so none leaks whatever the verdict. Truncated control data
-           with no fd at all is an fd lost on our side (EMFILE), not a
-           malformed message; with fds, the sender sent too many. */
-        bool too_many = false;
-        int nrecv = 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < nfds; i++) {
-                int x;
-                memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof x);
-                nrecv++;
-                if (fd < 0) {
-                    fd = x;
-                } else {
-                    close(x);
-                    too_many = true;
-                }
-            }
-        }
-        if (m.msg_flags & MSG_CTRUNC) {
-            if (nrecv > 0)
-                too_many = true;
-            else
-                lost_fd = true;
-        }
+        bool too_many = !take_fds(&m, &fd, &lost_fd);
         if (too_many) {
             rc = -EPROTO;
             goto fail;
@@ -296,7 +295,7 @@ static int drain_notices(struct db_server *s)
     for (int n = 0; s->sock >= 0 && n < NOTICES_PER_DRAIN; n++) {
         int64_t value;
         int fd;
-        int r = recv_msg(s->sock, 0, &value, &fd);
+        int r = ivshm_server_recv(s->sock, 0, &value, &fd);
         if (r == 0)
             break;
         if (r == -EMFILE) {
@@ -417,6 +416,16 @@ static void es_destroy(struct ivshm_doorbell *db)
     free(s);
 }
 
+static const struct ivshm_doorbell eventfd_ops = {
+    .kind = DB_EVENTFD,
+    .ring = es_ring,
+    .arm = es_arm,
+    .wait = es_wait,
+    .fd = es_fd,
+    .poll_notices = es_poll_notices,
+    .destroy = es_destroy,
+};
+
 /* Takes ownership of `sock` (closed on failure too). Reads the rest of
    the initial burst: blocks (bounded) until our first own-id vector, then
    takes whatever else is already queued. */
@@ -429,13 +438,7 @@ struct ivshm_doorbell *ivshm_db_server_new(int sock, int32_t my_id, int *err)
         *err = -ENOMEM;
         return NULL;
     }
-    s->ops.kind = DB_EVENTFD;
-    s->ops.ring = es_ring;
-    s->ops.arm = es_arm;
-    s->ops.wait = es_wait;
-    s->ops.fd = es_fd;
-    s->ops.poll_notices = es_poll_notices;
-    s->ops.destroy = es_destroy;
+    s->ops = eventfd_ops;
     s->sock = sock;
     s->my_id = my_id;
     s->self.id = my_id;
@@ -458,7 +461,7 @@ struct ivshm_doorbell *ivshm_db_server_new(int sock, int32_t my_id, int *err)
         }
         int64_t value;
         int fd;
-        rc = recv_msg(sock, (int)((deadline - now) / 1000000 + 1), &value, &fd);
+        rc = ivshm_server_recv(sock, (int)((deadline - now) / 1000000 + 1), &value, &fd);
         if (rc == 0)
             continue;
         if (rc > 0)
@@ -477,12 +480,18 @@ fail:
     return NULL;
 }
 
-int ivshm_db_server_peers(struct ivshm_doorbell *db, int32_t *ids,
-                          int *vectors, int n)
+void ivshm_db_server_attach(struct ivshm_doorbell *db, ivshm *h)
 {
-    if (!db || db->kind != DB_EVENTFD || !ids || n < 0)
+    as_server(db)->h = h;
+}
+
+int ivshm_server_peers(ivshm *h, int32_t *ids, int *vectors, int n)
+{
+    if (!h->db || h->db->kind != DB_EVENTFD)
+        return -ENOTSUP;
+    if (!ids || n < 0)
         return -EINVAL;
-    struct db_server *s = as_server(db);
+    struct db_server *s = as_server(h->db);
     drain_notices(s);
     /* Merge ourselves into the sorted list of the others. */
     int count = 0;
@@ -508,101 +517,4 @@ int ivshm_db_server_peers(struct ivshm_doorbell *db, int32_t *ids,
             vectors[count] = 0;
     }
     return count;
-}
-
-/* ---- attach ---- */
-
-static int connect_server(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    size_t len = strlen(path);
-    if (len == 0)
-        return -EINVAL;
-    if (len >= sizeof addr.sun_path)
-        return -ENAMETOOLONG;
-    memcpy(addr.sun_path, path, len + 1);
-    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (sock < 0)
-        return -errno;
-    int rc;
-    do
-        rc = connect(sock, (struct sockaddr *)&addr, sizeof addr);
-    while (rc < 0 && errno == EINTR);
-    if (rc < 0) {
-        rc = -errno;
-        close(sock);
-        return rc;
-    }
-    return sock;
-}
-
-/* One of the three fixed opening messages. */
-static int recv_opening(int sock, int64_t *value, int *fd)
-{
-    int rc = recv_msg(sock, ATTACH_TIMEOUT_MS, value, fd);
-    if (rc == 0)
-        return -ETIMEDOUT;
-    return rc < 0 ? rc : 0;
-}
-
-/* Can nobody change the region's size (the server's sealed memfd)? */
-static bool size_sealed(int fd)
-{
-    int seals = fcntl(fd, F_GET_SEALS);
-    return seals >= 0 && (seals & SIZE_SEALS) == SIZE_SEALS;
-}
-
-int ivshm_attach_server(const char *socket_path, const ivshm_config *cfg,
-                        ivshm **out)
-{
-    if (!socket_path || !cfg || !out)
-        return -EINVAL;
-    int sock = connect_server(socket_path);
-    if (sock < 0)
-        return sock;
-    int64_t version, id, shm_marker;
-    int fd = -1, shm_fd = -1;
-    int rc = recv_opening(sock, &version, &fd);
-    if (rc == 0 && (fd >= 0 || version != 0))
-        rc = fd >= 0 ? -EPROTO : -EPROTONOSUPPORT;
-    if (rc == 0)
-        rc = recv_opening(sock, &id, &fd);
-    if (rc == 0 && (fd >= 0 || id < 0 || id > SERVER_MAX_ID))
-        rc = -EPROTO;
-    if (rc == 0)
-        rc = recv_opening(sock, &shm_marker, &shm_fd);
-    if (rc == 0 && (shm_marker != -1 || shm_fd < 0))
-        rc = -EPROTO;
-    if (rc == 0 && !(cfg->flags & IVSHM_F_UNSEALED) && !size_sealed(shm_fd))
-        rc = -EPERM; /* a file someone could truncate under us */
-    if (fd >= 0)
-        close(fd);
-    if (rc < 0) {
-        if (shm_fd >= 0)
-            close(shm_fd);
-        close(sock);
-        return rc;
-    }
-
-    struct ivshm_doorbell *db = ivshm_db_server_new(sock, (int32_t)id, &rc);
-    if (!db) {
-        close(shm_fd);
-        return rc;
-    }
-    ivshm *h;
-    rc = ivshm_region_map(shm_fd, &h); /* owns shm_fd on success */
-    if (rc < 0) {
-        close(shm_fd);
-        db->destroy(db);
-        return rc;
-    }
-    h->db = db;
-    as_server(db)->h = h;
-    rc = ivshm_registry_join(h, cfg, (int32_t)id, DB_EVENTFD);
-    if (rc < 0) {
-        ivshm_detach(h); /* self < 0: destroys db and unmaps only */
-        return rc;
-    }
-    *out = h;
-    return 0;
 }

@@ -1,5 +1,6 @@
 /*
- * Spin-then-block waiting (docs/waiting.md).
+ * The doorbell's two sides: spin-then-block waiting and the waker's
+ * kick (docs/waiting.md).
  *
  * A waiter spins for h->spin_ns, then announces `sleeping = 1` in its
  * registry entry and blocks on its doorbell. A producer, after publishing,
@@ -22,7 +23,10 @@
  * re-announces, and every sleep is bounded.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "doorbell.h"
+
+#include "clock.h"
+#include "registry.h"
 
 #include <errno.h>
 

@@ -1,0 +1,33 @@
+/*
+ * The peer registry (docs/region-layout.md, "Slot life cycle"): our own
+ * entry's claim and release, and what we learn from the others' entries:
+ * who is there, in which incarnation, and whether it still lives. A peer
+ * found dead is marked DEAD and what it held in the window tables is
+ * released (window_table.c).
+ */
+#ifndef IVSHM_REGISTRY_H
+#define IVSHM_REGISTRY_H
+
+#include "attachment.h"
+
+/* Claim a FREE or DEAD slot (it becomes CLAIMING, ours: h->self): what a
+   dead owner held in the window tables is released, the generation
+   bumps (*gen_out), our identity and doorbell line are written, with
+   `may_sleep` as what we announce. IVSHM_EFULL if no slot is free. The
+   caller empties what it keeps about the slot's peers and its receive
+   area (nobody sends to a slot that is not ACTIVE), then publishes. */
+IVSHM_INTERNAL int ivshm_registry_claim(ivshm *h, const ivshm_config *cfg,
+                                        int32_t doorbell_id, int backend,
+                                        bool may_sleep, uint32_t *gen_out);
+/* Our claimed slot becomes ACTIVE in generation `gen` (release). */
+IVSHM_INTERNAL void ivshm_registry_publish(ivshm *h, uint32_t gen);
+/* Leave: release our window holds, FREE our slot. */
+IVSHM_INTERNAL void ivshm_registry_leave(ivshm *h);
+/* Live peer in `slot` with generation `gen` (0: any)? Checks pids when we
+   share a pid namespace and marks a dead one. */
+IVSHM_INTERNAL bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
+/* Mark every ACTIVE slot whose doorbell id is `doorbell_id` dead (the
+   server's leave notice). Returns how many. */
+IVSHM_INTERNAL int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
+
+#endif
