@@ -39,12 +39,14 @@
  * per (shape, pattern) with every round.
  *
  *   ring-shapes [--cpus A,B] [--rounds N] [--iters N] [--shapes LIST]
- *               [--patterns LIST] [--work N] [--gap-ms N]
+ *               [--patterns LIST] [--work N] [--send-stores N] [--gap-ms N]
  *
  * --work: what a receiver does per message besides taking it (MPI's
  * matching and completion), as N steps of a dependent multiply-add
  * chain: with it the producer runs ahead in a stream, as the sender of
- * an MPI message-rate test does.
+ * an MPI message-rate test does. --send-stores: stores to private memory
+ * a sender makes per message besides the message (MPI's request and
+ * bookkeeping), which queue in the store buffer behind the message's.
  *
  * --gap-ms: a pause between runs, so that under a real-time class
  * (`chrt -f 5 ring-shapes ...`, which keeps a loaded machine's other
@@ -396,10 +398,19 @@ static void reset_chan(struct chan *c, struct chan_shm *m, int shape)
     c->key = c->sh->layout == L_BOX ? 0x5a17c3e9d2b4f681ull & ~0xffffffull : 0;
 }
 
+/* Stores a sender makes per message besides the message (MPI's request
+   and bookkeeping), into private memory. They wait in the store buffer
+   behind the message's stores, which wait for the message line. */
+static long sender_stores;
+static uint64_t sender_scratch[512];
+
 static void send_spin(struct chan *c, const uint8_t *msg)
 {
     while (!chan_send(c, msg, MSG))
         relax();
+    static unsigned at;
+    for (long i = 0; i < sender_stores; i++)
+        ((volatile uint64_t *)sender_scratch)[(at++ * 9) & 511] = (uint64_t)i;
 }
 
 /* Work a receiver does per message besides taking it (MPI's matching
@@ -526,6 +537,7 @@ int main(int argc, char **argv)
     int cpu[2] = {0, 1};
     long rounds = 7, iters = 200000, gap_ms = 0;
     consumer_work = 0;
+    sender_stores = 0;
     int shapes = DEFAULT_SHAPES, patterns = (1 << NPATTERNS) - 1;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -534,7 +546,7 @@ int main(int argc, char **argv)
             usage("usage: ring-shapes [--cpus A,B] [--rounds N] [--iters N] "
                   "[--shapes LIST] "
                   "[--patterns pingpong,exchange,stream] [--work N] "
-                  "[--gap-ms N]");
+                  "[--send-stores N] [--gap-ms N]");
         if (!strcmp(argv[i], "--cpus")) {
             if (sscanf(v, "%d,%d", &cpu[0], &cpu[1]) != 2 || cpu[0] < -1 ||
                 cpu[1] < -1)
@@ -551,6 +563,10 @@ int main(int argc, char **argv)
             consumer_work = strtol(v, &end, 10);
             if (*end || consumer_work < 0 || consumer_work > 100000)
                 usage("--work is 0 to 100000");
+        } else if (!strcmp(argv[i], "--send-stores")) {
+            sender_stores = strtol(v, &end, 10);
+            if (*end || sender_stores < 0 || sender_stores > 100000)
+                usage("--send-stores is 0 to 100000");
         } else if (!strcmp(argv[i], "--gap-ms")) {
             gap_ms = strtol(v, &end, 10);
             if (*end || gap_ms < 0 || gap_ms > 10000)
