@@ -453,12 +453,16 @@ static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
                           const void *data, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    int *delivered = arg;
+    (void)arg;
+    /* ob1's callback may call opal_progress: that must not take this
+       message again before libivshm has consumed it (cleared by the
+       progress call when ivshm_recv_each returns) */
+    c->in_progress = 1;
     if (OPAL_LIKELY(c->trusted[src] == (uint64_t)gen + 1 &&
                     0 == c->stashed[src]))
-        *delivered += deliver(src, tag, data, len);
+        c->fast_delivered += deliver(src, tag, data, len);
     else
-        *delivered += take_unusual(src, gen, tag, data, len);
+        c->fast_delivered += take_unusual(src, gen, tag, data, len);
 }
 
 /* A queued fragment left the FIFO: sent (rc 0) or failed. With `lock`. */
@@ -795,7 +799,8 @@ static __attribute__((noinline)) int idle_tick(void)
 
 /* Everything but the empty call of one thread: delivery, retries,
    callbacks, the idle tick. `taken`: what the fast path took (messages
-   handed to take_in_place, `delivered` of them to ob1), 0 when it found
+   handed to take_in_place, `delivered` of them to ob1: fast_delivered),
+   0 when it found
    something only the general path takes, -EAGAIN when it found nothing;
    NOT_ASKED (threads) when the general path alone is used, which asks
    ivshm_recv_idle first under `lock`. Under the one-progress-at-a-time
@@ -852,26 +857,30 @@ int mca_btl_ivshmem_component_progress(void)
        time, so the general path's checks still run). The look for a
        second message is paused as in poll_region: after a call that
        found only one, the next IVSHMEM_LOOK_PAUSE take one each. The
-       guard is set because the upcall may re-enter progress. */
-    c->in_progress = 1;
+       upcall sets the re-entrancy guard (take_in_place): an empty call
+       stores nothing. */
     const int max = c->looks_paused ? 1 : IVSHMEM_RECV_BATCH;
-    int delivered = 0;
-    int taken = ivshm_recv_each(c->h, take_in_place, &delivered, max);
+    int taken = ivshm_recv_each(c->h, take_in_place, NULL, max);
     int events;
     if (OPAL_LIKELY(taken == -EAGAIN && !c->stash_ready && !c->num_pending &&
                     NULL == c->complete.head)) {
         /* Stashed messages are ours, out of libivshm's sight: they
            always get their poll; queued sends and callbacks their turn;
            every IDLE_POLLS_PER_TICK-th empty call its tick. */
-        events = ++c->idle_polls % IDLE_POLLS_PER_TICK ? 0 : idle_tick();
+        if (OPAL_LIKELY(++c->idle_polls % IDLE_POLLS_PER_TICK != 0))
+            return 0;
+        c->in_progress = 1;
+        events = idle_tick();
     } else {
+        c->in_progress = 1;
         if (taken > 0) {
             if (max == 1)
                 c->looks_paused--;
             else if (taken == 1)
                 c->looks_paused = IVSHMEM_LOOK_PAUSE;
         }
-        events = progress_body(taken, delivered);
+        events = progress_body(taken, c->fast_delivered);
+        c->fast_delivered = 0;
     }
     c->in_progress = 0;
     return events;

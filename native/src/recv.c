@@ -519,6 +519,8 @@ int ivshm_recv_idle(ivshm *h)
 static __attribute__((noinline)) int each_walk(ivshm *h, ivshm_recv_fn fn,
                                                void *arg, int max)
 {
+    if (!fn || max < 1)
+        return -EINVAL;
     if (h->each_run >= HOT_RUN_MAX) {
         h->each_run = 0;
         if (h->n_bl || !q_empty(h))
@@ -565,8 +567,8 @@ static __attribute__((noinline)) int each_walk(ivshm *h, ivshm_recv_fn fn,
    walk, out of line, once a head says "full" or a sender is mid-way. */
 int ivshm_recv_each(ivshm *h, ivshm_recv_fn fn, void *arg, int max)
 {
-    if (__builtin_expect(!h || h->self < 0 || !fn || max < 1, 0))
-        return -EINVAL;
+    if (__builtin_expect(!h || h->self < 0, 0))
+        return -EINVAL; /* fn and max are checked where they are used */
     for (int x = 0; x < h->n_act; x++) {
         const struct ivshm_peer_local *p = &h->peers[h->act[x]];
         if (p->rx_chan < 0 || p->rx_partial ||
