@@ -272,8 +272,9 @@ IVSHM_INTERNAL void ivshm_ring_reset(ivshm *h, uint8_t *ring);
    the general path's, which delivers what a departed one left and
    resets our view of a new one). A header that is anything else
    (fragments, another generation, a length out of bounds) is left where
-   it is for the general path, which reports or repairs it. The caller's
-   fn may send on `h`, and even receive: the message is consumed only if
+   it is for the general path, which reports or repairs it. While fn
+   runs the message counts as peeked (SRC_RING), so fn may even release
+   it or receive it itself; it is consumed here only if nobody did and
    our view of its sender is unchanged when fn returns. */
 IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
                                void *arg, int max, bool *elsewhere)
@@ -301,14 +302,23 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
             *elsewhere = true;
             break;
         }
+        /* handed out as a peek is, while fn runs: whatever keeps a
+           peeked message in place keeps this one */
+        p->peeked = true;
+        p->peek_kind = SRC_RING;
         fn(arg, slot, gen, f.tag, slot_data(s), f.len);
         n++;
         h->stats.recvs++;
         h->stats.bytes_recv += f.len;
         if (p->rx_tail != pos || p->rx_ring != ring || p->gen != gen ||
-            p->peeked || p->rx_partial)
+            !p->peeked || p->rx_partial) {
+            /* fn took it itself (a receive or a release) or our view of
+               the sender changed: not ours to consume */
+            if (p->rx_tail == pos && p->rx_ring == ring && p->gen == gen)
+                p->peeked = false;
             break;
-        rx_consume(h, slot, ring, RX_LIVE);
+        }
+        rx_consume(h, slot, ring, RX_LIVE); /* and peeked = false */
     } while (n < max);
     return n;
 }

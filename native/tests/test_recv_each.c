@@ -2,7 +2,7 @@
    order and contents across the queue -> fast channel switch and many
    ring wraps, with multi-slot messages it must leave to the general
    path and a sender kept on the queue that it must not starve; an
-   upcall that receives on the handle itself; and a receiver that never
+   upcall that receives or releases on the handle itself; and a receiver that never
    gives its slots back (it never moves its read position, then writes
    garbage there), against which our sends fail by their deadlines while
    our own fast path keeps working. Real processes. */
@@ -207,7 +207,7 @@ static void test_each_order(void)
 struct rx_ctx {
     ivshm *r;
     int from;
-    uint32_t seen[16];
+    uint32_t seen[24];
     uint32_t n;
 };
 
@@ -222,6 +222,8 @@ static void recv_in_cb(void *arg, int src, uint32_t gen, uint32_t tag,
     memcpy(&i, data, 4);
     (void)len;
     c->seen[c->n++] = i;
+    if (i == 5) /* releases it itself, as after a peek: consumed once */
+        c->seen[c->n++] = ivshm_recv_release(c->r, c->from) == 0 ? 200 : 201;
     if (i == 3) {
         /* takes message 3 itself (it is still at the head) */
         uint8_t m[64];
@@ -251,10 +253,11 @@ static void test_each_upcall_receives(void)
         CHECK_RC(ivshm_send_small(s, sr, 1, &i, 4, NULL, 0), 0);
     struct rx_ctx c = {.r = r, .from = ss};
     CHECK_RC(ivshm_recv_each(r, recv_in_cb, &c, 16), 4); /* 0..3, then stops */
-    CHECK_RC(ivshm_recv_each(r, recv_in_cb, &c, 16), 4); /* 4..7 */
-    const uint32_t want[] = {0, 1, 2, 3, 103, 4, 5, 6, 7};
-    CHECK(c.n == 9);
-    for (uint32_t k = 0; k < 9 && k < c.n; k++)
+    CHECK_RC(ivshm_recv_each(r, recv_in_cb, &c, 16), 2); /* 4, 5 */
+    CHECK_RC(ivshm_recv_each(r, recv_in_cb, &c, 16), 2); /* 6, 7 */
+    const uint32_t want[] = {0, 1, 2, 3, 103, 4, 5, 200, 6, 7};
+    CHECK(c.n == 10);
+    for (uint32_t k = 0; k < 10 && k < c.n; k++)
         CHECK(c.seen[k] == want[k]);
     /* nothing is left, and the ring goes on */
     int got;
@@ -264,7 +267,7 @@ static void test_each_upcall_receives(void)
     uint32_t nine = 9;
     CHECK_RC(ivshm_send_small(s, sr, 1, &nine, 4, NULL, 0), 0);
     CHECK_RC(ivshm_recv_each(r, recv_in_cb, &c, 16), 1);
-    CHECK(c.n == 10 && c.seen[9] == 9);
+    CHECK(c.n == 11 && c.seen[10] == 9);
     ivshm_detach(r);
     ivshm_detach(s);
 }
