@@ -194,6 +194,20 @@ def host_isolated() -> Optional[Set[int]]:
     return cpuset.parse(text) if text else set()
 
 
+def read_topology(path: Optional[Path] = None
+                  ) -> Tuple[HostTopology, Optional[Set[int]]]:
+    """(topology, CPUs isolated now): of a saved `hwloc-ls --of xml`
+    file (isolated now: None, the file is not this host), or of this
+    host and its running kernel."""
+    if path is None:
+        return parse_hwloc_xml(host_topology_xml()), host_isolated()
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise IsolationError(f"cannot read {path}: {e.strerror}") from None
+    return parse_hwloc_xml(text), None
+
+
 # ---------------------------------------------------------------- plan
 
 @dataclass
@@ -424,4 +438,10 @@ def render_text(p: Plan, current: Optional[Set[int]] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- CLI
+def plan_json(p: Plan, current: Optional[Set[int]] = None) -> Dict:
+    """The plan as JSON, with the CPUs the kernel isolates now when
+    known."""
+    data = p.to_json()
+    if current is not None:
+        data["kernel_isolated_now"] = sorted(current)
+    return data

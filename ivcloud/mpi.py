@@ -160,6 +160,10 @@ def mpirun_command(program: Sequence[str], np: int,
                                    or verbose_btl):
         raise MpiError(f"a region, a socket or BTL counters only apply to "
                        f"the ivshmem transport, not '{transport}'")
+    if transport != "ivshmem" and not tcp_fallback:
+        raise MpiError(f"only the ivshmem transport has a tcp fallback to "
+                       f"turn off, not '{transport}'",
+                       setting="no_tcp_fallback")
 
     cmd = [mpirun or find_mpirun()]
     if os.geteuid() == 0:
@@ -342,26 +346,25 @@ def _restore(saved: Dict[int, object]) -> None:
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
-def check_region(region: os.PathLike) -> Path:
-    p = Path(region)
+def _check_file(path: os.PathLike, what: str, is_kind, kind: str) -> Path:
+    """`path`, if it exists and `is_kind(st_mode)`; else MpiError naming
+    it as `what`."""
+    p = Path(path)
     try:
         st = p.stat()
     except OSError as e:
-        raise MpiError(f"region {p}: {e.strerror}")
-    if not stat.S_ISREG(st.st_mode):
-        raise MpiError(f"region {p} is not a regular file")
+        raise MpiError(f"{what} {p}: {e.strerror}")
+    if not is_kind(st.st_mode):
+        raise MpiError(f"{what} {p} is not {kind}")
     return p
+
+
+def check_region(region: os.PathLike) -> Path:
+    return _check_file(region, "region", stat.S_ISREG, "a regular file")
 
 
 def check_socket(sock: os.PathLike) -> Path:
-    p = Path(sock)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise MpiError(f"socket {p}: {e.strerror}")
-    if not stat.S_ISSOCK(st.st_mode):
-        raise MpiError(f"{p} is not a socket")
-    return p
+    return _check_file(sock, "socket", stat.S_ISSOCK, "a socket")
 
 
 def env_attachment(env: Mapping[str, str]) -> Dict[str, str]:
@@ -392,18 +395,45 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
         check_socket(socket)
     kwargs = dict(transport=transport, verbose_btl=verbose_btl,
                   tcp_fallback=tcp_fallback, extra_mca=extra_mca)
+    try:
+        if transport == "ivshmem" and region is None and socket is None:
+            named = env_attachment(env if env is not None else os.environ)
+            if named:
+                kwargs.update(named)
+            else:
+                # validate before making anything
+                mpirun_command(program, np, region="/dev/null", **kwargs)
+                with private_region(np) as path:
+                    cmd = mpirun_command(program, np, region=path, **kwargs)
+                    return run_command(cmd, timeout, env, stdout, stderr)
+        cmd = mpirun_command(program, np, region=region, socket=socket,
+                             **kwargs)
+        return run_command(cmd, timeout, env, stdout, stderr)
+    except FileNotFoundError as e:      # mpirun gone since find_mpirun
+        raise MpiSetupError(f"cannot run mpirun: {e}") from None
+
+
+def planned_command(program: Sequence[str], np: int,
+                    transport: str = "ivshmem",
+                    region: Optional[os.PathLike] = None,
+                    socket: Optional[os.PathLike] = None,
+                    env: Optional[Mapping[str, str]] = None,
+                    **kwargs) -> Tuple[List[str], Optional[Path]]:
+    """What :func:`run` would execute, run nothing: (the mpirun argv, the
+    private region it would format for the job and remove afterwards, or
+    None when the job attaches to a given region or server). The same
+    refusals as a real run, save that a given region or socket need not
+    exist yet."""
+    private = None
     if transport == "ivshmem" and region is None and socket is None:
         named = env_attachment(env if env is not None else os.environ)
-        if named:
-            kwargs.update(named)
-        else:
-            # validate before making anything
-            mpirun_command(program, np, region="/dev/null", **kwargs)
-            with private_region(np) as path:
-                cmd = mpirun_command(program, np, region=path, **kwargs)
-                return run_command(cmd, timeout, env, stdout, stderr)
-    cmd = mpirun_command(program, np, region=region, socket=socket, **kwargs)
-    return run_command(cmd, timeout, env, stdout, stderr)
+        region, socket = named.get("region"), named.get("socket")
+        if not named:
+            private_geometry(np)
+            region = private = private_region_path()
+    cmd = mpirun_command(program, np, transport=transport, region=region,
+                         socket=socket, **kwargs)
+    return cmd, private
 
 
 # ---------------------------------------------------------------- counters

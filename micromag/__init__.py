@@ -12,11 +12,15 @@ Modules:
     state        the magnetization state and nodal material data
     terms        field terms, one module each, all subclasses of
                  terms.base.Term: exchange, anisotropy (uniaxial, cubic),
-                 zeeman (static and time-dependent), demag (FEM/BEM)
+                 zeeman (static and time-dependent), demag: demag_grid
+                 (cell grid, Newell's tensor by FFT) or demag (FEM/BEM),
+                 chosen by demag_method
     llg          LLG time integration and energy minimisation
     problem      TOML problem files
     simulation   running a problem: the Python API
     output       tables, VTU snapshots, plots, progress
+    convergence  comparing mesh-convergence runs (published SP4 solution)
+    study        a convergence study as one call (ivcloud mag converge)
 
 The package stands on its own (numpy, scipy, petsc4py, mpi4py, gmsh,
 meshio); the `ivcloud mag` command (ivcloud/cli/mag.py) is a thin layer

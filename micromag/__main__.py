@@ -3,7 +3,8 @@ solver's own command, for machines that have the python3-micromag
 package but not ivcloud (the guests of a VM cluster). It runs on the
 ranks it was started with (`mpirun -np N python3 -m micromag run ...`);
 `ivcloud mag` is the full command (launching on N ranks, checks,
-benchmarks). Bad input: one line on stderr, exit status 2; a run that
+benchmarks). `--resume` and `--checkpoint-every` as for `ivcloud mag
+run` (simulation.run). Bad input: one line on stderr, exit status 2; a run that
 failed: exit status 1.
 """
 
@@ -33,7 +34,16 @@ def main(argv=None) -> int:
     run.add_argument("--out", required=True, help="output directory")
     run.add_argument("--quiet", action="store_true",
                      help="no progress display")
+    run.add_argument("--resume", action="store_true",
+                     help="continue an interrupted run in --out from its "
+                          "checkpoint")
+    run.add_argument("--checkpoint-every", type=float, default=60.0,
+                     metavar="SECONDS",
+                     help="checkpoint every this many wall seconds "
+                          "(default 60)")
     args = p.parse_args(argv)
+    if not args.checkpoint_every >= 0:
+        p.error("--checkpoint-every must be a number of seconds >= 0")
 
     from .ranks import one_thread_per_rank, run_on_ranks
     one_thread_per_rank()
@@ -44,7 +54,9 @@ def main(argv=None) -> int:
         prob = load(args.problem)
         if out.exists() and not out.is_dir():
             raise ProblemError(f"{out} exists and is not a directory")
-        run_on_ranks(prob, out, not args.quiet, sys.argv[1:], PROG)
+        run_on_ranks(prob, out, not args.quiet, sys.argv[1:], PROG,
+                     resume=args.resume,
+                     checkpoint_every=args.checkpoint_every)
     except MagError as e:
         sys.stderr.write(f"{PROG}: error: {' '.join(str(e).split())}\n")
         return 2 if isinstance(e, ProblemError) else 1

@@ -11,6 +11,10 @@ Builders take their sizes in metres:
     box(lx, ly, lz, h, structured=True)
                                   cubes of ~h split into 6 tets each
                                   (no gmsh, deterministic, fast)
+    box(..., structured=True, edge_h=e)
+                                  the same, graded along x and y: cells
+                                  of e at the lateral faces, growing
+                                  geometrically to h
     cylinder(r, l, h)             gmsh, axis z, base centred at the origin
     ellipsoid(a, b, c, h)         gmsh, centred at the origin
     sphere(r, h)                  ellipsoid(r, r, r, h)
@@ -157,17 +161,29 @@ def _gmsh_mesh(build, h_nm: float) -> Mesh:
 
 
 def box(lx: float, ly: float, lz: float, h,
-        structured: bool = False) -> Mesh:
+        structured: bool = False, edge_h: Optional[float] = None) -> Mesh:
     """Cuboid [0,lx]x[0,ly]x[0,lz] (metres), mesh size h. A structured
     box also takes h = (hx, hy, hz): thin films want finer cells across
-    the thickness than in the plane."""
+    the thickness than in the plane; and `edge_h`, the cell size at the
+    lateral faces (x and y), from which the cells grow by at most
+    GRADE_RATIO per cell to hx, hy inside (the potential's boundary
+    layers at a film's edges are a few nm thick: docs/mag-demag.md)."""
     hs = np.broadcast_to(np.asarray(h, dtype=float), (3,))
     for name, v in (("lx", lx), ("ly", ly), ("lz", lz), ("h", hs.min())):
         if not v > 0:
             raise MeshError(f"box: {name} must be positive")
     if structured:
-        n = [max(1, int(round(v / hv))) for v, hv in zip((lx, ly, lz), hs)]
+        if edge_h is not None:
+            if not edge_h > 0:
+                raise MeshError("box: edge_h must be positive")
+            return structured_box_coords(graded_coords(lx, hs[0], edge_h),
+                                         graded_coords(ly, hs[1], edge_h),
+                                         np.linspace(0, lz, _cells(lz,
+                                                                   hs[2]) + 1))
+        n = [_cells(v, hv) for v, hv in zip((lx, ly, lz), hs)]
         return structured_box(lx, ly, lz, *n)
+    if edge_h is not None:
+        raise MeshError("box: edge_h needs structured = true")
     if np.ptp(hs) > 0:
         raise MeshError("box: per-axis mesh sizes need structured = true")
     h = float(hs[0])
@@ -209,12 +225,53 @@ _KUHN = np.array([[0, 1, 3, 7], [0, 1, 5, 7], [0, 2, 3, 7],
                   [0, 2, 6, 7], [0, 4, 5, 7], [0, 4, 6, 7]], dtype=np.int64)
 
 
+# Largest ratio of neighbouring cell sizes in a graded box.
+GRADE_RATIO = 1.3
+
+
+def _cells(length: float, h: float) -> int:
+    return max(1, int(round(length / h)))
+
+
+def graded_coords(length: float, h: float, edge_h: float) -> np.ndarray:
+    """Node coordinates on [0, length]: cells of edge_h at both ends
+    growing by GRADE_RATIO per cell up to h, cells of about h between
+    (uniform when edge_h >= h)."""
+    if edge_h >= h:
+        return np.linspace(0, length, _cells(length, h) + 1)
+    sizes = [edge_h]
+    while sizes[-1] * GRADE_RATIO < h:
+        sizes.append(sizes[-1] * GRADE_RATIO)
+    ramp = np.array(sizes)
+    middle = length - 2 * ramp.sum()
+    if middle <= 0:
+        # too short for both ramps: scale them to meet in the middle
+        ramp = ramp * length / (2 * ramp.sum())
+        middle = 0.0
+    n_mid = int(round(middle / h)) if middle > 0 else 0
+    if middle > 0 and n_mid == 0:
+        # less than half a cell left: spread it over the ramps
+        ramp = ramp * (length / 2) / ramp.sum()
+    cells = np.concatenate([ramp, np.full(n_mid, middle / max(n_mid, 1)),
+                            ramp[::-1]])
+    x = np.concatenate([[0.0], np.cumsum(cells)])
+    x[-1] = length
+    return x
+
+
 def structured_box(lx: float, ly: float, lz: float,
                    nx: int, ny: int, nz: int) -> Mesh:
     """Cuboid divided into nx*ny*nz cells, 6 tetrahedra per cell."""
-    xs = np.linspace(0, lx, nx + 1)
-    ys = np.linspace(0, ly, ny + 1)
-    zs = np.linspace(0, lz, nz + 1)
+    return structured_box_coords(np.linspace(0, lx, nx + 1),
+                                 np.linspace(0, ly, ny + 1),
+                                 np.linspace(0, lz, nz + 1))
+
+
+def structured_box_coords(xs, ys, zs) -> Mesh:
+    """The box of the cells between the given node coordinates (sorted,
+    metres) along each axis, 6 tetrahedra per cell."""
+    xs, ys, zs = (np.asarray(v, dtype=float) for v in (xs, ys, zs))
+    nx, ny, nz = len(xs) - 1, len(ys) - 1, len(zs) - 1
     # point index = i + (nx+1) * (j + (ny+1) * k)
     Z, Y, X = np.meshgrid(zs, ys, xs, indexing="ij")
     pts = np.stack([X.ravel(), Y.ravel(), Z.ravel()], axis=1)

@@ -12,6 +12,9 @@
     h = 3.0                            # mesh size (structured box: also
                                        # [hx, hy, hz])
     structured = false                 # box: 6 tets per cube, no gmsh
+    edge_h = 0.5                       # structured box: cells of this size
+                                       # at the lateral (x, y) faces,
+                                       # growing to h inside
     file = "bar.msh"                   # shape = "file": gmsh .msh, Netgen
                                        # .vol, anything meshio reads;
                                        # relative to the problem file
@@ -31,13 +34,21 @@
     # type = "random"; seed = 1      random directions
     # file = "run/m.vtu"              a previous snapshot (nearest node)
 
-    [demag]
-    enabled = true      # hybrid FEM/BEM (micromag.terms.demag)
-    rtol = 1e-10        # its Krylov tolerance
-    method = "auto"     # boundary operator: dense | fmm (fast multipole,
-                        # O(N) memory) | auto (dense while it takes at
-                        # most 4 GB, 22,360 surface nodes, or a third of
-                        # the host's memory if more); docs/mag-demag.md
+    [demag]             # docs/mag-demag.md
+    enabled = true
+    method = "auto"     # grid: P1 m on a regular grid, Newell tensor by
+                        # FFT (exact for boxes and films) | dense: FEM/BEM
+                        # with the dense boundary matrix | fmm: FEM/BEM,
+                        # fast multipole boundary operator (O(N) memory) |
+                        # auto: grid for a body that fills its bounding
+                        # box, else dense while it takes at most 4 GB
+                        # (22,360 surface nodes) or a third of the host's
+                        # memory if more, else fmm
+    grid_tol = 0.03     # grid: relative error of the demag energy the
+                        # cell size is chosen for (with the mesh size)
+    grid_h = 2.5        # grid: at most this cell size instead ([hx, hy,
+                        # hz] too), in the mesh's unit (file meshes: nm)
+    rtol = 1e-10        # FEM/BEM: Krylov tolerance of its solvers
     tol = 1e-5          # fmm: relative accuracy of the boundary operator
 
     [[field]]           # applied in every stage (also [[stage.field]])
@@ -95,7 +106,7 @@ import numpy as np
 from .constants import GAMMA0, MU0
 from .errors import ProblemError
 from .llg import INTEGRATORS
-from .terms.demag_fmm import METHODS as DEMAG_METHODS
+from .terms.demag_method import METHODS as DEMAG_METHODS
 
 try:
     import tomllib
@@ -108,7 +119,8 @@ FIELD_UNITS = {"mT": 1e-3 / MU0, "T": 1.0 / MU0, "A/m": 1.0}
 
 MESH_KEYS = {"shape": str, "unit": str, "size": list, "radius": float,
              "length": float, "semi_axes": list, "h": (float, list),
-             "structured": bool, "file": str, "scale": float}
+             "structured": bool, "edge_h": float, "file": str,
+             "scale": float}
 MATERIAL_KEYS = {"region": int, "name": str, "Ms": float, "A": float,
                  "alpha": float, "gamma": float, "K1": float, "axis": list,
                  "Kc1": float, "Kc2": float, "cubic_axes": list}
@@ -116,7 +128,8 @@ MATERIAL_DEFAULTS = {"A": 0.0, "alpha": 0.5, "gamma": GAMMA0, "K1": 0.0,
                      "axis": [0.0, 0.0, 1.0], "Kc1": 0.0, "Kc2": 0.0,
                      "cubic_axes": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]}
 INITIAL_KEYS = {"m": list, "type": str, "seed": int, "file": str}
-DEMAG_KEYS = {"enabled": bool, "rtol": float, "method": str, "tol": float}
+DEMAG_KEYS = {"enabled": bool, "rtol": float, "method": str, "tol": float,
+              "grid_tol": float, "grid_h": (float, list)}
 FIELD_KEYS = {"H": list, "unit": str, "amplitude": list, "frequency": float,
               "phase": float, "ramp": float, "t_on": float, "t_off": float}
 STAGE_KEYS = {"type": str, "name": str, "duration": float,
@@ -234,11 +247,38 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     cfg: Dict[str, Any] = {}
     if "title" in top:
         cfg["title"] = top["title"]
-
-    # --- mesh
     if "mesh" not in top:
         c.fail("missing [mesh]")
-    mesh = c.table(top["mesh"], MESH_KEYS, "mesh")
+    cfg["mesh"] = _mesh(c, top["mesh"], base)
+    if "material" not in top:
+        c.fail("missing [material]")
+    cfg["material"] = _materials(c, top["material"])
+    cfg["initial"] = _initial(c, top.get("initial", {"m": [1.0, 0.0, 0.0]}),
+                              base)
+    cfg["demag"] = _demag(c, top.get("demag", {}))
+    cfg["field"] = [_field(c, f, f"field #{i + 1}")
+                    for i, f in enumerate(_table_list(c, top.get("field", []),
+                                                      "field"))]
+    stages = _table_list(c, top.get("stage", []), "stage")
+    if not stages:
+        c.fail("no [[stage]]: nothing to run")
+    cfg["stage"] = [_stage(c, s, i + 1) for i, s in enumerate(stages)]
+    out = c.table(top.get("output", {}), OUTPUT_KEYS, "output")
+    cfg["output"] = {"vtu": out.get("vtu", True), "png": out.get("png", True)}
+    cfg["petsc"] = _petsc(c, top.get("petsc", {}))
+    return Problem(cfg, path)
+
+
+# What each mesh shape needs, and what else it may have besides shape
+# and unit.
+_MESH_NEEDS = {"box": ("size", "h"), "cylinder": ("radius", "length", "h"),
+               "ellipsoid": ("semi_axes", "h"), "sphere": ("radius", "h"),
+               "file": ("file",)}
+_MESH_MAY = {"box": ("structured", "edge_h"), "file": ("scale",)}
+
+
+def _mesh(c: _Checker, raw, base: Path) -> dict:
+    mesh = c.table(raw, MESH_KEYS, "mesh")
     shape = mesh.get("shape", "file" if "file" in mesh else "box")
     if shape not in SHAPES:
         c.fail(f"mesh shape '{shape}' unknown (choose from "
@@ -247,165 +287,166 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     if unit not in UNITS:
         c.fail(f"mesh unit '{unit}' unknown (choose from "
                f"{', '.join(UNITS)})")
-    m_out: Dict[str, Any] = {"shape": shape, "unit": unit}
-    needed = {"box": ("size", "h"), "cylinder": ("radius", "length", "h"),
-              "ellipsoid": ("semi_axes", "h"), "sphere": ("radius", "h"),
-              "file": ("file",)}[shape]
+    needed = _MESH_NEEDS[shape]
     for key in needed:
         if key not in mesh:
             c.fail(f"[mesh] shape '{shape}' needs '{key}'")
-    allowed = set(needed) | {"shape", "unit"}
-    if shape == "box":
-        allowed.add("structured")
-    if shape == "file":
-        allowed.add("scale")
+    allowed = set(needed) | {"shape", "unit"} | set(_MESH_MAY.get(shape, ()))
     for key in mesh:
         if key not in allowed:
             c.fail(f"'{key}' does not apply to mesh shape '{shape}'")
+    out: Dict[str, Any] = {"shape": shape, "unit": unit}
     if "h" in mesh:
-        if isinstance(mesh["h"], list):
-            if not (shape == "box" and mesh.get("structured", False)):
-                c.fail("per-axis mesh h = [hx, hy, hz] needs a structured "
-                       "box")
-            m_out["h"] = c.positive_vector(mesh["h"], "mesh h")
-        else:
-            m_out["h"] = c.positive(mesh["h"], "mesh h")
+        out["h"] = _mesh_h(c, mesh, shape)
     if shape == "box":
-        m_out["size"] = c.positive_vector(mesh["size"], "mesh size")
-        m_out["structured"] = mesh.get("structured", False)
-    elif shape == "cylinder":
-        m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
-        m_out["length"] = c.positive(mesh["length"], "mesh length")
-    elif shape == "sphere":
-        m_out["radius"] = c.positive(mesh["radius"], "mesh radius")
+        out["size"] = c.positive_vector(mesh["size"], "mesh size")
+        out["structured"] = mesh.get("structured", False)
+        if "edge_h" in mesh:
+            if not out["structured"]:
+                c.fail("mesh edge_h (graded cells) needs a structured box")
+            out["edge_h"] = c.positive(mesh["edge_h"], "mesh edge_h")
+    elif shape in ("cylinder", "sphere"):
+        out["radius"] = c.positive(mesh["radius"], "mesh radius")
+        if shape == "cylinder":
+            out["length"] = c.positive(mesh["length"], "mesh length")
     elif shape == "ellipsoid":
-        m_out["semi_axes"] = c.positive_vector(mesh["semi_axes"],
-                                               "mesh semi_axes")
+        out["semi_axes"] = c.positive_vector(mesh["semi_axes"],
+                                             "mesh semi_axes")
     else:
-        f = Path(mesh["file"])
-        if not f.is_absolute():
-            f = base / f
-        if not f.is_file():
-            c.fail(f"mesh file {f} not found")
-        m_out["file"] = str(f)
+        out["file"] = str(_existing_file(c, mesh["file"], base,
+                                         "mesh file"))
         if "scale" in mesh:
-            m_out["scale"] = c.positive(mesh["scale"], "mesh scale")
-        del m_out["unit"]
-    cfg["mesh"] = m_out
-    _check_mesh_size(c, m_out)
+            out["scale"] = c.positive(mesh["scale"], "mesh scale")
+        del out["unit"]
+    _check_mesh_size(c, out)
+    return out
 
-    # --- materials
-    if "material" not in top:
-        c.fail("missing [material]")
-    mats = top["material"]
-    if isinstance(mats, dict):
-        mats = [mats]
+
+def _mesh_h(c: _Checker, mesh: dict, shape: str):
+    if not isinstance(mesh["h"], list):
+        return c.positive(mesh["h"], "mesh h")
+    if not (shape == "box" and mesh.get("structured", False)):
+        c.fail("per-axis mesh h = [hx, hy, hz] needs a structured box")
+    return c.positive_vector(mesh["h"], "mesh h")
+
+
+def _existing_file(c: _Checker, name: str, base: Path, what: str) -> Path:
+    f = Path(name)
+    if not f.is_absolute():
+        f = base / f
+    if not f.is_file():
+        c.fail(f"{what} {f} not found")
+    return f
+
+
+def _materials(c: _Checker, raw) -> List[dict]:
+    mats = [raw] if isinstance(raw, dict) else raw
     if not mats:
         c.fail("[[material]] is empty")
     regions = set()
-    out_mats = []
+    out = []
     for i, raw_mat in enumerate(mats):
         where = "material" if len(mats) == 1 else f"material #{i + 1}"
-        mat = c.table(raw_mat, MATERIAL_KEYS, where)
-        if "Ms" not in mat:
-            c.fail(f"[{where}] needs Ms")
-        if not (mat["Ms"] > 0 and math.isfinite(mat["Ms"])):
-            c.fail(f"Ms in [{where}] must be positive (got {mat['Ms']:g})")
-        full = dict(MATERIAL_DEFAULTS)
-        full["cubic_axes"] = copy.deepcopy(full["cubic_axes"])
-        full.update(mat)
-        full.setdefault("region", 0 if len(mats) == 1 else i + 1)
-        if len(mats) > 1 and "region" not in mat:
+        mat = _material(c, raw_mat, where)
+        if len(mats) > 1 and "region" not in raw_mat:
             c.fail(f"[{where}] needs 'region' when several materials are "
                    f"given")
-        if full["region"] in regions:
-            c.fail(f"region {full['region']} has two materials")
-        regions.add(full["region"])
-        c.nonneg(full["A"], f"A in [{where}]")
-        c.nonneg(full["alpha"], f"alpha in [{where}]")
-        c.positive(full["gamma"], f"gamma in [{where}]")
-        for key in ("K1", "Kc1", "Kc2"):
-            if not math.isfinite(full[key]):
-                c.fail(f"{key} in [{where}] must be finite")
-        full["axis"] = c.vector(full["axis"], f"axis in [{where}]")
-        if np.linalg.norm(full["axis"]) == 0:
-            c.fail(f"axis in [{where}] is zero")
-        ca = full["cubic_axes"]
-        if not (isinstance(ca, list) and len(ca) == 2):
-            c.fail(f"cubic_axes in [{where}] must be two 3-vectors")
-        ca = [c.vector(v, f"cubic_axes in [{where}]") for v in ca]
-        a1, a2 = np.array(ca[0]), np.array(ca[1])
-        if (np.linalg.norm(a1) == 0 or np.linalg.norm(a2) == 0 or abs(
-                a1 @ a2) > 1e-9 * np.linalg.norm(a1) * np.linalg.norm(a2)):
-            c.fail(f"cubic_axes in [{where}] must be two orthogonal "
-                   f"non-zero vectors")
-        full["cubic_axes"] = ca
-        out_mats.append(full)
-    cfg["material"] = out_mats
+        mat.setdefault("region", 0 if len(mats) == 1 else i + 1)
+        if mat["region"] in regions:
+            c.fail(f"region {mat['region']} has two materials")
+        regions.add(mat["region"])
+        out.append(mat)
+    return out
 
-    # --- initial magnetization
-    init = c.table(top.get("initial", {"m": [1.0, 0.0, 0.0]}),
-                   INITIAL_KEYS, "initial")
+
+def _material(c: _Checker, raw, where: str) -> dict:
+    mat = c.table(raw, MATERIAL_KEYS, where)
+    if "Ms" not in mat:
+        c.fail(f"[{where}] needs Ms")
+    if not (mat["Ms"] > 0 and math.isfinite(mat["Ms"])):
+        c.fail(f"Ms in [{where}] must be positive (got {mat['Ms']:g})")
+    full = copy.deepcopy(MATERIAL_DEFAULTS)
+    full.update(mat)
+    c.nonneg(full["A"], f"A in [{where}]")
+    c.nonneg(full["alpha"], f"alpha in [{where}]")
+    c.positive(full["gamma"], f"gamma in [{where}]")
+    for key in ("K1", "Kc1", "Kc2"):
+        if not math.isfinite(full[key]):
+            c.fail(f"{key} in [{where}] must be finite")
+    full["axis"] = c.vector(full["axis"], f"axis in [{where}]")
+    if np.linalg.norm(full["axis"]) == 0:
+        c.fail(f"axis in [{where}] is zero")
+    full["cubic_axes"] = _cubic_axes(c, full["cubic_axes"], where)
+    return full
+
+
+def _cubic_axes(c: _Checker, ca, where: str) -> List[List[float]]:
+    if not (isinstance(ca, list) and len(ca) == 2):
+        c.fail(f"cubic_axes in [{where}] must be two 3-vectors")
+    ca = [c.vector(v, f"cubic_axes in [{where}]") for v in ca]
+    a1, a2 = np.array(ca[0]), np.array(ca[1])
+    if (np.linalg.norm(a1) == 0 or np.linalg.norm(a2) == 0 or abs(
+            a1 @ a2) > 1e-9 * np.linalg.norm(a1) * np.linalg.norm(a2)):
+        c.fail(f"cubic_axes in [{where}] must be two orthogonal "
+               f"non-zero vectors")
+    return ca
+
+
+# the key each initial type takes
+_INITIAL_KEY = {"uniform": "m", "random": "seed", "file": "file"}
+
+
+def _initial(c: _Checker, raw, base: Path) -> dict:
+    init = c.table(raw, INITIAL_KEYS, "initial")
     kind = init.get("type", "file" if "file" in init else "uniform")
+    if kind not in _INITIAL_KEY:
+        c.fail(f"initial type '{kind}' unknown (uniform, random, file)")
+    extra = set(init) - {"type", _INITIAL_KEY[kind]}
+    if extra:
+        c.fail(f"'{sorted(extra)[0]}' does not apply to initial type "
+               f"'{kind}'")
     if kind == "uniform":
         m0 = c.vector(init.get("m", [1.0, 0.0, 0.0]), "initial m")
         if np.linalg.norm(m0) == 0:
             c.fail("initial m is zero")
-        cfg["initial"] = {"type": "uniform", "m": m0}
-    elif kind == "random":
-        cfg["initial"] = {"type": "random", "seed": init.get("seed", 1)}
-    elif kind == "file":
-        if "file" not in init:
-            c.fail("[initial] type 'file' needs 'file'")
-        f = Path(init["file"])
-        if not f.is_absolute():
-            f = base / f
-        if not f.is_file():
-            c.fail(f"initial magnetization file {f} not found")
-        cfg["initial"] = {"type": "file", "file": str(f)}
-    else:
-        c.fail(f"initial type '{kind}' unknown (uniform, random, file)")
-    extra = set(init) - {"type", {"uniform": "m", "random": "seed",
-                                  "file": "file"}[kind]}
-    if extra:
-        c.fail(f"'{sorted(extra)[0]}' does not apply to initial type "
-               f"'{kind}'")
+        return {"type": "uniform", "m": m0}
+    if kind == "random":
+        return {"type": "random", "seed": init.get("seed", 1)}
+    if "file" not in init:
+        c.fail("[initial] type 'file' needs 'file'")
+    f = _existing_file(c, init["file"], base, "initial magnetization file")
+    return {"type": "file", "file": str(f)}
 
-    # --- demag
-    demag = c.table(top.get("demag", {}), DEMAG_KEYS, "demag")
-    cfg["demag"] = {"enabled": demag.get("enabled", True),
-                    "rtol": c.positive(demag.get("rtol", 1e-10),
-                                       "demag rtol"),
-                    "method": demag.get("method", "auto"),
-                    "tol": demag.get("tol", 1e-5)}
-    if cfg["demag"]["method"] not in DEMAG_METHODS:
-        c.fail(f"demag method '{cfg['demag']['method']}' unknown "
+
+def _demag(c: _Checker, raw) -> dict:
+    demag = c.table(raw, DEMAG_KEYS, "demag")
+    out = {"enabled": demag.get("enabled", True),
+           "rtol": c.positive(demag.get("rtol", 1e-10), "demag rtol"),
+           "method": demag.get("method", "auto"),
+           "tol": demag.get("tol", 1e-5)}
+    if out["method"] not in DEMAG_METHODS:
+        c.fail(f"demag method '{out['method']}' unknown "
                f"({', '.join(DEMAG_METHODS)})")
-    if not 0.0 < cfg["demag"]["tol"] <= 0.1:
+    if not 0.0 < out["tol"] <= 0.1:
         c.fail("demag tol must be in (0, 0.1]")
+    if "grid_tol" in demag:
+        if not 0.0 < demag["grid_tol"] <= 1.0:
+            c.fail("demag grid_tol must be in (0, 1]")
+        out["grid_tol"] = demag["grid_tol"]
+    if "grid_h" in demag:
+        out["grid_h"] = (c.positive_vector(demag["grid_h"], "demag grid_h")
+                         if isinstance(demag["grid_h"], list)
+                         else c.positive(demag["grid_h"], "demag grid_h"))
+    return out
 
-    # --- fields
-    cfg["field"] = [_field(c, f, f"field #{i + 1}")
-                    for i, f in enumerate(_table_list(c, top.get("field", []),
-                                                      "field"))]
 
-    # --- stages
-    stages = _table_list(c, top.get("stage", []), "stage")
-    if not stages:
-        c.fail("no [[stage]]: nothing to run")
-    cfg["stage"] = [_stage(c, s, i + 1) for i, s in enumerate(stages)]
-
-    # --- output, petsc
-    out = c.table(top.get("output", {}), OUTPUT_KEYS, "output")
-    cfg["output"] = {"vtu": out.get("vtu", True), "png": out.get("png", True)}
-    petsc = top.get("petsc", {})
+def _petsc(c: _Checker, petsc) -> dict:
     if not isinstance(petsc, dict):
         c.fail("[petsc] must be a table")
     for key, value in petsc.items():
         if not isinstance(value, (str, int, float, bool)):
             c.fail(f"[petsc] option '{key}' must be a string or number")
-    cfg["petsc"] = dict(petsc)
-    return Problem(cfg, path)
+    return dict(petsc)
 
 
 def _check_mesh_size(c: _Checker, m: dict) -> None:
@@ -460,6 +501,15 @@ def _field(c: _Checker, raw, where: str) -> dict:
     return out
 
 
+# keys of llg stages and of relax stages; a relax stage with method
+# "damping" (LLG at alpha = 1 until stop_dmdt) takes some llg keys too
+_LLG_KEYS = {"duration", "integrator", "rtol", "atol", "dt", "adaptive",
+             "order", "stop_dmdt", "output_every", "snapshot_every"}
+_RELAX_KEYS = {"method", "tol", "max_iter"}
+_DAMPING_KEYS = {"duration", "stop_dmdt", "integrator", "rtol", "atol",
+                 "output_every"}
+
+
 def _stage(c: _Checker, raw, index: int) -> dict:
     where = f"stage #{index}"
     s = c.table(raw, STAGE_KEYS, where)
@@ -468,51 +518,60 @@ def _stage(c: _Checker, raw, index: int) -> dict:
         c.fail(f"stage type '{kind}' unknown (llg, relax)")
     out: Dict[str, Any] = {"type": kind,
                            "name": s.get("name", f"{kind}{index}")}
-    fields = [_field(c, f, f"{where} field #{i + 1}")
-              for i, f in enumerate(_table_list(c, s.get("field", []),
-                                                f"{where} field"))]
-    out["field"] = fields
+    out["field"] = [_field(c, f, f"{where} field #{i + 1}")
+                    for i, f in enumerate(_table_list(c, s.get("field", []),
+                                                      f"{where} field"))]
     if "alpha" in s:
         out["alpha"] = c.nonneg(s["alpha"], f"alpha in [{where}]")
-    llg_keys = {"duration", "integrator", "rtol", "atol", "dt", "adaptive",
-                "order", "stop_dmdt", "output_every", "snapshot_every"}
-    relax_keys = {"method", "tol", "max_iter"}
     if kind == "relax":
-        method = s.get("method", "bb")
-        if method not in ("bb", "damping"):
-            c.fail(f"relax method '{method}' unknown (bb, damping)")
-        bad = set(s) & (llg_keys - ({"duration", "stop_dmdt", "integrator",
-                                     "rtol", "atol", "output_every"}
-                                    if method == "damping" else set()))
-        if bad:
-            c.fail(f"'{sorted(bad)[0]}' does not apply to a relax stage "
-                   f"with method '{method}'")
-        out["method"] = method
-        out["tol"] = c.positive(s.get("tol", 1e-6), f"tol in [{where}]")
-        out["max_iter"] = s.get("max_iter", 50_000)
-        if out["max_iter"] < 1:
-            c.fail(f"max_iter in [{where}] must be positive")
-        if method == "damping":
+        out.update(_relax_stage(c, s, where))
+        if out["method"] == "damping":
             out.setdefault("alpha", 1.0)
-            out["duration"] = c.positive(s.get("duration", 5e-9),
-                                         f"duration in [{where}]")
-            out["stop_dmdt"] = c.positive(s.get("stop_dmdt", 1.0),
-                                          f"stop_dmdt in [{where}]")
-            out["integrator"] = s.get("integrator", "rk3bs")
-            out["rtol"] = c.positive(s.get("rtol", 1e-4), f"rtol in [{where}]")
-            out["atol"] = c.positive(s.get("atol", 1e-4), f"atol in [{where}]")
-            out["output_every"] = c.positive(
-                s.get("output_every", out["duration"] / 100),
-                f"output_every in [{where}]")
-            out.update(dt=0.0, adaptive=True, order=0, snapshot_every=0.0)
-            if out["integrator"] not in INTEGRATORS:
-                c.fail(f"integrator '{out['integrator']}' unknown")
+    else:
+        out.update(_llg_stage(c, s, where))
+    return out
+
+
+def _relax_stage(c: _Checker, s: dict, where: str) -> dict:
+    method = s.get("method", "bb")
+    if method not in ("bb", "damping"):
+        c.fail(f"relax method '{method}' unknown (bb, damping)")
+    bad = set(s) & (_LLG_KEYS - (_DAMPING_KEYS if method == "damping"
+                                 else set()))
+    if bad:
+        c.fail(f"'{sorted(bad)[0]}' does not apply to a relax stage "
+               f"with method '{method}'")
+    out: Dict[str, Any] = {"method": method,
+                           "tol": c.positive(s.get("tol", 1e-6),
+                                             f"tol in [{where}]"),
+                           "max_iter": s.get("max_iter", 50_000)}
+    if out["max_iter"] < 1:
+        c.fail(f"max_iter in [{where}] must be positive")
+    if method == "bb":
         return out
-    bad = set(s) & relax_keys
+    out["duration"] = c.positive(s.get("duration", 5e-9),
+                                 f"duration in [{where}]")
+    out["stop_dmdt"] = c.positive(s.get("stop_dmdt", 1.0),
+                                  f"stop_dmdt in [{where}]")
+    out["integrator"] = s.get("integrator", "rk3bs")
+    if out["integrator"] not in INTEGRATORS:
+        c.fail(f"integrator '{out['integrator']}' unknown")
+    out["rtol"] = c.positive(s.get("rtol", 1e-4), f"rtol in [{where}]")
+    out["atol"] = c.positive(s.get("atol", 1e-4), f"atol in [{where}]")
+    out["output_every"] = c.positive(
+        s.get("output_every", out["duration"] / 100),
+        f"output_every in [{where}]")
+    out.update(dt=0.0, adaptive=True, order=0, snapshot_every=0.0)
+    return out
+
+
+def _llg_stage(c: _Checker, s: dict, where: str) -> dict:
+    bad = set(s) & _RELAX_KEYS
     if bad:
         c.fail(f"'{sorted(bad)[0]}' does not apply to an llg stage")
     if "duration" not in s:
         c.fail(f"[{where}] needs duration (s)")
+    out: Dict[str, Any] = {}
     out["duration"] = c.positive(s["duration"], f"duration in [{where}]")
     integ = s.get("integrator", "rk5dp")
     if integ not in INTEGRATORS:
@@ -554,7 +613,9 @@ def build_mesh(cfg: dict):
     h = np.asarray(m["h"]) * s if isinstance(m["h"], list) else m["h"] * s
     if shape == "box":
         lx, ly, lz = (v * s for v in m["size"])
-        return meshmod.box(lx, ly, lz, h, structured=m["structured"])
+        edge = m.get("edge_h")
+        return meshmod.box(lx, ly, lz, h, structured=m["structured"],
+                           edge_h=None if edge is None else edge * s)
     if shape == "cylinder":
         return meshmod.cylinder(m["radius"] * s, m["length"] * s, h)
     if shape == "sphere":

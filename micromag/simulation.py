@@ -39,8 +39,10 @@ from .output import Progress, Results, plot_m
 from .parallel import comm_world, petsc
 from .state import State
 from .terms import schur
-from .terms import (CubicAnisotropy, DemagField, Exchange, UniaxialAnisotropy,
-                    Zeeman)
+from .terms import CubicAnisotropy, Exchange, UniaxialAnisotropy, Zeeman
+from .terms.demag_grid import exchange_length
+from .terms.demag_method import choose as choose_demag
+from .terms.demag_method import make_demag
 
 
 # The u1 (Neumann) solve of the demagnetizing field, unless the problem
@@ -128,26 +130,7 @@ class Simulation:
         self.demag = None
         if self.cfg["demag"]["enabled"]:
             td = time.perf_counter()
-            opts = petsc().Options()
-            added = []
-            if sp.n <= POISSON_DIRECT_MAX_NODES and not any(
-                    opts.hasName(k) for k in ("demag_poisson_pc_type",
-                                              "demag_poisson_ksp_type")):
-                direct = POISSON_DIRECT
-                if self.comm.Get_size() > 1 and schur.fits(sp.K):
-                    direct = POISSON_SCHUR
-                for key, value in direct.items():
-                    if not opts.hasName(key):
-                        opts[key] = value
-                        added.append(key)
-            try:
-                self.demag = DemagField(sp, self.state.Ms_nodes,
-                                        rtol=self.cfg["demag"]["rtol"],
-                                        method=self.cfg["demag"]["method"],
-                                        tol=self.cfg["demag"]["tol"])
-            finally:
-                for key in added:      # later solvers of this process
-                    opts.delValue(key)
+            self.demag = self._make_demag()
             self.demag_setup_time = time.perf_counter() - td
             self.terms.append(self.demag)
         self.stages = self.cfg["stage"]
@@ -165,6 +148,40 @@ class Simulation:
         self._ck_last = time.perf_counter()
 
     # ------------------------------------------------------------ setup
+
+    def _make_demag(self):
+        """The demagnetizing-field term the problem asks for; FEM/BEM
+        with the direct u1 solve (POISSON_DIRECT / POISSON_SCHUR) unless
+        the problem file sets its own solver."""
+        sp, dcfg = self.space, self.cfg["demag"]
+        grid_h = dcfg.get("grid_h")
+        if grid_h is not None:
+            grid_h = np.asarray(grid_h, dtype=float) * \
+                problem_mod.UNITS[self.cfg["mesh"].get("unit", "nm")]
+        opts = petsc().Options()
+        added = []
+        if choose_demag(dcfg["method"], sp.mesh) != "grid" and \
+                sp.n <= POISSON_DIRECT_MAX_NODES and not any(
+                    opts.hasName(k) for k in ("demag_poisson_pc_type",
+                                              "demag_poisson_ksp_type")):
+            direct = POISSON_DIRECT
+            if self.comm.Get_size() > 1 and schur.fits(sp.K):
+                direct = POISSON_SCHUR
+            for key, value in direct.items():
+                if not opts.hasName(key):
+                    opts[key] = value
+                    added.append(key)
+        mats = self.cfg["material"]
+        try:
+            return make_demag(
+                sp, self.state.Ms_nodes, dcfg["method"], rtol=dcfg["rtol"],
+                tol=dcfg["tol"], grid_tol=dcfg.get("grid_tol"),
+                grid_h=grid_h,
+                length=exchange_length([m["Ms"] for m in mats],
+                                       [m["A"] for m in mats]))
+        finally:
+            for key in added:      # later solvers of this process
+                opts.delValue(key)
 
     def _set_initial(self) -> None:
         init = self.cfg["initial"]
@@ -191,6 +208,15 @@ class Simulation:
             tree = cKDTree(np.asarray(src.points, dtype=float)[:, :3])
             _, idx = tree.query(sp.mesh.points)
             self.state.set_m(m[idx])
+
+    def demag_summary(self) -> str:
+        """The demag method in words (progress line, summary)."""
+        d = self.demag
+        if d is None:
+            return "off"
+        if getattr(d, "grid", None) is not None:
+            return f"grid, {d.grid}"
+        return d.method
 
     def terms_for(self, stage: dict, t_stage0: Optional[float] = None
                   ) -> List:
@@ -461,6 +487,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
         if rank == 0:
             prog.message(f"mesh: {sp.mesh.summary()}, "
                          f"{len(sp.boundary_nodes)} boundary nodes; "
+                         f"demag: {sim.demag_summary()}; "
                          f"{comm.Get_size()} rank(s); setup "
                          f"{sim.setup_time:.2f} s")
             if ck is not None:
@@ -535,6 +562,10 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
             "nodes": sp.n, "tets": int(len(sp.mesh.tets)),
             "boundary_nodes": int(len(sp.boundary_nodes)),
             "demag": sim.demag is not None,
+            "demag_method": getattr(sim.demag, "method", None),
+            "demag_grid": None if getattr(sim.demag, "grid", None) is None
+            else {"cells": list(sim.demag.grid.n),
+                  "h_m": sim.demag.grid.h.tolist()},
             "terms": [t.name for t in sim.terms],
             "setup_time_s": sim.setup_time,
             "solve_time_s": solve_time,

@@ -82,7 +82,7 @@ def native_dir() -> Path:
 @pytest.fixture(scope="session")
 def mpicc(tmp_path_factory):
     """Compile an MPI C program (warnings are errors): mpicc(src) -> the
-    executable, in a directory of this session."""
+    executable, in a directory of this test session."""
     def build(src: Path) -> Path:
         cc = shutil.which("mpicc")
         assert cc, "mpicc not found (install libopenmpi-dev)"

@@ -198,7 +198,8 @@ def test_settings_checks_name_no_flags():
 def test_report_refuses_an_empty_directory(tmp_path):
     with pytest.raises(ReportError, match="no hierarchy.json"):
         report.write(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "ivcloud.report",
-                           str(tmp_path)], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 1 and "no hierarchy.json" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ivcloud", "bench",
+                           "report", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "no hierarchy.json" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -2,7 +2,8 @@
 runs in every configuration on real emulated clusters (root only), the
 records, the summary, the ratios and the scaling series in its JSON,
 the tables and plots in report.md, and no cluster left behind. Plus the
-pure arithmetic of the summary (medians, speeds, Amdahl's fit)."""
+pure arithmetic of the summary (medians, speeds; what the report may
+say of them is tests/test_bench_report.py)."""
 
 from __future__ import annotations
 
@@ -69,13 +70,6 @@ def test_ratios_carry_the_most_favourable_one_the_spread_allows():
     t = ts["hpcc ring bandwidth: ivshmem vs one"]
     assert (t.status, t.within_spread) == ("MISS", True)
     assert t.to_json()["within_spread"] is True
-
-
-def test_amdahl_fit_recovers_the_serial_fraction():
-    f = 0.2
-    pts = [(p, 1 / (f + (1 - f) / p)) for p in (1, 2, 4, 8)]
-    assert abs(apps.amdahl_serial_fraction(pts) - f) < 1e-12
-    assert apps.amdahl_serial_fraction([(1, 1.0)]) is None
 
 
 def test_settings_refuse_without_flag_names():
@@ -164,5 +158,9 @@ def test_bench_apps_quick_end_to_end(tmp_path):
     for png in ("apps.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC
         assert f"]({png})" in md
+    # this run's clusters (apps<pid><hex>, scal<pid><hex>) are gone; others'
+    # tests on a shared machine may have brought theirs up meanwhile
     after = {p.name for p in RUN_DIR.glob("cluster-*")}
-    assert after <= before, after - before
+    left = {n for n in after - before
+            if n.startswith(("cluster-apps", "cluster-scal"))}
+    assert not left, left

@@ -1,4 +1,4 @@
-"""`ivcloud bench apps --instance-kind vm` (issue 12): the application
+"""`ivcloud bench apps --instance-kind vm`: the application
 benchmark on a VM cluster, as a user runs it. HPCC, OpenFOAM's
 simpleFoam on pitzDaily and our solver's bar (from the image's
 python3-micromag package) each run in one guest and in two guests over

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud.cluster import instance as holders
+from ivcloud.cluster import holder
 from ivcloud.cluster.launch import visible_inside
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -28,10 +28,13 @@ RUN_DIR = Path(os.environ.get("IVCLOUD_RUN_DIR") or "/run/ivcloud")
 HAVE_MPI = shutil.which("mpicc") is not None and shutil.which("mpirun")
 
 # All pairs exchange a message (so every BTL endpoint gets created), then
-# an allreduce; each rank prints its host.
+# an allreduce; each rank prints its host and the region it was given.
+# Given a file name, the ranks then wait for that file (at most 2 min),
+# so that jobs overlap or a job runs while something is done to it.
 MPI_PROGRAM = r"""
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 int main(int argc, char **argv)
 {
@@ -51,7 +54,13 @@ int main(int argc, char **argv)
     }
     int mine = rank + 1;
     MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("rank %d of %d on %s sum %d\n", rank, size, host, sum);
+    const char *sock = getenv("IVSHM_SOCKET");
+    printf("rank %d of %d on %s sum %d socket %s\n", rank, size, host, sum,
+           sock ? sock : "-");
+    fflush(stdout);
+    for (int i = 0; argc > 1 && i < 1200 && access(argv[1], F_OK); i++)
+        usleep(100000);
+    MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
     return sum == size * (size + 1) / 2 ? 0 : 1;
 }
@@ -73,6 +82,18 @@ def one_line_error(proc) -> str:
     return lines[0]
 
 
+def wait_for(cond, timeout, what):
+    """cond()'s first true value, polled every 0.1 s; fails the test
+    after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out ({timeout} s) waiting for {what}")
+
+
 def new_name() -> str:
     return f"t{os.getpid() % 100000}{uuid.uuid4().hex[:6]}"
 
@@ -87,20 +108,20 @@ def assert_gone(name: str, snapshot: dict) -> None:
     assert not (RUN_DIR / f"cluster-{name}").exists()
     for rec in snapshot.get("holders", {}).values():
         if rec.get("start") is not None:
-            assert holders.start_time(rec["pid"]) != rec["start"], rec
-    assert holders.find_by_marker(name) == []
+            assert holder.start_time(rec["pid"]) != rec["start"], rec
+    assert holder.find_by_marker(name) == []
     ns = {"net": set(), "mnt": set()}
     for rec in snapshot.get("namespaces", {}).values():
         for kind in ns:
             if rec.get(kind):
                 ns[kind].add(rec[kind])
     for kind in ns:  # never the host's own (as a guard for this check)
-        assert holders.ns_inode(os.getpid(), kind) not in ns[kind]
+        assert holder.ns_inode(os.getpid(), kind) not in ns[kind]
     # (namespace inode numbers get reused: also match the cluster's env)
-    assert holders.processes_in(ns, cluster=name) == []
+    assert holder.processes_in(ns, cluster=name) == []
     for srv in snapshot.get("servers", {}).values():
         if srv.get("pid"):
-            assert holders.start_time(srv["pid"]) is None or \
+            assert holder.start_time(srv["pid"]) is None or \
                 Path(f"/proc/{srv['pid']}/comm").read_text().strip() \
                 != "ivshmem-server", srv
         assert not os.path.lexists(srv["region"])
@@ -350,7 +371,7 @@ def test_down_after_up_killed_halfway():
         snapshot = json.loads(path.read_text())
         assert snapshot["phase"] == "building"
         live = [r for r in snapshot["holders"].values()
-                if holders.start_time(r["pid"]) == r["start"]]
+                if holder.start_time(r["pid"]) == r["start"]]
         assert live, "the killed up left no holders to clean up?"
         assert json.loads(ivcloud("cluster", "status", "--name", name,
                                   "--json").stdout)["healthy"] is False
@@ -368,7 +389,7 @@ def test_uplink_rate_limits_cross_server_traffic(cluster):
     name, state = cluster(servers=2, instances=2,
                           extra=["--uplink-rate", "20mbit"])
     fabric = state["holders"]["fabric"]["pid"]
-    qd = subprocess.run(holders.enter_argv(fabric, ("net",))
+    qd = subprocess.run(holder.enter_argv(fabric, ("net",))
                         + ["tc", "qdisc", "show"], capture_output=True,
                         text=True).stdout
     assert qd.count("qdisc tbf") == 4, qd  # both ends of both uplinks
@@ -518,13 +539,13 @@ def test_down_finds_processes_of_a_dead_instance(cluster):
                             "exec", "--name", name, "s0i1", "--", "sleep",
                             "300"])
     try:
-        holder = state["holders"]["s0i1"]
+        victim = state["holders"]["s0i1"]
         ns = {"net": {state["namespaces"]["s0i1"]["net"]}}
         deadline = time.monotonic() + 20
-        while not holders.processes_in(ns, cluster=name):
+        while not holder.processes_in(ns, cluster=name):
             assert time.monotonic() < deadline, "sleep never started"
             time.sleep(0.05)
-        os.kill(holder["pid"], signal.SIGKILL)
+        os.kill(victim["pid"], signal.SIGKILL)
         st = ivcloud("cluster", "status", "--name", name, "--json")
         assert st.returncode == 1
         dead = [i for i in json.loads(st.stdout)["instances"]
@@ -533,7 +554,7 @@ def test_down_finds_processes_of_a_dead_instance(cluster):
         down = ivcloud("cluster", "down", "--name", name)
         assert down.returncode == 0, down.stderr
         assert job.wait(timeout=20) != 0  # its sleep was killed
-        assert holders.processes_in(ns, cluster=name) == []
+        assert holder.processes_in(ns, cluster=name) == []
     finally:
         if job.poll() is None:
             job.kill()
@@ -553,13 +574,13 @@ def test_down_stops_what_a_dying_process_starts(cluster):
         ns = {"net": {state["namespaces"]["s0i1"]["net"]}}
         deadline = time.monotonic() + 20
         # its loop's first sleep runs: the trap is set
-        while len(holders.processes_in(ns, cluster=name)) < 2:
+        while len(holder.processes_in(ns, cluster=name)) < 2:
             assert time.monotonic() < deadline, "the script never started"
             time.sleep(0.05)
         down = ivcloud("cluster", "down", "--name", name)
         assert down.returncode == 0, down.stderr
-        assert holders.processes_in(ns, cluster=name) == []
-        assert not [p for p in holders.find_by_marker(name)]
+        assert holder.processes_in(ns, cluster=name) == []
+        assert not [p for p in holder.find_by_marker(name)]
     finally:
         if job.poll() is None:
             job.kill()

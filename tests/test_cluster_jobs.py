@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from ivcloud import server as server_mod
 from ivcloud.cluster import jobs
 from ivcloud.mpi import parse_btl_counters
 
-from test_cluster import cluster, ivcloud  # noqa: F401 (a fixture)
+from test_cluster import cluster, ivcloud, wait_for  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="cluster tests need root")
@@ -87,16 +86,6 @@ def _read_json(path):
         return None
 
 
-def _wait(cond, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_two_jobs_on_one_server_get_separate_regions(cluster, hold_program):
     name, state = cluster(servers=1, instances=2, vcpus=1)
     go = hold_program / "go"
@@ -104,7 +93,7 @@ def test_two_jobs_on_one_server_get_separate_regions(cluster, hold_program):
     a = _start_job(name, hold_program / "hold", go)
     b = _start_job(name, hold_program / "hold", go)
     try:
-        dirs = _wait(lambda: len(_job_servers(name, state)) == 2
+        dirs = wait_for(lambda: len(_job_servers(name, state)) == 2
                      and _job_servers(name, state), 60, "two job servers")
 
         def peers_of_each():
@@ -117,7 +106,7 @@ def test_two_jobs_on_one_server_get_separate_regions(cluster, hold_program):
 
         # four ranks run on this server: each region has its own job's two
         # (a shared region would hold all four)
-        _wait(peers_of_each, 60, "both jobs' ranks to join")
+        wait_for(peers_of_each, 60, "both jobs' ranks to join")
         # the standing region of the server has none of them
         standing = server_mod.status(server_mod.paths_for(
             state["servers"]["0"]["name"], state["servers_dir"]))
@@ -165,8 +154,8 @@ def test_down_removes_the_regions_of_a_killed_launcher(cluster,
     p = _start_job(name, hold_program / "hold", go,
                    output=subprocess.DEVNULL)
     try:
-        dirs = _wait(lambda: _job_servers(name, state), 60, "a job server")
-        job_state = _wait(lambda: _read_json(dirs[0] / "state.json"), 30,
+        dirs = wait_for(lambda: _job_servers(name, state), 60, "a job server")
+        job_state = wait_for(lambda: _read_json(dirs[0] / "state.json"), 30,
                           "the job server's state")
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
@@ -179,7 +168,7 @@ def test_down_removes_the_regions_of_a_killed_launcher(cluster,
     pid = job_state.get("pid")
     if pid:
         # gone, a zombie waiting for its reaper, or a new process
-        _wait(lambda: _server_gone(pid), 10, f"job server {pid} to exit")
+        wait_for(lambda: _server_gone(pid), 10, f"job server {pid} to exit")
     region = job_state.get("region")
     if region:
         assert not os.path.lexists(region)

@@ -1,4 +1,4 @@
-"""`ivcloud cluster up --instance-kind vm` (issue 12): the emulated
+"""`ivcloud cluster up --instance-kind vm`: the emulated
 cloud's instances as QEMU guests of the Debian image (TCG here), their
 NICs on taps in the server's bridge, their ivshmem-doorbell devices on
 the server's standing region, their vCPU threads pinned.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud.cluster import instance as holders
+from ivcloud.cluster import holder
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="clusters need root"),
@@ -40,7 +40,7 @@ def netns_list() -> str:
 
 def assert_no_cluster_left(name: str) -> None:
     assert not (RUN_DIR / f"cluster-{name}").exists()
-    assert holders.find_by_marker(name) == []
+    assert holder.find_by_marker(name) == []
     procs = subprocess.run(["pgrep", "-af", f"{name}-s|holder:{name}:"],
                            capture_output=True, text=True).stdout
     assert procs == "", procs      # no ivshmem-server, no holder
@@ -109,6 +109,14 @@ def test_hierarchy_json_has_every_level_and_transport(demo):
     for t in doc["targets"]:
         assert t["value"] is not None and t["status"] in ("PASS", "MISS")
     assert "L2 ivshmem" in runs["hierarchy"].stdout
+    # the machine's load, sampled before measuring and after
+    load = doc["load"]
+    for when in ("before", "after"):
+        assert 0 <= load[when]["cpu_share"] <= 1, load
+        assert 0 <= load[when]["steal_share"] <= 1, load
+    assert load["busy"] == bool(load["reasons"])
+    if load["busy"]:
+        assert "warning: the machine was busy" in runs["hierarchy"].stdout
 
 
 def test_halo_json_both_placements(demo):
@@ -148,16 +156,12 @@ def test_report_regenerates_from_json(demo, tmp_path):
     out, _, _ = demo
     for name in ("hierarchy.json", "halo.json"):
         shutil.copy(out / name, tmp_path / name)
-    proc = subprocess.run([sys.executable, "-m", "ivcloud.report",
-                           str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
+    proc = ivcloud("bench", "report", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report.md").read_text() == \
         (out / "report.md").read_text()
     assert (tmp_path / "halo.png").stat().st_size > 0
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "ivcloud.report",
-                           str(empty)], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 1 and "no hierarchy.json" in proc.stderr
+    proc = ivcloud("bench", "report", empty, timeout=60)
+    assert proc.returncode == 2 and "no hierarchy.json" in proc.stderr

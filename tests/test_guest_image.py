@@ -1,4 +1,4 @@
-"""The Debian guest image (issue 12): Debian 12 from Debian packages
+"""The Debian guest image (docs/vm.md): Debian 12 from Debian packages
 (mmdebstrap) with openmpi-bin, python3-mpi4py, python3-numpy, hpcc and
 our ivcloud-guest package installed by dpkg, booted under QEMU (TCG here)
 with its ivshmem-doorbell device on an ivshmem-server.

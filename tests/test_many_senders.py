@@ -1,4 +1,4 @@
-"""Many senders per receiver (issue 14's stress test, through the Python
+"""Many senders per receiver (a stress test through the Python
 binding): SENDERS real processes attach one region and stream messages
 of 1 byte to several slots' worth (so long ones are cut into fragments)
 to one receiver, half with blocking sends, half with try_send and

@@ -1,4 +1,4 @@
-"""Many ranks in one region (issue 14): 128 real Open MPI ranks on this
+"""Many ranks in one region: 128 real Open MPI ranks on this
 2-core machine, oversubscribed (blocking waits: Open MPI yields when
 idle, the BTL spins then blocks), every inter-rank byte through the
 ivshmem BTL (`--mca btl self,ivshmem`, no tcp in the list) in one
@@ -16,8 +16,8 @@ private region that `ivcloud mpirun` sizes from the linear formula.
   (ivshmem-server with --max-peers 160 and small queues, so senders
   contend): every rank holds an eventfd per peer, and the server's
   connection cap and descriptor budget follow max_peers. (128 ranks
-  through a server on this loaded 2-core machine sometimes miss the
-  attach deadline or stall: see the report of issue 14.)
+  through a server on a loaded 2-core machine sometimes miss the
+  attach deadline or stall, hence SERVER_RANKS below 128.)
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from fractions import Fraction
 
 import pytest
 
-from ivcloud.cli.place import _partitioner
 from ivcloud.place import graph as graphs, planner
 from ivcloud.place.metis import Metis
+from ivcloud.place.rankfile import choose_partitioner
 
 RANK_LINE = re.compile(r"^rank (\d+)=(s(\d+)i(\d+)) slot=(\d+)(?:-(\d+))?$")
 
@@ -285,11 +285,30 @@ def test_patterns():
         (0, 1), (0, 3), (1, 2), (1, 4), (2, 5), (3, 4), (4, 5)]
 
 
-def test_auto_falls_back_to_spectral_with_a_warning(monkeypatch, capsys):
+def test_auto_falls_back_to_spectral(monkeypatch):
     monkeypatch.setattr(Metis, "load", classmethod(lambda cls: None))
-    part = _partitioner("auto", 1)
+    part = choose_partitioner("auto", 1)
     assert part.metis is None and part.name == "spectral"
-    assert "falling back" in capsys.readouterr().err
+    with pytest.raises(planner.PlacementError,
+                       match="METIS library not found"):
+        choose_partitioner("metis", 1)
+
+
+def test_cli_warns_when_it_falls_back(tmp_path):
+    # a process whose METIS cannot be loaded: the command says what it
+    # planned with instead
+    code = ("import sys\n"
+            "from ivcloud.place.metis import Metis\n"
+            "Metis.load = classmethod(lambda cls: None)\n"
+            "from ivcloud.cli import main\n"
+            "sys.exit(main(['place', '--pattern', 'ring', '--ranks', '4',"
+            " '--servers', '1', '--instances-per-server', '2',"
+            " '--vcpus', '2']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "falling back to spectral bisection" in proc.stderr
+    assert "spectral bisection (no METIS)" in proc.stdout
 
 
 @pytest.mark.parametrize("spec,shape,across", [("ring", (2, 2, 2), 2),
@@ -434,7 +453,7 @@ def test_cli_cluster_state(tmp_path):
 @pytest.mark.parametrize("content,args,message", [
     (None, ["--pattern", "mesh", "--ranks", 4], "unknown pattern"),
     (None, ["--pattern", "ring", "--ranks", 17], "do not fit"),
-    (None, ["--pattern", "ring"], "needs --ranks"),
+    (None, ["--pattern", "ring"], "needs a number of ranks [--ranks]"),
     (None, ["--pattern", "halo2d:4x"], "bad dimensions"),
     (None, ["--pattern", "halo2d:2x2", "--ranks", 5], "does not match"),
     ('{"ranks": 3, "edges": [[0, 1, 2],', [], "invalid JSON"),
@@ -452,7 +471,7 @@ def test_cli_cluster_state(tmp_path):
     ("0 1 2\n1 0\n", [], "must be 2x2"),
     ("0 x\n1 0\n", [], "not a number"),
     ("", [], "empty matrix"),
-    ('{"ranks": 4}', ["--ranks", 5], "--ranks 5"),
+    ('{"ranks": 4}', ["--ranks", 5], "5 ranks asked for"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, content, args, message):
     argv = ["place", *SHAPE, *args]

@@ -1,4 +1,4 @@
-"""Real VMs (issue 6): `ivcloud vm up|status|exec|down`, `ivcloud pin`, and
+"""Real VMs (docs/vm.md): `ivcloud vm up|status|exec|down`, `ivcloud pin`, and
 libivshm inside QEMU guests with doorbell interrupts.
 
 One ivshmem-server and two guests (TCG here: KVM hangs on these hosts and

@@ -2,9 +2,12 @@
 side; their command line is ivcloud/cli/bench.py).
 
 - :mod:`.toolkit`: what every benchmark shares (native programs, records,
-  the step loop, targets, tables, the JSON document);
+  the step loop, targets, tables, the machine's load before and after,
+  the JSON document);
 - :mod:`.report`: tables, plots and report.md from the cloud benchmarks'
-  documents (it reads documents, never the benchmarks' code);
+  documents (it reads documents, never the benchmarks' code), and what
+  they may say (strong scaling without oversubscription, a warning for
+  a busy machine);
 - :mod:`.p2p`, :mod:`.mpi`: single-host point-to-point and MPI;
 - :mod:`.scaling`: many ranks in one region, ivshmem against vader;
 - :mod:`.hierarchy`, :mod:`.halo`: on an emulated cloud

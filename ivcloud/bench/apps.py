@@ -32,7 +32,9 @@ instances of one server, 4 ranks over both servers; by default only as
 many ranks as the host has CPUs, so on 2 cores 1 and 2): time T, speed-up
 S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
 7.3) and seed 002, and the serial fraction of Amdahl's law fitted to S
-(thesis ch. 7.5).
+(thesis ch. 7.5) where at least 3 rank counts ran without
+oversubscription and the fit lands in [0, 1]; tables and plots leave
+out rank counts above the host's CPUs (report.scaling_view).
 
 With --instance-kind vm the instances are QEMU guests of the Debian
 image (docs/vm.md), whose python3-micromag package runs the solver: the
@@ -56,14 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import mpi
 from ..apps import hpcc, magbar, openfoam
 from ..cluster.session import ClusterSession, VmOptions, floating_rankfile
 from ..errors import BenchError, InvalidRequest
 from ..vm.debian import SOLVER_PACKAGE
 from . import report
-from .toolkit import (BenchResults, Target, conclude, count, machine_info,
-                      measure_rounds, print_grid, require_root, run_job)
+from .toolkit import (BenchResults, Target, check_ivshmem_used, conclude,
+                      count, machine_info, measure_rounds, print_grid,
+                      require_root, run_job)
 from .toolkit import summarize as toolkit_summarize
 
 APPS = ("hpcc", "openfoam", "micromag")
@@ -254,20 +256,6 @@ class Workloads:
                 lambda out: {"solver_s": openfoam.execution_time(out)})
 
 
-def check_ivshmem_used(stderr: str, ranks: int, origin: str
-                       ) -> Dict[int, Dict[str, int]]:
-    """The BTL's counters of every rank (btl_ivshmem_verbose); BenchError
-    unless each rank sent and received through the region."""
-    counters = mpi.parse_btl_counters(stderr)
-    idle = [r for r in range(ranks)
-            if not counters.get(r, {}).get("sent_msgs")
-            or not counters.get(r, {}).get("recv_msgs")]
-    if idle:
-        raise BenchError(f"{origin}: rank(s) {idle} carried no message "
-                         f"over the ivshmem BTL")
-    return counters
-
-
 def run_app(cluster: ClusterSession, work: Workloads, app: str,
             config: str, hosts: Sequence[str], transport: str,
             metrics: Optional[Sequence[str]] = None) -> List[Dict]:
@@ -373,9 +361,9 @@ def relative(summary: Sequence[Dict]) -> List[Dict]:
     """Per app and metric: tcp and ivshmem medians as speeds relative to
     one, ivshmem relative to tcp and (where it ran) to one-twocopy; with
     each, as KEY_best, the most favourable speed the runs' spreads allow
-    (our best run against the reference's worst): a ratio that misses
-    its target while KEY_best meets it is not told apart from the noise
-    by this many rounds."""
+    (our best run against the reference's worst), and as KEY_worst the
+    least favourable: a ratio that misses its target while KEY_best
+    meets it is not told apart from the noise by this many rounds."""
     by = {(r["app"], r["config"], r["metric"]): r
           for r in summary if r["config"] in PAIR_HOSTS}
     rows = []
@@ -386,53 +374,66 @@ def relative(summary: Sequence[Dict]) -> List[Dict]:
         row = {"app": app, "metric": metric}
         for key, ours, ref in RATIOS:
             a, b = by.get((app, ours, metric)), by.get((app, ref, metric))
-            row[key] = row[f"{key}_best"] = None
+            row[key] = row[f"{key}_best"] = row[f"{key}_worst"] = None
             if a and b and a["value"] and b["value"]:
                 row[key] = speed(app, metric, a["value"], b["value"])
-                row[f"{key}_best"] = speed(
-                    app, metric, a.get("value_max" if up else "value_min",
-                                       a["value"]),
-                    b.get("value_min" if up else "value_max", b["value"]))
+                row[f"{key}_best"] = speed(app, metric,
+                                           _extreme(a, up), _extreme(b, not up))
+                row[f"{key}_worst"] = speed(app, metric, _extreme(a, not up),
+                                            _extreme(b, up))
         rows.append(row)
     return rows
 
 
-def amdahl_serial_fraction(points: Sequence[Tuple[int, float]]
-                           ) -> Optional[float]:
-    """Least-squares f in S(p) = 1 / (f + (1 - f) / p) from (p, S): with
-    y = 1/S - 1/p and x = 1 - 1/p the law is y = f x."""
-    xs = [(1 - 1 / p, 1 / s - 1 / p) for p, s in points if p > 1 and s]
-    den = sum(x * x for x, _ in xs)
-    if not den:
-        return None
-    return sum(x * y for x, y in xs) / den
+def _extreme(rec: Dict, highest: bool) -> float:
+    """A summarized record's highest or lowest run (its median if it has
+    no spread)."""
+    return rec.get("value_max" if highest else "value_min", rec["value"])
 
 
-def scaling(summary: Sequence[Dict]) -> List[Dict]:
-    """T/S/E rows per app (medians), with the fitted serial fraction."""
+def scaling(summary: Sequence[Dict], cpus: int) -> List[Dict]:
+    """T/S/E rows per app (medians; the speed-up's extremes from the
+    rounds' extremes), each row marked `oversubscribed` when it ran more
+    ranks than the `cpus` the host gave this process, and Amdahl's
+    serial fraction where report.scaling_view allows a fit (else None,
+    and `fit_note` says why)."""
     out = []
     for app, metric in SCALING_METRIC.items():
-        pts = {r["ranks"]: r["value"] for r in summary
+        pts = {r["ranks"]: r for r in summary
                if r["app"] == app and r["config"] == "scaling"
                and r["metric"] == metric}
         if 1 not in pts:
             continue
+        one = pts[1]
         rows = []
         for p in sorted(pts):
-            s = speed(app, metric, pts[p], pts[1])
-            rows.append({"ranks": p, "value": pts[p], "speedup": s,
-                         "efficiency": s / p if s else None})
-        out.append({"app": app, "metric": metric,
-                    "label": METRICS[(app, metric)][0],
-                    "unit": METRICS[(app, metric)][1], "rows": rows,
-                    "amdahl_serial_fraction": amdahl_serial_fraction(
-                        [(r["ranks"], r["speedup"]) for r in rows])})
+            r = pts[p]
+            s = speed(app, metric, r["value"], one["value"])
+            up = METRICS[(app, metric)][2]
+            rows.append({
+                "ranks": p, "value": r["value"],
+                "value_min": r.get("value_min"),
+                "value_max": r.get("value_max"), "speedup": s,
+                "speedup_min": speed(app, metric, _extreme(r, not up),
+                                     _extreme(one, up)),
+                "speedup_max": speed(app, metric, _extreme(r, up),
+                                     _extreme(one, not up)),
+                "efficiency": s / p if s else None,
+                "oversubscribed": p > cpus})
+        series = {"app": app, "metric": metric,
+                  "label": METRICS[(app, metric)][0],
+                  "unit": METRICS[(app, metric)][1], "rows": rows}
+        view = report.scaling_view(series, cpus)
+        series["amdahl_serial_fraction"] = view["fit"]
+        series["fit_note"] = "; ".join(view["notes"])
+        out.append(series)
     return out
 
 
 def targets(rel: Sequence[Dict], s: AppsSettings) -> List[Target]:
-    """The issue's goals, as speeds relative to one instance; for HPCC
-    also relative to one instance with two copies per message."""
+    """The targets of docs/demo.md, section 3, as speeds relative to one
+    instance; for HPCC also relative to one instance with two copies per
+    message."""
     ts = []
     for r in rel:
         name = f"{r['app']} {METRICS[(r['app'], r['metric'])][0]}"
@@ -474,10 +475,14 @@ def print_tables(doc: Dict, out=None, title: Optional[str] = None
                   "min..max; speed relative to one instance)\n")
         print_grid(header, rows, out)
     for series in doc["scaling"]:
-        header, rows = report.scaling_table(series)
+        header, rows, notes = report.scaling_table(series,
+                                                   doc["scaling_cpus"])
         out.write(f"\nStrong scaling, {series['app']} (ivshmem, 3-level "
                   f"cluster)\n")
-        print_grid(header, rows, out)
+        if rows:
+            print_grid(header, rows, out)
+        for note in notes:
+            out.write(f"{note}\n")
 
 
 def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
@@ -528,9 +533,7 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
     ts = targets(rel, s)
     title = None
     if vm is None:
-        res.notes.append("instances are namespaces, not VMs; the host has "
-                         f"{info['cpus']} CPUs, so more ranks than that "
-                         f"share CPUs (scaling beyond it is oversubscribed)")
+        res.notes.append("instances are namespaces, not VMs")
     else:
         title = report.guest_title(pair_desc.get("accel"))
         res.notes.append(f"instances are QEMU guests "
@@ -551,7 +554,9 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
         res.notes.append(f"the bar ran on a coarser mesh than the "
                          f"thesis's (cells of {s.mag_cell_nm:g} nm, not "
                          f"3 nm): a plumbing check")
-    fields = {"relative": rel, "scaling": scaling(summary),
+    cpus = len(os.sched_getaffinity(0))
+    fields = {"relative": rel, "scaling": scaling(summary, cpus),
+              "scaling_cpus": cpus,
               "metrics": {f"{a}:{m}": {"label": v[0], "unit": v[1],
                                        "higher_is_better": v[2]}
                           for (a, m), v in METRICS.items()}}

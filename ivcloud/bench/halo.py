@@ -11,6 +11,14 @@ every run checks that each rank ran where its placement put it. The
 target is the ratio round-robin / planned from this run. The cluster is
 taken down at the end, also after an error or a signal, unless it is to
 be kept.
+
+:func:`run_slurm` (`--scheduler slurm`) asks the same of Slurm's
+allocation instead of our planner: on the same cluster shape running
+Slurm (ivcloud.cluster.slurm), a job of SLURM_RANKS ranks on two of the
+four instances, placed by Slurm's tree topology ("tree": it must land
+on one server, its instances' traffic through the region) against a
+topology-blind choice ("round-robin": one instance per server, as
+Open MPI's by-node mapping would spread them), in alternating rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..cluster.session import ClusterSession, floating_rankfile
+from ..cluster.slurm import SlurmOptions
+from ..cluster.slurm.client import wait_idle
 from ..errors import BenchError, InvalidRequest
 from ..place import graph as graphs
 from ..place.metis import Metis
@@ -33,7 +43,7 @@ from ..place.planner import (Partitioner, Placement,
 from . import report
 from .toolkit import (BenchResults, Target, attempt, conclude, count,
                       machine_info, parse_records, print_grid, program,
-                      ratio_target, require_root, run_job)
+                      ratio_target, require_root, run_job, write_docs)
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
@@ -42,6 +52,12 @@ DEFAULT_UPLINK = "200mbit"
 FACE_BYTES = 64 * 1024
 TRANSPORTS = ["ivshmem", "tcp"]
 KEYS = ("wall_s", "per_iter_us", "dims", "hosts", "bad_faces")
+SCHEDULERS = ("none", "slurm")
+# --scheduler slurm: a job on two of the four instances, two ranks each
+SLURM_RANKS, SLURM_NODES = 4, 2
+# the topology-blind choice: one instance on each server
+SLURM_SPREAD = ("s0i0", "s1i0")
+ALLOCATIONS = ["round-robin", "tree"]
 
 
 def check_face(face: int) -> int:
@@ -159,18 +175,30 @@ def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
     return res
 
 
-def summary(records: Sequence[Dict]) -> Dict[str, Dict]:
-    """Per placement: median and every wall time, cut by level."""
+def medians(records: Sequence[Dict], key: str,
+            names: Sequence[str]) -> Dict[str, Dict]:
+    """Per name (of record field `key`): median, min, max and every wall
+    time, median time per iteration, the first run's hosts."""
     out = {}
-    for name in PLACEMENTS:
-        mine = [r for r in records if r["placement"] == name]
+    for name in names:
+        mine = [r for r in records if r[key] == name]
         if not mine:
             continue
         walls = [r["wall_s"] for r in mine]
         out[name] = {"wall_s": statistics.median(walls), "runs": walls,
+                     "min_s": min(walls), "max_s": max(walls),
                      "per_iter_us": statistics.median(
                          r["per_iter_us"] for r in mine),
-                     "cut": mine[0]["cut"], "hosts": mine[0]["hosts"]}
+                     "hosts": mine[0]["hosts"]}
+    return out
+
+
+def summary(records: Sequence[Dict]) -> Dict[str, Dict]:
+    """Per placement: medians() and the cut by level."""
+    out = medians(records, "placement", PLACEMENTS)
+    for name, entry in out.items():
+        entry["cut"] = next(r["cut"] for r in records
+                            if r["placement"] == name)
     return out
 
 
@@ -218,3 +246,101 @@ def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
         summary=summ)
     return report.publish("halo", doc, out_dir, json_path,
                           failed=bool(res.failed), stdout=out)
+
+
+# ---------------------------------------------------------------- slurm
+
+def slurm_args(name: str, s: HaloSettings) -> List[str]:
+    """srun's arguments and mpi-halo's for allocation `name`."""
+    args = [f"--nodes={SLURM_NODES}",
+            f"--ntasks-per-node={SLURM_RANKS // SLURM_NODES}",
+            # 4 ranks on 2 cores: waiting ranks give the CPU away, as in
+            # the mpirun runs above
+            "--export=ALL,OMPI_MCA_mpi_yield_when_idle=1"]
+    if name == "round-robin":
+        args.append(f"--nodelist={','.join(SLURM_SPREAD)}")
+    prog = [str(program("mpi-halo")), "--face", str(s.face), "--iters",
+            str(s.iters), "--warmup", str(s.warmup), "--transport",
+            s.transport, "--placement", f"slurm-{name}"]
+    if s.transport == "tcp":   # the task prolog's BTL list, without ours
+        prog = ["env", "OMPI_MCA_btl=self,vader,tcp"] + prog
+    return args + prog
+
+
+def run_once_slurm(cluster: ClusterSession, name: str, rep: int,
+                   s: HaloSettings) -> Dict:
+    origin = f"halo {name} #{rep + 1}"
+    # the last job's nodes may still be completing: on an idle cluster
+    # the tree allocation has every server to choose from
+    wait_idle(cluster.state, s.timeout_s)
+    stdout, _ = run_job(functools.partial(cluster.srun, slurm_args(name, s)),
+                        s.timeout_s, origin)
+    rec = parse_records(stdout, origin, KEYS)[0]
+    insts = cluster.state["instances"]
+    servers = sorted({insts[h]["server"] for h in rec["hosts"]
+                      if h in insts})
+    want = (sorted({insts[h]["server"] for h in SLURM_SPREAD})
+            if name == "round-robin" else servers[:1])
+    if len(rec["hosts"]) != SLURM_RANKS or servers != want:
+        raise BenchError(f"{origin}: ranks ran on {rec['hosts']}, not on "
+                         f"servers {want}")
+    rec.update(allocation=name, rep=rep, servers=servers,
+               uplink_rate=s.uplink_rate)
+    return rec
+
+
+def measure_slurm(cluster: ClusterSession, s: HaloSettings,
+                  log=None) -> BenchResults:
+    log = log or sys.stderr
+    res = BenchResults()
+    for rep in range(s.reps):       # alternating, as measure()
+        for name in ALLOCATIONS:
+            rec = attempt(res, "halo", f"slurm {name} #{rep + 1}",
+                          lambda: run_once_slurm(cluster, name, rep, s), log)
+            if rec is not None:
+                res.records.append(rec)
+                log.write(f"bench halo: slurm {name} #{rep + 1}: wall "
+                          f"{rec['wall_s']:.3f} s on {' '.join(rec['hosts'])}"
+                          f"\n")
+    return res
+
+
+def print_table_slurm(summ: Dict[str, Dict], out=None) -> None:
+    out = out or sys.stdout
+    rows = [[name, f"{v['wall_s']:.3f}", f"{v['min_s']:.3f}..{v['max_s']:.3f}",
+             f"{v['per_iter_us']:.0f}", " ".join(v["hosts"])]
+            for name, v in summ.items()]
+    print_grid(["allocation", "wall s (median)", "min..max", "per iteration us",
+                "ranks on"], rows, out)
+
+
+def run_slurm(s: HaloSettings, out_dir: Path,
+              json_path: Optional[Path] = None, keep_cluster: bool = False,
+              out=None, log=None) -> int:
+    """The halo job under Slurm's tree allocation against a round-robin
+    one; the table and ratio to `out`, OUT_DIR/halo-slurm.json (and
+    `json_path`). 1 if a run failed."""
+    require_root("halo")
+    program("mpi-halo")
+    info = machine_info()
+    with ClusterSession("halos", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
+                        keep=keep_cluster, log=log,
+                        slurm=SlurmOptions()) as cluster:
+        res = measure_slurm(cluster, s, log)
+    summ = medians(res.records, "allocation", ALLOCATIONS)
+    ts = [ratio_target("halo wall time round-robin / tree allocation",
+                       summ.get("round-robin"), summ.get("tree"), "wall_s",
+                       ">=", 1.3, "allocation missing")]
+    print_table_slurm(summ, out)
+    dims = graphs.dims_create(SLURM_RANKS, 2)
+    doc = conclude("halo-slurm", s.quick, info, res, ts, out,
+                   cluster=cluster.describe(), ranks=SLURM_RANKS,
+                   nodes=SLURM_NODES, dims=dims,
+                   pattern=f"halo2d:{dims[0]}x{dims[1]}",
+                   transport=s.transport, face_bytes=s.face, iters=s.iters,
+                   reps=s.reps, summary=summ)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_docs(doc, sorted({out_dir / "halo-slurm.json",
+                            *([Path(json_path)] if json_path else [])}), out)
+    return 1 if res.failed else 0

@@ -11,12 +11,17 @@ backend (no display needed):
   halo.png       halo-exchange wall time per placement
   apps.png       every application figure as a speed relative to one
                  instance, tcp and ivshmem side by side
-  speedup.png    strong scaling: speed-up over ranks, with Amdahl's fit
-  report.md      setup, tables, targets and the images
+  speedup.png    strong scaling: speed-up over the rank counts the host
+                 runs without oversubscription, with Amdahl's fit where
+                 one is meaningful (scaling_view)
+  report.md      setup, the machine's load, tables, targets and the images
 
-`python -m ivcloud.report DIR` redoes it from the JSON alone: the
-report is made from the documents only, never from the benchmarks' code
-(the benchmarks import this module, not the reverse).
+Every plot draws the min..max of the rounds around its medians, and a
+run on a busy machine (its document's load samples; toolkit.busy_reasons)
+gets a warning in its section and at the top. `ivcloud bench report DIR`
+redoes it from the JSON alone: the report is made from the documents
+only, never from the benchmarks' code (the benchmarks import this
+module, not the reverse).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ReportError
-from .toolkit import find_record, fmt_size, spread_note, write_docs
+from .toolkit import (busy_reasons, busy_warning, find_record, fmt_size,
+                      spread_note, write_docs)
 
 # one colour per level, one line style per transport: the level is what
 # the figures are about, the transport what changes within a level
@@ -137,18 +143,94 @@ def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
     return header, rows
 
 
-def scaling_table(series: Dict) -> Tuple[List[str], List[List[str]]]:
-    """(header, rows): T, S, E per rank count, as in the thesis."""
+# A strong-scaling series says something only over rank counts the host
+# runs without oversubscription (ranks beyond its CPUs measure the time
+# slicing), and Amdahl's law fitted to fewer than 3 points, or to a
+# serial fraction outside [0, 1], is a curve through noise.
+MIN_FIT_POINTS = 3
+
+
+def amdahl_serial_fraction(points: Sequence[Tuple[int, float]]
+                           ) -> Optional[float]:
+    """Least-squares f in S(p) = 1 / (f + (1 - f) / p) from (p, S): with
+    y = 1/S - 1/p and x = 1 - 1/p the law is y = f x."""
+    xs = [(1 - 1 / p, 1 / s - 1 / p) for p, s in points if p > 1 and s]
+    den = sum(x * x for x, _ in xs)
+    if not den:
+        return None
+    return sum(x * y for x, y in xs) / den
+
+
+def scaling_view(series: Dict, cpus: int) -> Dict:
+    """What may be said of a strong-scaling series measured on a host of
+    `cpus` CPUs: `rows` (the rank counts up to `cpus`), `left_out` (those
+    above), `table` (whether 2 rank counts remain to compare), `fit`
+    (Amdahl's serial fraction, or None) and `notes` (why a rank count,
+    the table or the fit is missing)."""
+    rows = [r for r in series["rows"] if r["ranks"] <= cpus]
+    left_out = [r["ranks"] for r in series["rows"] if r["ranks"] > cpus]
+    notes = []
+    if left_out:
+        notes.append(f"{', '.join(map(str, left_out))} ranks left out: "
+                     f"the host has {cpus} CPUs, so those runs were "
+                     f"oversubscribed")
+    table = len(rows) >= 2
+    fit = None
+    if not table:
+        notes.append(f"no strong-scaling table: the host has {cpus} "
+                     f"CPU(s), too few to run 2 rank counts without "
+                     f"oversubscription")
+    elif len(rows) < MIN_FIT_POINTS:
+        notes.append(f"no Amdahl fit: {len(rows)} rank counts (at least "
+                     f"{MIN_FIT_POINTS} are needed)")
+    else:
+        f = amdahl_serial_fraction([(r["ranks"], r["speedup"])
+                                    for r in rows])
+        if f is None:
+            notes.append("no Amdahl fit: no speed-up measured")
+        elif not 0 <= f <= 1:
+            notes.append(f"no Amdahl fit: the least-squares serial "
+                         f"fraction is {f:.3g}, outside [0, 1] (these "
+                         f"speed-ups do not follow the law)")
+        else:
+            fit = f
+    return {"rows": rows, "left_out": left_out, "table": table,
+            "fit": fit, "notes": notes}
+
+
+def _with_range(value: Optional[float], lo: Optional[float],
+                hi: Optional[float], fmt: str = "{:.2f}") -> str:
+    if value is None:
+        return "-"
+    text = fmt.format(value)
+    if lo is not None and hi is not None and (lo, hi) != (value, value):
+        text += f" ({fmt.format(lo)}..{fmt.format(hi)})"
+    return text
+
+
+def scaling_table(series: Dict, cpus: int
+                  ) -> Tuple[List[str], List[List[str]], List[str]]:
+    """(header, rows, notes): T, S, E per rank count as in the thesis,
+    with the spread of the rounds, over the rank counts scaling_view
+    keeps (no rows when it keeps too few); the notes say what was left
+    out, and the fit or why there is none."""
+    view = scaling_view(series, cpus)
     meta = series.get("label") or ("T" if series["unit"] == "s" else "R")
     header = ["ranks", f"{meta} ({series['unit']})", "S", "E"]
-    rows = [[str(r["ranks"]), f"{r['value']:.4g}",
-             "-" if r["speedup"] is None else f"{r['speedup']:.2f}",
-             "-" if r["efficiency"] is None else f"{r['efficiency']:.2f}"]
-            for r in series["rows"]]
-    f = series.get("amdahl_serial_fraction")
-    if f is not None:
-        rows.append(["Amdahl", f"serial fraction {f:.3f}", "", ""])
-    return header, rows
+    rows = []
+    if view["table"]:
+        rows = [[str(r["ranks"]),
+                 _with_range(r["value"], r.get("value_min"),
+                             r.get("value_max"), "{:.4g}"),
+                 _with_range(r["speedup"], r.get("speedup_min"),
+                             r.get("speedup_max")),
+                 _with_range(r["efficiency"], None, None)]
+                for r in view["rows"]]
+    notes = list(view["notes"])
+    if view["fit"] is not None:
+        notes.append(f"Amdahl's law fitted to {len(view['rows'])} rank "
+                     f"counts: serial fraction {view['fit']:.3f}")
+    return header, rows, notes
 
 
 # ---------------------------------------------------------------- plots
@@ -173,6 +255,19 @@ def _size_axis(ax, sizes: Sequence[int]) -> None:
                        ha="right")
     ax.set_xlabel("message size")
     ax.grid(True, which="major", alpha=0.3)
+
+
+def _bars(recs: Sequence[Dict], key: str, lo: Optional[str] = None,
+          hi: Optional[str] = None):
+    """matplotlib's yerr for min..max bars around each record's `key`
+    (the median): KEY_min and KEY_max unless named; None when a record
+    has no spread (one round, or a document without it)."""
+    lo, hi = lo or f"{key}_min", hi or f"{key}_max"
+    if not recs or any(r.get(lo) is None or r.get(hi) is None
+                       or r.get(key) is None for r in recs):
+        return None
+    return [[max(0.0, r[key] - r[lo]) for r in recs],
+            [max(0.0, r[hi] - r[key]) for r in recs]]
 
 
 def _curves(doc: Dict, test: str):
@@ -202,9 +297,11 @@ def plot_hierarchy(plt, doc: Dict, out: Path) -> List[Path]:
         fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
         for label, lv, transport, recs in _curves(doc, test):
             style, marker = TRANSPORT_STYLES.get(transport, ("-", "x"))
-            ax.plot([r["size"] for r in recs], [r[key] for r in recs],
-                    linestyle=style, marker=marker, markersize=4,
-                    color=LEVEL_COLOURS.get(lv, "grey"), label=label)
+            ax.errorbar([r["size"] for r in recs], [r[key] for r in recs],
+                        yerr=_bars(recs, key), linestyle=style,
+                        marker=marker, markersize=4, capsize=2,
+                        elinewidth=0.8, color=LEVEL_COLOURS.get(lv, "grey"),
+                        label=label)
         ax.set_yscale("log")
         _size_axis(ax, sizes)
         ax.set_ylabel(ylabel)
@@ -236,6 +333,8 @@ def plot_halo(plt, doc: Dict, out: Path) -> List[Path]:
         runs = summ[n]["runs"]
         ax.plot([x] * len(runs), runs, "k.", markersize=6,
                 label="runs" if x == 0 else None)
+        ax.vlines(x, min(runs), max(runs), colors="black", linewidth=0.8,
+                  label="min..max" if x == 0 else None)
         ax.annotate(f"{summ[n]['wall_s']:.2f} s", (x, summ[n]["wall_s"]),
                     textcoords="offset points", xytext=(0, 4), ha="center",
                     fontsize=8)
@@ -273,8 +372,12 @@ def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
                  "#1f77b4")):
             if all(r[key] is None for r in rel):
                 continue        # not run (bench apps --configs)
-            ax.bar([x + off for x in xs], [r[key] or 0 for r in rel],
-                   width=0.4, label=label, color=colour)
+            ran = [r for r in rel if r[key] is not None]
+            ax.bar([x + off for x, r in zip(xs, rel) if r[key] is not None],
+                   [r[key] for r in ran], width=0.4, label=label,
+                   color=colour, yerr=_bars(ran, key, f"{key}_worst",
+                                            f"{key}_best"),
+                   error_kw={"elinewidth": 0.8, "capsize": 3})
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(list(xs))
         ax.set_xticklabels([doc["metrics"][f"{r['app']}:{r['metric']}"]
@@ -282,33 +385,40 @@ def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
                            ha="right", fontsize=8)
         ax.set_ylabel("speed relative to one instance")
         ax.set_title("Applications, 2 ranks: 1.0 = both ranks in one "
-                     "instance (bare metal)", fontsize=10)
+                     "instance (bare metal);\nbars: medians, whiskers: "
+                     "the worst and best the runs allow", fontsize=10)
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out / "apps.png"
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
-    series = [s for s in doc.get("scaling", []) if len(s["rows"]) > 1]
-    if series:
+    cpus = _scaling_cpus(doc)
+    views = [(s, scaling_view(s, cpus)) for s in doc.get("scaling", [])]
+    views = [(s, v) for s, v in views if v["table"]]
+    if views:
         fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
-        top = max(r["ranks"] for s in series for r in s["rows"])
+        top = max(r["ranks"] for _, v in views for r in v["rows"])
         ax.plot([1, top], [1, top], color="grey", linestyle=":",
                 label="ideal")
-        for s in series:
-            ax.plot([r["ranks"] for r in s["rows"]],
-                    [r["speedup"] or 0 for r in s["rows"]], marker="o",
-                    label=f"{s['app']}")
-            f = s.get("amdahl_serial_fraction")
+        for s, v in views:
+            rows = v["rows"]
+            ax.errorbar([r["ranks"] for r in rows],
+                        [r["speedup"] or 0 for r in rows],
+                        yerr=_bars(rows, "speedup"), marker="o",
+                        capsize=3, label=f"{s['app']}")
+            f = v["fit"]
             if f is not None:
                 ps = range(1, top + 1)
                 ax.plot(list(ps), [1 / (f + (1 - f) / p) for p in ps],
                         linestyle="--", linewidth=0.8,
                         label=f"{s['app']} Amdahl, f = {f:.2f}")
+        ax.set_xticks(sorted({r["ranks"] for _, v in views
+                              for r in v["rows"]}))
         ax.set_xlabel("ranks")
-        ax.set_ylabel("speed-up S = T1 / Tp")
-        ax.set_title("Strong scaling on the 3-level cluster (ivshmem)",
-                     fontsize=10)
+        ax.set_ylabel("speed-up S = T1 / Tp (min..max of the rounds)")
+        ax.set_title(f"Strong scaling on the 3-level cluster (ivshmem), "
+                     f"up to the host's {cpus} CPUs", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
@@ -317,6 +427,12 @@ def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _scaling_cpus(doc: Dict) -> int:
+    """The CPUs the scaling series' ranks could use: what the run
+    recorded (its affinity), else the host's count."""
+    return int(doc.get("scaling_cpus") or doc.get("cpus") or 1)
 
 
 # ---------------------------------------------------------------- markdown
@@ -348,6 +464,28 @@ def _when(doc: Dict) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
 
 
+def busy(doc: Dict) -> List[str]:
+    """Why the machine was busy during a document's run (its load
+    samples, judged by toolkit.busy_reasons); [] when quiet or not
+    sampled."""
+    return busy_reasons(doc.get("load"))
+
+
+def _load_lines(doc: Dict) -> List[str]:
+    """A section's line on the machine's load: a warning when busy."""
+    load = doc.get("load") or {}
+    reasons = busy(doc)
+    if reasons:
+        return ["", f"**Warning: {busy_warning(reasons)}.**"]
+    before = load.get("before")
+    if not before:
+        return []
+    return ["", f"The machine was quiet before and after the run (other "
+                f"processes used {100 * before['cpu_share']:.0f} % of the "
+                f"CPUs' time before, steal "
+                f"{100 * before['steal_share']:.0f} %)."]
+
+
 def guest_title(accel: Optional[str]) -> str:
     """What a VM cluster's figures are: under TCG emulation speed."""
     why = ("emulated CPUs: absolute figures are not performance claims, "
@@ -358,9 +496,11 @@ def guest_title(accel: Optional[str]) -> str:
 
 def _cluster_line(c: Dict) -> str:
     rate = c.get("uplink_rate")
+    vcpus = c["servers"] * c["instances_per_server"] * c["vcpus"]
+    over = " (oversubscribed)" if vcpus > c["host_cpus"] else ""
     line = (f"{c['servers']} servers x {c['instances_per_server']} "
-            f"instances x {c['vcpus']} vCPUs on {c['host_cpus']} host CPUs "
-            f"(oversubscribed), uplinks "
+            f"instances x {c['vcpus']} vCPUs on {c['host_cpus']} host CPUs"
+            f"{over}, uplinks "
             f"{'limited to ' + rate if rate else 'unshaped'}")
     if c.get("instance_kind") == "vm":
         line += f"; {guest_title(c.get('accel'))}"
@@ -372,7 +512,8 @@ def hierarchy_md(doc: Dict, images: Sequence[str]) -> List[str]:
     lines = ["## Communication hierarchy: `ivcloud bench hierarchy`", "",
              f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs, kernel "
              f"{doc['kernel']}){', quick run' if doc.get('quick') else ''}. "
-             f"Cluster: {_cluster_line(doc['cluster'])}.", "",
+             f"Cluster: {_cluster_line(doc['cluster'])}."] + \
+        _load_lines(doc) + ["",
              "mpi-osu, 2 ranks placed by a rankfile; one-way latency = half "
              "a round trip, bandwidth = a window of non-blocking sends per "
              "ack; each job's figure the median of 5 batches, and each "
@@ -396,7 +537,8 @@ def halo_md(doc: Dict, images: Sequence[str]) -> List[str]:
     lines = ["## Rank placement: `ivcloud bench halo`", "",
              f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs)"
              f"{', quick run' if doc.get('quick') else ''}. Cluster: "
-             f"{_cluster_line(doc['cluster'])}.", "",
+             f"{_cluster_line(doc['cluster'])}."] + _load_lines(doc) + [
+             "",
              f"mpi-halo: {doc['ranks']} ranks on a {doc['dims'][0]}x"
              f"{doc['dims'][1]} grid, {fmt_size(doc['face_bytes'])} per "
              f"face and neighbour, {doc['iters']} timed iterations, "
@@ -439,18 +581,23 @@ def apps_md(doc: Dict, images: Sequence[str]) -> List[str]:
              + f"{doc['rounds']} round(s), the "
              f"configurations alternating; figures are medians (min..max). "
              f"HPCC N = {doc['hpcc_n']}; OpenFOAM simpleFoam on pitzDaily, "
-             f"{doc['foam_iterations']} iterations (its ExecutionTime).", ""]
+             f"{doc['foam_iterations']} iterations (its ExecutionTime)."]
+    lines += _load_lines(doc) + [""]
     lines += [f"![{Path(i).stem}]({i})" for i in images]
     header, rows = apps_table(doc)
     if rows:
         lines += [""] + _md_table(header, rows, left=2)
+    cpus = _scaling_cpus(doc)
     for series in doc.get("scaling", []):
-        header, rows = scaling_table(series)
+        header, rows, notes = scaling_table(series, cpus)
         lines += ["", f"### Strong scaling: {series['app']}", "",
                   "ivshmem on the 3-level cluster "
                   f"({_cluster_line(doc['scaling_cluster'])}), block "
-                  "placement; T median of the rounds, S = T1/Tp, "
-                  "E = S/p.", ""] + _md_table(header, rows)
+                  "placement; T median of the rounds (min..max), "
+                  "S = T1/Tp (the extremes of the rounds), E = S/p."]
+        if rows:
+            lines += [""] + _md_table(header, rows)
+        lines += [""] + [f"- {n}" for n in notes]
     return lines + _targets_and_notes(doc)
 
 
@@ -483,11 +630,18 @@ def write(out: Path) -> Path:
         if apps is not None:
             images["apps"] = [p.name for p in plot_apps(plt, apps, out)]
     lines = ["# ivcloud: MPI on an emulated cloud", "",
-             "Generated by `ivcloud.report` from the JSON in this "
+             "Generated by `ivcloud bench report` from the JSON in this "
              "directory. The machine is small and shared: compare ratios "
              "within one run, not across runs.", ""]
     if problem:
         lines += [f"**{problem}**", ""]
+    were_busy = [d["benchmark"] for d in (hier, halo, apps)
+                 if d is not None and busy(d)]
+    if were_busy:
+        lines += [f"**Warning: the machine was busy during `bench "
+                  f"{'`, `bench '.join(were_busy)}`** (the sections say "
+                  f"how busy): figures taken then are noise as much as "
+                  f"measurement.", ""]
     if hier is not None:
         lines += hierarchy_md(hier, images["hierarchy"]) + [""]
     else:

@@ -18,6 +18,7 @@ medians, and each round's under "runs") as a JSON document.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +192,13 @@ def measure(s: ScalingSettings, log=None) -> BenchResults:
     measure_rounds(res, "scaling", s.rounds, steps, log)
     res.records = summarize(res.runs, ("transport", "test", "ranks"),
                             ("latency_us", "rate_msgs_per_s"))
+    cpus = len(os.sched_getaffinity(0))
+    over = [np for np in s.ranks if np > cpus]
+    if over:
+        res.notes.append(
+            f"{', '.join(map(str, over))} ranks share the host's {cpus} "
+            f"CPUs (oversubscribed): those rows measure how each transport "
+            f"waits while the ranks take turns, not its speed")
     return res
 
 

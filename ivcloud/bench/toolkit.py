@@ -324,21 +324,112 @@ def print_grid(header: Sequence[str], rows: Sequence[Sequence[str]],
         out.write("  ".join(c.rjust(w) for c, w in zip(row, widths)) + "\n")
 
 
-def machine_info(started: Optional[float] = None) -> Dict:
-    """Where and when a run happened (part of every document)."""
-    return {"started": time.time() if started is None else started,
+# ---------------------------------------------------------------- load
+# What a run's figures are worth depends on what else the machine did
+# meanwhile: every benchmark samples the load before it measures and
+# after, records both in its document, and warns when the machine was
+# busy. Judged on the shares of CPU time over the sample, not on the
+# load averages: those lag by minutes and still hold the previous
+# benchmark's ranks when `make demo` starts the next one.
+
+LOAD_SAMPLE_S = 1.0
+# the CPU time others used while the sampling process slept, and what
+# the hypervisor took (steal), as shares of all CPUs' time
+BUSY_CPU_SHARE = 0.25
+BUSY_STEAL_SHARE = 0.05
+
+
+def _cpu_ticks(proc: Path) -> List[int]:
+    """The first line of /proc/stat: user nice system idle iowait irq
+    softirq steal ... (guest time is already in user)."""
+    first = (proc / "stat").read_text().splitlines()[0].split()
+    if first[0] != "cpu":
+        raise OSError(f"{proc / 'stat'}: no 'cpu' line first")
+    return [int(x) for x in first[1:9]] + [0] * max(0, 9 - len(first))
+
+
+def load_sample(seconds: float = LOAD_SAMPLE_S,
+                proc: Path = Path("/proc")) -> Dict:
+    """The machine's load while this process sleeps `seconds`: the load
+    averages and runnable tasks of /proc/loadavg, and from /proc/stat the
+    shares of all CPUs' time that was used (neither idle nor waiting for
+    I/O nor stolen) and stolen by the hypervisor."""
+    before = _cpu_ticks(proc)
+    time.sleep(seconds)
+    after = _cpu_ticks(proc)
+    fields = (proc / "loadavg").read_text().split()
+    delta = [b - a for a, b in zip(before, after)]
+    total, idle, steal = sum(delta), delta[3] + delta[4], delta[7]
+    return {"seconds": seconds, "cpus": os.cpu_count(),
+            "loadavg": [float(x) for x in fields[:3]],
+            "runnable": int(fields[3].split("/")[0]),
+            # no tick in the window (a tiny one): nothing was seen
+            "cpu_share": round((total - idle - steal) / total, 4)
+            if total else 0.0,
+            "steal_share": round(steal / total, 4) if total else 0.0}
+
+
+def busy_reasons(load: Optional[Dict]) -> List[str]:
+    """Why the machine of a run was busy, from its document's `load`
+    ({"before": sample, "after": sample}, either may be missing); [] for
+    a quiet machine or a document without samples."""
+    reasons = []
+    for when in ("before", "after"):
+        s = (load or {}).get(when)
+        if not s:
+            continue
+        if s["cpu_share"] >= BUSY_CPU_SHARE:
+            reasons.append(
+                f"{when} the run, other processes used "
+                f"{100 * s['cpu_share']:.0f} % of the {s['cpus']} CPUs' "
+                f"time (load average {s['loadavg'][0]:.2f})")
+        if s["steal_share"] >= BUSY_STEAL_SHARE:
+            reasons.append(
+                f"{when} the run, the hypervisor took "
+                f"{100 * s['steal_share']:.0f} % of the CPUs' time (steal)")
+    return reasons
+
+
+def busy_warning(reasons: Sequence[str]) -> str:
+    """One sentence for a run on a busy machine ('' when quiet)."""
+    if not reasons:
+        return ""
+    return ("the machine was busy (" + "; ".join(reasons) + "): this "
+            "run's figures measure the other work as much as the "
+            "transports, so read ratios with their spread and compare "
+            "nothing across runs")
+
+
+def machine_info(started: Optional[float] = None,
+                 sample_load: bool = True) -> Dict:
+    """Where and when a run happened (part of every document), and the
+    load just before it measures (`sample_load`: a second's sleep)."""
+    info = {"started": time.time() if started is None else started,
             "host": platform.node(), "cpus": os.cpu_count(),
             "kernel": platform.release()}
+    if sample_load:
+        info["load"] = {"before": load_sample()}
+    return info
 
 
 def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
              ts: Sequence[Target], out=None, **fields) -> Dict:
-    """Print the targets and notes that follow a benchmark's table; the
-    run's JSON document (its own `fields` after the machine's)."""
+    """Print the targets and notes that follow a benchmark's table, and
+    a warning if the machine was busy (the load sampled now and by
+    machine_info); the run's JSON document (its own `fields` after the
+    machine's)."""
     out = out or sys.stdout
     print_targets(ts, out)
     for note in res.notes:
         out.write(f"note: {note}\n")
+    info = dict(info)
+    if "load" in info:
+        load = dict(info["load"], after=load_sample())
+        load["reasons"] = busy_reasons(load)
+        load["busy"] = bool(load["reasons"])
+        info["load"] = load
+        if load["busy"]:
+            out.write(f"warning: {busy_warning(load['reasons'])}\n")
     doc = {"benchmark": bench, "quick": bool(quick), **info, **fields,
            "records": res.records, "targets": [t.to_json() for t in ts],
            "notes": res.notes}
@@ -392,6 +483,22 @@ def check_transports(names: Sequence[str],
     return names
 
 
+def check_ivshmem_used(stderr: str, ranks: int, origin: str
+                       ) -> Dict[int, Dict[str, int]]:
+    """The BTL's counters of every rank (btl_ivshmem_verbose, printed at
+    finalize); BenchError unless each rank sent and received through the
+    region: a job that fell back to another transport is no figure of
+    ours."""
+    counters = mpi.parse_btl_counters(stderr)
+    idle = [r for r in range(ranks)
+            if not counters.get(r, {}).get("sent_msgs")
+            or not counters.get(r, {}).get("recv_msgs")]
+    if idle:
+        raise BenchError(f"{origin}: rank(s) {idle[:8]} carried no message "
+                         f"over the ivshmem BTL")
+    return counters
+
+
 def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
             origin: str, keys: Sequence[str],
             osc: Optional[str] = None) -> Tuple[List[Dict], Dict]:
@@ -412,14 +519,8 @@ def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
 
     stdout, stderr = run_job(start, timeout_s, origin)
     recs = parse_records(stdout, origin, keys)
-    counters = mpi.parse_btl_counters(stderr)
-    if transport == "ivshmem":
-        idle = [r for r in range(np) if r not in counters
-                or counters[r]["sent_msgs"] == 0
-                or counters[r]["recv_msgs"] == 0]
-        if idle:
-            raise BenchError(f"{origin}: btl_ivshmem counters show no "
-                             f"traffic for rank(s) {idle[:8]}")
+    counters = (check_ivshmem_used(stderr, np, origin)
+                if transport == "ivshmem" else mpi.parse_btl_counters(stderr))
     for rec in recs:
         rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
     return recs, counters

@@ -1,11 +1,10 @@
-"""`ivcloud bench p2p|mpi|hierarchy|halo|apps|scaling`: the command line of the
-benchmarks in ivcloud.bench (options -> settings -> ``run``), and of
-`python -m ivcloud.report DIR`."""
+"""`ivcloud bench p2p|mpi|hierarchy|halo|apps|scaling|report`: the
+command line of the benchmarks in ivcloud.bench (options -> settings ->
+``run``) and of their report (ivcloud.bench.report.write)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
@@ -13,7 +12,6 @@ from ..bench import apps, halo, hierarchy, mpi, p2p, scaling
 from ..bench.report import write as write_report
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
-from ..errors import ReportError
 from ..server import parse_size
 from . import add_vm_arguments, positive_int, wants_vm
 
@@ -72,7 +70,7 @@ accelerator; under TCG only the ratios mean something.
 
 Prints one table and the targets as ratios measured in this run, writes
 the records as JSON, and into --out the plots and report.md
-(ivcloud.report).
+(`ivcloud bench report`).
 """
 
 HALO = """Rank placement on the emulated cloud: halo exchange, planned vs round-robin.
@@ -97,6 +95,14 @@ the median wall time. Every run checks that each rank ran where its
 placement put it. The target is the ratio round-robin / planned from
 this run. The cluster is taken down at the end, also after an error or
 a signal (unless --keep-cluster).
+"""
+
+REPORT = """The plots and report.md of the cloud benchmarks, from their JSON.
+
+Reads DIR/hierarchy.json, halo.json and apps.json (whichever exist; each
+cloud benchmark writes its own and redoes the report itself) and writes
+into DIR the plots and report.md: nothing is measured, no cluster is
+needed. Prints the path of report.md.
 """
 
 SCALING = """Many ranks in one region: ivshmem against vader as ranks are added.
@@ -202,8 +208,9 @@ def _run_halo(args) -> int:
                                reps=args.reps, face=args.face,
                                uplink_rate=args.uplink_rate,
                                transport=args.transport)
-    return halo.run(s, Path(args.out), json_path=args.json,
-                    keep_cluster=args.keep_cluster)
+    run = halo.run_slurm if args.scheduler == "slurm" else halo.run
+    return run(s, Path(args.out), json_path=args.json,
+               keep_cluster=args.keep_cluster)
 
 
 def _run_apps(args) -> int:
@@ -215,6 +222,11 @@ def _run_apps(args) -> int:
                                vm=vm is not None, configs=args.configs)
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster, vm=vm)
+
+
+def _run_report(args) -> int:
+    print(write_report(Path(args.dir)))
+    return 0
 
 
 def _run_scaling(args) -> int:
@@ -307,6 +319,10 @@ def _halo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=halo.TRANSPORTS,
                    default="ivshmem", help="between instances of a server "
                                            "(default ivshmem)")
+    p.add_argument("--scheduler", choices=halo.SCHEDULERS, default="none",
+                   help="slurm: a 4-rank job on 2 instances of a cluster "
+                        "running Slurm, placed by Slurm's tree topology "
+                        "against a round-robin spread (halo-slurm.json)")
 
 
 def _apps_arguments(p: argparse.ArgumentParser) -> None:
@@ -351,6 +367,12 @@ def _scaling_arguments(p: argparse.ArgumentParser) -> None:
                         "figures are medians (default 3, quick 1)")
 
 
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", metavar="DIR",
+                   help=f"where the benchmarks' JSON is (`make demo`: "
+                        f"{DEFAULT_OUT})")
+
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
@@ -366,26 +388,11 @@ def register(sub) -> None:
              True),
             ("halo", HALO, _halo_arguments, _run_halo, True),
             ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
-            ("scaling", SCALING, _scaling_arguments, _run_scaling, False)):
+            ("scaling", SCALING, _scaling_arguments, _run_scaling, False),
+            ("report", REPORT, _report_arguments, _run_report, False)):
         kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
               if raw else {})
         b = actions.add_parser(name, help=text.splitlines()[0],
                                description=text, **kw)
         arguments(b)
         b.set_defaults(func=run)
-
-
-# ---------------------------------------------------------------- report
-
-def report_main(argv: Optional[List[str]] = None) -> int:
-    """`python -m ivcloud.report DIR`: the report from the JSON alone."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        sys.stderr.write("usage: python -m ivcloud.report DIR\n")
-        return 2
-    try:
-        print(write_report(Path(args[0])))
-    except ReportError as e:
-        sys.stderr.write(f"report: {e}\n")
-        return 1
-    return 0

@@ -1,6 +1,7 @@
-"""`ivcloud cluster up|status|mpirun|exec|down`: argument parsing and
-output; the work is in ivcloud.cluster: lifecycle (up/down/status) and
-launch (entering instances, the mpirun command)."""
+"""`ivcloud cluster up|status|mpirun|srun|sbatch|exec|put|down`:
+argument parsing and output; the work is in ivcloud.cluster: lifecycle
+(up/down/status), kinds (the instances), launch (entering instances,
+the mpirun command) and slurm (its daemons and commands)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import subprocess
 import sys
 from typing import Optional
 
-from ..cluster import jobs, lifecycle, vm_instance
+from ..cluster import jobs, kinds, lifecycle, slurm, vm_instance
+from ..cluster.slurm import client as slurm_client
+from ..cluster.slurm.conf import hosts_of_rankfile
 from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
                               enter_command, mpirun_command, visible_inside)
 from ..cluster.state import state_dir
@@ -72,6 +75,14 @@ def register(sub) -> None:
                         "server's bridge, its ivshmem device on the "
                         "server's region, vCPU threads pinned",
                      vm_instance.DEFAULT_MEMORY_MB)
+    u.add_argument("--scheduler", choices=slurm.SCHEDULERS, default="none",
+                   help="slurm: munge and slurmctld on the head node, "
+                        "slurmd in every instance, jobs through `cluster "
+                        "srun|sbatch` (namespace instances)")
+    u.add_argument("--slurm-time-slice", type=positive_int, default=None,
+                   metavar="SEC",
+                   help="slurm: gang scheduling, two jobs per vCPU taking "
+                        "turns every SEC seconds (5..65533)")
     u.set_defaults(func=_cmd_up)
 
     d = actions.add_parser("down", help="remove a cluster (also a "
@@ -127,6 +138,27 @@ def register(sub) -> None:
     m.add_argument("program", nargs=argparse.REMAINDER)
     m.set_defaults(func=_cmd_mpirun)
 
+    for command, what in (("srun", "run a job step (srun)"),
+                          ("sbatch", "submit a batch job (sbatch)")):
+        j = actions.add_parser(
+            command, help=f"{what} on a cluster's Slurm",
+            usage=f"ivcloud cluster {command} [--name NAME] [--rankfile "
+                  f"FILE] -- {command.upper()}_ARGS...",
+            description=f"Run Slurm's {command} in the head node with the "
+                        f"cluster's SLURM_CONF (`cluster exec head -- "
+                        f"{command} ...` works too). Every job gets a "
+                        f"region of its own on each server it uses; Open "
+                        f"MPI ranks started by srun (--mpi=pmix, the "
+                        f"default) use it between instances of a server "
+                        f"and TCP across. Exit status: {command}'s.")
+        _common(j)
+        j.add_argument("--rankfile", default=None, metavar="FILE",
+                       help="place task R on the rankfile's host of rank R "
+                            "(Slurm's arbitrary distribution; e.g. from "
+                            "`ivcloud place --cluster NAME`)")
+        j.add_argument("args", nargs=argparse.REMAINDER)
+        j.set_defaults(func=_cmd_slurm, command=command)
+
     e = actions.add_parser(
         "exec", help="run a command inside an instance",
         usage="ivcloud cluster exec [--name NAME] HOST -- COMMAND [ARGS...]")
@@ -160,9 +192,17 @@ def _cmd_up(args) -> int:
     sd = state_dir(topo.name, args.run_dir)
     vm = None
     if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
-        vm = vm_instance.preflight(topo, args.guest_deb, args.vm_memory)
-        vm["accel"] = args.accel
-    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True), vm=vm)
+        vm = vm_instance.VmOptions(args.guest_deb, args.vm_memory,
+                                   args.accel)
+    kind = kinds.choose(topo, vm, slurmd=args.scheduler == "slurm")
+    scheduler = None
+    if args.scheduler == "slurm":
+        scheduler = slurm.Slurm(slurm.SlurmOptions(
+            time_slice_s=args.slurm_time_slice or 0))
+    elif args.slurm_time_slice is not None:
+        raise CliError("--slurm-time-slice needs --scheduler slurm")
+    lifecycle.up(topo, sd, log=lambda line: print(line, flush=True),
+                 kind=kind, scheduler=scheduler)
     print(f"cluster '{topo.name}' is up (state {sd.state})")
     return 0
 
@@ -205,6 +245,15 @@ def _cmd_status(args) -> int:
             print(f"    {inst['hostname']:<8} {inst['address']:<15} "
                   f"pid {inst['pid']} "
                   f"{'alive' if inst['alive'] else 'DEAD'}  cpus {cpus}")
+    sl = info.get("slurm")
+    if sl:
+        alive = [n for n, d in sl["daemons"].items() if d["alive"]]
+        dead = [n for n, d in sl["daemons"].items() if not d["alive"]]
+        nodes = " ".join(f"{n}={st}" for n, st in sorted(sl["nodes"].items()))
+        print(f"  slurm ({sl['topology']} topology): {len(alive)} daemons "
+              f"alive{'; DEAD: ' + ', '.join(dead) if dead else ''}; "
+              f"nodes {nodes or 'unknown (slurmctld does not answer)'}")
+        print(f"  SLURM_CONF={sl['conf']}")
     return 0 if info["healthy"] else 1
 
 
@@ -239,7 +288,7 @@ def _cmd_mpirun(args) -> int:
     state = lifecycle.load_up(sd)
     _check_slots(args, state)
     text = _rankfile_text(args)
-    if state.get("kind") == vm_instance.KIND:
+    if isinstance(kinds.of_state(state), kinds.VmInstances):
         return _mpirun_vm(args, state, program, text)
     program = _check_program(program)
     if args.transport == "ivshmem":
@@ -373,38 +422,34 @@ def _raise_terminated(signum, frame):
     raise _Terminated(signum)
 
 
+def _cmd_slurm(args) -> int:
+    """srun or sbatch in the head node."""
+    argv = _remainder(args.args)
+    if not argv:
+        raise CliError(f"no {args.command} arguments given (usage: ivcloud "
+                       f"cluster {args.command} -- ARGS...)")
+    state = lifecycle.load_up(_sd(args))
+    hosts = None
+    if args.rankfile is not None:
+        try:
+            text = open(args.rankfile).read()
+        except OSError as e:
+            raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
+        hosts = hosts_of_rankfile(text, sorted(state["instances"]))
+    return slurm_client.run_client(state, args.command, argv, hosts)
+
+
 def _cmd_put(args) -> int:
     if len(args.paths) < 2:
         raise CliError("give the files and then the directory in the guests")
     *files, dest = args.paths
     state = lifecycle.load_up(_sd(args))
-    if state.get("kind") != vm_instance.KIND:
-        raise CliError(f"cluster '{state['name']}' has namespace instances: "
-                       f"they see the host's files (outside /tmp and "
-                       f"/dev/shm), there is nothing to copy")
-    hosts = args.host or sorted(state["vms"])
-    for host in hosts:
-        for path in vm_instance.put_files(state, host, files, dest):
-            print(f"{host}:{path}")
+    for copy in kinds.of_state(state).put(state, args.host, files, dest):
+        print(copy)
     return 0
 
 
 def _cmd_exec(args) -> int:
-    sd = _sd(args)
-    state = lifecycle.load_up(sd)
-    command = _remainder(args.command)
-    if state.get("kind") == vm_instance.KIND and args.host != "head":
-        r = vm_instance.exec_in(state, args.host, command)
-        sys.stdout.write(r.output)
-        sys.stdout.flush()
-        return r.status
-    try:
-        full, env, cpus = enter_command(state, args.host, command)
-    except LaunchError as e:
-        raise CliError(str(e))
-
-    def preexec():
-        os.sched_setaffinity(0, cpus)
-
-    proc = subprocess.run(full, env=env, cwd="/", preexec_fn=preexec)
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    state = lifecycle.load_up(_sd(args))
+    return kinds.of_state(state).exec(state, args.host,
+                                      _remainder(args.command))

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from ..errors import IsolationError
-from ..isolate import (POLICIES, host_isolated, host_topology_xml,
-                       parse_hwloc_xml, plan, render_text)
+from ..isolate import POLICIES, plan, plan_json, read_topology, render_text
 from . import int_at_least
 
 
@@ -40,23 +37,11 @@ def register(sub) -> None:
 
 
 def _cmd_isolate(args) -> int:
-    if args.topology:
-        try:
-            text = Path(args.topology).read_text()
-        except OSError as e:
-            raise IsolationError(f"cannot read {args.topology}: "
-                            f"{e.strerror}") from None
-        current = None
-    else:
-        text = host_topology_xml()
-        current = host_isolated()
-    result = plan(parse_hwloc_xml(text), args.reserve_host, args.vms,
-                  args.vcpus, args.smt)
+    topology, current = read_topology(args.topology)
+    result = plan(topology, args.reserve_host, args.vms, args.vcpus,
+                  args.smt)
     if args.json:
-        data = result.to_json()
-        if current is not None:
-            data["kernel_isolated_now"] = sorted(current)
-        print(json.dumps(data, indent=2))
+        print(json.dumps(plan_json(result, current), indent=2))
     else:
         print(render_text(result, current), end="")
     return 0

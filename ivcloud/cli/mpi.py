@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import sys
 
-from ..errors import MpiError, MpiSetupError
-from ..mpi import (TRANSPORTS, env_attachment, mpirun_command,
-                   private_geometry, private_region_path, run)
+from ..errors import MpiError
+from ..mpi import TRANSPORTS, planned_command, run
 from . import positive_int
 
 
@@ -70,40 +68,24 @@ def main(args) -> int:
     if not program:
         raise MpiError("no program given (usage: ivcloud mpirun -np N -- "
                        "PROGRAM [ARGS...])")
-    kwargs = dict(transport=args.transport,
-                  verbose_btl=args.verbose_btl,
+    kwargs = dict(transport=args.transport, region=args.region,
+                  socket=args.socket, verbose_btl=args.verbose_btl,
                   tcp_fallback=not args.no_tcp_fallback,
                   extra_mca=[tuple(kv) for kv in args.mca])
-    if args.transport != "ivshmem" and args.no_tcp_fallback:
-        raise MpiError("--no-tcp-fallback only applies to --transport "
-                       "ivshmem")
     if args.dry_run:
-        region, sock = args.region, args.socket
-        note = ""
-        if args.transport == "ivshmem" and not region and not sock:
-            named = env_attachment(os.environ)
-            region, sock = named.get("region"), named.get("socket")
-            if not named:
-                private_geometry(args.np)  # same refusals as a real run
-                region = private_region_path()
-                note = (f"# {region} would be formatted for the job "
-                        f"and removed afterwards")
-        cmd = mpirun_command(program, args.np, region=region, socket=sock,
-                             **kwargs)
+        cmd, private = planned_command(program, args.np, **kwargs)
         print(shlex.join(cmd))
-        if note:
-            print(note, file=sys.stderr)
+        if private:
+            print(f"# {private} would be formatted for the job and removed "
+                  f"afterwards", file=sys.stderr)
         return 0
 
     old = {s: signal.signal(s, _raise_terminated)
            for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return run(program, args.np, region=args.region, socket=args.socket,
-                   **kwargs)
+        return run(program, args.np, **kwargs)
     except _Terminated as t:
         return 128 + t.signum
-    except FileNotFoundError as e:
-        raise MpiSetupError(f"cannot run mpirun: {e}")
     finally:
         for s, h in old.items():
             signal.signal(s, h)

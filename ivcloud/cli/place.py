@@ -1,26 +1,18 @@
-"""`ivcloud place`: the command line of :mod:`ivcloud.place`."""
+"""`ivcloud place`: the command line of :mod:`ivcloud.place`
+(its rankfile module does the work)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 from fractions import Fraction
-from pathlib import Path
-from typing import Dict, List, Optional
 
-from ..errors import PlacementError
-from ..place import graph as graphs
-from ..place.metis import Metis
-from ..place.planner import (FILLS, Partitioner, Placement,
-                             PlacementTopology, block, cut_by_level, place,
-                             rankfile_lines, round_robin)
+from ..place.planner import FILLS, PlacementTopology
+from ..place.rankfile import (PARTITIONERS, choose_partitioner,
+                              cluster_shape, plan, read_graph,
+                              write_rankfile)
 from . import CliError, positive_int
-
-PARTITIONERS = ("auto", "metis", "spectral")
-LEVELS = ("across_servers", "across_instances", "inside_instances")
 
 
 def _seed(text: str) -> int:
@@ -97,178 +89,35 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_place)
 
 
-# ---------------------------------------------------------------- inputs
-
-def _read_graph(args) -> graphs.Graph:
-    if args.pattern is not None:
-        name = args.pattern.partition(":")[0]
-        if args.ranks is None and name in ("ring", "alltoall"):
-            raise CliError(f"pattern '{name}' needs --ranks")
-        return graphs.pattern(args.pattern, args.ranks)
-    where = args.graph
-    try:
-        if args.graph == "-":
-            where = "stdin"
-            text = sys.stdin.read()
-        else:
-            text = Path(args.graph).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CliError(f"cannot read graph {args.graph}: "
-                       f"{getattr(e, 'strerror', None) or e}")
-    g = graphs.parse(text, where)
-    if args.ranks is not None and args.ranks != g.n:
-        raise CliError(f"--ranks {args.ranks} but {where} has {g.n} ranks")
-    return g
-
-
 def _topology(args) -> PlacementTopology:
     explicit = [args.servers, args.instances_per_server, args.vcpus]
     if args.cluster is not None:
         if any(v is not None for v in explicit):
             raise CliError("give either --cluster or --servers/"
                            "--instances-per-server/--vcpus, not both")
-        return _cluster_topology(args.cluster, args.run_dir)
+        return cluster_shape(args.cluster, args.run_dir)
     if any(v is None for v in explicit):
         raise CliError("need --servers, --instances-per-server and --vcpus "
                        "(or --cluster NAME)")
-    return PlacementTopology(args.servers, args.instances_per_server, args.vcpus)
-
-
-def _cluster_topology(name: str, run_dir: Optional[str]) -> PlacementTopology:
-    """The shape of a cluster made by `ivcloud cluster up`, from its state
-    file (RUN_DIR/cluster-NAME/state.json)."""
-    try:
-        from ..cluster import state as cluster_state
-    except ImportError as e:
-        raise CliError(f"--cluster needs the ivcloud cluster module ({e})")
-    sd = cluster_state.state_dir(name, run_dir)
-    doc = cluster_state.load(sd)
-    if doc is None:
-        raise CliError(f"no cluster '{name}' ({sd.state} does not exist)")
-    topo = doc.get("topology", doc)
-    try:
-        shape = [int(topo[k]) for k in ("servers", "instances_per_server",
-                                        "vcpus")]
-    except (KeyError, TypeError, ValueError):
-        raise CliError(f"{sd.state} does not record the cluster's servers, "
-                       f"instances_per_server and vcpus")
-    try:
-        # the cluster names its instances s<k>i<i> too (Instance.hostname)
-        return PlacementTopology(*shape)
-    except PlacementError as e:
-        raise CliError(f"{sd.state}: {e}")
-
-
-def _partitioner(choice: str, seed: int) -> Partitioner:
-    if choice == "spectral":
-        return Partitioner(None, seed)
-    metis = Metis.load()
-    if metis is None:
-        if choice == "metis":
-            raise CliError("METIS library not found (apt-get install "
-                           "libmetis5)")
-        sys.stderr.write("ivcloud place: warning: METIS (libmetis5) not "
-                         "found, falling back to spectral bisection\n")
-    return Partitioner(metis, seed)
-
-
-# ---------------------------------------------------------------- outputs
-
-def _fmt(w: float) -> str:
-    return str(int(w)) if float(w).is_integer() else f"{w:.6g}"
-
-
-def _summary(g: graphs.Graph, topo: PlacementTopology, part: Partitioner,
-             rows: Dict[str, Dict[str, float]], args,
-             placement: Placement) -> List[str]:
-    total = g.total_weight
-    engine = (f"METIS ({part.metis.path}), seed {part.seed}"
-              if part.metis else "spectral bisection (no METIS)")
-    load = placement.load(topo)
-    per_server = [sum(row) for row in load]
-    lines = [f"{g.n} ranks, {g.edge_count} edges, total weight "
-             f"{_fmt(total)} on {topo.describe()}",
-             f"partitioner: {engine}; fill {args.fill}, imbalance "
-             f"{_fmt(float(args.imbalance))}%",
-             "ranks per server: " + " ".join(map(str, per_server))
-             + "; per instance: "
-             + " ".join("/".join(map(str, row)) for row in load)]
-    width = max(len(k) for k in rows)
-    lines.append(f"{'placement':<{width}}  {'across servers':>18}  "
-                 f"{'across instances':>18}  {'inside instances':>18}")
-    for name, cut in rows.items():
-        cells = []
-        for level in LEVELS:
-            pct = f"({100 * cut[level] / total:.1f}%)" if total else ""
-            cells.append(f"{_fmt(cut[level]) + ' ' + pct:>18}")
-        lines.append(f"{name:<{width}}  " + "  ".join(cells))
-    return lines
-
-
-def _write(path: str, text: str) -> None:
-    """Replace `path` whole: a job starting meanwhile reads the old
-    rankfile or the new one, never half of one."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise CliError(f"cannot write {path}: {e.strerror or e}")
+    return PlacementTopology(*explicit)
 
 
 def _cmd_place(args) -> int:
-    try:
-        g = _read_graph(args)
-        topo = _topology(args)
-        part = _partitioner(args.partitioner, args.seed)
-        placement = place(g, topo, part, args.fill, args.imbalance,
-                          args.cpus_per_rank)
-    except (graphs.GraphError, PlacementError) as e:
-        raise CliError(str(e))
-    rows = {part.name: cut_by_level(g, placement)}
-    if args.compare:
-        rows["round-robin"] = cut_by_level(
-            g, round_robin(g.n, topo, args.cpus_per_rank))
-        rows["block"] = cut_by_level(
-            g, block(g.n, topo, args.cpus_per_rank))
-    summary = _summary(g, topo, part, rows, args, placement)
-    lines = rankfile_lines(topo, placement)
-    rankfile = "".join(f"# {s}\n" for s in summary) + "\n".join(lines) + "\n"
+    graph = read_graph(args.pattern, args.graph, args.ranks)
+    topo = _topology(args)
+    part = choose_partitioner(args.partitioner, args.seed)
+    if part.metis is None and args.partitioner == "auto":
+        sys.stderr.write("ivcloud place: warning: METIS (libmetis5) not "
+                         "found, falling back to spectral bisection\n")
+    result = plan(graph, topo, part, args.fill, args.imbalance,
+                  args.cpus_per_rank, compare=args.compare)
     if args.out:
-        _write(args.out, rankfile)
-
+        write_rankfile(args.out, result.rankfile())
     if args.json:
-        doc = {
-            "ranks": g.n, "edges": g.edge_count,
-            "total_weight": g.total_weight,
-            "topology": {"servers": topo.servers,
-                         "instances_per_server": topo.instances,
-                         "vcpus": topo.vcpus, "slots": topo.slots},
-            "cpus_per_rank": args.cpus_per_rank, "fill": args.fill,
-            "imbalance_pct": float(args.imbalance),
-            "partitioner": part.name,
-            "library": part.metis.path if part.metis else None,
-            "seed": args.seed,
-            "metis_methods": part.methods_used,
-            "placement": [{"rank": r, "host": placement.host(topo, r),
-                           "server": placement.server[r],
-                           "instance": placement.instance[r],
-                           "slots": placement.slots_of(r)}
-                          for r in range(g.n)],
-            "load": placement.load(topo),
-            "cut": rows[part.name],
-            "rankfile": args.out,
-        }
-        if args.compare:
-            doc["compare"] = {k: v for k, v in rows.items()
-                              if k != part.name}
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(result.to_json(args.out), indent=2))
     elif args.out:
-        print("\n".join(summary))
+        print("\n".join(result.summary()))
         print(f"rankfile: {args.out}")
     else:
-        sys.stdout.write(rankfile)
+        sys.stdout.write(result.rankfile())
     return 0

@@ -9,6 +9,11 @@ ranks its socket through IVSHM_SOCKET; the servers are stopped when the
 job ends. A tenant may instead choose to run its jobs in the cluster's
 standing per-server region (shared between those jobs).
 
+Jobs under Slurm (slurm/) get the same regions, made by the
+scheduler's hooks rather than by the launcher: named after Slurm's job
+id (slurm_job_key), started before the job's ranks and stopped when the
+job ends (start_regions, stop_regions).
+
 Files: the job's server on emulated server k lives in SERVER_DIR/JOBsK/
 (SERVER_DIR is the emulated server's directory, the one its instances
 see), so a job's socket is visible to the instances of that server and
@@ -23,7 +28,7 @@ import contextlib
 import re
 import secrets
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterable, Iterator, List, Tuple
 
 from .. import server as server_mod
 from ..errors import ClusterFailure, IvcloudError
@@ -31,11 +36,21 @@ from ..errors import ClusterFailure, IvcloudError
 # An instance's agent picks the job's sockets by this variable, which
 # mpirun passes on to it from the head node.
 JOB_ENV = "IVCLOUD_JOB"
-_JOB_RE = re.compile(r"^j[0-9a-f]{8}s[0-9]+$")
+# a job of `cluster mpirun` (a random id), or a Slurm job (its job id),
+# then the server's index
+_JOB_RE = re.compile(r"^(j[0-9a-f]{8}|sj[0-9]{1,8})s[0-9]+$")
+SLURM_JOB_KEY_PREFIX = "sj"
+# Slurm's job ids stay below MaxJobId (67043328 by default): 8 digits
+SLURM_JOB_KEY_LONGEST = f"{SLURM_JOB_KEY_PREFIX}99999999"
 
 
 def new_job_id() -> str:
     return f"j{secrets.token_hex(4)}"
+
+
+def slurm_job_key(job_id: int) -> str:
+    """The name of Slurm job `job_id`'s regions (as new_job_id's)."""
+    return f"{SLURM_JOB_KEY_PREFIX}{int(job_id)}"
 
 
 def jobs_dir(servers_dir: Path, server_name: str) -> Path:
@@ -57,28 +72,52 @@ def job_socket(state: Dict, server_index: int, job: str) -> str:
                                 server_index, job).socket)
 
 
-@contextlib.contextmanager
-def job_regions(state: Dict, job: str) -> Iterator[Dict[int, str]]:
-    """Start a server (a region) of the job's own on every emulated
-    server; yields {server index: socket}; stops them all on exit, also
-    when starting one of them failed."""
+def _server_paths(state: Dict, job: str, indices: Iterable[int]
+                  ) -> List[Tuple[int, server_mod.ServerPaths]]:
     servers_dir = Path(state["servers_dir"])
+    return [(k, job_server_paths(servers_dir,
+                                 state["servers"][str(k)]["name"], k, job))
+            for k in sorted(set(indices))]
+
+
+def start_regions(state: Dict, job: str,
+                  indices: Iterable[int]) -> Dict[int, str]:
+    """Start a server (a region) of job `job`'s own on each emulated
+    server of `indices`; {server index: socket}. All or nothing: when
+    one fails, those started are stopped again."""
     started: List[server_mod.ServerPaths] = []
     sockets: Dict[int, str] = {}
     try:
-        for key, srv in sorted(state["servers"].items(),
-                               key=lambda kv: int(kv[0])):
-            paths = job_server_paths(servers_dir, srv["name"], int(key),
-                                     job)
+        for k, paths in _server_paths(state, job, indices):
+            srv = state["servers"][str(k)]
             started.append(paths)
             server_mod.start(paths, srv["size"], max_peers=srv["max_peers"],
                              **srv.get("geometry", {}))
-            sockets[int(key)] = str(paths.socket)
-        yield sockets
+            sockets[k] = str(paths.socket)
     except BaseException:
         stop_all(started)   # the job's own error is the one to report
         raise
-    problems = stop_all(started)
+    return sockets
+
+
+def stop_regions(state: Dict, job: str, indices: Iterable[int]) -> List[str]:
+    """Stop job `job`'s servers on the emulated servers of `indices`
+    (those that exist); the problems left."""
+    return stop_all([p for _, p in _server_paths(state, job, indices)])
+
+
+@contextlib.contextmanager
+def job_regions(state: Dict, job: str) -> Iterator[Dict[int, str]]:
+    """A region of the job's own on every emulated server, for the
+    block's duration; yields {server index: socket}."""
+    indices = [int(k) for k in state["servers"]]
+    sockets = start_regions(state, job, indices)
+    try:
+        yield sockets
+    except BaseException:
+        stop_regions(state, job, indices)   # the job's error is reported
+        raise
+    problems = stop_regions(state, job, indices)
     if problems:
         raise ClusterFailure("job regions not removed: "
                              + "; ".join(problems))

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import LaunchError
-from .instance import CLUSTER_ENV, Holder, enter_argv
+from .holder import CLUSTER_ENV, Holder, enter_argv
 from .jobs import JOB_ENV, job_socket
 from .state import StateDir, load
 from .topology import SUBNET, ClusterTopology
@@ -48,7 +48,7 @@ _KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ")
 def visible_inside(path: str) -> bool:
     """Can an instance see this host path? Not under its private dirs,
     unless it is inside a checkout/build kept visible there."""
-    from .instance import host_paths_under_tmp
+    from .holder import host_paths_under_tmp
     real = os.path.realpath(path)
     if not any(real == d or real.startswith(d + "/") for d in PRIVATE_DIRS):
         return True
@@ -90,6 +90,8 @@ def instance_env(state: Dict, host: str, base: Optional[Dict] = None) -> Dict[st
                TMPDIR="/tmp", IVCLOUD_INSTANCE=host)
     # `down` recognises what runs in an instance by this, too
     env[CLUSTER_ENV] = state["name"]
+    if state.get("slurm"):
+        env["SLURM_CONF"] = state["slurm"]["conf"]
     inst = state.get("instances", {}).get(host)
     if inst is not None:
         job = base.get(JOB_ENV)

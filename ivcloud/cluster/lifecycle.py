@@ -3,13 +3,16 @@ every step, and taking it all apart again from the record.
 
 Order of `up` (each step saved to state.json before the next starts):
 
-    1. state dir (the lock), hosts file, agent script, hostfiles
+    1. state dir (the lock), hosts file, agent script, hostfiles (and
+       with --scheduler slurm its files, slurm/daemons.py)
     2. fabric holder (a network namespace for the switches), core bridge
     3. per server: its ivshmem-server, bridge and shaped uplink
     4. per instance: its holder (namespaces, tmpfs, hostname, CPUs), veth
        (VM instances, vm_instance.py: per guest its tap, then its QEMU;
        then the boot of all of them)
     5. head holder (where mpirun runs), veth into the core bridge
+    6. --scheduler slurm: munged and slurmctld in the head node, slurmd
+       in every instance (slurm/daemons.py)
 
 `down` (also the rollback of a failed `up`) works from the record plus a
 sweep for holders by their marker, so an `up` killed by SIGKILL at any
@@ -25,16 +28,18 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .. import server as server_mod
 from ..mpi import mpi_geometry
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from .. import procfs
-from . import instance as holders
-from . import jobs, network, vm_instance
+from . import holder, jobs, kinds, network
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
                      hostfile_text)
+from .slurm import Slurm
+from .slurm import status as slurm_status
 from .state import StateDir, load, save
 from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology,
                        hosts_file_text, topology_from_dict)
@@ -42,8 +47,6 @@ from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology
 MIB = 1 << 20
 REQUIRED_TOOLS = ("unshare", "nsenter", "taskset", "ip", "bash", "sleep",
                   "mount", "hostname")
-INSTANCE_NS = ["--net", "--uts", "--ipc", "--mount", "--propagation",
-               "private"]
 
 
 class _Interrupted(BaseException):
@@ -91,16 +94,17 @@ def region_geometry(topo: ClusterTopology):
 def _host_namespaces() -> Dict[str, set]:
     """The namespaces `down` must never sweep: ours and init's."""
     out: Dict[str, set] = {}
-    for kind in holders.NS_KINDS:
-        out[kind] = {i for i in (holders.ns_inode(os.getpid(), kind),
-                                 holders.ns_inode(1, kind)) if i}
+    for kind in holder.NS_KINDS:
+        out[kind] = {i for i in (holder.ns_inode(os.getpid(), kind),
+                                 holder.ns_inode(1, kind)) if i}
     return out
 
 
 # ---------------------------------------------------------------- up
 
 def initial_state(topo: ClusterTopology, sd: StateDir,
-                  vm: Optional[Dict] = None) -> Dict:
+                  kind: kinds.InstanceKind,
+                  scheduler: Optional[Slurm] = None) -> Dict:
     max_peers, size, geometry = region_geometry(topo)
     servers = {}
     for srv in topo.server_list():
@@ -126,48 +130,82 @@ def initial_state(topo: ClusterTopology, sd: StateDir,
             "hosts": str(sd.hosts), "servers_dir": str(sd.servers),
             "head": {"hostname": HEAD_HOSTNAME, "address": HEAD_ADDRESS},
             "holders": {}, "namespaces": {}, "links": [],
-            "servers": servers, "instances": instances,
-            "kind": vm_instance.KIND if vm else "namespace",
-            **({"vm": dict(vm), "vms": {}} if vm else {})}
+            "servers": servers, "instances": instances, **kind.record(),
+            **(scheduler.record(sd) if scheduler else {})}
 
 
-def _start_holder(sd: StateDir, state: Dict, role: str, **kw) -> int:
-    proc = holders.spawn(state["name"], role, **kw)
-    # recorded before anything else: the pid cannot be recycled while
-    # `proc` (our unreaped child) exists, and a later `down` needs it
-    state["holders"][role] = {"role": role, "pid": proc.pid,
-                              "start": procfs.start_time(proc.pid)}
-    save(sd, state)
-    try:
-        holders.wait_ready(proc, role)
-    except holders.HolderError:
+class Build:
+    """A cluster being brought up: its topology, state directory and
+    state, and how each step is recorded (`up` and the instance kinds'
+    start, kinds.py, work through it)."""
+
+    def __init__(self, topo: ClusterTopology, sd: StateDir, state: Dict,
+                 log):
+        self.topo, self.sd, self.state, self.log = topo, sd, state, log
+        self.fabric: Optional[int] = None   # its holder's pid, once up
+        # run-dir paths every instance sees besides its server's (slurm/)
+        self.keep_visible: List[Path] = []
+
+    def save(self) -> None:
+        save(self.sd, self.state)
+
+    def step(self, what: str) -> None:
+        """What `up` does now (named by its failure message)."""
+        self.state["step"] = what
+        self.save()
+
+    def visible_in(self, srv) -> List[Path]:
+        """What the instances of server `srv` see of the run dir: their
+        own server's socket directory, the agent (orted checks that
+        plm_rsh_agent, passed on from mpirun, exists), and keep_visible."""
+        return [self.sd.servers / srv.name, self.sd.agent,
+                *self.keep_visible]
+
+    def start_holder(self, role: str, **kw) -> int:
+        """Start holder `role` (holder.spawn's keywords), recorded before
+        it is waited for; its pid."""
+        proc = holder.spawn(self.state["name"], role, **kw)
+        # recorded before anything else: the pid cannot be recycled
+        # while `proc` (our unreaped child) exists, and a later `down`
+        # needs it
+        self.state["holders"][role] = {"role": role, "pid": proc.pid,
+                                       "start": procfs.start_time(proc.pid)}
+        self.save()
         try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        raise
-    # Only the namespaces it unshared are recorded (the fabric keeps the
-    # host's mount namespace); each must be new, or `down` would sweep
-    # the host's processes.
-    flags = kw.get("unshare_flags", ())
-    ns = {kind: ino for kind, ino in holders.namespaces_of(proc.pid).items()
-          if holders.UNSHARE_FLAG[kind] in flags}
-    host = _host_namespaces()
-    if not ns or any(ino is None or ino in host[kind]
-                     for kind, ino in ns.items()):
-        raise holders.HolderError(f"holder {role} did not get its own "
-                                  f"namespaces")
-    state["namespaces"][role] = ns
-    save(sd, state)
-    return proc.pid
+            holder.wait_ready(proc, role)
+        except holder.HolderError:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
+        # Only the namespaces it unshared are recorded (the fabric keeps
+        # the host's mount namespace); each must be new, or `down` would
+        # sweep the host's processes.
+        flags = kw.get("unshare_flags", ())
+        ns = {kind: ino for kind, ino in holder.namespaces_of(proc.pid).items()
+              if holder.UNSHARE_FLAG[kind] in flags}
+        host = _host_namespaces()
+        if not ns or any(ino is None or ino in host[kind]
+                         for kind, ino in ns.items()):
+            raise holder.HolderError(f"holder {role} did not get its own "
+                                     f"namespaces")
+        self.state["namespaces"][role] = ns
+        self.save()
+        return proc.pid
 
 
 def up(topo: ClusterTopology, sd: StateDir, log=print,
-       vm: Optional[Dict] = None) -> Dict:
-    """vm: VM instances, as vm_instance.preflight describes them (None:
-    namespace instances)."""
+       kind: Optional[kinds.InstanceKind] = None,
+       scheduler: Optional[Slurm] = None) -> Dict:
+    """kind: the instances' (kinds.choose; None: namespaces); scheduler:
+    the batch scheduler to run on them (None: none, jobs start through
+    `cluster mpirun`)."""
+    kind = kind or kinds.NamespaceInstances()
     preflight(topo)
+    if scheduler is not None:
+        scheduler.preflight(topo, sd, kind)
     real = os.path.realpath(sd.run_dir)
     for private in PRIVATE_DIRS:
         if real == private or real.startswith(private + "/"):
@@ -175,7 +213,8 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
                                f"which instances have privately (their "
                                f"server sockets would be invisible); use "
                                f"another run directory", setting="run_dir")
-    state = initial_state(topo, sd, vm)  # refuses too long socket paths
+    # refuses too long socket paths
+    state = initial_state(topo, sd, kind, scheduler)
     sd.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(sd.dir, 0o755)
@@ -188,7 +227,7 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         save(sd, state)
-        _build(topo, sd, state, log)
+        _build(Build(topo, sd, state, log), kind, scheduler)
         state["phase"] = "up"
         save(sd, state)
         return state
@@ -211,83 +250,66 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
             signal.signal(s, h)
 
 
-def _build(topo: ClusterTopology, sd: StateDir, state: Dict, log) -> None:
-    def step(what: str) -> None:
-        state["step"] = what
-        save(sd, state)
-
-    step("files")
+def _build(b: Build, kind: kinds.InstanceKind,
+           scheduler: Optional[Slurm]) -> None:
+    topo, sd, state = b.topo, b.sd, b.state
+    b.step("files")
     sd.hosts.write_text(hosts_file_text(topo))
     sd.agent.write_text(agent_script_text(sd.dir))
     sd.agent.chmod(0o755)
     for placement in PLACEMENTS:
         sd.hostfile(placement).write_text(hostfile_text(topo, placement))
     sd.servers.mkdir(mode=0o755)
+    if scheduler is not None:
+        scheduler.write_files(b)
 
-    step("fabric")
-    fabric = _start_holder(sd, state, "fabric", unshare_flags=["--net"])
-    state["links"] += network.create_core(fabric)
-    save(sd, state)
+    b.step("fabric")
+    b.fabric = b.start_holder("fabric", unshare_flags=["--net"])
+    state["links"] += network.create_core(b.fabric)
+    b.save()
 
     for srv in topo.server_list():
         rec = state["servers"][str(srv.index)]
-        step(f"server s{srv.index}")
+        b.step(f"server s{srv.index}")
         paths = server_mod.paths_for(srv.name, str(sd.servers))
         rec["pid"] = server_mod.start(paths, rec["size"],
                                       max_peers=rec["max_peers"],
                                       **rec.get("geometry", {}))
-        save(sd, state)
+        b.save()
         state["links"] += network.create_server_switch(
-            fabric, srv, topo.uplink_rate_bps)
-        save(sd, state)
+            b.fabric, srv, topo.uplink_rate_bps)
+        b.save()
 
-    def visible(srv):
-        # the own server's socket directory, and the agent: orted checks
-        # that plm_rsh_agent (passed on from mpirun) exists
-        return [sd.servers / srv.name, sd.agent]
+    kind.start(b)
 
-    servers = topo.server_list()
-    if state.get("kind") == vm_instance.KIND:
-        vm_instance.start_guests(topo, sd, state, fabric, step, log)
-    for inst in (topo.instance_list() if state.get("kind") != vm_instance.KIND
-                 else []):
-        step(f"instance {inst.hostname}")
-        srv = servers[inst.server]
-        pid = _start_holder(sd, state, inst.hostname,
-                            unshare_flags=INSTANCE_NS, cpus=inst.cpus,
-                            hostname=inst.hostname, hosts_file=sd.hosts,
-                            cover_dir=sd.run_dir,
-                            keep_visible=[str(p.relative_to(sd.run_dir))
-                                          for p in visible(srv)])
-        state["links"].append(network.attach_instance(fabric, pid, inst, srv))
-        save(sd, state)
-        log(f"  {inst.hostname}: {inst.address}, cpus "
-            f"{','.join(map(str, inst.cpus))}, server {srv.name}")
-
-    step("head")
-    head = _start_holder(sd, state, HEAD_HOSTNAME, unshare_flags=INSTANCE_NS,
-                         hostname=HEAD_HOSTNAME, hosts_file=sd.hosts)
-    network.attach(fabric, head, CORE_BRIDGE, network.HEAD_PORT,
+    b.step("head")
+    head = b.start_holder(HEAD_HOSTNAME, unshare_flags=holder.INSTANCE_NS,
+                          hostname=HEAD_HOSTNAME, hosts_file=sd.hosts)
+    network.attach(b.fabric, head, CORE_BRIDGE, network.HEAD_PORT,
                    HEAD_ADDRESS)
     state["links"].append(network.HEAD_PORT)
+    b.save()
+
+    if scheduler is not None:
+        scheduler.start(b)
     state.pop("step", None)
 
 
 # ---------------------------------------------------------------- down
 
-def _holders_of(state: Optional[Dict], name: str) -> List[holders.Holder]:
+def _holders_of(state: Optional[Dict], name: str) -> List[holder.Holder]:
     """Recorded holders plus any found by marker, alive or not."""
-    found: Dict[int, holders.Holder] = {}
+    found: Dict[int, holder.Holder] = {}
     for rec in (state or {}).get("holders", {}).values():
         if rec.get("start") is not None:
-            h = holders.Holder.from_dict(rec)
+            h = holder.Holder.from_dict(rec)
             found[h.pid] = h
-    for h in holders.find_by_marker(name):
+    for h in holder.find_by_marker(name):
         found.setdefault(h.pid, h)
     return list(found.values())
 
 
-def _namespaces(state: Optional[Dict], all_holders: List[holders.Holder],
+def _namespaces(state: Optional[Dict], all_holders: List[holder.Holder],
                 roles) -> Tuple[Dict[str, set], Dict[str, set]]:
     """net and mnt namespaces of the holders with these roles, minus the
     host's own, as (certain, recorded_only): certain ones belong to a
@@ -299,11 +321,11 @@ def _namespaces(state: Optional[Dict], all_holders: List[holders.Holder],
     alive = {h.role: h for h in all_holders if h.alive()}
     recs = dict((state or {}).get("namespaces", {}))
     for role, h in alive.items():
-        recs.setdefault(role, holders.namespaces_of(h.pid))
+        recs.setdefault(role, holder.namespaces_of(h.pid))
     for role, ns in recs.items():
         if role not in roles:
             continue
-        now = holders.namespaces_of(alive[role].pid) if role in alive else {}
+        now = holder.namespaces_of(alive[role].pid) if role in alive else {}
         for kind in certain:
             ino = ns.get(kind)
             if not ino or ino in host[kind]:
@@ -313,8 +335,8 @@ def _namespaces(state: Optional[Dict], all_holders: List[holders.Holder],
 
 
 def _cluster_processes(name: str, certain, recorded) -> List[int]:
-    return sorted(set(holders.processes_in(certain))
-                  | set(holders.processes_in(recorded, cluster=name)))
+    return sorted(set(holder.processes_in(certain))
+                  | set(holder.processes_in(recorded, cluster=name)))
 
 
 def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
@@ -357,11 +379,9 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     all_holders = _holders_of(state, name)
     fabric = [h for h in all_holders if h.role == "fabric"]
 
-    # 0. guests (they run in the fabric's network namespace): QMP quit,
-    # then SIGKILL; found by their directories as well as the record
-    if vm_instance.guest_dirs(sd, state) or (state or {}).get("vms"):
-        problems += vm_instance.stop_guests(sd, state)
-        done.append("stopped the guests")
+    # 0. what the instances' kind stops first (guests, which run in the
+    # fabric's network namespace: QMP quit, then SIGKILL)
+    problems += kinds.of_state(state).stop(sd, state)
     others = [h for h in all_holders if h.role != "fabric"]
 
     # 1. instances and head: every process inside them, then the holders
@@ -371,7 +391,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     certain, recorded = _namespaces(state, all_holders, roles)
     stopped, left = _kill_all(
         lambda first: (set(_cluster_processes(name, certain, recorded))
-                       | holders.live_pids(others)) if first else
+                       | holder.live_pids(others)) if first else
         set(_cluster_processes(name, {}, _merged(certain, recorded))),
         grace_s)
     if stopped:
@@ -412,7 +432,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     _, left = _kill_all(
         lambda first: (set(_cluster_processes(name, fab_certain,
                                               fab_recorded))
-                       | holders.live_pids(fabric)) if first else
+                       | holder.live_pids(fabric)) if first else
         set(_cluster_processes(name, {}, _merged(fab_certain,
                                                  fab_recorded))),
         grace_s)
@@ -426,7 +446,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     # the holders are gone now, so every namespace counts as recorded only
     def remaining():
         return set(_cluster_processes(name, {}, recorded)
-                   + [h.pid for h in holders.find_by_marker(name)])
+                   + [h.pid for h in holder.find_by_marker(name)])
     late, _ = _kill_all(lambda first: remaining(), grace_s)
     if late:   # slipped in meanwhile
         done.append(f"stopped {late} more processes")
@@ -456,7 +476,7 @@ def down(sd: StateDir) -> List[str]:
         raise ClusterError("cluster down needs root")
     state = load(sd) if sd.dir.is_dir() else None
     if state is None and not sd.dir.is_dir() and \
-            not holders.find_by_marker(sd.name):
+            not holder.find_by_marker(sd.name):
         raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.dir})")
     if state is not None:
         b = state.get("builder") or {}
@@ -476,22 +496,6 @@ def status(sd: StateDir) -> Dict:
     if state is None:
         raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
     topo = topology_from_dict(state["topology"])
-    hrec = state.get("holders", {})
-
-    def holder_info(role: str) -> Dict:
-        rec = hrec.get(role)
-        if not rec or rec.get("start") is None:
-            return {"pid": None, "alive": False}
-        h = holders.Holder.from_dict(rec)
-        alive = h.alive()
-        info = {"pid": h.pid, "alive": alive}
-        if alive:
-            try:
-                info["cpus"] = sorted(os.sched_getaffinity(h.pid))
-            except OSError:
-                pass
-        return info
-
     servers = []
     for srv in state["servers"].values():
         paths = server_mod.paths_for(srv["name"], state["servers_dir"])
@@ -505,30 +509,32 @@ def status(sd: StateDir) -> Dict:
             "peers": st.get("peers", []),
             "instances": [i["hostname"] for i in state["instances"].values()
                           if i["server"] == srv["index"]]})
+    kind = kinds.of_state(state)
     instances = []
     for inst in state["instances"].values():
-        if state.get("kind") == vm_instance.KIND:
-            info = vm_instance.guest_info(state, inst["hostname"])
-        else:
-            info = holder_info(inst["hostname"])
+        info = kind.instance_info(state, inst["hostname"])
         instances.append({"hostname": inst["hostname"],
                           "server": inst["server"],
                           "address": inst["address"],
                           "planned_cpus": inst["cpus"], **info})
-    head = {**state["head"], **holder_info(HEAD_HOSTNAME)}
-    fabric = holder_info("fabric")
+    head = {**state["head"], **holder.holder_info(state, HEAD_HOSTNAME)}
+    fabric = holder.holder_info(state, "fabric")
+    slurm = slurm_status(state)
     healthy = (state.get("phase") == "up" and fabric["alive"]
                and head["alive"] and all(i["alive"] for i in instances)
-               and all(s["running"] for s in servers))
+               and all(s["running"] for s in servers)
+               and (slurm is None or slurm["healthy"]))
     return {"name": state["name"], "phase": state.get("phase"),
-            "kind": state.get("kind", "namespace"),
+            "kind": kind.name,
             "healthy": healthy, "state_dir": str(sd.dir),
             "servers_count": topo.servers,
             "instances_per_server": topo.instances_per_server,
             "vcpus": topo.vcpus, "uplink_rate_bps": topo.uplink_rate_bps,
             "oversubscribe": topo.oversubscribe,
             "fabric": fabric, "head": head,
-            "servers": servers, "instances": instances}
+            "servers": servers, "instances": instances,
+            "scheduler": state.get("scheduler", "none"),
+            **({"slurm": slurm} if slurm else {})}
 
 
 def load_up(sd: StateDir) -> Dict:

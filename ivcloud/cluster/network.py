@@ -20,7 +20,7 @@ import subprocess
 from typing import List, Optional, Sequence
 
 from ..errors import NetworkError
-from . import instance as inst_mod
+from . import holder
 from .topology import (CORE_BRIDGE, INSTANCE_IFNAME, PREFIX_LEN, Instance,
                        Server)
 
@@ -42,7 +42,7 @@ def _run(argv: Sequence[str], stdin: str = "", check: bool = True,
 def ip_batch(holder_pid: int, lines: Sequence[str], force: bool = False):
     """Run `ip` commands inside holder_pid's network namespace. force:
     keep going past errors (teardown of links that may be gone)."""
-    argv = inst_mod.enter_argv(holder_pid, ("net",)) + ["ip"]
+    argv = holder.enter_argv(holder_pid, ("net",)) + ["ip"]
     if force:
         argv.append("-force")
     argv += ["-batch", "-"]
@@ -50,7 +50,7 @@ def ip_batch(holder_pid: int, lines: Sequence[str], force: bool = False):
 
 
 def tc(holder_pid: int, *args: str) -> None:
-    _run(inst_mod.enter_argv(holder_pid, ("net",)) + ["tc", *args])
+    _run(holder.enter_argv(holder_pid, ("net",)) + ["tc", *args])
 
 
 def tbf_burst_bytes(rate_bps: int) -> int:
@@ -122,5 +122,5 @@ def delete_links(fabric_pid: int, links: Sequence[str]) -> None:
 
 
 def qdiscs(fabric_pid: int) -> str:
-    return _run(inst_mod.enter_argv(fabric_pid, ("net",))
+    return _run(holder.enter_argv(fabric_pid, ("net",))
                 + ["tc", "qdisc", "show"], check=False).stdout

@@ -5,7 +5,8 @@ The cloud benchmarks (ivcloud.bench.hierarchy, ivcloud.bench.halo) use
 it; anything else that needs a throw-away cluster can. Its instances are
 namespaces, or QEMU guests (VmOptions): then host programs are copied
 into the guests (`stage`) and jobs run from the first guest
-(vm_instance), in the servers' standing regions."""
+(vm_instance), in the servers' standing regions. With SlurmOptions it
+runs Slurm (ivcloud.cluster.slurm) and takes jobs through `srun`."""
 
 from __future__ import annotations
 
@@ -17,17 +18,19 @@ import tarfile
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
 from ..errors import ClusterFailure
 from ..vm import agent
-from . import jobs, lifecycle, vm_instance
+from . import jobs, kinds, lifecycle, vm_instance
 from .launch import enter_command, mpirun_command
 from .state import state_dir
 from .topology import plan
+from .slurm import Slurm, SlurmOptions
+from .slurm.client import client_command
+from .vm_instance import VmOptions
 
 
 class Interrupted(KeyboardInterrupt):
@@ -41,14 +44,6 @@ class Interrupted(KeyboardInterrupt):
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
-
-
-@dataclass(frozen=True)
-class VmOptions:
-    """Instances as QEMU guests (`cluster up --instance-kind vm`)."""
-    guest_deb: Optional[str] = None     # None: the newest in build/deb
-    memory_mb: int = vm_instance.DEFAULT_MEMORY_MB
-    accel: str = "auto"
 
 
 # where `stage` puts host programs in the guests
@@ -67,7 +62,8 @@ class ClusterSession:
     def __init__(self, prefix: str, servers: int, instances: int,
                  vcpus: int, uplink_rate: Optional[str] = None,
                  keep: bool = False, log=None,
-                 vm: Optional[VmOptions] = None):
+                 vm: Optional[VmOptions] = None,
+                 slurm: Optional[SlurmOptions] = None):
         # unique, and short enough for the socket paths (24 characters)
         self.name = f"{prefix}{os.getpid() % 100000}{uuid.uuid4().hex[:4]}"
         self.topo = plan(self.name, servers, instances, vcpus, uplink_rate,
@@ -78,24 +74,22 @@ class ClusterSession:
         self.state: Optional[Dict] = None
         self._old_handlers: Dict = {}
         self.vm = vm
-        self._vm_conf = None
-        if vm is not None:
-            # refuses (no QEMU, no package, memory) before anything exists
-            self._vm_conf = vm_instance.preflight(self.topo, vm.guest_deb,
-                                                  vm.memory_mb)
-            self._vm_conf["accel"] = vm.accel
+        # refuses (no QEMU, no package, memory) before anything exists
+        self.instances = kinds.choose(self.topo, vm,
+                                      slurmd=slurm is not None)
+        self.scheduler = Slurm(slurm) if slurm is not None else None
         self._staged: Dict[str, str] = {}
 
     @property
     def kind(self) -> str:
-        return vm_instance.KIND if self.vm else "namespace"
+        return self.instances.name
 
     @property
     def accel(self) -> Optional[str]:
         """VM instances: the accelerator they run under (kvm or tcg)."""
-        if self.vm is None or self.state is None:
+        if self.state is None:
             return None
-        return self.state["vm"].get("accel")
+        return vm_instance.guest_accel(self.state)
 
     def describe(self) -> Dict:
         t = self.topo
@@ -105,6 +99,8 @@ class ClusterSession:
              "uplink_rate": self.uplink_rate, "instance_kind": self.kind}
         if self.vm is not None:
             d.update(accel=self.accel, vm_memory_mb=self.vm.memory_mb)
+        if self.scheduler is not None:
+            d["scheduler"] = "slurm"
         return d
 
     def __enter__(self) -> "ClusterSession":
@@ -114,7 +110,7 @@ class ClusterSession:
         try:
             # up() rolls back by itself when it fails or is interrupted
             lifecycle.up(self.topo, self.sd, log=lambda line: None,
-                         vm=self._vm_conf)
+                         kind=self.instances, scheduler=self.scheduler)
             self.state = lifecycle.load_up(self.sd)
         except BaseException:
             self._restore()
@@ -162,9 +158,7 @@ class ClusterSession:
     def guest_packages(self) -> List[str]:
         """VM instances: the packages their image has besides the guest
         package (file names)."""
-        if self._vm_conf is None:
-            return []
-        return [Path(x).name for x in self._vm_conf.get("extra_debs", [])]
+        return self.instances.guest_packages()
 
     def _guests(self) -> List[str]:
         return sorted(self.state["vms"])
@@ -298,6 +292,15 @@ class ClusterSession:
         finally:
             if path is not None:
                 path.unlink(missing_ok=True)
+
+    def srun(self, args: Sequence[str], timeout: Optional[float] = None,
+             stdout=None, stderr=None) -> int:
+        """Run `srun ARGS` in the head node of a cluster brought up with
+        `slurm`; its exit status, as mpirun's (torn down and
+        subprocess.TimeoutExpired at `timeout`)."""
+        full, env, _, _ = client_command(self.state, "srun", list(args))
+        return mpi.run_command(full, timeout, env=env, stdout=stdout,
+                               stderr=stderr)
 
     def _mpirun_vm(self, program, np, transport, timeout, stdout, stderr,
                    placement, rankfile, extra_mca) -> int:

@@ -34,22 +34,21 @@ import gzip
 import hashlib
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
                       VmFailure)
 from ..vm import agent, debian, qemu
 from ..vm import lifecycle as vm_lifecycle
 from .. import procfs
-from . import instance as holders
+from . import holder
 from . import network
 from .launch import PLACEMENTS, hostfile_text
 from .state import StateDir, save
 from .topology import PREFIX_LEN, ClusterTopology, Instance
 
-KIND = "vm"
-KINDS = ("namespace", KIND)
 DEFAULT_MEMORY_MB = 512
 MIN_MEMORY_MB = 256
 BOOT_TIMEOUT_S = 300.0
@@ -81,21 +80,61 @@ def _mac(inst: Instance) -> str:
     return f"52:54:00:fb:{inst.server:02x}:{inst.index + 1:02x}"
 
 
+# ---------------------------------------------------------------- options
+
+@dataclass(frozen=True)
+class VmOptions:
+    """What a caller asks of QEMU-guest instances (`cluster up
+    --instance-kind vm`, ClusterSession)."""
+    guest_deb: Optional[str] = None     # None: the newest in build/deb
+    memory_mb: int = DEFAULT_MEMORY_MB
+    accel: str = "auto"                 # auto (a KVM probe), kvm or tcg
+
+
+@dataclass(frozen=True)
+class VmConfig:
+    """VmOptions checked against this machine by preflight: what `up`
+    boots. state.json keeps it as "vm"; what the boot found out (the
+    accelerator auto chose, the image) is kept apart, as "vm_boot"."""
+    qemu: str
+    deb: str
+    extra_debs: Tuple[str, ...]         # the solver's package, if built
+    memory_mb: int
+    accel: str                          # as asked: auto, kvm or tcg
+
+    def to_dict(self) -> Dict:
+        d = asdict(self)
+        d["extra_debs"] = list(self.extra_debs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict) -> "VmConfig":
+        return cls(d["qemu"], d["deb"], tuple(d.get("extra_debs", ())),
+                   int(d["memory_mb"]), d.get("accel", "auto"))
+
+
+def guest_accel(state: Dict) -> Optional[str]:
+    """The accelerator the guests of a cluster run under (kvm or tcg),
+    once booted."""
+    return (state.get("vm_boot") or {}).get("accel")
+
+
 # ---------------------------------------------------------------- checks
 
-def preflight(topo: ClusterTopology, guest_deb: Optional[str],
-              memory_mb: int) -> Dict:
+def preflight(topo: ClusterTopology, options: VmOptions) -> VmConfig:
     """What VM instances need, before anything exists: QEMU, the guest
     package (its image is built or reused later) and memory."""
     binary = qemu.qemu_binary()
     if binary is None:
         raise ClusterError(f"QEMU not found ({qemu.DEFAULT_QEMU}, or "
                            f"${qemu.QEMU_ENV})")
+    memory_mb = options.memory_mb
     if memory_mb < MIN_MEMORY_MB:
         raise ClusterError(f"a guest needs at least {MIN_MEMORY_MB} MiB "
                            f"of memory, not {memory_mb}")
     try:
-        deb = Path(guest_deb) if guest_deb else debian.default_guest_deb()
+        deb = (Path(options.guest_deb) if options.guest_deb
+               else debian.default_guest_deb())
     except IvcloudError as e:
         raise ClusterError(str(e))
     if not deb.is_file():
@@ -108,9 +147,9 @@ def preflight(topo: ClusterTopology, guest_deb: Optional[str],
                            f"({avail >> 20} MiB)")
     # the solver's package, when `make deb` built it with this one
     solver = debian.solver_deb_beside(deb)
-    return {"qemu": binary, "deb": str(deb.absolute()),
-            "extra_debs": [str(solver.absolute())] if solver else [],
-            "memory_mb": memory_mb}
+    return VmConfig(qemu=binary, deb=str(deb.absolute()),
+                    extra_debs=(str(solver.absolute()),) if solver else (),
+                    memory_mb=memory_mb, accel=options.accel)
 
 
 def _mem_available() -> Optional[int]:
@@ -127,99 +166,97 @@ def _mem_available() -> Optional[int]:
 
 # ---------------------------------------------------------------- up
 
-def _read_banner(d: Path) -> Optional[Dict[str, str]]:
-    return vm_lifecycle.ready_banner(qemu.console_text(d))
-
-
 def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
-                 fabric_pid: int, step, log,
+                 config: VmConfig, fabric_pid: int, step, log,
                  boot_timeout: float = BOOT_TIMEOUT_S) -> None:
     """Build (or reuse) the image, start every guest, wait until all are
     booted with their device bound, write the hostfiles, pin vCPUs."""
-    conf = state["vm"]
     step("image")
-    img = debian.build(deb=Path(conf["deb"]),
-                       extra=[Path(x) for x in conf.get("extra_debs", [])],
+    img = debian.build(deb=Path(config.deb),
+                       extra=[Path(x) for x in config.extra_debs],
                        log=lambda m: log(f"  {m}"))
-    accel = conf.get("accel") or "auto"
+    accel = config.accel
     if accel == "auto":
-        ok, why = qemu.kvm_usable(conf["qemu"], img, debian.cache_root())
+        ok, why = qemu.kvm_usable(config.qemu, img, debian.cache_root())
         accel = "kvm" if ok else "tcg"
         if not ok:
             log(f"  KVM unusable ({why}); guests run under TCG")
-    conf.update(accel=accel, kernel=str(img.kernel), disk=str(img.disk))
+    boot = state["vm_boot"] = {"accel": accel, "kernel": str(img.kernel),
+                               "disk": str(img.disk)}
     vm_root(sd).mkdir(mode=0o755, exist_ok=True)
     insts = topo.instance_list()
-    hosts = ",".join(f"{i.hostname}:{i.address}" for i in insts)
-    servers = topo.server_list()
     state.setdefault("vms", {})
     for inst in insts:
-        srv = servers[inst.server]
         step(f"guest {inst.hostname}")
-        tap = tap_name(inst.hostname)
-        # recorded before it exists: `down` deletes what may exist
-        state["links"].append(tap)
-        save(sd, state)
-        network.ip_batch(fabric_pid, [
-            f"tuntap add dev {tap} mode tap",
-            f"link set {tap} master {srv.bridge}",
-            f"link set {tap} up"])
-        d = vm_dir(sd, inst.hostname)
-        d.mkdir(mode=0o700)
-        state["vms"][inst.hostname] = {"dir": str(d), "tap": tap,
-                                       "pid": None}
-        save(sd, state)
-        net = {"ip": f"{inst.address}/{PREFIX_LEN}", "hosts": hosts,
-               "tap": tap, "mac": _mac(inst)}
-        cmd = qemu.guest_command(conf["qemu"], img, d, inst.hostname, accel,
-                                 topo.vcpus, conf["memory_mb"],
-                                 state["servers"][str(srv.index)]["socket"],
-                                 net=net)
-        # in the fabric's network namespace, where the tap is
-        full = holders.enter_argv(fabric_pid, ("net",)) + cmd
-        try:
-            qemu.launch(full, d, inst.hostname)
-        except VmFailure as e:
-            raise ClusterFailure(str(e)) from None
-        state["vms"][inst.hostname]["pid"] = vm_lifecycle.qemu_pid(d)
-        save(sd, state)
+        _launch_guest(topo, sd, state, config, img, accel, fabric_pid, inst)
 
     step("boot")
     t0 = time.monotonic()
-    pending = {i.hostname: vm_dir(sd, i.hostname) for i in insts}
-    while pending:
-        for name, d in list(pending.items()):
-            banner = _read_banner(d)
-            if banner is not None:
-                state["vms"][name]["device"] = banner.get("device")
-                if banner.get("device") in (None, "none"):
-                    raise ClusterFailure(f"guest {name} has no ivshmem "
-                                         f"device")
-                del pending[name]
-            elif vm_lifecycle.qemu_pid(d) is None:
-                raise ClusterFailure(f"guest {name} died while booting: "
-                                     f"{qemu.last_line(qemu.console_text(d))}")
-        if pending and time.monotonic() - t0 > boot_timeout:
-            name = sorted(pending)[0]
-            raise ClusterFailure(
-                f"guest {name} did not boot within {boot_timeout:.0f} s "
-                f"({accel}); last console line: "
-                f"{qemu.last_line(qemu.console_text(pending[name]))}")
-        time.sleep(0.2)
+    try:
+        banners = vm_lifecycle.wait_booted(
+            {i.hostname: vm_dir(sd, i.hostname) for i in insts},
+            boot_timeout, accel, what="guest")
+    except VmFailure as e:
+        raise ClusterFailure(str(e)) from None
+    for name, banner in sorted(banners.items()):
+        state["vms"][name]["device"] = banner.get("device")
+        if banner.get("device") in (None, "none"):
+            raise ClusterFailure(f"guest {name} has no ivshmem device")
     for inst in insts:
-        sock = vm_dir(sd, inst.hostname) / "agent.sock"
-        agent.wait_ready(sock, timeout=60)
-        if inst.server == 0 and inst.index == 0:
-            files = " && ".join(
-                f"printf %s {agent.quote([hostfile_text(topo, pl)])} > "
-                f"{GUEST_HOSTFILE_DIR}/hostfile.{pl}" for pl in PLACEMENTS)
-            _check(agent.run(sock, f"mkdir -p {GUEST_HOSTFILE_DIR} && "
-                                   f"{files}", 30), inst.hostname)
-        state["vms"][inst.hostname]["vcpu_threads"] = pin(
-            vm_dir(sd, inst.hostname), inst.cpus)
-    conf["boot_s"] = round(time.monotonic() - t0, 1)
+        _finish_guest(topo, sd, state, inst)
+    boot["boot_s"] = round(time.monotonic() - t0, 1)
     save(sd, state)
-    log(f"  {len(insts)} guests booted in {conf['boot_s']} s ({accel})")
+    log(f"  {len(insts)} guests booted in {boot['boot_s']} s ({accel})")
+
+
+def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
+                  config: VmConfig, img, accel: str, fabric_pid: int,
+                  inst: Instance) -> None:
+    """The guest's tap in its server's bridge, its directory, its QEMU
+    (in the fabric's network namespace, where the tap is); each recorded
+    before it exists, so that `down` removes what may exist."""
+    srv = topo.server_list()[inst.server]
+    tap = tap_name(inst.hostname)
+    state["links"].append(tap)
+    save(sd, state)
+    network.ip_batch(fabric_pid, [
+        f"tuntap add dev {tap} mode tap",
+        f"link set {tap} master {srv.bridge}",
+        f"link set {tap} up"])
+    d = vm_dir(sd, inst.hostname)
+    d.mkdir(mode=0o700)
+    state["vms"][inst.hostname] = {"dir": str(d), "tap": tap, "pid": None}
+    save(sd, state)
+    hosts = ",".join(f"{i.hostname}:{i.address}" for i in topo.instance_list())
+    net = {"ip": f"{inst.address}/{PREFIX_LEN}", "hosts": hosts,
+           "tap": tap, "mac": _mac(inst)}
+    cmd = qemu.guest_command(config.qemu, img, d, inst.hostname, accel,
+                             topo.vcpus, config.memory_mb,
+                             state["servers"][str(srv.index)]["socket"],
+                             net=net)
+    try:
+        qemu.launch(holder.enter_argv(fabric_pid, ("net",)) + cmd, d,
+                    inst.hostname)
+    except VmFailure as e:
+        raise ClusterFailure(str(e)) from None
+    state["vms"][inst.hostname]["pid"] = vm_lifecycle.qemu_pid(d)
+    save(sd, state)
+
+
+def _finish_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
+                  inst: Instance) -> None:
+    """Once booted: its agent answers, the first guest holds the
+    hostfiles, its vCPU threads are pinned."""
+    sock = vm_dir(sd, inst.hostname) / "agent.sock"
+    agent.wait_ready(sock, timeout=60)
+    if inst.server == 0 and inst.index == 0:
+        files = " && ".join(
+            f"printf %s {agent.quote([hostfile_text(topo, pl)])} > "
+            f"{GUEST_HOSTFILE_DIR}/hostfile.{pl}" for pl in PLACEMENTS)
+        _check(agent.run(sock, f"mkdir -p {GUEST_HOSTFILE_DIR} && "
+                               f"{files}", 30), inst.hostname)
+    state["vms"][inst.hostname]["vcpu_threads"] = pin(
+        vm_dir(sd, inst.hostname), inst.cpus)
 
 
 def _check(r: agent.Result, host: str) -> None:
@@ -258,7 +295,7 @@ def stop_guests(sd: StateDir, state: Optional[Dict]) -> List[str]:
             problems.append(str(e))
     # a QEMU started by an `up` killed before it made the directory's
     # entry: its command line still names the state directory
-    left = vm_lifecycle._pids_naming(vm_root(sd))
+    left = vm_lifecycle.pids_naming(vm_root(sd))
     if left:
         left = procfs.kill_pids(left, 1.0)
         if left:
@@ -396,7 +433,7 @@ def mpirun_command(state: Dict, program: Sequence[str], np: int,
         mca.append(("osc", "pt2pt"))
         args += ["-x", "MPI4PY_RC_THREAD_LEVEL=serialized"]
     mca += [(str(k), str(v)) for k, v in extra_mca]
-    if state.get("vm", {}).get("accel") == "tcg":
+    if guest_accel(state) == "tcg":
         # TCG's default CPU (qemu64) says AMD family 15: OpenBLAS then
         # picks its Opteron kernels, whose 3DNow! instructions TCG does
         # not emulate (SIGILL in numpy, HPL, PETSc). SSE3 is what qemu64

@@ -5,7 +5,8 @@ dense traffic matrix, or a generated pattern) and the cluster's shape
 (servers x instances x vCPUs, a PlacementTopology), partition the ranks with METIS level by
 level (see planner.py) and write `rank R=HOST slot=K` lines, with the
 traffic left crossing servers / instances / inside instances, optionally
-against round-robin and block placements.
+against round-robin and block placements (rankfile.py: the request of
+`ivcloud place` from its graph, shape and partitioner to the file).
 
 Library use:
 

@@ -91,7 +91,7 @@ def qemu_pid(d: Path) -> Optional[int]:
     return pid if pid > 0 and procfs.alive(pid) and _names_dir(pid, d) else None
 
 
-def _pids_naming(d: Path) -> List[int]:
+def pids_naming(d: Path) -> List[int]:
     """Every live process whose command line names `d` (a QEMU whose pid
     file is gone, after a crash of `vm up`)."""
     out = []
@@ -114,7 +114,7 @@ def stop_vm(d: Path) -> Optional[int]:
     """Stop the VM in `d` (QMP quit, then SIGKILL) and remove `d`.
     Returns the pid that was stopped, if any."""
     pid = qemu_pid(d)
-    pids = sorted(set(([pid] if pid else []) + _pids_naming(d)))
+    pids = sorted(set(([pid] if pid else []) + pids_naming(d)))
     grace = 0.0
     if pid is not None:
         try:
@@ -196,8 +196,60 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     picks the image: the busybox initramfs (image.py) or the Debian
     image with the ivcloud-guest package (debian.py). `network` links
     two Debian guests by an Ethernet of their own (10.12.0.1 and .2, each
-    other's names in /etc/hosts), for mpirun between them."""
+    other's names in /etc/hosts), for mpirun between them.
+
+    In order: the request is checked (_check_request, _check_names),
+    the image built or found (_guest_image), the accelerator chosen
+    (_choose_accel); then every VM is launched (_launch), and once all
+    of them printed their ready banner (wait_booted) each is recorded as
+    running (_record_running)."""
     log = log or (lambda msg: sys.stderr.write(msg + "\n"))
+    _check_request(count, vcpus, memory, vectors, doorbell, kind, kernel,
+                   initrd, network, prefix)
+    binary = qemu.qemu_binary()
+    if binary is None:
+        raise VmError(f"{os.environ.get(qemu.QEMU_ENV) or qemu.DEFAULT_QEMU}"
+                      f" not found (apt-get install qemu-system-x86)")
+    server = _check_socket(server)
+    names = _check_names(root, prefix, count)
+    for what, path in (("kernel", kernel), ("initramfs", initrd)):
+        if path is not None and not Path(path).is_file():
+            raise VmError(f"guest {what} image {path} is missing")
+    img = _guest_image(kind, image_dir, guest_deb, extra_debs, kernel,
+                       initrd, log)
+    if accel == "auto":
+        accel = _choose_accel(binary, img, root, log)
+
+    root.mkdir(parents=True, exist_ok=True)
+    started: List[Path] = []
+    try:
+        for i, n in enumerate(names):
+            d = vm_dir(root, n)
+            if d.exists():
+                stop_vm(d)  # leftovers of a VM that died
+            d.mkdir(mode=0o700)
+            started.append(d)
+            net = _guest_network(root, names, i) if network else None
+            _launch(d, n, binary, img, accel, vcpus, memory, server, vectors,
+                    doorbell, kind, net)
+        t0 = time.monotonic()
+        banners = wait_booted({d.name: d for d in started}, boot_timeout,
+                              accel)
+        return [_record_running(d, banners[d.name], t0) for d in started]
+    except BaseException:
+        for d in started:
+            try:
+                stop_vm(d)
+            except VmFailure:
+                pass
+        raise
+
+
+def _check_request(count: int, vcpus: int, memory: int, vectors: int,
+                   doorbell: str, kind: str, kernel: Optional[str],
+                   initrd: Optional[str], network: bool,
+                   prefix: str) -> None:
+    """Refuse, before anything starts, what `up` cannot boot."""
     if not 1 <= count <= MAX_VMS:
         raise VmError(f"the number of VMs must be 1..{MAX_VMS}, not {count}",
                       setting="count")
@@ -233,24 +285,28 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
         raise VmError("a guest network links exactly 2 Debian guests",
                       setting="network")
     check_name(prefix)
-    binary = qemu.qemu_binary()
-    if binary is None:
-        raise VmError(f"{os.environ.get(qemu.QEMU_ENV) or qemu.DEFAULT_QEMU}"
-                      f" not found (apt-get install qemu-system-x86)")
-    server = _check_socket(server)
+
+
+def _check_names(root: Path, prefix: str, count: int) -> List[str]:
+    """PREFIX0..: names whose sockets fit, none of them running."""
     names = [check_name(f"{prefix}{i}") for i in range(count)]
     if len(str(vm_dir(root, names[-1]) / "agent.sock")) > _SUN_PATH_MAX:
         raise VmError(f"run directory {root} is too long for UNIX sockets",
                       setting="run_dir")
     for n in names:
-        d = vm_dir(root, n)
-        pid = qemu_pid(d)
+        pid = qemu_pid(vm_dir(root, n))
         if pid is not None:
             raise VmError(f"VM {n} is already running (pid {pid}); take "
                           f"it down first")
-    for what, path in (("kernel", kernel), ("initramfs", initrd)):
-        if path is not None and not Path(path).is_file():
-            raise VmError(f"guest {what} image {path} is missing")
+    return names
+
+
+def _guest_image(kind: str, image_dir: Optional[str],
+                 guest_deb: Optional[str], extra_debs: Optional[List[str]],
+                 kernel: Optional[str], initrd: Optional[str],
+                 log) -> image.GuestImage:
+    """The image to boot: Debian's, a given kernel and initramfs, or the
+    busybox one (with either of them replaced when given)."""
     if kind == "debian":
         img = debian.build(Path(image_dir) if image_dir else None,
                            Path(guest_deb) if guest_deb else None, log=log,
@@ -266,93 +322,94 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
                                    "custom" if kernel else img.kernel_version)
     if not img.exists():
         raise VmError(f"guest kernel image {img.kernel} is missing")
+    return img
 
-    if accel == "auto":
-        # the probe waits a few seconds for an init banner: the busybox
-        # image prints it at once, a Debian boot does not, so the probe
-        # of the Debian kind boots the busybox image if there is one
-        probe_img = img if img.disk is None else image.cached()
-        if probe_img is None:
-            ok, why = False, "no busybox image to probe KVM with"
-        else:
-            ok, why = qemu.kvm_usable(
-                binary, probe_img, probe_img.kernel.parent
-                if os.access(probe_img.kernel.parent, os.W_OK) else root)
-        accel = "kvm" if ok else "tcg"
-        if not ok:
-            log(f"ivcloud vm: KVM unusable ({why}); using TCG emulation")
 
-    root.mkdir(parents=True, exist_ok=True)
-    started: List[Path] = []
-    try:
-        for n in names:
-            d = vm_dir(root, n)
-            if d.exists():
-                stop_vm(d)  # leftovers of a VM that died
-            d.mkdir(mode=0o700)
-            started.append(d)
-            net = None
-            if network:
-                i = names.index(n)
-                peer = vm_dir(root, names[1 - i])
-                net = {"ip": f"{NET_PREFIX}.{i + 1}/24",
-                       "hosts": ",".join(f"{m}:{NET_PREFIX}.{j + 1}"
-                                         for j, m in enumerate(names)),
-                       "local": str(d / "net.sock"),
-                       "remote": str(peer / "net.sock"),
-                       "mac": f"52:54:00:12:00:{i + 1:02x}"}
-            cmd = qemu.guest_command(binary, img, d, n, accel, vcpus,
-                                     memory >> 20, server, vectors, doorbell,
-                                     net=net)
-            _write_json(d / "vm.json", {
-                "name": n, "server": server, "accel": accel, "vcpus": vcpus,
-                "memory": memory, "vectors": vectors, "doorbell": doorbell,
-                "kernel": str(img.kernel), "initrd": str(img.initrd),
-                "kind": kind, "network": net,
-                "disk": str(img.disk) if img.disk else None,
-                "command": cmd, "state": "starting",
-                "started": time.time()})
-            qemu.launch(cmd, d, n)
-        t0 = time.monotonic()
-        pending = {d.name: d for d in started}
-        info: Dict[str, Dict[str, str]] = {}
-        while pending:
-            for n, d in list(pending.items()):
-                banner = ready_banner(qemu.console_text(d))
-                if banner is not None:
-                    info[n] = banner
-                    del pending[n]
-                elif qemu_pid(d) is None:
-                    raise VmFailure(
-                        f"VM {n} died while booting: "
-                        f"{qemu.last_line(qemu.console_text(d))}")
-            if pending and time.monotonic() - t0 > boot_timeout:
-                n = sorted(pending)[0]
-                raise VmFailure(
-                    f"VM {n} did not boot within {boot_timeout:.0f} s "
-                    f"({accel}); last console line: "
-                    f"{qemu.last_line(qemu.console_text(pending[n]))}")
-            time.sleep(0.1)
-        result = []
-        for d in started:
-            agent.wait_ready(d / "agent.sock", timeout=30)
-            st = _read_json(d / "vm.json") or {}
-            b = info[d.name]
-            st.update(state="running", pid=qemu_pid(d),
-                      boot_s=round(time.monotonic() - t0, 1),
-                      device=b.get("device"),
-                      ivposition=int(b["ivposition"])
-                      if b.get("ivposition", "").isdigit() else None)
-            _write_json(d / "vm.json", st)
-            result.append(st)
-        return result
-    except BaseException:
-        for d in started:
-            try:
-                stop_vm(d)
-            except VmFailure:
-                pass
-        raise
+def _choose_accel(binary: str, img: image.GuestImage, root: Path,
+                  log) -> str:
+    """kvm if a probe guest boots with it, else tcg. The probe waits a
+    few seconds for an init banner: the busybox image prints it at
+    once, a Debian boot does not, so the probe of the Debian kind boots
+    the busybox image if there is one."""
+    probe_img = img if img.disk is None else image.cached()
+    if probe_img is None:
+        ok, why = False, "no busybox image to probe KVM with"
+    else:
+        ok, why = qemu.kvm_usable(
+            binary, probe_img, probe_img.kernel.parent
+            if os.access(probe_img.kernel.parent, os.W_OK) else root)
+    if not ok:
+        log(f"ivcloud vm: KVM unusable ({why}); using TCG emulation")
+    return "kvm" if ok else "tcg"
+
+
+def _guest_network(root: Path, names: List[str], i: int) -> Dict:
+    """The Ethernet of guest i of two: its address, both names, and the
+    socket pair QEMU links them by."""
+    d, peer = vm_dir(root, names[i]), vm_dir(root, names[1 - i])
+    return {"ip": f"{NET_PREFIX}.{i + 1}/24",
+            "hosts": ",".join(f"{m}:{NET_PREFIX}.{j + 1}"
+                              for j, m in enumerate(names)),
+            "local": str(d / "net.sock"), "remote": str(peer / "net.sock"),
+            "mac": f"52:54:00:12:00:{i + 1:02x}"}
+
+
+def _launch(d: Path, name: str, binary: str, img: image.GuestImage,
+            accel: str, vcpus: int, memory: int, server: str, vectors: int,
+            doorbell: str, kind: str, net: Optional[Dict]) -> None:
+    """Write vm.json (what is started, how) and start the VM's QEMU."""
+    cmd = qemu.guest_command(binary, img, d, name, accel, vcpus,
+                             memory >> 20, server, vectors, doorbell, net=net)
+    _write_json(d / "vm.json", {
+        "name": name, "server": server, "accel": accel, "vcpus": vcpus,
+        "memory": memory, "vectors": vectors, "doorbell": doorbell,
+        "kernel": str(img.kernel), "initrd": str(img.initrd),
+        "kind": kind, "network": net,
+        "disk": str(img.disk) if img.disk else None,
+        "command": cmd, "state": "starting", "started": time.time()})
+    qemu.launch(cmd, d, name)
+
+
+def wait_booted(dirs: Dict[str, Path], timeout_s: float, accel: str,
+                what: str = "VM") -> Dict[str, Dict[str, str]]:
+    """Wait until every guest (name -> its directory) printed its ready
+    banner; returns the banners' key=value words by name. VmFailure
+    when one died while booting, or did not boot in `timeout_s` (with
+    its last console line)."""
+    t0 = time.monotonic()
+    pending = dict(dirs)
+    banners: Dict[str, Dict[str, str]] = {}
+    while pending:
+        for n, d in list(pending.items()):
+            banner = ready_banner(qemu.console_text(d))
+            if banner is not None:
+                banners[n] = banner
+                del pending[n]
+            elif qemu_pid(d) is None:
+                raise VmFailure(f"{what} {n} died while booting: "
+                                f"{qemu.last_line(qemu.console_text(d))}")
+        if pending and time.monotonic() - t0 > timeout_s:
+            n = sorted(pending)[0]
+            raise VmFailure(
+                f"{what} {n} did not boot within {timeout_s:.0f} s "
+                f"({accel}); last console line: "
+                f"{qemu.last_line(qemu.console_text(pending[n]))}")
+        time.sleep(0.1)
+    return banners
+
+
+def _record_running(d: Path, banner: Dict[str, str], t0: float) -> Dict:
+    """Once the VM's agent answers: vm.json says it runs, with its pid,
+    boot time, device and ivposition; returns that record."""
+    agent.wait_ready(d / "agent.sock", timeout=30)
+    st = _read_json(d / "vm.json") or {}
+    st.update(state="running", pid=qemu_pid(d),
+              boot_s=round(time.monotonic() - t0, 1),
+              device=banner.get("device"),
+              ivposition=int(banner["ivposition"])
+              if banner.get("ivposition", "").isdigit() else None)
+    _write_json(d / "vm.json", st)
+    return st
 
 
 # ---------------------------------------------------------------- status

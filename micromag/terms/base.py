@@ -18,6 +18,8 @@ torque density (one module per term):
     zeeman.Zeeman       E = -mu0 int Ms m.H_ext,  H = H_ext(t) (static or
                         time-dependent)
     demag.DemagField    E = -(mu0/2) int Ms m.H_demag (hybrid FEM/BEM)
+    demag_grid.GridDemag
+                        the same energy, M on a cell grid (Newell, FFT)
 
 For the quadratic terms E = -(mu0/2) int Ms m.H, which is how their
 energy is computed from the field.

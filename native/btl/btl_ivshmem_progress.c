@@ -38,6 +38,9 @@ void mca_btl_ivshmem_trust(int slot, uint32_t gen)
     if (!c->trusted[slot])
         c->active[c->nactive++] = slot;
     c->trusted[slot] = (uint64_t)gen + 1;
+    /* heard on every path now: a fast channel it asked for meanwhile is
+       read from here on, after what it queued (ivshm.h) */
+    (void)ivshm_listen(c->h, slot, gen);
     if (c->stashed[slot])
         c->stash_ready = true; /* what it sent before is delivered first */
 }
@@ -48,6 +51,7 @@ void mca_btl_ivshmem_distrust(int slot)
     if (!c->trusted[slot])
         return;
     c->trusted[slot] = 0;
+    (void)ivshm_listen(c->h, slot, 0);
     for (int i = 0; i < c->nactive; i++)
         if (c->active[i] == slot) {
             c->active[i] = c->active[--c->nactive];

@@ -87,10 +87,9 @@ static bool mark_dead(ivshm *h, int slot, uint32_t gen)
     uint32_t st = PEER_ACTIVE;
     if (atomic_load_explicit(&e->gen, memory_order_acquire) != gen)
         return false;
-    if (!atomic_compare_exchange_strong(&e->state, &st, PEER_DEAD))
-        return false;
-    ivshm_windows_on_leave(h, slot);
-    return true;
+    /* O(1): what it held in the window tables is broken by whoever
+       waits for it, and not counted as a member (window_table.h) */
+    return atomic_compare_exchange_strong(&e->state, &st, PEER_DEAD);
 }
 
 /* Process state from /proc: a zombie (killed, not yet reaped by its
@@ -139,18 +138,39 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen)
     return true;
 }
 
-int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
+static int cmp_id(const void *a, const void *b)
 {
-    int n = 0;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One pass over the registry for a whole batch of leavers: O(max_peers x
+   log n + n log n), however many entries carry their ids (a leaver can
+   have written its id into every entry). `ids` is sorted in place. */
+int ivshm_mark_doorbells_dead(ivshm *h, int32_t *ids, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (n > 1)
+        qsort(ids, n, sizeof *ids, cmp_id);
+    int marked = 0;
+    ivshm_work_count(h, h->max_peers);
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
-        if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
-            __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED) == doorbell_id &&
-            doorbell_id >= 0 &&
-            mark_dead(h, (int)s, atomic_load_explicit(&e->gen, memory_order_relaxed)))
-            n++;
+        if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+            continue;
+        int32_t id = __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED);
+        if (id >= 0 && bsearch(&id, ids, n, sizeof *ids, cmp_id) &&
+            mark_dead(h, (int)s,
+                      atomic_load_explicit(&e->gen, memory_order_relaxed)))
+            marked++;
     }
-    return n;
+    return marked;
+}
+
+int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
+{
+    return doorbell_id < 0 ? 0 : ivshm_mark_doorbells_dead(h, &doorbell_id, 1);
 }
 
 int ivshm_self(const ivshm *h)
@@ -209,6 +229,7 @@ int ivshm_peer_local(ivshm *h, int slot)
 
 int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank)
 {
+    ivshm_work_count(h, h->max_peers);
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
         if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&

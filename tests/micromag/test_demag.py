@@ -12,10 +12,6 @@ operator on 2 and 4; its other tests: test_demag_fmm.py).
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 from types import SimpleNamespace
 
@@ -25,6 +21,8 @@ import pytest
 petsc4py = pytest.importorskip("petsc4py")
 pytest.importorskip("mpi4py")
 
+from mag_helpers import (MS, NM, demag_factors,         # noqa: E402
+                         mpirun_python, prism_factor_z)
 from micromag import mesh as meshes                     # noqa: E402
 from micromag.constants import MU0                      # noqa: E402
 from micromag.fem import FEMSpace                       # noqa: E402
@@ -32,26 +30,9 @@ from micromag.terms.demag import (DemagField,           # noqa: E402
                                   _BoundaryKernel, bem_rows,
                                   double_layer_weights, vertex_solid_angles)
 
-NM = 1e-9
-MS = 8.0e5
 
 
 # ----------------------------------------------------------------- helpers
-
-def demag_factors(space, field, direction=(1.0, 1.0, 1.0)):
-    """Diagonal demagnetizing factors from the volume-averaged field of a
-    uniform magnetization along `direction` (no zero component)."""
-    d = np.asarray(direction, dtype=float)
-    d /= np.linalg.norm(d)
-    state = SimpleNamespace(m=space.vector_vec(), t=0.0, space=space)
-    space.set_global(state.m, np.tile(d, (space.n, 1)))
-    out = space.vector_vec()
-    field.h(state, out)
-    H = space.gather(out, to_all=True)
-    vol = space.gather(space.mass, to_all=True)
-    H_avg = (vol[:, None] * H).sum(axis=0) / vol.sum()
-    return -H_avg / (field.Ms[0] * d), field.E(state), vol.sum()
-
 
 def prolate_factors(aspect):
     """(N_long, N_short) of a prolate spheroid, long/short = aspect > 1."""
@@ -59,25 +40,6 @@ def prolate_factors(aspect):
     s = math.sqrt(m * m - 1.0)
     n_long = (m / (2 * s) * math.log((m + s) / (m - s)) - 1.0) / (m * m - 1)
     return n_long, (1.0 - n_long) / 2.0
-
-
-def prism_factor_z(lx, ly, lz):
-    """N_z of a rectangular prism (Aharoni, J. Appl. Phys. 83, 3432, 1998)."""
-    a, b, c = lx / 2, ly / 2, lz / 2
-    r = math.sqrt(a * a + b * b + c * c)
-    ab, bc, ac = math.hypot(a, b), math.hypot(b, c), math.hypot(a, c)
-    s = ((b * b - c * c) / (2 * b * c) * math.log((r - a) / (r + a))
-         + (a * a - c * c) / (2 * a * c) * math.log((r - b) / (r + b))
-         + b / (2 * c) * math.log((ab + a) / (ab - a))
-         + a / (2 * c) * math.log((ab + b) / (ab - b))
-         + c / (2 * a) * math.log((bc - b) / (bc + b))
-         + c / (2 * b) * math.log((ac - a) / (ac + a))
-         + 2 * math.atan(a * b / (c * r))
-         + (a ** 3 + b ** 3 - 2 * c ** 3) / (3 * a * b * c)
-         + (a * a + b * b - 2 * c * c) / (3 * a * b * c) * r
-         + c / (a * b) * (ac + bc)
-         - (ab ** 3 + bc ** 3 + ac ** 3) / (3 * a * b * c))
-    return s / math.pi
 
 
 def quadrature_weights(x, tri, n=200):
@@ -368,9 +330,6 @@ def test_field_solves_energy_reuses(sphere_space, monkeypatch):
 def test_parallel_equals_serial(tmp_path, method, ranks, rel, solver):
     if method == "fmm":
         pytest.importorskip("fmm3dpy")
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        pytest.fail("mpirun not found (openmpi-bin)")
     mesh = meshes.ellipsoid(16 * NM, 10 * NM, 8 * NM, 2 * NM)
     pts = mesh.points
     m = np.stack([-pts[:, 1], pts[:, 0] + 4 * NM, np.full(len(pts), 5 * NM)],
@@ -384,17 +343,8 @@ def test_parallel_equals_serial(tmp_path, method, ranks, rel, solver):
     results = {}
     for np_ in ranks:
         result = tmp_path / f"H{np_}.npz"
-        cmd = [mpirun]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        cmd += ["--oversubscribe", "-np", str(np_), sys.executable,
-                str(script), str(case), str(result), method, solver]
-        # env=os.environ (Python's copy of the start-up environment): MPI_Init
-        # in this process (singleton) added OMPI_/PMIX_ variables to the C
-        # environment that a child would inherit and that make mpirun fail
-        # silently.
-        proc = subprocess.run(cmd, capture_output=True, text=True,
-                              timeout=180, env=dict(os.environ))
+        proc = mpirun_python(script, np_, case, result, method, solver,
+                             timeout=180)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         results[np_] = np.load(result)
         assert int(results[np_]["size"]) == np_

@@ -1,16 +1,16 @@
 """Resuming interrupted runs (`ivcloud mag run --resume`, and `ivcloud mag
 converge` on a study started again).
 
-Real runs, really killed: `ivcloud mag run` is started in a session of its
-own, the test waits until the run's checkpoint is in the middle of the
-LLG stage, then sends SIGKILL (or SIGTERM, which mpirun forwards) to the
-whole process group and waits for every process of the run to be gone.
-The resumed run must end where an uninterrupted one ends: <m> within
-1e-4 at every table row (the integrator restarts from the checkpoint, so
-step sizes differ; measured ~4e-6 at rtol 1e-6), on 1 and 2 ranks in
-either direction (the checkpoint holds m in the input mesh's numbering).
-A checkpoint of another problem, mesh or solver version is never resumed
-from."""
+Real runs, really killed: `ivcloud mag run` is started as a process
+group of its own (setsid), the test waits until the run's checkpoint is
+in the middle of the LLG stage, then sends SIGKILL (or SIGTERM, which
+mpirun forwards) to the whole process group and waits for every process
+of the run to be gone. The resumed run must end where an uninterrupted
+one ends: <m> within 1e-4 at every table row (the integrator restarts
+from the checkpoint, so step sizes differ; measured ~4e-6 at rtol 1e-6),
+on 1 and 2 ranks in either direction (the checkpoint holds m in the
+input mesh's numbering). A checkpoint of another problem, mesh or solver
+version is never resumed from."""
 
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ NS_KINDS = ("net", "uts", "ipc", "mnt")
 UNSHARE_FLAG = {"net": "--net", "uts": "--uts", "ipc": "--ipc",
                 "mnt": "--mount"}
 READY_TIMEOUT_S = 15.0
+# what the holder of an instance (and of the head node) unshares
+INSTANCE_NS = ["--net", "--uts", "--ipc", "--mount", "--propagation",
+               "private"]
 
 # $0 = marker, $1 = hostname ('' keeps the host's: fabric), $2 = hosts
 # file ('' = no private mounts), $3 = the run dir to cover ('' = none),
@@ -254,3 +257,19 @@ def enter_argv(pid: int, kinds: Sequence[str] = NS_KINDS) -> List[str]:
 
 def live_pids(holders: Iterable[Holder]) -> Set[int]:
     return {h.pid for h in holders if h.alive()}
+
+
+def holder_info(state: Dict, role: str) -> Dict:
+    """{"pid", "alive"} of the holder `state` records for `role` (an
+    instance, the head node, the fabric) and, while it lives, its CPUs."""
+    rec = state.get("holders", {}).get(role)
+    if not rec or rec.get("start") is None:
+        return {"pid": None, "alive": False}
+    h = Holder.from_dict(rec)
+    info = {"pid": h.pid, "alive": h.alive()}
+    if info["alive"]:
+        try:
+            info["cpus"] = sorted(os.sched_getaffinity(h.pid))
+        except OSError:
+            pass
+    return info

@@ -1,0 +1,283 @@
+"""`ivcloud mag bench`: the micromagnetic solver on its example problems.
+
+:func:`run` times `ivcloud mag run` of each example (the thesis's bar,
+µMAG standard problem 4) on each rank count, as a user starts it (time
+to solution: process start, set-up, the stages, outputs), the
+configurations alternating in rounds (toolkit.measure_rounds). Per
+problem and rank count: the median time to solution with its spread,
+the solve time, field evaluations, milliseconds per evaluation and the
+peak memory per rank; per round the parallel efficiency T1 / (N TN) of
+the time to solution (and of the solve), its median and spread; for a
+problem with a published solution (standard problem 4, field 1:
+micromag.convergence.reference_for) the largest component of <m> at the
+end minus the reference. Prints one table and the targets, and can
+write the JSON document.
+
+:func:`run_command` is the `ivcloud mag run` command line the benchmark
+and `ivcloud mag converge` start (one process per run).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from ..errors import BenchError, InvalidRequest
+from .toolkit import (BenchResults, Target, measure_rounds, print_grid,
+                      run_benchmark, spread, summarize)
+
+REPO = Path(__file__).resolve().parents[2]
+PROBLEMS = ("bar", "sp4")
+TRANSPORTS = ("vader", "tcp", "ivshmem")
+# The goals the benchmark reports against: the bar within 10 s on one
+# core, standard problem 4 (relax and 1 ns) within 10 minutes on two
+# ranks and within 0.01 of the published <m>(1 ns), two ranks at 80 %
+# efficiency of time to solution.
+BAR_ONE_CORE_S = 10.0
+SP4_TWO_RANKS_S = 600.0
+SP4_ERROR = 0.01
+EFFICIENCY = 0.8
+# Magpar on the thesis's VMs (seed 000, table 1): the bar on 1 and 4 vCPUs.
+ANCHORS = {"magpar_bar_1_vcpu_s": 114, "magpar_bar_4_vcpu_s": 65}
+FIELDS = ("time_to_solution_s", "solve_time_s", "setup_time_s",
+          "solve_cpu_s_max_rank", "ms_per_field_eval", "peak_rss_mb_per_rank",
+          "efficiency_time_to_solution", "efficiency")
+
+
+def run_command(problem: Path, out: Path, ranks: int,
+                transport: str = "vader", resume: bool = False,
+                checkpoint_every: Optional[float] = None) -> List[str]:
+    """`ivcloud mag run PROBLEM --out OUT --np N ...` (quiet)."""
+    cmd = [sys.executable, "-m", "ivcloud", "mag", "run", str(problem),
+           "--out", str(out), "--np", str(ranks), "--transport", transport,
+           "--quiet"]
+    if resume:
+        cmd.append("--resume")
+    if checkpoint_every is not None:
+        cmd += ["--checkpoint-every", repr(checkpoint_every)]
+    return cmd
+
+
+def study_launcher(ranks: int, transport: str = "vader"
+                   ) -> Callable[[Path, Path, float], int]:
+    """A micromag.study launcher: each run through `ivcloud mag run`
+    (resumed from its checkpoint), on `ranks` ranks over `transport`."""
+    def launch(problem: Path, run_dir: Path, checkpoint_every: float) -> int:
+        cmd = run_command(problem, run_dir, ranks, transport, resume=True,
+                          checkpoint_every=checkpoint_every)
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
+    return launch
+
+
+@dataclass
+class MagBenchSettings:
+    problems: Sequence[str] = PROBLEMS
+    ranks: Sequence[int] = (1, 2)
+    rounds: int = 3
+    examples: Path = REPO / "examples"
+    transport: str = "vader"
+    timeout_s: float = 3600.0
+    files: Dict[str, Path] = field(default_factory=dict)
+
+    def __post_init__(self):
+        from micromag.errors import ProblemError
+        from micromag.problem import load
+        if self.transport not in TRANSPORTS:
+            raise InvalidRequest(f"transport '{self.transport}' unknown "
+                                 f"({', '.join(TRANSPORTS)})",
+                                 setting="transport")
+        if not self.problems:
+            raise InvalidRequest("no problems to run", setting="problems")
+        if not self.ranks or min(self.ranks) < 1:
+            raise InvalidRequest("rank counts must be positive",
+                                 setting="np")
+        if self.rounds < 1:
+            raise InvalidRequest("rounds must be at least 1",
+                                 setting="rounds")
+        for name in self.problems:
+            f = Path(self.examples) / f"{name}.toml"
+            if not f.is_file():
+                raise InvalidRequest(f"example problem {f} not found",
+                                     setting="problems")
+            try:
+                load(f)
+            except ProblemError as e:
+                raise InvalidRequest(str(e), setting="problems") from None
+            self.files[name] = f
+
+
+def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
+    """One `ivcloud mag run` of example `name` on `ranks` ranks: its
+    record."""
+    with tempfile.TemporaryDirectory(prefix="ivcloud-mag-bench-") as tmp:
+        out = Path(tmp) / "run"
+        cmd = run_command(s.files[name], out, ranks, s.transport)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  timeout=s.timeout_s,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{name} on {ranks} rank(s): no result within "
+                             f"{s.timeout_s:g} s") from None
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            raise BenchError(f"{name} on {ranks} rank(s): exit "
+                             f"{proc.returncode}: {tail}")
+        summary = json.loads((out / "summary.json").read_text())
+        rec = _record(name, ranks, wall, summary)
+        rec.update(_error_to_reference(s.files[name], out))
+    return [rec]
+
+
+def _record(name: str, ranks: int, wall: float, s: Dict) -> Dict:
+    return {
+        "problem": name, "ranks": ranks, "nodes": s["nodes"],
+        "boundary_nodes": s["boundary_nodes"],
+        "demag": s.get("demag_method") or s["demag"],
+        "demag_grid": s.get("demag_grid"),
+        "time_to_solution_s": round(wall, 3),
+        "solve_time_s": round(s["solve_time_s"], 3),
+        "setup_time_s": round(s["setup_time_s"], 3),
+        "solve_cpu_s_max_rank": round(s.get("solve_cpu_s", {}).get("max",
+                                                                  0.0), 3),
+        "steps": s["steps"], "rejected_steps": s["rejected_steps"],
+        "relax_iterations": s["relax_iterations"],
+        "rhs_evals": s["rhs_evals"], "field_evals": s["field_evals"],
+        "field_time_s": round(s.get("field_time_s", 0.0), 3),
+        "ms_per_field_eval": round(1e3 * s.get("field_time_s", 0.0)
+                                   / max(1, s["field_evals"]), 4),
+        "peak_rss_mb_per_rank": round(s["peak_rss_mb"]["max"], 1),
+        "peak_rss_mb_ranks": [round(v, 1)
+                              for v in s["peak_rss_mb"]["per_rank"]],
+        "m_final": [round(v, 5) for v in s["m_final"]],
+    }
+
+
+def _error_to_reference(problem: Path, out: Path) -> Dict:
+    """<m> at the end of the last llg stage minus the published solution
+    at that time, where the problem has one (micromag.convergence)."""
+    from micromag import convergence
+    from micromag.problem import load
+    ref = convergence.reference_for(load(problem))
+    if ref is None:
+        return {}
+    curve = convergence.read_curve(out)
+    t = float(curve["t"][-1])
+    m, r = convergence.value_at(curve, t), convergence.value_at(ref, t)
+    if m is None or r is None:
+        return {}
+    diff = [float(a - b) for a, b in zip(m, r)]
+    return {"reference": ref["name"], "reference_t_s": t,
+            "minus_reference": [round(v, 5) for v in diff],
+            "error_max": round(max(abs(v) for v in diff), 5)}
+
+
+def _add_efficiencies(runs: List[Dict]) -> None:
+    """Per round: speed-up and efficiency of every run against the same
+    problem's 1-rank run of that round (time to solution and solve)."""
+    base = {(r["problem"], r["round"]): r for r in runs if r["ranks"] == 1}
+    for r in runs:
+        one = base.get((r["problem"], r["round"]))
+        if one is None:
+            continue
+        w = one["time_to_solution_s"] / r["time_to_solution_s"]
+        s = one["solve_time_s"] / r["solve_time_s"]
+        r["speedup_time_to_solution"] = round(w, 3)
+        r["efficiency_time_to_solution"] = round(w / r["ranks"], 3)
+        r["speedup"] = round(s, 3)
+        r["efficiency"] = round(s / r["ranks"], 3)
+
+
+def measure(s: MagBenchSettings, log=None) -> BenchResults:
+    log = log or sys.stderr
+    res = BenchResults()
+    steps = [(f"{name} on {n} rank(s)",
+              (lambda name=name, n=n: _one_run(s, name, n)))
+             for name in s.problems for n in s.ranks]
+    measure_rounds(res, "mag", s.rounds, steps, log)
+    _add_efficiencies(res.runs)
+    res.records = summarize(res.runs, ("problem", "ranks"), FIELDS)
+    for rec in res.records:
+        for key in ("m_final", "minus_reference", "error_max"):
+            vals = [r[key] for r in res.runs
+                    if r["problem"] == rec["problem"]
+                    and r["ranks"] == rec["ranks"] and key in r]
+            if vals:
+                rec[key] = vals[len(vals) // 2]
+        if rec["ranks"] > 1 and "efficiency_time_to_solution" in rec:
+            log.write(f"bench mag: {rec['problem']} on {rec['ranks']} "
+                      f"ranks: efficiency "
+                      f"{rec['efficiency_time_to_solution']:.2f} (time to "
+                      f"solution), {rec['efficiency']:.2f} (solve), "
+                      f"medians of {rec['runs']} round(s)\n")
+    return res
+
+
+def targets(res: BenchResults) -> List[Target]:
+    ts = []
+    bar1 = res.find(problem="bar", ranks=1)
+    if bar1 is not None:
+        ts.append(Target("bar, 1 core: time to solution (s)",
+                         bar1["time_to_solution_s"], "<=", BAR_ONE_CORE_S,
+                         best=bar1.get("time_to_solution_s_min")))
+    sp4 = res.find(problem="sp4", ranks=2)
+    if sp4 is not None:
+        ts.append(Target("sp4, 2 ranks: time to solution (s)",
+                         sp4["time_to_solution_s"], "<=", SP4_TWO_RANKS_S,
+                         best=sp4.get("time_to_solution_s_min")))
+    sp4 = sp4 or res.find(problem="sp4")
+    if sp4 is not None and "error_max" in sp4:
+        ts.append(Target("sp4: |<m>(1 ns) - reference|, largest component",
+                         sp4["error_max"], "<=", SP4_ERROR))
+    for name in ("bar", "sp4"):
+        two = res.find(problem=name, ranks=2)
+        if two is not None and "efficiency_time_to_solution" in two:
+            ts.append(Target(f"{name}, 2 ranks: efficiency (time to "
+                             f"solution)",
+                             two["efficiency_time_to_solution"], ">=",
+                             EFFICIENCY,
+                             best=two.get("efficiency_time_to_solution_max")))
+    return ts
+
+
+def print_table(res: BenchResults, out=None) -> None:
+    out = out or sys.stdout
+    rows = []
+    for r in res.records:
+        err = r.get("minus_reference")
+        rows.append([
+            r["problem"], str(r["ranks"]), f"{r['nodes']:,}",
+            str(r["demag"]), str(r["runs"]),
+            f"{r['time_to_solution_s']:.2f}",
+            spread(r, "time_to_solution_s", "{:.2f}"),
+            f"{r['solve_time_s']:.2f}", f"{r['field_evals']:,}",
+            f"{r['ms_per_field_eval']:.3g}",
+            f"{r['peak_rss_mb_per_rank']:.0f}",
+            "" if "efficiency_time_to_solution" not in r or r["ranks"] == 1
+            else f"{r['efficiency_time_to_solution']:.2f}",
+            "" if r["ranks"] == 1 else
+            spread(r, "efficiency_time_to_solution", "{:.2f}"),
+            "" if err is None else
+            "(" + ", ".join(f"{v:+.4f}" for v in err) + ")"])
+    print_grid(["problem", "ranks", "nodes", "demag", "rounds",
+                "time to solution s", "spread", "solve s", "field evals",
+                "ms/eval", "peak MB/rank", "efficiency", "spread",
+                "<m>(end) - reference"], rows, out)
+
+
+def run(s: MagBenchSettings, json_path: Optional[Path] = None,
+        out=None, log=None) -> int:
+    """Measure, print the table and targets, write the document; 1 if a
+    run failed."""
+    return run_benchmark(
+        "mag", False, lambda: measure(s, log), targets, print_table,
+        json_path, out, problems=list(s.problems), ranks=list(s.ranks),
+        rounds=s.rounds, transport=s.transport, anchors=ANCHORS)

@@ -1,0 +1,12 @@
+"""Slurm on the emulated cluster (`cluster up --scheduler slurm`,
+`cluster srun|sbatch`): munge and slurmctld in the head node, slurmd in
+every instance, a region of each job's own on every server it uses.
+See docs/cluster.md, "Slurm".
+
+Modules: conf (slurm.conf, topology.conf, task prolog, hook scripts:
+text only), daemons (starting them during `up`, status), client (srun,
+sbatch, sinfo, scontrol in the head node), hooks (PrologSlurmctld and
+EpilogSlurmctld: the job's regions).
+"""
+
+from .daemons import SCHEDULERS, Slurm, SlurmOptions, status  # noqa: F401

@@ -1,0 +1,196 @@
+"""Slurm's own commands against a cluster's Slurm, run in its head node
+(the cluster's login node: the only place outside the instances that
+reaches slurmctld and that slurmd reaches back, for srun's I/O).
+
+`ivcloud cluster srun|sbatch` run srun and sbatch there with the
+cluster's SLURM_CONF (client_command); `cluster exec head -- srun ...`
+does the same by hand, as the agent's environment there names
+SLURM_CONF too. A rankfile of the placement planner becomes Slurm's
+arbitrary distribution: SLURM_HOSTFILE lists each task's node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ...errors import ClusterError, ClusterFailure, LaunchError
+from ..launch import enter_command, working_dir
+from ..state import StateDir, save
+from ..topology import HEAD_HOSTNAME, topology_from_dict
+from .conf import SlurmPaths, hostfile_text, topology_conf_text
+from .daemons import binary, last_line, slurm_env
+
+CLIENT_TIMEOUT_S = 30.0
+# srun gets this long to end its job after SIGTERM/SIGINT, then SIGKILL
+STOP_GRACE_S = 15.0
+
+
+def paths(state: Dict) -> SlurmPaths:
+    if state.get("scheduler") != "slurm":
+        raise ClusterError(f"cluster '{state['name']}' runs no Slurm (bring "
+                           f"it up with Slurm as its scheduler)")
+    return SlurmPaths(Path(state["slurm"]["dir"]))
+
+
+def head_command(state: Dict, argv: Sequence[str]
+                 ) -> Tuple[List[str], Dict[str, str], List[int]]:
+    """(argv, env, cpus) running a Slurm command in the head node."""
+    paths(state)
+    try:
+        full, env, cpus = enter_command(state, HEAD_HOSTNAME, argv)
+    except LaunchError as e:
+        raise ClusterFailure(str(e))
+    return full, slurm_env(state, env), cpus
+
+
+def query(state: Dict, argv: Sequence[str],
+          timeout_s: float = CLIENT_TIMEOUT_S) -> str:
+    """The output of a Slurm command (sinfo, scontrol, squeue) run in
+    the head node; ClusterFailure with its last line if it fails."""
+    full, env, _ = head_command(state, argv)
+    try:
+        p = subprocess.run(full, env=env, cwd="/", stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ClusterFailure(f"{argv[0]} did not answer in {timeout_s:.0f} s")
+    if p.returncode != 0:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        raise ClusterFailure(f"{' '.join(argv[:2])}: "
+                             f"{lines[-1] if lines else p.returncode}")
+    return p.stdout
+
+
+def node_states(state: Dict) -> Dict[str, str]:
+    """{node: its state as slurmctld says (idle, allocated, down, ...)}."""
+    out = query(state, [binary("sinfo"), "--noheader", "--Node",
+                        "--format=%N %T"])
+    return dict(line.split()[:2] for line in out.splitlines()
+                if len(line.split()) >= 2)
+
+
+def wait_idle(state: Dict, timeout_s: float) -> None:
+    """Until slurmctld answers and calls every node idle (a job that
+    ended may leave its nodes completing for a moment): what a job
+    placed by the topology needs, to get the nodes it would get on an
+    idle cluster. ClusterFailure after `timeout_s`, saying which node
+    (and the last line of its log) or that slurmctld does not answer."""
+    nodes = sorted(state["instances"])
+    deadline = time.monotonic() + timeout_s
+    seen: Dict[str, str] = {}
+    while True:
+        try:
+            seen = node_states(state)
+        except ClusterFailure:
+            seen = {}
+        if seen and all(seen.get(n) == "idle" for n in nodes):
+            return
+        if time.monotonic() > deadline:
+            late = [n for n in nodes if seen.get(n) != "idle"]
+            log = (paths(state).log(f"slurmd-{late[0]}") if seen
+                   else paths(state).log("slurmctld"))
+            raise ClusterFailure(
+                f"Slurm not idle in {timeout_s:.0f} s: "
+                + (f"node {late[0]} is {seen.get(late[0], 'unknown')}"
+                   if seen else "slurmctld does not answer")
+                + f" (last of {log.name}: {last_line(log) or 'empty'})")
+        time.sleep(0.2)
+
+
+def set_topology(state: Dict, shape: str) -> None:
+    """Rewrite topology.conf as `shape` (conf.topology_conf_text: tree
+    or flat) and have slurmctld read it again."""
+    p = paths(state)
+    text = topology_conf_text(topology_from_dict(state["topology"]), shape)
+    tmp = p.topology.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p.topology)
+    query(state, [binary("scontrol"), "reconfigure"])
+    state["slurm"]["topology"] = shape
+    save(StateDir(state["name"], Path(state["dir"]).parent), state)
+
+
+def arbitrary_hostfile(state: Dict, hosts: Sequence[str], keep: bool
+                       ) -> Path:
+    """A SLURM_HOSTFILE placing task i on hosts[i], where the head node
+    and the instances see it. `keep`: it outlives the command (sbatch:
+    the job's own sruns read it when the job starts); `down` removes
+    it with the state directory."""
+    d = paths(state).jobs_dir
+    path = d / f"hostfile.{'batch' if keep else 'step'}.{uuid.uuid4().hex[:8]}"
+    path.write_text(hostfile_text(hosts))
+    return path
+
+
+def client_command(state: Dict, command: str, args: Sequence[str],
+                   hosts: Optional[Sequence[str]] = None,
+                   cwd: Optional[str] = None
+                   ) -> Tuple[List[str], Dict[str, str], List[int],
+                              Optional[Path]]:
+    """(argv, env, cpus, hostfile) of `srun ARGS` or `sbatch ARGS` in
+    the head node, working in `cwd` (the caller's directory if the
+    instances see it, else /). hosts: task i on hosts[i] (Slurm's
+    arbitrary distribution, e.g. from a planner's rankfile); the
+    hostfile it is written to is returned (for srun, the caller
+    removes it afterwards)."""
+    if command not in ("srun", "sbatch"):
+        raise ClusterError(f"no Slurm command '{command}' here (srun or "
+                           f"sbatch)")
+    argv = [binary(command), f"--chdir={working_dir(cwd)}"]
+    hostfile = None
+    if hosts:
+        hostfile = arbitrary_hostfile(state, hosts, keep=command == "sbatch")
+        argv += ["--distribution=arbitrary", f"--ntasks={len(hosts)}"]
+    full, env, cpus = head_command(state, argv + list(args))
+    if hostfile is not None:
+        env["SLURM_HOSTFILE"] = str(hostfile)
+    return full, env, cpus, hostfile
+
+
+class _Stop(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum, frame):
+    raise _Stop(signum)
+
+
+def run_client(state: Dict, command: str, args: Sequence[str],
+               hosts: Optional[Sequence[str]] = None) -> int:
+    """Run `srun ARGS` / `sbatch ARGS` in the head node with this
+    process's stdin, stdout and stderr; its exit status. SIGINT,
+    SIGTERM and SIGHUP are passed on as SIGTERM (srun then ends its
+    job), then SIGKILL after STOP_GRACE_S."""
+    full, env, cpus, hostfile = client_command(state, command, args, hosts)
+    old = {s: signal.signal(s, _raise_stop)
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    proc = None
+    try:
+        proc = subprocess.Popen(full, env=env, cwd="/",
+                                preexec_fn=lambda: os.sched_setaffinity(
+                                    0, cpus))
+        rc = proc.wait()
+    except _Stop as stop:
+        for s in old:   # one stop is enough: no second one mid-cleanup
+            signal.signal(s, signal.SIG_IGN)
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        rc = 128 + stop.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if hostfile is not None and command == "srun":
+            hostfile.unlink(missing_ok=True)
+    return rc if rc >= 0 else 128 - rc

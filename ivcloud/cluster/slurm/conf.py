@@ -1,0 +1,311 @@
+"""The Slurm configuration of a cluster, as text: slurm.conf,
+topology.conf, the task prolog, the hook wrappers, the hostfile of an
+arbitrary distribution. Pure functions of the cluster's topology and
+paths; nothing here starts or writes anything (daemons.py does).
+
+Every path Slurm and munge use is under the cluster's state directory
+(SlurmPaths), but for slurmd's spool, which is /tmp/slurmd: each
+instance has a /tmp of its own, as a node has a local disk, and it goes
+away with the instance. Daemons run as root (SlurmUser=root): no
+account is made.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+from ...errors import ClusterError
+from ..jobs import SLURM_JOB_KEY_PREFIX, job_server_paths, slurm_job_key
+from ..topology import HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology
+
+# each instance's own /tmp (holder.py): local to the node, gone with it
+SPOOL_DIR = "/tmp/slurmd"
+PARTITION = "cloud"
+TOPOLOGIES = ("tree", "flat")
+# Seconds before slurmctld sets a silent slurmd's node DOWN and ends its
+# jobs (it pings every third of this); MessageTimeout stays Slurm's 10.
+SLURMD_TIMEOUT_S = 10
+# Seconds between SIGTERM and SIGKILL of a job's tasks at its end, and
+# before an allocation whose srun died is given up.
+KILL_WAIT_S = 5
+INACTIVE_LIMIT_S = 30
+
+
+@dataclass(frozen=True)
+class SlurmPaths:
+    """STATE_DIR/slurm/: what the head node and every instance see."""
+    root: Path
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def topology(self) -> Path:
+        return self.root / "topology.conf"
+
+    @property
+    def mpi_conf(self) -> Path:
+        """Read from beside slurm.conf."""
+        return self.root / "mpi.conf"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def ctld_state(self) -> Path:
+        return self.root / "ctld"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def pid_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Hostfiles of jobs given a rankfile."""
+        return self.root / "jobs"
+
+    @property
+    def task_prolog(self) -> Path:
+        return self.root / "task-prolog"
+
+    @property
+    def prolog(self) -> Path:
+        return self.root / "prolog-slurmctld"
+
+    @property
+    def epilog(self) -> Path:
+        return self.root / "epilog-slurmctld"
+
+    def pidfile(self, daemon: str) -> Path:
+        """munged, slurmctld, or slurmd-NODE."""
+        return self.pid_dir / f"{daemon}.pid"
+
+    def log(self, daemon: str) -> Path:
+        return self.log_dir / f"{daemon}.log"
+
+
+def cluster_name(name: str) -> str:
+    """Slurm's ClusterName: lower case (Slurm maps upper case silently,
+    which would surprise), letters, digits and '_'."""
+    return re.sub(r"[^a-z0-9_]", "_", name.lower())
+
+
+def slurm_conf_text(topo: ClusterTopology, paths: SlurmPaths,
+                    time_slice_s: int = 0) -> str:
+    """slurm.conf. Nodes are the instances (NodeName = hostname, its
+    address, vCPUs as CPUs: SlurmdParameters=config_overrides makes
+    slurmd report these, not the host's). No cgroups (nested ones may
+    not be usable here): processes tracked by their parentage
+    (proctrack/linuxproc), no task binding (an instance's affinity is
+    its vCPU set already). time_slice_s > 0: gang scheduling, two jobs
+    per CPU taking turns (docs/operators.md, "Slurm")."""
+    p = paths
+    lines = [
+        "# the emulated cluster's Slurm (ivcloud/cluster/slurm/conf.py)",
+        f"ClusterName={cluster_name(topo.name)}",
+        f"SlurmctldHost={HEAD_HOSTNAME}({HEAD_ADDRESS})",
+        "SlurmUser=root",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={p.munge_socket}",
+        "CredType=cred/munge",
+        f"StateSaveLocation={p.ctld_state}",
+        f"SlurmdSpoolDir={SPOOL_DIR}",
+        f"SlurmctldPidFile={p.pidfile('slurmctld')}",
+        f"SlurmdPidFile={p.pid_dir}/slurmd-%n.pid",
+        f"SlurmctldLogFile={p.log('slurmctld')}",
+        f"SlurmdLogFile={p.log_dir}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SwitchType=switch/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=pmix",
+        "TopologyPlugin=topology/tree",
+        "ReturnToService=2",
+        f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+        f"KillWait={KILL_WAIT_S}",
+        f"InactiveLimit={INACTIVE_LIMIT_S}",
+        "JobRequeue=0",
+        "MailProg=/bin/true",
+        f"PrologSlurmctld={p.prolog}",
+        f"EpilogSlurmctld={p.epilog}",
+        f"TaskProlog={p.task_prolog}",
+    ]
+    oversubscribe = "NO"
+    if time_slice_s:
+        lines += ["PreemptMode=GANG", f"SchedulerTimeSlice={time_slice_s}"]
+        oversubscribe = "FORCE:2"
+    for inst in _boot_order(topo):
+        lines.append(f"NodeName={inst.hostname} NodeAddr={inst.address} "
+                     f"CPUs={topo.vcpus} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES "
+                 f"MaxTime=INFINITE State=UP OverSubscribe={oversubscribe}")
+    return "\n".join(lines) + "\n"
+
+
+def _boot_order(topo: ClusterTopology):
+    """The instances in the order a cloud spreading them over its
+    servers starts them (s0i0, s1i0, s0i1, ...): nothing in Slurm's
+    node list says which share a server; only topology.conf does."""
+    return sorted(topo.instance_list(), key=lambda i: (i.index, i.server))
+
+
+def mpi_conf_text() -> str:
+    """mpi.conf: every PMIx fence over Slurm's ring. Slurm 22.05 runs
+    fences without data (Open MPI's barrier in MPI_Finalize) over its
+    tree algorithm by default, and that one let ranks leave MPI_Finalize
+    while a peer had not reached it yet (tests/test_slurm.py): a rank
+    could then exit before a co-resident peer read its last message
+    from the region."""
+    return ("# ivcloud/cluster/slurm/conf.py: fences over the ring, which\n"
+            "# synchronises (the tree did not: see mpi_conf_text)\n"
+            "PMIxCollFence=ring\n")
+
+
+def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:
+    """topology.conf for the tree plugin. tree: a leaf switch per server
+    over its instances, a top switch over the leaves, so that Slurm
+    gives a job the fewest servers that hold it. flat: one switch over
+    every instance, so that Slurm cannot tell servers apart (a
+    topology-blind allocation, for comparison)."""
+    if shape not in TOPOLOGIES:
+        raise ClusterError(f"unknown Slurm topology '{shape}' (choose from "
+                           f"{', '.join(TOPOLOGIES)})")
+    if shape == "flat":
+        nodes = ",".join(i.hostname for i in _boot_order(topo))
+        return f"SwitchName=top Nodes={nodes}\n"
+    lines = []
+    for srv in topo.server_list():
+        nodes = ",".join(i.hostname for i in topo.instance_list()
+                         if i.server == srv.index)
+        lines.append(f"SwitchName=s{srv.index} Nodes={nodes}")
+    leaves = ",".join(f"s{s.index}" for s in topo.server_list())
+    lines.append(f"SwitchName=top Switches={leaves}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- tasks
+
+def openmpi_task_env(native_btl_dir: str, stock_dir: str) -> Dict[str, str]:
+    """Open MPI 4.1 with our BTL, as ivcloud.mpi.mpirun_command sets it
+    for ivshmem: the component path, ob1 (the PML that drives BTLs),
+    vader inside an instance, ivshmem between co-resident ones, tcp for
+    the rest; one-sided operations as messages (osc pt2pt), which
+    mpi4py must then not ask MPI_THREAD_MULTIPLE of."""
+    return {"OMPI_MCA_mca_base_component_path": f"{stock_dir}:{native_btl_dir}",
+            "OMPI_MCA_pml": "ob1",
+            "OMPI_MCA_btl": "self,vader,ivshmem,tcp",
+            "OMPI_MCA_osc": "pt2pt",
+            "MPI4PY_RC_THREAD_LEVEL": "serialized"}
+
+
+# The hook for MPIs: each entry gives the variables a task of that MPI
+# needs to use the job's region without options of its own (its
+# arguments: our native build's BTL directory and Open MPI's component
+# directory). An entry for the libfabric provider's MPIs goes here.
+TASK_ENVIRONMENTS: Dict[str, Callable[[str, str], Dict[str, str]]] = {
+    "openmpi": openmpi_task_env,
+}
+
+
+def task_prolog_text(topo: ClusterTopology, servers_dir: Path,
+                     env: Dict[str, str]) -> str:
+    """Slurm's TaskProlog, run before every task on its node: its
+    `export` lines set the task's IVSHM_SOCKET, the socket of the job's
+    region on the node's server (made by the PrologSlurmctld, hooks.py),
+    and the MPI variables of `env` that the task does not set itself.
+    A shell script, not Python: it runs once per task."""
+    cases = []
+    for srv in topo.server_list():
+        nodes = "|".join(i.hostname for i in topo.instance_list()
+                         if i.server == srv.index)
+        # the socket jobs.job_server_paths gives jobs.slurm_job_key(ID)
+        sample = job_server_paths(servers_dir, srv.name, srv.index,
+                                  slurm_job_key(0))
+        sock = (f"{sample.dir.parent}/{SLURM_JOB_KEY_PREFIX}${{SLURM_JOB_ID}}"
+                f"s{srv.index}/{sample.socket.name}")
+        cases.append(f'  {nodes}) echo "export IVSHM_SOCKET={sock}" ;;')
+    lines = ["#!/bin/sh",
+             "# Slurm TaskProlog (ivcloud/cluster/slurm/conf.py): the task's",
+             "# region, and what its MPI needs to use it; a variable the",
+             "# task sets itself wins.",
+             'case "$SLURMD_NODENAME" in', *cases, "esac"]
+    for key, value in env.items():
+        lines.append(f'[ -n "${{{key}+set}}" ] || '
+                     f'echo {shlex.quote(f"export {key}={value}")}')
+    return "\n".join(lines) + "\n"
+
+
+def hook_script_text(hook: str, state_dir: Path, repo: Path,
+                     native_dir: Path, cluster: str, log: Path) -> str:
+    """PrologSlurmctld / EpilogSlurmctld: slurmctld runs them with a
+    bare environment (no PATH), so everything is spelled out."""
+    return ("#!/bin/sh\n"
+            f"# Slurm's {hook.capitalize()}Slurmctld of cluster {cluster} "
+            f"(ivcloud/cluster/slurm/hooks.py)\n"
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+            f"PYTHONPATH={shlex.quote(str(repo))}\n"
+            f"IVCLOUD_NATIVE_DIR={shlex.quote(str(native_dir))}\n"
+            f"IVCLOUD_CLUSTER={shlex.quote(cluster)}\n"
+            "export PATH PYTHONPATH IVCLOUD_NATIVE_DIR IVCLOUD_CLUSTER\n"
+            f"exec {shlex.quote(sys.executable)} -m ivcloud.cluster.slurm.hooks "
+            f"{hook} --state-dir {shlex.quote(str(state_dir))} "
+            f">> {shlex.quote(str(log))} 2>&1\n")
+
+
+def hostfile_text(hosts: Sequence[str]) -> str:
+    """SLURM_HOSTFILE of `srun --distribution=arbitrary`: task i runs on
+    line i's node."""
+    return "".join(f"{h}\n" for h in hosts)
+
+
+def hosts_of_rankfile(text: str, known: Sequence[str]) -> List[str]:
+    """The host of each rank, in rank order, of an Open MPI rankfile
+    (`rank R=HOST slot=...`, as `ivcloud place --cluster` writes);
+    ClusterError for a line that is not one, a rank missing, or a host
+    that is not an instance."""
+    by_rank: Dict[int, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"rank\s+(\d+)\s*=\s*(\S+)(\s+slot=\S+)?", line)
+        if not m:
+            raise ClusterError(f"rankfile line {n}: expected 'rank R=HOST "
+                               f"slot=S', not '{line}'")
+        rank, host = int(m.group(1)), m.group(2)
+        if host not in known:
+            raise ClusterError(f"rankfile line {n}: '{host}' is not an "
+                               f"instance of the cluster")
+        if rank in by_rank:
+            raise ClusterError(f"rankfile line {n}: rank {rank} twice")
+        by_rank[rank] = host
+    if not by_rank:
+        raise ClusterError("the rankfile places no rank")
+    missing = sorted(set(range(len(by_rank))) - set(by_rank))
+    if missing:
+        raise ClusterError(f"the rankfile places no rank {missing[0]}")
+    return [by_rank[r] for r in range(len(by_rank))]

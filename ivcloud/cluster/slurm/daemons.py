@@ -1,0 +1,281 @@
+"""Bringing a cluster's Slurm up (`cluster up --scheduler slurm`), and
+what `status` says of it.
+
+During `up` (lifecycle.Build calls these):
+
+  files step   STATE_DIR/slurm/: a munge key of the cluster's own,
+               slurm.conf, topology.conf, the task prolog and the
+               controller's hooks (conf.py); the directory is then kept
+               visible inside every instance (holder.py covers the rest
+               of the run dir);
+  slurm step   once the head node is up: munged (its own key, socket,
+               pid, seed and log under slurm/munge and slurm/log: the
+               host's munge is never touched) and slurmctld in the head
+               node, `slurmd -N HOST` in every instance; then until
+               every node is idle.
+
+Every daemon is started through the launch agent's way into a holder
+(launch.enter_command), so it lives in the cluster's namespaces and
+carries IVCLOUD_CLUSTER: `down`'s sweep stops it with everything else
+there, also after `up` was killed, and removing the state directory
+removes every file. Nothing outside it is written, and no account is
+made (SlurmUser=root).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+from ... import procfs
+from ...errors import ClusterError, ClusterFailure, LaunchError
+from ...mpi import MpiSetupError, component_dir, stock_component_dir
+from ..jobs import SLURM_JOB_KEY_LONGEST, job_server_paths
+from ..launch import enter_command
+from ..state import StateDir
+from ..topology import HEAD_HOSTNAME, ClusterTopology
+from .conf import (TASK_ENVIRONMENTS, SlurmPaths, hook_script_text,
+                   mpi_conf_text, slurm_conf_text, task_prolog_text,
+                   topology_conf_text)
+
+if TYPE_CHECKING:
+    from ..kinds import InstanceKind
+    from ..lifecycle import Build
+
+SCHEDULERS = ("none", "slurm")
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("srun", "sbatch", "scontrol", "sinfo", "squeue")
+# Slurm's mpi/pmix plugin dlopens this name (libpmix-dev has it)
+PMIX_LIBRARY = "libpmix.so"
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+                "/usr/local/lib")
+READY_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 30.0
+_SUN_PATH_MAX = 107
+MIN_TIME_SLICE_S = 5      # Slurm's bounds of SchedulerTimeSlice
+MAX_TIME_SLICE_S = 65533
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What `cluster up --scheduler slurm` was asked for."""
+    time_slice_s: int = 0   # > 0: gang scheduling with slices this long
+
+
+def paths_of(sd: StateDir) -> SlurmPaths:
+    return SlurmPaths(sd.dir / "slurm")
+
+
+def binary(name: str) -> Optional[str]:
+    return shutil.which(name, path="/usr/local/sbin:/usr/local/bin:"
+                                   "/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+class Slurm:
+    """The scheduler of a cluster that `up` builds."""
+
+    def __init__(self, options: SlurmOptions = SlurmOptions()):
+        self.options = options
+
+    def preflight(self, topo: ClusterTopology, sd: StateDir,
+                  kind: "InstanceKind") -> None:
+        """Refusals before anything exists (ClusterError: bad input)."""
+        if not kind.runs_slurmd:   # kinds.choose says so to the CLI
+            raise ClusterError(f"{kind.name} instances cannot run slurmd",
+                               setting="scheduler")
+        slice_s = self.options.time_slice_s
+        if slice_s and not MIN_TIME_SLICE_S <= slice_s <= MAX_TIME_SLICE_S:
+            raise ClusterError(f"a time slice must be {MIN_TIME_SLICE_S}.."
+                               f"{MAX_TIME_SLICE_S} s, not {slice_s}",
+                               setting="slurm_time_slice")
+        missing = [n for n in DAEMONS + CLIENTS if binary(n) is None]
+        if not any(Path(d, PMIX_LIBRARY).exists() for d in LIBRARY_DIRS):
+            missing.append(PMIX_LIBRARY)
+        if missing:
+            raise ClusterError(f"Slurm needs {', '.join(missing)}"
+                               f" (apt-get install slurmctld slurmd "
+                               f"slurm-client munge libpmix-dev)",
+                               setting="scheduler")
+        try:
+            component_dir()
+            stock_component_dir()
+        except MpiSetupError as e:
+            raise ClusterError(str(e))
+        paths = paths_of(sd)
+        if len(str(paths.munge_socket)) > _SUN_PATH_MAX:
+            raise ClusterError(f"run dir {sd.run_dir} is too long for "
+                               f"munge's socket", setting="run_dir")
+        for srv in topo.server_list():
+            job_server_paths(sd.servers, srv.name, srv.index,
+                             SLURM_JOB_KEY_LONGEST)   # refuses long sockets
+
+    def record(self, sd: StateDir) -> Dict:
+        paths = paths_of(sd)
+        return {"scheduler": "slurm",
+                "slurm": {"dir": str(paths.root), "conf": str(paths.conf),
+                          "topology": "tree",
+                          "time_slice_s": self.options.time_slice_s,
+                          "daemons": {}}}
+
+    # ------------------------------------------------------------ up
+
+    def write_files(self, b: "Build") -> None:
+        """Everything Slurm and munge read, under STATE_DIR/slurm (which
+        the instances are then given to see)."""
+        from ...native import native_dir
+        paths = paths_of(b.sd)
+        for d in (paths.root, paths.munge_dir, paths.log_dir, paths.pid_dir,
+                  paths.jobs_dir):
+            d.mkdir(mode=0o755)
+        paths.ctld_state.mkdir(mode=0o700)
+        # munged wants its key private to its user (root here)
+        fd = os.open(paths.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                     0o400)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(1024))
+        paths.conf.write_text(slurm_conf_text(b.topo, paths,
+                                              self.options.time_slice_s))
+        paths.topology.write_text(topology_conf_text(b.topo, "tree"))
+        paths.mpi_conf.write_text(mpi_conf_text())
+        env: Dict[str, str] = {}
+        for make in TASK_ENVIRONMENTS.values():
+            env.update(make(str(component_dir()), str(stock_component_dir())))
+        _write_script(paths.task_prolog,
+                      task_prolog_text(b.topo, b.sd.servers, env))
+        repo = Path(__file__).resolve().parents[3]
+        for hook, path in (("prolog", paths.prolog),
+                           ("epilog", paths.epilog)):
+            _write_script(path, hook_script_text(
+                hook, b.sd.dir, repo, native_dir().resolve(), b.topo.name,
+                paths.log("hooks")))
+        b.keep_visible.append(paths.root)
+
+    def start(self, b: "Build") -> None:
+        """munged and slurmctld in the head node, slurmd in every
+        instance, then until every node is idle."""
+        paths = paths_of(b.sd)
+        daemons = b.state["slurm"]["daemons"]
+        b.step("slurm munged")
+        _start(b.state, HEAD_HOSTNAME, [
+            binary("munged"), f"--socket={paths.munge_socket}",
+            f"--key-file={paths.munge_key}",
+            f"--pid-file={paths.pidfile('munged')}",
+            f"--seed-file={paths.munge_dir / 'munged.seed'}",
+            f"--log-file={paths.log('munged')}"], paths.log("munged"))
+        daemons["munged"] = _daemon_record(paths.pidfile("munged"),
+                                           HEAD_HOSTNAME)
+        b.step("slurm slurmctld")
+        _start(b.state, HEAD_HOSTNAME, [binary("slurmctld")],
+               paths.log("slurmctld"))
+        daemons["slurmctld"] = _daemon_record(paths.pidfile("slurmctld"),
+                                              HEAD_HOSTNAME)
+        b.save()
+        for inst in b.topo.instance_list():
+            b.step(f"slurm slurmd {inst.hostname}")
+            name = f"slurmd-{inst.hostname}"
+            _start(b.state, inst.hostname,
+                   [binary("slurmd"), "-N", inst.hostname], paths.log(name))
+            daemons[name] = _daemon_record(paths.pidfile(name),
+                                           inst.hostname)
+            b.save()
+        b.step("slurm nodes")
+        from .client import wait_idle
+        wait_idle(b.state, READY_TIMEOUT_S)
+        b.log(f"  slurm: slurmctld on {HEAD_HOSTNAME}, slurmd on "
+              f"{len(b.topo.instance_list())} instances "
+              f"(SLURM_CONF={paths.conf})")
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def slurm_env(state: Dict, base: Dict[str, str]) -> Dict[str, str]:
+    return {**base, "SLURM_CONF": state["slurm"]["conf"]}
+
+
+def _start(state: Dict, host: str, argv: List[str], log: Path) -> None:
+    """Run a daemon's start command in holder `host` (it forks the
+    daemon and returns); its early complaints go to `log`."""
+    try:
+        full, env, cpus = enter_command(state, host, argv)
+    except LaunchError as e:
+        raise ClusterFailure(str(e))
+    with open(log, "ab") as out:
+        try:
+            p = subprocess.run(full, env=slurm_env(state, env), cwd="/",
+                               stdin=subprocess.DEVNULL, stdout=out,
+                               stderr=out, timeout=START_TIMEOUT_S,
+                               preexec_fn=lambda: os.sched_setaffinity(0,
+                                                                       cpus))
+        except subprocess.TimeoutExpired:
+            raise ClusterFailure(f"{Path(argv[0]).name} on {host} did not "
+                                 f"start within {START_TIMEOUT_S:.0f} s")
+    if p.returncode != 0:
+        raise ClusterFailure(f"{Path(argv[0]).name} on {host} failed: "
+                             f"{last_line(log) or f'exit {p.returncode}'}")
+
+
+def _daemon_record(pidfile: Path, host: str, timeout_s: float = 10.0
+                   ) -> Dict:
+    """{pid, start, host} of the daemon that writes `pidfile`, once it
+    has."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = _read_pid(pidfile)
+        start = procfs.start_time(pid) if pid else None
+        if start is not None:
+            return {"pid": pid, "start": start, "host": host}
+        if time.monotonic() > deadline:
+            raise ClusterFailure(f"{pidfile.name[:-4]} on {host} wrote no "
+                                 f"pid file ({pidfile})")
+        time.sleep(0.05)
+
+
+def _read_pid(pidfile: Path) -> Optional[int]:
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return ""
+    return " ".join(lines[-1].split()) if lines else ""
+
+
+# ---------------------------------------------------------------- status
+
+def daemon_alive(rec: Dict) -> bool:
+    return rec.get("pid") is not None and \
+        procfs.start_time(rec["pid"]) == rec.get("start")
+
+
+def status(state: Dict) -> Optional[Dict]:
+    """For `cluster status`: each daemon's pid and whether it lives, and
+    the nodes' states as slurmctld sees them; None without Slurm."""
+    if state.get("scheduler") != "slurm":
+        return None
+    from .client import node_states
+    daemons = {name: {"pid": rec.get("pid"), "host": rec.get("host"),
+                      "alive": daemon_alive(rec)}
+               for name, rec in state["slurm"].get("daemons", {}).items()}
+    try:
+        nodes = node_states(state)
+    except ClusterFailure:
+        nodes = {}
+    return {"conf": state["slurm"]["conf"],
+            "topology": state["slurm"].get("topology", "tree"),
+            "daemons": daemons, "nodes": nodes,
+            "healthy": bool(daemons) and all(d["alive"]
+                                             for d in daemons.values())}

@@ -1,0 +1,512 @@
+"""Demagnetizing field on a regular grid of cuboid cells (`method = "grid"`).
+
+The finite-element magnetization M(x) = sum_i phi_i(x) Ms_i m_i (P1) is
+transferred to a regular grid of cells over the mesh's bounding box, the
+grid's field is the exact cell-to-cell demagnetizing tensor of Newell
+(newell.py) applied by FFT convolution, and the field comes back to the
+nodes through the adjoint of the transfer:
+
+    M_c = sum_i T_ci m_i                 T_ci = Ms_i <phi_i>_c
+    H_c = -sum_c' N(c - c') M_c'         (zero-padded FFT convolution)
+    H_i = sum_c V_c T_ci H_c / (Ms_i V_i)
+
+<phi_i>_c is the average of the hat function over cell c (outside the
+body M = 0), computed exactly by cutting the elements along the grid
+planes. The third line being the second's adjoint, the grid's energy
+E = -(mu0/2) sum_c V_c M_c.H_c equals the nodal one the solver uses,
+-(mu0/2) sum_i Ms_i V_i m_i.H_i, and H_i is -1/(mu0 Ms_i V_i) times its
+gradient with respect to m_i: the field stays the energy's gradient
+whatever the grid, so energy minimisation and the energy balance of
+the dynamics hold exactly (tests/micromag/test_demag_grid.py).
+
+Where it is exact: for a body that fills its bounding box (boxes,
+films; the grid then covers it exactly) and a magnetization uniform
+over every cell the grid field is exact, so a uniformly magnetized box
+gets Aharoni's factors to round-off whatever the cell count. Otherwise
+the error is the cell averaging of M (second order in the cell size
+against the length on which m turns) and, for curved or holed bodies,
+the staircase of the cells the surface cuts (first order): there the
+FEM/BEM methods (demag.py) are the accurate ones.
+
+Grid spacing: along each axis the largest spacing that divides the
+bounding box evenly and is at most (a) the mesh's element extent along
+the axis, or the integer fraction of it that also meets (b) length *
+sqrt(tol / GRID_ERROR_COEF), `length` the smallest exchange length of
+the materials: (b) is where the measured relative error of the grid's
+energy of a magnetization turning on that length is tol
+(docs/mag-demag.md, "Grid method"). On a structured mesh the grid
+planes then pass through its nodes.
+
+Parallel: every rank holds the transfer's columns of its own nodes. One
+field: a sparse product per rank, a reduce-scatter of the partial grids
+onto the slabs of a distributed real-to-complex FFT (mpi4py-fft, FFTW),
+the kernel product in Fourier space, the inverse FFT, an allgather of
+the field on the grid (3 numbers per cell) and a sparse product per
+rank. One rank uses scipy.fft, and so does every rank where mpi4py-fft
+is missing (each the whole grid).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..constants import MU0
+from ..errors import ProblemError, SetupError
+from .base import Term
+from .newell import full_tensor, octant_tensor
+
+# The relative error of the grid's demagnetizing energy of a
+# magnetization that turns on the length l, in cells of size h, is
+# about GRID_ERROR_COEF (h/l)^2 (measured on smooth fields and a vortex
+# in a cube: 0.03-0.065; docs/mag-demag.md, "Grid method").
+GRID_ERROR_COEF = 0.07
+# Default relative energy accuracy the grid spacing is chosen for: cells
+# of up to 0.65 exchange lengths, where the P1 elements' own error is of
+# the same order, so the default grid follows the mesh.
+GRID_TOL = 0.03
+
+
+class CellGrid:
+    """A regular grid of n = (nx, ny, nz) cells of size h from `origin`;
+    cell (i, j, k) has the flat index (i ny + j) nz + k."""
+
+    def __init__(self, origin, h, n):
+        self.origin = np.asarray(origin, dtype=float)
+        self.h = np.asarray(h, dtype=float)
+        self.n = tuple(int(v) for v in n)
+        self.cells = int(np.prod(self.n))
+        self.cell_volume = float(np.prod(self.h))
+
+    def __repr__(self) -> str:
+        return (f"CellGrid({' x '.join(map(str, self.n))} cells of "
+                f"{' x '.join(f'{v * 1e9:.4g}' for v in self.h)} nm)")
+
+
+def element_extent(points, tets) -> np.ndarray:
+    """Median extent of the elements along each axis (m)."""
+    p = points[tets]
+    return np.median(p.max(axis=1) - p.min(axis=1), axis=0)
+
+
+def exchange_length(Ms, A) -> float:
+    """The smallest sqrt(2 A / (mu0 Ms^2)) of the materials with A > 0
+    and Ms > 0 (m), or inf."""
+    Ms, A = np.asarray(Ms, dtype=float), np.asarray(A, dtype=float)
+    ok = (Ms > 0) & (A > 0)
+    if not ok.any():
+        return math.inf
+    return float(np.sqrt(2.0 * A[ok] / (MU0 * Ms[ok] ** 2)).min())
+
+
+def grid_for(points, tets, tol: float = GRID_TOL,
+             length: float = math.inf, spacing=None) -> CellGrid:
+    """The grid over the mesh's bounding box: spacing from the tolerance
+    (module docstring) or, if given, at most `spacing` ((3,) or a
+    number, m) along each axis."""
+    lo, hi = points.min(axis=0), points.max(axis=0)
+    extent = hi - lo
+    if spacing is not None:
+        target = np.broadcast_to(np.asarray(spacing, dtype=float), (3,))
+        if not np.all(target > 0):
+            raise ProblemError("demag grid spacing must be positive")
+    else:
+        if not 0.0 < tol <= 1.0:
+            raise ProblemError("demag grid_tol must be in (0, 1]")
+        # the element extent, or an integer fraction of it: on a
+        # structured mesh the grid planes then pass through its nodes
+        # and cut no element in the first case
+        element = element_extent(points, tets)
+        bound = length * math.sqrt(tol / GRID_ERROR_COEF)
+        target = element / np.ceil(element / np.minimum(element, bound)
+                                   * (1.0 - 1e-9))
+    n = np.maximum(1, np.ceil(extent / target * (1.0 - 1e-9))).astype(int)
+    return CellGrid(lo, extent / n, n)
+
+
+# ---------------------------------------------------------------- transfer
+
+# A vertex this close to a grid plane (relative to the cell size) lies on
+# it: the plane does not cut the element there.
+_PLANE_TOL = 1e-9
+
+# How a tetrahedron whose vertices are ordered "above the plane first"
+# splits, by the number of vertices above: the edges it cuts (their
+# points are numbered 4, 5, ... in this order) and the pieces above and
+# below as tetrahedra over the vertices 0-3 and those points. A prism
+# (two triangles a b c / a' b' c') is the three tetrahedra a b c a',
+# b c a' b', c a' b' c'.
+_SPLITS = {
+    # v0 above: a tetrahedron above, the prism v1 v2 v3 / p01 p02 p03
+    1: (((0, 1), (0, 2), (0, 3)),
+        ((0, 4, 5, 6),),
+        ((1, 2, 3, 4), (2, 3, 4, 5), (3, 4, 5, 6))),
+    # v0 v1 above: the prisms v0 p02 p03 / v1 p12 p13 above and
+    # v2 p02 p12 / v3 p03 p13 below
+    2: (((0, 2), (0, 3), (1, 2), (1, 3)),
+        ((0, 4, 5, 1), (4, 5, 1, 6), (5, 1, 6, 7)),
+        ((2, 4, 6, 3), (4, 6, 3, 5), (6, 3, 5, 7))),
+    # v0 v1 v2 above: the prism v0 v1 v2 / p03 p13 p23 above, a
+    # tetrahedron below
+    3: (((0, 3), (1, 3), (2, 3)),
+        ((0, 1, 2, 4), (1, 2, 4, 5), (2, 4, 5, 6)),
+        ((3, 4, 5, 6),)),
+}
+
+
+def _split(tet, parent, axis, planes):
+    """Cut every tetrahedron (K, 4, 3) that a plane of `planes` (sorted
+    coordinates along `axis`) crosses into tetrahedra on either side,
+    until none is crossed. Returns the pieces and their parents."""
+    done_t, done_p = [], []
+    tol = _PLANE_TOL * (planes[1] - planes[0] if len(planes) > 1 else 1.0)
+    while len(tet):
+        x = tet[:, :, axis]
+        lo, hi = x.min(axis=1), x.max(axis=1)
+        # the first plane strictly inside (lo, hi), if any
+        k = np.searchsorted(planes, lo + tol, side="right")
+        cut = k < len(planes)
+        cut[cut] = planes[k[cut]] < hi[cut] - tol
+        done_t.append(tet[~cut])
+        done_p.append(parent[~cut])
+        if not cut.any():
+            break
+        tet, parent, plane = tet[cut], parent[cut], planes[k[cut]]
+        d = tet[:, :, axis] - plane[:, None]
+        d[np.abs(d) <= tol] = 0.0
+        above = d > 0
+        order = np.argsort(~above, axis=1, kind="stable")   # above first
+        v = np.take_along_axis(tet, order[:, :, None], axis=1)
+        dv = np.take_along_axis(d, order, axis=1)
+        n_above = above.sum(axis=1)
+        new_t, new_p = [], []
+        for count, (edges, up, down) in _SPLITS.items():
+            sel = np.flatnonzero(n_above == count)
+            if not len(sel):
+                continue
+            vs, ds = v[sel], dv[sel]
+            pts = np.empty((len(sel), 4 + len(edges), 3))
+            pts[:, :4] = vs
+            for i, (a, b) in enumerate(edges):
+                t = ds[:, a] / (ds[:, a] - ds[:, b])      # da > 0 >= db
+                pts[:, 4 + i] = vs[:, a] + t[:, None] * (vs[:, b] - vs[:, a])
+            for piece in up + down:
+                new_t.append(pts[:, list(piece)])
+                new_p.append(parent[sel])
+        tet = np.concatenate(new_t)
+        parent = np.concatenate(new_p)
+    return np.concatenate(done_t), np.concatenate(done_p)
+
+
+def transfer_matrix(points, tets, Ms_nodes, grid: CellGrid, cols):
+    """T[:, cols[0]:cols[1]] (scipy CSR, cells x owned nodes) for the
+    nodes cols[0] <= i < cols[1]: T_ci = Ms_i <phi_i>_c, exactly. Every
+    element that touches an owned node is cut along the grid planes
+    into tetrahedra inside one cell each; over a piece, phi_i integrates
+    to its volume times phi_i at its centroid (phi_i is linear there).
+    So sum_c V_c T_ci = Ms_i V_i, the lumped mass, to round-off."""
+    import scipy.sparse as sp
+    r0, r1 = cols
+    owned = (tets >= r0) & (tets < r1)
+    sel = np.flatnonzero(owned.any(axis=1))
+    t = tets[sel]
+    p = points[t]                                       # (m, 4, 3)
+    # barycentric coordinates: lambda_k(x) = g_k . (x - centroid) + 1/4
+    inv = np.linalg.inv(p[:, 1:] - p[:, :1])            # columns: grads
+    grads = np.empty((len(t), 4, 3))
+    grads[:, 1:] = np.transpose(inv, (0, 2, 1))
+    grads[:, 0] = -grads[:, 1:].sum(axis=1)
+    centroid = p.mean(axis=1)
+    pieces, parent = p, np.arange(len(t))
+    for axis in range(3):
+        planes = grid.origin[axis] + grid.h[axis] * np.arange(
+            1, grid.n[axis])
+        if len(planes):
+            pieces, parent = _split(pieces, parent, axis, planes)
+    e = pieces[:, 1:] - pieces[:, :1]
+    vol = np.abs(np.einsum("kc,kc->k", e[:, 0],
+                           np.cross(e[:, 1], e[:, 2]))) / 6.0
+    keep = vol > 1e-12 * vol.max() if len(vol) else vol > 0
+    pieces, parent, vol = pieces[keep], parent[keep], vol[keep]
+    mid = pieces.mean(axis=1)
+    idx = np.floor((mid - grid.origin) / grid.h).astype(np.int64)
+    idx = np.clip(idx, 0, np.asarray(grid.n) - 1)
+    cell = (idx[:, 0] * grid.n[1] + idx[:, 1]) * grid.n[2] + idx[:, 2]
+    lam = np.einsum("pkc,pc->pk", grads[parent],
+                    mid - centroid[parent]) + 0.25
+    nodes = t[parent]                                   # (q, 4)
+    q, k = np.nonzero((nodes >= r0) & (nodes < r1))
+    ms = np.broadcast_to(np.asarray(Ms_nodes, dtype=float),
+                         (len(points),))
+    node = nodes[q, k]
+    vals = vol[q] * lam[q, k] * ms[node] / grid.cell_volume
+    T = sp.csr_matrix((vals, (cell[q], node - r0)),
+                      shape=(grid.cells, r1 - r0))
+    T.sum_duplicates()
+    return T
+
+
+# ---------------------------------------------------------------- convolution
+
+def _padded(n: int) -> int:
+    """FFT length for a linear convolution over n cells (1 stays 1)."""
+    if n == 1:
+        return 1
+    from scipy.fft import next_fast_len
+    return next_fast_len(2 * n - 1, real=True)
+
+
+def _apply_kernel(Nk, Mk, out, tmp):
+    """out[a] = -sum_b Nk[ab] Mk[b] with Nk = (xx, yy, zz, xy, xz, yz),
+    complex like Mk (a real factor would be cast at every product);
+    tmp: scratch shaped like one component."""
+    xx, yy, zz, xy, xz, yz = Nk
+    mx, my, mz = Mk
+    for o, (a, b, c) in zip(out, ((xx, xy, xz), (xy, yy, yz),
+                                  (xz, yz, zz))):
+        np.multiply(a, mx, out=o)
+        np.multiply(b, my, out=tmp)
+        o += tmp
+        np.multiply(c, mz, out=tmp)
+        o += tmp
+    np.negative(out, out=out)
+
+
+class _SerialConvolution:
+    """H = -N * M on one rank, scipy.fft (also: every rank the whole
+    grid, where a distributed FFT does not apply). The transforms are
+    pruned: half of the padded input is zeros and half of the output is
+    not wanted, so each 1-d pass runs only over the lines that matter
+    (2x faster than rfftn/irfftn on a 3-d grid)."""
+
+    def __init__(self, grid: CellGrid, octant):
+        from scipy import fft
+        self.fft = fft
+        self.n = grid.n
+        self.axes = [k for k in range(3) if grid.n[k] > 1]
+        self.shape = [_padded(v) for v in grid.n]
+        kernel = full_tensor(octant, self.shape)
+        if self.axes:
+            ax = [1 + k for k in self.axes]
+            self.Nk = fft.rfftn(kernel, axes=ax).real.astype(complex)
+            self._Hk = np.empty((3,) + self.Nk.shape[1:], dtype=complex)
+            self._tmp = np.empty(self.Nk.shape[1:], dtype=complex)
+        else:
+            self.Nk = kernel[:, 0, 0, 0].copy()
+
+    def forward(self, Mg):
+        """The padded transform of (3, nx, ny, nz)."""
+        last = self.axes[-1]
+        X = self.fft.rfft(Mg, n=self.shape[last], axis=1 + last)
+        for a in reversed(self.axes[:-1]):
+            X = self.fft.fft(X, n=self.shape[a], axis=1 + a)
+        return X
+
+    def backward(self, Xk):
+        """The unpadded (3, nx, ny, nz) part of the inverse transform."""
+        X = Xk
+        for a in self.axes[:-1]:
+            X = self.fft.ifft(X, axis=1 + a)
+            X = X[(slice(None),) * (1 + a) + (slice(0, self.n[a]),)]
+        last = self.axes[-1]
+        X = self.fft.irfft(X, n=self.shape[last], axis=1 + last)
+        return X[(slice(None),) * (1 + last) + (slice(0, self.n[last]),)]
+
+    def apply(self, M):
+        """M (cells, 3) -> H (cells, 3) on every cell."""
+        n = self.n
+        if not self.axes:
+            return -(M @ _tensor_matrix(self.Nk))
+        Mg = np.moveaxis(M.reshape(n + (3,)), 3, 0)
+        _apply_kernel(self.Nk, self.forward(Mg), self._Hk, self._tmp)
+        H = self.backward(self._Hk)
+        return np.ascontiguousarray(np.moveaxis(H, 0, 3)).reshape(-1, 3)
+
+
+def _tensor_matrix(N6):
+    """The symmetric 3 x 3 matrix of (xx, yy, zz, xy, xz, yz)."""
+    xx, yy, zz, xy, xz, yz = N6
+    return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+
+
+class _DistributedConvolution:
+    """H = -N * M with the padded grid split in slabs along its first
+    FFT axis over the ranks (mpi4py-fft, FFTW; the three components in
+    one transform, so one global transpose each way): the partial grids
+    of the ranks are summed onto the slabs (reduce-scatter), the field of
+    each slab gathered to every rank."""
+
+    def __init__(self, comm, grid: CellGrid, octant):
+        from mpi4py import MPI
+        from mpi4py_fft import PFFT
+        self.MPI = MPI
+        self.comm = comm
+        self.n = grid.n
+        self.axes = [k for k in range(3) if grid.n[k] > 1]
+        full_shape = [_padded(v) for v in grid.n]
+        pshape = [full_shape[k] for k in self.axes]
+        self.fft = PFFT(comm, [3] + pshape,
+                        axes=tuple(range(1, 1 + len(pshape))),
+                        dtype=float, grid=(1, -1), backend="fftw")
+        phys = self.fft.local_slice(False)
+        x0, x1 = phys[1].start, phys[1].stop
+        lead = self.axes[0]              # the distributed axis of the grid
+        nlead = grid.n[lead]
+        self.lead = lead
+        self.own = (min(x0, nlead), min(x1, nlead))
+        per_layer = grid.cells // nlead * 3
+        spans = comm.allgather(self.own)
+        self.counts = [(b - a) * per_layer for a, b in spans]
+        self.displs = [a * per_layer for a, _ in spans]
+        if sum(self.counts) != grid.cells * 3 or any(
+                d != sum(self.counts[:r]) for r, d in enumerate(
+                    self.displs)):
+            raise SetupError("demag grid: FFT slabs not in rank order")
+        # the kernel's local slab, transformed without normalization (the
+        # forward transform of M normalizes, the backward does not); the
+        # six components in two transforms of three
+        kernel = full_tensor(octant, full_shape, slab=(lead, x0, x1))
+        kernel = kernel.reshape((6,) + tuple(self.fft.shape(False)[1:]))
+        # (forward() returns its own output array, reused by the next call)
+        self.Nk = np.concatenate([
+            self.fft.forward(kernel[:3], normalize=False).real.copy(),
+            self.fft.forward(kernel[3:], normalize=False).real.copy()]
+        ).astype(complex)
+        self._u = np.zeros(self.fft.shape(False))
+        self._Mk = np.empty(self.fft.shape(True), dtype=complex)
+        self._Hk = np.empty_like(self._Mk)
+        self._tmp = np.empty(self._Mk.shape[1:], dtype=complex)
+        self._slab = np.empty(self.counts[comm.Get_rank()])
+        self._H = np.empty(grid.cells * 3)
+        layers = list(self.n)
+        layers[lead] = self.own[1] - self.own[0]
+        self._layers = tuple(layers)
+        self._region = (slice(None),) + tuple(
+            slice(0, layers[k]) for k in self.axes)
+
+    def apply(self, M_partial):
+        """This rank's partial M (cells, 3) -> H (cells, 3) on every
+        cell (collective)."""
+        MPI = self.MPI
+        self.comm.Reduce_scatter(M_partial.reshape(-1), self._slab,
+                                 recvcounts=self.counts, op=MPI.SUM)
+        squeezed = (3,) + tuple(self._layers[k] for k in self.axes)
+        Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
+        self._u[...] = 0.0
+        self._u[self._region] = Mg.reshape(squeezed)
+        self.fft.forward(self._u, self._Mk)
+        _apply_kernel(self.Nk, self._Mk, self._Hk, self._tmp)
+        u = self.fft.backward(self._Hk, self._u)
+        H = u[self._region].reshape((3,) + self._layers)
+        slab = np.ascontiguousarray(np.moveaxis(H, 0, 3)).reshape(-1)
+        self.comm.Allgatherv(slab, [self._H, self.counts, self.displs,
+                                    MPI.DOUBLE])
+        return self._H.reshape(-1, 3)
+
+
+def have_mpi4py_fft() -> bool:
+    """Whether mpi4py-fft (Debian: python3-mpi4py-fft) can be imported."""
+    try:
+        import mpi4py_fft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _distributable(comm, grid: CellGrid) -> bool:
+    """A distributed FFT needs two FFT axes, a slab per rank and
+    mpi4py-fft; without them every rank transforms the whole grid (the
+    same field, without the speed-up of the FFT's share)."""
+    axes = [k for k in range(3) if grid.n[k] > 1]
+    size = comm.Get_size()
+    return (size > 1 and len(axes) >= 2
+            and _padded(grid.n[axes[0]]) >= size and have_mpi4py_fft())
+
+
+# ---------------------------------------------------------------- the term
+
+class GridDemag(Term):
+    """Demagnetizing field by the grid method (module docstring).
+
+    ``GridDemag(space, Ms_nodes, tol=GRID_TOL, length=inf, spacing=None)``:
+    Ms_nodes (A/m per node, (n,) on every rank, or a scalar) as for
+    demag.DemagField; `length` the exchange length the spacing is
+    chosen for (`exchange_length`), `spacing` a fixed upper bound of the
+    cell size instead (m). Collective. ``self.grid`` is the grid,
+    ``self.distributed`` whether the FFT is split over the ranks."""
+
+    name = "demag"
+    quadratic = True
+    method = "grid"
+
+    def __init__(self, space, Ms_nodes, tol: float = GRID_TOL,
+                 length: float = math.inf, spacing=None):
+        super().__init__()
+        import scipy.sparse as sp
+        self.space = space
+        comm = space.comm
+        mesh = space.mesh
+        ms = np.broadcast_to(np.asarray(Ms_nodes, dtype=np.float64),
+                             (space.n,)).copy()
+        if not np.all(np.isfinite(ms)) or np.any(ms < 0):
+            raise ProblemError("Ms must be finite and non-negative")
+        self.Ms = ms
+        self.grid = grid_for(mesh.points, mesh.tets, tol, length, spacing)
+        g = self.grid
+        T = transfer_matrix(mesh.points, mesh.tets, ms, g,
+                            (space.rstart, space.rend))
+        self.T = T
+        # H_i = sum_c V_c T_ci H_c / (Ms_i V_i), with V_i the lumped mass
+        msv = ms[space.rstart:space.rend] * space.mass_local
+        scale = np.divide(1.0, msv, out=np.zeros_like(msv), where=msv > 0)
+        self.T_back = (sp.diags(scale) @ T.T.tocsr()
+                       * g.cell_volume).tocsr()
+        self.distributed = _distributable(comm, g)
+        size = comm.Get_size()
+        octant = octant_tensor(g.n, g.h, part=(comm.Get_rank(), size))
+        if size > 1:
+            from mpi4py import MPI
+            comm.Allreduce(MPI.IN_PLACE, octant, op=MPI.SUM)
+        if self.distributed:
+            self.conv = _DistributedConvolution(comm, g, octant)
+        else:
+            self.conv = _SerialConvolution(g, octant)
+        self.bytes = int(T.data.nbytes * 2 + T.indices.nbytes * 2
+                         + self.conv.Nk.nbytes)
+
+    def grid_magnetization(self, m_local):
+        """This rank's part of M on the grid, (cells, 3) A/m: the sum over
+        the ranks is the grid magnetization."""
+        return self.T @ m_local
+
+    def grid_field(self, m_local, partial=None):
+        """H on every grid cell (cells, 3), A/m, for this rank's m (or its
+        `partial` grid magnetization). Collective."""
+        if partial is None:
+            partial = self.grid_magnetization(m_local)
+        if self.distributed:
+            return self.conv.apply(partial)
+        if self.space.comm.Get_size() > 1:
+            from mpi4py import MPI
+            partial = partial.copy()
+            self.space.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
+        return self.conv.apply(partial)
+
+    def h(self, state, out_vec) -> None:
+        """Overwrite out_vec with H_demag (A/m) at the nodes for state.m."""
+        m = state.m.getArray(readonly=True).reshape(-1, 3)
+        H = self.grid_field(m)
+        with out_vec as out:
+            out.reshape(-1, 3)[:] = self.T_back @ H
+
+    def E(self, state) -> float:
+        """-(mu0/2) sum_c V_c M_c.H_c (J), the same on every rank; equal
+        to the nodal -(mu0/2) sum_i Ms_i V_i m_i.H_i (the transfer's
+        adjoint)."""
+        m = state.m.getArray(readonly=True).reshape(-1, 3)
+        partial = self.grid_magnetization(m)
+        H = self.grid_field(m, partial)
+        local = float(np.einsum("ij,ij->", partial, H))
+        total = self.space.comm.allreduce(local)
+        return -0.5 * MU0 * self.grid.cell_volume * total
