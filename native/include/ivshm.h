@@ -172,6 +172,12 @@ int ivshm_self(const ivshm *h);            /* our registry slot */
 int ivshm_max_peers(const ivshm *h);
 /* 0 and fill *out if `slot` holds a live peer; -ENOENT if free or dead. */
 int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
+/* As ivshm_peer, and also for the peer that held `slot` last if it left
+   or died and nobody has claimed the slot since: 1 and *out filled then.
+   What such a peer published before it went is still delivered
+   (ivshm_recv); this says whose it is. -ENOENT if the slot was never
+   held or is being claimed. */
+int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out);
 /* The generation of `slot`'s peer if it is registered (ACTIVE), else
    -ENOENT (-EINVAL for a bad slot): the cheap half of ivshm_peer, for a
    hot path that only checks who holds a slot. */
@@ -340,7 +346,9 @@ int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
    the generation listed; cells of any other sender that reach our
    shared queue are dropped as met (counted in stats.dropped), so a
    co-tenant writing to us costs neither memory nor the order of the
-   senders we hear, and a receive from it finds nothing.
+   senders we hear, and a receive from it finds nothing. Its last request
+   for a fast channel is remembered (a slot's worth), so a sender that
+   opened one before we listened is heard on it once we do.
    IVSHM_LISTEN_OTHERS_QUEUED: the listed senders on every path; the
    others through our queue only, for a transport that must see a
    stranger's first message to decide whether to trust it (the BTL

@@ -308,9 +308,20 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
                    we deliver from (an earlier one, or a slot being
                    claimed) */
                 drop = ivshm_rx_view(h, src) == RX_NONE ||
-                       out->f.gen != h->peers[src].gen ||
-                       (h->listen_mode == IVSHM_LISTEN_LISTED &&
-                        !ivshm_listened(h, src, out->f.gen));
+                       out->f.gen != h->peers[src].gen;
+                if (!drop && h->listen_mode == IVSHM_LISTEN_LISTED &&
+                    !ivshm_listened(h, src, out->f.gen)) {
+                    drop = true;
+                    /* its request for a channel is kept (the record is
+                       this incarnation's, just checked): a sender that
+                       asks before we listen sends on that ring after, and
+                       ivshm_listen adopts it then */
+                    if (flags & CELL_OPEN)
+                        h->peers[src].open_refused =
+                            out->f.total < h->fast_channels
+                                ? (uint16_t)(out->f.total + 1)
+                                : 0;
+                }
                 h->stats.dropped += drop;
             }
             if (drop) {

@@ -23,12 +23,44 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The FREE or DEAD slot claimed the fewest times (lowest generation,
+   0 for never), or -1. Invariant: a slot whose peer left or died is
+   claimed again as late as the registry allows, because its claim ends
+   the delivery of what that peer published and nobody has read yet
+   (RX_GONE, peer_local.c: a receiver may start reading after the sender
+   is gone). Claims taken this way keep the generations of cycling slots
+   within one of each other, so the slot claimed longest ago goes first,
+   and the one just left last. A co-tenant's forged generations only
+   change the choice; the CAS decides. */
+static int least_claimed(ivshm *h)
+{
+    int best = -1;
+    uint32_t best_gen = 0;
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
+        if (st != PEER_FREE && st != PEER_DEAD)
+            continue;
+        uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+        if (best < 0 || gen < best_gen) {
+            best = (int)s;
+            best_gen = gen;
+        }
+    }
+    return best;
+}
+
 int ivshm_registry_claim(ivshm *h, const ivshm_config *cfg,
                          int32_t doorbell_id, int backend, bool may_sleep,
                          uint32_t *gen_out)
 {
-    for (uint32_t s = 0; s < h->max_peers; s++) {
-        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+    /* a lost CAS means somebody else took that slot: max_peers tries */
+    for (uint32_t tries = 0; tries < h->max_peers; tries++) {
+        int found = least_claimed(h);
+        if (found < 0)
+            break;
+        uint32_t s = (uint32_t)found;
+        struct ivshm_peer_entry *e = ivshm_entry(h, found);
         uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
         if (st != PEER_FREE && st != PEER_DEAD)
             continue;
@@ -183,12 +215,16 @@ int ivshm_max_peers(const ivshm *h)
     return (int)h->max_peers;
 }
 
-int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
+/* The entry of `slot` while its state is one of `want` (a bit per
+   state) and its generation stays: 0 and *out filled, else -ENOENT. */
+static int read_entry(ivshm *h, int slot, ivshm_peer_info *out,
+                      unsigned want)
 {
     if (!ivshm_slot_ok(h, slot) || !out)
         return -EINVAL;
     struct ivshm_peer_entry *e = ivshm_entry(h, slot);
-    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+    uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
+    if (st > PEER_DEAD || !(want & 1u << st))
         return -ENOENT;
     /* Copy field by field, each loaded once; the owner could rewrite
        them, but they are only reported, never used as indices here. */
@@ -201,9 +237,34 @@ int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
     for (size_t i = 0; i < sizeof e->name; i++)
         out->name[i] = __atomic_load_n(&e->name[i], __ATOMIC_RELAXED);
     out->name[sizeof e->name - 1] = '\0';
-    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+    /* still that incarnation: a claim meanwhile changed the state (to
+       CLAIMING) and the generation, before it rewrote the fields */
+    atomic_thread_fence(memory_order_acquire);
+    st = atomic_load_explicit(&e->state, memory_order_relaxed);
+    if (st > PEER_DEAD || !(want & 1u << st) ||
+        atomic_load_explicit(&e->gen, memory_order_relaxed) != out->generation)
         return -ENOENT;
     return 0;
+}
+
+int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
+{
+    return read_entry(h, slot, out, 1u << PEER_ACTIVE);
+}
+
+/* A peer that left (FREE) or died (DEAD) keeps its entry until the slot
+   is claimed again (which bumps the generation first): its identity is
+   still the one of the messages it published (RX_GONE). A FREE slot of
+   generation 0 was never held. */
+int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out)
+{
+    int rc = read_entry(h, slot, out, 1u << PEER_ACTIVE);
+    if (rc != -ENOENT)
+        return rc;
+    rc = read_entry(h, slot, out, 1u << PEER_FREE | 1u << PEER_DEAD);
+    if (rc < 0 || out->generation == 0)
+        return -ENOENT;
+    return 1;
 }
 
 int64_t ivshm_peer_generation(ivshm *h, int slot)

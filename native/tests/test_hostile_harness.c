@@ -67,6 +67,7 @@ struct board {
     uint64_t win_data_off;/* its extent, as created (for the bitmaps)   */
     uint32_t win_nseg;
     _Atomic int stop;
+    _Atomic int d_sent;   /* the departing sender's message is out     */
     _Atomic int d_leave;  /* the departing sender may go               */
     _Atomic uint64_t writes; /* by the adversary */
 };
@@ -639,6 +640,7 @@ static int departing(void *arg)
     REQUIRE(ivshm_fast_open(h, board->v) == 0);
     uint8_t m[8] = {4};
     REQUIRE(ivshm_send(h, board->v, TAG_HONEST, m, sizeof m) == 0);
+    atomic_store(&board->d_sent, 1);
     while (atomic_load(&board->d_leave) == 0 && !atomic_load(&board->stop))
         tu_sleep_ms(1);
     ivshm_detach(h);
@@ -890,17 +892,25 @@ static int exit_now(void *arg)
     return 0;
 }
 
-/* Until the victim reads `slot`'s channel (its OPEN taken). */
+/* Receive from `slot` until the victim reads its channel (its OPEN
+   taken), for 5 s at most: a count of calls would be short on a loaded
+   machine, where a 1 ms receive may return before the sender has run. */
 static void adopt(ivshm *v, int slot)
 {
     uint8_t buf[8192];
-    for (int i = 0; i < 2000 && v->peers[slot].rx_chan < 0; i++)
+    uint64_t end = tu_now_ms() + 5000;
+    while (v->peers[slot].rx_chan < 0 && tu_now_ms() < end)
         (void)ivshm_recv(v, slot, NULL, NULL, buf, sizeof buf, 1);
 }
+
+/* The cases that failed, repeated at the end: a long log is often seen
+   only by its head and tail. */
+static char failed_cases[2048];
 
 static void run_case(const struct field *f, enum mode m)
 {
     static char name[96];
+    const int failed_before = tu_failed;
     snprintf(name, sizeof name, "%s/%s", f->name,
              f->shape == PLAIN ? mode_names[m] : "scenario");
     if (f->shape == CLAIM || f->shape == OPEN)
@@ -965,6 +975,7 @@ static void run_case(const struct field *f, enum mode m)
         if (d < 0)
             goto out;
         ivshm_listen(v, d, (uint32_t)ivshm_peer_generation(v, d));
+        CHECK(TU_EVENTUALLY(atomic_load(&board->d_sent), 5000));
         adopt(v, d);
         CHECK(v->peers[d].rx_chan >= 0);
         atomic_store(&board->d_leave, 1);
@@ -1014,6 +1025,11 @@ static void run_case(const struct field *f, enum mode m)
     CHECK(orc.unlisted == 0);
     CHECK(writes > 0);
 out:
+    if (tu_failed != failed_before &&
+        strlen(failed_cases) + strlen(name) + 2 < sizeof failed_cases) {
+        strcat(failed_cases, " ");
+        strcat(failed_cases, name);
+    }
     atomic_store(&board->stop, 1);
     pid_t kids[] = {ap, hp, hq, up, dp};
     for (size_t k = 0; k < sizeof kids / sizeof *kids; k++)
@@ -1047,5 +1063,7 @@ int main(int argc, char **argv)
             run_case(&fields[f], (enum mode)m);
     }
     printf("%d cases of %d ms\n", cases, case_ms());
+    if (failed_cases[0])
+        printf("failed:%s\n", failed_cases);
     return tu_summary("test_hostile_harness");
 }
