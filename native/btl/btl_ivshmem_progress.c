@@ -449,7 +449,7 @@ static __attribute__((noinline)) int take_unusual(int src, uint32_t gen,
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     ivshmem_rx_msg_t m = {.src = src, .tag = tag, .in_ring = false,
-                          .live_gen = gen, .data = data};
+                          .gen = gen, .data = data};
     const uint64_t t = c->trusted[src];
     if (!t) {
         m.sender = SENDER_UNTRUSTED;
