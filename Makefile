@@ -21,6 +21,7 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   slurmctld slurmd slurm-client munge libpmix-dev
 
 .PHONY: all deps build asan fuzz-build test test-native test-fuzz test-python \
+        test-hostile-long \
         demo bench bench-p2p fuzz clean deb guest-image mag-study
 
 all: build
@@ -77,6 +78,11 @@ guest-image: deb
 # C tests under address+undefined sanitizers, real processes and QEMU.
 test-native: asan
 	cd $(ASAN) && ctest --output-on-failure --timeout 300
+
+# The hostile-peer harness at length (docs/security.md, "libivshm"):
+# each of its cases for 2 s instead of make test's 120 ms (about 7 min).
+test-hostile-long: asan
+	cd $(ASAN) && IVSHM_HOSTILE_MS=2000 ./test_hostile_harness
 
 # Bounded fuzz smoke run of every harness (corpus kept in build/).
 test-fuzz: fuzz-build

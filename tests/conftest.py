@@ -96,6 +96,20 @@ def mpicc(tmp_path_factory):
 
 
 @pytest.fixture
+def other_hostnames():
+    """hosts("vmA:1,vmB:1") -> the mpirun options that start the ranks on
+    this machine, each "node" under its own hostname, as in co-resident
+    VMs (native/btl/tests/fake_rsh.sh as the launch agent). Skips the
+    test without root and `unshare --uts`."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or subprocess.run(
+            ["unshare", "--uts", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
+    agent = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
+    return lambda hosts: ["--host", hosts, "--bind-to", "none",
+                          "--mca", "plm_rsh_agent", str(agent)]
+
+
+@pytest.fixture
 def unique() -> str:
     """A short name no other test run uses."""
     return f"t{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ PROGRAM = REPO / "native" / "btl" / "tests" / "trust_pingpong.c"
 SPAWN = REPO / "native" / "btl" / "tests" / "trust_spawn.c"
 IDLE_SCRIBBLER = REPO / "native" / "btl" / "tests" / "idle_scribbler.c"
 TAIL_SCRIBBLER = REPO / "native" / "btl" / "tests" / "tail_scribbler.c"
-FAKE_RSH = REPO / "native" / "btl" / "tests" / "fake_rsh.sh"
+FOREIGN_RING = REPO / "native" / "btl" / "tests" / "foreign_ring.c"
 RING_SLOTS = 64
 SLOT_SIZE = 4096
 MAX_PEERS = 8
@@ -50,6 +49,10 @@ HOSTILE_SECONDS = 150
 # The hostile co-tenant. argv: region gate result deadline_s flood
 HOSTILE = r'''
 import json, mmap, os, struct, sys, time
+# on the queue for good: the ranks hear a stranger only there (a fast
+# channel it asks for is refused, test_foreign_rings_are_never_read),
+# and there they take and ignore all of the flood
+os.environ["IVSHM_FAST_AFTER"] = "1000000000"
 from ivcloud.native import Channel, IvshmError
 
 TAG = 0x4f4d5049                      # what the BTL used to trust
@@ -94,27 +97,35 @@ full = set()
 gone = set()
 
 def pump(limit=None):
+    """One message per (entry, rank) in turn, until each is full or at
+    `limit`: both entries share a rank's one queue."""
     tagged.reap()  # a crashed rank stays listed until someone reaps
-    for cname, ch in chans.items():
-        for s, v in targets.items():
-            key = f"{cname}:{s}"
-            if s in gone:
-                continue
-            cur = ch.peer(s)
-            if cur is None or cur.generation != v.generation:
-                gone.add(s)
-                continue
-            try:
-                while limit is None or sent[key] < limit:
+    busy = True
+    while busy:
+        busy = False
+        for cname, ch in chans.items():
+            for s, v in targets.items():
+                key = f"{cname}:{s}"
+                if s in gone:
+                    continue
+                cur = ch.peer(s)
+                if cur is None or cur.generation != v.generation:
+                    gone.add(s)
+                    continue
+                if key in full:
+                    continue
+                if limit is not None and sent[key] >= limit:
+                    full.add(key)
+                    continue
+                try:
                     data, tag = payload(sent[key])
                     if not ch.try_send(s, data, tag=tag):
                         full.add(key)
-                        break
+                        continue
                     sent[key] += 1
-                else:
-                    full.add(key)
-            except IvshmError:
-                gone.add(s)
+                    busy = True
+                except IvshmError:
+                    gone.add(s)
 
 # until the queues towards rank 1 (waiting at the gate without reading)
 # are full and `flood` messages went to rank 0 (idling in a barrier: it
@@ -135,6 +146,7 @@ filled = dict(sent)
 time.sleep(1.0)
 open(gate, "w").close()
 while time.monotonic() < deadline and len(gone) < len(targets):
+    full.clear()
     pump()
     time.sleep(0.002)
 json.dump({"filled": filled, "total": sent,
@@ -160,14 +172,14 @@ def spawner(mpicc) -> Path:
     return mpicc(SPAWN)
 
 
-def _scribbler(tmp_path_factory, source: Path) -> Path:
+def _scribbler(tmp_path_factory, source: Path, libs=()) -> Path:
     """A plain C program on libivshm's layout header (native/src)."""
     out = tmp_path_factory.mktemp("scribbler") / source.stem
     proc = subprocess.run(
         ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
          "-I", str(REPO / "native" / "src"),
          "-I", str(REPO / "native" / "include"),
-         "-o", str(out), str(source)],
+         "-o", str(out), str(source), *libs],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return out
@@ -181,6 +193,14 @@ def idle_scribbler(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tail_scribbler(tmp_path_factory) -> Path:
     return _scribbler(tmp_path_factory, TAIL_SCRIBBLER)
+
+
+@pytest.fixture(scope="module")
+def foreign_ring(tmp_path_factory, component) -> Path:
+    """Linked with the build's libivshm.a: it opens channels the way
+    libivshm does."""
+    return _scribbler(tmp_path_factory, FOREIGN_RING,
+                      [str(component.parent / "libivshm.a"), "-lpthread"])
 
 
 @pytest.fixture(scope="module")
@@ -217,22 +237,39 @@ def _finish(job: subprocess.Popen, what: str):
         pytest.fail(f"{what} hung\n{out[-2000:]}\n{err[-2000:]}")
 
 
-def _two_nodes_possible() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    return subprocess.run(["unshare", "--uts", "true"],
-                          capture_output=True).returncode == 0
+def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args, **mpirun):
+    """Format a region, start `cotenant REGION SECONDS` on it, run a 2-rank
+    ping-pong (`pingpong ARGS...`) over the BTL alone, then end the
+    co-tenant with SIGTERM (it must still run then) and collect what it
+    says: (job, out, err, cotenant, c_out, c_err)."""
+    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
+    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
+                  slot_size=SLOT_SIZE)
+    other = _start([str(cotenant), str(shm_path), str(JOB_TIMEOUT)])
+    cmd = mpi.mpirun_command([str(pingpong), *args], 2, transport="ivshmem",
+                             region=shm_path, tcp_fallback=False, **mpirun)
+    job = _start(cmd)
+    try:
+        out, err = _finish(job, "the job")
+        # the co-tenant ran the whole time: end it, then ask what it did
+        assert other.poll() is None, other.communicate()
+        os.killpg(other.pid, 15)
+        c_out, c_err = other.communicate(timeout=30)
+    finally:
+        _kill(job)
+        _kill(other)
+    return job, out, err, other, c_out, c_err
 
 
 @pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
 def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
-                                          tmp_path, nodes):
+                                          tmp_path, nodes, request):
     """one_node: ob1 adds both ranks in MPI_Init (add_procs). two_nodes:
     the ranks get their own hostnames, as in co-resident VMs, so ob1 adds
     the peer lazily and the BTL admits it from the registry + modex
     first: the hostile's forged rank 1 meets that path."""
-    if nodes == "two_nodes" and not _two_nodes_possible():
-        pytest.skip("needs root and unshare --uts (fake_rsh.sh)")
+    hosts = request.getfixturevalue("other_hostnames") \
+        if nodes == "two_nodes" else None
     size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
@@ -244,9 +281,8 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
         [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
         region=shm_path, tcp_fallback=False,
         extra_mca=[("btl_ivshmem_verbose", "2")])
-    if nodes == "two_nodes":
-        cmd[1:1] = ["--host", "vmA:1,vmB:1", "--bind-to", "none",
-                    "--mca", "plm_rsh_agent", str(FAKE_RSH)]
+    if hosts:
+        cmd[1:1] = hosts("vmA:1,vmB:1")
     job = _start(cmd)
     try:
         out, err = _finish(job, "the job")
@@ -329,27 +365,15 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
     which asks ivshm_recv_idle (the head slot of each fast ring, the
     queue head cell and enqueue_pos) before it peeks. A co-tenant process
     keeps writing there what the job must survive: published ring
-    messages made to look empty (shown again by the receiver's sweep),
+    messages made to look empty (shown again by the receiver's sweep
+    within 200 ms; at most one per 1024 slots a ring's receiver took, so
+    the job's time does not grow with the machine's load),
     "empty" garbage in free slots and cells, enqueue_pos out of range.
     The ping-pong completes with every byte checked, and the scribbler
     was at work during it."""
-    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
-    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
-                  slot_size=SLOT_SIZE)
-    scribbler = _start([str(idle_scribbler), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), "-", "2000", "test"], 2,
-                             transport="ivshmem", region=shm_path,
-                             tcp_fallback=False, verbose_btl=True)
-    job = _start(cmd)
-    try:
-        out, err = _finish(job, "the job")
-        # the scribbler ran the whole time: end it, then ask what it did
-        assert scribbler.poll() is None, scribbler.communicate()
-        os.killpg(scribbler.pid, 15)
-        s_out, s_err = scribbler.communicate(timeout=30)
-    finally:
-        _kill(job)
-        _kill(scribbler)
+    job, out, err, scribbler, s_out, s_err = _pingpong_beside(
+        idle_scribbler, pingpong, shm_path, ["-", "2000", "test"],
+        verbose_btl=True)
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (2000 round trips)" in out, described
@@ -366,30 +390,19 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
 def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
                                        shm_path):
     """A co-tenant rewinds the consumer tails of the job's fast rings
-    (bursts of 20 ms, then 20 ms of quiet) during a ping-pong of every
+    (bursts of 20 ms, then 20 ms of quiet; a ring again only once the
+    send refused on it got through: by time alone, on a loaded machine
+    refusals chained across bursts to the BTL's 2 s bound, and it
+    aborted the job) during a ping-pong of every
     size from 0 B to 1 MiB. A sender that loads such a tail gets
     IVSHM_ECORRUPT for that send (nothing went out); the BTL queues it and
     tries again, and the receiver puts its tail back when it finds its
     ring empty. Before, the BTL failed the peer at the first refusal and
     the job aborted. Every byte is checked, the job ends cleanly, and at
     least one send was refused and retried."""
-    size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
-    format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
-                  slot_size=SLOT_SIZE)
-    scribbler = _start([str(tail_scribbler), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), "-", "20000"], 2,
-                             transport="ivshmem", region=shm_path,
-                             tcp_fallback=False,
-                             extra_mca=[("btl_ivshmem_verbose", "2")])
-    job = _start(cmd)
-    try:
-        out, err = _finish(job, "the job")
-        assert scribbler.poll() is None, scribbler.communicate()
-        os.killpg(scribbler.pid, 15)
-        s_out, s_err = scribbler.communicate(timeout=30)
-    finally:
-        _kill(job)
-        _kill(scribbler)
+    job, out, err, scribbler, s_out, s_err = _pingpong_beside(
+        tail_scribbler, pingpong, shm_path, ["-", "20000"],
+        extra_mca=[("btl_ivshmem_verbose", "2")])
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (20000 round trips)" in out, described
@@ -403,3 +416,22 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
     # refused in about one run of six here, hence 20000 (about 12 s,
     # every run here refused 0.3-16 million sends).
     assert sum(refused.values()) >= 1, (refused, s_out)
+
+
+def test_foreign_rings_are_never_read(pingpong, foreign_ring, component,
+                                      shm_path):
+    """A co-tenant that is no rank of the job (a foreign Open MPI job, and
+    a job of nobody) takes a fast channel of each rank's receive area,
+    announces it with an OPEN cell through the rank's queue, and keeps
+    sending on the ring. The BTL hears only the ranks it verified
+    (ivshm_listen_only): the OPEN is refused and the ring never read, as
+    its consumer tail shows; the ping-pong completes."""
+    job, out, err, hostile, h_out, h_err = _pingpong_beside(
+        foreign_ring, pingpong, shm_path, ["-", "2000"], verbose_btl=True)
+    described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    assert job.returncode == 0, described
+    assert "PASS trust_pingpong (2000 round trips)" in out, described
+    assert hostile.returncode == 0, h_err
+    res = json.loads(h_out)
+    assert res["ranks"] == 2 and res["opened"] == 4, res
+    assert res["read"] == 0, res

@@ -1,6 +1,6 @@
 """The package's layers, read from its imports: every import points down.
 
-    command line      ivcloud.cli, ivcloud.__main__, ivcloud.report (python -m)
+    command line      ivcloud.cli, ivcloud.__main__
     workloads, benchmarks  ivcloud.apps, ivcloud.bench
     library           server, mpi, netns, cluster, vm, place, libvirt,
                       isolate
@@ -29,7 +29,7 @@ LAYERS = {
     "ivcloud.cluster": 1, "ivcloud.vm": 1, "ivcloud.place": 1,
     "ivcloud.libvirt": 1, "ivcloud.isolate": 1,
     "ivcloud.apps": 2, "ivcloud.bench": 2,
-    "ivcloud.cli": 3, "ivcloud.__main__": 3, "ivcloud.report": 3,
+    "ivcloud.cli": 3, "ivcloud.__main__": 3,
 }
 NAMES = {0: "binding/errors", 1: "library", 2: "workloads/benchmarks",
          3: "command line"}

@@ -4,7 +4,8 @@ The C programs in native/tests/mpi/ are compiled with mpicc once per
 session and run with `--mca btl self,ivshmem` (no tcp in the list, so a
 pass means our component carried every inter-rank byte) and
 btl_ivshmem_verbose 1, whose per-rank counter lines must show traffic on
-every rank. Also: a rank killed mid-job, the tcp fallback without a
+every rank. Also: a sender's last messages read after it left, a rank
+killed mid-job, the tcp fallback without a
 region, a region too small for the job, and the `ivcloud mpirun` /
 `ivcloud bench mpi` commands.
 """
@@ -30,7 +31,7 @@ from ivcloud.native import format_region, min_region_size
 
 REPO = Path(__file__).resolve().parent.parent
 MPI_SRC = REPO / "native" / "tests" / "mpi"
-PROGRAMS = ["p2p", "coll", "rma", "comm", "kill"]
+PROGRAMS = ["p2p", "coll", "rma", "comm", "kill", "last_words"]
 MIB = 1 << 20
 REGION_PEERS = 16
 JOB_TIMEOUT = 240  # s; a hung job fails the test instead of the suite
@@ -290,6 +291,31 @@ def test_rank_killed_mid_job_ends_the_job(programs, component, shm_path):
 
     job = run_job(ivshmem_cmd([programs["coll"], 1], 3, shm_path))
     assert_passed_over_ivshmem(job, "coll", 3)
+
+
+@pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
+def test_last_messages_outlive_their_sender(programs, component, region,
+                                            nodes, request):
+    """Three ranks send rank 0 eight eager messages each and finalize at
+    once, without the finalize fence (async_mpi_finalize, as a fence that
+    releases ranks early): they leave the region before rank 0, asleep
+    for 1 s, reads anything. Every message must arrive (MPI: a completed
+    eager send is delivered). two_nodes: rank 0 has its own hostname, so
+    ob1 never adds the senders and the BTL admits each from the registry
+    and the modex after it left. Before, the BTL dropped a departed
+    rank's messages, and rank 0 waited for them for good."""
+    hosts = request.getfixturevalue("other_hostnames") \
+        if nodes == "two_nodes" else None
+    cmd = ivshmem_cmd([programs["last_words"], 8, 1000], 4, region,
+                      extra_mca=[("async_mpi_finalize", "1")])
+    if hosts:
+        cmd[1:1] = hosts("vmA:1,vmB:3")
+    job = run_job(cmd, timeout=90)
+    assert job.returncode == 0, job.describe()
+    assert "PASS last_words (3 ranks, 8 messages each)" in job.stdout, \
+        job.describe()
+    counters = mpi.parse_btl_counters(job.stderr)
+    assert counters[0]["recv_msgs"] >= 24, counters
 
 
 def test_tcp_fallback_without_region(programs, component):

@@ -281,7 +281,7 @@ def test_the_parser_sees_the_calls(source):
     seen = {(_module(f), fn, tok) for f, _, fn, tok, _ in source.edges()}
     assert ("send", "send_msg", "ivshm_ring_send") in seen
     assert ("ring", "tx_done", "ivshm_kick") in seen
-    assert ("registry", "mark_dead", "ivshm_windows_on_leave") in seen
+    assert ("registry", "ivshm_registry_claim", "ivshm_windows_on_leave") in seen
     assert ("doorbell_eventfd", "ivshm_db_server_new", "ivshm_now_ns") in seen
     assert "ivshm_sweep_test_hook" in source.visible
     assert len(source.bodies) > 200

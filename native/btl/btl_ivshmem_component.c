@@ -436,6 +436,11 @@ static int prepare_module(mca_btl_ivshmem_component_t *c, const char *what,
 {
     ivshm_get_geometry(c->h, &c->geom);
     c->self_slot = ivshm_self(c->h);
+    /* Only the ranks we verified are heard on every path (trust, in
+       btl_ivshmem_progress.c, lists them); anybody else only through
+       our queue, where admission and the stash see their first
+       messages: a stranger's fast ring is never read (docs/btl.md). */
+    (void)ivshm_listen_only(c->h, IVSHM_LISTEN_OTHERS_QUEUED);
     if (ivshm_peer(c->h, c->self_slot, me) < 0 ||
         OPAL_SUCCESS != size_fragments()) {
         fprintf(stderr,

@@ -58,16 +58,19 @@ mca_btl_ivshmem_module_t mca_btl_ivshmem = {
    modex names, if that slot holds it live with the same job, rank,
    generation and random name. The modex comes from Open MPI's runtime,
    which no co-tenant of the region can write: this check, not the job
-   tag in the registry, is what makes a slot one of our peers. Takes
-   `lock` only around libivshm calls: the modex lookup may take a while. */
-static int locate_name(opal_process_name_t name, uint32_t *generation)
+   tag in the registry, is what makes a slot one of our peers. `gone`:
+   also a proc that left or died since (ivshm_peer_last), whose messages
+   are still delivered. Takes `lock` only around libivshm calls: the
+   modex lookup may take a while. */
+static int locate_name(opal_process_name_t name, uint32_t *generation,
+                       bool gone)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     uint64_t job = mca_btl_ivshmem_job_id(name.jobid);
     uint32_t vpid = name.vpid;
 
     OPAL_THREAD_LOCK(&c->lock);
-    int found = ivshm_find(c->h, job, vpid);
+    int found = gone ? 0 : ivshm_find(c->h, job, vpid);
     OPAL_THREAD_UNLOCK(&c->lock);
     if (found < 0)
         return -1;
@@ -86,9 +89,10 @@ static int locate_name(opal_process_name_t name, uint32_t *generation)
     if (mx->attached && mx->slot >= 0 && mx->slot < (int)c->geom.max_peers &&
         mx->slot != c->self_slot) {
         OPAL_THREAD_LOCK(&c->lock);
-        int ok = ivshm_peer(c->h, mx->slot, &info);
+        int ok = gone ? ivshm_peer_last(c->h, mx->slot, &info)
+                      : ivshm_peer(c->h, mx->slot, &info);
         OPAL_THREAD_UNLOCK(&c->lock);
-        if (0 == ok && info.job_id == job && info.rank == vpid &&
+        if (ok >= 0 && info.job_id == job && info.rank == vpid &&
             info.generation == mx->generation &&
             strncmp(info.name, mx->name, sizeof info.name) == 0) {
             slot = mx->slot;
@@ -101,7 +105,7 @@ static int locate_name(opal_process_name_t name, uint32_t *generation)
 
 static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
 {
-    return locate_name(proc->proc_name, generation);
+    return locate_name(proc->proc_name, generation, false);
 }
 
 /*
@@ -110,7 +114,9 @@ static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
  * rank is admitted like add_procs would, when its first message arrives:
  * the registry entry only says which rank to look up (our jobid, a vpid
  * below the job size), the modex of that rank must name this very slot
- * and generation. Spawned and connected jobs are not admitted here: ob1
+ * and generation; also after the rank left, if nobody claimed its slot
+ * since (its messages are still delivered, ivshm_peer_last). Spawned
+ * and connected jobs are not admitted here: ob1
  * adds them through add_procs when the communicator is built; what they
  * send before that is stashed (bounded). Each failed (slot, generation)
  * is looked up once.
@@ -123,10 +129,11 @@ enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int s, uint32_t gen)
         return IVSHMEM_IGNORE;
     ivshm_peer_info info;
     OPAL_THREAD_LOCK(&c->lock);
-    int rc = ivshm_peer(c->h, s, &info);
+    /* a rank that left since its message still has it delivered */
+    int rc = ivshm_peer_last(c->h, s, &info);
     OPAL_THREAD_UNLOCK(&c->lock);
-    if (rc != 0 || info.generation != gen)
-        return IVSHMEM_IGNORE; /* gone or replaced since the message */
+    if (rc < 0 || info.generation != gen)
+        return IVSHMEM_IGNORE; /* replaced since the message */
     if (info.job_id != c->job_id)
         return info.job_id >> 32 == IVSHMEM_JOB_TAG ? IVSHMEM_STASH
                                                     : IVSHMEM_IGNORE;
@@ -138,7 +145,7 @@ enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int s, uint32_t gen)
     opal_process_name_t name = OPAL_PROC_MY_NAME;
     name.vpid = info.rank;
     uint32_t found = 0;
-    if (locate_name(name, &found) == s && found == gen) {
+    if (locate_name(name, &found, rc == 1) == s && found == gen) {
         OPAL_THREAD_LOCK(&c->lock);
         mca_btl_ivshmem_trust(s, gen);
         OPAL_THREAD_UNLOCK(&c->lock);
@@ -301,7 +308,13 @@ void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
         return;
     ep->dead = true;
     char why[128];
-    if (err == IVSHM_ECORRUPT)
+    if (err == IVSHM_ECORRUPT && ep->refused_since_ns &&
+        mca_btl_ivshmem_now_ns() - ep->refused_since_ns >= IVSHMEM_REFUSED_NS)
+        /* not its messages: our sends to it (mca_btl_ivshmem_send_refused) */
+        snprintf(why, sizeof why,
+                 "refused our sends for %llu s in a row (a forged ring tail)",
+                 IVSHMEM_REFUSED_NS / 1000000000ull);
+    else if (err == IVSHM_ECORRUPT)
         snprintf(why, sizeof why, "sent a corrupt message");
     else if (err == IVSHM_EPEERDEAD)
         snprintf(why, sizeof why, "died or left without finalizing");

@@ -38,6 +38,9 @@ void mca_btl_ivshmem_trust(int slot, uint32_t gen)
     if (!c->trusted[slot])
         c->active[c->nactive++] = slot;
     c->trusted[slot] = (uint64_t)gen + 1;
+    /* heard on every path now: a fast channel it asked for meanwhile is
+       read from here on, after what it queued (ivshm.h) */
+    (void)ivshm_listen(c->h, slot, gen);
     if (c->stashed[slot])
         c->stash_ready = true; /* what it sent before is delivered first */
 }
@@ -48,6 +51,7 @@ void mca_btl_ivshmem_distrust(int slot)
     if (!c->trusted[slot])
         return;
     c->trusted[slot] = 0;
+    (void)ivshm_listen(c->h, slot, 0);
     for (int i = 0; i < c->nactive; i++)
         if (c->active[i] == slot) {
             c->active[i] = c->active[--c->nactive];
@@ -59,10 +63,33 @@ void mca_btl_ivshmem_distrust(int slot)
    the fact. */
 enum sender_state {
     SENDER_CURRENT,   /* live at the generation we trust: deliver          */
-    SENDER_DEPARTED,  /* left or died: only its BYE still means something */
+    SENDER_DEPARTED,  /* left or died at the generation we trust: deliver */
     SENDER_REPLACED,  /* the slot holds another incarnation: drop all      */
     SENDER_UNTRUSTED, /* not (yet) trusted: admit, stash or ignore         */
 };
+
+/* The generation of the incarnation whose messages libivshm hands out
+   from `slot`: the live one, or the one that left or died if nobody has
+   claimed the slot since (*gone), else -1. Generations only grow, and
+   libivshm hands out only messages of the generation the registry held
+   when it took them: a message taken before this call is of that
+   incarnation if the generation is the one we trust. An eager MPI_Send
+   completes before the receiver reads it, so a sender may finalize and
+   leave first; what it published is still delivered (docs/btl.md,
+   "Failures"). With `lock`. */
+static int64_t sender_generation(int slot, bool *gone)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    int64_t gen = ivshm_peer_generation(c->h, slot);
+    *gone = false;
+    if (OPAL_LIKELY(gen >= 0))
+        return gen;
+    ivshm_peer_info info;
+    if (ivshm_peer_last(c->h, slot, &info) != 1)
+        return -1;
+    *gone = true;
+    return info.generation;
+}
 
 /* A control message of a trusted sender. BYE is the last message a
    finalizing rank sends us: we stop delivering its messages. */
@@ -114,7 +141,7 @@ typedef struct ivshmem_rx_msg {
     uint32_t tag;
     bool in_ring;
     enum sender_state sender;
-    int64_t live_gen; /* the sender slot's generation after the take */
+    int64_t gen; /* sender_generation after the take */
     const void *data;
 } ivshmem_rx_msg_t;
 
@@ -188,15 +215,11 @@ static void receive_error(const ivshmem_rx_msg_t *m, ssize_t err)
 static inline int dispatch(const ivshmem_rx_msg_t *m, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (OPAL_LIKELY(m->sender == SENDER_CURRENT))
+    /* a departed rank's too: its sends completed before it left */
+    if (OPAL_LIKELY(m->sender == SENDER_CURRENT ||
+                    m->sender == SENDER_DEPARTED))
         return deliver(m->src, m->tag, m->data, len);
-    if (m->sender == SENDER_DEPARTED && m->tag == IVSHMEM_TAG_BYE) {
-        handle_control(m->src, m->tag);
-        return 0;
-    }
-    /* a departed rank's PML traffic is needed by nobody (a clean leave
-       comes after the finalize fence; a crash aborts the job), and a
-       reclaimed slot's is not from our job */
+    /* a reclaimed slot's is not from our job */
     c->counters.dropped++;
     if (m->sender == SENDER_REPLACED) {
         OPAL_THREAD_LOCK(&c->lock);
@@ -261,8 +284,9 @@ static int stash_deliver(void)
     ivshmem_stashed_t **p = &c->stash_head, *prev = NULL;
     while (*p) {
         ivshmem_stashed_t *e = *p;
+        bool gone;
         OPAL_THREAD_LOCK(&c->lock);
-        int64_t now = ivshm_peer_generation(c->h, e->slot);
+        int64_t now = sender_generation(e->slot, &gone);
         OPAL_THREAD_UNLOCK(&c->lock);
         bool trusted = c->trusted[e->slot] == (uint64_t)e->gen + 1;
         if (trusted || now != (int64_t)e->gen) {
@@ -274,8 +298,6 @@ static int stash_deliver(void)
             c->stash_bytes -= e->len;
             if (trusted && now == (int64_t)e->gen)
                 delivered += deliver(e->slot, e->tag, e->data, e->len);
-            else if (trusted && now < 0 && e->tag == IVSHMEM_TAG_BYE)
-                handle_control(e->slot, e->tag);
             else
                 c->counters.ignored++;
             free(e);
@@ -307,16 +329,16 @@ static int untrusted_message(ivshmem_rx_msg_t *m, ssize_t n)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     int delivered = 0;
-    if (n < 0 || !length_ok(m, n) || m->live_gen < 0) {
+    if (n < 0 || !length_ok(m, n) || m->gen < 0) {
         c->counters.ignored++;
     } else {
-        switch (mca_btl_ivshmem_admit_sender(m->src, (uint32_t)m->live_gen)) {
+        switch (mca_btl_ivshmem_admit_sender(m->src, (uint32_t)m->gen)) {
         case IVSHMEM_ADMITTED:
             m->sender = SENDER_CURRENT;
             delivered = dispatch(m, (size_t)n);
             break;
         case IVSHMEM_STASH:
-            stash_put(m, (size_t)n, (uint32_t)m->live_gen, false);
+            stash_put(m, (size_t)n, (uint32_t)m->gen, false);
             break;
         default:
             c->counters.ignored++;
@@ -378,15 +400,13 @@ static int poll_region(uint32_t budget)
         uint64_t t = 0;
         if (OPAL_LIKELY(n != -EAGAIN) && m.src >= 0 &&
             m.src < (int)c->geom.max_peers) {
-            /* generations only grow: a slot live at g now was at g when
-               libivshm took the message (it hands out only frames of
-               the generation it read then) */
-            m.live_gen = ivshm_peer_generation(c->h, m.src);
+            bool gone;
+            m.gen = sender_generation(m.src, &gone);
             t = c->trusted[m.src];
             m.sender = !t ? SENDER_UNTRUSTED
-                       : m.live_gen < 0 ? SENDER_DEPARTED
-                       : (uint64_t)m.live_gen + 1 == t ? SENDER_CURRENT
-                                                       : SENDER_REPLACED;
+                       : m.gen < 0 || (uint64_t)m.gen + 1 != t ? SENDER_REPLACED
+                       : gone ? SENDER_DEPARTED
+                              : SENDER_CURRENT;
         }
         OPAL_THREAD_UNLOCK(&c->lock);
         if (OPAL_LIKELY(n == -EAGAIN))
@@ -403,7 +423,7 @@ static int poll_region(uint32_t budget)
                 release_message(&m);
             continue;
         }
-        if (OPAL_UNLIKELY(c->stashed[m.src]) && m.sender == SENDER_CURRENT) {
+        if (OPAL_UNLIKELY(c->stashed[m.src]) && m.sender != SENDER_REPLACED) {
             /* behind its stashed messages: keep the order */
             stash_put(&m, (size_t)n, (uint32_t)(t - 1), true);
             c->stash_ready = true;
@@ -649,10 +669,33 @@ static inline bool slot_live(int slot, uint32_t gen)
            (int64_t)gen;
 }
 
+/* Has `slot`, which left or died in the incarnation we trust, still
+   messages for us in libivshm? Then they come first (poll_region
+   delivers them in order, its BYE last), and its departure is decided
+   at a later tick: a bounded drain alone can stop short of them (a
+   flood of other senders, or a paused idle look), and what is left
+   after we distrust the slot would be ignored. Finite: libivshm shows
+   a departed sender's ring up to its last head, and its queue cells.
+   With `lock`. */
+static bool departed_unread(int slot)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    bool gone;
+    int64_t gen = sender_generation(slot, &gone);
+    if (!gone || !c->trusted[slot] || (uint64_t)gen + 1 != c->trusted[slot])
+        return false;
+    uint32_t tag;
+    const void *data;
+    /* a peek, left in place: poll_region takes it again, in order */
+    ssize_t n = ivshm_recv_peek(c->h, slot, NULL, &tag, &data);
+    return n != IVSHM_EPEERDEAD && n != -EINVAL;
+}
+
 /* Every ~100 ms: reap, then check each peer we talk to (endpoints) or
    accept messages from (trusted senders): O(those peers), not O(slots).
-   A departed one's goodbye may still wait in our queue: the region is
-   drained first, and only then is a missing goodbye taken for a crash. */
+   A departed one's messages, its goodbye last, may still wait in our
+   queue and channels: they are delivered first (departed_unread), and
+   only then is a missing goodbye taken for a crash. */
 static int housekeeping(uint64_t now)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
@@ -687,6 +730,10 @@ static int housekeeping(uint64_t now)
         int s = c->departed[i];
         mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
         OPAL_THREAD_LOCK(&c->lock);
+        if (departed_unread(s)) {
+            OPAL_THREAD_UNLOCK(&c->lock);
+            continue;
+        }
         if (c->trusted[s] && !slot_live(s, (uint32_t)(c->trusted[s] - 1)))
             mca_btl_ivshmem_distrust(s);
         bool watched = ep && !ep->dead && !ep->deleted &&

@@ -174,8 +174,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
        this generation before. */
     struct ivshm_peer_local *p = &h->peers[1];
     p->gen = atomic_load(&peer->gen);
-    /* hearing only slot 1 (or nobody), as the BTL does */
-    ivshm_listen_only(h, data[0] & 0x20);
+    /* hearing everyone, only slot 1 (or nobody), or slot 1 everywhere and
+       the others through the queue, as the BTL does */
+    ivshm_listen_only(h, (data[0] >> 5) % 3);
     ivshm_listen(h, 1, (data[0] & 0x40) ? p->gen : 0);
     h->q_head = data[1] & 7;
     if (data[1] & 0x80) {

@@ -11,6 +11,39 @@
  * Threading: one `ivshm` handle is used by one thread at a time.
  * The region itself is untrusted: every value read from it is validated
  * before it is used as an index, length or offset.
+ *
+ * Bounds (docs/security.md, "libivshm"; tested by test_hostile_harness).
+ * Whatever peers write into the region, a call's cost is set by what
+ * its caller chose: the message it sends, its deadline, the geometry.
+ *  - Work. A unit is one trip of a loop whose number of trips peers'
+ *    writes decide: a cell dropped or moved aside, a fragment of a
+ *    message received, a source polled, a claim retried, a waiter
+ *    woken. With B = 2 * min(queue_slots + ring_slots, 2048) + max_peers
+ *    + 128, a call does at most 2B units between two looks at the clock
+ *    (and stops looking at the region once B is spent, until it has
+ *    looked); a call that never waits (timeout 0, ivshm_try_send,
+ *    ivshm_send_reserve/commit, ivshm_send_small, ivshm_recv_peek,
+ *    ivshm_recv_release, ivshm_recv_idle) at most 3B in all. The bytes
+ *    it copies are the messages' own (at most one slot per unit).
+ *    Registry calls: ivshm_reap O(max_peers) entries and liveness probes
+ *    (a few system calls each) plus the server notices pending (at most
+ *    4096) in one pass over the registry; ivshm_find and
+ *    ivshm_detach's release of our window holds O(max_peers) and
+ *    O(max_windows + our windows' segments). A peer that leaves costs
+ *    the others O(1) each (its registry entry marked): what it held in
+ *    the window tables is broken by whoever waits for it.
+ *  - Deadlines. Every wait ends by the caller's deadline -- both phases
+ *    of a window lock under one deadline, every retry of a receive --
+ *    plus one bounded step: the rest of one budget of work, a round of
+ *    at most 32 liveness probes, a system call. timeout_ms = 0 never
+ *    blocks. A call without a deadline (-1, ivshm_send) waits as long as
+ *    its peer lives.
+ *  - Lifetimes. What a call hands out stays the caller's until its
+ *    release, whatever peers or the registry do meanwhile: a peeked
+ *    message until ivshm_recv_release (or the next peek of that sender,
+ *    or detach), a reservation until ivshm_send_commit (or the send that
+ *    ends it). Payload in the region stays mapped; its bytes are the
+ *    peers' to change, as always.
  */
 #ifndef IVSHM_H
 #define IVSHM_H
@@ -139,6 +172,12 @@ int ivshm_self(const ivshm *h);            /* our registry slot */
 int ivshm_max_peers(const ivshm *h);
 /* 0 and fill *out if `slot` holds a live peer; -ENOENT if free or dead. */
 int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
+/* As ivshm_peer, and also for the peer that held `slot` last if it left
+   or died and nobody has claimed the slot since: 1 and *out filled then.
+   What such a peer published before it went is still delivered
+   (ivshm_recv); this says whose it is. -ENOENT if the slot was never
+   held or is being claimed. */
+int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out);
 /* The generation of `slot`'s peer if it is registered (ACTIVE), else
    -ENOENT (-EINVAL for a bad slot): the cheap half of ivshm_peer, for a
    hot path that only checks who holds a slot. */
@@ -151,7 +190,8 @@ int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank);
    about whether its pid is ours. */
 int ivshm_peer_local(ivshm *h, int slot);
 /* Check liveness of every registered peer (leave notices, pids); mark the
-   dead ones and reclaim their slots. Returns how many were found dead. */
+   dead ones and reclaim their slots. Returns how many were found dead.
+   O(max_peers) entries and probes, plus the pending notices (Bounds). */
 int ivshm_reap(ivshm *h);
 /* Doorbell ids the ivshmem-server reports connected (VMs included), -1
    terminated list of at most n entries; returns the count, or -ENOTSUP
@@ -208,8 +248,10 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
    messages a co-tenant made their sender write over before we read
    them (a ring tail written forward; counted in stats.dropped).
    The timeout holds in the middle of a multi-slot message too: when the
-   next fragment is late (or a sender streams fragments without end) the
-   call returns -EAGAIN / -ETIMEDOUT and keeps the part received so far
+   next fragment is late (or a sender streams fragments without end, or
+   a co-tenant makes a departed sender's ring look endless; a poll takes
+   at most a budget's worth of fragments, see Bounds) the call returns
+   -EAGAIN / -ETIMEDOUT and keeps the part received so far
    inside the handle; the next receive that reaches this sender (from it
    or IVSHM_ANY) continues the message and returns it whole. The bytes
    stored are min(length, cap of every call that took part), so a caller
@@ -232,7 +274,12 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
    is validated like ivshm_recv's, but the payload bytes are shared: a
    co-tenant may change them while you read, so treat them as untrusted
    input (copy what you must check before relying on it). Peeking again
-   without releasing returns the same message. */
+   without releasing returns the same message. *data stays readable
+   until ivshm_recv_release(h, *src), the next peek that returns a
+   message of *src, or detach, whatever happens meanwhile: a new
+   incarnation of the sender, a send to it, a copying receive of the
+   same message (a message taken aside into local memory is kept for
+   the caller until then). */
 ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
                         const void **data);
 /* Consume the message last peeked from `src`: 0, or -EINVAL if we hold
@@ -256,7 +303,9 @@ int ivshm_recv_idle(ivshm *h);
    the queue by the commit. Nothing is visible to the peer before
    ivshm_send_commit; a reservation that is never committed costs
    nothing. A copying send to `slot` meanwhile takes that same slot and
-   ends the reservation (a later commit is -EINVAL). */
+   ends the reservation (a later commit is -EINVAL). The pointer stays
+   writable until then, also if `slot` gets a new incarnation meanwhile
+   (the commit is then -EINVAL or -IVSHM_EPEERDEAD). */
 void *ivshm_send_reserve(ivshm *h, int slot, size_t len, int *err);
 /* Publish the reserved slot as a message of `len` bytes (len <= the
    slot payload) with `tag`, waking the peer like ivshm_send. -EINVAL
@@ -277,14 +326,27 @@ int ivshm_send_commit(ivshm *h, int slot, uint32_t tag, size_t len);
 int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                      size_t alen, const void *b, size_t blen);
 
-/* Hear only listed senders: for a transport that must not even buffer
-   what peers it does not trust write (the BTL). With on != 0, cells of
-   any other sender that reach our shared queue are dropped (counted in
-   stats.dropped) and their requests for a fast channel refused, so a
+/* Whom a receiver hears. IVSHM_LISTEN_ALL (the default): every peer.
+   IVSHM_LISTEN_LISTED: only the senders listed with ivshm_listen, in
+   the generation listed; cells of any other sender that reach our
+   shared queue are dropped as met (counted in stats.dropped), so a
    co-tenant writing to us costs neither memory nor the order of the
-   senders we hear; a receive from it finds nothing. Off (the default):
-   every peer is heard. 0, or -EINVAL. */
-int ivshm_listen_only(ivshm *h, int on);
+   senders we hear, and a receive from it finds nothing. Its last request
+   for a fast channel is remembered (a slot's worth), so a sender that
+   opened one before we listened is heard on it once we do.
+   IVSHM_LISTEN_OTHERS_QUEUED: the listed senders on every path; the
+   others through our queue only, for a transport that must see a
+   stranger's first message to decide whether to trust it (the BTL
+   admits its own job's ranks so): their requests for a fast channel
+   are refused, so their rings are never read, and their cells are
+   never moved to a backlog (a receive from a listed sender waits
+   behind one until a receive from any sender takes it). A sender
+   listed later gets the channel it asked for meanwhile (ivshm_listen):
+   its messages stay in order. 0, or -EINVAL. */
+#define IVSHM_LISTEN_ALL 0
+#define IVSHM_LISTEN_LISTED 1
+#define IVSHM_LISTEN_OTHERS_QUEUED 2
+int ivshm_listen_only(ivshm *h, int mode);
 /* Hear the peer in `slot` in its incarnation `generation` (as
    ivshm_peer_info reports it), or stop hearing it (generation 0). */
 int ivshm_listen(ivshm *h, int slot, uint32_t generation);
@@ -321,14 +383,18 @@ int ivshm_win_cas(ivshm_window *w, uint32_t seg, uint64_t off,
 /* Passive-target epochs on one segment; a dead holder's lock is broken
    (within ~1 ms). A live holder is waited for at most
    IVSHM_LOCK_TIMEOUT_MS (environment at attach; default 30000), then
-   -ETIMEDOUT. */
+   -ETIMEDOUT: one bound for the whole call, an exclusive lock's wait
+   for the writer word and for the readers to drain together. */
 #define IVSHM_LOCK_SHARED 0
 #define IVSHM_LOCK_EXCLUSIVE 1
 int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind);
 int ivshm_win_unlock(ivshm_window *w, uint32_t seg);
 /* Complete our puts to `seg` (all segments if seg == UINT32_MAX). */
 int ivshm_win_flush(ivshm_window *w, uint32_t seg);
-/* Barrier among the nseg members of the window. */
+/* Barrier among the nseg members of the window: 0, -ETIMEDOUT, or
+   -IVSHM_EPEERDEAD once a member left or died without closing (found
+   by its registry entry at once, by a probe of its pid within a few
+   20 ms slices). */
 int ivshm_win_barrier(ivshm_window *w, int timeout_ms);
 
 /* ---- waiting ---- */

@@ -16,6 +16,7 @@
 
 #include "ivshm.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -104,10 +105,29 @@ int ivshm_admin_open(int fd, ivshm_admin **out);
  * server's leave notices, so this is how its peers learn that the VM
  * went away. Call it before the id can be handed out again, so a new
  * client with the same id is never hit. Negative ids mark nothing.
+ * O(max_peers) work: one look at each entry, one compare-and-swap per
+ * entry marked (what the entry's owner held in the window tables is
+ * released lazily, by whoever waits for it), whatever the leaver wrote.
  *
  * Returns: the number of entries marked (0 or more).
  */
 int ivshm_admin_mark_dead(ivshm_admin *a, int32_t doorbell_id);
+
+/*
+ * ivshm_admin_mark_dead_ids:
+ * @a: the server's handle
+ * @ids: the server ids of clients that left (negative ones are ignored)
+ * @n: how many
+ *
+ * ivshm_admin_mark_dead for a batch of ids in one pass over the
+ * registry: O(max_peers x log n + n log n) work, however many entries
+ * carry those ids. Marking an entry is one compare-and-swap; what its
+ * owner held in the window tables is broken by whoever waits for it.
+ * For a server that handles many departures at once.
+ *
+ * Returns: the number of entries marked, or -EINVAL / -ENOMEM.
+ */
+int ivshm_admin_mark_dead_ids(ivshm_admin *a, const int32_t *ids, size_t n);
 
 /*
  * ivshm_admin_close:

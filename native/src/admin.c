@@ -119,6 +119,22 @@ int ivshm_admin_mark_dead(ivshm_admin *a, int32_t doorbell_id)
     return ivshm_mark_doorbell_dead(a->h, doorbell_id);
 }
 
+int ivshm_admin_mark_dead_ids(ivshm_admin *a, const int32_t *ids, size_t n)
+{
+    if (!a || (n && !ids))
+        return -EINVAL;
+    int32_t *sorted = malloc(n ? n * sizeof *ids : 1);
+    if (!sorted)
+        return -ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0)
+            sorted[k++] = ids[i];
+    int marked = ivshm_mark_doorbells_dead(a->h, sorted, k);
+    free(sorted);
+    return marked;
+}
+
 void ivshm_admin_close(ivshm_admin *a)
 {
     if (!a)

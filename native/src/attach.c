@@ -111,6 +111,7 @@ int ivshm_reap(ivshm *h)
         if (n > 0)
             dead += n;
     }
+    ivshm_work_count(h, h->max_peers);
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
         if ((int)s == h->self ||

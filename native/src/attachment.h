@@ -49,7 +49,16 @@ struct ivshm_peer_local {
     bool peeked;              /* recv_peek handed out a message           */
     uint8_t reserve_kind;     /* SRC_RING: slot at tx_head; SRC_QUEUE: stage */
     uint8_t peek_kind;        /* SRC_*: where the peeked message lies     */
-    uint8_t *tx_stage;        /* queue reservations are staged here       */
+    /* Lifetimes: what we hand out stays ours to keep until its release,
+       whatever a reset (a new incarnation of the peer) or a copying
+       receive does meanwhile (peer_local.c). */
+    uint8_t *tx_stage;        /* queue reservations are staged here; kept
+                                 across resets, freed at detach          */
+    struct ivshm_backlog *peek_rec; /* the backlog record a peek handed
+                                 out, or NULL                            */
+    bool peek_orphan;         /* ... and it left the backlog (consumed,
+                                 or the backlog was cleared): freed by the
+                                 release, the sender's next peek, detach */
     struct ivshm_backlog *bl_head, *bl_tail;
     uint32_t bl_count;
     /* A message from this peer whose receive was cut by the caller's
@@ -74,6 +83,9 @@ struct ivshm_peer_local {
     /* its producer overwrote messages we had not read (ring.c,
        ivshm_ring_heal): the next receive from it reports IVSHM_ECORRUPT */
     bool rx_lost;
+    /* channel + 1 that it announced while we did not listen to it
+       (IVSHM_LISTEN_OTHERS_QUEUED): adopted when we start to, 0 none */
+    uint16_t open_refused;
 };
 /* where a message lies */
 enum { SRC_NONE = 0, SRC_BACKLOG = 1, SRC_RING = 2, SRC_QUEUE = 3 };
@@ -129,14 +141,27 @@ struct ivshm {
     /* senders with a backlog, and its size */
     int n_bl;
     int *bl_list;             /* max_peers entries                        */
-    bool listen_only;         /* drop queue cells of senders not listed   */
+    uint8_t listen_mode;      /* IVSHM_LISTEN_*: whom we hear (recv.c)     */
     uint32_t *listen_gen;     /* max_peers: generation heard, 0 = none    */
     uint64_t bl_bytes;
     uint64_t next_sweep_ns;
     unsigned sweep_polls;
     unsigned idle_polls;      /* ivshm_recv_idle calls (its run limit)    */
+    /* Work budget (clock.h): units of work driven by region contents
+       left before the call looks at the clock again, and a whole one. */
+    uint32_t work_left, work_budget;
+    /* Counted only by a build with IVSHM_WORK_COUNT (the hostile-peer
+       harness): units charged in all, at the last look at the clock, and
+       the most charged between two looks since work_peak was cleared. */
+    uint64_t work_units, work_mark, work_peak;
     ivshm_stats stats;
 };
+
+/* Do we hear `src` in generation `gen` on every path (ivshm_listen)? */
+static inline bool ivshm_listened(const ivshm *h, int src, uint32_t gen)
+{
+    return h->listen_mode == IVSHM_LISTEN_ALL || h->listen_gen[src] == gen;
+}
 
 /* ---- where things lie, from the validated geometry ---- */
 static inline struct ivshm_header *ivshm_hdr(const ivshm *h)

@@ -57,6 +57,9 @@ void ivshm_announce_blocking(ivshm *h, bool may_sleep)
 int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
                uint32_t peer_gen, int timeout_ms)
 {
+    /* Every look at the clock below gives `ready` a new work budget
+       (clock.h); a look that spent it makes the next one come at once. */
+    ivshm_work_start(h);
     if (ready(h, arg))
         return 0;
     uint64_t t0 = ivshm_now_ns();
@@ -71,11 +74,12 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
         if (ready(h, arg))
             return 0;
         ivshm_cpu_relax();
-        if (n % 64)
+        if (n % 64 && h->work_left)
             continue;
         uint64_t now = ivshm_now_ns();
         if (now >= deadline)
             return -ETIMEDOUT;
+        ivshm_work_start(h);
         if (now >= spin_end)
             break;
         if (now >= next_probe) {
@@ -91,6 +95,7 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
        loop re-checks `ready` like after any wake-up. */
     uint32_t announce = h->db->kind != DB_NONE;
     for (;;) {
+        ivshm_work_start(h);
         uint64_t token = h->db->arm(h->db, h);
         atomic_store_explicit(&me->sleeping, announce, memory_order_seq_cst);
         if (announce) /* heals a co-tenant's write; ours says 1 here */
@@ -114,6 +119,7 @@ int ivshm_wait(ivshm *h, ivshm_ready_fn ready, void *arg, int peer,
         h->stats.sleeps++;
         int rc = h->db->wait(h->db, h, token, slice);
         atomic_store_explicit(&me->sleeping, 0, memory_order_relaxed);
+        ivshm_work_start(h);
         if (ready(h, arg))
             return 0;
         if (rc < 0 && rc != -ETIMEDOUT && rc != -EINTR && rc != -EAGAIN)

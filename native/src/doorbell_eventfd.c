@@ -313,9 +313,16 @@ static int drain_notices(struct db_server *s)
             server_gone(s);
         }
     }
+    /* the leavers that did not come back in this batch, marked in one
+       pass over the registry (however many entries carry their ids) */
+    size_t n = 0;
+    if (s->h)
+        ivshm_work_count(s->h, (uint32_t)s->nleft);
     for (size_t i = 0; i < s->nleft; i++)
-        if (s->h && !find_peer(s, s->left[i], NULL))
-            ivshm_mark_doorbell_dead(s->h, s->left[i]);
+        if (!find_peer(s, s->left[i], NULL))
+            s->left[n++] = s->left[i];
+    if (s->h)
+        ivshm_mark_doorbells_dead(s->h, s->left, n);
     s->nleft = 0;
     return rc;
 }

@@ -45,11 +45,15 @@ void ivshm_peer_local_free(ivshm *h, int slot)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     bl_clear(h, slot);
+    ivshm_peek_end(p);
     free(p->rx_stage);
     free(p->tx_stage);
     p->rx_stage = p->tx_stage = NULL;
 }
 
+/* What the caller may still hold survives the reset: the stage of a
+   reservation (or of ivshm_send_small's general path, which stages and
+   then sends) and a peeked backlog record. Everything else goes. */
 void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
 {
     struct ivshm_peer_local *p = &h->peers[slot];
@@ -57,10 +61,25 @@ void ivshm_peer_local_reset(ivshm *h, int slot, uint32_t gen)
         ivshm_chan_free(h, slot);
     if (h->q_peek_src == slot)
         h->q_peek_src = -1;
-    ivshm_peer_local_free(h, slot);
+    bl_clear(h, slot); /* a peeked record is only unlinked */
+    free(p->rx_stage);
+    uint8_t *tx_stage = p->tx_stage;
+    struct ivshm_backlog *peek_rec = p->peek_rec;
+    bool peek_orphan = p->peek_orphan;
     memset(p, 0, sizeof *p);
     p->gen = gen;
     p->tx_chan = p->rx_chan = -1;
+    p->tx_stage = tx_stage;
+    p->peek_rec = peek_rec;
+    p->peek_orphan = peek_orphan;
+}
+
+void ivshm_peek_begin(struct ivshm_peer_local *p, struct ivshm_backlog *rec)
+{
+    if (p->peek_rec == rec)
+        return; /* the same message again */
+    ivshm_peek_end(p);
+    p->peek_rec = rec;
 }
 
 /* ---- backlogs ---- */
@@ -75,7 +94,10 @@ void ivshm_bl_pop(ivshm *h, int slot)
     if (!p->bl_head)
         p->bl_tail = NULL;
     h->bl_bytes -= sizeof *b + b->len;
-    free(b);
+    if (b == p->peek_rec)
+        p->peek_orphan = true; /* handed out: ivshm_peek_end frees it */
+    else
+        free(b);
     if (--p->bl_count == 0)
         for (int x = 0; x < h->n_bl; x++)
             if (h->bl_list[x] == slot) {
@@ -126,7 +148,7 @@ bool ivshm_stage_room(struct ivshm_peer_local *p, uint64_t n)
 {
     if (n <= p->rx_stage_cap)
         return true;
-    if (p->rx_nomem)
+    if (p->rx_nomem || n > p->rx_keep) /* (never more than it may keep) */
         return false;
     uint64_t cap = p->rx_stage_cap ? p->rx_stage_cap : 4096;
     while (cap < n)

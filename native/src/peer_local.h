@@ -54,8 +54,29 @@ static inline enum rx_view ivshm_rx_view(ivshm *h, int slot)
    corrupt when delivered. */
 IVSHM_INTERNAL int ivshm_bl_push(ivshm *h, int src, const struct frag *f,
                                  const uint8_t *data);
-/* Drop the oldest record of `slot`'s backlog (delivered). */
+/* Drop the oldest record of `slot`'s backlog (delivered). A record a
+   peek handed out is only unlinked: ivshm_peek_end frees it. */
 IVSHM_INTERNAL void ivshm_bl_pop(ivshm *h, int slot);
+
+/* ---- what a peek handed out ---- */
+
+/* A peek of `slot` hands out `rec` (a backlog record) or a pointer into
+   the region (NULL): the record an earlier peek of it handed out is the
+   caller's no more. Rare (a backlog record, or one left over): the hot
+   paths test p->peek_rec first. */
+IVSHM_INTERNAL void ivshm_peek_begin(struct ivshm_peer_local *p,
+                                     struct ivshm_backlog *rec);
+/* The caller released what the last peek of `p` handed out (or gave it
+   up): a record that already left the backlog is freed. */
+static inline void ivshm_peek_end(struct ivshm_peer_local *p)
+{
+    if (__builtin_expect(p->peek_rec != NULL, 0)) {
+        if (p->peek_orphan)
+            free(p->peek_rec);
+        p->peek_rec = NULL;
+        p->peek_orphan = false;
+    }
+}
 
 /* ---- a message in progress (the stage) ---- */
 

@@ -47,7 +47,7 @@ static int q_take(ivshm *h, int j, uint32_t n, uint64_t *pos)
 {
     struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, j);
     uint64_t e = atomic_load_explicit(&qc->enqueue_pos, memory_order_relaxed);
-    for (unsigned tries = 0; tries < 4096; tries++) {
+    for (;;) {
         /* acquire: the consumer's reads of the cell are done */
         uint64_t seq = atomic_load_explicit(
             &ivshm_qcell(h, j, e + n - 1)->seq, memory_order_acquire);
@@ -57,16 +57,16 @@ static int q_take(ivshm *h, int j, uint32_t n, uint64_t *pos)
             if (again == e)
                 return -EAGAIN;
             e = again; /* another producer took positions: look again */
-            continue;
-        }
-        if (atomic_compare_exchange_weak_explicit(&qc->enqueue_pos, &e, e + n,
-                                                  memory_order_relaxed,
-                                                  memory_order_relaxed)) {
+        } else if (atomic_compare_exchange_weak_explicit(
+                       &qc->enqueue_pos, &e, e + n, memory_order_relaxed,
+                       memory_order_relaxed)) {
             *pos = e;
             return 0;
         }
+        /* again: a unit (a co-tenant can keep moving enqueue_pos) */
+        if (!ivshm_work(h))
+            return -EAGAIN;
     }
-    return -EAGAIN;
 }
 
 /* What a batch of cells carries: the next bytes of a message, or one
@@ -217,6 +217,7 @@ int ivshm_q_send(ivshm *h, int j, uint32_t tag, const void *buf, size_t len,
                 return -EAGAIN;
             if (ms_left(deadline) == -ETIMEDOUT)
                 return -ETIMEDOUT;
+            ivshm_work_start(h); /* looked at the clock: time is left */
             continue; /* nothing of it was delivered: again */
         }
         b.starts = false;
@@ -229,6 +230,10 @@ int ivshm_q_send(ivshm *h, int j, uint32_t tag, const void *buf, size_t len,
 /* consumer side: our own queue                                       */
 /* ------------------------------------------------------------------ */
 
+/* Producers woken after one freed cell, at most: the work of a freed
+   cell stays small whatever the waiter bitmap says. */
+#define WAKES_PER_FREE 64u
+
 /* See q_space_ready for the pairing. */
 void ivshm_q_wake_waiters(ivshm *h)
 {
@@ -237,12 +242,22 @@ void ivshm_q_wake_waiters(ivshm *h)
     if (!atomic_load_explicit(&qc->waiters_any, memory_order_relaxed))
         return;
     atomic_store(&qc->waiters_any, 0);
-    uint32_t words = (h->max_peers + 63) / 64;
+    uint32_t words = (h->max_peers + 63) / 64, kicks = 0;
+    ivshm_work_count(h, words);
     for (uint32_t w = 0; w < words; w++) {
         if (!atomic_load_explicit(&qc->waiters[w], memory_order_relaxed))
             continue;
         uint64_t m = atomic_exchange(&qc->waiters[w], 0);
         for (; m; m &= m - 1) {
+            if (kicks++ == WAKES_PER_FREE) {
+                /* A co-tenant can set every bit at every freed cell: the
+                   rest are put back for the next freed cell (ours, or a
+                   waiter's own look), so no waiter loses its wake. */
+                atomic_fetch_or(&qc->waiters[w], m);
+                atomic_store(&qc->waiters_any, 1);
+                return;
+            }
+            ivshm_work_count(h, 1);
             uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(m);
             if (s < h->max_peers && (int)s != h->self)
                 ivshm_kick(h, (int)s);
@@ -270,7 +285,11 @@ static bool q_stuck_for(ivshm *h, uint64_t seq, uint64_t ns)
    on the way; the loop is bounded by the queue's size. */
 int ivshm_q_front(ivshm *h, struct qhead *out)
 {
+    /* a unit a round after the first: the cells dropped on the way are
+       peers' doing (each `continue` below) */
     for (uint32_t round = 0; round < h->queue_slots; round++) {
+        if (round && !ivshm_work(h))
+            break;
         const uint64_t pos = h->q_head;
         struct ivshm_cell *c = ivshm_my_qcell(h, pos);
         uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
@@ -289,8 +308,20 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
                    we deliver from (an earlier one, or a slot being
                    claimed) */
                 drop = ivshm_rx_view(h, src) == RX_NONE ||
-                       out->f.gen != h->peers[src].gen ||
-                       (h->listen_only && h->listen_gen[src] != out->f.gen);
+                       out->f.gen != h->peers[src].gen;
+                if (!drop && h->listen_mode == IVSHM_LISTEN_LISTED &&
+                    !ivshm_listened(h, src, out->f.gen)) {
+                    drop = true;
+                    /* its request for a channel is kept (the record is
+                       this incarnation's, just checked): a sender that
+                       asks before we listen sends on that ring after, and
+                       ivshm_listen adopts it then */
+                    if (flags & CELL_OPEN)
+                        h->peers[src].open_refused =
+                            out->f.total < h->fast_channels
+                                ? (uint16_t)(out->f.total + 1)
+                                : 0;
+                }
                 h->stats.dropped += drop;
             }
             if (drop) {

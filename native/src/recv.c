@@ -28,10 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Drops of stale cells in one receive call: a producer that keeps
-   writing stale slots must not hold us in the loop. */
-#define MAX_DROPS_PER_CALL(h) ((h)->ring_slots + (h)->queue_slots)
-
 /* Empty receive polls between two looks at the clock for a sweep of
    descriptors left by departed senders. */
 #define SWEEP_POLLS 4096
@@ -55,6 +51,11 @@ struct cref {
 static int q_to_backlog(ivshm *h, const struct qhead *q)
 {
     if (h->q_peek_src >= 0)
+        return -EAGAIN;
+    /* a sender we hear through the queue only costs us no memory: its
+       cell waits at the head for a receive from any sender */
+    if (h->listen_mode == IVSHM_LISTEN_OTHERS_QUEUED &&
+        !ivshm_listened(h, q->src, q->f.gen))
         return -EAGAIN;
     int rc = ivshm_bl_push(h, q->src, &q->f, q->data);
     if (rc == 0)
@@ -113,7 +114,8 @@ IVSHM_HOT_INLINE int next_cell(ivshm *h, int slot, enum rx_view view,
             c->data = q.data;
             return 1;
         }
-        if (!drain || q_to_backlog(h, &q) < 0)
+        /* one unit a cell moved aside: peers decide how many wait */
+        if (!drain || !ivshm_work(h) || q_to_backlog(h, &q) < 0)
             return 0;
     }
 }
@@ -142,6 +144,15 @@ static int rx_open(ivshm *h, int slot, const struct cref *c, enum rx_view view)
 {
     uint64_t k = c->f.total;
     consume_cell(h, slot, c, view);
+    if (!ivshm_listened(h, slot, c->f.gen)) {
+        /* Not heard on a ring of ours (IVSHM_LISTEN_OTHERS_QUEUED): its
+           ring is never read. Kept for ivshm_listen, which adopts the
+           channel then: everything it sends after this cell is there. */
+        h->peers[slot].open_refused =
+            k < h->fast_channels ? (uint16_t)(k + 1) : 0;
+        h->stats.dropped++;
+        return 0;
+    }
     if (!ivshm_chan_accept(h, slot, k)) {
         /* a departed sender's descriptor may have been swept already */
         h->stats.dropped++;
@@ -233,25 +244,38 @@ static ssize_t rx_fragments(ivshm *h, int slot, enum rx_view view,
 {
     struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t payload = slot_payload(h);
-    const uint32_t run_max = h->ring_slots + h->queue_slots;
-    uint32_t run = 0;
+    /* The incarnation the message is from. Looking at the queue can meet
+       a cell of the sender's next incarnation (a co-tenant's store of its
+       generation is enough), which resets our view of it under us: the
+       message in progress is gone then, nothing of it is ours to keep,
+       and the cell is the new incarnation's to deliver. */
+    const uint32_t gen = p->gen;
     while (p->rx_left) {
         struct cref c = {0};
-        int rc = 0;
-        if (!next_cell(h, slot, view, true, &c)) {
-            run = 0;
+        int rc = 1; /* 1: look again, 0: a fragment in c, < 0: stop */
+        /* One unit a fragment: a sender streaming without end spends the
+           budget, and then the deadline decides (a poll's has passed). */
+        if (!ivshm_work(h)) {
+            if (deadline != UINT64_MAX &&
+                (deadline == 0 || ivshm_now_ns() >= deadline))
+                rc = -ETIMEDOUT;
+            else
+                ivshm_work_start(h);
+        } else if (next_cell(h, slot, view, true, &c)) {
+            rc = 0;
+        } else {
             rc = rx_wait_fragment(h, slot, &view, deadline);
             if (rc == IVSHM_EPEERDEAD || rc == IVSHM_ECORRUPT) {
                 rx_abandon(p);
                 return rc;
             }
             if (rc == 0)
-                continue; /* there now: take it through next_cell */
-        } else if (++run == run_max) {
-            run = 0;
-            if (deadline != UINT64_MAX && ivshm_now_ns() >= deadline)
-                rc = -ETIMEDOUT;
+                rc = 1; /* there now: take it through next_cell */
         }
+        if (p->gen != gen || !p->rx_partial)
+            return IVSHM_EPEERDEAD; /* reset meanwhile: see above */
+        if (rc > 0)
+            continue;
         if (rc < 0) {
             /* cut: keep what this call stored, for the next one */
             if (!staged && stored && ivshm_stage_room(p, stored)) {
@@ -343,10 +367,10 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     }
 
     struct cref c;
-    for (uint32_t drops = 0;; drops++) {
-        if (drops == MAX_DROPS_PER_CALL(h))
-            return -EAGAIN;
-        if (!next_cell(h, slot, view, drain, &c))
+    /* a unit a cell after the first: stale cells and OPENs (each
+       `continue`) are peers' doing */
+    for (bool again = false;; again = true) {
+        if ((again && !ivshm_work(h)) || !next_cell(h, slot, view, drain, &c))
             return -EAGAIN;
         if (c.kind == SRC_RING && c.f.gen != p->gen) {
             if (c.f.gen == atomic_load_explicit(&ivshm_entry(h, slot)->gen,
@@ -379,6 +403,8 @@ IVSHM_HOT_INLINE ssize_t rx_message(ivshm *h, int slot, uint32_t *tag,
     if (peek) {
         if (!last)
             return -EMSGSIZE;
+        /* a backlog record is ours until the caller releases it */
+        ivshm_peek_begin(p, c.kind == SRC_BACKLOG ? p->bl_head : NULL);
         *peek = c.data;
         *tag = c.f.tag;
         p->peek_kind = (uint8_t)c.kind;
@@ -419,7 +445,7 @@ static inline ssize_t rx_hot_peek(ivshm *h, int *src, uint32_t *tag,
     const int slot = h->rx_hot;
     struct ivshm_peer_local *p = &h->peers[slot];
     if (h->rx_hot_run >= HOT_RUN_MAX || p->rx_chan < 0 || p->bl_head ||
-        p->rx_partial || p->peeked)
+        p->rx_partial || p->peeked || p->peek_rec)
         return -EAGAIN;
     struct ivshm_slot *s = slot_at(h, p->rx_ring, p->rx_tail);
     if (!slot_full(s, p->rx_tail) || !ivshm_peer_current(h, slot) ||
@@ -509,6 +535,10 @@ static ssize_t rx_any(ivshm *h, int *src, uint32_t *tag, void *buf,
 {
     int n = h->n_bl + h->n_act + 1;
     int i = h->rr_next >= 0 && h->rr_next < n ? h->rr_next : 0;
+    /* the sources: at most max_peers + fast_channels + 1, a unit each,
+       within the bound without a charge (the budget is for the loops
+       that peers can make long) */
+    ivshm_work_count(h, (uint32_t)n);
     for (int k = 0; k < n; k++, i = i + 1 >= n ? 0 : i + 1) {
         /* the lists may shrink while we go (a backlog emptied, a
            departed sender's channel freed): what is out of range waits
@@ -609,8 +639,11 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         return -EINVAL;
     /* 0: poll, the deadline has passed already; UINT64_MAX: forever */
     const uint64_t deadline = ivshm_deadline(timeout_ms);
+    bool looked_again = false;
 
     for (;;) {
+        /* each round follows a look at the clock (or a wait) */
+        ivshm_work_start(h);
         int got_src = from;
         uint32_t got_tag = 0;
         ssize_t rc =
@@ -631,9 +664,16 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
             return rc;
         maybe_sweep(h);
         if (from != IVSHM_ANY && ivshm_rx_view(h, from) != RX_LIVE) {
-            /* it may have published and left since rx_message looked */
-            if (rx_has_message(h, from))
+            /* It may have published and left since rx_message looked:
+               one more round for that, then only while the deadline
+               allows (a co-tenant that moves a departed sender's head
+               makes its ring look endless). */
+            if (rx_has_message(h, from)) {
+                if (looked_again && ms_left(deadline) == -ETIMEDOUT)
+                    return timeout_ms == 0 ? -EAGAIN : -ETIMEDOUT;
+                looked_again = true;
                 continue;
+            }
             rx_abandon(&h->peers[from]);
             return IVSHM_EPEERDEAD;
         }
@@ -675,11 +715,11 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
     }
 }
 
-int ivshm_listen_only(ivshm *h, int on)
+int ivshm_listen_only(ivshm *h, int mode)
 {
-    if (!h)
+    if (!h || mode < IVSHM_LISTEN_ALL || mode > IVSHM_LISTEN_OTHERS_QUEUED)
         return -EINVAL;
-    h->listen_only = on != 0;
+    h->listen_mode = (uint8_t)mode;
     return 0;
 }
 
@@ -688,6 +728,16 @@ int ivshm_listen(ivshm *h, int slot, uint32_t generation)
     if (!h || !ivshm_slot_ok(h, slot))
         return -EINVAL;
     h->listen_gen[slot] = generation;
+    /* A channel it announced before we listened: from now on we read it
+       (the OPEN was its last queue cell: order holds). Only if the slot
+       still holds that incarnation and the descriptor still names it. */
+    struct ivshm_peer_local *p = &h->peers[slot];
+    if (generation && p->open_refused && h->self >= 0 && slot != h->self &&
+        ivshm_peer_current(h, slot) && p->gen == generation) {
+        uint64_t k = p->open_refused - 1u;
+        p->open_refused = 0;
+        (void)ivshm_chan_accept(h, slot, k);
+    }
     return 0;
 }
 
@@ -724,6 +774,8 @@ static __attribute__((noinline)) ssize_t peek_general(ivshm *h, int from,
 {
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
+    /* one budget for both rounds: a peek never waits */
+    ivshm_work_start(h);
     /* two rounds: a sender may publish and leave between them */
     for (int round = 0; round < 2; round++) {
         int got_src = from;
@@ -794,15 +846,21 @@ int ivshm_recv_release(ivshm *h, int src)
         return -EINVAL;
     enum rx_view view = ivshm_rx_view(h, src); /* a new incarnation drops it */
     struct ivshm_peer_local *p = &h->peers[src];
-    if (view == RX_NONE || !p->peeked)
+    /* whatever became of the message meanwhile, what the peek handed out
+       is the caller's no more after this call (ivshm_peek_end) */
+    if (view == RX_NONE || !p->peeked) {
+        ivshm_peek_end(p);
         return -EINVAL;
+    }
     struct cref c = {.kind = p->peek_kind};
     if ((c.kind == SRC_QUEUE && h->q_peek_src != src) ||
         (c.kind == SRC_RING && p->rx_chan < 0) ||
-        (c.kind == SRC_BACKLOG && !p->bl_head)) {
+        (c.kind == SRC_BACKLOG && p->bl_head != p->peek_rec)) {
         p->peeked = false;
+        ivshm_peek_end(p);
         return -EINVAL;
     }
     consume_cell(h, src, &c, view);
+    ivshm_peek_end(p);
     return 0;
 }

@@ -413,6 +413,8 @@ static int map_fd(int fd, bool may_format, ivshm **out)
     h->max_windows = l.max_windows;
     h->queue_slots = l.queue_slots;
     h->fast_channels = l.fast_channels;
+    h->work_budget =
+        ivshm_work_budget_of(l.queue_slots, l.ring_slots, l.max_peers);
     h->registry_off = l.registry_off;
     h->rx_off = l.rx_off;
     h->rx_bytes = l.rx_bytes;

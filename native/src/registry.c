@@ -23,12 +23,44 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The FREE or DEAD slot claimed the fewest times (lowest generation,
+   0 for never), or -1. Invariant: a slot whose peer left or died is
+   claimed again as late as the registry allows, because its claim ends
+   the delivery of what that peer published and nobody has read yet
+   (RX_GONE, peer_local.c: a receiver may start reading after the sender
+   is gone). Claims taken this way keep the generations of cycling slots
+   within one of each other, so the slot claimed longest ago goes first,
+   and the one just left last. A co-tenant's forged generations only
+   change the choice; the CAS decides. */
+static int least_claimed(ivshm *h)
+{
+    int best = -1;
+    uint32_t best_gen = 0;
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
+        if (st != PEER_FREE && st != PEER_DEAD)
+            continue;
+        uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+        if (best < 0 || gen < best_gen) {
+            best = (int)s;
+            best_gen = gen;
+        }
+    }
+    return best;
+}
+
 int ivshm_registry_claim(ivshm *h, const ivshm_config *cfg,
                          int32_t doorbell_id, int backend, bool may_sleep,
                          uint32_t *gen_out)
 {
-    for (uint32_t s = 0; s < h->max_peers; s++) {
-        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+    /* a lost CAS means somebody else took that slot: max_peers tries */
+    for (uint32_t tries = 0; tries < h->max_peers; tries++) {
+        int found = least_claimed(h);
+        if (found < 0)
+            break;
+        uint32_t s = (uint32_t)found;
+        struct ivshm_peer_entry *e = ivshm_entry(h, found);
         uint32_t st = atomic_load_explicit(&e->state, memory_order_relaxed);
         if (st != PEER_FREE && st != PEER_DEAD)
             continue;
@@ -87,10 +119,9 @@ static bool mark_dead(ivshm *h, int slot, uint32_t gen)
     uint32_t st = PEER_ACTIVE;
     if (atomic_load_explicit(&e->gen, memory_order_acquire) != gen)
         return false;
-    if (!atomic_compare_exchange_strong(&e->state, &st, PEER_DEAD))
-        return false;
-    ivshm_windows_on_leave(h, slot);
-    return true;
+    /* O(1): what it held in the window tables is broken by whoever
+       waits for it, and not counted as a member (window_table.h) */
+    return atomic_compare_exchange_strong(&e->state, &st, PEER_DEAD);
 }
 
 /* Process state from /proc: a zombie (killed, not yet reaped by its
@@ -139,18 +170,39 @@ bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen)
     return true;
 }
 
-int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
+static int cmp_id(const void *a, const void *b)
 {
-    int n = 0;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One pass over the registry for a whole batch of leavers: O(max_peers x
+   log n + n log n), however many entries carry their ids (a leaver can
+   have written its id into every entry). `ids` is sorted in place. */
+int ivshm_mark_doorbells_dead(ivshm *h, int32_t *ids, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (n > 1)
+        qsort(ids, n, sizeof *ids, cmp_id);
+    int marked = 0;
+    ivshm_work_count(h, h->max_peers);
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
-        if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
-            __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED) == doorbell_id &&
-            doorbell_id >= 0 &&
-            mark_dead(h, (int)s, atomic_load_explicit(&e->gen, memory_order_relaxed)))
-            n++;
+        if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+            continue;
+        int32_t id = __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED);
+        if (id >= 0 && bsearch(&id, ids, n, sizeof *ids, cmp_id) &&
+            mark_dead(h, (int)s,
+                      atomic_load_explicit(&e->gen, memory_order_relaxed)))
+            marked++;
     }
-    return n;
+    return marked;
+}
+
+int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
+{
+    return doorbell_id < 0 ? 0 : ivshm_mark_doorbells_dead(h, &doorbell_id, 1);
 }
 
 int ivshm_self(const ivshm *h)
@@ -163,12 +215,16 @@ int ivshm_max_peers(const ivshm *h)
     return (int)h->max_peers;
 }
 
-int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
+/* The entry of `slot` while its state is one of `want` (a bit per
+   state) and its generation stays: 0 and *out filled, else -ENOENT. */
+static int read_entry(ivshm *h, int slot, ivshm_peer_info *out,
+                      unsigned want)
 {
     if (!ivshm_slot_ok(h, slot) || !out)
         return -EINVAL;
     struct ivshm_peer_entry *e = ivshm_entry(h, slot);
-    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+    uint32_t st = atomic_load_explicit(&e->state, memory_order_acquire);
+    if (st > PEER_DEAD || !(want & 1u << st))
         return -ENOENT;
     /* Copy field by field, each loaded once; the owner could rewrite
        them, but they are only reported, never used as indices here. */
@@ -181,9 +237,34 @@ int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
     for (size_t i = 0; i < sizeof e->name; i++)
         out->name[i] = __atomic_load_n(&e->name[i], __ATOMIC_RELAXED);
     out->name[sizeof e->name - 1] = '\0';
-    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE)
+    /* still that incarnation: a claim meanwhile changed the state (to
+       CLAIMING) and the generation, before it rewrote the fields */
+    atomic_thread_fence(memory_order_acquire);
+    st = atomic_load_explicit(&e->state, memory_order_relaxed);
+    if (st > PEER_DEAD || !(want & 1u << st) ||
+        atomic_load_explicit(&e->gen, memory_order_relaxed) != out->generation)
         return -ENOENT;
     return 0;
+}
+
+int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out)
+{
+    return read_entry(h, slot, out, 1u << PEER_ACTIVE);
+}
+
+/* A peer that left (FREE) or died (DEAD) keeps its entry until the slot
+   is claimed again (which bumps the generation first): its identity is
+   still the one of the messages it published (RX_GONE). A FREE slot of
+   generation 0 was never held. */
+int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out)
+{
+    int rc = read_entry(h, slot, out, 1u << PEER_ACTIVE);
+    if (rc != -ENOENT)
+        return rc;
+    rc = read_entry(h, slot, out, 1u << PEER_FREE | 1u << PEER_DEAD);
+    if (rc < 0 || out->generation == 0)
+        return -ENOENT;
+    return 1;
 }
 
 int64_t ivshm_peer_generation(ivshm *h, int slot)
@@ -209,6 +290,7 @@ int ivshm_peer_local(ivshm *h, int slot)
 
 int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank)
 {
+    ivshm_work_count(h, h->max_peers);
     for (uint32_t s = 0; s < h->max_peers; s++) {
         struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
         if (atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&

@@ -27,7 +27,11 @@ IVSHM_INTERNAL void ivshm_registry_leave(ivshm *h);
    share a pid namespace and marks a dead one. */
 IVSHM_INTERNAL bool ivshm_peer_alive(ivshm *h, int slot, uint32_t gen);
 /* Mark every ACTIVE slot whose doorbell id is `doorbell_id` dead (the
-   server's leave notice). Returns how many. */
+   server's leave notice). Returns how many. O(max_peers): a mark is one
+   CAS (what the peer held is released lazily, window_table.h). */
 IVSHM_INTERNAL int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
+/* The same for the n ids of `ids` (sorted in place) in one pass over the
+   registry: O(max_peers x log n + n log n). */
+IVSHM_INTERNAL int ivshm_mark_doorbells_dead(ivshm *h, int32_t *ids, size_t n);
 
 #endif

@@ -40,7 +40,7 @@ static bool chan_orphaned(ivshm *h, uint32_t k, int s, uint32_t g)
     struct ivshm_peer_local *p = &h->peers[s];
     if (!ivshm_peer_current(h, s) || p->gen != g || p->rx_chan >= 0 ||
         p->rx_partial || p->bl_head ||
-        (h->listen_only && h->listen_gen[s] != g))
+        !ivshm_listened(h, s, g))
         return false;
     if (!ivshm_chan_in_use(h, k, g))
         return false;

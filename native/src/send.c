@@ -36,6 +36,7 @@ static int tx_begin(ivshm *h, int slot, size_t len)
     /* also resets our view if a new incarnation took the slot */
     if (!ivshm_peer_current(h, slot))
         return IVSHM_EPEERDEAD;
+    ivshm_work_start(h); /* for the loops peers drive (queue claims) */
     return 0;
 }
 

@@ -21,11 +21,13 @@
  * Lock words and barrier counters are validated at every read (holder
  * slot in range, reader bits below max_peers, count <= nseg).
  *
- * Freeing: a READY descriptor whose members bitmap is empty is free, and
- * so is a BUSY one found under alloc_lock (its creator held the lock and
- * died). ivshm_win_close frees it at once under alloc_lock;
- * ivshm_windows_on_leave (window_table.c) only clears bits, and the
- * allocator reclaims empty descriptors lazily. `gen` bumps at every
+ * Freeing: a READY descriptor without a present member (a bit whose
+ * registry entry is ACTIVE, ivshm_win_members_present) is free, and so is
+ * a BUSY one found under alloc_lock (its creator held the lock and died).
+ * ivshm_win_close frees it at once under alloc_lock; a member that died
+ * or left without closing is not cleared by anyone but itself (or the
+ * next incarnation of its slot, ivshm_windows_on_leave), so the
+ * allocator reclaims windows left without a present member lazily. `gen` bumps at every
  * create, so a late closer never frees a reused descriptor, and a
  * snapshot taken while a create runs is told by its changed gen or state.
  */
@@ -81,11 +83,13 @@ struct ivshm_window {
     bool bar_pending;             /* arrived, barrier not yet passed */
     uint32_t bar_phase;           /* phase we arrived in             */
     uint8_t held[IVSHM_MAX_PEERS];/* HELD_* per segment              */
+    uint32_t probe_from;          /* members_ok's next probe (probe_bits) */
 };
 
 /* Slot live for the purpose of holding locks and barrier membership.
-   ivshm_peer_alive probes the pid and marks a dead peer, which clears
-   its window state through ivshm_windows_on_leave (no lock taken there). */
+   ivshm_peer_alive probes the pid and marks a dead peer (O(1)): what it
+   held is broken by the waiter that found it (break_stale_writer,
+   break_stale_readers, the alloc lock) or not counted (members). */
 static bool slot_alive(ivshm *h, int slot)
 {
     if (slot == h->self)
@@ -99,12 +103,22 @@ struct backoff {
     uint32_t n;
     uint64_t deadline;
     uint64_t next_probe;
+    uint32_t probe_from; /* the slot the next round of probes starts at */
 };
 
 static void backoff_init(struct backoff *b, uint64_t timeout_ns)
 {
     b->n = 0;
     b->deadline = ivshm_now_ns() + timeout_ns;
+    b->next_probe = 0;
+    b->probe_from = 0;
+}
+
+/* The next phase of the same wait (an exclusive lock's readers' drain
+   after its writer word): spin again first, under the same deadline. */
+static void backoff_next_phase(struct backoff *b)
+{
+    b->n = 0;
     b->next_probe = 0;
 }
 
@@ -133,15 +147,49 @@ static int backoff_pause(struct backoff *b)
             ivshm_cpu_relax();
         return 0;
     }
-    if (ivshm_now_ns() > b->deadline)
+    uint64_t now = ivshm_now_ns();
+    if (now >= b->deadline)
         return -ETIMEDOUT;
     if (n < 48) {
         sched_yield();
         return 0;
     }
-    long ns = n < 200 ? 20000 : n < 1000 ? 200000 : 1000000;
-    struct timespec ts = {0, ns};
+    /* never past the deadline: the caller looks once more, then gives up */
+    uint64_t ns = n < 200 ? 20000 : n < 1000 ? 200000 : 1000000;
+    if (ns > b->deadline - now)
+        ns = b->deadline - now;
+    struct timespec ts = {0, (long)ns};
     nanosleep(&ts, NULL);
+    return 0;
+}
+
+/* Liveness probes of the slots whose bits are set in `bm`, at most
+   PROBES_PER_ROUND of them from *from on (round robin over calls): a
+   probe may cost system calls (ivshm_peer_alive), and a co-tenant can
+   set every bit. `dead` is called for each slot found dead; a nonzero
+   return stops the round and is returned. */
+#define PROBES_PER_ROUND 32u
+static int probe_bits(ivshm *h, _Atomic uint64_t *bm, uint32_t *from,
+                      int (*dead)(ivshm *h, _Atomic uint64_t *bm, int slot))
+{
+    uint32_t words = bm_words(h), start = *from % (words * 64), probed = 0;
+    for (uint32_t k = 0; k < words + 1 && probed < PROBES_PER_ROUND; k++) {
+        uint32_t wd = (start / 64 + k) % words;
+        uint64_t m = atomic_load_explicit(&bm[wd], memory_order_relaxed);
+        if (k == 0)
+            m &= ~0ull << (start % 64);       /* from `start` on */
+        else if (k == words)
+            m &= (1ull << (start % 64)) - 1;  /* back below `start` */
+        for (; m && probed < PROBES_PER_ROUND; m &= m - 1, probed++) {
+            uint32_t s = wd * 64 + (uint32_t)__builtin_ctzll(m);
+            *from = s + 1;
+            if (s < h->max_peers && !slot_alive(h, (int)s)) {
+                int rc = dead(h, bm, (int)s);
+                if (rc)
+                    return rc;
+            }
+        }
+    }
     return 0;
 }
 
@@ -202,7 +250,7 @@ static bool snap_reusable(const ivshm *h, const struct desc_snap *s)
     if (s->state != WIN_READY || !ivshm_win_snap_extent_ok(h, s))
         return false;
     uint32_t n;
-    bm_scan(h, snap_bitmap(h, s, 0), &n, memory_order_relaxed);
+    ivshm_win_members_present(h, snap_bitmap(h, s, 0), &n);
     return n == 0;
 }
 
@@ -282,7 +330,7 @@ static int join_existing(ivshm *h, uint32_t index, const struct desc_snap *s,
         return -EINVAL;
     _Atomic uint64_t *members = snap_bitmap(h, s, 0);
     uint32_t n;
-    if (bm_scan(h, members, &n, memory_order_acquire))
+    if (ivshm_win_members_present(h, members, &n))
         return IVSHM_ECORRUPT;
     if (bm_test(members, h->self))
         return -EBUSY; /* this attachment already has it open */
@@ -412,14 +460,14 @@ void ivshm_win_close(ivshm_window *w)
     if (__atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen &&
         atomic_load_explicit(&d->state, memory_order_acquire) == WIN_READY &&
         bm_clear(w->members, h->self, memory_order_acq_rel) &&
-        !bm_scan(h, w->members, &left, memory_order_acquire) && left == 0) {
+        !ivshm_win_members_present(h, w->members, &left) && left == 0) {
         if (ivshm_alloc_lock(h) == 0) {
             /* Recheck under the lock: a joiner may have re-joined it, or
                an allocator reclaimed and recreated it (gen moved). */
             uint32_t st = atomic_load_explicit(&d->state, memory_order_relaxed);
             if (st == WIN_READY &&
                 __atomic_load_n(&d->gen, __ATOMIC_RELAXED) == w->gen &&
-                !bm_scan(h, w->members, &left, memory_order_relaxed) &&
+                !ivshm_win_members_present(h, w->members, &left) &&
                 left == 0)
                 atomic_store_explicit(&d->state, WIN_FREE, memory_order_release);
             ivshm_alloc_unlock(h);
@@ -547,6 +595,13 @@ static _Atomic uint64_t *seg_readers(const ivshm_window *w, uint32_t seg)
     return w->readers + (uint64_t)seg * bm_words(w->h);
 }
 
+static int clear_dead_reader(ivshm *h, _Atomic uint64_t *bm, int slot)
+{
+    (void)h;
+    bm_clear(bm, slot, memory_order_relaxed);
+    return 0;
+}
+
 /* Reader bits of `seg` are set (while we wait to hold exclusive, so
    none of them is ours legitimately). Clear the ones of dead slots. */
 static int break_stale_readers(ivshm_window *w, uint32_t seg,
@@ -560,15 +615,7 @@ static int break_stale_readers(ivshm_window *w, uint32_t seg,
         bm_clear(r, h->self, memory_order_relaxed);
     if (!backoff_probe_due(b))
         return 0;
-    for (uint32_t wd = 0; wd < bm_words(h); wd++) {
-        uint64_t m = atomic_load_explicit(&r[wd], memory_order_relaxed);
-        for (; m; m &= m - 1) {
-            int s = (int)(wd * 64 + (uint32_t)__builtin_ctzll(m));
-            if (!slot_alive(h, s))
-                bm_clear(r, s, memory_order_relaxed);
-        }
-    }
-    return 0;
+    return probe_bits(h, r, &b->probe_from, clear_dead_reader);
 }
 
 /* Any reader bit of `seg` set? Each word loaded once. */
@@ -613,8 +660,9 @@ int ivshm_win_lock(ivshm_window *w, uint32_t seg, int kind)
                 (rc = backoff_pause(&b)) < 0)
                 return rc;
         }
-        /* We own `writer`: new readers back off, existing ones finish. */
-        backoff_init(&b, win_lock_timeout(h));
+        /* We own `writer`: new readers back off, existing ones finish,
+           by the same deadline (one bound for the whole call) */
+        backoff_next_phase(&b);
         for (;;) {
             if (!readers_present(w, seg))
                 break;
@@ -694,21 +742,32 @@ static bool phase_moved_or_broken(ivshm *h, void *arg)
 /* Can the barrier still complete? Members whose slot is dead, or that
    left while we waited (bit seen then cleared), never arrive. Finding a
    dead one marks it dead, which breaks the barrier for everyone. */
+static int member_dead(ivshm *h, _Atomic uint64_t *bm, int slot)
+{
+    (void)h;
+    (void)bm;
+    (void)slot;
+    return IVSHM_EPEERDEAD;
+}
+
 static int members_ok(ivshm_window *w, uint64_t *seen)
 {
     ivshm *h = w->h;
-    if (bm_scan(h, w->members, NULL, memory_order_relaxed))
+    uint32_t set, present;
+    if (bm_scan(h, w->members, &set, memory_order_relaxed))
         return IVSHM_ECORRUPT;
+    /* a member whose entry is no longer ACTIVE left or was found dead:
+       one load per member; pid probes (system calls) below are paced */
+    ivshm_win_members_present(h, w->members, &present);
+    if (present < set)
+        return IVSHM_EPEERDEAD;
     for (uint32_t wd = 0; wd < bm_words(h); wd++) {
         uint64_t m = atomic_load_explicit(&w->members[wd], memory_order_acquire);
         if (seen[wd] & ~m)
             return IVSHM_EPEERDEAD;
         seen[wd] |= m;
-        for (; m; m &= m - 1)
-            if (!slot_alive(h, (int)(wd * 64 + (uint32_t)__builtin_ctzll(m))))
-                return IVSHM_EPEERDEAD;
     }
-    return 0;
+    return probe_bits(h, w->members, &w->probe_from, member_dead);
 }
 
 /* Waiting is over: passed (0), or the barrier is broken. */
@@ -729,10 +788,12 @@ static int barrier_done(ivshm_window *w, struct phase_wait *pw)
  * move. After a timeout our arrival stays counted: calling again resumes
  * waiting for the same round instead of arriving twice.
  *
- * A member that dies or leaves without closing never arrives. Whoever
- * finds it gone (ivshm_windows_on_leave) sets BAR_BROKEN in the count, so
- * every waiter, even one that never saw the dead member's bit, fails with
- * IVSHM_EPEERDEAD; so does every later barrier of this window.
+ * A member that dies or leaves without closing never arrives. Its bit
+ * stays set with its registry entry no longer ACTIVE (or its pid gone,
+ * found by a paced probe), which every waiter sees each slice (members_ok):
+ * IVSHM_EPEERDEAD, also at every later barrier of this window. A member
+ * that leaves cleanly, and the next incarnation of a dead member's slot,
+ * clear the bit and set BAR_BROKEN in the count (ivshm_windows_on_leave).
  */
 int ivshm_win_barrier(ivshm_window *w, int timeout_ms)
 {

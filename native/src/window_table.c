@@ -8,12 +8,17 @@
  * the region.
  *
  * ivshm_windows_on_leave only clears bits: it runs inside registry paths
- * (a peer found dead; our own slot while it is still CLAIMING), where
- * waiting for alloc_lock could deadlock or have our hold broken. An
- * emptied window is reclaimed by the allocator later (window.c).
+ * (our own leave; our own slot while it is still CLAIMING), where waiting
+ * for alloc_lock could deadlock or have our hold broken. A window left
+ * without a present member is reclaimed by the allocator later
+ * (window.c). Nobody clears a departed peer's bits for it: that would
+ * cost every peer that learns of one leave O(windows x segments) chosen
+ * by the leaver.
  */
 #define _GNU_SOURCE
 #include "window_table.h"
+
+#include "clock.h"
 
 void ivshm_win_snap(const struct ivshm_win_desc *d, struct desc_snap *s)
 {
@@ -67,6 +72,30 @@ _Atomic uint64_t *ivshm_win_bitmap(ivshm *h, uint32_t index, int seg)
     return snap_bitmap(h, &s, seg < 0 ? 0 : (uint32_t)seg + 1);
 }
 
+bool ivshm_win_members_present(const ivshm *h, _Atomic uint64_t *bm,
+                               uint32_t *count)
+{
+    uint32_t n = 0, words = bm_words(h);
+    bool bad = false;
+    ivshm_work_count((ivshm *)h, words);
+    for (uint32_t w = 0; w < words; w++) {
+        uint64_t v = atomic_load_explicit(&bm[w], memory_order_acquire);
+        if (w == words - 1 && h->max_peers % 64) {
+            bad |= (v >> (h->max_peers % 64)) != 0;
+            v &= (1ull << (h->max_peers % 64)) - 1;
+        }
+        ivshm_work_count((ivshm *)h, (uint32_t)__builtin_popcountll(v));
+        for (; v; v &= v - 1) {
+            int s = (int)(w * 64 + (uint32_t)__builtin_ctzll(v));
+            n += atomic_load_explicit(&ivshm_entry(h, s)->state,
+                                      memory_order_relaxed) == PEER_ACTIVE;
+        }
+    }
+    if (count)
+        *count = n;
+    return bad;
+}
+
 void ivshm_windows_on_leave(ivshm *h, int slot)
 {
     if (!h || !ivshm_slot_ok(h, slot))
@@ -74,24 +103,26 @@ void ivshm_windows_on_leave(ivshm *h, int slot)
     const uint64_t holder = (uint64_t)slot + 1;
     uint64_t expect = holder;
     atomic_compare_exchange_strong(&ivshm_hdr(h)->alloc_lock, &expect, 0);
+    ivshm_work_count(h, h->max_windows);
     for (uint32_t i = 0; i < h->max_windows; i++) {
-        struct ivshm_win_desc *d = win_desc(h, i);
-        if (atomic_load_explicit(&d->state, memory_order_acquire) == WIN_FREE)
-            continue; /* lock lines are cleared when it is created */
-        struct ivshm_win_lock *locks = win_locks(h, i);
-        for (uint32_t s = 0; s < h->max_peers; s++) {
-            expect = holder;
-            atomic_compare_exchange_strong(&locks[s].writer, &expect, 0);
-        }
         /* bits only in a READY window's validated, untorn extent */
         struct desc_snap sn;
         if (!ivshm_win_snap_ready(h, i, &sn))
             continue;
-        /* A member gone without closing can never arrive at a barrier. */
+        /* A window we were not in holds nothing of ours (a lock line
+           naming us there was written by a co-tenant: it costs its
+           waiters the lock bound, as any forged holder does). */
         _Atomic uint64_t *members = snap_bitmap(h, &sn, 0);
-        if (bm_test(members, slot) && bm_clear(members, slot, memory_order_acq_rel))
-            atomic_fetch_or(&d->bar_count, BAR_BROKEN);
+        if (!bm_test(members, slot) ||
+            !bm_clear(members, slot, memory_order_acq_rel))
+            continue;
+        /* A member gone without closing can never arrive at a barrier. */
+        atomic_fetch_or(&win_desc(h, i)->bar_count, BAR_BROKEN);
+        struct ivshm_win_lock *locks = win_locks(h, i);
+        ivshm_work_count(h, sn.nseg);
         for (uint32_t seg = 0; seg < sn.nseg; seg++) {
+            expect = holder;
+            atomic_compare_exchange_strong(&locks[seg].writer, &expect, 0);
             _Atomic uint64_t *r = snap_bitmap(h, &sn, seg + 1);
             if (bm_test(r, slot))
                 bm_clear(r, slot, memory_order_relaxed);

@@ -108,10 +108,25 @@ IVSHM_INTERNAL bool ivshm_win_snap_ready(const ivshm *h, uint32_t index,
    none. For tests and diagnostics. */
 IVSHM_INTERNAL _Atomic uint64_t *ivshm_win_bitmap(ivshm *h, uint32_t index,
                                                   int seg);
-/* Release what `slot` held (dead or leaving): the allocation lock, its
-   window locks, its reader bits, its membership (which breaks the
-   windows' barriers). Clears bits only, takes no lock: it runs inside
-   registry paths (registry.c). */
+/* Members in `bm` whose registry entry is ACTIVE (each word and each
+   entry's state loaded once): a member found dead, or gone without
+   closing, is not counted, so its window can be freed and reused
+   without anyone clearing its bit first. Whether a bit names no slot
+   (garbage) is returned, as bm_scan does. O(words + bits set). */
+IVSHM_INTERNAL bool ivshm_win_members_present(const ivshm *h,
+                                              _Atomic uint64_t *bm,
+                                              uint32_t *count);
+/* Release what our own slot held in the window tables: at a leave, and
+   at a claim, for the incarnation before us (whose bits name our slot,
+   and which nobody else can tell from us once we are ACTIVE): the
+   allocation lock, and in each window whose members bitmap has our bit
+   that bit (which breaks the window's barrier), our reader bits and the
+   lock lines naming us. Clears bits only, takes no lock: it runs inside
+   registry paths (registry.c). O(windows + the segments of the windows
+   we were in): what a peer held is its own to release. A peer found
+   dead by others is only marked: what it held is broken by whoever
+   waits for it (its liveness is probed) or ignores it (a window's
+   members are counted by ivshm_win_members_present). */
 IVSHM_INTERNAL void ivshm_windows_on_leave(ivshm *h, int slot);
 
 #endif

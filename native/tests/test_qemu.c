@@ -209,7 +209,7 @@ int main(void)
                      "--connect-rate-per-uid", "0", "--connect-rate-per-pid",
                      "0", "--ids-per-pid", "0", NULL};
     fflush(NULL);
-    server_pid = fork();
+    server_pid = tu_fork_child();
     if (server_pid == 0) {
         execv(server_bin, sargs);
         _exit(127);
@@ -247,7 +247,7 @@ int main(void)
                      "-machine", "pc", "-chardev", chardev,
                      "-device", device, "-qmp", qmp, NULL};
     fflush(NULL);
-    qemu_pid = fork();
+    qemu_pid = tu_fork_child();
     if (qemu_pid == 0) {
         int null = open("/dev/null", O_RDWR);
         if (null >= 0)

@@ -308,7 +308,9 @@ static void trio_open(const ivshm_geometry *g, const char *fast_after,
 
 static void test_switch_over(void)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
+    /* three slots: a's next incarnation takes a's (a claim prefers a
+       slot claimed fewer times, registry.c) */
+    ivshm_geometry g = {.max_peers = 3, .ring_slots = 8, .slot_size = 256,
                         .queue_slots = 16, .fast_channels = 2};
     ivshm *a, *b, *c;
     trio_open(&g, "4", &a, &b, &c);
@@ -534,6 +536,16 @@ static void test_listen_only(void)
     CHECK_RC(ivshm_recv(b, IVSHM_ANY, NULL, NULL, &v, 4, 0), -EAGAIN);
     CHECK_RC(ivshm_recv(b, sx, NULL, NULL, &v, 4, 0), -EAGAIN);
     CHECK(b->peers[sx].rx_chan < 0);
+    /* listed later, in that incarnation: the channel it asked for before
+       is read from then on (its request was kept, not its cells) */
+    CHECK_RC(ivshm_listen(b, sx, x->self_gen), 0);
+    CHECK(b->peers[sx].rx_chan >= 0);
+    CHECK_RC(ivshm_recv(b, sx, NULL, &tag, &v, 4, 1000), 4);
+    CHECK(tag == 0xbad);
+    CHECK_RC(ivshm_send(x, sb, 6, "ok", 2), 0);
+    CHECK_RC(ivshm_recv(b, sx, NULL, &tag, &v, 4, 1000), 2);
+    CHECK(tag == 6);
+    CHECK_RC(ivshm_listen(b, sx, 0), 0);
     /* a new x, listed: heard from then on */
     ivshm_detach(x);
     x = tu_attach(path, job, 2, 0);

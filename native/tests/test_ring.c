@@ -705,7 +705,10 @@ static int recv_one_child(void *arg)
 
 static void test_departed_and_rejoined(void)
 {
-    fresh_region(NULL);
+    /* two slots: the child's next incarnations take its slot (a claim
+       prefers a slot claimed fewer times, registry.c) */
+    const ivshm_geometry two = {.max_peers = 2};
+    fresh_region(&two);
     ivshm *h = tu_attach(path, job, 0, 0);
     pid_t pid = tu_fork(send_and_leave_child, NULL);
     CHECK(tu_wait(pid, 20000) == 0); /* gone before we read anything */

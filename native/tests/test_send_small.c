@@ -150,9 +150,9 @@ static void test_bytes_and_paths(void)
 
 /* A pair on a fast ring of 8 slots of 256 bytes, and two parts to send. */
 static void duo_ring(struct duo *d, uint8_t *a, size_t alen, uint8_t *b,
-                     size_t blen, uint32_t seed)
+                     size_t blen, uint32_t seed, uint32_t peers)
 {
-    ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256};
+    ivshm_geometry g = {.max_peers = peers, .ring_slots = 8, .slot_size = 256};
     duo_open(d, &g);
     fill(a, alen, seed);
     fill(b, blen, seed + 1);
@@ -165,7 +165,9 @@ static void test_repairs(void)
 {
     struct duo d;
     uint8_t a[64], b[64];
-    duo_ring(&d, a, sizeof a, b, sizeof b, 3);
+    /* two slots: b's next incarnation below takes b's (a claim prefers
+       a slot claimed fewer times, registry.c) */
+    duo_ring(&d, a, sizeof a, b, sizeof b, 3, 2);
     bool ok = true;
     for (uint32_t i = 0; i < 8; i++)
         ok &= ivshm_send_small(d.a, d.sb, i, a, 14, b, 8) == 0;
@@ -261,7 +263,7 @@ static void test_hostile_tail(void)
 {
     struct duo d;
     uint8_t a[16], b[8];
-    duo_ring(&d, a, sizeof a, b, sizeof b, 5);
+    duo_ring(&d, a, sizeof a, b, sizeof b, 5, 4);
     struct ivshm_ring_ctrl *ctrl = ring_ctrl(d.a, d.sa, d.sb);
     struct scribbler s = {(uint64_t)((uint8_t *)&ctrl->tail - d.a->base),
                           tu_now_ms() + 1500};

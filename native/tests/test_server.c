@@ -88,7 +88,7 @@ static bool state_has_peer(const char *path, int32_t id, int vectors)
 static pid_t spawn_server(char *const args[])
 {
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = tu_fork_child();
     if (pid == 0) {
         execv(server_bin, args);
         _exit(127);
@@ -104,7 +104,7 @@ static int run_server(char *const args[], char *err, size_t cap)
     if (pipe(pipefd) < 0)
         return -1;
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = tu_fork_child();
     if (pid == 0) {
         dup2(pipefd[1], 2);
         close(pipefd[0]);
@@ -697,7 +697,7 @@ static void test_fake_server(void)
     /* the server hangs up mid-burst, and in the middle of a message */
     {
         struct fake_script fs = {eof_burst, 4, lsock, shm_fd, 0, -1};
-        pid_t pid = fork();
+        pid_t pid = tu_fork_child();
         if (pid == 0) {
             int c = fake_accept(lsock);
             fake_run_steps(c, shm_fd, fs.steps, fs.nsteps);

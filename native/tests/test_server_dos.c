@@ -82,7 +82,7 @@ static bool start_server(const char *const *extra)
     unlink(state_path);
     unlink(log_path);
     fflush(NULL);
-    server_pid = fork();
+    server_pid = tu_fork_child();
     if (server_pid == 0) {
         int log = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (log >= 0)

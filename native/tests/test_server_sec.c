@@ -93,7 +93,7 @@ static bool start_server(const char *const *extra)
     args[n] = NULL;
     unlink(state_path);
     fflush(NULL);
-    server_pid = fork();
+    server_pid = tu_fork_child();
     if (server_pid == 0) {
         execv(server_bin, args);
         _exit(127);
@@ -587,7 +587,7 @@ static void test_no_links_followed(void)
     char *args[] = {"ivshmem-server", "-F", "-S", sock_path, "-M", link_path,
                     NULL};
     fflush(NULL);
-    pid_t p = fork();
+    pid_t p = tu_fork_child();
     if (p == 0) {
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 2);
@@ -633,7 +633,7 @@ static void test_bad_options(void)
         int pfd[2];
         CHECK(pipe2(pfd, O_CLOEXEC) == 0);
         fflush(NULL);
-        pid_t p = fork();
+        pid_t p = tu_fork_child();
         if (p == 0) {
             dup2(pfd[1], 2);
             execv(server_bin, cases[i]);

@@ -145,7 +145,7 @@ static void test_hostile_clears_flag(void)
     int sv = ivshm_self(victim), ss = ivshm_self(sender);
     /* the victim receives in a child of its own so that this process
        can send while it sleeps */
-    pid_t rx = fork();
+    pid_t rx = tu_fork_child();
     if (rx == 0) {
         uint64_t worst = 0;
         for (int i = 0; i < 20; i++) {

@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -65,10 +66,25 @@ ivshm *tu_attach(const char *path, uint64_t job, uint32_t rank,
     return h;
 }
 
+pid_t tu_fork_child(void)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* A test killed by ctest's timeout (SIGKILL) cannot reap its
+           children: they go with it instead of spinning on as orphans
+           (the setting survives exec). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* it died before the prctl */
+            _exit(97);
+    }
+    return pid;
+}
+
 pid_t tu_fork(int (*fn)(void *), void *arg)
 {
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = tu_fork_child();
     if (pid == 0)
         _exit(fn(arg));
     return pid;

@@ -58,6 +58,8 @@ ivshm *tu_attach(const char *path, uint64_t job, uint32_t rank,
 /* Fork a child running fn(arg); returns its pid. The child _exit()s with
    fn's return value. */
 pid_t tu_fork(int (*fn)(void *), void *arg);
+/* fork(), and the child dies when the test does (also by SIGKILL). */
+pid_t tu_fork_child(void);
 /* Wait for `pid` at most timeout_ms; kills it (SIGKILL) on timeout.
    Returns its exit status (0..255), or -1 if killed/timed out. */
 int tu_wait(pid_t pid, int timeout_ms);

@@ -1,6 +1,6 @@
 /*
  * What the co-tenant processes of tests/test_btl_trust.py share
- * (idle_scribbler.c, tail_scribbler.c): map the region file named on the
+ * (idle_scribbler.c, tail_scribbler.c, foreign_ring.c): map the region file named on the
  * command line, take its layout from the header (read once, every area
  * checked against the file's size), stop at SIGTERM or after the given
  * seconds. Built with -I native/src: the layout is libivshm's header.
