@@ -52,6 +52,12 @@ class MpiError(InvalidRequest):
     """An MPI launch request is wrong (transport, options that conflict)."""
 
 
+class MpiFlavorError(MpiError):
+    """An MPI is asked for that this machine cannot run as asked: an
+    unknown name, one not installed, or a transport it lacks (the
+    libfabric provider not built)."""
+
+
 class MpiSetupError(OperationFailed):
     """The launch request was fine but the environment is not (no mpirun,
     no component build, region cannot be made)."""

@@ -23,7 +23,7 @@ case "$VERSION" in
     [0-9]*) ;;
     *) echo "mkdeb.sh: bad version '$VERSION'" >&2; exit 2;;
 esac
-for f in libivshm.so.1.0.0 ivshmem-server guest/ivshm-guest guest/ivshm-guest-shared btl/mca_btl_ivshmem.so; do
+for f in libivshm.so.1.0.0 ivshmem-server guest/ivshm-guest guest/ivshm-guest-shared btl/mca_btl_ivshmem.so provider/libivshm-fi.so; do
     [ -f "$BUILD/$f" ] || { echo "mkdeb.sh: $BUILD/$f missing (run make build)" >&2; exit 2; }
 done
 for t in dpkg-deb strip readelf chrpath; do
@@ -98,6 +98,10 @@ mkdir -p "$G/DEBIAN"
 bin "$BUILD/libivshm.so.1.0.0" "$G/usr/lib/$MA/libivshm.so.1.0.0" 0644
 ln -s libivshm.so.1.0.0 "$G/usr/lib/$MA/libivshm.so.1"
 bin "$BUILD/btl/mca_btl_ivshmem.so" "$G/$OMPI_COMPONENTS/mca_btl_ivshmem.so" 0644
+# where Debian's libfabric (1.17 in Debian 12, 2.1 in 13) loads external
+# providers from by itself
+bin "$BUILD/provider/libivshm-fi.so" "$G/usr/lib/$MA/libfabric/libivshm-fi.so" 0644
+install -D -m 0644 "$HERE/guest/profile.sh" "$G/etc/profile.d/ivcloud-guest.sh"
 bin "$BUILD/guest/ivshm-guest-shared" "$G/usr/bin/ivshm-guest" 0755
 install -D -m 0755 "$HERE/guest/ivshm-bind" "$G/usr/libexec/ivcloud-guest/ivshm-bind"
 install -D -m 0644 "$HERE/guest/60-ivcloud-ivshmem.rules" "$G/lib/udev/rules.d/60-ivcloud-ivshmem.rules"
@@ -108,18 +112,23 @@ install -m 0644 "$HERE/guest/README" "$G/usr/share/doc/ivcloud-guest/README"
 for s in postinst prerm postrm triggers; do
     install -m "$( [ $s = triggers ] && echo 0644 || echo 0755 )" "$HERE/guest/$s" "$G/DEBIAN/$s"
 done
-echo /etc/modprobe.d/ivcloud-guest.conf > "$G/DEBIAN/conffiles"
+printf '%s\n' /etc/modprobe.d/ivcloud-guest.conf /etc/profile.d/ivcloud-guest.sh > "$G/DEBIAN/conffiles"
 echo "libivshm 1 ivcloud-guest (>= $VERSION)" > "$G/DEBIAN/shlibs"
+# Debian 12 (Open MPI 4.1: the BTL) or Debian 13 (Open MPI 5: the
+# provider through mtl ofi); the BTL is inert beside Open MPI 5
 control "$G" ivcloud-guest \
-    "libc6 (>= 2.34), libopenmpi3 (>= 4.1), libopenmpi3 (<< 4.2), openmpi-bin, udev, kmod, adduser" "" \
+    "libc6 (>= 2.34), libfabric1 (>= 1.17), libopenmpi3 (<< 4.2) | libopenmpi40 (>= 5.0), openmpi-bin, udev, kmod, adduser" "" \
+    "Breaks: libopenmpi3 (<< 4.1)" \
     "Description: ivcloud guest: MPI over ivshmem shared memory between VMs" \
     " Installs, inside a QEMU guest with an ivshmem-doorbell device:" \
     "  - libivshm, the shared-memory message library;" \
     "  - the Open MPI 4.1 BTL component \"ivshmem\";" \
+    "  - the libfabric provider \"ivshm\" (Open MPI 5, MPICH, Intel MPI);" \
     "  - ivshm-guest, a diagnostic and ping-pong tool;" \
     "  - a udev rule and unit that give every ivshmem device (1af4:1110) to" \
     "    vfio-pci (or uio_pci_generic) for group ivshm, and point Open MPI at" \
-    "    it, so that a plain mpirun between guests uses the shared region."
+    "    it, so that a plain mpirun between guests uses the shared region;" \
+    "  - a login profile that points the libfabric MPIs at the provider."
 build "$G" ivcloud-guest
 
 # ---------------------------------------------------------------- host

@@ -2,7 +2,7 @@
 
     command line      ivcloud.cli, ivcloud.__main__
     workloads, benchmarks  ivcloud.apps, ivcloud.bench
-    library           server, mpi, netns, cluster, vm, place, libvirt,
+    library           server, mpi, mpis, netns, cluster, vm, place, libvirt,
                       isolate
     binding, errors   ivcloud.native, ivcloud.errors, ivcloud.procfs
 
@@ -25,7 +25,8 @@ LAYERS = {
     "ivcloud.errors": 0,
     "ivcloud.native": 0,
     "ivcloud.procfs": 0,
-    "ivcloud.server": 1, "ivcloud.mpi": 1, "ivcloud.netns": 1,
+    "ivcloud.server": 1, "ivcloud.mpi": 1, "ivcloud.mpis": 1,
+    "ivcloud.netns": 1,
     "ivcloud.cluster": 1, "ivcloud.vm": 1, "ivcloud.place": 1,
     "ivcloud.libvirt": 1, "ivcloud.isolate": 1,
     "ivcloud.apps": 2, "ivcloud.bench": 2,

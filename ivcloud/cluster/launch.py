@@ -14,13 +14,16 @@ the instance's holder is still the process we started, and execs
     where orted and PMIx keep their session directories) and
     IVSHM_SOCKET = the socket of the job's region on the instance's
     server (jobs.py; the server's standing region for a job that shares
-    it), which the ivshmem BTL reads when btl_ivshmem_socket is not set;
+    it), which the ivshmem BTL reads when btl_ivshmem_socket is not set,
+    and the same as FI_IVSHM_SOCKET for the libfabric provider;
   * COMMAND joined and run by /bin/sh -c, since Open MPI quotes it for
     a remote shell.
 
 mpirun itself runs on the head node (its own namespaces on the core
 bridge, no ranks) so that every rank is launched through the agent and
-every orted reaches mpirun over the cluster network.
+every orted reaches mpirun over the cluster network. The other MPIs
+(ivcloud.mpis: hydra of MPICH and Intel MPI, PRRTE of Open MPI 5) start
+their proxies through the same agent, from the head node too.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import mpis
 from ..errors import LaunchError
+from ..mpis import provider
 from .holder import CLUSTER_ENV, Holder, enter_argv
 from .jobs import JOB_ENV, job_socket
 from .state import StateDir, load
-from .topology import SUBNET, ClusterTopology
+from .topology import SUBNET, ClusterTopology, topology_from_dict
 
 PLACEMENTS = ("block", "round-robin")
 TRANSPORTS = ("tcp", "ivshmem")
@@ -58,14 +63,21 @@ def visible_inside(path: str) -> bool:
 
 # ---------------------------------------------------------------- files
 
-def hostfile_text(topo: ClusterTopology, placement: str) -> str:
-    """block: instances server-major, filled slot by slot (--map-by slot);
+def host_slots(topo: ClusterTopology,
+               placement: str) -> List[Tuple[str, int]]:
+    """(hostname, slots) of every instance in the placement's order.
+    block: instances server-major, filled slot by slot (--map-by slot);
     round-robin: instance-major order with --map-by node, so consecutive
     ranks land on different servers first."""
     insts = topo.instance_list()
     if placement == "round-robin":
         insts = sorted(insts, key=lambda i: (i.index, i.server))
-    return "".join(f"{i.hostname} slots={topo.vcpus}\n" for i in insts)
+    return [(i.hostname, topo.vcpus) for i in insts]
+
+
+def hostfile_text(topo: ClusterTopology, placement: str) -> str:
+    return "".join(f"{host} slots={slots}\n"
+                   for host, slots in host_slots(topo, placement))
 
 
 def agent_script_text(state_dir: Path) -> str:
@@ -100,6 +112,7 @@ def instance_env(state: Dict, host: str, base: Optional[Dict] = None) -> Dict[st
         else:
             server = state["servers"][str(inst["server"])]
             env["IVSHM_SOCKET"] = server["socket"]
+        env[provider.SOCKET_ENV] = env["IVSHM_SOCKET"]
     return env
 
 
@@ -217,6 +230,34 @@ def mpirun_command(state: Dict, sd: StateDir, program: Sequence[str],
                 "--bind-to", "none",
                 "--wdir", wdir or working_dir()]
     return cmd
+
+
+def flavor_command(state: Dict, sd: StateDir, mpi: str,
+                   program: Sequence[str], np: int, transport: str = "tcp",
+                   placement: str = "block", report: bool = False,
+                   wdir: Optional[str] = None,
+                   hosts: Optional[Sequence[Tuple[str, int]]] = None
+                   ) -> List[str]:
+    """The launcher argv (to run on the head node) of a job with one of
+    the libfabric MPIs (ivcloud.mpis): its own launcher, reaching the
+    instances through the launch agent, ranks placed over the instances
+    as `placement` says (or on `hosts`, (hostname, slots) in order).
+    Each rank's provider finds its server's region through the socket
+    the agent gives it."""
+    if placement not in PLACEMENTS:
+        raise LaunchError(f"unknown placement '{placement}' (choose from "
+                          f"{', '.join(PLACEMENTS)})")
+    if hosts is None:
+        hosts = host_slots(topology_from_dict(state["topology"]), placement)
+    unknown = [h for h, _ in hosts if h not in state.get("instances", {})]
+    if unknown:
+        raise LaunchError(f"no instance '{unknown[0]}' in cluster "
+                          f"'{state['name']}'")
+    job = mpis.Job(program, np, hosts=hosts,
+                   spread=placement == "round-robin", agent=str(sd.agent),
+                   transport=transport, report=report,
+                   wdir=wdir or working_dir())
+    return mpis.flavor(mpi).command(job)
 
 
 # ---------------------------------------------------------------- agent

@@ -1,6 +1,9 @@
 """The Debian guest image (`ivcloud vm image --kind debian`): a Debian 12
 root built with mmdebstrap from Debian packages, the way an operator
 builds a cloud image, with our ivcloud-guest package installed by dpkg.
+`--release trixie` builds Debian 13 instead (RELEASES: its suite,
+mirrors and a smaller package list: Open MPI 5.0.7 and libfabric 2.1,
+mpi4py, no applications), cached the same way under names of its own.
 
 Two cached layers, each in a directory named by the hash of its inputs,
 outside the source tree (default /var/cache/ivcloud, $IVCLOUD_IMAGE_CACHE),
@@ -36,8 +39,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ImageError
 from .image import AGENT_LOOP, INIT_BANNER, READY_BANNER, GuestImage
@@ -64,6 +68,48 @@ BASE_PACKAGES = [
     "openfoam", "python3-scipy", "python3-petsc4py", "python3-mpi4py-fft",
     "python3-meshio", "python3-matplotlib",
 ]
+# Debian 13: what the guest package needs (Open MPI 5 reaches the region
+# through libfabric's ivshm provider) and mpi4py, no applications.
+TRIXIE_PACKAGES = [
+    "linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
+    "adduser", "openmpi-bin", "libfabric1", "python3-mpi4py",
+    "openssh-client", "openssh-server", "iproute2", "procps",
+]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Debian release an image can be built from: mmdebstrap's suite,
+    its mirrors and packages, and the prefix of its cache entries."""
+    suite: str
+    title: str
+    mirrors: Tuple[str, ...]
+    packages: Tuple[str, ...]
+    cache_prefix: str   # its entries: PREFIX-base-HASH, guest-PREFIX-HASH
+
+
+RELEASES = {
+    "bookworm": Release(SUITE, "Debian 12", tuple(MIRRORS),
+                        tuple(BASE_PACKAGES), "debian"),
+    "trixie": Release("trixie", "Debian 13", (
+        "deb http://deb.debian.org/debian trixie main",
+        "deb http://deb.debian.org/debian trixie-updates main",
+        "deb http://deb.debian.org/debian-security trixie-security main",
+    ), tuple(TRIXIE_PACKAGES), "debian13"),
+}
+DEFAULT_RELEASE = "bookworm"
+
+
+def release(name: Optional[str] = None) -> Release:
+    """The Release called `name` (None: Debian 12); ImageError for one
+    we cannot build."""
+    name = name or DEFAULT_RELEASE
+    if name not in RELEASES:
+        raise ImageError(f"unknown Debian release '{name}' (choose from "
+                         f"{', '.join(RELEASES)})", setting="release")
+    return RELEASES[name]
+
+
 GUEST_PACKAGE = "ivcloud-guest"
 # the solver's package (`make deb` builds it beside the guest package):
 # VM clusters install it too, for the application benchmarks
@@ -279,15 +325,18 @@ def _prune(cache: Path, prefix: str, keep: int, current: Path) -> None:
             pass
 
 
-def base_inputs() -> Dict:
-    return {"version": BASE_VERSION, "suite": SUITE, "mirrors": MIRRORS,
-            "packages": sorted(BASE_PACKAGES)}
+def base_inputs(rel: Optional[Release] = None) -> Dict:
+    rel = rel or release()
+    return {"version": BASE_VERSION, "suite": rel.suite,
+            "mirrors": list(rel.mirrors), "packages": sorted(rel.packages)}
 
 
 def base_root(cache: Optional[Path] = None, force: bool = False,
-              log=None) -> Path:
+              log=None, rel: Optional[Release] = None) -> Path:
     """The mmdebstrap tarball of the base root, built once per inputs."""
-    d = Path(cache or cache_root()) / f"debian-base-{_hash(base_inputs())}"
+    rel = rel or release()
+    prefix = f"{rel.cache_prefix}-base"
+    d = Path(cache or cache_root()) / f"{prefix}-{_hash(base_inputs(rel))}"
     tar = d / "root.tar"
     if tar.is_file() and not force:
         _used(d)
@@ -299,24 +348,25 @@ def base_root(cache: Optional[Path] = None, force: bool = False,
         if tar.is_file() and not force:
             _used(d)
             return tar
-        _build_base(d, tar, log)
-    _prune(d.parent, "debian-base", KEEP_BASES, d)
+        _build_base(d, tar, log, rel)
+    _prune(d.parent, prefix, KEEP_BASES, d)
     return tar
 
 
-def _build_base(d: Path, tar: Path, log) -> None:
+def _build_base(d: Path, tar: Path, log, rel: Release) -> None:
     if log:
-        log(f"mmdebstrap {SUITE} ({len(BASE_PACKAGES)} packages) into {tar}")
+        log(f"mmdebstrap {rel.suite} ({len(rel.packages)} packages) into "
+            f"{tar}")
     t0 = time.monotonic()
     tmp = d / "root.tar.tmp"
     _run(["mmdebstrap", "--mode=root", "--variant=apt", "--quiet",
           "--format=tar",
           "--aptopt=APT::Install-Recommends \"false\"",
-          "--include=" + ",".join(BASE_PACKAGES), SUITE, str(tmp),
-          *MIRRORS], BASE_TIMEOUT_S, "mmdebstrap")
+          "--include=" + ",".join(rel.packages), rel.suite, str(tmp),
+          *rel.mirrors], BASE_TIMEOUT_S, "mmdebstrap")
     os.replace(tmp, tar)
     (d / "inputs.json").write_text(json.dumps(
-        dict(base_inputs(), seconds=round(time.monotonic() - t0, 1)),
+        dict(base_inputs(rel), seconds=round(time.monotonic() - t0, 1)),
         indent=2) + "\n")
     _used(d)
 
@@ -344,14 +394,17 @@ def solver_deb_beside(deb: Path) -> Optional[Path]:
 
 
 def image_dir_for(deb: Path, cache: Optional[Path] = None,
-                  extra: Sequence[Path] = ()) -> Path:
+                  extra: Sequence[Path] = (),
+                  rel: Optional[Release] = None) -> Path:
+    rel = rel or release()
     files = {k: [m, hashlib.sha256(t.encode()).hexdigest()]
              for k, (m, t) in _files().items()}
-    inputs = {"version": IMAGE_VERSION, "base": _hash(base_inputs()),
+    inputs = {"version": IMAGE_VERSION, "base": _hash(base_inputs(rel)),
               "deb": _sha256(deb), "files": files, "enable": ENABLE,
               "extra": [_sha256(Path(x)) for x in extra],
               "mask": MASK, "user": MPI_USER}
-    return Path(cache or cache_root()) / f"guest-debian-{_hash(inputs)}"
+    return Path(cache or cache_root()) / \
+        f"guest-{rel.cache_prefix}-{_hash(inputs)}"
 
 
 def _install_into(root: Path, deb: Path, extra: Sequence[Path] = ()
@@ -412,11 +465,12 @@ def _install_into(root: Path, deb: Path, extra: Sequence[Path] = ()
 
 
 def build(cache: Optional[Path] = None, deb: Optional[Path] = None,
-          force: bool = False, log=None, extra: Sequence[Path] = ()
-          ) -> GuestImage:
+          force: bool = False, log=None, extra: Sequence[Path] = (),
+          release_name: Optional[str] = None) -> GuestImage:
     """Build (or reuse) the Debian guest image with package `deb` (and
     the `extra` packages, e.g. ivcloud-host to test its unit in a guest
-    that runs systemd)."""
+    that runs systemd), of Debian 12 or the release named."""
+    rel = release(release_name)
     deb = Path(deb) if deb else default_guest_deb()
     if not deb.is_file():
         raise ImageError(f"guest package {deb} does not exist",
@@ -425,19 +479,19 @@ def build(cache: Optional[Path] = None, deb: Optional[Path] = None,
         if not Path(x).is_file():
             raise ImageError(f"package {x} does not exist",
                              setting="extra_deb")
-    out = image_dir_for(deb, cache, extra)
+    out = image_dir_for(deb, cache, extra, rel)
     if not force:
         img = cached_dir(out)
         if img is not None:
             _used(out)
             return img
-    tar = base_root(cache, log=log)
+    tar = base_root(cache, log=log, rel=rel)
     with _locked(out):
         img = None if force else cached_dir(out)
         if img is None:
             img = _build_image(out, tar, deb, log, extra)
         _used(out)
-    _prune(out.parent, "guest-debian", KEEP_IMAGES, out)
+    _prune(out.parent, f"guest-{rel.cache_prefix}", KEEP_IMAGES, out)
     return img
 
 

@@ -189,12 +189,13 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
        initrd: Optional[str] = None,
        boot_timeout: float = BOOT_TIMEOUT_S, log=None,
        kind: str = "busybox", guest_deb: Optional[str] = None,
-       network: bool = False, extra_debs: Optional[List[str]] = None
-       ) -> List[Dict]:
+       network: bool = False, extra_debs: Optional[List[str]] = None,
+       release: Optional[str] = None) -> List[Dict]:
     """Boot `count` VMs named PREFIX0.. attached to `server`. All or
     nothing: on failure every VM started here is stopped again. `kind`
     picks the image: the busybox initramfs (image.py) or the Debian
-    image with the ivcloud-guest package (debian.py). `network` links
+    image with the ivcloud-guest package (debian.py; `release` names a
+    Debian release other than 12, e.g. trixie). `network` links
     two Debian guests by an Ethernet of their own (10.12.0.1 and .2, each
     other's names in /etc/hosts), for mpirun between them.
 
@@ -205,7 +206,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
     running (_record_running)."""
     log = log or (lambda msg: sys.stderr.write(msg + "\n"))
     _check_request(count, vcpus, memory, vectors, doorbell, kind, kernel,
-                   initrd, network, prefix)
+                   initrd, network, prefix, release)
     binary = qemu.qemu_binary()
     if binary is None:
         raise VmError(f"{os.environ.get(qemu.QEMU_ENV) or qemu.DEFAULT_QEMU}"
@@ -216,7 +217,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
         if path is not None and not Path(path).is_file():
             raise VmError(f"guest {what} image {path} is missing")
     img = _guest_image(kind, image_dir, guest_deb, extra_debs, kernel,
-                       initrd, log)
+                       initrd, log, release)
     if accel == "auto":
         accel = _choose_accel(binary, img, root, log)
 
@@ -248,7 +249,7 @@ def up(root: Path, count: int, server: str, prefix: str = DEFAULT_PREFIX,
 def _check_request(count: int, vcpus: int, memory: int, vectors: int,
                    doorbell: str, kind: str, kernel: Optional[str],
                    initrd: Optional[str], network: bool,
-                   prefix: str) -> None:
+                   prefix: str, release: Optional[str] = None) -> None:
     """Refuse, before anything starts, what `up` cannot boot."""
     if not 1 <= count <= MAX_VMS:
         raise VmError(f"the number of VMs must be 1..{MAX_VMS}, not {count}",
@@ -281,6 +282,9 @@ def _check_request(count: int, vcpus: int, memory: int, vectors: int,
     if kind == "debian" and (kernel or initrd):
         raise VmError("the Debian image boots its own kernel and initramfs",
                       setting="kernel")
+    if release is not None and kind != "debian":
+        raise VmError("a Debian release applies to the Debian image only",
+                      setting="release")
     if network and (kind != "debian" or count != 2):
         raise VmError("a guest network links exactly 2 Debian guests",
                       setting="network")
@@ -304,13 +308,14 @@ def _check_names(root: Path, prefix: str, count: int) -> List[str]:
 def _guest_image(kind: str, image_dir: Optional[str],
                  guest_deb: Optional[str], extra_debs: Optional[List[str]],
                  kernel: Optional[str], initrd: Optional[str],
-                 log) -> image.GuestImage:
+                 log, release: Optional[str] = None) -> image.GuestImage:
     """The image to boot: Debian's, a given kernel and initramfs, or the
     busybox one (with either of them replaced when given)."""
     if kind == "debian":
         img = debian.build(Path(image_dir) if image_dir else None,
                            Path(guest_deb) if guest_deb else None, log=log,
-                           extra=[Path(x) for x in extra_debs or ()])
+                           extra=[Path(x) for x in extra_debs or ()],
+                           release_name=release)
     elif kernel and initrd:
         img = image.GuestImage(Path(kernel).absolute(),
                                Path(initrd).absolute(), "custom")

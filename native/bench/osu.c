@@ -237,7 +237,7 @@ static void run_test(const struct opts *o, enum test t, char *buf,
                                         : t == T_BW ? window : 1);
             double lat_us = batch[NBATCH / 2] / ops * 1e6;
             printf("{\"transport\":\"%s\",\"test\":\"%s\",\"ranks\":%d,"
-                   "\"size\":%d,\"latency_us\":%.4f,\"bandwidth_MBps\":%.2f,"
+                   "\"size\":%d,\"latency_us\":%.4f,\"bandwidth_MBps\":%.6g,"
                    "\"ops\":%.0f,\"latency_min_us\":%.4f",
                    o->transport, test_names[t],
                    p2p || rma ? 2 : nranks, size, lat_us,

@@ -228,6 +228,7 @@ typedef struct mca_btl_ivshmem_component_t {
     volatile int32_t in_progress;
     uint32_t idle_polls;
     uint32_t looks_paused; /* deliveries left before the next look (poll_region) */
+    int fast_delivered;    /* ob1 upcalls of the fast path in this call  */
     uint32_t ticks;
     uint64_t idle_since_ns;
     uint64_t last_tick_ns;

@@ -440,6 +440,51 @@ int mca_btl_ivshmem_drain(uint32_t budget)
     return poll_region(budget);
 }
 
+/* A message of the fast path that is not a trusted sender's at its
+   trusted generation with nothing stashed: what poll_region does with
+   it, the message staying where it lies (libivshm consumes it). */
+static __attribute__((noinline)) int take_unusual(int src, uint32_t gen,
+                                                  uint32_t tag,
+                                                  const void *data, size_t len)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    ivshmem_rx_msg_t m = {.src = src, .tag = tag, .in_ring = false,
+                          .gen = gen, .data = data};
+    const uint64_t t = c->trusted[src];
+    if (!t) {
+        m.sender = SENDER_UNTRUSTED;
+        return untrusted_message(&m, (ssize_t)len);
+    }
+    if (t == (uint64_t)gen + 1) { /* behind its stashed messages */
+        stash_put(&m, len, gen, true);
+        c->stash_ready = true;
+        return 0;
+    }
+    m.sender = SENDER_REPLACED;
+    return dispatch(&m, len);
+}
+
+/* The fast path's upcall (ivshm_recv_each): one whole message of `src`
+   in its incarnation `gen`, where it lies in the region; libivshm
+   consumes it when we return. The same rule as poll_region: ob1 sees
+   only trusted senders at their trusted generation, after whatever of
+   theirs waits in the stash. Without `lock` (single-threaded only). */
+static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
+                          const void *data, size_t len)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    (void)arg;
+    /* ob1's callback may call opal_progress: that must not take this
+       message again before libivshm has consumed it (cleared by the
+       progress call when ivshm_recv_each returns) */
+    c->in_progress = 1;
+    if (OPAL_LIKELY(c->trusted[src] == (uint64_t)gen + 1 &&
+                    0 == c->stashed[src]))
+        c->fast_delivered += deliver(src, tag, data, len);
+    else
+        c->fast_delivered += take_unusual(src, gen, tag, data, len);
+}
+
 /* A queued fragment left the FIFO: sent (rc 0) or failed. With `lock`. */
 static void pending_sent(mca_btl_ivshmem_endpoint_t *ep,
                          mca_btl_ivshmem_frag_t *f, int rc)
@@ -800,19 +845,25 @@ static __attribute__((noinline)) int idle_tick(void)
 }
 
 /* Everything but the empty call of one thread: delivery, retries,
-   callbacks, the idle tick. `idle`: what ivshm_recv_idle answered (-1:
-   not asked yet). Under the one-progress-at-a-time guard. */
-static __attribute__((noinline)) int progress_body(int idle)
+   callbacks, the idle tick. `taken`: what the fast path took (messages
+   handed to take_in_place, `delivered` of them to ob1: fast_delivered),
+   0 when it found
+   something only the general path takes, -EAGAIN when it found nothing;
+   NOT_ASKED (threads) when the general path alone is used, which asks
+   ivshm_recv_idle first under `lock`. Under the one-progress-at-a-time
+   guard. */
+#define NOT_ASKED (-1000)
+static __attribute__((noinline)) int progress_body(int taken, int delivered)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (idle < 0) {
+    int events = delivered;
+    if (taken == NOT_ASKED) {
         OPAL_THREAD_LOCK(&c->lock);
-        idle = ivshm_recv_idle(c->h);
+        taken = ivshm_recv_idle(c->h) ? -EAGAIN : 0;
         OPAL_THREAD_UNLOCK(&c->lock);
     }
-    int events = 0;
-    if (OPAL_UNLIKELY(!idle || c->stash_ready))
-        events = poll_region(IVSHMEM_RECV_BATCH);
+    if (OPAL_UNLIKELY(0 == taken || c->stash_ready))
+        events += poll_region(IVSHMEM_RECV_BATCH);
     if (OPAL_UNLIKELY(c->num_pending))
         events += retry_pending();
     if (OPAL_UNLIKELY(NULL != c->complete.head))
@@ -838,31 +889,45 @@ int mca_btl_ivshmem_component_progress(void)
     if (OPAL_UNLIKELY(opal_using_threads())) {
         if (opal_atomic_swap_32(&c->in_progress, 1))
             return 0;
-        int events = progress_body(-1);
+        int events = progress_body(NOT_ASKED, 0);
         opal_atomic_wmb();
         c->in_progress = 0;
         return events;
     }
     if (c->in_progress)
         return 0;
-    /* Most calls (every MPI_Test, every spin of MPI_Wait) find nothing:
-       a few loads answer that (and a "maybe" every 64th call, so the
-       full peek's checks of the senders still run), and with one thread
-       nothing else is touched: no guard to set (the idle look makes no
-       upcall), no lock. Stashed messages are ours, out of libivshm's
-       sight: they always get their poll; queued sends and callbacks
-       their turn; every IDLE_POLLS_PER_TICK-th empty call its tick. */
-    int idle = ivshm_recv_idle(c->h);
+    /* One thread: the fast path first (docs/fast-path.md). Whole
+       messages at the heads of our fast channels go to ob1 where they
+       lie, without the peek/release bookkeeping; most calls (every
+       MPI_Test, every spin of MPI_Wait) find nothing there, and
+       libivshm says so in a few loads (and "look elsewhere" every 64th
+       time, so the general path's checks still run). The look for a
+       second message is paused as in poll_region: after a call that
+       found only one, the next IVSHMEM_LOOK_PAUSE take one each. The
+       upcall sets the re-entrancy guard (take_in_place): an empty call
+       stores nothing. */
+    const int max = c->looks_paused ? 1 : IVSHMEM_RECV_BATCH;
+    int taken = ivshm_recv_each(c->h, take_in_place, NULL, max);
     int events;
-    if (OPAL_LIKELY(idle && !c->stash_ready && !c->num_pending &&
+    if (OPAL_LIKELY(taken == -EAGAIN && !c->stash_ready && !c->num_pending &&
                     NULL == c->complete.head)) {
+        /* Stashed messages are ours, out of libivshm's sight: they
+           always get their poll; queued sends and callbacks their turn;
+           every IDLE_POLLS_PER_TICK-th empty call its tick. */
         if (OPAL_LIKELY(++c->idle_polls % IDLE_POLLS_PER_TICK != 0))
             return 0;
         c->in_progress = 1;
         events = idle_tick();
     } else {
         c->in_progress = 1;
-        events = progress_body(idle);
+        if (taken > 0) {
+            if (max == 1)
+                c->looks_paused--;
+            else if (taken == 1)
+                c->looks_paused = IVSHMEM_LOOK_PAUSE;
+        }
+        events = progress_body(taken, c->fast_delivered);
+        c->fast_delivered = 0;
     }
     c->in_progress = 0;
     return events;

@@ -294,6 +294,21 @@ int ivshm_recv_release(ivshm *h, int src);
    (a sender's new incarnation, whose ring restarts elsewhere; a tail a
    co-tenant rewound) is then found at most 63 calls late. */
 int ivshm_recv_idle(ivshm *h);
+/* The fast path of a progress loop (docs/fast-path.md): hand up to `max`
+   whole single-slot messages that wait at the heads of our fast channels
+   to `fn` where they lie, each sender's in its order, and consume each
+   when fn returns. `data` is shared memory, untrusted as with
+   ivshm_recv_peek, and ours only until fn returns; `generation` is the
+   sender's incarnation that wrote it. fn may send on `h` but must not
+   receive on it. Returns how many fn took; 0 when it took none but a
+   message may wait elsewhere (the queue, a backlog, a longer or unusual
+   message, another sender's turn: take it with ivshm_recv_peek or
+   ivshm_recv); -EAGAIN when nothing waits at all, which is answered no
+   more than 63 times in a row (as ivshm_recv_idle: the full peek's
+   checks still run); -EINVAL for bad arguments. Never waits. */
+typedef void (*ivshm_recv_fn)(void *arg, int src, uint32_t generation,
+                              uint32_t tag, const void *data, size_t len);
+int ivshm_recv_each(ivshm *h, ivshm_recv_fn fn, void *arg, int max);
 
 /* Zero-copy send of one single-slot message: a pointer to the payload of
    the next free slot of the fast ring to `slot`, to be filled with up to

@@ -147,6 +147,10 @@ struct ivshm {
     uint64_t next_sweep_ns;
     unsigned sweep_polls;
     unsigned idle_polls;      /* ivshm_recv_idle calls (its run limit)    */
+    /* ivshm_recv_each: messages taken in a row (the general path's turn
+       after HOT_RUN_MAX), and the active channel it starts at */
+    uint32_t each_run;
+    int each_next;
     /* Work budget (clock.h): units of work driven by region contents
        left before the call looks at the clock again, and a whole one. */
     uint32_t work_left, work_budget;

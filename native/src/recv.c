@@ -525,6 +525,91 @@ int ivshm_recv_idle(ivshm *h)
     return rx_nothing(h, false);
 }
 
+/*
+ * The fast path of a progress loop (docs/fast-path.md): the whole
+ * single-slot messages at the heads of our fast channels, handed to the
+ * caller where they lie (ring_take, ring.h) and consumed after it returns,
+ * without the peek/release bookkeeping. Invariants:
+ *  - each sender's messages in its order: a sender with a backlog, a
+ *    message in progress or a peeked one is left to the general path
+ *    (all of them are older than its ring's head), and so is one whose
+ *    peeked backlog record the caller may still hold (lifetimes until
+ *    release, peer_local.h);
+ *  - bounded: at most `max` messages; after HOT_RUN_MAX in a row the
+ *    general path gets a turn whenever the queue or a backlog holds
+ *    something, so queued senders are not starved by busy channels, and
+ *    the walk over the channels starts after the last one that gave;
+ *  - "nothing at all" is never answered IDLE_RUN_MAX times in a row, as
+ *    ivshm_recv_idle: what only the full peek sees still gets seen.
+ * ring_take keeps the rest (one copy of each header, the sender's
+ * incarnation, consuming only what fn left alone).
+ */
+static __attribute__((noinline)) int each_walk(ivshm *h, ivshm_recv_fn fn,
+                                               void *arg, int max)
+{
+    if (!fn || max < 1)
+        return -EINVAL;
+    if (h->each_run >= HOT_RUN_MAX) {
+        h->each_run = 0;
+        if (h->n_bl || !q_empty(h))
+            return 0;
+    }
+    int n = 0;
+    bool elsewhere = false;
+    const int nact = h->n_act;
+    int x = h->each_next < nact ? h->each_next : 0;
+    for (int k = 0; k < nact; k++, x = x + 1 < nact ? x + 1 : 0) {
+        if (x >= h->n_act) /* a sender's channel was freed on the way */
+            break;
+        const int slot = h->act[x];
+        const struct ivshm_peer_local *p = &h->peers[slot];
+        if (p->rx_chan < 0 || p->rx_partial) {
+            elsewhere = true;
+            continue;
+        }
+        if (!slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
+            continue;
+        /* (a backlog record a peek handed out: a new hand-out ends it,
+           which the general path does, ivshm_peek_begin) */
+        if (p->peeked || p->bl_head || p->peek_rec) {
+            elsewhere = true;
+            continue;
+        }
+        n += ring_take(h, slot, fn, arg, max - n, &elsewhere);
+        if (n >= max) {
+            h->each_next = x + 1; /* the next call starts after this one */
+            break;
+        }
+    }
+    if (n) {
+        h->each_run += (uint32_t)n;
+        return n;
+    }
+    h->each_run = 0;
+    if (elsewhere || h->n_bl || !q_empty(h) ||
+        (++h->idle_polls & (IDLE_RUN_MAX - 1)) == 0)
+        return 0;
+    return -EAGAIN;
+}
+
+/* The usual answer first: every head empty, in a few loads and no frame
+   (a peeked message lies at its head; a backlog is seen below); the
+   walk, out of line, once a head says "full" or a sender is mid-way. */
+int ivshm_recv_each(ivshm *h, ivshm_recv_fn fn, void *arg, int max)
+{
+    if (__builtin_expect(!h || h->self < 0, 0))
+        return -EINVAL; /* fn and max are checked where they are used */
+    for (int x = 0; x < h->n_act; x++) {
+        const struct ivshm_peer_local *p = &h->peers[h->act[x]];
+        if (p->rx_chan < 0 || p->rx_partial ||
+            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
+            return each_walk(h, fn, arg, max);
+    }
+    if (h->n_bl || !q_empty(h) || (++h->idle_polls & (IDLE_RUN_MAX - 1)) == 0)
+        return 0;
+    return -EAGAIN;
+}
+
 /* Round robin over the sources of IVSHM_ANY, from rr_next: the senders
    with a backlog, the senders with a fast channel, and the queue head
    (whose sender's older messages, in its backlog, go first). A busy

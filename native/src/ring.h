@@ -255,4 +255,72 @@ IVSHM_INTERNAL bool ivshm_ring_unhide_gone(ivshm *h, int slot);
 /* Empty a ring: positions 0, every slot free. */
 IVSHM_INTERNAL void ivshm_ring_reset(ivshm *h, uint8_t *ring);
 
+/* ------------------------------------------------------------------ */
+/* consumer: the fast path's take (recv.c, ivshm_recv_each)          */
+/* ------------------------------------------------------------------ */
+
+/* Up to `max` (>= 1) whole single-slot messages at the head of the
+   ring of `slot`, each handed to `fn` where it lies and consumed when fn
+   returns. How many; *elsewhere set when the head holds what only the
+   general path takes, or the sender is not the incarnation we read from.
+   Per message: the slot's seq (the word its producer stored last), one
+   copy of its header, the checks a peek makes of a FIRST|LAST message of
+   this incarnation, the caller, our tail. No line but the slot's moves
+   between the two sides (docs/fast-path.md). Before the first message:
+   the registry says the sender is still the incarnation we read from
+   (one load each of its state and generation; a departed or new one is
+   the general path's, which delivers what a departed one left and
+   resets our view of a new one). A header that is anything else
+   (fragments, another generation, a length out of bounds) is left where
+   it is for the general path, which reports or repairs it. While fn
+   runs the message counts as peeked (SRC_RING), so fn may even release
+   it or receive it itself; it is consumed here only if nobody did and
+   our view of its sender is unchanged when fn returns. */
+IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
+                               void *arg, int max, bool *elsewhere)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
+    const uint32_t gen = p->gen;
+    const struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
+        atomic_load_explicit(&e->gen, memory_order_relaxed) != gen) {
+        *elsewhere = true;
+        return 0;
+    }
+    const uint32_t payload = slot_payload(h);
+    uint8_t *const ring = p->rx_ring;
+    int n = 0;
+    do {
+        const uint64_t pos = p->rx_tail;
+        struct ivshm_slot *s = slot_at(h, ring, pos);
+        if (!slot_full(s, pos))
+            break;
+        struct frag f;
+        frag_read(s, &f);
+        if (f.gen != gen || f.flags != (SLOT_FIRST | SLOT_LAST) ||
+            f.len > payload || f.total != f.len) {
+            *elsewhere = true;
+            break;
+        }
+        /* handed out as a peek is, while fn runs: whatever keeps a
+           peeked message in place keeps this one */
+        p->peeked = true;
+        p->peek_kind = SRC_RING;
+        fn(arg, slot, gen, f.tag, slot_data(s), f.len);
+        n++;
+        h->stats.recvs++;
+        h->stats.bytes_recv += f.len;
+        if (p->rx_tail != pos || p->rx_ring != ring || p->gen != gen ||
+            !p->peeked || p->rx_partial) {
+            /* fn took it itself (a receive or a release) or our view of
+               the sender changed: not ours to consume */
+            if (p->rx_tail == pos && p->rx_ring == ring && p->gen == gen)
+                p->peeked = false;
+            break;
+        }
+        rx_consume(h, slot, ring, RX_LIVE); /* and peeked = false */
+    } while (n < max);
+    return n;
+}
+
 #endif

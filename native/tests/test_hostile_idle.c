@@ -1,6 +1,9 @@
-/* Garbage in exactly what ivshm_recv_idle reads (ring head slots, the
-   queue head cell and enqueue_pos) while honest processes send and the
-   receiver polls idle-then-peek as the BTL's progress does. */
+/* Garbage in exactly what ivshm_recv_idle and the fast path of
+   ivshm_recv_each read (ring head slots: the word the sender stores
+   last; the ring's tail, our lazily read position; the queue head cell
+   and enqueue_pos) while honest processes send and the receiver polls
+   idle-then-peek (as the libfabric provider's progress does) or
+   each-then-peek (as the BTL's). */
 #include "hostile.h"
 
 /* ---- garbage in exactly what ivshm_recv_idle reads ---- */
@@ -311,7 +314,31 @@ static void idle_take(struct idle_tally *t, const struct idle_targets *tg,
     }
 }
 
-static void test_idle_scribble(void)
+/* The fast path's upcall: a private copy of the shared bytes, then the
+   same tally as a peeked message. */
+struct each_ctx {
+    struct idle_tally *t;
+    const struct idle_targets *tg;
+    uint32_t bad_len;
+};
+
+static void each_take_cb(void *arg, int src, uint32_t gen, uint32_t tag,
+                         const void *data, size_t len)
+{
+    struct each_ctx *c = arg;
+    (void)gen;
+    uint8_t m[IS_LEN];
+    memset(m, 0, sizeof m);
+    memcpy(m, data, len < sizeof m ? len : sizeof m);
+    if (len > 256 - IVSHM_SLOT_HDR) /* never beyond the slot's payload */
+        c->bad_len++;
+    idle_take(c->t, c->tg, src, tag, m, (ssize_t)len);
+}
+
+/* `each`: the receiver polls with ivshm_recv_each first (the BTL's
+   progress), the general path (peek) only when it says "look
+   elsewhere"; else ivshm_recv_idle first, then peek. */
+static void test_idle_scribble(bool each)
 {
     ivshm_geometry g = {.max_peers = 4, .ring_slots = 8, .slot_size = 256,
                         .queue_slots = 8};
@@ -343,6 +370,8 @@ static void test_idle_scribble(void)
     pid_t hostile = tu_fork(idle_hostile, &tg);
 
     struct idle_tally t = {0};
+    struct each_ctx ectx = {.t = &t, .tg = &tg};
+    uint64_t each_taken = 0;
     unsigned run = 0, max_run = 0, run_there = 0, max_run_there = 0;
     uint64_t polls = 0, peeks = 0, max_call_ns = 0;
     const uint64_t start = tu_now_ms();
@@ -369,7 +398,28 @@ static void test_idle_scribble(void)
                 break;
             }
         }
-        if (ivshm_recv_idle(r)) {
+        bool quiet;
+        if (each) {
+            uint64_t t0 = tu_now_ns();
+            int got = ivshm_recv_each(r, each_take_cb, &ectx,
+                                      1 + (int)(polls % 16));
+            uint64_t el = tu_now_ns() - t0;
+            if (el > max_call_ns)
+                max_call_ns = el;
+            if (got > 0) {
+                each_taken += (uint64_t)got;
+                run = run_there = 0;
+                continue;
+            }
+            if (got != 0 && got != -EAGAIN) {
+                t.bad_rc++;
+                continue;
+            }
+            quiet = got == -EAGAIN;
+        } else {
+            quiet = ivshm_recv_idle(r);
+        }
+        if (quiet) {
             run++;
             if (run > max_run)
                 max_run = run;
@@ -440,10 +490,13 @@ static void test_idle_scribble(void)
 
     ivshm_stats st;
     ivshm_get_stats(r, &st);
-    printf("idle scribble: %llu polls, %llu peeks, longest idle run %u "
-           "(%u with a message there), longest peek %.1f ms, %llu dropped\n",
-           (unsigned long long)polls, (unsigned long long)peeks, max_run,
-           max_run_there, max_call_ns / 1e6, (unsigned long long)st.dropped);
+    printf("idle scribble (%s): %llu polls, %llu peeks, %llu taken by the "
+           "fast path, longest idle run %u (%u with a message there), "
+           "longest call %.1f ms, %llu dropped\n",
+           each ? "each-then-peek" : "idle-then-peek",
+           (unsigned long long)polls, (unsigned long long)peeks,
+           (unsigned long long)each_taken, max_run, max_run_there,
+           max_call_ns / 1e6, (unsigned long long)st.dropped);
     static const char *const hm_name[HM_N] = {
         "ring-empty", "ring-full", "ring-hide", "tail", "q-garbage", "q-full",
         "q-empty",
@@ -487,6 +540,8 @@ static void test_idle_scribble(void)
     CHECK(max_call_ns < 1000000000ull);
     CHECK(t.bad_rc == 0 && t.release_bad == 0 && t.other_src == 0);
     CHECK(t.unheard == 0);
+    CHECK(ectx.bad_len == 0);
+    CHECK(!each || each_taken > 0);
     /* the dead hostile peer is found dead and its slot reclaimed */
     CHECK(TU_EVENTUALLY(ivshm_reap(r) >= 0 && ivshm_find(r, job, 3) < 0, 5000));
     ivshm_detach(r);
@@ -497,6 +552,7 @@ static void test_idle_scribble(void)
 int main(void)
 {
     hostile_setup();
-    test_idle_scribble();
+    test_idle_scribble(false);
+    test_idle_scribble(true);
     return tu_summary("test_hostile_idle");
 }

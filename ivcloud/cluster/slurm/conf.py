@@ -222,12 +222,27 @@ def openmpi_task_env(native_btl_dir: str, stock_dir: str) -> Dict[str, str]:
             "MPI4PY_RC_THREAD_LEVEL": "serialized"}
 
 
+def mpich_task_env(native_btl_dir: str, stock_dir: str) -> Dict[str, str]:
+    """MPICH from PyPI (ivcloud.mpis) over the libfabric provider `ivshm`,
+    built beside the BTL: ch4's ofi netmod, the provider by name and where
+    libfabric finds it; the provider reads IVSHM_SOCKET as the BTL does.
+    Its tasks start with `srun --mpi=pmi2` (MPICH's own PMI client speaks
+    PMI-2). Open MPI 5 and Intel MPI have no entry: they need values of
+    keys that the entries here set otherwise (OMPI_MCA_pml, FI_PROVIDER,
+    LD_LIBRARY_PATH), so a job of theirs names its own (docs/mpi.md)."""
+    from ... import mpis
+    env = mpis.flavor("mpich").transport_env("ivshmem")
+    env["FI_PROVIDER_PATH"] = str(Path(native_btl_dir).parent / "provider")
+    return env
+
+
 # The hook for MPIs: each entry gives the variables a task of that MPI
 # needs to use the job's region without options of its own (its
 # arguments: our native build's BTL directory and Open MPI's component
-# directory). An entry for the libfabric provider's MPIs goes here.
+# directory). Their keys must not collide: every task gets them all.
 TASK_ENVIRONMENTS: Dict[str, Callable[[str, str], Dict[str, str]]] = {
     "openmpi": openmpi_task_env,
+    "mpich": mpich_task_env,
 }
 
 

@@ -1,0 +1,247 @@
+"""One MPI through libfabric (MPICH, Intel MPI or Open MPI 5 from PyPI:
+ivcloud.mpis): is the ivshm provider between two instances as fast as
+shared memory inside one?
+
+:func:`run` brings up an emulated cluster (1 server x 2 instances x 2
+vCPUs, under a unique name), builds mpi-osu (native/bench/osu.c) with
+the MPI's compiler and runs its 2-rank latency and bandwidth tests
+(8 B and 1 MiB) in each of CONFIGS:
+
+  own-shm  both ranks in one instance, the MPI's own shared memory
+  shm      both ranks in one instance, libfabric's shm provider (the MPI's
+           own shared memory off): the peer ivshm has to match, the same
+           MPI over the same OFI layer
+  ivshmem  one rank in each instance, our ivshm provider over the
+           server's region (every rank's fi_ivshm line must show the
+           traffic)
+  tcp      one rank in each instance, libfabric's tcp provider
+
+The configurations alternate in rounds; each figure is the median of its
+rounds, with the spread. The 8 B message rate is that of the bw test (a
+window of non-blocking sends): one message per its per-message time.
+It prints one table and the targets as ratios of medians from this run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .. import mpi, mpis
+from ..cluster import jobs
+from ..cluster.launch import enter_command, flavor_command
+from ..cluster.session import ClusterSession
+from ..errors import BenchError
+from ..mpis import provider
+from .toolkit import (MIB, BenchResults, Target, check_transports, conclude,
+                      count, machine_info, measure_rounds, parse_records,
+                      print_grid, ratio_target, require_root, run_job,
+                      spread, summarize, write_docs)
+
+CONFIGS = ["own-shm", "shm", "ivshmem", "tcp"]
+# where each configuration's two ranks run: (hostname, slots)
+ONE_INSTANCE = (("s0i0", 2),)
+TWO_INSTANCES = (("s0i0", 1), ("s0i1", 1))
+HOSTS = {"own-shm": ONE_INSTANCE, "shm": ONE_INSTANCE,
+         "ivshmem": TWO_INSTANCES, "tcp": TWO_INSTANCES}
+WHERE = {"own-shm": "1 instance, the MPI's own shared memory",
+         "shm": "1 instance, libfabric shm",
+         "ivshmem": "2 instances, ivshm",
+         "tcp": "2 instances, libfabric tcp"}
+SIZES = [8, MIB]
+KEYS = ("transport", "test", "ranks", "size", "latency_us",
+        "bandwidth_MBps")
+OSU_SOURCE = "bench/osu.c"
+
+
+@dataclass
+class OfiSettings:
+    mpi: str
+    iters: int          # operations for 8 B
+    budget: int         # bytes per size (caps the operations of 1 MiB)
+    timeout_s: int      # per job
+    configs: List[str]
+    rounds: int = 3
+    quick: bool = False
+
+    @classmethod
+    def make(cls, mpi_name: str, quick: bool = False,
+             iters: Optional[int] = None,
+             configs: Optional[Sequence[str]] = None,
+             rounds: Optional[int] = None) -> "OfiSettings":
+        # refuses unknown names and Debian's Open MPI
+        flavor = mpis.flavor(mpi_name)
+        return cls(mpi=mpi_name,
+                   iters=count("operations", iters) or
+                   (2000 if quick else 20000),
+                   budget=(16 if quick else 512) * MIB,
+                   timeout_s=60 if quick else 300,
+                   configs=(check_transports(configs, CONFIGS) if configs
+                            else [c for c in CONFIGS
+                                  if c not in flavor.lacks]),
+                   rounds=count("rounds", rounds) or (1 if quick else 3),
+                   quick=quick)
+
+
+# ---------------------------------------------------------------- program
+
+def build_osu(flavor: mpis.Flavor) -> Path:
+    """mpi-osu built by this MPI's compiler into its prefix (which the
+    instances see), again whenever the source is newer."""
+    src = Path(__file__).resolve().parent.parent.parent / "native" / \
+        OSU_SOURCE
+    out = flavor.prefix() / "ivcloud-bench" / "mpi-osu"
+    if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+        return out
+    out.parent.mkdir(exist_ok=True)
+    tmp = out.with_name(f"mpi-osu.{os.getpid()}")
+    try:
+        proc = subprocess.run(flavor.compile_command(src, tmp, ["-O2"]),
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BenchError(f"cannot build mpi-osu for {flavor.title}: {e}")
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BenchError(f"cannot build mpi-osu for {flavor.title}: "
+                         f"{proc.stderr.strip()[-300:]}")
+    tmp.replace(out)
+    return out
+
+
+# ---------------------------------------------------------------- running
+
+def run_config(session: ClusterSession, s: OfiSettings, osu: Path,
+               config: str) -> List[Dict]:
+    """One job of mpi-osu's latency and bw tests in `config`; ivshmem
+    jobs must show both ranks' traffic in their fi_ivshm lines."""
+    report = config == "ivshmem"
+    argv = [str(osu), "--test", "latency,bw", "--sizes",
+            ",".join(map(str, SIZES)), "--iters", str(s.iters), "--budget",
+            str(s.budget), "--transport", config]
+    origin = f"mpi-osu {s.mpi} {config}"
+
+    def start(**io) -> int:
+        cmd = flavor_command(session.state, session.sd, s.mpi, argv, 2,
+                             transport=config, report=report,
+                             hosts=HOSTS[config])
+        full, env, _ = enter_command(session.state, "head", cmd)
+        # ivshmem: the job's own region on the server, as cluster mpirun
+        with jobs.regions_for(session.state, env, "ivshmem"
+                              if config == "ivshmem" else "tcp"):
+            return mpi.run_command(full, env=env, **io)
+
+    stdout, stderr = run_job(start, s.timeout_s, origin)
+    recs = parse_records(stdout, origin, KEYS)
+    if report:
+        lines = provider.parse_reports(stdout + stderr)
+        busy = [p for p, c in lines.items()
+                if c["sent"] and c["received"] and not c["delegated"]]
+        if len(busy) < 2:
+            raise BenchError(f"{origin}: the ranks' fi_ivshm lines do not "
+                             f"show both ranks' traffic over the region: "
+                             f"{sorted(lines.values(), key=str)}")
+    for rec in recs:
+        rec.update(mpi=s.mpi, where=WHERE[config])
+        if rec["test"] == "bw":
+            rec["msg_rate_M"] = 1.0 / rec["latency_us"]
+    return recs
+
+
+def measure(s: OfiSettings, log=None) -> Tuple[BenchResults, Dict]:
+    log = log or sys.stderr
+    require_root("mpi")
+    flavor = mpis.flavor(s.mpi)
+    for config in s.configs:
+        flavor.check(config)
+    osu = build_osu(flavor)
+    res = BenchResults()
+    with ClusterSession("bm", 1, 2, 2, log=log) as session:
+        measure_rounds(res, f"mpi {s.mpi}", s.rounds,
+                       [(c, functools.partial(run_config, session, s, osu, c))
+                        for c in s.configs], log)
+        cluster = session.describe()
+    res.records = summarize(res.runs, ("transport", "test", "size"),
+                            ("latency_us", "bandwidth_MBps", "msg_rate_M"))
+    return res, cluster
+
+
+# ---------------------------------------------------------------- targets
+
+def targets(res: BenchResults, mpi_name: str,
+            reference: str = "shm") -> List[Target]:
+    """The issue's targets against libfabric's shm provider in one
+    instance; against the MPI's own shared memory (`reference`
+    own-shm) where the MPI cannot use that provider."""
+    def rec(config: str, test: str, size: int) -> Optional[Dict]:
+        return res.find(transport=config, test=test, size=size)
+
+    ref = reference
+    return [
+        ratio_target(f"{mpi_name}: 8 B latency ivshm / {ref}",
+                     rec("ivshmem", "latency", 8), rec(ref, "latency", 8),
+                     "latency_us", "<=", 1.1),
+        ratio_target(f"{mpi_name}: 8 B message rate ivshm / {ref}",
+                     rec("ivshmem", "bw", 8), rec(ref, "bw", 8),
+                     "msg_rate_M", ">=", 0.9),
+        ratio_target(f"{mpi_name}: 1 MiB bandwidth ivshm / {ref}",
+                     rec("ivshmem", "bw", MIB), rec(ref, "bw", MIB),
+                     "bandwidth_MBps", ">=", 0.8),
+        ratio_target(f"{mpi_name}: 8 B latency tcp / ivshm",
+                     rec("tcp", "latency", 8), rec("ivshmem", "latency", 8),
+                     "latency_us", ">=", 20),
+    ]
+
+
+# ---------------------------------------------------------------- output
+
+def print_table(res: BenchResults, configs: Sequence[str], out=None) -> None:
+    """One row per configuration: 8 B latency, 8 B message rate, 1 MiB
+    bandwidth, each median with the rounds' spread."""
+    out = out or sys.stdout
+
+    def cell(config, test, size, key, fmt):
+        r = res.find(transport=config, test=test, size=size)
+        if r is None or r.get(key) is None:
+            return "-"
+        sp = spread(r, key, fmt)
+        return fmt.format(r[key]) + (f" ({sp})" if sp else "")
+
+    rows = [[c, WHERE[c],
+             cell(c, "latency", 8, "latency_us", "{:.2f}"),
+             cell(c, "bw", 8, "msg_rate_M", "{:.2f}"),
+             cell(c, "bw", MIB, "bandwidth_MBps", "{:.0f}")]
+            for c in configs]
+    print_grid(["config", "where", "8 B latency us", "8 B rate M/s",
+                "1 MiB MB/s"], rows, out)
+
+
+def run(s: OfiSettings, json_path: Optional[Path] = None, out=None,
+        log=None) -> int:
+    """Measure, print the table, targets and notes to `out`, progress to
+    `log`; write the document to `json_path`. 1 if a configuration
+    failed."""
+    out = out or sys.stdout
+    info = machine_info()
+    res, cluster = measure(s, log)
+    flavor = mpis.flavor(s.mpi)
+    ts = targets(res, s.mpi, "own-shm" if "shm" in flavor.lacks else "shm")
+    out.write(f"{flavor.title}, 2 ranks; cluster "
+              f"{cluster['servers']} x {cluster['instances_per_server']} "
+              f"instances x {cluster['vcpus']} vCPUs on {info['cpus']} host "
+              f"CPUs\n")
+    print_table(res, s.configs, out)
+    for why in (f"{c}: {flavor.lacks[c]}" for c in CONFIGS
+                if c in flavor.lacks):
+        res.notes.append(f"not measured: {why}")
+    doc = conclude("mpi-ofi", s.quick, info, res, ts, out, mpi=s.mpi,
+                   title=flavor.title, cluster=cluster,
+                   provider=str(provider.library()) if "ivshmem" in
+                   s.configs else None, rounds=s.rounds, sizes=SIZES)
+    if json_path:
+        write_docs(doc, [Path(json_path)], out)
+    return res.exit_status

@@ -1,0 +1,82 @@
+"""Intel MPI from PyPI (`impi-rt` 2021.18.1: the runtime, its own
+libfabric 2.4 with the providers as files beside it, IMB; no compiler
+wrapper, no headers).
+
+I_MPI_FABRICS picks the paths: shm:ofi (its shared memory inside an
+instance, libfabric to the rest), ofi (libfabric for every peer) or shm;
+I_MPI_OFI_PROVIDER the provider. Intel's libfabric scans only the first
+directory of FI_PROVIDER_PATH, which would hide the providers beside it
+(tcp, which ivshm delegates to, among them): FI_PROVIDER_PATH names its
+own directory first and adds the ivshm provider as `+FILE`. Its ranks
+are left unpinned (I_MPI_PIN=0), as the other MPIs' ranks float over an
+instance's vCPUs.
+
+Programs are built with MPICH's mpi.h (Intel MPI keeps MPICH's ABI) and
+linked against Intel's libmpi.so.12, with its lib directory as RUNPATH."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from ..errors import MpiFlavorError
+from . import provider
+from .base import Job
+from .hydra import HydraFlavor
+from .mpich import Mpich
+
+_FABRICS = {"ivshmem": "shm:ofi", "tcp": "shm:ofi", "shm": "ofi",
+            "own-shm": "shm"}
+
+
+class IntelMpi(HydraFlavor):
+    name = "impi"
+    title = "Intel MPI 2021.18.1"
+    wheel = "impi-rt==2021.18.1"
+
+    def launcher_options(self, agent: str) -> Sequence[str]:
+        return ["-bootstrap", "ssh", "-bootstrap-exec", agent]
+
+    def placement(self, job: Job) -> List[str]:
+        """Intel's hydra reads no slots in -hosts (it would fill a host
+        with as many ranks as it has cores): -ppn says how many go to
+        each host, the same number for all."""
+        if not job.hosts:
+            return []
+        slots = {n for _, n in job.hosts}
+        if len(slots) > 1 and not job.spread:
+            raise MpiFlavorError(f"{self.title} places as many ranks on "
+                                 f"every host; these hosts have "
+                                 f"{sorted(slots)} slots")
+        ppn = 1 if job.spread else slots.pop()
+        return ["-hosts", ",".join(h for h, _ in job.hosts),
+                "-ppn", str(ppn)]
+
+    def transport_env(self, transport: str) -> Dict[str, str]:
+        # LD_LIBRARY_PATH, as Intel's own environment scripts set it: the
+        # program's RUNPATH finds Intel's libmpi, but libmpi's libfabric
+        # would be the system's (Debian's 1.17), which knows neither the
+        # `+FILE` form nor Intel's providers
+        env = {"I_MPI_FABRICS": _FABRICS[transport], "I_MPI_PIN": "0",
+               "LD_LIBRARY_PATH": str(self.prefix() / "lib")}
+        if transport == "ivshmem":
+            # Intel's core registers only the providers FI_PROVIDER names
+            # (when set): tcp too, for the peers ivshm delegates
+            env.update(I_MPI_OFI_PROVIDER=provider.NAME,
+                       FI_PROVIDER=f"{provider.NAME},tcp")
+        elif transport != "own-shm":
+            env["I_MPI_OFI_PROVIDER"] = transport
+        return env
+
+    def provider_path(self, library: Path) -> str:
+        return f"{self.prefix() / 'lib'}:+{library}"
+
+    def compile_command(self, source: os.PathLike, output: os.PathLike,
+                        flags: Sequence[str] = ()) -> List[str]:
+        lib = self.prefix() / "lib"
+        headers = Mpich().prefix() / "include"
+        return ["cc", *flags, f"-I{headers}", "-o", str(output),
+                str(source), f"-L{lib}", f"-Wl,-rpath,{lib}",
+                "-Wl,--enable-new-dtags", "-lmpi"]
+

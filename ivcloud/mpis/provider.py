@@ -1,0 +1,56 @@
+"""The libfabric provider `ivshm` (native/provider): where its build is,
+the variables it reads, and the line every process prints at exit.
+
+The provider carries messages between co-resident processes over one
+ivshmem region and hands every other peer to a core provider (tcp) it
+opens itself, so an MPI that speaks libfabric sees one provider for all
+its peers. It finds the region through FI_IVSHM_SOCKET (an
+ivshmem-server socket: what a cluster's launch agent gives every rank)
+or FI_IVSHM_REGION (a region file, or the BAR file of a guest's ivshmem
+device: what the guest package's login environment sets). With
+FI_IVSHM_REPORT=1 each process prints, at exit,
+
+    fi_ivshm: pid P sent S received R delegated D
+
+S and R counted over the region, D handed to the delegated provider.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict
+
+from ..errors import MpiFlavorError
+from ..native import native_dir
+
+NAME = "ivshm"
+FILE = "libivshm-fi.so"
+REGION_ENV = "FI_IVSHM_REGION"
+SOCKET_ENV = "FI_IVSHM_SOCKET"
+REPORT_ENV = "FI_IVSHM_REPORT"
+
+_REPORT_RE = re.compile(r"fi_ivshm: pid (\d+) sent (\d+) received (\d+) "
+                        r"delegated (\d+)")
+
+
+def library() -> Path:
+    """The provider's build (<native build>/provider/libivshm-fi.so),
+    absolute; MpiFlavorError if it was not built."""
+    path = native_dir() / "provider" / FILE
+    if not path.is_file():
+        raise MpiFlavorError(f"the libfabric provider '{NAME}' is not built "
+                             f"(no {path}; `make build` builds it)")
+    return path.resolve()
+
+
+def parse_reports(text: str) -> Dict[int, Dict[str, int]]:
+    """The processes' exit lines in `text`: {pid: {sent, received,
+    delegated}}. A process missing here printed none (it never opened
+    the provider, or did not exit normally)."""
+    out: Dict[int, Dict[str, int]] = {}
+    for m in _REPORT_RE.finditer(text):
+        pid, sent, received, delegated = (int(g) for g in m.groups())
+        out[pid] = {"sent": sent, "received": received,
+                    "delegated": delegated}
+    return out

@@ -1,0 +1,675 @@
+/*
+ * The libfabric provider `ivshm` (docs/provider.md): internal objects and
+ * the wire protocol shared by both sides of every exchange.
+ *
+ * One endpoint = one libivshm attachment (a registry slot) + optionally a
+ * core provider endpoint (tcp;ofi_rxm by default) for the peers that are
+ * not in our region. Every peer the application inserts into the AV is
+ * resolved once: same region, slot live at the generation and random name
+ * its address names -> the region; anything else -> the core provider.
+ *
+ * Built against the oldest headers we support (Debian 12's libfabric
+ * 1.17). Newer cores hand us structures that grew at their ends (we read
+ * only the prefix we know) and read ours past that prefix: everything we
+ * return to the core is allocated with zeroed room (fiv_getinfo.c).
+ */
+#ifndef FIV_H
+#define FIV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_log.h>
+#include <rdma/providers/fi_prov.h>
+
+#include "fiv_mac.h"
+#include "ivshm.h"
+
+#define FIV_PROV_NAME "ivshm"
+#define FIV_PROV_VERSION FI_VERSION(1, 0)
+#define FIV_FABRIC_NAME "ivshm"
+#define FIV_DOMAIN_NAME "ivshm"
+
+/* What the provider offers (fiv_getinfo.c trims it to what was asked). */
+#define FIV_CAPS                                                              \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV | FI_READ |  \
+     FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_DIRECTED_RECV |         \
+     FI_MULTI_RECV | FI_SOURCE | FI_RMA_EVENT | FI_LOCAL_COMM |               \
+     FI_REMOTE_COMM)
+#define FIV_TX_OP_FLAGS                                                       \
+    (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
+     FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
+#define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
+/* Every operation to a peer travels one ordered path and its target
+   handles them in arrival order (fiv_rma.c: a read larger than
+   FIV_READ_COPY is answered from the registered bytes as the answer
+   leaves, see docs/provider.md "Limits"). */
+#define FIV_MSG_ORDER                                                         \
+    (0x1ffull | FI_ORDER_DATA | FI_ORDER_RMA_RAR | FI_ORDER_RMA_RAW |         \
+     FI_ORDER_RMA_WAR | FI_ORDER_RMA_WAW | FI_ORDER_ATOMIC_RAR |              \
+     FI_ORDER_ATOMIC_RAW | FI_ORDER_ATOMIC_WAR | FI_ORDER_ATOMIC_WAW)
+#define FIV_READ_COPY (64u << 10)
+#define FIV_MR_MODES                                                          \
+    (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
+#define FIV_MAX_MSG ((size_t)1 << 30)  /* one message, any path          */
+#define FIV_INJECT 256                 /* fi_inject / FI_INJECT bytes     */
+#define FIV_IOV_LIMIT 4
+#define FIV_RMA_IOV_LIMIT 1
+#define FIV_CQ_DATA_SIZE 8
+#define FIV_ATOMIC_MAX 256             /* operand bytes of one atomic     */
+
+/* ---- wire protocol ----
+   Over the region the libivshm message tag carries the operation (low 8
+   bits) and flags; over the core provider a 4-byte word in front of the
+   payload carries the same. A message longer than one slot (or core
+   buffer) is its first fragment (header + leading bytes) followed by raw
+   continuation fragments: both paths keep each pair's order, so a
+   receiver appends continuations to that sender's message in progress. */
+enum fiv_op {
+    FIV_OP_MSG = 1,        /* fiv_msg_hdr + payload (first or only part)  */
+    FIV_OP_MORE = 2,       /* continuation of the sender's current message */
+    FIV_OP_WRITE = 3,      /* fiv_rma_hdr + data                          */
+    FIV_OP_READ = 4,       /* fiv_rma_hdr: send the bytes back            */
+    FIV_OP_READ_RESP = 5,  /* fiv_resp_hdr + data                         */
+    FIV_OP_ATOMIC = 6,     /* fiv_rma_hdr + operand (+ compare)           */
+    FIV_OP_ACK = 7,        /* fiv_resp_hdr (+ fetched data for atomics)   */
+    FIV_OP_INTRO = 8,      /* fiv_intro: the sender's first message to us */
+    FIV_OP_PROBE = 9,      /* fiv_probe: how many messages each way?      */
+    FIV_OP_PROBE_ACK = 10, /* fiv_probe: the answer                       */
+};
+#define FIV_OP_MASK 0xffu
+#define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
+#define FIV_F_DATA 0x200u     /* MSG/WRITE: remote CQ data present        */
+#define FIV_F_FETCH 0x400u    /* ATOMIC: send the old value back          */
+#define FIV_F_COMPARE 0x800u  /* ATOMIC: compare operand follows          */
+#define FIV_F_ACK 0x1000u     /* WRITE: acknowledge once applied          */
+/* Over the region the tag's upper 16 bits check the message's start
+   (fiv_wire_tag): random bytes a co-tenant wrote over a message are
+   found there, not taken for a header. Not a MAC: a deliberate forgery
+   in a genuine rank's ring passes, as any raw write would. */
+#define FIV_WIRE_OP 0xffffu
+#define FIV_WIRE_CHECKED 24   /* bytes of the message the check covers   */
+
+static inline uint32_t fiv_wire_tag(uint32_t op, const void *start, size_t n)
+{
+    uint64_t w[3] = {0, 0, 0};
+    memcpy(w, start, n < FIV_WIRE_CHECKED ? n : FIV_WIRE_CHECKED);
+    uint64_t h = (op & FIV_WIRE_OP) ^ ((uint64_t)n << 16);
+    h = (h ^ w[0]) * 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 31) ^ w[1]) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 29) ^ w[2]) * 0x94d049bb133111ebull;
+    h ^= h >> 32;
+    return (op & FIV_WIRE_OP) | ((uint32_t)h & ~FIV_WIRE_OP);
+}
+
+struct fiv_msg_hdr {     /* 24 bytes: with libivshm's 32 B slot header and
+                            an 8 B payload, one 64 B line */
+    uint64_t tag;
+    uint64_t len;        /* total payload bytes of the message            */
+    uint64_t data;       /* remote CQ data (FIV_F_DATA)                   */
+};
+
+struct fiv_rma_hdr {
+    uint64_t addr, key;
+    uint64_t len;        /* bytes (WRITE, READ) or operand bytes (ATOMIC) */
+    uint64_t id;         /* initiator's request id, echoed in the answer  */
+    uint64_t data;       /* remote CQ data (WRITE with FIV_F_DATA)        */
+    uint32_t op, datatype; /* ATOMIC                                      */
+};
+
+struct fiv_resp_hdr {
+    uint64_t id;
+    int32_t status;      /* 0 or a negative FI_E* code                    */
+    uint32_t pad;
+    uint64_t len;        /* bytes following (READ_RESP, fetching ACK)     */
+};
+
+/* The endpoint name (fi_getname): who we are in which region, and where
+   the core provider reaches us. Always FIV_ADDR_LEN (64) bytes, the size
+   MPICH reserves for a name, so that names pack into arrays. The key is
+   the endpoint's secret: it travels only in names, i.e. through the
+   MPI's own out-of-band exchange, never through the region, and a peer
+   proves with it that it holds our name (fiv_intro.c). */
+#define FIV_ADDR_MAGIC 0x7669u  /* "iv" */
+#define FIV_ADDR_VERSION 2
+#define FIV_CORE_ADDR_MAX 28    /* a sockaddr_in6                         */
+struct fiv_addr {
+    uint16_t magic;
+    uint8_t version;
+    uint8_t core_len;    /* bytes of core address, 0 = none               */
+    int16_t slot;        /* region slot, -1 = not attached                */
+    uint16_t pad;
+    uint32_t generation;
+    uint32_t nonce[2];   /* our registry name's random part: the region   */
+    uint8_t key[FIV_KEY_LEN];
+    uint8_t core[FIV_CORE_ADDR_MAX];
+};
+
+/* Message counts of one pair (fiv_probe.c): a probe asks, its answer
+   tells. `tx`: what the writer sent to the reader, `rx`: what it received
+   from the reader, probes and answers not counted; an answer echoes the
+   probe's `tx`. */
+#define FIV_PROBE_BUSY 1u    /* answer: messages for the prober still queued */
+#define FIV_PROBE_BROKEN 2u  /* probe: its writer found our path broken      */
+struct fiv_probe {
+    uint64_t tx, rx;
+    uint64_t echo;
+    uint64_t flags;
+};
+
+/* A sender's first region message to us (fiv_intro.c): who it is, and a
+   MAC of that under our key, which only a holder of our name has. */
+struct fiv_intro {
+    int16_t slot;
+    uint16_t pad;
+    uint32_t generation;
+    uint32_t nonce[2];
+    uint64_t mac;
+};
+
+#define FIV_ADDR_LEN sizeof(struct fiv_addr)
+_Static_assert(sizeof(struct fiv_addr) == 64, "names are 64 bytes");
+
+/* ---- configuration (fi_param_define'd: FI_IVSHM_*) ---- */
+struct fiv_config {
+    char *region;        /* region file / BAR resource2                   */
+    char *socket;        /* ivshmem-server socket                         */
+    char *uio_dev, *bar0;
+    int position;        /* guest's IVPosition (-1)                       */
+    char *core;          /* core provider name(s), "none" = no delegation */
+    int report;          /* FI_IVSHM_REPORT: one counter line at exit     */
+    int spin_us;         /* spin before blocking in sread/cntr wait       */
+    uint64_t test_lose;  /* FIV_TEST_LOSE=N, tests only: the Nth region
+                            message to each peer is counted, not sent      */
+};
+extern struct fiv_config fiv_cfg;
+extern struct fi_provider fiv_prov;
+
+/* ---- objects ---- */
+
+struct fiv_fabric {
+    struct fid_fabric fab;
+    uint32_t api_version;
+};
+
+struct fiv_mr;
+
+struct fiv_domain {
+    struct fid_domain dom;
+    struct fiv_fabric *fab;
+    uint32_t api_version;
+    int mr_mode;          /* the FI_MR_* bits we answered with            */
+    bool locking;         /* FI_THREAD_SAFE/COMPLETION: one mutex         */
+    pthread_mutex_t lock;
+    bool auto_progress;
+    pthread_t progress_thread;
+    volatile bool stop;
+    struct fiv_mr **mrs;  /* registered regions, by key order (sorted)    */
+    size_t nmrs, capmrs;
+    uint64_t next_key;
+    struct fiv_ep **eps;  /* open endpoints, for auto progress            */
+    size_t neps, capeps;
+    int refs;
+};
+
+struct fiv_mr {
+    struct fid_mr mr;
+    struct fiv_domain *dom;
+    uint8_t *base;        /* first byte of the region                     */
+    size_t len;
+    uint64_t access;
+    uint64_t offset;      /* without FI_MR_VIRT_ADDR: address of base     */
+    struct fiv_cntr *rma_cntr; /* FI_RMA_EVENT: counts remote accesses   */
+};
+
+/* One completion, kept in the widest form until read. */
+struct fiv_cqe {
+    void *context;
+    uint64_t flags;
+    size_t len;
+    void *buf;
+    uint64_t data;
+    uint64_t tag;
+    fi_addr_t src;
+    /* errors */
+    int err;              /* positive FI_E* code, 0 = success             */
+    size_t olen;
+};
+
+struct fiv_cq {
+    struct fid_cq cq;
+    struct fiv_domain *dom;
+    enum fi_cq_format format;
+    struct fiv_cqe *ring; /* grows: completions are never refused         */
+    size_t cap, head, count;
+    struct fiv_cqe *errs;
+    size_t errcap, errhead, errcount;
+    struct fiv_ep **eps;  /* endpoints that report here: progress them    */
+    size_t neps;
+    int refs;
+};
+
+struct fiv_cntr {
+    struct fid_cntr cntr;
+    struct fiv_domain *dom;
+    uint64_t val, err;    /* updated under the domain's lock (or the
+                             application's serialization)                 */
+    struct fiv_ep **eps;
+    size_t neps;
+    int refs;
+};
+
+struct fiv_av_entry {
+    struct fiv_addr addr;
+    bool used;
+};
+
+struct fiv_av {
+    struct fid_av av;
+    struct fiv_domain *dom;
+    enum fi_av_type type;
+    struct fiv_av_entry *entries;
+    size_t count, cap;
+    struct fiv_ep **eps;
+    size_t neps;
+    int refs;
+};
+
+struct fiv_eq {
+    struct fid_eq eq;
+    struct fiv_fabric *fab;
+};
+
+/* A receive the application posted. */
+struct fiv_rx {
+    struct fiv_rx *next;
+    void *context;
+    struct iovec iov[FIV_IOV_LIMIT];
+    size_t iov_count;
+    size_t total;         /* sum of iov lengths                            */
+    fi_addr_t src;        /* FI_ADDR_UNSPEC = any                          */
+    uint64_t tag, ignore;
+    uint64_t flags;       /* FI_COMPLETION, FI_MULTI_RECV, FI_TAGGED...    */
+    size_t multi_used;    /* FI_MULTI_RECV: bytes handed out               */
+    int pending;          /* FI_MULTI_RECV: messages still being filled    */
+    bool retired;         /* FI_MULTI_RECV: no more messages go in         */
+};
+
+/* A message that arrived before its receive (copied out of the region). */
+struct fiv_unexp {
+    struct fiv_unexp *next;
+    fi_addr_t src;
+    uint64_t tag, data;
+    uint32_t flags;       /* FIV_F_*                                      */
+    size_t len, got;      /* total, received so far                       */
+    uint8_t *buf;
+    void *claim;          /* FI_CLAIM: the context that claimed it        */
+    bool claimed;
+    struct fiv_rx *waiting; /* a receive matched while still arriving      */
+};
+
+/* What a sender's next continuation fragments belong to. */
+enum fiv_asm_kind { ASM_NONE, ASM_RECV, ASM_UNEXP, ASM_WRITE, ASM_READ_RESP,
+                    ASM_DISCARD };
+struct fiv_asm {
+    enum fiv_asm_kind kind;
+    size_t total, got;
+    struct fiv_rx *rx;        /* ASM_RECV                                 */
+    struct fiv_unexp *ux;     /* ASM_UNEXP                                */
+    size_t rx_off;            /* ASM_RECV: where in rx's buffers          */
+    uint8_t *dst;             /* ASM_WRITE / ASM_READ_RESP                */
+    uint64_t tag, data;
+    uint32_t flags;
+    size_t olen;              /* full length (truncation)                 */
+    struct fiv_op_req *req;   /* ASM_READ_RESP                            */
+    struct fiv_mr *mr;        /* ASM_WRITE                                */
+    uint64_t write_id;        /* ASM_WRITE with FIV_F_ACK                 */
+};
+
+/* An operation the initiator waits on (RMA/atomic answer), or a send
+   still going out. */
+enum fiv_req_kind { REQ_SEND, REQ_WRITE, REQ_READ, REQ_ATOMIC, REQ_REPLY };
+struct fiv_op_req {
+    struct fiv_op_req *next;      /* per-peer send queue / wait list      */
+    enum fiv_req_kind kind;
+    uint64_t id;
+    fi_addr_t peer;
+    void *context;
+    uint64_t flags;               /* completion flags to report (FI_SEND..)*/
+    bool complete_ev;             /* write a CQ entry                      */
+    /* what goes out: header (op word + header bytes), then the payload
+       from iov (the application's, or `own` for injected/answer data) */
+    uint32_t op;
+    uint8_t hdr[48];
+    size_t hlen;
+    struct iovec iov[FIV_IOV_LIMIT];
+    size_t iov_count;
+    size_t total, sent;           /* payload bytes                         */
+    uint8_t *own;                 /* our copy (inject, answers)            */
+    bool started;                 /* first fragment is out                 */
+    /* where an answer lands (READ: iov; ATOMIC fetch: result)             */
+    struct iovec res[FIV_IOV_LIMIT];
+    size_t res_count;
+    size_t res_got;
+    bool awaits_answer;
+    int status;
+};
+
+/* Per-AV-entry state of one endpoint. */
+enum fiv_path { PATH_UNRESOLVED, PATH_SELF, PATH_REGION, PATH_CORE,
+                PATH_NONE };
+struct fiv_peer {
+    enum fiv_path path;
+    int slot;
+    uint32_t generation;
+    uint8_t key[FIV_KEY_LEN];          /* from its name: what we MAC with   */
+    bool introduced;                   /* region: our INTRO went out        */
+    uint64_t nonce;                    /* its registry name's random part   */
+    fi_addr_t core_addr;
+    struct fiv_op_req *txq, *txq_tail; /* sends waiting for room           */
+    struct fiv_asm as;                 /* what its continuations fill       */
+    bool dead;
+    bool violated;                     /* broke our protocol (fiv_deliver) */
+    bool awaited;                      /* a receive waits on it (transient) */
+    /* core path: our order of its messages, whatever order the core
+       completes them in (fiv_delegate.c) */
+    uint32_t core_tx_seq, core_rx_seq;
+    struct fiv_held *held;             /* arrived ahead of their turn       */
+};
+
+/* Per region slot: the message counts of our pair with its holder, each
+   of the generation it counts for (fiv_probe.c). */
+struct fiv_pair {
+    uint32_t tx_gen, rx_gen;
+    uint64_t tx, rx;
+    uint64_t rx_seen;          /* rx at the last look                       */
+    uint64_t heard_ns;         /* when rx last moved                        */
+    uint64_t probed_ns;        /* when we last asked                        */
+    uint64_t probe_gap_ns;     /* how long until we ask again               */
+};
+
+/* Peers we hear without an AV entry (introduced, fiv_intro.c) have the
+   ids FIV_HIDDEN + slot; the application sees FI_ADDR_NOTAVAIL for them. */
+#define FIV_HIDDEN ((fi_addr_t)1 << 48)
+
+struct fiv_core;
+
+struct fiv_ep {
+    struct fid_ep ep;
+    struct fiv_domain *dom;
+    struct fiv_av *av;
+    struct fiv_cq *tx_cq, *rx_cq;
+    uint64_t tx_cq_flags, rx_cq_flags;   /* FI_SELECTIVE_COMPLETION bits    */
+    struct fiv_cntr *cntr_send, *cntr_recv, *cntr_read, *cntr_write,
+        *cntr_rread, *cntr_rwrite;
+    uint64_t caps, tx_op_flags, rx_op_flags;
+    size_t min_multi_recv;
+    bool enabled;
+    /* the region */
+    ivshm *h;
+    int self_slot;
+    uint32_t self_gen;
+    uint64_t nonce;
+    size_t frag;                         /* payload bytes of one slot      */
+    int max_peers;
+    uint8_t key[FIV_KEY_LEN];            /* our name's secret              */
+    fi_addr_t *by_slot;                  /* slot -> peer id, or NOTAVAIL   */
+    uint32_t *gen_by_slot;
+    struct fiv_peer *hidden;             /* by slot: introduced, no AV entry */
+    struct fiv_pair *pairs;              /* by slot                        */
+    uint64_t unheard;                    /* messages of no admitted sender */
+    uint64_t last_check_ns;
+    /* the core provider (fiv_delegate.c) */
+    struct fiv_core *core;
+    /* peers, indexed by AV index */
+    struct fiv_peer *peers;
+    size_t npeers;
+    struct fiv_peer self_peer_dummy;
+    /* receives */
+    struct fiv_rx *rx_cache;             /* freed receives, for reuse       */
+    size_t rx_cached;
+    struct fiv_rx *trecv, *trecv_tail;   /* posted tagged                   */
+    struct fiv_rx *recv, *recv_tail;     /* posted untagged                 */
+    struct fiv_unexp *tunexp, *tunexp_tail;
+    struct fiv_unexp *unexp, *unexp_tail;
+    /* sends in flight with a pending queue, answers awaited */
+    struct fiv_op_req *waiting;          /* RMA/atomics awaiting an answer  */
+    uint64_t next_id;
+    int txq_peers;                       /* peers with queued sends         */
+    /* the one report line */
+    uint64_t sent, received, delegated;
+    bool reported;
+    uint32_t idle_calls;
+    uint32_t core_turn;
+};
+
+
+/* ---- the "not supported" entries (the core exports none) ---- */
+static inline int fiv_no_bind(struct fid *fid, struct fid *bfid, uint64_t f)
+{ (void)fid; (void)bfid; (void)f; return -FI_ENOSYS; }
+static inline int fiv_no_control(struct fid *fid, int cmd, void *arg)
+{ (void)fid; (void)cmd; (void)arg; return -FI_ENOSYS; }
+static inline int fiv_no_ops_open(struct fid *fid, const char *name,
+                                  uint64_t flags, void **ops, void *context)
+{ (void)fid; (void)name; (void)flags; (void)ops; (void)context;
+  return -FI_ENOSYS; }
+static inline int fiv_no_passive_ep(struct fid_fabric *f, struct fi_info *i,
+                                    struct fid_pep **pep, void *c)
+{ (void)f; (void)i; (void)pep; (void)c; return -FI_ENOSYS; }
+static inline int fiv_no_wait_open(struct fid_fabric *f,
+                                   struct fi_wait_attr *a, struct fid_wait **w)
+{ (void)f; (void)a; (void)w; return -FI_ENOSYS; }
+static inline int fiv_no_trywait(struct fid_fabric *f, struct fid **fids,
+                                 int count)
+{ (void)f; (void)fids; (void)count; return 0; }
+
+/* ---- locking ---- */
+static inline void fiv_lock(struct fiv_domain *d)
+{
+    if (d->locking)
+        pthread_mutex_lock(&d->lock);
+}
+static inline void fiv_unlock(struct fiv_domain *d)
+{
+    if (d->locking)
+        pthread_mutex_unlock(&d->lock);
+}
+
+/* ---- functions by file ---- */
+/* fiv_init.c */
+int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
+                    void *context);
+uint64_t fiv_now_ns(void);
+/* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
+uint64_t fiv_deadline(int timeout_ms);
+/* Text for an error code (CQ and EQ strerror), in buf if given. */
+const char *fiv_strerror(int prov_errno, char *buf, size_t len);
+void fiv_report(struct fiv_ep *ep);
+void fiv_register_ep(struct fiv_ep *ep);
+void fiv_unregister_ep(struct fiv_ep *ep);
+/* fiv_getinfo.c */
+int fiv_getinfo(uint32_t version, const char *node, const char *service,
+                uint64_t flags, const struct fi_info *hints,
+                struct fi_info **info);
+/* fiv_domain.c */
+int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
+                    struct fid_domain **dom, void *context);
+void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
+void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
+/* fiv_eq.c */
+int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
+                struct fid_eq **eq, void *context);
+/* fiv_cq.c */
+int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
+                struct fid_cq **cq, void *context);
+int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
+int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
+void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+/* fiv_cntr.c */
+int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
+                  struct fid_cntr **cntr, void *context);
+void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+void fiv_cntr_del_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+static inline void fiv_cntr_inc(struct fiv_cntr *c)
+{
+    if (c)
+        __atomic_add_fetch(&c->val, 1, __ATOMIC_RELEASE);
+}
+static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
+{
+    if (c)
+        __atomic_add_fetch(&c->err, 1, __ATOMIC_RELEASE);
+}
+/* fiv_av.c */
+int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
+                struct fid_av **av, void *context);
+const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a);
+void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
+void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
+/* fiv_mr.c */
+int fiv_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
+               uint64_t offset, uint64_t requested_key, uint64_t flags,
+               struct fid_mr **mr, void *context);
+int fiv_mr_regv(struct fid *fid, const struct iovec *iov, size_t count,
+                uint64_t access, uint64_t offset, uint64_t requested_key,
+                uint64_t flags, struct fid_mr **mr, void *context);
+int fiv_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr,
+                   uint64_t flags, struct fid_mr **mr);
+/* Bytes [addr, addr+len) of a region registered under `key` with
+   `access`, or NULL (never beyond what was registered). */
+uint8_t *fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
+                       size_t len, uint64_t access, struct fiv_mr **mr);
+void fiv_mr_close_all(struct fiv_domain *d);
+/* fiv_ep.c */
+int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
+                struct fid_ep **ep, void *context);
+struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
+void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
+void fiv_ep_forget(struct fiv_ep *ep, size_t index);
+/* fiv_msg.c: MSG and TAGGED, matching */
+extern struct fi_ops_msg fiv_msg_ops;
+extern struct fi_ops_tagged fiv_tagged_ops;
+void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                 uint32_t op, const uint8_t *p, size_t n);
+void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err);
+/* Fail posted receives that wait on `a`: those directed at it, and with
+   `wildcard` those of any source too. */
+void fiv_fail_receives(struct fiv_ep *ep, fi_addr_t a, bool wildcard, int err);
+/* Mark the peers posted receives are directed at (fiv_peer.awaited);
+   true if one takes any source. */
+bool fiv_mark_awaited(struct fiv_ep *ep);
+void fiv_rx_free_all(struct fiv_ep *ep);
+void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
+/* fiv_tx.c: sending to one peer, either path, with a queue */
+/* One region message to `slot` (its holder at `gen`), with the wire
+   check in its tag and counted for the pair (probes excepted): 0,
+   -EAGAIN, or a libivshm error. */
+int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
+                    const void *hdr, size_t hlen, const void *buf, size_t len);
+int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
+ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     uint32_t op, const void *hdr, size_t hlen,
+                     const void *buf, size_t len);
+void fiv_tx_progress(struct fiv_ep *ep);
+void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
+struct fiv_op_req *fiv_req_new(void);
+int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
+                    size_t count, bool copy);
+void fiv_req_free(struct fiv_op_req *r);
+void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
+/* fiv_rma.c: RMA and atomics, both sides */
+extern struct fi_ops_rma fiv_rma_ops;
+extern struct fi_ops_atomic fiv_atomic_ops;
+void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
+int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
+                     enum fi_op op, struct fi_atomic_attr *attr,
+                     uint64_t flags);
+/* fiv_progress.c */
+void fiv_progress(struct fiv_ep *ep);
+void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* fiv_probe.c: message counts, probes, broken paths */
+#define FIV_PROBE_NS 1000000000ull /* silence before we ask            */
+#define FIV_PROBE_MAX_NS 8000000000ull /* between unanswered asks, at most */
+void fiv_pair_received(struct fiv_ep *ep, int slot, int64_t gen, uint32_t op);
+void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       fi_addr_t a, struct fiv_peer *heard, uint32_t op,
+                       const uint8_t *p, size_t n);
+void fiv_probe_tick(struct fiv_ep *ep, uint64_t now);
+/* The path to a live peer is corrupt (a message lost, garbled, or one it
+   never sent): like a failed network, everything that waits on it fails,
+   receives of any source included, and nothing more goes either way. */
+void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     const char *why);
+/* A send to `peer` failed with `err`: a peer gone (FI_EHOSTUNREACH) fails
+   what waits on it, any other error breaks the path. */
+void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err);
+/* fiv_intro.c: introductions, peers without an AV entry */
+void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
+int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n);
+/* The AV entry `index` names the hidden peer of its slot: it becomes that
+   peer, with what was under way. */
+bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
+/* Every peer of ours: AV entries, then hidden ones (id in *id). */
+struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id);
+/* fiv_delegate.c: the core provider */
+int fiv_core_open(struct fiv_ep *ep);
+void fiv_core_close(struct fiv_ep *ep);
+size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap);
+/* Insert a peer's core address for our AV entry `index`. */
+int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
+                    fi_addr_t *out);
+void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr);
+size_t fiv_core_frag(struct fiv_ep *ep);
+ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
+                      const void *hdr, size_t hlen, const void *buf,
+                      size_t len);
+void fiv_core_release_peer(struct fiv_peer *p);
+int fiv_core_progress(struct fiv_ep *ep);
+bool fiv_core_active(const struct fiv_ep *ep);
+/* Messages handed to the core provider that it has not completed. */
+bool fiv_core_sending(const struct fiv_ep *ep);
+
+/* Completion helpers (fiv_cq.c) */
+void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
+                     bool want, int err);
+void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
+
+static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
+{
+    size_t t = 0;
+    for (size_t i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    return t;
+}
+/* Copy `len` bytes into iov at byte offset `off`, never past its end. */
+size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
+                     const void *src, size_t len);
+size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
+                    size_t len);
+
+#define FIV_WARN(...) FI_WARN(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)
+#define FIV_INFO(...) FI_INFO(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)
+
+#endif

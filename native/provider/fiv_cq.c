@@ -1,0 +1,329 @@
+/*
+ * Completion queues: every format the MPIs ask for (context, msg, data,
+ * tagged), errors with truncation lengths, and the source address of
+ * each receive (FI_SOURCE). Completions are kept in one wide form and
+ * never refused: the queue grows (an MPI sizes its reads, not our queue).
+ * Reading a CQ drives the progress of the endpoints bound to it.
+ */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fiv.h"
+
+static bool grow(struct fiv_cqe **ring, size_t *cap, size_t head, size_t count)
+{
+    size_t n = *cap ? 2 * *cap : 64;
+    struct fiv_cqe *p = malloc(n * sizeof *p);
+    if (!p)
+        return false;
+    for (size_t i = 0; i < count; i++)
+        p[i] = (*ring)[(head + i) % *cap];
+    free(*ring);
+    *ring = p;
+    *cap = n;
+    return true;
+}
+
+/* The source the application sees: a peer it has not inserted (heard
+   through its introduction) has no address of its own. */
+static void store(struct fiv_cqe *to, const struct fiv_cqe *e)
+{
+    *to = *e;
+    if (to->src >= FIV_HIDDEN)
+        to->src = FI_ADDR_NOTAVAIL;
+}
+
+int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e)
+{
+    if (cq->count == cq->cap) {
+        if (!grow(&cq->ring, &cq->cap, cq->head, cq->count))
+            return -FI_ENOMEM;
+        cq->head = 0;
+    }
+    store(&cq->ring[(cq->head + cq->count) % cq->cap], e);
+    cq->count++;
+    return 0;
+}
+
+int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e)
+{
+    if (cq->errcount == cq->errcap) {
+        if (!grow(&cq->errs, &cq->errcap, cq->errhead, cq->errcount))
+            return -FI_ENOMEM;
+        cq->errhead = 0;
+    }
+    store(&cq->errs[(cq->errhead + cq->errcount) % cq->errcap], e);
+    cq->errcount++;
+    return 0;
+}
+
+/* A send-side completion: counted always, reported when asked. */
+void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
+                     bool want, int err)
+{
+    struct fiv_cntr *c = flags & FI_READ ? ep->cntr_read
+                         : flags & FI_WRITE ? ep->cntr_write
+                         : flags & FI_ATOMIC ? ep->cntr_write
+                                             : ep->cntr_send;
+    if (flags & FI_ATOMIC && flags & FI_READ)
+        c = ep->cntr_read;
+    if (err) {
+        fiv_cntr_inc_err(c);
+        if (ep->tx_cq) {
+            struct fiv_cqe e = {.context = context, .flags = flags,
+                                .err = err, .src = FI_ADDR_NOTAVAIL};
+            fiv_cq_push_err(ep->tx_cq, &e);
+        }
+        return;
+    }
+    fiv_cntr_inc(c);
+    if (want && ep->tx_cq) {
+        struct fiv_cqe e = {.context = context, .flags = flags,
+                            .src = FI_ADDR_NOTAVAIL};
+        fiv_cq_push(ep->tx_cq, &e);
+    }
+}
+
+void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want)
+{
+    if (e->err) {
+        fiv_cntr_inc_err(ep->cntr_recv);
+        if (ep->rx_cq)
+            fiv_cq_push_err(ep->rx_cq, e);
+        return;
+    }
+    fiv_cntr_inc(ep->cntr_recv);
+    if (want && ep->rx_cq)
+        fiv_cq_push(ep->rx_cq, e);
+}
+
+void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep)
+{
+    for (size_t i = 0; i < cq->neps; i++)
+        if (cq->eps[i] == ep)
+            return;
+    void *p = realloc(cq->eps, (cq->neps + 1) * sizeof *cq->eps);
+    if (!p)
+        return;
+    cq->eps = p;
+    cq->eps[cq->neps++] = ep;
+    cq->refs++;
+}
+
+void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep)
+{
+    for (size_t i = 0; i < cq->neps; i++)
+        if (cq->eps[i] == ep) {
+            cq->eps[i] = cq->eps[--cq->neps];
+            cq->refs--;
+            return;
+        }
+}
+
+static size_t entry_size(enum fi_cq_format f)
+{
+    switch (f) {
+    case FI_CQ_FORMAT_CONTEXT: return sizeof(struct fi_cq_entry);
+    case FI_CQ_FORMAT_MSG: return sizeof(struct fi_cq_msg_entry);
+    case FI_CQ_FORMAT_DATA: return sizeof(struct fi_cq_data_entry);
+    default: return sizeof(struct fi_cq_tagged_entry);
+    }
+}
+
+static void write_entry(enum fi_cq_format f, void *out, const struct fiv_cqe *e)
+{
+    switch (f) {
+    case FI_CQ_FORMAT_CONTEXT: {
+        struct fi_cq_entry *o = out;
+        o->op_context = e->context;
+        break;
+    }
+    case FI_CQ_FORMAT_MSG: {
+        struct fi_cq_msg_entry *o = out;
+        o->op_context = e->context;
+        o->flags = e->flags;
+        o->len = e->len;
+        break;
+    }
+    case FI_CQ_FORMAT_DATA: {
+        struct fi_cq_data_entry *o = out;
+        o->op_context = e->context;
+        o->flags = e->flags;
+        o->len = e->len;
+        o->buf = e->buf;
+        o->data = e->data;
+        break;
+    }
+    default: {
+        struct fi_cq_tagged_entry *o = out;
+        o->op_context = e->context;
+        o->flags = e->flags;
+        o->len = e->len;
+        o->buf = e->buf;
+        o->data = e->data;
+        o->tag = e->tag;
+        break;
+    }
+    }
+}
+
+static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
+                           fi_addr_t *src_addr)
+{
+    struct fiv_cq *cq = container_of(cq_fid, struct fiv_cq, cq);
+    fiv_lock(cq->dom);
+    if (!cq->count && !cq->errcount)
+        fiv_progress_eps(cq->eps, cq->neps);
+    ssize_t n = 0;
+    if (cq->errcount) {
+        n = -FI_EAVAIL;
+    } else if (!cq->count) {
+        n = -FI_EAGAIN;
+    } else {
+        size_t es = entry_size(cq->format);
+        while ((size_t)n < count && cq->count) {
+            const struct fiv_cqe *e = &cq->ring[cq->head];
+            write_entry(cq->format, (uint8_t *)buf + (size_t)n * es, e);
+            if (src_addr)
+                src_addr[n] = e->src;
+            cq->head = (cq->head + 1) % cq->cap;
+            cq->count--;
+            n++;
+        }
+    }
+    fiv_unlock(cq->dom);
+    return n;
+}
+
+static ssize_t cq_read(struct fid_cq *cq, void *buf, size_t count)
+{
+    return cq_readfrom(cq, buf, count, NULL);
+}
+
+static ssize_t cq_readerr(struct fid_cq *cq_fid, struct fi_cq_err_entry *buf,
+                          uint64_t flags)
+{
+    (void)flags;
+    struct fiv_cq *cq = container_of(cq_fid, struct fiv_cq, cq);
+    fiv_lock(cq->dom);
+    ssize_t n = -FI_EAGAIN;
+    if (cq->errcount) {
+        const struct fiv_cqe *e = &cq->errs[cq->errhead];
+        /* only the fields of the oldest layout: a newer caller's tail
+           (src_addr in 2.x) keeps what it set */
+        buf->op_context = e->context;
+        buf->flags = e->flags;
+        buf->len = e->len;
+        buf->buf = e->buf;
+        buf->data = e->data;
+        buf->tag = e->tag;
+        buf->olen = e->olen;
+        buf->err = e->err;
+        buf->prov_errno = -e->err;
+        if (FI_VERSION_LT(cq->dom->api_version, FI_VERSION(1, 5)) ||
+            buf->err_data_size == 0)
+            buf->err_data = NULL;
+        buf->err_data_size = 0;
+        cq->errhead = (cq->errhead + 1) % cq->errcap;
+        cq->errcount--;
+        n = 1;
+    }
+    fiv_unlock(cq->dom);
+    return n;
+}
+
+static ssize_t cq_sreadfrom(struct fid_cq *cq, void *buf, size_t count,
+                            fi_addr_t *src_addr, const void *cond, int timeout)
+{
+    (void)cond;
+    uint64_t deadline = fiv_deadline(timeout);
+    for (unsigned spins = 0;; spins++) {
+        ssize_t n = cq_readfrom(cq, buf, count, src_addr);
+        if (n != -FI_EAGAIN)
+            return n;
+        if (fiv_now_ns() >= deadline)
+            return -FI_EAGAIN;
+        if (spins > 1000)
+            sched_yield();
+    }
+}
+
+static ssize_t cq_sread(struct fid_cq *cq, void *buf, size_t count,
+                        const void *cond, int timeout)
+{
+    return cq_sreadfrom(cq, buf, count, NULL, cond, timeout);
+}
+
+static int cq_signal(struct fid_cq *cq) { (void)cq; return 0; }
+
+static const char *cq_strerror(struct fid_cq *cq, int prov_errno,
+                               const void *err_data, char *buf, size_t len)
+{
+    (void)cq;
+    (void)err_data;
+    return fiv_strerror(prov_errno, buf, len);
+}
+
+static int cq_close(struct fid *fid)
+{
+    struct fiv_cq *cq = container_of(fid, struct fiv_cq, cq.fid);
+    if (cq->refs)
+        return -FI_EBUSY;
+    free(cq->ring);
+    free(cq->errs);
+    free(cq->eps);
+    free(cq);
+    return 0;
+}
+
+static int cq_control(struct fid *fid, int cmd, void *arg)
+{
+    (void)fid;
+    (void)arg;
+    return cmd == FI_GETWAIT ? -FI_ENODATA : -FI_ENOSYS;
+}
+
+static struct fi_ops cq_fi_ops = {
+    .size = sizeof(struct fi_ops),
+    .close = cq_close,
+    .bind = fiv_no_bind,
+    .control = cq_control,
+    .ops_open = fiv_no_ops_open,
+};
+
+static struct fi_ops_cq cq_ops = {
+    .size = sizeof(struct fi_ops_cq),
+    .read = cq_read,
+    .readfrom = cq_readfrom,
+    .readerr = cq_readerr,
+    .sread = cq_sread,
+    .sreadfrom = cq_sreadfrom,
+    .signal = cq_signal,
+    .strerror = cq_strerror,
+};
+
+int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
+                struct fid_cq **cq_fid, void *context)
+{
+    struct fiv_domain *d = container_of(domain, struct fiv_domain, dom);
+    if (attr && attr->wait_obj != FI_WAIT_NONE &&
+        attr->wait_obj != FI_WAIT_UNSPEC)
+        return -FI_ENOSYS;
+    struct fiv_cq *cq = calloc(1, sizeof *cq);
+    if (!cq)
+        return -FI_ENOMEM;
+    cq->dom = d;
+    cq->format = attr && attr->format ? attr->format : FI_CQ_FORMAT_CONTEXT;
+    if (cq->format > FI_CQ_FORMAT_TAGGED) {
+        free(cq);
+        return -FI_ENOSYS;
+    }
+    cq->cq.fid.fclass = FI_CLASS_CQ;
+    cq->cq.fid.context = context;
+    cq->cq.fid.ops = &cq_fi_ops;
+    cq->cq.ops = &cq_ops;
+    *cq_fid = &cq->cq;
+    return 0;
+}

@@ -1,0 +1,538 @@
+/*
+ * Endpoints: attaching to the region (one registry slot per endpoint),
+ * opening the core provider beside it, the name (fi_getname), bindings,
+ * and resolving every AV entry to its path: ourselves, the region (same
+ * region: the slot is live at the generation and random name the entry
+ * names), or the core provider.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "fiv.h"
+
+#define FIV_JOB_TAG (UINT64_C(0x46495653) << 32) /* "FIVS" */
+#define FIV_LINGER_NS 2000000000ull /* close: queued sends get this long */
+
+static uint64_t random_nonce(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = fiv_now_ns() ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
+
+static void name_of(uint64_t nonce, char *out, size_t cap)
+{
+    snprintf(out, cap, "fi.%016" PRIx64, nonce);
+}
+
+struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a)
+{
+    if (a < ep->npeers)
+        return &ep->peers[a];
+    if (a >= FIV_HIDDEN && ep->hidden && a - FIV_HIDDEN < (fi_addr_t)ep->max_peers &&
+        ep->hidden[a - FIV_HIDDEN].path == PATH_REGION)
+        return &ep->hidden[a - FIV_HIDDEN];
+    return NULL;
+}
+
+static bool grow_peers(struct fiv_ep *ep, size_t n)
+{
+    if (n <= ep->npeers)
+        return true;
+    size_t cap = ep->npeers ? ep->npeers : 16;
+    while (cap < n)
+        cap *= 2;
+    struct fiv_peer *p = realloc(ep->peers, cap * sizeof *p);
+    if (!p)
+        return false;
+    memset(p + ep->npeers, 0, (cap - ep->npeers) * sizeof *p);
+    ep->peers = p;
+    ep->npeers = cap;
+    return true;
+}
+
+/* Is the peer named by `a` the holder of its slot in our region? */
+static bool in_our_region(struct fiv_ep *ep, const struct fiv_addr *a)
+{
+    if (!ep->h || a->slot < 0 || a->slot >= ep->max_peers)
+        return false;
+    ivshm_peer_info info;
+    if (ivshm_peer(ep->h, a->slot, &info) < 0)
+        return false;
+    char want[32];
+    name_of((uint64_t)a->nonce[1] << 32 | a->nonce[0], want, sizeof want);
+    info.name[sizeof info.name - 1] = 0;
+    return info.generation == a->generation && info.job_id == FIV_JOB_TAG &&
+           strcmp(info.name, want) == 0;
+}
+
+void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
+{
+    if (!ep->av || !grow_peers(ep, index + 1))
+        return;
+    const struct fiv_addr *a = fiv_av_addr(ep->av, index);
+    struct fiv_peer *p = &ep->peers[index];
+    memset(p, 0, sizeof *p);
+    p->slot = -1;
+    p->path = PATH_NONE;
+    if (!a)
+        return;
+    uint64_t nonce = (uint64_t)a->nonce[1] << 32 | a->nonce[0];
+    if (nonce == ep->nonce && a->slot == (ep->h ? ep->self_slot : -1)) {
+        p->path = PATH_SELF;
+        return;
+    }
+    if (in_our_region(ep, a)) {
+        /* a peer we already hear through its introduction: this entry
+           takes over what it had under way */
+        if (fiv_intro_adopt(ep, index, a))
+            return;
+        p->path = PATH_REGION;
+        p->slot = a->slot;
+        p->generation = a->generation;
+        p->nonce = nonce;
+        memcpy(p->key, a->key, FIV_KEY_LEN);
+        ep->by_slot[a->slot] = index;
+        ep->gen_by_slot[a->slot] = a->generation;
+        return;
+    }
+    int rc = -FI_ENODATA;
+    if (a->core_len && ep->core &&
+        (rc = fiv_core_insert(ep, a->core, index, &p->core_addr)) == 0) {
+        p->path = PATH_CORE;
+        return;
+    }
+    FIV_WARN("peer %zu (slot %d) is neither in our region nor reachable by "
+             "a core provider (%s)\n", index, a->slot,
+             !a->core_len ? "its name has no core address"
+             : !ep->core ? "we have no core provider" : fi_strerror(-rc));
+}
+
+void fiv_ep_forget(struct fiv_ep *ep, size_t index)
+{
+    struct fiv_peer *p = fiv_peer(ep, index);
+    if (!p)
+        return;
+    fiv_tx_fail_peer(ep, p, FI_ECANCELED);
+    if (p->path == PATH_REGION && ep->by_slot[p->slot] == index)
+        ep->by_slot[p->slot] = FI_ADDR_NOTAVAIL;
+    if (p->path == PATH_CORE)
+        fiv_core_forget(ep, p->core_addr);
+    fiv_core_release_peer(p);
+    p->path = PATH_NONE;
+}
+
+/* ---- attach ---- */
+
+static void attach_region(struct fiv_ep *ep)
+{
+    const char *what = fiv_cfg.socket ? fiv_cfg.socket : fiv_cfg.region;
+    if (!what)
+        return;
+    char name[32];
+    name_of(ep->nonce, name, sizeof name);
+    ivshm_config cfg = {
+        .job_id = FIV_JOB_TAG,
+        /* (job, rank) names one attachment: an MPI may open several
+           endpoints per process (Open MPI: the mtl and the btl) */
+        .rank = (uint32_t)ep->nonce,
+        .name = name,
+        /* we spin in the caller's progress loop; a wait is meant to block */
+        .spin_ns = 1,
+        .uio_dev = fiv_cfg.uio_dev,
+        .bar0_path = fiv_cfg.bar0,
+        .doorbell_id = fiv_cfg.position,
+    };
+    int rc;
+    if (fiv_cfg.socket) {
+        /* one eventfd per peer comes through the socket (docs/btl.md,
+           "Limits"); a job starting at once may keep the server from
+           answering everybody within one attach's deadline */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        rc = ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h);
+        for (int tries = 1; rc == -ETIMEDOUT && tries < 4; tries++)
+            rc = ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h);
+    } else {
+        rc = ivshm_attach_path(fiv_cfg.region, &cfg, &ep->h);
+    }
+    if (rc < 0) {
+        ep->h = NULL;
+        fprintf(stderr, "fi_ivshm: pid %d cannot attach to %s: %s; every "
+                "peer goes through the core provider\n", (int)getpid(), what,
+                ivshm_strerror(rc));
+        return;
+    }
+    ivshm_geometry g;
+    ivshm_get_geometry(ep->h, &g);
+    ep->self_slot = ivshm_self(ep->h);
+    ep->max_peers = ivshm_max_peers(ep->h);
+    ep->frag = g.slot_size - 32;
+    ivshm_peer_info me;
+    ep->by_slot = malloc((size_t)ep->max_peers * sizeof *ep->by_slot);
+    ep->gen_by_slot = calloc((size_t)ep->max_peers, sizeof *ep->gen_by_slot);
+    ep->hidden = calloc((size_t)ep->max_peers, sizeof *ep->hidden);
+    ep->pairs = calloc((size_t)ep->max_peers, sizeof *ep->pairs);
+    if (ivshm_peer(ep->h, ep->self_slot, &me) < 0 || !ep->by_slot ||
+        !ep->gen_by_slot || !ep->hidden || !ep->pairs ||
+        ep->frag < 2 * sizeof(struct fiv_rma_hdr)) {
+        fprintf(stderr, "fi_ivshm: pid %d: region %s is unusable; every peer "
+                "goes through the core provider\n", (int)getpid(), what);
+        ivshm_detach(ep->h);
+        ep->h = NULL;
+        free(ep->by_slot);
+        free(ep->gen_by_slot);
+        free(ep->hidden);
+        free(ep->pairs);
+        ep->by_slot = NULL;
+        ep->gen_by_slot = NULL;
+        ep->hidden = NULL;
+        ep->pairs = NULL;
+        return;
+    }
+    for (int i = 0; i < ep->max_peers; i++)
+        ep->by_slot[i] = FI_ADDR_NOTAVAIL;
+    ep->self_gen = me.generation;
+}
+
+/* ---- fid ops ---- */
+
+/* Sends waiting for room, or handed to the core provider and not yet
+   out (with manual progress it moves them only when called). */
+static bool anything_queued(struct fiv_ep *ep)
+{
+    return ep->txq_peers > 0 || fiv_core_sending(ep);
+}
+
+static int ep_close(struct fid *fid)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    struct fiv_domain *d = ep->dom;
+    /* what is queued still goes out (an MPI's last messages before it
+       closes), within a bound: a dead peer must not hold us */
+    uint64_t end = fiv_now_ns() + FIV_LINGER_NS;
+    fiv_lock(d);
+    while (anything_queued(ep) && fiv_now_ns() < end) {
+        fiv_progress(ep);
+        if (fiv_core_sending(ep))
+            (void)fiv_core_progress(ep);
+        fiv_unlock(d);
+        fiv_lock(d);
+    }
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
+        fiv_tx_fail_peer(ep, p, FI_ECANCELED);
+        fiv_core_release_peer(p);
+    }
+    fiv_unlock(d);
+    fiv_domain_del_ep(d, ep);
+    fiv_lock(d);
+    if (ep->av)
+        fiv_av_del_ep(ep->av, ep);
+    if (ep->tx_cq)
+        fiv_cq_del_ep(ep->tx_cq, ep);
+    if (ep->rx_cq && ep->rx_cq != ep->tx_cq)
+        fiv_cq_del_ep(ep->rx_cq, ep);
+    struct fiv_cntr *cs[] = {ep->cntr_send, ep->cntr_recv, ep->cntr_read,
+                             ep->cntr_write, ep->cntr_rread, ep->cntr_rwrite};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        bool seen = false;
+        for (size_t k = 0; k < i; k++)
+            seen |= cs[k] == cs[i];
+        if (cs[i] && !seen)
+            fiv_cntr_del_ep(cs[i], ep);
+    }
+    fiv_rx_free_all(ep);
+    while (ep->waiting) {
+        struct fiv_op_req *r = ep->waiting;
+        ep->waiting = r->next;
+        fiv_req_free(r);
+    }
+    d->refs--;
+    fiv_unlock(d);
+    fiv_core_close(ep);
+    ivshm_detach(ep->h);
+    fiv_unregister_ep(ep);
+    fiv_report(ep);
+    free(ep->by_slot);
+    free(ep->gen_by_slot);
+    free(ep->hidden);
+    free(ep->pairs);
+    free(ep->peers);
+    free(ep);
+    return 0;
+}
+
+static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    struct fiv_domain *d = ep->dom;
+    int rc = 0;
+    fiv_lock(d);
+    switch (bfid->fclass) {
+    case FI_CLASS_AV: {
+        struct fiv_av *av = container_of(bfid, struct fiv_av, av.fid);
+        if (ep->av) {
+            rc = -FI_EINVAL;
+            break;
+        }
+        ep->av = av;
+        fiv_av_add_ep(av, ep);
+        for (size_t i = 0; i < av->count; i++)
+            fiv_ep_resolve(ep, i);
+        break;
+    }
+    case FI_CLASS_CQ: {
+        struct fiv_cq *cq = container_of(bfid, struct fiv_cq, cq.fid);
+        if (flags & FI_TRANSMIT) {
+            ep->tx_cq = cq;
+            ep->tx_cq_flags = flags;
+        }
+        if (flags & FI_RECV) {
+            ep->rx_cq = cq;
+            ep->rx_cq_flags = flags;
+        }
+        fiv_cq_add_ep(cq, ep);
+        break;
+    }
+    case FI_CLASS_CNTR: {
+        struct fiv_cntr *c = container_of(bfid, struct fiv_cntr, cntr.fid);
+        if (flags & FI_SEND)
+            ep->cntr_send = c;
+        if (flags & FI_RECV)
+            ep->cntr_recv = c;
+        if (flags & FI_READ)
+            ep->cntr_read = c;
+        if (flags & FI_WRITE)
+            ep->cntr_write = c;
+        if (flags & FI_REMOTE_READ)
+            ep->cntr_rread = c;
+        if (flags & FI_REMOTE_WRITE)
+            ep->cntr_rwrite = c;
+        fiv_cntr_add_ep(c, ep);
+        break;
+    }
+    case FI_CLASS_EQ:
+        break; /* nothing to report on an RDM endpoint */
+    default:
+        rc = -FI_EINVAL;
+    }
+    fiv_unlock(d);
+    return rc;
+}
+
+static int ep_control(struct fid *fid, int cmd, void *arg)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    switch (cmd) {
+    case FI_ENABLE:
+        if (!ep->rx_cq && !ep->tx_cq && !ep->cntr_send && !ep->cntr_recv)
+            return -FI_ENOCQ;
+        if (!ep->av)
+            return -FI_ENOAV;
+        ep->enabled = true;
+        return 0;
+    case FI_GETOPSFLAG: {
+        uint64_t *f = arg;
+        *f = *f & FI_TRANSMIT ? ep->tx_op_flags : ep->rx_op_flags;
+        return 0;
+    }
+    case FI_SETOPSFLAG: {
+        uint64_t *f = arg;
+        if (*f & FI_TRANSMIT)
+            ep->tx_op_flags = *f & ~FI_TRANSMIT;
+        else
+            ep->rx_op_flags = *f & ~FI_RECV;
+        return 0;
+    }
+    default:
+        return -FI_ENOSYS;
+    }
+}
+
+static struct fi_ops ep_fi_ops = {
+    .size = sizeof(struct fi_ops),
+    .close = ep_close,
+    .bind = ep_bind,
+    .control = ep_control,
+    .ops_open = fiv_no_ops_open,
+};
+
+static ssize_t ep_cancel(fid_t fid, void *context);
+
+static int ep_getopt(fid_t fid, int level, int optname, void *optval,
+                     size_t *optlen)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    if (level != FI_OPT_ENDPOINT)
+        return -FI_ENOPROTOOPT;
+    if (optname == FI_OPT_MIN_MULTI_RECV) {
+        if (*optlen < sizeof(size_t))
+            return -FI_ETOOSMALL;
+        *(size_t *)optval = ep->min_multi_recv;
+        *optlen = sizeof(size_t);
+        return 0;
+    }
+    if (optname == FI_OPT_CM_DATA_SIZE) {
+        if (*optlen < sizeof(size_t))
+            return -FI_ETOOSMALL;
+        *(size_t *)optval = 0;
+        *optlen = sizeof(size_t);
+        return 0;
+    }
+    return -FI_ENOPROTOOPT;
+}
+
+static int ep_setopt(fid_t fid, int level, int optname, const void *optval,
+                     size_t optlen)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    if (level != FI_OPT_ENDPOINT)
+        return -FI_ENOPROTOOPT;
+    if (optname == FI_OPT_MIN_MULTI_RECV && optlen >= sizeof(size_t)) {
+        ep->min_multi_recv = *(const size_t *)optval;
+        return 0;
+    }
+    /* CUDA and shared-memory permissions (2.x option numbers) change
+       nothing for us */
+    if (optname >= 19 && optname <= 30)
+        return -FI_ENOPROTOOPT;
+    return -FI_ENOPROTOOPT;
+}
+
+static int no_ctx(struct fid_ep *sep, int index, void *attr,
+                  struct fid_ep **out, void *context)
+{
+    (void)sep; (void)index; (void)attr; (void)out; (void)context;
+    return -FI_ENOSYS;
+}
+
+static ssize_t rx_size_left(struct fid_ep *ep) { (void)ep; return 1024; }
+static ssize_t tx_size_left(struct fid_ep *ep) { (void)ep; return 1024; }
+
+static struct fi_ops_ep ep_ops = {
+    .size = sizeof(struct fi_ops_ep),
+    .cancel = ep_cancel,
+    .getopt = ep_getopt,
+    .setopt = ep_setopt,
+    .tx_ctx = (void *)no_ctx,
+    .rx_ctx = (void *)no_ctx,
+    .rx_size_left = rx_size_left,
+    .tx_size_left = tx_size_left,
+};
+
+static int ep_getname(fid_t fid, void *addr, size_t *addrlen)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    struct fiv_addr a;
+    memset(&a, 0, sizeof a);
+    a.magic = FIV_ADDR_MAGIC;
+    a.version = FIV_ADDR_VERSION;
+    memcpy(a.key, ep->key, FIV_KEY_LEN);
+    a.slot = ep->h ? (int16_t)ep->self_slot : -1;
+    a.generation = ep->h ? ep->self_gen : 0;
+    a.nonce[0] = (uint32_t)ep->nonce;
+    a.nonce[1] = (uint32_t)(ep->nonce >> 32);
+    a.core_len = (uint8_t)fiv_core_name(ep, a.core, sizeof a.core);
+    size_t cap = *addrlen;
+    *addrlen = FIV_ADDR_LEN;
+    if (cap < FIV_ADDR_LEN)
+        return -FI_ETOOSMALL;
+    memcpy(addr, &a, FIV_ADDR_LEN);
+    return 0;
+}
+
+static int no_setname(fid_t fid, void *addr, size_t addrlen)
+{
+    (void)fid; (void)addr; (void)addrlen;
+    return -FI_ENOSYS;
+}
+
+static struct fi_ops_cm cm_ops = {
+    .size = sizeof(struct fi_ops_cm),
+    .setname = no_setname,
+    .getname = ep_getname,
+};
+
+static ssize_t ep_cancel(fid_t fid, void *context)
+{
+    struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
+    fiv_lock(ep->dom);
+    ssize_t rc = -FI_ENOENT;
+    struct fiv_rx **lists[] = {&ep->trecv, &ep->recv};
+    struct fiv_rx **tails[] = {&ep->trecv_tail, &ep->recv_tail};
+    for (int l = 0; l < 2 && rc; l++) {
+        struct fiv_rx *prev = NULL;
+        for (struct fiv_rx *r = *lists[l]; r; prev = r, r = r->next) {
+            if (r->context != context)
+                continue;
+            if (prev)
+                prev->next = r->next;
+            else
+                *lists[l] = r->next;
+            if (*tails[l] == r)
+                *tails[l] = prev;
+            struct fiv_cqe e = {.context = context, .flags = r->flags &
+                                (FI_TAGGED | FI_MSG | FI_RECV | FI_MULTI_RECV),
+                                .err = FI_ECANCELED, .src = FI_ADDR_NOTAVAIL};
+            fiv_complete_rx(ep, &e, true);
+            fiv_rx_put(ep, r);
+            rc = 0;
+            break;
+        }
+    }
+    fiv_unlock(ep->dom);
+    return rc;
+}
+
+int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
+                struct fid_ep **ep_fid, void *context)
+{
+    struct fiv_domain *d = container_of(domain, struct fiv_domain, dom);
+    if (info && info->ep_attr && info->ep_attr->type != FI_EP_RDM &&
+        info->ep_attr->type != FI_EP_UNSPEC)
+        return -FI_EINVAL;
+    struct fiv_ep *ep = calloc(1, sizeof *ep);
+    if (!ep)
+        return -FI_ENOMEM;
+    ep->dom = d;
+    ep->caps = info && info->caps ? info->caps : FIV_CAPS;
+    ep->tx_op_flags = info && info->tx_attr ? info->tx_attr->op_flags : 0;
+    ep->rx_op_flags = info && info->rx_attr ? info->rx_attr->op_flags : 0;
+    ep->min_multi_recv = 64;
+    ep->nonce = random_nonce();
+    fiv_new_key(ep->key);
+    ep->self_slot = -1;
+    ep->next_id = 1;
+    attach_region(ep);
+    if (fiv_core_open(ep) < 0)
+        FIV_INFO("no core provider: only peers in the region are reachable\n");
+    ep->ep.fid.fclass = FI_CLASS_EP;
+    ep->ep.fid.context = context;
+    ep->ep.fid.ops = &ep_fi_ops;
+    ep->ep.ops = &ep_ops;
+    ep->ep.cm = &cm_ops;
+    ep->ep.msg = &fiv_msg_ops;
+    ep->ep.tagged = &fiv_tagged_ops;
+    ep->ep.rma = &fiv_rma_ops;
+    ep->ep.atomic = &fiv_atomic_ops;
+    fiv_lock(d);
+    d->refs++;
+    fiv_unlock(d);
+    fiv_domain_add_ep(d, ep);
+    fiv_register_ep(ep);
+    *ep_fid = &ep->ep;
+    return 0;
+}

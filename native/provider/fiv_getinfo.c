@@ -1,0 +1,243 @@
+/*
+ * fi_getinfo: one RDM description, trimmed to what the hints ask, in the
+ * version the caller asked for.
+ *
+ * The structures we return are read and freed by the running core,
+ * whose versions of them may be longer than the 1.17 ones we were built
+ * with (libfabric 2.x appended fields to fi_domain_attr, for instance):
+ * each is allocated with zeroed room behind it, so a newer core reads
+ * zeros ("unspecified") there, never past the allocation.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fiv.h"
+
+#define FIV_ROOM 512 /* zeroed bytes behind every returned structure */
+
+static void *zalloc(size_t n) { return calloc(1, n + FIV_ROOM); }
+
+static struct fi_info *alloc_info(void)
+{
+    struct fi_info *fi = zalloc(sizeof *fi);
+    if (!fi)
+        return NULL;
+    fi->tx_attr = zalloc(sizeof *fi->tx_attr);
+    fi->rx_attr = zalloc(sizeof *fi->rx_attr);
+    fi->ep_attr = zalloc(sizeof *fi->ep_attr);
+    fi->domain_attr = zalloc(sizeof *fi->domain_attr);
+    fi->fabric_attr = zalloc(sizeof *fi->fabric_attr);
+    if (!fi->tx_attr || !fi->rx_attr || !fi->ep_attr || !fi->domain_attr ||
+        !fi->fabric_attr) {
+        free(fi->tx_attr);
+        free(fi->rx_attr);
+        free(fi->ep_attr);
+        free(fi->domain_attr);
+        free(fi->fabric_attr);
+        free(fi);
+        return NULL;
+    }
+    return fi;
+}
+
+/* The MR modes we answer with: we need none (remote accesses are
+   checked against our own registrations at the target), so we keep the
+   ones the caller offers that change how it addresses memory. */
+static int answer_mr_mode(uint32_t version, const struct fi_info *hints)
+{
+    (void)version; /* below 1.5 (the old enum only) we answer nothing */
+    int asked = hints && hints->domain_attr ? hints->domain_attr->mr_mode : -1;
+    if (asked < 0)
+        return FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    /* 1.x callers may still name the old modes: basic is these bits,
+       scalable none */
+    if (asked == 1 /* FI_MR_BASIC */)
+        return FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    if (asked == 2 /* FI_MR_SCALABLE */)
+        return 0;
+    return asked & (FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY);
+}
+
+/* Why we do not fit, for FI_LOG_LEVEL=info. */
+static bool refuse(const char *why)
+{
+    FIV_INFO("hints not met: %s\n", why);
+    return false;
+}
+
+static bool hints_fit(uint32_t version, const struct fi_info *h)
+{
+    if (!h)
+        return true;
+    if (h->caps & ~FIV_CAPS)
+        return refuse("h->caps & ~FIV_CAPS");
+    if (h->addr_format != FI_FORMAT_UNSPEC)
+        return refuse("h->addr_format != FI_FORMAT_UNSPEC");
+    if (h->ep_attr) {
+        if (h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM)
+            return refuse("h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM");
+        if (h->ep_attr->max_msg_size > FIV_MAX_MSG)
+            return refuse("h->ep_attr->max_msg_size > FIV_MAX_MSG");
+        if (h->ep_attr->tx_ctx_cnt > 1 && h->ep_attr->tx_ctx_cnt != FI_SHARED_CONTEXT)
+            return refuse("h->ep_attr->tx_ctx_cnt > 1 && h->ep_attr->tx_ctx_cnt != FI_SHARED_CONTEXT");
+        if (h->ep_attr->rx_ctx_cnt > 1 && h->ep_attr->rx_ctx_cnt != FI_SHARED_CONTEXT)
+            return refuse("h->ep_attr->rx_ctx_cnt > 1 && h->ep_attr->rx_ctx_cnt != FI_SHARED_CONTEXT");
+        if (h->ep_attr->auth_key_size)
+            return refuse("h->ep_attr->auth_key_size");
+    }
+    if (h->fabric_attr) {
+        if (h->fabric_attr->prov_name &&
+            !strstr(h->fabric_attr->prov_name, FIV_PROV_NAME))
+            return refuse("h->fabric_attr->prov_name && !strstr(h->fabric_attr->prov_name, FIV_PROV_NAME)");
+        if (h->fabric_attr->name &&
+            strcmp(h->fabric_attr->name, FIV_FABRIC_NAME))
+            return refuse("h->fabric_attr->name && strcmp(h->fabric_attr->name, FIV_FABRIC_NAME)");
+    }
+    if (h->domain_attr) {
+        const struct fi_domain_attr *d = h->domain_attr;
+        if (d->name && strcmp(d->name, FIV_DOMAIN_NAME))
+            return refuse("d->name && strcmp(d->name, FIV_DOMAIN_NAME)");
+        if (d->cq_data_size > FIV_CQ_DATA_SIZE)
+            return refuse("d->cq_data_size > FIV_CQ_DATA_SIZE");
+        if (d->mr_key_size > 8)
+            return refuse("d->mr_key_size > 8");
+        if (d->auth_key_size)
+            return refuse("d->auth_key_size");
+        if (FI_VERSION_GE(version, FI_VERSION(1, 5)) && d->mr_mode > 2 &&
+            (d->mr_mode & FI_MR_RAW))
+            return refuse("FI_VERSION_GE(version, FI_VERSION(1, 5)) && d->mr_mode > 2 && (d->mr_mode & FI_MR_RAW)");
+    }
+    if (h->tx_attr) {
+        if (h->tx_attr->caps & ~FIV_CAPS)
+            return refuse("h->tx_attr->caps & ~FIV_CAPS");
+        if (h->tx_attr->inject_size > FIV_INJECT)
+            return refuse("h->tx_attr->inject_size > FIV_INJECT");
+        if (h->tx_attr->iov_limit > FIV_IOV_LIMIT)
+            return refuse("h->tx_attr->iov_limit > FIV_IOV_LIMIT");
+        if (h->tx_attr->rma_iov_limit > FIV_RMA_IOV_LIMIT)
+            return refuse("h->tx_attr->rma_iov_limit > FIV_RMA_IOV_LIMIT");
+        if (h->tx_attr->msg_order & ~FIV_MSG_ORDER)
+            return refuse("h->tx_attr->msg_order & ~FIV_MSG_ORDER");
+    }
+    if (h->rx_attr) {
+        if (h->rx_attr->caps & ~FIV_CAPS)
+            return refuse("h->rx_attr->caps & ~FIV_CAPS");
+        if (h->rx_attr->iov_limit > FIV_IOV_LIMIT)
+            return refuse("h->rx_attr->iov_limit > FIV_IOV_LIMIT");
+        if (h->rx_attr->msg_order & ~FIV_MSG_ORDER)
+            return refuse("h->rx_attr->msg_order & ~FIV_MSG_ORDER");
+        if (h->rx_attr->total_buffered_recv > 0 &&
+            FI_VERSION_LT(version, FI_VERSION(1, 5)))
+            return refuse("h->rx_attr->total_buffered_recv > 0 && FI_VERSION_LT(version, FI_VERSION(1, 5))");
+    }
+    return true;
+}
+
+static struct fi_info *describe(uint32_t version, const struct fi_info *h)
+{
+    struct fi_info *fi = alloc_info();
+    if (!fi)
+        return NULL;
+    uint64_t caps = h && h->caps ? h->caps : FIV_CAPS;
+    fi->caps = caps;
+    fi->mode = 0; /* we need nothing of the caller's contexts or buffers */
+    fi->addr_format = FI_FORMAT_UNSPEC;
+
+    fi->tx_attr->caps = caps;
+    fi->tx_attr->mode = 0;
+    fi->tx_attr->op_flags = h && h->tx_attr ? h->tx_attr->op_flags & FIV_TX_OP_FLAGS : 0;
+    fi->tx_attr->msg_order = FIV_MSG_ORDER;
+    fi->tx_attr->comp_order = 0;
+    fi->tx_attr->inject_size = FIV_INJECT;
+    fi->tx_attr->size = 1024;
+    fi->tx_attr->iov_limit = FIV_IOV_LIMIT;
+    fi->tx_attr->rma_iov_limit = FIV_RMA_IOV_LIMIT;
+
+    fi->rx_attr->caps = caps;
+    fi->rx_attr->mode = 0;
+    fi->rx_attr->op_flags = h && h->rx_attr ? h->rx_attr->op_flags & FIV_RX_OP_FLAGS : 0;
+    fi->rx_attr->msg_order = FIV_MSG_ORDER;
+    fi->rx_attr->comp_order = 0;
+    fi->rx_attr->total_buffered_recv = 0;
+    fi->rx_attr->size = 1024;
+    fi->rx_attr->iov_limit = FIV_IOV_LIMIT;
+
+    fi->ep_attr->type = FI_EP_RDM;
+    fi->ep_attr->protocol = FI_PROTO_SHM;
+    fi->ep_attr->protocol_version = 1;
+    fi->ep_attr->max_msg_size = FIV_MAX_MSG;
+    fi->ep_attr->msg_prefix_size = 0;
+    fi->ep_attr->max_order_raw_size = FIV_MAX_MSG;
+    fi->ep_attr->max_order_war_size = FIV_MAX_MSG;
+    fi->ep_attr->max_order_waw_size = FIV_MAX_MSG;
+    fi->ep_attr->mem_tag_format = 0xaaaaaaaaaaaaaaaaull; /* 64 tag bits */
+    fi->ep_attr->tx_ctx_cnt = 1;
+    fi->ep_attr->rx_ctx_cnt = 1;
+
+    struct fi_domain_attr *d = fi->domain_attr;
+    const struct fi_domain_attr *hd = h ? h->domain_attr : NULL;
+    d->name = strdup(FIV_DOMAIN_NAME);
+    d->threading = hd && hd->threading ? hd->threading : FI_THREAD_SAFE;
+    d->control_progress = FI_PROGRESS_MANUAL;
+    /* auto progress when asked for (a thread per domain); manual else */
+    d->data_progress = hd && hd->data_progress == FI_PROGRESS_AUTO
+                           ? FI_PROGRESS_AUTO : FI_PROGRESS_MANUAL;
+    if (hd && hd->control_progress == FI_PROGRESS_AUTO)
+        d->control_progress = FI_PROGRESS_AUTO;
+    d->resource_mgmt = hd && hd->resource_mgmt ? hd->resource_mgmt : FI_RM_ENABLED;
+    d->av_type = hd && hd->av_type ? hd->av_type : FI_AV_TABLE;
+    d->mr_mode = answer_mr_mode(version, h);
+    d->mr_key_size = 8;
+    d->cq_data_size = FIV_CQ_DATA_SIZE;
+    d->cq_cnt = 1024;
+    d->ep_cnt = 128;
+    d->tx_ctx_cnt = 128;
+    d->rx_ctx_cnt = 128;
+    d->max_ep_tx_ctx = 1;
+    d->max_ep_rx_ctx = 1;
+    d->max_ep_stx_ctx = 0;
+    d->max_ep_srx_ctx = 0;
+    d->cntr_cnt = 1024;
+    d->mr_iov_limit = 1;
+    d->caps = FI_LOCAL_COMM | FI_REMOTE_COMM;
+    d->mode = 0;
+    d->max_err_data = 0;
+    d->mr_cnt = 1 << 16;
+
+    fi->fabric_attr->name = strdup(FIV_FABRIC_NAME);
+    fi->fabric_attr->prov_version = FIV_PROV_VERSION;
+    fi->fabric_attr->api_version = version;
+    if (!d->name || !fi->fabric_attr->name) {
+        fi_freeinfo(fi);
+        return NULL;
+    }
+    return fi;
+}
+
+int fiv_getinfo(uint32_t version, const char *node, const char *service,
+                uint64_t flags, const struct fi_info *hints,
+                struct fi_info **info)
+{
+    (void)node;
+    (void)service;
+    (void)flags;
+    *info = NULL;
+    FIV_INFO("getinfo %u.%u caps %#llx mode %#llx mr_mode %#x\n",
+             FI_MAJOR(version), FI_MINOR(version),
+             hints ? (unsigned long long)hints->caps : 0ull,
+             hints ? (unsigned long long)hints->mode : 0ull,
+             hints && hints->domain_attr ? hints->domain_attr->mr_mode : -1);
+    /* Intel MPI's core probes with version 0 and no hints: it means "any",
+       answered in the core's own version */
+    if (version == 0)
+        version = fiv_prov.fi_version;
+    if (FI_VERSION_LT(version, FI_VERSION(1, 5)))
+        return -FI_ENODATA;
+    if (!hints_fit(version, hints))
+        return -FI_ENODATA;
+    struct fi_info *fi = describe(version, hints);
+    if (!fi)
+        return -FI_ENOMEM;
+    *info = fi;
+    return 0;
+}

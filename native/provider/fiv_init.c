@@ -1,0 +1,273 @@
+/*
+ * The provider: fi_prov_ini, its parameters (FI_IVSHM_*, listed by
+ * `fi_info -e`), the fabric object, and the one report line per process.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fiv.h"
+
+struct fiv_config fiv_cfg = {.position = -1};
+
+static void fiv_cleanup(void);
+
+struct fi_provider fiv_prov = {
+    .name = FIV_PROV_NAME,
+    .version = FIV_PROV_VERSION,
+    /* replaced in fi_prov_ini by the running core's version: the core
+       drops a provider whose fi_version is below what the application
+       asks for, and we answer every version from 1.5 on (fiv_getinfo.c) */
+    .fi_version = FI_VERSION(1, 17),
+    .getinfo = fiv_getinfo,
+    .fabric = fiv_fabric_open,
+    .cleanup = fiv_cleanup,
+};
+
+uint64_t fiv_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t fiv_deadline(int timeout_ms)
+{
+    return timeout_ms < 0 ? UINT64_MAX
+                          : fiv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+const char *fiv_strerror(int prov_errno, char *buf, size_t len)
+{
+    const char *s = fi_strerror(prov_errno < 0 ? -prov_errno : prov_errno);
+    if (!buf || !len)
+        return s;
+    snprintf(buf, len, "%s", s);
+    return buf;
+}
+
+/* ---- the report line: one per process, at the last endpoint's close or
+   at exit/cleanup, whichever comes first ---- */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fiv_ep **live_eps;
+static size_t nlive, caplive;
+static uint64_t done_sent, done_received, done_delegated;
+static bool any_ep, reported;
+static pid_t owner; /* a forked child inherits our counters: not its line */
+
+void fiv_register_ep(struct fiv_ep *ep)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (nlive == caplive) {
+        size_t n = caplive ? 2 * caplive : 4;
+        void *p = realloc(live_eps, n * sizeof *live_eps);
+        if (!p) {
+            pthread_mutex_unlock(&reg_lock);
+            return;
+        }
+        live_eps = p;
+        caplive = n;
+    }
+    live_eps[nlive++] = ep;
+    any_ep = true;
+    owner = getpid();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static void print_report_locked(void)
+{
+    if (reported || !any_ep || !fiv_cfg.report || getpid() != owner)
+        return;
+    uint64_t s = done_sent, r = done_received, d = done_delegated;
+    for (size_t i = 0; i < nlive; i++) {
+        s += live_eps[i]->sent;
+        r += live_eps[i]->received;
+        d += live_eps[i]->delegated;
+    }
+    fprintf(stderr, "fi_ivshm: pid %d sent %llu received %llu delegated %llu\n",
+            (int)getpid(), (unsigned long long)s, (unsigned long long)r,
+            (unsigned long long)d);
+    fflush(stderr);
+    reported = true;
+}
+
+void fiv_unregister_ep(struct fiv_ep *ep)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (size_t i = 0; i < nlive; i++) {
+        if (live_eps[i] == ep) {
+            live_eps[i] = live_eps[--nlive];
+            done_sent += ep->sent;
+            done_received += ep->received;
+            done_delegated += ep->delegated;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* Called when an endpoint closes: the line is printed once the process
+   has no endpoint left (an MPI closes its endpoints in finalize). */
+void fiv_report(struct fiv_ep *ep)
+{
+    (void)ep;
+    pthread_mutex_lock(&reg_lock);
+    if (nlive == 0)
+        print_report_locked();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* Processes that exit without closing (or whose MPI never calls
+   fi_fini) still print their line. */
+__attribute__((destructor)) static void fiv_report_at_exit(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    print_report_locked();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static void fiv_cleanup(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    print_report_locked();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* ---- fabric ---- */
+
+static int fabric_close(struct fid *fid)
+{
+    free(container_of(fid, struct fiv_fabric, fab.fid));
+    return 0;
+}
+
+static struct fi_ops fabric_fi_ops = {
+    .size = sizeof(struct fi_ops),
+    .close = fabric_close,
+    .bind = fiv_no_bind,
+    .control = fiv_no_control,
+    .ops_open = fiv_no_ops_open,
+};
+
+static struct fi_ops_fabric fabric_ops = {
+    .size = sizeof(struct fi_ops_fabric),
+    .domain = fiv_domain_open,
+    .passive_ep = fiv_no_passive_ep,
+    .eq_open = fiv_eq_open,
+    .wait_open = fiv_no_wait_open,
+    .trywait = fiv_no_trywait,
+};
+
+int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
+                    void *context)
+{
+    if (attr && attr->name && strcmp(attr->name, FIV_FABRIC_NAME))
+        return -FI_ENODATA;
+    struct fiv_fabric *f = calloc(1, sizeof *f);
+    if (!f)
+        return -FI_ENOMEM;
+    f->fab.fid.fclass = FI_CLASS_FABRIC;
+    f->fab.fid.context = context;
+    f->fab.fid.ops = &fabric_fi_ops;
+    f->fab.ops = &fabric_ops;
+    f->api_version = attr && attr->api_version ? attr->api_version
+                                               : fiv_prov.fi_version;
+    *fabric = &f->fab;
+    return 0;
+}
+
+/* ---- parameters ---- */
+
+static char *param_str(const char *name, const char *fallback_env)
+{
+    char *v = NULL;
+    if (fi_param_get_str(&fiv_prov, name, &v) == 0 && v && *v)
+        return v;
+    const char *e = fallback_env ? getenv(fallback_env) : NULL;
+    return e && *e ? (char *)e : NULL;
+}
+
+/* Inside a guest, ivshm-bind writes the device's paths to
+   /run/ivshm/ivshm.env (docs/vm.md): the same defaults the BTL gets from
+   Open MPI's parameter file. */
+static void guest_defaults(void)
+{
+    FILE *f = fopen("/run/ivshm/ivshm.env", "re");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *eq = strchr(line, '=');
+        if (!eq || !eq[1])
+            continue;
+        *eq = 0;
+        const char *v = eq + 1;
+        if (!strcmp(line, "IVSHM_BAR2") && !fiv_cfg.region && !fiv_cfg.socket)
+            fiv_cfg.region = strdup(v);
+        else if (!strcmp(line, "IVSHM_UIO") && !fiv_cfg.uio_dev)
+            fiv_cfg.uio_dev = strdup(v);
+        else if (!strcmp(line, "IVSHM_BAR0") && !fiv_cfg.bar0)
+            fiv_cfg.bar0 = strdup(v);
+        else if (!strcmp(line, "IVSHM_POSITION") && fiv_cfg.position < 0)
+            fiv_cfg.position = atoi(v);
+    }
+    fclose(f);
+}
+
+FI_EXT_INI
+{
+    /* Claim the running core's version: it is what the application's
+       request is compared with, and we answer in the version asked. */
+    uint32_t core = fi_version();
+    if (FI_VERSION_GE(core, FI_VERSION(1, 5)))
+        fiv_prov.fi_version = core;
+
+    fi_param_define(&fiv_prov, "region", FI_PARAM_STRING,
+                    "Region file to attach to (a file formatted by libivshm, "
+                    "or the ivshmem BAR resource2 inside a guest); default: "
+                    "IVSHM_REGION, else /run/ivshm/ivshm.env in a guest");
+    fi_param_define(&fiv_prov, "socket", FI_PARAM_STRING,
+                    "ivshmem-server socket to attach through instead; "
+                    "default: IVSHM_SOCKET");
+    fi_param_define(&fiv_prov, "uio_dev", FI_PARAM_STRING,
+                    "Inside a guest: interrupt device of the ivshmem card "
+                    "(/dev/vfio/G or /dev/uioN) for doorbells");
+    fi_param_define(&fiv_prov, "bar0", FI_PARAM_STRING,
+                    "Inside a guest: the ivshmem BAR0 resource file");
+    fi_param_define(&fiv_prov, "position", FI_PARAM_INT,
+                    "Inside a guest: the device's IVPosition (ranks after "
+                    "the first attach without a doorbell of their own)");
+    fi_param_define(&fiv_prov, "core", FI_PARAM_STRING,
+                    "Core provider for peers outside the region "
+                    "(comma-separated, the first that opens; default "
+                    "\"tcp;ofi_rxm,tcp,sockets\"; \"none\": region peers "
+                    "only)");
+    fi_param_define(&fiv_prov, "report", FI_PARAM_BOOL,
+                    "Print one line 'fi_ivshm: pid P sent S received R "
+                    "delegated D' per process to stderr at exit");
+
+    fiv_cfg.region = param_str("region", "IVSHM_REGION");
+    fiv_cfg.socket = param_str("socket", "IVSHM_SOCKET");
+    fiv_cfg.uio_dev = param_str("uio_dev", NULL);
+    fiv_cfg.bar0 = param_str("bar0", NULL);
+    int pos = -1;
+    if (fi_param_get_int(&fiv_prov, "position", &pos) == 0)
+        fiv_cfg.position = pos;
+    fiv_cfg.core = param_str("core", NULL);
+    int rep = 0;
+    if (fi_param_get_bool(&fiv_prov, "report", &rep) == 0)
+        fiv_cfg.report = rep;
+    if (!fiv_cfg.region && !fiv_cfg.socket)
+        guest_defaults();
+    /* for the tests of lost messages only (docs/provider.md), so not a
+       parameter fi_info lists */
+    const char *lose = getenv("FIV_TEST_LOSE");
+    fiv_cfg.test_lose = lose ? strtoull(lose, NULL, 10) : 0;
+    return &fiv_prov;
+}

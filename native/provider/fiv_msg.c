@@ -1,0 +1,888 @@
+/*
+ * FI_MSG and FI_TAGGED: posting, matching and delivery.
+ *
+ * Receives are matched in the order they were posted, messages in the
+ * order they arrived from each sender (both paths keep a pair's order):
+ * what MPI's matching needs. A message that finds no receive is copied
+ * out of the region into an unexpected entry; a receive looks there
+ * first. A message longer than the receive is delivered truncated and
+ * reported as an FI_ETRUNC error entry. FI_PEEK / FI_CLAIM / FI_DISCARD
+ * look at and take unexpected messages (MPI probes).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fiv.h"
+
+/* ---- posted receives: kept on a short free list (one malloc and one
+   free less per message on the hot path). The list holds at most
+   RX_CACHE entries; what is given back beyond that goes to free(), so a
+   window of thousands of receives costs no more memory afterwards. ---- */
+
+#define RX_CACHE 64
+
+static struct fiv_rx *rx_get(struct fiv_ep *ep)
+{
+    struct fiv_rx *rx = ep->rx_cache;
+    if (rx) {
+        ep->rx_cache = rx->next;
+        ep->rx_cached--;
+        memset(rx, 0, sizeof *rx);
+        return rx;
+    }
+    return calloc(1, sizeof *rx);
+}
+
+void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx)
+{
+    if (!rx)
+        return;
+    if (ep->rx_cached >= RX_CACHE) {
+        free(rx);
+        return;
+    }
+    rx->next = ep->rx_cache;
+    ep->rx_cache = rx;
+    ep->rx_cached++;
+}
+
+/* ---- completions of receives ---- */
+
+static bool want_rx(struct fiv_ep *ep, uint64_t flags)
+{
+    return !(ep->rx_cq_flags & FI_SELECTIVE_COMPLETION) ||
+           (flags & FI_COMPLETION);
+}
+
+static bool want_tx(struct fiv_ep *ep, uint64_t flags)
+{
+    return !(ep->tx_cq_flags & FI_SELECTIVE_COMPLETION) ||
+           (flags & FI_COMPLETION);
+}
+
+/* Complete `rx` for a message of `total` bytes of which `stored` landed
+   at `at` in its buffers. */
+static void finish_rx(struct fiv_ep *ep, struct fiv_rx *rx, fi_addr_t src,
+                      uint64_t tag, uint64_t data, uint32_t mflags,
+                      size_t total, size_t stored, void *at, bool last)
+{
+    struct fiv_cqe e = {
+        .context = rx->context,
+        .flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
+                 (mflags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0) |
+                 (last && rx->flags & FI_MULTI_RECV ? FI_MULTI_RECV : 0),
+        .len = stored,
+        .buf = at,
+        .data = mflags & FIV_F_DATA ? data : 0,
+        .tag = mflags & FIV_F_TAGGED ? tag : 0,
+        .src = ep->caps & FI_SOURCE ? src : FI_ADDR_NOTAVAIL,
+    };
+    if (total > stored) {
+        e.err = FI_ETRUNC;
+        e.olen = total - stored;
+    }
+    fiv_complete_rx(ep, &e, want_rx(ep, rx->flags) || e.err);
+}
+
+/* ---- matching ---- */
+
+static bool rx_matches(const struct fiv_rx *rx, fi_addr_t src, uint64_t tag,
+                       bool tagged)
+{
+    if (rx->src != FI_ADDR_UNSPEC && rx->src != src)
+        return false;
+    return !tagged || ((rx->tag ^ tag) & ~rx->ignore) == 0;
+}
+
+static struct fiv_rx *take_rx(struct fiv_ep *ep, fi_addr_t src, uint64_t tag,
+                              bool tagged)
+{
+    struct fiv_rx **head = tagged ? &ep->trecv : &ep->recv;
+    struct fiv_rx **tail = tagged ? &ep->trecv_tail : &ep->recv_tail;
+    struct fiv_rx *prev = NULL;
+    for (struct fiv_rx *r = *head; r; prev = r, r = r->next) {
+        if (!rx_matches(r, src, tag, tagged))
+            continue;
+        if (r->flags & FI_MULTI_RECV)
+            return r; /* stays posted until it fills */
+        if (prev)
+            prev->next = r->next;
+        else
+            *head = r->next;
+        if (*tail == r)
+            *tail = prev;
+        r->next = NULL;
+        return r;
+    }
+    return NULL;
+}
+
+static void unlink_rx(struct fiv_ep *ep, struct fiv_rx *rx)
+{
+    struct fiv_rx **head = &ep->recv, **tail = &ep->recv_tail;
+    struct fiv_rx *prev = NULL;
+    for (struct fiv_rx *r = *head; r; prev = r, r = r->next)
+        if (r == rx) {
+            if (prev)
+                prev->next = r->next;
+            else
+                *head = r->next;
+            if (*tail == r)
+                *tail = prev;
+            return;
+        }
+}
+
+/* A multi-receive buffer hands out the next `len` bytes (or what is
+   left): where the message goes. */
+static struct iovec multi_slice(struct fiv_ep *ep, struct fiv_rx *rx,
+                                size_t len, bool *last)
+{
+    size_t left = rx->total - rx->multi_used;
+    size_t take = len < left ? len : left;
+    struct iovec v = {(uint8_t *)rx->iov[0].iov_base + rx->multi_used, take};
+    rx->multi_used += take;
+    *last = rx->total - rx->multi_used < ep->min_multi_recv;
+    if (*last) {
+        rx->retired = true;
+        unlink_rx(ep, rx);
+    }
+    return v;
+}
+
+/* ---- arrival ---- */
+
+static void append_unexp(struct fiv_ep *ep, struct fiv_unexp *u, bool tagged)
+{
+    struct fiv_unexp **head = tagged ? &ep->tunexp : &ep->unexp;
+    struct fiv_unexp **tail = tagged ? &ep->tunexp_tail : &ep->unexp_tail;
+    u->next = NULL;
+    if (*tail)
+        (*tail)->next = u;
+    else
+        *head = u;
+    *tail = u;
+}
+
+static void remove_unexp(struct fiv_ep *ep, struct fiv_unexp *u, bool tagged)
+{
+    struct fiv_unexp **head = tagged ? &ep->tunexp : &ep->unexp;
+    struct fiv_unexp **tail = tagged ? &ep->tunexp_tail : &ep->unexp_tail;
+    struct fiv_unexp *prev = NULL;
+    for (struct fiv_unexp *x = *head; x; prev = x, x = x->next)
+        if (x == u) {
+            if (prev)
+                prev->next = x->next;
+            else
+                *head = x->next;
+            if (*tail == x)
+                *tail = prev;
+            return;
+        }
+}
+
+/* Copy a complete unexpected message into `rx` and complete it. */
+static void unexp_to_rx(struct fiv_ep *ep, struct fiv_unexp *u, struct fiv_rx *rx)
+{
+    size_t stored;
+    void *at;
+    bool last = false;
+    if (rx->flags & FI_MULTI_RECV) {
+        struct iovec v = multi_slice(ep, rx, u->len, &last);
+        memcpy(v.iov_base, u->buf, v.iov_len);
+        stored = v.iov_len;
+        at = v.iov_base;
+    } else {
+        stored = fiv_iov_write(rx->iov, rx->iov_count, 0, u->buf, u->len);
+        at = rx->iov_count ? rx->iov[0].iov_base : NULL;
+    }
+    finish_rx(ep, rx, u->src, u->tag, u->data, u->flags, u->len, stored, at, last);
+    if (!(rx->flags & FI_MULTI_RECV) || last)
+        fiv_rx_put(ep, rx);
+}
+
+static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                      uint32_t op, const uint8_t *p, size_t n)
+{
+    struct fiv_msg_hdr h;
+    if (n < sizeof h) {
+        peer->violated = true;
+        return;
+    }
+    memcpy(&h, p, sizeof h); /* once: the region is shared */
+    size_t chunk = n - sizeof h;
+    if (h.len > FIV_MAX_MSG || chunk > h.len) {
+        peer->violated = true; /* malformed: not what a peer of ours sends */
+        return;
+    }
+    p += sizeof h;
+    bool tagged = op & FIV_F_TAGGED;
+    uint32_t mflags = op & (FIV_F_TAGGED | FIV_F_DATA);
+    struct fiv_asm *as = &peer->as;
+    struct fiv_rx *rx = take_rx(ep, src, h.tag, tagged);
+    if (rx) {
+        bool last = false;
+        struct iovec v;
+        if (rx->flags & FI_MULTI_RECV) {
+            v = multi_slice(ep, rx, h.len, &last);
+            memcpy(v.iov_base, p, chunk < v.iov_len ? chunk : v.iov_len);
+        } else {
+            v.iov_base = rx->iov_count ? rx->iov[0].iov_base : NULL;
+            v.iov_len = rx->total;
+            fiv_iov_write(rx->iov, rx->iov_count, 0, p, chunk);
+        }
+        if (chunk == h.len) {
+            size_t stored = h.len < v.iov_len ? h.len : v.iov_len;
+            /* a retired multi-receive buffer is released by the last of
+               its messages to complete */
+            last = last && rx->pending == 0;
+            finish_rx(ep, rx, src, h.tag, h.data, mflags, h.len, stored,
+                      v.iov_base, last);
+            if (!(rx->flags & FI_MULTI_RECV) || last)
+                fiv_rx_put(ep, rx);
+            return;
+        }
+        if (rx->flags & FI_MULTI_RECV)
+            rx->pending++;
+        *as = (struct fiv_asm){.kind = ASM_RECV, .total = h.len, .got = chunk,
+                               .rx = rx, .tag = h.tag, .data = h.data,
+                               .flags = mflags, .dst = v.iov_base,
+                               .olen = v.iov_len};
+        as->rx_off = 0;
+        if (rx->flags & FI_MULTI_RECV) {
+            /* the slice is the destination, whatever else fills the buffer */
+            as->rx_off = (size_t)-1;
+        }
+        return;
+    }
+    struct fiv_unexp *u = calloc(1, sizeof *u);
+    uint8_t *buf = malloc(h.len ? h.len : 1);
+    if (!u || !buf) {
+        free(u);
+        free(buf);
+        if (chunk < h.len)
+            *as = (struct fiv_asm){.kind = ASM_DISCARD, .total = h.len,
+                                   .got = chunk};
+        return;
+    }
+    memcpy(buf, p, chunk);
+    *u = (struct fiv_unexp){.src = src, .tag = h.tag, .data = h.data,
+                            .flags = mflags, .len = h.len, .got = chunk,
+                            .buf = buf};
+    append_unexp(ep, u, tagged);
+    if (chunk < h.len)
+        *as = (struct fiv_asm){.kind = ASM_UNEXP, .total = h.len, .got = chunk,
+                               .ux = u};
+}
+
+/* An unexpected message completed while a receive waited for it. */
+static void unexp_complete(struct fiv_ep *ep, struct fiv_unexp *u)
+{
+    if (!u->waiting)
+        return;
+    bool tagged = u->flags & FIV_F_TAGGED;
+    remove_unexp(ep, u, tagged);
+    unexp_to_rx(ep, u, u->waiting);
+    free(u->buf);
+    free(u);
+}
+
+static void msg_more(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                     const uint8_t *p, size_t n)
+{
+    struct fiv_asm *as = &peer->as;
+    if (as->kind == ASM_NONE || n > as->total - as->got) {
+        /* a continuation of nothing, or past what the first part said */
+        peer->violated = true;
+        return;
+    }
+    switch (as->kind) {
+    case ASM_RECV:
+        if (as->rx_off == (size_t)-1) {
+            if (as->got < as->olen) {
+                size_t k = as->olen - as->got < n ? as->olen - as->got : n;
+                memcpy((uint8_t *)as->dst + as->got, p, k);
+            }
+        } else {
+            fiv_iov_write(as->rx->iov, as->rx->iov_count, as->got, p, n);
+        }
+        break;
+    case ASM_UNEXP:
+        memcpy(as->ux->buf + as->got, p, n);
+        break;
+    case ASM_WRITE:
+    case ASM_READ_RESP:
+        fiv_rma_answer(ep, src, peer, FIV_OP_MORE, p, n);
+        return;
+    default:
+        break;
+    }
+    as->got += n;
+    if (as->got < as->total)
+        return;
+    struct fiv_asm done = *as;
+    memset(as, 0, sizeof *as);
+    if (done.kind == ASM_RECV) {
+        struct fiv_rx *rx = done.rx;
+        bool multi = rx->flags & FI_MULTI_RECV;
+        bool last = multi && rx->retired && --rx->pending == 0;
+        if (multi && !last && !rx->retired)
+            rx->pending--;
+        size_t cap = multi ? done.olen : rx->total;
+        size_t stored = done.total < cap ? done.total : cap;
+        finish_rx(ep, rx, src, done.tag, done.data, done.flags, done.total,
+                  stored, done.dst, last);
+        if (!multi || last)
+            fiv_rx_put(ep, rx);
+    } else if (done.kind == ASM_UNEXP) {
+        done.ux->got = done.total;
+        unexp_complete(ep, done.ux);
+    }
+}
+
+/* What a sender's continuations were filling fails (it died, or began
+   another message before finishing this one). */
+static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                          int err)
+{
+    struct fiv_asm *as = &peer->as;
+    if (as->kind == ASM_RECV) {
+        struct fiv_rx *rx = as->rx;
+        struct fiv_cqe e = {.context = rx->context,
+                            .flags = FI_RECV | (as->flags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG),
+                            .len = 0, .tag = as->tag, .err = err,
+                            .src = a};
+        fiv_complete_rx(ep, &e, true);
+        if (!(rx->flags & FI_MULTI_RECV))
+            fiv_rx_put(ep, rx);
+        else if (--rx->pending == 0 && rx->retired)
+            fiv_rx_put(ep, rx); /* its last message: the buffer goes */
+    } else if (as->kind == ASM_UNEXP) {
+        struct fiv_unexp *u = as->ux;
+        bool tagged = u->flags & FIV_F_TAGGED;
+        remove_unexp(ep, u, tagged);
+        if (u->waiting) {
+            struct fiv_cqe e = {.context = u->waiting->context,
+                                .flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG),
+                                .tag = u->tag, .err = err, .src = a};
+            fiv_complete_rx(ep, &e, true);
+            fiv_rx_put(ep, u->waiting);
+        }
+        free(u->buf);
+        free(u);
+    } else if (as->kind == ASM_READ_RESP && as->req) {
+        /* taken off the waiting list when its answer began */
+        fiv_complete_tx(ep, as->req->context, as->req->flags,
+                        as->req->complete_ev, err);
+        fiv_req_free(as->req);
+    }
+    memset(as, 0, sizeof *as);
+}
+
+/* A peer that died or whose slot changed hands: everything we wait on
+   from it fails, and nothing more goes to it. */
+void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     int err)
+{
+    fail_assembly(ep, a, peer, err);
+    peer->dead = true;
+    fiv_tx_fail_peer(ep, peer, err);
+    fiv_rma_fail_peer(ep, a, err);
+    fiv_fail_receives(ep, a, false, err);
+}
+
+void fiv_fail_receives(struct fiv_ep *ep, fi_addr_t a, bool wildcard, int err)
+{
+    struct fiv_rx **lists[] = {&ep->trecv, &ep->recv};
+    struct fiv_rx **tails[] = {&ep->trecv_tail, &ep->recv_tail};
+    for (int l = 0; l < 2; l++) {
+        struct fiv_rx *prev = NULL, *r = *lists[l];
+        while (r) {
+            struct fiv_rx *next = r->next;
+            /* a multi-receive buffer that messages still fill is
+               released by the last of them (finish_rx), not here */
+            bool filling = (r->flags & FI_MULTI_RECV) && r->pending;
+            if (!filling &&
+                (r->src == a || (wildcard && r->src == FI_ADDR_UNSPEC))) {
+                if (prev)
+                    prev->next = next;
+                else
+                    *lists[l] = next;
+                if (*tails[l] == r)
+                    *tails[l] = prev;
+                struct fiv_cqe e = {.context = r->context,
+                                    .flags = r->flags & (FI_TAGGED | FI_MSG |
+                                                         FI_RECV |
+                                                         FI_MULTI_RECV),
+                                    .tag = r->tag, .err = err, .src = a};
+                fiv_complete_rx(ep, &e, true);
+                fiv_rx_put(ep, r);
+            } else {
+                prev = r;
+            }
+            r = next;
+        }
+    }
+}
+
+bool fiv_mark_awaited(struct fiv_ep *ep)
+{
+    bool any = false;
+    struct fiv_rx *lists[] = {ep->trecv, ep->recv};
+    for (int l = 0; l < 2; l++)
+        for (struct fiv_rx *r = lists[l]; r; r = r->next) {
+            struct fiv_peer *p = r->src == FI_ADDR_UNSPEC ? NULL
+                                                          : fiv_peer(ep, r->src);
+            if (p)
+                p->awaited = true;
+            else
+                any |= r->src == FI_ADDR_UNSPEC;
+        }
+    return any;
+}
+
+void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                 uint32_t op, const uint8_t *p, size_t n)
+{
+    if ((op & FIV_OP_MASK) != FIV_OP_MORE && peer->as.kind != ASM_NONE) {
+        /* the previous message was cut short: the caller breaks the path */
+        peer->violated = true;
+        return;
+    }
+    switch (op & FIV_OP_MASK) {
+    case FIV_OP_MSG:
+        msg_first(ep, src, peer, op, p, n);
+        break;
+    case FIV_OP_MORE:
+        msg_more(ep, src, peer, p, n);
+        break;
+    case FIV_OP_WRITE:
+    case FIV_OP_READ:
+    case FIV_OP_ATOMIC:
+        fiv_rma_target(ep, src, peer, op, p, n);
+        break;
+    case FIV_OP_READ_RESP:
+    case FIV_OP_ACK:
+        fiv_rma_answer(ep, src, peer, op, p, n);
+        break;
+    case FIV_OP_INTRO:
+        break; /* heard already */
+    default:
+        peer->violated = true; /* not an operation of ours */
+        break;
+    }
+}
+
+void fiv_rx_free_all(struct fiv_ep *ep)
+{
+    struct fiv_rx *lists[] = {ep->trecv, ep->recv};
+    for (int l = 0; l < 2; l++)
+        while (lists[l]) {
+            struct fiv_rx *r = lists[l];
+            lists[l] = r->next;
+            fiv_rx_put(ep, r);
+        }
+    struct fiv_unexp *ul[] = {ep->tunexp, ep->unexp};
+    for (int l = 0; l < 2; l++)
+        while (ul[l]) {
+            struct fiv_unexp *u = ul[l];
+            ul[l] = u->next;
+            fiv_rx_put(ep, u->waiting);
+            free(u->buf);
+            free(u);
+        }
+    ep->trecv = ep->recv = NULL;
+    ep->tunexp = ep->unexp = NULL;
+    while (ep->rx_cache) {
+        struct fiv_rx *rx = ep->rx_cache;
+        ep->rx_cache = rx->next;
+        free(rx);
+    }
+    ep->rx_cached = 0;
+}
+
+/* ---- posting receives ---- */
+
+static struct fiv_unexp *find_unexp(struct fiv_ep *ep, fi_addr_t src,
+                                    uint64_t tag, uint64_t ignore, bool tagged,
+                                    void *claim_ctx, bool claimed)
+{
+    for (struct fiv_unexp *u = tagged ? ep->tunexp : ep->unexp; u; u = u->next) {
+        if (u->waiting)
+            continue;
+        if (claimed) {
+            if (u->claimed && u->claim == claim_ctx)
+                return u;
+            continue;
+        }
+        if (u->claimed)
+            continue;
+        if (src != FI_ADDR_UNSPEC && u->src != src)
+            continue;
+        if (tagged && ((u->tag ^ tag) & ~ignore))
+            continue;
+        return u;
+    }
+    return NULL;
+}
+
+static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
+                    fi_addr_t src, uint64_t tag, uint64_t ignore,
+                    void *context, uint64_t flags, bool tagged)
+{
+    if (count > FIV_IOV_LIMIT)
+        return -FI_EINVAL;
+    if (!(ep->caps & FI_DIRECTED_RECV))
+        src = FI_ADDR_UNSPEC;
+    struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    if (tagged && (flags & FI_PEEK)) {
+        struct fiv_unexp *u = find_unexp(ep, src, tag, ignore, true, NULL, false);
+        if (!u) {
+            fiv_progress(ep);
+            u = find_unexp(ep, src, tag, ignore, true, NULL, false);
+        }
+        if (!u) {
+            struct fiv_cqe e = {.context = context, .flags = FI_RECV | FI_TAGGED,
+                                .tag = tag, .err = FI_ENOMSG,
+                                .src = FI_ADDR_NOTAVAIL};
+            if (ep->rx_cq)
+                fiv_cq_push_err(ep->rx_cq, &e);
+        } else {
+            if (flags & FI_CLAIM) {
+                u->claimed = true;
+                u->claim = context;
+            }
+            struct fiv_cqe e = {.context = context,
+                                .flags = FI_RECV | FI_TAGGED |
+                                         (u->flags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0),
+                                .len = u->len, .tag = u->tag, .data = u->data,
+                                .src = ep->caps & FI_SOURCE ? u->src : FI_ADDR_NOTAVAIL};
+            if (flags & FI_DISCARD) {
+                remove_unexp(ep, u, true);
+                free(u->buf);
+                free(u);
+            }
+            if (ep->rx_cq)
+                fiv_cq_push(ep->rx_cq, &e);
+        }
+        fiv_unlock(d);
+        return 0;
+    }
+    struct fiv_rx *rx = rx_get(ep);
+    if (!rx) {
+        fiv_unlock(d);
+        return -FI_ENOMEM;
+    }
+    memcpy(rx->iov, iov, count * sizeof *iov);
+    rx->iov_count = count;
+    rx->total = fiv_iov_total(iov, count);
+    rx->src = src;
+    rx->tag = tag;
+    rx->ignore = ignore;
+    rx->context = context;
+    rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
+    if ((flags & FI_MULTI_RECV) && (tagged || count != 1))
+        rx->flags &= ~FI_MULTI_RECV;
+    struct fiv_unexp *u = NULL;
+    if (tagged && (flags & FI_CLAIM))
+        u = find_unexp(ep, src, tag, ignore, true, context, true);
+    else if (!(rx->flags & FI_MULTI_RECV))
+        u = find_unexp(ep, src, tag, ignore, tagged, NULL, false);
+    if (u && (flags & FI_DISCARD)) {
+        remove_unexp(ep, u, tagged);
+        struct fiv_cqe e = {.context = context, .flags = rx->flags & (FI_RECV | FI_TAGGED | FI_MSG),
+                            .len = 0, .tag = u->tag, .src = u->src};
+        fiv_complete_rx(ep, &e, want_rx(ep, rx->flags));
+        free(u->buf);
+        free(u);
+        fiv_rx_put(ep, rx);
+    } else if (u && u->got == u->len) {
+        remove_unexp(ep, u, tagged);
+        unexp_to_rx(ep, u, rx);
+        free(u->buf);
+        free(u);
+    } else if (u) {
+        u->waiting = rx; /* still arriving: completes when whole */
+    } else if (src != FI_ADDR_UNSPEC && fiv_peer(ep, src) &&
+               fiv_peer(ep, src)->dead) {
+        /* nothing more comes from a failed peer (fiv_peer_failed) */
+        struct fiv_cqe e = {.context = context,
+                            .flags = rx->flags & (FI_RECV | FI_TAGGED | FI_MSG),
+                            .tag = tag, .err = FI_EIO, .src = src};
+        fiv_complete_rx(ep, &e, true);
+        fiv_rx_put(ep, rx);
+    } else if (rx->flags & FI_MULTI_RECV) {
+        /* whatever waits unexpected fills the new buffer first */
+        struct fiv_rx **head = &ep->recv, **tail = &ep->recv_tail;
+        rx->next = NULL;
+        if (*tail)
+            (*tail)->next = rx;
+        else
+            *head = rx;
+        *tail = rx;
+        struct fiv_unexp *x;
+        while (!rx->retired &&
+               (x = find_unexp(ep, FI_ADDR_UNSPEC, 0, 0, false, NULL, false)) &&
+               x->got == x->len) {
+            remove_unexp(ep, x, false);
+            bool last = rx->total - rx->multi_used - (x->len < rx->total - rx->multi_used ? x->len : rx->total - rx->multi_used) < ep->min_multi_recv;
+            unexp_to_rx(ep, x, rx);
+            free(x->buf);
+            free(x);
+            if (last)
+                break;
+        }
+    } else {
+        struct fiv_rx **head = tagged ? &ep->trecv : &ep->recv;
+        struct fiv_rx **tail = tagged ? &ep->trecv_tail : &ep->recv_tail;
+        rx->next = NULL;
+        if (*tail)
+            (*tail)->next = rx;
+        else
+            *head = rx;
+        *tail = rx;
+    }
+    fiv_unlock(d);
+    return 0;
+}
+
+/* ---- sending ---- */
+
+static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count,
+                        fi_addr_t dest, uint64_t tag, uint64_t data,
+                        void *context, uint64_t flags, bool tagged)
+{
+    if (count > FIV_IOV_LIMIT)
+        return -FI_EINVAL;
+    size_t len = fiv_iov_total(iov, count);
+    if (len > FIV_MAX_MSG)
+        return -FI_EMSGSIZE;
+    bool inject = flags & FI_INJECT;
+    if (inject && len > FIV_INJECT)
+        return -FI_EMSGSIZE;
+    struct fiv_msg_hdr h = {.tag = tag, .len = len, .data = data};
+    uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
+                  (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
+    uint64_t cflags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
+    bool want = !inject && want_tx(ep, flags);
+    struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    struct fiv_peer *p = fiv_peer(ep, dest);
+    if (p && count <= 1 && (p->path == PATH_REGION || p->path == PATH_CORE)) {
+        ssize_t rc = fiv_tx_small(ep, dest, p, op, &h, sizeof h,
+                                  count ? iov[0].iov_base : NULL, len);
+        if (rc == 0) {
+            fiv_complete_tx(ep, context, cflags, want, 0);
+            fiv_unlock(d);
+            return 0;
+        }
+        if (rc != -EAGAIN) {
+            fiv_send_failed(ep, dest, p, (int)-rc);
+            fiv_complete_tx(ep, context, cflags, want, (int)-rc);
+            fiv_unlock(d);
+            return 0;
+        }
+    }
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r) {
+        fiv_unlock(d);
+        return -FI_ENOMEM;
+    }
+    r->kind = REQ_SEND;
+    r->peer = dest;
+    r->context = context;
+    r->flags = cflags;
+    r->complete_ev = want;
+    r->op = op;
+    memcpy(r->hdr, &h, sizeof h);
+    r->hlen = sizeof h;
+    if (fiv_req_payload(r, iov, count, inject) < 0) {
+        fiv_req_free(r);
+        fiv_unlock(d);
+        return -FI_ENOMEM;
+    }
+    fiv_tx_start(ep, r);
+    fiv_unlock(d);
+    return 0;
+}
+
+#define EP(e) container_of(e, struct fiv_ep, ep)
+
+static ssize_t m_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                      fi_addr_t src, void *context)
+{
+    (void)desc;
+    struct iovec v = {buf, len};
+    return post(EP(e), &v, 1, src, 0, 0, context,
+                EP(e)->rx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t m_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t src, void *context)
+{
+    (void)desc;
+    return post(EP(e), iov, count, src, 0, 0, context,
+                EP(e)->rx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t m_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
+                         uint64_t flags)
+{
+    return post(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0, 0,
+                msg->context, flags, false);
+}
+
+static ssize_t m_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
+                      fi_addr_t dest, void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t m_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t dest, void *context)
+{
+    (void)desc;
+    return send_msg(EP(e), iov, count, dest, 0, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
+                         uint64_t flags)
+{
+    return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0,
+                    msg->data, msg->context, flags, false);
+}
+
+static ssize_t m_inject(struct fid_ep *e, const void *buf, size_t len,
+                        fi_addr_t dest)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT, false);
+}
+
+static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
+                          void *desc, uint64_t data, fi_addr_t dest,
+                          void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, data, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
+                    false);
+}
+
+static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
+                            uint64_t data, fi_addr_t dest)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, data, NULL,
+                    FI_INJECT | FI_REMOTE_CQ_DATA, false);
+}
+
+struct fi_ops_msg fiv_msg_ops = {
+    .size = sizeof(struct fi_ops_msg),
+    .recv = m_recv,
+    .recvv = m_recvv,
+    .recvmsg = m_recvmsg,
+    .send = m_send,
+    .sendv = m_sendv,
+    .sendmsg = m_sendmsg,
+    .inject = m_inject,
+    .senddata = m_senddata,
+    .injectdata = m_injectdata,
+};
+
+static ssize_t t_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                      fi_addr_t src, uint64_t tag, uint64_t ignore,
+                      void *context)
+{
+    (void)desc;
+    struct iovec v = {buf, len};
+    return post(EP(e), &v, 1, src, tag, ignore, context,
+                EP(e)->rx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t t_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t src, uint64_t tag,
+                       uint64_t ignore, void *context)
+{
+    (void)desc;
+    return post(EP(e), iov, count, src, tag, ignore, context,
+                EP(e)->rx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t t_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                         uint64_t flags)
+{
+    return post(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
+                msg->ignore, msg->context, flags, true);
+}
+
+static ssize_t t_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
+                      fi_addr_t dest, uint64_t tag, void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t t_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t dest, uint64_t tag,
+                       void *context)
+{
+    (void)desc;
+    return send_msg(EP(e), iov, count, dest, tag, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                         uint64_t flags)
+{
+    return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
+                    msg->data, msg->context, flags, true);
+}
+
+static ssize_t t_inject(struct fid_ep *e, const void *buf, size_t len,
+                        fi_addr_t dest, uint64_t tag)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT, true);
+}
+
+static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
+                          void *desc, uint64_t data, fi_addr_t dest,
+                          uint64_t tag, void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, data, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
+                    true);
+}
+
+static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
+                            uint64_t data, fi_addr_t dest, uint64_t tag)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, data, NULL,
+                    FI_INJECT | FI_REMOTE_CQ_DATA, true);
+}
+
+struct fi_ops_tagged fiv_tagged_ops = {
+    .size = sizeof(struct fi_ops_tagged),
+    .recv = t_recv,
+    .recvv = t_recvv,
+    .recvmsg = t_recvmsg,
+    .send = t_send,
+    .sendv = t_sendv,
+    .sendmsg = t_sendmsg,
+    .inject = t_inject,
+    .senddata = t_senddata,
+    .injectdata = t_injectdata,
+};

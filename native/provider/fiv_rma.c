@@ -1,0 +1,782 @@
+/*
+ * FI_RMA and FI_ATOMIC, emulated by the target's progress: a write is a
+ * message the target copies into its registered memory, a read a request
+ * it answers with the bytes, an atomic a request it applies and answers.
+ * The initiator completes each operation when the target's answer
+ * arrives, so a completion means the data is in place at the target (what
+ * MPI's flush and unlock need). The target checks every access against
+ * its own registrations (key, bounds, access rights): a bad one is
+ * answered with an error, never performed.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fiv.h"
+
+#define EP(e) container_of(e, struct fiv_ep, ep)
+
+static bool want_tx(struct fiv_ep *ep, uint64_t flags)
+{
+    return !(ep->tx_cq_flags & FI_SELECTIVE_COMPLETION) ||
+           (flags & FI_COMPLETION);
+}
+
+/* ---- datatypes and operations ---- */
+
+static size_t dt_size(enum fi_datatype dt)
+{
+    switch (dt) {
+    case FI_INT8: case FI_UINT8: return 1;
+    case FI_INT16: case FI_UINT16: return 2;
+    case FI_INT32: case FI_UINT32: case FI_FLOAT: return 4;
+    case FI_INT64: case FI_UINT64: case FI_DOUBLE: return 8;
+    default: return 0;
+    }
+}
+
+static bool op_ok(enum fi_op op)
+{
+    return op <= FI_MSWAP;
+}
+
+/* One element: *dst op= operand (compare for the CSWAP family). */
+#define APPLY(T)                                                              \
+    static void apply_##T(T *dst, const T *opnd, const T *cmp, enum fi_op op) \
+    {                                                                         \
+        T d = *dst, o = opnd ? *opnd : 0, c = cmp ? *cmp : 0;                 \
+        switch (op) {                                                         \
+        case FI_MIN: if (o < d) d = o; break;                                 \
+        case FI_MAX: if (o > d) d = o; break;                                 \
+        case FI_SUM: d = d + o; break;                                        \
+        case FI_PROD: d = d * o; break;                                       \
+        case FI_LOR: d = (d || o); break;                                     \
+        case FI_LAND: d = (d && o); break;                                    \
+        case FI_LXOR: d = ((d && !o) || (!d && o)); break;                    \
+        case FI_ATOMIC_WRITE: d = o; break;                                   \
+        case FI_ATOMIC_READ: break;                                           \
+        case FI_CSWAP: if (c == d) d = o; break;                              \
+        case FI_CSWAP_NE: if (c != d) d = o; break;                           \
+        case FI_CSWAP_LE: if (c <= d) d = o; break;                           \
+        case FI_CSWAP_LT: if (c < d) d = o; break;                            \
+        case FI_CSWAP_GE: if (c >= d) d = o; break;                           \
+        case FI_CSWAP_GT: if (c > d) d = o; break;                            \
+        default: break;                                                       \
+        }                                                                     \
+        *dst = d;                                                             \
+    }
+#define APPLY_BITS(T)                                                         \
+    static void applyb_##T(T *dst, const T *opnd, const T *cmp, enum fi_op op)\
+    {                                                                         \
+        T d = *dst, o = opnd ? *opnd : 0, c = cmp ? *cmp : 0;                 \
+        switch (op) {                                                         \
+        case FI_BOR: d = d | o; break;                                        \
+        case FI_BAND: d = d & o; break;                                       \
+        case FI_BXOR: d = d ^ o; break;                                       \
+        case FI_MSWAP: d = (o & c) | (d & ~c); break;                         \
+        default: apply_##T(&d, opnd, cmp, op);                                \
+        }                                                                     \
+        *dst = d;                                                             \
+    }
+APPLY(int8_t) APPLY(uint8_t) APPLY(int16_t) APPLY(uint16_t)
+APPLY(int32_t) APPLY(uint32_t) APPLY(int64_t) APPLY(uint64_t)
+APPLY(float) APPLY(double)
+APPLY_BITS(int8_t) APPLY_BITS(uint8_t) APPLY_BITS(int16_t) APPLY_BITS(uint16_t)
+APPLY_BITS(int32_t) APPLY_BITS(uint32_t) APPLY_BITS(int64_t) APPLY_BITS(uint64_t)
+
+static bool bitwise(enum fi_op op)
+{
+    return op == FI_BOR || op == FI_BAND || op == FI_BXOR || op == FI_MSWAP;
+}
+
+/* Apply `count` elements; operands are unaligned copies from a message. */
+static int apply(uint8_t *mem, const uint8_t *opnd, const uint8_t *cmp,
+                 size_t count, enum fi_datatype dt, enum fi_op op)
+{
+    size_t sz = dt_size(dt);
+    if (!sz || !op_ok(op))
+        return -FI_EOPNOTSUPP;
+    if (bitwise(op) && (dt == FI_FLOAT || dt == FI_DOUBLE))
+        return -FI_EOPNOTSUPP;
+    for (size_t i = 0; i < count; i++) {
+        uint8_t d[8], o[8], c[8];
+        memcpy(d, mem + i * sz, sz);
+        if (opnd)
+            memcpy(o, opnd + i * sz, sz);
+        if (cmp)
+            memcpy(c, cmp + i * sz, sz);
+        const void *po = opnd ? (const void *)o : NULL;
+        const void *pc = cmp ? (const void *)c : NULL;
+#define CASE(E, T)                                                            \
+    case E:                                                                   \
+        if (bitwise(op))                                                      \
+            applyb_##T((T *)(void *)d, po, pc, op);                           \
+        else                                                                  \
+            apply_##T((T *)(void *)d, po, pc, op);                            \
+        break;
+        switch (dt) {
+        CASE(FI_INT8, int8_t) CASE(FI_UINT8, uint8_t)
+        CASE(FI_INT16, int16_t) CASE(FI_UINT16, uint16_t)
+        CASE(FI_INT32, int32_t) CASE(FI_UINT32, uint32_t)
+        CASE(FI_INT64, int64_t) CASE(FI_UINT64, uint64_t)
+        case FI_FLOAT: apply_float((float *)(void *)d, po, pc, op); break;
+        case FI_DOUBLE: apply_double((double *)(void *)d, po, pc, op); break;
+        default: return -FI_EOPNOTSUPP;
+        }
+#undef CASE
+        memcpy(mem + i * sz, d, sz);
+    }
+    return 0;
+}
+
+int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
+                     enum fi_op op, struct fi_atomic_attr *attr,
+                     uint64_t flags)
+{
+    (void)domain;
+    size_t sz = dt_size(datatype);
+    if (!sz || !op_ok(op) ||
+        (bitwise(op) && (datatype == FI_FLOAT || datatype == FI_DOUBLE)))
+        return -FI_EOPNOTSUPP;
+    bool cswap = op >= FI_CSWAP && op <= FI_MSWAP;
+    if ((flags & FI_COMPARE_ATOMIC) && !cswap)
+        return -FI_EOPNOTSUPP;
+    if (!(flags & FI_COMPARE_ATOMIC) && cswap)
+        return -FI_EOPNOTSUPP;
+    if (attr) {
+        attr->size = sz;
+        attr->count = FIV_ATOMIC_MAX / sz;
+    }
+    return 0;
+}
+
+/* ---- the target ---- */
+
+static void reply(struct fiv_ep *ep, fi_addr_t to, uint32_t op, uint64_t id,
+                  int status, const void *data, size_t len, bool copy)
+{
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r)
+        return;
+    struct fiv_resp_hdr h = {.id = id, .status = status, .len = len};
+    r->kind = REQ_REPLY;
+    r->peer = to;
+    r->op = op;
+    memcpy(r->hdr, &h, sizeof h);
+    r->hlen = sizeof h;
+    r->total = len;
+    if (len && copy) {
+        r->own = malloc(len);
+        if (!r->own) {
+            free(r);
+            return;
+        }
+        memcpy(r->own, data, len);
+        data = r->own;
+    }
+    r->iov[0] = (struct iovec){(void *)data, len};
+    r->iov_count = len ? 1 : 0;
+    fiv_tx_start(ep, r);
+}
+
+static void count_remote(struct fiv_ep *ep, struct fiv_mr *mr, bool write)
+{
+    fiv_cntr_inc(write ? ep->cntr_rwrite : ep->cntr_rread);
+    if (mr && mr->rma_cntr)
+        fiv_cntr_inc(mr->rma_cntr);
+}
+
+/* A write landed whole: counters, the target's CQ data entry, the ack. */
+static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_mr *mr,
+                       uint32_t op, uint64_t id, uint64_t data, int status,
+                       size_t len, void *at)
+{
+    if (status == 0) {
+        count_remote(ep, mr, true);
+        if (op & FIV_F_DATA && ep->rx_cq) {
+            struct fiv_cqe e = {.flags = FI_RMA | FI_REMOTE_WRITE |
+                                         FI_REMOTE_CQ_DATA,
+                                .len = len, .buf = at, .data = data,
+                                .src = ep->caps & FI_SOURCE ? src : FI_ADDR_NOTAVAIL};
+            fiv_cq_push(ep->rx_cq, &e);
+        }
+    }
+    if (op & FIV_F_ACK)
+        reply(ep, src, FIV_OP_ACK, id, status, NULL, 0, false);
+}
+
+void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n)
+{
+    struct fiv_rma_hdr h;
+    if (n < sizeof h) {
+        peer->violated = true;
+        return;
+    }
+    memcpy(&h, p, sizeof h); /* once: the region is shared */
+    p += sizeof h;
+    n -= sizeof h;
+    struct fiv_domain *d = ep->dom;
+    struct fiv_mr *mr = NULL;
+    switch (op & FIV_OP_MASK) {
+    case FIV_OP_WRITE: {
+        if (h.len > FIV_MAX_MSG || n > h.len) {
+            peer->violated = true;
+            return;
+        }
+        uint8_t *dst = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_WRITE, &mr);
+        if (dst)
+            memcpy(dst, p, n);
+        if (n < h.len) {
+            peer->as = (struct fiv_asm){.kind = ASM_WRITE, .total = h.len,
+                                        .got = n, .dst = dst, .mr = mr,
+                                        .flags = op, .data = h.data,
+                                        .write_id = h.id};
+            return;
+        }
+        write_done(ep, src, mr, op, h.id, h.data, dst ? 0 : -FI_EACCES, h.len, dst);
+        break;
+    }
+    case FIV_OP_READ: {
+        if (h.len > FIV_MAX_MSG) {
+            reply(ep, src, FIV_OP_READ_RESP, h.id, -FI_EINVAL, NULL, 0, false);
+            return;
+        }
+        uint8_t *at = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_READ, &mr);
+        if (!at) {
+            reply(ep, src, FIV_OP_READ_RESP, h.id, -FI_EACCES, NULL, 0, false);
+            return;
+        }
+        count_remote(ep, mr, false);
+        /* small answers carry a copy (a later write cannot overtake them);
+           large ones go out from registered memory as they leave */
+        reply(ep, src, FIV_OP_READ_RESP, h.id, 0, at, h.len,
+              h.len <= FIV_READ_COPY);
+        break;
+    }
+    case FIV_OP_ATOMIC: {
+        size_t sz = dt_size((enum fi_datatype)h.datatype);
+        bool cmp = op & FIV_F_COMPARE;
+        bool fetch = op & FIV_F_FETCH;
+        bool read_only = h.op == FI_ATOMIC_READ;
+        size_t need = read_only ? 0 : (cmp ? 2 * h.len : h.len);
+        int status = 0;
+        uint8_t *mem = NULL;
+        uint8_t old[FIV_ATOMIC_MAX];
+        if (!sz || h.len > FIV_ATOMIC_MAX || h.len % sz || n < need)
+            status = -FI_EINVAL;
+        else if (!(mem = fiv_mr_target(d, h.key, h.addr, h.len,
+                                       read_only ? FI_REMOTE_READ
+                                                 : FI_REMOTE_WRITE, &mr)))
+            status = -FI_EACCES;
+        if (status == 0) {
+            memcpy(old, mem, h.len);
+            status = apply(mem, read_only ? NULL : p, cmp ? p + h.len : NULL,
+                           h.len / sz, (enum fi_datatype)h.datatype,
+                           (enum fi_op)h.op);
+            if (status == 0)
+                count_remote(ep, mr, !read_only);
+        }
+        reply(ep, src, FIV_OP_ACK, h.id, status, old,
+              fetch && status == 0 ? h.len : 0, true);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ---- the initiator ---- */
+
+static struct fiv_op_req *take_waiting(struct fiv_ep *ep, uint64_t id,
+                                       fi_addr_t from)
+{
+    struct fiv_op_req *prev = NULL;
+    for (struct fiv_op_req *r = ep->waiting; r; prev = r, r = r->next) {
+        if (r->id != id || r->peer != from)
+            continue;
+        if (prev)
+            prev->next = r->next;
+        else
+            ep->waiting = r->next;
+        r->next = NULL;
+        return r;
+    }
+    return NULL;
+}
+
+static void finish(struct fiv_ep *ep, struct fiv_op_req *r, int status)
+{
+    fiv_complete_tx(ep, r->context, r->flags, r->complete_ev,
+                    status < 0 ? -status : 0);
+    fiv_req_free(r);
+}
+
+void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n)
+{
+    struct fiv_asm *as = &peer->as;
+    if ((op & FIV_OP_MASK) == FIV_OP_MORE) {
+        size_t k = n < as->total - as->got ? n : as->total - as->got;
+        if (as->kind == ASM_WRITE && as->dst)
+            memcpy(as->dst + as->got, p, k);
+        else if (as->kind == ASM_READ_RESP && as->req)
+            fiv_iov_write(as->req->res, as->req->res_count, as->got, p, k);
+        as->got += k;
+        if (as->got < as->total)
+            return;
+        struct fiv_asm done = *as;
+        memset(as, 0, sizeof *as);
+        if (done.kind == ASM_WRITE)
+            write_done(ep, src, done.mr, done.flags, done.write_id, done.data,
+                       done.dst ? 0 : -FI_EACCES, done.total,
+                       done.dst ? done.dst - 0 : NULL);
+        else if (done.req)
+            finish(ep, done.req, 0);
+        return;
+    }
+    struct fiv_resp_hdr h;
+    if (n < sizeof h) {
+        peer->violated = true;
+        return;
+    }
+    memcpy(&h, p, sizeof h); /* once: the region is shared */
+    p += sizeof h;
+    n -= sizeof h;
+    struct fiv_op_req *r = take_waiting(ep, h.id, src);
+    if ((op & FIV_OP_MASK) == FIV_OP_READ_RESP) {
+        if (h.len > FIV_MAX_MSG || n > h.len) {
+            peer->violated = true;
+            return;
+        }
+        if (r && h.status == 0)
+            fiv_iov_write(r->res, r->res_count, 0, p, n);
+        if (n < h.len) {
+            /* an unknown id's bytes are consumed, never stored */
+            peer->as = (struct fiv_asm){.kind = ASM_READ_RESP, .total = h.len,
+                                        .got = n, .req = r};
+            return;
+        }
+        if (r)
+            finish(ep, r, h.status);
+        return;
+    }
+    if (!r)
+        return;
+    if (h.status == 0 && h.len && n >= h.len)
+        fiv_iov_write(r->res, r->res_count, 0, p, h.len);
+    finish(ep, r, h.status);
+}
+
+void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err)
+{
+    struct fiv_op_req **pp = &ep->waiting;
+    while (*pp) {
+        struct fiv_op_req *r = *pp;
+        if (r->peer == a) {
+            *pp = r->next;
+            finish(ep, r, -err);
+        } else {
+            pp = &r->next;
+        }
+    }
+}
+
+/* ---- issuing ---- */
+
+static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r)
+{
+    fiv_lock(ep->dom);
+    r->id = ep->next_id++;
+    struct fiv_rma_hdr *h = (struct fiv_rma_hdr *)(void *)r->hdr;
+    h->id = r->id;
+    r->awaits_answer = true;
+    fiv_tx_start(ep, r);
+    fiv_unlock(ep->dom);
+    return 0;
+}
+
+static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
+                         size_t count, fi_addr_t dest, uint64_t addr,
+                         uint64_t key, uint64_t data, void *context,
+                         uint64_t flags)
+{
+    if (count > FIV_IOV_LIMIT)
+        return -FI_EINVAL;
+    size_t len = fiv_iov_total(iov, count);
+    if (len > FIV_MAX_MSG || (flags & FI_INJECT && len > FIV_INJECT))
+        return -FI_EMSGSIZE;
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r)
+        return -FI_ENOMEM;
+    struct fiv_rma_hdr h = {.addr = addr, .key = key, .len = len, .data = data};
+    r->kind = REQ_WRITE;
+    r->peer = dest;
+    r->context = context;
+    r->flags = FI_RMA | FI_WRITE;
+    r->complete_ev = !(flags & FI_INJECT) && want_tx(ep, flags);
+    r->op = FIV_OP_WRITE | FIV_F_ACK | (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
+    memcpy(r->hdr, &h, sizeof h);
+    r->hlen = sizeof h;
+    if (fiv_req_payload(r, iov, count, flags & FI_INJECT) < 0) {
+        fiv_req_free(r);
+        return -FI_ENOMEM;
+    }
+    return issue(ep, r);
+}
+
+static ssize_t rma_read(struct fiv_ep *ep, const struct iovec *iov,
+                        size_t count, fi_addr_t src, uint64_t addr,
+                        uint64_t key, void *context, uint64_t flags)
+{
+    if (count > FIV_IOV_LIMIT)
+        return -FI_EINVAL;
+    size_t len = fiv_iov_total(iov, count);
+    if (len > FIV_MAX_MSG)
+        return -FI_EMSGSIZE;
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r)
+        return -FI_ENOMEM;
+    struct fiv_rma_hdr h = {.addr = addr, .key = key, .len = len};
+    r->kind = REQ_READ;
+    r->peer = src;
+    r->context = context;
+    r->flags = FI_RMA | FI_READ;
+    r->complete_ev = want_tx(ep, flags);
+    r->op = FIV_OP_READ;
+    memcpy(r->hdr, &h, sizeof h);
+    r->hlen = sizeof h;
+    memcpy(r->res, iov, count * sizeof *iov);
+    r->res_count = count;
+    return issue(ep, r);
+}
+
+static ssize_t r_read(struct fid_ep *e, void *buf, size_t len, void *desc,
+                      fi_addr_t src, uint64_t addr, uint64_t key, void *ctx)
+{
+    (void)desc;
+    struct iovec v = {buf, len};
+    return rma_read(EP(e), &v, 1, src, addr, key, ctx,
+                    EP(e)->tx_op_flags | FI_COMPLETION);
+}
+
+static ssize_t r_readv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t src, uint64_t addr,
+                       uint64_t key, void *ctx)
+{
+    (void)desc;
+    return rma_read(EP(e), iov, count, src, addr, key, ctx,
+                    EP(e)->tx_op_flags | FI_COMPLETION);
+}
+
+static ssize_t r_readmsg(struct fid_ep *e, const struct fi_msg_rma *m,
+                         uint64_t flags)
+{
+    if (m->rma_iov_count != 1)
+        return -FI_EINVAL;
+    return rma_read(EP(e), m->msg_iov, m->iov_count, m->addr,
+                    m->rma_iov[0].addr, m->rma_iov[0].key, m->context, flags);
+}
+
+static ssize_t r_write(struct fid_ep *e, const void *buf, size_t len,
+                       void *desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+                       void *ctx)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return rma_write(EP(e), &v, 1, dest, addr, key, 0, ctx,
+                     EP(e)->tx_op_flags | FI_COMPLETION);
+}
+
+static ssize_t r_writev(struct fid_ep *e, const struct iovec *iov, void **desc,
+                        size_t count, fi_addr_t dest, uint64_t addr,
+                        uint64_t key, void *ctx)
+{
+    (void)desc;
+    return rma_write(EP(e), iov, count, dest, addr, key, 0, ctx,
+                     EP(e)->tx_op_flags | FI_COMPLETION);
+}
+
+static ssize_t r_writemsg(struct fid_ep *e, const struct fi_msg_rma *m,
+                          uint64_t flags)
+{
+    if (m->rma_iov_count != 1)
+        return -FI_EINVAL;
+    return rma_write(EP(e), m->msg_iov, m->iov_count, m->addr,
+                     m->rma_iov[0].addr, m->rma_iov[0].key, m->data,
+                     m->context, flags);
+}
+
+static ssize_t r_inject(struct fid_ep *e, const void *buf, size_t len,
+                        fi_addr_t dest, uint64_t addr, uint64_t key)
+{
+    struct iovec v = {(void *)buf, len};
+    return rma_write(EP(e), &v, 1, dest, addr, key, 0, NULL, FI_INJECT);
+}
+
+static ssize_t r_writedata(struct fid_ep *e, const void *buf, size_t len,
+                           void *desc, uint64_t data, fi_addr_t dest,
+                           uint64_t addr, uint64_t key, void *ctx)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return rma_write(EP(e), &v, 1, dest, addr, key, data, ctx,
+                     EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA);
+}
+
+static ssize_t r_injectdata(struct fid_ep *e, const void *buf, size_t len,
+                            uint64_t data, fi_addr_t dest, uint64_t addr,
+                            uint64_t key)
+{
+    struct iovec v = {(void *)buf, len};
+    return rma_write(EP(e), &v, 1, dest, addr, key, data, NULL,
+                     FI_INJECT | FI_REMOTE_CQ_DATA);
+}
+
+struct fi_ops_rma fiv_rma_ops = {
+    .size = sizeof(struct fi_ops_rma),
+    .read = r_read,
+    .readv = r_readv,
+    .readmsg = r_readmsg,
+    .write = r_write,
+    .writev = r_writev,
+    .writemsg = r_writemsg,
+    .inject = r_inject,
+    .writedata = r_writedata,
+    .injectdata = r_injectdata,
+};
+
+/* ---- atomics ---- */
+
+static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
+                            const void *cmp, void *result, size_t count,
+                            fi_addr_t dest, uint64_t addr, uint64_t key,
+                            enum fi_datatype dt, enum fi_op op, void *ctx,
+                            uint64_t flags, bool fetch)
+{
+    size_t sz = dt_size(dt);
+    if (!sz || !op_ok(op))
+        return -FI_EOPNOTSUPP;
+    size_t len = count * sz;
+    if (len > FIV_ATOMIC_MAX || (count && len / count != sz))
+        return -FI_EINVAL;
+    bool read_only = op == FI_ATOMIC_READ;
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r)
+        return -FI_ENOMEM;
+    size_t plen = read_only ? 0 : (cmp ? 2 * len : len);
+    r->own = malloc(plen ? plen : 1);
+    if (!r->own) {
+        free(r);
+        return -FI_ENOMEM;
+    }
+    if (!read_only) {
+        memcpy(r->own, opnd, len);
+        if (cmp)
+            memcpy(r->own + len, cmp, len);
+    }
+    struct fiv_rma_hdr h = {.addr = addr, .key = key, .len = len,
+                            .op = (uint32_t)op, .datatype = (uint32_t)dt};
+    r->kind = REQ_ATOMIC;
+    r->peer = dest;
+    r->context = ctx;
+    r->flags = FI_ATOMIC | (fetch ? FI_READ : FI_WRITE);
+    r->complete_ev = !(flags & FI_INJECT) && want_tx(ep, flags);
+    r->op = FIV_OP_ATOMIC | (fetch ? FIV_F_FETCH : 0) | (cmp ? FIV_F_COMPARE : 0);
+    memcpy(r->hdr, &h, sizeof h);
+    r->hlen = sizeof h;
+    r->iov[0] = (struct iovec){r->own, plen};
+    r->iov_count = 1;
+    r->total = plen;
+    if (fetch) {
+        r->res[0] = (struct iovec){result, len};
+        r->res_count = 1;
+    }
+    return issue(ep, r);
+}
+
+static ssize_t a_write(struct fid_ep *e, const void *buf, size_t count,
+                       void *desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+                       enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)desc;
+    if (op >= FI_CSWAP || op == FI_ATOMIC_READ)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), buf, NULL, NULL, count, dest, addr, key, dt, op,
+                        ctx, EP(e)->tx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t a_writev(struct fid_ep *e, const struct fi_ioc *iov, void **desc,
+                        size_t count, fi_addr_t dest, uint64_t addr,
+                        uint64_t key, enum fi_datatype dt, enum fi_op op,
+                        void *ctx)
+{
+    if (count != 1)
+        return -FI_EINVAL;
+    return a_write(e, iov[0].addr, iov[0].count, desc ? desc[0] : NULL, dest,
+                   addr, key, dt, op, ctx);
+}
+
+static ssize_t a_writemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
+                          uint64_t flags)
+{
+    if (m->iov_count != 1 || m->rma_iov_count != 1)
+        return -FI_EINVAL;
+    if (m->op >= FI_CSWAP || m->op == FI_ATOMIC_READ)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), m->msg_iov[0].addr, NULL, NULL,
+                        m->msg_iov[0].count, m->addr, m->rma_iov[0].addr,
+                        m->rma_iov[0].key, m->datatype, m->op, m->context,
+                        flags, false);
+}
+
+static ssize_t a_inject(struct fid_ep *e, const void *buf, size_t count,
+                        fi_addr_t dest, uint64_t addr, uint64_t key,
+                        enum fi_datatype dt, enum fi_op op)
+{
+    if (op >= FI_CSWAP || op == FI_ATOMIC_READ)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), buf, NULL, NULL, count, dest, addr, key, dt, op,
+                        NULL, FI_INJECT, false);
+}
+
+static ssize_t a_readwrite(struct fid_ep *e, const void *buf, size_t count,
+                           void *desc, void *result, void *result_desc,
+                           fi_addr_t dest, uint64_t addr, uint64_t key,
+                           enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)desc;
+    (void)result_desc;
+    if (op >= FI_CSWAP)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), buf, NULL, result, count, dest, addr, key, dt,
+                        op, ctx, EP(e)->tx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t a_readwritev(struct fid_ep *e, const struct fi_ioc *iov,
+                            void **desc, size_t count, struct fi_ioc *resultv,
+                            void **result_desc, size_t result_count,
+                            fi_addr_t dest, uint64_t addr, uint64_t key,
+                            enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)desc;
+    (void)result_desc;
+    if (count > 1 || result_count != 1)
+        return -FI_EINVAL;
+    return a_readwrite(e, count ? iov[0].addr : NULL, resultv[0].count, NULL,
+                       resultv[0].addr, NULL, dest, addr, key, dt, op, ctx);
+}
+
+static ssize_t a_readwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
+                              struct fi_ioc *resultv, void **result_desc,
+                              size_t result_count, uint64_t flags)
+{
+    (void)result_desc;
+    if (m->iov_count > 1 || m->rma_iov_count != 1 || result_count != 1)
+        return -FI_EINVAL;
+    if (m->op >= FI_CSWAP)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), m->iov_count ? m->msg_iov[0].addr : NULL, NULL,
+                        resultv[0].addr, resultv[0].count, m->addr,
+                        m->rma_iov[0].addr, m->rma_iov[0].key, m->datatype,
+                        m->op, m->context, flags, true);
+}
+
+static ssize_t a_compwrite(struct fid_ep *e, const void *buf, size_t count,
+                           void *desc, const void *compare, void *compare_desc,
+                           void *result, void *result_desc, fi_addr_t dest,
+                           uint64_t addr, uint64_t key, enum fi_datatype dt,
+                           enum fi_op op, void *ctx)
+{
+    (void)desc;
+    (void)compare_desc;
+    (void)result_desc;
+    if (op < FI_CSWAP || op > FI_MSWAP)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), buf, compare, result, count, dest, addr, key, dt,
+                        op, ctx, EP(e)->tx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t a_compwritev(struct fid_ep *e, const struct fi_ioc *iov,
+                            void **desc, size_t count,
+                            const struct fi_ioc *comparev, void **compare_desc,
+                            size_t compare_count, struct fi_ioc *resultv,
+                            void **result_desc, size_t result_count,
+                            fi_addr_t dest, uint64_t addr, uint64_t key,
+                            enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)desc;
+    (void)compare_desc;
+    (void)result_desc;
+    if (count != 1 || compare_count != 1 || result_count != 1)
+        return -FI_EINVAL;
+    return a_compwrite(e, iov[0].addr, iov[0].count, NULL, comparev[0].addr,
+                       NULL, resultv[0].addr, NULL, dest, addr, key, dt, op, ctx);
+}
+
+static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
+                              const struct fi_ioc *comparev, void **compare_desc,
+                              size_t compare_count, struct fi_ioc *resultv,
+                              void **result_desc, size_t result_count,
+                              uint64_t flags)
+{
+    (void)compare_desc;
+    (void)result_desc;
+    if (m->iov_count != 1 || m->rma_iov_count != 1 || compare_count != 1 ||
+        result_count != 1)
+        return -FI_EINVAL;
+    if (m->op < FI_CSWAP || m->op > FI_MSWAP)
+        return -FI_EINVAL;
+    return atomic_issue(EP(e), m->msg_iov[0].addr, comparev[0].addr,
+                        resultv[0].addr, m->msg_iov[0].count, m->addr,
+                        m->rma_iov[0].addr, m->rma_iov[0].key, m->datatype,
+                        m->op, m->context, flags, true);
+}
+
+static int a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
+                   size_t *count)
+{
+    (void)e;
+    if (op >= FI_CSWAP)
+        return -FI_EOPNOTSUPP;
+    struct fi_atomic_attr a;
+    int rc = fiv_query_atomic(NULL, dt, op, &a, 0);
+    if (rc == 0 && count)
+        *count = a.count;
+    return rc;
+}
+
+static int a_fetch_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
+                         size_t *count)
+{
+    return a_valid(e, dt, op, count);
+}
+
+static int a_comp_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
+                        size_t *count)
+{
+    (void)e;
+    struct fi_atomic_attr a;
+    int rc = fiv_query_atomic(NULL, dt, op, &a, FI_COMPARE_ATOMIC);
+    if (rc == 0 && count)
+        *count = a.count;
+    return rc;
+}
+
+struct fi_ops_atomic fiv_atomic_ops = {
+    .size = sizeof(struct fi_ops_atomic),
+    .write = a_write,
+    .writev = a_writev,
+    .writemsg = a_writemsg,
+    .inject = a_inject,
+    .readwrite = a_readwrite,
+    .readwritev = a_readwritev,
+    .readwritemsg = a_readwritemsg,
+    .compwrite = a_compwrite,
+    .compwritev = a_compwritev,
+    .compwritemsg = a_compwritemsg,
+    .writevalid = a_valid,
+    .readwritevalid = a_fetch_valid,
+    .compwritevalid = a_comp_valid,
+};

@@ -1,0 +1,59 @@
+"""MPICH from PyPI under the cluster's Slurm (`cluster up --scheduler
+slurm`, `cluster srun -- --mpi=pmi2 ...`): its tasks find the provider
+`ivshm` and the job's region through the TaskProlog's variables alone
+(ivcloud/cluster/slurm/conf.py, TASK_ENVIRONMENTS), and the two ranks on
+co-resident instances talk over the region. Open MPI 5 and Intel MPI
+need values for keys the table sets otherwise; docs/mpi.md gives their
+srun lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from ivcloud.mpis import provider
+from mpis_support import ofi_programs, ranks  # noqa: F401 (fixture)
+from test_cluster import RUN_DIR, assert_gone, ivcloud, new_name
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="cluster tests need root"),
+    pytest.mark.skipif(shutil.which("slurmctld") is None
+                       or shutil.which("munged") is None,
+                       reason="Slurm (slurmctld, slurmd, munge) not installed"),
+]
+
+
+def test_mpich_srun_uses_the_region_without_options(ofi_programs):
+    name = new_name()
+    up = ivcloud("cluster", "up", "--name", name, "--servers", 1,
+                 "--instances-per-server", 2, "--vcpus", 1,
+                 "--oversubscribe", "--scheduler", "slurm")
+    snapshot = {}
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        snapshot = json.loads((RUN_DIR / f"cluster-{name}" /
+                               "state.json").read_text())
+        # only the report switch is ours: everything else comes from the
+        # TaskProlog
+        proc = ivcloud("cluster", "srun", "--name", name, "--",
+                       "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1",
+                       f"--export=ALL,{provider.REPORT_ENV}=1",
+                       *ofi_programs("mpich", "pairs"), timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert "pairs ok: sum 3" in proc.stdout, out
+        assert {w["host"] for w in ranks(proc.stdout).values()} == \
+            {"s0i0", "s0i1"}, out
+        lines = provider.parse_reports(out)
+        assert len(lines) == 2, out
+        for counts in lines.values():
+            assert counts["sent"] > 0 and counts["received"] > 0, out
+            assert counts["delegated"] == 0, out
+    finally:
+        if (RUN_DIR / f"cluster-{name}").exists():
+            down = ivcloud("cluster", "down", "--name", name)
+            assert down.returncode == 0, down.stderr
+        assert_gone(name, snapshot)
