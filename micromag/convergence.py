@@ -230,6 +230,18 @@ def read_reference(path) -> dict:
             "interpolate": True, "t": data[:, 0], "m": data[:, 1:4]}
 
 
+def choose_reference(prob: problem_mod.Problem,
+                     which: str = "auto") -> Optional[dict]:
+    """The reference curve a study of `prob` compares with: "auto" (the
+    published one where reference_for knows it, else none), "none", or
+    any other text as a file for read_reference."""
+    if which == "none":
+        return None
+    if which == "auto":
+        return reference_for(prob)
+    return read_reference(which)
+
+
 def compare(curves: Dict[float, Dict[str, np.ndarray]],
             times: Sequence[float],
             reference: Optional[dict] = None) -> Dict[str, list]:

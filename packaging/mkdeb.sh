@@ -187,7 +187,7 @@ mkdir -p "$P"
     | xargs -0 -I{} install -D -m 0644 {} "$P/{}")
 docs "$M" python3-micromag "the micromagnetic finite-element solver of ivcloud"
 SECTION=python control "$M" python3-micromag \
-    "python3 (>= 3.11), python3-numpy, python3-scipy, python3-petsc4py, python3-mpi4py" \
+    "python3 (>= 3.11), python3-numpy, python3-scipy, python3-petsc4py, python3-mpi4py, python3-mpi4py-fft" \
     "python3-meshio, python3-matplotlib" \
     "Suggests: python3-gmsh" \
     "Description: finite-element micromagnetics on PETSc (ivcloud's solver)" \

@@ -13,8 +13,7 @@ micromag.convergence.reference_for) the largest component of <m> at the
 end minus the reference. Prints one table and the targets, and can
 write the JSON document.
 
-:func:`run_command` is the `ivcloud mag run` command line the benchmark
-and `ivcloud mag converge` start (one process per run).
+Each run is one `ivcloud mag run` process (ivcloud.apps.mag.run_command).
 """
 
 from __future__ import annotations
@@ -26,15 +25,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
+from ..apps.mag import TRANSPORTS, run_command
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (BenchResults, Target, measure_rounds, print_grid,
                       run_benchmark, spread, summarize)
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = ("bar", "sp4")
-TRANSPORTS = ("vader", "tcp", "ivshmem")
 # The goals the benchmark reports against: the bar within 10 s on one
 # core, standard problem 4 (relax and 1 ns) within 10 minutes on two
 # ranks and within 0.01 of the published <m>(1 ns), two ranks at 80 %
@@ -48,31 +47,6 @@ ANCHORS = {"magpar_bar_1_vcpu_s": 114, "magpar_bar_4_vcpu_s": 65}
 FIELDS = ("time_to_solution_s", "solve_time_s", "setup_time_s",
           "solve_cpu_s_max_rank", "ms_per_field_eval", "peak_rss_mb_per_rank",
           "efficiency_time_to_solution", "efficiency")
-
-
-def run_command(problem: Path, out: Path, ranks: int,
-                transport: str = "vader", resume: bool = False,
-                checkpoint_every: Optional[float] = None) -> List[str]:
-    """`ivcloud mag run PROBLEM --out OUT --np N ...` (quiet)."""
-    cmd = [sys.executable, "-m", "ivcloud", "mag", "run", str(problem),
-           "--out", str(out), "--np", str(ranks), "--transport", transport,
-           "--quiet"]
-    if resume:
-        cmd.append("--resume")
-    if checkpoint_every is not None:
-        cmd += ["--checkpoint-every", repr(checkpoint_every)]
-    return cmd
-
-
-def study_launcher(ranks: int, transport: str = "vader"
-                   ) -> Callable[[Path, Path, float], int]:
-    """A micromag.study launcher: each run through `ivcloud mag run`
-    (resumed from its checkpoint), on `ranks` ranks over `transport`."""
-    def launch(problem: Path, run_dir: Path, checkpoint_every: float) -> int:
-        cmd = run_command(problem, run_dir, ranks, transport, resume=True,
-                          checkpoint_every=checkpoint_every)
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
-    return launch
 
 
 @dataclass

@@ -8,35 +8,26 @@
                     [--method grid|dense|fmm|auto|graded] [--reference auto|none|FILE]
 
 The solver is the `micromag` package (its own package in this
-repository; it never imports ivcloud); the benchmark is ivcloud.bench.mag
-and the convergence study micromag.study. This module is the command on
-top: argument parsing, launching, and turning micromag's errors into one
-line on stderr (ProblemError and MeshError: bad input, exit status 2;
-any other MagError: a failed run, exit status 1).
-
-With --np > 1 `run` re-launches itself under mpirun (ivcloud.mpi builds
-the command line; the transport is Open MPI's shared memory unless
---transport says otherwise); started under mpirun by the user it runs
-on the ranks it was given. The problem is validated before anything is
-launched or written.
+repository; it never imports ivcloud); launching a run on N ranks and
+the convergence study are ivcloud.apps.mag, the benchmark
+ivcloud.bench.mag. This module parses, calls one of them and prints;
+micromag's errors become one line on stderr (ProblemError and
+MeshError: bad input, exit status 2; any other MagError: a failed run,
+exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from micromag.parallel import clean_mpi_env, under_mpirun
-
+from ..apps.mag import CHILD_FLAG, TRANSPORTS
 from . import CliError, positive_int
 
-CHILD_FLAG = "--mpi-child"
-TRANSPORTS = ("vader", "tcp", "ivshmem")
-REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BENCH_PROBLEMS = ("bar", "sp4")
 STUDY_METHODS = ("grid", "dense", "fmm", "auto", "graded")
 
@@ -106,7 +97,7 @@ def register(sub) -> None:
                    help="rank counts, comma-separated (default 1,2)")
     b.add_argument("--problems", default=",".join(BENCH_PROBLEMS),
                    help="comma-separated example names (default bar,sp4)")
-    b.add_argument("--examples", default=str(REPO / "examples"),
+    b.add_argument("--examples", default=str(EXAMPLES),
                    help="directory of the example problem files")
     b.add_argument("--transport", choices=TRANSPORTS, default="vader")
     b.add_argument("--rounds", type=positive_int, default=3,
@@ -162,70 +153,22 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_converge)
 
 
-def _load(path: str):
-    from micromag.problem import load
-    with _mag_errors():
-        return load(path)
-
-
-def _check_out(out: str) -> Path:
-    p = Path(out)
-    if p.exists() and not p.is_dir():
-        raise CliError(f"--out {p} exists and is not a directory")
-    return p
-
-
 def cmd_check(args) -> int:
-    from micromag.problem import to_toml
-    prob = _load(args.problem)
+    from micromag.problem import load, to_toml
+    with _mag_errors():
+        prob = load(args.problem)
     sys.stdout.write(to_toml(prob.config))
     return 0
 
 
 def cmd_run(args) -> int:
-    if getattr(args, "mpi_child", False) or under_mpirun() \
-            or args.np == 1:
-        return _run_here(args)
-    prob = _load(args.problem)     # refuse bad input before launching
-    del prob
-    out = _check_out(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from .. import mpi
-    program = [sys.executable, "-m", "ivcloud", "mag", "run",
-               str(Path(args.problem).resolve()), "--out",
-               str(out.resolve()), CHILD_FLAG]
-    if args.quiet:
-        program.append("--quiet")
-    if args.resume:
-        program.append("--resume")
-    program += ["--checkpoint-every", repr(args.checkpoint_every)]
-    env = clean_mpi_env(os.environ)
-    # the ranks import these very trees (ivcloud and micromag), wherever
-    # the parent found them
-    import micromag
-    roots = [str(REPO), str(Path(micromag.__file__).resolve().parents[1])]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
-        roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                 if p]))
-    # one thread per rank: the ranks are the parallelism
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    try:
-        return mpi.run(program, args.np, transport=args.transport, env=env)
-    except mpi.MpiSetupError as e:
-        raise CliError(str(e)) from None
-
-
-def _run_here(args) -> int:
-    from micromag.ranks import one_thread_per_rank, run_on_ranks
-    one_thread_per_rank()
-    prob = _load(args.problem)
-    out = _check_out(args.out)
+    from ..apps import mag
     with _mag_errors():
-        run_on_ranks(prob, out, not args.quiet, sys.argv[1:], "ivcloud mag",
-                     resume=args.resume,
-                     checkpoint_every=args.checkpoint_every)
-    return 0
+        return mag.run(args.problem, args.out, ranks=args.np,
+                       transport=args.transport, progress=not args.quiet,
+                       resume=args.resume,
+                       checkpoint_every=args.checkpoint_every,
+                       on_ranks=args.mpi_child, argv=sys.argv[1:])
 
 
 # ---------------------------------------------------------------- bench
@@ -245,24 +188,16 @@ def cmd_converge(args) -> int:
     from micromag import convergence as cv
     from micromag import study
 
-    from ..bench.mag import study_launcher
+    from ..apps import mag
     with _mag_errors():
-        prob = _load(args.problem)
         cells = cv.parse_cells(args.cells)
-        if args.reference == "none":
-            reference = None
-        elif args.reference == "auto":
-            reference = cv.reference_for(prob)
-        else:
-            reference = cv.read_reference(args.reference)
-        settings = study.StudySettings(
-            prob, Path(args.out), cells,
-            cv.parse_layers(args.layers, len(cells)), method=args.method,
-            edge_h=args.edge_h, duration=args.duration,
-            times=_times(args.times), tol=args.tol, reference=reference,
+        report = mag.converge(
+            args.problem, Path(args.out), cells,
+            cv.parse_layers(args.layers, len(cells)), ranks=args.np,
+            transport=args.transport, reference=args.reference,
+            log=_stderr_line, method=args.method, edge_h=args.edge_h,
+            duration=args.duration, times=_times(args.times), tol=args.tol,
             no_run=args.no_run, checkpoint_every=args.checkpoint_every)
-        report = study.run(settings, study_launcher(args.np, args.transport),
-                           log=_stderr_line)
     sys.stdout.write(study.format_report(report) + "\n")
     return 1 if report["failed"] else 0
 

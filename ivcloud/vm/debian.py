@@ -62,10 +62,11 @@ BASE_PACKAGES = [
     "openssh-client", "openssh-server", "iproute2", "procps",
     # the application benchmarks (ivcloud.apps): OpenFOAM's solvers and
     # what the python3-micromag package of `make deb` depends on (PETSc,
-    # SciPy) or recommends (meshio for VTU snapshots, matplotlib for the
-    # <m>(t) plot), so that dpkg -i of it needs nothing from a mirror
-    "openfoam", "python3-scipy", "python3-petsc4py", "python3-meshio",
-    "python3-matplotlib",
+    # SciPy, mpi4py-fft for the grid demag's distributed FFT) or
+    # recommends (meshio for VTU snapshots, matplotlib for the <m>(t)
+    # plot), so that dpkg -i of it needs nothing from a mirror
+    "openfoam", "python3-scipy", "python3-petsc4py", "python3-mpi4py-fft",
+    "python3-meshio", "python3-matplotlib",
 ]
 # Debian 13: what the guest package needs (Open MPI 5 reaches the region
 # through libfabric's ivshm provider) and mpi4py, no applications.

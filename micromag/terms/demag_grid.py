@@ -39,11 +39,14 @@ planes then pass through its nodes.
 
 Parallel: every rank holds the transfer's columns of its own nodes. One
 field: a sparse product per rank, a reduce-scatter of the partial grids
-onto the slabs of a distributed real-to-complex FFT (mpi4py-fft, FFTW),
-the kernel product in Fourier space, the inverse FFT, an allgather of
-the field on the grid (3 numbers per cell) and a sparse product per
-rank. One rank uses scipy.fft, and so does every rank where mpi4py-fft
-is missing (each the whole grid).
+onto slabs of the unpadded grid, the transform of each slab along the
+other axes, a global transpose (mpi4py-fft's pencil redistribution),
+the transform along the first axis, the kernel product and the way
+back, an allgather of the field on the grid (3 numbers per cell) and a
+sparse product per rank (_SlabConvolution). Every pass runs only over
+the lines that hold data, split evenly over the ranks. One rank uses
+scipy.fft alone, and so does every rank where mpi4py-fft is missing
+(each the whole grid).
 """
 
 from __future__ import annotations
@@ -330,76 +333,124 @@ def _tensor_matrix(N6):
     return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
 
 
-class _DistributedConvolution:
-    """H = -N * M with the padded grid split in slabs along its first
-    FFT axis over the ranks (mpi4py-fft, FFTW; the three components in
-    one transform, so one global transpose each way): the partial grids
-    of the ranks are summed onto the slabs (reduce-scatter), the field of
-    each slab gathered to every rank."""
+class _SlabConvolution:
+    """H = -N * M with the grid in slabs over the ranks, pruned like the
+    serial transform and split evenly in every pass.
+
+    The unpadded grid is cut into slabs along its first FFT axis (the
+    lead axis); the ranks' partial grids are summed onto the slabs
+    (reduce-scatter). Each rank transforms its slab along the other
+    axes (only the lines that hold data), a global transpose
+    (mpi4py-fft's pencil redistribution, Alltoallw) hands every rank a
+    block of the first of those frequencies with the whole lead axis,
+    which it transforms zero-padded, multiplies by its block of the
+    kernel and transforms back; the way back mirrors it, and the field
+    of each slab is gathered to every rank. Transforming the padded grid
+    in slabs instead (mpi4py-fft's PFFT) gives the ranks holding only
+    padding the same work as the rest: on two ranks its first pass is
+    no faster than one rank's pruned one.
+    """
 
     def __init__(self, comm, grid: CellGrid, octant):
         from mpi4py import MPI
-        from mpi4py_fft import PFFT
+        from scipy import fft
         self.MPI = MPI
         self.comm = comm
+        self.fft = fft
         self.n = grid.n
         self.axes = [k for k in range(3) if grid.n[k] > 1]
         full_shape = [_padded(v) for v in grid.n]
-        pshape = [full_shape[k] for k in self.axes]
-        self.fft = PFFT(comm, [3] + pshape,
-                        axes=tuple(range(1, 1 + len(pshape))),
-                        dtype=float, grid=(1, -1), backend="fftw")
-        phys = self.fft.local_slice(False)
-        x0, x1 = phys[1].start, phys[1].stop
-        lead = self.axes[0]              # the distributed axis of the grid
-        nlead = grid.n[lead]
-        self.lead = lead
-        self.own = (min(x0, nlead), min(x1, nlead))
-        per_layer = grid.cells // nlead * 3
+        self.sizes = [grid.n[k] for k in self.axes]      # squeezed grid
+        self.pad = [full_shape[k] for k in self.axes]
+        # the global array between the passes: components, the lead
+        # axis unpadded, the others transformed (the last by rfft)
+        between = [3, self.sizes[0]] + self.pad[1:-1] + [self.pad[-1] // 2
+                                                          + 1]
+        self.slabs, self.blocks = self._pencils(comm, between)
+        self.transpose = self.slabs.transfer(self.blocks, complex)
+        x0 = self.slabs.substart[1]
+        self.own = (x0, x0 + self.slabs.subshape[1])
+        lead = self.axes[0]
+        per_layer = grid.cells // grid.n[lead] * 3
         spans = comm.allgather(self.own)
         self.counts = [(b - a) * per_layer for a, b in spans]
         self.displs = [a * per_layer for a, _ in spans]
-        if sum(self.counts) != grid.cells * 3 or any(
-                d != sum(self.counts[:r]) for r, d in enumerate(
-                    self.displs)):
-            raise SetupError("demag grid: FFT slabs not in rank order")
-        # the kernel's local slab, transformed without normalization (the
-        # forward transform of M normalizes, the backward does not); the
-        # six components in two transforms of three
-        kernel = full_tensor(octant, full_shape, slab=(lead, x0, x1))
-        kernel = kernel.reshape((6,) + tuple(self.fft.shape(False)[1:]))
-        # (forward() returns its own output array, reused by the next call)
-        self.Nk = np.concatenate([
-            self.fft.forward(kernel[:3], normalize=False).real.copy(),
-            self.fft.forward(kernel[3:], normalize=False).real.copy()]
-        ).astype(complex)
-        self._u = np.zeros(self.fft.shape(False))
-        self._Mk = np.empty(self.fft.shape(True), dtype=complex)
-        self._Hk = np.empty_like(self._Mk)
-        self._tmp = np.empty(self._Mk.shape[1:], dtype=complex)
-        self._slab = np.empty(self.counts[comm.Get_rank()])
-        self._H = np.empty(grid.cells * 3)
         layers = list(self.n)
         layers[lead] = self.own[1] - self.own[0]
         self._layers = tuple(layers)
-        self._region = (slice(None),) + tuple(
-            slice(0, layers[k]) for k in self.axes)
+        self._squeezed = (3,) + tuple(layers[k] for k in self.axes)
+        self._slab = np.empty(self.counts[comm.Get_rank()])
+        self._H = np.empty(grid.cells * 3)
+        self._across = np.empty(self.slabs.subshape, dtype=complex)
+        self._along = np.empty(self.blocks.subshape, dtype=complex)
+        self.Nk = self._kernel(comm, octant, full_shape, lead)
+        self._Hk = np.empty_like(self.Nk[:3])
+        self._tmp = np.empty(self.Nk.shape[1:], dtype=complex)
+
+    @staticmethod
+    def _pencils(comm, shape):
+        """The slabs (distributed along array axis 1) and the blocks
+        (distributed along axis 2, whole along axis 1) of `shape`."""
+        from mpi4py import MPI
+        from mpi4py_fft.pencil import Pencil
+        subcomms = [MPI.COMM_SELF] * len(shape)
+        subcomms[1] = comm
+        slabs = Pencil(subcomms, shape, axis=2)
+        return slabs, slabs.pencil(1)
+
+    def _kernel(self, comm, octant, full_shape, lead):
+        """This rank's block of the kernel's transform (real, stored
+        complex): the padded kernel in slabs along the lead axis,
+        transformed along the others, transposed, transformed along
+        the lead axis. Set-up only."""
+        shape = [6, self.pad[0]] + self.pad[1:-1] + [self.pad[-1] // 2 + 1]
+        slabs, blocks = self._pencils(comm, shape)
+        a = slabs.substart[1]
+        kernel = full_tensor(octant, full_shape,
+                             slab=(lead, a, a + slabs.subshape[1]))
+        kernel = kernel.reshape((6, slabs.subshape[1]) + tuple(
+            self.pad[1:]))
+        X = self._across_axes(kernel, None)
+        Y = np.empty(blocks.subshape, dtype=complex)
+        slabs.transfer(blocks, complex).forward(
+            np.ascontiguousarray(X), Y)
+        Nk = self.fft.fft(Y, axis=1).real.astype(complex)
+        if Nk.shape[2:] != self.blocks.subshape[2:]:
+            raise SetupError("demag grid: kernel and field blocks differ")
+        return Nk
+
+    def _across_axes(self, X, n):
+        """Forward transform along the axes after the lead one, the
+        last by rfft; `n`: the padded lengths (None: X is padded)."""
+        last = X.ndim - 1
+        X = self.fft.rfft(X, n=None if n is None else n[-1], axis=last)
+        for a in range(last - 1, 1, -1):
+            X = self.fft.fft(X, n=None if n is None else n[a - 1], axis=a)
+        return X
 
     def apply(self, M_partial):
         """This rank's partial M (cells, 3) -> H (cells, 3) on every
         cell (collective)."""
-        MPI = self.MPI
+        MPI, fft = self.MPI, self.fft
         self.comm.Reduce_scatter(M_partial.reshape(-1), self._slab,
                                  recvcounts=self.counts, op=MPI.SUM)
-        squeezed = (3,) + tuple(self._layers[k] for k in self.axes)
         Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
-        self._u[...] = 0.0
-        self._u[self._region] = Mg.reshape(squeezed)
-        self.fft.forward(self._u, self._Mk)
-        _apply_kernel(self.Nk, self._Mk, self._Hk, self._tmp)
-        u = self.fft.backward(self._Hk, self._u)
-        H = u[self._region].reshape((3,) + self._layers)
-        slab = np.ascontiguousarray(np.moveaxis(H, 0, 3)).reshape(-1)
+        X = self._across_axes(Mg.reshape(self._squeezed), self.pad)
+        self._across[...] = X
+        self.transpose.forward(self._across, self._along)
+        Mk = fft.fft(self._along, n=self.pad[0], axis=1)
+        _apply_kernel(self.Nk, Mk, self._Hk, self._tmp)
+        self._along[...] = fft.ifft(self._Hk, axis=1)[:, :self.sizes[0]]
+        self.transpose.backward(self._along, self._across)
+        X = self._across
+        last = X.ndim - 1
+        for a in range(2, last):
+            X = fft.ifft(X, axis=a)[(slice(None),) * a
+                                    + (slice(0, self.sizes[a - 1]),)]
+        X = fft.irfft(X, n=self.pad[-1], axis=last)
+        H = X[(slice(None),) * last + (slice(0, self.sizes[-1]),)]
+        slab = np.ascontiguousarray(
+            np.moveaxis(H.reshape((3,) + self._layers), 0, 3)).reshape(-1)
         self.comm.Allgatherv(slab, [self._H, self.counts, self.displs,
                                     MPI.DOUBLE])
         return self._H.reshape(-1, 3)
@@ -415,13 +466,17 @@ def have_mpi4py_fft() -> bool:
 
 
 def _distributable(comm, grid: CellGrid) -> bool:
-    """A distributed FFT needs two FFT axes, a slab per rank and
-    mpi4py-fft; without them every rank transforms the whole grid (the
-    same field, without the speed-up of the FFT's share)."""
-    axes = [k for k in range(3) if grid.n[k] > 1]
+    """A distributed FFT needs two FFT axes, a slab of the lead axis and
+    a block of the next one's frequencies per rank, and mpi4py-fft;
+    without them every rank transforms the whole grid (the same field,
+    without the speed-up of the FFT's share)."""
+    n = [v for v in grid.n if v > 1]
     size = comm.Get_size()
-    return (size > 1 and len(axes) >= 2
-            and _padded(grid.n[axes[0]]) >= size and have_mpi4py_fft())
+    if size == 1 or len(n) < 2:
+        return False
+    # the length of the second FFT axis between the passes
+    second = _padded(n[1]) if len(n) == 3 else _padded(n[1]) // 2 + 1
+    return n[0] >= size and second >= size and have_mpi4py_fft()
 
 
 # ---------------------------------------------------------------- the term
@@ -469,7 +524,7 @@ class GridDemag(Term):
             from mpi4py import MPI
             comm.Allreduce(MPI.IN_PLACE, octant, op=MPI.SUM)
         if self.distributed:
-            self.conv = _DistributedConvolution(comm, g, octant)
+            self.conv = _SlabConvolution(comm, g, octant)
         else:
             self.conv = _SerialConvolution(g, octant)
         self.bytes = int(T.data.nbytes * 2 + T.indices.nbytes * 2

@@ -214,9 +214,13 @@ PARALLEL = textwrap.dedent("""
     term.h(st, out)
     H = sp.gather(out)
     E = term.E(st)
+    # the layers of the unpadded grid each rank transforms first
+    spans = MPI.COMM_WORLD.gather(term.conv.own if term.distributed
+                                  else (0, term.grid.n[0]))
     if MPI.COMM_WORLD.rank == 0:
         np.savez(sys.argv[2], H=sp.to_original(H), E=E,
-                 distributed=term.distributed)
+                 distributed=term.distributed, spans=spans,
+                 n=term.grid.n)
 """)
 
 
@@ -239,6 +243,14 @@ def test_parallel_equals_serial(tmp_path, size, spacing):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[ranks] = np.load(res)
         assert bool(out[ranks]["distributed"]) == (ranks > 1)
+        # every rank holds data in the first pass, the layers split
+        # evenly (not slabs of the padded grid, half of them padding)
+        spans = out[ranks]["spans"]
+        nx = int(out[ranks]["n"][0])
+        assert spans[0][0] == 0 and spans[-1][1] == nx
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert max(b - a for a, b in spans) - min(b - a for a, b in
+                                                  spans) <= 1
     H1 = out[1]["H"]
     assert np.abs(H1).max() > 0.05 * MS
     for ranks in (2, 3):

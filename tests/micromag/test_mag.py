@@ -338,6 +338,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, text, needle, np_):
     assert not (out / "table.odt").exists()
 
 
+def test_launch_refuses_bad_input_and_builds_the_ranks_job(tmp_path):
+    """ivcloud.apps.mag, below `ivcloud mag run --np N`: bad input is
+    refused before mpirun starts or anything is written; the ranks get
+    the child command, this tree on their path, no launcher variables of
+    ours and one thread each."""
+    from ivcloud.apps import mag
+    from micromag.errors import ProblemError
+    bad = _write(tmp_path / "bad.toml", BAD_INPUT[1][1])
+    with pytest.raises(ProblemError, match="alfa"):
+        mag.run(bad, tmp_path / "out", ranks=2)
+    assert not (tmp_path / "out").exists()
+    good = _write(tmp_path / "good.toml", SMALL.format(demag="false"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ProblemError, match="not a directory"):
+        mag.run(good, tmp_path / "file", ranks=2)
+    cmd = mag.rank_command(good, tmp_path / "out", progress=False,
+                           resume=True, checkpoint_every=5.0)
+    assert cmd[:5] == [sys.executable, "-m", "ivcloud", "mag", "run"]
+    assert {mag.CHILD_FLAG, "--quiet", "--resume"} <= set(cmd)
+    assert cmd[cmd.index("--checkpoint-every") + 1] == "5.0"
+    env = mag.rank_env({"PATH": "/bin", "PYTHONPATH": "/elsewhere",
+                        "PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+    assert "PMIX_RANK" not in env and "OMPI_COMM_WORLD_SIZE" not in env
+    path = env["PYTHONPATH"].split(os.pathsep)
+    assert path[0] == str(EXAMPLES.parent) and path[-1] == "/elsewhere"
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
+
+
 def test_problem_defaults_and_effective_config_roundtrip(tmp_path):
     prob = problem_mod.load(EXAMPLES / "sp4.toml")
     cfg = prob.config
