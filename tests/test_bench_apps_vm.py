@@ -44,7 +44,8 @@ from ivcloud.bench import apps
 # the same requirements as the image tests (root, QEMU, mmdebstrap), and
 # the same packages and image as the cluster tests
 from test_cluster_vm import guest_deb  # noqa: F401
-from test_guest_image import pytestmark, qemus_naming  # noqa: F401
+from test_guest_image import pytestmark  # noqa: F401
+from vm_support import qemus_naming
 
 RUN_DIR = Path("/var/tmp") / f"ivc-appsvm-{os.getpid()}"
 RUN_CONFIGS = ("one", "ivshmem")

@@ -30,7 +30,8 @@ import pytest
 from ivcloud import mpi
 
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
-from test_guest_image import pytestmark, qemus_naming  # noqa: F401
+from test_guest_image import pytestmark  # noqa: F401
+from vm_support import qemus_naming
 
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")

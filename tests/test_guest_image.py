@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud.server import paths_for, start as server_start, stop as server_stop
+from ivcloud.server import paths_for, start as server_start
+from vm_support import vm_down
 from ivcloud.vm import agent, debian, qemu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,20 +46,6 @@ pytestmark = [
 def ivcloud(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "ivcloud", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
-
-
-def qemus_naming(path: Path):
-    out = []
-    needle = str(path).encode()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if ((p / "comm").read_text().startswith("qemu-system") and
-                        needle in (p / "cmdline").read_bytes()):
-                    out.append(int(p.name))
-            except OSError:
-                pass
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -95,17 +81,7 @@ def guest(guest_deb):
               f"{r.stdout.strip()}")
         yield run_dir / "vm" / "deb0" / "agent.sock"
     finally:
-        r = ivcloud("vm", "down", "--run-dir", run_dir)
-        try:
-            server_stop(paths)
-        except Exception:
-            pass
-        left = qemus_naming(run_dir)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        assert r.returncode == 0, r.stderr
-        assert not left
+        vm_down(run_dir, paths)
 
 
 def peer(sock: Path) -> Path:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -28,9 +27,10 @@ from pathlib import Path
 import pytest
 
 from ivcloud.mpis import provider
-from ivcloud.server import paths_for, start as server_start, stop as server_stop
+from ivcloud.server import paths_for, start as server_start
 from ivcloud.vm import debian, qemu
-from test_guest_image import ivcloud, qemus_naming, sh
+from test_guest_image import ivcloud, sh
+from vm_support import vm_down
 
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
@@ -92,17 +92,7 @@ def guests(tmp_path_factory):
         print(f"vm up (Debian 13, tcg): {time.monotonic() - t0:.0f} s")
         yield [run_dir / "vm" / f"tx{i}" / "agent.sock" for i in (0, 1)]
     finally:
-        r = ivcloud("vm", "down", "--run-dir", run_dir)
-        try:
-            server_stop(paths)
-        except Exception:
-            pass
-        left = qemus_naming(run_dir)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        assert r.returncode == 0, r.stderr
-        assert not left
+        vm_down(run_dir, paths)
 
 
 def test_debian13_open_mpi_5_uses_the_provider_between_guests(guests):

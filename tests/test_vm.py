@@ -34,6 +34,7 @@ import pytest
 
 from ivcloud import native
 from ivcloud.server import paths_for, start as server_start, stop as server_stop
+from vm_support import qemus_naming, vm_down
 from ivcloud.vm import agent, qemu
 from ivcloud.vm.lifecycle import qemu_pid
 
@@ -55,22 +56,6 @@ def last_json(text: str) -> dict:
         if line.startswith("{"):
             return json.loads(line)
     raise AssertionError(f"no JSON result in: {text!r}")
-
-
-def qemus_naming(path: Path):
-    """Live QEMU processes whose command line names `path`."""
-    out = []
-    needle = str(path).encode()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if ((p / "comm").read_text().startswith("qemu-system") and
-                        needle in (p / "cmdline").read_bytes() and
-                        ") Z" not in (p / "stat").read_text()):
-                    out.append(int(p.name))
-            except OSError:
-                pass
-    return out
 
 
 def vcpu_cpu_seconds(pid: int, tid: int) -> float:
@@ -129,17 +114,7 @@ def lab(tmp_path_factory):
     finally:
         if lab.host is not None:
             lab.host.close()
-        r = ivcloud("vm", "down", "--run-dir", run_dir)
-        try:
-            server_stop(paths)
-        except Exception:
-            pass
-        left = qemus_naming(run_dir)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        assert r.returncode == 0, r.stderr
-        assert not left, f"vm down left QEMU processes {left}"
+        vm_down(run_dir, paths)
 
 
 def both_sides(job: agent.Job) -> str:
