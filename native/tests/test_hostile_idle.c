@@ -2,8 +2,8 @@
    ivshm_recv_each read (ring head slots: the word the sender stores
    last; the ring's tail, our lazily read position; the queue head cell
    and enqueue_pos) while honest processes send and the receiver polls
-   idle-then-peek (as the libfabric provider's progress does) or
-   each-then-peek (as the BTL's). */
+   idle-then-peek or each-then-peek (as the progress of the BTL and of
+   the libfabric provider). */
 #include "hostile.h"
 
 /* ---- garbage in exactly what ivshm_recv_idle reads ---- */
