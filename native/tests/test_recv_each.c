@@ -44,6 +44,12 @@ struct e_sender {
     uint32_t count;
 };
 
+/* Shared by the senders of test_each_order: rank 2 starts its stream
+   once rank 1 has its fast channel and is under way, so that both
+   stream at once however late the scheduler starts either (rank 2 first
+   would hold the queue that rank 1's first messages need). */
+static _Atomic int *e_go;
+
 static int e_send(void *arg)
 {
     const struct e_sender *s = arg;
@@ -54,7 +60,12 @@ static int e_send(void *arg)
     if (r < 0)
         return 1;
     uint8_t m[E_BIG];
+    for (uint64_t until = tu_now_ms() + 20000;
+         s->rank == 2 && !atomic_load(e_go) && tu_now_ms() < until;)
+        sched_yield();
     for (uint32_t i = 0; i < s->count; i++) {
+        if (s->rank == 1 && i == 32) /* past IVSHM_FAST_AFTER: on the ring */
+            atomic_store(e_go, 1);
         uint32_t len = e_len(s->rank, i);
         e_fill(m, s->rank, i, len);
         int rc;
@@ -87,6 +98,7 @@ struct e_tally {
     uint32_t next[3];      /* next index expected per rank */
     uint32_t bad, fast, general;
     uint32_t a_at_b_done;  /* rank 1's messages taken when rank 2 was done */
+    uint32_t b_during_a;   /* rank 2's taken while rank 1's were under way */
     uint32_t counts[3];
 };
 
@@ -111,6 +123,8 @@ static void e_take(struct e_tally *t, int src, uint32_t tag, const uint8_t *m,
         return;
     }
     t->next[who]++;
+    if (who == 2 && t->next[1] > 0 && t->next[1] < t->counts[1])
+        t->b_during_a++;
     if (who == 2 && t->next[2] == t->counts[2])
         t->a_at_b_done = t->next[1];
 }
@@ -139,6 +153,10 @@ static void test_each_order(void)
     job++;
     path = tu_region(ivshm_min_region_size(&g), &g);
     ivshm *r = tu_attach(path, job, 0, -1);
+    e_go = mmap(NULL, sizeof *e_go, PROT_READ | PROT_WRITE,
+                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(e_go != MAP_FAILED);
+    atomic_store(e_go, 0);
     struct e_sender sa = {1, 4000}, sb = {2, 600};
     pid_t pa = tu_fork(e_send, &sa), pb = tu_fork(e_send, &sb);
     struct e_tally t = {.counts = {0, sa.count, sb.count}};
@@ -188,17 +206,22 @@ static void test_each_order(void)
     CHECK(tu_wait(pa, 20000) == 0);
     CHECK(tu_wait(pb, 20000) == 0);
     printf("each: %u + %u messages, %u by the fast path, %u by the general "
-           "path, rank 1 had %u through when rank 2 was done, longest idle "
-           "run %u\n",
+           "path, rank 1 had %u through when rank 2 was done, %u of rank "
+           "2's while rank 1's were under way, longest idle run %u\n",
            t.next[1], t.next[2], t.fast, t.general, t.a_at_b_done,
-           max_idle_run);
+           t.b_during_a, max_idle_run);
     CHECK(t.bad == 0);
     CHECK(t.next[1] == sa.count && t.next[2] == sb.count);
     CHECK(t.fast > sa.count / 2);  /* the ring's messages went fast */
     CHECK(t.general >= sb.count);  /* the queue's, and the big ones, not */
     CHECK(max_idle_run <= 63);
-    /* the queued sender was not starved by the busy channel */
-    CHECK(t.a_at_b_done < sa.count);
+    /* the queued sender was not starved by the busy channel: some of its
+       messages came through between the channel's. (Not "it finished
+       first": after HOT_RUN_MAX messages of the channels the fast path
+       lets one general-path call run, and the general path itself goes
+       round robin, so a channel kept full gets the larger share.) */
+    CHECK(t.b_during_a > 0);
+    munmap((void *)e_go, sizeof *e_go);
     ivshm_detach(r);
 }
 
