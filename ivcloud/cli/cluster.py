@@ -9,22 +9,18 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 from typing import Optional
 
 from .. import mpis
-from ..cluster import jobs, kinds, lifecycle, slurm, vm_instance
+from ..cluster import kinds, launch, lifecycle, slurm, vm_instance
 from ..cluster.slurm import client as slurm_client
 from ..cluster.slurm.conf import hosts_of_rankfile
-from ..cluster.launch import (PLACEMENTS, PRIVATE_DIRS, TRANSPORTS,
-                              enter_command, flavor_command, mpirun_command,
-                              visible_inside)
+from ..cluster.launch import PLACEMENTS, TRANSPORTS
 from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
-from ..errors import LaunchError, OperationFailed
 from ..server import format_size
 from . import CliError, add_vm_arguments, positive_int, wants_vm
 
@@ -271,29 +267,7 @@ def _cmd_status(args) -> int:
     return 0 if info["healthy"] else 1
 
 
-def _check_visible(path, what: str) -> None:
-    if not visible_inside(path):
-        raise CliError(f"{what} ({path}) is under "
-                       f"{' or '.join(PRIVATE_DIRS)}, which every instance "
-                       f"has privately (put it elsewhere, e.g. /var/tmp)")
-
-
-def _check_program(program):
-    exe = program[0]
-    if "/" not in exe:
-        found = shutil.which(exe)
-        if not found:
-            raise CliError(f"program '{exe}' not found on PATH")
-        exe = found
-    exe = os.path.abspath(exe)
-    if not os.path.isfile(exe):
-        raise CliError(f"program '{program[0]}' does not exist")
-    _check_visible(exe, f"program '{program[0]}'")
-    return [exe] + list(program[1:])
-
-
 def _cmd_mpirun(args) -> int:
-    from .. import mpi
     program = _remainder(args.program)
     if not program:
         raise CliError("no program given (usage: ivcloud cluster mpirun "
@@ -311,68 +285,33 @@ def _cmd_mpirun(args) -> int:
             raise CliError(f"--mpi {args.mpi}: jobs of a VM cluster run "
                            f"with the guests' own MPI (--mpi openmpi)")
         return _mpirun_vm(args, state, program, text)
-    program = _check_program(program)
-    if args.transport == "ivshmem" and debian:
-        from ..mpi import MpiSetupError, component_dir
-        try:
-            _check_visible(component_dir(), "the ivshmem BTL")
-        except MpiSetupError as e:
-            raise OperationFailed(str(e))
-    # a copy the head node sees (the caller's may be in /tmp)
-    rankfile = None if text is None else sd.dir / f"rankfile.{os.getpid()}"
-    try:
-        if debian:
-            cmd = mpirun_command(state, sd, program, args.np,
-                                 transport=args.transport,
-                                 placement=args.placement, btl=args.btl,
-                                 verbose_btl=args.report_transport,
-                                 extra_mca=[tuple(kv) for kv in args.mca],
-                                 rankfile=rankfile)
-        else:
-            cmd = flavor_command(state, sd, args.mpi, program, args.np,
-                                 transport=args.transport,
-                                 placement=args.placement,
-                                 report=args.report_transport)
-            _check_visible(cmd[0], f"{args.mpi}'s launcher")
-            if args.transport == "ivshmem":
-                _check_visible(mpis.provider.library(), "the ivshm provider")
-        full, env, _ = enter_command(state, "head", cmd)
-    except LaunchError as e:
-        raise OperationFailed(str(e))
-    own_regions = args.transport == "ivshmem" and not args.shared_region
+    job = launch.prepare_job(
+        state, sd, program, args.np, mpi=args.mpi, transport=args.transport,
+        placement=args.placement, btl=args.btl,
+        report=args.report_transport,
+        extra_mca=[tuple(kv) for kv in args.mca], rankfile_text=text,
+        shared_region=args.shared_region)
     if args.dry_run:
-        print(shlex.join(full))
-        if own_regions:
+        print(shlex.join(job.argv))
+        if job.own_regions:
             print("# each server gets a region of the job's own for the "
                   "job's duration", file=sys.stderr)
         return 0
-    regions = jobs.regions_for(state, env, args.transport,
-                               args.shared_region)
-    if rankfile is not None:
-        rankfile.write_text(text)
     # SIGTERM/SIGHUP unwind like Ctrl-C: run_command then tears the job
     # down instead of leaving mpirun running on the head node
     old = {s: signal.signal(s, _raise_terminated)
            for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        with regions:
-            return mpi.run_command(full, timeout=args.timeout, env=env)
+        return launch.run_job(state, job, timeout=args.timeout)
     except _Terminated as t:
         return 128 + t.signum
     except subprocess.TimeoutExpired:
         sys.stderr.write(f"ivcloud cluster: error: job exceeded "
                          f"{args.timeout:g} s, torn down\n")
         return 124
-    except FileNotFoundError as e:
-        raise OperationFailed(f"cannot run mpirun: {e}")
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if rankfile is not None:
-            try:
-                rankfile.unlink()
-            except FileNotFoundError:
-                pass
 
 
 def _refuse_openmpi_options(args) -> None:

@@ -24,21 +24,27 @@ bridge, no ranks) so that every rank is launched through the agent and
 every orted reaches mpirun over the cluster network. The other MPIs
 (ivcloud.mpis: hydra of MPICH and Intel MPI, PRRTE of Open MPI 5) start
 their proxies through the same agent, from the head node too.
+
+`prepare_job` and `run_job` are `ivcloud cluster mpirun` on namespace
+instances: the checks an instance's view of the host needs, the command
+entered on the head node, the job's own regions while it runs.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpis
-from ..errors import LaunchError
+from ..errors import ClusterError, LaunchError, OperationFailed
 from ..mpis import provider
 from .holder import CLUSTER_ENV, Holder, enter_argv
-from .jobs import JOB_ENV, job_socket
+from .jobs import JOB_ENV, job_socket, regions_for
 from .state import StateDir, load
 from .topology import SUBNET, ClusterTopology, topology_from_dict
 
@@ -258,6 +264,106 @@ def flavor_command(state: Dict, sd: StateDir, mpi: str,
                    transport=transport, report=report,
                    wdir=wdir or working_dir())
     return mpis.flavor(mpi).command(job)
+
+
+# ---------------------------------------------------------------- a job
+
+def check_visible(path, what: str) -> None:
+    """ClusterError unless the instances see `path` (it is not under a
+    directory each of them has privately)."""
+    if not visible_inside(str(path)):
+        raise ClusterError(f"{what} ({path}) is under "
+                           f"{' or '.join(PRIVATE_DIRS)}, which every "
+                           f"instance has privately (put it elsewhere, "
+                           f"e.g. /var/tmp)")
+
+
+def check_program(program: Sequence[str]) -> List[str]:
+    """`program` with its executable found (PATH) and made absolute, on
+    a path the instances see; ClusterError otherwise."""
+    exe = program[0]
+    if "/" not in exe:
+        found = shutil.which(exe)
+        if not found:
+            raise ClusterError(f"program '{exe}' not found on PATH")
+        exe = found
+    exe = os.path.abspath(exe)
+    if not os.path.isfile(exe):
+        raise ClusterError(f"program '{program[0]}' does not exist")
+    check_visible(exe, f"program '{program[0]}'")
+    return [exe] + list(program[1:])
+
+
+@dataclass
+class Job:
+    """A job on a namespace cluster, ready to run: the launcher's command
+    entered on the head node and its environment; `own_regions`: it gets
+    a region of its own on every server while it runs; the rankfile, if
+    any, goes to `rankfile` (a path the head node sees) for its run."""
+    argv: List[str]
+    env: Dict[str, str]
+    transport: str
+    own_regions: bool
+    rankfile: Optional[Path] = None
+    rankfile_text: Optional[str] = None
+
+
+def prepare_job(state: Dict, sd: StateDir, program: Sequence[str], np: int,
+                *, mpi: str, transport: str, placement: str,
+                btl: Optional[str] = None, report: bool = False,
+                extra_mca: Sequence[Tuple[str, str]] = (),
+                rankfile_text: Optional[str] = None,
+                shared_region: bool = False) -> Job:
+    """The job that runs `program` on `np` ranks with MPI `mpi` (a name
+    of ivcloud.mpis, checked by the caller): Debian's Open MPI over our
+    BTL, or one of the libfabric MPIs over the provider. Checks that the
+    instances see the program, the BTL, the launcher and the provider."""
+    from .. import mpi as openmpi
+    debian = mpi == mpis.DEBIAN_OPENMPI
+    program = check_program(program)
+    if transport == "ivshmem" and debian:
+        check_visible(openmpi.component_dir(), "the ivshmem BTL")
+    rankfile = (None if rankfile_text is None
+                else sd.dir / f"rankfile.{os.getpid()}")
+    if debian:
+        cmd = mpirun_command(state, sd, program, np, transport=transport,
+                             placement=placement, btl=btl,
+                             verbose_btl=report, extra_mca=extra_mca,
+                             rankfile=rankfile)
+    else:
+        cmd = flavor_command(state, sd, mpi, program, np,
+                             transport=transport, placement=placement,
+                             report=report)
+        check_visible(cmd[0], f"{mpi}'s launcher")
+        if transport == "ivshmem":
+            check_visible(provider.library(), "the ivshm provider")
+    argv, env, _ = enter_command(state, "head", cmd)
+    return Job(argv, env, transport,
+               own_regions=transport == "ivshmem" and not shared_region,
+               rankfile=rankfile, rankfile_text=rankfile_text)
+
+
+def run_job(state: Dict, job: Job, timeout: Optional[float] = None) -> int:
+    """Run a prepared job to its end and return its exit status: its own
+    regions started before and stopped after (ivcloud.cluster.jobs), its
+    rankfile written for the run and removed. subprocess.TimeoutExpired
+    past `timeout` (the job torn down first)."""
+    from .. import mpi as openmpi
+    regions = regions_for(state, job.env, job.transport,
+                          shared_region=not job.own_regions)
+    if job.rankfile is not None:
+        job.rankfile.write_text(job.rankfile_text or "")
+    try:
+        with regions:
+            return openmpi.run_command(job.argv, timeout=timeout, env=job.env)
+    except FileNotFoundError as e:
+        raise OperationFailed(f"cannot run mpirun: {e}")
+    finally:
+        if job.rankfile is not None:
+            try:
+                job.rankfile.unlink()
+            except FileNotFoundError:
+                pass
 
 
 # ---------------------------------------------------------------- agent
