@@ -37,16 +37,19 @@ def vm_down(run_dir: Path, paths) -> None:
     """`ivcloud vm down` of `run_dir`, then the server of `paths`; kills
     any QEMU left and removes the directory, then fails the test if `vm
     down` failed or left a QEMU behind."""
-    r = subprocess.run([sys.executable, "-m", "ivcloud", "vm", "down",
-                        "--run-dir", str(run_dir)],
-                       capture_output=True, text=True, timeout=300)
     try:
-        server_stop(paths)
-    except Exception:
-        pass
-    left = qemus_naming(run_dir)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(run_dir, ignore_errors=True)
+        r = subprocess.run([sys.executable, "-m", "ivcloud", "vm", "down",
+                            "--run-dir", str(run_dir)],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        # the rest also when `vm down` hung
+        try:
+            server_stop(paths)
+        except Exception:
+            pass
+        left = qemus_naming(run_dir)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(run_dir, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     assert not left, f"vm down left QEMU processes {left}"

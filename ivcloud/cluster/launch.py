@@ -351,9 +351,9 @@ def run_job(state: Dict, job: Job, timeout: Optional[float] = None) -> int:
     from .. import mpi as openmpi
     regions = regions_for(state, job.env, job.transport,
                           shared_region=not job.own_regions)
-    if job.rankfile is not None:
-        job.rankfile.write_text(job.rankfile_text or "")
     try:
+        if job.rankfile is not None:
+            job.rankfile.write_text(job.rankfile_text or "")
         with regions:
             return openmpi.run_command(job.argv, timeout=timeout, env=job.env)
     except FileNotFoundError as e:

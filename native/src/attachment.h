@@ -84,7 +84,8 @@ struct ivshm_peer_local {
        ivshm_ring_heal): the next receive from it reports IVSHM_ECORRUPT */
     bool rx_lost;
     /* channel + 1 that it announced while we did not listen to it
-       (IVSHM_LISTEN_OTHERS_QUEUED): adopted when we start to, 0 none */
+       (IVSHM_LISTEN_OTHERS_QUEUED: recv.c rx_open; IVSHM_LISTEN_LISTED:
+       queue.c ivshm_q_front): adopted when we start to, 0 none */
     uint16_t open_refused;
 };
 /* where a message lies */

@@ -44,10 +44,11 @@ struct e_sender {
     uint32_t count;
 };
 
-/* Shared by the senders of test_each_order: rank 2 starts its stream
-   once rank 1 has its fast channel and is under way, so that both
-   stream at once however late the scheduler starts either (rank 2 first
-   would hold the queue that rank 1's first messages need). */
+/* Shared by the senders of test_each_order: e_go[1], rank 2 is
+   attached and waiting; e_go[0], rank 1 has its fast channel (it waits
+   there for rank 2). Then both stream at once however late the
+   scheduler starts either (rank 2 first would hold the queue that rank
+   1's first messages need). */
 static _Atomic int *e_go;
 
 static int e_send(void *arg)
@@ -60,12 +61,19 @@ static int e_send(void *arg)
     if (r < 0)
         return 1;
     uint8_t m[E_BIG];
-    for (uint64_t until = tu_now_ms() + 20000;
-         s->rank == 2 && !atomic_load(e_go) && tu_now_ms() < until;)
-        sched_yield();
+    if (s->rank == 2) {
+        atomic_store(&e_go[1], 1);
+        for (uint64_t until = tu_now_ms() + 20000;
+             !atomic_load(&e_go[0]) && tu_now_ms() < until;)
+            sched_yield();
+    }
     for (uint32_t i = 0; i < s->count; i++) {
-        if (s->rank == 1 && i == 32) /* past IVSHM_FAST_AFTER: on the ring */
-            atomic_store(e_go, 1);
+        if (s->rank == 1 && i == 32) { /* past IVSHM_FAST_AFTER: on the ring */
+            atomic_store(&e_go[0], 1);
+            for (uint64_t until = tu_now_ms() + 20000;
+                 !atomic_load(&e_go[1]) && tu_now_ms() < until;)
+                sched_yield();
+        }
         uint32_t len = e_len(s->rank, i);
         e_fill(m, s->rank, i, len);
         int rc;
@@ -153,10 +161,11 @@ static void test_each_order(void)
     job++;
     path = tu_region(ivshm_min_region_size(&g), &g);
     ivshm *r = tu_attach(path, job, 0, -1);
-    e_go = mmap(NULL, sizeof *e_go, PROT_READ | PROT_WRITE,
+    e_go = mmap(NULL, 2 * sizeof *e_go, PROT_READ | PROT_WRITE,
                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(e_go != MAP_FAILED);
-    atomic_store(e_go, 0);
+    atomic_store(&e_go[0], 0);
+    atomic_store(&e_go[1], 0);
     struct e_sender sa = {1, 4000}, sb = {2, 600};
     pid_t pa = tu_fork(e_send, &sa), pb = tu_fork(e_send, &sb);
     struct e_tally t = {.counts = {0, sa.count, sb.count}};
@@ -221,7 +230,7 @@ static void test_each_order(void)
        lets one general-path call run, and the general path itself goes
        round robin, so a channel kept full gets the larger share.) */
     CHECK(t.b_during_a > 0);
-    munmap((void *)e_go, sizeof *e_go);
+    munmap((void *)e_go, 2 * sizeof *e_go);
     ivshm_detach(r);
 }
 
