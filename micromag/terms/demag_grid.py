@@ -338,20 +338,28 @@ class _SlabConvolution:
     serial transform and split evenly in every pass.
 
     The unpadded grid is cut into slabs along its first FFT axis (the
-    lead axis); the ranks' partial grids are summed onto the slabs
-    (reduce-scatter). Each rank transforms its slab along the other
-    axes (only the lines that hold data), a global transpose
-    (mpi4py-fft's pencil redistribution, Alltoallw) hands every rank a
-    block of the first of those frequencies with the whole lead axis,
-    which it transforms zero-padded, multiplies by its block of the
-    kernel and transforms back; the way back mirrors it, and the field
-    of each slab is gathered to every rank. Transforming the padded grid
-    in slabs instead (mpi4py-fft's PFFT) gives the ranks holding only
-    padding the same work as the rest: on two ranks its first pass is
-    no faster than one rank's pruned one.
+    lead axis); the ranks' partial grids are summed onto the slabs.
+    Each rank transforms its slab along the other axes (only the lines
+    that hold data), a global transpose (mpi4py-fft's pencil
+    redistribution, Alltoallw) hands every rank a block of the first of
+    those frequencies with the whole lead axis, which it transforms
+    zero-padded, multiplies by its block of the kernel and transforms
+    back; the way back mirrors it.
+
+    A rank's nodes touch only the cells of a band of lead-axis layers
+    (`need`: where its partial grid can be non-zero, and where it reads
+    the field back), and the partitioner cuts a long body across its
+    length, so the bands follow the slabs: only the overlap of a band
+    with a slab travels, both ways (Alltoallv), not the whole grid to
+    every rank (standard problem 4's film on two ranks: 20 and 15 of its
+    200 layers cross each way).
+
+    Transforming the padded grid in slabs instead (mpi4py-fft's PFFT)
+    gives the ranks holding only padding the same work as the rest: on
+    two ranks its first pass is no faster than one rank's pruned one.
     """
 
-    def __init__(self, comm, grid: CellGrid, octant):
+    def __init__(self, comm, grid: CellGrid, octant, need):
         from mpi4py import MPI
         from scipy import fft
         self.MPI = MPI
@@ -372,20 +380,56 @@ class _SlabConvolution:
         self.own = (x0, x0 + self.slabs.subshape[1])
         lead = self.axes[0]
         per_layer = grid.cells // grid.n[lead] * 3
-        spans = comm.allgather(self.own)
-        self.counts = [(b - a) * per_layer for a, b in spans]
-        self.displs = [a * per_layer for a, _ in spans]
+        self._bands(comm, need, per_layer)
         layers = list(self.n)
         layers[lead] = self.own[1] - self.own[0]
         self._layers = tuple(layers)
         self._squeezed = (3,) + tuple(layers[k] for k in self.axes)
-        self._slab = np.empty(self.counts[comm.Get_rank()])
-        self._H = np.empty(grid.cells * 3)
+        self._slab = np.empty((self.own[1] - self.own[0]) * per_layer)
+        # the field outside this rank's band is never written nor read
+        self._H = np.zeros(grid.cells * 3)
         self._across = np.empty(self.slabs.subshape, dtype=complex)
         self._along = np.empty(self.blocks.subshape, dtype=complex)
         self.Nk = self._kernel(comm, octant, full_shape, lead)
         self._Hk = np.empty_like(self.Nk[:3])
         self._tmp = np.empty(self.Nk.shape[1:], dtype=complex)
+
+    def _bands(self, comm, need, per_layer) -> None:
+        """The Alltoallv counts and displacements (in doubles) between
+        the ranks' bands of needed layers and their slabs: forward, a
+        band's overlap with each slab to the slab's owner (added there);
+        backward, a slab's overlap with each band to the band's rank."""
+        spans = comm.allgather(self.own)
+        needs = comm.allgather(tuple(int(v) for v in need))
+        me = comm.Get_rank()
+
+        def overlap(a, b):
+            lo, hi = max(a[0], b[0]), min(a[1], b[1])
+            return (lo, hi) if lo < hi else (lo, lo)
+
+        def counts_displs(pairs, base):
+            counts = np.array([(hi - lo) * per_layer for lo, hi in pairs],
+                              dtype=np.int64)
+            displs = np.array([(lo - base) * per_layer for lo, _ in pairs],
+                              dtype=np.int64)
+            return counts, displs
+
+        own0 = self.own[0]
+        to_slabs = [overlap(needs[me], sp) for sp in spans]
+        from_bands = [overlap(nd, self.own) for nd in needs]
+        to_bands = [overlap(self.own, nd) for nd in needs]
+        from_slabs = [overlap(sp, needs[me]) for sp in spans]
+        self._fwd_send = counts_displs(to_slabs, 0)
+        counts, into_slab = counts_displs(from_bands, own0)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self._fwd_recv = (counts, offsets)
+        # where each received piece is added: (offset, count, slab offset)
+        self._fwd_adds = [(int(o), int(c), int(d)) for o, c, d in
+                          zip(offsets, counts, into_slab) if c]
+        self._fwd_buf = np.empty(int(counts.sum()))
+        self._bwd_send = counts_displs(to_bands, own0)
+        self._bwd_recv = counts_displs(from_slabs, 0)
+        self.need = tuple(needs[me])
 
     @staticmethod
     def _pencils(comm, shape):
@@ -429,11 +473,16 @@ class _SlabConvolution:
         return X
 
     def apply(self, M_partial):
-        """This rank's partial M (cells, 3) -> H (cells, 3) on every
-        cell (collective)."""
+        """This rank's partial M (cells, 3), non-zero only in its band
+        of layers -> H (cells, 3) on the cells of that band (zero
+        elsewhere); collective."""
         MPI, fft = self.MPI, self.fft
-        self.comm.Reduce_scatter(M_partial.reshape(-1), self._slab,
-                                 recvcounts=self.counts, op=MPI.SUM)
+        D = MPI.DOUBLE
+        self.comm.Alltoallv([M_partial.reshape(-1), self._fwd_send, D],
+                            [self._fwd_buf, self._fwd_recv, D])
+        self._slab[:] = 0.0
+        for off, count, at in self._fwd_adds:
+            self._slab[at:at + count] += self._fwd_buf[off:off + count]
         Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
         X = self._across_axes(Mg.reshape(self._squeezed), self.pad)
         self._across[...] = X
@@ -451,9 +500,21 @@ class _SlabConvolution:
         H = X[(slice(None),) * last + (slice(0, self.sizes[-1]),)]
         slab = np.ascontiguousarray(
             np.moveaxis(H.reshape((3,) + self._layers), 0, 3)).reshape(-1)
-        self.comm.Allgatherv(slab, [self._H, self.counts, self.displs,
-                                    MPI.DOUBLE])
+        self.comm.Alltoallv([slab, self._bwd_send, D],
+                            [self._H, self._bwd_recv, D])
         return self._H.reshape(-1, 3)
+
+
+def _band(T, grid: CellGrid):
+    """The layers [lo, hi) of the grid's first FFT axis (the slowest
+    varying one of more than one cell) holding the cells of T's non-zero
+    rows: those this rank's nodes touch."""
+    lead = next(k for k in range(3) if grid.n[k] > 1)
+    cells = np.flatnonzero(np.diff(T.indptr))
+    if not len(cells):
+        return (0, 0)
+    per_layer = grid.cells // grid.n[lead]
+    return (int(cells[0] // per_layer), int(cells[-1] // per_layer) + 1)
 
 
 def have_mpi4py_fft() -> bool:
@@ -524,7 +585,7 @@ class GridDemag(Term):
             from mpi4py import MPI
             comm.Allreduce(MPI.IN_PLACE, octant, op=MPI.SUM)
         if self.distributed:
-            self.conv = _SlabConvolution(comm, g, octant)
+            self.conv = _SlabConvolution(comm, g, octant, _band(T, g))
         else:
             self.conv = _SerialConvolution(g, octant)
         self.bytes = int(T.data.nbytes * 2 + T.indices.nbytes * 2
@@ -536,8 +597,10 @@ class GridDemag(Term):
         return self.T @ m_local
 
     def grid_field(self, m_local, partial=None):
-        """H on every grid cell (cells, 3), A/m, for this rank's m (or its
-        `partial` grid magnetization). Collective."""
+        """H (cells, 3), A/m, for this rank's m (or its `partial` grid
+        magnetization): on every cell on one rank; with the FFT over the
+        ranks only on the cells this rank's nodes touch (the rest zero,
+        and what this rank's T_back and energy read). Collective."""
         if partial is None:
             partial = self.grid_magnetization(m_local)
         if self.distributed:

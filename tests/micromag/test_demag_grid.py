@@ -217,9 +217,12 @@ PARALLEL = textwrap.dedent("""
     # the layers of the unpadded grid each rank transforms first
     spans = MPI.COMM_WORLD.gather(term.conv.own if term.distributed
                                   else (0, term.grid.n[0]))
+    # the layers whose cells this rank's nodes touch (what it exchanges)
+    bands = MPI.COMM_WORLD.gather(term.conv.need if term.distributed
+                                  else (0, term.grid.n[0]))
     if MPI.COMM_WORLD.rank == 0:
         np.savez(sys.argv[2], H=sp.to_original(H), E=E,
-                 distributed=term.distributed, spans=spans,
+                 distributed=term.distributed, spans=spans, bands=bands,
                  n=term.grid.n)
 """)
 
@@ -251,6 +254,11 @@ def test_parallel_equals_serial(tmp_path, size, spacing):
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
         assert max(b - a for a, b in spans) - min(b - a for a, b in
                                                   spans) <= 1
+        # a film is cut across its length: each rank exchanges only the
+        # layers its nodes touch, less than the whole grid
+        bands = out[ranks]["bands"]
+        if size[2] == 3 and ranks > 1:
+            assert all(b - a < nx for a, b in bands)
     H1 = out[1]["H"]
     assert np.abs(H1).max() > 0.05 * MS
     for ranks in (2, 3):
