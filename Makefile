@@ -23,7 +23,7 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
 
 .PHONY: all deps build mpis test-trixie asan fuzz-build test test-native test-fuzz test-python \
         test-hostile-long \
-        demo bench bench-p2p fuzz clean deb guest-image mag-study
+        demo bench bench-p2p fuzz clean deb guest-image mag-study peer-neuralmag
 
 all: build
 
@@ -139,6 +139,20 @@ MAG_STUDY := build/mag-study
 mag-study: build
 	OMP_NUM_THREADS=1 $(PY) -m ivcloud mag converge examples/sp4.toml \
 	  --out $(MAG_STUDY) --method grid --cells 5,3.33,2.5,2 --layers 1
+
+# A finite-difference peer for `ivcloud mag bench --peer neuralmag`
+# (docs/mag.md, "A finite-difference peer"): NeuralMag on JAX's CPU-only
+# wheels from PyPI, pinned, in a venv of its own (about 1.4 GB with the
+# VTK it pulls); made again only when the pins change. Not needed by
+# `make test` or `make demo`.
+PEER_DIR := build/peers
+NEURALMAG_PINS := neuralmag[jax]==1.0.0 jax==0.10.2 jaxlib==0.10.2 diffrax==0.7.2
+peer-neuralmag: | deps
+	@d=$(PEER_DIR)/neuralmag; pins="$(NEURALMAG_PINS)"; \
+	[ "$$(cat $$d/.pins 2>/dev/null)" = "$$pins" ] && exit 0; \
+	echo "installing $$pins into $$d"; rm -rf $$d; \
+	$(PY_SYS) -m venv $$d && $$d/bin/python -m pip install -q $$pins \
+	  && echo "$$pins" > $$d/.pins
 
 # The main job (docs/demo.md): an emulated cloud of 2 servers x 2
 # instances, MPI latency and bandwidth at its three levels (tcp and

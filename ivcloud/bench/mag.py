@@ -14,6 +14,10 @@ end minus the reference. Prints one table and the targets, and can
 write the JSON document.
 
 Each run is one `ivcloud mag run` process (ivcloud.apps.mag.run_command).
+With a peer (`--peer neuralmag`, ivcloud.bench.mag_peer) standard
+problem 4 also runs in that finite-difference code, on as many cores
+as our runs have ranks, in the same rounds: its time to solution and
+error beside ours, and the ratio of the times.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..apps.mag import TRANSPORTS, run_command
 from ..errors import BenchError, InvalidRequest
+from . import mag_peer
 from .toolkit import (BenchResults, Target, measure_rounds, print_grid,
                       run_benchmark, spread, summarize)
 
@@ -57,6 +62,7 @@ class MagBenchSettings:
     examples: Path = REPO / "examples"
     transport: str = "vader"
     timeout_s: float = 3600.0
+    peer: Optional[str] = None
     files: Dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -84,6 +90,12 @@ class MagBenchSettings:
             except ProblemError as e:
                 raise InvalidRequest(str(e), setting="problems") from None
             self.files[name] = f
+        if self.peer is not None:
+            mag_peer.python(self.peer)
+            if "sp4" not in self.problems:
+                raise InvalidRequest("a peer runs standard problem 4 only "
+                                     "(--problems with sp4)",
+                                     setting="peer")
 
 
 def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
@@ -111,9 +123,31 @@ def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
     return [rec]
 
 
+def _peer_run(s: MagBenchSettings, cores: int) -> List[Dict]:
+    """Standard problem 4 in the peer on `cores` cores: its record, with
+    the same reference as ours."""
+    from micromag import convergence
+    from micromag.problem import load
+    out = mag_peer.run_sp4(s.peer, cores, s.timeout_s)
+    rec = {"problem": "sp4", "code": s.peer, "ranks": cores,
+           "nodes": (out["cells"][0] + 1) * (out["cells"][1] + 1),
+           "demag": f"FD {out['cells'][0]} x {out['cells'][1]}, "
+                    f"{out['cell_nm']:g} nm",
+           **out}
+    ref = convergence.reference_for(load(s.files["sp4"]))
+    r = convergence.value_at(ref, 1e-9) if ref is not None else None
+    if r is not None:
+        diff = [float(a - b) for a, b in zip(out["m_final"], r)]
+        rec.update({"reference": ref["name"], "reference_t_s": 1e-9,
+                    "minus_reference": [round(v, 5) for v in diff],
+                    "error_max": round(max(abs(v) for v in diff), 5)})
+    return [rec]
+
+
 def _record(name: str, ranks: int, wall: float, s: Dict) -> Dict:
     return {
-        "problem": name, "ranks": ranks, "nodes": s["nodes"],
+        "problem": name, "code": "ivcloud", "ranks": ranks,
+        "nodes": s["nodes"],
         "boundary_nodes": s["boundary_nodes"],
         "demag": s.get("demag_method") or s["demag"],
         "demag_grid": s.get("demag_grid"),
@@ -157,17 +191,31 @@ def _error_to_reference(problem: Path, out: Path) -> Dict:
 def _add_efficiencies(runs: List[Dict]) -> None:
     """Per round: speed-up and efficiency of every run against the same
     problem's 1-rank run of that round (time to solution and solve)."""
-    base = {(r["problem"], r["round"]): r for r in runs if r["ranks"] == 1}
+    base = {(r["problem"], r["code"], r["round"]): r for r in runs
+            if r["ranks"] == 1}
     for r in runs:
-        one = base.get((r["problem"], r["round"]))
+        one = base.get((r["problem"], r["code"], r["round"]))
         if one is None:
             continue
         w = one["time_to_solution_s"] / r["time_to_solution_s"]
-        s = one["solve_time_s"] / r["solve_time_s"]
         r["speedup_time_to_solution"] = round(w, 3)
         r["efficiency_time_to_solution"] = round(w / r["ranks"], 3)
-        r["speedup"] = round(s, 3)
-        r["efficiency"] = round(s / r["ranks"], 3)
+        if "solve_time_s" in r:
+            s = one["solve_time_s"] / r["solve_time_s"]
+            r["speedup"] = round(s, 3)
+            r["efficiency"] = round(s / r["ranks"], 3)
+
+
+def _add_peer_ratios(runs: List[Dict], peer: str) -> None:
+    """Per round and core count: our time to solution of standard
+    problem 4 over the peer's."""
+    theirs = {(r["ranks"], r["round"]): r for r in runs
+              if r["code"] == peer}
+    for r in runs:
+        other = theirs.get((r["ranks"], r["round"]))
+        if r["code"] == "ivcloud" and r["problem"] == "sp4" and other:
+            r["time_over_peer"] = round(r["time_to_solution_s"]
+                                        / other["time_to_solution_s"], 3)
 
 
 def measure(s: MagBenchSettings, log=None) -> BenchResults:
@@ -176,17 +224,24 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     steps = [(f"{name} on {n} rank(s)",
               (lambda name=name, n=n: _one_run(s, name, n)))
              for name in s.problems for n in s.ranks]
+    if s.peer:
+        steps += [(f"sp4 in {s.peer} on {n} core(s)",
+                   (lambda n=n: _peer_run(s, n))) for n in s.ranks]
     measure_rounds(res, "mag", s.rounds, steps, log)
     _add_efficiencies(res.runs)
-    res.records = summarize(res.runs, ("problem", "ranks"), FIELDS)
+    if s.peer:
+        _add_peer_ratios(res.runs, s.peer)
+    res.records = summarize(res.runs, ("problem", "code", "ranks"),
+                            FIELDS + ("time_over_peer",))
     for rec in res.records:
         for key in ("m_final", "minus_reference", "error_max"):
             vals = [r[key] for r in res.runs
                     if r["problem"] == rec["problem"]
+                    and r["code"] == rec["code"]
                     and r["ranks"] == rec["ranks"] and key in r]
             if vals:
                 rec[key] = vals[len(vals) // 2]
-        if rec["ranks"] > 1 and "efficiency_time_to_solution" in rec:
+        if rec["ranks"] > 1 and "efficiency" in rec:
             log.write(f"bench mag: {rec['problem']} on {rec['ranks']} "
                       f"ranks: efficiency "
                       f"{rec['efficiency_time_to_solution']:.2f} (time to "
@@ -197,28 +252,36 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
 
 def targets(res: BenchResults) -> List[Target]:
     ts = []
-    bar1 = res.find(problem="bar", ranks=1)
+    bar1 = res.find(problem="bar", code="ivcloud", ranks=1)
     if bar1 is not None:
         ts.append(Target("bar, 1 core: time to solution (s)",
                          bar1["time_to_solution_s"], "<=", BAR_ONE_CORE_S,
                          best=bar1.get("time_to_solution_s_min")))
-    sp4 = res.find(problem="sp4", ranks=2)
+    sp4 = res.find(problem="sp4", code="ivcloud", ranks=2)
     if sp4 is not None:
         ts.append(Target("sp4, 2 ranks: time to solution (s)",
                          sp4["time_to_solution_s"], "<=", SP4_TWO_RANKS_S,
                          best=sp4.get("time_to_solution_s_min")))
-    sp4 = sp4 or res.find(problem="sp4")
+    sp4 = sp4 or res.find(problem="sp4", code="ivcloud")
     if sp4 is not None and "error_max" in sp4:
         ts.append(Target("sp4: |<m>(1 ns) - reference|, largest component",
                          sp4["error_max"], "<=", SP4_ERROR))
     for name in ("bar", "sp4"):
-        two = res.find(problem=name, ranks=2)
+        two = res.find(problem=name, code="ivcloud", ranks=2)
         if two is not None and "efficiency_time_to_solution" in two:
             ts.append(Target(f"{name}, 2 ranks: efficiency (time to "
                              f"solution)",
                              two["efficiency_time_to_solution"], ">=",
                              EFFICIENCY,
                              best=two.get("efficiency_time_to_solution_max")))
+    for r in res.records:
+        if "time_over_peer" in r:
+            peer = next(p["code"] for p in res.records
+                        if p["code"] not in ("ivcloud",))
+            ts.append(Target(f"sp4, {r['ranks']} rank(s): time to "
+                             f"solution, ours / {peer}'s on as many cores",
+                             r["time_over_peer"], "<=", 1.0,
+                             best=r.get("time_over_peer_min")))
     return ts
 
 
@@ -227,14 +290,17 @@ def print_table(res: BenchResults, out=None) -> None:
     rows = []
     for r in res.records:
         err = r.get("minus_reference")
+        ours = r["code"] == "ivcloud"
         rows.append([
-            r["problem"], str(r["ranks"]), f"{r['nodes']:,}",
+            r["problem"] if ours else f"{r['problem']} ({r['code']})",
+            str(r["ranks"]), f"{r['nodes']:,}",
             str(r["demag"]), str(r["runs"]),
             f"{r['time_to_solution_s']:.2f}",
             spread(r, "time_to_solution_s", "{:.2f}"),
-            f"{r['solve_time_s']:.2f}", f"{r['field_evals']:,}",
-            f"{r['ms_per_field_eval']:.3g}",
-            f"{r['peak_rss_mb_per_rank']:.0f}",
+            f"{r['solve_time_s']:.2f}" if ours else "",
+            f"{r['field_evals']:,}" if ours else "",
+            f"{r['ms_per_field_eval']:.3g}" if ours else "",
+            f"{r['peak_rss_mb_per_rank']:.0f}" if ours else "",
             "" if "efficiency_time_to_solution" not in r or r["ranks"] == 1
             else f"{r['efficiency_time_to_solution']:.2f}",
             "" if r["ranks"] == 1 else
@@ -254,4 +320,5 @@ def run(s: MagBenchSettings, json_path: Optional[Path] = None,
     return run_benchmark(
         "mag", False, lambda: measure(s, log), targets, print_table,
         json_path, out, problems=list(s.problems), ranks=list(s.ranks),
-        rounds=s.rounds, transport=s.transport, anchors=ANCHORS)
+        rounds=s.rounds, transport=s.transport, peer=s.peer,
+        anchors=ANCHORS)

@@ -4,6 +4,7 @@
                     [--resume] [--checkpoint-every SECONDS]
     ivcloud mag check PROBLEM.toml          validate, print the effective TOML
     ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4] [--rounds 3]
+                      [--peer neuralmag]
     ivcloud mag converge PROBLEM.toml --out DIR [--cells 10,5,3.3] [--layers 3]
                     [--method grid|dense|fmm|auto|graded] [--reference auto|none|FILE]
 
@@ -104,6 +105,10 @@ def register(sub) -> None:
                    help="rounds, the runs alternating in each (default 3)")
     b.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per run before it is stopped")
+    b.add_argument("--peer", choices=("neuralmag",),
+                   help="also run standard problem 4 in this "
+                        "finite-difference code (make peer-neuralmag "
+                        "installs it), in the same rounds")
     b.set_defaults(func=cmd_bench)
 
     c = acts.add_parser("converge", help="mesh-convergence study of a "
@@ -178,7 +183,7 @@ def cmd_bench(args) -> int:
     settings = bench.MagBenchSettings(
         problems=[n.strip() for n in args.problems.split(",") if n.strip()],
         ranks=args.np, rounds=args.rounds, examples=Path(args.examples),
-        transport=args.transport, timeout_s=args.timeout)
+        transport=args.transport, timeout_s=args.timeout, peer=args.peer)
     return bench.run(settings, json_path=args.json)
 
 

@@ -440,6 +440,22 @@ def test_bench_reports_both_efficiencies(tmp_path):
     assert "time to solution s" in r.stdout          # the table
 
 
+def test_bench_peer_bad_requests(tmp_path):
+    """`mag bench --peer`: a peer that is not installed, or a peer without
+    standard problem 4 to run, is one line and exit 2 before any run."""
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    _write(examples / "small.toml", SMALL.format(demag="true"))
+    r = mag_cli("bench", "--examples", str(examples), "--problems",
+                "small", "--peer", "neuralmag", "--rounds", "1")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and ("make peer-neuralmag" in lines[0]
+                                or "standard problem 4" in lines[0])
+    r = mag_cli("bench", "--peer", "magnum")
+    assert r.returncode == 2 and "neuralmag" in r.stderr
+
+
 # ---------------------------------------------------------------- python3 -m micromag
 
 def micromag_main(*args, np_=1, timeout=300):

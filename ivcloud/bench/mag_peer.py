@@ -1,0 +1,74 @@
+"""A finite-difference peer for `ivcloud mag bench --peer neuralmag`:
+µMAG standard problem 4 in NeuralMag, timed like our own runs.
+
+NeuralMag (PyPI `neuralmag`, nodal finite differences) runs on JAX,
+whose PyPI wheels are CPU-only: it installs here without a GPU stack,
+unlike magnum.np, whose torch pulls CUDA from PyPI (docs/mag.md,
+"A finite-difference peer"). It lives in a venv of its own,
+build/peers/neuralmag (`make peer-neuralmag`, pinned versions), never
+imported by ivcloud: each run is its Python running
+peers/neuralmag_sp4.py, pinned to as many cores as our run has ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict
+
+from ..errors import BenchError, InvalidRequest
+
+REPO = Path(__file__).resolve().parents[2]
+PEERS = ("neuralmag",)
+PEER_DIR = REPO / "build" / "peers"
+SCRIPT = Path(__file__).resolve().parent / "peers" / "neuralmag_sp4.py"
+# NeuralMag's cell size for the comparison: 2.5 nm is its coarsest
+# within 0.01 of the published <m>(1 ns) (5 nm: 0.030 off in <my>)
+PEER_CELL_NM = 2.5
+
+
+def python(peer: str) -> Path:
+    """The peer's Python; InvalidRequest when it is not installed."""
+    if peer not in PEERS:
+        raise InvalidRequest(f"peer '{peer}' unknown ({', '.join(PEERS)})",
+                             setting="peer")
+    exe = PEER_DIR / peer / "bin" / "python"
+    if not exe.is_file():
+        raise InvalidRequest(f"{peer} is not installed in {exe.parents[1]}"
+                             f" (make peer-{peer})", setting="peer")
+    return exe
+
+
+def run_sp4(peer: str, cores: int, timeout_s: float,
+            cell_nm: float = PEER_CELL_NM) -> Dict:
+    """One run of standard problem 4 (relaxation and 1 ns) in `peer` on
+    the first `cores` CPUs: time to solution and <m>(1 ns)."""
+    cmd = ["taskset", "-c", f"0-{cores - 1}", str(python(peer)),
+           str(SCRIPT), f"{cell_nm:g}"]
+    env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"sp4 in {peer} on {cores} core(s): no result "
+                         f"within {timeout_s:g} s") from None
+    wall = time.perf_counter() - t0
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise BenchError(f"sp4 in {peer} on {cores} core(s): exit "
+                         f"{proc.returncode}: {tail}")
+    try:
+        out = json.loads(lines[-1])
+    except ValueError:
+        raise BenchError(f"sp4 in {peer}: unreadable result "
+                         f"{lines[-1][:80]!r}") from None
+    return {"time_to_solution_s": round(wall, 3),
+            "relax_s": round(out["relax_s"], 3),
+            "cells": out["cells"], "cell_nm": out["cell_nm"],
+            "t_end_s": out["t_s"], "m_final": [round(v, 5)
+                                              for v in out["m"]]}
