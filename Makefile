@@ -129,7 +129,7 @@ test-trixie: build
 	IVCLOUD_TRIXIE=1 $(PY) -m pytest -q -s --durations=5 tests/test_mpis_trixie.py
 
 # Slurm on a VM cluster with, beside what `make test` runs of
-# tests/test_slurm_vm.py (about 1.7 minutes), a slurmd killed under a
+# tests/test_slurm_vm.py (about 2 minutes), a slurmd killed under a
 # job (45 s more: the job ends some 30 s after the kill).
 test-slurm-vm: build
 	IVCLOUD_SLURM_VM_KILL=1 $(PY) -m pytest -q -s --durations=5 tests/test_slurm_vm.py
