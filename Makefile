@@ -130,7 +130,7 @@ test-trixie: build
 
 # Slurm on a VM cluster with, beside what `make test` runs of
 # tests/test_slurm_vm.py (about 2 minutes), a slurmd killed under a
-# job (45 s more: the job ends some 30 s after the kill).
+# job (45-65 s more: the job ends 25-30 s after the kill).
 test-slurm-vm: build
 	IVCLOUD_SLURM_VM_KILL=1 $(PY) -m pytest -q -s --durations=5 tests/test_slurm_vm.py
 

@@ -70,7 +70,7 @@ def state_of(name):
                        ).read_text())
 
 
-def test_status_names_every_daemon(svm):
+def test_status_names_every_daemon(svm, tmp_path):
     r = cluster("status", svm, "--json", timeout=120)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
@@ -88,6 +88,14 @@ def test_status_names_every_daemon(svm):
                     "systemctl is-enabled munge.service slurmd.service",
                     timeout=60)
         assert r.stdout.split() == ["1", "1", "masked", "masked"], r.stdout
+    # a batch job's sruns would look for its hostfile in a guest
+    plan = tmp_path / "plan"
+    plan.write_text("rank 0=s0i1 slot=0\nrank 1=s0i0 slot=0\n")
+    r = cluster("sbatch", svm, "--rankfile", plan, "--", "--wrap", "true",
+                timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, \
+        r.stderr
+    assert "namespace instances" in r.stderr
 
 
 def test_pmix_job_uses_the_guests_ivshmem_devices(svm):
@@ -131,7 +139,7 @@ def guest_ranks(name, host):
     return r.stdout.split() if r.returncode == 0 else []
 
 
-# about 45 s (the job ends some 30 s after the kill: SlurmdTimeout, then
+# 45-65 s (the job ends 25-30 s after the kill: SlurmdTimeout, then
 # Slurm's ping and message timeouts), more than `make test` has left for
 # this module: `make test-slurm-vm` runs it
 @pytest.mark.skipif(not os.environ.get("IVCLOUD_SLURM_VM_KILL"),
