@@ -21,7 +21,7 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   libfabric-dev libfabric-bin \
   slurmctld slurmd slurm-client munge libpmix-dev
 
-.PHONY: all deps build mpis test-trixie asan fuzz-build test test-native test-fuzz test-python \
+.PHONY: all deps build mpis test-trixie test-slurm-vm asan fuzz-build test test-native test-fuzz test-python \
         test-hostile-long \
         demo bench bench-p2p fuzz clean deb guest-image mag-study peer-neuralmag
 
@@ -127,6 +127,12 @@ test: test-native test-fuzz test-python
 # test`'s 30 minutes leave, so it runs here.
 test-trixie: build
 	IVCLOUD_TRIXIE=1 $(PY) -m pytest -q -s --durations=5 tests/test_mpis_trixie.py
+
+# Slurm on a VM cluster with, beside what `make test` runs of
+# tests/test_slurm_vm.py (about 2 minutes), a slurmd killed under a
+# job (45-65 s more: the job ends 25-30 s after the kill).
+test-slurm-vm: build
+	IVCLOUD_SLURM_VM_KILL=1 $(PY) -m pytest -q -s --durations=5 tests/test_slurm_vm.py
 
 # The mesh-convergence study of µMAG standard problem 4, field 1
 # (docs/mag.md, "Standard problem 4"): the grid demag, in-plane cells of

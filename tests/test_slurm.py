@@ -118,8 +118,9 @@ def test_bad_requests_are_one_line_exit_2():
     base = ["cluster", "up", "--name", name, "--servers", 1,
             "--instances-per-server", 2]
     line = one_line_error(ivcloud(*base, "--scheduler", "slurm",
-                                  "--instance-kind", "vm"))
-    assert "namespace instances" in line
+                                  "--instance-kind", "vm", "--guest-deb",
+                                  "/nonexistent/guest.deb"))
+    assert "guest.deb does not exist" in line
     line = one_line_error(ivcloud(*base, "--scheduler", "slurm",
                                   "--slurm-time-slice", 3))
     assert "time slice" in line

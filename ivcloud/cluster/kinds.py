@@ -112,6 +112,7 @@ class NamespaceInstances(InstanceKind):
 class VmInstances(InstanceKind):
     """An instance is a QEMU guest (vm_instance.py)."""
     name = "vm"
+    runs_slurmd = True   # the image's slurmd (slurm/guests.py)
 
     def __init__(self, config: VmConfig):
         self.config = config
@@ -160,8 +161,7 @@ def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,
     namespaces. slurmd: the instances are to run Slurm's slurmd."""
     cls = NamespaceInstances if vm is None else VmInstances
     if slurmd and not cls.runs_slurmd:
-        raise ClusterError(f"Slurm needs namespace instances "
-                           f"({cls.name} instances have no slurmd)",
+        raise ClusterError(f"{cls.name} instances cannot run slurmd",
                            setting="scheduler")
     if vm is None:
         return NamespaceInstances()

@@ -405,6 +405,36 @@ def first_guest(state: Dict) -> str:
                   key=lambda v: v["dir"])[0]["dir"].rsplit("/", 1)[-1]
 
 
+def rank_settings(state: Dict, transport: str = "tcp",
+                  btl: Optional[str] = None
+                  ) -> Tuple[List[Tuple[str, str]], Dict[str, str]]:
+    """(MCA parameters, environment) every rank of a job in the guests
+    gets, however it is started (mpirun_command; Slurm's task prolog,
+    slurm/guests.py). The guests' Open MPI defaults (ivcloud-guest) name
+    their device and region; these add the BTLs, the network and what
+    the guests' CPU needs."""
+    from .launch import default_btl
+    from .topology import SUBNET
+    mca = [("btl", btl or default_btl(transport)),
+           ("oob_tcp_if_include", SUBNET), ("btl_tcp_if_include", SUBNET),
+           ("pml", "ob1")]
+    env: Dict[str, str] = {}
+    if transport == "ivshmem":
+        # as ivcloud.mpi does: one-sided operations as messages, so
+        # through the BTL (Debian's default `osc = ^ucx,pt2pt` leaves
+        # osc rdma, which refuses windows over these BTLs), and mpi4py
+        # asks for no more than osc pt2pt takes
+        mca.append(("osc", "pt2pt"))
+        env["MPI4PY_RC_THREAD_LEVEL"] = "serialized"
+    if guest_accel(state) == "tcg":
+        # TCG's default CPU (qemu64) says AMD family 15: OpenBLAS then
+        # picks its Opteron kernels, whose 3DNow! instructions TCG does
+        # not emulate (SIGILL in numpy, HPL, PETSc). SSE3 is what qemu64
+        # has.
+        env["OPENBLAS_CORETYPE"] = TCG_OPENBLAS_CORE
+    return mca, env
+
+
 def mpirun_command(state: Dict, program: Sequence[str], np: int,
                    transport: str = "tcp", placement: str = "block",
                    btl: Optional[str] = None, verbose_btl: bool = False,
@@ -413,32 +443,16 @@ def mpirun_command(state: Dict, program: Sequence[str], np: int,
                    stderr_path: Optional[str] = None) -> str:
     """The shell command, run in the first guest, of a cluster job:
     mpirun as the unprivileged user, the guests' hostfile, ssh between
-    guests. PROGRAM is a path in the guests. The guests' Open MPI
-    defaults (ivcloud-guest) name their device and region. The job's
-    stderr goes with its stdout, or into `stderr_path` in that guest
-    (take_file reads it)."""
-    from .launch import default_btl
-    from .topology import SUBNET
-    mca = [("btl", btl or default_btl(transport)),
-           ("oob_tcp_if_include", SUBNET), ("btl_tcp_if_include", SUBNET),
-           ("pml", "ob1")]
+    guests, each rank with rank_settings. PROGRAM is a path in the
+    guests. The job's stderr goes with its stdout, or into `stderr_path`
+    in that guest (take_file reads it)."""
+    mca, env = rank_settings(state, transport, btl)
     if verbose_btl:
         mca.append(("btl_ivshmem_verbose", "1"))
-    args = ["mpirun", "-np", str(np)]
-    if transport == "ivshmem":
-        # as ivcloud.mpi does: one-sided operations as messages, so
-        # through the BTL (Debian's default `osc = ^ucx,pt2pt` leaves
-        # osc rdma, which refuses windows over these BTLs), and mpi4py
-        # asks for no more than osc pt2pt takes
-        mca.append(("osc", "pt2pt"))
-        args += ["-x", "MPI4PY_RC_THREAD_LEVEL=serialized"]
     mca += [(str(k), str(v)) for k, v in extra_mca]
-    if guest_accel(state) == "tcg":
-        # TCG's default CPU (qemu64) says AMD family 15: OpenBLAS then
-        # picks its Opteron kernels, whose 3DNow! instructions TCG does
-        # not emulate (SIGILL in numpy, HPL, PETSc). SSE3 is what qemu64
-        # has.
-        args += ["-x", f"OPENBLAS_CORETYPE={TCG_OPENBLAS_CORE}"]
+    args = ["mpirun", "-np", str(np)]
+    for k, v in env.items():
+        args += ["-x", f"{k}={v}"]
     if rankfile is not None:
         args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.block",
                  "--rankfile", rankfile]

@@ -67,6 +67,11 @@ BASE_PACKAGES = [
     # plot), so that dpkg -i of it needs nothing from a mirror
     "openfoam", "python3-scipy", "python3-petsc4py", "python3-mpi4py-fft",
     "python3-meshio", "python3-matplotlib",
+    # a VM cluster's Slurm nodes (`cluster up --instance-kind vm
+    # --scheduler slurm`): slurmd and munged, started by the cluster with
+    # its own configuration; Slurm's mpi/pmix plugin (in the basic
+    # plugins) dlopens libpmix.so, which only the -dev package has
+    "slurmd", "munge", "slurm-wlm-basic-plugins", "libpmix-dev",
 ]
 # Debian 13: what the guest package needs (Open MPI 5 reaches the region
 # through libfabric's ivshm provider) and mpi4py, no applications.
@@ -236,10 +241,13 @@ SSH_CONFIG = """Host *
 """
 
 # Units enabled (multi-user.target.wants) and masked (slow or pointless in
-# a short-lived test guest).
+# a short-lived test guest; slurmd and munged only ever run with a
+# cluster's configuration and key, which the cluster starts them with:
+# the packages' own units would start them with the image's).
 ENABLE = ["ivcloud-agent.service", "ivcloud-ready.service"]
 MASK = ["apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer",
-        "fstrim.timer", "e2scrub_reap.service"]
+        "fstrim.timer", "e2scrub_reap.service", "slurmd.service",
+        "munge.service"]
 
 
 def cache_root() -> Path:

@@ -24,7 +24,8 @@ from ..launch import enter_command, working_dir
 from ..state import StateDir, save
 from ..topology import HEAD_HOSTNAME, topology_from_dict
 from .conf import SlurmPaths, hostfile_text, topology_conf_text
-from .daemons import binary, last_line, slurm_env
+from . import guests
+from .daemons import binary, last_line, runs_in_guests, slurm_env
 
 CLIENT_TIMEOUT_S = 30.0
 # srun gets this long to end its job after SIGTERM/SIGINT, then SIGKILL
@@ -94,11 +95,14 @@ def wait_idle(state: Dict, timeout_s: float) -> None:
             late = [n for n in nodes if seen.get(n) != "idle"]
             log = (paths(state).log(f"slurmd-{late[0]}") if seen
                    else paths(state).log("slurmctld"))
+            # a guest's slurmd logs in the guest
+            line = (guests.last_log_line(state, paths(state), late[0])
+                    if seen and runs_in_guests(state) else last_line(log))
             raise ClusterFailure(
                 f"Slurm not idle in {timeout_s:.0f} s: "
                 + (f"node {late[0]} is {seen.get(late[0], 'unknown')}"
                    if seen else "slurmctld does not answer")
-                + f" (last of {log.name}: {last_line(log) or 'empty'})")
+                + f" (last of {log.name}: {line or 'empty'})")
         time.sleep(0.2)
 
 
@@ -141,7 +145,17 @@ def client_command(state: Dict, command: str, args: Sequence[str],
     if command not in ("srun", "sbatch"):
         raise ClusterError(f"no Slurm command '{command}' here (srun or "
                            f"sbatch)")
-    argv = [binary(command), f"--chdir={working_dir(cwd)}"]
+    in_guests = runs_in_guests(state)
+    if in_guests and hosts and command == "sbatch":
+        # the batch script's own sruns would read the hostfile in a
+        # guest, which has no copy of it
+        raise ClusterError("a batch job placed by task list needs "
+                           "namespace instances (in a VM cluster, place "
+                           "each srun step instead)", setting="hosts")
+    # a guest sees none of the host's directories: its /tmp, as
+    # `cluster mpirun` uses in guests
+    argv = [binary(command),
+            f"--chdir={'/tmp' if in_guests else working_dir(cwd)}"]
     hostfile = None
     if hosts:
         hostfile = arbitrary_hostfile(state, hosts, keep=command == "sbatch")

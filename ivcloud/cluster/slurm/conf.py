@@ -185,6 +185,18 @@ def mpi_conf_text() -> str:
             "PMIxCollFence=ring\n")
 
 
+def guest_cgroup_conf_text() -> str:
+    """cgroup.conf of a VM cluster's guests. slurmd initialises its
+    cgroup plugin even with proctrack/linuxproc and task/none; on the
+    guests' cgroup v2 under systemd, it would ask systemd over D-Bus
+    (which the image has not) for a scope for the slurmstepds, and not
+    start without one. Slurm makes that cgroup itself instead: nothing
+    else in a guest manages cgroups."""
+    return ("# a VM cluster's guests (ivcloud/cluster/slurm/conf.py): no\n"
+            "# D-Bus there; slurmd makes its cgroups itself\n"
+            "IgnoreSystemd=yes\n")
+
+
 def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:
     """topology.conf for the tree plugin. tree: a leaf switch per server
     over its instances, a top switch over the leaves, so that Slurm
@@ -268,10 +280,27 @@ def task_prolog_text(topo: ClusterTopology, servers_dir: Path,
              "# region, and what its MPI needs to use it; a variable the",
              "# task sets itself wins.",
              'case "$SLURMD_NODENAME" in', *cases, "esac"]
-    for key, value in env.items():
-        lines.append(f'[ -n "${{{key}+set}}" ] || '
-                     f'echo {shlex.quote(f"export {key}={value}")}')
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _export_unset(env)) + "\n"
+
+
+def guest_task_prolog_text(env: Dict[str, str]) -> str:
+    """The TaskProlog of a VM cluster's guests: only `env`, the settings
+    of ranks in the guests (vm_instance.rank_settings). No socket: a
+    guest's ivshmem device, fixed at boot, is on its server's standing
+    region, which the guests' Open MPI defaults name already."""
+    return "\n".join([
+        "#!/bin/sh",
+        "# Slurm TaskProlog of a VM cluster's guests",
+        "# (ivcloud/cluster/slurm/conf.py): what a rank needs to use the",
+        "# guest's ivshmem device; a variable the task sets itself wins.",
+        *_export_unset(env)]) + "\n"
+
+
+def _export_unset(env: Dict[str, str]) -> List[str]:
+    """TaskProlog lines exporting each of `env` the task has not set."""
+    return [f'[ -n "${{{key}+set}}" ] || '
+            f'echo {shlex.quote(f"export {key}={value}")}'
+            for key, value in env.items()]
 
 
 def hook_script_text(hook: str, state_dir: Path, repo: Path,

@@ -11,8 +11,9 @@ During `up` (lifecycle.Build calls these):
   slurm step   once the head node is up: munged (its own key, socket,
                pid, seed and log under slurm/munge and slurm/log: the
                host's munge is never touched) and slurmctld in the head
-               node, `slurmd -N HOST` in every instance; then until
-               every node is idle.
+               node, `slurmd -N HOST` in every instance (in a VM
+               cluster's guests, with munged of their own: guests.py);
+               then until every node is idle.
 
 Every daemon is started through the launch agent's way into a holder
 (launch.enter_command), so it lives in the cluster's namespaces and
@@ -36,9 +37,11 @@ from ... import procfs
 from ...errors import ClusterError, ClusterFailure, LaunchError
 from ...mpi import MpiSetupError, component_dir, stock_component_dir
 from ..jobs import SLURM_JOB_KEY_LONGEST, job_server_paths
+from ..kinds import VmInstances
 from ..launch import enter_command
 from ..state import StateDir
 from ..topology import HEAD_HOSTNAME, ClusterTopology
+from . import guests
 from .conf import (TASK_ENVIRONMENTS, SlurmPaths, hook_script_text,
                    mpi_conf_text, slurm_conf_text, task_prolog_text,
                    topology_conf_text)
@@ -55,6 +58,9 @@ PMIX_LIBRARY = "libpmix.so"
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
                 "/usr/local/lib")
 READY_TIMEOUT_S = 60.0
+# slurmd in a TCG guest on a loaded host: registration and its first
+# pings take many times longer
+GUEST_READY_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 30.0
 _SUN_PATH_MAX = 107
 MIN_TIME_SLICE_S = 5      # Slurm's bounds of SchedulerTimeSlice
@@ -175,17 +181,26 @@ class Slurm:
         daemons["slurmctld"] = _daemon_record(paths.pidfile("slurmctld"),
                                               HEAD_HOSTNAME)
         b.save()
+        in_guests = runs_in_guests(b.state)
+        if in_guests:
+            guests.write_files(b.state, paths)
         for inst in b.topo.instance_list():
             b.step(f"slurm slurmd {inst.hostname}")
             name = f"slurmd-{inst.hostname}"
-            _start(b.state, inst.hostname,
-                   [binary("slurmd"), "-N", inst.hostname], paths.log(name))
-            daemons[name] = _daemon_record(paths.pidfile(name),
-                                           inst.hostname)
+            if in_guests:
+                daemons.update(guests.start_node(b.state, paths,
+                                                 inst.hostname))
+            else:
+                _start(b.state, inst.hostname,
+                       [binary("slurmd"), "-N", inst.hostname],
+                       paths.log(name))
+                daemons[name] = _daemon_record(paths.pidfile(name),
+                                               inst.hostname)
             b.save()
         b.step("slurm nodes")
         from .client import wait_idle
-        wait_idle(b.state, READY_TIMEOUT_S)
+        wait_idle(b.state, GUEST_READY_TIMEOUT_S if in_guests
+                  else READY_TIMEOUT_S)
         b.log(f"  slurm: slurmctld on {HEAD_HOSTNAME}, slurmd on "
               f"{len(b.topo.instance_list())} instances "
               f"(SLURM_CONF={paths.conf})")
@@ -256,7 +271,14 @@ def last_line(log: Path) -> str:
 
 # ---------------------------------------------------------------- status
 
-def daemon_alive(rec: Dict) -> bool:
+def runs_in_guests(state: Dict) -> bool:
+    """Whether the cluster's slurmds run in QEMU guests (guests.py)."""
+    return state.get("kind") == VmInstances.name
+
+
+def daemon_alive(state: Dict, rec: Dict) -> bool:
+    if rec.get("guest"):
+        return guests.alive(state, rec)
     return rec.get("pid") is not None and \
         procfs.start_time(rec["pid"]) == rec.get("start")
 
@@ -268,7 +290,7 @@ def status(state: Dict) -> Optional[Dict]:
         return None
     from .client import node_states
     daemons = {name: {"pid": rec.get("pid"), "host": rec.get("host"),
-                      "alive": daemon_alive(rec)}
+                      "alive": daemon_alive(state, rec)}
                for name, rec in state["slurm"].get("daemons", {}).items()}
     try:
         nodes = node_states(state)

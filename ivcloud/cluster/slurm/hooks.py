@@ -14,6 +14,12 @@ socket. The epilog stops those servers. Why the controller's hooks
 rather than each node's Prolog/Epilog or a SPANK plugin: docs/cluster.md,
 "Slurm".
 
+A VM cluster's jobs get no region of their own: its guests' ivshmem
+devices were attached at boot to each server's standing region
+(vm_instance.SHARED_NOTE). There the prolog starts nothing, and the
+epilog only ends the job's processes in guests whose slurmd died
+(guests.end_job).
+
 A node whose slurmd died (killed, or its instance gone) runs no epilog
 and cannot end the job's tasks: its slurmstepd and tasks would live on,
 still holding the job's region. So the epilog also ends, on each of the
@@ -39,7 +45,9 @@ from ... import procfs
 from ...errors import IvcloudError
 from .. import holder, jobs
 from ..state import StateDir, load
-from .daemons import binary, daemon_alive
+from ..vm_instance import SHARED_NOTE
+from . import guests
+from .daemons import binary, daemon_alive, runs_in_guests
 
 
 def expand_nodelist(state: Dict, nodelist: str) -> List[str]:
@@ -63,12 +71,20 @@ def servers_of(state: Dict, nodes: Sequence[str]) -> List[int]:
 
 
 def prolog(state: Dict, job: int, nodes: Sequence[str]) -> str:
+    if runs_in_guests(state):
+        return f"no region of its own: {SHARED_NOTE}"
     servers = servers_of(state, nodes)
     jobs.start_regions(state, jobs.slurm_job_key(job), servers)
     return f"regions on servers {servers}"
 
 
 def epilog(state: Dict, job: int, nodes: Sequence[str]) -> str:
+    if runs_in_guests(state):
+        # no region to remove; only tasks that no slurmd ends
+        ended = guests.end_job(state, job, nodes)
+        return "standing regions kept" + (
+            f"; ended the job's processes on {', '.join(ended)}, whose "
+            f"slurmd is gone" if ended else "")
     ended = end_orphans(state, job, nodes)
     servers = servers_of(state, nodes)
     problems = jobs.stop_regions(state, jobs.slurm_job_key(job), servers)
@@ -101,7 +117,7 @@ def end_orphans(state: Dict, job: int, nodes: Sequence[str],
     for node in nodes:
         rec = daemons.get(f"slurmd-{node}")
         ns = state.get("namespaces", {}).get(node)
-        if rec is None or daemon_alive(rec) or not ns:
+        if rec is None or not ns or daemon_alive(state, rec):
             continue
         # While the instance's holder lives, its namespace is certainly
         # the instance's; a gone holder's inode number may be another's
