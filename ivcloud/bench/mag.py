@@ -91,11 +91,22 @@ class MagBenchSettings:
                 raise InvalidRequest(str(e), setting="problems") from None
             self.files[name] = f
         if self.peer is not None:
-            mag_peer.python(self.peer)
-            if "sp4" not in self.problems:
-                raise InvalidRequest("a peer runs standard problem 4 only "
-                                     "(--problems with sp4)",
-                                     setting="peer")
+            self._check_peer()
+
+    def _check_peer(self) -> None:
+        """The peer runs standard problem 4, field 1, as published: the
+        run set must have it, as `sp4` (its reference is what both are
+        measured against), and enough CPUs for the rank counts."""
+        from micromag import convergence
+        from micromag.problem import load
+        mag_peer.python(self.peer)
+        if "sp4" not in self.problems or convergence.reference_for(
+                load(self.files["sp4"])) is None:
+            raise InvalidRequest("a peer runs standard problem 4, field 1, "
+                                 "only: the problems must include sp4, and "
+                                 "its sp4.toml be that problem",
+                                 setting="peer")
+        mag_peer.cpus_for(max(self.ranks))
 
 
 def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:

@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 from ..errors import BenchError, InvalidRequest
 
@@ -42,12 +42,23 @@ def python(peer: str) -> Path:
     return exe
 
 
+def cpus_for(cores: int) -> List[int]:
+    """The first `cores` CPUs this process may run on; InvalidRequest
+    when it may run on fewer."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores > len(allowed):
+        raise InvalidRequest(f"the peer on {cores} cores: this process may "
+                             f"use {len(allowed)} CPU(s)", setting="np")
+    return allowed[:cores]
+
+
 def run_sp4(peer: str, cores: int, timeout_s: float,
             cell_nm: float = PEER_CELL_NM) -> Dict:
     """One run of standard problem 4 (relaxation and 1 ns) in `peer` on
-    the first `cores` CPUs: time to solution and <m>(1 ns)."""
-    cmd = ["taskset", "-c", f"0-{cores - 1}", str(python(peer)),
-           str(SCRIPT), f"{cell_nm:g}"]
+    `cores` CPUs (cpus_for): time to solution and <m>(1 ns)."""
+    cpus = ",".join(str(c) for c in cpus_for(cores))
+    cmd = ["taskset", "-c", cpus, str(python(peer)), str(SCRIPT),
+           f"{cell_nm:g}"]
     env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     t0 = time.perf_counter()
     try:
@@ -64,11 +75,12 @@ def run_sp4(peer: str, cores: int, timeout_s: float,
                          f"{proc.returncode}: {tail}")
     try:
         out = json.loads(lines[-1])
-    except ValueError:
+        return {"time_to_solution_s": round(wall, 3),
+                "start_and_relax_s": round(out["start_and_relax_s"], 3),
+                "cells": [int(v) for v in out["cells"]],
+                "cell_nm": float(out["cell_nm"]),
+                "t_end_s": float(out["t_s"]),
+                "m_final": [round(float(v), 5) for v in out["m"]]}
+    except (ValueError, KeyError, TypeError):
         raise BenchError(f"sp4 in {peer}: unreadable result "
                          f"{lines[-1][:80]!r}") from None
-    return {"time_to_solution_s": round(wall, 3),
-            "relax_s": round(out["relax_s"], 3),
-            "cells": out["cells"], "cell_nm": out["cell_nm"],
-            "t_end_s": out["t_s"], "m_final": [round(v, 5)
-                                              for v in out["m"]]}

@@ -38,12 +38,13 @@ energy of a magnetization turning on that length is tol
 planes then pass through its nodes.
 
 Parallel: every rank holds the transfer's columns of its own nodes. One
-field: a sparse product per rank, a reduce-scatter of the partial grids
-onto slabs of the unpadded grid, the transform of each slab along the
-other axes, a global transpose (mpi4py-fft's pencil redistribution),
-the transform along the first axis, the kernel product and the way
-back, an allgather of the field on the grid (3 numbers per cell) and a
-sparse product per rank (_SlabConvolution). Every pass runs only over
+field: a sparse product per rank, the partial grids summed onto slabs
+of the unpadded grid (each rank sends only the layers its nodes touch,
+Alltoallv), the transform of each slab along the other axes, a global
+transpose (mpi4py-fft's pencil redistribution), the transform along
+the first axis, the kernel product and the way back, the field of those
+layers back to each rank (Alltoallv) and a sparse product per rank
+(_SlabConvolution). Every pass runs only over
 the lines that hold data, split evenly over the ranks. One rank uses
 scipy.fft alone, and so does every rank where mpi4py-fft is missing
 (each the whole grid).
@@ -348,11 +349,14 @@ class _SlabConvolution:
 
     A rank's nodes touch only the cells of a band of lead-axis layers
     (`need`: where its partial grid can be non-zero, and where it reads
-    the field back), and the partitioner cuts a long body across its
-    length, so the bands follow the slabs: only the overlap of a band
-    with a slab travels, both ways (Alltoallv), not the whole grid to
-    every rank (standard problem 4's film on two ranks: 20 and 15 of its
-    200 layers cross each way).
+    the field back), and only the overlap of a band with a slab travels,
+    both ways (Alltoallv). The partitioner cuts a long body across its
+    length, so where that length lies along the lead axis (x, then y,
+    then z: the first with more than one cell) the bands follow the
+    slabs and little travels (standard problem 4's film on two ranks: 20
+    and 15 of its 200 layers each way); otherwise a band spans the axis
+    and as much travels as a reduce-scatter and an allgather would move
+    (the bar, long in z).
 
     Transforming the padded grid in slabs instead (mpi4py-fft's PFFT)
     gives the ranks holding only padding the same work as the rest: on
@@ -395,41 +399,16 @@ class _SlabConvolution:
         self._tmp = np.empty(self.Nk.shape[1:], dtype=complex)
 
     def _bands(self, comm, need, per_layer) -> None:
-        """The Alltoallv counts and displacements (in doubles) between
-        the ranks' bands of needed layers and their slabs: forward, a
-        band's overlap with each slab to the slab's owner (added there);
-        backward, a slab's overlap with each band to the band's rank."""
+        """This rank's plan of the band exchange (band_plan), from every
+        rank's slab and band."""
         spans = comm.allgather(self.own)
         needs = comm.allgather(tuple(int(v) for v in need))
-        me = comm.Get_rank()
-
-        def overlap(a, b):
-            lo, hi = max(a[0], b[0]), min(a[1], b[1])
-            return (lo, hi) if lo < hi else (lo, lo)
-
-        def counts_displs(pairs, base):
-            counts = np.array([(hi - lo) * per_layer for lo, hi in pairs],
-                              dtype=np.int64)
-            displs = np.array([(lo - base) * per_layer for lo, _ in pairs],
-                              dtype=np.int64)
-            return counts, displs
-
-        own0 = self.own[0]
-        to_slabs = [overlap(needs[me], sp) for sp in spans]
-        from_bands = [overlap(nd, self.own) for nd in needs]
-        to_bands = [overlap(self.own, nd) for nd in needs]
-        from_slabs = [overlap(sp, needs[me]) for sp in spans]
-        self._fwd_send = counts_displs(to_slabs, 0)
-        counts, into_slab = counts_displs(from_bands, own0)
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        self._fwd_recv = (counts, offsets)
-        # where each received piece is added: (offset, count, slab offset)
-        self._fwd_adds = [(int(o), int(c), int(d)) for o, c, d in
-                          zip(offsets, counts, into_slab) if c]
-        self._fwd_buf = np.empty(int(counts.sum()))
-        self._bwd_send = counts_displs(to_bands, own0)
-        self._bwd_recv = counts_displs(from_slabs, 0)
-        self.need = tuple(needs[me])
+        plan = band_plan(spans, needs, comm.Get_rank(), per_layer)
+        self._fwd_send, self._fwd_recv = plan["fwd_send"], plan["fwd_recv"]
+        self._fwd_adds = plan["fwd_adds"]
+        self._fwd_buf = np.empty(int(plan["fwd_recv"][0].sum()))
+        self._bwd_send, self._bwd_recv = plan["bwd_send"], plan["bwd_recv"]
+        self.need = tuple(needs[comm.Get_rank()])
 
     @staticmethod
     def _pencils(comm, shape):
@@ -503,6 +482,41 @@ class _SlabConvolution:
         self.comm.Alltoallv([slab, self._bwd_send, D],
                             [self._H, self._bwd_recv, D])
         return self._H.reshape(-1, 3)
+
+
+def band_plan(spans, needs, me: int, per_layer: int) -> dict:
+    """Rank `me`'s Alltoallv counts and displacements (in doubles, a
+    layer being `per_layer` of them) between the ranks' bands of needed
+    layers `needs` and their slabs `spans` ([lo, hi) each): forward
+    ("fwd_send" from the whole partial grid, "fwd_recv" into a buffer
+    of the pieces, "fwd_adds" (buffer offset, count, slab offset) where
+    each is added), a band's overlap with each slab to the slab's
+    owner; backward ("bwd_send" from the slab, "bwd_recv" into the
+    whole field), a slab's overlap with each band to the band's rank."""
+    def overlap(a, b):
+        lo, hi = max(a[0], b[0]), min(a[1], b[1])
+        return (lo, hi) if lo < hi else (lo, lo)
+
+    def counts_displs(pairs, base):
+        counts = np.array([(hi - lo) * per_layer for lo, hi in pairs],
+                          dtype=np.int64)
+        displs = np.array([(lo - base) * per_layer for lo, _ in pairs],
+                          dtype=np.int64)
+        return counts, displs
+
+    own, band = spans[me], needs[me]
+    counts, into_slab = counts_displs([overlap(nd, own) for nd in needs],
+                                      own[0])
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    return {
+        "fwd_send": counts_displs([overlap(band, sp) for sp in spans], 0),
+        "fwd_recv": (counts, offsets),
+        "fwd_adds": [(int(o), int(c), int(d)) for o, c, d in
+                     zip(offsets, counts, into_slab) if c],
+        "bwd_send": counts_displs([overlap(own, nd) for nd in needs],
+                                  own[0]),
+        "bwd_recv": counts_displs([overlap(sp, band) for sp in spans], 0),
+    }
 
 
 def _band(T, grid: CellGrid):

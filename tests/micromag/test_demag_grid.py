@@ -25,7 +25,8 @@ from micromag.errors import ProblemError                          # noqa: E402
 from micromag.fem import FEMSpace                                 # noqa: E402
 from micromag.terms import demag_grid                             # noqa: E402
 from micromag.terms.demag import DemagField                       # noqa: E402
-from micromag.terms.demag_grid import GridDemag, grid_for         # noqa: E402
+from micromag.terms.demag_grid import (GridDemag, band_plan,       # noqa: E402
+                                       grid_for)
 from micromag.terms.demag_method import choose, make_demag        # noqa: E402
 
 
@@ -215,11 +216,12 @@ PARALLEL = textwrap.dedent("""
     H = sp.gather(out)
     E = term.E(st)
     # the layers of the unpadded grid each rank transforms first
+    lead = next(k for k in range(3) if term.grid.n[k] > 1)
     spans = MPI.COMM_WORLD.gather(term.conv.own if term.distributed
-                                  else (0, term.grid.n[0]))
+                                  else (0, term.grid.n[lead]))
     # the layers whose cells this rank's nodes touch (what it exchanges)
     bands = MPI.COMM_WORLD.gather(term.conv.need if term.distributed
-                                  else (0, term.grid.n[0]))
+                                  else (0, term.grid.n[lead]))
     if MPI.COMM_WORLD.rank == 0:
         np.savez(sys.argv[2], H=sp.to_original(H), E=E,
                  distributed=term.distributed, spans=spans, bands=bands,
@@ -229,6 +231,8 @@ PARALLEL = textwrap.dedent("""
 
 @pytest.mark.parametrize("size,spacing", [
     ((60, 30, 3), (2.0, 2.0, 3.0)),            # a film: 2-d FFT
+    ((3, 30, 60), (3.0, 2.0, 2.0)),            # the same standing: the
+                                               # FFT's first axis is y
     ((24, 16, 12), (2.0, 2.0, 2.0))])          # a box: 3-d FFT
 def test_parallel_equals_serial(tmp_path, size, spacing):
     mesh = meshes.box(*(np.array(size) * NM), 3 * NM, structured=True)
@@ -246,18 +250,20 @@ def test_parallel_equals_serial(tmp_path, size, spacing):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[ranks] = np.load(res)
         assert bool(out[ranks]["distributed"]) == (ranks > 1)
-        # every rank holds data in the first pass, the layers split
+        # every rank holds data in the first pass, the layers of the
+        # first FFT axis split
         # evenly (not slabs of the padded grid, half of them padding)
         spans = out[ranks]["spans"]
-        nx = int(out[ranks]["n"][0])
+        lead = next(k for k in range(3) if out[ranks]["n"][k] > 1)
+        nx = int(out[ranks]["n"][lead])
         assert spans[0][0] == 0 and spans[-1][1] == nx
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
         assert max(b - a for a, b in spans) - min(b - a for a, b in
                                                   spans) <= 1
-        # a film is cut across its length: each rank exchanges only the
-        # layers its nodes touch, less than the whole grid
+        # a film along x is cut across its length: each rank exchanges
+        # only the layers its nodes touch, less than the whole grid
         bands = out[ranks]["bands"]
-        if size[2] == 3 and ranks > 1:
+        if size == (60, 30, 3) and ranks > 1:
             assert all(b - a < nx for a, b in bands)
     H1 = out[1]["H"]
     assert np.abs(H1).max() > 0.05 * MS
@@ -265,3 +271,70 @@ def test_parallel_equals_serial(tmp_path, size, spacing):
         assert np.abs(out[ranks]["H"] - H1).max() < 1e-12 * np.abs(H1).max()
         assert float(out[ranks]["E"]) == pytest.approx(float(out[1]["E"]),
                                                        rel=1e-12)
+
+
+def _emulate_band_exchange(spans, needs, per_layer, partials, fields):
+    """Both Alltoallv passes of the slab convolution, by band_plan's
+    counts and displacements, in NumPy: each rank's slab of the summed
+    partial grids, and each rank's field as it would receive it."""
+    size = len(spans)
+    plans = [band_plan(spans, needs, r, per_layer) for r in range(size)]
+    slabs = []
+    for me in range(size):
+        counts, offsets = plans[me]["fwd_recv"]
+        buf = np.zeros(int(counts.sum()))
+        for r in range(size):
+            c, d = (v[me] for v in plans[r]["fwd_send"])
+            assert c == counts[r]
+            buf[offsets[r]:offsets[r] + c] = partials[r][d:d + c]
+        slab = np.zeros((spans[me][1] - spans[me][0]) * per_layer)
+        for off, c, at in plans[me]["fwd_adds"]:
+            slab[at:at + c] += buf[off:off + c]
+        slabs.append(slab)
+    received = []
+    for me in range(size):
+        H = np.zeros_like(fields)
+        counts, displs = plans[me]["bwd_recv"]
+        for s_ in range(size):
+            c, d = (v[me] for v in plans[s_]["bwd_send"])
+            assert c == counts[s_]
+            lo = spans[s_][0] * per_layer
+            H[displs[s_]:displs[s_] + c] = fields[lo + d:lo + d + c]
+        received.append(H)
+    return slabs, received
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_band_plan_moves_every_layer_once(seed):
+    """band_plan's counts and displacements, both passes emulated: every
+    slab gets exactly the sum of the ranks' partial grids (which are
+    zero outside their bands), every rank gets the field on its whole
+    band, with bands that miss slabs, overlap several or are empty."""
+    rng = np.random.default_rng(seed)
+    size, layers, per_layer = int(rng.integers(2, 5)), 12, 3
+    cuts = np.sort(rng.choice(np.arange(1, layers), size - 1,
+                              replace=False))
+    bounds = [0, *cuts.tolist(), layers]
+    spans = [(bounds[r], bounds[r + 1]) for r in range(size)]
+    needs = []
+    for r in range(size):
+        if rng.random() < 0.15:
+            needs.append((0, 0))
+        else:
+            lo = int(rng.integers(0, layers))
+            needs.append((lo, int(rng.integers(lo + 1, layers + 1))))
+    partials = []
+    for lo, hi in needs:
+        p = np.zeros(layers * per_layer)
+        p[lo * per_layer:hi * per_layer] = rng.random((hi - lo) * per_layer)
+        partials.append(p)
+    total = np.sum(partials, axis=0)
+    fields = rng.random(layers * per_layer)
+    slabs, received = _emulate_band_exchange(spans, needs, per_layer,
+                                             partials, fields)
+    for (lo, hi), slab in zip(spans, slabs):
+        assert np.allclose(slab, total[lo * per_layer:hi * per_layer])
+    for (lo, hi), H in zip(needs, received):
+        band = slice(lo * per_layer, hi * per_layer)
+        assert np.array_equal(H[band], fields[band])
+        assert not H[:lo * per_layer].any() and not H[hi * per_layer:].any()
