@@ -655,14 +655,27 @@ static void killed_mid_message(struct rank *r)
     if (r->me == 1) {
         memset(buf, 1, big);
         REQ_RC(fi_tsend(r->ep, buf, big, NULL, r->addr[0], 1, buf), 0);
-        /* what fit in the ring is out; wait (without pushing more) until
-           rank 0 took it, die */
+        /* what fit in the ring is out, the rest is queued; wait (without
+           pushing more) until rank 0 took it, die */
+        t_barrier_plain(r);
         t_barrier_plain(r);
         raise(SIGKILL);
     }
+    /* take nothing while rank 1 is inside fi_tsend: a receiver draining
+       the ring as fast as the sender fills it lets the whole message
+       through before the send returns */
+    t_barrier_plain(r);
     REQ_RC(fi_trecv(r->ep, buf, big, NULL, r->addr[1], 1, 0, buf), 0);
-    for (uint64_t end = t_now_ms() + 200; t_now_ms() < end;)
-        REQ(fi_cq_read(r->cq, &e, 1) == -FI_EAGAIN);
+    for (uint64_t end = t_now_ms() + 200; t_now_ms() < end;) {
+        ssize_t n = fi_cq_read(r->cq, &e, 1);
+        if (n == -FI_EAVAIL) {
+            memset(&err, 0, sizeof err);
+            fi_cq_readerr(r->cq, &err, 0);
+            fprintf(stderr, "rank 0: error %d (%s) before the kill\n",
+                    err.err, fi_strerror(err.err));
+        }
+        REQ_RC(n, -FI_EAGAIN);
+    }
     t_barrier(r);
     uint64_t t0 = t_now_ms();
     int rc = t_wait(r, &e, &err, NULL, 10000);
