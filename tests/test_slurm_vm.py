@@ -210,7 +210,8 @@ def guest_ranks(name, host):
 def test_killed_slurmd_ends_the_job(svm):
     """s0i1's slurmd killed under a running job: slurmctld sets the node
     down and ends the job, and its epilog kills, through s0i1's agent,
-    the job's rank and slurmstepd there, which no slurmd would end."""
+    the job's rank and slurmstepd there, which no slurmd would end, then
+    unplugs the job's devices and removes its server."""
     hooks = Path(state_of(svm)["slurm"]["dir"], "log", "hooks.log")
     job = subprocess.Popen(
         [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svm,
@@ -235,6 +236,12 @@ def test_killed_slurmd_ends_the_job(svm):
     wait_for(lambda: re.search(r"ended the job's processes on s0i1",
                                hooks.read_text()), 60, "the epilog")
     assert not guest_ranks(svm, "s0i1")
+    # and then took the job's devices out, rank or no rank
+    for host in ("s0i0", "s0i1"):
+        assert len(ivshmem_devices(svm, host)) == 1
+    state = state_of(svm)
+    assert not jobs.job_dirs(Path(state["servers_dir"]),
+                             state["servers"]["0"]["name"])
 
 
 def test_down_leaves_nothing(svm):

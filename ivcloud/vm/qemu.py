@@ -254,12 +254,18 @@ class Qmp:
         line, _, self.buf = self.buf.partition(b"\n")
         return json.loads(line)
 
-    def execute(self, command: str, **arguments) -> Any:
+    def execute(self, command: str, fd: Optional[int] = None,
+                **arguments) -> Any:
+        """Run `command`; `fd` goes with it (SCM_RIGHTS), for getfd."""
         msg: Dict[str, Any] = {"execute": command}
         if arguments:
             msg["arguments"] = arguments
+        data = json.dumps(msg).encode() + b"\n"
         try:
-            self.sock.sendall(json.dumps(msg).encode() + b"\n")
+            if fd is None:
+                self.sock.sendall(data)
+            else:
+                socket.send_fds(self.sock, [data], [fd])
         except OSError as e:
             raise QmpError(f"QMP write: {e}")
         while True:
@@ -358,12 +364,15 @@ def plug_ivshmem(q: Qmp, dev_id: str, port: str, server_socket: str,
         raise
 
 
-def unplug_ivshmem(q: Qmp, dev_id: str, timeout_s: float) -> bool:
+def unplug_ivshmem(q: Qmp, qemu_pid: int, dev_id: str,
+                   timeout_s: float) -> bool:
     """Ask the guest to give device `dev_id` back and wait, at most
     `timeout_s`, until it did; then its chardev goes (the server sees the
-    peer leave). False when the device is still there: a guest that
-    does not answer the unplug request keeps it, and its chardev with
-    it."""
+    peer leave) and the numbers of the device's eventfds are taken by
+    idle ones (guard_eventfds). False when the device is still there: a
+    guest that does not answer the unplug request keeps it, and its
+    chardev with it."""
+    before = _eventfd_numbers(qemu_pid)
     if find_device(q, dev_id) is not None:
         _quietly(q, "device_del", id=dev_id)   # also: already pending
         deadline = time.monotonic() + timeout_s
@@ -372,7 +381,76 @@ def unplug_ivshmem(q: Qmp, dev_id: str, timeout_s: float) -> bool:
                 return False
             time.sleep(0.2)
     _quietly(q, "chardev-remove", id=dev_id)
+    left = set(_fd_numbers(qemu_pid))
+    open_holes = guard_eventfds(q, qemu_pid, before - left, dev_id)
+    if open_holes:
+        raise QmpError(f"{dev_id} is unplugged, but its descriptors "
+                       f"{sorted(open_holes)} could not be guarded: QEMU "
+                       f"{qemu_pid} may crash (guard_eventfds)")
     return True
+
+
+def _fd_numbers(pid: int) -> List[int]:
+    try:
+        return [int(n) for n in os.listdir(f"/proc/{pid}/fd")]
+    except OSError as e:
+        raise QmpError(f"cannot list the files of QEMU {pid}: "
+                       f"{e.strerror}")
+
+
+def _eventfd_numbers(pid: int) -> set:
+    out = set()
+    for n in _fd_numbers(pid):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{n}") == "anon_inode:[eventfd]":
+                out.add(n)
+        except OSError:
+            pass   # closed meanwhile
+    return out
+
+
+# at most this many idle eventfds handed to a QEMU per unplug
+GUARD_LIMIT = 256
+
+
+def guard_eventfds(q: Qmp, pid: int, numbers: set, tag: str) -> set:
+    """Make QEMU `pid` hold idle eventfds (never signalled; QMP getfd,
+    named after `tag`) under each of `numbers`, the descriptor numbers
+    an unplugged ivshmem-doorbell's eventfds had; the numbers left
+    unguarded (one that something else took meanwhile).
+
+    Why: without KVM's irqfd (TCG), QEMU 7.2's ivshmem-doorbell watches
+    its own vectors' eventfds with fd handlers that its unrealize does
+    not remove. The device is freed, its eventfds are closed, and the
+    next descriptor QEMU opens under such a number (a connection to the
+    guest's agent or QMP socket) calls the freed device's handler as
+    soon as it is readable: QEMU died of SIGSEGV in
+    object_dynamic_cast_assert, from aio_dispatch, at the first agent
+    command after an unplug. An idle eventfd under the number is never
+    readable, so the stale handler never runs. Descriptors open at the
+    lowest free number: idle eventfds that land below the holes are
+    given back (closefd) once the holes are filled."""
+    todo = set(numbers)
+    extra: List[str] = []
+    for k in range(GUARD_LIMIT):
+        if not todo:
+            break
+        name = f"{tag}-guard-{time.monotonic_ns()}-{k}"
+        before = set(_fd_numbers(pid))
+        efd = os.eventfd(0, os.EFD_CLOEXEC)
+        try:
+            q.execute("getfd", fd=efd, fdname=name)
+        finally:
+            os.close(efd)
+        got = set(_fd_numbers(pid)) - before
+        if not got & todo:
+            extra.append(name)
+            if not got or min(got) > max(todo):
+                break   # the holes were taken by something else
+        todo -= got
+    for name in extra:
+        _quietly(q, "closefd", fdname=name)
+    return todo
 
 
 def _quietly(q: Qmp, command: str, **arguments) -> None:

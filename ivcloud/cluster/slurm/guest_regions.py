@@ -168,27 +168,30 @@ def unplug_one(state: Dict, host: str, job: int) -> List[str]:
     guest's files of it; the problems left (none when the guest is
     gone: so is the device)."""
     d = vm_instance.vm_dir_of(state, host)
-    if vm_lifecycle.qemu_pid(d) is None:
+    pid = vm_lifecycle.qemu_pid(d)
+    if pid is None:
         return []
     dev = device_id(job)
+    problems: List[str] = []
+    addr = None
     try:
         with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             addr = qemu.find_device(q, dev)
-            if not qemu.unplug_ivshmem(q, dev, UNPLUG_TIMEOUT_S):
+            if not qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S):
                 return [f"guest {host} did not give device {dev} ({addr}) "
                         f"back within {UNPLUG_TIMEOUT_S:.0f} s"]
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is None:
             return []    # the guest died meanwhile
-        return [f"guest {host}: {e}"]
+        problems.append(f"guest {host}: {e}")
     script = (_clear_script(addr, job) if addr is not None
               else f"rm -f {agent.quote([job_env_path(job)])}")
     try:
         _guest_run(state, host, script, 60)
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is not None:
-            return [str(e)]
-    return []
+            problems.append(str(e))
+    return problems
 
 
 def _each(hosts: Sequence[str], fn: Callable[[str], T]
