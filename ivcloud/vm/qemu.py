@@ -344,34 +344,29 @@ def plug_ivshmem(q: Qmp, dev_id: str, port: str, server_socket: str,
     """An ivshmem-doorbell device `dev_id` on the ivshmem-server at
     `server_socket` (a socket chardev of the same id), into root port
     `port`; its guest PCI address. QEMU has the server's handshake (its
-    position, the region) done when device_add returns. Nothing is left
-    when it fails."""
+    position, the region) done when device_add returns. When it fails,
+    the caller removes what went in (unplug_ivshmem, then
+    remove_chardev: in that order across all the server's guests)."""
     q.execute("chardev-add", id=dev_id, backend={
         "type": "socket",
         "data": {"addr": {"type": "unix", "data": {"path": server_socket}},
                  "server": False}})
-    try:
-        q.execute("device_add", driver="ivshmem-doorbell", id=dev_id,
-                  bus=port, chardev=dev_id, vectors=vectors)
-        addr = find_device(q, dev_id)
-        if addr is None:
-            raise QmpError(f"device {dev_id} is not on the PCI bus after "
-                           f"device_add")
-        return addr
-    except QmpError:
-        _quietly(q, "device_del", id=dev_id)
-        _quietly(q, "chardev-remove", id=dev_id)
-        raise
+    q.execute("device_add", driver="ivshmem-doorbell", id=dev_id,
+              bus=port, chardev=dev_id, vectors=vectors)
+    addr = find_device(q, dev_id)
+    if addr is None:
+        raise QmpError(f"device {dev_id} is not on the PCI bus after "
+                       f"device_add")
+    return addr
 
 
 def unplug_ivshmem(q: Qmp, qemu_pid: int, dev_id: str,
                    timeout_s: float) -> bool:
     """Ask the guest to give device `dev_id` back and wait, at most
-    `timeout_s`, until it did; then its chardev goes (the server sees the
-    peer leave) and the numbers of the device's eventfds are taken by
-    idle ones (guard_eventfds). False when the device is still there: a
-    guest that does not answer the unplug request keeps it, and its
-    chardev with it."""
+    `timeout_s`, until it did; then the numbers of the device's eventfds
+    are taken by idle ones (guard_eventfds). Its chardev stays
+    (remove_chardev). False when the device is still there: a guest that
+    does not answer the unplug request keeps it."""
     before = _eventfd_numbers(qemu_pid)
     if find_device(q, dev_id) is not None:
         _quietly(q, "device_del", id=dev_id)   # also: already pending
@@ -380,14 +375,26 @@ def unplug_ivshmem(q: Qmp, qemu_pid: int, dev_id: str,
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.2)
-    _quietly(q, "chardev-remove", id=dev_id)
-    left = set(_fd_numbers(qemu_pid))
-    open_holes = guard_eventfds(q, qemu_pid, before - left, dev_id)
+    open_holes = guard_eventfds(q, qemu_pid,
+                                before - set(_fd_numbers(qemu_pid)), dev_id)
     if open_holes:
         raise QmpError(f"{dev_id} is unplugged, but its descriptors "
                        f"{sorted(open_holes)} could not be guarded: QEMU "
                        f"{qemu_pid} may crash (guard_eventfds)")
     return True
+
+
+def remove_chardev(q: Qmp, chardev_id: str) -> None:
+    """Close chardev `chardev_id` (an ivshmem-server sees its peer
+    leave), if it is there.
+
+    Only once no device on that server is left anywhere: QEMU 7.2's
+    ivshmem-doorbell frees a leaving peer's eventfd array without
+    forgetting it, and its unrealize frees it again. A device unplugged
+    after a peer of its server left double-frees: glibc aborted the
+    guest's QEMU (in its call_rcu thread) at the unplug after the other
+    guest of the job had been killed."""
+    _quietly(q, "chardev-remove", id=chardev_id)
 
 
 def _fd_numbers(pid: int) -> List[int]:

@@ -21,11 +21,16 @@ guests, through the guest's QMP socket on the host:
    bounded, and copies the env file to JOB_DIR/ID.env, where the guests'
    task prolog (conf.guest_task_prolog_text) finds the job's device.
 
-The epilog undoes it: `device_del` and a bounded wait until the guest
-gave the device back, `chardev-remove` (the server sees the peer leave),
-the ivshm-bind unit stopped (so that a later device at that address is
-bound afresh) and both env files removed. A guest that is gone has
-nothing to undo; one that keeps its device is reported.
+The epilog undoes it, in two rounds over the job's guests: first
+`device_del` and a bounded wait until each guest gave its device back,
+then `chardev-remove` of each (the server sees the peer leave), the
+ivshm-bind unit stopped (so that a later device at that address is
+bound afresh) and both env files removed. The order matters, and a job
+one of whose guests died keeps its devices in the others: QEMU 7.2
+must not unplug a device after a peer of its server left
+(qemu.remove_chardev). The unplug also works around QEMU's handlers
+left on the device's eventfds (qemu.guard_eventfds). A guest that is
+gone has nothing to undo; one that keeps its device is reported.
 
 QEMU's QMP socket takes one client at a time: every session here is
 short, and the per-guest lock also orders the epilog's against the
@@ -38,7 +43,7 @@ import fcntl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from ...errors import ClusterFailure, IvcloudError
 from ...vm import agent, qemu
@@ -115,8 +120,8 @@ def _clear_script(addr: str, job: int) -> str:
 
 def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
     """Job `job`'s device on `server_socket` in guest `host`, bound there
-    and named in its job env file; its PCI address. Nothing is left
-    when it fails."""
+    and named in its job env file; its PCI address. When it fails, what
+    went in stays for the caller's unplug (plug)."""
     d = vm_instance.vm_dir_of(state, host)
     qmp = d / "qmp.sock"
     dev = device_id(job)
@@ -134,56 +139,70 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
         _guest_run(state, host, _clear_script(addr, job), 60)
         with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
             got = qemu.plug_ivshmem(q, dev, port_id, server_socket, VECTORS)
-    try:
-        if got != addr:
-            raise ClusterFailure(f"guest {host}: the job's device is at "
-                                 f"{got}, not at {addr} as its port said")
-        q_ = agent.quote
-        env, unit = f"{BIND_DIR}/{addr}.env", _unit(addr)
-        tries = int(BIND_TIMEOUT_S / 0.2)
-        # the udev rule starts the unit once the guest has seen the
-        # device; starting it here as well waits for that run
-        _guest_run(state, host, "\n".join([
-            "i=0",
-            f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
-            f" do sleep 0.2; i=$((i+1)); done",
-            f"[ -d /sys/bus/pci/devices/{addr} ] || "
-            f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
-            f"systemctl start {q_([unit])} || "
-            f"{{ journalctl -q -u {q_([unit])} | tail -n 1; exit 1; }}",
-            f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
-            f"exit 1; }}",
-            f"mkdir -p {q_([JOB_DIR])}",
-            f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
-            f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
-            BIND_TIMEOUT_S + 30)
-    except BaseException:
-        unplug_one(state, host, job)
-        raise
+    if got != addr:
+        raise ClusterFailure(f"guest {host}: the job's device is at {got}, "
+                             f"not at {addr} as its port said")
+    q_ = agent.quote
+    env, unit = f"{BIND_DIR}/{addr}.env", _unit(addr)
+    tries = int(BIND_TIMEOUT_S / 0.2)
+    # the udev rule starts the unit once the guest has seen the device;
+    # starting it here as well waits for that run
+    _guest_run(state, host, "\n".join([
+        "i=0",
+        f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
+        f" do sleep 0.2; i=$((i+1)); done",
+        f"[ -d /sys/bus/pci/devices/{addr} ] || "
+        f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
+        f"systemctl start {q_([unit])} || "
+        f"{{ journalctl -q -u {q_([unit])} | tail -n 1; exit 1; }}",
+        f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
+        f"exit 1; }}",
+        f"mkdir -p {q_([JOB_DIR])}",
+        f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
+        f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
+        BIND_TIMEOUT_S + 30)
     return addr
 
 
-def unplug_one(state: Dict, host: str, job: int) -> List[str]:
-    """Job `job`'s device out of guest `host`, if it is there, and the
-    guest's files of it; the problems left (none when the guest is
-    gone: so is the device)."""
+def _take_out(state: Dict, host: str, job: int
+              ) -> Tuple[Optional[str], List[str]]:
+    """The first half of an unplug: job `job`'s device out of live guest
+    `host` (its chardev stays); (its PCI address, if it had the device;
+    the problems)."""
     d = vm_instance.vm_dir_of(state, host)
     pid = vm_lifecycle.qemu_pid(d)
     if pid is None:
-        return []
+        return None, []
     dev = device_id(job)
-    problems: List[str] = []
-    addr = None
     try:
         with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             addr = qemu.find_device(q, dev)
             if not qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S):
-                return [f"guest {host} did not give device {dev} ({addr}) "
-                        f"back within {UNPLUG_TIMEOUT_S:.0f} s"]
+                return None, [f"guest {host} did not give device {dev} "
+                              f"({addr}) back within "
+                              f"{UNPLUG_TIMEOUT_S:.0f} s"]
+        return addr, []
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is None:
-            return []    # the guest died meanwhile
-        problems.append(f"guest {host}: {e}")
+            return None, []    # the guest died meanwhile
+        return None, [f"guest {host}: {e}"]
+
+
+def _finish(state: Dict, host: str, job: int, addr: Optional[str],
+            keep_chardev: bool = False) -> List[str]:
+    """The second half: the device's chardev closed, unless it is kept
+    (its device is), and the guest's files of it removed; the
+    problems."""
+    d = vm_instance.vm_dir_of(state, host)
+    if vm_lifecycle.qemu_pid(d) is None:
+        return []
+    problems = []
+    if not keep_chardev:
+        try:
+            with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                qemu.remove_chardev(q, device_id(job))
+        except IvcloudError as e:
+            problems.append(f"guest {host}: {e}")
     script = (_clear_script(addr, job) if addr is not None
               else f"rm -f {agent.quote([job_env_path(job)])}")
     try:
@@ -221,7 +240,7 @@ def plug(state: Dict, job: int, nodes: Sequence[str],
         state, h, job, sockets[state["instances"][h]["server"]]))
     failed = [(h, e) for h, _, e in done if e is not None]
     if failed:
-        unplug(state, job, [h for h, _, e in done if e is None])
+        unplug(state, job, hosts)
         raise ClusterFailure("; ".join(
             str(e) if isinstance(e, IvcloudError) else f"{h}: {e!r}"
             for h, e in failed))
@@ -230,9 +249,32 @@ def plug(state: Dict, job: int, nodes: Sequence[str],
 
 def unplug(state: Dict, job: int, nodes: Sequence[str]) -> List[str]:
     """Job `job`'s devices out of those of `nodes` that live; the
-    problems left."""
+    problems left. Every device first, then every chardev: a device
+    must be gone before any peer of its server leaves
+    (qemu.remove_chardev). Where a guest of the job died, its server
+    has told the others' devices so already: theirs stay in (port and
+    all), and are reported."""
+    hosts = guests_of(state, nodes)
+    dead = [h for h in hosts
+            if vm_lifecycle.qemu_pid(vm_instance.vm_dir_of(state, h)) is None]
     problems: List[str] = []
-    for h, found, e in _each(guests_of(state, nodes),
-                             lambda h: unplug_one(state, h, job)):
+    if dead:
+        for h, found, e in _each([h for h in hosts if h not in dead],
+                                 lambda h: _finish(state, h, job, None,
+                                                   keep_chardev=True)):
+            problems += found if e is None else [f"{h}: {e!r}"]
+            problems.append(
+                f"guest {h} keeps device {device_id(job)}: its peer(s) "
+                f"{', '.join(dead)} died, and QEMU frees a device's "
+                f"peers twice when it is unplugged after a peer left")
+        return problems
+    taken: Dict[str, Optional[str]] = {}
+    for h, result, e in _each(hosts, lambda h: _take_out(state, h, job)):
+        taken[h], found = result if e is None else (None, [f"{h}: {e!r}"])
+        problems += found
+    if problems:
+        return problems   # a device still in: its peers must not leave
+    for h, found, e in _each(hosts, lambda h: _finish(state, h, job,
+                                                      taken[h])):
         problems += found if e is None else [f"{h}: {e!r}"]
     return problems
