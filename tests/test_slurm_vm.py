@@ -194,6 +194,22 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
         with qemu.Qmp(Path(state["vms"][host]["dir"]) / "qmp.sock") as q:
             chardevs = [c["label"] for c in q.execute("query-chardev")]
         assert not [c for c in chardevs if c.startswith("ivj")], chardevs
+    # the next job gets a device of its own in the same ports, and the
+    # guests' QEMUs outlive the unplug (qemu.guard_eventfds: without it
+    # both died at the next job's first agent command)
+    r = cluster("srun", svm, "--", "--mpi=pmix", "--nodes=2",
+                "--ntasks-per-node=1", "python3", "/tmp/prog.py", 1,
+                timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("pingpong ok 1") == 2, r.stdout + r.stderr
+    wait_for(lambda: re.search(rf"epilog job {job_id + 1}: devices and "
+                               rf"regions on servers \[0\] removed \(",
+                               hooks.read_text()), 60, "the second epilog")
+    assert re.search(rf"prolog job {job_id + 1}: regions on servers \[0\]; "
+                     rf"devices s0i0 {plugged[1]}, s0i1 {plugged[2]} \(",
+                     hooks.read_text()), hooks.read_text()
+    for host in ("s0i0", "s0i1"):
+        assert ivshmem_devices(svm, host) == standing[host]
 
 
 def guest_ranks(name, host):
