@@ -230,8 +230,9 @@ def job_ports(state: Dict, vcpus: int) -> int:
 
 def port_window(region_size: int) -> int:
     """The address space a root port reserves at boot for a device with a
-    region of `region_size` bytes (a power of two): twice the BAR, which
-    is what a 128 MiB region needed under the guests' firmware."""
+    region of `region_size` bytes (a power of two): twice the BAR (256
+    MiB is what was seen to place a 128 MiB region; none left it
+    unplaced, docs/cluster.md)."""
     return 2 * region_size
 
 

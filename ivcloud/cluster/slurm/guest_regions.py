@@ -57,9 +57,10 @@ BIND_DIR = "/run/ivshm"
 # the doorbell vectors of a job's device, as the guests' boot device has
 VECTORS = 1
 # bounds, in seconds, of a TCG guest on a loaded host: a QMP answer,
-# the guest binding a new device (vfio-pci; the unit allows 120 s), the
-# guest giving a device back, the lock of a guest's ports
+# the guest seeing a new device, binding it (vfio-pci; the unit allows
+# 120 s), giving a device back, the lock of a guest's ports
 QMP_TIMEOUT_S = 30.0
+APPEAR_TIMEOUT_S = 30.0
 BIND_TIMEOUT_S = 120.0
 UNPLUG_TIMEOUT_S = 30.0
 LOCK_TIMEOUT_S = 60.0
@@ -144,7 +145,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
                              f"not at {addr} as its port said")
     q_ = agent.quote
     env, unit = f"{BIND_DIR}/{addr}.env", _unit(addr)
-    tries = int(BIND_TIMEOUT_S / 0.2)
+    tries = int(APPEAR_TIMEOUT_S / 0.2)
     # the udev rule starts the unit once the guest has seen the device;
     # starting it here as well waits for that run
     _guest_run(state, host, "\n".join([
@@ -160,7 +161,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
         f"mkdir -p {q_([JOB_DIR])}",
         f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
         f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
-        BIND_TIMEOUT_S + 30)
+        APPEAR_TIMEOUT_S + BIND_TIMEOUT_S + 10)
     return addr
 
 
