@@ -9,7 +9,7 @@ controller's hooks plug into the guests for the job's life
 One 1-server x 2-instance x 1-vCPU cluster, used in order: up and
 status, a 2-rank job across both guests (its own server and devices,
 the BML's choice and the BTL's counters on both ranks, nothing of them
-left after the job), a job whose slurmd in one guest is killed
+left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
 (IVCLOUD_SLURM_VM_KILL=1: `make test-slurm-vm`), then `down` and what it
 leaves.
 """
