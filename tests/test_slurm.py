@@ -113,6 +113,41 @@ def socket_of(state, host, job):
 
 # ---------------------------------------------------------------- refusals
 
+def test_guest_task_prolog_names_the_jobs_device(tmp_path):
+    """The VM guests' task prolog (run here by sh, as slurmd runs it):
+    the job's device from its env file, a variable the task set wins,
+    an unknown position is -1; no env file: no ivshmem BTL at all
+    rather than the guest's device of boot."""
+    from ivcloud.cluster.slurm.conf import guest_task_prolog_text
+    script = tmp_path / "task-prolog"
+    script.write_text(guest_task_prolog_text(
+        {"OMPI_MCA_btl": "self,vader,ivshmem,tcp"}, str(tmp_path)))
+    dev = "/sys/bus/pci/devices/0000:01:00.0"
+    (tmp_path / "7.env").write_text(
+        f"IVSHM_PCI=0000:01:00.0\nIVSHM_UIO=/dev/vfio/9\n"
+        f"IVSHM_BAR0={dev}/resource0\nIVSHM_BAR2={dev}/resource2\n"
+        f"IVSHM_DOORBELL=vfio\nIVSHM_POSITION=\n")
+
+    def exports(job, **env):
+        out = subprocess.run(["sh", str(script)], capture_output=True,
+                             text=True, check=True,
+                             env={"PATH": os.environ["PATH"],
+                                  "SLURM_JOB_ID": str(job), **env}).stdout
+        return dict(line[len("export "):].split("=", 1)
+                    for line in out.splitlines())
+
+    assert exports(7) == {
+        "OMPI_MCA_btl": "self,vader,ivshmem,tcp",
+        "OMPI_MCA_btl_ivshmem_region": f"{dev}/resource2",
+        "OMPI_MCA_btl_ivshmem_uio_dev": "/dev/vfio/9",
+        "OMPI_MCA_btl_ivshmem_bar0": f"{dev}/resource0",
+        "OMPI_MCA_btl_ivshmem_position": "-1"}
+    mine = exports(7, OMPI_MCA_btl_ivshmem_region="/x")
+    assert "OMPI_MCA_btl_ivshmem_region" not in mine
+    assert exports(8) == {"OMPI_MCA_btl": "self,vader,tcp"}
+    assert exports(8, OMPI_MCA_btl="self,tcp") == {}
+
+
 def test_bad_requests_are_one_line_exit_2():
     name = new_name()
     base = ["cluster", "up", "--name", name, "--servers", 1,

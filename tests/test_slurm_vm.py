@@ -2,12 +2,14 @@
 slurm`): munged and slurmctld in the head node, munged and slurmd in
 each QEMU guest (TCG here) with the cluster's configuration and key,
 Open MPI ranks in the guests started by `srun --mpi=pmix`, talking
-through the server's standing region over the guests' ivshmem devices
-(docs/cluster.md, "Slurm").
+through a region of the job's own over ivshmem devices that the
+controller's hooks plug into the guests for the job's life
+(docs/cluster.md, "Regions of VM clusters").
 
 One 1-server x 2-instance x 1-vCPU cluster, used in order: up and
-status, a 2-rank job across both guests (the BML's choice and the BTL's
-counters on both ranks), a job whose slurmd in one guest is killed
+status, a 2-rank job across both guests (its own server and devices,
+the BML's choice and the BTL's counters on both ranks, nothing of them
+left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
 (IVCLOUD_SLURM_VM_KILL=1: `make test-slurm-vm`), then `down` and what it
 leaves.
 """
@@ -29,6 +31,7 @@ import pytest
 from ivcloud import procfs
 from ivcloud.cluster import jobs
 from ivcloud.mpi import parse_btl_counters
+from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
 from test_cluster_vm import (PROGRAM, RUN_DIR, assert_nothing_left, cluster,
@@ -98,23 +101,72 @@ def test_status_names_every_daemon(svm, tmp_path):
     assert "namespace instances" in r.stderr
 
 
-def test_pmix_job_uses_the_guests_ivshmem_devices(svm):
-    """Two ranks, one per guest: the BML picks the ivshmem BTL between
-    them and both ranks' counters show traffic; no region of the job's
-    own is made (the guests' devices are on the standing region)."""
+def guest_sh(name, host, script):
+    r = cluster("exec", name, host, "--", "sh", "-c", script, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def ivshmem_devices(name, host):
+    """The PCI addresses of guest `host`'s ivshmem devices (1af4:1110)."""
+    return guest_sh(name, host, "for d in /sys/bus/pci/devices/*; do "
+                                "[ $(cat $d/vendor) = 0x1af4 ] && "
+                                "[ $(cat $d/device) = 0x1110 ] && "
+                                "echo ${d##*/}; done; true").split()
+
+
+def test_pmix_job_uses_a_region_of_its_own(svm):
+    """Two ranks, one per guest: the prolog made the job's server and
+    plugged a device on it into both guests, the task prolog named that
+    device (not the standing one) to the BTL, the BML picks the ivshmem
+    BTL between the guests and both ranks' counters show traffic; once
+    the job ended, the epilog took the devices out of the guests and
+    removed the job's server."""
     state = state_of(svm)
+    srv = state["servers"]["0"]
+    servers_dir = Path(state["servers_dir"])
+    standing = {h: ivshmem_devices(svm, h) for h in ("s0i0", "s0i1")}
+    assert all(len(d) == 1 for d in standing.values()), standing
     t0 = time.monotonic()
-    r = cluster("srun", svm, "--", "--mpi=pmix", "--nodes=2",
-                "--ntasks-per-node=1",
-                "--export=ALL,OMPI_MCA_btl_ivshmem_verbose=1,"
-                "OMPI_MCA_btl_base_verbose=100",
-                "python3", "/tmp/prog.py", 5, timeout=JOB_TIMEOUT)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svm,
+         "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
+         "--ntasks-per-node=1",
+         "--export=ALL,OMPI_MCA_btl_ivshmem_verbose=1,"
+         "OMPI_MCA_btl_base_verbose=100", "sh", "-c",
+         'echo "$SLURMD_NODENAME region $OMPI_MCA_btl_ivshmem_region"; '
+         "exec python3 /tmp/prog.py 5"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        # the job's server, which the prolog makes before any rank runs
+        seen = wait_for(lambda: jobs.job_dirs(servers_dir, srv["name"])
+                        or job.poll() is not None, JOB_TIMEOUT,
+                        "the job's server")
+        stdout, stderr = job.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
     print(f"srun --mpi=pmix, 2 ranks in 2 guests: "
           f"{time.monotonic() - t0:.1f} s")
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
-    assert "rank 0 on s0i0 allreduce 3 pingpong ok 5" in r.stdout, out
-    assert "rank 1 on s0i1 allreduce 3 pingpong ok 5" in r.stdout, out
+    out = stdout + stderr
+    assert job.returncode == 0, out
+    assert seen is not True, "no server of the job's own while it ran"
+    assert [d.name for d in seen] == [re.match(r"sj\d+s0", seen[0].name)[0]]
+    job_id = int(seen[0].name[2:-2])
+    assert "rank 0 on s0i0 allreduce 3 pingpong ok 5" in stdout, out
+    assert "rank 1 on s0i1 allreduce 3 pingpong ok 5" in stdout, out
+    hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
+    plugged = re.search(rf"prolog job {job_id}: regions on servers \[0\]; "
+                        rf"devices s0i0 (\S+), s0i1 (\S+) \(",
+                        hooks.read_text())
+    assert plugged, hooks.read_text()
+    for host, addr in zip(("s0i0", "s0i1"), plugged.groups()):
+        assert addr not in standing[host], (addr, standing)
+        # the rank in that guest was given the job's device
+        assert (f"{host} region /sys/bus/pci/devices/{addr}/resource2"
+                in stdout), out
     used = {(src, dst): btl for src, btl, _, dst in BML_RE.findall(out)
             if btl != "self"}
     assert used == {("s0i0", "s0i1"): "ivshmem",
@@ -124,13 +176,40 @@ def test_pmix_job_uses_the_guests_ivshmem_devices(svm):
     for c in counters.values():
         assert c["sent_msgs"] >= 5 and c["recv_msgs"] >= 5, counters
         assert c["sent_bytes"] >= 5 << 20, counters
-    srv = state["servers"]["0"]
-    assert not jobs.job_dirs(Path(state["servers_dir"]), srv["name"])
-    hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
-    assert "no region of its own" in hooks.read_text()
     # slurmctld runs the epilog once the job has ended, after srun exits
-    wait_for(lambda: re.search(r"epilog job \d+: standing regions kept \(",
+    t1 = time.monotonic()
+    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
+                               rf"on servers \[0\] removed \(",
                                hooks.read_text()), 60, "the epilog")
+    print(f"epilog done {time.monotonic() - t1:.1f} s after srun returned")
+    assert not jobs.job_dirs(servers_dir, srv["name"])
+    for host, addr in zip(("s0i0", "s0i1"), plugged.groups()):
+        assert ivshmem_devices(svm, host) == standing[host]
+        left = guest_sh(svm, host,
+                        f"ls /run/ivshm; ls /run/ivcloud/slurm-jobs; "
+                        f"systemctl is-active ivshm-bind@{addr}.service; "
+                        f"true").split()
+        assert f"{addr}.env" not in left and f"{job_id}.env" not in left, left
+        assert "inactive" in left, left
+        with qemu.Qmp(Path(state["vms"][host]["dir"]) / "qmp.sock") as q:
+            chardevs = [c["label"] for c in q.execute("query-chardev")]
+        assert not [c for c in chardevs if c.startswith("ivj")], chardevs
+    # the next job gets a device of its own in the same ports, and the
+    # guests' QEMUs outlive the unplug (qemu.guard_eventfds: without it
+    # both died at the next job's first agent command)
+    r = cluster("srun", svm, "--", "--mpi=pmix", "--nodes=2",
+                "--ntasks-per-node=1", "python3", "/tmp/prog.py", 1,
+                timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("pingpong ok 1") == 2, r.stdout + r.stderr
+    wait_for(lambda: re.search(rf"epilog job {job_id + 1}: devices and "
+                               rf"regions on servers \[0\] removed \(",
+                               hooks.read_text()), 60, "the second epilog")
+    assert re.search(rf"prolog job {job_id + 1}: regions on servers \[0\]; "
+                     rf"devices s0i0 {plugged[1]}, s0i1 {plugged[2]} \(",
+                     hooks.read_text()), hooks.read_text()
+    for host in ("s0i0", "s0i1"):
+        assert ivshmem_devices(svm, host) == standing[host]
 
 
 def guest_ranks(name, host):
@@ -147,7 +226,8 @@ def guest_ranks(name, host):
 def test_killed_slurmd_ends_the_job(svm):
     """s0i1's slurmd killed under a running job: slurmctld sets the node
     down and ends the job, and its epilog kills, through s0i1's agent,
-    the job's rank and slurmstepd there, which no slurmd would end."""
+    the job's rank and slurmstepd there, which no slurmd would end, then
+    unplugs the job's devices and removes its server."""
     hooks = Path(state_of(svm)["slurm"]["dir"], "log", "hooks.log")
     job = subprocess.Popen(
         [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svm,
@@ -172,6 +252,12 @@ def test_killed_slurmd_ends_the_job(svm):
     wait_for(lambda: re.search(r"ended the job's processes on s0i1",
                                hooks.read_text()), 60, "the epilog")
     assert not guest_ranks(svm, "s0i1")
+    # and then took the job's devices out, rank or no rank
+    for host in ("s0i0", "s0i1"):
+        assert len(ivshmem_devices(svm, host)) == 1
+    state = state_of(svm)
+    assert not jobs.job_dirs(Path(state["servers_dir"]),
+                             state["servers"]["0"]["name"])
 
 
 def test_down_leaves_nothing(svm):

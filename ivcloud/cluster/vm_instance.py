@@ -11,8 +11,11 @@ namespace with
   names given on the kernel command line (the image's ready script sets
   them up);
 - an ivshmem-doorbell device on its server's standing ivshmem-server
-  socket. The device is fixed at boot, so every job in the guests uses
-  the server's standing region (no region per job as for namespaces);
+  socket, which `cluster mpirun` jobs use (no region per job as for
+  namespaces);
+- with Slurm, empty PCIe root ports (job_ports): the controller's prolog
+  plugs a device on the job's own region into them for the job's life
+  (slurm/guest_regions.py);
 - its vCPU threads pinned, vCPU i to the instance's i-th planned CPU.
 
 Everything of a guest lives in STATE_DIR/vm/<hostname>/ (the layout of
@@ -58,10 +61,14 @@ MPI_USER = debian.MPI_USER
 TCG_OPENBLAS_CORE = "Prescott"
 # after a guest of a running job died: how often the host looks
 JOB_POLL_S = 1.0
-# what an ivshmem job on a VM cluster gets instead of regions of its own
+# what a `cluster mpirun` ivshmem job on a VM cluster gets instead of
+# regions of its own
 SHARED_NOTE = ("the guests' ivshmem devices were attached at boot: this "
-               "job shares each server's standing region with every other "
-               "job of the cluster (a VM cluster is one trust domain)")
+               "job shares each server's standing region with the "
+               "cluster's other `cluster mpirun` jobs (a VM cluster is one "
+               "trust domain)")
+# at most this many root ports for hot-plugged devices per guest
+MAX_JOB_PORTS = 8
 
 
 def tap_name(hostname: str) -> str:
@@ -209,6 +216,26 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
     log(f"  {len(insts)} guests booted in {boot['boot_s']} s ({accel})")
 
 
+def job_ports(state: Dict, vcpus: int) -> int:
+    """How many root ports a guest of `vcpus` vCPUs gets for Slurm jobs'
+    devices (slurm/guest_regions.py): one per job it may run at once.
+    Slurm gives each job at least one of its CPUs (CR_CPU, no
+    oversubscription), two jobs per CPU with gang scheduling; none
+    without Slurm."""
+    slurm = state.get("slurm")
+    if not slurm:
+        return 0
+    return min(MAX_JOB_PORTS, vcpus * (2 if slurm.get("time_slice_s") else 1))
+
+
+def port_window(region_size: int) -> int:
+    """The address space a root port reserves at boot for a device with a
+    region of `region_size` bytes (a power of two): twice the BAR (256
+    MiB is what was seen to place a 128 MiB region; none left it
+    unplaced, docs/cluster.md)."""
+    return 2 * region_size
+
+
 def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
                   config: VmConfig, img, accel: str, fabric_pid: int,
                   inst: Instance) -> None:
@@ -230,10 +257,12 @@ def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
     hosts = ",".join(f"{i.hostname}:{i.address}" for i in topo.instance_list())
     net = {"ip": f"{inst.address}/{PREFIX_LEN}", "hosts": hosts,
            "tap": tap, "mac": _mac(inst)}
+    region = state["servers"][str(srv.index)]
     cmd = qemu.guest_command(config.qemu, img, d, inst.hostname, accel,
-                             topo.vcpus, config.memory_mb,
-                             state["servers"][str(srv.index)]["socket"],
-                             net=net)
+                             topo.vcpus, config.memory_mb, region["socket"],
+                             net=net,
+                             hotplug_ports=job_ports(state, topo.vcpus),
+                             port_window=port_window(region["size"]))
     try:
         qemu.launch(holder.enter_argv(fabric_pid, ("net",)) + cmd, d,
                     inst.hostname)

@@ -5,7 +5,10 @@ Every guest is a q35 machine with a virtual Intel IOMMU, so that the
 guest's vfio-pci can take the ivshmem-doorbell device's MSI-X interrupt
 to user space (see native/src/doorbell_uio.c), two serial ports (ttyS0:
 console log; ttyS1: the command agent, agent.py) and the ivshmem-doorbell
-device connected to an ivshmem-server socket.
+device connected to an ivshmem-server socket. A guest may also get PCIe
+root ports, empty at boot, into which QMP plugs further ivshmem-doorbell
+devices while it runs (plug_ivshmem, unplug_ivshmem): q35's root bus
+takes no hot-plugged device.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ DEFAULT_QEMU = "qemu-system-x86_64"
 KVM_PROBE_TIMEOUT_S = float(os.environ.get("IVCLOUD_KVM_PROBE_S", "8"))
 
 
+# the ids of the root ports for hot-plugged devices: ROOT_PORT1, ...
+ROOT_PORT = "rp"
+
+
 def qemu_binary() -> Optional[str]:
     return shutil.which(os.environ.get(QEMU_ENV) or DEFAULT_QEMU)
 
@@ -53,7 +60,15 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                   accel: str, vcpus: int, memory_mb: int,
                   server_socket: Optional[str], vectors: int = 1,
                   doorbell: str = "vfio", daemonize: bool = True,
-                  net: Optional[Dict[str, str]] = None) -> List[str]:
+                  net: Optional[Dict[str, str]] = None,
+                  hotplug_ports: int = 0,
+                  port_window: int = 256 << 20) -> List[str]:
+    """The guest's QEMU command line. `hotplug_ports` empty PCIe root
+    ports (ROOT_PORT1, ...) take hot-plugged devices, each with
+    `port_window` bytes of 64-bit prefetchable address space reserved at
+    boot: the firmware sizes a bridge's window by what is behind it
+    then, and a hot-plugged ivshmem's BAR 2 (its region) finds no room
+    in an empty port's window otherwise."""
     append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on "
               f"ivcloud.name={name} ivcloud.doorbell={doorbell}")
     if image.disk is not None:
@@ -101,6 +116,9 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
     if server_socket:
         cmd += ["-chardev", f"socket,path={server_socket},id=ivs",
                 "-device", f"ivshmem-doorbell,chardev=ivs,vectors={vectors}"]
+    for i in range(1, hotplug_ports + 1):
+        cmd += ["-device", f"pcie-root-port,id={ROOT_PORT}{i},chassis={i},"
+                           f"slot={i},pref64-reserve={port_window}"]
     if daemonize:
         cmd.append("-daemonize")
     return cmd
@@ -236,12 +254,18 @@ class Qmp:
         line, _, self.buf = self.buf.partition(b"\n")
         return json.loads(line)
 
-    def execute(self, command: str, **arguments) -> Any:
+    def execute(self, command: str, fd: Optional[int] = None,
+                **arguments) -> Any:
+        """Run `command`; `fd` goes with it (SCM_RIGHTS), for getfd."""
         msg: Dict[str, Any] = {"execute": command}
         if arguments:
             msg["arguments"] = arguments
+        data = json.dumps(msg).encode() + b"\n"
         try:
-            self.sock.sendall(json.dumps(msg).encode() + b"\n")
+            if fd is None:
+                self.sock.sendall(data)
+            else:
+                socket.send_fds(self.sock, [data], [fd])
         except OSError as e:
             raise QmpError(f"QMP write: {e}")
         while True:
@@ -268,3 +292,178 @@ def vcpu_threads(qmp_path: Path) -> List[Dict[str, int]]:
         cpus = q.execute("query-cpus-fast")
     return [{"cpu": int(c["cpu-index"]), "thread": int(c["thread-id"])}
             for c in cpus]
+
+
+# ---------------------------------------------------------------- hot-plug
+
+def _pci_functions(q: Qmp) -> List[Dict[str, Any]]:
+    """Every PCI function QEMU has, bridges' children included, as
+    query-pci gives them (their "bus" is the number the guest gave it)."""
+    out: List[Dict[str, Any]] = []
+
+    def walk(devices):
+        for d in devices:
+            out.append(d)
+            walk((d.get("pci_bridge") or {}).get("devices") or [])
+
+    for bus in q.execute("query-pci"):
+        walk(bus.get("devices") or [])
+    return out
+
+
+def pci_address(dev: Dict[str, Any]) -> str:
+    """The guest's name of a query-pci function (domain 0)."""
+    return f"0000:{dev['bus']:02x}:{dev['slot']:02x}.{dev['function']:x}"
+
+
+def free_root_port(q: Qmp) -> Optional[Tuple[str, str]]:
+    """(id, the PCI address a device plugged into it gets) of the first
+    root port for hot-plug that holds no device; None when all do."""
+    for d in _pci_functions(q):
+        qid = d.get("qdev_id") or ""
+        bridge = d.get("pci_bridge")
+        if not qid.startswith(ROOT_PORT) or bridge is None:
+            continue
+        if not bridge.get("devices"):
+            # a PCIe port's one slot is device 0 of its secondary bus
+            secondary = bridge["bus"]["secondary"]
+            return qid, f"0000:{secondary:02x}:00.0"
+    return None
+
+
+def find_device(q: Qmp, dev_id: str) -> Optional[str]:
+    """The guest PCI address of the device QEMU knows as `dev_id`."""
+    for d in _pci_functions(q):
+        if d.get("qdev_id") == dev_id:
+            return pci_address(d)
+    return None
+
+
+def plug_ivshmem(q: Qmp, dev_id: str, port: str, server_socket: str,
+                 vectors: int = 1) -> str:
+    """An ivshmem-doorbell device `dev_id` on the ivshmem-server at
+    `server_socket` (a socket chardev of the same id), into root port
+    `port`; its guest PCI address. QEMU has the server's handshake (its
+    position, the region) done when device_add returns. When it fails,
+    the caller removes what went in (unplug_ivshmem, then
+    remove_chardev: in that order across all the server's guests)."""
+    q.execute("chardev-add", id=dev_id, backend={
+        "type": "socket",
+        "data": {"addr": {"type": "unix", "data": {"path": server_socket}},
+                 "server": False}})
+    q.execute("device_add", driver="ivshmem-doorbell", id=dev_id,
+              bus=port, chardev=dev_id, vectors=vectors)
+    addr = find_device(q, dev_id)
+    if addr is None:
+        raise QmpError(f"device {dev_id} is not on the PCI bus after "
+                       f"device_add")
+    return addr
+
+
+def unplug_ivshmem(q: Qmp, qemu_pid: int, dev_id: str,
+                   timeout_s: float) -> bool:
+    """Ask the guest to give device `dev_id` back and wait, at most
+    `timeout_s`, until it did; then the numbers of the device's eventfds
+    are taken by idle ones (guard_eventfds). Its chardev stays
+    (remove_chardev). False when the device is still there: a guest that
+    does not answer the unplug request keeps it."""
+    before = _eventfd_numbers(qemu_pid)
+    if find_device(q, dev_id) is not None:
+        _quietly(q, "device_del", id=dev_id)   # also: already pending
+        deadline = time.monotonic() + timeout_s
+        while find_device(q, dev_id) is not None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+    open_holes = guard_eventfds(q, qemu_pid,
+                                before - set(_fd_numbers(qemu_pid)), dev_id)
+    if open_holes:
+        raise QmpError(f"{dev_id} is unplugged, but its descriptors "
+                       f"{sorted(open_holes)} could not be guarded: QEMU "
+                       f"{qemu_pid} may crash (guard_eventfds)")
+    return True
+
+
+def remove_chardev(q: Qmp, chardev_id: str) -> None:
+    """Close chardev `chardev_id` (an ivshmem-server sees its peer
+    leave), if it is there.
+
+    Only once no device on that server is left anywhere: QEMU 7.2's
+    ivshmem-doorbell frees a leaving peer's eventfd array without
+    forgetting it, and its unrealize frees it again. A device unplugged
+    after a peer of its server left double-frees: glibc aborted the
+    guest's QEMU (in its call_rcu thread) at the unplug after the other
+    guest of the job had been killed."""
+    _quietly(q, "chardev-remove", id=chardev_id)
+
+
+def _fd_numbers(pid: int) -> List[int]:
+    try:
+        return [int(n) for n in os.listdir(f"/proc/{pid}/fd")]
+    except OSError as e:
+        raise QmpError(f"cannot list the files of QEMU {pid}: "
+                       f"{e.strerror}")
+
+
+def _eventfd_numbers(pid: int) -> set:
+    out = set()
+    for n in _fd_numbers(pid):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{n}") == "anon_inode:[eventfd]":
+                out.add(n)
+        except OSError:
+            pass   # closed meanwhile
+    return out
+
+
+# at most this many idle eventfds handed to a QEMU per unplug
+GUARD_LIMIT = 256
+
+
+def guard_eventfds(q: Qmp, pid: int, numbers: set, tag: str) -> set:
+    """Make QEMU `pid` hold idle eventfds (never signalled; QMP getfd,
+    named after `tag`) under each of `numbers`, the descriptor numbers
+    an unplugged ivshmem-doorbell's eventfds had; the numbers left
+    unguarded (one that something else took meanwhile).
+
+    Why: without KVM's irqfd (TCG), QEMU 7.2's ivshmem-doorbell watches
+    its own vectors' eventfds with fd handlers that its unrealize does
+    not remove. The device is freed, its eventfds are closed, and the
+    next descriptor QEMU opens under such a number (a connection to the
+    guest's agent or QMP socket) calls the freed device's handler as
+    soon as it is readable: QEMU died of SIGSEGV in
+    object_dynamic_cast_assert, from aio_dispatch, at the first agent
+    command after an unplug. An idle eventfd under the number is never
+    readable, so the stale handler never runs. Descriptors open at the
+    lowest free number: idle eventfds that land below the holes are
+    given back (closefd) once the holes are filled."""
+    todo = set(numbers)
+    extra: List[str] = []
+    for k in range(GUARD_LIMIT):
+        if not todo:
+            break
+        name = f"{tag}-guard-{time.monotonic_ns()}-{k}"
+        before = set(_fd_numbers(pid))
+        efd = os.eventfd(0, os.EFD_CLOEXEC)
+        try:
+            q.execute("getfd", fd=efd, fdname=name)
+        finally:
+            os.close(efd)
+        got = set(_fd_numbers(pid)) - before
+        if not got & todo:
+            extra.append(name)
+            if not got or min(got) > max(todo):
+                break   # the holes were taken by something else
+        todo -= got
+    for name in extra:
+        _quietly(q, "closefd", fdname=name)
+    return todo
+
+
+def _quietly(q: Qmp, command: str, **arguments) -> None:
+    """A QMP command whose refusal (nothing of that id) changes nothing."""
+    try:
+        q.execute(command, **arguments)
+    except QmpError as e:
+        if not str(e).startswith(f"{command}:"):
+            raise   # the connection failed, not the command

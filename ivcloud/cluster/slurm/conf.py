@@ -283,17 +283,45 @@ def task_prolog_text(topo: ClusterTopology, servers_dir: Path,
     return "\n".join(lines + _export_unset(env)) + "\n"
 
 
-def guest_task_prolog_text(env: Dict[str, str]) -> str:
-    """The TaskProlog of a VM cluster's guests: only `env`, the settings
-    of ranks in the guests (vm_instance.rank_settings). No socket: a
-    guest's ivshmem device, fixed at boot, is on its server's standing
-    region, which the guests' Open MPI defaults name already."""
+# the BTL's parameters of a guest's device, by ivshm-bind's names of
+# them (packaging/guest/ivshm-bind writes both), and the value given
+# (an unknown position is -1: the BTL reads it from BAR0)
+GUEST_DEVICE_MCA = (("IVSHM_BAR2", "btl_ivshmem_region", "$val"),
+                    ("IVSHM_UIO", "btl_ivshmem_uio_dev", "$val"),
+                    ("IVSHM_BAR0", "btl_ivshmem_bar0", "$val"),
+                    ("IVSHM_POSITION", "btl_ivshmem_position", "${val:--1}"))
+
+
+def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
+    """The TaskProlog of a VM cluster's guests: `env`, the settings of
+    ranks in the guests (vm_instance.rank_settings), then the job's own
+    device, which the controller's prolog plugged and whose ivshm-bind
+    env file it copied to JOB_DIR/$SLURM_JOB_ID.env
+    (guest_regions.py), in place of the guest's device of boot (on the
+    standing region, which the guests' Open MPI defaults name). A task
+    without that file gets no ivshmem BTL rather than the standing
+    region."""
+    # every one of them, empty too: the guests' Open MPI defaults name
+    # the device of boot, whose doorbell is not the job's
+    case = [f'        {key}) [ -n "${{OMPI_MCA_{param}+set}}" ] || '
+            f'echo "export OMPI_MCA_{param}={value}" ;;'
+            for key, param, value in GUEST_DEVICE_MCA]
     return "\n".join([
         "#!/bin/sh",
         "# Slurm TaskProlog of a VM cluster's guests",
         "# (ivcloud/cluster/slurm/conf.py): what a rank needs to use the",
-        "# guest's ivshmem device; a variable the task sets itself wins.",
-        *_export_unset(env)]) + "\n"
+        "# job's ivshmem device; a variable the task sets itself wins.",
+        *_export_unset(env),
+        f'f={job_dir}/"$SLURM_JOB_ID".env',
+        'if [ -r "$f" ]; then',
+        "    while IFS== read -r k val; do",
+        '        case "$k" in',
+        *case,
+        "        esac",
+        '    done < "$f"',
+        'elif [ -z "${OMPI_MCA_btl+set}" ]; then',
+        '    echo "export OMPI_MCA_btl=self,vader,tcp"',
+        "fi"]) + "\n"
 
 
 def _export_unset(env: Dict[str, str]) -> List[str]:

@@ -9,8 +9,8 @@ of what its own munged and slurmd read, at the paths slurm.conf names
 goes with the guest): slurm.conf, topology.conf, mpi.conf, the guests'
 task prolog (conf.guest_task_prolog_text over
 vm_instance.rank_settings, the settings `cluster mpirun` gives ranks in
-guests), their cgroup.conf (conf.guest_cgroup_conf_text) and the
-cluster's munge key, private to the guest's munge user
+guests, and the job's own device: guest_regions.py), their cgroup.conf
+(conf.guest_cgroup_conf_text) and the cluster's munge key, private to the guest's munge user
 as munged requires. Then munged runs as that user and `slurmd -N HOST`
 as root, both with the cluster's files: the image's own units of them
 are masked (ivcloud/vm/debian.py).
@@ -32,6 +32,7 @@ from typing import Dict, List, Sequence
 from ...errors import ClusterFailure, IvcloudError
 from ...vm import agent
 from .. import vm_instance
+from . import guest_regions
 from ..topology import HEAD_ADDRESS, HEAD_HOSTNAME
 from .conf import (SlurmPaths, guest_cgroup_conf_text,
                    guest_task_prolog_text)
@@ -57,7 +58,8 @@ def write_files(state: Dict, paths: SlurmPaths) -> None:
     prolog, cgroup = guest_files(paths)
     prolog.parent.mkdir(mode=0o755, exist_ok=True)
     prolog.write_text(guest_task_prolog_text(
-        {**{f"OMPI_MCA_{k}": v for k, v in mca}, **env}))
+        {**{f"OMPI_MCA_{k}": v for k, v in mca}, **env},
+        guest_regions.JOB_DIR))
     prolog.chmod(0o755)
     cgroup.write_text(guest_cgroup_conf_text())
 

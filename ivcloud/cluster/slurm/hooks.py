@@ -14,11 +14,12 @@ socket. The epilog stops those servers. Why the controller's hooks
 rather than each node's Prolog/Epilog or a SPANK plugin: docs/cluster.md,
 "Slurm".
 
-A VM cluster's jobs get no region of their own: its guests' ivshmem
-devices were attached at boot to each server's standing region
-(vm_instance.SHARED_NOTE). There the prolog starts nothing, and the
-epilog only ends the job's processes in guests whose slurmd died
-(guests.end_job).
+A VM cluster's jobs get the same servers, and in each of the job's
+guests a device on its server's one, hot-plugged by the prolog and
+unplugged by the epilog (guest_regions.py); the guests' task prolog
+names that device to the BTL. The epilog also ends the job's processes
+in guests whose slurmd died (guests.end_job), before it unplugs: a rank
+left holding the device would keep the guest from giving it back.
 
 A node whose slurmd died (killed, or its instance gone) runs no epilog
 and cannot end the job's tasks: its slurmstepd and tasks would live on,
@@ -45,8 +46,7 @@ from ... import procfs
 from ...errors import IvcloudError
 from .. import holder, jobs
 from ..state import StateDir, load
-from ..vm_instance import SHARED_NOTE
-from . import guests
+from . import guest_regions, guests
 from .daemons import binary, daemon_alive, runs_in_guests
 
 
@@ -71,28 +71,38 @@ def servers_of(state: Dict, nodes: Sequence[str]) -> List[int]:
 
 
 def prolog(state: Dict, job: int, nodes: Sequence[str]) -> str:
-    if runs_in_guests(state):
-        return f"no region of its own: {SHARED_NOTE}"
     servers = servers_of(state, nodes)
-    jobs.start_regions(state, jobs.slurm_job_key(job), servers)
-    return f"regions on servers {servers}"
+    key = jobs.slurm_job_key(job)
+    sockets = jobs.start_regions(state, key, servers)
+    if not runs_in_guests(state):
+        return f"regions on servers {servers}"
+    try:
+        devices = guest_regions.plug(state, job, nodes, sockets)
+    except BaseException:
+        jobs.stop_regions(state, key, servers)   # the plug's error counts
+        raise
+    return (f"regions on servers {servers}; devices "
+            + ", ".join(f"{h} {a}" for h, a in sorted(devices.items())))
 
 
 def epilog(state: Dict, job: int, nodes: Sequence[str]) -> str:
-    if runs_in_guests(state):
-        # no region to remove; only tasks that no slurmd ends
-        ended = guests.end_job(state, job, nodes)
-        return "standing regions kept" + (
-            f"; ended the job's processes on {', '.join(ended)}, whose "
-            f"slurmd is gone" if ended else "")
-    ended = end_orphans(state, job, nodes)
     servers = servers_of(state, nodes)
-    problems = jobs.stop_regions(state, jobs.slurm_job_key(job), servers)
+    problems: List[str] = []
+    if runs_in_guests(state):
+        ended = guests.end_job(state, job, nodes)
+        gone = (f"; ended the job's processes on {', '.join(ended)}, whose "
+                f"slurmd is gone" if ended else "")
+        problems += guest_regions.unplug(state, job, nodes)
+        what = f"devices and regions on servers {servers} removed{gone}"
+    else:
+        ended_n = end_orphans(state, job, nodes)
+        what = (f"regions on servers {servers} removed"
+                + (f"; ended {ended_n} processes on nodes whose slurmd is "
+                   f"gone" if ended_n else ""))
+    problems += jobs.stop_regions(state, jobs.slurm_job_key(job), servers)
     if problems:
         raise IvcloudError("; ".join(problems))
-    return (f"regions on servers {servers} removed"
-            + (f"; ended {ended} processes on nodes whose slurmd is gone"
-               if ended else ""))
+    return what
 
 
 def _of_job(pid: int, job: int) -> bool:

@@ -1,0 +1,281 @@
+"""A Slurm job's own region in the guests of a VM cluster: an ivshmem
+device per guest, hot-plugged for the job's life.
+
+A guest's device of boot is on its server's standing region, which
+`cluster mpirun` jobs share. A Slurm job gets, from the controller's
+prolog (hooks.py), an ivshmem-server of its own on each of its servers
+(jobs.start_regions, as for namespace instances) and, in each of its
+guests, through the guest's QMP socket on the host:
+
+1. a free PCIe root port (vm_instance.job_ports made them at boot) and
+   the PCI address a device in it gets; under a lock per guest, so that
+   two jobs' prologs never pick the same port;
+2. in the guest, through its agent: the ivshm-bind unit and env file of
+   that address cleared (a device of an earlier job there whose epilog
+   could not clean up would look bound already);
+3. `chardev-add` of a socket chardev on the job's server and `device_add
+   ivshmem-doorbell` into the port (QEMU has done the server's handshake
+   when it returns);
+4. in the guest: the image's udev rule starts ivshm-bind for the device
+   (vfio-pci, /run/ivshm/ADDRESS.env); the agent waits for that,
+   bounded, and copies the env file to JOB_DIR/ID.env, where the guests'
+   task prolog (conf.guest_task_prolog_text) finds the job's device.
+
+The epilog undoes it, in two rounds over the job's guests: first
+`device_del` and a bounded wait until each guest gave its device back,
+then `chardev-remove` of each (the server sees the peer leave), the
+ivshm-bind unit stopped (so that a later device at that address is
+bound afresh) and both env files removed. The order matters, and a job
+one of whose guests died keeps its devices in the others: QEMU 7.2
+must not unplug a device after a peer of its server left
+(qemu.remove_chardev). The unplug also works around QEMU's handlers
+left on the device's eventfds (qemu.guard_eventfds). A guest that is
+gone has nothing to undo; one that keeps its device is reported.
+
+QEMU's QMP socket takes one client at a time: every session here is
+short, and the per-guest lock also orders the epilog's against the
+prologs'.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+
+from ...errors import ClusterFailure, IvcloudError
+from ...vm import agent, qemu
+from ...vm import lifecycle as vm_lifecycle
+from .. import vm_instance
+
+# in each guest: the env file of the device of job ID is JOB_DIR/ID.env
+JOB_DIR = "/run/ivcloud/slurm-jobs"
+# where ivshm-bind writes a device's env file (packaging/guest/ivshm-bind)
+BIND_DIR = "/run/ivshm"
+# the doorbell vectors of a job's device, as the guests' boot device has
+VECTORS = 1
+# bounds, in seconds, of a TCG guest on a loaded host: a QMP answer,
+# the guest seeing a new device, binding it (vfio-pci; the unit allows
+# 120 s), giving a device back, the lock of a guest's ports
+QMP_TIMEOUT_S = 30.0
+APPEAR_TIMEOUT_S = 30.0
+BIND_TIMEOUT_S = 120.0
+UNPLUG_TIMEOUT_S = 30.0
+LOCK_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
+
+
+def device_id(job: int) -> str:
+    """QEMU's id of job `job`'s device and of its chardev."""
+    return f"ivj{int(job)}"
+
+
+def job_env_path(job: int) -> str:
+    return f"{JOB_DIR}/{int(job)}.env"
+
+
+def _unit(addr: str) -> str:
+    return f"ivshm-bind@{addr}.service"
+
+
+class _PortLock:
+    """The lock of a guest's root ports (a file in its VM directory)."""
+
+    def __init__(self, vm_dir: Path):
+        self.path = vm_dir / "ports.lock"
+
+    def __enter__(self) -> "_PortLock":
+        self.fd = open(self.path, "a")
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.fd.close()
+                    raise ClusterFailure(f"{self.path} stays locked")
+                time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        self.fd.close()
+
+
+def _guest_run(state: Dict, host: str, script: str, timeout: float) -> str:
+    r = vm_instance.exec_in(state, host, ["sh", "-c", script], timeout)
+    if not r.ok:
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        raise ClusterFailure(f"guest {host}: "
+                             f"{lines[-1] if lines else f'exit {r.status}'}")
+    return r.output
+
+
+def _clear_script(addr: str, job: int) -> str:
+    q = agent.quote
+    return (f"systemctl stop {q([_unit(addr)])} 2>/dev/null; "
+            f"rm -f {q([f'{BIND_DIR}/{addr}.env', job_env_path(job)])}")
+
+
+def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
+    """Job `job`'s device on `server_socket` in guest `host`, bound there
+    and named in its job env file; its PCI address. When it fails, what
+    went in stays for the caller's unplug (plug)."""
+    d = vm_instance.vm_dir_of(state, host)
+    qmp = d / "qmp.sock"
+    dev = device_id(job)
+    with _PortLock(d):
+        with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
+            if qemu.find_device(q, dev) is not None:
+                raise ClusterFailure(f"guest {host} has a device {dev} "
+                                     f"already")
+            port = qemu.free_root_port(q)
+        if port is None:
+            raise ClusterFailure(f"guest {host} has no free root port for "
+                                 f"the job's device (it runs as many jobs "
+                                 f"as it has ports)")
+        port_id, addr = port
+        _guest_run(state, host, _clear_script(addr, job), 60)
+        with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
+            got = qemu.plug_ivshmem(q, dev, port_id, server_socket, VECTORS)
+    if got != addr:
+        raise ClusterFailure(f"guest {host}: the job's device is at {got}, "
+                             f"not at {addr} as its port said")
+    q_ = agent.quote
+    env, unit = f"{BIND_DIR}/{addr}.env", _unit(addr)
+    tries = int(APPEAR_TIMEOUT_S / 0.2)
+    # the udev rule starts the unit once the guest has seen the device;
+    # starting it here as well waits for that run
+    _guest_run(state, host, "\n".join([
+        "i=0",
+        f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
+        f" do sleep 0.2; i=$((i+1)); done",
+        f"[ -d /sys/bus/pci/devices/{addr} ] || "
+        f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
+        f"systemctl start {q_([unit])} || "
+        f"{{ journalctl -q -u {q_([unit])} | tail -n 1; exit 1; }}",
+        f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
+        f"exit 1; }}",
+        f"mkdir -p {q_([JOB_DIR])}",
+        f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
+        f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
+        APPEAR_TIMEOUT_S + BIND_TIMEOUT_S + 10)
+    return addr
+
+
+def _take_out(state: Dict, host: str, job: int
+              ) -> Tuple[Optional[str], List[str]]:
+    """The first half of an unplug: job `job`'s device out of live guest
+    `host` (its chardev stays); (its PCI address, if it had the device;
+    the problems)."""
+    d = vm_instance.vm_dir_of(state, host)
+    pid = vm_lifecycle.qemu_pid(d)
+    if pid is None:
+        return None, []
+    dev = device_id(job)
+    try:
+        with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+            addr = qemu.find_device(q, dev)
+            if not qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S):
+                return None, [f"guest {host} did not give device {dev} "
+                              f"({addr}) back within "
+                              f"{UNPLUG_TIMEOUT_S:.0f} s"]
+        return addr, []
+    except IvcloudError as e:
+        if vm_lifecycle.qemu_pid(d) is None:
+            return None, []    # the guest died meanwhile
+        return None, [f"guest {host}: {e}"]
+
+
+def _finish(state: Dict, host: str, job: int, addr: Optional[str],
+            keep_chardev: bool = False) -> List[str]:
+    """The second half: the device's chardev closed, unless it is kept
+    (its device is), and the guest's files of it removed; the
+    problems."""
+    d = vm_instance.vm_dir_of(state, host)
+    if vm_lifecycle.qemu_pid(d) is None:
+        return []
+    problems = []
+    if not keep_chardev:
+        try:
+            with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                qemu.remove_chardev(q, device_id(job))
+        except IvcloudError as e:
+            problems.append(f"guest {host}: {e}")
+    script = (_clear_script(addr, job) if addr is not None
+              else f"rm -f {agent.quote([job_env_path(job)])}")
+    try:
+        _guest_run(state, host, script, 60)
+    except IvcloudError as e:
+        if vm_lifecycle.qemu_pid(d) is not None:
+            problems.append(str(e))
+    return problems
+
+
+def _each(hosts: Sequence[str], fn: Callable[[str], T]
+          ) -> List[Tuple[str, T, BaseException]]:
+    """fn(host) for every host at once (TCG guests are slow, one at a
+    time would add up); (host, result, error) for each."""
+    def call(host):
+        try:
+            return host, fn(host), None
+        except BaseException as e:   # reported by the caller
+            return host, None, e
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return list(pool.map(call, hosts))
+
+
+def guests_of(state: Dict, nodes: Sequence[str]) -> List[str]:
+    return [n for n in nodes if n in state.get("vms", {})]
+
+
+def plug(state: Dict, job: int, nodes: Sequence[str],
+         sockets: Dict[int, str]) -> Dict[str, str]:
+    """Job `job`'s device into each of its guests, on the job's server
+    of the guest's emulated server (`sockets`: {server index: socket},
+    jobs.start_regions); {guest: PCI address}. All or nothing."""
+    hosts = guests_of(state, nodes)
+    done = _each(hosts, lambda h: plug_one(
+        state, h, job, sockets[state["instances"][h]["server"]]))
+    failed = [(h, e) for h, _, e in done if e is not None]
+    if failed:
+        unplug(state, job, hosts)
+        raise ClusterFailure("; ".join(
+            str(e) if isinstance(e, IvcloudError) else f"{h}: {e!r}"
+            for h, e in failed))
+    return {h: addr for h, addr, _ in done}
+
+
+def unplug(state: Dict, job: int, nodes: Sequence[str]) -> List[str]:
+    """Job `job`'s devices out of those of `nodes` that live; the
+    problems left. Every device first, then every chardev: a device
+    must be gone before any peer of its server leaves
+    (qemu.remove_chardev). Where a guest of the job died, its server
+    has told the others' devices so already: theirs stay in (port and
+    all), and are reported."""
+    hosts = guests_of(state, nodes)
+    dead = [h for h in hosts
+            if vm_lifecycle.qemu_pid(vm_instance.vm_dir_of(state, h)) is None]
+    problems: List[str] = []
+    if dead:
+        for h, found, e in _each([h for h in hosts if h not in dead],
+                                 lambda h: _finish(state, h, job, None,
+                                                   keep_chardev=True)):
+            problems += found if e is None else [f"{h}: {e!r}"]
+            problems.append(
+                f"guest {h} keeps device {device_id(job)}: its peer(s) "
+                f"{', '.join(dead)} died, and QEMU frees a device's "
+                f"peers twice when it is unplugged after a peer left")
+        return problems
+    taken: Dict[str, Optional[str]] = {}
+    for h, result, e in _each(hosts, lambda h: _take_out(state, h, job)):
+        taken[h], found = result if e is None else (None, [f"{h}: {e!r}"])
+        problems += found
+    if problems:
+        return problems   # a device still in: its peers must not leave
+    for h, found, e in _each(hosts, lambda h: _finish(state, h, job,
+                                                      taken[h])):
+        problems += found if e is None else [f"{h}: {e!r}"]
+    return problems
