@@ -17,6 +17,7 @@ test-slurm-vm`), then `down` and what it leaves.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import pytest
 
 from ivcloud import procfs
 from ivcloud.cluster import jobs
+from ivcloud.cluster.slurm import guest_regions
 from ivcloud.mpi import parse_btl_counters
 from ivcloud.vm import qemu
 
@@ -218,6 +220,33 @@ def guest_ranks(name, host):
     return r.stdout.split() if r.returncode == 0 else []
 
 
+@contextlib.contextmanager
+def sleeping_job(name):
+    """A 2-rank job, one rank per guest, that sleeps 300 s after its
+    pingpong (srun's Popen); killed if it still runs at the block's
+    end."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", name,
+         "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
+         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1", "300"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def ended_after(job, what, timeout):
+    """srun `job`'s output once it ended, at most `timeout` s from now."""
+    t0 = time.monotonic()
+    out, err = job.communicate(timeout=timeout)
+    print(f"job ended {time.monotonic() - t0:.1f} s after {what}")
+    return out + err
+
+
 # 45-65 s (the job ends 25-30 s after the kill: SlurmdTimeout, then
 # Slurm's ping and message timeouts), more than `make test` has left for
 # this module: `make test-slurm-vm` runs it
@@ -229,26 +258,13 @@ def test_killed_slurmd_ends_the_job(svm):
     the job's rank and slurmstepd there, which no slurmd would end, then
     unplugs the job's devices and removes its server."""
     hooks = Path(state_of(svm)["slurm"]["dir"], "log", "hooks.log")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svm,
-         "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
-         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1", "300"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    try:
+    with sleeping_job(svm) as job:
         wait_for(lambda: guest_ranks(svm, "s0i1"), 120, "the rank on s0i1")
         r = cluster("exec", svm, "s0i1", "--", "pkill", "-KILL", "-x",
                     "slurmd", timeout=60)
         assert r.returncode == 0, r.stdout
-        t0 = time.monotonic()
-        out, err = job.communicate(timeout=120)
-        print(f"job ended {time.monotonic() - t0:.1f} s after its slurmd "
-              f"was killed")
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode != 0, out + err
+        out = ended_after(job, "its slurmd was killed", 120)
+    assert job.returncode != 0, out
     wait_for(lambda: re.search(r"ended the job's processes on s0i1",
                                hooks.read_text()), 60, "the epilog")
     assert not guest_ranks(svm, "s0i1")
@@ -297,13 +313,7 @@ def test_killed_guest_frees_the_survivors_device(svm):
     wait_for(lambda: slurm_nodes(svm) == {"s0i0": "idle", "s0i1": "idle"},
              180, "both nodes idle")
     standing = ivshmem_devices(svm, "s0i0")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svm,
-         "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
-         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1", "300"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    try:
+    with sleeping_job(svm) as job:
         seen = wait_for(lambda: jobs.job_dirs(servers_dir, srv_name)
                         or job.poll() is not None, JOB_TIMEOUT,
                         "the job's server")
@@ -311,21 +321,15 @@ def test_killed_guest_frees_the_survivors_device(svm):
         job_id = int(seen[0].name[2:-2])
         wait_for(lambda: guest_ranks(svm, "s0i0")
                  and guest_ranks(svm, "s0i1"), 120, "both ranks")
-        dev = f"ivj{job_id}"
+        dev = guest_regions.device_id(job_id)
         with qemu.Qmp(Path(state["vms"]["s0i0"]["dir"]) / "qmp.sock") as q:
             assert qemu.find_device(q, dev) is not None
         victim = Path(state["vms"]["s0i1"]["dir"])
         pid = int((victim / "qemu.pid").read_text())
         os.kill(pid, 9)
         t0 = time.monotonic()
-        out, err = job.communicate(timeout=180)
-        print(f"job ended {time.monotonic() - t0:.1f} s after its guest "
-              f"s0i1 was killed")
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode != 0, out + err
+        out = ended_after(job, "its guest s0i1 was killed", 180)
+    assert job.returncode != 0, out
     line = wait_for(lambda: hooks_line(hooks, "epilog", job_id), 120,
                     "the epilog")
     print(f"epilog done {time.monotonic() - t0:.1f} s after the kill")
