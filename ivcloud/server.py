@@ -287,13 +287,17 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
           fast_channels: Optional[int] = None,
           ring_slots: Optional[int] = None,
           slot_size: Optional[int] = None,
-          max_clients: Optional[int] = None) -> int:
+          max_clients: Optional[int] = None,
+          leave_notices: bool = True) -> int:
     """Start the daemon; returns its pid. Raises ServerError/OperationFailed.
     queue_slots / fast_channels: the region's receive queues and fast
     channels per peer (None: the library's defaults; fast_channels 0: no
     fast channels, every message through the queues); ring_slots /
     slot_size: the fast channels' rings (None: the defaults);
-    max_clients: connections at once (None: 2 x max_peers)."""
+    max_clients: connections at once (None: 2 x max_peers);
+    leave_notices False: the clients are never told that a peer left
+    (--no-leave-notices), for a server whose clients are all QEMU
+    devices (docs/server-protocol.md, "Quiet leaves")."""
     _check_geometry(size, vectors, max_peers, queue_slots, fast_channels,
                     ring_slots, slot_size, max_clients)
     gid = _group_id(group)
@@ -315,6 +319,8 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
                           ("--slot-size", slot_size), ("-g", gid)):
         if value is not None:
             cmd += [option, str(value)]
+    if not leave_notices:
+        cmd.append("--no-leave-notices")
     if verbose:
         cmd.append("-v")
     return _run_daemon(cmd, paths, gid, timeout_s)

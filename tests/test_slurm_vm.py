@@ -10,13 +10,14 @@ One 1-server x 2-instance x 1-vCPU cluster, used in order: up and
 status, a 2-rank job across both guests (its own server and devices,
 the BML's choice and the BTL's counters on both ranks, nothing of them
 left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
-(IVCLOUD_SLURM_VM_KILL=1: `make test-slurm-vm`), then `down` and what it
-leaves.
+and a job one of whose guests is killed (IVCLOUD_SLURM_VM_KILL=1: `make
+test-slurm-vm`), then `down` and what it leaves.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import pytest
 
 from ivcloud import procfs
 from ivcloud.cluster import jobs
+from ivcloud.cluster.slurm import guest_regions
 from ivcloud.mpi import parse_btl_counters
 from ivcloud.vm import qemu
 
@@ -218,6 +220,33 @@ def guest_ranks(name, host):
     return r.stdout.split() if r.returncode == 0 else []
 
 
+@contextlib.contextmanager
+def sleeping_job(name):
+    """A 2-rank job, one rank per guest, that sleeps 300 s after its
+    pingpong (srun's Popen); killed if it still runs at the block's
+    end."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", name,
+         "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
+         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1", "300"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def ended_after(job, what, timeout):
+    """srun `job`'s output once it ended, at most `timeout` s from now."""
+    t0 = time.monotonic()
+    out, err = job.communicate(timeout=timeout)
+    print(f"job ended {time.monotonic() - t0:.1f} s after {what}")
+    return out + err
+
+
 # 45-65 s (the job ends 25-30 s after the kill: SlurmdTimeout, then
 # Slurm's ping and message timeouts), more than `make test` has left for
 # this module: `make test-slurm-vm` runs it
@@ -229,26 +258,13 @@ def test_killed_slurmd_ends_the_job(svm):
     the job's rank and slurmstepd there, which no slurmd would end, then
     unplugs the job's devices and removes its server."""
     hooks = Path(state_of(svm)["slurm"]["dir"], "log", "hooks.log")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svm,
-         "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
-         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1", "300"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    try:
+    with sleeping_job(svm) as job:
         wait_for(lambda: guest_ranks(svm, "s0i1"), 120, "the rank on s0i1")
         r = cluster("exec", svm, "s0i1", "--", "pkill", "-KILL", "-x",
                     "slurmd", timeout=60)
         assert r.returncode == 0, r.stdout
-        t0 = time.monotonic()
-        out, err = job.communicate(timeout=120)
-        print(f"job ended {time.monotonic() - t0:.1f} s after its slurmd "
-              f"was killed")
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode != 0, out + err
+        out = ended_after(job, "its slurmd was killed", 120)
+    assert job.returncode != 0, out
     wait_for(lambda: re.search(r"ended the job's processes on s0i1",
                                hooks.read_text()), 60, "the epilog")
     assert not guest_ranks(svm, "s0i1")
@@ -258,6 +274,94 @@ def test_killed_slurmd_ends_the_job(svm):
     state = state_of(svm)
     assert not jobs.job_dirs(Path(state["servers_dir"]),
                              state["servers"]["0"]["name"])
+
+
+def slurm_nodes(name):
+    """{node: Slurm's state}; `status` exits 1 for a degraded cluster
+    (a restarted slurmd is not the one recorded) but says it all."""
+    r = cluster("status", name, "--json", timeout=120)
+    try:
+        return json.loads(r.stdout)["slurm"]["nodes"]
+    except (ValueError, KeyError):
+        return {}
+
+
+def hooks_line(hooks, what, job):
+    """The hook's line of job `job` in hooks.log, once there."""
+    m = re.search(rf"^.*{what} job {job}:.*$", hooks.read_text(), re.M)
+    return m[0] if m else None
+
+
+# After the killed slurmd: a dead guest leaves the cluster degraded (its
+# node stays down), so this runs last before `down`. 35-45 s: the job
+# ends 27-32 s after the kill (SlurmdTimeout and Slurm's pings, as
+# above). Without quiet leaves the survivor's QEMU aborted at the unplug.
+@pytest.mark.skipif(not os.environ.get("IVCLOUD_SLURM_VM_KILL"),
+                    reason="IVCLOUD_SLURM_VM_KILL=1 (make test-slurm-vm)")
+def test_killed_guest_frees_the_survivors_device(svm):
+    """s0i1's QEMU killed (-9) under a 2-rank job: the job ends, and its
+    epilog takes the job's device out of the survivor s0i0, whose QEMU
+    lives on (the job's server never told it that s0i1 left: QEMU 7.2
+    aborts at the unplug of a device that was told; docs/server-protocol.md,
+    "Quiet leaves"), so its root port is free for the next job, which
+    gets a device there; the job's server is gone."""
+    state = state_of(svm)
+    slurm = state["slurm"]
+    hooks = Path(slurm["dir"], "log", "hooks.log")
+    servers_dir, srv_name = (Path(state["servers_dir"]),
+                             state["servers"]["0"]["name"])
+    # a slurmd killed by the case before: started again, and the node
+    # comes back by itself (ReturnToService=2)
+    if not guest_sh(svm, "s0i1", "pgrep -x slurmd; true").split():
+        conf = slurm["conf"]
+        guest_sh(svm, "s0i1", f"SLURM_CONF={conf} slurmd -f {conf} -N s0i1")
+    wait_for(lambda: slurm_nodes(svm) == {"s0i0": "idle", "s0i1": "idle"},
+             180, "both nodes idle")
+    standing = ivshmem_devices(svm, "s0i0")
+    with sleeping_job(svm) as job:
+        seen = wait_for(lambda: jobs.job_dirs(servers_dir, srv_name)
+                        or job.poll() is not None, JOB_TIMEOUT,
+                        "the job's server")
+        assert seen is not True, "the job ended before it ran"
+        job_id = int(seen[0].name[2:-2])
+        wait_for(lambda: guest_ranks(svm, "s0i0")
+                 and guest_ranks(svm, "s0i1"), 120, "both ranks")
+        dev = guest_regions.device_id(job_id)
+        with qemu.Qmp(Path(state["vms"]["s0i0"]["dir"]) / "qmp.sock") as q:
+            assert qemu.find_device(q, dev) is not None
+        victim = Path(state["vms"]["s0i1"]["dir"])
+        pid = int((victim / "qemu.pid").read_text())
+        os.kill(pid, 9)
+        t0 = time.monotonic()
+        out = ended_after(job, "its guest s0i1 was killed", 180)
+    assert job.returncode != 0, out
+    line = wait_for(lambda: hooks_line(hooks, "epilog", job_id), 120,
+                    "the epilog")
+    print(f"epilog done {time.monotonic() - t0:.1f} s after the kill")
+    assert "devices and regions on servers [0] removed" in line, line
+    assert not jobs.job_dirs(servers_dir, srv_name)
+    survivor = Path(state["vms"]["s0i0"]["dir"])
+    spid = int((survivor / "qemu.pid").read_text())
+    assert procfs.alive(spid), "the survivor's QEMU died"
+    with qemu.Qmp(survivor / "qmp.sock") as q:
+        assert qemu.find_device(q, dev) is None
+        assert qemu.free_root_port(q) is not None
+        chardevs = [c["label"] for c in q.execute("query-chardev")]
+    assert dev not in chardevs, chardevs
+    assert ivshmem_devices(svm, "s0i0") == standing
+    # the next job on the survivor gets a device in the freed port
+    r = cluster("srun", svm, "--", "--mpi=pmix", "--nodes=1",
+                "--nodelist=s0i0", "--ntasks=1", "sh", "-c",
+                'echo "region $OMPI_MCA_btl_ivshmem_region"; '
+                "exec python3 /tmp/prog.py 0", timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pingpong ok 0" in r.stdout, r.stdout + r.stderr
+    plugged = re.findall(rf"prolog job (\d+): regions on servers \[0\]; "
+                         rf"devices s0i0 (\S+) \(", hooks.read_text())
+    assert plugged and int(plugged[-1][0]) > job_id, hooks.read_text()
+    assert f"region /sys/bus/pci/devices/{plugged[-1][1]}/resource2" \
+        in r.stdout, r.stdout
+    assert procfs.alive(spid)
 
 
 def test_down_leaves_nothing(svm):

@@ -384,17 +384,38 @@ def unplug_ivshmem(q: Qmp, qemu_pid: int, dev_id: str,
     return True
 
 
-def remove_chardev(q: Qmp, chardev_id: str) -> None:
+def remove_chardev(q: Qmp, chardev_id: str, timeout_s: float = 10.0
+                   ) -> None:
     """Close chardev `chardev_id` (an ivshmem-server sees its peer
-    leave), if it is there.
+    leave), if it is there; its device must be unplugged first.
 
-    Only once no device on that server is left anywhere: QEMU 7.2's
-    ivshmem-doorbell frees a leaving peer's eventfd array without
-    forgetting it, and its unrealize frees it again. A device unplugged
-    after a peer of its server left double-frees: glibc aborted the
-    guest's QEMU (in its call_rcu thread) at the unplug after the other
-    guest of the job had been killed."""
-    _quietly(q, "chardev-remove", id=chardev_id)
+    QEMU 7.2's ivshmem-doorbell frees a peer's eventfd array when its
+    server says the peer left, without forgetting it, and its unrealize
+    frees it again: glibc aborted a guest's QEMU (in its call_rcu
+    thread) at the unplug of a job's device after the other guest of
+    the job had been killed. So the other devices on a server whose
+    peers leave must be unplugged before this; a server started with
+    --no-leave-notices (server.start, leave_notices=False; the job
+    servers of a VM cluster) tells them nothing, and any order, or a
+    dead peer, is safe (docs/server-protocol.md, "Quiet leaves").
+
+    QEMU refuses while the chardev is busy, which an unplugged device
+    may keep it for a moment: retried for at most `timeout_s`, then
+    QmpError with QEMU's reason."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            q.execute("chardev-remove", id=chardev_id)
+            return
+        except QmpError as e:
+            if not str(e).startswith("chardev-remove:"):
+                raise   # the connection failed, not the command
+            labels = [c.get("label") for c in q.execute("query-chardev")]
+            if chardev_id not in labels:
+                return
+            if time.monotonic() > deadline:
+                raise QmpError(f"chardev {chardev_id} stays: {e}")
+        time.sleep(0.2)
 
 
 def _fd_numbers(pid: int) -> List[int]:

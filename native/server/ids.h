@@ -13,6 +13,12 @@
  * the order they became reusable; when none is, there is none to give
  * and the new client is refused.
  *
+ * The rule holds as it is for a server that never sends leave notices
+ * (--no-leave-notices): a QEMU that was not told of the leave keeps the
+ * peer's eventfds, and a join notice for that id again would overflow
+ * them ("Too many eventfd received") and leave the new peer unrung. The
+ * stamp covers every client connected before the leave, told or not.
+ *
  * Every operation is O(1) (amortized for ivs_ids_release).
  */
 #ifndef IVS_IDS_H

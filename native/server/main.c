@@ -73,6 +73,10 @@ static void usage(FILE *f)
 "  -s, --state PATH      JSON state file, rewritten on every join/leave\n"
 "  -g, --group NAME      socket and region mode 0660 with this group (default 0600)\n"
 "      --keep-shm        leave the region file (--shm) in place at shutdown\n"
+"      --no-leave-notices  never tell clients that a peer left (its registry\n"
+"                        entries are still marked dead): only for a server whose\n"
+"                        clients are all QEMU ivshmem-doorbell devices, which\n"
+"                        crash at unplug after a leave notice\n"
 "  -v, --verbose         log joins and leaves\n"
 "  -h, --help            this text\n"
 "Each client holds one eventfd per vector of every other client: with many\n"
@@ -299,7 +303,7 @@ static void parse_options(int argc, char **argv, struct options *o)
     enum { OPT_MAX_PEERS = 256, OPT_RING_SLOTS, OPT_SLOT_SIZE, OPT_KEEP_SHM,
            OPT_MAX_CLIENTS, OPT_MAX_PER_UID, OPT_QUEUE_SLOTS,
            OPT_FAST_CHANNELS, OPT_MAX_PER_PID, OPT_UID_RATE, OPT_PID_RATE,
-           OPT_IDS_PER_PID, OPT_MAX_IDS };
+           OPT_IDS_PER_PID, OPT_MAX_IDS, OPT_NO_LEAVE_NOTICES };
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 'S'},
         {"shm", required_argument, NULL, 'M'},
@@ -322,6 +326,7 @@ static void parse_options(int argc, char **argv, struct options *o)
         {"state", required_argument, NULL, 's'},
         {"group", required_argument, NULL, 'g'},
         {"keep-shm", no_argument, NULL, OPT_KEEP_SHM},
+        {"no-leave-notices", no_argument, NULL, OPT_NO_LEAVE_NOTICES},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -439,6 +444,7 @@ static void parse_options(int argc, char **argv, struct options *o)
             break;
         case 'g': resolve_group(optarg, cfg); break;
         case OPT_KEEP_SHM: cfg->keep_shm = true; break;
+        case OPT_NO_LEAVE_NOTICES: cfg->no_leave_notices = true; break;
         case 'v': ivs_verbose = 1; break;
         case 'h':
             usage(stdout);

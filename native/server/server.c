@@ -266,7 +266,11 @@ static void flush(struct ivs_server *s, struct client *c)
    (c never learns about a peer that came and went while it was not
    reading), and queue a leave notice only if c got at least part of one.
    This is the whole coalescing rule: a reader sees a consistent history,
-   and a queue holds nothing about departed peers it never saw. */
+   and a queue holds nothing about departed peers it never saw. With
+   no_leave_notices c is never told: it keeps the eventfds it got, which
+   nobody reads any more, and the id still counts as known to it (the
+   retire stamp in remove_client covers every client connected before
+   the leave, told or not). */
 static void coalesce_leave(struct ivs_server *s, struct client *c,
                            int32_t gone)
 {
@@ -280,7 +284,7 @@ static void coalesce_leave(struct ivs_server *s, struct client *c,
         c->q[c->qh + kept++] = m;
     }
     c->qn = kept;
-    if (removed < s->cfg.vectors)
+    if (removed < s->cfg.vectors && !s->cfg.no_leave_notices)
         enqueue(c, gone, ABOUT_NONE, 0);
 }
 
@@ -474,8 +478,9 @@ static void remove_client(struct ivs_server *s, size_t idx)
         flush(s, s->clients[i]);
     }
     /* The id stays out of use until its registry entries are marked
-       (so a later client with it is never hit) and every client that
-       was told it left has gone (QEMU's heap, ids.h). */
+       (so a later client with it is never hit) and every client
+       connected before it left has gone, whether or not it was told of
+       the leave (QEMU's heap, ids.h). */
     ivs_ids_retire(s->ids, id, s->next_seq, gone->account, false);
     ivs_budget_hold_id(gone->account);
     ivs_marker_push(s->marker, id);

@@ -34,6 +34,10 @@ struct ivs_config {
     gid_t gid;                /* with `shared_group` */
     bool shared_group;        /* socket and region 0660 with gid, else 0600 */
     bool keep_shm;            /* host-file mode: leave the file at shutdown */
+    /* Never send leave notices: for a server whose clients are all QEMU
+       ivshmem-doorbell devices (docs/server-protocol.md, "Quiet
+       leaves"); leavers' registry entries are marked all the same. */
+    bool no_leave_notices;
     unsigned max_clients;     /* connections at once, 1..IVS_MAX_CLIENTS */
     unsigned max_per_uid;     /* connections at once from one uid */
     /* Budgets (budget.h); 0: no limit. */

@@ -1,7 +1,7 @@
 /* ivshmem-server end to end: options, modes, state and pid files, two
    host peers talking through the eventfd doorbell, a SIGKILLed peer seen
-   dead in bounded time, fresh ids, the server marking the registry,
-   SIGTERM clean-up, daemon mode; and the client against a scripted fake
+   dead in bounded time, fresh ids, the server marking the registry
+   (with and without leave notices), SIGTERM clean-up, daemon mode; and the client against a scripted fake
    server that sends malformed messages. */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -35,6 +35,9 @@ static pid_t server_pid = -1;
 static char sock_path[108], shm_path[128], state_path[128], pid_path[128];
 static char d_sock[108], d_shm[128], d_pid[128], d_sock2[108];
 static char f_sock[108];
+/* the server with --no-leave-notices */
+static char q_sock[108], q_state[128];
+static pid_t q_pid = -1;
 
 /* Test bookkeeping shared by the parent and its children. */
 struct board {
@@ -67,11 +70,16 @@ static void cleanup(void)
         waitpid(server_pid, NULL, 0);
         server_pid = -1;
     }
+    if (q_pid > 0) {
+        kill(q_pid, SIGKILL);
+        waitpid(q_pid, NULL, 0);
+        q_pid = -1;
+    }
     pid_t d = read_pidfile(d_pid);
     if (d > 0)
         kill(d, SIGKILL);
     const char *paths[] = {sock_path, shm_path, state_path, pid_path, d_sock,
-                           d_shm, d_pid, d_sock2, f_sock};
+                           d_shm, d_pid, d_sock2, f_sock, q_sock, q_state};
     for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
         if (paths[i][0])
             unlink(paths[i]);
@@ -389,12 +397,14 @@ static void test_peers(void)
 
 /* ---- the server marks the registry when a connection ends ---- */
 
-/* Read the opening burst of a raw connection with one vector: returns
-   the socket, our id, the region fd and our vector-0 eventfd. Messages
-   about peers already connected are checked to carry one fd each. */
-static int raw_attach(int64_t *id, int *shm_fd, int *vec_fd, int npeers)
+/* Read the opening burst of a raw connection to `path` with one vector:
+   returns the socket, our id, the region fd and our vector-0 eventfd.
+   Messages about peers already connected are checked to carry one fd
+   each. */
+static int raw_attach(const char *path, int64_t *id, int *shm_fd,
+                      int *vec_fd, int npeers)
 {
-    int sock = connect_to(sock_path);
+    int sock = connect_to(path);
     if (sock < 0)
         return -1;
     int64_t version = -2, marker = 0, v;
@@ -415,16 +425,20 @@ static int raw_attach(int64_t *id, int *shm_fd, int *vec_fd, int npeers)
 /* A registry entry whose owner is alive (our own pid) but whose server
    connection ends must be marked DEAD by the server itself: that is all
    a guest's peers ever learn about a VM that went away. The remaining
-   client gets a leave notice and a ring on vector 0. */
-static void test_server_marks_registry(void)
+   client gets a ring on vector 0, and a leave notice unless the server
+   runs with --no-leave-notices. The stayer's socket and the leaver's id
+   are returned for the caller's id checks. */
+static int leaver_marked(const char *path, const char *state,
+                         bool notices, int64_t *left_id)
 {
-    /* the peers of test_peers are gone from the server's table too */
-    CHECK(TU_EVENTUALLY(tu_read_text(state_path) &&
-                         strstr(tu_read_text(state_path), "\"peers\":[]"), 5000));
+    /* earlier peers are gone from the server's table too */
+    CHECK(TU_EVENTUALLY(tu_read_text(state) &&
+                         strstr(tu_read_text(state), "\"peers\":[]"), 5000));
     int64_t stay_id = -1, gone_id = -1, v = -1;
     int stay_shm = -1, stay_vec = -1, gone_shm = -1, gone_vec = -1, fd = -1;
-    int stay = raw_attach(&stay_id, &stay_shm, &stay_vec, 0);
-    int gone = stay >= 0 ? raw_attach(&gone_id, &gone_shm, &gone_vec, 1) : -1;
+    int stay = raw_attach(path, &stay_id, &stay_shm, &stay_vec, 0);
+    int gone = stay >= 0 ? raw_attach(path, &gone_id, &gone_shm, &gone_vec, 1)
+                         : -1;
     CHECK(stay >= 0 && gone >= 0);
     /* the stayer hears about the newcomer: one join, one fd */
     CHECK(stay >= 0 && raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd >= 0);
@@ -442,17 +456,81 @@ static void test_server_marks_registry(void)
             struct ivshm_peer_entry *e = ivshm_entry(h, self);
             CHECK(TU_EVENTUALLY(atomic_load(&e->state) == PEER_DEAD, 2000));
         }
-        CHECK(raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd < 0);
         uint64_t count = 0;
         CHECK(TU_EVENTUALLY(read(stay_vec, &count, sizeof count) == 8, 2000));
+        if (notices) {
+            CHECK(raw_recv(stay, &v, &fd, 5000) == 1 && v == gone_id && fd < 0);
+        } else {
+            /* marked and rung above, so the leave is done: a notice
+               would be in the socket by now */
+            fd = -1;
+            CHECK(raw_recv(stay, &v, &fd, 300) == 0);
+            if (fd >= 0)
+                close(fd);
+        }
         ivshm_detach(h);
     } else {
         CHECK(!"map the server's region");
     }
-    int fds[] = {stay, gone, stay_shm, stay_vec, gone_shm, gone_vec};
+    int fds[] = {gone, stay_shm, stay_vec, gone_shm, gone_vec};
     for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
         if (fds[i] >= 0)
             close(fds[i]);
+    *left_id = gone_id;
+    return stay;
+}
+
+static void test_server_marks_registry(void)
+{
+    int64_t left = -1;
+    int stay = leaver_marked(sock_path, state_path, true, &left);
+    if (stay >= 0)
+        close(stay);
+}
+
+/* --no-leave-notices: no leave notice, the registry marked all the same,
+   and the leaver's id, which the stayer still knows, is not handed out
+   while the stayer is connected (ids.h); it is once the stayer is gone.
+   Two ids only, so that a newcomer would have to get that one. */
+static void test_no_leave_notices(void)
+{
+    char *args[] = {"ivshmem-server", "-F", "-S", q_sock, "-s", q_state,
+                    "-l", "32M", "--max-peers", "8", "--ring-slots", "16",
+                    "--slot-size", "1024", "--max-clients", "2",
+                    "--max-ids", "2", "--no-leave-notices", NULL};
+    pid_t pid = spawn_server(args);
+    q_pid = pid;
+    CHECK(TU_EVENTUALLY(tu_exists(q_state), 5000));
+    int64_t left = -1, v = -1;
+    int fd = -1;
+    int stay = leaver_marked(q_sock, q_state, false, &left);
+    CHECK(stay >= 0 && left >= 0);
+    /* refused: the only free id is the one the stayer knows */
+    int late = connect_to(q_sock);
+    CHECK(late >= 0 && raw_recv(late, &v, &fd, 5000) == -1);
+    if (late >= 0)
+        close(late);
+    CHECK(raw_recv(stay, &v, &fd, 300) == 0);
+    if (stay >= 0)
+        close(stay);
+    /* the stayer gone, the id is free again (once its own clean-up is
+       done too: retried, within the per-process connect rate) */
+    int64_t id = -1;
+    for (int tries = 0; tries < 8 && id != left; tries++) {
+        usleep(250000);
+        int c = connect_to(q_sock);
+        int64_t version = -1;
+        id = -1;
+        if (c >= 0 && raw_recv(c, &version, &fd, 5000) == 1 && version == 0)
+            (void)raw_recv(c, &id, &fd, 5000);
+        if (c >= 0)
+            close(c);
+    }
+    CHECK(id == left);
+    kill(pid, SIGTERM);
+    CHECK_RC(tu_wait(pid, 5000), 0);
+    q_pid = -1;
+    CHECK(!tu_exists(q_sock) && !tu_exists(q_state));
 }
 
 /* ---- shutdown, daemon ---- */
@@ -797,6 +875,8 @@ int main(void)
     snprintf(d_shm, sizeof d_shm, "/dev/shm/ivshm-test-srv-%d-d", me);
     snprintf(d_pid, sizeof d_pid, "/tmp/ivshm-test-%d-d.pid", me);
     snprintf(f_sock, sizeof f_sock, "/tmp/ivshm-test-%d-f.sock", me);
+    snprintf(q_sock, sizeof q_sock, "/tmp/ivshm-test-%d-q.sock", me);
+    snprintf(q_state, sizeof q_state, "/tmp/ivshm-test-%d-q.json", me);
     tu_cleanup_on_exit(cleanup);
     board = mmap(NULL, sizeof *board, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -827,6 +907,7 @@ int main(void)
         test_unsealed_refused(); /* after the tests that count ids */
         test_sigterm();
     }
+    test_no_leave_notices();
     test_daemon();
     test_fake_server();
     return tu_summary("test_server");

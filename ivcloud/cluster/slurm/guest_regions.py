@@ -23,14 +23,18 @@ guests, through the guest's QMP socket on the host:
 
 The epilog undoes it, in two rounds over the job's guests: first
 `device_del` and a bounded wait until each guest gave its device back,
-then `chardev-remove` of each (the server sees the peer leave), the
-ivshm-bind unit stopped (so that a later device at that address is
-bound afresh) and both env files removed. The order matters, and a job
-one of whose guests died keeps its devices in the others: QEMU 7.2
-must not unplug a device after a peer of its server left
-(qemu.remove_chardev). The unplug also works around QEMU's handlers
-left on the device's eventfds (qemu.guard_eventfds). A guest that is
-gone has nothing to undo; one that keeps its device is reported.
+then `chardev-remove` of each (QEMU refuses to close a chardev that a
+device still uses), the ivshm-bind unit stopped (so that a later device
+at that address is bound afresh) and both env files removed. The job's
+servers never send leave notices (jobs.start_regions): QEMU 7.2 must not
+unplug a device after it was told that a peer of its server left
+(qemu.remove_chardev), so without them neither a guest of the job that
+died nor a chardev closed first stands in the way. A guest that is gone
+has nothing to undo; the others' devices come out as usual and free
+their root ports. The unplug also works around QEMU's handlers left on
+the device's eventfds (qemu.guard_eventfds). A guest that keeps its
+device (it did not give it back in time) is reported, with its chardev
+and files; the others are finished all the same.
 
 QEMU's QMP socket takes one client at a time: every session here is
 short, and the per-guest lock also orders the epilog's against the
@@ -189,21 +193,19 @@ def _take_out(state: Dict, host: str, job: int
         return None, [f"guest {host}: {e}"]
 
 
-def _finish(state: Dict, host: str, job: int, addr: Optional[str],
-            keep_chardev: bool = False) -> List[str]:
-    """The second half: the device's chardev closed, unless it is kept
-    (its device is), and the guest's files of it removed; the
-    problems."""
+def _finish(state: Dict, host: str, job: int, addr: Optional[str]
+            ) -> List[str]:
+    """The second half: the device's chardev closed and the guest's
+    files of it removed; the problems."""
     d = vm_instance.vm_dir_of(state, host)
     if vm_lifecycle.qemu_pid(d) is None:
         return []
     problems = []
-    if not keep_chardev:
-        try:
-            with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-                qemu.remove_chardev(q, device_id(job))
-        except IvcloudError as e:
-            problems.append(f"guest {host}: {e}")
+    try:
+        with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+            qemu.remove_chardev(q, device_id(job))
+    except IvcloudError as e:
+        problems.append(f"guest {host}: {e}")
     script = (_clear_script(addr, job) if addr is not None
               else f"rm -f {agent.quote([job_env_path(job)])}")
     try:
@@ -250,32 +252,18 @@ def plug(state: Dict, job: int, nodes: Sequence[str],
 
 def unplug(state: Dict, job: int, nodes: Sequence[str]) -> List[str]:
     """Job `job`'s devices out of those of `nodes` that live; the
-    problems left. Every device first, then every chardev: a device
-    must be gone before any peer of its server leaves
-    (qemu.remove_chardev). Where a guest of the job died, its server
-    has told the others' devices so already: theirs stay in (port and
-    all), and are reported."""
+    problems left. Every device first, then every chardev of a device
+    that came out; a guest of the job that died is skipped (its server
+    told the others nothing: docs/server-protocol.md, "Quiet leaves")."""
     hosts = guests_of(state, nodes)
-    dead = [h for h in hosts
-            if vm_lifecycle.qemu_pid(vm_instance.vm_dir_of(state, h)) is None]
     problems: List[str] = []
-    if dead:
-        for h, found, e in _each([h for h in hosts if h not in dead],
-                                 lambda h: _finish(state, h, job, None,
-                                                   keep_chardev=True)):
-            problems += found if e is None else [f"{h}: {e!r}"]
-            problems.append(
-                f"guest {h} keeps device {device_id(job)}: its peer(s) "
-                f"{', '.join(dead)} died, and QEMU frees a device's "
-                f"peers twice when it is unplugged after a peer left")
-        return problems
     taken: Dict[str, Optional[str]] = {}
     for h, result, e in _each(hosts, lambda h: _take_out(state, h, job)):
-        taken[h], found = result if e is None else (None, [f"{h}: {e!r}"])
+        addr, found = result if e is None else (None, [f"{h}: {e!r}"])
         problems += found
-    if problems:
-        return problems   # a device still in: its peers must not leave
-    for h, found, e in _each(hosts, lambda h: _finish(state, h, job,
-                                                      taken[h])):
+        if not found:
+            taken[h] = addr
+    for h, found, e in _each(sorted(taken), lambda h: _finish(
+            state, h, job, taken[h])):
         problems += found if e is None else [f"{h}: {e!r}"]
     return problems
