@@ -12,11 +12,11 @@ standing per-server region (shared between those jobs).
 Jobs under Slurm (slurm/) get the same regions, made by the
 scheduler's hooks rather than by the launcher: named after Slurm's job
 id (slurm_job_key), started before the job's ranks and stopped when the
-job ends (start_regions, stop_regions). On a cluster of QEMU guests
-the job servers' only clients are the guests' devices of the job, and
-they never send leave notices (docs/server-protocol.md, "Quiet
-leaves"), so that a guest's device can be unplugged after another guest
-of the job died.
+job ends (start_regions, stop_regions). The hooks start a VM
+cluster's job servers without leave notices (docs/server-protocol.md,
+"Quiet leaves"): their only clients are the guests' devices of the job,
+and a guest's device can then be unplugged after another guest of the
+job died.
 
 Files: the job's server on emulated server k lives in SERVER_DIR/JOBsK/
 (SERVER_DIR is the emulated server's directory, the one its instances
@@ -84,27 +84,20 @@ def _server_paths(state: Dict, job: str, indices: Iterable[int]
             for k in sorted(set(indices))]
 
 
-def clients_are_guests(state: Dict) -> bool:
-    """Whether the cluster's instances are QEMU guests (a VM cluster's
-    state has its table of guests, vm_instance): then the clients of its
-    job servers are the guests' QEMUs only."""
-    return "vms" in state
-
-
-def start_regions(state: Dict, job: str,
-                  indices: Iterable[int]) -> Dict[int, str]:
+def start_regions(state: Dict, job: str, indices: Iterable[int],
+                  leave_notices: bool = True) -> Dict[int, str]:
     """Start a server (a region) of job `job`'s own on each emulated
-    server of `indices`; {server index: socket}. All or nothing: when
-    one fails, those started are stopped again."""
+    server of `indices`; {server index: socket}. `leave_notices` False:
+    the servers never tell a client that a peer left (server.start).
+    All or nothing: when one fails, those started are stopped again."""
     started: List[server_mod.ServerPaths] = []
     sockets: Dict[int, str] = {}
-    quiet = clients_are_guests(state)
     try:
         for k, paths in _server_paths(state, job, indices):
             srv = state["servers"][str(k)]
             started.append(paths)
             server_mod.start(paths, srv["size"], max_peers=srv["max_peers"],
-                             leave_notices=not quiet,
+                             leave_notices=leave_notices,
                              **srv.get("geometry", {}))
             sockets[k] = str(paths.socket)
     except BaseException:

@@ -26,7 +26,7 @@ The epilog undoes it, in two rounds over the job's guests: first
 then `chardev-remove` of each (QEMU refuses to close a chardev that a
 device still uses), the ivshm-bind unit stopped (so that a later device
 at that address is bound afresh) and both env files removed. The job's
-servers never send leave notices (jobs.start_regions): QEMU 7.2 must not
+servers never send leave notices (hooks.prolog): QEMU 7.2 must not
 unplug a device after it was told that a peer of its server left
 (qemu.remove_chardev), so without them neither a guest of the job that
 died nor a chardev closed first stands in the way. A guest that is gone

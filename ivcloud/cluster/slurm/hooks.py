@@ -73,8 +73,12 @@ def servers_of(state: Dict, nodes: Sequence[str]) -> List[int]:
 def prolog(state: Dict, job: int, nodes: Sequence[str]) -> str:
     servers = servers_of(state, nodes)
     key = jobs.slurm_job_key(job)
-    sockets = jobs.start_regions(state, key, servers)
-    if not runs_in_guests(state):
+    in_guests = runs_in_guests(state)
+    # a guest's device could not be unplugged after a leave notice
+    # (docs/server-protocol.md, "Quiet leaves")
+    sockets = jobs.start_regions(state, key, servers,
+                                 leave_notices=not in_guests)
+    if not in_guests:
         return f"regions on servers {servers}"
     try:
         devices = guest_regions.plug(state, job, nodes, sockets)
