@@ -191,6 +191,11 @@ typedef struct mca_btl_ivshmem_component_t {
        here (single-slot ones are delivered in place) */
     void *rxbuf;
     size_t rxcap;
+    /* the descriptor of the message being handed to the PML, whose
+       segment points at it: built once, since deliveries never overlap
+       (one progress at a time, and it is not re-entered) */
+    mca_btl_base_segment_t rx_seg;
+    mca_btl_base_descriptor_t rx_des;
     /*
      * Trust. trusted[slot] = generation+1 of a sender whose messages we
      * deliver, 0 = none. Invariant: a slot is set only for a peer whose

@@ -232,6 +232,8 @@ static int ivshmem_open(void)
     OBJ_CONSTRUCT(&c->lock, opal_mutex_t);
     OBJ_CONSTRUCT(&c->frags_eager, opal_free_list_t);
     OBJ_CONSTRUCT(&c->frags_max, opal_free_list_t);
+    c->rx_des.des_segments = &c->rx_seg;
+    c->rx_des.des_segment_count = 1;
     return OPAL_SUCCESS;
 }
 

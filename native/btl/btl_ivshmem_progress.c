@@ -108,29 +108,51 @@ static void handle_control(int src, uint32_t tag)
     OPAL_THREAD_UNLOCK(&c->lock);
 }
 
-/* Hand one received message of a trusted, current sender to the PML.
-   Called without `lock`: the callback may send. The descriptor lives on
-   our stack and its data in the queue cell (or rxbuf, or a stash entry),
-   valid only during the callback (the BTL contract). `len` was checked
-   against where the data lies by the caller. */
-static inline int deliver(int src, uint32_t tag, const void *data, size_t len)
+/* The PML's callback for a message's tag, or NULL when the message is
+   not the PML's: a control message (tag above 0xff, handle_control), a tag
+   nobody registered, or one arriving while we finalize. */
+static inline const mca_btl_active_message_callback_t *pml_callback(uint32_t tag)
 {
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (OPAL_UNLIKELY(tag > 0xff)) {
-        handle_control(src, tag);
-        return 0;
-    }
+    if (OPAL_UNLIKELY(tag > 0xff))
+        return NULL;
     const mca_btl_active_message_callback_t *reg =
         mca_btl_base_active_message_trigger + tag;
-    if (OPAL_UNLIKELY(NULL == reg->cbfunc || c->finalizing)) {
-        c->counters.dropped++;
-        return 0;
-    }
+    if (OPAL_UNLIKELY(NULL == reg->cbfunc || mca_btl_ivshmem_component.finalizing))
+        return NULL;
+    return reg;
+}
+
+/* Hand one message to the PML through `reg`. Called without `lock`: the
+   callback may send. The descriptor is the component's (rx_des) and the
+   data lies in the region (or rxbuf, or a stash entry), valid only during
+   the callback (the BTL contract). `len` was checked against where the
+   data lies by the caller. The call comes last, so that a caller with
+   nothing left to do jumps to it. */
+static inline void upcall(const mca_btl_active_message_callback_t *reg,
+                          uint32_t tag, const void *data, size_t len)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     c->counters.recv_msgs++;
     c->counters.recv_bytes += len;
-    mca_btl_base_segment_t seg = {.seg_addr.pval = (void *)data, .seg_len = len};
-    mca_btl_base_descriptor_t des = {.des_segments = &seg, .des_segment_count = 1};
-    reg->cbfunc(&mca_btl_ivshmem.super, (mca_btl_base_tag_t)tag, &des, reg->cbdata);
+    c->rx_seg.seg_addr.pval = (void *)data;
+    c->rx_seg.seg_len = len;
+    reg->cbfunc(&mca_btl_ivshmem.super, (mca_btl_base_tag_t)tag, &c->rx_des,
+                reg->cbdata);
+}
+
+/* One received message of a trusted, current sender: to the PML, or to
+   handle_control. */
+static inline int deliver(int src, uint32_t tag, const void *data, size_t len)
+{
+    const mca_btl_active_message_callback_t *reg = pml_callback(tag);
+    if (OPAL_UNLIKELY(NULL == reg)) {
+        if (tag > 0xff)
+            handle_control(src, tag);
+        else
+            mca_btl_ivshmem_component.counters.dropped++;
+        return 0;
+    }
+    upcall(reg, tag, data, len);
     return 1;
 }
 
@@ -440,12 +462,14 @@ int mca_btl_ivshmem_drain(uint32_t budget)
     return poll_region(budget);
 }
 
-/* A message of the fast path that is not a trusted sender's at its
-   trusted generation with nothing stashed: what poll_region does with
-   it, the message staying where it lies (libivshm consumes it). */
-static __attribute__((noinline)) int take_unusual(int src, uint32_t gen,
-                                                  uint32_t tag,
-                                                  const void *data, size_t len)
+/* A message of the fast path that is not a PML message of a trusted
+   sender at its trusted generation with nothing stashed: what
+   poll_region does with it, the message staying where it lies (libivshm
+   consumes it). Out of line, so that take_in_place's usual case needs
+   no frame. */
+static __attribute__((noinline)) void take_unusual(int src, uint32_t gen,
+                                                   uint32_t tag,
+                                                   const void *data, size_t len)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
     ivshmem_rx_msg_t m = {.src = src, .tag = tag, .in_ring = false,
@@ -453,15 +477,16 @@ static __attribute__((noinline)) int take_unusual(int src, uint32_t gen,
     const uint64_t t = c->trusted[src];
     if (!t) {
         m.sender = SENDER_UNTRUSTED;
-        return untrusted_message(&m, (ssize_t)len);
-    }
-    if (t == (uint64_t)gen + 1) { /* behind its stashed messages */
+        c->fast_delivered += untrusted_message(&m, (ssize_t)len);
+    } else if (t != (uint64_t)gen + 1) {
+        m.sender = SENDER_REPLACED;
+        c->fast_delivered += dispatch(&m, len);
+    } else if (c->stashed[src]) { /* behind its stashed messages */
         stash_put(&m, len, gen, true);
         c->stash_ready = true;
-        return 0;
+    } else { /* a control message, or a drop */
+        c->fast_delivered += deliver(src, tag, data, len);
     }
-    m.sender = SENDER_REPLACED;
-    return dispatch(&m, len);
 }
 
 /* The fast path's upcall (ivshm_recv_each): one whole message of `src`
@@ -478,11 +503,14 @@ static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
        message again before libivshm has consumed it (cleared by the
        progress call when ivshm_recv_each returns) */
     c->in_progress = 1;
-    if (OPAL_LIKELY(c->trusted[src] == (uint64_t)gen + 1 &&
-                    0 == c->stashed[src]))
-        c->fast_delivered += deliver(src, tag, data, len);
-    else
-        c->fast_delivered += take_unusual(src, gen, tag, data, len);
+    const mca_btl_active_message_callback_t *reg = pml_callback(tag);
+    if (OPAL_LIKELY(reg && c->trusted[src] == (uint64_t)gen + 1 &&
+                    0 == c->stashed[src])) {
+        c->fast_delivered++;
+        upcall(reg, tag, data, len); /* last: a jump, no frame of ours */
+        return;
+    }
+    take_unusual(src, gen, tag, data, len);
 }
 
 /* A queued fragment left the FIFO: sent (rc 0) or failed. With `lock`. */
