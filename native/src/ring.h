@@ -32,6 +32,12 @@ static inline uint8_t *rx_ring(const ivshm *h, int slot)
     return h->peers[slot].rx_ring;
 }
 
+/* How far ahead of its position a consumer taking messages in a row
+   fetches the ring (ring_take): far enough that the line has arrived
+   when it gets there, near enough that a sender that is ahead at all has
+   written it. */
+#define RX_AHEAD 4
+
 /* The farthest one end of a fast ring follows the other at once when a
    co-tenant's writes put them apart (ring.c, tail_ahead and
    ivshm_ring_heal): beyond any lag an honest pair can build up while
@@ -200,6 +206,39 @@ static inline bool slot_full(const struct ivshm_slot *s, uint64_t pos)
     return atomic_load_explicit(&s->seq, memory_order_acquire) == pos + 1;
 }
 
+/* The wake a producer that may sleep is owed once we freed position
+   `pos` of its ring (rx_free). The producer only ever blocks on a full
+   ring, that is after it published position pos + ring_slots - 1.
+   Dekker with the producer (store seq ... fence, load tail in its
+   wait): if we do not see that seq, its next look at the tail sees
+   ours, so a wake is only owed when we do see it. This spares a futex
+   wake to a producer that sleeps for another reason (waiting for our
+   reply). Out of line: a producer that never blocks costs the consumer
+   one load per slot (doorbell.c, "blocking announced"). */
+static __attribute__((noinline, unused)) void rx_wake_owed(ivshm *h, int slot,
+                                                           uint8_t *ring,
+                                                           uint64_t pos)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    const struct ivshm_slot *last = slot_at(h, ring, pos + h->ring_slots - 1);
+    if (atomic_load_explicit(&last->seq, memory_order_relaxed) ==
+        pos + h->ring_slots)
+        ivshm_kick(h, slot);
+}
+
+/* Give position `pos` of the ring of the sender whose registry entry is
+   `e` back to it: publish our tail past it, and wake the sender if it
+   may sleep on a full ring. */
+static inline void rx_free(ivshm *h, int slot, uint8_t *ring, uint64_t pos,
+                           const struct ivshm_peer_entry *e)
+{
+    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
+    /* release: our reads of the slot are done before it may be reused */
+    atomic_store_explicit(&ctrl->tail, pos + 1, memory_order_release);
+    if (atomic_load_explicit(&e->may_sleep, memory_order_relaxed))
+        rx_wake_owed(h, slot, ring, pos);
+}
+
 /* Consume position rx_tail of `slot`'s ring. */
 static inline void rx_consume(ivshm *h, int slot, uint8_t *ring,
                               enum rx_view view)
@@ -207,26 +246,8 @@ static inline void rx_consume(ivshm *h, int slot, uint8_t *ring,
     struct ivshm_peer_local *p = &h->peers[slot];
     uint64_t pos = p->rx_tail++;
     p->peeked = false; /* whatever was peeked at is gone now */
-    if (view != RX_LIVE)
-        return;
-    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
-    /* release: our reads of the slot are done before it may be reused */
-    atomic_store_explicit(&ctrl->tail, p->rx_tail, memory_order_release);
-    /* The producer only ever blocks on a full ring, that is after it
-       published position pos + ring_slots - 1. Dekker with the producer
-       (store seq ... fence, load tail in its wait): if we do not see that
-       seq, its next look at the tail sees ours, so a wake is only owed
-       when we do see it. This spares a futex wake to a producer that
-       sleeps for another reason (waiting for our reply). A producer
-       that never blocks needs neither (doorbell.c, "blocking
-       announced"). */
-    if (!ivshm_peer_may_sleep(h, slot))
-        return;
-    atomic_thread_fence(memory_order_seq_cst);
-    const struct ivshm_slot *last = slot_at(h, ring, pos + h->ring_slots - 1);
-    if (atomic_load_explicit(&last->seq, memory_order_relaxed) ==
-        pos + h->ring_slots)
-        ivshm_kick(h, slot);
+    if (view == RX_LIVE)
+        rx_free(h, slot, ring, pos, ivshm_entry(h, slot));
 }
 
 /* The ring from `slot` is empty as far as we know, so the shared tail
@@ -289,10 +310,13 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
     }
     const uint32_t payload = slot_payload(h);
     uint8_t *const ring = p->rx_ring;
+    /* slot_at's terms, kept across the calls of fn */
+    uint8_t *const slots = ring + IVSHM_RING_CTRL;
+    const uint64_t mask = h->ring_slots - 1, stride = h->slot_size;
     int n = 0;
     do {
         const uint64_t pos = p->rx_tail;
-        struct ivshm_slot *s = slot_at(h, ring, pos);
+        struct ivshm_slot *s = (struct ivshm_slot *)(slots + (pos & mask) * stride);
         if (!slot_full(s, pos))
             break;
         struct frag f;
@@ -302,6 +326,11 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
             *elsewhere = true;
             break;
         }
+        /* The line of the slot RX_AHEAD positions on, while fn runs: a
+           sender ahead of us has written it, and our load of it would
+           otherwise wait for its transfer from the sender's core. A hint
+           only: nothing is read from it here. */
+        __builtin_prefetch(slots + ((pos + RX_AHEAD) & mask) * stride, 0, 3);
         /* handed out as a peek is, while fn runs: whatever keeps a
            peeked message in place keeps this one */
         p->peeked = true;
@@ -318,7 +347,9 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
                 p->peeked = false;
             break;
         }
-        rx_consume(h, slot, ring, RX_LIVE); /* and peeked = false */
+        p->rx_tail = pos + 1; /* rx_consume, with what we hold */
+        p->peeked = false;
+        rx_free(h, slot, ring, pos, e);
     } while (n < max);
     return n;
 }
