@@ -22,7 +22,7 @@ from ivcloud.cluster.launch import LaunchError
 from ivcloud.errors import BenchError, InvalidRequest, ReportError
 
 REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS = {"p2p", "mpi", "hierarchy", "halo"}
+BENCHMARKS = {"p2p", "mpi", "small", "hierarchy", "halo"}
 
 
 def _imports(path: Path):

@@ -501,11 +501,13 @@ def check_ivshmem_used(stderr: str, ranks: int, origin: str
 
 def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
             origin: str, keys: Sequence[str],
-            osc: Optional[str] = None) -> Tuple[List[Dict], Dict]:
+            osc: Optional[str] = None,
+            components: Optional[Path] = None) -> Tuple[List[Dict], Dict]:
     """One mpirun job of a benchmark program over `transport`: its records
     (each with `keys`) and the BTL counters. ivshmem jobs get a private
-    region and must show traffic in every rank's BTL counters."""
-    kwargs = dict(transport=transport, osc=osc)
+    region and must show traffic in every rank's BTL counters;
+    `components`: the directory of another build's BTL."""
+    kwargs = dict(transport=transport, osc=osc, components=components)
     if transport == "ivshmem":
         kwargs.update(tcp_fallback=False, verbose_btl=True)
 

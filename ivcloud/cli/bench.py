@@ -1,4 +1,4 @@
-"""`ivcloud bench p2p|mpi|hierarchy|halo|apps|scaling|report`: the
+"""`ivcloud bench p2p|mpi|small|hierarchy|halo|apps|scaling|report`: the
 command line of the benchmarks in ivcloud.bench (options -> settings ->
 ``run``) and of their report (ivcloud.bench.report.write)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
 from .. import mpis as mpi_flavors
-from ..bench import apps, halo, hierarchy, mpi, mpis, p2p, scaling
+from ..bench import apps, halo, hierarchy, mpi, mpis, p2p, scaling, small
 from ..bench.report import write as write_report
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
@@ -49,6 +49,24 @@ measures that MPI's 8 B latency, 8 B message rate and 1 MiB bandwidth
 with both ranks in one instance (its own shared memory: own-shm;
 libfabric's shm provider: shm) and with one rank in each instance (our
 ivshm provider: ivshmem; libfabric's tcp provider: tcp).
+"""
+
+SMALL = """Small messages: 8 B latency, message rate and exchange against vader.
+
+Runs, under Open MPI on this machine with 2 ranks: mpi-osu's 8 B one-way
+latency and message rate (window of 64, time per message) and
+mpi-pingpong's 8 B exchange (both ranks in MPI_Sendrecv at once, as
+HPCC's ring latency), over self,ivshmem (this build's BTL, and the BTL of
+each --build) and over self,vader.
+
+The machine switches between a fast and a slow state within seconds, so
+each round runs short jobs back to back: vader, ours, vader again, and
+every figure of ours is divided by the mean of the two vader figures
+around it. Rounds whose two vader jobs differ by more than 10 % (the
+machine changed state) are left out; the others are split into the
+machine's states by vader's latency. Prints, per state and figure, the
+medians of the ratios with their spread, the targets (every figure at
+or below vader's), and optionally writes every round as JSON.
 """
 
 HIERARCHY = """MPI latency and bandwidth at the three levels of the cloud hierarchy.
@@ -192,6 +210,21 @@ def _run_mpi(args) -> int:
     return mpi.run(s, json_path=args.json)
 
 
+def _build(text: str):
+    """LABEL=DIR of another native build."""
+    label, sep, path = text.partition("=")
+    if not sep or not label.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"a build is LABEL=DIR, not '{text}'")
+    return label.strip(), Path(path.strip())
+
+
+def _run_small(args) -> int:
+    s = small.SmallSettings.make(quick=args.quick, rounds=args.rounds,
+                                 iters=args.iters, builds=args.build,
+                                 realtime=args.realtime)
+    return small.run(s, json_path=args.json)
+
+
 def _run_hierarchy(args) -> int:
     s = hierarchy.HierarchySettings.make(quick=args.quick, iters=args.iters,
                                          uplink_rate=args.uplink_rate,
@@ -279,6 +312,27 @@ def _mpi_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="rounds of alternating transports; figures are "
                         "medians (default 3, quick 1)")
+
+
+def _small_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write the records, each round's figures and the "
+                        "targets as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="two rounds of short jobs (plumbing check)")
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help="rounds (default 20, quick 2)")
+    p.add_argument("--iters", type=positive_int, default=None,
+                   help="mpi-osu operations per job; the exchange does "
+                        "half (default 200000, quick 2000)")
+    p.add_argument("--build", type=_build, action="append", default=[],
+                   metavar="LABEL=DIR",
+                   help="also run the BTL of the native build in DIR "
+                        "(its btl/ directory) under LABEL; repeatable")
+    p.add_argument("--realtime", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="run the ranks in a real-time class (default: "
+                        "when root and chrt allow it)")
 
 
 def _cluster_arguments(p: argparse.ArgumentParser, name: str,
@@ -395,6 +449,7 @@ def register(sub) -> None:
     for name, text, arguments, run, raw in (
             ("p2p", P2P, _p2p_arguments, _run_p2p, False),
             ("mpi", MPI, _mpi_arguments, _run_mpi, False),
+            ("small", SMALL, _small_arguments, _run_small, False),
             # their descriptions are laid out lists: keep the line breaks
             ("hierarchy", HIERARCHY, _hierarchy_arguments, _run_hierarchy,
              True),

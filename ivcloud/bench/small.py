@@ -1,0 +1,276 @@
+"""Small messages: 8 B latency, message rate and exchange against vader,
+round by round, split by the machine's state.
+
+:func:`run` measures the figures the small-message path is judged by
+(docs/fast-path.md): mpi-osu's 8 B one-way latency and message rate
+(window of 64, time per message) and mpi-pingpong's exchange (both ranks
+in MPI_Sendrecv at once, as HPCC's ring latency), over our BTL (this
+build's, and each other build given) and over vader.
+
+These machines switch between a fast and a slow state within seconds
+(BENCHMARKS.md, "Handoff"), and the two states rank the transports
+differently, so a median over minutes of mixed states says little.
+Each round therefore runs short jobs back to back: vader, our BTL in
+every build, vader again (the builds in reverse order every second
+round), and every figure of ours is divided by the mean of the two vader
+figures around it. A round whose two vader jobs disagree by more than
+STEADY on any figure (the machine changed state in between) is left
+out. The steady rounds are split into the machine's states by vader's
+latency: two states when the rounds' latencies lie more than
+STATES_APART apart, at their geometric middle. Each state gets, per
+figure, the median of the rounds' ratios and their spread.
+
+Each rank runs in a real-time class (``chrt -f``) where we may, so that
+other work on the machine cannot split the pair for a while.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import InvalidRequest
+from .toolkit import (BenchResults, Target, count, measure_rounds, mpi_job,
+                      print_grid, program, run_benchmark)
+
+THIS = "ivshmem"      # this build's BTL
+REFERENCE = "vader"
+# figure -> what the table calls it; every figure is a time, so that a
+# ratio below 1 is better than vader for each
+FIGURES = {"latency": "8 B latency, one way",
+           "rate": "8 B message rate (time per message, window 64)",
+           "exchange": "8 B exchange"}
+STEADY = 0.10
+STATES_APART = 1.5
+REALTIME_PRIORITY = "5"
+OSU_KEYS = ("test", "size", "latency_us")
+PINGPONG_KEYS = ("size", "latency_us")
+BTL_MODULE = "btl/mca_btl_ivshmem.so"
+
+
+@dataclass
+class SmallSettings:
+    rounds: int
+    iters: int            # mpi-osu operations; the exchange does half
+    timeout_s: int        # per job
+    builds: List[Tuple[str, Path]] = field(default_factory=list)
+    realtime: bool = True
+    quick: bool = False
+
+    @property
+    def configs(self) -> List[str]:
+        """Our BTL's configurations: this build, then the others."""
+        return [THIS] + [label for label, _ in self.builds]
+
+    @classmethod
+    def make(cls, quick: bool = False, rounds: Optional[int] = None,
+             iters: Optional[int] = None,
+             builds: Sequence[Tuple[str, os.PathLike]] = (),
+             realtime: Optional[bool] = None) -> "SmallSettings":
+        """Defaults for a measurement (20 rounds) or a plumbing check;
+        `builds` are (label, native build directory) of other builds whose
+        BTL runs beside this one's; `realtime` (None: when we may) runs
+        the ranks in a real-time class."""
+        checked = []
+        for label, path in builds:
+            path = Path(path)
+            if (not label or label in (THIS, REFERENCE)
+                    or label in (b for b, _ in checked)):
+                raise InvalidRequest(f"a build needs a label of its own, "
+                                     f"not '{label}'")
+            if not (path / BTL_MODULE).is_file():
+                raise InvalidRequest(f"build '{label}': no {BTL_MODULE} in "
+                                     f"{path}")
+            checked.append((label, path.resolve()))
+        may = os.geteuid() == 0 and shutil.which("chrt") is not None
+        if realtime and not may:
+            raise InvalidRequest("a real-time class needs root and chrt")
+        return cls(rounds=count("rounds", rounds) or (2 if quick else 20),
+                   iters=count("operations", iters)
+                   or (2000 if quick else 200000),
+                   timeout_s=60 if quick else 300, builds=checked,
+                   realtime=may if realtime is None else realtime,
+                   quick=quick)
+
+
+# ---------------------------------------------------------------- running
+
+def _programs(s: SmallSettings) -> Tuple[List[str], List[str]]:
+    """The argv of the mpi-osu and the mpi-pingpong job (before the
+    transport), each rank in a real-time class if asked."""
+    wrap = ["chrt", "-f", REALTIME_PRIORITY] if s.realtime else []
+    osu = [*wrap, str(program("mpi-osu")), "--test", "latency,bw",
+           "--sizes", "8", "--iters", str(s.iters)]
+    exchange = [*wrap, str(program("mpi-pingpong")), "--sizes", "8",
+                "--iters", str(max(1, s.iters // 2)), "--pattern",
+                "exchange"]
+    return osu, exchange
+
+
+def run_config(s: SmallSettings, config: str, side: int = 0) -> List[Dict]:
+    """One round's figures of one configuration (two jobs): records of
+    config, figure and us; `side` tells the two vader jobs of a round
+    apart."""
+    transport = REFERENCE if config == REFERENCE else THIS
+    components = dict(s.builds).get(config)
+    components = components / "btl" if components else None
+    osu, exchange = _programs(s)
+    origin = f"{config}"
+    recs, _ = mpi_job(transport, 2, osu + ["--transport", transport],
+                      s.timeout_s, f"mpi-osu {origin}", OSU_KEYS,
+                      components=components)
+    figures = {"latency": [r for r in recs if r["test"] == "latency"],
+               "rate": [r for r in recs if r["test"] == "bw"]}
+    figures["exchange"], _ = mpi_job(transport, 2, exchange, s.timeout_s,
+                                     f"mpi-pingpong exchange {origin}",
+                                     PINGPONG_KEYS, components=components)
+    return [{"config": config, "side": side, "figure": f,
+             "us": rs[0]["latency_us"]}
+            for f, rs in figures.items() if rs]
+
+
+# ---------------------------------------------------------------- analysis
+
+def _steady(vader: Sequence[Dict]) -> Optional[Dict[str, float]]:
+    """A round's vader figures (the mean of its two jobs), or None unless
+    both jobs gave every figure and agree within STEADY on each."""
+    out = {}
+    for f in FIGURES:
+        us = [r["us"] for r in vader if r["figure"] == f]
+        if len(us) != 2 or min(us) <= 0 or max(us) / min(us) - 1 > STEADY:
+            return None
+        out[f] = sum(us) / 2
+    return out
+
+
+def states(latencies: Sequence[float]) -> Tuple[Optional[float], List[str]]:
+    """The state of each steady round by vader's latency in it: 'fast' and
+    'slow' split at the geometric middle of the extremes when those lie
+    more than STATES_APART apart (that middle is returned too), else one
+    state, 'single'."""
+    if not latencies:
+        return None, []
+    lo, hi = min(latencies), max(latencies)
+    if hi / lo <= STATES_APART:
+        return None, ["single"] * len(latencies)
+    middle = math.sqrt(lo * hi)
+    return middle, ["fast" if v < middle else "slow" for v in latencies]
+
+
+def analyse(runs: Sequence[Dict], configs: Sequence[str]
+            ) -> Tuple[List[Dict], List[str]]:
+    """Per state, configuration and figure, the median of the steady
+    rounds' ratios to vader (ratio, ratio_min, ratio_max, runs) and of
+    the figures themselves (us, vader_us); and notes on what was left
+    out."""
+    rounds = sorted({r["round"] for r in runs})
+    steady = []
+    for rnd in rounds:
+        mine = [r for r in runs if r["round"] == rnd]
+        ref = _steady([r for r in mine if r["config"] == REFERENCE])
+        if ref:
+            steady.append((ref, mine))
+    notes = []
+    if len(steady) < len(rounds):
+        notes.append(f"{len(rounds) - len(steady)} of {len(rounds)} rounds "
+                     f"left out: their two vader jobs differed by more "
+                     f"than {100 * STEADY:.0f} % (the machine changed "
+                     f"state), or one failed")
+    middle, names = states([ref["latency"] for ref, _ in steady])
+    if middle is not None:
+        notes.append(f"two states: vader's 8 B latency below {middle:.3g} us "
+                     f"(fast) and above (slow)")
+    records = []
+    for state in dict.fromkeys(names):
+        group = [x for x, n in zip(steady, names) if n == state]
+        for config in configs:
+            for f in FIGURES:
+                pairs = [(r["us"], ref[f]) for ref, mine in group
+                         for r in mine
+                         if r["config"] == config and r["figure"] == f]
+                if not pairs:
+                    continue
+                ratios = [us / v for us, v in pairs]
+                records.append({
+                    "state": state, "config": config, "figure": f,
+                    "ratio": statistics.median(ratios),
+                    "ratio_min": min(ratios), "ratio_max": max(ratios),
+                    "us": statistics.median(us for us, _ in pairs),
+                    "vader_us": statistics.median(v for _, v in pairs),
+                    "runs": len(pairs)})
+    return records, notes
+
+
+# ---------------------------------------------------------------- targets
+
+def targets(res: BenchResults) -> List[Target]:
+    """This build at or below vader's time in every figure and state."""
+    out = []
+    for r in res.records:
+        if r["config"] == THIS:
+            out.append(Target(f"{r['figure']} {THIS} / {REFERENCE} "
+                              f"({r['state']})", r["ratio"], "<=", 1.0,
+                              best=r["ratio_min"]))
+    if not out:
+        out.append(Target(f"8 B figures {THIS} / {REFERENCE}", None, "<=",
+                          1.0, "no steady round"))
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+def print_table(res: BenchResults, out=None) -> None:
+    out = out or sys.stdout
+    configs = list(dict.fromkeys(r["config"] for r in res.records))
+    rows = []
+    for state in dict.fromkeys(r["state"] for r in res.records):
+        for f, name in FIGURES.items():
+            recs = {r["config"]: r for r in res.records
+                    if r["state"] == state and r["figure"] == f}
+            if not recs:
+                continue
+            first = next(iter(recs.values()))
+            row = [state, str(first["runs"]), name,
+                   f"{first['vader_us']:.4f}"]
+            for c in configs:
+                r = recs.get(c)
+                row.append("" if r is None else
+                           f"{r['us']:.4f}  {r['ratio']:.3f} "
+                           f"({r['ratio_min']:.3f}..{r['ratio_max']:.3f})")
+            rows.append(row)
+    print_grid(["state", "rounds", "figure", "vader (us)",
+                *(f"{c}: us, x vader (min..max)" for c in configs)], rows,
+               out)
+
+
+# ---------------------------------------------------------------- driver
+
+def measure(s: SmallSettings, log=None) -> BenchResults:
+    res = BenchResults()
+    steps = [(f"{REFERENCE} (first)",
+              functools.partial(run_config, s, REFERENCE, 0))]
+    steps += [(c, functools.partial(run_config, s, c)) for c in s.configs]
+    steps.append((f"{REFERENCE} (second)",
+                  functools.partial(run_config, s, REFERENCE, 1)))
+    measure_rounds(res, "small", s.rounds, steps, log)
+    res.records, notes = analyse(res.runs, s.configs)
+    res.notes.extend(notes)
+    return res
+
+
+def run(s: SmallSettings, json_path: Optional[Path] = None, out=None,
+        log=None) -> int:
+    """Measure, print the table, targets and notes to `out`, progress to
+    `log`; write the document to `json_path`. 1 if a job failed."""
+    return run_benchmark(
+        "small", s.quick, lambda: measure(s, log), targets, print_table,
+        json_path, out, rounds=s.rounds, iters=s.iters,
+        realtime=s.realtime, steady=STEADY,
+        builds={label: str(path) for label, path in s.builds})
