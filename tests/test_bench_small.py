@@ -102,10 +102,12 @@ def test_settings_refuse_bad_builds_in_one_line(tmp_path, native_dir):
 def test_bench_small_quick_end_to_end(tmp_path, native_dir):
     out = tmp_path / "small.json"
     proc = ivcloud("bench", "small", "--quick", "--rounds", "3",
-                   "--build", f"again={native_dir}", "--json", out)
+                   "--copies", "2", "--build", f"again={native_dir}",
+                   "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "small" and doc["rounds"] == 3
+    assert doc["copies"] == 2
     assert doc["builds"] == {"again": str(native_dir.resolve())}
     # every job of every round gave its three figures
     for rnd in range(3):
@@ -117,6 +119,11 @@ def test_bench_small_quick_end_to_end(tmp_path, native_dir):
                                                     ("again", 0))
                              for f in small.FIGURES), got
         assert all(r["us"] > 0 for r in doc["runs"])
+        # each BTL from its copies in turn; vader is Open MPI's own
+        assert {r.get("copy") for r in doc["runs"] if r["round"] == rnd
+                and r["config"] != "vader"} == {rnd % 2}
+        assert all("copy" not in r for r in doc["runs"]
+                   if r["config"] == "vader")
     # the document's figures are what the rounds give
     recs, notes = small.analyse(doc["runs"], ["ivshmem", "again"])
     assert doc["records"] == recs

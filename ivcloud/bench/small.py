@@ -20,24 +20,33 @@ latency: two states when the rounds' latencies lie more than
 STATES_APART apart, at their geometric middle. Each state gets, per
 figure, the median of the rounds' ratios and their spread.
 
+Where a BTL's code lies in physical memory moves its figures too: on
+these machines identical copies of one mca_btl_ivshmem.so have given
+message rates 35 % apart, each copy the same run after run (its pages
+stay in the page cache). So each BTL runs from COPIES fresh copies of
+its file, one copy a round in turn, and the medians pool the copies.
+
 Each rank runs in a real-time class (``chrt -f``) where we may, so that
 other work on the machine cannot split the pair for a while.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import shutil
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import mpi
 from ..errors import InvalidRequest
-from .toolkit import (BenchResults, Target, count, measure_rounds, mpi_job,
+from .toolkit import (BenchResults, Target, attempt, count, mpi_job,
                       print_grid, program, run_benchmark)
 
 THIS = "ivshmem"      # this build's BTL
@@ -52,7 +61,8 @@ STATES_APART = 1.5
 REALTIME_PRIORITY = "5"
 OSU_KEYS = ("test", "size", "latency_us")
 PINGPONG_KEYS = ("size", "latency_us")
-BTL_MODULE = "btl/mca_btl_ivshmem.so"
+BTL_MODULE = f"btl/{mpi.COMPONENT_FILE}"
+COPIES = 4
 
 
 @dataclass
@@ -62,6 +72,7 @@ class SmallSettings:
     timeout_s: int        # per job
     builds: List[Tuple[str, Path]] = field(default_factory=list)
     realtime: bool = True
+    copies: int = COPIES  # of each BTL's file, one a round in turn
     quick: bool = False
 
     @property
@@ -73,11 +84,13 @@ class SmallSettings:
     def make(cls, quick: bool = False, rounds: Optional[int] = None,
              iters: Optional[int] = None,
              builds: Sequence[Tuple[str, os.PathLike]] = (),
-             realtime: Optional[bool] = None) -> "SmallSettings":
+             realtime: Optional[bool] = None,
+             copies: Optional[int] = None) -> "SmallSettings":
         """Defaults for a measurement (20 rounds) or a plumbing check;
         `builds` are (label, native build directory) of other builds whose
         BTL runs beside this one's; `realtime` (None: when we may) runs
-        the ranks in a real-time class."""
+        the ranks in a real-time class; `copies` of each BTL's file take
+        turns (default COPIES, quick 1)."""
         checked = []
         for label, path in builds:
             path = Path(path)
@@ -97,6 +110,7 @@ class SmallSettings:
                    or (2000 if quick else 200000),
                    timeout_s=60 if quick else 300, builds=checked,
                    realtime=may if realtime is None else realtime,
+                   copies=count("copies", copies) or (1 if quick else COPIES),
                    quick=quick)
 
 
@@ -114,13 +128,12 @@ def _programs(s: SmallSettings) -> Tuple[List[str], List[str]]:
     return osu, exchange
 
 
-def run_config(s: SmallSettings, config: str, side: int = 0) -> List[Dict]:
+def run_config(s: SmallSettings, config: str, side: int = 0,
+               components: Optional[Path] = None) -> List[Dict]:
     """One round's figures of one configuration (two jobs): records of
     config, figure and us; `side` tells the two vader jobs of a round
-    apart."""
+    apart; `components`: the directory our BTL is loaded from."""
     transport = REFERENCE if config == REFERENCE else THIS
-    components = dict(s.builds).get(config)
-    components = components / "btl" if components else None
     osu, exchange = _programs(s)
     origin = f"{config}"
     recs, _ = mpi_job(transport, 2, osu + ["--transport", transport],
@@ -252,14 +265,46 @@ def print_table(res: BenchResults, out=None) -> None:
 
 # ---------------------------------------------------------------- driver
 
+def _copy_btls(s: SmallSettings, into: Path) -> Dict[str, List[Path]]:
+    """Per configuration of ours, s.copies directories each holding a
+    fresh copy of its BTL's file (new pages in the page cache)."""
+    sources = {THIS: mpi.component_dir(),
+               **{label: path / "btl" for label, path in s.builds}}
+    copies = {}
+    for n, (config, src) in enumerate(sources.items()):
+        copies[config] = []
+        for k in range(s.copies):
+            d = into / f"{n}-{k}"
+            d.mkdir()
+            shutil.copyfile(src / mpi.COMPONENT_FILE, d / mpi.COMPONENT_FILE)
+            copies[config].append(d)
+    return copies
+
+
 def measure(s: SmallSettings, log=None) -> BenchResults:
+    """Every configuration once a round, vader first and last, the order
+    reversed every second round (so that a drifting machine favours no
+    configuration); each BTL from its next copy."""
     res = BenchResults()
-    steps = [(f"{REFERENCE} (first)",
-              functools.partial(run_config, s, REFERENCE, 0))]
-    steps += [(c, functools.partial(run_config, s, c)) for c in s.configs]
-    steps.append((f"{REFERENCE} (second)",
-                  functools.partial(run_config, s, REFERENCE, 1)))
-    measure_rounds(res, "small", s.rounds, steps, log)
+    steps = ([(f"{REFERENCE} (first)", REFERENCE, 0)]
+             + [(c, c, 0) for c in s.configs]
+             + [(f"{REFERENCE} (second)", REFERENCE, 1)])
+    with contextlib.ExitStack() as stack:
+        copies = _copy_btls(s, Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="ivcloud-small-"))))
+        for rnd in range(s.rounds):
+            for name, config, side in (steps if rnd % 2 == 0
+                                       else steps[::-1]):
+                copy = rnd % s.copies
+                dirs = copies.get(config)
+                fn = functools.partial(run_config, s, config, side,
+                                       dirs[copy] if dirs else None)
+                for rec in attempt(res, "small", f"{name} (round {rnd + 1})",
+                                   fn, log) or []:
+                    rec["round"] = rnd
+                    if dirs:
+                        rec["copy"] = copy
+                    res.runs.append(rec)
     res.records, notes = analyse(res.runs, s.configs)
     res.notes.extend(notes)
     return res
@@ -272,5 +317,5 @@ def run(s: SmallSettings, json_path: Optional[Path] = None, out=None,
     return run_benchmark(
         "small", s.quick, lambda: measure(s, log), targets, print_table,
         json_path, out, rounds=s.rounds, iters=s.iters,
-        realtime=s.realtime, steady=STEADY,
+        realtime=s.realtime, steady=STEADY, copies=s.copies,
         builds={label: str(path) for label, path in s.builds})

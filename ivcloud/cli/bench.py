@@ -64,7 +64,9 @@ each round runs short jobs back to back: vader, ours, vader again, and
 every figure of ours is divided by the mean of the two vader figures
 around it. Rounds whose two vader jobs differ by more than 10 % (the
 machine changed state) are left out; the others are split into the
-machine's states by vader's latency. Prints, per state and figure, the
+machine's states by vader's latency. Where a BTL's code lies in memory
+moves its figures too (identical copies of one build have differed by a
+third), so each BTL runs from several fresh copies of its file in turn. Prints, per state and figure, the
 medians of the ratios with their spread, the targets (every figure at
 or below vader's), and optionally writes every round as JSON.
 """
@@ -221,7 +223,7 @@ def _build(text: str):
 def _run_small(args) -> int:
     s = small.SmallSettings.make(quick=args.quick, rounds=args.rounds,
                                  iters=args.iters, builds=args.build,
-                                 realtime=args.realtime)
+                                 realtime=args.realtime, copies=args.copies)
     return small.run(s, json_path=args.json)
 
 
@@ -329,6 +331,10 @@ def _small_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="LABEL=DIR",
                    help="also run the BTL of the native build in DIR "
                         "(its btl/ directory) under LABEL; repeatable")
+    p.add_argument("--copies", type=positive_int, default=None,
+                   help=f"fresh copies of each BTL's file, one a round in "
+                        f"turn: where its code lies in memory moves the "
+                        f"figures (default {small.COPIES}, quick 1)")
     p.add_argument("--realtime", action=argparse.BooleanOptionalAction,
                    default=None,
                    help="run the ranks in a real-time class (default: "
