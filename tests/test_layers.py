@@ -4,7 +4,8 @@
     workloads, benchmarks  ivcloud.apps, ivcloud.bench
     library           server, mpi, mpis, netns, cluster, vm, place, libvirt,
                       isolate
-    binding, errors   ivcloud.native, ivcloud.errors, ivcloud.procfs
+    binding, errors   ivcloud.native, ivcloud.errors, ivcloud.procfs,
+                      ivcloud.filelock
 
 The solver, micromag, is its own package and imports nothing of ivcloud.
 Static: the test reads the source (ast), so an import hidden inside a
@@ -25,6 +26,7 @@ LAYERS = {
     "ivcloud.errors": 0,
     "ivcloud.native": 0,
     "ivcloud.procfs": 0,
+    "ivcloud.filelock": 0,
     "ivcloud.server": 1, "ivcloud.mpi": 1, "ivcloud.mpis": 1,
     "ivcloud.netns": 1,
     "ivcloud.cluster": 1, "ivcloud.vm": 1, "ivcloud.place": 1,

@@ -30,7 +30,6 @@ launcher's banners on the console once the ivshmem device is bound.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import filelock
 from ..errors import ImageError
 from .image import AGENT_LOOP, INIT_BANNER, READY_BANNER, GuestImage
 
@@ -284,26 +284,12 @@ def _run(cmd: List[str], timeout: float, what: str) -> str:
     return p.stdout
 
 
-@contextlib.contextmanager
 def _locked(d: Path, timeout: float = BASE_TIMEOUT_S + 600):
     """Hold d/.lock: one builder per cache entry (two test runs, or CI
     jobs, that want the same image wait for each other)."""
     d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".lock", "a") as f:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ImageError(f"{d} is locked by another build for "
-                                     f"more than {timeout:.0f} s")
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return filelock.held(d / ".lock", timeout, lambda: ImageError(
+        f"{d} is locked by another build for more than {timeout:.0f} s"))
 
 
 def _used(d: Path) -> None:

@@ -43,12 +43,11 @@ prologs'.
 
 from __future__ import annotations
 
-import fcntl
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
+from ... import filelock
 from ...errors import ClusterFailure, IvcloudError
 from ...vm import agent, qemu
 from ...vm import lifecycle as vm_lifecycle
@@ -85,27 +84,11 @@ def _unit(addr: str) -> str:
     return f"ivshm-bind@{addr}.service"
 
 
-class _PortLock:
+def _port_lock(vm_dir: Path):
     """The lock of a guest's root ports (a file in its VM directory)."""
-
-    def __init__(self, vm_dir: Path):
-        self.path = vm_dir / "ports.lock"
-
-    def __enter__(self) -> "_PortLock":
-        self.fd = open(self.path, "a")
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    self.fd.close()
-                    raise ClusterFailure(f"{self.path} stays locked")
-                time.sleep(0.1)
-
-    def __exit__(self, *exc) -> None:
-        self.fd.close()
+    path = vm_dir / "ports.lock"
+    return filelock.held(path, LOCK_TIMEOUT_S,
+                         lambda: ClusterFailure(f"{path} stays locked"))
 
 
 def _guest_run(state: Dict, host: str, script: str, timeout: float) -> str:
@@ -130,7 +113,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
     d = vm_instance.vm_dir_of(state, host)
     qmp = d / "qmp.sock"
     dev = device_id(job)
-    with _PortLock(d):
+    with _port_lock(d):
         with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
             if qemu.find_device(q, dev) is not None:
                 raise ClusterFailure(f"guest {host} has a device {dev} "
@@ -180,7 +163,7 @@ def _take_out(state: Dict, host: str, job: int
         return None, []
     dev = device_id(job)
     try:
-        with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        with _port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             addr = qemu.find_device(q, dev)
             if not qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S):
                 return None, [f"guest {host} did not give device {dev} "
@@ -202,7 +185,7 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
         return []
     problems = []
     try:
-        with _PortLock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        with _port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             qemu.remove_chardev(q, device_id(job))
     except IvcloudError as e:
         problems.append(f"guest {host}: {e}")
