@@ -109,15 +109,17 @@ static void handle_control(int src, uint32_t tag)
 }
 
 /* The PML's callback for a message's tag, or NULL when the message is
-   not the PML's: a control message (tag above 0xff, handle_control), a tag
-   nobody registered, or one arriving while we finalize. */
-static inline const mca_btl_active_message_callback_t *pml_callback(uint32_t tag)
+   not the PML's: a control message (tag above 0xff, handle_control), a
+   tag nobody registered, or one arriving while we finalize. */
+static inline const mca_btl_active_message_callback_t *
+pml_callback(uint32_t tag)
 {
     if (OPAL_UNLIKELY(tag > 0xff))
         return NULL;
     const mca_btl_active_message_callback_t *reg =
         mca_btl_base_active_message_trigger + tag;
-    if (OPAL_UNLIKELY(NULL == reg->cbfunc || mca_btl_ivshmem_component.finalizing))
+    if (OPAL_UNLIKELY(NULL == reg->cbfunc ||
+                      mca_btl_ivshmem_component.finalizing))
         return NULL;
     return reg;
 }

@@ -316,7 +316,8 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
     int n = 0;
     do {
         const uint64_t pos = p->rx_tail;
-        struct ivshm_slot *s = (struct ivshm_slot *)(slots + (pos & mask) * stride);
+        struct ivshm_slot *s =
+            (struct ivshm_slot *)(slots + (pos & mask) * stride);
         if (!slot_full(s, pos))
             break;
         struct frag f;
