@@ -135,14 +135,13 @@ def run_config(s: SmallSettings, config: str, side: int = 0,
     apart; `components`: the directory our BTL is loaded from."""
     transport = REFERENCE if config == REFERENCE else THIS
     osu, exchange = _programs(s)
-    origin = f"{config}"
     recs, _ = mpi_job(transport, 2, osu + ["--transport", transport],
-                      s.timeout_s, f"mpi-osu {origin}", OSU_KEYS,
+                      s.timeout_s, f"mpi-osu {config}", OSU_KEYS,
                       components=components)
     figures = {"latency": [r for r in recs if r["test"] == "latency"],
                "rate": [r for r in recs if r["test"] == "bw"]}
     figures["exchange"], _ = mpi_job(transport, 2, exchange, s.timeout_s,
-                                     f"mpi-pingpong exchange {origin}",
+                                     f"mpi-pingpong exchange {config}",
                                      PINGPONG_KEYS, components=components)
     return [{"config": config, "side": side, "figure": f,
              "us": rs[0]["latency_us"]}
