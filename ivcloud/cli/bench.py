@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable, List, Optional, TypeVar
+from typing import Callable, List, Optional, Tuple, TypeVar
 
 from .. import mpis as mpi_flavors
 from ..bench import apps, halo, hierarchy, mpi, mpis, p2p, scaling, small
@@ -66,9 +66,10 @@ around it. Rounds whose two vader jobs differ by more than 10 % (the
 machine changed state) are left out; the others are split into the
 machine's states by vader's latency. Where a BTL's code lies in memory
 moves its figures too (identical copies of one build have differed by a
-third), so each BTL runs from several fresh copies of its file in turn. Prints, per state and figure, the
-medians of the ratios with their spread, the targets (every figure at
-or below vader's), and optionally writes every round as JSON.
+third), so each BTL runs from several fresh copies of its file in turn.
+Prints, per state and figure, the medians of the ratios with their
+spread, the targets (every figure at or below vader's), and optionally
+writes every round as JSON.
 """
 
 HIERARCHY = """MPI latency and bandwidth at the three levels of the cloud hierarchy.
@@ -212,7 +213,7 @@ def _run_mpi(args) -> int:
     return mpi.run(s, json_path=args.json)
 
 
-def _build(text: str):
+def _build(text: str) -> Tuple[str, Path]:
     """LABEL=DIR of another native build."""
     label, sep, path = text.partition("=")
     if not sep or not label.strip() or not path.strip():
