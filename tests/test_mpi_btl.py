@@ -561,3 +561,27 @@ def test_bench_mpi_quick(component, tmp_path, native_dir):
     assert len(names) == 3 and all(t["status"] in ("PASS", "MISS")
                                    for t in doc["targets"]), doc["targets"]
     assert "Targets" in proc.stdout
+
+
+def test_osu_phases_add_up_to_the_window(component, region, native_dir):
+    """mpi-osu --phases 1: each rank's three phases of a bw window, per
+    message, add up to the time per message, on both sides of the pair
+    (each side lives the whole window)."""
+    job = run_job(ivshmem_cmd([native_dir / "mpi-osu", "--test", "bw",
+                               "--sizes", "8", "--iters", "20000",
+                               "--phases", "1"], 2, region))
+    assert job.returncode == 0, job.describe()
+    (rec,) = [json.loads(ln) for ln in job.stdout.splitlines()
+              if ln.startswith("{")]
+    phases = rec["phases_us"]
+    for side in ("sender", "receiver"):
+        assert len(phases[side]) == 3 and min(phases[side]) >= 0, phases
+        # the phases are summed over every timed window, the figure is
+        # the median batch: close, not equal
+        assert sum(phases[side]) == pytest.approx(rec["latency_us"],
+                                                  rel=0.5), (side, rec)
+    # without the option, no phases and no clock reads in the windows
+    job = run_job(ivshmem_cmd([native_dir / "mpi-osu", "--test", "bw",
+                               "--sizes", "8", "--iters", "2000"], 2, region))
+    assert job.returncode == 0 and "phases_us" not in job.stdout, \
+        job.describe()

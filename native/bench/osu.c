@@ -13,7 +13,10 @@
  * Rank 0 prints one JSON line per test and size:
  *   {"transport","test","ranks","size","latency_us","bandwidth_MBps",...}
  * Each figure is the median of NBATCH timed batches after a warm-up;
- * bandwidth = size / latency per operation.
+ * bandwidth = size / latency per operation. With --phases 1, bw's line
+ * also says how each rank of the pair spent a window, per message:
+ * "phases_us":{"sender":[post,wait,ack],"receiver":[post,wait,ack]}
+ * (posting the window, MPI_Waitall, the acknowledgement).
  */
 #include <mpi.h>
 
@@ -43,6 +46,7 @@ struct opts {
     uint64_t budget;   /* bytes per size: caps the operations of big ones */
     int window;        /* bw: sends in flight */
     const char *transport;
+    int phases;        /* bw: time each phase of a window (--phases 1) */
 };
 
 static int rank, nranks;
@@ -94,6 +98,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->window = atoi(v);
         } else if (!strcmp(a, "--transport")) {
             o->transport = v;
+        } else if (!strcmp(a, "--phases")) {
+            o->phases = atoi(v);
         } else {
             return -1;
         }
@@ -116,13 +122,48 @@ static long ops_for(const struct opts *o, size_t per_op)
     return n < 2 * NBATCH ? 2 * NBATCH : n;
 }
 
+/* The phases of a bw window, as each rank of the pair lives them:
+   posting its window (MPI_Isend or MPI_Irecv), MPI_Waitall, and the
+   acknowledgement (waiting for it, or sending it). Seconds summed over
+   the timed windows, when asked for (--phases). */
+enum { PH_POST, PH_WAIT, PH_ACK, NPHASES };
+static double phase_s[NPHASES];
+
+/* The pair's phase sums at rank 0: its own (the sender's) and rank 1's
+   (the receiver's); every rank's own start again from zero. */
+static void gather_phases(double sender_s[NPHASES],
+                          double receiver_s[NPHASES])
+{
+    if (rank == 1)
+        MPI_Send(phase_s, NPHASES, MPI_DOUBLE, 0, 4, MPI_COMM_WORLD);
+    else if (rank == 0)
+        MPI_Recv(receiver_s, NPHASES, MPI_DOUBLE, 1, 4, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    memcpy(sender_s, phase_s, sizeof phase_s);
+    memset(phase_s, 0, sizeof phase_s);
+}
+
+/* The phases per message in us, as a JSON field of rank 0's record:
+   "phases_us":{"sender":[post,wait,ack],"receiver":[post,wait,ack]} */
+static void print_phases(const double sender_s[NPHASES],
+                         const double receiver_s[NPHASES], double msgs)
+{
+    printf(",\"phases_us\":{\"sender\":[%.4f,%.4f,%.4f],"
+           "\"receiver\":[%.4f,%.4f,%.4f]}",
+           sender_s[PH_POST] / msgs * 1e6, sender_s[PH_WAIT] / msgs * 1e6,
+           sender_s[PH_ACK] / msgs * 1e6, receiver_s[PH_POST] / msgs * 1e6,
+           receiver_s[PH_WAIT] / msgs * 1e6, receiver_s[PH_ACK] / msgs * 1e6);
+}
+
 /* `count` windows of o->window messages; buf holds window * size bytes
-   so that the messages in flight never share memory */
-static void stream(char *buf, int size, int window, long count)
+   so that the messages in flight never share memory. `timed`: add each
+   window's phases to phase_s. */
+static void stream(char *buf, int size, int window, long count, int timed)
 {
     MPI_Request rq[MAX_WINDOW];
     char ack[4] = {0};
     for (long i = 0; i < count; i++) {
+        double t0 = timed ? MPI_Wtime() : 0;
         for (int w = 0; w < window; w++) {
             char *p = buf + (size_t)w * (size_t)size;
             if (rank == 0)
@@ -130,12 +171,20 @@ static void stream(char *buf, int size, int window, long count)
             else
                 MPI_Irecv(p, size, MPI_BYTE, 0, 2, MPI_COMM_WORLD, &rq[w]);
         }
+        double t1 = timed ? MPI_Wtime() : 0;
         MPI_Waitall(window, rq, MPI_STATUSES_IGNORE);
+        double t2 = timed ? MPI_Wtime() : 0;
         if (rank == 0)
             MPI_Recv(ack, 4, MPI_BYTE, 1, 3, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
         else
             MPI_Send(ack, 4, MPI_BYTE, 0, 3, MPI_COMM_WORLD);
+        if (timed) {
+            double t3 = MPI_Wtime();
+            phase_s[PH_POST] += t1 - t0;
+            phase_s[PH_WAIT] += t2 - t1;
+            phase_s[PH_ACK] += t3 - t2;
+        }
     }
 }
 
@@ -216,7 +265,7 @@ static void run_test(const struct opts *o, enum test t, char *buf,
             else if (t == T_LATENCY)
                 bench_mpi_pingpong(buf, size, rank, 1, count);
             else if (t == T_BW)
-                stream(buf, size, window, count);
+                stream(buf, size, window, count, o->phases && b >= 0);
             else if (rma)
                 rma_ops(t, win, buf, size, count);
             else
@@ -229,6 +278,9 @@ static void run_test(const struct opts *o, enum test t, char *buf,
             if (b >= 0)
                 batch[b] = dt;
         }
+        double sender_s[NPHASES] = {0}, receiver_s[NPHASES] = {0};
+        if (t == T_BW && o->phases)
+            gather_phases(sender_s, receiver_s);
         if (rank == 0) {
             qsort(batch, NBATCH, sizeof batch[0], bench_cmp_double);
             /* per operation: a round trip is two one-way trips, a bw
@@ -245,6 +297,8 @@ static void run_test(const struct opts *o, enum test t, char *buf,
                    batch[0] / ops * 1e6);
             if (t == T_BW)
                 printf(",\"window\":%d", window);
+            if (t == T_BW && o->phases)
+                print_phases(sender_s, receiver_s, ops * NBATCH);
             if (rma)
                 printf(",\"sync\":\"%s\"", fence ? "fence" : "lock_all");
             printf("}\n");
@@ -270,7 +324,7 @@ int main(int argc, char **argv)
     if (parse_args(argc, argv, &o) < 0) {
         if (rank == 0)
             fprintf(stderr, "usage: mpirun -np N osu --test LIST [--sizes "
-                    "LIST] [--iters N] [--budget BYTES] [--window N] "
+                    "LIST] [--iters N] [--budget BYTES] [--window N] [--phases 1] "
                     "[--transport NAME]\n  tests: latency,bw,put,get,"
                     "put-fence,get-fence,allreduce (N >= 2; point-to-point "
                     "and one-sided use ranks 0 and 1)\n");
