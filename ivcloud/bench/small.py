@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
 import shutil
@@ -46,7 +47,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import mpi
 from ..errors import InvalidRequest
-from .toolkit import (BenchResults, Target, attempt, count, mpi_job,
+from .toolkit import (BenchResults, Target, count, measure_rounds, mpi_job,
                       print_grid, program, run_benchmark)
 
 THIS = "ivshmem"      # this build's BTL
@@ -281,29 +282,29 @@ def _copy_btls(s: SmallSettings, into: Path) -> Dict[str, List[Path]]:
 
 
 def measure(s: SmallSettings, log=None) -> BenchResults:
-    """Every configuration once a round, vader first and last, the order
-    reversed every second round (so that a drifting machine favours no
-    configuration); each BTL from its next copy."""
+    """Every configuration once a round, vader first and last, in
+    toolkit.measure_rounds' alternating order; each BTL from its next
+    copy (its k-th job from copy k mod s.copies, so a round's jobs share
+    a copy number)."""
     res = BenchResults()
-    steps = ([(f"{REFERENCE} (first)", REFERENCE, 0)]
-             + [(c, c, 0) for c in s.configs]
-             + [(f"{REFERENCE} (second)", REFERENCE, 1)])
     with contextlib.ExitStack() as stack:
         copies = _copy_btls(s, Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="ivcloud-small-"))))
-        for rnd in range(s.rounds):
-            for name, config, side in (steps if rnd % 2 == 0
-                                       else steps[::-1]):
-                copy = rnd % s.copies
-                dirs = copies.get(config)
-                fn = functools.partial(run_config, s, config, side,
-                                       dirs[copy] if dirs else None)
-                for rec in attempt(res, "small", f"{name} (round {rnd + 1})",
-                                   fn, log) or []:
-                    rec["round"] = rnd
-                    if dirs:
-                        rec["copy"] = copy
-                    res.runs.append(rec)
+        turns = {config: itertools.count() for config in copies}
+
+        def step(config: str, side: int) -> List[Dict]:
+            if config not in copies:
+                return run_config(s, config, side)
+            k = next(turns[config]) % s.copies
+            return [dict(r, copy=k) for r in
+                    run_config(s, config, side, copies[config][k])]
+
+        steps = ([(f"{REFERENCE} (first)",
+                   functools.partial(step, REFERENCE, 0))]
+                 + [(c, functools.partial(step, c, 0)) for c in s.configs]
+                 + [(f"{REFERENCE} (second)",
+                     functools.partial(step, REFERENCE, 1))])
+        measure_rounds(res, "small", s.rounds, steps, log)
     res.records, notes = analyse(res.runs, s.configs)
     res.notes.extend(notes)
     return res
