@@ -362,29 +362,22 @@ static enum sendi_result sendi_copy(
     return SENDI_SENT;
 }
 
-/*
- * Hot path of small messages (ob1's match header + up to eager_limit
- * bytes): header and payload go straight into the next ring slot, one
- * release store publishes them (ivshm_send_small for contiguous data;
- * reserve, pack, commit when the convertor must pack). Invariant: we
- * only write the ring when the endpoint has nothing queued or reserved,
- * so a sendi never overtakes a queued fragment. Behind queued fragments
- * a copy joins the queue, never a refusal: a refused sendi sends ob1's
- * request to its own pending list, and ob1 retries all of those on
- * every progress call, each retry one more refusal, until our queue
- * drains (a retry storm that halved the message rate).
- */
-int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
-                          struct mca_btl_base_endpoint_t *ep,
-                          struct opal_convertor_t *convertor, void *header,
-                          size_t header_size, size_t payload_size,
-                          uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
-                          mca_btl_base_descriptor_t **descriptor)
+/* Everything sendi's hot path leaves: a dead peer, a message above the
+   eager limit, an endpoint with fragments queued or a slot reserved,
+   data the convertor must pack, threads (the path below takes no lock),
+   and a small send libivshm did not take (ring full, refused, ...).
+   Behind queued fragments a copy joins the queue, never a refusal: a
+   refused sendi sends ob1's request to its own pending list, and ob1
+   retries all of those on every progress call, each retry one more
+   refusal, until our queue drains (a retry storm that halved the
+   message rate). */
+static __attribute__((noinline)) int sendi_general(
+    struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
+    struct opal_convertor_t *convertor, void *header, size_t header_size,
+    size_t payload_size, mca_btl_base_tag_t tag,
+    mca_btl_base_descriptor_t **descriptor)
 {
     mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    (void)order;
-    (void)flags;
-
     if (OPAL_UNLIKELY(ep->dead ||
                       header_size + payload_size > btl->btl_eager_limit)) {
         if (descriptor)
@@ -411,4 +404,43 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
         return OPAL_ERR_OUT_OF_RESOURCE;
     mca_btl_ivshmem_peer_failed(ep, rc);
     return OPAL_ERR_UNREACH;
+}
+
+/*
+ * Hot path of small messages (ob1's match header + up to eager_limit
+ * bytes of contiguous data, one thread): header and payload go straight
+ * into the next ring slot in one libivshm call, one release store
+ * publishes them. Invariant: we only write the ring when the endpoint
+ * has nothing queued or reserved, so a sendi never overtakes a queued
+ * fragment. Anything else, and a send libivshm did not take, is
+ * sendi_general's (which may try the same send again: a failed
+ * ivshm_send_small sent nothing).
+ */
+int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
+                          struct mca_btl_base_endpoint_t *ep,
+                          struct opal_convertor_t *convertor, void *header,
+                          size_t header_size, size_t payload_size,
+                          uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
+                          mca_btl_base_descriptor_t **descriptor)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    (void)order;
+    (void)flags;
+    if (OPAL_LIKELY(!ep->dead && 0 == ep->pending.count &&
+                    NULL == ep->in_ring && !opal_using_threads() &&
+                    header_size + payload_size <= btl->btl_eager_limit &&
+                    (0 == payload_size ||
+                     !opal_convertor_need_buffers(convertor)))) {
+        void *data = NULL;
+        if (payload_size)
+            opal_convertor_get_current_pointer(convertor, &data);
+        if (OPAL_LIKELY(0 == ivshm_send_small(c->h, ep->slot, tag, header,
+                                              header_size, data,
+                                              payload_size))) {
+            count_sent(header_size + payload_size);
+            return OPAL_SUCCESS;
+        }
+    }
+    return sendi_general(btl, ep, convertor, header, header_size,
+                         payload_size, tag, descriptor);
 }

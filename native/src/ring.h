@@ -128,7 +128,7 @@ static inline void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
 }
 
 /* A wake after the message is out, as a tail call, so that the hot path
-   of ring_send_small needs no stack frame. */
+   of ivshm_send_small needs no stack frame. */
 static __attribute__((noinline, unused)) int ring_kick_sent(ivshm *h,
                                                            int slot)
 {
@@ -136,32 +136,43 @@ static __attribute__((noinline, unused)) int ring_kick_sent(ivshm *h,
     return 0;
 }
 
-/* The message `a` + `b` on our fast ring to `slot` if nothing stands in
-   the way: 0 (sent), or 1 when the general path must look (the peer is
+/* Whether the message `a` + `b` may go on our fast ring to `slot` at once
+   (ring_put_small); false when the general path must look: the peer is
    not the incarnation we know, no ring yet, our cached tail says full,
-   bad arguments). `tiny`: only parts of up to 32 bytes, copied without
-   a call. Invariants: the peer's registry entry is read on every call
+   bad arguments. `tiny`: only parts of up to 32 bytes, copied without a
+   call. Invariants: the peer's registry entry is read on every call
    (state and generation, as ivshm_peer_current: a new incarnation
    emptied the ring we would write to, and the general path resets our
-   view); the shared tail is never read here, only our cached copy
-   (the general path has ivshm_tx_reserve load, check and keep it); the
-   whole message fits the slot or nothing is written. */
-IVSHM_HOT_INLINE int ring_send_small(ivshm *h, int slot, uint32_t tag,
-                                     const void *a, size_t alen,
-                                     const void *b, size_t blen, bool tiny)
+   view); the shared tail is never read here, only our cached copy (the
+   general path has ivshm_tx_reserve load, check and keep it); the whole
+   message fits the slot or nothing is written. */
+IVSHM_HOT_INLINE bool ring_small_ready(const ivshm *h, int slot,
+                                       const struct ivshm_peer_entry *e,
+                                       const void *a, size_t alen,
+                                       const void *b, size_t blen, bool tiny)
 {
-    struct ivshm_peer_local *p = &h->peers[slot];
-    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    const struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t payload = slot_payload(h);
     const bool fits = tiny ? alen <= 32 && blen <= 32 && alen + blen <= payload
                            : alen <= payload && blen <= payload - alen;
-    if (!fits || (alen && !a) || (blen && !b) ||
-        atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
-        atomic_load_explicit(&e->gen, memory_order_relaxed) != p->gen ||
-        p->tx_chan < 0 || p->tx_head - p->tx_tail_cache >= h->ring_slots)
-        return 1;
-    /* What tx_publish + tx_done do, from locals loaded before the copies
-       (which may alias anything, so the compiler would load again). */
+    return fits && (a || !alen) && (b || !blen) &&
+           atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
+           atomic_load_explicit(&e->gen, memory_order_relaxed) == p->gen &&
+           p->tx_chan >= 0 && p->tx_head - p->tx_tail_cache < h->ring_slots;
+}
+
+/* The message `a` + `b` into the slot at tx_head, published, once
+   ring_small_ready said yes (copy_small: no call for parts of up to 32
+   bytes). What tx_publish + tx_done do, from locals loaded before the
+   copies (which may alias anything, so the compiler would load again),
+   except the wake: true if one is owed (the receiver may sleep;
+   doorbell.c), for the caller to ring last. */
+IVSHM_HOT_INLINE bool ring_put_small(ivshm *h, int slot,
+                                     const struct ivshm_peer_entry *e,
+                                     uint32_t tag, const void *a, size_t alen,
+                                     const void *b, size_t blen)
+{
+    struct ivshm_peer_local *p = &h->peers[slot];
     uint8_t *ring = p->tx_ring;
     const uint64_t pos = p->tx_head;
     const uint32_t len = (uint32_t)(alen + blen);
@@ -182,9 +193,7 @@ IVSHM_HOT_INLINE int ring_send_small(ivshm *h, int slot, uint32_t tag,
     atomic_store_explicit(&((struct ivshm_ring_ctrl *)ring)->head, pos + 1,
                           memory_order_release);
     count_sent(h, len);
-    if (atomic_load_explicit(&e->may_sleep, memory_order_relaxed))
-        return ring_kick_sent(h, slot); /* else no wake is owed (doorbell.c) */
-    return 0;
+    return atomic_load_explicit(&e->may_sleep, memory_order_relaxed) != 0;
 }
 
 /* ------------------------------------------------------------------ */

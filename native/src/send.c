@@ -233,8 +233,12 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
         rc = ivshm_tx_reserve(h, slot, (struct ivshm_ring_ctrl *)p->tx_ring, 1);
         if (rc < 0)
             return rc;
-        if (ring_send_small(h, slot, tag, a, alen, b, blen, false) == 0)
+        const struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+        if (ring_small_ready(h, slot, e, a, alen, b, blen, false)) {
+            if (ring_put_small(h, slot, e, tag, a, alen, b, blen))
+                ivshm_kick(h, slot);
             return 0;
+        }
     }
     if (!blen)
         return send_msg(h, slot, tag, a, alen, 0);
@@ -250,8 +254,10 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
 
 /* Hot path of a small send (a protocol header and its payload): one
    check of the arguments and of the peer, both parts copied straight
-   into the slot at tx_head, one release store, no call but a wake. What
-   reserve + commit did in two calls, each with its own checks. */
+   into the slot at tx_head, one release store. What reserve + commit did
+   in two calls, each with its own checks. The general path and the wake
+   are tail calls, so that nothing of the hot path is kept across a
+   call. */
 int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                      size_t alen, const void *b, size_t blen)
 {
@@ -259,8 +265,11 @@ int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
                              slot == h->self,
                          0))
         return -EINVAL;
-    int rc = ring_send_small(h, slot, tag, a, alen, b, blen, true);
-    if (__builtin_expect(rc <= 0, 1))
-        return rc;
-    return send_small_general(h, slot, tag, a, alen, b, blen);
+    const struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (__builtin_expect(!ring_small_ready(h, slot, e, a, alen, b, blen, true),
+                         0))
+        return send_small_general(h, slot, tag, a, alen, b, blen);
+    if (ring_put_small(h, slot, e, tag, a, alen, b, blen))
+        return ring_kick_sent(h, slot); /* else no wake is owed (doorbell.c) */
+    return 0;
 }
