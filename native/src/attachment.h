@@ -49,6 +49,9 @@ struct ivshm_peer_local {
     bool peeked;              /* recv_peek handed out a message           */
     uint8_t reserve_kind;     /* SRC_RING: slot at tx_head; SRC_QUEUE: stage */
     uint8_t peek_kind;        /* SRC_*: where the peeked message lies     */
+    bool tx_streak;           /* a small send to it since we last took a
+                                 message of its ring (ring.h,
+                                 ring_put_small)                          */
     /* Lifetimes: what we hand out stays ours to keep until its release,
        whatever a reset (a new incarnation of the peer) or a copying
        receive does meanwhile (peer_local.c). */

@@ -38,6 +38,23 @@ static inline uint8_t *rx_ring(const ivshm *h, int slot)
    written it. */
 #define RX_AHEAD 4
 
+/* How far ahead of its position a producer sending messages in a row
+   takes the line of a free slot for writing (ring_put_small). */
+#define TX_AHEAD 4
+
+/* A prefetch for writing: the line comes in owned, as a store would take
+   it, but without holding up the stores behind it. GCC emits x86's
+   prefetchw for __builtin_prefetch(p, 1, ...) only with -mprfchw, and a
+   read prefetch otherwise, which would only share the line. */
+static inline void prefetch_for_write(const void *p)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+}
+
 /* The farthest one end of a fast ring follows the other at once when a
    co-tenant's writes put them apart (ring.c, tail_ahead and
    ivshm_ring_heal): beyond any lag an honest pair can build up while
@@ -193,6 +210,18 @@ IVSHM_HOT_INLINE bool ring_put_small(ivshm *h, int slot,
     atomic_store_explicit(&((struct ivshm_ring_ctrl *)ring)->head, pos + 1,
                           memory_order_release);
     count_sent(h, len);
+    /* In a run of sends, the line of the slot TX_AHEAD on: the consumer
+       read it one lap ago and shares it, and our store would have to
+       take it back, holding up every store behind it (docs/fast-path.md,
+       "The sender's line"). Only a slot our cached tail says is free, so
+       never a line the consumer has still to read; only in a run (no
+       message from this peer taken since our last small send to it), so
+       a ping-pong or an exchange, whose next send waits for a receive,
+       pays nothing. The address is our own position in our own ring:
+       nothing is read from the region. */
+    if (p->tx_streak && pos + TX_AHEAD - p->tx_tail_cache < h->ring_slots)
+        prefetch_for_write(slot_at(h, ring, pos + TX_AHEAD));
+    p->tx_streak = true;
     return atomic_load_explicit(&e->may_sleep, memory_order_relaxed) != 0;
 }
 
@@ -255,6 +284,7 @@ static inline void rx_consume(ivshm *h, int slot, uint8_t *ring,
     struct ivshm_peer_local *p = &h->peers[slot];
     uint64_t pos = p->rx_tail++;
     p->peeked = false; /* whatever was peeked at is gone now */
+    p->tx_streak = false;
     if (view == RX_LIVE)
         rx_free(h, slot, ring, pos, ivshm_entry(h, slot));
 }
@@ -359,6 +389,7 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
         }
         p->rx_tail = pos + 1; /* rx_consume, with what we hold */
         p->peeked = false;
+        p->tx_streak = false;
         rx_free(h, slot, ring, pos, e);
     } while (n < max);
     return n;
