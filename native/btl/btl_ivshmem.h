@@ -43,8 +43,6 @@ BEGIN_C_DECLS
 /* Messages delivered per progress call, so other progress functions
    (tcp, pml) get their turn under a flood. */
 #define IVSHMEM_RECV_BATCH 16
-_Static_assert(IVSHMEM_RECV_BATCH <= IVSHM_RUN_MAX,
-               "a batch is one run of the fast path");
 
 /* Contiguous payloads of this size or more are copied into their slot by
    btl_ivshmem_copy.c; smaller ones are packed by ob1's convertor (they
@@ -236,10 +234,6 @@ typedef struct mca_btl_ivshmem_component_t {
     uint32_t idle_polls;
     uint32_t looks_paused; /* deliveries left before the next look (poll_region) */
     int fast_delivered;    /* ob1 upcalls of the fast path in this call  */
-    /* the run of the fast path being delivered (ivshm_recv_run): here
-       rather than on progress's stack, so that an empty call needs no
-       frame; one progress at a time uses it */
-    ivshm_run run;
     uint32_t ticks;
     uint64_t idle_since_ns;
     uint64_t last_tick_ns;

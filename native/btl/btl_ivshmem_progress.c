@@ -467,8 +467,8 @@ int mca_btl_ivshmem_drain(uint32_t budget)
 /* A message of the fast path that is not a PML message of a trusted
    sender at its trusted generation with nothing stashed: what
    poll_region does with it, the message staying where it lies (libivshm
-   consumes it). Out of line, so that deliver_run's usual case stays
-   short. */
+   consumes it). Out of line, so that take_in_place's usual case needs
+   no frame. */
 static __attribute__((noinline)) void take_unusual(int src, uint32_t gen,
                                                    uint32_t tag,
                                                    const void *data, size_t len)
@@ -491,11 +491,11 @@ static __attribute__((noinline)) void take_unusual(int src, uint32_t gen,
     }
 }
 
-/* The fast path's upcall for one message (ivshm_recv_each, while looks
-   are paused: a ping-pong, where a run's own bookkeeping would cost more
-   than it saves): one whole message of `src` in its incarnation `gen`,
-   where it lies in the region; libivshm consumes it when we return. The
-   rule of deliver_run. Without `lock` (single-threaded only). */
+/* The fast path's upcall (ivshm_recv_each): one whole message of `src`
+   in its incarnation `gen`, where it lies in the region; libivshm
+   consumes it when we return. The same rule as poll_region: ob1 sees
+   only trusted senders at their trusted generation, after whatever of
+   theirs waits in the stash. Without `lock` (single-threaded only). */
 static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
                           const void *data, size_t len)
 {
@@ -513,35 +513,6 @@ static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
         return;
     }
     take_unusual(src, gen, tag, data, len);
-}
-
-/* The fast path's delivery (ivshm_recv_run): the `n` whole messages of
-   `run`, of one sender in one incarnation, where they lie in the
-   region; libivshm consumes them all once we are done
-   (ivshm_recv_run_done), so each stays valid through its callback. The same rule as poll_region: ob1
-   sees only trusted senders at their trusted generation, after whatever
-   of theirs waits in the stash; asked again for every message, since a
-   callback may change the answer (a send that fails distrusts its
-   peer). Without `lock` (single-threaded only), under the progress
-   guard: a callback that calls opal_progress takes nothing of the run
-   again. */
-static __attribute__((noinline)) void deliver_run(const ivshm_run *run,
-                                                  int n)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    const int src = run->src;
-    const uint64_t trusted = (uint64_t)run->generation + 1;
-    for (int i = 0; i < n; i++) {
-        const ivshm_msg *m = &run->msg[i];
-        const mca_btl_active_message_callback_t *reg = pml_callback(m->tag);
-        if (OPAL_LIKELY(reg && c->trusted[src] == trusted &&
-                        0 == c->stashed[src])) {
-            c->fast_delivered++;
-            upcall(reg, m->tag, m->data, m->len);
-        } else {
-            take_unusual(src, run->generation, m->tag, m->data, m->len);
-        }
-    }
 }
 
 /* A queued fragment left the FIFO: sent (rc 0) or failed. With `lock`. */
@@ -905,8 +876,8 @@ static __attribute__((noinline)) int idle_tick(void)
 
 /* Everything but the empty call of one thread: delivery, retries,
    callbacks, the idle tick. `taken`: what the fast path took (messages
-   of a run or handed to take_in_place, `delivered` of them to ob1:
-   fast_delivered), 0 when it found
+   handed to take_in_place, `delivered` of them to ob1: fast_delivered),
+   0 when it found
    something only the general path takes, -EAGAIN when it found nothing;
    NOT_ASKED (threads) when the general path alone is used, which asks
    ivshm_recv_idle first under `lock`. Under the one-progress-at-a-time
@@ -955,19 +926,18 @@ int mca_btl_ivshmem_component_progress(void)
     }
     if (c->in_progress)
         return 0;
-    /* One thread: the fast path first (docs/fast-path.md, "Runs"). A
-       run of whole messages at the head of one sender's fast channel
-       goes to ob1 where it lies, without the peek/release bookkeeping,
-       and is consumed after; most calls (every MPI_Test, every spin of
-       MPI_Wait) find nothing there, and libivshm says so in a few loads
-       (and "look elsewhere" every 64th time, so the general path's
-       checks still run). The look for a second message is paused as in
-       poll_region: after a call that found only one, the next
-       IVSHMEM_LOOK_PAUSE take one each. The re-entrancy guard is set
-       before the run is delivered: an empty call stores nothing. */
-    const bool paused = c->looks_paused != 0;
-    int taken = paused ? ivshm_recv_each(c->h, take_in_place, NULL, 1)
-                       : ivshm_recv_run(c->h, &c->run, IVSHMEM_RECV_BATCH);
+    /* One thread: the fast path first (docs/fast-path.md). Whole
+       messages at the heads of our fast channels go to ob1 where they
+       lie, without the peek/release bookkeeping; most calls (every
+       MPI_Test, every spin of MPI_Wait) find nothing there, and
+       libivshm says so in a few loads (and "look elsewhere" every 64th
+       time, so the general path's checks still run). The look for a
+       second message is paused as in poll_region: after a call that
+       found only one, the next IVSHMEM_LOOK_PAUSE take one each. The
+       upcall sets the re-entrancy guard (take_in_place): an empty call
+       stores nothing. */
+    const int max = c->looks_paused ? 1 : IVSHMEM_RECV_BATCH;
+    int taken = ivshm_recv_each(c->h, take_in_place, NULL, max);
     int events;
     if (OPAL_LIKELY(taken == -EAGAIN && !c->stash_ready && !c->num_pending &&
                     NULL == c->complete.head)) {
@@ -981,14 +951,10 @@ int mca_btl_ivshmem_component_progress(void)
     } else {
         c->in_progress = 1;
         if (taken > 0) {
-            if (paused) {
+            if (max == 1)
                 c->looks_paused--;
-            } else {
-                deliver_run(&c->run, taken);
-                ivshm_recv_run_done(c->h);
-                if (taken == 1)
-                    c->looks_paused = IVSHMEM_LOOK_PAUSE;
-            }
+            else if (taken == 1)
+                c->looks_paused = IVSHMEM_LOOK_PAUSE;
         }
         events = progress_body(taken, c->fast_delivered);
         c->fast_delivered = 0;

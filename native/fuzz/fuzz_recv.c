@@ -229,22 +229,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int taken = ivshm_recv_each(h, each_check, (void *)area, 1 + i);
         if (taken > 1 + i || (taken < 0 && taken != -EAGAIN))
             __builtin_trap();
-        /* a run: the same rules, the messages kept until the done, and
-           the receive side busy meanwhile */
-        static ivshm_run run;
-        taken = ivshm_recv_run(h, &run, 1 + i * 7);
-        if (taken > 1 + i * 7 || taken > IVSHM_RUN_MAX ||
-            (taken < 0 && taken != -EAGAIN))
-            __builtin_trap();
-        for (int k = 0; k < taken; k++)
-            each_check((void *)area, run.src, run.generation, run.msg[k].tag,
-                       run.msg[k].data, run.msg[k].len);
-        if (taken > 0) {
-            if (ivshm_recv(h, IVSHM_ANY, &src, &tag, rxbuf, sizeof rxbuf, 0) !=
-                -EBUSY)
-                __builtin_trap();
-            ivshm_recv_run_done(h);
-        }
         if (((data[0] >> 4) ^ (unsigned)i) & 1) {
             const void *msg = NULL;
             ssize_t rc = ivshm_recv_peek(h, from, &src, &tag, &msg);

@@ -309,38 +309,6 @@ int ivshm_recv_idle(ivshm *h);
 typedef void (*ivshm_recv_fn)(void *arg, int src, uint32_t generation,
                               uint32_t tag, const void *data, size_t len);
 int ivshm_recv_each(ivshm *h, ivshm_recv_fn fn, void *arg, int max);
-/* A run of the fast path (docs/fast-path.md, "Runs"): up to `max`
-   whole single-slot messages of one sender, in its order, that wait at
-   the head of its fast channel, handed out where they lie. Their
-   headers, validated as ivshm_recv_each validates them, are copied into
-   run->msg[0 .. n-1], the sender into run->src and run->generation. The
-   messages stay in place, as a peek's does, until ivshm_recv_run_done
-   consumes them all; until then the caller may send on `h` but not
-   receive on it (receives answer -EBUSY). `max` above IVSHM_RUN_MAX
-   counts as IVSHM_RUN_MAX. Returns n; 0 when none was handed out but a
-   message may wait elsewhere (take it with ivshm_recv_peek or
-   ivshm_recv); -EAGAIN when nothing waits (no more than 63 times in a
-   row, as ivshm_recv_each); -EBUSY with a run out; -EINVAL for bad
-   arguments. Never waits. `data` is shared memory, untrusted as with
-   ivshm_recv_peek. */
-#define IVSHM_RUN_MAX 16
-typedef struct ivshm_msg {
-    const void *data;
-    uint32_t len;
-    uint32_t tag;
-} ivshm_msg;
-typedef struct ivshm_run {
-    int src;
-    uint32_t generation;
-    ivshm_msg msg[IVSHM_RUN_MAX];
-} ivshm_run;
-int ivshm_recv_run(ivshm *h, ivshm_run *run, int max);
-/* Consume the run ivshm_recv_run handed out: the sender gets its slots
-   back (and a wake if it sleeps for them). The data pointers are no
-   longer the caller's. Nothing is consumed if our view of the sender
-   changed meanwhile (a new incarnation, seen by a send to it): its
-   messages went with that incarnation. No-op without a run out. */
-void ivshm_recv_run_done(ivshm *h);
 
 /* Zero-copy send of one single-slot message: a pointer to the payload of
    the next free slot of the fast ring to `slot`, to be filled with up to

@@ -151,17 +151,10 @@ struct ivshm {
     uint64_t next_sweep_ns;
     unsigned sweep_polls;
     unsigned idle_polls;      /* ivshm_recv_idle calls (its run limit)    */
-    /* ivshm_recv_each and ivshm_recv_run: messages taken in a row (the
-       general path's turn after HOT_RUN_MAX), and the active channel
-       the next walk starts at */
+    /* ivshm_recv_each: messages taken in a row (the general path's turn
+       after HOT_RUN_MAX), and the active channel it starts at */
     uint32_t each_run;
     int each_next;
-    /* the run ivshm_recv_run handed out (run_n messages of run_src's
-       ring from run_first, its incarnation run_gen), 0: none */
-    int run_n, run_src;
-    uint32_t run_gen;
-    uint64_t run_first;
-    uint8_t *run_ring;
     /* Work budget (clock.h): units of work driven by region contents
        left before the call looks at the clock again, and a whole one. */
     uint32_t work_left, work_budget;

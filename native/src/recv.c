@@ -528,9 +528,8 @@ int ivshm_recv_idle(ivshm *h)
 /*
  * The fast path of a progress loop (docs/fast-path.md): the whole
  * single-slot messages at the heads of our fast channels, handed to the
- * caller where they lie (ring_take or ring_run, ring.h) and consumed
- * after it is done with them, without the peek/release bookkeeping.
- * Invariants:
+ * caller where they lie (ring_take, ring.h) and consumed after it returns,
+ * without the peek/release bookkeeping. Invariants:
  *  - each sender's messages in its order: a sender with a backlog, a
  *    message in progress or a peeked one is left to the general path
  *    (all of them are older than its ring's head), and so is one whose
@@ -542,16 +541,14 @@ int ivshm_recv_idle(ivshm *h)
  *    the walk over the channels starts after the last one that gave;
  *  - "nothing at all" is never answered IDLE_RUN_MAX times in a row, as
  *    ivshm_recv_idle: what only the full peek sees still gets seen.
- * `take` takes up to its `max` from one sender (ring_take, ring_run:
- * one copy of each header, the sender's incarnation); with `one_sender`
- * the walk stops at the first sender that gave.
+ * ring_take keeps the rest (one copy of each header, the sender's
+ * incarnation, consuming only what fn left alone).
  */
-typedef int (*walk_take_fn)(ivshm *h, int slot, void *ctx, int max,
-                            bool *elsewhere);
-
-IVSHM_HOT_INLINE int fast_walk(ivshm *h, int max, bool one_sender,
-                               walk_take_fn take, void *ctx)
+static __attribute__((noinline)) int each_walk(ivshm *h, ivshm_recv_fn fn,
+                                               void *arg, int max)
 {
+    if (!fn || max < 1)
+        return -EINVAL;
     if (h->each_run >= HOT_RUN_MAX) {
         h->each_run = 0;
         if (h->n_bl || !q_empty(h))
@@ -578,8 +575,8 @@ IVSHM_HOT_INLINE int fast_walk(ivshm *h, int max, bool one_sender,
             elsewhere = true;
             continue;
         }
-        n += take(h, slot, ctx, max - n, &elsewhere);
-        if (n >= max || (one_sender && n)) {
+        n += ring_take(h, slot, fn, arg, max - n, &elsewhere);
+        if (n >= max) {
             h->each_next = x + 1; /* the next call starts after this one */
             break;
         }
@@ -596,111 +593,21 @@ IVSHM_HOT_INLINE int fast_walk(ivshm *h, int max, bool one_sender,
 }
 
 /* The usual answer first: every head empty, in a few loads and no frame
-   (a peeked message lies at its head; a backlog is seen by the caller's
-   answer); false once a head says "full" or a sender is mid-way, when
-   the walk must look. */
-IVSHM_HOT_INLINE bool heads_empty(const ivshm *h)
-{
-    for (int x = 0; x < h->n_act; x++) {
-        const struct ivshm_peer_local *p = &h->peers[h->act[x]];
-        if (p->rx_chan < 0 || p->rx_partial ||
-            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
-            return false;
-    }
-    return true;
-}
-
-/* The answer when every head is empty: 0 (look elsewhere) or -EAGAIN,
-   as fast_walk gives it. */
-static inline int heads_empty_answer(ivshm *h)
-{
-    if (h->n_bl || !q_empty(h) || (++h->idle_polls & (IDLE_RUN_MAX - 1)) == 0)
-        return 0;
-    return -EAGAIN;
-}
-
-struct each_ctx {
-    ivshm_recv_fn fn;
-    void *arg;
-};
-
-static int each_take(ivshm *h, int slot, void *ctx, int max, bool *elsewhere)
-{
-    const struct each_ctx *c = ctx;
-    return ring_take(h, slot, c->fn, c->arg, max, elsewhere);
-}
-
-static __attribute__((noinline)) int each_walk(ivshm *h, ivshm_recv_fn fn,
-                                               void *arg, int max)
-{
-    if (!fn || max < 1)
-        return -EINVAL;
-    struct each_ctx c = {fn, arg};
-    return fast_walk(h, max, false, each_take, &c);
-}
-
+   (a peeked message lies at its head; a backlog is seen below); the
+   walk, out of line, once a head says "full" or a sender is mid-way. */
 int ivshm_recv_each(ivshm *h, ivshm_recv_fn fn, void *arg, int max)
 {
     if (__builtin_expect(!h || h->self < 0, 0))
         return -EINVAL; /* fn and max are checked where they are used */
-    if (__builtin_expect(h->run_n != 0, 0))
-        return -EBUSY;
-    if (!heads_empty(h))
-        return each_walk(h, fn, arg, max);
-    return heads_empty_answer(h);
-}
-
-static int run_take(ivshm *h, int slot, void *ctx, int max, bool *elsewhere)
-{
-    ivshm_run *run = ctx;
-    int n = ring_run(h, slot, run->msg, max, elsewhere);
-    if (n) {
-        run->src = slot;
-        run->generation = h->run_gen;
+    for (int x = 0; x < h->n_act; x++) {
+        const struct ivshm_peer_local *p = &h->peers[h->act[x]];
+        if (p->rx_chan < 0 || p->rx_partial ||
+            slot_full(slot_at(h, p->rx_ring, p->rx_tail), p->rx_tail))
+            return each_walk(h, fn, arg, max);
     }
-    return n;
-}
-
-static __attribute__((noinline)) int run_walk(ivshm *h, ivshm_run *run,
-                                              int max)
-{
-    if (!run || max < 1)
-        return -EINVAL;
-    return fast_walk(h, max < IVSHM_RUN_MAX ? max : IVSHM_RUN_MAX, true,
-                     run_take, run);
-}
-
-/* As ivshm_recv_each: every head empty in a few loads and no frame, the
-   walk out of line. */
-int ivshm_recv_run(ivshm *h, ivshm_run *run, int max)
-{
-    if (__builtin_expect(!h || h->self < 0, 0))
-        return -EINVAL; /* run and max are checked where they are used */
-    if (__builtin_expect(h->run_n != 0, 0))
-        return -EBUSY;
-    if (!heads_empty(h))
-        return run_walk(h, run, max);
-    return heads_empty_answer(h);
-}
-
-/* Decided on our own record of the run and our view of its sender: a
-   co-tenant's writes meanwhile cannot make it consume more, or less,
-   than the run handed out. */
-void ivshm_recv_run_done(ivshm *h)
-{
-    if (!h || h->self < 0 || !h->run_n)
-        return;
-    const int slot = h->run_src;
-    const uint64_t first = h->run_first, end = first + (uint64_t)h->run_n;
-    h->run_n = 0;
-    struct ivshm_peer_local *p = &h->peers[slot];
-    if (!p->peeked || p->peek_kind != SRC_RING || p->rx_tail != first ||
-        p->rx_ring != h->run_ring || p->gen != h->run_gen || p->rx_partial)
-        return; /* our view of the sender changed: not ours to consume */
-    p->rx_tail = end;
-    p->peeked = false;
-    p->tx_streak = false;
-    rx_free_run(h, slot, p->rx_ring, first, end, ivshm_entry(h, slot));
+    if (h->n_bl || !q_empty(h) || (++h->idle_polls & (IDLE_RUN_MAX - 1)) == 0)
+        return 0;
+    return -EAGAIN;
 }
 
 /* Round robin over the sources of IVSHM_ANY, from rr_next: the senders
@@ -815,8 +722,6 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         return -EINVAL;
     if (from != IVSHM_ANY && (!ivshm_slot_ok(h, from) || from == h->self))
         return -EINVAL;
-    if (h->run_n) /* the receive side is the run's until it is done */
-        return -EBUSY;
     /* 0: poll, the deadline has passed already; UINT64_MAX: forever */
     const uint64_t deadline = ivshm_deadline(timeout_ms);
     bool looked_again = false;
@@ -997,8 +902,6 @@ ssize_t ivshm_recv_peek(ivshm *h, int from, int *src, uint32_t *tag,
 {
     if (!h || h->self < 0 || !data)
         return -EINVAL;
-    if (h->run_n)
-        return -EBUSY;
     if (from == IVSHM_ANY && h->rx_hot >= 0) {
         int hot_src;
         uint32_t hot_tag;
@@ -1026,8 +929,6 @@ int ivshm_recv_release(ivshm *h, int src)
 {
     if (!h || h->self < 0 || !ivshm_slot_ok(h, src) || src == h->self)
         return -EINVAL;
-    if (h->run_n)
-        return -EBUSY;
     enum rx_view view = ivshm_rx_view(h, src); /* a new incarnation drops it */
     struct ivshm_peer_local *p = &h->peers[src];
     /* whatever became of the message meanwhile, what the peek handed out

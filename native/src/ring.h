@@ -277,22 +277,6 @@ static inline void rx_free(ivshm *h, int slot, uint8_t *ring, uint64_t pos,
         rx_wake_owed(h, slot, ring, pos);
 }
 
-/* Give positions first .. end - 1 of the ring of the sender whose
-   registry entry is `e` back to it at once: one store of our tail, and
-   the wake rx_free owes for the first of them (a producer that saw none
-   of them freed blocked, if at all, after publishing first + ring_slots
-   - 1; the later ones it had not published yet). */
-static inline void rx_free_run(ivshm *h, int slot, uint8_t *ring,
-                               uint64_t first, uint64_t end,
-                               const struct ivshm_peer_entry *e)
-{
-    struct ivshm_ring_ctrl *ctrl = (struct ivshm_ring_ctrl *)ring;
-    /* release: our reads of the slots are done before they may be reused */
-    atomic_store_explicit(&ctrl->tail, end, memory_order_release);
-    if (atomic_load_explicit(&e->may_sleep, memory_order_relaxed))
-        rx_wake_owed(h, slot, ring, first);
-}
-
 /* Consume position rx_tail of `slot`'s ring. */
 static inline void rx_consume(ivshm *h, int slot, uint8_t *ring,
                               enum rx_view view)
@@ -335,43 +319,6 @@ IVSHM_INTERNAL void ivshm_ring_reset(ivshm *h, uint8_t *ring);
 /* consumer: the fast path's take (recv.c, ivshm_recv_each)          */
 /* ------------------------------------------------------------------ */
 
-/* The fast path's look at a sender before its first message of a call:
-   the registry says it is still the incarnation `gen` we read from (one
-   load each of its state and generation). */
-IVSHM_HOT_INLINE bool ring_sender_current(const struct ivshm_peer_entry *e,
-                                          uint32_t gen)
-{
-    return atomic_load_explicit(&e->state, memory_order_acquire) == PEER_ACTIVE &&
-           atomic_load_explicit(&e->gen, memory_order_relaxed) == gen;
-}
-
-/* The slot of position `pos` (slot_at's terms: the ring's first slot,
-   mask and stride) if it holds a whole single-slot message the fast path
-   may take: full, and its header, read once into *f, a plain
-   FIRST|LAST message of incarnation `gen` no longer than `payload`.
-   NULL if it is empty, or, with *elsewhere set, if it holds anything
-   else (fragments, another generation, a length out of bounds), which
-   is left where it is for the general path to report or repair. */
-IVSHM_HOT_INLINE struct ivshm_slot *ring_plain_at(uint8_t *slots,
-                                                  uint64_t mask,
-                                                  uint64_t stride,
-                                                  uint64_t pos, uint32_t gen,
-                                                  uint32_t payload,
-                                                  struct frag *f,
-                                                  bool *elsewhere)
-{
-    struct ivshm_slot *s = (struct ivshm_slot *)(slots + (pos & mask) * stride);
-    if (!slot_full(s, pos))
-        return NULL;
-    frag_read(s, f);
-    if (f->gen != gen || f->flags != (SLOT_FIRST | SLOT_LAST) ||
-        f->len > payload || f->total != f->len) {
-        *elsewhere = true;
-        return NULL;
-    }
-    return s;
-}
-
 /* Up to `max` (>= 1) whole single-slot messages at the head of the
    ring of `slot`, each handed to `fn` where it lies and consumed when fn
    returns. How many; *elsewhere set when the head holds what only the
@@ -395,7 +342,8 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
     struct ivshm_peer_local *p = &h->peers[slot];
     const uint32_t gen = p->gen;
     const struct ivshm_peer_entry *e = ivshm_entry(h, slot);
-    if (!ring_sender_current(e, gen)) {
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
+        atomic_load_explicit(&e->gen, memory_order_relaxed) != gen) {
         *elsewhere = true;
         return 0;
     }
@@ -407,11 +355,17 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
     int n = 0;
     do {
         const uint64_t pos = p->rx_tail;
-        struct frag f;
-        struct ivshm_slot *s = ring_plain_at(slots, mask, stride, pos, gen,
-                                             payload, &f, elsewhere);
-        if (!s)
+        struct ivshm_slot *s =
+            (struct ivshm_slot *)(slots + (pos & mask) * stride);
+        if (!slot_full(s, pos))
             break;
+        struct frag f;
+        frag_read(s, &f);
+        if (f.gen != gen || f.flags != (SLOT_FIRST | SLOT_LAST) ||
+            f.len > payload || f.total != f.len) {
+            *elsewhere = true;
+            break;
+        }
         /* The line of the slot RX_AHEAD positions on, while fn runs: a
            sender ahead of us has written it, and our load of it would
            otherwise wait for its transfer from the sender's core. A hint
@@ -438,62 +392,6 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
         p->tx_streak = false;
         rx_free(h, slot, ring, pos, e);
     } while (n < max);
-    return n;
-}
-
-/* ------------------------------------------------------------------ */
-/* consumer: a run (recv.c, ivshm_recv_run)                           */
-/* ------------------------------------------------------------------ */
-
-/* Up to `max` (>= 1) whole single-slot messages at the head of the ring
-   of `slot`, validated as ring_take validates them, their header copies
-   in out[], left where they lie. How many; *elsewhere as ring_take.
-   Per message: the slot's seq, one copy of its header, the checks, the
-   fetch ahead, three stores into out[]. Nothing of the region is read
-   again afterwards: ring_run_done consumes them from our own record of
-   the run. The run counts as a peek of the sender (SRC_RING at our
-   position): whatever keeps a peeked message in place keeps these. */
-IVSHM_HOT_INLINE int ring_run(ivshm *h, int slot, ivshm_msg *out, int max,
-                              bool *elsewhere)
-{
-    struct ivshm_peer_local *p = &h->peers[slot];
-    const uint32_t gen = p->gen;
-    if (!ring_sender_current(ivshm_entry(h, slot), gen)) {
-        *elsewhere = true;
-        return 0;
-    }
-    const uint32_t payload = slot_payload(h);
-    uint8_t *const ring = p->rx_ring;
-    uint8_t *const slots = ring + IVSHM_RING_CTRL;
-    const uint64_t mask = h->ring_slots - 1, stride = h->slot_size;
-    const uint64_t first = p->rx_tail;
-    uint64_t bytes = 0;
-    int n = 0;
-    do {
-        const uint64_t pos = first + (uint64_t)n;
-        struct frag f;
-        struct ivshm_slot *s = ring_plain_at(slots, mask, stride, pos, gen,
-                                             payload, &f, elsewhere);
-        if (!s)
-            break;
-        /* as in ring_take: the line RX_AHEAD on, while the caller works */
-        __builtin_prefetch(slots + ((pos + RX_AHEAD) & mask) * stride, 0, 3);
-        out[n].data = slot_data(s);
-        out[n].len = f.len;
-        out[n].tag = f.tag;
-        bytes += f.len;
-    } while (++n < max);
-    if (n) {
-        p->peeked = true;
-        p->peek_kind = SRC_RING;
-        h->run_n = n;
-        h->run_src = slot;
-        h->run_gen = gen;
-        h->run_first = first;
-        h->run_ring = ring;
-        h->stats.recvs += (uint64_t)n;
-        h->stats.bytes_recv += bytes;
-    }
     return n;
 }
 

@@ -835,22 +835,6 @@ static void victim_round(ivshm *v, ivshm_window *w, int lock_ms, uint64_t i)
     each_victim = v;
     (void)CALL("recv_each", OVERRUN_MS, W_NOWAIT,
                ivshm_recv_each(v, each_upcall, NULL, 1 + (int)(i % 16)));
-    /* a run, as the BTL delivers one: each message read where it lies,
-       a reply to its sender (a new incarnation of it meanwhile must not
-       make the done consume what it should not), then the done */
-    static ivshm_run run;
-    n = CALL("recv_run", OVERRUN_MS, W_NOWAIT,
-             ivshm_recv_run(v, &run, 1 + (int)(i % 20)));
-    for (ssize_t k = 0; k < n; k++) {
-        delivered(run.src);
-        touch(run.msg[k].data, run.msg[k].len);
-        (void)CALL("send_small(run)", OVERRUN_MS, W_NOWAIT,
-                   ivshm_send_small(v, run.src, 4, m, 8, NULL, 0));
-        touch(run.msg[k].data, run.msg[k].len);
-    }
-    if (n > 0)
-        (void)CALL("recv_run_done", OVERRUN_MS, W_NOWAIT,
-                   (ivshm_recv_run_done(v), 0));
     src = -1;
     n = CALL("recv_peek(any)", OVERRUN_MS, W_NOWAIT,
              ivshm_recv_peek(v, IVSHM_ANY, &src, &tag, &data));

@@ -1,14 +1,11 @@
-/* ivshm_recv_each and ivshm_recv_run, the fast path of a progress loop
-   (docs/fast-path.md): order and contents across the queue -> fast
-   channel switch and many ring wraps, with multi-slot messages they must
-   leave to the general path and a sender kept on the queue that they
-   must not starve; an upcall that receives or releases on the handle
-   itself; a run's rules (its messages kept until the done, the receive
-   side busy meanwhile, a new incarnation of its sender before the done);
-   and a receiver that never gives its slots back (it never moves its
-   read position, then writes garbage there), against which our sends
-   fail by their deadlines while our own fast path keeps working. Real
-   processes. */
+/* ivshm_recv_each, the fast path of a progress loop (docs/fast-path.md):
+   order and contents across the queue -> fast channel switch and many
+   ring wraps, with multi-slot messages it must leave to the general
+   path and a sender kept on the queue that it must not starve; an
+   upcall that receives or releases on the handle itself; and a receiver that never
+   gives its slots back (it never moves its read position, then writes
+   garbage there), against which our sends fail by their deadlines while
+   our own fast path keeps working. Real processes. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "testutil.h"
@@ -155,26 +152,7 @@ static void e_cb(void *arg, int src, uint32_t gen, uint32_t tag,
     e_take(t, src, tag, m, (ssize_t)len);
 }
 
-/* One pass of the fast path over the receiver `r`: ivshm_recv_each, or
-   a run taken, copied and done (as the BTL delivers one). */
-static int e_fast(ivshm *r, struct e_tally *t, int max, bool runs)
-{
-    if (!runs)
-        return ivshm_recv_each(r, e_cb, t, max);
-    static ivshm_run run;
-    int got = ivshm_recv_run(r, &run, max);
-    CHECK(got <= max && got <= IVSHM_RUN_MAX);
-    for (int k = 0; k < got; k++) {
-        CHECK(run.src == t->slot[1] || run.src == t->slot[2]);
-        e_cb(t, run.src, run.generation, run.msg[k].tag, run.msg[k].data,
-             run.msg[k].len);
-    }
-    if (got > 0)
-        ivshm_recv_run_done(r);
-    return got;
-}
-
-static void e_order(bool runs)
+static void test_each_order(void)
 {
     /* a short ring (many wraps), one fast channel per receiver: rank 1
        takes it, rank 2 stays on the queue */
@@ -200,8 +178,7 @@ static void e_order(bool runs)
     for (unsigned n = 0; tu_now_ms() < end; n++) {
         if (t.next[1] == sa.count && t.next[2] == sb.count)
             break;
-        /* runs: sometimes more than IVSHM_RUN_MAX asked */
-        int got = e_fast(r, &t, 1 + (int)(n % (runs ? 20 : 16)), runs);
+        int got = ivshm_recv_each(r, e_cb, &t, 1 + (int)(n % 16));
         if (got > 0) {
             idle_run = 0;
             continue;
@@ -237,11 +214,10 @@ static void e_order(bool runs)
     }
     CHECK(tu_wait(pa, 20000) == 0);
     CHECK(tu_wait(pb, 20000) == 0);
-    printf("%s: %u + %u messages, %u by the fast path, %u by the general "
+    printf("each: %u + %u messages, %u by the fast path, %u by the general "
            "path, rank 1 had %u through when rank 2 was done, %u of rank "
            "2's while rank 1's were under way, longest idle run %u\n",
-           runs ? "runs" : "each", t.next[1], t.next[2], t.fast, t.general,
-           t.a_at_b_done,
+           t.next[1], t.next[2], t.fast, t.general, t.a_at_b_done,
            t.b_during_a, max_idle_run);
     CHECK(t.bad == 0);
     CHECK(t.next[1] == sa.count && t.next[2] == sb.count);
@@ -256,16 +232,6 @@ static void e_order(bool runs)
     CHECK(t.b_during_a > 0);
     munmap((void *)e_go, 2 * sizeof *e_go);
     ivshm_detach(r);
-}
-
-static void test_each_order(void)
-{
-    e_order(false);
-}
-
-static void test_run_order(void)
-{
-    e_order(true);
 }
 
 /* ---- an upcall that receives on the handle ---- */
@@ -301,29 +267,20 @@ static void recv_in_cb(void *arg, int src, uint32_t gen, uint32_t tag,
     }
 }
 
-/* A sender `s` and a receiver `r` in one process, on a fresh region of
-   8 slots of 128 bytes, `s` on its fast channel to `r` (the OPEN cell
-   is the general path's: after one peek the ring is the fast path's). */
-static void pair_on_channel(ivshm **s, ivshm **r)
+static void test_each_upcall_receives(void)
 {
     ivshm_geometry g = {.max_peers = 2, .ring_slots = 8, .slot_size = 128};
     job++;
     path = tu_region(ivshm_min_region_size(&g), &g);
-    *s = tu_attach(path, job, 0, -1);
-    *r = tu_attach(path, job, 1, -1);
-    CHECK_RC(ivshm_fast_open(*s, ivshm_self(*r)), 0);
+    ivshm *s = tu_attach(path, job, 0, -1), *r = tu_attach(path, job, 1, -1);
+    int sr = ivshm_self(r), ss = ivshm_self(s);
+    CHECK_RC(ivshm_fast_open(s, sr), 0);
+    /* the OPEN cell is the general path's: then the ring is ours */
     const void *d;
     int from;
     uint32_t tg;
-    CHECK_RC((int)ivshm_recv_peek(*r, IVSHM_ANY, &from, &tg, &d), -EAGAIN);
-    CHECK((*r)->n_act == 1);
-}
-
-static void test_each_upcall_receives(void)
-{
-    ivshm *s, *r;
-    pair_on_channel(&s, &r);
-    int sr = ivshm_self(r), ss = ivshm_self(s);
+    CHECK_RC((int)ivshm_recv_peek(r, IVSHM_ANY, &from, &tg, &d), -EAGAIN);
+    CHECK(r->n_act == 1);
     for (uint32_t i = 0; i < 8; i++)
         CHECK_RC(ivshm_send_small(s, sr, 1, &i, 4, NULL, 0), 0);
     struct rx_ctx c = {.r = r, .from = ss};
@@ -343,107 +300,6 @@ static void test_each_upcall_receives(void)
     CHECK_RC(ivshm_send_small(s, sr, 1, &nine, 4, NULL, 0), 0);
     CHECK_RC(ivshm_recv_each(r, recv_in_cb, &c, 16), 1);
     CHECK(c.n == 11 && c.seen[10] == 9);
-    ivshm_detach(r);
-    ivshm_detach(s);
-}
-
-/* ---- a run's rules ---- */
-
-static void run_expect(const ivshm_run *run, int n, uint32_t first)
-{
-    for (int k = 0; k < n; k++) {
-        uint32_t i = ~0u;
-        if (run->msg[k].len == 4)
-            memcpy(&i, run->msg[k].data, 4);
-        CHECK(run->msg[k].tag == 1 && i == first + (uint32_t)k);
-    }
-}
-
-static void test_run_rules(void)
-{
-    ivshm *s, *r;
-    pair_on_channel(&s, &r);
-    int sr = ivshm_self(r), ss = ivshm_self(s);
-    const uint32_t slots = 8;
-    const void *d;
-    int from;
-    uint32_t tg;
-    uint8_t m[64];
-    ivshm_run run;
-    CHECK_RC(ivshm_recv_run(r, &run, 4), -EAGAIN);
-    CHECK_RC(ivshm_recv_run(r, NULL, 4), -EAGAIN); /* nothing to fill */
-    uint32_t next = 0;
-    for (; next < slots; next++) /* the ring full */
-        CHECK_RC(ivshm_send_small(s, sr, 1, &next, 4, NULL, 0), 0);
-    CHECK_RC(ivshm_recv_run(r, NULL, 4), -EINVAL);
-    CHECK_RC(ivshm_recv_run(r, &run, 0), -EINVAL);
-
-    CHECK_RC(ivshm_recv_run(r, &run, 3), 3);
-    CHECK(run.src == ss && run.generation == ivshm_peer_generation(r, ss));
-    run_expect(&run, 3, 0);
-    /* until the done: the receive side is the run's, sending is not */
-    CHECK_RC((int)ivshm_recv(r, IVSHM_ANY, &from, &tg, m, sizeof m, 0), -EBUSY);
-    CHECK_RC((int)ivshm_recv(r, ss, &from, &tg, m, sizeof m, 0), -EBUSY);
-    CHECK_RC((int)ivshm_recv_peek(r, IVSHM_ANY, &from, &tg, &d), -EBUSY);
-    CHECK_RC(ivshm_recv_release(r, ss), -EBUSY);
-    CHECK_RC(ivshm_recv_each(r, recv_in_cb, NULL, 4), -EBUSY);
-    CHECK_RC(ivshm_recv_run(r, &run, 4), -EBUSY);
-    CHECK_RC(ivshm_try_send(r, ss, 2, "back", 4), 0);
-    /* the sender has its slots back only then */
-    CHECK_RC(ivshm_send_small(s, sr, 1, &next, 4, NULL, 0), -EAGAIN);
-    run_expect(&run, 3, 0); /* still where they lay */
-    ivshm_recv_run_done(r);
-    ivshm_recv_run_done(r); /* without a run: nothing */
-    for (int k = 0; k < 3; k++, next++)
-        CHECK_RC(ivshm_send_small(s, sr, 1, &next, 4, NULL, 0), 0);
-    CHECK_RC(ivshm_send_small(s, sr, 1, &next, 4, NULL, 0), -EAGAIN);
-    CHECK_RC((int)ivshm_recv(s, sr, NULL, &tg, m, sizeof m, 1000), 4);
-    CHECK(tg == 2 && memcmp(m, "back", 4) == 0);
-
-    /* more than IVSHM_RUN_MAX asked: what waits, at most that many */
-    CHECK_RC(ivshm_recv_run(r, &run, 1000), 8);
-    run_expect(&run, 8, 3);
-    ivshm_recv_run_done(r);
-    CHECK_RC(ivshm_recv_run(r, &run, 4), -EAGAIN);
-
-    /* a new incarnation of the sender before the done: a send to it
-       shows us the new one, whose ring starts afresh; the done consumes
-       nothing of it, and the new one's messages come in order */
-    for (uint32_t i = 0; i < 2; i++)
-        CHECK_RC(ivshm_send_small(s, sr, 1, &i, 4, NULL, 0), 0);
-    CHECK_RC(ivshm_recv_run(r, &run, 4), 2);
-    ivshm_detach(s);
-    s = tu_attach(path, job, 0, -1);
-    CHECK(ivshm_self(s) == ss);
-    CHECK_RC(ivshm_try_send(r, ss, 2, "new?", 4), 0);
-    ivshm_recv_run_done(r);
-    CHECK_RC(ivshm_fast_open(s, sr), 0);
-    int taken = 0, general = 0;
-    for (uint32_t i = 0; i < 5; i++)
-        CHECK_RC(ivshm_send_small(s, sr, 1, &i, 4, NULL, 0), 0);
-    uint32_t want = 0;
-    for (uint64_t until = tu_now_ms() + 5000; want < 5 && tu_now_ms() < until;) {
-        int got = ivshm_recv_run(r, &run, 16);
-        if (got > 0) {
-            CHECK(run.src == ss);
-            run_expect(&run, got, want);
-            want += (uint32_t)got;
-            taken += got;
-            ivshm_recv_run_done(r);
-        } else if (got == 0) {
-            ssize_t n = ivshm_recv(r, IVSHM_ANY, &from, &tg, m, sizeof m, 0);
-            if (n == 4 && tg == 1) {
-                uint32_t i;
-                memcpy(&i, m, 4);
-                CHECK(i == want);
-                want++;
-                general++;
-            }
-        }
-    }
-    printf("run rules: the new incarnation's 5 messages, %d in runs, %d by "
-           "the general path\n", taken, general);
-    CHECK(want == 5);
     ivshm_detach(r);
     ivshm_detach(s);
 }
@@ -621,8 +477,6 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     test_each_upcall_receives();
     test_each_order();
-    test_run_order();
-    test_run_rules();
     test_stuck_receiver();
     return tu_summary("test_recv_each");
 }
