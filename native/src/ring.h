@@ -210,16 +210,19 @@ IVSHM_HOT_INLINE bool ring_put_small(ivshm *h, int slot,
     atomic_store_explicit(&((struct ivshm_ring_ctrl *)ring)->head, pos + 1,
                           memory_order_release);
     count_sent(h, len);
-    /* In a run of sends, the line of the slot TX_AHEAD on: the consumer
-       read it one lap ago and shares it, and our store would have to
-       take it back, holding up every store behind it (docs/fast-path.md,
-       "The sender's line"). Only a slot our cached tail says is free, so
-       never a line the consumer has still to read; only in a run (no
-       message from this peer taken since our last small send to it), so
-       a ping-pong or an exchange, whose next send waits for a receive,
-       pays nothing. The address is our own position in our own ring:
-       nothing is read from the region. */
-    if (p->tx_streak && pos + TX_AHEAD - p->tx_tail_cache < h->ring_slots)
+    /* In a run of sends of one line each, the line of the slot TX_AHEAD
+       on: the consumer read it one lap ago and shares it, and our store
+       would have to take it back, holding up every store behind it
+       (docs/fast-path.md, "The sender's line"). Only a slot our cached
+       tail says is free, so never a line the consumer has still to read;
+       only in a run (no message from this peer taken since our last
+       small send to it), so a ping-pong or an exchange, whose next send
+       waits for a receive, pays nothing; only messages that fit the
+       slot's first line, since for longer ones it measured slower. The
+       address is our own position in our own ring: nothing is read from
+       the region. */
+    if (len <= IVSHM_CACHELINE - IVSHM_SLOT_HDR && p->tx_streak &&
+        pos + TX_AHEAD - p->tx_tail_cache < h->ring_slots)
         prefetch_for_write(slot_at(h, ring, pos + TX_AHEAD));
     p->tx_streak = true;
     return atomic_load_explicit(&e->may_sleep, memory_order_relaxed) != 0;
