@@ -144,8 +144,8 @@ static inline void tx_done(ivshm *h, int slot, struct ivshm_ring_ctrl *ctrl,
     count_sent(h, len);
 }
 
-/* A wake after the message is out, as a tail call, so that the hot path
-   of ivshm_send_small needs no stack frame. */
+/* A wake after the message is out, as a tail call, so that nothing of
+   the hot path of ivshm_send_small is kept across a call. */
 static __attribute__((noinline, unused)) int ring_kick_sent(ivshm *h,
                                                            int slot)
 {
