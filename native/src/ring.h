@@ -369,10 +369,18 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
             *elsewhere = true;
             break;
         }
-        /* The line of the slot RX_AHEAD positions on, while fn runs: a
-           sender ahead of us has written it, and our load of it would
-           otherwise wait for its transfer from the sender's core. A hint
-           only: nothing is read from it here. */
+        /* The lines of the next slot and of the slot RX_AHEAD positions
+           on, while fn runs: a sender ahead of us has written them, and
+           our load would otherwise wait for their transfer from the
+           sender's core. The next one serves a sender of two messages at
+           once (HPCC's ring latency with two ranks: an Isend to the left
+           and one to the right, the same peer), whose second line then
+           moves during ob1's work on the first instead of after it; a
+           sender that has not written it yet loses nothing, since our
+           next poll loads that line anyway (docs/fast-path.md, "Two
+           messages at once"). Hints only: nothing is read from them
+           here. */
+        __builtin_prefetch(slots + ((pos + 1) & mask) * stride, 0, 3);
         __builtin_prefetch(slots + ((pos + RX_AHEAD) & mask) * stride, 0, 3);
         /* handed out as a peek is, while fn runs: whatever keeps a
            peeked message in place keeps this one */
