@@ -1,11 +1,12 @@
-"""Small messages: 8 B latency, message rate and exchange against vader,
-round by round, split by the machine's state.
+"""Small messages: 8 B latency, message rate, exchange and ring against
+vader, round by round, split by the machine's state.
 
 :func:`run` measures the figures the small-message path is judged by
 (docs/fast-path.md): mpi-osu's 8 B one-way latency and message rate
-(window of 64, time per message) and mpi-pingpong's exchange (both ranks
-in MPI_Sendrecv at once, as HPCC's ring latency), over our BTL (this
-build's, and each other build given) and over vader.
+(window of 64, time per message), and mpi-pingpong's exchange and ring,
+HPCC's two ring-latency loops with two ranks (both ranks in MPI_Sendrecv
+at once; two MPI_Irecv and two MPI_Isend each, then MPI_Waitall), over
+our BTL (this build's, and each other build given) and over vader.
 
 These machines switch between a fast and a slow state within seconds
 (BENCHMARKS.md, "Handoff"), and the two states rank the transports
@@ -56,7 +57,12 @@ REFERENCE = "vader"
 # ratio below 1 is better than vader for each
 FIGURES = {"latency": "8 B latency, one way",
            "rate": "8 B message rate (time per message, window 64)",
-           "exchange": "8 B exchange"}
+           "exchange": "8 B exchange",
+           "ring": "8 B ring (half an iteration)"}
+# The most of vader's time each figure may take: none more than vader's,
+# but the ring, which stands for HPCC's ring latency and its target of
+# 0.9 of one instance's speed.
+LIMITS = {"latency": 1.0, "rate": 1.0, "exchange": 1.0, "ring": 1 / 0.9}
 STEADY = 0.10
 STATES_APART = 1.5
 REALTIME_PRIORITY = "5"
@@ -69,7 +75,7 @@ COPIES = 4
 @dataclass
 class SmallSettings:
     rounds: int
-    iters: int            # mpi-osu operations; the exchange does half
+    iters: int            # mpi-osu operations; exchange and ring do half
     timeout_s: int        # per job
     builds: List[Tuple[str, Path]] = field(default_factory=list)
     realtime: bool = True
@@ -117,33 +123,36 @@ class SmallSettings:
 
 # ---------------------------------------------------------------- running
 
-def _programs(s: SmallSettings) -> Tuple[List[str], List[str]]:
-    """The argv of the mpi-osu and the mpi-pingpong job (before the
-    transport), each rank in a real-time class if asked."""
+def _programs(s: SmallSettings) -> Tuple[List[str], Dict[str, List[str]]]:
+    """The argv of the mpi-osu job and of each mpi-pingpong job by its
+    pattern (before the transport), each rank in a real-time class if
+    asked."""
     wrap = ["chrt", "-f", REALTIME_PRIORITY] if s.realtime else []
     osu = [*wrap, str(program("mpi-osu")), "--test", "latency,bw",
            "--sizes", "8", "--iters", str(s.iters)]
-    exchange = [*wrap, str(program("mpi-pingpong")), "--sizes", "8",
-                "--iters", str(max(1, s.iters // 2)), "--pattern",
-                "exchange"]
-    return osu, exchange
+    pingpong = {pattern: [*wrap, str(program("mpi-pingpong")), "--sizes",
+                          "8", "--iters", str(max(1, s.iters // 2)),
+                          "--pattern", pattern]
+                for pattern in ("exchange", "ring")}
+    return osu, pingpong
 
 
 def run_config(s: SmallSettings, config: str, side: int = 0,
                components: Optional[Path] = None) -> List[Dict]:
-    """One round's figures of one configuration (two jobs): records of
+    """One round's figures of one configuration (three jobs): records of
     config, figure and us; `side` tells the two vader jobs of a round
     apart; `components`: the directory our BTL is loaded from."""
     transport = REFERENCE if config == REFERENCE else THIS
-    osu, exchange = _programs(s)
+    osu, pingpong = _programs(s)
     recs, _ = mpi_job(transport, 2, osu + ["--transport", transport],
                       s.timeout_s, f"mpi-osu {config}", OSU_KEYS,
                       components=components)
     figures = {"latency": [r for r in recs if r["test"] == "latency"],
                "rate": [r for r in recs if r["test"] == "bw"]}
-    figures["exchange"], _ = mpi_job(transport, 2, exchange, s.timeout_s,
-                                     f"mpi-pingpong exchange {config}",
-                                     PINGPONG_KEYS, components=components)
+    for pattern, argv in pingpong.items():
+        figures[pattern], _ = mpi_job(transport, 2, argv, s.timeout_s,
+                                      f"mpi-pingpong {pattern} {config}",
+                                      PINGPONG_KEYS, components=components)
     return [{"config": config, "side": side, "figure": f,
              "us": rs[0]["latency_us"]}
             for f, rs in figures.items() if rs]
@@ -224,12 +233,14 @@ def analyse(runs: Sequence[Dict], configs: Sequence[str]
 # ---------------------------------------------------------------- targets
 
 def targets(res: BenchResults) -> List[Target]:
-    """This build at or below vader's time in every figure and state."""
+    """This build within its LIMITS of vader's time in every figure and
+    state."""
     out = []
     for r in res.records:
         if r["config"] == THIS:
             out.append(Target(f"{r['figure']} {THIS} / {REFERENCE} "
-                              f"({r['state']})", r["ratio"], "<=", 1.0,
+                              f"({r['state']})", r["ratio"], "<=",
+                              round(LIMITS[r["figure"]], 3),
                               best=r["ratio_min"]))
     if not out:
         out.append(Target(f"8 B figures {THIS} / {REFERENCE}", None, "<=",
