@@ -69,6 +69,24 @@ def test_ratios_come_from_steady_rounds_split_by_state():
     assert ts["ring ivshmem / vader (slow)"].status == "MISS"
 
 
+def test_a_figure_vader_moved_on_is_left_out_alone():
+    runs = (_round(0, [(0.10, 0.05, 0.20, 0.13)] * 2,
+                   (0.09, 0.06, 0.18, 0.14))
+            # vader's rate moved between its jobs, its latency did not:
+            # the round counts for every figure but the rate
+            + _round(1, [(0.10, 0.05, 0.20, 0.13), (0.10, 0.08, 0.20, 0.13)],
+                     (0.10, 0.05, 0.20, 0.13)))
+    recs, notes = small.analyse(runs, ["ivshmem"])
+    by = {r["figure"]: r for r in recs}
+    assert {r["state"] for r in recs} == {"single"}
+    assert by["rate"]["runs"] == 1
+    assert by["rate"]["ratio"] == pytest.approx(1.2)
+    assert all(by[f]["runs"] == 2 for f in ("latency", "exchange", "ring"))
+    assert by["latency"]["ratio"] == pytest.approx(0.95)
+    assert notes == ["of the other rounds, left out for one figure (its two "
+                     "vader jobs differed by more than 10 %): rate 1"]
+
+
 def test_one_state_when_vader_stays_put():
     runs = (_round(0, [(0.10, 0.05, 0.2, 0.13)] * 2, (0.1, 0.05, 0.2, 0.13))
             + _round(1, [(0.12, 0.05, 0.2, 0.13)] * 2,

@@ -14,12 +14,13 @@ differently, so a median over minutes of mixed states says little.
 Each round therefore runs short jobs back to back: vader, our BTL in
 every build, vader again (the builds in reverse order every second
 round), and every figure of ours is divided by the mean of the two vader
-figures around it. A round whose two vader jobs disagree by more than
-STEADY on any figure (the machine changed state in between) is left
-out. The steady rounds are split into the machine's states by vader's
-latency: two states when the rounds' latencies lie more than
-STATES_APART apart, at their geometric middle. Each state gets, per
-figure, the median of the rounds' ratios and their spread.
+figures around it. A figure on which a round's two vader jobs disagree
+by more than STEADY (the machine changed state in between) is left out
+of that round, and the whole round when they disagree on the latency,
+which tells the state. The rounds left are split into the machine's
+states by vader's latency: two states when the rounds' latencies lie
+more than STATES_APART apart, at their geometric middle. Each state
+gets, per figure, the median of the rounds' ratios and their spread.
 
 Where a BTL's code lies in physical memory moves its figures too: on
 these machines identical copies of one mca_btl_ivshmem.so have given
@@ -161,15 +162,15 @@ def run_config(s: SmallSettings, config: str, side: int = 0,
 # ---------------------------------------------------------------- analysis
 
 def _steady(vader: Sequence[Dict]) -> Optional[Dict[str, float]]:
-    """A round's vader figures (the mean of its two jobs), or None unless
-    both jobs gave every figure and agree within STEADY on each."""
+    """A round's vader figures (the mean of its two jobs) on which both
+    jobs agree within STEADY; None unless they agree on the latency, by
+    which the round's state is told."""
     out = {}
     for f in FIGURES:
         us = [r["us"] for r in vader if r["figure"] == f]
-        if len(us) != 2 or min(us) <= 0 or max(us) / min(us) - 1 > STEADY:
-            return None
-        out[f] = sum(us) / 2
-    return out
+        if len(us) == 2 and min(us) > 0 and max(us) / min(us) - 1 <= STEADY:
+            out[f] = sum(us) / 2
+    return out if "latency" in out else None
 
 
 def states(latencies: Sequence[float]) -> Tuple[Optional[float], List[str]]:
@@ -202,9 +203,16 @@ def analyse(runs: Sequence[Dict], configs: Sequence[str]
     notes = []
     if len(steady) < len(rounds):
         notes.append(f"{len(rounds) - len(steady)} of {len(rounds)} rounds "
-                     f"left out: their two vader jobs differed by more "
-                     f"than {100 * STEADY:.0f} % (the machine changed "
-                     f"state), or one failed")
+                     f"left out: their two vader jobs' latencies differed "
+                     f"by more than {100 * STEADY:.0f} % (the machine "
+                     f"changed state), or one failed")
+    unsteady = {f: sum(1 for ref, _ in steady if f not in ref)
+                for f in FIGURES}
+    if any(unsteady.values()):
+        notes.append("of the other rounds, left out for one figure (its two "
+                     "vader jobs differed by more than "
+                     f"{100 * STEADY:.0f} %): " + ", ".join(
+                         f"{f} {n}" for f, n in unsteady.items() if n))
     middle, names = states([ref["latency"] for ref, _ in steady])
     if middle is not None:
         notes.append(f"two states: vader's 8 B latency below {middle:.3g} us "
@@ -215,7 +223,7 @@ def analyse(runs: Sequence[Dict], configs: Sequence[str]
         for config in configs:
             for f in FIGURES:
                 pairs = [(r["us"], ref[f]) for ref, mine in group
-                         for r in mine
+                         if f in ref for r in mine
                          if r["config"] == config and r["figure"] == f]
                 if not pairs:
                     continue

@@ -63,9 +63,10 @@ BTL, and the BTL of each --build) and over self,vader.
 The machine switches between a fast and a slow state within seconds, so
 each round runs short jobs back to back: vader, ours, vader again, and
 every figure of ours is divided by the mean of the two vader figures
-around it. Rounds whose two vader jobs differ by more than 10 % (the
-machine changed state) are left out; the others are split into the
-machine's states by vader's latency. Where a BTL's code lies in memory
+around it. A figure on which a round's two vader jobs differ by more
+than 10 % (the machine changed state) is left out of that round, the
+whole round when they differ on the latency; the rounds are split into
+the machine's states by vader's latency. Where a BTL's code lies in memory
 moves its figures too (identical copies of one build have differed by a
 third), so each BTL runs from several fresh copies of its file in turn.
 Prints, per state and figure, the medians of the ratios with their
