@@ -307,6 +307,12 @@ void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
     if (ep->dead || ep->said_bye || c->finalizing)
         return;
     ep->dead = true;
+    /* Detached at the generation we know: it finalized, and its goodbye
+       did not reach us (it gives up on a full queue after BYE_BUDGET_NS,
+       and we may be descheduled that long). Not a crash. */
+    if (err == IVSHM_EPEERDEAD &&
+        1 == ivshm_peer_left(c->h, ep->slot, ep->generation))
+        return;
     char why[128];
     if (err == IVSHM_ECORRUPT && ep->refused_since_ns &&
         mca_btl_ivshmem_now_ns() - ep->refused_since_ns >= IVSHMEM_REFUSED_NS)

@@ -178,6 +178,12 @@ int ivshm_peer(ivshm *h, int slot, ivshm_peer_info *out);
    (ivshm_recv); this says whose it is. -ENOENT if the slot was never
    held or is being claimed. */
 int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out);
+/* 1 if the incarnation `generation` of `slot` left by ivshm_detach and
+   nobody has claimed the slot since; 0 if it is still registered, died
+   (found dead, or gone without detaching) or was replaced; -EINVAL for
+   a bad slot. A peer's own word, like everything in the registry: it
+   tells a clean leave from a crash, it proves nothing. */
+int ivshm_peer_left(ivshm *h, int slot, uint32_t generation);
 /* The generation of `slot`'s peer if it is registered (ACTIVE), else
    -ENOENT (-EINVAL for a bad slot): the cheap half of ivshm_peer, for a
    hot path that only checks who holds a slot. */
@@ -242,7 +248,9 @@ int ivshm_try_send(ivshm *h, int slot, uint32_t tag, const void *buf,
    truncated (the rest is consumed). timeout_ms: -1 forever, 0 poll
    (-EAGAIN), > 0 at most that long (-ETIMEDOUT). *src and *tag may be
    NULL. Messages a peer published before it left are still delivered
-   (also one a co-tenant hid); after them: -IVSHM_EPEERDEAD. A slot that
+   (also one a co-tenant hid, and one queued behind a cell another
+   producer is still writing: the receive waits for that producer, up
+   to the timeout); after them: -IVSHM_EPEERDEAD. A slot that
    fails validation is consumed and reported as -IVSHM_ECORRUPT, with
    *src naming the peer that wrote it; so are, as one -IVSHM_ECORRUPT,
    messages a co-tenant made their sender write over before we read

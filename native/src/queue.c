@@ -390,6 +390,30 @@ int ivshm_q_front(ivshm *h, struct qhead *out)
     return Q_WAIT;
 }
 
+bool ivshm_q_holds(const ivshm *h, int src)
+{
+    const uint64_t head = h->q_head;
+    uint64_t end = atomic_load_explicit(&h->my_qctrl->enqueue_pos,
+                                        memory_order_relaxed);
+    /* a garbled enqueue_pos cannot make the look longer than the queue */
+    if (end - head > h->queue_slots)
+        end = head + h->queue_slots;
+    const uint32_t gen = h->peers[src].gen;
+    for (uint64_t pos = head; pos != end; pos++) {
+        const struct ivshm_cell *c = ivshm_my_qcell(h, pos);
+        /* published in this lap: its header is the producer's, final
+           until we free the cell (acquire: read after the seq) */
+        if (atomic_load_explicit(&c->seq, memory_order_acquire) != pos + 1)
+            continue;
+        uint16_t from = __atomic_load_n(&c->src, __ATOMIC_RELAXED);
+        uint16_t flags = __atomic_load_n(&c->flags, __ATOMIC_RELAXED);
+        uint32_t g = __atomic_load_n(&c->gen, __ATOMIC_RELAXED);
+        if (from == (uint32_t)src && g == gen && !(flags & CELL_PAD))
+            return true;
+    }
+    return false;
+}
+
 void ivshm_q_reset(ivshm *h)
 {
     struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, h->self);

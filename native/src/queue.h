@@ -50,6 +50,13 @@ IVSHM_INTERNAL int ivshm_q_front(ivshm *h, struct qhead *out);
 /* Producers waiting for room in our queue: wake them. Called after we
    freed cells. */
 IVSHM_INTERNAL void ivshm_q_wake_waiters(ivshm *h);
+/* Does our queue hold, past its head, a published cell of `src` in the
+   generation we deliver from? A receive from a departed sender asks
+   this before it answers "nothing more of it": a cell at the head that
+   another producer is still writing (Q_WAIT) hides the cells behind it
+   from ivshm_q_front, and the departed sender's last ones may be there.
+   Looks at most queue_slots cells and changes nothing. */
+IVSHM_INTERNAL bool ivshm_q_holds(const ivshm *h, int src);
 /* Empty our queue (our slot is CLAIMING: nobody sends to it). */
 IVSHM_INTERNAL void ivshm_q_reset(ivshm *h);
 

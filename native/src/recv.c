@@ -225,8 +225,12 @@ static int rx_wait_fragment(ivshm *h, int slot, enum rx_view *view,
             return rc;
         *view = w.view = RX_GONE;
     }
-    /* gone: what it published before dying is still ours */
-    return cell_ready(h, &w) ? 0 : IVSHM_EPEERDEAD;
+    /* gone: what it published before dying is still ours, also what
+       waits behind a cell another producer is still writing (then "not
+       yet": the caller keeps the message in progress and looks again) */
+    if (cell_ready(h, &w))
+        return 0;
+    return ivshm_q_holds(h, slot) ? -ETIMEDOUT : IVSHM_EPEERDEAD;
 }
 
 /* Consume the continuation fragments of the message in progress from
@@ -748,6 +752,7 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         if (rc != -EAGAIN)
             return rc;
         maybe_sweep(h);
+        bool hidden = false;
         if (from != IVSHM_ANY && ivshm_rx_view(h, from) != RX_LIVE) {
             /* It may have published and left since rx_message looked:
                one more round for that, then only while the deadline
@@ -759,12 +764,18 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                 looked_again = true;
                 continue;
             }
-            rx_abandon(&h->peers[from]);
-            return IVSHM_EPEERDEAD;
+            /* Its last cells may wait behind one another producer is
+               still writing: wait for that producer (its publish kicks
+               us), not on the departed sender's liveness. */
+            hidden = ivshm_q_holds(h, from);
+            if (!hidden) {
+                rx_abandon(&h->peers[from]);
+                return IVSHM_EPEERDEAD;
+            }
         }
         if (timeout_ms == 0)
             return -EAGAIN;
-        int peer = from != IVSHM_ANY ? from : partial_sender(h);
+        int peer = hidden ? -1 : from != IVSHM_ANY ? from : partial_sender(h);
         uint32_t peer_gen = peer >= 0 ? h->peers[peer].gen : 0;
         int wait_ms = ms_left(deadline);
         if (wait_ms == -ETIMEDOUT)
@@ -889,7 +900,7 @@ static __attribute__((noinline)) ssize_t peek_general(ivshm *h, int from,
         if (ivshm_rx_view(h, from) == RX_LIVE)
             return -EAGAIN;
         if (!rx_has_message(h, from))
-            return IVSHM_EPEERDEAD;
+            return ivshm_q_holds(h, from) ? -EAGAIN : IVSHM_EPEERDEAD;
     }
     return -EAGAIN;
 }

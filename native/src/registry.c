@@ -267,6 +267,18 @@ int ivshm_peer_last(ivshm *h, int slot, ivshm_peer_info *out)
     return 1;
 }
 
+/* Detach frees the slot (ivshm_registry_leave); a death found by
+   anyone marks it DEAD, and a peer that never detached stays ACTIVE
+   until then. */
+int ivshm_peer_left(ivshm *h, int slot, uint32_t generation)
+{
+    ivshm_peer_info info;
+    int rc = read_entry(h, slot, &info, 1u << PEER_FREE);
+    if (rc == -EINVAL)
+        return rc;
+    return rc == 0 && generation != 0 && info.generation == generation;
+}
+
 int64_t ivshm_peer_generation(ivshm *h, int slot)
 {
     if (!ivshm_slot_ok(h, slot))

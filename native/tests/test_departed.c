@@ -190,7 +190,22 @@ static bool one_round(enum leave how, uint32_t msgs, int delay_ms)
         /* one that did not detach is ACTIVE until found dead */
         CHECK(how == LEAVE_DETACH ? rc == 1 : rc >= 0);
         CHECK(rc < 0 || (info.rank == (uint32_t)r + 1 && info.job_id == job));
+        const uint32_t gen = info.generation;
         CHECK_RC(ivshm_peer(h, slot_of[r], &info), rc == 1 ? -ENOENT : 0);
+        /* how it went: only a detach frees the slot (the BTL's clean
+           leave without a goodbye); found dead or not yet, the others
+           did not leave */
+        if (rc >= 0) {
+            CHECK_RC(ivshm_peer_left(h, slot_of[r], gen), how == LEAVE_DETACH);
+            CHECK_RC(ivshm_peer_left(h, slot_of[r], gen + 1), 0);
+        }
+    }
+    ivshm_reap(h);
+    for (int r = 0; r < SENDERS && delay_ms < 0; r++) {
+        ivshm_peer_info info;
+        CHECK(ivshm_peer_last(h, slot_of[r], &info) == 1);
+        CHECK_RC(ivshm_peer_left(h, slot_of[r], info.generation),
+                 how == LEAVE_DETACH);
     }
     tu_sleep_ms(delay_ms < 0 ? 0 : delay_ms);
     uint32_t got[SENDERS] = {0};
@@ -217,6 +232,69 @@ static bool one_round(enum leave how, uint32_t msgs, int delay_ms)
     return ok;
 }
 
+/* A producer stopped mid-send: it took the head cell of rank 0's queue
+   and claimed it, as ivshm_q_send does before it writes, and writes no
+   further. */
+static int stalled_writer(void *argp)
+{
+    int ready_fd = *(const int *)argp;
+    ivshm *h = tu_attach(path, job, 5, 0);
+    int to = tu_await_peer(h, job, 0, 10000);
+    REQUIRE(to >= 0);
+    struct ivshm_queue_ctrl *qc = ivshm_qctrl(h, to);
+    uint64_t pos = atomic_fetch_add(&qc->enqueue_pos, 1);
+    uint64_t want = pos;
+    REQUIRE(atomic_compare_exchange_strong(
+        &ivshm_qcell(h, to, pos)->seq, &want,
+        ivshm_claim_word(pos, h->self, h->self_gen)));
+    char c = 'r';
+    REQUIRE(write(ready_fd, &c, 1) == 1);
+    for (;;)
+        pause();
+}
+
+/* A sender's last message queued behind a cell another producer is
+   still writing (on a loaded machine a producer can be descheduled
+   mid-send, as at the end of an MPI job when every rank says goodbye at
+   once). The head hides the message, and the sender has left: the
+   receiver must wait for the writer, not answer "nothing more of it"
+   (the BTL takes that answer, without a goodbye, for a crash). */
+static void behind_a_cell_in_writing(void)
+{
+    job++;
+    ivshm *rx = tu_attach(path, job, 0, 0);
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    pid_t writer = tu_fork(stalled_writer, &fds[1]);
+    char c;
+    REQUIRE(read(fds[0], &c, 1) == 1);
+    ivshm *tx = tu_attach(path, job, 1, 0);
+    const int gone = ivshm_self(tx);
+    CHECK_RC(ivshm_send(tx, ivshm_self(rx), 7, "last", 4), 0);
+    ivshm_detach(tx);
+    ivshm_reap(rx);
+
+    char buf[16];
+    uint32_t tag = 0;
+    const void *data = NULL;
+    CHECK_RC(ivshm_recv_peek(rx, gone, NULL, &tag, &data), -EAGAIN);
+    CHECK_RC(ivshm_recv(rx, gone, NULL, &tag, buf, sizeof buf, 0), -EAGAIN);
+    uint64_t t0 = tu_now_ms();
+    CHECK_RC(ivshm_recv(rx, gone, NULL, &tag, buf, sizeof buf, 300),
+             -ETIMEDOUT);
+    CHECK(tu_now_ms() - t0 >= 250);
+
+    /* the writer dies: its cell is skipped, the message comes out */
+    kill(writer, SIGKILL);
+    CHECK(tu_wait(writer, 5000) == -1);
+    CHECK_RC(ivshm_recv(rx, gone, NULL, &tag, buf, sizeof buf, 10000), 4);
+    CHECK(tag == 7 && memcmp(buf, "last", 4) == 0);
+    CHECK_RC(ivshm_recv(rx, gone, NULL, NULL, NULL, 0, 0), IVSHM_EPEERDEAD);
+    close(fds[0]);
+    close(fds[1]);
+    ivshm_detach(rx);
+}
+
 int main(int argc, char **argv)
 {
     ivshm_geometry g = {.max_peers = 8, .ring_slots = 8, .slot_size = 256,
@@ -235,5 +313,6 @@ int main(int argc, char **argv)
             CHECK(one_round((enum leave)how, MAX_MSGS, 20));
         }
     }
+    behind_a_cell_in_writing();
     return tu_summary("test_departed");
 }
