@@ -230,7 +230,8 @@ static int rx_wait_fragment(ivshm *h, int slot, enum rx_view *view,
        yet": the caller keeps the message in progress and looks again) */
     if (cell_ready(h, &w))
         return 0;
-    return ivshm_q_holds(h, slot) ? -ETIMEDOUT : IVSHM_EPEERDEAD;
+    return *view == RX_GONE && ivshm_q_holds(h, slot) ? -ETIMEDOUT
+                                                      : IVSHM_EPEERDEAD;
 }
 
 /* Consume the continuation fragments of the message in progress from
@@ -752,8 +753,9 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
         if (rc != -EAGAIN)
             return rc;
         maybe_sweep(h);
-        bool hidden = false;
-        if (from != IVSHM_ANY && ivshm_rx_view(h, from) != RX_LIVE) {
+        const enum rx_view view =
+            from != IVSHM_ANY ? ivshm_rx_view(h, from) : RX_LIVE;
+        if (view != RX_LIVE) {
             /* It may have published and left since rx_message looked:
                one more round for that, then only while the deadline
                allows (a co-tenant that moves a departed sender's head
@@ -764,18 +766,22 @@ ssize_t ivshm_recv(ivshm *h, int from, int *src, uint32_t *tag, void *buf,
                 looked_again = true;
                 continue;
             }
-            /* Its last cells may wait behind one another producer is
-               still writing: wait for that producer (its publish kicks
-               us), not on the departed sender's liveness. */
-            hidden = ivshm_q_holds(h, from);
-            if (!hidden) {
+            /* unless its last cells wait behind one that another
+               producer is still writing */
+            if (view != RX_GONE || !ivshm_q_holds(h, from)) {
                 rx_abandon(&h->peers[from]);
                 return IVSHM_EPEERDEAD;
             }
         }
         if (timeout_ms == 0)
             return -EAGAIN;
-        int peer = hidden ? -1 : from != IVSHM_ANY ? from : partial_sender(h);
+        int peer = from != IVSHM_ANY ? from : partial_sender(h);
+        /* A departed sender we still wait for has cells behind another
+           producer's: wait for that producer (its publish kicks us); a
+           watch on the departed one's liveness would end every wait at
+           once. */
+        if (peer >= 0 && ivshm_rx_view(h, peer) == RX_GONE)
+            peer = -1;
         uint32_t peer_gen = peer >= 0 ? h->peers[peer].gen : 0;
         int wait_ms = ms_left(deadline);
         if (wait_ms == -ETIMEDOUT)
@@ -900,7 +906,9 @@ static __attribute__((noinline)) ssize_t peek_general(ivshm *h, int from,
         if (ivshm_rx_view(h, from) == RX_LIVE)
             return -EAGAIN;
         if (!rx_has_message(h, from))
-            return ivshm_q_holds(h, from) ? -EAGAIN : IVSHM_EPEERDEAD;
+            return ivshm_rx_view(h, from) == RX_GONE && ivshm_q_holds(h, from)
+                       ? -EAGAIN
+                       : IVSHM_EPEERDEAD;
     }
     return -EAGAIN;
 }
