@@ -1,5 +1,5 @@
-/* A sender's last messages outlive it (docs/security.md, "libivshm",
-   point 6; MPI's eager send): senders (processes) send numbered
+/* A sender's last messages outlive it (docs/region-layout.md,
+   "Receiving"; MPI's eager send): senders (processes) send numbered
    messages through the queue and then their fast channel, and leave at
    once -- detach, _exit without detaching, or kill -9 right after the
    last send -- while the receiver has not read them yet, or is still
