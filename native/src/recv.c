@@ -903,12 +903,12 @@ static __attribute__((noinline)) ssize_t peek_general(ivshm *h, int from,
             maybe_sweep(h);
         if (rc != -EAGAIN || from == IVSHM_ANY)
             return rc;
-        if (ivshm_rx_view(h, from) == RX_LIVE)
+        const enum rx_view view = ivshm_rx_view(h, from);
+        if (view == RX_LIVE)
             return -EAGAIN;
         if (!rx_has_message(h, from))
-            return ivshm_rx_view(h, from) == RX_GONE && ivshm_q_holds(h, from)
-                       ? -EAGAIN
-                       : IVSHM_EPEERDEAD;
+            return view == RX_GONE && ivshm_q_holds(h, from) ? -EAGAIN
+                                                             : IVSHM_EPEERDEAD;
     }
     return -EAGAIN;
 }
