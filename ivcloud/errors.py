@@ -83,6 +83,12 @@ class LaunchError(ClusterFailure):
     """A job could not be launched into a cluster's instances."""
 
 
+class JobTimeout(OperationFailed):
+    """A job ran past its timeout and was torn down (exit status 124, as
+    timeout(1) gives)."""
+    exit_status = 124
+
+
 class NetnsError(OperationFailed):
     """A network namespace for a benchmark could not be made."""
 

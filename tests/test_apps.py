@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud import mpi
+from ivcloud.mpis import local, openmpi, regions
 from ivcloud.apps import hpcc, openfoam
 from ivcloud.errors import InvalidRequest, OperationFailed
 
 
 def _run_mpi(argv, np, cwd, env_extra, timeout=300):
     env = dict(os.environ, **env_extra)
-    with mpi.private_region(np) as region:
-        cmd = mpi.mpirun_command(argv, np, transport="ivshmem",
+    with regions.private_region(np) as region:
+        cmd = local.mpirun_command(argv, np, transport="ivshmem",
                                  region=str(region), verbose_btl=True)
         # every rank gets the application's environment
         for key in env_extra:
@@ -67,7 +67,7 @@ def test_hpcc_runs_over_ivshmem_and_parses(tmp_path):
     assert set(values) == {k for k, *_ in hpcc.METRICS}
     assert all(v > 0 for v in values.values()), values
     # both ranks talked through the region
-    counters = mpi.parse_btl_counters(proc.stdout + proc.stderr)
+    counters = openmpi.parse_btl_counters(proc.stdout + proc.stderr)
     assert set(counters) == {0, 1}
     assert all(c["sent_msgs"] > 0 for c in counters.values())
 
@@ -102,5 +102,5 @@ def test_openfoam_pitzdaily_runs_over_ivshmem_and_parses(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert openfoam.execution_time(proc.stdout) > 0
     assert "Time = 5" in proc.stdout
-    counters = mpi.parse_btl_counters(proc.stdout + proc.stderr)
+    counters = openmpi.parse_btl_counters(proc.stdout + proc.stderr)
     assert set(counters) == {0, 1}

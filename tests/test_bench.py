@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import io
 import subprocess
 import sys
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ivcloud import mpi as ompi
-from ivcloud.bench import halo, hierarchy, mpi, p2p, report, toolkit
+from ivcloud import process
+from ivcloud.bench import btl, halo, hierarchy, p2p, report, toolkit
 from ivcloud.cluster.launch import LaunchError
 from ivcloud.errors import BenchError, InvalidRequest, ReportError
 
@@ -78,9 +79,10 @@ def test_imports_point_down():
 
 
 def _job(script: str, timeout_s: float = 20, origin: str = "job"):
-    start = functools.partial(ompi.run_command,
-                              [sys.executable, "-c", script])
-    return toolkit.run_job(start, timeout_s, origin)
+    start = functools.partial(process.run_launcher,
+                              [sys.executable, "-c", script],
+                              dict(os.environ))
+    return toolkit.checked_run(start, timeout_s, origin)
 
 
 def test_run_job_failure_names_the_last_real_stderr_line():
@@ -109,7 +111,7 @@ def test_run_job_prefixes_a_lower_layers_error_with_the_job():
     def start(**io):
         raise LaunchError("instance 's9i9' was never started")
     with pytest.raises(BenchError, match="^lvl: instance 's9i9'"):
-        toolkit.run_job(start, 5, "lvl")
+        toolkit.checked_run(start, 5, "lvl")
 
 
 def test_parse_records_checks_every_record():
@@ -182,7 +184,7 @@ def test_ratio_targets():
 def test_settings_checks_name_no_flags():
     for call in (lambda: p2p.P2pSettings.make(sizes=[0]),
                  lambda: p2p.P2pSettings.make(iters=0),
-                 lambda: mpi.MpiSettings.make(transports=["udp"]),
+                 lambda: btl.MpiSettings.make(transports=["udp"]),
                  lambda: hierarchy.HierarchySettings.make(iters=-1),
                  lambda: halo.HaloSettings.make(face=12),
                  lambda: halo.HaloSettings.make(reps=0),
@@ -192,7 +194,7 @@ def test_settings_checks_name_no_flags():
         assert "--" not in str(e.value), str(e.value)
     s = p2p.P2pSettings.make(quick=True, netns=False)
     assert s.quick and s.sizes == p2p.QUICK_SIZES and not s.netns
-    assert mpi.MpiSettings.make(transports=["tcp"]).transports == ["tcp"]
+    assert btl.MpiSettings.make(transports=["tcp"]).transports == ["tcp"]
 
 
 def test_report_refuses_an_empty_directory(tmp_path):

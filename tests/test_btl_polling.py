@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from ivcloud.mpi import parse_btl_counters
+from ivcloud.mpis.openmpi import parse_btl_counters
 
 from test_cluster import cluster, ivcloud  # noqa: F401 (a fixture)
 
@@ -133,7 +133,7 @@ def test_ranks_sharing_a_cpu_still_block(poll_program, tmp_path):
     ranks bound to CPU 0, the default blocks (sleeps counted) and beats
     pure polling (btl_ivshmem_block_us 0), which hands the CPU over only
     when the scheduler's time slice ends."""
-    from ivcloud import mpi
+    from ivcloud.mpis import local, regions
     times = {"default": [], "spin": []}
     sleeps = []
     for _ in range(ROUNDS):
@@ -142,8 +142,8 @@ def test_ranks_sharing_a_cpu_still_block(poll_program, tmp_path):
             extra = [("hwloc_base_binding_policy", "none")]
             if kind == "spin":
                 extra.append(("btl_ivshmem_block_us", "0"))
-            with mpi.private_region(2) as region:
-                cmd = mpi.mpirun_command(
+            with regions.private_region(2) as region:
+                cmd = local.mpirun_command(
                     [str(poll_program), str(ITERS), "0", "0", "test"], 2,
                     transport="ivshmem", region=str(region),
                     verbose_btl=True, tcp_fallback=False, extra_mca=extra)

@@ -29,7 +29,7 @@ from typing import Dict
 
 import pytest
 
-from ivcloud import mpi
+from ivcloud.mpis import local, openmpi
 from ivcloud.cli import CliError
 from ivcloud.native import format_region, min_region_size
 
@@ -206,7 +206,7 @@ def foreign_ring(tmp_path_factory, component) -> Path:
 @pytest.fixture(scope="module")
 def component() -> Path:
     try:
-        return mpi.component_dir()
+        return openmpi.component_dir()
     except CliError as e:
         pytest.fail(str(e))
 
@@ -246,7 +246,7 @@ def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args, **mpirun):
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
     other = _start([str(cotenant), str(shm_path), str(JOB_TIMEOUT)])
-    cmd = mpi.mpirun_command([str(pingpong), *args], 2, transport="ivshmem",
+    cmd = local.mpirun_command([str(pingpong), *args], 2, transport="ivshmem",
                              region=shm_path, tcp_fallback=False, **mpirun)
     job = _start(cmd)
     try:
@@ -277,7 +277,7 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
     hostile = _start(
         [sys.executable, "-c", HOSTILE, str(shm_path), str(gate),
          str(result), str(HOSTILE_SECONDS), str(FLOOD)])
-    cmd = mpi.mpirun_command(
+    cmd = local.mpirun_command(
         [str(pingpong), str(gate), "600"], 2, transport="ivshmem",
         region=shm_path, tcp_fallback=False,
         extra_mca=[("btl_ivshmem_verbose", "2")])
@@ -302,7 +302,7 @@ def test_hostile_co_tenant_is_never_read(pingpong, component, shm_path,
     # the job ran to its end, with every byte checked, over our BTL only
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (600 round trips)" in out, described
-    counters = mpi.parse_btl_counters(err)
+    counters = openmpi.parse_btl_counters(err)
     assert sorted(counters) == [0, 1], described
     for rank, c in counters.items():
         assert c["sent_msgs"] > 600 and c["recv_msgs"] > 600, (rank, c)
@@ -342,7 +342,7 @@ def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
     size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
-    cmd = mpi.mpirun_command([str(spawner)], 2, transport="ivshmem",
+    cmd = local.mpirun_command([str(spawner)], 2, transport="ivshmem",
                              region=shm_path, tcp_fallback=False,
                              verbose_btl=True)
     proc = _start(cmd)
@@ -377,7 +377,7 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (2000 round trips)" in out, described
-    counters = mpi.parse_btl_counters(err)
+    counters = openmpi.parse_btl_counters(err)
     assert sorted(counters) == [0, 1], described
     for rank, c in counters.items():
         assert c["sent_msgs"] >= 2000 and c["recv_msgs"] >= 2000, (rank, c)

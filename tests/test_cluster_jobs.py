@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from ivcloud import server as server_mod
-from ivcloud.cluster import jobs
-from ivcloud.mpi import parse_btl_counters
+from ivcloud.cluster import regions
+from ivcloud.mpis.openmpi import parse_btl_counters
 
 from test_cluster import cluster, ivcloud, wait_for  # noqa: F401 (a fixture)
 
@@ -66,7 +66,7 @@ def _start_job(name, program, go, *opts, output=subprocess.PIPE):
 
 
 def _job_servers(name, state):
-    return jobs.job_dirs(Path(state["servers_dir"]),
+    return regions.job_dirs(Path(state["servers_dir"]),
                          state["servers"]["0"]["name"])
 
 
@@ -186,14 +186,14 @@ def test_job_servers_without_leave_notices(tmp_path, quiet):
     state = {"servers_dir": str(tmp_path),
              "servers": {"0": {"name": "s0", "size": 32 << 20,
                                "max_peers": 4}}}
-    job = jobs.slurm_job_key(7)
-    sockets = jobs.start_regions(state, job, [0], leave_notices=not quiet)
+    job = regions.slurm_job_key(7)
+    sockets = regions.start_regions(state, job, [0], leave_notices=not quiet)
     try:
         assert list(sockets) == [0]
-        paths = jobs.job_server_paths(tmp_path, "s0", 0, job)
+        paths = regions.job_server_paths(tmp_path, "s0", 0, job)
         pid = server_mod.running_pid(paths)
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert (b"--no-leave-notices" in argv) == quiet, argv
     finally:
-        assert jobs.stop_regions(state, job, [0]) == []
-    assert not jobs.job_dirs(tmp_path, "s0")
+        assert regions.stop_regions(state, job, [0]) == []
+    assert not regions.job_dirs(tmp_path, "s0")

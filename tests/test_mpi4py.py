@@ -285,21 +285,21 @@ def python() -> str:
 
 @pytest.fixture(scope="module")
 def component():
-    from ivcloud import mpi
+    from ivcloud.mpis import local, openmpi
     from ivcloud.errors import IvcloudError
     try:
-        return mpi.component_dir()
+        return openmpi.component_dir()
     except IvcloudError as e:
         pytest.fail(str(e))
 
 
 @pytest.mark.parametrize("section", SECTIONS)
 def test_mpi4py_over_ivshmem(python, component, shm_path, section):
-    from ivcloud import mpi
+    from ivcloud.mpis import local, openmpi
     from test_mpi_btl import assert_passed_over_ivshmem, make_region, run_job
 
     make_region(shm_path)
-    cmd = mpi.mpirun_command([python, str(Path(__file__).resolve()), section],
+    cmd = local.mpirun_command([python, str(Path(__file__).resolve()), section],
                              NP, transport="ivshmem", region=shm_path,
                              verbose_btl=True, tcp_fallback=False)
     env = {k: v for k, v in os.environ.items()

@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from ivcloud import mpi
+from ivcloud.mpis import local, openmpi, regions
+from ivcloud import process
 from ivcloud.errors import IvcloudError
 from ivcloud.native import format_region, min_region_size
 
@@ -58,7 +59,7 @@ def programs(tmp_path_factory) -> Dict[str, Path]:
 @pytest.fixture(scope="session")
 def component() -> Path:
     try:
-        return mpi.component_dir()
+        return openmpi.component_dir()
     except IvcloudError as e:
         pytest.fail(str(e))
 
@@ -149,7 +150,7 @@ def run_job(cmd: Sequence[str], timeout: float = JOB_TIMEOUT,
 def ivshmem_cmd(program: Sequence, np: int, region: Optional[Path],
                 tcp_fallback: bool = False, verbose: bool = True,
                 **kw) -> List[str]:
-    return mpi.mpirun_command([str(a) for a in program], np,
+    return local.mpirun_command([str(a) for a in program], np,
                               transport="ivshmem", region=region,
                               verbose_btl=verbose, tcp_fallback=tcp_fallback,
                               **kw)
@@ -158,7 +159,7 @@ def ivshmem_cmd(program: Sequence, np: int, region: Optional[Path],
 def assert_passed_over_ivshmem(job: Job, name: str, np: int) -> None:
     assert job.returncode == 0, job.describe()
     assert f"PASS {name}" in job.stdout, job.describe()
-    counters = mpi.parse_btl_counters(job.stderr)
+    counters = openmpi.parse_btl_counters(job.stderr)
     assert sorted(counters) == list(range(np)), \
         f"counter lines for ranks {sorted(counters)}, expected 0..{np - 1}" \
         f"\n{job.describe()}"
@@ -181,7 +182,7 @@ def test_point_to_point(programs, component, region, np, max_mib):
     ordering, 1000 outstanding requests, sendrecv"""
     job = run_job(ivshmem_cmd([programs["p2p"], max_mib], np, region))
     assert_passed_over_ivshmem(job, "p2p", np)
-    counters = mpi.parse_btl_counters(job.stderr)
+    counters = openmpi.parse_btl_counters(job.stderr)
     if max_mib == 256:
         # the 256 MiB message each way went through the component
         assert counters[0]["sent_bytes"] > 256 * MIB, counters[0]
@@ -196,7 +197,7 @@ def test_point_to_point_large_payload_copies(programs, component, shm_path,
     0 B..64 MiB pass either way, and the verbose-2 count says which path
     ran. In a region of `ivcloud mpirun`'s geometry, where a fragment is
     one slot and is packed in place."""
-    geo = mpi.mpi_geometry(REGION_PEERS)
+    geo = regions.mpi_geometry(REGION_PEERS)
     size = (min_region_size(REGION_PEERS, **geo) + 32 * MIB + MIB - 1) \
         // MIB * MIB
     format_region(shm_path, size, max_peers=REGION_PEERS, **geo)
@@ -246,7 +247,7 @@ def test_through_ivshmem_server_socket(programs, component, tmp_path,
     assert proc.returncode == 0, proc.stderr
     try:
         sock = run_dir / unique / "ivshmem.sock"
-        job = run_job(mpi.mpirun_command(
+        job = run_job(local.mpirun_command(
             [programs["rma"]], 3, transport="ivshmem", socket=sock,
             verbose_btl=True, tcp_fallback=False))
         assert_passed_over_ivshmem(job, "rma", 3)
@@ -314,7 +315,7 @@ def test_last_messages_outlive_their_sender(programs, component, region,
     assert job.returncode == 0, job.describe()
     assert "PASS last_words (3 ranks, 8 messages each)" in job.stdout, \
         job.describe()
-    counters = mpi.parse_btl_counters(job.stderr)
+    counters = openmpi.parse_btl_counters(job.stderr)
     assert counters[0]["recv_msgs"] >= 24, counters
 
 
@@ -329,7 +330,7 @@ def test_tcp_fallback_without_region(programs, component):
     assert job.returncode == 0, job.describe()
     assert "PASS p2p" in job.stdout, job.describe()
     # whatever the component reports, it cannot have carried anything
-    for rank, c in mpi.parse_btl_counters(job.stderr).items():
+    for rank, c in openmpi.parse_btl_counters(job.stderr).items():
         assert c["sent_msgs"] == 0 and c["recv_msgs"] == 0, (rank, c)
 
 
@@ -392,7 +393,7 @@ def test_cli_dry_run_prints_the_command(component, region):
     assert "\n" not in line
     for part in ("--oversubscribe -np 3",
                  f"--mca mca_base_component_path "
-                 f"{mpi.stock_component_dir()}:{component}",
+                 f"{openmpi.stock_component_dir()}:{component}",
                  "--mca pml ob1", "--mca btl self,ivshmem,tcp",
                  f"--mca btl_ivshmem_region {region}",
                  "--mca btl_ivshmem_verbose 1", "--mca osc pt2pt"):
@@ -461,13 +462,14 @@ def test_a_stopped_job_leaves_no_process_behind(tmp_path, monkeypatch):
     """A launcher that ignores SIGTERM (an mpirun too slow to tear down)
     is killed after the grace time, and its children with it, although
     they ignore SIGTERM too and are orphaned by then."""
-    monkeypatch.setattr(mpi, "TERMINATE_GRACE_S", 0.5)
+    monkeypatch.setattr(process, "TERMINATE_GRACE_S", 0.5)
     pidfile = tmp_path / "child.pid"
     launcher = ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile};"
                             " wait; wait"]
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        mpi.run_command(launcher, timeout=1.0)
+        process.run_launcher(launcher, dict(os.environ), timeout=1.0,
+                             grace_s=process.TERMINATE_GRACE_S)
     assert time.monotonic() - t0 < 10
     assert _gone(int(pidfile.read_text()))
 
@@ -485,13 +487,13 @@ def test_an_interrupt_while_mpirun_starts_stops_it(monkeypatch):
         os.kill(os.getpid(), signal.SIGINT)   # before Popen returns
         return proc
 
-    monkeypatch.setattr(mpi.subprocess, "Popen", popen_then_interrupted)
-    monkeypatch.setattr(mpi, "TERMINATE_GRACE_S", 2.0)
+    monkeypatch.setattr(process.subprocess, "Popen", popen_then_interrupted)
     # a pytest started in the background has SIGINT ignored: Ctrl-C here
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            mpi.run_command(["sleep", "300"], timeout=30)
+            process.run_launcher(["sleep", "300"], dict(os.environ),
+                                 timeout=30, grace_s=2.0)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, before)

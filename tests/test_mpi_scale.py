@@ -32,7 +32,7 @@ from typing import Dict, List, Sequence
 
 import pytest
 
-from ivcloud import mpi
+from ivcloud.mpis import openmpi
 from ivcloud.errors import IvcloudError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def programs(mpicc) -> Dict[str, Path]:
 @pytest.fixture(scope="module")
 def component() -> Path:
     try:
-        return mpi.component_dir()
+        return openmpi.component_dir()
     except IvcloudError as e:
         pytest.fail(str(e))
 
@@ -92,7 +92,7 @@ def _described(job) -> str:
     """A failed job for an assertion message: its exit status, the end of
     its stdout, and what its stderr says besides the per-rank counter
     lines (128 of those would push an error message out of view)."""
-    counters = mpi.parse_btl_counters(job.stderr)
+    counters = openmpi.parse_btl_counters(job.stderr)
     other = [ln for ln in job.stderr.splitlines()
              if not ln.startswith("btl_ivshmem: rank ")]
     said = "\n".join(other)
@@ -103,7 +103,7 @@ def _described(job) -> str:
 
 def _assert_all_ranks_used_the_region(job, np: int) -> None:
     described = _described(job)
-    counters = mpi.parse_btl_counters(job.stderr)
+    counters = openmpi.parse_btl_counters(job.stderr)
     assert sorted(counters) == list(range(np)), described
     for rank, c in counters.items():
         assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
@@ -119,7 +119,7 @@ def test_128_ranks_in_one_region(programs, component):
     assert f"PASS scale_check {RANKS} ranks" in job.stdout, job.stdout
     _assert_all_ranks_used_the_region(job, RANKS)
     # the fan-in roots heard from every other rank through the region
-    counters = mpi.parse_btl_counters(job.stderr)
+    counters = openmpi.parse_btl_counters(job.stderr)
     for root in (0, RANKS // 2, RANKS - 1):
         assert counters[root]["recv_msgs"] >= 2 * 6 * (RANKS - 1), \
             (root, counters[root])

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from ivcloud import server as server_mod
-from ivcloud.cluster import jobs
+from ivcloud.cluster import regions
 from mpis_support import OFI, ofi_cluster  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -133,7 +133,7 @@ def _job_socket(state, timeout: float = 60) -> Path:
     servers_dir = Path(state["servers_dir"])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = jobs.job_dirs(servers_dir, srv["name"])
+        found = regions.job_dirs(servers_dir, srv["name"])
         if found:
             return server_mod.paths_for(found[0].name,
                                         str(found[0].parent)).socket

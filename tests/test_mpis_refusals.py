@@ -55,7 +55,7 @@ def test_bench_refuses_in_one_line(args, words):
 
 
 def test_bench_leaves_out_what_an_mpi_cannot_take():
-    from ivcloud.bench import mpis as bench
+    from ivcloud.bench import ofi as bench
     assert bench.OfiSettings.make("openmpi5").configs == \
         ["own-shm", "ivshmem", "tcp"]
     assert bench.OfiSettings.make("mpich").configs == bench.CONFIGS

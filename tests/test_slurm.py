@@ -24,9 +24,9 @@ import pytest
 
 from ivcloud import procfs
 from ivcloud import server as server_mod
-from ivcloud.cluster import holder, jobs
+from ivcloud.cluster import holder, regions
 from ivcloud.cluster.slurm import client
-from ivcloud.mpi import parse_btl_counters
+from ivcloud.mpis.openmpi import parse_btl_counters
 
 from test_cluster import (BML_RE, MPI_PROGRAM, RUN_DIR, assert_gone,
                           ivcloud, new_name, one_line_error, state_of,
@@ -94,7 +94,7 @@ def ranks(out):
 
 
 def job_dirs(state, server):
-    return jobs.job_dirs(Path(state["servers_dir"]),
+    return regions.job_dirs(Path(state["servers_dir"]),
                          state["servers"][str(server)]["name"])
 
 
@@ -106,9 +106,9 @@ def running_jobs(state):
 
 def socket_of(state, host, job):
     server = state["instances"][host]["server"]
-    return str(jobs.job_server_paths(
+    return str(regions.job_server_paths(
         Path(state["servers_dir"]), state["servers"][str(server)]["name"],
-        server, jobs.slurm_job_key(job)).socket)
+        server, regions.slurm_job_key(job)).socket)
 
 
 # ---------------------------------------------------------------- refusals

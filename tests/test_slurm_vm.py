@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 
 from ivcloud import procfs
-from ivcloud.cluster import jobs
+from ivcloud.cluster import regions
 from ivcloud.cluster.slurm import guest_regions
-from ivcloud.mpi import parse_btl_counters
+from ivcloud.mpis.openmpi import parse_btl_counters
 from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
@@ -142,7 +142,7 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
         stderr=subprocess.PIPE, text=True)
     try:
         # the job's server, which the prolog makes before any rank runs
-        seen = wait_for(lambda: jobs.job_dirs(servers_dir, srv["name"])
+        seen = wait_for(lambda: regions.job_dirs(servers_dir, srv["name"])
                         or job.poll() is not None, JOB_TIMEOUT,
                         "the job's server")
         stdout, stderr = job.communicate(timeout=JOB_TIMEOUT)
@@ -184,7 +184,7 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
                                rf"on servers \[0\] removed \(",
                                hooks.read_text()), 60, "the epilog")
     print(f"epilog done {time.monotonic() - t1:.1f} s after srun returned")
-    assert not jobs.job_dirs(servers_dir, srv["name"])
+    assert not regions.job_dirs(servers_dir, srv["name"])
     for host, addr in zip(("s0i0", "s0i1"), plugged.groups()):
         assert ivshmem_devices(svm, host) == standing[host]
         left = guest_sh(svm, host,
@@ -272,7 +272,7 @@ def test_killed_slurmd_ends_the_job(svm):
     for host in ("s0i0", "s0i1"):
         assert len(ivshmem_devices(svm, host)) == 1
     state = state_of(svm)
-    assert not jobs.job_dirs(Path(state["servers_dir"]),
+    assert not regions.job_dirs(Path(state["servers_dir"]),
                              state["servers"]["0"]["name"])
 
 
@@ -319,7 +319,7 @@ def test_killed_guest_frees_the_survivors_device(svm):
              180, "both nodes idle")
     standing = ivshmem_devices(svm, "s0i0")
     with sleeping_job(svm) as job:
-        seen = wait_for(lambda: jobs.job_dirs(servers_dir, srv_name)
+        seen = wait_for(lambda: regions.job_dirs(servers_dir, srv_name)
                         or job.poll() is not None, JOB_TIMEOUT,
                         "the job's server")
         assert seen is not True, "the job ended before it ran"
@@ -339,7 +339,7 @@ def test_killed_guest_frees_the_survivors_device(svm):
                     "the epilog")
     print(f"epilog done {time.monotonic() - t0:.1f} s after the kill")
     assert "devices and regions on servers [0] removed" in line, line
-    assert not jobs.job_dirs(servers_dir, srv_name)
+    assert not regions.job_dirs(servers_dir, srv_name)
     survivor = Path(state["vms"]["s0i0"]["dir"])
     spid = int((survivor / "qemu.pid").read_text())
     assert procfs.alive(spid), "the survivor's QEMU died"

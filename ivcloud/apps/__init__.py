@@ -10,7 +10,7 @@ Each module is one application from Debian's archive:
 - :mod:`magbar` -- our micromagnetic solver (micromag) on the thesis's
   test problem, the Permalloy bar (examples/bar.toml);
 - :mod:`mag` -- the solver on any problem file: a run on N ranks (under
-  mpirun through ivcloud.mpi), the command line of one run, the
+  mpirun through ivcloud.mpis.local), the command line of one run, the
   convergence study (what `ivcloud mag run` and `converge` call).
 
 They know nothing about where the ranks run: a benchmark (ivcloud.bench)

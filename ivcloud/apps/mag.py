@@ -4,7 +4,7 @@
 - :func:`run` runs a problem file on N ranks: on the ranks this process
   was started with (one, or those of an mpirun that started it), or by
   starting N ranks of `ivcloud mag run ... --mpi-child` under mpirun
-  (:mod:`ivcloud.mpi`: Open MPI with our BTL on the component path; the
+  (:mod:`ivcloud.mpis.local`: Open MPI with our BTL on the component path; the
   transport is Open MPI's shared memory unless told otherwise).
 - :func:`run_command` is the `ivcloud mag run` command line of one run
   as a user types it; the benchmark (ivcloud.bench.mag) and the
@@ -104,11 +104,11 @@ def _launch(problem: Path, out: Path, ranks: int, transport: str,
     The problem is validated and the output directory made first."""
     from micromag.problem import load
 
-    from .. import mpi
+    from ..mpis import local
     load(problem)
     _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    return mpi.run(rank_command(problem, out, progress, resume,
+    return local.run(rank_command(problem, out, progress, resume,
                                 checkpoint_every),
                    ranks, transport=transport, env=rank_env())
 

@@ -59,13 +59,14 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..apps import hpcc, magbar, openfoam
-from ..cluster.session import ClusterSession, VmOptions, floating_rankfile
-from ..errors import BenchError, InvalidRequest
+from ..cluster.job import Job
+from ..cluster.session import ClusterSession, VmOptions
+from ..errors import InvalidRequest
 from ..vm.debian import SOLVER_PACKAGE
 from . import report
 from .toolkit import (BenchResults, Target, check_ivshmem_used, conclude,
                       count, machine_info, measure_rounds, print_grid,
-                      require_root, run_job)
+                      require_root, cluster_job)
 from .toolkit import summarize as toolkit_summarize
 
 APPS = ("hpcc", "openfoam", "micromag")
@@ -264,7 +265,7 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
     argv, parse = work.job(cluster, app, len(hosts))
     origin = f"{app} {config} ({len(hosts)} ranks)"
     if cluster.topo.vcpus > 1:
-        kw = {"rankfile": floating_rankfile(hosts, cluster.topo.vcpus)}
+        kw = {"hosts": list(hosts)}
     else:
         # a one-slot rankfile would pin every rank to host CPU 0; block
         # placement over one-vCPU instances puts rank r on instance r
@@ -279,11 +280,9 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
     mca = list(TWO_COPY_MCA) if config == TWO_COPY else []
     if check:
         mca.append(("btl_ivshmem_verbose", "1"))
-    if mca:
-        kw["extra_mca"] = mca
     t0 = time.monotonic()
-    stdout, stderr = run_job(
-        lambda **k: cluster.mpirun(argv, len(hosts), transport, **kw, **k),
+    stdout, stderr = cluster_job(cluster, Job(
+        argv, len(hosts), transport=transport, options=mca, **kw),
         work.timeout_s, origin)
     wall = time.monotonic() - t0
     counters = check_ivshmem_used(stderr, len(hosts), origin) \

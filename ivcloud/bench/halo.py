@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..cluster.session import ClusterSession, floating_rankfile
-from ..cluster.slurm import SlurmOptions
+from ..cluster.job import Job
+from ..cluster.session import ClusterSession
+from ..mpis.openmpi import rankfile_text
+from ..cluster.slurm.daemons import SlurmOptions
 from ..cluster.slurm.client import wait_idle
 from ..errors import BenchError, InvalidRequest
 from ..place import graph as graphs
@@ -43,7 +45,8 @@ from ..place.planner import (Partitioner, Placement,
 from . import report
 from .toolkit import (BenchResults, Target, attempt, conclude, count,
                       machine_info, parse_records, print_grid, program,
-                      ratio_target, require_root, run_job, write_docs)
+                      ratio_target, require_root, checked_run,
+                      cluster_job, write_docs)
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
@@ -138,14 +141,14 @@ def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
             str(s.iters), "--warmup", str(s.warmup), "--transport",
             s.transport, "--placement", name]
     if name == "planned":
-        kw = dict(rankfile=floating_rankfile(plan.hosts(name), VCPUS))
+        kw = dict(hosts=plan.hosts(name))
     else:
         kw = dict(placement=name)
-    stdout, _ = run_job(functools.partial(
-        cluster.mpirun, argv, RANKS, s.transport,
+    stdout, _ = cluster_job(cluster, Job(
+        argv, RANKS, transport=s.transport,
         # 8 ranks on 2 cores: waiting ranks give the CPU away instead of
         # polling through their time slice (the same for both placements)
-        extra_mca=[("mpi_yield_when_idle", "1")], **kw), s.timeout_s, origin)
+        options=[("mpi_yield_when_idle", "1")], **kw), s.timeout_s, origin)
     rec = parse_records(stdout, origin, KEYS)[0]
     if rec["dims"] != plan.dims:
         raise BenchError(f"{origin}: the job's grid is {rec['dims']}, the "
@@ -242,7 +245,9 @@ def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
         partitioner=plan.partitioner, transport=s.transport,
         face_bytes=s.face, iters=s.iters, reps=s.reps,
         rankfile=rankfile_lines(plan.topo, plan.placements["planned"]),
-        rankfile_used=floating_rankfile(plan.hosts("planned"), VCPUS),
+        rankfile_used=rankfile_text(
+            plan.hosts("planned"),
+            {h: VCPUS for h in plan.hosts("planned")}).splitlines(),
         summary=summ)
     return report.publish("halo", doc, out_dir, json_path,
                           failed=bool(res.failed), stdout=out)
@@ -273,8 +278,9 @@ def run_once_slurm(cluster: ClusterSession, name: str, rep: int,
     # the last job's nodes may still be completing: on an idle cluster
     # the tree allocation has every server to choose from
     wait_idle(cluster.state, s.timeout_s)
-    stdout, _ = run_job(functools.partial(cluster.srun, slurm_args(name, s)),
-                        s.timeout_s, origin)
+    stdout, _ = checked_run(functools.partial(cluster.srun,
+                                              slurm_args(name, s)),
+                            s.timeout_s, origin)
     rec = parse_records(stdout, origin, KEYS)[0]
     insts = cluster.state["instances"]
     servers = sorted({insts[h]["server"] for h in rec["hosts"]

@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from ..cluster.session import ClusterSession, VmOptions, floating_rankfile
+from ..cluster.job import Job
+from ..cluster.session import ClusterSession, VmOptions
 from ..errors import BenchError
 from . import report
 from .toolkit import (MIB, BenchResults, Target, conclude, count, csv,
                       find_record, machine_info, measure_rounds,
                       parse_records, print_grid, program, ratio_target,
-                      require_root, run_job, summarize)
+                      require_root, cluster_job, summarize)
 
 FULL_SIZES = [4, 8, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, MIB]
 QUICK_SIZES = [8, 4096, MIB]
@@ -124,7 +125,6 @@ def find(records: Sequence[Dict], level: int, transport: str, test: str,
 def run_level(cluster: ClusterSession, level: Level, transport: str,
               s: HierarchySettings) -> List[Dict]:
     origin = f"level {level.number} ({level.name}) {transport}"
-    rankfile = floating_rankfile(level.hosts, cluster.topo.vcpus)
     # The sweep starts with a throw-away round of its first size: early
     # in a job both ranks may still share one CPU (until the scheduler
     # spreads them) and connections open lazily, which the first size
@@ -133,10 +133,10 @@ def run_level(cluster: ClusterSession, level: Level, transport: str,
     argv = [cluster.stage(program("mpi-osu")), "--test", "latency,bw", "--sizes",
             csv(sizes), "--iters", str(s.iters),
             "--budget", str(s.budget), "--transport", transport]
-    stdout, stderr = run_job(functools.partial(
-        cluster.mpirun, argv, 2, transport, rankfile=rankfile,
+    stdout, stderr = cluster_job(cluster, Job(
+        argv, 2, transport=transport, hosts=level.hosts,
         # Open MPI names the BTL it picked for each peer (bml lines)
-        extra_mca=[("btl_base_verbose", "10")]), s.timeout_s, origin)
+        options=[("btl_base_verbose", "10")]), s.timeout_s, origin)
     recs, warmed = [], set()
     for rec in parse_records(stdout, origin, KEYS):
         if rec["test"] in warmed:

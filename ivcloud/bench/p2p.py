@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .. import mpi as ompi
-from .. import netns
+from .. import netns, process
 from ..errors import BenchError, InvalidRequest
+from ..mpis.openmpi import find_mpirun
 from .toolkit import (MIB, BenchResults, Target, count, csv, fmt_size,
                       measure_rounds, parse_records, program, ratio_target,
-                      run_benchmark, run_job, spread, summarize, tail)
+                      checked_run, run_benchmark, spread, summarize, tail)
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -81,8 +81,9 @@ class P2pSettings:
 # ---------------------------------------------------------------- helpers
 
 def _run(cmd: Sequence[str], timeout_s: int, origin: str) -> List[Dict]:
-    stdout, _ = run_job(functools.partial(ompi.run_command, list(cmd)),
-                        timeout_s, origin)
+    stdout, _ = checked_run(functools.partial(process.run_launcher,
+                                              list(cmd), dict(os.environ)),
+                            timeout_s, origin)
     return parse_records(stdout, origin, KEYS)
 
 
@@ -194,7 +195,7 @@ def run_tcp_bridge(s: P2pSettings) -> List[Dict]:
 
 
 def mpirun_argv(binary: Path, extra: Sequence[str]) -> List[str]:
-    mpirun = ompi.find_mpirun()
+    mpirun = find_mpirun()
     # ob1 + self,vader pins the path to vader's shared-memory BTL (UCX
     # would otherwise win where it is installed).
     return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .. import mpi
+from ..mpis import regions
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, check_transports, count,
                       fmt_size, measure_rounds, mpi_job, program, ratio_target,
@@ -39,7 +39,7 @@ KEYS = ("transport", "test", "ranks", "size", "latency_us",
 # vader's shared memory: one segment per rank (btl_vader_segment_size,
 # Open MPI 4.1's default), holding its FIFO, fast boxes and fragments
 VADER_SEGMENT = 4 * MIB
-MAX_RANKS = mpi.MAX_PEERS_LIMIT
+MAX_RANKS = regions.MAX_PEERS_LIMIT
 
 
 def check_ranks(values: Sequence[int]) -> List[int]:
@@ -99,7 +99,7 @@ def region_bytes(transport: str, np: int) -> int:
     the private region `ivcloud mpirun` formats (ivshmem), or one segment
     per rank (vader)."""
     if transport == "ivshmem":
-        return mpi.private_geometry(np)[1]
+        return regions.private_geometry(np)[1]
     return np * VADER_SEGMENT
 
 

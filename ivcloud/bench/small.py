@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import mpi
+from ..mpis import openmpi
 from ..errors import InvalidRequest
 from .toolkit import (BenchResults, Target, count, measure_rounds, mpi_job,
                       print_grid, program, run_benchmark)
@@ -69,7 +69,7 @@ STATES_APART = 1.5
 REALTIME_PRIORITY = "5"
 OSU_KEYS = ("test", "size", "latency_us")
 PINGPONG_KEYS = ("size", "latency_us")
-BTL_MODULE = f"btl/{mpi.COMPONENT_FILE}"
+BTL_MODULE = f"btl/{openmpi.COMPONENT_FILE}"
 COPIES = 4
 
 
@@ -287,7 +287,7 @@ def print_table(res: BenchResults, out=None) -> None:
 def _copy_btls(s: SmallSettings, into: Path) -> Dict[str, List[Path]]:
     """Per configuration of ours, s.copies directories each holding a
     fresh copy of its BTL's file (new pages in the page cache)."""
-    sources = {THIS: mpi.component_dir(),
+    sources = {THIS: openmpi.component_dir(),
                **{label: path / "btl" for label, path in s.builds}}
     copies = {}
     for n, (config, src) in enumerate(sources.items()):
@@ -295,7 +295,7 @@ def _copy_btls(s: SmallSettings, into: Path) -> Dict[str, List[Path]]:
         for k in range(s.copies):
             d = into / f"{n}-{k}"
             d.mkdir()
-            shutil.copyfile(src / mpi.COMPONENT_FILE, d / mpi.COMPONENT_FILE)
+            shutil.copyfile(src / openmpi.COMPONENT_FILE, d / openmpi.COMPONENT_FILE)
             copies[config].append(d)
     return copies
 

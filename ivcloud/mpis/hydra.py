@@ -11,28 +11,28 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from .base import Flavor, Job, hosts_arg
+from .base import Command, Launch, OfiFlavor, hosts_arg
 
 
-class HydraFlavor(Flavor):
+class HydraFlavor(OfiFlavor):
     # how this hydra is told to run AGENT instead of ssh
     def launcher_options(self, agent: str) -> Sequence[str]:
         raise NotImplementedError
 
-    def placement(self, job: Job) -> List[str]:
+    def placement(self, launch: Launch) -> List[str]:
         """MPICH's hydra takes every host's slots (`-hosts h:n,...`)."""
-        out = ["-hosts", hosts_arg(job.hosts)] if job.hosts else []
-        return out + (["-ppn", "1"] if job.spread else [])
+        out = ["-hosts", hosts_arg(launch.hosts)] if launch.hosts else []
+        return out + (["-ppn", "1"] if launch.spread else [])
 
-    def launch_line(self, job: Job, program: List[str],
-                    env: Dict[str, str]) -> List[str]:
+    def launch_line(self, launch: Launch, program: List[str],
+                    env: Dict[str, str]) -> Command:
         cmd = [str(self.launcher_path())]
-        if job.agent:
-            cmd += [*self.launcher_options(job.agent), "-genvnone"]
-        cmd += self.placement(job)
-        if job.wdir:
-            cmd += ["-wdir", job.wdir]
-        cmd += ["-n", str(job.np)]
+        if launch.agent:
+            cmd += [*self.launcher_options(launch.agent), "-genvnone"]
+        cmd += self.placement(launch)
+        if launch.wdir:
+            cmd += ["-wdir", launch.wdir]
+        cmd += ["-n", str(launch.np)]
         for key, value in env.items():
             cmd += ["-genv", key, value]
-        return cmd + program
+        return Command(cmd + program)

@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence
 
 from ..errors import MpiFlavorError
 from . import provider
-from .base import Job
+from .base import Launch
 from .hydra import HydraFlavor
 from .mpich import Mpich
 
@@ -38,19 +38,19 @@ class IntelMpi(HydraFlavor):
     def launcher_options(self, agent: str) -> Sequence[str]:
         return ["-bootstrap", "ssh", "-bootstrap-exec", agent]
 
-    def placement(self, job: Job) -> List[str]:
+    def placement(self, launch: Launch) -> List[str]:
         """Intel's hydra reads no slots in -hosts (it would fill a host
         with as many ranks as it has cores): -ppn says how many go to
         each host, the same number for all."""
-        if not job.hosts:
+        if not launch.hosts:
             return []
-        slots = {n for _, n in job.hosts}
-        if len(slots) > 1 and not job.spread:
+        slots = {n for _, n in launch.hosts}
+        if len(slots) > 1 and not launch.spread:
             raise MpiFlavorError(f"{self.title} places as many ranks on "
                                  f"every host; these hosts have "
                                  f"{sorted(slots)} slots")
-        ppn = 1 if job.spread else slots.pop()
-        return ["-hosts", ",".join(h for h, _ in job.hosts),
+        ppn = 1 if launch.spread else slots.pop()
+        return ["-hosts", ",".join(h for h, _ in launch.hosts),
                 "-ppn", str(ppn)]
 
     def transport_env(self, transport: str) -> Dict[str, str]:

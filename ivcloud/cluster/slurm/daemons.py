@@ -11,12 +11,13 @@ During `up` (lifecycle.Build calls these):
   slurm step   once the head node is up: munged (its own key, socket,
                pid, seed and log under slurm/munge and slurm/log: the
                host's munge is never touched) and slurmctld in the head
-               node, `slurmd -N HOST` in every instance (in a VM
-               cluster's guests, with munged of their own: guests.py);
+               node, slurmd in every instance as the instances' kind
+               starts it (nodes.py: in a VM cluster's guests with munged
+               of their own, guests.py);
                then until every node is idle.
 
 Every daemon is started through the launch agent's way into a holder
-(launch.enter_command), so it lives in the cluster's namespaces and
+(nodes.start_in_holder), so it lives in the cluster's namespaces and
 carries IVCLOUD_CLUSTER: `down`'s sweep stops it with everything else
 there, also after `up` was killed, and removing the state directory
 removes every file. Nothing outside it is written, and no account is
@@ -26,29 +27,20 @@ made (SlurmUser=root).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, Optional
 
-from ... import procfs
-from ...errors import ClusterError, ClusterFailure, LaunchError
-from ...mpi import MpiSetupError, component_dir, stock_component_dir
-from ..jobs import SLURM_JOB_KEY_LONGEST, job_server_paths
-from ..kinds import VmInstances
-from ..launch import enter_command
+from ...errors import ClusterError, ClusterFailure, MpiSetupError
+from ...mpis.openmpi import component_dir, stock_component_dir
+from .. import kinds
+from ..regions import SLURM_JOB_KEY_LONGEST, job_server_paths
 from ..state import StateDir
 from ..topology import HEAD_HOSTNAME, ClusterTopology
-from . import guests
+from .nodes import binary, start_in_holder
 from .conf import (TASK_ENVIRONMENTS, SlurmPaths, hook_script_text,
                    mpi_conf_text, slurm_conf_text, task_prolog_text,
                    topology_conf_text)
-
-if TYPE_CHECKING:
-    from ..kinds import InstanceKind
-    from ..lifecycle import Build
 
 SCHEDULERS = ("none", "slurm")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -57,11 +49,6 @@ CLIENTS = ("srun", "sbatch", "scontrol", "sinfo", "squeue")
 PMIX_LIBRARY = "libpmix.so"
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
                 "/usr/local/lib")
-READY_TIMEOUT_S = 60.0
-# slurmd in a TCG guest on a loaded host: registration and its first
-# pings take many times longer
-GUEST_READY_TIMEOUT_S = 300.0
-START_TIMEOUT_S = 30.0
 _SUN_PATH_MAX = 107
 MIN_TIME_SLICE_S = 5      # Slurm's bounds of SchedulerTimeSlice
 MAX_TIME_SLICE_S = 65533
@@ -77,11 +64,6 @@ def paths_of(sd: StateDir) -> SlurmPaths:
     return SlurmPaths(sd.dir / "slurm")
 
 
-def binary(name: str) -> Optional[str]:
-    return shutil.which(name, path="/usr/local/sbin:/usr/local/bin:"
-                                   "/usr/sbin:/usr/bin:/sbin:/bin")
-
-
 class Slurm:
     """The scheduler of a cluster that `up` builds."""
 
@@ -89,7 +71,7 @@ class Slurm:
         self.options = options
 
     def preflight(self, topo: ClusterTopology, sd: StateDir,
-                  kind: "InstanceKind") -> None:
+                  kind: "kinds.InstanceKind") -> None:
         """Refusals before anything exists (ClusterError: bad input)."""
         if not kind.runs_slurmd:   # kinds.choose says so to the CLI
             raise ClusterError(f"{kind.name} instances cannot run slurmd",
@@ -130,7 +112,7 @@ class Slurm:
 
     # ------------------------------------------------------------ up
 
-    def write_files(self, b: "Build") -> None:
+    def write_files(self, b: "lifecycle.Build") -> None:
         """Everything Slurm and munge read, under STATE_DIR/slurm (which
         the instances are then given to see)."""
         from ...native import native_dir
@@ -161,46 +143,33 @@ class Slurm:
                 paths.log("hooks")))
         b.keep_visible.append(paths.root)
 
-    def start(self, b: "Build") -> None:
+    def start(self, b: "lifecycle.Build") -> None:
         """munged and slurmctld in the head node, slurmd in every
         instance, then until every node is idle."""
         paths = paths_of(b.sd)
         daemons = b.state["slurm"]["daemons"]
+        nodes = kinds.of_state(b.state).slurm_nodes()
         b.step("slurm munged")
-        _start(b.state, HEAD_HOSTNAME, [
+        daemons["munged"] = start_in_holder(b.state, HEAD_HOSTNAME, [
             binary("munged"), f"--socket={paths.munge_socket}",
             f"--key-file={paths.munge_key}",
             f"--pid-file={paths.pidfile('munged')}",
             f"--seed-file={paths.munge_dir / 'munged.seed'}",
-            f"--log-file={paths.log('munged')}"], paths.log("munged"))
-        daemons["munged"] = _daemon_record(paths.pidfile("munged"),
-                                           HEAD_HOSTNAME)
+            f"--log-file={paths.log('munged')}"], paths.log("munged"),
+            paths.pidfile("munged"))
         b.step("slurm slurmctld")
-        _start(b.state, HEAD_HOSTNAME, [binary("slurmctld")],
-               paths.log("slurmctld"))
-        daemons["slurmctld"] = _daemon_record(paths.pidfile("slurmctld"),
-                                              HEAD_HOSTNAME)
+        daemons["slurmctld"] = start_in_holder(
+            b.state, HEAD_HOSTNAME, [binary("slurmctld")],
+            paths.log("slurmctld"), paths.pidfile("slurmctld"))
         b.save()
-        in_guests = runs_in_guests(b.state)
-        if in_guests:
-            guests.write_files(b.state, paths)
+        nodes.prepare(b.state, paths)
         for inst in b.topo.instance_list():
             b.step(f"slurm slurmd {inst.hostname}")
-            name = f"slurmd-{inst.hostname}"
-            if in_guests:
-                daemons.update(guests.start_node(b.state, paths,
-                                                 inst.hostname))
-            else:
-                _start(b.state, inst.hostname,
-                       [binary("slurmd"), "-N", inst.hostname],
-                       paths.log(name))
-                daemons[name] = _daemon_record(paths.pidfile(name),
-                                               inst.hostname)
+            daemons.update(nodes.start(b.state, paths, inst.hostname))
             b.save()
         b.step("slurm nodes")
         from .client import wait_idle
-        wait_idle(b.state, GUEST_READY_TIMEOUT_S if in_guests
-                  else READY_TIMEOUT_S)
+        wait_idle(b.state, nodes.ready_timeout_s)
         b.log(f"  slurm: slurmctld on {HEAD_HOSTNAME}, slurmd on "
               f"{len(b.topo.instance_list())} instances "
               f"(SLURM_CONF={paths.conf})")
@@ -211,76 +180,10 @@ def _write_script(path: Path, text: str) -> None:
     path.chmod(0o755)
 
 
-def slurm_env(state: Dict, base: Dict[str, str]) -> Dict[str, str]:
-    return {**base, "SLURM_CONF": state["slurm"]["conf"]}
-
-
-def _start(state: Dict, host: str, argv: List[str], log: Path) -> None:
-    """Run a daemon's start command in holder `host` (it forks the
-    daemon and returns); its early complaints go to `log`."""
-    try:
-        full, env, cpus = enter_command(state, host, argv)
-    except LaunchError as e:
-        raise ClusterFailure(str(e))
-    with open(log, "ab") as out:
-        try:
-            p = subprocess.run(full, env=slurm_env(state, env), cwd="/",
-                               stdin=subprocess.DEVNULL, stdout=out,
-                               stderr=out, timeout=START_TIMEOUT_S,
-                               preexec_fn=lambda: os.sched_setaffinity(0,
-                                                                       cpus))
-        except subprocess.TimeoutExpired:
-            raise ClusterFailure(f"{Path(argv[0]).name} on {host} did not "
-                                 f"start within {START_TIMEOUT_S:.0f} s")
-    if p.returncode != 0:
-        raise ClusterFailure(f"{Path(argv[0]).name} on {host} failed: "
-                             f"{last_line(log) or f'exit {p.returncode}'}")
-
-
-def _daemon_record(pidfile: Path, host: str, timeout_s: float = 10.0
-                   ) -> Dict:
-    """{pid, start, host} of the daemon that writes `pidfile`, once it
-    has."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid = _read_pid(pidfile)
-        start = procfs.start_time(pid) if pid else None
-        if start is not None:
-            return {"pid": pid, "start": start, "host": host}
-        if time.monotonic() > deadline:
-            raise ClusterFailure(f"{pidfile.name[:-4]} on {host} wrote no "
-                                 f"pid file ({pidfile})")
-        time.sleep(0.05)
-
-
-def _read_pid(pidfile: Path) -> Optional[int]:
-    try:
-        return int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def last_line(log: Path) -> str:
-    try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines()
-                 if ln.strip()]
-    except OSError:
-        return ""
-    return " ".join(lines[-1].split()) if lines else ""
-
-
 # ---------------------------------------------------------------- status
 
-def runs_in_guests(state: Dict) -> bool:
-    """Whether the cluster's slurmds run in QEMU guests (guests.py)."""
-    return state.get("kind") == VmInstances.name
-
-
 def daemon_alive(state: Dict, rec: Dict) -> bool:
-    if rec.get("guest"):
-        return guests.alive(state, rec)
-    return rec.get("pid") is not None and \
-        procfs.start_time(rec["pid"]) == rec.get("start")
+    return kinds.of_state(state).slurm_nodes().alive(state, rec)
 
 
 def status(state: Dict) -> Optional[Dict]:

@@ -4,7 +4,7 @@ device per guest, hot-plugged for the job's life.
 A guest's device of boot is on its server's standing region, which
 `cluster mpirun` jobs share. A Slurm job gets, from the controller's
 prolog (hooks.py), an ivshmem-server of its own on each of its servers
-(jobs.start_regions, as for namespace instances) and, in each of its
+(regions.start_regions, as for namespace instances) and, in each of its
 guests, through the guest's QMP socket on the host:
 
 1. a free PCIe root port (vm_instance.job_ports made them at boot) and
@@ -220,7 +220,7 @@ def plug(state: Dict, job: int, nodes: Sequence[str],
          sockets: Dict[int, str]) -> Dict[str, str]:
     """Job `job`'s device into each of its guests, on the job's server
     of the guest's emulated server (`sockets`: {server index: socket},
-    jobs.start_regions); {guest: PCI address}. All or nothing."""
+    regions.start_regions); {guest: PCI address}. All or nothing."""
     hosts = guests_of(state, nodes)
     done = _each(hosts, lambda h: plug_one(
         state, h, job, sockets[state["instances"][h]["server"]]))

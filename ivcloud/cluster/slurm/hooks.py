@@ -7,8 +7,8 @@ slurmctld runs the prolog (in the head node, once per job, with the
 job's id and node list in SLURM_JOB_ID and SLURM_JOB_NODELIST) before
 it lets the job start, and the epilog once the job ended, however it
 ended. The prolog starts an ivshmem-server per emulated server that one
-of the job's nodes is on (jobs.start_regions, named after the job:
-jobs.slurm_job_key); a failure fails the job before any rank started.
+of the job's nodes is on (regions.start_regions, named after the job:
+regions.slurm_job_key); a failure fails the job before any rank started.
 The task prolog (conf.task_prolog_text) hands each task its server's
 socket. The epilog stops those servers. Why the controller's hooks
 rather than each node's Prolog/Epilog or a SPANK plugin: docs/cluster.md,
@@ -25,8 +25,9 @@ A node whose slurmd died (killed, or its instance gone) runs no epilog
 and cannot end the job's tasks: its slurmstepd and tasks would live on,
 still holding the job's region. So the epilog also ends, on each of the
 job's nodes whose slurmd is no longer alive, the processes of that job
-(those in the instance's namespaces carrying SLURM_JOB_ID=ID, and its
-slurmstepd), as the cloud would power such a node off.
+(those in the instance carrying SLURM_JOB_ID=ID, and its slurmstepd),
+as the cloud would power such a node off. What the prolog and epilog do
+in the nodes beyond the regions is the instance kind's (nodes.py).
 
 Each run appends one line to slurm/log/hooks.log; exit status 0 when
 all went well (a prolog's non-zero status makes slurmctld cancel the
@@ -42,12 +43,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ... import procfs
 from ...errors import IvcloudError
-from .. import holder, jobs
+from .. import kinds, regions
 from ..state import StateDir, load
-from . import guest_regions, guests
-from .daemons import binary, daemon_alive, runs_in_guests
+from .nodes import binary
 
 
 def expand_nodelist(state: Dict, nodelist: str) -> List[str]:
@@ -72,80 +71,27 @@ def servers_of(state: Dict, nodes: Sequence[str]) -> List[int]:
 
 def prolog(state: Dict, job: int, nodes: Sequence[str]) -> str:
     servers = servers_of(state, nodes)
-    key = jobs.slurm_job_key(job)
-    in_guests = runs_in_guests(state)
-    # a guest's device could not be unplugged after a leave notice
-    # (docs/server-protocol.md, "Quiet leaves")
-    sockets = jobs.start_regions(state, key, servers,
-                                 leave_notices=not in_guests)
-    if not in_guests:
-        return f"regions on servers {servers}"
+    key = regions.slurm_job_key(job)
+    kind = kinds.of_state(state).slurm_nodes()
+    sockets = regions.start_regions(state, key, servers,
+                                    leave_notices=kind.leave_notices)
     try:
-        devices = guest_regions.plug(state, job, nodes, sockets)
+        more = kind.attach_job(state, job, nodes, sockets)
     except BaseException:
-        jobs.stop_regions(state, key, servers)   # the plug's error counts
+        regions.stop_regions(state, key, servers)   # the plug's error counts
         raise
-    return (f"regions on servers {servers}; devices "
-            + ", ".join(f"{h} {a}" for h, a in sorted(devices.items())))
+    return f"regions on servers {servers}{more}"
 
 
 def epilog(state: Dict, job: int, nodes: Sequence[str]) -> str:
     servers = servers_of(state, nodes)
-    problems: List[str] = []
-    if runs_in_guests(state):
-        ended = guests.end_job(state, job, nodes)
-        gone = (f"; ended the job's processes on {', '.join(ended)}, whose "
-                f"slurmd is gone" if ended else "")
-        problems += guest_regions.unplug(state, job, nodes)
-        what = f"devices and regions on servers {servers} removed{gone}"
-    else:
-        ended_n = end_orphans(state, job, nodes)
-        what = (f"regions on servers {servers} removed"
-                + (f"; ended {ended_n} processes on nodes whose slurmd is "
-                   f"gone" if ended_n else ""))
-    problems += jobs.stop_regions(state, jobs.slurm_job_key(job), servers)
+    what, problems = kinds.of_state(state).slurm_nodes().detach_job(
+        state, job, nodes)
+    problems += regions.stop_regions(state, regions.slurm_job_key(job),
+                                     servers)
     if problems:
         raise IvcloudError("; ".join(problems))
-    return what
-
-
-def _of_job(pid: int, job: int) -> bool:
-    """A task of Slurm job `job` (its environment says so), or its
-    slurmstepd ("slurmstepd: [JOB.STEP]")."""
-    argv = procfs.cmdline(pid)
-    if argv and argv[0].startswith(f"slurmstepd: [{job}."):
-        return True
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"SLURM_JOB_ID={job}".encode() in env
-
-
-def end_orphans(state: Dict, job: int, nodes: Sequence[str],
-                grace_s: float = 1.0) -> int:
-    """Kill job `job`'s processes on those of `nodes` whose slurmd is
-    not alive; how many."""
-    daemons = state["slurm"].get("daemons", {})
-    victims: List[int] = []
-    for node in nodes:
-        rec = daemons.get(f"slurmd-{node}")
-        ns = state.get("namespaces", {}).get(node)
-        if rec is None or not ns or daemon_alive(state, rec):
-            continue
-        # While the instance's holder lives, its namespace is certainly
-        # the instance's; a gone holder's inode number may be another's
-        # by now, so then only processes that say they are the
-        # cluster's (slurmstepd, with an empty environment, does not).
-        rec_holder = state.get("holders", {}).get(node)
-        alive = rec_holder is not None and \
-            holder.Holder.from_dict(rec_holder).alive()
-        inside = holder.processes_in({"net": {ns["net"]}},
-                                     cluster=None if alive else state["name"])
-        victims += [pid for pid in inside if _of_job(pid, job)]
-    if victims:
-        procfs.kill_pids(sorted(set(victims)), grace_s)
-    return len(set(victims))
+    return what.format(regions=f"regions on servers {servers}")
 
 
 HOOKS = {"prolog": prolog, "epilog": epilog}

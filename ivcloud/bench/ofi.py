@@ -32,21 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import mpi, mpis
-from ..cluster import jobs
-from ..cluster.launch import enter_command, flavor_command
+from .. import mpis
+from ..cluster.job import Job
 from ..cluster.session import ClusterSession
-from ..errors import BenchError
+from ..errors import BenchError, InvalidRequest
 from ..mpis import provider
 from .toolkit import (MIB, BenchResults, Target, check_transports, conclude,
                       count, machine_info, measure_rounds, parse_records,
-                      print_grid, ratio_target, require_root, run_job,
+                      print_grid, ratio_target, require_root, cluster_job,
                       spread, summarize, write_docs)
 
 CONFIGS = ["own-shm", "shm", "ivshmem", "tcp"]
-# where each configuration's two ranks run: (hostname, slots)
-ONE_INSTANCE = (("s0i0", 2),)
-TWO_INSTANCES = (("s0i0", 1), ("s0i1", 1))
+# where each configuration's two ranks run
+ONE_INSTANCE = ("s0i0", "s0i0")
+TWO_INSTANCES = ("s0i0", "s0i1")
 HOSTS = {"own-shm": ONE_INSTANCE, "shm": ONE_INSTANCE,
          "ivshmem": TWO_INSTANCES, "tcp": TWO_INSTANCES}
 WHERE = {"own-shm": "1 instance, the MPI's own shared memory",
@@ -57,6 +56,12 @@ SIZES = [8, MIB]
 KEYS = ("transport", "test", "ranks", "size", "latency_us",
         "bandwidth_MBps")
 OSU_SOURCE = "bench/osu.c"
+
+
+def covers(name: str) -> bool:
+    """Whether this benchmark measures MPI `name` (one through
+    libfabric); MpiFlavorError for an unknown name."""
+    return isinstance(mpis.flavor(name), mpis.OfiFlavor)
 
 
 @dataclass
@@ -74,8 +79,10 @@ class OfiSettings:
              iters: Optional[int] = None,
              configs: Optional[Sequence[str]] = None,
              rounds: Optional[int] = None) -> "OfiSettings":
-        # refuses unknown names and Debian's Open MPI
         flavor = mpis.flavor(mpi_name)
+        if not covers(mpi_name):
+            raise InvalidRequest(f"{flavor.title} does not go through "
+                                 f"libfabric")
         return cls(mpi=mpi_name,
                    iters=count("operations", iters) or
                    (2000 if quick else 20000),
@@ -125,17 +132,10 @@ def run_config(session: ClusterSession, s: OfiSettings, osu: Path,
             str(s.budget), "--transport", config]
     origin = f"mpi-osu {s.mpi} {config}"
 
-    def start(**io) -> int:
-        cmd = flavor_command(session.state, session.sd, s.mpi, argv, 2,
-                             transport=config, report=report,
-                             hosts=HOSTS[config])
-        full, env, _ = enter_command(session.state, "head", cmd)
-        # ivshmem: the job's own region on the server, as cluster mpirun
-        with jobs.regions_for(session.state, env, "ivshmem"
-                              if config == "ivshmem" else "tcp"):
-            return mpi.run_command(full, env=env, **io)
-
-    stdout, stderr = run_job(start, s.timeout_s, origin)
+    # ivshmem: the job's own region on the server, as cluster mpirun
+    stdout, stderr = cluster_job(session, Job(
+        argv, 2, mpi=s.mpi, transport=config, hosts=HOSTS[config],
+        report=report), s.timeout_s, origin)
     recs = parse_records(stdout, origin, KEYS)
     if report:
         lines = provider.parse_reports(stdout + stderr)

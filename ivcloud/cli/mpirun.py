@@ -1,28 +1,14 @@
-"""`ivcloud mpirun`: the command line of :mod:`ivcloud.mpi`."""
+"""`ivcloud mpirun`: the command line of :mod:`ivcloud.mpis.local`."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 
 from ..errors import MpiError
-from ..mpi import TRANSPORTS, planned_command, run
+from ..mpis.local import TRANSPORTS, planned_command, run
 from . import positive_int
-
-
-class _Terminated(BaseException):
-    """SIGTERM/SIGHUP while a job runs: unwinds like Ctrl-C so that the
-    job is torn down and the private region removed."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated(signum)
 
 
 def register(sub) -> None:
@@ -79,13 +65,4 @@ def main(args) -> int:
             print(f"# {private} would be formatted for the job and removed "
                   f"afterwards", file=sys.stderr)
         return 0
-
-    old = {s: signal.signal(s, _raise_terminated)
-           for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        return run(program, args.np, **kwargs)
-    except _Terminated as t:
-        return 128 + t.signum
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return run(program, args.np, **kwargs)

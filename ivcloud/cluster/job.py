@@ -1,0 +1,185 @@
+"""One way to run a job on a cluster: a Job, and run_job.
+
+Every caller builds a Job and calls run_job: `ivcloud cluster mpirun`,
+ClusterSession (the cloud benchmarks), `cluster srun` and the
+benchmarks' Slurm steps (a Job whose launcher is Slurm's srun). The
+pipeline is the same for every MPI and every instance kind; each step
+asks the one that knows:
+
+1. the MPI (ivcloud.mpis: a Flavor) refuses what it cannot do (a
+   transport, its own parameters, a rankfile);
+2. the instances (kinds.py: the cluster's InstanceKind) say where the
+   launcher runs and how it reaches them (JobSite), and refuse a
+   program, an MPI or a transport out of their reach;
+3. the placement (block, round-robin, a host per rank, a rankfile)
+   and the site become an ivcloud.mpis.Launch, which the flavour turns
+   into its launcher's command;
+4. the job's regions (its own on every server, or the standing ones:
+   the kind's region policy) exist for the launcher's run;
+5. the kind runs the launcher to its end; SIGTERM/SIGHUP unwind like
+   Ctrl-C (process.interrupts), a timeout tears the job down
+   (JobTimeout).
+
+Slurm steps take the same road from step 4 on: Slurm places and starts
+the ranks, the controller's hooks make the job's regions, and srun
+runs in the head node (slurm/client.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .. import mpis, process
+from ..errors import ClusterError, JobTimeout
+from ..mpis import Command, Launch
+from . import kinds
+from .launch import PLACEMENTS, host_slots
+from .slurm import client as slurm_client
+from .topology import SUBNET, topology_from_dict
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to run on a cluster.
+
+    program (argv) on np ranks, with MPI `mpi` (a name of ivcloud.mpis)
+    over `transport`; placement: block or round-robin over the
+    instances, or `hosts`, the instance of each rank, or `rankfile`, the
+    text of a rankfile of the MPI's own (Open MPI); shared_region: the
+    job runs in the servers' standing regions rather than its own (the
+    region policy); env: more variables for every rank; options: the
+    MPI's own parameters (Open MPI's MCA); report: every rank prints
+    its per-rank transport line; oversubscribe: more ranks than vCPUs
+    are allowed; timeout: seconds before the job is torn down."""
+    program: Sequence[str]
+    np: int
+    mpi: str = mpis.DEFAULT
+    transport: str = "tcp"
+    placement: str = "block"
+    hosts: Sequence[str] = ()
+    rankfile: Optional[str] = None
+    shared_region: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    options: Sequence[Tuple[str, str]] = ()
+    report: bool = False
+    oversubscribe: bool = False
+    timeout: Optional[float] = None
+
+
+@dataclass
+class Plan:
+    """A job made concrete for one cluster: the launcher's command, the
+    instances' kind that runs it, and what the job is told."""
+    job: Job
+    kind: kinds.InstanceKind
+    command: Command
+    note: Optional[str]
+
+
+def check_job(job: Job) -> None:
+    """The refusals that need no cluster: the MPI's (a transport, its
+    own parameters, a rankfile) and the placement's."""
+    flavor = mpis.flavor(job.mpi)
+    flavor.check(job.transport, job.report)
+    flavor.check_options(job.options, job.rankfile is not None)
+    if job.placement not in PLACEMENTS:
+        raise ClusterError(f"unknown placement '{job.placement}' (choose "
+                           f"from {', '.join(PLACEMENTS)})",
+                           setting="placement")
+    if job.rankfile is not None and (job.hosts or job.placement != "block"):
+        raise ClusterError("give either a rankfile or a placement",
+                           setting="rankfile")
+
+
+def plan_job(state: Dict, job: Job) -> Plan:
+    """Everything run_job checks and builds before anything starts."""
+    check_job(job)
+    flavor = mpis.flavor(job.mpi)
+    _check_slots(state, job)
+    unknown = [h for h in job.hosts if h not in state.get("instances", {})]
+    if unknown:
+        raise ClusterError(f"no instance '{unknown[0]}' in cluster "
+                           f"'{state['name']}'")
+    kind = kinds.of_state(state)
+    site = kind.job_site(state)
+    program = kind.job_program(state, flavor, job.program, job.transport)
+    topo = topology_from_dict(state["topology"])
+    files: Dict[str, str] = {}
+    rankfile = None
+    if job.rankfile is not None:
+        rankfile = f"{site.scratch}/rankfile.{uuid.uuid4().hex[:8]}"
+        files[rankfile] = job.rankfile
+    launch = Launch(program, job.np, transport=job.transport,
+                    hosts=host_slots(topo, job.placement),
+                    spread=job.placement == "round-robin",
+                    rank_hosts=tuple(job.hosts), rankfile=rankfile,
+                    agent=site.agent, interface=SUBNET,
+                    oversubscribe=job.oversubscribe,
+                    unprivileged=site.unprivileged,
+                    installed=site.installed, report=job.report,
+                    wdir=site.wdir, env={**site.env, **job.env},
+                    options=tuple(job.options), scratch=site.scratch)
+    command = flavor.command(launch)
+    command.files.update(files)
+    return Plan(job, kind, command,
+                kind.region_note(job.transport, job.shared_region))
+
+
+def run_job(state: Dict, job: Job, stdout=None, stderr=None,
+            plan: Optional[Plan] = None) -> int:
+    """Run `job` on the cluster of `state` to its end; its launcher's
+    exit status. JobTimeout past job.timeout (the job torn down first);
+    process.Interrupted on SIGTERM/SIGHUP/Ctrl-C (likewise)."""
+    plan = plan or plan_job(state, job)
+    with process.interrupts():
+        with plan.kind.job_regions(state, job.transport,
+                                   job.shared_region) as env:
+            try:
+                return plan.kind.run_launcher(state, plan.command, env,
+                                              job.timeout, stdout, stderr)
+            except subprocess.TimeoutExpired:
+                raise JobTimeout(f"job exceeded {job.timeout:g} s, torn "
+                                 f"down") from None
+
+
+def describe_job(state: Dict, job: Job) -> List[str]:
+    """What run_job would run (the launcher's command line), and a line
+    on the regions it would run in; nothing is started."""
+    plan = plan_job(state, job)
+    lines = [plan.kind.describe_launcher(state, plan.command)]
+    where = plan.kind.describe_regions(job.transport, job.shared_region)
+    return lines + ([f"# {where}"] if where else [])
+
+
+def run_slurm(state: Dict, command: str, args: Sequence[str],
+              hosts: Optional[Sequence[str]] = None,
+              timeout: Optional[float] = None, stdout=None,
+              stderr=None) -> int:
+    """Slurm's `srun ARGS` or `sbatch ARGS` in the head node (Slurm
+    places and starts the ranks; its hooks make the job's regions);
+    their exit status. hosts: task i on hosts[i]. SIGTERM/SIGHUP are
+    passed on (srun then ends its job)."""
+    full, env, cpus, hostfile = slurm_client.client_command(
+        state, command, args, hosts)
+    try:
+        with process.interrupts():
+            return process.run_launcher(
+                full, env, timeout, stdout, stderr, cwd="/", cpus=cpus,
+                grace_s=slurm_client.STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        raise JobTimeout(f"job exceeded {timeout:g} s, torn down") from None
+    finally:
+        if hostfile is not None and command == "srun":
+            hostfile.unlink(missing_ok=True)
+
+
+def _check_slots(state: Dict, job: Job) -> None:
+    topo = state["topology"]
+    slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
+    if job.np > slots and not job.oversubscribe:
+        raise ClusterError(f"{job.np} ranks exceed the cluster's {slots} "
+                           f"vCPUs", setting="oversubscribe")
+

@@ -1,0 +1,248 @@
+"""What Slurm needs of a cluster's instances, one class per instance
+kind: the slurmd of a node, and what a job's prolog and epilog do in
+its nodes beyond the job's regions (hooks.py). The instance kind hands
+out its own (kinds.py, `InstanceKind.slurm_nodes`); the daemons, the
+client and the hooks ask it and test no kind.
+
+    ready_timeout_s         how long `up` waits for every node to be idle
+    leave_notices           whether a job's servers may tell clients that
+                            a peer left (regions.start_regions)
+    prepare(state, paths)   once the instances are up, before any slurmd
+    start(state, paths, host)    munged (where needed) and slurmd of a node;
+                            their records for state.json
+    alive(state, rec)       whether the daemon of a record lives
+    log_line(state, paths, node) the last line of a node's slurmd log
+    workdir(cwd)            the directory a job's tasks start in
+    check_placement(command, hosts)  refuse a task list the nodes
+                            cannot read
+    attach_job(state, job, nodes, sockets)  the prolog's part in the nodes
+    detach_job(state, job, nodes)    the epilog's: (what it did, with
+                            "{regions}" for the regions, problems)
+
+Daemons in the head node (munged, slurmctld) start with `start_in_holder`
+in both kinds: the head node is a namespace holder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ... import procfs
+from ...errors import ClusterError, ClusterFailure, LaunchError
+from .. import holder
+from ..launch import enter_command, working_dir
+from . import guest_regions, guests
+from .conf import SlurmPaths
+
+START_TIMEOUT_S = 30.0
+
+
+def binary(name: str) -> Optional[str]:
+    return shutil.which(name, path="/usr/local/sbin:/usr/local/bin:"
+                                   "/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def slurm_env(state: Dict, base: Dict[str, str]) -> Dict[str, str]:
+    return {**base, "SLURM_CONF": state["slurm"]["conf"]}
+
+
+def last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return ""
+    return " ".join(lines[-1].split()) if lines else ""
+
+
+def start_in_holder(state: Dict, host: str, argv: List[str], log: Path,
+                    pidfile: Path) -> Dict:
+    """Run a daemon's start command in holder `host` (it forks the daemon
+    and returns; its early complaints go to `log`); the daemon's record
+    {pid, start, host} once it wrote `pidfile`."""
+    try:
+        full, env, cpus = enter_command(state, host, argv)
+    except LaunchError as e:
+        raise ClusterFailure(str(e))
+    with open(log, "ab") as out:
+        try:
+            p = subprocess.run(full, env=slurm_env(state, env), cwd="/",
+                               stdin=subprocess.DEVNULL, stdout=out,
+                               stderr=out, timeout=START_TIMEOUT_S,
+                               preexec_fn=lambda: os.sched_setaffinity(0,
+                                                                       cpus))
+        except subprocess.TimeoutExpired:
+            raise ClusterFailure(f"{Path(argv[0]).name} on {host} did not "
+                                 f"start within {START_TIMEOUT_S:.0f} s")
+    if p.returncode != 0:
+        raise ClusterFailure(f"{Path(argv[0]).name} on {host} failed: "
+                             f"{last_line(log) or f'exit {p.returncode}'}")
+    return _daemon_record(pidfile, host)
+
+
+def _daemon_record(pidfile: Path, host: str, timeout_s: float = 10.0
+                   ) -> Dict:
+    """{pid, start, host} of the daemon that writes `pidfile`, once it
+    has."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = _read_pid(pidfile)
+        start = procfs.start_time(pid) if pid else None
+        if start is not None:
+            return {"pid": pid, "start": start, "host": host}
+        if time.monotonic() > deadline:
+            raise ClusterFailure(f"{pidfile.name[:-4]} on {host} wrote no "
+                                 f"pid file ({pidfile})")
+        time.sleep(0.05)
+
+
+def _read_pid(pidfile: Path) -> Optional[int]:
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def holder_daemon_alive(rec: Dict) -> bool:
+    return rec.get("pid") is not None and \
+        procfs.start_time(rec["pid"]) == rec.get("start")
+
+
+class Nodes:
+    """The nodes of namespace instances: slurmd in each instance's
+    namespaces, reading the host's files (they see the state dir)."""
+
+    ready_timeout_s = 60.0
+    leave_notices = True
+
+    def prepare(self, state: Dict, paths: SlurmPaths) -> None:
+        pass
+
+    def start(self, state: Dict, paths: SlurmPaths, host: str
+              ) -> Dict[str, Dict]:
+        name = f"slurmd-{host}"
+        return {name: start_in_holder(state, host,
+                                      [binary("slurmd"), "-N", host],
+                                      paths.log(name), paths.pidfile(name))}
+
+    def alive(self, state: Dict, rec: Dict) -> bool:
+        return holder_daemon_alive(rec)
+
+    def log_line(self, state: Dict, paths: SlurmPaths, node: str) -> str:
+        return last_line(paths.log(f"slurmd-{node}"))
+
+    def workdir(self, cwd: Optional[str]) -> str:
+        return working_dir(cwd)
+
+    def check_placement(self, command: str, hosts: Sequence[str]) -> None:
+        pass
+
+    def attach_job(self, state: Dict, job: int, nodes: Sequence[str],
+                   sockets: Dict[int, str]) -> str:
+        return ""
+
+    def detach_job(self, state: Dict, job: int, nodes: Sequence[str]
+                   ) -> Tuple[str, List[str]]:
+        n = end_orphans(state, job, nodes, self)
+        return "{regions} removed" + (
+            f"; ended {n} processes on nodes whose slurmd is gone"
+            if n else ""), []
+
+
+class GuestNodes(Nodes):
+    """The nodes of QEMU guests: munged and slurmd in each guest with
+    copies of their files (guests.py), a job's device hot-plugged into
+    its guests (guest_regions.py)."""
+
+    # slurmd in a TCG guest on a loaded host: registration and its first
+    # pings take many times longer
+    ready_timeout_s = 300.0
+    # a guest's device could not be unplugged after a leave notice
+    # (docs/server-protocol.md, "Quiet leaves")
+    leave_notices = False
+
+    def prepare(self, state: Dict, paths: SlurmPaths) -> None:
+        guests.write_files(state, paths)
+
+    def start(self, state: Dict, paths: SlurmPaths, host: str
+              ) -> Dict[str, Dict]:
+        return guests.start_node(state, paths, host)
+
+    def alive(self, state: Dict, rec: Dict) -> bool:
+        if rec.get("guest"):
+            return guests.alive(state, rec)
+        return holder_daemon_alive(rec)
+
+    def log_line(self, state: Dict, paths: SlurmPaths, node: str) -> str:
+        return guests.last_log_line(state, paths, node)
+
+    def workdir(self, cwd: Optional[str]) -> str:
+        # a guest sees none of the host's directories: its /tmp, where
+        # the guests' jobs start too (vm_instance.run_launcher)
+        return "/tmp"
+
+    def check_placement(self, command: str, hosts: Sequence[str]) -> None:
+        if hosts and command == "sbatch":
+            # the batch script's own sruns would read the hostfile in a
+            # guest, which has no copy of it
+            raise ClusterError("a batch job placed by task list needs "
+                               "namespace instances (in a VM cluster, place "
+                               "each srun step instead)", setting="hosts")
+
+    def attach_job(self, state: Dict, job: int, nodes: Sequence[str],
+                   sockets: Dict[int, str]) -> str:
+        devices = guest_regions.plug(state, job, nodes, sockets)
+        return "; devices " + ", ".join(f"{h} {a}" for h, a in
+                                        sorted(devices.items()))
+
+    def detach_job(self, state: Dict, job: int, nodes: Sequence[str]
+                   ) -> Tuple[str, List[str]]:
+        ended = guests.end_job(state, job, nodes)
+        gone = (f"; ended the job's processes on {', '.join(ended)}, whose "
+                f"slurmd is gone" if ended else "")
+        return (f"devices and {{regions}} removed{gone}",
+                guest_regions.unplug(state, job, nodes))
+
+
+def _of_job(pid: int, job: int) -> bool:
+    """A task of Slurm job `job` (its environment says so), or its
+    slurmstepd ("slurmstepd: [JOB.STEP]")."""
+    argv = procfs.cmdline(pid)
+    if argv and argv[0].startswith(f"slurmstepd: [{job}."):
+        return True
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"SLURM_JOB_ID={job}".encode() in env
+
+
+def end_orphans(state: Dict, job: int, nodes: Sequence[str], kind: Nodes,
+                grace_s: float = 1.0) -> int:
+    """Kill job `job`'s processes on those of `nodes` (namespace
+    instances) whose slurmd is not alive; how many."""
+    daemons = state["slurm"].get("daemons", {})
+    victims: List[int] = []
+    for node in nodes:
+        rec = daemons.get(f"slurmd-{node}")
+        ns = state.get("namespaces", {}).get(node)
+        if rec is None or not ns or kind.alive(state, rec):
+            continue
+        # While the instance's holder lives, its namespace is certainly
+        # the instance's; a gone holder's inode number may be another's
+        # by now, so then only processes that say they are the
+        # cluster's (slurmstepd, with an empty environment, does not).
+        rec_holder = state.get("holders", {}).get(node)
+        alive = rec_holder is not None and \
+            holder.Holder.from_dict(rec_holder).alive()
+        inside = holder.processes_in({"net": {ns["net"]}},
+                                     cluster=None if alive else state["name"])
+        victims += [pid for pid in inside if _of_job(pid, job)]
+    if victims:
+        procfs.kill_pids(sorted(set(victims)), grace_s)
+    return len(set(victims))

@@ -1,0 +1,156 @@
+"""A job on this host alone (`ivcloud mpirun`): Open MPI 4.1 over our
+BTL, in a region given by file or server socket, or in a private one
+formatted for the job and removed afterwards whatever happens.
+
+    cmd = mpirun_command(["./app"], np=4, transport="ivshmem",
+                         region="/dev/shm/r")
+    status = run(["./app"], np=4)          # private region, exit status
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .. import process
+from ..errors import MpiError, MpiSetupError
+from .base import Launch
+from .openmpi import OpenMpi, btl_list
+from .regions import private_geometry, private_region, private_region_path
+
+TRANSPORTS = OpenMpi.transports
+
+
+def mpirun_command(program: Sequence[str], np: int,
+                   transport: str = "ivshmem",
+                   region: Optional[os.PathLike] = None,
+                   socket: Optional[os.PathLike] = None,
+                   verbose_btl: bool = False,
+                   tcp_fallback: bool = True,
+                   osc: Optional[str] = None,
+                   extra_mca: Sequence[Tuple[str, str]] = (),
+                   components: Optional[Path] = None) -> List[str]:
+    """The mpirun argv that runs `program` on `np` ranks of this host
+    over `transport`.
+
+    ivshmem: region (a formatted file) or socket (an ivshmem-server
+    socket), at most one; with neither, the component falls back to
+    $IVSHM_REGION / $IVSHM_SOCKET, and without those it stays out of the
+    way (tcp carries the job when tcp_fallback is on). osc: another
+    one-sided component than osc pt2pt. components: another build's
+    native directory (its BTL)."""
+    program = [str(a) for a in program]
+    if transport not in TRANSPORTS:
+        btl_list(transport)  # raises the one error message
+    if region is not None and socket is not None:
+        raise MpiError("give either a region or a socket, not both")
+    if transport != "ivshmem" and (region is not None or socket is not None
+                                   or verbose_btl):
+        raise MpiError(f"a region, a socket or BTL counters only apply to "
+                       f"the ivshmem transport, not '{transport}'")
+    if transport != "ivshmem" and not tcp_fallback:
+        raise MpiError(f"only the ivshmem transport has a tcp fallback to "
+                       f"turn off, not '{transport}'",
+                       setting="no_tcp_fallback")
+    options: List[Tuple[str, str]] = []
+    if not tcp_fallback:
+        options.append(("btl", btl_list(transport, tcp_fallback=False)))
+    if region is not None:
+        options.append(("btl_ivshmem_region", str(region)))
+    if socket is not None:
+        options.append(("btl_ivshmem_socket", str(socket)))
+    if osc:
+        options.append(("osc", osc))
+    options += [(str(k), str(v)) for k, v in extra_mca]
+    launch = Launch(program, np, transport=transport, oversubscribe=True,
+                    report=verbose_btl, options=options,
+                    build=None if components is None else str(components))
+    return OpenMpi().command(launch).argv
+
+
+def _check_file(path: os.PathLike, what: str, is_kind, kind: str) -> Path:
+    """`path`, if it exists and `is_kind(st_mode)`; else MpiError naming
+    it as `what`."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise MpiError(f"{what} {p}: {e.strerror}")
+    if not is_kind(st.st_mode):
+        raise MpiError(f"{what} {p} is not {kind}")
+    return p
+
+
+def env_attachment(env: Mapping[str, str]) -> Dict[str, str]:
+    """region/socket named by $IVSHM_REGION / $IVSHM_SOCKET, if any."""
+    if env.get("IVSHM_SOCKET"):
+        return {"socket": env["IVSHM_SOCKET"]}
+    if env.get("IVSHM_REGION"):
+        return {"region": env["IVSHM_REGION"]}
+    return {}
+
+
+def run(program: Sequence[str], np: int, transport: str = "ivshmem",
+        region: Optional[os.PathLike] = None,
+        socket: Optional[os.PathLike] = None,
+        verbose_btl: bool = False, tcp_fallback: bool = True,
+        extra_mca: Sequence[Tuple[str, str]] = (),
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdout=None, stderr=None) -> int:
+    """Run `program` on `np` ranks; mpirun's exit status (SIGTERM/SIGHUP
+    unwind as Ctrl-C: the job is torn down, the region removed).
+
+    With transport ivshmem and neither region nor socket (nor
+    $IVSHM_REGION / $IVSHM_SOCKET in `env`), a private region is
+    formatted for the job and removed afterwards."""
+    if region is not None:
+        _check_file(region, "region", stat.S_ISREG, "a regular file")
+    if socket is not None:
+        _check_file(socket, "socket", stat.S_ISSOCK, "a socket")
+    env = dict(env if env is not None else os.environ)
+    kwargs = dict(transport=transport, verbose_btl=verbose_btl,
+                  tcp_fallback=tcp_fallback, extra_mca=extra_mca)
+    try:
+        with process.interrupts():
+            if transport == "ivshmem" and region is None and socket is None:
+                named = env_attachment(env)
+                if not named:
+                    # validate before making anything
+                    mpirun_command(program, np, region="/dev/null", **kwargs)
+                    with private_region(np) as path:
+                        cmd = mpirun_command(program, np, region=path,
+                                             **kwargs)
+                        return process.run_launcher(cmd, env, timeout,
+                                                    stdout, stderr)
+                kwargs.update(named)
+            cmd = mpirun_command(program, np, region=region, socket=socket,
+                                 **kwargs)
+            return process.run_launcher(cmd, env, timeout, stdout, stderr)
+    except FileNotFoundError as e:      # mpirun gone since it was found
+        raise MpiSetupError(f"cannot run mpirun: {e}") from None
+
+
+def planned_command(program: Sequence[str], np: int,
+                    transport: str = "ivshmem",
+                    region: Optional[os.PathLike] = None,
+                    socket: Optional[os.PathLike] = None,
+                    env: Optional[Mapping[str, str]] = None,
+                    **kwargs) -> Tuple[List[str], Optional[Path]]:
+    """What :func:`run` would execute, run nothing: (the mpirun argv, the
+    private region it would format for the job and remove afterwards, or
+    None when the job attaches to a given region or server). The same
+    refusals as a real run, save that a given region or socket need not
+    exist yet."""
+    private = None
+    if transport == "ivshmem" and region is None and socket is None:
+        named = env_attachment(env if env is not None else os.environ)
+        region, socket = named.get("region"), named.get("socket")
+        if not named:
+            private_geometry(np)
+            region = private = private_region_path()
+    cmd = mpirun_command(program, np, transport=transport, region=region,
+                         socket=socket, **kwargs)
+    return cmd, private

@@ -1,0 +1,150 @@
+"""The processes we start and the signals that end them: one place.
+
+- :func:`interrupts`: inside it SIGTERM and SIGHUP unwind like Ctrl-C
+  (:class:`Interrupted`, a KeyboardInterrupt), so every `finally` and
+  teardown on the way runs: a job's launcher is stopped, a cluster
+  being brought up rolls back, a session's cluster goes down. The CLI
+  then exits 128 + the signal's number.
+- :func:`run_launcher`: a launcher (mpirun, mpiexec, srun, nsenter into
+  an instance) run to its end; interrupted or past its timeout, it is
+  asked to end its job (SIGTERM), killed after a grace time, and what
+  ran below it is killed too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+
+from . import procfs
+
+# a launcher gets this long to tear its job down after SIGTERM
+TERMINATE_GRACE_S = 10.0
+_UNWINDING = (signal.SIGTERM, signal.SIGHUP)
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (or Ctrl-C: signum SIGINT) while work runs."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupts() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise Interrupted for the block's duration (in the
+    main thread; elsewhere signals cannot be handled and nothing
+    changes). Nested blocks are fine."""
+    saved: Dict[int, object] = {}
+    try:
+        for signum in _UNWINDING:
+            saved[signum] = signal.signal(signum, _raise_interrupted)
+    except ValueError:                  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        _restore(saved)
+
+
+def exit_status(returncode: int) -> int:
+    """A signal death (-N from subprocess) reads as the shell's 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_launcher(argv: Sequence[str], env: Mapping[str, str],
+                 timeout: Optional[float] = None, stdout=None, stderr=None,
+                 cwd: Optional[str] = None,
+                 cpus: Optional[Sequence[int]] = None,
+                 grace_s: float = TERMINATE_GRACE_S) -> int:
+    """Run a launcher; its exit status. Torn down if we are interrupted
+    or `timeout` (seconds) expires, which raises
+    subprocess.TimeoutExpired after the teardown. `cpus`: its affinity."""
+    # Always an explicit environment: a process that initialised MPI
+    # itself (mpi4py, petsc4py) carries singleton PMIx/ORTE variables set
+    # with setenv() behind os.environ, and an mpirun inheriting them exits
+    # at once without a word.
+    pending: List[int] = []
+    preexec = None
+    if cpus is not None:
+        preexec = _affinity(list(cpus))
+    proc = _start(list(argv), dict(env), stdout, stderr, cwd, preexec,
+                  pending)
+    try:
+        for signum in pending:          # now they find the job to stop
+            os.kill(os.getpid(), signum)
+        proc.wait(timeout=timeout)
+    except BaseException:
+        stop(proc, grace_s)
+        raise
+    return exit_status(proc.returncode)
+
+
+def _affinity(cpus: List[int]) -> Callable[[], None]:
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = TERMINATE_GRACE_S) -> None:
+    """Ask a launcher to tear its job down (SIGTERM: mpirun and srun
+    forward it to the ranks and clean up), and kill it if it does not
+    within the grace time. Then what was below it when we came to stop
+    it is stopped too: a launcher killed, or slow on a busy machine, can
+    leave ranks behind, orphaned, still running. (A job whose launcher
+    has already exited is not looked for: its orphans are no longer
+    below us.)"""
+    if proc.poll() is not None:
+        return
+    # pinned now: once the launcher is gone its ranks are no longer below us
+    job = procfs.descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        job.update(procfs.descendants(proc.pid))
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+    procfs.kill_pinned(job, grace_s=1.0)
+
+
+def _start(argv: List[str], env: Dict[str, str], stdout, stderr,
+           cwd: Optional[str], preexec, pending: List[int]
+           ) -> subprocess.Popen:
+    """Popen with the interrupting signals held back into `pending`: one
+    arriving while Popen waits for the exec (long on a busy machine)
+    would raise out of it with the launcher started and unknown to us,
+    left running. (Handlers, not a signal mask: the launcher must not
+    inherit a mask.) Outside the main thread nothing can be held back."""
+    saved: Dict[int, object] = {}
+    try:
+        for signum in _DEFERRED:
+            saved[signum] = signal.signal(
+                signum, lambda n, _frame: pending.append(n))
+    except ValueError:                  # not the main thread
+        pass
+    try:
+        return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr,
+                                cwd=cwd, preexec_fn=preexec)
+    except BaseException:
+        _restore(saved)
+        for signum in pending:          # no job: the signal acts as usual
+            os.kill(os.getpid(), signum)
+        raise
+    finally:
+        _restore(saved)
+
+
+def _restore(saved: Dict[int, object]) -> None:
+    for signum, handler in saved.items():
+        # None: a handler installed outside Python; the default is nearest
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
