@@ -79,16 +79,33 @@ def descendants(pid: int) -> Dict[int, int]:
     return out
 
 
+def exiting(pid: int, start: int) -> bool:
+    """Whether process `pid` of start time `start` is still there: alive,
+    or a zombie whose other threads are still exiting (a multi-threaded
+    daemon's leader turns zombie first; its threads may take a while).
+    A zombie that is only waiting to be reaped is gone."""
+    f = _stat(pid)
+    if not f or int(f[19]) != start:
+        return False
+    if f[0] not in ("Z", "X"):
+        return True
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
 def kill_pinned(pinned: Dict[int, int], grace_s: float = 3.0) -> List[int]:
     """SIGTERM the processes {pid: start_time}, then SIGKILL whatever is
     left after grace_s; a pid whose start time changed (recycled) is left
-    alone. Returns the pids still alive at the end (should be none),
-    including any we may not signal (one that became another user's)."""
+    alone. Returns once every one has exited (threads included), the
+    pids still there at the end (should be none), including any we may
+    not signal (one that became another user's)."""
     refused: List[int] = []
 
     def left():
         return [p for p, st in pinned.items()
-                if p not in refused and start_time(p) == st]
+                if p not in refused and exiting(p, st)]
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in left():
@@ -108,6 +125,9 @@ def kill_pinned(pinned: Dict[int, int], grace_s: float = 3.0) -> List[int]:
 
 def kill_pids(pids: Sequence[int], grace_s: float = 3.0) -> List[int]:
     """kill_pinned of `pids` as they are now."""
-    pinned = {pid: start_time(pid) for pid in pids}
-    return kill_pinned({p: st for p, st in pinned.items() if st is not None},
-                       grace_s)
+    pinned = {}
+    for pid in pids:
+        f = _stat(pid)
+        if f and exiting(pid, int(f[19])):
+            pinned[pid] = int(f[19])
+    return kill_pinned(pinned, grace_s)

@@ -413,8 +413,11 @@ def test_down_removes_everything(slurm_cluster):
     p = ivcloud("cluster", "down", "--name", name)
     assert p.returncode == 0, p.stderr
     assert_gone(name, snapshot)
+    # gone when down returns, every thread of them (a daemon's leader
+    # turns zombie while its threads still exit), so that `up` of the
+    # same name can follow at once
     assert not [d for d in daemons.values()
-                if procfs.start_time(d["pid"]) == d["start"]], daemons
+                if procfs.exiting(d["pid"], d["start"])], daemons
     # no process of ours names the cluster's directory
     d = snapshot["dir"]
     assert not [pid for pid in procfs.pids()

@@ -101,7 +101,7 @@ class InstanceKind(ABC):
         return {"kind": self.name}
 
     @abstractmethod
-    def start(self, build: "lifecycle.Build") -> None:
+    def start(self, build) -> None:
         """Bring every instance of build.topo up, recording each step."""
 
     def stop(self, sd: StateDir, state: Optional[Dict]) -> List[str]:
@@ -208,7 +208,7 @@ class NamespaceInstances(InstanceKind):
     name = "namespace"
     runs_slurmd = True
 
-    def start(self, build: "lifecycle.Build") -> None:
+    def start(self, build) -> None:
         servers = build.topo.server_list()
         for inst in build.topo.instance_list():
             build.step(f"instance {inst.hostname}")
@@ -337,7 +337,7 @@ class VmInstances(InstanceKind):
     def record(self) -> Dict:
         return {**super().record(), "vm": self.config.to_dict(), "vms": {}}
 
-    def start(self, build: "lifecycle.Build") -> None:
+    def start(self, build) -> None:
         vm_instance.start_guests(build.topo, build.sd, build.state,
                                  self.config, build.fabric, build.step,
                                  build.log)

@@ -166,6 +166,12 @@ class Flavor:
         (the launch's own variables last)."""
         return {str(k): str(v) for k, v in launch.env.items()}
 
+    def task_env(self, launch: Launch) -> Dict[str, str]:
+        """The environment that makes a rank started by somebody else
+        (Slurm's srun, under its task prolog) take `launch`'s transport:
+        what the launcher line would have said, as variables."""
+        return self.rank_env(launch)
+
     def launch_line(self, launch: Launch, program: List[str],
                     env: Dict[str, str]) -> Command:
         raise NotImplementedError

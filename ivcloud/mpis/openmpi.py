@@ -190,6 +190,10 @@ class OpenMpi(Flavor):
         env.update(super().rank_env(launch))
         return env
 
+    def task_env(self, launch: Launch) -> Dict[str, str]:
+        return {**{f"OMPI_MCA_{k}": v for k, v in self.mca(launch)},
+                **self.rank_env(launch)}
+
     def launch_line(self, launch: Launch, program: List[str],
                     env: Dict[str, str]) -> Command:
         cmd = [str(self.launcher_path())]

@@ -366,13 +366,48 @@ def _build_base(d: Path, tar: Path, log, rel: Release) -> None:
 
 
 def default_guest_deb() -> Path:
-    debs = Path(__file__).resolve().parents[2] / "build" / "deb"
-    found = sorted(debs.glob(f"{GUEST_PACKAGE}_*_amd64.deb"),
-                   key=lambda p: p.stat().st_mtime)
+    """The newest guest package in build/deb; made there first from this
+    checkout's native build (what `make deb` runs) when there is none or
+    when the native build is newer, so that a guest image is built from
+    what `make build` left."""
+    repo = Path(__file__).resolve().parents[2]
+    debs = repo / "build" / "deb"
+    found = _guest_debs(debs)
+    from ..native import native_dir
+    built = native_dir() / "btl" / "mca_btl_ivshmem.so"
+    if not found or (built.is_file() and
+                     built.stat().st_mtime > found[-1].stat().st_mtime):
+        _make_debs(repo, native_dir(), debs)
+        found = _guest_debs(debs)
     if not found:
-        raise ImageError(f"no {GUEST_PACKAGE} package in {debs} (run "
-                         f"`make deb`)", setting="guest_deb")
+        raise ImageError(f"no {GUEST_PACKAGE} package in {debs}",
+                         setting="guest_deb")
     return found[-1]
+
+
+def _guest_debs(debs: Path) -> List[Path]:
+    return sorted(debs.glob(f"{GUEST_PACKAGE}_*_amd64.deb"),
+                  key=lambda p: p.stat().st_mtime)
+
+
+def _make_debs(repo: Path, native: Path, out: Path) -> None:
+    """packaging/mkdeb.sh over the native build, at pyproject's version;
+    ImageError with its last line if it fails."""
+    version = ""
+    for line in (repo / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version = "):
+            version = line.split("=", 1)[1].strip().strip('"')
+    try:
+        p = subprocess.run(["sh", str(repo / "packaging" / "mkdeb.sh"),
+                            str(native), str(out), version],
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ImageError(f"cannot build the guest packages: {e}")
+    if p.returncode != 0:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        raise ImageError(f"cannot build the guest packages: "
+                         f"{lines[-1] if lines else p.returncode}")
 
 
 def solver_deb_beside(deb: Path) -> Optional[Path]:

@@ -17,8 +17,9 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
+from ... import mpis
 from ...errors import ClusterError
 from ..regions import SLURM_JOB_KEY_PREFIX, job_server_paths, slurm_job_key
 from ..topology import HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology
@@ -221,41 +222,34 @@ def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:
 
 # ---------------------------------------------------------------- tasks
 
-def openmpi_task_env(native_btl_dir: str, stock_dir: str) -> Dict[str, str]:
-    """Open MPI 4.1 with our BTL, as ivcloud.mpi.mpirun_command sets it
-    for ivshmem: the component path, ob1 (the PML that drives BTLs),
-    vader inside an instance, ivshmem between co-resident ones, tcp for
-    the rest; one-sided operations as messages (osc pt2pt), which
-    mpi4py must then not ask MPI_THREAD_MULTIPLE of."""
-    return {"OMPI_MCA_mca_base_component_path": f"{stock_dir}:{native_btl_dir}",
-            "OMPI_MCA_pml": "ob1",
-            "OMPI_MCA_btl": "self,vader,ivshmem,tcp",
-            "OMPI_MCA_osc": "pt2pt",
-            "MPI4PY_RC_THREAD_LEVEL": "serialized"}
+# The MPIs whose tasks find the job's region without options of their
+# own: every task gets the variables each one's flavour gives a rank
+# started by somebody else (Flavor.task_env), so their keys must not
+# collide. Open MPI 5 and Intel MPI are not among them: they need values
+# of keys that these set otherwise (OMPI_MCA_pml, FI_PROVIDER,
+# LD_LIBRARY_PATH), so a job of theirs names its own (docs/mpi.md).
+# MPICH's tasks start with `srun --mpi=pmi2` (its PMI client speaks
+# PMI-2), Open MPI's with --mpi=pmix.
+TASK_MPIS = ("openmpi", "mpich")
 
 
-def mpich_task_env(native_btl_dir: str, stock_dir: str) -> Dict[str, str]:
-    """MPICH from PyPI (ivcloud.mpis) over the libfabric provider `ivshm`,
-    built beside the BTL: ch4's ofi netmod, the provider by name and where
-    libfabric finds it; the provider reads IVSHM_SOCKET as the BTL does.
-    Its tasks start with `srun --mpi=pmi2` (MPICH's own PMI client speaks
-    PMI-2). Open MPI 5 and Intel MPI have no entry: they need values of
-    keys that the entries here set otherwise (OMPI_MCA_pml, FI_PROVIDER,
-    LD_LIBRARY_PATH), so a job of theirs names its own (docs/mpi.md)."""
-    from ... import mpis
-    env = mpis.flavor("mpich").transport_env("ivshmem")
-    env["FI_PROVIDER_PATH"] = str(Path(native_btl_dir).parent / "provider")
+def task_env(topo: ClusterTopology, site_env: Dict[str, str],
+             installed: bool, interface: Optional[str] = None
+             ) -> Dict[str, str]:
+    """The variables of TASK_MPIS for a task on an instance of `topo`
+    over the ivshmem transport; installed: the instances are our guests
+    (the MPIs and transports their packages have, not this checkout's
+    build)."""
+    hosts = tuple((i.hostname, topo.vcpus) for i in topo.instance_list())
+    launch = mpis.Launch(["task"], 1, transport="ivshmem", hosts=hosts,
+                         installed=installed, interface=interface,
+                         env=site_env)
+    env: Dict[str, str] = {}
+    for name in TASK_MPIS:
+        flavor = mpis.flavor(name)
+        if not installed or flavor.guest_needs() is None:
+            env.update(flavor.task_env(launch))
     return env
-
-
-# The hook for MPIs: each entry gives the variables a task of that MPI
-# needs to use the job's region without options of its own (its
-# arguments: our native build's BTL directory and Open MPI's component
-# directory). Their keys must not collide: every task gets them all.
-TASK_ENVIRONMENTS: Dict[str, Callable[[str, str], Dict[str, str]]] = {
-    "openmpi": openmpi_task_env,
-    "mpich": mpich_task_env,
-}
 
 
 def task_prolog_text(topo: ClusterTopology, servers_dir: Path,

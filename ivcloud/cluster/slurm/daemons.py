@@ -38,7 +38,7 @@ from ..regions import SLURM_JOB_KEY_LONGEST, job_server_paths
 from ..state import StateDir
 from ..topology import HEAD_HOSTNAME, ClusterTopology
 from .nodes import binary, start_in_holder
-from .conf import (TASK_ENVIRONMENTS, SlurmPaths, hook_script_text,
+from .conf import (SlurmPaths, task_env, hook_script_text,
                    mpi_conf_text, slurm_conf_text, task_prolog_text,
                    topology_conf_text)
 
@@ -112,7 +112,7 @@ class Slurm:
 
     # ------------------------------------------------------------ up
 
-    def write_files(self, b: "lifecycle.Build") -> None:
+    def write_files(self, b) -> None:
         """Everything Slurm and munge read, under STATE_DIR/slurm (which
         the instances are then given to see)."""
         from ...native import native_dir
@@ -130,9 +130,7 @@ class Slurm:
                                               self.options.time_slice_s))
         paths.topology.write_text(topology_conf_text(b.topo, "tree"))
         paths.mpi_conf.write_text(mpi_conf_text())
-        env: Dict[str, str] = {}
-        for make in TASK_ENVIRONMENTS.values():
-            env.update(make(str(component_dir()), str(stock_component_dir())))
+        env = task_env(b.topo, {}, installed=False)
         _write_script(paths.task_prolog,
                       task_prolog_text(b.topo, b.sd.servers, env))
         repo = Path(__file__).resolve().parents[3]
@@ -143,7 +141,7 @@ class Slurm:
                 paths.log("hooks")))
         b.keep_visible.append(paths.root)
 
-    def start(self, b: "lifecycle.Build") -> None:
+    def start(self, b) -> None:
         """munged and slurmctld in the head node, slurmd in every
         instance, then until every node is idle."""
         paths = paths_of(b.sd)

@@ -8,8 +8,8 @@ of what its own munged and slurmd read, at the paths slurm.conf names
 (STATE_DIR/slurm/... inside the guest's file system, a snapshot that
 goes with the guest): slurm.conf, topology.conf, mpi.conf, the guests'
 task prolog (conf.guest_task_prolog_text over
-vm_instance.rank_settings, the settings `cluster mpirun` gives ranks in
-guests, and the job's own device: guest_regions.py), their cgroup.conf
+conf.task_env, the settings the Open MPI flavour gives ranks in guests,
+and the job's own device: guest_regions.py), their cgroup.conf
 (conf.guest_cgroup_conf_text) and the cluster's munge key, private to the guest's munge user
 as munged requires. Then munged runs as that user and `slurmd -N HOST`
 as root, both with the cluster's files: the image's own units of them
@@ -33,9 +33,10 @@ from ...errors import ClusterFailure, IvcloudError
 from ...vm import agent
 from .. import vm_instance
 from . import guest_regions
-from ..topology import HEAD_ADDRESS, HEAD_HOSTNAME
+from ..topology import (HEAD_ADDRESS, HEAD_HOSTNAME, SUBNET,
+                        topology_from_dict)
 from .conf import (SlurmPaths, guest_cgroup_conf_text,
-                   guest_task_prolog_text)
+                   guest_task_prolog_text, task_env)
 
 # how long one agent command of the start may take in a TCG guest
 AGENT_TIMEOUT_S = 120.0
@@ -54,12 +55,12 @@ def guest_files(paths: SlurmPaths) -> List[Path]:
 def write_files(state: Dict, paths: SlurmPaths) -> None:
     """The guests' task prolog and cgroup.conf, once the guests are
     booted (the task's settings depend on their accelerator)."""
-    mca, env = vm_instance.rank_settings(state, "ivshmem")
+    env = task_env(topology_from_dict(state["topology"]),
+                   vm_instance.rank_env(state), installed=True,
+                   interface=SUBNET)
     prolog, cgroup = guest_files(paths)
     prolog.parent.mkdir(mode=0o755, exist_ok=True)
-    prolog.write_text(guest_task_prolog_text(
-        {**{f"OMPI_MCA_{k}": v for k, v in mca}, **env},
-        guest_regions.JOB_DIR))
+    prolog.write_text(guest_task_prolog_text(env, guest_regions.JOB_DIR))
     prolog.chmod(0o755)
     cgroup.write_text(guest_cgroup_conf_text())
 
