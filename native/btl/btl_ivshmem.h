@@ -4,15 +4,21 @@
  * exchange BTL fragments through libivshm (each rank's receive queue, fed
  * by every peer, plus fast per-pair channels for its busiest senders).
  *
- * Layout (one file per concern):
- *   btl_ivshmem_component.c  MCA params, version check, attach, sizing
- *   btl_ivshmem_module.c     add/del procs (reachability), finalize
- *   btl_ivshmem_send.c       alloc/free/prepare_src/send/sendi
+ * Layout (one file per concern), from the bottom up: a file calls only
+ * files listed before it (tests/test_native_layers.py; the state below,
+ * in mca_btl_ivshmem_component and mca_btl_ivshmem, is read by all):
+ *   btl_ivshmem.[ch]         types, the state, the clock, job ids, the
+ *                            per-slot arrays
+ *   btl_ivshmem_frag.[ch]    send fragments (descriptors) and queues
  *   btl_ivshmem_copy.c       a large payload into its slot: plain or
  *                            non-temporal stores, by how fast they are
- *   btl_ivshmem_frag.[ch]    send fragments (descriptors) and queues
- *   btl_ivshmem_progress.c   receive, retries, completions, liveness,
- *                            spin-then-block
+ *   btl_ivshmem_peer.c       the modex check, a peer's failure
+ *   btl_ivshmem_progress.c   receive, whose messages we deliver (trust,
+ *                            admission, stash), retries, completions,
+ *                            liveness, spin-then-block
+ *   btl_ivshmem_send.c       alloc/free/prepare_src/send/sendi
+ *   btl_ivshmem_module.c     add/del procs (reachability), finalize
+ *   btl_ivshmem_component.c  MCA params, version check, attach, sizing
  *
  * Threading: libivshm wants one thread per handle at a time, so every
  * ivshm_* call runs under `lock` (a no-op unless MPI threads are on).
@@ -27,6 +33,7 @@
 #include "opal/mca/btl/btl.h"
 #include "opal/mca/btl/base/base.h"
 #include "opal/threads/mutex.h"
+#include "opal/util/proc.h"
 
 #include "ivshm.h"
 
@@ -248,10 +255,18 @@ typedef struct mca_btl_ivshmem_component_t {
 OPAL_MODULE_DECLSPEC extern mca_btl_ivshmem_component_t mca_btl_ivshmem_component;
 OPAL_MODULE_DECLSPEC extern mca_btl_ivshmem_module_t mca_btl_ivshmem;
 
-/* component */
+/* btl_ivshmem.c */
 uint64_t mca_btl_ivshmem_now_ns(void);
 uint64_t mca_btl_ivshmem_job_id(uint32_t opal_jobid);
+/* The per-slot arrays for a region of `n` slots / freed (NULL after). */
+int mca_btl_ivshmem_alloc_slot_arrays(uint32_t n);
 void mca_btl_ivshmem_free_slot_arrays(void);
+
+/* copy */
+/* Copy `n` bytes of a payload into a ring slot of `ep`'s peer, with
+   plain or non-temporal stores (btl_ivshmem_copy.c). Without `lock`. */
+void mca_btl_ivshmem_copy_to_slot(mca_btl_ivshmem_endpoint_t *ep, void *dst,
+                                  const void *src, size_t n);
 
 /* module */
 int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
@@ -264,6 +279,14 @@ int mca_btl_ivshmem_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
 int mca_btl_ivshmem_finalize(struct mca_btl_base_module_t *btl);
 int mca_btl_ivshmem_register_error(struct mca_btl_base_module_t *btl,
                                    mca_btl_base_module_error_cb_fn_t cbfunc);
+
+/* peer */
+/* Registry slot of the proc `name` in our region, or -1: the slot its
+   modex names, if that slot holds it live with the same job, rank,
+   generation and random name (*generation set); with `gone`, also one
+   that left or died since. Without `lock`. */
+int mca_btl_ivshmem_locate_name(opal_process_name_t name, uint32_t *generation,
+                                bool gone);
 /* The peer died without saying goodbye: tell the PML (fatal). */
 void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err);
 
@@ -287,17 +310,13 @@ int mca_btl_ivshmem_sendi(struct mca_btl_base_module_t *btl,
                           size_t header_size, size_t payload_size,
                           uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
                           mca_btl_base_descriptor_t **descriptor);
+/* Queue a fragment on `ep` (FIFO) and put ep on the pending list. With
+   `lock`. */
+void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
+                                     struct mca_btl_ivshmem_frag_t *f);
 
 /* progress */
 int mca_btl_ivshmem_component_progress(void);
-/* Push an endpoint's pending frags into its ring while there is room
-   (and no slot is reserved); called with `lock` held. Returns how many
-   went out. */
-int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep);
-/* Take up to `budget` messages from the region now (delivered or dropped
-   by their sender's trust, as in progress): a departed peer's goodbye
-   is found this way, and a peer blocked on our full queue gets room. */
-int mca_btl_ivshmem_drain(uint32_t budget);
 /* Accept messages from `slot` (generation `gen`) / stop accepting. With
    `lock`. Callers must have checked the peer against its modex. */
 void mca_btl_ivshmem_trust(int slot, uint32_t gen);
@@ -313,21 +332,21 @@ enum ivshmem_untrusted {
    adds remote peers lazily: one may write to us first), trust it. Each
    failing (slot, generation) is looked up once. Without `lock`. */
 enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int slot, uint32_t gen);
+/* Push an endpoint's pending frags into its ring while there is room
+   (and no slot is reserved); called with `lock` held. Returns how many
+   went out. */
+int mca_btl_ivshmem_flush_pending(mca_btl_ivshmem_endpoint_t *ep);
+/* Take up to `budget` messages from the region now (delivered or dropped
+   by their sender's trust, as in progress): a departed peer's goodbye
+   is found this way, and a peer blocked on our full queue gets room. */
+int mca_btl_ivshmem_drain(uint32_t budget);
 /* A send to `ep` failed with `rc`: true if it is to be queued and
    retried (IVSHM_ECORRUPT, a forged tail, for less than
    IVSHMEM_REFUSED_NS in a row), false if the peer is to be failed. With
    `lock`. */
 bool mca_btl_ivshmem_send_refused(mca_btl_ivshmem_endpoint_t *ep, int rc);
-/* Queue a fragment on `ep` (FIFO) and put ep on the pending list. With
-   `lock`. */
-void mca_btl_ivshmem_enqueue_pending(mca_btl_ivshmem_endpoint_t *ep,
-                                     struct mca_btl_ivshmem_frag_t *f);
 /* Free what the stash holds (finalize). */
 void mca_btl_ivshmem_stash_clear(void);
-/* Copy `n` bytes of a payload into a ring slot of `ep`'s peer, with
-   plain or non-temporal stores (btl_ivshmem_copy.c). Without `lock`. */
-void mca_btl_ivshmem_copy_to_slot(mca_btl_ivshmem_endpoint_t *ep, void *dst,
-                                  const void *src, size_t n);
 
 END_C_DECLS
 #endif

@@ -51,18 +51,6 @@ mca_btl_ivshmem_component_t mca_btl_ivshmem_component = {
     .self_slot = -1,
 };
 
-uint64_t mca_btl_ivshmem_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t mca_btl_ivshmem_job_id(uint32_t opal_jobid)
-{
-    return (IVSHMEM_JOB_TAG << 32) | opal_jobid;
-}
-
 /* The component is compiled against one Open MPI's struct layouts (btl
    module, descriptors, convertor): refuse any other major.minor. */
 static bool version_matches(void)
@@ -235,42 +223,6 @@ static int ivshmem_open(void)
     c->rx_des.des_segments = &c->rx_seg;
     c->rx_des.des_segment_count = 1;
     return OPAL_SUCCESS;
-}
-
-/* Per-slot state, sized by the region's max_peers (up to 1024: a few
-   tens of KiB, so allocated rather than fixed at the largest). */
-static int alloc_slot_arrays(uint32_t n)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    c->by_slot = calloc(n, sizeof *c->by_slot);
-    c->trusted = calloc(n, sizeof *c->trusted);
-    c->active = calloc(n, sizeof *c->active);
-    c->rejected = calloc(n, sizeof *c->rejected);
-    c->stashed = calloc(n, sizeof *c->stashed);
-    c->departed = calloc(n, sizeof *c->departed);
-    c->nactive = 0;
-    if (!c->by_slot || !c->trusted || !c->active || !c->rejected ||
-        !c->stashed || !c->departed)
-        return OPAL_ERR_OUT_OF_RESOURCE;
-    return OPAL_SUCCESS;
-}
-
-void mca_btl_ivshmem_free_slot_arrays(void)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    free(c->by_slot);
-    free(c->trusted);
-    free(c->active);
-    free(c->rejected);
-    free(c->stashed);
-    free(c->departed);
-    c->by_slot = NULL;
-    c->trusted = NULL;
-    c->active = NULL;
-    c->rejected = NULL;
-    c->stashed = NULL;
-    c->departed = NULL;
-    c->nactive = 0;
 }
 
 static int ivshmem_close(void)
@@ -456,7 +408,7 @@ static int prepare_module(mca_btl_ivshmem_component_t *c, const char *what,
     mca_btl_base_module_t *m = &mca_btl_ivshmem.super;
     c->rxcap = c->ring_capacity;
     c->rxbuf = malloc(c->rxcap);
-    if (!c->rxbuf || OPAL_SUCCESS != alloc_slot_arrays(c->geom.max_peers))
+    if (!c->rxbuf || OPAL_SUCCESS != mca_btl_ivshmem_alloc_slot_arrays(c->geom.max_peers))
         return OPAL_ERR_OUT_OF_RESOURCE;
     int rc = init_frag_list(&c->frags_eager, m->btl_eager_limit);
     if (OPAL_SUCCESS == rc)

@@ -1,11 +1,12 @@
 /*
- * Module: which peers we reach (add/del procs), fatal peer failures, and
- * finalize (goodbye to every peer, counters, detach).
+ * Module: which peers we reach (add/del procs), and finalize (goodbye to
+ * every peer, counters, detach).
  *
  * Reachability does not look at hostnames or Open MPI's locality flags:
  * co-resident VMs have different hostnames, yet share the region. A peer
  * is ours iff the registry holds it live, as (job, vpid) and with the
- * slot, generation and random name it published in the modex.
+ * slot, generation and random name it published in the modex
+ * (btl_ivshmem_peer.c).
  */
 #define _GNU_SOURCE
 #include "btl_ivshmem.h"
@@ -13,7 +14,6 @@
 
 #include "opal/class/opal_bitmap.h"
 #include "opal/mca/btl/base/base.h"
-#include "opal/mca/pmix/pmix.h"
 #include "opal/util/output.h"
 #include "opal/util/proc.h"
 
@@ -53,112 +53,6 @@ mca_btl_ivshmem_module_t mca_btl_ivshmem = {
 #define VERBOSE(lvl, ...)                                                     \
     opal_output_verbose((lvl), opal_btl_base_framework.framework_output,      \
                         __VA_ARGS__)
-
-/* Registry slot of the proc `name` in our region, or -1: the slot its
-   modex names, if that slot holds it live with the same job, rank,
-   generation and random name. The modex comes from Open MPI's runtime,
-   which no co-tenant of the region can write: this check, not the job
-   tag in the registry, is what makes a slot one of our peers. `gone`:
-   also a proc that left or died since (ivshm_peer_last), whose messages
-   are still delivered. Takes `lock` only around libivshm calls: the
-   modex lookup may take a while. */
-static int locate_name(opal_process_name_t name, uint32_t *generation,
-                       bool gone)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    uint64_t job = mca_btl_ivshmem_job_id(name.jobid);
-    uint32_t vpid = name.vpid;
-
-    OPAL_THREAD_LOCK(&c->lock);
-    int found = gone ? 0 : ivshm_find(c->h, job, vpid);
-    OPAL_THREAD_UNLOCK(&c->lock);
-    if (found < 0)
-        return -1;
-    ivshmem_modex_t *mx = NULL;
-    size_t mx_size = 0;
-    int rc;
-    OPAL_MODEX_RECV(rc, &c->super.btl_version, &name, (void **)&mx, &mx_size);
-    if (OPAL_SUCCESS != rc || NULL == mx || mx_size != sizeof *mx) {
-        free(mx);
-        return -1;
-    }
-    int slot = -1;
-    ivshm_peer_info info;
-    /* ivshm_find returns the first match; the modex names the right one
-       should two jobs share an id (or a co-tenant pose as this rank) */
-    if (mx->attached && mx->slot >= 0 && mx->slot < (int)c->geom.max_peers &&
-        mx->slot != c->self_slot) {
-        OPAL_THREAD_LOCK(&c->lock);
-        int ok = gone ? ivshm_peer_last(c->h, mx->slot, &info)
-                      : ivshm_peer(c->h, mx->slot, &info);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        if (ok >= 0 && info.job_id == job && info.rank == vpid &&
-            info.generation == mx->generation &&
-            strncmp(info.name, mx->name, sizeof info.name) == 0) {
-            slot = mx->slot;
-            *generation = mx->generation;
-        }
-    }
-    free(mx);
-    return slot;
-}
-
-static int locate_peer(struct opal_proc_t *proc, uint32_t *generation)
-{
-    return locate_name(proc->proc_name, generation, false);
-}
-
-/*
- * ob1 adds a peer on another node lazily, when it first sends to it, so
- * a rank of our job may write to us before ob1 ever adds it here. Such a
- * rank is admitted like add_procs would, when its first message arrives:
- * the registry entry only says which rank to look up (our jobid, a vpid
- * below the job size), the modex of that rank must name this very slot
- * and generation; also after the rank left, if nobody claimed its slot
- * since (its messages are still delivered, ivshm_peer_last). Spawned
- * and connected jobs are not admitted here: ob1
- * adds them through add_procs when the communicator is built; what they
- * send before that is stashed (bounded). Each failed (slot, generation)
- * is looked up once.
- */
-enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int s, uint32_t gen)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    if (!c->h || c->finalizing || s == c->self_slot ||
-        c->rejected[s] == (uint64_t)gen + 1)
-        return IVSHMEM_IGNORE;
-    ivshm_peer_info info;
-    OPAL_THREAD_LOCK(&c->lock);
-    /* a rank that left since its message still has it delivered */
-    int rc = ivshm_peer_last(c->h, s, &info);
-    OPAL_THREAD_UNLOCK(&c->lock);
-    if (rc < 0 || info.generation != gen)
-        return IVSHMEM_IGNORE; /* replaced since the message */
-    if (info.job_id != c->job_id)
-        return info.job_id >> 32 == IVSHMEM_JOB_TAG ? IVSHMEM_STASH
-                                                    : IVSHMEM_IGNORE;
-    if (0 == c->job_size || info.rank == c->vpid || info.rank >= c->job_size)
-        return IVSHMEM_IGNORE;
-    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
-    if (ep && ep->generation == gen)
-        return IVSHMEM_IGNORE; /* ours already, distrusted on purpose */
-    opal_process_name_t name = OPAL_PROC_MY_NAME;
-    name.vpid = info.rank;
-    uint32_t found = 0;
-    if (locate_name(name, &found, rc == 1) == s && found == gen) {
-        OPAL_THREAD_LOCK(&c->lock);
-        mca_btl_ivshmem_trust(s, gen);
-        OPAL_THREAD_UNLOCK(&c->lock);
-        VERBOSE(10, "btl_ivshmem: admitted rank %u of our job in slot %d",
-                info.rank, s);
-        return IVSHMEM_ADMITTED;
-    }
-    c->rejected[s] = (uint64_t)gen + 1;
-    c->counters.rejected++;
-    VERBOSE(10, "btl_ivshmem: slot %d claims rank %u of our job but does "
-                "not match its modex: ignored", s, info.rank);
-    return IVSHMEM_IGNORE;
-}
 
 /* The endpoint for `proc` in `slot`, created if needed. With `lock`. */
 static mca_btl_ivshmem_endpoint_t *endpoint_for(struct opal_proc_t *proc,
@@ -241,7 +135,7 @@ int mca_btl_ivshmem_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
             0 == opal_compare_proc(proc->proc_name, OPAL_PROC_MY_NAME))
             continue; /* btl/self */
         uint32_t gen = 0;
-        int slot = locate_peer(proc, &gen);
+        int slot = mca_btl_ivshmem_locate_name(proc->proc_name, &gen, false);
         mca_btl_ivshmem_endpoint_t *ep = NULL;
         if (slot >= 0) {
             OPAL_THREAD_LOCK(&c->lock);
@@ -298,47 +192,6 @@ int mca_btl_ivshmem_register_error(struct mca_btl_base_module_t *btl,
 {
     ((mca_btl_ivshmem_module_t *)btl)->error_cb = cbfunc;
     return OPAL_SUCCESS;
-}
-
-void mca_btl_ivshmem_peer_failed(mca_btl_ivshmem_endpoint_t *ep, int err)
-{
-    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
-    static char msg[256];
-    if (ep->dead || ep->said_bye || c->finalizing)
-        return;
-    ep->dead = true;
-    /* Detached at the generation we know: it finalized, and its goodbye
-       did not reach us (it gives up on a full queue after BYE_BUDGET_NS,
-       and we may be descheduled that long). Not a crash. */
-    if (err == IVSHM_EPEERDEAD &&
-        1 == ivshm_peer_left(c->h, ep->slot, ep->generation))
-        return;
-    char why[128];
-    if (err == IVSHM_ECORRUPT && ep->refused_since_ns &&
-        mca_btl_ivshmem_now_ns() - ep->refused_since_ns >= IVSHMEM_REFUSED_NS)
-        /* not its messages: our sends to it (mca_btl_ivshmem_send_refused) */
-        snprintf(why, sizeof why,
-                 "refused our sends for %llu s in a row (a forged ring tail)",
-                 IVSHMEM_REFUSED_NS / 1000000000ull);
-    else if (err == IVSHM_ECORRUPT)
-        snprintf(why, sizeof why, "sent a corrupt message");
-    else if (err == IVSHM_EPEERDEAD)
-        snprintf(why, sizeof why, "died or left without finalizing");
-    else /* a send to it failed: say how */
-        snprintf(why, sizeof why, "cannot be sent to (%s)", ivshm_strerror(err));
-    snprintf(msg, sizeof msg,
-             "btl_ivshmem: peer rank %u (region slot %d) %s; aborting the job",
-             ep->vpid, ep->slot, why);
-    if (mca_btl_ivshmem.error_cb) {
-        /* ob1 prints msg and aborts the job; if it ever returns, our
-           sends to this peer fail from now on */
-        mca_btl_ivshmem.error_cb(&mca_btl_ivshmem.super, MCA_BTL_ERROR_FLAGS_FATAL,
-                                 ep->proc, msg);
-        return;
-    }
-    /* nobody to tell: ending beats hanging on a peer that is gone */
-    fprintf(stderr, "%s\n", msg);
-    exit(1);
 }
 
 /* Tell every peer we are leaving cleanly, so its liveness check does not

@@ -18,6 +18,7 @@
 #include "opal/runtime/opal_progress.h"
 #include "opal/sys/atomic.h"
 #include "opal/util/output.h"
+#include "opal/util/proc.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -31,6 +32,10 @@
 /* A tick that comes later than this after the previous one means the
    caller does other work between polls (see idle_tick). */
 #define IDLE_TICK_GAP_NS 100000ull
+
+#define VERBOSE(lvl, ...)                                                     \
+    opal_output_verbose((lvl), opal_btl_base_framework.framework_output,      \
+                        __VA_ARGS__)
 
 void mca_btl_ivshmem_trust(int slot, uint32_t gen)
 {
@@ -57,6 +62,59 @@ void mca_btl_ivshmem_distrust(int slot)
             c->active[i] = c->active[--c->nactive];
             break;
         }
+}
+
+/*
+ * ob1 adds a peer on another node lazily, when it first sends to it, so
+ * a rank of our job may write to us before ob1 ever adds it here. Such a
+ * rank is admitted like add_procs would, when its first message arrives:
+ * the registry entry only says which rank to look up (our jobid, a vpid
+ * below the job size), the modex of that rank must name this very slot
+ * and generation; also after the rank left, if nobody claimed its slot
+ * since (its messages are still delivered, ivshm_peer_last). Spawned
+ * and connected jobs are not admitted here: ob1
+ * adds them through add_procs when the communicator is built; what they
+ * send before that is stashed (bounded). Each failed (slot, generation)
+ * is looked up once.
+ */
+enum ivshmem_untrusted mca_btl_ivshmem_admit_sender(int s, uint32_t gen)
+{
+    mca_btl_ivshmem_component_t *c = &mca_btl_ivshmem_component;
+    if (!c->h || c->finalizing || s == c->self_slot ||
+        c->rejected[s] == (uint64_t)gen + 1)
+        return IVSHMEM_IGNORE;
+    ivshm_peer_info info;
+    OPAL_THREAD_LOCK(&c->lock);
+    /* a rank that left since its message still has it delivered */
+    int rc = ivshm_peer_last(c->h, s, &info);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    if (rc < 0 || info.generation != gen)
+        return IVSHMEM_IGNORE; /* replaced since the message */
+    if (info.job_id != c->job_id)
+        return info.job_id >> 32 == IVSHMEM_JOB_TAG ? IVSHMEM_STASH
+                                                    : IVSHMEM_IGNORE;
+    if (0 == c->job_size || info.rank == c->vpid || info.rank >= c->job_size)
+        return IVSHMEM_IGNORE;
+    mca_btl_ivshmem_endpoint_t *ep = c->by_slot[s];
+    if (ep && ep->generation == gen)
+        return IVSHMEM_IGNORE; /* ours already, distrusted on purpose */
+    opal_process_name_t name = OPAL_PROC_MY_NAME;
+    name.vpid = info.rank;
+    uint32_t found = 0;
+    if (mca_btl_ivshmem_locate_name(name, &found, rc == 1) == s &&
+        found == gen) {
+        OPAL_THREAD_LOCK(&c->lock);
+        mca_btl_ivshmem_trust(s, gen);
+        OPAL_THREAD_UNLOCK(&c->lock);
+        VERBOSE(10, "btl_ivshmem: admitted rank %u of our job in slot %d",
+                info.rank, s);
+        return IVSHMEM_ADMITTED;
+    }
+    c->rejected[s] = (uint64_t)gen + 1;
+    c->counters.rejected++;
+    VERBOSE(10, "btl_ivshmem: slot %d claims rank %u of our job but does "
+                "not match its modex: ignored", s, info.rank);
+    return IVSHMEM_IGNORE;
 }
 
 /* Who wrote a message we just took, as far as the registry tells after

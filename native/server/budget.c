@@ -4,7 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "budget.h"
-#include "server.h"
+#include "log.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -8,6 +8,7 @@
  * "ivshmem-server ... && qemu ..." never races the socket.
  */
 #define _GNU_SOURCE
+#include "log.h"
 #include "server.h"
 
 #include <errno.h>

@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +29,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,40 +47,6 @@
 #define SO_PEERGROUPS 59
 #endif
 #define MAX_PEER_GROUPS 256
-
-int ivs_log_target = IVS_LOG_STDERR;
-int ivs_verbose;
-
-static void vlog(int prio, const char *fmt, va_list ap)
-{
-    if (ivs_log_target == IVS_LOG_QUIET)
-        return;
-    if (ivs_log_target == IVS_LOG_SYSLOG) {
-        vsyslog(prio, fmt, ap);
-        return;
-    }
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    fprintf(stderr, "ivshmem-server: %s\n", line);
-}
-
-void ivs_log_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(LOG_ERR, fmt, ap);
-    va_end(ap);
-}
-
-void ivs_log_info(const char *fmt, ...)
-{
-    if (!ivs_verbose)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(LOG_INFO, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t now_ns(void)
 {

@@ -9,6 +9,7 @@
 
 #include "ivshm.h"
 #include "ivshm_admin.h"
+#include "log.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -47,15 +48,6 @@ struct ivs_config {
     unsigned ids_per_pid;     /* ids one process may leave unusable */
     uint32_t max_ids;         /* id space 0..max_ids-1; 0: IVS_MAX_IDS */
 };
-
-/* Where log lines go: stderr (foreground), syslog (daemon), nowhere
-   (the fuzzer). */
-enum { IVS_LOG_STDERR = 0, IVS_LOG_SYSLOG = 1, IVS_LOG_QUIET = 2 };
-extern int ivs_log_target;
-extern int ivs_verbose;
-/* Errors are always logged; info lines only with ivs_verbose. */
-void ivs_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void ivs_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 struct ivs_server;
 
