@@ -1,7 +1,7 @@
 """MPICH from PyPI under the cluster's Slurm (`cluster up --scheduler
 slurm`, `cluster srun -- --mpi=pmi2 ...`): its tasks find the provider
 `ivshm` and the job's region through the TaskProlog's variables alone
-(ivcloud/cluster/slurm/conf.py, TASK_ENVIRONMENTS), and the two ranks on
+(ivcloud/cluster/slurm/conf.py, TASK_MPIS), and the two ranks on
 co-resident instances talk over the region. Open MPI 5 and Intel MPI
 need values for keys the table sets otherwise; docs/mpi.md gives their
 srun lines."""
