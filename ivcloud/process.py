@@ -5,6 +5,7 @@
   teardown on the way runs: a job's launcher is stopped, a cluster
   being brought up rolls back, a session's cluster goes down. The CLI
   then exits 128 + the signal's number.
+- :func:`shielded`: Ctrl-C ignored while a teardown must finish.
 - :func:`run_launcher`: a launcher (mpirun, mpiexec, srun, nsenter into
   an instance) run to its end; interrupted or past its timeout, it is
   asked to end its job (SIGTERM), killed after a grace time, and what
@@ -48,6 +49,21 @@ def interrupts() -> Iterator[None]:
     try:
         for signum in _UNWINDING:
             saved[signum] = signal.signal(signum, _raise_interrupted)
+    except ValueError:                  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        _restore(saved)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Ctrl-C ignored for the block's duration: a second one must not
+    leave half a teardown (in the main thread; elsewhere nothing)."""
+    saved: Dict[int, object] = {}
+    try:
+        saved[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:                  # not the main thread
         pass
     try:

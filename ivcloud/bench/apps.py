@@ -227,14 +227,17 @@ class Workloads:
             ) -> Tuple[List[str], Callable[[str], Dict[str, float]]]:
         """(argv, parse(stdout) -> {metric: value}) of one run."""
         self._runs += 1
-        guests = cluster.kind == "vm"
+        # the instances' own solver package where they have one (guests),
+        # else this checkout's solver, which they see
+        packaged = any(p.startswith(f"{SOLVER_PACKAGE}_")
+                       for p in cluster.guest_packages)
         if app == "micromag":
             problem = self._input(cluster, app, 0, lambda d: magbar.prepare(
                 d, MAG_QUICK_S if self.s.quick else None,
                 self.s.mag_cell_nm))
             # rank 0 makes it, in the staged directory (the job user's)
             out = problem.parent / f"out-{self._runs}"
-            argv = (magbar.packaged_command(problem, out) if guests
+            argv = (magbar.packaged_command(problem, out) if packaged
                     else magbar.command(problem, out))
             return argv, lambda stdout: magbar.results_of(
                 cluster.read_file(out / magbar.SUMMARY), out)
@@ -457,10 +460,6 @@ def targets(rel: Sequence[Dict], s: AppsSettings) -> List[Target]:
 
 
 # ---------------------------------------------------------------- output
-
-def _num(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
 
 def print_tables(doc: Dict, out=None, title: Optional[str] = None
                  ) -> None:

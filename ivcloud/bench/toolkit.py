@@ -11,7 +11,7 @@ here parses command lines or prints errors: a benchmark raises
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import os
 import platform
@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
                     Tuple, TypeVar)
 
-from .. import process
-from ..mpis import local, openmpi, regions
+from ..mpis import local, openmpi
 from ..errors import (BenchError, ClusterError, InvalidRequest, IvcloudError,
                       JobTimeout)
 from ..native import native_dir
@@ -522,16 +521,11 @@ def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
     kwargs = dict(transport=transport, osc=osc, components=components)
     if transport == "ivshmem":
         kwargs.update(tcp_fallback=False, verbose_btl=True)
-
-    def start(**io) -> int:
-        with contextlib.ExitStack() as stack:
-            if transport == "ivshmem":
-                kwargs["region"] = stack.enter_context(
-                    regions.private_region(np))
-            cmd = local.mpirun_command(argv, np, **kwargs)
-            return process.run_launcher(cmd, dict(os.environ), **io)
-
-    stdout, stderr = checked_run(start, timeout_s, origin)
+    # a region of the job's own, whatever this process's environment names
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("IVSHM_SOCKET", "IVSHM_REGION")}
+    stdout, stderr = checked_run(functools.partial(
+        local.run, argv, np, env=env, **kwargs), timeout_s, origin)
     recs = parse_records(stdout, origin, keys)
     counters = (check_ivshmem_used(stderr, np, origin)
                 if transport == "ivshmem" else openmpi.parse_btl_counters(stderr))

@@ -284,20 +284,31 @@ def _run_scaling(args) -> int:
 
 # ---------------------------------------------------------------- options
 
+ROUNDS = "rounds of alternating transports; figures are medians " \
+         "(default 3, quick 1)"
+
+
+def _options(p: argparse.ArgumentParser, quick: str,
+             iters: Optional[str] = None, rounds: Optional[str] = ROUNDS,
+             json: str = "write the records and targets as JSON") -> None:
+    """The options most benchmarks share, with their own help texts."""
+    p.add_argument("--json", metavar="FILE", default=None, help=json)
+    p.add_argument("--quick", action="store_true", help=quick)
+    if iters:
+        p.add_argument("--iters", type=positive_int, default=None,
+                       help=iters)
+    if rounds:
+        p.add_argument("--rounds", type=positive_int, default=None,
+                       help=rounds)
+
+
 def _p2p_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write the records and targets as JSON")
+    _options(p, "few sizes and iterations (plumbing check)",
+             "round trips per small size (big sizes use fewer)")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="comma-separated message sizes (K/M suffixes)")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="round trips per small size (big sizes use fewer)")
-    p.add_argument("--quick", action="store_true",
-                   help="few sizes and iterations (plumbing check)")
     p.add_argument("--skip-netns", action="store_true",
                    help="skip the two-namespace TCP bridge transport")
-    p.add_argument("--rounds", type=positive_int, default=None,
-                   help="rounds of alternating transports; figures are "
-                        "medians (default 3, quick 1)")
 
 
 def _mpi_arguments(p: argparse.ArgumentParser) -> None:
@@ -306,31 +317,20 @@ def _mpi_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="NAME",
                    help="openmpi (default: Debian's Open MPI and our BTL), "
                         "openmpi5, mpich or impi (through libfabric)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write the records and targets as JSON")
-    p.add_argument("--quick", action="store_true",
-                   help="two sizes, few iterations (plumbing check)")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="operations per small size (big sizes use fewer)")
+    _options(p, "two sizes, few iterations (plumbing check)",
+             "operations per small size (big sizes use fewer)")
     p.add_argument("--transports", type=_names, default=None,
                    help=f"comma-separated subset of {names} (openmpi) or "
                         f"{','.join(ofi.CONFIGS)} (the others)")
-    p.add_argument("--rounds", type=positive_int, default=None,
-                   help="rounds of alternating transports; figures are "
-                        "medians (default 3, quick 1)")
 
 
 def _small_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write the records, each round's figures and the "
-                        "targets as JSON")
-    p.add_argument("--quick", action="store_true",
-                   help="two rounds of short jobs (plumbing check)")
-    p.add_argument("--rounds", type=positive_int, default=None,
-                   help="rounds (default 20, quick 2)")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="mpi-osu operations per job; the exchange and "
-                        "the ring do half (default 200000, quick 2000)")
+    _options(p, "two rounds of short jobs (plumbing check)",
+             "mpi-osu operations per job; the exchange and the ring do "
+             "half (default 200000, quick 2000)",
+             "rounds (default 20, quick 2)",
+             "write the records, each round's figures and the targets as "
+             "JSON")
     p.add_argument("--build", type=_build, action="append", default=[],
                    metavar="LABEL=DIR",
                    help="also run the BTL of the native build in DIR "
@@ -348,12 +348,11 @@ def _small_arguments(p: argparse.ArgumentParser) -> None:
 def _cluster_arguments(p: argparse.ArgumentParser, name: str,
                        quick: str) -> None:
     """The options every cluster benchmark has (hierarchy, halo)."""
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the records and targets as JSON here")
+    _options(p, quick, rounds=None,
+             json="also write the records and targets as JSON here")
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                    help=f"where {name}.json, the plots and report.md go "
                         f"(default {DEFAULT_OUT})")
-    p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--keep-cluster", action="store_true",
                    help="leave the cluster up afterwards (for inspection)")
 
@@ -426,21 +425,14 @@ def _apps_arguments(p: argparse.ArgumentParser) -> None:
 
 def _scaling_arguments(p: argparse.ArgumentParser) -> None:
     names = ",".join(scaling.TRANSPORTS)
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write the records and targets as JSON")
-    p.add_argument("--quick", action="store_true",
-                   help="2 and 4 ranks, one round, few operations "
-                        "(plumbing check)")
+    _options(p, "2 and 4 ranks, one round, few operations (plumbing check)",
+             "latency round trips per batch at 2 ranks (fewer with more "
+             "ranks)", "rounds of alternating transports and rank counts; "
+             "figures are medians (default 3, quick 1)")
     p.add_argument("--ranks", type=_scaling_ranks, default=None,
                    help="comma-separated rank counts (default 2,8,32,128)")
     p.add_argument("--transports", type=_scaling_transports, default=None,
                    help=f"comma-separated subset of {names}")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="latency round trips per batch at 2 ranks (fewer "
-                        "with more ranks)")
-    p.add_argument("--rounds", type=positive_int, default=None,
-                   help="rounds of alternating transports and rank counts; "
-                        "figures are medians (default 3, quick 1)")
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,28 +1,15 @@
-"""One way to run a job on a cluster: a Job, and run_job.
-
-Every caller builds a Job and calls run_job: `ivcloud cluster mpirun`,
-ClusterSession (the cloud benchmarks), `cluster srun` and the
-benchmarks' Slurm steps (a Job whose launcher is Slurm's srun). The
-pipeline is the same for every MPI and every instance kind; each step
-asks the one that knows:
-
-1. the MPI (ivcloud.mpis: a Flavor) refuses what it cannot do (a
-   transport, its own parameters, a rankfile);
-2. the instances (kinds.py: the cluster's InstanceKind) say where the
-   launcher runs and how it reaches them (JobSite), and refuse a
-   program, an MPI or a transport out of their reach;
-3. the placement (block, round-robin, a host per rank, a rankfile)
-   and the site become an ivcloud.mpis.Launch, which the flavour turns
-   into its launcher's command;
-4. the job's regions (its own on every server, or the standing ones:
-   the kind's region policy) exist for the launcher's run;
-5. the kind runs the launcher to its end; SIGTERM/SIGHUP unwind like
-   Ctrl-C (process.interrupts), a timeout tears the job down
-   (JobTimeout).
-
-Slurm steps take the same road from step 4 on: Slurm places and starts
-the ranks, the controller's hooks make the job's regions, and srun
-runs in the head node (slurm/client.py).
+"""One way to run a job on a cluster: a Job, and run_job, under every
+caller (`cluster mpirun`, ClusterSession and the benchmarks), the same
+for every MPI and instance kind. Each step asks the one that knows: the
+MPI (an ivcloud.mpis Flavor) refuses what it cannot do; the instances'
+kind (kinds.py) says where the launcher runs and how it reaches them,
+and refuses what is out of their reach; placement and site become an
+ivcloud.mpis.Launch, which the flavour turns into its command; the
+kind's region policy makes the job's regions for the run, and the kind
+runs the launcher to its end (SIGTERM/SIGHUP unwind like Ctrl-C; a
+timeout tears the job down: JobTimeout). Slurm steps (run_slurm) take
+the same road from the regions on: Slurm places and starts the ranks,
+its hooks make the regions. docs/ARCHITECTURE.md follows a job through.
 """
 
 from __future__ import annotations
@@ -125,7 +112,7 @@ def plan_job(state: Dict, job: Job) -> Plan:
     command = flavor.command(launch)
     command.files.update(files)
     return Plan(job, kind, command,
-                kind.region_note(job.transport, job.shared_region))
+                kind.region_note(job.transport, job.shared_region, False))
 
 
 def run_job(state: Dict, job: Job, stdout=None, stderr=None,
@@ -149,9 +136,9 @@ def describe_job(state: Dict, job: Job) -> List[str]:
     """What run_job would run (the launcher's command line), and a line
     on the regions it would run in; nothing is started."""
     plan = plan_job(state, job)
-    lines = [plan.kind.describe_launcher(state, plan.command)]
-    where = plan.kind.describe_regions(job.transport, job.shared_region)
-    return lines + ([f"# {where}"] if where else [])
+    where = plan.kind.region_note(job.transport, job.shared_region, True)
+    return [plan.kind.describe_launcher(state, plan.command)] + \
+        ([f"# {where}"] if where else [])
 
 
 def run_slurm(state: Dict, command: str, args: Sequence[str],

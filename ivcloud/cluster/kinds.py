@@ -5,34 +5,10 @@ when the cluster is brought up (it refuses, before anything exists,
 what the kind cannot do on this machine), `of_state()` for a cluster
 that is up (its state file records the kind). Nothing else asks which
 kind it has; it asks the kind. A third kind is one subclass of
-InstanceKind (and a slurm.nodes.Nodes, if it runs slurmd) that defines:
-
-    name, record()            what state.json keeps of the kind
-    start(build)              every instance up, once the servers and
-                              bridges exist (lifecycle.Build)
-    stop(sd, state)           what `down` does for the kind before it
-                              sweeps the namespaces; the problems left
-    instance_info(state, host)  pid, alive, CPUs (for `status`)
-    exec(state, host, argv)   run a command in an instance (or the head
-                              node, a namespace holder in either kind)
-    put(state, hosts, files, dest)   copy host files into instances
-    stage(state, path)        the path by which instances run a host file
-    stage_dir(state, path)    a host directory at the same path inside
-    run_everywhere(state, argv, env, timeout)  a preparation command
-    read_file(state, path, remove)   a file of the first instance
-    guest_packages()          what the instances have installed beside
-                              the guest package
-    jobs (the pipeline, job.py, asks these):
-    job_site(state)           where a job's launcher runs, how it
-                              reaches the instances (JobSite)
-    job_program(state, flavor, program, transport)  the program as the
-                              instances run it; refuses what they cannot
-    job_regions(state, transport, shared)  the region policy: a context
-                              that yields the launcher's extra variables
-    region_note(transport, shared)   what a job is told of its region
-    run_launcher(state, command, env, timeout, stdout, stderr)
-    describe_launcher(state, command)  the dry run's text
-    slurm_nodes()             what Slurm needs of the instances
+InstanceKind that defines its abstract methods (the instances' life,
+files in and out of them, and what the job pipeline, job.py, asks:
+where a launcher runs, the region policy, running the launcher) and,
+if it runs slurmd, a slurm.nodes.Nodes of its own (slurm_nodes).
 
 NamespaceInstances: a holder process per instance (holder.py) with a
 veth into its server's bridge. VmInstances: a QEMU guest per instance
@@ -62,7 +38,8 @@ from ..vm import agent
 from . import holder, network, regions, vm_instance
 from .launch import (check_program, check_visible, enter_command,
                      working_dir)
-from .slurm.nodes import GuestNodes, Nodes
+from .slurm.guests import GuestNodes
+from .slurm.nodes import Nodes
 from .state import StateDir
 from .topology import HEAD_HOSTNAME, ClusterTopology
 from .vm_instance import VmConfig, VmOptions
@@ -105,8 +82,7 @@ class InstanceKind(ABC):
         """Bring every instance of build.topo up, recording each step."""
 
     def stop(self, sd: StateDir, state: Optional[Dict]) -> List[str]:
-        """Before `down` kills what runs in the cluster's namespaces;
-        returns the problems left."""
+        """Before `down` sweeps the namespaces; the problems left."""
         return []
 
     @abstractmethod
@@ -114,20 +90,18 @@ class InstanceKind(ABC):
         """{"pid", "alive"} and, while alive, "cpus"."""
 
     def exec(self, state: Dict, host: str, argv: Sequence[str]) -> int:
-        """Run `argv` in instance (or head node) `host` with this
-        process's stdin, stdout and stderr; its exit status."""
+        """`argv` in instance (or head node) `host`, our stdio; its status."""
         return _exec_in_holder(state, host, argv)
 
     def guest_packages(self) -> List[str]:
-        """The packages (file names) the instances have installed beside
-        the guest package: none but the host's for namespaces."""
+        """Packages (file names) installed beside the guest package."""
         return []
 
     @abstractmethod
     def put(self, state: Dict, hosts: Sequence[str], files: Sequence[str],
             dest: str) -> List[str]:
-        """Copy `files` into directory `dest` of each of `hosts` (all
-        when empty); returns HOST:PATH of every copy."""
+        """`files` into `dest` of each of `hosts` (all when empty);
+        HOST:PATH of every copy."""
 
     @abstractmethod
     def stage(self, state: Dict, path: os.PathLike) -> str:
@@ -135,24 +109,20 @@ class InstanceKind(ABC):
 
     @abstractmethod
     def stage_dir(self, state: Dict, path: os.PathLike) -> None:
-        """Make host directory `path` (absolute, with everything under it)
-        exist at the same path in every instance, writable by the user
-        jobs run as there."""
+        """Host directory `path` at the same path in every instance,
+        writable by the user jobs run as."""
 
     @abstractmethod
     def run_everywhere(self, state: Dict, argv: Sequence[str],
                        env: Dict[str, str], timeout: float) -> None:
-        """Run a preparation command (e.g. meshing a case) wherever the
-        instances' files are, as the user jobs run as, with `env` added
-        to a plain environment; ClusterFailure with its last lines if it
-        fails."""
+        """A preparation command (meshing a case) wherever the instances'
+        files are, as the jobs' user, `env` on a plain environment."""
 
     @abstractmethod
     def read_file(self, state: Dict, path: os.PathLike,
                   remove: bool = False) -> str:
-        """The text of file `path` in the first instance (where rank 0 of
-        every placement runs), removed after reading if `remove`;
-        ClusterFailure if it is missing."""
+        """File `path` of the first instance (rank 0's), then removed if
+        `remove`."""
 
     # ---------------------------------------------------------- jobs
 
@@ -163,32 +133,26 @@ class InstanceKind(ABC):
     @abstractmethod
     def job_program(self, state: Dict, flavor: Flavor,
                     program: Sequence[str], transport: str) -> List[str]:
-        """`program` as the instances run it, after refusing what they
-        cannot: the program, the MPI or its transport out of reach."""
+        """`program` as the instances run it; refuses a program, an MPI
+        or a transport out of their reach."""
 
     @abstractmethod
     def job_regions(self, state: Dict, transport: str, shared: bool
                     ) -> ContextManager[Dict[str, str]]:
-        """The regions a job runs in, for the block's duration; yields the
-        launcher's extra variables. shared: the job asked for the
-        servers' standing regions."""
-
-    def region_note(self, transport: str, shared: bool) -> Optional[str]:
-        """What a job is told of the region it runs in, if anything."""
-        return None
+        """The job's regions for the block (shared: the servers' standing
+        ones); yields the launcher's extra variables."""
 
     @abstractmethod
-    def describe_regions(self, transport: str, shared: bool
-                         ) -> Optional[str]:
-        """The regions a job would run in, for a dry run."""
+    def region_note(self, transport: str, shared: bool, dry_run: bool
+                    ) -> Optional[str]:
+        """What a job is told of its regions (a dry run: always)."""
 
     @abstractmethod
     def run_launcher(self, state: Dict, command: Command,
                      env: Dict[str, str], timeout: Optional[float],
                      stdout=None, stderr=None) -> int:
-        """Run a job's launcher to its end, its files written first and
-        removed after; its exit status. subprocess.TimeoutExpired after
-        `timeout`, the job torn down; nothing of it keeps running."""
+        """A job's launcher run to its end, its files there meanwhile; its
+        status. subprocess.TimeoutExpired after `timeout`, torn down."""
 
     @abstractmethod
     def describe_launcher(self, state: Dict, command: Command) -> str:
@@ -310,9 +274,9 @@ class NamespaceInstances(InstanceKind):
         full, _, _ = enter_command(state, HEAD_HOSTNAME, command.argv)
         return shlex.join(full)
 
-    def describe_regions(self, transport: str, shared: bool
-                         ) -> Optional[str]:
-        if transport != "ivshmem":
+    def region_note(self, transport: str, shared: bool, dry_run: bool
+                    ) -> Optional[str]:
+        if transport != "ivshmem" or not dry_run:
             return None
         if shared:
             return "the job runs in each server's standing region"
@@ -442,7 +406,10 @@ class VmInstances(InstanceKind):
     def job_regions(self, state: Dict, transport: str, shared: bool):
         yield {}
 
-    def region_note(self, transport: str, shared: bool) -> Optional[str]:
+    def region_note(self, transport: str, shared: bool, dry_run: bool
+                    ) -> Optional[str]:
+        if dry_run:
+            return "VM instances: the job uses each server's standing region"
         if transport == "ivshmem" and not shared:
             return vm_instance.SHARED_NOTE
         return None
@@ -457,9 +424,6 @@ class VmInstances(InstanceKind):
         return (f"# in guest {vm_instance.first_guest(state)}: runuser -u "
                 f"{vm_instance.MPI_USER} -- {shlex.join(command.argv)}")
 
-    def describe_regions(self, transport: str, shared: bool
-                         ) -> Optional[str]:
-        return "VM instances: the job uses each server's standing region"
 
     def slurm_nodes(self) -> Nodes:
         return GuestNodes()

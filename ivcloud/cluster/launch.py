@@ -1,5 +1,5 @@
-"""Getting into namespace instances: the launch agent, hostfiles, what
-the instances see of the host.
+"""Getting into namespace instances: the launch agent, what the
+instances see of the host, the order a placement fills them in.
 
 Open MPI starts its daemon (orted) on a remote node with
 `AGENT HOST COMMAND...`, like ssh. Our agent (`python -m
@@ -72,11 +72,6 @@ def host_slots(topo: ClusterTopology,
     if placement == "round-robin":
         insts = sorted(insts, key=lambda i: (i.index, i.server))
     return [(i.hostname, topo.vcpus) for i in insts]
-
-
-def hostfile_text(topo: ClusterTopology, placement: str) -> str:
-    return "".join(f"{host} slots={slots}\n"
-                   for host, slots in host_slots(topo, placement))
 
 
 def agent_script_text(state_dir: Path) -> str:

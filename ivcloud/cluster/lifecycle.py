@@ -3,7 +3,7 @@ every step, and taking it all apart again from the record.
 
 Order of `up` (each step saved to state.json before the next starts):
 
-    1. state dir (the lock), hosts file, agent script, hostfiles (and
+    1. state dir (the lock), hosts file, agent script (and
        with --scheduler slurm its files, slurm/daemons.py)
     2. fabric holder (a network namespace for the switches), core bridge
     3. per server: its ivshmem-server, bridge and shaped uplink
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -34,10 +33,9 @@ from typing import Dict, List, Optional, Tuple
 from .. import server as server_mod
 from ..mpis.regions import mpi_geometry
 from ..errors import ClusterError, ClusterFailure, IvcloudError
-from .. import procfs
+from .. import process, procfs
 from . import holder, kinds, network, regions
-from .launch import (PLACEMENTS, PRIVATE_DIRS, agent_script_text,
-                     hostfile_text)
+from .launch import PRIVATE_DIRS, agent_script_text
 from .slurm.daemons import Slurm
 from .slurm.daemons import status as slurm_status
 from .state import StateDir, load, save
@@ -47,16 +45,6 @@ from .topology import (CORE_BRIDGE, HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology
 MIB = 1 << 20
 REQUIRED_TOOLS = ("unshare", "nsenter", "taskset", "ip", "bash", "sleep",
                   "mount", "hostname")
-
-
-class _Interrupted(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by signal {signum}")
-        self.signum = signum
-
-
-def _raise_interrupted(signum, frame):
-    raise _Interrupted(signum)
 
 
 # ---------------------------------------------------------------- checks
@@ -223,11 +211,10 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
                            f"one was left: take cluster '{topo.name}' down "
                            f"first)")
     log(f"cluster '{topo.name}': {topo.describe()}")
-    old = {s: signal.signal(s, _raise_interrupted)
-           for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         save(sd, state)
-        _build(Build(topo, sd, state, log), kind, scheduler)
+        with process.interrupts():
+            _build(Build(topo, sd, state, log), kind, scheduler)
         state["phase"] = "up"
         save(sd, state)
         return state
@@ -238,16 +225,11 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
             rolled = "rolled back"
         except IvcloudError as t:
             rolled = f"rollback incomplete: {t}"
-        if isinstance(e, _Interrupted):
+        if isinstance(e, KeyboardInterrupt):   # Ctrl-C, SIGTERM, SIGHUP
             raise ClusterFailure(f"up interrupted at {step}; {rolled}")
-        if isinstance(e, KeyboardInterrupt):
-            raise
         why = " ".join(str(e).split()) or type(e).__name__
         err = (type(e) if isinstance(e, IvcloudError) else ClusterFailure)
         raise err(f"up failed at {step}: {why}; {rolled}")
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _build(b: Build, kind: kinds.InstanceKind,
@@ -257,8 +239,6 @@ def _build(b: Build, kind: kinds.InstanceKind,
     sd.hosts.write_text(hosts_file_text(topo))
     sd.agent.write_text(agent_script_text(sd.dir))
     sd.agent.chmod(0o755)
-    for placement in PLACEMENTS:
-        sd.hostfile(placement).write_text(hostfile_text(topo, placement))
     sd.servers.mkdir(mode=0o755)
     if scheduler is not None:
         scheduler.write_files(b)

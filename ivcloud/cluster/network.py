@@ -120,7 +120,3 @@ def delete_links(fabric_pid: int, links: Sequence[str]) -> None:
         ip_batch(fabric_pid, [f"link del {name}" for name in links],
                  force=True)
 
-
-def qdiscs(fabric_pid: int) -> str:
-    return _run(holder.enter_argv(fabric_pid, ("net",))
-                + ["tc", "qdisc", "show"], check=False).stdout

@@ -129,18 +129,6 @@ def job_regions(state: Dict, job: str) -> Iterator[Dict[int, str]]:
                              + "; ".join(problems))
 
 
-def regions_for(state: Dict, env: Dict[str, str], transport: str,
-                shared_region: bool = False):
-    """The context a job launched with `env` runs in: for an ivshmem job
-    that does not share the servers' standing regions, its own regions
-    (and `env` names the job for the launch agent); else nothing."""
-    if transport != "ivshmem" or shared_region:
-        return contextlib.nullcontext()
-    job = new_job_id()
-    env[JOB_ENV] = job
-    return job_regions(state, job)
-
-
 def stop_all(paths_list: List[server_mod.ServerPaths]) -> List[str]:
     """Stop these job servers and remove their files; the problems left."""
     problems = []

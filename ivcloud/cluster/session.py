@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import uuid
 from dataclasses import replace
@@ -102,12 +101,8 @@ class ClusterSession:
                 self.log.write(f"cluster '{self.name}' kept (remove it with "
                                f"`ivcloud cluster down --name {self.name}`)\n")
                 return
-            # a second Ctrl-C must not leave half a cluster: finish down
-            old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
+            with process.shielded():
                 lifecycle.down(self.sd)
-            finally:
-                signal.signal(signal.SIGINT, old_int)
             self.log.write(f"cluster '{self.name}' down\n")
         finally:
             self._restore()

@@ -7,7 +7,6 @@ RUN_DIR/cluster-NAME/ (RUN_DIR: $IVCLOUD_RUN_DIR or /run/ivcloud) holds
                     killed halfway
     hosts           /etc/hosts of the instances and the head node
     agent           Open MPI's plm_rsh_agent: enters an instance
-    hostfile.block, hostfile.round-robin   Open MPI hostfiles
     servers/<cluster>-s<k>/   each ivshmem-server's socket, pid, state
 
 Creating the directory is the lock: a second `up` of the same name fails
@@ -54,8 +53,6 @@ class StateDir:
         """ivcloud.server run dir of this cluster's ivshmem-servers."""
         return self.dir / "servers"
 
-    def hostfile(self, placement: str) -> Path:
-        return self.dir / f"hostfile.{placement}"
 
 
 def state_dir(name: str, run_dir: Optional[str] = None) -> StateDir:

@@ -50,14 +50,12 @@ from ..vm import lifecycle as vm_lifecycle
 from .. import procfs
 from . import holder
 from . import network
-from .launch import PLACEMENTS, hostfile_text
 from .state import StateDir, save
 from .topology import PREFIX_LEN, ClusterTopology, Instance
 
 DEFAULT_MEMORY_MB = 512
 MIN_MEMORY_MB = 256
 BOOT_TIMEOUT_S = 300.0
-GUEST_HOSTFILE_DIR = "/etc/ivcloud"
 MPI_USER = debian.MPI_USER
 # OpenBLAS's kernels for a guest under TCG (see mpirun_command)
 TCG_OPENBLAS_CORE = "Prescott"
@@ -179,7 +177,7 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
                  config: VmConfig, fabric_pid: int, step, log,
                  boot_timeout: float = BOOT_TIMEOUT_S) -> None:
     """Build (or reuse) the image, start every guest, wait until all are
-    booted with their device bound, write the hostfiles, pin vCPUs."""
+    booted with their device bound, pin vCPUs."""
     step("image")
     img = debian.build(deb=Path(config.deb),
                        extra=[Path(x) for x in config.extra_debs],
@@ -276,16 +274,8 @@ def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
 
 def _finish_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
                   inst: Instance) -> None:
-    """Once booted: its agent answers, the first guest holds the
-    hostfiles, its vCPU threads are pinned."""
-    sock = vm_dir(sd, inst.hostname) / "agent.sock"
-    agent.wait_ready(sock, timeout=60)
-    if inst.server == 0 and inst.index == 0:
-        files = " && ".join(
-            f"printf %s {agent.quote([hostfile_text(topo, pl)])} > "
-            f"{GUEST_HOSTFILE_DIR}/hostfile.{pl}" for pl in PLACEMENTS)
-        _check(agent.run(sock, f"mkdir -p {GUEST_HOSTFILE_DIR} && "
-                               f"{files}", 30), inst.hostname)
+    """Once booted: its agent answers, its vCPU threads are pinned."""
+    agent.wait_ready(vm_dir(sd, inst.hostname) / "agent.sock", timeout=60)
     state["vms"][inst.hostname]["vcpu_threads"] = pin(
         vm_dir(sd, inst.hostname), inst.cpus)
 

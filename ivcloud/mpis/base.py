@@ -1,19 +1,13 @@
-"""What every MPI shares: the launch a flavour turns into its launcher's
-command line, and the Flavor every MPI is a class of.
+"""What every MPI shares: the Launch a flavour turns into its
+launcher's Command, and the Flavor every MPI is a class of (its launcher
+line, its ranks' environment per transport, where it is installed, how
+programs are built, whether a guest has it). Nothing runs here.
 
-A flavour (one module per MPI: openmpi, openmpi5, mpich, impi) knows its
-launcher line, the environment that makes its ranks take a transport,
-where it is installed, how programs are built for it and whether a
-guest has it. Nothing runs here: a flavour builds argv lists, the files
-the launcher reads, and environments; the caller (the job pipeline,
-ivcloud.cluster.job; `ivcloud mpirun`, local.py) runs them where the
-launch says.
-
-A fifth MPI is one class: a subclass of Flavor (or of OfiFlavor for an
-MPI over libfabric) that defines `name`, `title`, `transports`,
-`launch_line` and, where they differ from the defaults, `prefix`,
-`rank_env`, `options_name`, `takes_rankfile`, `guest_needs`,
-`compile_command`; then one line in ivcloud/mpis/__init__.py.
+A fifth MPI is one class: a subclass of Flavor (OfiFlavor for an MPI
+over libfabric) defining `name`, `title`, `transports`, `launch_line`
+and, where the defaults differ, `prefix`, `rank_env`, `options_name`,
+`takes_rankfile`, `guest_needs`, `build_files`, `compile_command`; then
+one line in ivcloud/mpis/__init__.py.
 """
 
 from __future__ import annotations

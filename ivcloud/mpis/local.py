@@ -9,6 +9,7 @@ formatted for the job and removed afterwards whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -70,64 +71,61 @@ def mpirun_command(program: Sequence[str], np: int,
     return OpenMpi().command(launch).argv
 
 
-def _check_file(path: os.PathLike, what: str, is_kind, kind: str) -> Path:
-    """`path`, if it exists and `is_kind(st_mode)`; else MpiError naming
-    it as `what`."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise MpiError(f"{what} {p}: {e.strerror}")
-    if not is_kind(st.st_mode):
-        raise MpiError(f"{what} {p} is not {kind}")
-    return p
-
-
-def env_attachment(env: Mapping[str, str]) -> Dict[str, str]:
-    """region/socket named by $IVSHM_REGION / $IVSHM_SOCKET, if any."""
+def _attachment(np: int, transport: str, region, socket,
+                env: Mapping[str, str]) -> Tuple[Dict[str, str], bool]:
+    """Where a job attaches ({"region": ...} or {"socket": ...}, or
+    nothing) and whether that is a private region to format for it: the
+    one given, else $IVSHM_SOCKET / $IVSHM_REGION, else (ivshmem) a
+    private region."""
+    if region is not None:
+        return {"region": str(region)}, False
+    if socket is not None:
+        return {"socket": str(socket)}, False
+    if transport != "ivshmem":
+        return {}, False
     if env.get("IVSHM_SOCKET"):
-        return {"socket": env["IVSHM_SOCKET"]}
+        return {"socket": env["IVSHM_SOCKET"]}, False
     if env.get("IVSHM_REGION"):
-        return {"region": env["IVSHM_REGION"]}
-    return {}
+        return {"region": env["IVSHM_REGION"]}, False
+    private_geometry(np)            # refuses too many ranks
+    return {"region": str(private_region_path())}, True
+
+
+def _check_file(path: os.PathLike, what: str, is_kind, kind: str) -> None:
+    """MpiError naming `path` as `what` unless it exists and
+    is_kind(st_mode)."""
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        raise MpiError(f"{what} {path}: {e.strerror}")
+    if not is_kind(st.st_mode):
+        raise MpiError(f"{what} {path} is not {kind}")
 
 
 def run(program: Sequence[str], np: int, transport: str = "ivshmem",
         region: Optional[os.PathLike] = None,
         socket: Optional[os.PathLike] = None,
-        verbose_btl: bool = False, tcp_fallback: bool = True,
-        extra_mca: Sequence[Tuple[str, str]] = (),
         timeout: Optional[float] = None,
         env: Optional[Mapping[str, str]] = None,
-        stdout=None, stderr=None) -> int:
+        stdout=None, stderr=None, **kwargs) -> int:
     """Run `program` on `np` ranks; mpirun's exit status (SIGTERM/SIGHUP
-    unwind as Ctrl-C: the job is torn down, the region removed).
-
-    With transport ivshmem and neither region nor socket (nor
-    $IVSHM_REGION / $IVSHM_SOCKET in `env`), a private region is
-    formatted for the job and removed afterwards."""
+    unwind as Ctrl-C: the job is torn down, the region removed). With
+    transport ivshmem and neither region nor socket (nor $IVSHM_REGION /
+    $IVSHM_SOCKET in `env`), a private region is formatted for the job
+    and removed afterwards. kwargs: mpirun_command's."""
     if region is not None:
         _check_file(region, "region", stat.S_ISREG, "a regular file")
     if socket is not None:
         _check_file(socket, "socket", stat.S_ISSOCK, "a socket")
     env = dict(env if env is not None else os.environ)
-    kwargs = dict(transport=transport, verbose_btl=verbose_btl,
-                  tcp_fallback=tcp_fallback, extra_mca=extra_mca)
+    where, private = _attachment(np, transport, region, socket, env)
+    # validates everything before anything is made
+    cmd = mpirun_command(program, np, transport=transport, **where,
+                         **kwargs)
     try:
-        with process.interrupts():
-            if transport == "ivshmem" and region is None and socket is None:
-                named = env_attachment(env)
-                if not named:
-                    # validate before making anything
-                    mpirun_command(program, np, region="/dev/null", **kwargs)
-                    with private_region(np) as path:
-                        cmd = mpirun_command(program, np, region=path,
-                                             **kwargs)
-                        return process.run_launcher(cmd, env, timeout,
-                                                    stdout, stderr)
-                kwargs.update(named)
-            cmd = mpirun_command(program, np, region=region, socket=socket,
-                                 **kwargs)
+        with process.interrupts(), contextlib.ExitStack() as stack:
+            if private:
+                stack.enter_context(private_region(np, Path(where["region"])))
             return process.run_launcher(cmd, env, timeout, stdout, stderr)
     except FileNotFoundError as e:      # mpirun gone since it was found
         raise MpiSetupError(f"cannot run mpirun: {e}") from None
@@ -144,13 +142,8 @@ def planned_command(program: Sequence[str], np: int,
     None when the job attaches to a given region or server). The same
     refusals as a real run, save that a given region or socket need not
     exist yet."""
-    private = None
-    if transport == "ivshmem" and region is None and socket is None:
-        named = env_attachment(env if env is not None else os.environ)
-        region, socket = named.get("region"), named.get("socket")
-        if not named:
-            private_geometry(np)
-            region = private = private_region_path()
-    cmd = mpirun_command(program, np, transport=transport, region=region,
-                         socket=socket, **kwargs)
-    return cmd, private
+    where, private = _attachment(np, transport, region, socket,
+                                 env if env is not None else os.environ)
+    cmd = mpirun_command(program, np, transport=transport, **where,
+                         **kwargs)
+    return cmd, Path(where["region"]) if private else None

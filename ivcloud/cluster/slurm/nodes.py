@@ -1,5 +1,5 @@
 """What Slurm needs of a cluster's instances, one class per instance
-kind: the slurmd of a node, and what a job's prolog and epilog do in
+kind (Nodes here for namespaces, guests.GuestNodes for QEMU guests): the slurmd of a node, and what a job's prolog and epilog do in
 its nodes beyond the job's regions (hooks.py). The instance kind hands
 out its own (kinds.py, `InstanceKind.slurm_nodes`); the daemons, the
 client and the hooks ask it and test no kind.
@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ... import procfs
-from ...errors import ClusterError, ClusterFailure, LaunchError
+from ...errors import ClusterFailure, LaunchError
 from .. import holder
 from ..launch import enter_command, working_dir
-from . import guest_regions, guests
 from .conf import SlurmPaths
 
 START_TIMEOUT_S = 30.0
@@ -152,61 +151,6 @@ class Nodes:
         return "{regions} removed" + (
             f"; ended {n} processes on nodes whose slurmd is gone"
             if n else ""), []
-
-
-class GuestNodes(Nodes):
-    """The nodes of QEMU guests: munged and slurmd in each guest with
-    copies of their files (guests.py), a job's device hot-plugged into
-    its guests (guest_regions.py)."""
-
-    # slurmd in a TCG guest on a loaded host: registration and its first
-    # pings take many times longer
-    ready_timeout_s = 300.0
-    # a guest's device could not be unplugged after a leave notice
-    # (docs/server-protocol.md, "Quiet leaves")
-    leave_notices = False
-
-    def prepare(self, state: Dict, paths: SlurmPaths) -> None:
-        guests.write_files(state, paths)
-
-    def start(self, state: Dict, paths: SlurmPaths, host: str
-              ) -> Dict[str, Dict]:
-        return guests.start_node(state, paths, host)
-
-    def alive(self, state: Dict, rec: Dict) -> bool:
-        if rec.get("guest"):
-            return guests.alive(state, rec)
-        return holder_daemon_alive(rec)
-
-    def log_line(self, state: Dict, paths: SlurmPaths, node: str) -> str:
-        return guests.last_log_line(state, paths, node)
-
-    def workdir(self, cwd: Optional[str]) -> str:
-        # a guest sees none of the host's directories: its /tmp, where
-        # the guests' jobs start too (vm_instance.run_launcher)
-        return "/tmp"
-
-    def check_placement(self, command: str, hosts: Sequence[str]) -> None:
-        if hosts and command == "sbatch":
-            # the batch script's own sruns would read the hostfile in a
-            # guest, which has no copy of it
-            raise ClusterError("a batch job placed by task list needs "
-                               "namespace instances (in a VM cluster, place "
-                               "each srun step instead)", setting="hosts")
-
-    def attach_job(self, state: Dict, job: int, nodes: Sequence[str],
-                   sockets: Dict[int, str]) -> str:
-        devices = guest_regions.plug(state, job, nodes, sockets)
-        return "; devices " + ", ".join(f"{h} {a}" for h, a in
-                                        sorted(devices.items()))
-
-    def detach_job(self, state: Dict, job: int, nodes: Sequence[str]
-                   ) -> Tuple[str, List[str]]:
-        ended = guests.end_job(state, job, nodes)
-        gone = (f"; ended the job's processes on {', '.join(ended)}, whose "
-                f"slurmd is gone" if ended else "")
-        return (f"devices and {{regions}} removed{gone}",
-                guest_regions.unplug(state, job, nodes))
 
 
 def _of_job(pid: int, job: int) -> bool:
