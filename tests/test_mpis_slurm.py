@@ -2,7 +2,8 @@
 slurm`, `cluster srun -- --mpi=pmi2 ...`): its tasks find the provider
 `ivshm` and the job's region through the TaskProlog's variables alone
 (ivcloud/cluster/slurm/conf.py, TASK_MPIS), and the two ranks on
-co-resident instances talk over the region. Open MPI 5 and Intel MPI
+co-resident instances talk over the region; a task that crashes fails
+the step. Open MPI 5 and Intel MPI
 need values for keys the table sets otherwise; docs/mpi.md gives their
 srun lines."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -52,6 +54,16 @@ def test_mpich_srun_uses_the_region_without_options(ofi_programs):
         for counts in lines.values():
             assert counts["sent"] > 0 and counts["received"] > 0, out
             assert counts["delegated"] == 0, out
+        # a task that crashes (with Debian's psm library loaded, whose
+        # handlers would make the crash an ordinary exit: the TaskProlog's
+        # variables stop them) fails the step, and srun names it
+        proc = ivcloud("cluster", "srun", "--name", name, "--",
+                       "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1",
+                       *ofi_programs("mpich", "crash"), "1", timeout=120)
+        out = proc.stdout + proc.stderr
+        assert "crash: rank 1 dies of SIGSEGV" in out, out
+        assert proc.returncode != 0, out
+        assert re.search(r"task 1: Segmentation fault", out), out
     finally:
         if (RUN_DIR / f"cluster-{name}").exists():
             down = ivcloud("cluster", "down", "--name", name)

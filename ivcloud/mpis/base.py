@@ -25,6 +25,12 @@ from . import provider
 #            BTL, or the libfabric provider `ivshm`), tcp to the rest
 #   tcp      the network only
 ACROSS_INSTANCES = ("ivshmem", "tcp")
+# Debian's libfabric links libpsm_infinipath, whose library installs
+# signal handlers that turn a crash (SIGSEGV, abort) into an ordinary
+# exit: whatever loads it in a rank, its launcher must still see the
+# signal (tests/test_rank_crash.py; the guests' login environment sets
+# it too, packaging/guest/profile.sh)
+CRASH_ENV = {"IPATH_NO_BACKTRACE": "1"}
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,7 @@ class Flavor:
     def rank_env(self, launch: Launch) -> Dict[str, str]:
         """What every rank gets on top of what reaching its host gives it
         (the launch's own variables last)."""
-        return {str(k): str(v) for k, v in launch.env.items()}
+        return {**CRASH_ENV, **{str(k): str(v) for k, v in launch.env.items()}}
 
     def task_env(self, launch: Launch) -> Dict[str, str]:
         """The environment that makes a rank started by somebody else

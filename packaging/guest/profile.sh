@@ -3,6 +3,13 @@
 # to use the ivshm provider between co-resident guests, the way the
 # Open MPI 4.1 BTL gets its defaults from openmpi-mca-params.conf
 # (docs/mpi.md, "Guests"). Only where ivshm-bind bound a device.
+#
+# Everywhere: Debian's libfabric links libpsm_infinipath, whose library
+# installs signal handlers that turn a rank's crash (SIGSEGV, abort) into
+# an ordinary exit, so that its launcher would take it for a finished
+# rank. A user's own choice stands.
+: "${IPATH_NO_BACKTRACE:=1}"
+export IPATH_NO_BACKTRACE
 if [ -r /run/ivshm/ivshm.env ]; then
     while IFS='=' read -r ivcloud_k ivcloud_v; do
         case "$ivcloud_k" in
