@@ -47,6 +47,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("Slurm nodes", ["ivcloud.cluster.slurm.nodes"]),
     ("Slurm in guests", ["ivcloud.cluster.slurm.guest_regions",
                          "ivcloud.cluster.slurm.guests"]),
+    ("guest migration", ["ivcloud.cluster.migrate"]),
     ("instance kinds", ["ivcloud.cluster.kinds"]),
     ("Slurm", ["ivcloud.cluster.slurm.client", "ivcloud.cluster.slurm.hooks",
                "ivcloud.cluster.slurm.daemons"]),

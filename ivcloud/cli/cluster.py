@@ -1,4 +1,4 @@
-"""`ivcloud cluster up|status|mpirun|srun|sbatch|exec|put|down`:
+"""`ivcloud cluster up|status|mpirun|srun|sbatch|exec|put|migrate|down`:
 argument parsing and output; the work is in ivcloud.cluster: lifecycle
 (up/down/status), kinds (the instances), launch (entering instances,
 the mpirun command) and slurm (its daemons and commands)."""
@@ -11,7 +11,7 @@ import sys
 from typing import Optional
 
 from .. import mpis
-from ..cluster import kinds, lifecycle, vm_instance
+from ..cluster import kinds, lifecycle, migrate, vm_instance
 from ..cluster.job import (Job, check_job, describe_job, plan_job, run_job,
                            run_slurm)
 from ..cluster.launch import PLACEMENTS
@@ -192,6 +192,27 @@ def register(sub) -> None:
     c.add_argument("paths", nargs="+", metavar="FILE... DIR")
     c.set_defaults(func=_cmd_put)
 
+    g = actions.add_parser(
+        "migrate", help="move a QEMU guest to another server, live",
+        usage="ivcloud cluster migrate [--name NAME] INSTANCE --to SERVER",
+        description="Live-migrate instance INSTANCE of a VM cluster to "
+                    "emulated server SERVER: its ivshmem device is "
+                    "unplugged, QEMU moves the guest to a new QEMU process "
+                    "with its tap in SERVER's bridge (same address), and "
+                    "a device on SERVER's region is plugged in. Progress "
+                    "on stderr; a failed step is undone. Refused while "
+                    "ranks of an Open MPI job over the ivshmem BTL run in "
+                    "the guest (docs/cluster.md, \"Migration\").")
+    _common(g)
+    g.add_argument("instance", help="instance hostname (e.g. s1i0)")
+    g.add_argument("--to", required=True, metavar="SERVER",
+                   help="the destination server: its index, sN or its name")
+    g.add_argument("--wait-jobs", type=float, nargs="?", const=3600.0,
+                   default=None, metavar="SEC",
+                   help="wait for BTL jobs in the guest to end (at most "
+                        "SEC seconds, default 3600) instead of refusing")
+    g.set_defaults(func=_cmd_migrate)
+
 
 # ---------------------------------------------------------------- actions
 
@@ -346,3 +367,12 @@ def _cmd_exec(args) -> int:
     state = lifecycle.load_up(_sd(args))
     return kinds.of_state(state).exec(state, args.host,
                                       _remainder(args.command))
+
+
+def _cmd_migrate(args) -> int:
+    state = lifecycle.load_up(_sd(args))
+    report = kinds.of_state(state).migrate(
+        _sd(args), state, args.instance, args.to, args.wait_jobs,
+        log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(migrate.describe(report))
+    return 0

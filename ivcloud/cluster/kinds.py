@@ -35,7 +35,7 @@ from .. import process
 from ..errors import ClusterError, ClusterFailure, LaunchError
 from ..mpis import Command, Flavor
 from ..vm import agent
-from . import holder, network, regions, vm_instance
+from . import holder, migrate, network, regions, vm_instance
 from .launch import (check_program, check_visible, enter_command,
                      working_dir)
 from .slurm.guests import GuestNodes
@@ -73,6 +73,9 @@ class InstanceKind(ABC):
     name: ClassVar[str]
     # whether `--scheduler slurm` can run a slurmd in each instance
     runs_slurmd: ClassVar[bool] = False
+    # whether the servers' standing ivshmem-servers tell their clients
+    # that a peer left (docs/server-protocol.md, "Quiet leaves")
+    standing_leave_notices: ClassVar[bool] = True
 
     def record(self) -> Dict:
         return {"kind": self.name}
@@ -162,6 +165,14 @@ class InstanceKind(ABC):
         """What Slurm needs of these instances (slurm/nodes.py)."""
         raise ClusterError(f"{self.name} instances cannot run slurmd",
                            setting="scheduler")
+
+    def migrate(self, sd: StateDir, state: Dict, host: str, server: str,
+                wait_jobs_s: Optional[float] = None, log=None) -> Dict:
+        """Move instance `host`, live, to emulated server `server` (its
+        index, sN or its name); what migrate.migrate reports."""
+        raise ClusterError(f"cluster '{state['name']}' has {self.name} "
+                           f"instances, which cannot migrate (QEMU guests "
+                           f"can)")
 
 
 class NamespaceInstances(InstanceKind):
@@ -294,6 +305,10 @@ class VmInstances(InstanceKind):
     server's standing region (a VM cluster is one trust domain)."""
     name = "vm"
     runs_slurmd = True   # the image's slurmd (slurm/guests.py)
+    # the clients are QEMU devices, which must be able to leave (a
+    # migration) after another peer left: QEMU 7.2 cannot unplug a
+    # device that was told of a leave (qemu.remove_chardev)
+    standing_leave_notices = False
 
     def __init__(self, config: VmConfig):
         self.config = config
@@ -424,9 +439,12 @@ class VmInstances(InstanceKind):
         return (f"# in guest {vm_instance.first_guest(state)}: runuser -u "
                 f"{vm_instance.MPI_USER} -- {shlex.join(command.argv)}")
 
-
     def slurm_nodes(self) -> Nodes:
         return GuestNodes()
+
+    def migrate(self, sd: StateDir, state: Dict, host: str, server: str,
+                wait_jobs_s: Optional[float] = None, log=None) -> Dict:
+        return migrate.migrate(sd, state, host, server, wait_jobs_s, log)
 
 
 def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,

@@ -252,9 +252,10 @@ def _build(b: Build, kind: kinds.InstanceKind,
         rec = state["servers"][str(srv.index)]
         b.step(f"server s{srv.index}")
         paths = server_mod.paths_for(srv.name, str(sd.servers))
-        rec["pid"] = server_mod.start(paths, rec["size"],
-                                      max_peers=rec["max_peers"],
-                                      **rec.get("geometry", {}))
+        rec["pid"] = server_mod.start(
+            paths, rec["size"], max_peers=rec["max_peers"],
+            leave_notices=kind.standing_leave_notices,
+            **rec.get("geometry", {}))
         b.save()
         state["links"] += network.create_server_switch(
             b.fabric, srv, topo.uplink_rate_bps)

@@ -12,17 +12,23 @@ namespace with
   them up);
 - an ivshmem-doorbell device on its server's standing ivshmem-server
   socket, which `cluster mpirun` jobs use (no region per job as for
-  namespaces);
+  namespaces), in a PCIe root port of its own so that a migration can
+  unplug it (migrate.py);
+- its root file system a qcow2 overlay, STATE_DIR/vm/<hostname>.qcow2,
+  over the cached image, which a migration's two QEMUs share (the
+  cloud's shared storage);
 - with Slurm, empty PCIe root ports (job_ports): the controller's prolog
   plugs a device on the job's own region into them for the job's life
   (slurm/guest_regions.py);
 - its vCPU threads pinned, vCPU i to the instance's i-th planned CPU.
 
-Everything of a guest lives in STATE_DIR/vm/<hostname>/ (the layout of
-ivcloud.vm.lifecycle: qemu.pid, console.log, agent.sock, qmp.sock), and
-the QEMU command line names that directory, so `down` finds a QEMU even
-when `up` was killed before it recorded the pid. Taps are recorded in
-state.json before they are made, as every other link.
+Everything of a guest's QEMU lives in its directory, STATE_DIR/vm/
+<hostname>/ (the layout of ivcloud.vm.lifecycle: qemu.pid, console.log,
+agent.sock, qmp.sock; after a migration to server k,
+STATE_DIR/vm/<hostname>.s<k>/, state.json's "dir"), and the QEMU command
+line names that directory, so `down` finds a QEMU even when `up` was
+killed before it recorded the pid. Taps are recorded in state.json
+before they are made, as every other link.
 
 Jobs: their launcher runs in the first guest as the image's
 unprivileged user `mpi` (run_launcher) and starts the other ranks over
@@ -47,6 +53,7 @@ from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
                       VmFailure)
 from ..vm import agent, debian, qemu
 from ..vm import lifecycle as vm_lifecycle
+from ..vm.image import GuestImage
 from .. import procfs
 from . import holder
 from . import network
@@ -81,6 +88,11 @@ def vm_root(sd: StateDir) -> Path:
 
 def vm_dir(sd: StateDir, hostname: str) -> Path:
     return vm_root(sd) / hostname
+
+
+def overlay_path(state: Dict, hostname: str) -> Path:
+    """The qcow2 file of guest `hostname`'s root file system."""
+    return Path(state["dir"]) / "vm" / f"{hostname}.qcow2"
 
 
 def _mac(inst: Instance) -> str:
@@ -189,6 +201,8 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
         if not ok:
             log(f"  KVM unusable ({why}); guests run under TCG")
     boot = state["vm_boot"] = {"accel": accel, "kernel": str(img.kernel),
+                               "initrd": str(img.initrd),
+                               "kernel_version": img.kernel_version,
                                "disk": str(img.disk)}
     vm_root(sd).mkdir(mode=0o755, exist_ok=True)
     insts = topo.instance_list()
@@ -254,22 +268,46 @@ def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
     d.mkdir(mode=0o700)
     state["vms"][inst.hostname] = {"dir": str(d), "tap": tap, "pid": None}
     save(sd, state)
-    hosts = ",".join(f"{i.hostname}:{i.address}" for i in topo.instance_list())
-    net = {"ip": f"{inst.address}/{PREFIX_LEN}", "hosts": hosts,
-           "tap": tap, "mac": _mac(inst)}
-    region = state["servers"][str(srv.index)]
-    cmd = qemu.guest_command(config.qemu, img, d, inst.hostname, accel,
-                             topo.vcpus, config.memory_mb, region["socket"],
-                             net=net,
-                             hotplug_ports=job_ports(state, topo.vcpus),
-                             port_window=port_window(region["size"]))
     try:
+        qemu.make_overlay(img, overlay_path(state, inst.hostname))
+        cmd = guest_qemu_command(topo, state, config.qemu, img, accel,
+                                 inst, d, tap,
+                                 state["servers"][str(srv.index)]["socket"])
         qemu.launch(holder.enter_argv(fabric_pid, ("net",)) + cmd, d,
                     inst.hostname)
     except VmFailure as e:
         raise ClusterFailure(str(e)) from None
     state["vms"][inst.hostname]["pid"] = vm_lifecycle.qemu_pid(d)
     save(sd, state)
+
+
+def guest_qemu_command(topo: ClusterTopology, state: Dict, binary: str,
+                       img, accel: str, inst: Instance, d: Path, tap: str,
+                       server_socket: Optional[str],
+                       incoming: bool = False) -> List[str]:
+    """The QEMU command line of guest `inst` in directory `d` with tap
+    `tap`: at `up`, and for a migration's destination (no device yet,
+    waiting for the migration), which must have the same machine: the
+    same vCPUs, memory, disk, MAC, kernel command line and PCI slots."""
+    hosts = ",".join(f"{i.hostname}:{i.address}" for i in topo.instance_list())
+    net = {"ip": f"{inst.address}/{PREFIX_LEN}", "hosts": hosts,
+           "tap": tap, "mac": _mac(inst)}
+    size = next(iter(state["servers"].values()))["size"]
+    return qemu.guest_command(binary, img, d, inst.hostname, accel,
+                              topo.vcpus, VmConfig.from_dict(
+                                  state["vm"]).memory_mb,
+                              server_socket, net=net,
+                              hotplug_ports=job_ports(state, topo.vcpus),
+                              port_window=port_window(size), boot_port=True,
+                              overlay=overlay_path(state, inst.hostname),
+                              incoming=incoming)
+
+
+def boot_image(state: Dict):
+    """The image the guests of a cluster that is up booted."""
+    boot = state["vm_boot"]
+    return GuestImage(Path(boot["kernel"]), Path(boot["initrd"]),
+                           boot.get("kernel_version", ""), Path(boot["disk"]))
 
 
 def _finish_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
@@ -321,6 +359,8 @@ def stop_guests(sd: StateDir, state: Optional[Dict]) -> List[str]:
         left = procfs.kill_pids(left, 1.0)
         if left:
             problems.append(f"QEMU {left} survived SIGKILL")
+    for disk in sorted(vm_root(sd).glob("*.qcow2")):
+        disk.unlink(missing_ok=True)   # their QEMUs are gone
     try:
         vm_root(sd).rmdir()
     except FileNotFoundError:
@@ -422,8 +462,15 @@ def put_files(state: Dict, host: str, files: Sequence[Path],
 
 
 def first_guest(state: Dict) -> str:
-    return sorted(state["vms"].values(),
-                  key=lambda v: v["dir"])[0]["dir"].rsplit("/", 1)[-1]
+    return min(state["vms"])
+
+
+def host_of_dir(state: Dict, d: Path) -> str:
+    """The instance whose QEMU lives in directory `d`."""
+    for host, rec in state.get("vms", {}).items():
+        if Path(rec["dir"]) == d:
+            return host
+    return d.name
 
 
 def rank_env(state: Dict) -> Dict[str, str]:
@@ -463,7 +510,8 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
     host = first_guest(state)
     sock = guest(state, host)
     dirs = [Path(v["dir"]) for v in state["vms"].values()]
-    dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
+    dead = [host_of_dir(state, d) for d in dirs
+            if vm_lifecycle.qemu_pid(d) is None]
     if dead:
         raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
                              f"cluster is degraded: take it down)")
@@ -510,7 +558,8 @@ def _follow(state: Dict, job: agent.Job, dirs: List[Path], host: str,
                 rc = None
             if rc is not None:
                 return rc, job.output()
-            dead = [d.name for d in dirs if vm_lifecycle.qemu_pid(d) is None]
+            dead = [host_of_dir(state, d) for d in dirs
+                    if vm_lifecycle.qemu_pid(d) is None]
             if dead:
                 out = _end(state, job, dirs)
                 return 137, out + (f"instance(s) {', '.join(dead)} died "

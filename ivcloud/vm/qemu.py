@@ -8,7 +8,11 @@ console log; ttyS1: the command agent, agent.py) and the ivshmem-doorbell
 device connected to an ivshmem-server socket. A guest may also get PCIe
 root ports, empty at boot, into which QMP plugs further ivshmem-doorbell
 devices while it runs (plug_ivshmem, unplug_ivshmem): q35's root bus
-takes no hot-plugged device.
+takes no hot-plugged device. A guest that is to migrate has its device
+of boot in a root port of its own as well (BOOT_PORT): QEMU migrates no
+ivshmem-doorbell device, so it comes out before and a device on the
+destination's server goes into the same port after (start_incoming,
+migrate).
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ KVM_PROBE_TIMEOUT_S = float(os.environ.get("IVCLOUD_KVM_PROBE_S", "8"))
 
 # the ids of the root ports for hot-plugged devices: ROOT_PORT1, ...
 ROOT_PORT = "rp"
+# the root port of a device of boot that may be unplugged, and that
+# device's id (and its chardev's); not a ROOT_PORT: a job's device never
+# takes this port, even while it is empty during a migration
+BOOT_PORT = "ivboot"
+BOOT_DEVICE = "ivs"
 
 
 def qemu_binary() -> Optional[str]:
@@ -62,13 +71,27 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                   doorbell: str = "vfio", daemonize: bool = True,
                   net: Optional[Dict[str, str]] = None,
                   hotplug_ports: int = 0,
-                  port_window: int = 256 << 20) -> List[str]:
+                  port_window: int = 256 << 20,
+                  boot_port: bool = False,
+                  overlay: Optional[Path] = None,
+                  incoming: bool = False) -> List[str]:
     """The guest's QEMU command line. `hotplug_ports` empty PCIe root
     ports (ROOT_PORT1, ...) take hot-plugged devices, each with
     `port_window` bytes of 64-bit prefetchable address space reserved at
     boot: the firmware sizes a bridge's window by what is behind it
     then, and a hot-plugged ivshmem's BAR 2 (its region) finds no room
-    in an empty port's window otherwise."""
+    in an empty port's window otherwise.
+
+    boot_port: the device on `server_socket` (BOOT_DEVICE) sits in root
+    port BOOT_PORT, before the others (its bus number, and so its PCI
+    address, is the lowest: the guest's default device), and can be
+    unplugged; the port is there also without a server (a migration's
+    destination, whose device comes after). overlay: the root file
+    system's writes go to this qcow2 file over the image (made by
+    make_overlay), which a migration's source and destination share,
+    instead of a temporary one of this QEMU's own. incoming: the QEMU
+    waits, paused, for a migration (start_incoming) and stays paused
+    after it until `cont`."""
     append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on "
               f"ivcloud.name={name} ivcloud.doorbell={doorbell}")
     if image.disk is not None:
@@ -94,7 +117,10 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
            "-device", "isa-serial,chardev=agent",
            "-qmp", f"unix:{vm_dir / 'qmp.sock'},server=on,wait=off",
            "-pidfile", str(vm_dir / "qemu.pid")]
-    if image.disk is not None:
+    if image.disk is not None and overlay is not None:
+        cmd += ["-drive", f"file={overlay},format=qcow2,if=none,id=root",
+                "-device", "virtio-blk-pci,drive=root"]
+    elif image.disk is not None:
         cmd += ["-drive", f"file={image.disk},format=raw,if=none,id=root,"
                           f"snapshot=on",
                 "-device", "virtio-blk-pci,drive=root"]
@@ -113,15 +139,40 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                 "-device", f"virtio-net-pci,netdev=net0,mac={net['mac']}"]
     if accel == "kvm":
         cmd += ["-cpu", "host"]
+    if boot_port:
+        cmd += ["-device", f"pcie-root-port,id={BOOT_PORT},chassis=0,"
+                           f"slot=0,pref64-reserve={port_window}"]
     if server_socket:
-        cmd += ["-chardev", f"socket,path={server_socket},id=ivs",
-                "-device", f"ivshmem-doorbell,chardev=ivs,vectors={vectors}"]
+        cmd += ["-chardev", f"socket,path={server_socket},id={BOOT_DEVICE}",
+                "-device", f"ivshmem-doorbell,id={BOOT_DEVICE},"
+                           f"chardev={BOOT_DEVICE},vectors={vectors}"
+                           + (f",bus={BOOT_PORT}" if boot_port else "")]
     for i in range(1, hotplug_ports + 1):
         cmd += ["-device", f"pcie-root-port,id={ROOT_PORT}{i},chassis={i},"
                            f"slot={i},pref64-reserve={port_window}"]
+    if incoming:
+        cmd += ["-incoming", "defer", "-S"]
     if daemonize:
         cmd.append("-daemonize")
     return cmd
+
+
+def make_overlay(image: GuestImage, path: Path) -> None:
+    """A qcow2 file at `path` over the image's root file system (its
+    backing file, read only), for guest_command's overlay."""
+    if image.disk is None:
+        raise VmFailure("the image has no root file system to overlay")
+    try:
+        p = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F",
+                            "raw", "-b", str(image.disk.absolute()),
+                            str(path)],
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VmFailure(f"qemu-img create {path}: {e}")
+    if p.returncode != 0:
+        raise VmFailure(f"qemu-img create {path}: "
+                        f"{last_line(p.stderr or p.stdout)}")
 
 
 def launch(cmd: List[str], vm_dir: Path, name: str,
@@ -331,6 +382,13 @@ def free_root_port(q: Qmp) -> Optional[Tuple[str, str]]:
     return None
 
 
+def ivshmem_ids(q: Qmp) -> List[str]:
+    """QEMU's ids of the guest's ivshmem devices (1af4:1110)."""
+    return sorted(d.get("qdev_id") or "?" for d in _pci_functions(q)
+                  if (d.get("id") or {}).get("vendor") == 0x1af4 and
+                  (d.get("id") or {}).get("device") == 0x1110)
+
+
 def find_device(q: Qmp, dev_id: str) -> Optional[str]:
     """The guest PCI address of the device QEMU knows as `dev_id`."""
     for d in _pci_functions(q):
@@ -488,3 +546,68 @@ def _quietly(q: Qmp, command: str, **arguments) -> None:
     except QmpError as e:
         if not str(e).startswith(f"{command}:"):
             raise   # the connection failed, not the command
+
+
+# ---------------------------------------------------------------- migration
+
+# the bandwidth a migration may take, in bytes/s: QEMU's default (32 MiB/s)
+# would spend 16 s on a 512 MiB guest that a local socket moves in one
+MIGRATE_BANDWIDTH = 8 << 30
+# query-migrate's states of a migration still under way
+_MIGRATING = ("none", "setup", "active", "pre-switchover", "device",
+              "wait-unplug", "cancelling", "postcopy-active")
+
+
+def start_incoming(q: Qmp, uri: str) -> None:
+    """A QEMU started with guest_command(incoming=True) listens at `uri`
+    (unix:PATH) for the migration stream."""
+    q.execute("migrate-incoming", uri=uri)
+
+
+def migrate(q: Qmp, uri: str, timeout_s: float,
+            progress=None) -> Dict[str, Any]:
+    """Migrate the guest of `q`'s QEMU to the one listening at `uri` and
+    wait, at most `timeout_s`, until it is done; {"downtime_ms",
+    "total_ms", "transferred"} as QEMU reports them. The source stays
+    paused afterwards (quit it, or `cont` to take the guest back while
+    the destination never ran). QmpError when the migration fails or
+    takes too long (then cancelled: the source runs on). progress(info)
+    is called with each query-migrate answer."""
+    q.execute("migrate-set-parameters", **{"max-bandwidth":
+                                           MIGRATE_BANDWIDTH})
+    q.execute("migrate", uri=uri)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = q.execute("query-migrate")
+        status = info.get("status")
+        if status == "completed":
+            return {"downtime_ms": info.get("downtime"),
+                    "total_ms": info.get("total-time"),
+                    "transferred": (info.get("ram") or {}).get(
+                        "transferred")}
+        if status not in _MIGRATING:
+            raise QmpError(f"migration {status}: "
+                           f"{info.get('error-desc', 'no reason given')}")
+        if time.monotonic() > deadline:
+            _quietly(q, "migrate_cancel")
+            end = time.monotonic() + 30
+            while q.execute("query-migrate").get("status") in _MIGRATING \
+                    and time.monotonic() < end:
+                time.sleep(0.2)
+            raise QmpError(f"migration did not complete within "
+                           f"{timeout_s:.0f} s (cancelled)")
+        if progress is not None:
+            progress(info)
+        time.sleep(0.2)
+
+
+def run_state(q: Qmp) -> str:
+    """QEMU's run state (running, paused, postmigrate, inmigrate, ...)."""
+    return str(q.execute("query-status").get("status"))
+
+
+def resume(q: Qmp) -> None:
+    """Let a paused guest run (after a failed migration, or one whose
+    destination is given up before it ran); a running one is left."""
+    if run_state(q) != "running":
+        q.execute("cont")

@@ -84,7 +84,7 @@ def _unit(addr: str) -> str:
     return f"ivshm-bind@{addr}.service"
 
 
-def _port_lock(vm_dir: Path):
+def port_lock(vm_dir: Path):
     """The lock of a guest's root ports (a file in its VM directory)."""
     path = vm_dir / "ports.lock"
     return filelock.held(path, LOCK_TIMEOUT_S,
@@ -113,7 +113,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
     d = vm_instance.vm_dir_of(state, host)
     qmp = d / "qmp.sock"
     dev = device_id(job)
-    with _port_lock(d):
+    with port_lock(d):
         with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
             if qemu.find_device(q, dev) is not None:
                 raise ClusterFailure(f"guest {host} has a device {dev} "
@@ -163,7 +163,7 @@ def _take_out(state: Dict, host: str, job: int
         return None, []
     dev = device_id(job)
     try:
-        with _port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        with port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             addr = qemu.find_device(q, dev)
             if not qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S):
                 return None, [f"guest {host} did not give device {dev} "
@@ -185,7 +185,7 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
         return []
     problems = []
     try:
-        with _port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        with port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             qemu.remove_chardev(q, device_id(job))
     except IvcloudError as e:
         problems.append(f"guest {host}: {e}")

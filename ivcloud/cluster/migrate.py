@@ -1,0 +1,512 @@
+"""Live migration of a VM cluster's instance to another emulated server
+(`cluster migrate INSTANCE --to SERVER`): the guest leaves its server's
+region, QEMU moves it to a new QEMU process "on" the destination server,
+and it joins the destination server's region (docs/cluster.md,
+"Migration").
+
+QEMU migrates no ivshmem-doorbell device, so the guest's device of boot,
+in its root port of its own (qemu.BOOT_PORT), comes out first and a
+device on the destination server's standing ivshmem-server goes into
+the same port of the new QEMU after: the guest finds it at the PCI
+address it had, ivshm-bind binds it and writes the new IVPosition. The
+steps, each a phase on the progress lines:
+
+1. check    the instance, the server, the guest's devices (a Slurm job's
+            device would not migrate), no other migration of the cluster
+2. drain    the MPI-level hook before the region goes (drain): refuses
+            while ranks of a BTL job run in the guest, or waits for them
+3. unplug   device_del of the device, chardev-remove (its server sees the
+            peer leave), the guest's ivshm-bind unit of it stopped
+4. tap      the destination's tap in the destination server's bridge (in
+            the fabric's network namespace, as at `up`)
+5. start    the destination QEMU: the same machine (vCPUs, memory, MAC,
+            kernel command line, root ports; its root file system the
+            same qcow2 overlay: shared storage), no device yet,
+            `-incoming defer -S`, in STATE_DIR/vm/<host>.s<k>/
+6. migrate  `migrate-incoming` on a unix socket of the destination,
+            `migrate` on the source, waited for; QEMU's downtime reported
+7. plug     the destination server's device into the destination's
+            BOOT_PORT while the guest is still paused there
+8. switch   `cont` on the destination, `quit` on the source: from here
+            the guest runs on the destination
+9. bind     in the guest: ivshm-bind of the device, bounded
+10. attach  the MPI-level hook after (attach): nothing yet
+11. record  state.json: the instance's server, directory, tap, QEMU pid
+            and vCPU threads (pinned to the instance's own planned CPUs,
+            as before); the source's tap and directory removed
+
+A failure up to step 8 undoes the steps done, in reverse: the
+destination QEMU is killed before the source resumes (they share the
+disk, and the destination never ran), the source's device goes back into
+its port and the guest binds it again. A failure after it (the guest
+does not bind its new device) moves the guest back the same way, to its
+source server. Either way the error names the step that failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .. import filelock, process
+from ..errors import ClusterError, ClusterFailure, IvcloudError
+from ..vm import agent, qemu
+from ..vm import lifecycle as vm_lifecycle
+from . import holder, network, vm_instance
+from .slurm import guest_regions
+from .state import StateDir, save
+from .topology import topology_from_dict
+
+# bounds, in seconds, for a TCG guest on a loaded host (as guest_regions)
+QMP_TIMEOUT_S = 30.0
+UNPLUG_TIMEOUT_S = 30.0
+BIND_TIMEOUT_S = 150.0
+MIGRATE_TIMEOUT_S = 300.0
+QUIT_TIMEOUT_S = 10.0
+# how often drain looks again while it waits for BTL jobs to end
+DRAIN_POLL_S = 2.0
+# only one migration of a cluster at a time: STATE_DIR/migrate.lock
+LOCK_TIMEOUT_S = 1.0
+# the BTL's component, as a rank maps it
+BTL_LIBRARY = "mca_btl_ivshmem.so"
+
+
+class StepFailed(ClusterFailure):
+    """A migration step failed (and what was done was undone)."""
+
+
+def _say(log: Optional[Callable[[str], None]]) -> Callable[[str], None]:
+    return log or (lambda line: sys.stderr.write(line + "\n"))
+
+
+# ---------------------------------------------------------------- check
+
+def server_index(state: Dict, server: str) -> int:
+    """Emulated server `server` (its index, sN or its ivshmem-server's
+    name) of the cluster."""
+    text = str(server).strip()
+    for rec in state["servers"].values():
+        if text in (str(rec["index"]), f"s{rec['index']}", rec["name"]):
+            return int(rec["index"])
+    raise ClusterError(f"no server '{server}' in cluster '{state['name']}' "
+                       f"(servers: "
+                       f"{', '.join(f's{k}' for k in sorted(map(int, state['servers'])))})")
+
+
+def check(state: Dict, host: str, server: str) -> Tuple[int, int]:
+    """(the instance's server now, the destination) of a request, or
+    ClusterError."""
+    if host not in state.get("vms", {}):
+        raise ClusterError(f"no instance '{host}' in cluster "
+                           f"'{state['name']}'")
+    dest = server_index(state, server)
+    src = int(state["instances"][host]["server"])
+    if dest == src:
+        raise ClusterError(f"instance '{host}' is on server s{src} already")
+    return src, dest
+
+
+def _other_devices(d: Path) -> List[str]:
+    """The ivshmem devices of the QEMU in `d` besides its device of boot
+    (a Slurm job's, guest_regions): QEMU migrates none."""
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        return [i for i in qemu.ivshmem_ids(q) if i != qemu.BOOT_DEVICE]
+
+
+# ---------------------------------------------------------------- hooks
+
+def btl_ranks(sock: Path) -> List[str]:
+    """What runs ranks of an Open MPI job over the ivshmem BTL in the
+    guest of agent socket `sock`: processes that have the BTL's
+    component mapped, as "job J rank R (pid P: COMMAND)"."""
+    script = (
+        "for m in /proc/[0-9]*/maps; do "
+        f"grep -q {BTL_LIBRARY} \"$m\" 2>/dev/null || continue; "
+        "p=${m#/proc/}; p=${p%/maps}; "
+        "e=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null); "
+        "j=$(printf '%s\\n' \"$e\" | sed -n 's/^OMPI_MCA_ess_base_jobid=//p'); "
+        "r=$(printf '%s\\n' \"$e\" | sed -n 's/^OMPI_COMM_WORLD_RANK=//p'); "
+        "c=$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-80); "
+        "echo \"@@rank $p|$j|$r|$c\"; done; true")
+    r = agent.run(sock, script, 60)
+    out = []
+    for line in r.output.splitlines():
+        if not line.startswith("@@rank "):
+            continue
+        pid, job, rank, cmd = (line[7:].split("|", 3) + ["", "", ""])[:4]
+        if job.isdigit():
+            # as Open MPI prints a job id: [family,local job]
+            job = f"[{int(job) >> 16},{int(job) & 0xffff}]"
+        out.append(f"job {job or '?'} rank {rank or '?'} (pid {pid}: "
+                   f"{cmd.strip()})")
+    return out
+
+
+def drain(state: Dict, host: str, sock: Path,
+          wait_jobs_s: Optional[float], say) -> None:
+    """Before the guest's device goes: what uses the region lets go of it.
+
+    The hook of the MPI level. The BTL (Open MPI 4.1) cannot move a peer
+    to another path under ob1 (docs/mpi.md): while ranks of a BTL job
+    run in the guest the migration is refused, naming the job, or, with
+    `wait_jobs_s`, waits that long for them to end. Ranks of the
+    libfabric provider are not asked anything yet: a rank that holds the
+    device's vfio group keeps the guest from giving the device back,
+    and the unplug step fails (and is undone)."""
+    deadline = None if wait_jobs_s is None else \
+        time.monotonic() + wait_jobs_s
+    said = False
+    while True:
+        ranks = btl_ranks(sock)
+        if not ranks:
+            return
+        if deadline is None:
+            raise ClusterError(
+                f"instance '{host}' runs ranks of an Open MPI job over the "
+                f"ivshmem BTL, which cannot move a peer to another path: "
+                f"{ranks[0]}" + (f" and {len(ranks) - 1} more"
+                                 if len(ranks) > 1 else ""))
+        if time.monotonic() > deadline:
+            raise StepFailed(f"drain: the BTL job of {ranks[0]} did not "
+                             f"end within {wait_jobs_s:.0f} s")
+        if not said:
+            say(f"migrate {host}: drain: waiting for {ranks[0]} (over "
+                f"the ivshmem BTL) to end")
+            said = True
+        time.sleep(DRAIN_POLL_S)
+
+
+def attach(state: Dict, host: str, sock: Path, say) -> None:
+    """After the guest bound its new device: the hook of the MPI level
+    where ranks find the new region (the libfabric provider's). Nothing
+    yet: a BTL job never runs across a migration (drain), and new jobs
+    find the device through ivshm-bind's files."""
+
+
+# ---------------------------------------------------------------- device
+
+def _unit(addr: str) -> str:
+    return f"ivshm-bind@{addr}.service"
+
+
+def _guest_run(sock: Path, host: str, script: str, timeout: float) -> str:
+    r = agent.run(sock, script, timeout)
+    if not r.ok:
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        raise ClusterFailure(f"guest {host}: "
+                             f"{lines[-1] if lines else f'exit {r.status}'}")
+    return r.output
+
+
+def _clear_script(addr: str) -> str:
+    q = agent.quote
+    return (f"systemctl stop {q([_unit(addr)])} 2>/dev/null; "
+            f"rm -f {q([f'{guest_regions.BIND_DIR}/{addr}.env'])}")
+
+
+def unplug(d: Path, host: str) -> str:
+    """The device of boot out of the QEMU in `d`, its chardev closed,
+    the guest's unit of it stopped; its PCI address."""
+    pid = vm_lifecycle.qemu_pid(d)
+    if pid is None:
+        raise ClusterFailure(f"the QEMU of {host} is gone")
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        addr = qemu.find_device(q, qemu.BOOT_DEVICE)
+        if addr is None:
+            raise ClusterFailure(f"guest {host} has no device of boot")
+        if not qemu.unplug_ivshmem(q, pid, qemu.BOOT_DEVICE,
+                                   UNPLUG_TIMEOUT_S):
+            raise ClusterFailure(
+                f"guest {host} did not give its device ({addr}) back "
+                f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
+        qemu.remove_chardev(q, qemu.BOOT_DEVICE)
+    _guest_run(d / "agent.sock", host, _clear_script(addr), 60)
+    return addr
+
+
+def plug_qemu(d: Path, host: str, server_socket: str) -> str:
+    """The QEMU side of a plug: a device on `server_socket` into
+    BOOT_PORT of the QEMU in `d` (which may be paused); its PCI
+    address. Undone by unplug_qemu."""
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        return qemu.plug_ivshmem(q, qemu.BOOT_DEVICE, qemu.BOOT_PORT,
+                                 server_socket, guest_regions.VECTORS)
+
+
+def bind(d: Path, host: str, addr: str) -> None:
+    """In the running guest: ivshm-bind of the device at `addr`, waited
+    for (bounded); its env file and the guest's defaults rewritten."""
+    q_ = agent.quote
+    env, unit = f"{guest_regions.BIND_DIR}/{addr}.env", _unit(addr)
+    tries = int(guest_regions.APPEAR_TIMEOUT_S / 0.2)
+    _guest_run(d / "agent.sock", host, "\n".join([
+        "i=0",
+        f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
+        f" do sleep 0.2; i=$((i+1)); done",
+        f"[ -d /sys/bus/pci/devices/{addr} ] || "
+        f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
+        f"systemctl start {q_([unit])} || "
+        f"{{ journalctl -q -u {q_([unit])} | tail -n 1; exit 1; }}",
+        f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
+        f"exit 1; }}"]), BIND_TIMEOUT_S)
+
+
+def plug(d: Path, host: str, server_socket: str) -> str:
+    """Both sides of a plug into a running guest; its PCI address."""
+    addr = plug_qemu(d, host, server_socket)
+    _guest_run(d / "agent.sock", host, _clear_script(addr), 60)
+    bind(d, host, addr)
+    return addr
+
+
+# ---------------------------------------------------------------- the move
+
+class _Move:
+    """One instance moving from server `src` to `dest`: its steps, what
+    undoes each, the progress lines."""
+
+    def __init__(self, sd: StateDir, state: Dict, host: str, src: int,
+                 dest: int, say, t0: float):
+        self.sd, self.state, self.host = sd, state, host
+        self.src, self.dest = src, dest
+        self.say = say
+        self.step = "check"
+        self.t0 = t0
+        self.undo: List[Tuple[str, Callable[[], None]]] = []
+        rec = state["vms"][host]
+        self.src_dir = Path(rec["dir"])
+        self.src_tap = rec["tap"]
+        root = vm_instance.vm_root(sd)
+        self.dest_dir = root / (host if dest == self._home() else
+                                f"{host}.s{dest}")
+        base = vm_instance.tap_name(host)
+        self.dest_tap = base + "m" if self.src_tap == base else base
+        self.fabric = int(state["holders"]["fabric"]["pid"])
+        self.result: Dict = {"instance": host, "from": f"s{src}",
+                             "to": f"s{dest}"}
+
+    def _home(self) -> int:
+        topo = topology_from_dict(self.state["topology"])
+        return next(i.server for i in topo.instance_list()
+                    if i.hostname == self.host)
+
+    def phase(self, name: str) -> None:
+        self.step = name
+        self.say(f"migrate {self.host}: {name} "
+                 f"({time.monotonic() - self.t0:.1f} s)")
+
+    def socket_of(self, server: int) -> str:
+        return self.state["servers"][str(server)]["socket"]
+
+    # -- the steps up to the switch, each with its undo
+
+    def unplug_source(self) -> None:
+        self.phase("unplug")
+        self.addr = unplug(self.src_dir, self.host)
+        self.undo.append(("the source's device plugged again", lambda: plug(
+            self.src_dir, self.host, self.socket_of(self.src))))
+
+    def make_tap(self) -> None:
+        self.phase("tap")
+        srv = self.state["servers"][str(self.dest)]
+        self.state["links"].append(self.dest_tap)
+        save(self.sd, self.state)
+        self.undo.append(("the destination's tap deleted", self._drop_tap))
+        network.ip_batch(self.fabric, [
+            f"tuntap add dev {self.dest_tap} mode tap",
+            f"link set {self.dest_tap} master {srv['bridge']}",
+            f"link set {self.dest_tap} up"])
+
+    def _drop_tap(self, tap: Optional[str] = None) -> None:
+        tap = tap or self.dest_tap
+        network.delete_links(self.fabric, [tap])
+        if tap in self.state["links"]:
+            self.state["links"].remove(tap)
+        save(self.sd, self.state)
+
+    def start_destination(self) -> None:
+        self.phase("start")
+        binary = qemu.qemu_binary()
+        if binary is None:
+            raise ClusterFailure(f"QEMU not found ({qemu.DEFAULT_QEMU}, or "
+                                 f"${qemu.QEMU_ENV})")
+        if self.dest_dir.exists():
+            vm_lifecycle.stop_vm(self.dest_dir)   # a leftover
+        self.dest_dir.mkdir(mode=0o700)
+        # undone after the destination is gone (they share the disk): a
+        # failed or cancelled migration lets the source run on, one that
+        # completed leaves it paused
+        self.undo.append(("the source resumed", self._resume_source))
+        self.undo.append(("the destination QEMU stopped",
+                          lambda: vm_lifecycle.stop_vm(self.dest_dir)))
+        topo = topology_from_dict(self.state["topology"])
+        inst = next(i for i in topo.instance_list()
+                    if i.hostname == self.host)
+        cmd = vm_instance.guest_qemu_command(
+            topo, self.state, binary, vm_instance.boot_image(self.state),
+            vm_instance.guest_accel(self.state), inst, self.dest_dir,
+            self.dest_tap, None, incoming=True)
+        qemu.launch(holder.enter_argv(self.fabric, ("net",)) + cmd,
+                    self.dest_dir, f"{self.host} on s{self.dest}")
+        if vm_lifecycle.qemu_pid(self.dest_dir) is None:
+            raise ClusterFailure(f"the destination QEMU of {self.host} "
+                                 f"exited at once: "
+                                 f"{qemu.last_line(self._qemu_log())}")
+
+    def _qemu_log(self) -> str:
+        try:
+            return (self.dest_dir / "qemu.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def migrate(self) -> None:
+        self.phase("migrate")
+        uri = f"unix:{self.dest_dir / 'migrate.sock'}"
+        with qemu.Qmp(self.dest_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
+            qemu.start_incoming(q, uri)
+        with qemu.Qmp(self.src_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
+            info = qemu.migrate(q, uri, MIGRATE_TIMEOUT_S)
+        self.result.update(info)
+        self.say(f"migrate {self.host}: migrated "
+                 f"({time.monotonic() - self.t0:.1f} s), downtime "
+                 f"{info.get('downtime_ms')} ms, "
+                 f"{(info.get('transferred') or 0) >> 20} MiB sent")
+
+    def _resume_source(self) -> None:
+        with qemu.Qmp(self.src_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
+            qemu.resume(q)
+
+    def plug_destination(self) -> None:
+        # undone with the destination QEMU, whose guest never saw it
+        self.phase("plug")
+        got = plug_qemu(self.dest_dir, self.host, self.socket_of(self.dest))
+        if got != self.addr:
+            raise ClusterFailure(f"the device is at {got} on the "
+                                 f"destination, not at {self.addr}")
+
+    # -- the switch, after which there is no undo
+
+    def switch(self) -> None:
+        self.phase("switch")
+        with qemu.Qmp(self.dest_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
+            q.execute("cont")
+        self.undo.clear()
+        rec = self.state["vms"][self.host]
+        old_pid = vm_lifecycle.qemu_pid(self.src_dir)
+        rec.update(dir=str(self.dest_dir), tap=self.dest_tap,
+                   pid=vm_lifecycle.qemu_pid(self.dest_dir))
+        self.state["instances"][self.host]["server"] = self.dest
+        save(self.sd, self.state)
+        try:
+            vm_lifecycle.stop_vm(self.src_dir)
+        except IvcloudError as e:
+            self.say(f"migrate {self.host}: the source QEMU {old_pid}: {e}")
+        self._drop_tap(self.src_tap)
+
+    def finish(self) -> None:
+        d = self.dest_dir
+        self.phase("bind")
+        bind(d, self.host, self.addr)
+        self.phase("attach")
+        attach(self.state, self.host, d / "agent.sock", self.say)
+        self.phase("record")
+        rec = self.state["vms"][self.host]
+        rec["vcpu_threads"] = vm_instance.pin(
+            d, self.state["instances"][self.host]["cpus"])
+        rec["device"] = self.addr
+        save(self.sd, self.state)
+
+    def rollback(self) -> List[str]:
+        """Undo what was done, latest first; the problems."""
+        problems = []
+        for what, fn in reversed(self.undo):
+            try:
+                fn()
+                self.say(f"migrate {self.host}: rolled back: {what}")
+            except BaseException as e:   # each undo is tried
+                problems.append(f"{what}: {e}")
+        self.undo.clear()
+        return problems
+
+
+def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
+          say, t0: float) -> Dict:
+    """Steps 3-11 (the module's docstring), counted from `t0`; the
+    report."""
+    m = _Move(sd, state, host, src, dest, say, t0)
+    try:
+        m.unplug_source()
+        m.make_tap()
+        m.start_destination()
+        m.migrate()
+        m.plug_destination()
+        m.switch()
+    except BaseException as e:
+        step = m.step
+        with process.shielded():
+            problems = m.rollback()
+        if not isinstance(e, Exception):
+            raise
+        text = f"migration of {host} to s{dest} failed at step '{step}': " \
+               f"{e}; rolled back, the guest runs on s{src}"
+        if problems:
+            text += f" (but: {'; '.join(problems)})"
+        raise StepFailed(text) from None
+    try:
+        m.finish()
+    except Exception as e:
+        step = m.step
+        say(f"migrate {host}: {step} failed ({e}); moving it back to s{src}")
+        try:
+            _move(sd, state, host, dest, src, say, time.monotonic())
+        except IvcloudError as back:
+            raise StepFailed(f"migration of {host} to s{dest} failed at "
+                             f"step '{step}': {e}; moving it back failed "
+                             f"too: {back}") from None
+        raise StepFailed(f"migration of {host} to s{dest} failed at step "
+                         f"'{step}': {e}; moved back, the guest runs on "
+                         f"s{src}") from None
+    m.result["seconds"] = round(time.monotonic() - m.t0, 1)
+    return m.result
+
+
+def migrate(sd: StateDir, state: Dict, host: str, server: str,
+            wait_jobs_s: Optional[float] = None,
+            log: Optional[Callable[[str], None]] = None) -> Dict:
+    """Move instance `host` of a VM cluster that is up to emulated server
+    `server`, live (the module's docstring); {"instance", "from", "to",
+    "downtime_ms", "total_ms", "transferred", "seconds"}. ClusterError
+    for a request that cannot be (nothing was touched); StepFailed,
+    naming the step, when a step failed (undone: the guest runs on its
+    source with its device)."""
+    say = _say(log)
+    t0 = time.monotonic()
+    src, dest = check(state, host, server)
+    lock = sd.dir / "migrate.lock"
+    with filelock.held(lock, LOCK_TIMEOUT_S, lambda: ClusterError(
+            f"another migration of cluster '{state['name']}' is under way")):
+        with process.interrupts():
+            d = vm_instance.vm_dir_of(state, host)
+            sock = vm_instance.guest(state, host)   # it lives
+            with guest_regions.port_lock(d):
+                others = _other_devices(d)
+                if others:
+                    raise ClusterError(
+                        f"instance '{host}' holds the device of a Slurm "
+                        f"job ({', '.join(others)}), which QEMU cannot "
+                        f"migrate")
+                drain(state, host, sock, wait_jobs_s, say)
+                say(f"migrate {host}: drained "
+                    f"({time.monotonic() - t0:.1f} s)")
+                return _move(sd, state, host, src, dest, say, t0)
+
+
+def describe(report: Dict) -> str:
+    """One line of a migration's report."""
+    return (f"{report['instance']} moved from {report['from']} to "
+            f"{report['to']} in {report.get('seconds')} s (QEMU: downtime "
+            f"{report.get('downtime_ms')} ms, total "
+            f"{report.get('total_ms')} ms)")
+
