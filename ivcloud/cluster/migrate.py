@@ -64,7 +64,8 @@ QMP_TIMEOUT_S = 30.0
 UNPLUG_TIMEOUT_S = 30.0
 BIND_TIMEOUT_S = 150.0
 MIGRATE_TIMEOUT_S = 300.0
-QUIT_TIMEOUT_S = 10.0
+# an agent command of a few processes
+GUEST_TIMEOUT_S = 120.0
 # how often drain looks again while it waits for BTL jobs to end
 DRAIN_POLL_S = 2.0
 # only one migration of a cluster at a time: STATE_DIR/migrate.lock
@@ -108,72 +109,98 @@ def check(state: Dict, host: str, server: str) -> Tuple[int, int]:
     return src, dest
 
 
-def _other_devices(d: Path) -> List[str]:
-    """The ivshmem devices of the QEMU in `d` besides its device of boot
-    (a Slurm job's, guest_regions): QEMU migrates none."""
+def _devices(d: Path, host: str) -> Tuple[str, List[str]]:
+    """(the PCI address of the device of boot, the other ivshmem devices
+    (a Slurm job's, guest_regions), which QEMU would not migrate) of the
+    QEMU in `d`."""
     with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-        return [i for i in qemu.ivshmem_ids(q) if i != qemu.BOOT_DEVICE]
+        addr = qemu.find_device(q, qemu.BOOT_DEVICE)
+        others = [i for i in qemu.ivshmem_ids(q) if i != qemu.BOOT_DEVICE]
+    if addr is None:
+        raise ClusterFailure(f"guest {host} has no device of boot (a "
+                             f"migration that failed half-way?)")
+    return addr, others
 
 
 # ---------------------------------------------------------------- hooks
 
-def btl_ranks(sock: Path) -> List[str]:
-    """What runs ranks of an Open MPI job over the ivshmem BTL in the
-    guest of agent socket `sock`: processes that have the BTL's
-    component mapped, as "job J rank R (pid P: COMMAND)"."""
-    script = (
-        "for m in /proc/[0-9]*/maps; do "
-        f"grep -q {BTL_LIBRARY} \"$m\" 2>/dev/null || continue; "
-        "p=${m#/proc/}; p=${p%/maps}; "
-        "e=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null); "
-        "j=$(printf '%s\\n' \"$e\" | sed -n 's/^OMPI_MCA_ess_base_jobid=//p'); "
-        "r=$(printf '%s\\n' \"$e\" | sed -n 's/^OMPI_COMM_WORLD_RANK=//p'); "
-        "c=$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-80); "
-        "echo \"@@rank $p|$j|$r|$c\"; done; true")
-    r = agent.run(sock, script, 60)
+def region_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
+    """What uses the device at `addr` in the guest of agent socket
+    `sock`, as (kind, "job J rank R (pid P: COMMAND)"): kind "btl" for a
+    rank of an Open MPI job over the ivshmem BTL (its component mapped),
+    "device" for another process that maps the region or holds the
+    device's vfio group (a rank of the libfabric provider, a tool)."""
+    q = agent.quote
+    # few processes: each fork costs a TCG guest on a loaded host dearly
+    script = "\n".join([
+        f"g=$(readlink /sys/bus/pci/devices/{q([addr])}/iommu_group)",
+        "btl=$(echo $(grep -l -F " + BTL_LIBRARY +
+        " /proc/[0-9]*/maps 2>/dev/null))",
+        "dev=$({ grep -l -F " + q([f"/{addr}/resource2"]) +
+        " /proc/[0-9]*/maps; [ -z \"$g\" ] || find /proc/[0-9]*/fd "
+        "-maxdepth 1 -lname \"/dev/vfio/${g##*/}\"; } 2>/dev/null)",
+        "for f in $btl $dev; do",
+        "  p=${f#/proc/}; p=${p%%/*}",
+        "  case \" $seen \" in *\" $p \"*) continue;; esac",
+        "  seen=\"$seen $p\"",
+        "  case \" $btl \" in *\" /proc/$p/maps \"*) k=btl;; *) k=device;; esac",
+        "  e=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null)",
+        "  j=$(printf '%s\\n' \"$e\" | sed -n 's/^OMPI_MCA_ess_base_jobid=//p')",
+        "  r=$(printf '%s\\n' \"$e\" | sed -n 's/^OMPI_COMM_WORLD_RANK=//p;"
+        "s/^PMI_RANK=//p' | head -n 1)",
+        "  c=$(tr '\\0\\n' '  ' < /proc/$p/cmdline 2>/dev/null | cut -c1-80)",
+        "  echo \"@@user $k|$p|$j|$r|$c\"",
+        "done; true"])
+    r = agent.run(sock, script, GUEST_TIMEOUT_S)
     out = []
     for line in r.output.splitlines():
-        if not line.startswith("@@rank "):
+        if not line.startswith("@@user "):
             continue
-        pid, job, rank, cmd = (line[7:].split("|", 3) + ["", "", ""])[:4]
+        kind, pid, job, rank, cmd = (line[7:].split("|", 4) + [""] * 4)[:5]
         if job.isdigit():
             # as Open MPI prints a job id: [family,local job]
             job = f"[{int(job) >> 16},{int(job) & 0xffff}]"
-        out.append(f"job {job or '?'} rank {rank or '?'} (pid {pid}: "
-                   f"{cmd.strip()})")
+        what = f"pid {pid}: {cmd.strip()}"
+        out.append((kind, f"job {job} rank {rank or '?'} ({what})" if job
+                    else f"rank {rank} ({what})" if rank else what))
     return out
 
 
-def drain(state: Dict, host: str, sock: Path,
+def drain(state: Dict, host: str, sock: Path, addr: str,
           wait_jobs_s: Optional[float], say) -> None:
-    """Before the guest's device goes: what uses the region lets go of it.
+    """Before the guest's device (at `addr`) goes: what uses the region
+    lets go of it.
 
     The hook of the MPI level. The BTL (Open MPI 4.1) cannot move a peer
     to another path under ob1 (docs/mpi.md): while ranks of a BTL job
     run in the guest the migration is refused, naming the job, or, with
-    `wait_jobs_s`, waits that long for them to end. Ranks of the
-    libfabric provider are not asked anything yet: a rank that holds the
-    device's vfio group keeps the guest from giving the device back,
-    and the unplug step fails (and is undone)."""
+    `wait_jobs_s`, waits that long for them to end. Nothing else lets go
+    of a region yet, so any other process that uses the device is
+    refused (or waited for) the same way: the guest would not give the
+    device back while a process holds its vfio group, and would give it
+    back when that process ends, after the migration was given up. The
+    libfabric provider's ranks are to be asked here to move their
+    co-resident peers to the core path."""
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
     said = False
     while True:
-        ranks = btl_ranks(sock)
-        if not ranks:
+        users = region_users(sock, addr)
+        if not users:
             return
+        kind, who = users[0]
+        more = f" and {len(users) - 1} more" if len(users) > 1 else ""
+        why = ("runs ranks of an Open MPI job over the ivshmem BTL, which "
+               "cannot move a peer to another path" if kind == "btl" else
+               "has processes that use its ivshmem device and cannot let "
+               "go of it")
         if deadline is None:
-            raise ClusterError(
-                f"instance '{host}' runs ranks of an Open MPI job over the "
-                f"ivshmem BTL, which cannot move a peer to another path: "
-                f"{ranks[0]}" + (f" and {len(ranks) - 1} more"
-                                 if len(ranks) > 1 else ""))
+            raise ClusterError(f"instance '{host}' {why}: {who}{more}")
         if time.monotonic() > deadline:
-            raise StepFailed(f"drain: the BTL job of {ranks[0]} did not "
-                             f"end within {wait_jobs_s:.0f} s")
+            raise StepFailed(f"drain: {who}{more} did not end within "
+                             f"{wait_jobs_s:.0f} s")
         if not said:
-            say(f"migrate {host}: drain: waiting for {ranks[0]} (over "
-                f"the ivshmem BTL) to end")
+            say(f"migrate {host}: drain: waiting for {who}{more} to end")
             said = True
         time.sleep(DRAIN_POLL_S)
 
@@ -222,7 +249,7 @@ def unplug(d: Path, host: str) -> str:
                 f"guest {host} did not give its device ({addr}) back "
                 f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)
-    _guest_run(d / "agent.sock", host, _clear_script(addr), 60)
+    _guest_run(d / "agent.sock", host, _clear_script(addr), GUEST_TIMEOUT_S)
     return addr
 
 
@@ -256,7 +283,7 @@ def bind(d: Path, host: str, addr: str) -> None:
 def plug(d: Path, host: str, server_socket: str) -> str:
     """Both sides of a plug into a running guest; its PCI address."""
     addr = plug_qemu(d, host, server_socket)
-    _guest_run(d / "agent.sock", host, _clear_script(addr), 60)
+    _guest_run(d / "agent.sock", host, _clear_script(addr), GUEST_TIMEOUT_S)
     bind(d, host, addr)
     return addr
 
@@ -491,13 +518,20 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
             d = vm_instance.vm_dir_of(state, host)
             sock = vm_instance.guest(state, host)   # it lives
             with guest_regions.port_lock(d):
-                others = _other_devices(d)
+                addr, others = _devices(d, host)
                 if others:
                     raise ClusterError(
                         f"instance '{host}' holds the device of a Slurm "
                         f"job ({', '.join(others)}), which QEMU cannot "
                         f"migrate")
-                drain(state, host, sock, wait_jobs_s, say)
+                try:
+                    drain(state, host, sock, addr, wait_jobs_s, say)
+                except ClusterError:
+                    raise
+                except IvcloudError as e:
+                    raise StepFailed(f"migration of {host} to s{dest} "
+                                     f"failed at step 'drain': {e}; "
+                                     f"nothing was changed") from None
                 say(f"migrate {host}: drained "
                     f"({time.monotonic() - t0:.1f} s)")
                 return _move(sd, state, host, src, dest, say, t0)

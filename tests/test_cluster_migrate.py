@@ -1,0 +1,338 @@
+"""`ivcloud cluster migrate`: a QEMU guest of a VM cluster moved, live, to
+another emulated server and back (docs/cluster.md, "Migration").
+
+One cluster (2 servers x 1 instance x 1 vCPU, TCG) is booted once for
+the module; the tests use it in order: bad input, s1i0 moved to s0 (its
+address, ssh and agent still answer, its device is a peer of s0's
+region, and a BTL job now runs between the two guests through it, while
+nothing of its source is left), its move back refused while a BTL job
+runs in it and done once the job ended (--wait-jobs), a move whose
+destination QEMU fails to start (undone: the guest runs on its source
+with its device), and `down`, which leaves nothing.
+IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ivcloud.mpis import openmpi
+
+# the same requirements as the image tests (root, QEMU, mmdebstrap)
+from test_guest_image import pytestmark  # noqa: F401
+from vm_support import qemus_naming
+
+REPO = Path(__file__).resolve().parents[1]
+NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
+RUN_DIR = Path("/var/tmp") / f"ivc-cmig-{os.getpid()}"
+NAME = "cmig"
+
+# an allreduce, then the time given in seconds asleep (a job that is
+# still running when a migration is asked for)
+PROGRAM = r"""
+import sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.rank + 1)
+assert total == comm.size * (comm.size + 1) // 2, total
+print("rank", comm.rank, "on", MPI.Get_processor_name(), "allreduce", total,
+      flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+comm.Barrier()
+"""
+PHASES = ("unplug", "tap", "start", "migrate", "plug", "switch", "bind",
+          "attach", "record")
+
+
+def ivcloud(*args, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "ivcloud", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          **kw)
+
+
+def cluster(action, *args, name=NAME, timeout=600, **kw):
+    return ivcloud("cluster", action, "--name", name, "--run-dir", RUN_DIR,
+                   *args, timeout=timeout, **kw)
+
+
+def state():
+    return json.loads((RUN_DIR / f"cluster-{NAME}" / "state.json"
+                       ).read_text())
+
+
+def status():
+    r = cluster("status", "--json", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def fabric_links():
+    pid = state()["holders"]["fabric"]["pid"]
+    return subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o",
+                           "link"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def guest_sh(host, script, timeout=60):
+    r = cluster("exec", host, "--", "sh", "-c", script, timeout=timeout)
+    assert r.returncode == 0, (host, r.stdout + r.stderr)
+    return r.stdout
+
+
+def position(host):
+    """The IVPosition of the guest's default device (ivshm-bind's)."""
+    out = guest_sh(host, ". /run/ivshm/ivshm.env && echo pos=$IVSHM_POSITION"
+                         " && systemctl is-active ivshm-bind@$IVSHM_PCI")
+    m = re.search(r"pos=(\d+)\nactive", out)
+    assert m, out
+    return int(m.group(1))
+
+
+def assert_on(host, server, other):
+    """`host` runs on server `server` with its device on that server's
+    region, and nothing of it is left on server `other`."""
+    info = status()
+    assert info["healthy"], info
+    inst = {i["hostname"]: i for i in info["instances"]}[host]
+    assert inst["server"] == server and inst["alive"], inst
+    # pinned to its own planned CPUs, as before the move
+    assert inst["cpus"] == inst["planned_cpus"], inst
+    peers = {s["index"]: [p["id"] for p in s["peers"]]
+             for s in info["servers"]}
+    assert position(host) in peers[server], (peers, host)
+    # one peer per guest on the server: the other guest's, if it is there
+    here = [i for i in info["instances"] if i["server"] == server]
+    assert len(peers[server]) == len(here), (peers, here)
+    assert len(peers[other]) == len([i for i in info["instances"]
+                                     if i["server"] == other]), peers
+    # one QEMU per guest; the guest's tap and directory, no other
+    qemus = qemus_naming(RUN_DIR / f"cluster-{NAME}")
+    assert sorted(qemus) == sorted(i["pid"] for i in info["instances"])
+    rec = state()["vms"][host]
+    vm_root = RUN_DIR / f"cluster-{NAME}" / "vm"
+    dirs = sorted(p.name for p in vm_root.iterdir() if p.is_dir())
+    assert dirs == sorted(Path(v["dir"]).name
+                          for v in state()["vms"].values()), dirs
+    taps = re.findall(r"\d+: (t-[a-z0-9]+)[@:]", fabric_links())
+    assert sorted(taps) == sorted(v["tap"] for v in state()["vms"].values())
+    assert rec["tap"] in state()["links"]
+    # the guest keeps its address on the shared segment, answers its
+    # agent and ssh both ways
+    out = guest_sh(host, "hostname; ip -4 -o addr show scope global; "
+                         "runuser -u mpi -- ssh -o BatchMode=yes s0i0 "
+                         "hostname")
+    assert out.startswith(f"{host}\n") and "10.251.1.1/16" in out, out
+    assert out.rstrip().endswith("s0i0"), out
+    out = guest_sh("s0i0", f"runuser -u mpi -- ssh -o BatchMode=yes {host} "
+                           f"hostname")
+    assert out.strip() == host, out
+
+
+@pytest.fixture(scope="module")
+def guest_deb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("deb")
+    subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
+                    str(out), "0.1.0"], check=True, capture_output=True,
+                   timeout=300)
+    deb = out / "ivcloud-guest_0.1.0_amd64.deb"
+    from ivcloud.vm import debian
+    solver = debian.solver_deb_beside(deb)
+    assert solver is not None, "mkdeb.sh built no python3-micromag"
+    debian.build(deb=deb, extra=[solver])
+    return deb
+
+
+@pytest.fixture(scope="module")
+def vmc(guest_deb):
+    t0 = time.monotonic()
+    r = cluster("up", "--servers", 2, "--instances-per-server", 1,
+                "--vcpus", 1, "--instance-kind", "vm", "--guest-deb",
+                guest_deb, "--accel", "tcg", "--oversubscribe")
+    assert r.returncode == 0, r.stderr + r.stdout
+    print(f"\ncluster up --instance-kind vm (2x1x1, tcg): "
+          f"{time.monotonic() - t0:.0f} s")
+    code = base64.b64encode(PROGRAM.encode()).decode()
+    for host in ("s0i0", "s1i0"):
+        guest_sh(host, f"echo {code} | base64 -d > /tmp/prog.py && "
+                       f"chmod 644 /tmp/prog.py")
+    try:
+        yield NAME
+    finally:
+        if (RUN_DIR / f"cluster-{NAME}").exists():
+            cluster("down", timeout=180)
+        for pid in qemus_naming(RUN_DIR):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def one_line(r):
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_bad_input(vmc):
+    for args, word in ((["nosuch", "--to", "s0"], "nosuch"),
+                       (["s1i0", "--to", "s7"], "s7"),
+                       (["s1i0", "--to", "1"], "on server s1 already"),
+                       (["s1i0", "--to", "m1-s1"], "no server"),
+                       (["s1i0"], "--to")):
+        r = cluster("migrate", *args, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert word in one_line(r), (args, r.stderr)
+    r = cluster("migrate", "s1i0", "--to", "s0", name="nosuchcluster",
+                timeout=60)
+    assert r.returncode == 2 and "not up" in one_line(r)
+    # a cluster of namespace instances
+    r = cluster("up", "--servers", 2, "--instances-per-server", 1,
+                name="cmigns", timeout=120)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = cluster("migrate", "s1i0", "--to", "s0", name="cmigns",
+                    timeout=60)
+        assert r.returncode == 2 and "namespace" in one_line(r), r.stderr
+    finally:
+        r = cluster("down", name="cmigns", timeout=120)
+    assert r.returncode == 0, r.stderr
+    # nothing was touched
+    assert_untouched()
+
+
+def assert_untouched():
+    info = status()
+    assert [(i["hostname"], i["server"]) for i in info["instances"]] == \
+        [("s0i0", 0), ("s1i0", 1)]
+    assert [len(s["peers"]) for s in info["servers"]] == [1, 1]
+
+
+def _migrate(*args, timeout=600, **kw):
+    t0 = time.monotonic()
+    r = cluster("migrate", *args, timeout=timeout, **kw)
+    print(f"\nmigrate {' '.join(map(str, args))}: rc {r.returncode}, "
+          f"{time.monotonic() - t0:.1f} s; {r.stdout.strip()}")
+    return r
+
+
+def _btl_job(*args, timeout=600):
+    return cluster("mpirun", "--transport", "ivshmem", "--btl",
+                   "self,ivshmem", "--verbose-btl", "-np", 2, "--",
+                   "python3", "/tmp/prog.py", *args, timeout=timeout)
+
+
+def test_there(vmc):
+    before = state()["vms"]["s1i0"]
+    r = _migrate("s1i0", "--to", "s0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.match(r"s1i0 moved from s1 to s0 in [\d.]+ s \(QEMU: "
+                    r"downtime \d+ ms, total \d+ ms\)$", r.stdout.strip()), \
+        r.stdout
+    for phase in PHASES:
+        assert re.search(rf"^migrate s1i0: {phase} \([\d.]+ s\)$", r.stderr,
+                         re.M), (phase, r.stderr)
+    assert re.search(r"downtime \d+ ms", r.stderr), r.stderr
+    # the source's QEMU is gone, its directory and tap with it
+    assert not Path(f"/proc/{before['pid']}").exists() or \
+        before["pid"] not in qemus_naming(RUN_DIR)
+    assert not Path(before["dir"]).exists()
+    assert_on("s1i0", 0, 1)
+    # both guests on s0 now: a BTL job between them goes through its
+    # region, both ways
+    r = _btl_job(timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 1 on s1i0 allreduce 3" in r.stdout, r.stdout
+    counters = openmpi.parse_btl_counters(r.stdout + r.stderr)
+    assert sorted(counters) == [0, 1], r.stdout + r.stderr
+    for rank, c in counters.items():
+        assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
+
+
+def test_back_refused_for_a_btl_job_then_waited_for(vmc):
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+         NAME, "--run-dir", str(RUN_DIR), "--transport", "ivshmem", "-np",
+         "2", "--", "python3", "/tmp/prog.py", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            r = cluster("exec", "s1i0", "--", "pgrep", "-u", "mpi",
+                        "python3", timeout=60)
+            if r.returncode == 0:
+                break
+            assert job.poll() is None and time.monotonic() < deadline, \
+                "the job's rank in s1i0 never started"
+            time.sleep(1)
+        time.sleep(5)   # its BTL loaded
+        r = _migrate("s1i0", "--to", "s1", timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        line = one_line(r)
+        assert "ivshmem BTL" in line and "/tmp/prog.py 60" in line, line
+        assert re.search(r"job \[\d+,\d+\] rank 1 \(pid \d+", line), line
+        assert job.poll() is None   # the job was left alone
+        r = _migrate("s1i0", "--to", "s1", "--wait-jobs", 300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "drain: waiting for job [" in r.stderr, r.stderr
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, out + err
+    assert "rank 1 on s1i0 allreduce 3" in out, out
+    assert_on("s1i0", 1, 0)
+    assert_untouched()
+
+
+def test_failed_destination_is_rolled_back(vmc, tmp_path):
+    """A destination QEMU that does not start: the step is named, every
+    step before it undone, and the guest runs on its source with its
+    device (bound again: a BTL job through it would need a peer on
+    s1)."""
+    fake = tmp_path / "qemu-system-x86_64"
+    fake.write_text("#!/bin/sh\necho 'qemu-system-x86_64: cannot take this "
+                    "guest' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    before = state()["vms"]["s1i0"]
+    r = _migrate("s1i0", "--to", "s0",
+                 env={**os.environ, "IVCLOUD_QEMU": str(fake)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "step 'start'" in last and "cannot take this guest" in last, last
+    assert "rolled back, the guest runs on s1" in last, last
+    for what in ("the destination QEMU stopped", "the source resumed",
+                 "the destination's tap deleted",
+                 "the source's device plugged again"):
+        assert f"rolled back: {what}" in r.stderr, (what, r.stderr)
+    after = state()["vms"]["s1i0"]
+    assert (after["pid"], after["dir"], after["tap"]) == \
+        (before["pid"], before["dir"], before["tap"])
+    assert not (Path(before["dir"]).parent / "s1i0.s0").exists()
+    assert_on("s1i0", 1, 0)
+    assert_untouched()
+
+
+def test_down_leaves_nothing(vmc):
+    fabric = state()["holders"]["fabric"]["pid"]
+    r = cluster("down", timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert not qemus_naming(RUN_DIR / f"cluster-{NAME}")
+    assert not (RUN_DIR / f"cluster-{NAME}").exists()
+    try:
+        st = Path(f"/proc/{fabric}/stat").read_text()
+    except OSError:
+        st = ") X"
+    assert st[st.rindex(")") + 2:].split()[0] in ("Z", "X"), st
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True,
+                         text=True).stdout
+    assert "t-s1i0" not in out
