@@ -524,3 +524,44 @@ def test_ready_banner_only_when_its_line_is_finished():
         assert ready_banner("boot\n" + line[:cut]) is None, cut
     assert ready_banner("boot\n" + line + "\r\n")["device"] == \
         "0000:00:03.0"
+
+
+def test_command_line_of_a_guest_that_can_migrate(tmp_path):
+    """A VM cluster's guest (docs/cluster.md, "Migration"): its device of
+    boot in a root port of its own, ahead of the job ports (its bus, and
+    so its address, the lowest: the guest's default device); its disk a
+    shared qcow2 overlay. A migration's destination has the same ports,
+    no device, and waits paused for the migration."""
+    from ivcloud.vm.image import GuestImage
+    img = GuestImage(tmp_path / "vmlinuz", tmp_path / "initrd.img", "6.1",
+                     tmp_path / "disk.img")
+    overlay = tmp_path / "g.qcow2"
+
+    def devices(cmd):
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == "-device"]
+
+    def ports(cmd):
+        return [d.split(",")[1] for d in devices(cmd)
+                if d.startswith("pcie-root-port,")]
+
+    src = qemu.guest_command("qemu", img, tmp_path, "g", "tcg", 1, 512,
+                             "/srv.sock", hotplug_ports=2, boot_port=True,
+                             overlay=overlay)
+    assert ports(src) == [f"id={qemu.BOOT_PORT}", "id=rp1", "id=rp2"]
+    assert (f"ivshmem-doorbell,id={qemu.BOOT_DEVICE},chardev="
+            f"{qemu.BOOT_DEVICE},vectors=1,bus={qemu.BOOT_PORT}"
+            in devices(src))
+    assert f"file={overlay},format=qcow2,if=none,id=root" in src
+    assert "-incoming" not in src and "snapshot=on" not in " ".join(src)
+    dest = qemu.guest_command("qemu", img, tmp_path, "g", "tcg", 1, 512,
+                              None, hotplug_ports=2, boot_port=True,
+                              overlay=overlay, incoming=True)
+    assert ports(dest) == ports(src)
+    assert not [d for d in devices(dest) if "ivshmem" in d]
+    assert dest[dest.index("-incoming"):dest.index("-incoming") + 3] == \
+        ["-incoming", "defer", "-S"]
+    # the rest of the machine is the same
+    i = src.index(f"socket,path=/srv.sock,id={qemu.BOOT_DEVICE}")
+    assert src[i - 1] == "-chardev" and src[i + 1] == "-device"
+    assert [a for a in dest if a not in ("-incoming", "defer", "-S")] == \
+        src[:i - 1] + src[i + 3:]
