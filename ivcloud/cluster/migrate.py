@@ -256,7 +256,7 @@ def unplug(d: Path, host: str) -> str:
 def plug_qemu(d: Path, host: str, server_socket: str) -> str:
     """The QEMU side of a plug: a device on `server_socket` into
     BOOT_PORT of the QEMU in `d` (which may be paused); its PCI
-    address. Undone by unplug_qemu."""
+    address."""
     with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
         return qemu.plug_ivshmem(q, qemu.BOOT_DEVICE, qemu.BOOT_PORT,
                                  server_socket, guest_regions.VECTORS)
@@ -280,12 +280,17 @@ def bind(d: Path, host: str, addr: str) -> None:
         f"exit 1; }}"]), BIND_TIMEOUT_S)
 
 
-def plug(d: Path, host: str, server_socket: str) -> str:
-    """Both sides of a plug into a running guest; its PCI address."""
+def restore(d: Path, host: str, server_socket: str) -> None:
+    """The device of boot back into the running guest of the QEMU in `d`
+    (on `server_socket`) and bound, unless it never came out (a guest
+    that did not give it back keeps it, and its unplug request)."""
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        if qemu.find_device(q, qemu.BOOT_DEVICE) is not None:
+            return
+        qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
     addr = plug_qemu(d, host, server_socket)
     _guest_run(d / "agent.sock", host, _clear_script(addr), GUEST_TIMEOUT_S)
     bind(d, host, addr)
-    return addr
 
 
 # ---------------------------------------------------------------- the move
@@ -331,9 +336,12 @@ class _Move:
 
     def unplug_source(self) -> None:
         self.phase("unplug")
+        # registered first: the device may be out when a later part of
+        # the unplug fails
+        self.undo.append(("the source's device plugged again", lambda:
+                          restore(self.src_dir, self.host,
+                                  self.socket_of(self.src))))
         self.addr = unplug(self.src_dir, self.host)
-        self.undo.append(("the source's device plugged again", lambda: plug(
-            self.src_dir, self.host, self.socket_of(self.src))))
 
     def make_tap(self) -> None:
         self.phase("tap")
@@ -438,6 +446,9 @@ class _Move:
         bind(d, self.host, self.addr)
         self.phase("attach")
         attach(self.state, self.host, d / "agent.sock", self.say)
+
+    def record(self) -> None:
+        d = self.dest_dir
         self.phase("record")
         rec = self.state["vms"][self.host]
         rec["vcpu_threads"] = vm_instance.pin(
@@ -495,6 +506,12 @@ def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
         raise StepFailed(f"migration of {host} to s{dest} failed at step "
                          f"'{step}': {e}; moved back, the guest runs on "
                          f"s{src}") from None
+    try:
+        m.record()
+    except (OSError, IvcloudError) as e:
+        raise StepFailed(f"migration of {host} to s{dest}: step 'record' "
+                         f"failed: {e}; the guest runs on s{dest} with its "
+                         f"device") from None
     m.result["seconds"] = round(time.monotonic() - m.t0, 1)
     return m.result
 
