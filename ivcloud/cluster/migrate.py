@@ -14,7 +14,8 @@ steps, each a phase on the progress lines:
 1. check    the instance, the server, the guest's devices (a Slurm job's
             device would not migrate), no other migration of the cluster
 2. drain    the MPI-level hook before the region goes (drain): refuses
-            while ranks of a BTL job run in the guest, or waits for them
+            while ranks of a BTL job, or other users of the device, run
+            in the guest, or waits for them
 3. unplug   device_del of the device, chardev-remove (its server sees the
             peer leave), the guest's ivshm-bind unit of it stopped
 4. tap      the destination's tap in the destination server's bridge (in
@@ -27,13 +28,14 @@ steps, each a phase on the progress lines:
             `migrate` on the source, waited for; QEMU's downtime reported
 7. plug     the destination server's device into the destination's
             BOOT_PORT while the guest is still paused there
-8. switch   `cont` on the destination, `quit` on the source: from here
-            the guest runs on the destination
+8. switch   `cont` on the destination, `quit` on the source, whose tap
+            and directory go: from here the guest runs on the
+            destination
 9. bind     in the guest: ivshm-bind of the device, bounded
 10. attach  the MPI-level hook after (attach): nothing yet
-11. record  state.json: the instance's server, directory, tap, QEMU pid
-            and vCPU threads (pinned to the instance's own planned CPUs,
-            as before); the source's tap and directory removed
+11. record  state.json: the vCPU threads (pinned to the instance's own
+            planned CPUs, as before; the instance's server, directory,
+            tap and QEMU pid were recorded at the switch)
 
 A failure up to step 8 undoes the steps done, in reverse: the
 destination QEMU is killed before the source resumes (they share the
@@ -56,7 +58,7 @@ from ..vm import agent, qemu
 from ..vm import lifecycle as vm_lifecycle
 from . import holder, network, vm_instance
 from .slurm import guest_regions
-from .state import StateDir, save
+from .state import StateDir, load, save
 from .topology import topology_from_dict
 
 # bounds, in seconds, for a TCG guest on a loaded host (as guest_regions)
@@ -532,6 +534,9 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
     with filelock.held(lock, LOCK_TIMEOUT_S, lambda: ClusterError(
             f"another migration of cluster '{state['name']}' is under way")):
         with process.interrupts():
+            # what an earlier migration changed since the caller read it
+            state = load(sd) or state
+            src, dest = check(state, host, server)
             d = vm_instance.vm_dir_of(state, host)
             sock = vm_instance.guest(state, host)   # it lives
             with guest_regions.port_lock(d):
@@ -551,6 +556,8 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
                                      f"nothing was changed") from None
                 say(f"migrate {host}: drained "
                     f"({time.monotonic() - t0:.1f} s)")
+                # a drain may have waited long
+                state = load(sd) or state
                 return _move(sd, state, host, src, dest, say, t0)
 
 
