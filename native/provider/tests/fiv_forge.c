@@ -787,6 +787,122 @@ static void f_rma_bounds(struct forger *f)
     REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
 }
 
+/* 10. Answers to the victim's own RMA written by the co-tenant: longer
+   than asked, repeated, for ids never issued; an atomic's fetched value
+   longer than its result; atomics and an INTRO towards the victim. Only
+   the victim's result buffers are written, and only as far as each
+   operation asked. */
+static void v_forged_answers(struct victim *v)
+{
+    uint8_t *res = gbuf(8192), *word = gbuf(4096), *w = gbuf(4096);
+    memset(res, 0, 8192);
+    memset(word, 0, 4096);
+    memset(w, 0, 4096);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE | FI_REMOTE_READ);
+    char c1, c2;
+    REQ_RC(fi_read(v->r.ep, res, 4096, NULL, v->forger, 0x1000, 5, &c1), 0);
+    if (!VWAIT(v, vdone(v, &c1) != NULL, 3000))
+        vfail(v, "the read never completed");
+    else if (vdone(v, &c1)->err)
+        vfail(v, "the read failed (%d)", vdone(v, &c1)->err);
+    if (count_not(res, 4096, MARK) || count_not(res + 4096, 4096, 0))
+        vfail(v, "the read's result holds other bytes than the 4096 it "
+              "asked for");
+    uint64_t one = 1;
+    REQ_RC(fi_fetch_atomic(v->r.ep, &one, 1, NULL, word, NULL, v->forger,
+                           0x2000, 6, FI_UINT64, FI_SUM, &c2), 0);
+    if (!VWAIT(v, vdone(v, &c2) != NULL, 3000))
+        vfail(v, "the atomic never completed");
+    if (count_not(word, 8, MARK) || count_not(word + 8, 4096 - 8, 0))
+        vfail(v, "the atomic's result holds more than its 8 bytes");
+    ctl_send(v->ctl, 'G', 0, 0, 0);
+    (void)VWAIT(v, ctl_ready(v->ctl), 5000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%s", (const char *)a.blob);
+    if (count_not(w, 4088, 0) || w[4088] != 3)
+        vfail(v, "the registration holds other bytes than the one atomic "
+              "that fits");
+    uint64_t end = t_now_ms() + 100;
+    while (t_now_ms() < end)
+        vpoll(v);
+    if (v->ndone != 2)
+        vfail(v, "%d completions for 2 operations", v->ndone);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+/* The victim's next request to us (INTROs and probes skipped). */
+static int request(struct forger *f, struct fiv_rma_hdr *h)
+{
+    static uint8_t m[1 << 16];
+    for (uint64_t end = t_now_ms() + 3000; t_now_ms() < end;) {
+        uint32_t tag = 0;
+        ssize_t len = ivshm_recv(f->h, f->victim, NULL, &tag, m, sizeof m, 50);
+        if (len == -ETIMEDOUT || len == -EAGAIN)
+            continue;
+        uint32_t op = tag & FIV_OP_MASK;
+        if (len < (ssize_t)sizeof *h || op == FIV_OP_INTRO ||
+            op == FIV_OP_PROBE || op == FIV_OP_PROBE_ACK)
+            continue;
+        memcpy(h, m, sizeof *h);
+        return (int)op;
+    }
+    return -1;
+}
+
+static void f_forged_answers(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct fiv_rma_hdr q;
+    REQ(request(f, &q) == FIV_OP_READ && q.len == 4096);
+    /* 64 KiB for a 4 KiB read, then the same answer again, and answers
+       for ids never issued */
+    struct fiv_resp_hdr r = {.id = q.id, .len = 64u << 10};
+    for (int rep = 0; rep < 2; rep++) {
+        REQ_RC(fsend(f, FIV_OP_READ_RESP, &r, sizeof r, marks,
+                     frag - sizeof r), 0);
+        more(f, frag - sizeof r, r.len);
+    }
+    struct fiv_resp_hdr bogus = {.id = q.id + 1000, .len = 8};
+    REQ_RC(fsend(f, FIV_OP_ACK, &bogus, sizeof bogus, marks, 8), 0);
+    REQ_RC(fsend(f, FIV_OP_READ_RESP, &bogus, sizeof bogus, marks, 8), 0);
+    REQ(request(f, &q) == FIV_OP_ATOMIC);
+    struct fiv_resp_hdr ack = {.id = q.id, .len = 256};
+    REQ_RC(fsend(f, FIV_OP_ACK, &ack, sizeof ack, marks, 256), 0);
+    ctl_recv(f->ctl, 'G');
+    /* an INTRO from a rank heard already changes nothing */
+    struct fiv_intro in = {.slot = (int16_t)ivshm_self(f->h)};
+    REQ_RC(fsend(f, FIV_OP_INTRO, &in, sizeof in, NULL, 0), 0);
+    /* atomics towards the victim at and past the registration's edges */
+    uint64_t three[4] = {3, 3, 3, 3};
+    struct { uint64_t addr, len; uint32_t dt, op; int want; const char *what; }
+    t[] = {
+        {k.a + k.c - 8, 8, FI_UINT64, FI_SUM, 0, "an atomic at the end"},
+        {k.a + k.c - 8, 16, FI_UINT64, FI_SUM, -FI_EACCES, "one past the end"},
+        {k.a, 8, 99, FI_SUM, -FI_EINVAL, "an unknown datatype"},
+        {k.a, 8, FI_UINT64, 99, -FI_EOPNOTSUPP, "an unknown operation"},
+        {k.a, 12, FI_UINT64, FI_SUM, -FI_EINVAL, "a partial element"},
+        {k.a, 512, FI_UINT8, FI_SUM, -FI_EINVAL, "past the operand maximum"},
+    };
+    struct ctl out = {.what = 'A'};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        struct fiv_rma_hdr h = {.addr = t[i].addr, .key = k.b, .len = t[i].len,
+                                .id = 300 + i, .op = t[i].op,
+                                .datatype = t[i].dt};
+        size_t n = t[i].len <= sizeof three ? t[i].len : 0;
+        REQ_RC(fsend(f, FIV_OP_ATOMIC | FIV_F_FETCH, &h, sizeof h, three, n), 0);
+        struct fiv_resp_hdr a;
+        size_t got;
+        int op = answer(f, &a, NULL, 0, &got, 3000);
+        if (op != FIV_OP_ACK || a.id != 300 + i || a.status != t[i].want) {
+            out.a = 1;
+            snprintf((char *)out.blob, sizeof out.blob, "%.23s", t[i].what);
+            break;
+        }
+    }
+    REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
+}
+
 static const struct fcase cases[] = {
     {"write_after_mr_close", v_write_after_close, f_write_after_close,
      "RMA WRITE continuations after fi_close(mr) and reuse of the memory"},
@@ -809,6 +925,9 @@ static const struct fcase cases[] = {
      "a multi-receive buffer used up while its last message arrives"},
     {"rma_at_the_bounds", v_rma_bounds, f_rma_bounds,
      "RMA requests at and past the edges of a registration"},
+    {"forged_answers_and_atomics", v_forged_answers, f_forged_answers,
+     "answers longer than asked, repeated or for no request; atomics at "
+     "the edges"},
 };
 
 /* One case in two fresh processes on the case's own region: 0 if it
