@@ -148,6 +148,7 @@ struct victim {
         uint64_t flags, tag;
     } done[64];
     int ndone;
+    uint64_t ncomp;        /* every completion read, logged or not */
     size_t heap0, heap_peak;
     const char *fail;      /* first failed check, for the case's line */
     char why[256];
@@ -169,6 +170,7 @@ static void vpoll(struct victim *v)
 {
     struct fi_cq_tagged_entry e;
     ssize_t n = fi_cq_read(v->r.cq, &e, 1);
+    v->ncomp += n == 1 || n == -FI_EAVAIL;
     if (n == 1 && v->ndone < 64) {
         v->done[v->ndone++] = (struct done){e.op_context, e.len, 0, e.flags,
                                             e.tag};
@@ -392,6 +394,7 @@ struct fcase {
     void (*victim)(struct victim *v);
     void (*forger)(struct forger *f);
     const char *what;
+    const char *env;      /* "K=V" for the victim, or NULL */
 };
 
 /* 1. The continuations of an RMA WRITE after the window's MR is closed
@@ -903,31 +906,113 @@ static void f_forged_answers(struct forger *f)
     REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
 }
 
+/* 11. Unexpected messages past the victim's cap for one peer: its path
+   fails (a receive of any source ends with FI_EIO) and the victim holds
+   no more than the cap. */
+#define UNEXP_CAP (4u << 20)
+static void v_unexp_cap(struct victim *v)
+{
+    uint8_t *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, FI_ADDR_UNSPEC, 0x99, 0, r), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, 10000))
+        vfail(v, "the path never failed past the cap");
+    else if (vdone(v, r)->err != FI_EIO)
+        vfail(v, "the receive ended with %d, not FI_EIO", vdone(v, r)->err);
+    size_t grew = v->heap_peak - v->heap0;
+    if (grew > UNEXP_CAP + (2u << 20))
+        vfail(v, "the victim's heap grew by %zu KiB (cap %u KiB)", grew >> 10,
+              UNEXP_CAP >> 10);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+}
+
+static void f_unexp_cap(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    for (int i = 0; i < 2 * (int)(UNEXP_CAP >> 16); i++) {
+        struct fiv_msg_hdr h = {.tag = 0x98, .len = 64u << 10};
+        if (fsend(f, FIV_OP_MSG | FIV_F_TAGGED, &h, sizeof h, marks,
+                  frag - sizeof h) < 0)
+            break;
+        more(f, frag - sizeof h, h.len);
+    }
+    ctl_recv(f->ctl, 'C');
+}
+
+/* 12. Sends to a peer that reads nothing, past the victim's queue cap:
+   refused with -FI_EAGAIN, not queued; once the peer reads, they all
+   complete. */
+#define QCAP 64
+static void v_queue_cap(struct victim *v)
+{
+    static uint8_t msg[8];
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 2000 && !refused; i++) {
+        ssize_t rc = fi_tsend(v->r.ep, msg, sizeof msg, NULL, v->forger, 1,
+                              msg);
+        if (rc == 0)
+            accepted++;
+        else if (rc == -FI_EAGAIN)
+            refused++;
+        else
+            vfail(v, "fi_tsend returned %zd", rc);
+        vpoll(v);
+    }
+    if (!refused)
+        vfail(v, "2000 sends to a peer that reads nothing were all queued");
+    ctl_send(v->ctl, 'D', (uint64_t)accepted, 0, 0);
+    uint64_t end = t_now_ms() + 5000;
+    while (v->ncomp < (uint64_t)accepted && t_now_ms() < end)
+        vpoll(v);
+    if (v->ncomp != (uint64_t)accepted)
+        vfail(v, "%" PRIu64 " completions for %d accepted sends once the "
+              "peer read", v->ncomp, accepted);
+}
+
+static void f_queue_cap(struct forger *f)
+{
+    struct ctl d = ctl_recv(f->ctl, 'D');
+    static uint8_t m[1 << 16];
+    uint64_t got = 0;
+    for (uint64_t end = t_now_ms() + 5000; got < d.a && t_now_ms() < end;) {
+        uint32_t tag = 0;
+        ssize_t n = ivshm_recv(f->h, f->victim, NULL, &tag, m, sizeof m, 50);
+        if (n >= 0 && (tag & FIV_OP_MASK) == FIV_OP_MSG)
+            got++;
+    }
+}
+
 static const struct fcase cases[] = {
     {"write_after_mr_close", v_write_after_close, f_write_after_close,
-     "RMA WRITE continuations after fi_close(mr) and reuse of the memory"},
+     "RMA WRITE continuations after fi_close(mr) and reuse of the memory", NULL},
     {"read_after_mr_close", v_read_after_close, f_read_after_close,
-     "a large RMA READ still answered after fi_close(mr)"},
+     "a large RMA READ still answered after fi_close(mr)", NULL},
     {"multi_recv_after_cancel", v_multi_recv_cancel, f_multi_recv_cancel,
-     "a message still filling a multi-receive buffer that fi_cancel returned"},
+     "a message still filling a multi-receive buffer that fi_cancel returned", NULL},
     {"claim_discard_while_arriving", v_claim_discard, f_discard_arriving,
-     "FI_PEEK|FI_CLAIM, then FI_CLAIM|FI_DISCARD of a message still arriving"},
+     "FI_PEEK|FI_CLAIM, then FI_CLAIM|FI_DISCARD of a message still arriving", NULL},
     {"read_flood_no_drain", v_read_flood, f_read_flood,
-     "64 KiB READ requests from a peer that drains no answer"},
+     "64 KiB READ requests from a peer that drains no answer", NULL},
     {"peek_discard_while_arriving", v_peek_discard, f_discard_arriving,
-     "FI_PEEK|FI_DISCARD of a message still arriving"},
+     "FI_PEEK|FI_DISCARD of a message still arriving", NULL},
     {"av_remove_mid_message", v_av_remove, f_av_remove,
-     "fi_av_remove of a peer whose message fills a posted receive"},
+     "fi_av_remove of a peer whose message fills a posted receive", NULL},
     {"ep_close_mid_assembly", v_ep_close, f_ep_close,
-     "fi_close(ep) with an answer queued and a message half received"},
+     "fi_close(ep) with an answer queued and a message half received", NULL},
     {"multi_recv_consumed_while_arriving", v_multi_recv_consume,
      f_multi_recv_consume,
-     "a multi-receive buffer used up while its last message arrives"},
+     "a multi-receive buffer used up while its last message arrives", NULL},
     {"rma_at_the_bounds", v_rma_bounds, f_rma_bounds,
-     "RMA requests at and past the edges of a registration"},
+     "RMA requests at and past the edges of a registration", NULL},
     {"forged_answers_and_atomics", v_forged_answers, f_forged_answers,
      "answers longer than asked, repeated or for no request; atomics at "
-     "the edges"},
+     "the edges", NULL},
+    {"unexpected_past_cap", v_unexp_cap, f_unexp_cap,
+     "8 MiB of unexpected messages against a cap of 4 MiB",
+     "FI_IVSHM_PEER_UNEXPECTED_BYTES=4194304"},
+    {"sends_past_queue_cap", v_queue_cap, f_queue_cap,
+     "sends to a peer that reads nothing, past a queue cap of 64",
+     "FI_IVSHM_PEER_QUEUE=64"},
 };
 
 /* One case in two fresh processes on the case's own region: 0 if it
@@ -949,6 +1034,8 @@ static int run_case(const struct fcase *c, const char *where)
         setenv("FI_IVSHM_CORE", "none", 1);
         /* no other provider's signal handlers between a fault and us */
         setenv("FI_PROVIDER", "ivshm", 1);
+        if (c->env)
+            putenv((char *)c->env);
         struct victim v = {.ctl = sv[1], .r = {.me = 0, .n = 1, .sock = -1}};
         victim_open(&v);
         c->victim(&v);
