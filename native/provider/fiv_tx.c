@@ -270,7 +270,20 @@ static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
         return;
     }
     memcpy(buf, r->hdr, r->hlen);
-    fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
+    if (r->from_mr) {
+        /* a large READ of our own memory: handled within this call, the
+           registration looked up as push() does */
+        const uint8_t *src = fiv_mr_target(ep->dom, r->mr_key, r->mr_addr,
+                                           r->total, FI_REMOTE_READ, NULL);
+        if (!src) {
+            free(buf);
+            fiv_tx_done(ep, r, FI_EACCES);
+            return;
+        }
+        memcpy(buf + r->hlen, src, r->total);
+    } else {
+        fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
+    }
     r->started = true;
     r->sent = r->total;
     uint32_t op = r->op;

@@ -982,6 +982,35 @@ static void f_queue_cap(struct forger *f)
     }
 }
 
+/* 13. Not an attack: the answer to a READ of our own memory larger than
+   the inline copy, looked up by key like any other, is whole. */
+static void v_self_read(struct victim *v)
+{
+    uint8_t *w = gbuf(RLEN), *res = gbuf(RLEN);
+    for (size_t i = 0; i < RLEN; i++)
+        w[i] = (uint8_t)(i * 7);
+    struct fid_mr *mr = reg(v, w, RLEN, FI_REMOTE_READ);
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    fi_addr_t self;
+    REQ_RC(fi_getname(&v->r.ep->fid, name, &len), 0);
+    REQ_RC(fi_av_insert(v->r.av, name, 1, &self, 0, NULL), 1);
+    char c;
+    REQ_RC(fi_read(v->r.ep, res, RLEN, NULL, self, (uint64_t)(uintptr_t)w,
+                   fi_mr_key(mr), &c), 0);
+    if (!VWAIT(v, vdone(v, &c) != NULL, CALL_MS))
+        vfail(v, "the read of ourselves never completed");
+    else if (vdone(v, &c)->err || memcmp(res, w, RLEN))
+        vfail(v, "the read of ourselves came back wrong (err %d)",
+              vdone(v, &c)->err);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_idle(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+}
+
 static const struct fcase cases[] = {
     {"write_after_mr_close", v_write_after_close, f_write_after_close,
      "RMA WRITE continuations after fi_close(mr) and reuse of the memory", NULL},
@@ -1013,6 +1042,8 @@ static const struct fcase cases[] = {
     {"sends_past_queue_cap", v_queue_cap, f_queue_cap,
      "sends to a peer that reads nothing, past a queue cap of 64",
      "FI_IVSHM_PEER_QUEUE=64"},
+    {"self_read_large", v_self_read, f_idle,
+     "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
 
 /* One case in two fresh processes on the case's own region: 0 if it
