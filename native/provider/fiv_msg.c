@@ -311,10 +311,13 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         }
         return;
     }
-    if (h.len > fiv_cfg.peer_unexp_bytes - (peer->unexp_bytes <
-                                           fiv_cfg.peer_unexp_bytes
-                                               ? peer->unexp_bytes
-                                               : fiv_cfg.peer_unexp_bytes)) {
+    /* counted where unexp_free finds it again: the sender's entry (for
+       our own messages not the handler's stand-in peer, and uncapped) */
+    struct fiv_peer *acct = fiv_peer(ep, src);
+    size_t held = acct ? acct->unexp_bytes : 0;
+    if (acct && peer != &ep->self_peer_dummy &&
+        (held > fiv_cfg.peer_unexp_bytes ||
+         h.len > fiv_cfg.peer_unexp_bytes - held)) {
         peer->violated = true;
         peer->over = "it sent more unexpected bytes than its cap "
                      "(FI_IVSHM_PEER_UNEXPECTED_BYTES)";
@@ -333,8 +336,9 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     memcpy(buf, p, chunk);
     *u = (struct fiv_unexp){.src = src, .tag = h.tag, .data = h.data,
                             .flags = mflags, .len = h.len, .got = chunk,
-                            .buf = buf, .charged = h.len};
-    peer->unexp_bytes += h.len;
+                            .buf = buf, .charged = acct ? h.len : 0};
+    if (acct)
+        acct->unexp_bytes += h.len;
     append_unexp(ep, u, tagged);
     if (chunk < h.len)
         *as = (struct fiv_asm){.kind = ASM_UNEXP, .total = h.len, .got = chunk,
