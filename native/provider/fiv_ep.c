@@ -122,6 +122,10 @@ void fiv_ep_forget(struct fiv_ep *ep, size_t index)
     struct fiv_peer *p = fiv_peer(ep, index);
     if (!p)
         return;
+    /* nothing of it is heard from now on: what it was sending us and
+       what we wait on from it end here (fiv.h, "Lifetimes") */
+    fiv_asm_fail(ep, index, p, FI_ECANCELED);
+    fiv_rma_fail_peer(ep, index, FI_ECANCELED);
     fiv_tx_fail_peer(ep, p, FI_ECANCELED);
     if (p->path == PATH_REGION && ep->by_slot[p->slot] == index)
         ep->by_slot[p->slot] = FI_ADDR_NOTAVAIL;
@@ -234,6 +238,7 @@ static int ep_close(struct fid *fid)
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
         fiv_tx_fail_peer(ep, p, FI_ECANCELED);
+        fiv_asm_fail(ep, id, p, 0);
         fiv_core_release_peer(p);
     }
     fiv_unlock(d);
@@ -488,6 +493,9 @@ static ssize_t ep_cancel(fid_t fid, void *context)
                                 (FI_TAGGED | FI_MSG | FI_RECV | FI_MULTI_RECV),
                                 .err = FI_ECANCELED, .src = FI_ADDR_NOTAVAIL};
             fiv_complete_rx(ep, &e, true);
+            /* the buffer is the application's again: a message still
+               filling it (multi-receive) is cut off */
+            fiv_rx_cut(ep, r);
             fiv_rx_put(ep, r);
             rc = 0;
             break;
