@@ -196,7 +196,8 @@ class OpenMpi(Flavor):
 
     def launch_line(self, launch: Launch, program: List[str],
                     env: Dict[str, str]) -> Command:
-        cmd = [str(self.launcher_path())]
+        # installed: the machine's own (a guest's), found on its PATH
+        cmd = ["mpirun" if launch.installed else str(self.launcher_path())]
         if os.geteuid() == 0 and not launch.unprivileged:
             cmd.append("--allow-run-as-root")
         if launch.oversubscribe:
