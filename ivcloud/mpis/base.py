@@ -93,6 +93,11 @@ class Flavor:
     options_name: Optional[str] = None
     # whether a launch may name a rankfile of the MPI's own syntax
     takes_rankfile = False
+    # whether Slurm's task prolog gives every task this MPI's variables
+    # (cluster/slurm/conf.py): their keys must not collide with another
+    # such MPI's (Open MPI 5 and Intel MPI would set OMPI_MCA_pml,
+    # FI_PROVIDER, LD_LIBRARY_PATH otherwise: their jobs name their own)
+    in_task_prolog = False
 
     # ---------------------------------------------------------- install
 

@@ -134,6 +134,7 @@ class OpenMpi(Flavor):
     transports = ("ivshmem", "tcp", "vader")
     options_name = "MCA parameter"
     takes_rankfile = True
+    in_task_prolog = True
 
     def prefix(self) -> Path:
         return Path(find_mpirun()).resolve().parent.parent
