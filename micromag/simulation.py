@@ -41,8 +41,7 @@ from .state import State
 from .terms import schur
 from .terms import CubicAnisotropy, Exchange, UniaxialAnisotropy, Zeeman
 from .terms.demag_grid import exchange_length
-from .terms.demag_method import choose as choose_demag
-from .terms.demag_method import make_demag
+from .terms.demag_method import make_demag, resolve_for
 
 
 # The u1 (Neumann) solve of the demagnetizing field, unless the problem
@@ -158,9 +157,10 @@ class Simulation:
         if grid_h is not None:
             grid_h = np.asarray(grid_h, dtype=float) * \
                 problem_mod.UNITS[self.cfg["mesh"].get("unit", "nm")]
+        method = resolve_for(sp, dcfg["method"])
         opts = petsc().Options()
         added = []
-        if choose_demag(dcfg["method"], sp.mesh) != "grid" and \
+        if method != "grid" and \
                 sp.n <= POISSON_DIRECT_MAX_NODES and not any(
                     opts.hasName(k) for k in ("demag_poisson_pc_type",
                                               "demag_poisson_ksp_type")):
@@ -174,7 +174,7 @@ class Simulation:
         mats = self.cfg["material"]
         try:
             return make_demag(
-                sp, self.state.Ms_nodes, dcfg["method"], rtol=dcfg["rtol"],
+                sp, self.state.Ms_nodes, method, rtol=dcfg["rtol"],
                 tol=dcfg["tol"], grid_tol=dcfg.get("grid_tol"),
                 grid_h=grid_h,
                 length=exchange_length([m["Ms"] for m in mats],
