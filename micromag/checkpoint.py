@@ -79,9 +79,8 @@ def key(prob: problem_mod.Problem, points: np.ndarray,
     h.update(problem_mod.to_toml(prob.config).encode())
     if prob.path is not None:
         h.update(b"problem file " + _file_hash(prob.path).encode())
-    init = prob.config.get("initial", {})
-    if init.get("type") == "file":
-        h.update(b"initial file " + _file_hash(init["file"]).encode())
+    if prob.initial.type == "file":
+        h.update(b"initial file " + _file_hash(prob.initial.file).encode())
     h.update(np.ascontiguousarray(points, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(tets, dtype=np.int64).tobytes())
     return h.hexdigest()

@@ -37,6 +37,7 @@ from .errors import IntegrationError, MagError, ProblemError, SimulationError
 from .llg import Dynamics, integrate, minimize
 from .output import Progress, Results, plot_m
 from .parallel import comm_world, petsc
+from .problem import StageSettings
 from .state import State
 from .terms import schur
 from .terms import CubicAnisotropy, Exchange, UniaxialAnisotropy, Zeeman
@@ -88,20 +89,19 @@ class Simulation:
         self.comm = comm if comm is not None else comm_world()
         self.rank = self.comm.Get_rank()
         self.problem = prob
-        self.cfg = prob.config
         self.progress = progress or Progress(enabled=False)
         self.notes: List[str] = []
         t0 = time.perf_counter()
-        if self.cfg["petsc"]:
+        if prob.petsc:
             opts = petsc().Options()
-            for key, value in self.cfg["petsc"].items():
+            for key, value in prob.petsc:
                 opts[key.lstrip("-")] = ("" if value is True else value)
 
         # the mesh is built once (gmsh is not MPI-aware) and broadcast
         mesh = err = None
         if self.rank == 0:
             try:
-                mesh = problem_mod.build_mesh(self.cfg)
+                mesh = problem_mod.build_mesh(prob.mesh)
             except Exception as e:  # reported on every rank below
                 err = f"{type(e).__name__}: {e}" if not isinstance(
                     e, ValueError) else str(e)
@@ -111,7 +111,7 @@ class Simulation:
         from .fem import FEMSpace
         self.space = FEMSpace(mesh, self.comm)
         sp = self.space
-        mats = problem_mod.material_arrays(self.cfg, sp.mesh.regions)
+        mats = problem_mod.material_arrays(prob.materials, sp.mesh.regions)
         self.mats = mats
         self.state = State(sp, mats["Ms"], mats["alpha"], mats["gamma"])
         self._set_initial()
@@ -127,12 +127,12 @@ class Simulation:
                                               mats["Kc2"], mats["c1"],
                                               mats["c2"]))
         self.demag = None
-        if self.cfg["demag"]["enabled"]:
+        if prob.demag.enabled:
             td = time.perf_counter()
             self.demag = self._make_demag()
             self.demag_setup_time = time.perf_counter() - td
             self.terms.append(self.demag)
-        self.stages = self.cfg["stage"]
+        self.stages = prob.stages
         self.setup_time = time.perf_counter() - t0
         self.stats: Dict[str, float] = {"steps": 0, "rejected": 0,
                                         "relax_iterations": 0,
@@ -152,12 +152,10 @@ class Simulation:
         """The demagnetizing-field term the problem asks for; FEM/BEM
         with the direct u1 solve (POISSON_DIRECT / POISSON_SCHUR) unless
         the problem file sets its own solver."""
-        sp, dcfg = self.space, self.cfg["demag"]
-        grid_h = dcfg.get("grid_h")
-        if grid_h is not None:
-            grid_h = np.asarray(grid_h, dtype=float) * \
-                problem_mod.UNITS[self.cfg["mesh"].get("unit", "nm")]
-        method = resolve_for(sp, dcfg["method"])
+        sp, d = self.space, self.problem.demag
+        grid_h = None if d.grid_h is None else \
+            np.asarray(d.grid_h, dtype=float) * self.problem.mesh.metres
+        method = resolve_for(sp, d.method)
         opts = petsc().Options()
         added = []
         if method != "grid" and \
@@ -171,27 +169,26 @@ class Simulation:
                 if not opts.hasName(key):
                     opts[key] = value
                     added.append(key)
-        mats = self.cfg["material"]
+        mats = self.problem.materials
         try:
             return make_demag(
-                sp, self.state.Ms_nodes, method, rtol=dcfg["rtol"],
-                tol=dcfg["tol"], grid_tol=dcfg.get("grid_tol"),
-                grid_h=grid_h,
-                length=exchange_length([m["Ms"] for m in mats],
-                                       [m["A"] for m in mats]))
+                sp, self.state.Ms_nodes, method, rtol=d.rtol, tol=d.tol,
+                grid_tol=d.grid_tol, grid_h=grid_h,
+                length=exchange_length([m.Ms for m in mats],
+                                       [m.A for m in mats]))
         finally:
             for key in added:      # later solvers of this process
                 opts.delValue(key)
 
     def _set_initial(self) -> None:
-        init = self.cfg["initial"]
+        init = self.problem.initial
         sp = self.space
-        if init["type"] == "uniform":
-            self.state.set_m(init["m"])
-        elif init["type"] == "random":
+        if init.type == "uniform":
+            self.state.set_m(init.m)
+        elif init.type == "random":
             # drawn in the input mesh's node order: same field for any
             # number of ranks
-            rng = np.random.default_rng(init["seed"])
+            rng = np.random.default_rng(init.seed)
             orig = rng.normal(size=(sp.n, 3))
             arr = np.empty_like(orig)
             arr[sp.perm] = orig
@@ -200,11 +197,11 @@ class Simulation:
             import meshio
             from scipy.spatial import cKDTree
             try:
-                src = meshio.read(init["file"])
+                src = meshio.read(init.file)
                 m = np.asarray(src.point_data["m"], dtype=float)
             except Exception as e:
                 raise ProblemError(
-                    f"initial file {init['file']}: cannot read 'm' ({e})")
+                    f"initial file {init.file}: cannot read 'm' ({e})")
             tree = cKDTree(np.asarray(src.points, dtype=float)[:, :3])
             _, idx = tree.query(sp.mesh.points)
             self.state.set_m(m[idx])
@@ -218,10 +215,10 @@ class Simulation:
             return f"grid, {d.grid}"
         return d.method
 
-    def terms_for(self, stage: dict, t_stage0: Optional[float] = None
-                  ) -> List:
+    def terms_for(self, stage: StageSettings,
+                  t_stage0: Optional[float] = None) -> List:
         """The terms of a stage that started (or starts now) at t_stage0."""
-        fields = self.cfg["field"] + stage["field"]
+        fields = self.problem.fields + stage.field
         terms = list(self.terms)
         if fields:
             H = problem_mod.field_function(
@@ -233,7 +230,7 @@ class Simulation:
 
     def columns(self):
         names = [t.name for t in self.terms]
-        if self.cfg["field"] or any(s["field"] for s in self.stages):
+        if self.problem.fields or any(s.field for s in self.stages):
             names.append("zeeman")
         names = list(dict.fromkeys(names))
         cols = (["stage", "t", "mx", "my", "mz", "E_total"]
@@ -320,7 +317,7 @@ class Simulation:
 
     # ------------------------------------------------------------ stages
 
-    def run_stage(self, stage: dict, index: int = 1, results=None,
+    def run_stage(self, stage: StageSettings, index: int = 1, results=None,
                   table=None, resume: Optional[dict] = None) -> dict:
         """Run one stage; rows go to `table` and snapshots to `results`
         (rank 0) when given. `resume` ({"t_stage0", "next_snap"} of a
@@ -329,15 +326,15 @@ class Simulation:
         st = self.state
         t_stage0 = st.t if resume is None else resume["t_stage0"]
         terms = self.terms_for(stage, t_stage0)
-        if "alpha" in stage:
-            st.set_alpha(stage["alpha"])
+        if stage.alpha is not None:
+            st.set_alpha(stage.alpha)
         else:
             st.set_alpha(self.mats["alpha"])
         dyn = Dynamics(st, terms)
         rank0 = self.rank == 0
         t_run0 = st.t
         prog = self.progress
-        label = f"stage {index}/{len(self.stages)} {stage['name']}"
+        label = f"stage {index}/{len(self.stages)} {stage.name}"
 
         def add_row(row):
             if rank0 and table is not None:
@@ -346,14 +343,14 @@ class Simulation:
         if resume is None:
             add_row(self.record(dyn, index))
         t_wall = time.perf_counter()
-        out: dict = {"name": stage["name"], "type": stage["type"]}
-        if stage["type"] == "relax" and stage["method"] == "bb":
+        out: dict = {"name": stage.name, "type": stage.type}
+        if stage.minimizes:
             def cb(it, torque):
                 if rank0:
                     prog.update(f"{label}: iteration {it}, max |m x H| = "
                                 f"{torque:.3g} A/m")
                 return False
-            res = minimize(dyn, tol=stage["tol"], max_iter=stage["max_iter"],
+            res = minimize(dyn, tol=stage.tol, max_iter=stage.max_iter,
                            callback=cb)
             self.stats["relax_iterations"] += res["iterations"]
             out.update(res)
@@ -362,13 +359,13 @@ class Simulation:
                              f"{res['iterations']} iterations (max |m x H| "
                              f"= {res['torque']:.3g} A/m)")
         else:
-            duration = stage["duration"]
+            duration = stage.duration
             t_end = t_stage0 + duration
-            snap_every = stage.get("snapshot_every", 0.0)
+            snap_every = stage.snapshot_every or 0.0
             next_snap = [t_stage0 + snap_every if snap_every else math.inf]
             if resume is not None and resume.get("next_snap") is not None:
                 next_snap[0] = resume["next_snap"]
-            stop = stage.get("stop_dmdt", 0.0)
+            stop = stage.stop_dmdt or 0.0
 
             def cb(report):
                 row = self.record(dyn, index, report.m, report.t,
@@ -396,19 +393,19 @@ class Simulation:
                         f"{el:.1f} s, {rate * 1e12:.3g} ps/s")
                 return bool(stop) and row["max_dmdt"] < stop
             try:
-                res = integrate(dyn, t_end, method=stage["integrator"],
-                                rtol=stage["rtol"], atol=stage["atol"],
-                                dt=stage["dt"] or None,
-                                adaptive=stage["adaptive"],
-                                order=stage["order"],
-                                output_every=stage["output_every"],
+                res = integrate(dyn, t_end, method=stage.integrator,
+                                rtol=stage.rtol, atol=stage.atol,
+                                dt=stage.dt or None,
+                                adaptive=stage.adaptive,
+                                order=stage.order,
+                                output_every=stage.output_every,
                                 callback=cb)
             except IntegrationError as e:
                 raise SimulationError(f"{label}: {e}") from None
             self.stats["steps"] += res["steps"]
             self.stats["rejected"] += res["rejected"]
             out.update(res)
-        if stage["type"] == "relax":
+        if stage.type == "relax":
             add_row(self.record(dyn, index))
         out["wall_time"] = time.perf_counter() - t_wall
         out["rhs_evals"] = dyn.n_rhs
@@ -551,7 +548,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
         # steadier figure than the wall time (MPI waits spin, so a rank
         # that waits is still counted while it runs)
         solve_cpu = comm.gather(time.process_time() - cpu_solve, root=0)
-        if prob.config["output"]["vtu"]:
+        if prob.output.vtu:
             sim.snapshot(results, sim.state.m, sim.state.t,
                          name="m_final.vtu")
         rss = comm.gather(_peak_rss_mb(), root=0)
@@ -588,7 +585,7 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
             summary["peak_rss_mb"] = {"max": max(rss), "sum": sum(rss),
                                       "per_rank": rss}
             summary["wall_time_s"] = time.perf_counter() - t_start
-            if prob.config["output"]["png"] and table is not None:
+            if prob.output.png and table is not None:
                 arr = table.array()
                 c = table.columns
                 keep = arr[:, c.index("stage")] > 0
