@@ -26,7 +26,7 @@ import math
 import resource
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -137,14 +137,10 @@ class Simulation:
         self.stats: Dict[str, float] = {"steps": 0, "rejected": 0,
                                         "relax_iterations": 0,
                                         "field_time": 0.0}
-        # checkpoints (set up by `run`): written only when enabled, which
-        # is the same on every rank
-        self.ck_every: Optional[float] = None
-        self.ck_path = None              # rank 0
-        self.ck_key = ""
-        # run()'s part of the meta data
-        self.ck_base: Callable[[], dict] = dict
-        self._ck_last = time.perf_counter()
+        # set up by `run`: its account so far and its checkpoints (the
+        # same on every rank: None when they are off)
+        self.log: Optional[ckpt_mod.RunLog] = None
+        self.checkpoints: Optional[ckpt_mod.Writer] = None
 
     # ------------------------------------------------------------ setup
 
@@ -266,7 +262,7 @@ class Simulation:
         return int(self.stats.get("field_evals", 0)
                    + (dyn.n_field if dyn is not None else 0))
 
-    # ------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------ mesh
 
     def mesh_original(self):
         """(points, tets) of the mesh in the input numbering."""
@@ -274,57 +270,18 @@ class Simulation:
         order = np.argsort(sp.perm)          # new id -> old id
         return sp.to_original(sp.mesh.points), order[sp.mesh.tets]
 
-    def checkpoint_due(self, forced: bool = False) -> bool:
-        """Whether to checkpoint now (rank 0 decides: wall clocks differ
-        between ranks, and the gather is collective)."""
-        if self.ck_every is None:
-            return False
-        due = forced or (time.perf_counter() - self._ck_last
-                         >= self.ck_every)
-        return bool(self.comm.bcast(due, root=0))
-
-    def write_checkpoint(self, index: int, done: bool, m_vec=None,
-                         t: Optional[float] = None,
-                         t_stage0: Optional[float] = None,
-                         next_snap: Optional[float] = None,
-                         dyn: Optional[Dynamics] = None, steps: int = 0,
-                         table=None, snapshots: int = 0) -> None:
-        """Checkpoint stage `index` at (m_vec, t): finished (done) or
-        going, `dyn`/`steps` its integrator's counts so far. Collective;
-        rank 0 writes."""
-        m_vec = self.state.m if m_vec is None else m_vec
-        m = self.space.gather(m_vec)
-        self._ck_last = time.perf_counter()
-        if self.rank != 0 or self.ck_path is None:
-            return
-        stats = dict(self.stats)
-        if dyn is not None:
-            stats["steps"] += steps
-            for k, v in (("field_evals", dyn.n_field),
-                         ("rhs_evals", dyn.n_rhs),
-                         ("field_time", dyn.field_time)):
-                stats[k] = stats.get(k, 0) + v
-        t = self.state.t if t is None else t
-        meta = dict(self.ck_base(), key=self.ck_key, stage=index, done=done,
-                    t=float(t), t_stage0=None if t_stage0 is None
-                    else float(t_stage0),
-                    next_snap=None if next_snap is None or
-                    not math.isfinite(next_snap) else float(next_snap),
-                    snapshots=snapshots, stats=stats,
-                    ranks=self.comm.Get_size())
-        rows = table.array() if table is not None else np.zeros((0, 0))
-        ckpt_mod.save(self.ck_path, self.space.to_original(m), rows, meta)
-
     # ------------------------------------------------------------ stages
 
     def run_stage(self, stage: StageSettings, index: int = 1, results=None,
-                  table=None, resume: Optional[dict] = None) -> dict:
+                  table=None, start: Optional[ckpt_mod.Resume] = None
+                  ) -> dict:
         """Run one stage; rows go to `table` and snapshots to `results`
-        (rank 0) when given. `resume` ({"t_stage0", "next_snap"} of a
-        checkpoint) continues the stage from the current state (its time
-        st.t and its rows up to st.t already recorded)."""
+        (rank 0) when given. When `start` says the stage was going, it
+        continues from the current state (its time st.t, its rows up to
+        st.t already recorded)."""
         st = self.state
-        t_stage0 = st.t if resume is None else resume["t_stage0"]
+        going = start is not None and start.going(index)
+        t_stage0 = start.t_stage0 if going else st.t
         terms = self.terms_for(stage, t_stage0)
         if stage.alpha is not None:
             st.set_alpha(stage.alpha)
@@ -340,7 +297,7 @@ class Simulation:
             if rank0 and table is not None:
                 table.append(row)
 
-        if resume is None:
+        if not going:
             add_row(self.record(dyn, index))
         t_wall = time.perf_counter()
         out: dict = {"name": stage.name, "type": stage.type}
@@ -363,8 +320,8 @@ class Simulation:
             t_end = t_stage0 + duration
             snap_every = stage.snapshot_every or 0.0
             next_snap = [t_stage0 + snap_every if snap_every else math.inf]
-            if resume is not None and resume.get("next_snap") is not None:
-                next_snap[0] = resume["next_snap"]
+            if going and start.next_snap is not None:
+                next_snap[0] = start.next_snap
             stop = stage.stop_dmdt or 0.0
 
             def cb(report):
@@ -376,8 +333,9 @@ class Simulation:
                     self.snapshot(results, report.m, report.t)
                     while next_snap[0] <= report.t + 1e-9 * duration:
                         next_snap[0] += snap_every
-                if not report.final and self.checkpoint_due(snapped):
-                    self.write_checkpoint(
+                ck = self.checkpoints
+                if ck is not None and not report.final and ck.due(snapped):
+                    ck.write(
                         index, False, report.m, report.t, t_stage0,
                         next_snap[0], dyn, report.step, table,
                         results.snapshots if results is not None else 0)
@@ -434,23 +392,57 @@ class Simulation:
                              extra={"Ms": self.state.Ms_nodes}, name=name)
 
 
-def _resume_point(sim: Simulation, results: Optional[Results],
-                  resume: bool, prog: Progress) -> Optional[dict]:
-    """The checkpoint to continue from (on every rank), or None: then
-    the staging directory is emptied. Collective."""
-    comm, rank = sim.comm, sim.rank
-    ck = None
-    if rank == 0:
+def _start(sim: Simulation, results: Optional[Results], resume: bool,
+           every: Optional[float]) -> ckpt_mod.Resume:
+    """Where the run starts (the same on every rank): from the
+    checkpoint in the staging directory if `resume` and it was written
+    for this very run, else from the beginning (the staging directory
+    emptied). Sets up the run's log and its checkpoints (none when
+    `every` is None). Collective."""
+    ck = key = path = None
+    if sim.rank == 0:
         points, tets = sim.mesh_original()
-        sim.ck_key = ckpt_mod.key(sim.problem, points, tets)
-        sim.ck_path = results.stage_dir / ckpt_mod.NAME
+        key = ckpt_mod.key(sim.problem, points, tets)
+        path = results.stage_dir / ckpt_mod.NAME
         if resume:
-            ck, why = ckpt_mod.load_matching(sim.ck_path, sim.ck_key,
-                                             sim.space.n, sim.columns()[0])
+            ck, why = ckpt_mod.load_matching(path, key, sim.space.n,
+                                             sim.columns()[0])
             if ck is None:
-                prog.message(f"note: {why}: starting from the beginning")
+                sim.progress.message(f"note: {why}: starting from the "
+                                     f"beginning")
                 results.reset()
-    return comm.bcast(ck, root=0)
+    ck = sim.comm.bcast(ck, root=0)
+    start = ckpt_mod.Resume() if ck is None else ckpt_mod.Resume.of(ck)
+    sim.log = start.log(sim.columns()[0])
+    if every is not None:
+        sim.checkpoints = ckpt_mod.Writer(sim, path, key, every, sim.log)
+    return start
+
+
+def _open_table(sim: Simulation, results: Optional[Results],
+                start: ckpt_mod.Resume):
+    """The run's table (rank 0; None elsewhere) with the rows of the run
+    so far; the run's first lines of progress."""
+    if sim.rank != 0:
+        return None
+    prog, sp = sim.progress, sim.space
+    prog.message(f"mesh: {sp.mesh.summary()}, {len(sp.boundary_nodes)} "
+                 f"boundary nodes; demag: {sim.demag_summary()}; "
+                 f"{sim.comm.Get_size()} rank(s); setup "
+                 f"{sim.setup_time:.2f} s")
+    if start.resumes:
+        results.restore(start.snapshots)
+        prog.message(f"resuming stage {start.stage} "
+                     f"({'finished' if start.done else 'going'}) at t = "
+                     f"{start.t:.6g} s from "
+                     f"{results.stage_dir / ckpt_mod.NAME}")
+    results.write_text("effective.toml",
+                       problem_mod.to_toml(sim.problem.config))
+    cols, units = sim.columns()
+    table = results.open_table(sim.problem.title or "micromag", cols, units)
+    for row in start.rows:
+        table.append(dict(zip(cols, row)))
+    return table
 
 
 def run(prob: problem_mod.Problem, out_dir, comm=None,
@@ -467,83 +459,31 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
     problem, mesh and solver (else start from the beginning); on any
     number of ranks."""
     comm = comm if comm is not None else comm_world()
-    rank = comm.Get_rank()
     t_start = time.perf_counter()
-    prog = Progress(enabled=progress and rank == 0)
-    results = Results(out_dir, keep=resume) if rank == 0 else None
+    rank0 = comm.Get_rank() == 0
+    prog = Progress(enabled=progress and rank0)
+    results = Results(out_dir, keep=resume) if rank0 else None
     try:
         sim = Simulation(prob, comm, prog)
         for note in sim.notes:
             prog.message(f"note: {note}")
-        sp = sim.space
-        ck = _resume_point(sim, results, resume, prog)
-        sim.ck_every = checkpoint_every
-        if checkpoint_every is None and rank == 0:
-            sim.ck_path = None
-        meta = ck["meta"] if ck is not None else {}
-        if rank == 0:
-            prog.message(f"mesh: {sp.mesh.summary()}, "
-                         f"{len(sp.boundary_nodes)} boundary nodes; "
-                         f"demag: {sim.demag_summary()}; "
-                         f"{comm.Get_size()} rank(s); setup "
-                         f"{sim.setup_time:.2f} s")
-            if ck is not None:
-                results.restore(meta["snapshots"])
-                prog.message(f"resuming stage {meta['stage']} "
-                             f"({'finished' if meta['done'] else 'going'})"
-                             f" at t = {meta['t']:.6g} s from "
-                             f"{sim.ck_path}")
-            results.write_text("effective.toml",
-                               problem_mod.to_toml(prob.config))
-            cols, units = sim.columns()
-            table = results.open_table(prob.title or "micromag", cols,
-                                       units)
-            if ck is not None:
-                for row in ck["rows"]:
-                    table.append(dict(zip(cols, row)))
-        else:
-            table = None
-        stage_out = list(meta.get("stage_out", []))
-        stage_starts = list(meta.get("stage_starts", []))
-        resumed = list(meta.get("resumed", []))
-        solve_before = float(meta.get("solve_time_s", 0.0))
-        first, stage_resume = 1, None
-        if ck is not None:
-            orig = ck["m"]
-            arr = np.empty_like(orig)
-            arr[sp.perm] = orig
-            sim.state.set_m(arr)
-            sim.state.t = float(meta["t"])
-            sim.stats = dict(meta["stats"])
-            resumed.append({"stage": meta["stage"], "t": meta["t"],
-                            "ranks_before": meta["ranks"]})
-            first = meta["stage"] + (1 if meta["done"] else 0)
-            if not meta["done"]:
-                stage_resume = {"t_stage0": meta["t_stage0"],
-                                "next_snap": meta["next_snap"]}
-        t_solve = time.perf_counter()
+        start = _start(sim, results, resume, checkpoint_every)
+        table = _open_table(sim, results, start)
+        sim.stats = start.restore(sim.state, sim.space.perm) or sim.stats
         cpu_solve = time.process_time()
-
-        def base_meta():
-            return {"stage_out": stage_out, "stage_starts": stage_starts,
-                    "resumed": resumed, "columns": sim.columns()[0],
-                    "solve_time_s": solve_before
-                    + time.perf_counter() - t_solve}
-
+        sim.log.t_solve = time.perf_counter()
         for i, stage in enumerate(sim.stages, start=1):
-            if i < first:
+            if start.finished(i):
                 continue
-            if i != first or stage_resume is None:
-                stage_starts.append(sim.state.t)
-            sim.ck_base = base_meta
-            stage_out.append(sim.run_stage(
-                stage, i, results, table,
-                resume=stage_resume if i == first else None))
-            if sim.ck_every is not None:
-                sim.write_checkpoint(i, True, table=table,
-                                     snapshots=results.snapshots
-                                     if results is not None else 0)
-        solve_time = solve_before + time.perf_counter() - t_solve
+            if not start.going(i):
+                sim.log.stage_starts.append(sim.state.t)
+            sim.log.stage_out.append(sim.run_stage(stage, i, results, table,
+                                                   start))
+            if sim.checkpoints is not None:
+                sim.checkpoints.write(i, True, table=table,
+                                      snapshots=results.snapshots
+                                      if results is not None else 0)
+        solve_time = sim.log.solve_time()
         # CPU seconds of the solve per rank: on a shared machine a
         # steadier figure than the wall time (MPI waits spin, so a rank
         # that waits is still counted while it runs)
@@ -551,56 +491,67 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
         if prob.output.vtu:
             sim.snapshot(results, sim.state.m, sim.state.t,
                          name="m_final.vtu")
+        summary = _summary(sim, argv, solve_time)
         rss = comm.gather(_peak_rss_mb(), root=0)
-        summary = {
-            "title": prob.title,
-            "problem": str(prob.path) if prob.path else None,
-            "ranks": comm.Get_size(),
-            "nodes": sp.n, "tets": int(len(sp.mesh.tets)),
-            "boundary_nodes": int(len(sp.boundary_nodes)),
-            "demag": sim.demag is not None,
-            "demag_method": getattr(sim.demag, "method", None),
-            "demag_grid": None if getattr(sim.demag, "grid", None) is None
-            else {"cells": list(sim.demag.grid.n),
-                  "h_m": sim.demag.grid.h.tolist()},
-            "terms": [t.name for t in sim.terms],
-            "setup_time_s": sim.setup_time,
-            "solve_time_s": solve_time,
-            "steps": int(sim.stats["steps"]),
-            "rejected_steps": int(sim.stats["rejected"]),
-            "relax_iterations": int(sim.stats["relax_iterations"]),
-            "rhs_evals": int(sim.stats.get("rhs_evals", 0)),
-            "field_evals": int(sim.stats.get("field_evals", 0)),
-            "field_time_s": sim.stats["field_time"],
-            "t_end_s": sim.state.t,
-            "m_final": sim.state.average_m().tolist(),
-            "stages": stage_out,
-            "notes": sim.notes,
-            "argv": argv,
-            "resumed": resumed,
-        }
-        if rank == 0:
+        if rank0:
             summary["solve_cpu_s"] = {"max": max(solve_cpu),
                                       "per_rank": solve_cpu}
             summary["peak_rss_mb"] = {"max": max(rss), "sum": sum(rss),
                                       "per_rank": rss}
             summary["wall_time_s"] = time.perf_counter() - t_start
-            if prob.output.png and table is not None:
-                arr = table.array()
-                c = table.columns
-                keep = arr[:, c.index("stage")] > 0
-                plot_m(results.stage_dir / "m_t.png",
-                       arr[keep, c.index("t")],
-                       arr[keep][:, [c.index("mx"), c.index("my"),
-                                     c.index("mz")]],
-                       prob.title, stage_starts[1:])
-            results.write_json("summary.json", summary)
-            results.commit()
+            _finish(sim, results, table, summary)
         return summary
     except BaseException as e:
-        if rank == 0 and results is not None:
+        if results is not None:
             prog.finish()
             msg = str(e) if isinstance(e, MagError) else \
                 "".join(traceback.format_exception(e))
             results.fail(msg)
         raise
+
+
+def _summary(sim: Simulation, argv, solve_time: float) -> dict:
+    """The run's summary (the same on every rank)."""
+    sp, prob, stats, demag = sim.space, sim.problem, sim.stats, sim.demag
+    grid = getattr(demag, "grid", None)
+    return {
+        "title": prob.title,
+        "problem": str(prob.path) if prob.path else None,
+        "ranks": sim.comm.Get_size(),
+        "nodes": sp.n, "tets": int(len(sp.mesh.tets)),
+        "boundary_nodes": int(len(sp.boundary_nodes)),
+        "demag": demag is not None,
+        "demag_method": getattr(demag, "method", None),
+        "demag_grid": None if grid is None
+        else {"cells": list(grid.n), "h_m": grid.h.tolist()},
+        "terms": [t.name for t in sim.terms],
+        "setup_time_s": sim.setup_time,
+        "solve_time_s": solve_time,
+        "steps": int(stats["steps"]),
+        "rejected_steps": int(stats["rejected"]),
+        "relax_iterations": int(stats["relax_iterations"]),
+        "rhs_evals": int(stats.get("rhs_evals", 0)),
+        "field_evals": int(stats.get("field_evals", 0)),
+        "field_time_s": stats["field_time"],
+        "t_end_s": sim.state.t,
+        "m_final": sim.state.average_m().tolist(),
+        "stages": sim.log.stage_out,
+        "notes": sim.notes,
+        "argv": argv,
+        "resumed": sim.log.resumed,
+    }
+
+
+def _finish(sim: Simulation, results: Results, table, summary: dict
+            ) -> None:
+    """Rank 0: the plot of <m>(t), summary.json, the results in place."""
+    prob = sim.problem
+    if prob.output.png and table is not None:
+        arr = table.array()
+        c = table.columns
+        keep = arr[:, c.index("stage")] > 0
+        plot_m(results.stage_dir / "m_t.png", arr[keep, c.index("t")],
+               arr[keep][:, [c.index("mx"), c.index("my"), c.index("mz")]],
+               prob.title, sim.log.stage_starts[1:])
+    results.write_json("summary.json", summary)
+    results.commit()
