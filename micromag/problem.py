@@ -101,7 +101,7 @@ from __future__ import annotations
 import math
 import os
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -562,26 +562,21 @@ def _initial(c: _Checker, raw, base: Path) -> InitialSettings:
 
 
 def _demag(c: _Checker, raw) -> DemagSettings:
-    demag = c.table(raw, DemagSettings, "demag")
-    d = DemagSettings()
-    out = {"enabled": demag.get("enabled", d.enabled),
-           "rtol": c.positive(demag.get("rtol", d.rtol), "demag rtol"),
-           "method": demag.get("method", d.method),
-           "tol": demag.get("tol", d.tol)}
-    if out["method"] not in DEMAG_METHODS:
-        c.fail(f"demag method '{out['method']}' unknown (choose from "
+    d = DemagSettings.of(c.table(raw, DemagSettings, "demag"))
+    c.positive(d.rtol, "demag rtol")
+    if d.method not in DEMAG_METHODS:
+        c.fail(f"demag method '{d.method}' unknown (choose from "
                f"{', '.join(DEMAG_METHODS)})")
-    if not 0.0 < out["tol"] <= 0.1:
+    if not 0.0 < d.tol <= 0.1:
         c.fail("demag tol must be in (0, 0.1]")
-    if "grid_tol" in demag:
-        if not 0.0 < demag["grid_tol"] <= 1.0:
-            c.fail("demag grid_tol must be in (0, 1]")
-        out["grid_tol"] = demag["grid_tol"]
-    if "grid_h" in demag:
-        out["grid_h"] = (c.positive_vector(demag["grid_h"], "demag grid_h")
-                         if isinstance(demag["grid_h"], list)
-                         else c.positive(demag["grid_h"], "demag grid_h"))
-    return DemagSettings.of(out)
+    if d.grid_tol is not None and not 0.0 < d.grid_tol <= 1.0:
+        c.fail("demag grid_tol must be in (0, 1]")
+    if isinstance(d.grid_h, tuple):
+        return replace(d, grid_h=tuple(c.positive_vector(d.grid_h,
+                                                         "demag grid_h")))
+    if d.grid_h is not None:
+        c.positive(d.grid_h, "demag grid_h")
+    return d
 
 
 def _petsc(c: _Checker, petsc) -> Tuple[Tuple[str, Any], ...]:
@@ -632,22 +627,17 @@ def _field(c: _Checker, raw, where: str) -> FieldSettings:
     f = c.table(raw, FieldSettings, where)
     if "H" not in f:
         c.fail(f"[{where}] needs H")
-    unit = f.get("unit", "mT")
-    if unit not in FIELD_UNITS:
-        c.fail(f"field unit '{unit}' unknown (choose from "
+    f = FieldSettings.of(f)
+    if f.unit not in FIELD_UNITS:
+        c.fail(f"field unit '{f.unit}' unknown (choose from "
                f"{', '.join(FIELD_UNITS)})")
-    out = {"H": c.vector(f["H"], f"H in [{where}]"), "unit": unit,
-           "amplitude": c.vector(f.get("amplitude", [0.0, 0.0, 0.0]),
-                                 f"amplitude in [{where}]"),
-           "frequency": c.nonneg(f.get("frequency", 0.0),
-                                 f"frequency in [{where}]"),
-           "phase": f.get("phase", 0.0),
-           "ramp": c.nonneg(f.get("ramp", 0.0), f"ramp in [{where}]"),
-           "t_on": c.nonneg(f.get("t_on", 0.0), f"t_on in [{where}]"),
-           "t_off": f.get("t_off", math.inf)}
-    if not out["t_off"] > out["t_on"]:
+    for key in ("frequency", "ramp", "t_on"):
+        c.nonneg(getattr(f, key), f"{key} in [{where}]")
+    if not f.t_off > f.t_on:
         c.fail(f"t_off in [{where}] must be after t_on")
-    return FieldSettings.of(out)
+    return replace(f, H=tuple(c.vector(f.H, f"H in [{where}]")),
+                   amplitude=tuple(c.vector(f.amplitude,
+                                            f"amplitude in [{where}]")))
 
 
 # keys of llg stages and of relax stages; a relax stage with method
