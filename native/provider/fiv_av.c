@@ -49,6 +49,8 @@ static int av_insert(struct fid_av *av_fid, const void *addr, size_t count,
     (void)context;
     struct fiv_av *av = container_of(av_fid, struct fiv_av, av);
     struct fiv_domain *d = av->dom;
+    if (!addr && count)
+        return -FI_EINVAL; /* e.g. an info without a dest_addr */
     /* names are FIV_ADDR_LEN bytes each, packed */
     fiv_lock(d);
     if (av->count + count > av->cap) {
