@@ -289,6 +289,8 @@ struct fiv_cntr {
 struct fiv_av_entry {
     struct fiv_addr addr;
     bool used;
+    uint32_t inserts;     /* a name inserted again gets this entry back
+                             (fiv_av.c); fi_av_remove undoes one insert */
 };
 
 struct fiv_av {

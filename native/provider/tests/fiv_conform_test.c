@@ -6,8 +6,8 @@
  * transmit and receive sides, domain capabilities we lack), the
  * connection calls of an RDM endpoint, fi_cq_signal, a send with
  * FI_INJECT in its flags, a remote-write counter of an endpoint that
- * asked for FI_RMA alone, and the last message of a sender that left
- * before it was inserted.
+ * asked for FI_RMA alone, a name inserted twice, and the last message of
+ * a sender that left before it was inserted.
  */
 #include <pthread.h>
 
@@ -302,6 +302,44 @@ static void departed_sender(struct rank *r, bool peek)
     t_close(r);
 }
 
+/* A name inserted again is the same address (as libfabric's own AVs
+   answer; an MPI's MPI_Comm_connect/accept inserts a peer it knows):
+   receives directed at it match, and one fi_av_remove of the two keeps
+   the peer. */
+static void inserted_twice(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    fi_addr_t src = FI_ADDR_NOTAVAIL;
+    if (r->me == 0) {
+        fi_addr_t again = FI_ADDR_NOTAVAIL;
+        REQ_RC(fi_av_insert(r->av, r->names + NAMELEN, 1, &again, 0, NULL), 1);
+        REQ(again == r->addr[1]);
+        uint64_t got = 0;
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, again, 1, 0, &got), 0);
+        t_barrier(r);
+        REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+        REQ(got == 11 && src == r->addr[1]);
+        REQ_RC(fi_av_remove(r->av, &again, 1, 0), 0);
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[1], 2, 0, &got), 0);
+        t_barrier(r);
+        REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+        REQ(got == 12 && src == r->addr[1]);
+    } else {
+        uint64_t v = 11;
+        t_barrier(r);
+        REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 1, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        v = 12;
+        t_barrier(r);
+        REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 2, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    }
+    t_barrier(r);
+    t_close(r);
+}
+
 static void departed_unread(struct rank *r) { departed_sender(r, false); }
 static void departed_read(struct rank *r) { departed_sender(r, true); }
 
@@ -347,6 +385,10 @@ int main(void)
     f = t_run(2, rma_event_counter, env2, 30, NULL);
     printf("%s: FI_RMA alone: remote writes counted, every object closes\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, inserted_twice, env2, 30, NULL);
+    printf("%s: a name inserted twice is one address\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, departed_unread, env2, 30, NULL);
