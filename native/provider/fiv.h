@@ -49,9 +49,22 @@
      FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_DIRECTED_RECV |         \
      FI_MULTI_RECV | FI_SOURCE | FI_RMA_EVENT | FI_LOCAL_COMM |               \
      FI_REMOTE_COMM)
+/* Of these, what applies to the transmit side and to the receive side
+   (fi_getinfo(3): tx_attr and rx_attr carry only their own). */
+#define FIV_TX_CAPS                                                           \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_READ | FI_WRITE)
+#define FIV_RX_CAPS                                                           \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_RECV | FI_REMOTE_READ |     \
+     FI_REMOTE_WRITE | FI_DIRECTED_RECV | FI_MULTI_RECV | FI_SOURCE |         \
+     FI_RMA_EVENT)
 #define FIV_TX_OP_FLAGS                                                       \
     (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
      FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
+/* Internal to our calls: the inject calls (fi_inject & co.) write no
+   completion. FI_INJECT in a *msg call's flags only lets the caller reuse
+   its buffer at once: that operation still completes (fi_msg(3)). A bit
+   libfabric leaves to providers, cleared from what an application passes. */
+#define FIV_NO_EVENT (1ULL << 62)
 #define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
 /* Every operation to a peer travels one ordered path and its target
    handles them in arrival order (fiv_rma.c: a read larger than
@@ -288,6 +301,7 @@ struct fiv_cq {
     struct fiv_ep **eps;  /* endpoints that report here: progress them    */
     size_t neps;
     int refs;
+    bool signaled;        /* fi_cq_signal: a blocking read returns        */
 };
 
 struct fiv_cntr {
@@ -303,6 +317,8 @@ struct fiv_cntr {
 struct fiv_av_entry {
     struct fiv_addr addr;
     bool used;
+    uint32_t inserts;     /* a name inserted again gets this entry back
+                             (fiv_av.c); fi_av_remove undoes one insert */
 };
 
 struct fiv_av {

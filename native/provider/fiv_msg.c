@@ -730,7 +730,7 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
     uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
                   (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
     uint64_t cflags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
-    bool want = !inject && want_tx(ep, flags);
+    bool want = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
     struct fiv_domain *d = ep->dom;
     fiv_lock(d);
     struct fiv_peer *p = fiv_peer(ep, dest);
@@ -823,14 +823,14 @@ static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
                          uint64_t flags)
 {
     return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0,
-                    msg->data, msg->context, flags, false);
+                    msg->data, msg->context, flags & ~FIV_NO_EVENT, false);
 }
 
 static ssize_t m_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest)
 {
     struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT, false);
+    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT | FIV_NO_EVENT, false);
 }
 
 static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
@@ -849,7 +849,7 @@ static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
 {
     struct iovec v = {(void *)buf, len};
     return send_msg(EP(e), &v, 1, dest, 0, data, NULL,
-                    FI_INJECT | FI_REMOTE_CQ_DATA, false);
+                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, false);
 }
 
 struct fi_ops_msg fiv_msg_ops = {
@@ -913,14 +913,14 @@ static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
                          uint64_t flags)
 {
     return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
-                    msg->data, msg->context, flags, true);
+                    msg->data, msg->context, flags & ~FIV_NO_EVENT, true);
 }
 
 static ssize_t t_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest, uint64_t tag)
 {
     struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT, true);
+    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT | FIV_NO_EVENT, true);
 }
 
 static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
@@ -939,7 +939,7 @@ static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
 {
     struct iovec v = {(void *)buf, len};
     return send_msg(EP(e), &v, 1, dest, tag, data, NULL,
-                    FI_INJECT | FI_REMOTE_CQ_DATA, true);
+                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, true);
 }
 
 struct fi_ops_tagged fiv_tagged_ops = {

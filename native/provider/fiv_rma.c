@@ -472,7 +472,7 @@ static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
     r->peer = dest;
     r->context = context;
     r->flags = FI_RMA | FI_WRITE;
-    r->complete_ev = !(flags & FI_INJECT) && want_tx(ep, flags);
+    r->complete_ev = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
     r->op = FIV_OP_WRITE | FIV_F_ACK | (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
@@ -562,14 +562,15 @@ static ssize_t r_writemsg(struct fid_ep *e, const struct fi_msg_rma *m,
         return -FI_EINVAL;
     return rma_write(EP(e), m->msg_iov, m->iov_count, m->addr,
                      m->rma_iov[0].addr, m->rma_iov[0].key, m->data,
-                     m->context, flags);
+                     m->context, flags & ~FIV_NO_EVENT);
 }
 
 static ssize_t r_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest, uint64_t addr, uint64_t key)
 {
     struct iovec v = {(void *)buf, len};
-    return rma_write(EP(e), &v, 1, dest, addr, key, 0, NULL, FI_INJECT);
+    return rma_write(EP(e), &v, 1, dest, addr, key, 0, NULL,
+                     FI_INJECT | FIV_NO_EVENT);
 }
 
 static ssize_t r_writedata(struct fid_ep *e, const void *buf, size_t len,
@@ -588,7 +589,7 @@ static ssize_t r_injectdata(struct fid_ep *e, const void *buf, size_t len,
 {
     struct iovec v = {(void *)buf, len};
     return rma_write(EP(e), &v, 1, dest, addr, key, data, NULL,
-                     FI_INJECT | FI_REMOTE_CQ_DATA);
+                     FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA);
 }
 
 struct fi_ops_rma fiv_rma_ops = {
@@ -639,7 +640,7 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     r->peer = dest;
     r->context = ctx;
     r->flags = FI_ATOMIC | (fetch ? FI_READ : FI_WRITE);
-    r->complete_ev = !(flags & FI_INJECT) && want_tx(ep, flags);
+    r->complete_ev = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
     r->op = FIV_OP_ATOMIC | (fetch ? FIV_F_FETCH : 0) | (cmp ? FIV_F_COMPARE : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
@@ -685,7 +686,7 @@ static ssize_t a_writemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     return atomic_issue(EP(e), m->msg_iov[0].addr, NULL, NULL,
                         m->msg_iov[0].count, m->addr, m->rma_iov[0].addr,
                         m->rma_iov[0].key, m->datatype, m->op, m->context,
-                        flags, false);
+                        flags & ~FIV_NO_EVENT, false);
 }
 
 static ssize_t a_inject(struct fid_ep *e, const void *buf, size_t count,
@@ -695,7 +696,7 @@ static ssize_t a_inject(struct fid_ep *e, const void *buf, size_t count,
     if (op >= FI_CSWAP || op == FI_ATOMIC_READ)
         return -FI_EINVAL;
     return atomic_issue(EP(e), buf, NULL, NULL, count, dest, addr, key, dt, op,
-                        NULL, FI_INJECT, false);
+                        NULL, FI_INJECT | FIV_NO_EVENT, false);
 }
 
 static ssize_t a_readwrite(struct fid_ep *e, const void *buf, size_t count,
@@ -737,7 +738,7 @@ static ssize_t a_readwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     return atomic_issue(EP(e), m->iov_count ? m->msg_iov[0].addr : NULL, NULL,
                         resultv[0].addr, resultv[0].count, m->addr,
                         m->rma_iov[0].addr, m->rma_iov[0].key, m->datatype,
-                        m->op, m->context, flags, true);
+                        m->op, m->context, flags & ~FIV_NO_EVENT, true);
 }
 
 static ssize_t a_compwrite(struct fid_ep *e, const void *buf, size_t count,
@@ -788,7 +789,7 @@ static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     return atomic_issue(EP(e), m->msg_iov[0].addr, comparev[0].addr,
                         resultv[0].addr, m->msg_iov[0].count, m->addr,
                         m->rma_iov[0].addr, m->rma_iov[0].key, m->datatype,
-                        m->op, m->context, flags, true);
+                        m->op, m->context, flags & ~FIV_NO_EVENT, true);
 }
 
 static int a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
