@@ -50,8 +50,9 @@ class Launch:
     every rank prints its per-rank transport line at exit. options: the
     MPI's own parameters (Open MPI's MCA), refused by an MPI without
     them. scratch: a directory the launcher sees, for the files the
-    flavour writes for it (Command.files). build: another native build
-    whose transport the ranks load (default: this checkout's)."""
+    flavour writes for it (Command.files). components: another directory
+    holding our transport's file that the ranks load (default: this
+    checkout's build)."""
     program: Sequence[str]
     np: int
     transport: str = "ivshmem"
@@ -69,7 +70,7 @@ class Launch:
     env: Mapping[str, str] = field(default_factory=dict)
     options: Sequence[Tuple[str, str]] = ()
     scratch: Optional[str] = None
-    build: Optional[str] = None
+    components: Optional[str] = None
 
 
 @dataclass

@@ -164,7 +164,7 @@ class OpenMpi(Flavor):
         in_instances = bool(launch.hosts or launch.rank_hosts)
         mca: List[Tuple[str, str]] = []
         if launch.transport == "ivshmem" and not launch.installed:
-            ours = component_dir(launch.build)
+            ours = launch.components or component_dir()
             mca.append(("mca_base_component_path",
                         f"{stock_component_dir()}:{ours}"))
         mca += [("pml", "ob1"),
