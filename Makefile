@@ -22,7 +22,7 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   slurmctld slurmd slurm-client munge libpmix-dev
 
 .PHONY: all deps build mpis test-trixie test-slurm-vm asan fuzz-build test test-native test-fuzz test-python \
-        test-hostile-long \
+        test-hostile-long test-fi-hostile-long \
         demo bench bench-p2p fuzz clean deb guest-image mag-study peer-neuralmag
 
 all: build
@@ -100,6 +100,11 @@ test-native: asan
 # each of its cases for 2 s instead of make test's 120 ms (about 7 min).
 test-hostile-long: asan
 	cd $(ASAN) && IVSHM_HOSTILE_MS=2000 ./test_hostile_harness
+
+# The provider's forging co-tenant at length (docs/security.md, "Well-formed
+# messages of an admitted rank"): every case 25 times (about 2 min).
+test-fi-hostile-long: asan
+	cd $(ASAN) && FI_PROVIDER_PATH=$$PWD/provider FIV_FORGE_ROUNDS=25 ./provider/fiv_forge
 
 # Bounded fuzz smoke run of every harness (corpus kept in build/).
 test-fuzz: fuzz-build

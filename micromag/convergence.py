@@ -87,7 +87,7 @@ def problem_toml(prob: problem_mod.Problem, cell: float, layers: int,
     shortens the last llg stage; `method` sets the demag method and
     `edge_h` grades the cells towards the lateral faces (both: as given
     in the problem when None). Snapshots only at the stage's end."""
-    cfg = copy.deepcopy(prob.config)
+    cfg = prob.config
     mesh = cfg["mesh"]
     if mesh["shape"] != "box" or not mesh.get("structured", False):
         raise ProblemError("a convergence study needs a structured box mesh")
@@ -185,32 +185,31 @@ def first_crossing(curve: Dict[str, np.ndarray]) -> Optional[float]:
 def reference_for(prob: problem_mod.Problem) -> Optional[dict]:
     """The published reference of `prob` if it is µMAG standard problem
     4, field 1 (box, material, the last llg stage's field), else None."""
-    cfg = prob.config
-    mesh = cfg["mesh"]
-    if mesh["shape"] != "box" or len(cfg["material"]) != 1:
+    mesh = prob.mesh
+    if mesh.shape != "box" or len(prob.materials) != 1:
         return None
-    unit = problem_mod.UNITS[mesh["unit"]]
-    mat = cfg["material"][0]
+    mat = prob.materials[0]
 
     def close(a, b):
         return all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12)
                    for x, y in zip(a, b))
-    if not (close([v * unit for v in mesh["size"]], _SP4["size"])
-            and close([mat[k] for k in ("Ms", "A", "alpha", "gamma")],
+    if not (close([v * mesh.metres for v in mesh.size], _SP4["size"])
+            and close([getattr(mat, k) for k in ("Ms", "A", "alpha",
+                                                 "gamma")],
                       [_SP4[k] for k in ("Ms", "A", "alpha", "gamma")])
-            and mat["K1"] == 0 and mat["Kc1"] == 0 and mat["Kc2"] == 0):
+            and mat.K1 == 0 and mat.Kc1 == 0 and mat.Kc2 == 0):
         return None
-    llg = [s for s in cfg["stage"] if s["type"] == "llg"]
+    llg = [s for s in prob.stages if s.type == "llg"]
     if not llg:
         return None
-    fields = cfg["field"] + llg[-1]["field"]
+    fields = prob.fields + llg[-1].field
     if len(fields) != 1:
         return None
     f = fields[0]
-    k = problem_mod.FIELD_UNITS[f["unit"]] / problem_mod.FIELD_UNITS["mT"]
-    static = (not any(f["amplitude"]) and f["ramp"] == 0
-              and f["t_on"] == 0 and math.isinf(f["t_off"]))
-    if not (static and close([v * k for v in f["H"]], _SP4["H_mT"])):
+    k = problem_mod.FIELD_UNITS[f.unit] / problem_mod.FIELD_UNITS["mT"]
+    static = (not any(f.amplitude) and f.ramp == 0
+              and f.t_on == 0 and math.isinf(f.t_off))
+    if not (static and close([v * k for v in f.H], _SP4["H_mT"])):
         return None
     return copy.deepcopy(SP4_FIELD1_REFERENCE)
 

@@ -87,19 +87,23 @@
     mag_ts_adapt_type = "dsp"          # the LLG integrator (prefix mag_)
     demag_poisson_pc_type = "gamg"     # the demag solvers (demag.py)
 
-Every table accepts only the keys above: an unknown key, a wrong type, a
-non-positive Ms, a missing mesh file or invalid TOML raise ProblemError,
-whose message is one line naming the file and the problem.
+Each table becomes a frozen settings object (MeshSettings, ...,
+OutputSettings below: its fields are the table's keys, their types what
+the TOML may give), every default filled in, in a Problem. Every table
+accepts only the keys above: an unknown key, a wrong type, a bad value
+(e.g. a non-positive Ms), a missing mesh file or invalid TOML raise
+ProblemError, whose message is one line naming the file, the table and
+the key.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -117,28 +121,155 @@ UNITS = {"nm": 1e-9, "um": 1e-6, "m": 1.0}
 SHAPES = ("box", "cylinder", "ellipsoid", "sphere", "file")
 FIELD_UNITS = {"mT": 1e-3 / MU0, "T": 1.0 / MU0, "A/m": 1.0}
 
-MESH_KEYS = {"shape": str, "unit": str, "size": list, "radius": float,
-             "length": float, "semi_axes": list, "h": (float, list),
-             "structured": bool, "edge_h": float, "file": str,
-             "scale": float}
-MATERIAL_KEYS = {"region": int, "name": str, "Ms": float, "A": float,
-                 "alpha": float, "gamma": float, "K1": float, "axis": list,
-                 "Kc1": float, "Kc2": float, "cubic_axes": list}
-MATERIAL_DEFAULTS = {"A": 0.0, "alpha": 0.5, "gamma": GAMMA0, "K1": 0.0,
-                     "axis": [0.0, 0.0, 1.0], "Kc1": 0.0, "Kc2": 0.0,
-                     "cubic_axes": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]}
-INITIAL_KEYS = {"m": list, "type": str, "seed": int, "file": str}
-DEMAG_KEYS = {"enabled": bool, "rtol": float, "method": str, "tol": float,
-              "grid_tol": float, "grid_h": (float, list)}
-FIELD_KEYS = {"H": list, "unit": str, "amplitude": list, "frequency": float,
-              "phase": float, "ramp": float, "t_on": float, "t_off": float}
-STAGE_KEYS = {"type": str, "name": str, "duration": float,
-              "integrator": str, "rtol": float, "atol": float, "dt": float,
-              "adaptive": bool, "order": int, "alpha": float,
-              "stop_dmdt": float, "output_every": float,
-              "snapshot_every": float, "method": str, "tol": float,
-              "max_iter": int, "field": list}
-OUTPUT_KEYS = {"vtu": bool, "png": bool}
+Vec = Tuple[float, float, float]
+
+
+class Section:
+    """The settings of one TOML table, validated (frozen dataclasses
+    below). Its fields are the table's keys, their types what the TOML
+    may give (a tuple: an array); None: not given and not applicable."""
+
+    @classmethod
+    def keys(cls) -> Dict[str, Any]:
+        """key -> the TOML type(s) it takes."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: _toml_type(hints[f.name]) for f in fields(cls)}
+
+    @classmethod
+    def of(cls, values: dict):
+        return cls(**{k: _frozen(v) for k, v in values.items()})
+
+    def to_dict(self) -> dict:
+        """The table as TOML gives it (arrays as lists)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+
+def _toml_type(hint):
+    if typing.get_origin(hint) is Union:
+        types = tuple(_toml_type(a) for a in typing.get_args(hint)
+                      if a is not type(None))
+        return types[0] if len(types) == 1 else types
+    return list if typing.get_origin(hint) is tuple else hint
+
+
+def _frozen(v):
+    return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
+
+
+def _plain(v):
+    if isinstance(v, Section):
+        return v.to_dict()
+    return [_plain(x) for x in v] if isinstance(v, tuple) else v
+
+
+@dataclass(frozen=True)
+class MeshSettings(Section):
+    """[mesh]: lengths in `unit` (None for shape "file"), `file`
+    absolute."""
+    shape: str
+    unit: Optional[str] = None
+    h: Optional[Union[float, Vec]] = None
+    size: Optional[Vec] = None
+    structured: Optional[bool] = None
+    edge_h: Optional[float] = None
+    radius: Optional[float] = None
+    length: Optional[float] = None
+    semi_axes: Optional[Vec] = None
+    file: Optional[str] = None
+    scale: Optional[float] = None
+
+    @property
+    def metres(self) -> float:
+        """Metres per length unit of the problem (file meshes: nm)."""
+        return UNITS[self.unit or "nm"]
+
+
+@dataclass(frozen=True)
+class MaterialSettings(Section):
+    """[material] or one [[material]] (of the mesh region `region`)."""
+    Ms: float
+    region: int = 0
+    name: Optional[str] = None
+    A: float = 0.0
+    alpha: float = 0.5
+    gamma: float = GAMMA0
+    K1: float = 0.0
+    axis: Vec = (0.0, 0.0, 1.0)
+    Kc1: float = 0.0
+    Kc2: float = 0.0
+    cubic_axes: Tuple[Vec, Vec] = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0))
+
+
+@dataclass(frozen=True)
+class InitialSettings(Section):
+    """[initial]: type uniform (m), random (seed) or file."""
+    type: str = "uniform"
+    m: Optional[Vec] = None
+    seed: Optional[int] = None
+    file: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class DemagSettings(Section):
+    """[demag]; `method` as asked for (demag_method.resolve settles
+    'auto' once the mesh is built), grid_h in the mesh's unit."""
+    enabled: bool = True
+    rtol: float = 1e-10
+    method: str = "auto"
+    tol: float = 1e-5
+    grid_tol: Optional[float] = None
+    grid_h: Optional[Union[float, Vec]] = None
+
+
+@dataclass(frozen=True)
+class FieldSettings(Section):
+    """One [[field]] or [[stage.field]]."""
+    H: Vec
+    unit: str = "mT"
+    amplitude: Vec = (0.0, 0.0, 0.0)
+    frequency: float = 0.0
+    phase: float = 0.0
+    ramp: float = 0.0
+    t_on: float = 0.0
+    t_off: float = math.inf
+
+
+@dataclass(frozen=True)
+class StageSettings(Section):
+    """One [[stage]]: llg (duration and the integrator's keys) or relax
+    (method bb: tol, max_iter; method damping: LLG at alpha until
+    stop_dmdt, some llg keys too). Keys that do not apply are None."""
+    type: str
+    name: str
+    field: Tuple[FieldSettings, ...] = ()
+    alpha: Optional[float] = None
+    method: Optional[str] = None
+    tol: Optional[float] = None
+    max_iter: Optional[int] = None
+    duration: Optional[float] = None
+    integrator: Optional[str] = None
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    dt: Optional[float] = None
+    adaptive: Optional[bool] = None
+    order: Optional[int] = None
+    stop_dmdt: Optional[float] = None
+    output_every: Optional[float] = None
+    snapshot_every: Optional[float] = None
+
+    @property
+    def minimizes(self) -> bool:
+        """An energy minimisation (relax, bb), not a time integration."""
+        return self.type == "relax" and self.method == "bb"
+
+
+@dataclass(frozen=True)
+class OutputSettings(Section):
+    vtu: bool = True
+    png: bool = True
+
+
 TOP_KEYS = {"title": str, "mesh": dict, "material": (dict, list),
             "initial": dict, "demag": dict, "field": list, "stage": list,
             "output": dict, "petsc": dict}
@@ -159,7 +290,11 @@ class _Checker:
     def fail(self, msg: str):
         raise ProblemError(f"{self.name}: {msg}")
 
-    def table(self, data: Any, keys: Dict[str, Any], where: str) -> dict:
+    def table(self, data: Any, keys, where: str) -> dict:
+        """The keys of table `data` checked against `keys` (a dict
+        key -> type(s), or a Section)."""
+        if isinstance(keys, type):
+            keys = keys.keys()
         if not isinstance(data, dict):
             self.fail(f"[{where}] must be a table")
         out = {}
@@ -182,7 +317,7 @@ class _Checker:
         return out
 
     def vector(self, value, where: str, n: int = 3) -> List[float]:
-        if (not isinstance(value, list) or len(value) != n or not all(
+        if (not isinstance(value, (list, tuple)) or len(value) != n or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool)
                 and math.isfinite(v) for v in value)):
             self.fail(f"{where} must be an array of {n} finite numbers")
@@ -203,21 +338,35 @@ class _Checker:
         return value
 
 
-@dataclass
+@dataclass(frozen=True)
 class Problem:
-    """A validated problem: `config` is the effective configuration
-    (every default filled in, lengths in metres under mesh.*_m, mesh
-    file path absolute), `path` the file it came from (or None)."""
+    """A validated problem: one settings object per TOML table, every
+    default filled in; `path` the file it came from (or None)."""
 
-    config: dict
+    mesh: MeshSettings
+    materials: Tuple[MaterialSettings, ...]
+    stages: Tuple[StageSettings, ...]
+    initial: InitialSettings = InitialSettings(m=(1.0, 0.0, 0.0))
+    demag: DemagSettings = DemagSettings()
+    fields: Tuple[FieldSettings, ...] = ()
+    output: OutputSettings = OutputSettings()
+    petsc: Tuple[Tuple[str, Any], ...] = ()    # (option, value)
+    title: str = ""
     path: Optional[Path] = None
 
     @property
-    def title(self) -> str:
-        return self.config.get("title", "")
-
-    def needs_demag(self) -> bool:
-        return bool(self.config["demag"]["enabled"])
+    def config(self) -> dict:
+        """The effective configuration in the TOML's structure: to_toml
+        writes it, from_dict reads it back to the same settings."""
+        cfg: Dict[str, Any] = {"title": self.title} if self.title else {}
+        cfg.update(mesh=self.mesh.to_dict(),
+                   material=[m.to_dict() for m in self.materials],
+                   initial=self.initial.to_dict(),
+                   demag=self.demag.to_dict(),
+                   field=[f.to_dict() for f in self.fields],
+                   stage=[s.to_dict() for s in self.stages],
+                   output=self.output.to_dict(), petsc=dict(self.petsc))
+        return cfg
 
 
 def load(path: os.PathLike) -> Problem:
@@ -244,29 +393,25 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
     c = _Checker(name)
     base = base or Path.cwd()
     top = c.table(data, TOP_KEYS, "top level")
-    cfg: Dict[str, Any] = {}
-    if "title" in top:
-        cfg["title"] = top["title"]
     if "mesh" not in top:
         c.fail("missing [mesh]")
-    cfg["mesh"] = _mesh(c, top["mesh"], base)
+    mesh = _mesh(c, top["mesh"], base)
     if "material" not in top:
         c.fail("missing [material]")
-    cfg["material"] = _materials(c, top["material"])
-    cfg["initial"] = _initial(c, top.get("initial", {"m": [1.0, 0.0, 0.0]}),
-                              base)
-    cfg["demag"] = _demag(c, top.get("demag", {}))
-    cfg["field"] = [_field(c, f, f"field #{i + 1}")
-                    for i, f in enumerate(_table_list(c, top.get("field", []),
-                                                      "field"))]
+    materials = _materials(c, top["material"])
+    initial = _initial(c, top.get("initial", {"m": [1.0, 0.0, 0.0]}), base)
+    demag = _demag(c, top.get("demag", {}))
+    fields_ = _fields(c, top.get("field", []), "field")
     stages = _table_list(c, top.get("stage", []), "stage")
     if not stages:
         c.fail("no [[stage]]: nothing to run")
-    cfg["stage"] = [_stage(c, s, i + 1) for i, s in enumerate(stages)]
-    out = c.table(top.get("output", {}), OUTPUT_KEYS, "output")
-    cfg["output"] = {"vtu": out.get("vtu", True), "png": out.get("png", True)}
-    cfg["petsc"] = _petsc(c, top.get("petsc", {}))
-    return Problem(cfg, path)
+    return Problem(
+        title=top.get("title", ""), mesh=mesh, materials=materials,
+        initial=initial, demag=demag, fields=fields_,
+        stages=tuple(_stage(c, s, i + 1) for i, s in enumerate(stages)),
+        output=OutputSettings(**c.table(top.get("output", {}),
+                                        OutputSettings, "output")),
+        petsc=_petsc(c, top.get("petsc", {})), path=path)
 
 
 # What each mesh shape needs, and what else it may have besides shape
@@ -277,8 +422,8 @@ _MESH_NEEDS = {"box": ("size", "h"), "cylinder": ("radius", "length", "h"),
 _MESH_MAY = {"box": ("structured", "edge_h"), "file": ("scale",)}
 
 
-def _mesh(c: _Checker, raw, base: Path) -> dict:
-    mesh = c.table(raw, MESH_KEYS, "mesh")
+def _mesh(c: _Checker, raw, base: Path) -> MeshSettings:
+    mesh = c.table(raw, MeshSettings, "mesh")
     shape = mesh.get("shape", "file" if "file" in mesh else "box")
     if shape not in SHAPES:
         c.fail(f"mesh shape '{shape}' unknown (choose from "
@@ -319,7 +464,7 @@ def _mesh(c: _Checker, raw, base: Path) -> dict:
             out["scale"] = c.positive(mesh["scale"], "mesh scale")
         del out["unit"]
     _check_mesh_size(c, out)
-    return out
+    return MeshSettings.of(out)
 
 
 def _mesh_h(c: _Checker, mesh: dict, shape: str):
@@ -339,7 +484,7 @@ def _existing_file(c: _Checker, name: str, base: Path, what: str) -> Path:
     return f
 
 
-def _materials(c: _Checker, raw) -> List[dict]:
+def _materials(c: _Checker, raw) -> Tuple[MaterialSettings, ...]:
     mats = [raw] if isinstance(raw, dict) else raw
     if not mats:
         c.fail("[[material]] is empty")
@@ -351,22 +496,20 @@ def _materials(c: _Checker, raw) -> List[dict]:
         if len(mats) > 1 and "region" not in raw_mat:
             c.fail(f"[{where}] needs 'region' when several materials are "
                    f"given")
-        mat.setdefault("region", 0 if len(mats) == 1 else i + 1)
-        if mat["region"] in regions:
-            c.fail(f"region {mat['region']} has two materials")
-        regions.add(mat["region"])
+        if mat.region in regions:
+            c.fail(f"region {mat.region} has two materials")
+        regions.add(mat.region)
         out.append(mat)
-    return out
+    return tuple(out)
 
 
-def _material(c: _Checker, raw, where: str) -> dict:
-    mat = c.table(raw, MATERIAL_KEYS, where)
+def _material(c: _Checker, raw, where: str) -> MaterialSettings:
+    mat = c.table(raw, MaterialSettings, where)
     if "Ms" not in mat:
         c.fail(f"[{where}] needs Ms")
     if not (mat["Ms"] > 0 and math.isfinite(mat["Ms"])):
         c.fail(f"Ms in [{where}] must be positive (got {mat['Ms']:g})")
-    full = copy.deepcopy(MATERIAL_DEFAULTS)
-    full.update(mat)
+    full = dict(MaterialSettings(Ms=mat["Ms"]).to_dict(), **mat)
     c.nonneg(full["A"], f"A in [{where}]")
     c.nonneg(full["alpha"], f"alpha in [{where}]")
     c.positive(full["gamma"], f"gamma in [{where}]")
@@ -377,11 +520,11 @@ def _material(c: _Checker, raw, where: str) -> dict:
     if np.linalg.norm(full["axis"]) == 0:
         c.fail(f"axis in [{where}] is zero")
     full["cubic_axes"] = _cubic_axes(c, full["cubic_axes"], where)
-    return full
+    return MaterialSettings.of(full)
 
 
 def _cubic_axes(c: _Checker, ca, where: str) -> List[List[float]]:
-    if not (isinstance(ca, list) and len(ca) == 2):
+    if not (isinstance(ca, (list, tuple)) and len(ca) == 2):
         c.fail(f"cubic_axes in [{where}] must be two 3-vectors")
     ca = [c.vector(v, f"cubic_axes in [{where}]") for v in ca]
     a1, a2 = np.array(ca[0]), np.array(ca[1])
@@ -396,8 +539,8 @@ def _cubic_axes(c: _Checker, ca, where: str) -> List[List[float]]:
 _INITIAL_KEY = {"uniform": "m", "random": "seed", "file": "file"}
 
 
-def _initial(c: _Checker, raw, base: Path) -> dict:
-    init = c.table(raw, INITIAL_KEYS, "initial")
+def _initial(c: _Checker, raw, base: Path) -> InitialSettings:
+    init = c.table(raw, InitialSettings, "initial")
     kind = init.get("type", "file" if "file" in init else "uniform")
     if kind not in _INITIAL_KEY:
         c.fail(f"initial type '{kind}' unknown (uniform, random, file)")
@@ -409,44 +552,40 @@ def _initial(c: _Checker, raw, base: Path) -> dict:
         m0 = c.vector(init.get("m", [1.0, 0.0, 0.0]), "initial m")
         if np.linalg.norm(m0) == 0:
             c.fail("initial m is zero")
-        return {"type": "uniform", "m": m0}
+        return InitialSettings.of({"type": "uniform", "m": m0})
     if kind == "random":
-        return {"type": "random", "seed": init.get("seed", 1)}
+        return InitialSettings(type="random", seed=init.get("seed", 1))
     if "file" not in init:
         c.fail("[initial] type 'file' needs 'file'")
     f = _existing_file(c, init["file"], base, "initial magnetization file")
-    return {"type": "file", "file": str(f)}
+    return InitialSettings(type="file", file=str(f))
 
 
-def _demag(c: _Checker, raw) -> dict:
-    demag = c.table(raw, DEMAG_KEYS, "demag")
-    out = {"enabled": demag.get("enabled", True),
-           "rtol": c.positive(demag.get("rtol", 1e-10), "demag rtol"),
-           "method": demag.get("method", "auto"),
-           "tol": demag.get("tol", 1e-5)}
-    if out["method"] not in DEMAG_METHODS:
-        c.fail(f"demag method '{out['method']}' unknown "
-               f"({', '.join(DEMAG_METHODS)})")
-    if not 0.0 < out["tol"] <= 0.1:
+def _demag(c: _Checker, raw) -> DemagSettings:
+    d = DemagSettings.of(c.table(raw, DemagSettings, "demag"))
+    c.positive(d.rtol, "demag rtol")
+    if d.method not in DEMAG_METHODS:
+        c.fail(f"demag method '{d.method}' unknown (choose from "
+               f"{', '.join(DEMAG_METHODS)})")
+    if not 0.0 < d.tol <= 0.1:
         c.fail("demag tol must be in (0, 0.1]")
-    if "grid_tol" in demag:
-        if not 0.0 < demag["grid_tol"] <= 1.0:
-            c.fail("demag grid_tol must be in (0, 1]")
-        out["grid_tol"] = demag["grid_tol"]
-    if "grid_h" in demag:
-        out["grid_h"] = (c.positive_vector(demag["grid_h"], "demag grid_h")
-                         if isinstance(demag["grid_h"], list)
-                         else c.positive(demag["grid_h"], "demag grid_h"))
-    return out
+    if d.grid_tol is not None and not 0.0 < d.grid_tol <= 1.0:
+        c.fail("demag grid_tol must be in (0, 1]")
+    if isinstance(d.grid_h, tuple):
+        return replace(d, grid_h=tuple(c.positive_vector(d.grid_h,
+                                                         "demag grid_h")))
+    if d.grid_h is not None:
+        c.positive(d.grid_h, "demag grid_h")
+    return d
 
 
-def _petsc(c: _Checker, petsc) -> dict:
+def _petsc(c: _Checker, petsc) -> Tuple[Tuple[str, Any], ...]:
     if not isinstance(petsc, dict):
         c.fail("[petsc] must be a table")
     for key, value in petsc.items():
         if not isinstance(value, (str, int, float, bool)):
             c.fail(f"[petsc] option '{key}' must be a string or number")
-    return dict(petsc)
+    return tuple(petsc.items())
 
 
 def _check_mesh_size(c: _Checker, m: dict) -> None:
@@ -479,26 +618,26 @@ def _table_list(c: _Checker, value, where: str) -> list:
     return value
 
 
-def _field(c: _Checker, raw, where: str) -> dict:
-    f = c.table(raw, FIELD_KEYS, where)
+def _fields(c: _Checker, raw, where: str) -> Tuple[FieldSettings, ...]:
+    return tuple(_field(c, f, f"{where} #{i + 1}")
+                 for i, f in enumerate(_table_list(c, raw, where)))
+
+
+def _field(c: _Checker, raw, where: str) -> FieldSettings:
+    f = c.table(raw, FieldSettings, where)
     if "H" not in f:
         c.fail(f"[{where}] needs H")
-    unit = f.get("unit", "mT")
-    if unit not in FIELD_UNITS:
-        c.fail(f"field unit '{unit}' unknown (choose from "
+    f = FieldSettings.of(f)
+    if f.unit not in FIELD_UNITS:
+        c.fail(f"field unit '{f.unit}' unknown (choose from "
                f"{', '.join(FIELD_UNITS)})")
-    out = {"H": c.vector(f["H"], f"H in [{where}]"), "unit": unit,
-           "amplitude": c.vector(f.get("amplitude", [0.0, 0.0, 0.0]),
-                                 f"amplitude in [{where}]"),
-           "frequency": c.nonneg(f.get("frequency", 0.0),
-                                 f"frequency in [{where}]"),
-           "phase": f.get("phase", 0.0),
-           "ramp": c.nonneg(f.get("ramp", 0.0), f"ramp in [{where}]"),
-           "t_on": c.nonneg(f.get("t_on", 0.0), f"t_on in [{where}]"),
-           "t_off": f.get("t_off", math.inf)}
-    if not out["t_off"] > out["t_on"]:
+    for key in ("frequency", "ramp", "t_on"):
+        c.nonneg(getattr(f, key), f"{key} in [{where}]")
+    if not f.t_off > f.t_on:
         c.fail(f"t_off in [{where}] must be after t_on")
-    return out
+    return replace(f, H=tuple(c.vector(f.H, f"H in [{where}]")),
+                   amplitude=tuple(c.vector(f.amplitude,
+                                            f"amplitude in [{where}]")))
 
 
 # keys of llg stages and of relax stages; a relax stage with method
@@ -510,17 +649,16 @@ _DAMPING_KEYS = {"duration", "stop_dmdt", "integrator", "rtol", "atol",
                  "output_every"}
 
 
-def _stage(c: _Checker, raw, index: int) -> dict:
+def _stage(c: _Checker, raw, index: int) -> StageSettings:
     where = f"stage #{index}"
-    s = c.table(raw, STAGE_KEYS, where)
+    s = c.table(raw, StageSettings, where)
     kind = s.get("type", "llg")
     if kind not in ("llg", "relax"):
-        c.fail(f"stage type '{kind}' unknown (llg, relax)")
+        c.fail(f"type '{kind}' in [{where}] unknown (choose from llg, "
+               f"relax)")
     out: Dict[str, Any] = {"type": kind,
                            "name": s.get("name", f"{kind}{index}")}
-    out["field"] = [_field(c, f, f"{where} field #{i + 1}")
-                    for i, f in enumerate(_table_list(c, s.get("field", []),
-                                                      f"{where} field"))]
+    out["field"] = _fields(c, s.get("field", []), f"{where} field")
     if "alpha" in s:
         out["alpha"] = c.nonneg(s["alpha"], f"alpha in [{where}]")
     if kind == "relax":
@@ -529,13 +667,14 @@ def _stage(c: _Checker, raw, index: int) -> dict:
             out.setdefault("alpha", 1.0)
     else:
         out.update(_llg_stage(c, s, where))
-    return out
+    return StageSettings.of(out)
 
 
 def _relax_stage(c: _Checker, s: dict, where: str) -> dict:
     method = s.get("method", "bb")
     if method not in ("bb", "damping"):
-        c.fail(f"relax method '{method}' unknown (bb, damping)")
+        c.fail(f"relax method '{method}' in [{where}] unknown (choose "
+               f"from bb, damping)")
     bad = set(s) & (_LLG_KEYS - (_DAMPING_KEYS if method == "damping"
                                  else set()))
     if bad:
@@ -555,7 +694,8 @@ def _relax_stage(c: _Checker, s: dict, where: str) -> dict:
                                   f"stop_dmdt in [{where}]")
     out["integrator"] = s.get("integrator", "rk3bs")
     if out["integrator"] not in INTEGRATORS:
-        c.fail(f"integrator '{out['integrator']}' unknown")
+        c.fail(f"integrator '{out['integrator']}' in [{where}] unknown "
+               f"(choose from {', '.join(INTEGRATORS)})")
     out["rtol"] = c.positive(s.get("rtol", 1e-4), f"rtol in [{where}]")
     out["atol"] = c.positive(s.get("atol", 1e-4), f"atol in [{where}]")
     out["output_every"] = c.positive(
@@ -575,7 +715,7 @@ def _llg_stage(c: _Checker, s: dict, where: str) -> dict:
     out["duration"] = c.positive(s["duration"], f"duration in [{where}]")
     integ = s.get("integrator", "rk5dp")
     if integ not in INTEGRATORS:
-        c.fail(f"integrator '{integ}' unknown (choose from "
+        c.fail(f"integrator '{integ}' in [{where}] unknown (choose from "
                f"{', '.join(INTEGRATORS)})")
     out["integrator"] = integ
     out["rtol"] = c.positive(s.get("rtol", 1e-5), f"rtol in [{where}]")
@@ -602,59 +742,57 @@ def _llg_stage(c: _Checker, s: dict, where: str) -> dict:
 
 # ---------------------------------------------------------------- building
 
-def build_mesh(cfg: dict):
-    """The Mesh a (validated) configuration describes."""
+def build_mesh(m: MeshSettings):
+    """The Mesh the mesh settings describe."""
     from . import mesh as meshmod
-    m = cfg["mesh"]
-    shape = m["shape"]
+    shape = m.shape
     if shape == "file":
-        return meshmod.load(m["file"], scale=m.get("scale"))
-    s = UNITS[m["unit"]]
-    h = np.asarray(m["h"]) * s if isinstance(m["h"], list) else m["h"] * s
+        return meshmod.load(m.file, scale=m.scale)
+    s = m.metres
+    h = np.asarray(m.h) * s if isinstance(m.h, tuple) else m.h * s
     if shape == "box":
-        lx, ly, lz = (v * s for v in m["size"])
-        edge = m.get("edge_h")
-        return meshmod.box(lx, ly, lz, h, structured=m["structured"],
-                           edge_h=None if edge is None else edge * s)
+        lx, ly, lz = (v * s for v in m.size)
+        return meshmod.box(lx, ly, lz, h, structured=m.structured,
+                           edge_h=None if m.edge_h is None
+                           else m.edge_h * s)
     if shape == "cylinder":
-        return meshmod.cylinder(m["radius"] * s, m["length"] * s, h)
+        return meshmod.cylinder(m.radius * s, m.length * s, h)
     if shape == "sphere":
-        return meshmod.sphere(m["radius"] * s, h)
-    a, b, c_ = (v * s for v in m["semi_axes"])
+        return meshmod.sphere(m.radius * s, h)
+    a, b, c_ = (v * s for v in m.semi_axes)
     return meshmod.ellipsoid(a, b, c_, h)
 
 
-def material_arrays(cfg: dict, regions: np.ndarray) -> Dict[str, np.ndarray]:
+def material_arrays(mats: Sequence[MaterialSettings],
+                    regions: np.ndarray) -> Dict[str, np.ndarray]:
     """Per-tetrahedron material arrays from the mesh's region ids. A
     single material applies everywhere; with several, every region of
     the mesh must have one."""
-    mats = cfg["material"]
     M = len(regions)
     if len(mats) == 1:
         idx = np.zeros(M, dtype=np.int64)
     else:
-        lookup = {m["region"]: i for i, m in enumerate(mats)}
+        lookup = {m.region: i for i, m in enumerate(mats)}
         missing = sorted(set(np.unique(regions).tolist()) - set(lookup))
         if missing:
             raise ProblemError(f"mesh region {missing[0]} has no material")
         idx = np.array([lookup[r] for r in regions.tolist()], dtype=np.int64)
     out = {}
-    for key in ("Ms", "A", "alpha", "gamma", "K1", "Kc1", "Kc2"):
-        out[key] = np.array([m[key] for m in mats], dtype=float)[idx]
-    out["axis"] = np.array([m["axis"] for m in mats], dtype=float)[idx]
-    out["c1"] = np.array([m["cubic_axes"][0] for m in mats], dtype=float)[idx]
-    out["c2"] = np.array([m["cubic_axes"][1] for m in mats], dtype=float)[idx]
+    for key in ("Ms", "A", "alpha", "gamma", "K1", "Kc1", "Kc2", "axis"):
+        out[key] = np.array([getattr(m, key) for m in mats],
+                            dtype=float)[idx]
+    out["c1"] = np.array([m.cubic_axes[0] for m in mats], dtype=float)[idx]
+    out["c2"] = np.array([m.cubic_axes[1] for m in mats], dtype=float)[idx]
     return out
 
 
-def field_function(fields: List[dict], t0: float):
-    """H(t) in A/m for a list of field specs, t0 = the stage's start."""
+def field_function(fields: Sequence[FieldSettings], t0: float):
+    """H(t) in A/m for a list of applied fields, t0 = the stage's start."""
     specs = []
     for f in fields:
-        k = FIELD_UNITS[f["unit"]]
-        specs.append((np.array(f["H"]) * k, np.array(f["amplitude"]) * k,
-                      f["frequency"], f["phase"], f["ramp"], f["t_on"],
-                      f["t_off"]))
+        k = FIELD_UNITS[f.unit]
+        specs.append((np.array(f.H) * k, np.array(f.amplitude) * k,
+                      f.frequency, f.phase, f.ramp, f.t_on, f.t_off))
 
     def H(t: float) -> np.ndarray:
         ts = t - t0

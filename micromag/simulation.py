@@ -26,7 +26,7 @@ import math
 import resource
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -37,12 +37,12 @@ from .errors import IntegrationError, MagError, ProblemError, SimulationError
 from .llg import Dynamics, integrate, minimize
 from .output import Progress, Results, plot_m
 from .parallel import comm_world, petsc
+from .problem import StageSettings
 from .state import State
 from .terms import schur
 from .terms import CubicAnisotropy, Exchange, UniaxialAnisotropy, Zeeman
 from .terms.demag_grid import exchange_length
-from .terms.demag_method import choose as choose_demag
-from .terms.demag_method import make_demag
+from .terms.demag_method import make_demag, resolve_for
 
 
 # The u1 (Neumann) solve of the demagnetizing field, unless the problem
@@ -89,20 +89,19 @@ class Simulation:
         self.comm = comm if comm is not None else comm_world()
         self.rank = self.comm.Get_rank()
         self.problem = prob
-        self.cfg = prob.config
         self.progress = progress or Progress(enabled=False)
         self.notes: List[str] = []
         t0 = time.perf_counter()
-        if self.cfg["petsc"]:
+        if prob.petsc:
             opts = petsc().Options()
-            for key, value in self.cfg["petsc"].items():
+            for key, value in prob.petsc:
                 opts[key.lstrip("-")] = ("" if value is True else value)
 
         # the mesh is built once (gmsh is not MPI-aware) and broadcast
         mesh = err = None
         if self.rank == 0:
             try:
-                mesh = problem_mod.build_mesh(self.cfg)
+                mesh = problem_mod.build_mesh(prob.mesh)
             except Exception as e:  # reported on every rank below
                 err = f"{type(e).__name__}: {e}" if not isinstance(
                     e, ValueError) else str(e)
@@ -112,7 +111,7 @@ class Simulation:
         from .fem import FEMSpace
         self.space = FEMSpace(mesh, self.comm)
         sp = self.space
-        mats = problem_mod.material_arrays(self.cfg, sp.mesh.regions)
+        mats = problem_mod.material_arrays(prob.materials, sp.mesh.regions)
         self.mats = mats
         self.state = State(sp, mats["Ms"], mats["alpha"], mats["gamma"])
         self._set_initial()
@@ -128,24 +127,20 @@ class Simulation:
                                               mats["Kc2"], mats["c1"],
                                               mats["c2"]))
         self.demag = None
-        if self.cfg["demag"]["enabled"]:
+        if prob.demag.enabled:
             td = time.perf_counter()
             self.demag = self._make_demag()
             self.demag_setup_time = time.perf_counter() - td
             self.terms.append(self.demag)
-        self.stages = self.cfg["stage"]
+        self.stages = prob.stages
         self.setup_time = time.perf_counter() - t0
         self.stats: Dict[str, float] = {"steps": 0, "rejected": 0,
                                         "relax_iterations": 0,
                                         "field_time": 0.0}
-        # checkpoints (set up by `run`): written only when enabled, which
-        # is the same on every rank
-        self.ck_every: Optional[float] = None
-        self.ck_path = None              # rank 0
-        self.ck_key = ""
-        # run()'s part of the meta data
-        self.ck_base: Callable[[], dict] = dict
-        self._ck_last = time.perf_counter()
+        # set up by `run`: its account so far and its checkpoints (the
+        # same on every rank: None when they are off)
+        self.log: Optional[ckpt_mod.RunLog] = None
+        self.checkpoints: Optional[ckpt_mod.Writer] = None
 
     # ------------------------------------------------------------ setup
 
@@ -153,14 +148,13 @@ class Simulation:
         """The demagnetizing-field term the problem asks for; FEM/BEM
         with the direct u1 solve (POISSON_DIRECT / POISSON_SCHUR) unless
         the problem file sets its own solver."""
-        sp, dcfg = self.space, self.cfg["demag"]
-        grid_h = dcfg.get("grid_h")
-        if grid_h is not None:
-            grid_h = np.asarray(grid_h, dtype=float) * \
-                problem_mod.UNITS[self.cfg["mesh"].get("unit", "nm")]
+        sp, d = self.space, self.problem.demag
+        grid_h = None if d.grid_h is None else \
+            np.asarray(d.grid_h, dtype=float) * self.problem.mesh.metres
+        method = resolve_for(sp, d.method)
         opts = petsc().Options()
         added = []
-        if choose_demag(dcfg["method"], sp.mesh) != "grid" and \
+        if method != "grid" and \
                 sp.n <= POISSON_DIRECT_MAX_NODES and not any(
                     opts.hasName(k) for k in ("demag_poisson_pc_type",
                                               "demag_poisson_ksp_type")):
@@ -171,27 +165,26 @@ class Simulation:
                 if not opts.hasName(key):
                     opts[key] = value
                     added.append(key)
-        mats = self.cfg["material"]
+        mats = self.problem.materials
         try:
             return make_demag(
-                sp, self.state.Ms_nodes, dcfg["method"], rtol=dcfg["rtol"],
-                tol=dcfg["tol"], grid_tol=dcfg.get("grid_tol"),
-                grid_h=grid_h,
-                length=exchange_length([m["Ms"] for m in mats],
-                                       [m["A"] for m in mats]))
+                sp, self.state.Ms_nodes, method, rtol=d.rtol, tol=d.tol,
+                grid_tol=d.grid_tol, grid_h=grid_h,
+                length=exchange_length([m.Ms for m in mats],
+                                       [m.A for m in mats]))
         finally:
             for key in added:      # later solvers of this process
                 opts.delValue(key)
 
     def _set_initial(self) -> None:
-        init = self.cfg["initial"]
+        init = self.problem.initial
         sp = self.space
-        if init["type"] == "uniform":
-            self.state.set_m(init["m"])
-        elif init["type"] == "random":
+        if init.type == "uniform":
+            self.state.set_m(init.m)
+        elif init.type == "random":
             # drawn in the input mesh's node order: same field for any
             # number of ranks
-            rng = np.random.default_rng(init["seed"])
+            rng = np.random.default_rng(init.seed)
             orig = rng.normal(size=(sp.n, 3))
             arr = np.empty_like(orig)
             arr[sp.perm] = orig
@@ -200,11 +193,11 @@ class Simulation:
             import meshio
             from scipy.spatial import cKDTree
             try:
-                src = meshio.read(init["file"])
+                src = meshio.read(init.file)
                 m = np.asarray(src.point_data["m"], dtype=float)
             except Exception as e:
                 raise ProblemError(
-                    f"initial file {init['file']}: cannot read 'm' ({e})")
+                    f"initial file {init.file}: cannot read 'm' ({e})")
             tree = cKDTree(np.asarray(src.points, dtype=float)[:, :3])
             _, idx = tree.query(sp.mesh.points)
             self.state.set_m(m[idx])
@@ -218,10 +211,10 @@ class Simulation:
             return f"grid, {d.grid}"
         return d.method
 
-    def terms_for(self, stage: dict, t_stage0: Optional[float] = None
-                  ) -> List:
+    def terms_for(self, stage: StageSettings,
+                  t_stage0: Optional[float] = None) -> List:
         """The terms of a stage that started (or starts now) at t_stage0."""
-        fields = self.cfg["field"] + stage["field"]
+        fields = self.problem.fields + stage.field
         terms = list(self.terms)
         if fields:
             H = problem_mod.field_function(
@@ -233,7 +226,7 @@ class Simulation:
 
     def columns(self):
         names = [t.name for t in self.terms]
-        if self.cfg["field"] or any(s["field"] for s in self.stages):
+        if self.problem.fields or any(s.field for s in self.stages):
             names.append("zeeman")
         names = list(dict.fromkeys(names))
         cols = (["stage", "t", "mx", "my", "mz", "E_total"]
@@ -269,7 +262,7 @@ class Simulation:
         return int(self.stats.get("field_evals", 0)
                    + (dyn.n_field if dyn is not None else 0))
 
-    # ------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------ mesh
 
     def mesh_original(self):
         """(points, tets) of the mesh in the input numbering."""
@@ -277,83 +270,44 @@ class Simulation:
         order = np.argsort(sp.perm)          # new id -> old id
         return sp.to_original(sp.mesh.points), order[sp.mesh.tets]
 
-    def checkpoint_due(self, forced: bool = False) -> bool:
-        """Whether to checkpoint now (rank 0 decides: wall clocks differ
-        between ranks, and the gather is collective)."""
-        if self.ck_every is None:
-            return False
-        due = forced or (time.perf_counter() - self._ck_last
-                         >= self.ck_every)
-        return bool(self.comm.bcast(due, root=0))
-
-    def write_checkpoint(self, index: int, done: bool, m_vec=None,
-                         t: Optional[float] = None,
-                         t_stage0: Optional[float] = None,
-                         next_snap: Optional[float] = None,
-                         dyn: Optional[Dynamics] = None, steps: int = 0,
-                         table=None, snapshots: int = 0) -> None:
-        """Checkpoint stage `index` at (m_vec, t): finished (done) or
-        going, `dyn`/`steps` its integrator's counts so far. Collective;
-        rank 0 writes."""
-        m_vec = self.state.m if m_vec is None else m_vec
-        m = self.space.gather(m_vec)
-        self._ck_last = time.perf_counter()
-        if self.rank != 0 or self.ck_path is None:
-            return
-        stats = dict(self.stats)
-        if dyn is not None:
-            stats["steps"] += steps
-            for k, v in (("field_evals", dyn.n_field),
-                         ("rhs_evals", dyn.n_rhs),
-                         ("field_time", dyn.field_time)):
-                stats[k] = stats.get(k, 0) + v
-        t = self.state.t if t is None else t
-        meta = dict(self.ck_base(), key=self.ck_key, stage=index, done=done,
-                    t=float(t), t_stage0=None if t_stage0 is None
-                    else float(t_stage0),
-                    next_snap=None if next_snap is None or
-                    not math.isfinite(next_snap) else float(next_snap),
-                    snapshots=snapshots, stats=stats,
-                    ranks=self.comm.Get_size())
-        rows = table.array() if table is not None else np.zeros((0, 0))
-        ckpt_mod.save(self.ck_path, self.space.to_original(m), rows, meta)
-
     # ------------------------------------------------------------ stages
 
-    def run_stage(self, stage: dict, index: int = 1, results=None,
-                  table=None, resume: Optional[dict] = None) -> dict:
+    def run_stage(self, stage: StageSettings, index: int = 1, results=None,
+                  table=None, start: Optional[ckpt_mod.Resume] = None
+                  ) -> dict:
         """Run one stage; rows go to `table` and snapshots to `results`
-        (rank 0) when given. `resume` ({"t_stage0", "next_snap"} of a
-        checkpoint) continues the stage from the current state (its time
-        st.t and its rows up to st.t already recorded)."""
+        (rank 0) when given. When `start` says the stage was going, it
+        continues from the current state (its time st.t, its rows up to
+        st.t already recorded)."""
         st = self.state
-        t_stage0 = st.t if resume is None else resume["t_stage0"]
+        going = start is not None and start.going(index)
+        t_stage0 = start.t_stage0 if going else st.t
         terms = self.terms_for(stage, t_stage0)
-        if "alpha" in stage:
-            st.set_alpha(stage["alpha"])
+        if stage.alpha is not None:
+            st.set_alpha(stage.alpha)
         else:
             st.set_alpha(self.mats["alpha"])
         dyn = Dynamics(st, terms)
         rank0 = self.rank == 0
         t_run0 = st.t
         prog = self.progress
-        label = f"stage {index}/{len(self.stages)} {stage['name']}"
+        label = f"stage {index}/{len(self.stages)} {stage.name}"
 
         def add_row(row):
             if rank0 and table is not None:
                 table.append(row)
 
-        if resume is None:
+        if not going:
             add_row(self.record(dyn, index))
         t_wall = time.perf_counter()
-        out: dict = {"name": stage["name"], "type": stage["type"]}
-        if stage["type"] == "relax" and stage["method"] == "bb":
+        out: dict = {"name": stage.name, "type": stage.type}
+        if stage.minimizes:
             def cb(it, torque):
                 if rank0:
                     prog.update(f"{label}: iteration {it}, max |m x H| = "
                                 f"{torque:.3g} A/m")
                 return False
-            res = minimize(dyn, tol=stage["tol"], max_iter=stage["max_iter"],
+            res = minimize(dyn, tol=stage.tol, max_iter=stage.max_iter,
                            callback=cb)
             self.stats["relax_iterations"] += res["iterations"]
             out.update(res)
@@ -362,13 +316,13 @@ class Simulation:
                              f"{res['iterations']} iterations (max |m x H| "
                              f"= {res['torque']:.3g} A/m)")
         else:
-            duration = stage["duration"]
+            duration = stage.duration
             t_end = t_stage0 + duration
-            snap_every = stage.get("snapshot_every", 0.0)
+            snap_every = stage.snapshot_every or 0.0
             next_snap = [t_stage0 + snap_every if snap_every else math.inf]
-            if resume is not None and resume.get("next_snap") is not None:
-                next_snap[0] = resume["next_snap"]
-            stop = stage.get("stop_dmdt", 0.0)
+            if going and start.next_snap is not None:
+                next_snap[0] = start.next_snap
+            stop = stage.stop_dmdt or 0.0
 
             def cb(report):
                 row = self.record(dyn, index, report.m, report.t,
@@ -379,8 +333,9 @@ class Simulation:
                     self.snapshot(results, report.m, report.t)
                     while next_snap[0] <= report.t + 1e-9 * duration:
                         next_snap[0] += snap_every
-                if not report.final and self.checkpoint_due(snapped):
-                    self.write_checkpoint(
+                ck = self.checkpoints
+                if ck is not None and not report.final and ck.due(snapped):
+                    ck.write(
                         index, False, report.m, report.t, t_stage0,
                         next_snap[0], dyn, report.step, table,
                         results.snapshots if results is not None else 0)
@@ -396,19 +351,19 @@ class Simulation:
                         f"{el:.1f} s, {rate * 1e12:.3g} ps/s")
                 return bool(stop) and row["max_dmdt"] < stop
             try:
-                res = integrate(dyn, t_end, method=stage["integrator"],
-                                rtol=stage["rtol"], atol=stage["atol"],
-                                dt=stage["dt"] or None,
-                                adaptive=stage["adaptive"],
-                                order=stage["order"],
-                                output_every=stage["output_every"],
+                res = integrate(dyn, t_end, method=stage.integrator,
+                                rtol=stage.rtol, atol=stage.atol,
+                                dt=stage.dt or None,
+                                adaptive=stage.adaptive,
+                                order=stage.order,
+                                output_every=stage.output_every,
                                 callback=cb)
             except IntegrationError as e:
                 raise SimulationError(f"{label}: {e}") from None
             self.stats["steps"] += res["steps"]
             self.stats["rejected"] += res["rejected"]
             out.update(res)
-        if stage["type"] == "relax":
+        if stage.type == "relax":
             add_row(self.record(dyn, index))
         out["wall_time"] = time.perf_counter() - t_wall
         out["rhs_evals"] = dyn.n_rhs
@@ -437,23 +392,57 @@ class Simulation:
                              extra={"Ms": self.state.Ms_nodes}, name=name)
 
 
-def _resume_point(sim: Simulation, results: Optional[Results],
-                  resume: bool, prog: Progress) -> Optional[dict]:
-    """The checkpoint to continue from (on every rank), or None: then
-    the staging directory is emptied. Collective."""
-    comm, rank = sim.comm, sim.rank
-    ck = None
-    if rank == 0:
+def _start(sim: Simulation, results: Optional[Results], resume: bool,
+           every: Optional[float]) -> ckpt_mod.Resume:
+    """Where the run starts (the same on every rank): from the
+    checkpoint in the staging directory if `resume` and it was written
+    for this very run, else from the beginning (the staging directory
+    emptied). Sets up the run's log and its checkpoints (none when
+    `every` is None). Collective."""
+    ck = key = path = None
+    if sim.rank == 0:
         points, tets = sim.mesh_original()
-        sim.ck_key = ckpt_mod.key(sim.problem, points, tets)
-        sim.ck_path = results.stage_dir / ckpt_mod.NAME
+        key = ckpt_mod.key(sim.problem, points, tets)
+        path = results.stage_dir / ckpt_mod.NAME
         if resume:
-            ck, why = ckpt_mod.load_matching(sim.ck_path, sim.ck_key,
-                                             sim.space.n, sim.columns()[0])
+            ck, why = ckpt_mod.load_matching(path, key, sim.space.n,
+                                             sim.columns()[0])
             if ck is None:
-                prog.message(f"note: {why}: starting from the beginning")
+                sim.progress.message(f"note: {why}: starting from the "
+                                     f"beginning")
                 results.reset()
-    return comm.bcast(ck, root=0)
+    ck = sim.comm.bcast(ck, root=0)
+    start = ckpt_mod.Resume() if ck is None else ckpt_mod.Resume.of(ck)
+    sim.log = start.log(sim.columns()[0])
+    if every is not None:
+        sim.checkpoints = ckpt_mod.Writer(sim, path, key, every, sim.log)
+    return start
+
+
+def _open_table(sim: Simulation, results: Optional[Results],
+                start: ckpt_mod.Resume):
+    """The run's table (rank 0; None elsewhere) with the rows of the run
+    so far; the run's first lines of progress."""
+    if sim.rank != 0:
+        return None
+    prog, sp = sim.progress, sim.space
+    prog.message(f"mesh: {sp.mesh.summary()}, {len(sp.boundary_nodes)} "
+                 f"boundary nodes; demag: {sim.demag_summary()}; "
+                 f"{sim.comm.Get_size()} rank(s); setup "
+                 f"{sim.setup_time:.2f} s")
+    if start.resumes:
+        results.restore(start.snapshots)
+        prog.message(f"resuming stage {start.stage} "
+                     f"({'finished' if start.done else 'going'}) at t = "
+                     f"{start.t:.6g} s from "
+                     f"{results.stage_dir / ckpt_mod.NAME}")
+    results.write_text("effective.toml",
+                       problem_mod.to_toml(sim.problem.config))
+    cols, units = sim.columns()
+    table = results.open_table(sim.problem.title or "micromag", cols, units)
+    for row in start.rows:
+        table.append(dict(zip(cols, row)))
+    return table
 
 
 def run(prob: problem_mod.Problem, out_dir, comm=None,
@@ -470,140 +459,99 @@ def run(prob: problem_mod.Problem, out_dir, comm=None,
     problem, mesh and solver (else start from the beginning); on any
     number of ranks."""
     comm = comm if comm is not None else comm_world()
-    rank = comm.Get_rank()
     t_start = time.perf_counter()
-    prog = Progress(enabled=progress and rank == 0)
-    results = Results(out_dir, keep=resume) if rank == 0 else None
+    rank0 = comm.Get_rank() == 0
+    prog = Progress(enabled=progress and rank0)
+    results = Results(out_dir, keep=resume) if rank0 else None
     try:
         sim = Simulation(prob, comm, prog)
         for note in sim.notes:
             prog.message(f"note: {note}")
-        sp = sim.space
-        ck = _resume_point(sim, results, resume, prog)
-        sim.ck_every = checkpoint_every
-        if checkpoint_every is None and rank == 0:
-            sim.ck_path = None
-        meta = ck["meta"] if ck is not None else {}
-        if rank == 0:
-            prog.message(f"mesh: {sp.mesh.summary()}, "
-                         f"{len(sp.boundary_nodes)} boundary nodes; "
-                         f"demag: {sim.demag_summary()}; "
-                         f"{comm.Get_size()} rank(s); setup "
-                         f"{sim.setup_time:.2f} s")
-            if ck is not None:
-                results.restore(meta["snapshots"])
-                prog.message(f"resuming stage {meta['stage']} "
-                             f"({'finished' if meta['done'] else 'going'})"
-                             f" at t = {meta['t']:.6g} s from "
-                             f"{sim.ck_path}")
-            results.write_text("effective.toml",
-                               problem_mod.to_toml(prob.config))
-            cols, units = sim.columns()
-            table = results.open_table(prob.title or "micromag", cols,
-                                       units)
-            if ck is not None:
-                for row in ck["rows"]:
-                    table.append(dict(zip(cols, row)))
-        else:
-            table = None
-        stage_out = list(meta.get("stage_out", []))
-        stage_starts = list(meta.get("stage_starts", []))
-        resumed = list(meta.get("resumed", []))
-        solve_before = float(meta.get("solve_time_s", 0.0))
-        first, stage_resume = 1, None
-        if ck is not None:
-            orig = ck["m"]
-            arr = np.empty_like(orig)
-            arr[sp.perm] = orig
-            sim.state.set_m(arr)
-            sim.state.t = float(meta["t"])
-            sim.stats = dict(meta["stats"])
-            resumed.append({"stage": meta["stage"], "t": meta["t"],
-                            "ranks_before": meta["ranks"]})
-            first = meta["stage"] + (1 if meta["done"] else 0)
-            if not meta["done"]:
-                stage_resume = {"t_stage0": meta["t_stage0"],
-                                "next_snap": meta["next_snap"]}
-        t_solve = time.perf_counter()
+        start = _start(sim, results, resume, checkpoint_every)
+        table = _open_table(sim, results, start)
+        sim.stats = start.restore(sim.state, sim.space.perm) or sim.stats
         cpu_solve = time.process_time()
-
-        def base_meta():
-            return {"stage_out": stage_out, "stage_starts": stage_starts,
-                    "resumed": resumed, "columns": sim.columns()[0],
-                    "solve_time_s": solve_before
-                    + time.perf_counter() - t_solve}
-
+        sim.log.t_solve = time.perf_counter()
         for i, stage in enumerate(sim.stages, start=1):
-            if i < first:
+            if start.finished(i):
                 continue
-            if i != first or stage_resume is None:
-                stage_starts.append(sim.state.t)
-            sim.ck_base = base_meta
-            stage_out.append(sim.run_stage(
-                stage, i, results, table,
-                resume=stage_resume if i == first else None))
-            if sim.ck_every is not None:
-                sim.write_checkpoint(i, True, table=table,
-                                     snapshots=results.snapshots
-                                     if results is not None else 0)
-        solve_time = solve_before + time.perf_counter() - t_solve
+            if not start.going(i):
+                sim.log.stage_starts.append(sim.state.t)
+            sim.log.stage_out.append(sim.run_stage(stage, i, results, table,
+                                                   start))
+            if sim.checkpoints is not None:
+                sim.checkpoints.write(i, True, table=table,
+                                      snapshots=results.snapshots
+                                      if results is not None else 0)
+        solve_time = sim.log.solve_time()
         # CPU seconds of the solve per rank: on a shared machine a
         # steadier figure than the wall time (MPI waits spin, so a rank
         # that waits is still counted while it runs)
         solve_cpu = comm.gather(time.process_time() - cpu_solve, root=0)
-        if prob.config["output"]["vtu"]:
+        if prob.output.vtu:
             sim.snapshot(results, sim.state.m, sim.state.t,
                          name="m_final.vtu")
+        summary = _summary(sim, argv, solve_time)
         rss = comm.gather(_peak_rss_mb(), root=0)
-        summary = {
-            "title": prob.title,
-            "problem": str(prob.path) if prob.path else None,
-            "ranks": comm.Get_size(),
-            "nodes": sp.n, "tets": int(len(sp.mesh.tets)),
-            "boundary_nodes": int(len(sp.boundary_nodes)),
-            "demag": sim.demag is not None,
-            "demag_method": getattr(sim.demag, "method", None),
-            "demag_grid": None if getattr(sim.demag, "grid", None) is None
-            else {"cells": list(sim.demag.grid.n),
-                  "h_m": sim.demag.grid.h.tolist()},
-            "terms": [t.name for t in sim.terms],
-            "setup_time_s": sim.setup_time,
-            "solve_time_s": solve_time,
-            "steps": int(sim.stats["steps"]),
-            "rejected_steps": int(sim.stats["rejected"]),
-            "relax_iterations": int(sim.stats["relax_iterations"]),
-            "rhs_evals": int(sim.stats.get("rhs_evals", 0)),
-            "field_evals": int(sim.stats.get("field_evals", 0)),
-            "field_time_s": sim.stats["field_time"],
-            "t_end_s": sim.state.t,
-            "m_final": sim.state.average_m().tolist(),
-            "stages": stage_out,
-            "notes": sim.notes,
-            "argv": argv,
-            "resumed": resumed,
-        }
-        if rank == 0:
+        if rank0:
             summary["solve_cpu_s"] = {"max": max(solve_cpu),
                                       "per_rank": solve_cpu}
             summary["peak_rss_mb"] = {"max": max(rss), "sum": sum(rss),
                                       "per_rank": rss}
             summary["wall_time_s"] = time.perf_counter() - t_start
-            if prob.config["output"]["png"] and table is not None:
-                arr = table.array()
-                c = table.columns
-                keep = arr[:, c.index("stage")] > 0
-                plot_m(results.stage_dir / "m_t.png",
-                       arr[keep, c.index("t")],
-                       arr[keep][:, [c.index("mx"), c.index("my"),
-                                     c.index("mz")]],
-                       prob.title, stage_starts[1:])
-            results.write_json("summary.json", summary)
-            results.commit()
+            _finish(sim, results, table, summary)
         return summary
     except BaseException as e:
-        if rank == 0 and results is not None:
+        if results is not None:
             prog.finish()
             msg = str(e) if isinstance(e, MagError) else \
                 "".join(traceback.format_exception(e))
             results.fail(msg)
         raise
+
+
+def _summary(sim: Simulation, argv, solve_time: float) -> dict:
+    """The run's summary (the same on every rank)."""
+    sp, prob, stats, demag = sim.space, sim.problem, sim.stats, sim.demag
+    grid = getattr(demag, "grid", None)
+    return {
+        "title": prob.title,
+        "problem": str(prob.path) if prob.path else None,
+        "ranks": sim.comm.Get_size(),
+        "nodes": sp.n, "tets": int(len(sp.mesh.tets)),
+        "boundary_nodes": int(len(sp.boundary_nodes)),
+        "demag": demag is not None,
+        "demag_method": getattr(demag, "method", None),
+        "demag_grid": None if grid is None
+        else {"cells": list(grid.n), "h_m": grid.h.tolist()},
+        "terms": [t.name for t in sim.terms],
+        "setup_time_s": sim.setup_time,
+        "solve_time_s": solve_time,
+        "steps": int(stats["steps"]),
+        "rejected_steps": int(stats["rejected"]),
+        "relax_iterations": int(stats["relax_iterations"]),
+        "rhs_evals": int(stats.get("rhs_evals", 0)),
+        "field_evals": int(stats.get("field_evals", 0)),
+        "field_time_s": stats["field_time"],
+        "t_end_s": sim.state.t,
+        "m_final": sim.state.average_m().tolist(),
+        "stages": sim.log.stage_out,
+        "notes": sim.notes,
+        "argv": argv,
+        "resumed": sim.log.resumed,
+    }
+
+
+def _finish(sim: Simulation, results: Results, table, summary: dict
+            ) -> None:
+    """Rank 0: the plot of <m>(t), summary.json, the results in place."""
+    prob = sim.problem
+    if prob.output.png and table is not None:
+        arr = table.array()
+        c = table.columns
+        keep = arr[:, c.index("stage")] > 0
+        plot_m(results.stage_dir / "m_t.png", arr[keep, c.index("t")],
+               arr[keep][:, [c.index("mx"), c.index("my"), c.index("mz")]],
+               prob.title, sim.log.stage_starts[1:])
+    results.write_json("summary.json", summary)
+    results.commit()

@@ -83,10 +83,10 @@ class StudySettings:
         return self.out if self.method is None else self.out / self.method
 
     def llg_duration(self) -> float:
-        llg = [s for s in self.problem.config["stage"] if s["type"] == "llg"]
+        llg = [s for s in self.problem.stages if s.type == "llg"]
         if not llg:
             raise ProblemError("a convergence study needs an llg stage")
-        return self.duration or llg[-1]["duration"]
+        return self.duration or llg[-1].duration
 
     def compare_times(self) -> List[float]:
         if self.times:
@@ -97,7 +97,7 @@ class StudySettings:
         """Whether the runs use FEM/BEM (whose thin-film accuracy
         depends on the layers), not the grid (which auto is on the
         structured boxes a study refines)."""
-        method = self.method or self.problem.config["demag"]["method"]
+        method = self.method or self.problem.demag.method
         return method in ("dense", "fmm", "graded")
 
     def text(self, cell: float, layers: int) -> str:
@@ -147,7 +147,7 @@ def run(s: StudySettings, launch: Optional[Launcher] = None,
         how = "" if ck is None else (
             f" (continuing from the checkpoint at stage {ck['stage']}, "
             f"t = {ck['t']:.4g} s, if it fits the problem)")
-        log(f"converge: cells of {c:g} {s.problem.config['mesh']['unit']}, "
+        log(f"converge: cells of {c:g} {s.problem.mesh.unit}, "
             f"{n} layer(s){how} ...")
         if launch(d / "problem.toml", d / "run", s.checkpoint_every) != 0:
             failed.append(c)
@@ -174,7 +174,7 @@ def run(s: StudySettings, launch: Optional[Launcher] = None,
                   methods=summary(s.out, times[-1], s.reference))
     (base / "convergence.json").write_text(json.dumps(report, indent=2)
                                            + "\n")
-    unit = s.problem.config["mesh"]["unit"]
+    unit = s.problem.mesh.unit
     cv.plot(curves, base / "convergence.png",
             title=f"{s.problem.title} ({s.method or 'demag as given'}): "
                   f"in-plane cells {', '.join(f'{c:g}' for c in cells)} "
@@ -240,8 +240,8 @@ def _run_facts(d: Path) -> dict:
              "ranks": None}
     try:
         from .problem import load
-        h = load(d / "problem.toml").config["mesh"]["h"]
-        size = load(d / "problem.toml").config["mesh"]["size"]
+        mesh = load(d / "problem.toml").mesh
+        h, size = mesh.h, mesh.size
         facts["layers"] = round(size[2] / h[2])
     except (ProblemError, KeyError, TypeError):
         pass

@@ -50,8 +50,9 @@ class Launch:
     every rank prints its per-rank transport line at exit. options: the
     MPI's own parameters (Open MPI's MCA), refused by an MPI without
     them. scratch: a directory the launcher sees, for the files the
-    flavour writes for it (Command.files). build: another native build
-    whose transport the ranks load (default: this checkout's)."""
+    flavour writes for it (Command.files). components: another directory
+    holding our transport's file that the ranks load (default: this
+    checkout's build)."""
     program: Sequence[str]
     np: int
     transport: str = "ivshmem"
@@ -69,7 +70,7 @@ class Launch:
     env: Mapping[str, str] = field(default_factory=dict)
     options: Sequence[Tuple[str, str]] = ()
     scratch: Optional[str] = None
-    build: Optional[str] = None
+    components: Optional[str] = None
 
 
 @dataclass
@@ -93,6 +94,11 @@ class Flavor:
     options_name: Optional[str] = None
     # whether a launch may name a rankfile of the MPI's own syntax
     takes_rankfile = False
+    # whether Slurm's task prolog gives every task this MPI's variables
+    # (cluster/slurm/conf.py): their keys must not collide with another
+    # such MPI's (Open MPI 5 and Intel MPI would set OMPI_MCA_pml,
+    # FI_PROVIDER, LD_LIBRARY_PATH otherwise: their jobs name their own)
+    in_task_prolog = False
 
     # ---------------------------------------------------------- install
 

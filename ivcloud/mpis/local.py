@@ -40,8 +40,8 @@ def mpirun_command(program: Sequence[str], np: int,
     socket), at most one; with neither, the component falls back to
     $IVSHM_REGION / $IVSHM_SOCKET, and without those it stays out of the
     way (tcp carries the job when tcp_fallback is on). osc: another
-    one-sided component than osc pt2pt. components: another build's
-    native directory (its BTL)."""
+    one-sided component than osc pt2pt. components: another directory
+    holding the BTL's file (another build's, a copy)."""
     program = [str(a) for a in program]
     if transport not in TRANSPORTS:
         btl_list(transport)  # raises the one error message
@@ -67,7 +67,8 @@ def mpirun_command(program: Sequence[str], np: int,
     options += [(str(k), str(v)) for k, v in extra_mca]
     launch = Launch(program, np, transport=transport, oversubscribe=True,
                     report=verbose_btl, options=options,
-                    build=None if components is None else str(components))
+                    components=None if components is None
+                    else str(components))
     return OpenMpi().command(launch).argv
 
 

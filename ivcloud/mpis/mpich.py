@@ -20,6 +20,7 @@ class Mpich(HydraFlavor):
     name = "mpich"
     title = "MPICH 5.0.2"
     wheel = "mpich==5.0.2"
+    in_task_prolog = True
 
     def launcher_options(self, agent: str) -> Sequence[str]:
         return ["-launcher", "ssh", "-launcher-exec", agent]

@@ -134,6 +134,7 @@ class OpenMpi(Flavor):
     transports = ("ivshmem", "tcp", "vader")
     options_name = "MCA parameter"
     takes_rankfile = True
+    in_task_prolog = True
 
     def prefix(self) -> Path:
         return Path(find_mpirun()).resolve().parent.parent
@@ -163,7 +164,7 @@ class OpenMpi(Flavor):
         in_instances = bool(launch.hosts or launch.rank_hosts)
         mca: List[Tuple[str, str]] = []
         if launch.transport == "ivshmem" and not launch.installed:
-            ours = component_dir(launch.build)
+            ours = launch.components or component_dir()
             mca.append(("mca_base_component_path",
                         f"{stock_component_dir()}:{ours}"))
         mca += [("pml", "ob1"),
@@ -196,7 +197,8 @@ class OpenMpi(Flavor):
 
     def launch_line(self, launch: Launch, program: List[str],
                     env: Dict[str, str]) -> Command:
-        cmd = [str(self.launcher_path())]
+        # installed: the machine's own (a guest's), found on its PATH
+        cmd = ["mpirun" if launch.installed else str(self.launcher_path())]
         if os.geteuid() == 0 and not launch.unprivileged:
             cmd.append("--allow-run-as-root")
         if launch.oversubscribe:

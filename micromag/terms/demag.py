@@ -33,8 +33,8 @@ from ..constants import FOUR_PI, MU0
 from ..errors import MeshError, ProblemError, SimulationError
 from ..parallel import global_min
 from .base import Term
-from .demag_fmm import (FMMBoundaryOperator, choose_method,
-                         host_memory_bytes, scheme_for)
+from .demag_fmm import FMMBoundaryOperator, scheme_for
+from .demag_method import host_memory_bytes, resolve
 
 # PETSc comes from the FEM space (fem.py initialises petsc4py without
 # reading sys.argv), so importing this module does not start PETSc.
@@ -325,7 +325,7 @@ class DemagField(Term):
     reference), as fast multipole far field plus sparse exact near field
     ("fmm", relative accuracy `tol`, demag_fmm.py), or "auto": dense while
     it takes at most 4 GB or a third of the smallest host's memory
-    (demag_fmm.dense_auto_max), or when fmm3dpy is missing.
+    (demag_method.resolve), or when fmm3dpy is missing.
     ``self.method`` is the one used, ``self.bem_bytes`` its memory on this
     rank; ``self.bem`` is the dense PETSc matrix (None with the FMM),
     ``self.fmm`` the demag_fmm.FMMBoundaryOperator (None when dense).
@@ -400,7 +400,10 @@ class DemagField(Term):
         # the same choice on every rank: by the smallest host's memory
         host = (global_min(space.comm, host_memory_bytes())
                 if method == "auto" else 0)
-        self.method = choose_method(method, nb, host)
+        self.method = resolve(method, nb, host)
+        if self.method not in ("dense", "fmm"):
+            raise ProblemError(f"DemagField is FEM/BEM: method "
+                               f"'{method}' is not")
         self.tol = tol
         if self.method == "fmm":
             counts = np.diff(np.searchsorted(bnodes, space.ranges))

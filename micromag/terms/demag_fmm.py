@@ -41,64 +41,13 @@ through the FMM's error (different source sets give different trees).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..constants import FOUR_PI
-from ..errors import ProblemError, SetupError, SimulationError
-
-METHODS = ("auto", "dense", "fmm")
-
-# auto: the dense matrix while it takes at most 4 GB over all ranks
-# (8 Nb^2 bytes: Nb <= 22,360), or a third of the smallest host memory
-# among the ranks if that is more (its rows may all sit on one host, and
-# the rest of the run needs room too). As long as it fits, the dense
-# product is 20-300 times faster than fmm3dpy's FMM on this machine
-# (docs/mag-demag.md, "Cost"), so memory, not time, decides.
-DENSE_AUTO_BYTES = 4e9
-DENSE_AUTO_SHARE = 1 / 3
-DENSE_AUTO_MAX = int((DENSE_AUTO_BYTES / 8) ** 0.5)   # with little memory
-
-
-def host_memory_bytes() -> int:
-    """Physical memory of this host."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def dense_auto_max(host_bytes: float) -> int:
-    """The most boundary nodes auto keeps dense on hosts of `host_bytes`."""
-    limit = max(DENSE_AUTO_BYTES, DENSE_AUTO_SHARE * host_bytes)
-    return int((limit / 8) ** 0.5)
+from ..errors import ProblemError, SimulationError
 
 # Pairs (node, triangle) of the near field evaluated per numpy block.
 _PAIRS_PER_BLOCK = 200_000
-
-
-def have_fmm() -> bool:
-    """Whether the FMM library (PyPI fmm3dpy) can be imported."""
-    try:
-        import fmm3dpy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def choose_method(method: str, n_boundary: int,
-                  host_bytes: float = 0) -> str:
-    """'dense' or 'fmm' for the method asked for ('auto' decides by the
-    number of boundary nodes, the smallest host memory among the ranks,
-    `host_bytes`, and whether fmm3dpy is installed)."""
-    if method not in METHODS:
-        raise ProblemError(f"demag method '{method}' unknown "
-                           f"({', '.join(METHODS)})")
-    if method == "auto":
-        return ("fmm" if n_boundary > dense_auto_max(host_bytes)
-                and have_fmm() else "dense")
-    if method == "fmm" and not have_fmm():
-        raise SetupError("demag method 'fmm' needs the Python package "
-                         "fmm3dpy (pip install fmm3dpy)")
-    return method
 
 
 # ---------------------------------------------------------------------------

@@ -49,9 +49,22 @@
      FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_DIRECTED_RECV |         \
      FI_MULTI_RECV | FI_SOURCE | FI_RMA_EVENT | FI_LOCAL_COMM |               \
      FI_REMOTE_COMM)
+/* Of these, what applies to the transmit side and to the receive side
+   (fi_getinfo(3): tx_attr and rx_attr carry only their own). */
+#define FIV_TX_CAPS                                                           \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_READ | FI_WRITE)
+#define FIV_RX_CAPS                                                           \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_RECV | FI_REMOTE_READ |     \
+     FI_REMOTE_WRITE | FI_DIRECTED_RECV | FI_MULTI_RECV | FI_SOURCE |         \
+     FI_RMA_EVENT)
 #define FIV_TX_OP_FLAGS                                                       \
     (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
      FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
+/* Internal to our calls: the inject calls (fi_inject & co.) write no
+   completion. FI_INJECT in a *msg call's flags only lets the caller reuse
+   its buffer at once: that operation still completes (fi_msg(3)). A bit
+   libfabric leaves to providers, cleared from what an application passes. */
+#define FIV_NO_EVENT (1ULL << 62)
 #define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
 /* Every operation to a peer travels one ordered path and its target
    handles them in arrival order (fiv_rma.c: a read larger than
@@ -70,6 +83,10 @@
 #define FIV_RMA_IOV_LIMIT 1
 #define FIV_CQ_DATA_SIZE 8
 #define FIV_ATOMIC_MAX 256             /* operand bytes of one atomic     */
+/* Caps per peer, defaults (docs/provider.md, "Caps per peer") */
+#define FIV_PEER_ANSWER_BYTES ((size_t)64 << 20)
+#define FIV_PEER_QUEUE ((size_t)1 << 16)
+#define FIV_PEER_UNEXP_BYTES FIV_MAX_MSG
 
 /* ---- wire protocol ----
    Over the region the libivshm message tag carries the operation (low 8
@@ -192,13 +209,37 @@ struct fiv_config {
     char *core;          /* core provider name(s), "none" = no delegation */
     int report;          /* FI_IVSHM_REPORT: one counter line at exit     */
     int spin_us;         /* spin before blocking in sread/cntr wait       */
+    /* What one peer may make us hold (docs/provider.md, "Caps per
+       peer"): past a cap its path fails as a broken network would. */
+    size_t peer_answer_bytes; /* answers we copied, not yet sent         */
+    size_t peer_queue;        /* messages queued for it (sends, answers) */
+    size_t peer_unexp_bytes;  /* its messages no receive has taken yet   */
     uint64_t test_lose;  /* FIV_TEST_LOSE=N, tests only: the Nth region
                             message to each peer is counted, not sent      */
 };
 extern struct fiv_config fiv_cfg;
 extern struct fi_provider fiv_prov;
 
-/* ---- objects ---- */
+/* ---- objects ----
+
+   Lifetimes (docs/provider.md, "Lifetimes"). A remote request is checked
+   when each of its fragments is handled, never only at its first one:
+   no raw pointer into the application's memory (a window, a receive
+   buffer) or into one of our records (fiv_mr, fiv_rx, fiv_unexp)
+   survives a return to the application unless the record is pinned.
+   - A registration is named by its key: a WRITE's continuations and a
+     large READ's answer fragments look the key up again, with bounds
+     and access, for every fragment (fiv_asm.key/addr, fiv_op_req.mr_*),
+     so fi_close(mr) ends them (the write is refused, the answer's path
+     to that peer fails).
+   - A receive that a sender's message fills is pinned by that assembly
+     (fiv_rx.pending); what takes the receive from the application
+     (fi_cancel) or ends the sender (fi_av_remove, a failure, closing the
+     endpoint) first cuts the assemblies off: what still arrives is
+     discarded (ASM_DISCARD) and our affected operation completes with
+     an error.
+   - An unexpected message still arriving is the assembly's; FI_DISCARD
+     of it cuts the assembly off the same way before freeing it. */
 
 struct fiv_fabric {
     struct fid_fabric fab;
@@ -260,6 +301,7 @@ struct fiv_cq {
     struct fiv_ep **eps;  /* endpoints that report here: progress them    */
     size_t neps;
     int refs;
+    bool signaled;        /* fi_cq_signal: a blocking read returns        */
 };
 
 struct fiv_cntr {
@@ -275,6 +317,8 @@ struct fiv_cntr {
 struct fiv_av_entry {
     struct fiv_addr addr;
     bool used;
+    uint32_t inserts;     /* a name inserted again gets this entry back
+                             (fiv_av.c); fi_av_remove undoes one insert */
 };
 
 struct fiv_av {
@@ -304,7 +348,8 @@ struct fiv_rx {
     uint64_t tag, ignore;
     uint64_t flags;       /* FI_COMPLETION, FI_MULTI_RECV, FI_TAGGED...    */
     size_t multi_used;    /* FI_MULTI_RECV: bytes handed out               */
-    int pending;          /* FI_MULTI_RECV: messages still being filled    */
+    int pending;          /* FI_MULTI_RECV: messages still being filled,
+                             each pins it (fiv_rx_cut ends that)           */
     bool retired;         /* FI_MULTI_RECV: no more messages go in         */
 };
 
@@ -316,6 +361,7 @@ struct fiv_unexp {
     uint32_t flags;       /* FIV_F_*                                      */
     size_t len, got;      /* total, received so far                       */
     uint8_t *buf;
+    size_t charged;       /* counted in its sender's unexp_bytes          */
     void *claim;          /* FI_CLAIM: the context that claimed it        */
     bool claimed;
     struct fiv_rx *waiting; /* a receive matched while still arriving      */
@@ -327,15 +373,16 @@ enum fiv_asm_kind { ASM_NONE, ASM_RECV, ASM_UNEXP, ASM_WRITE, ASM_READ_RESP,
 struct fiv_asm {
     enum fiv_asm_kind kind;
     size_t total, got;
-    struct fiv_rx *rx;        /* ASM_RECV                                 */
-    struct fiv_unexp *ux;     /* ASM_UNEXP                                */
+    struct fiv_rx *rx;        /* ASM_RECV: pinned (rx->pending if multi)  */
+    struct fiv_unexp *ux;     /* ASM_UNEXP: freed only through the cut    */
     size_t rx_off;            /* ASM_RECV: where in rx's buffers          */
-    uint8_t *dst;             /* ASM_WRITE / ASM_READ_RESP                */
+    uint8_t *dst;             /* ASM_RECV, multi-receive: rx's slice      */
     uint64_t tag, data;
     uint32_t flags;
     size_t olen;              /* full length (truncation)                 */
-    struct fiv_op_req *req;   /* ASM_READ_RESP                            */
-    struct fiv_mr *mr;        /* ASM_WRITE                                */
+    struct fiv_op_req *req;   /* ASM_READ_RESP: ours, off the wait list   */
+    uint64_t key, addr;       /* ASM_WRITE: looked up again per fragment  */
+    bool refused;             /* ASM_WRITE: a fragment found no MR        */
     uint64_t write_id;        /* ASM_WRITE with FIV_F_ACK                 */
 };
 
@@ -359,6 +406,11 @@ struct fiv_op_req {
     size_t iov_count;
     size_t total, sent;           /* payload bytes                         */
     uint8_t *own;                 /* our copy (inject, answers)            */
+    /* REQ_REPLY of a large READ: the payload is the registration's bytes,
+       looked up by key as each fragment leaves (iov unused) */
+    bool from_mr;
+    uint64_t mr_key, mr_addr;
+    size_t charged;               /* REQ_REPLY: in the peer's answer_bytes */
     bool started;                 /* first fragment is out                 */
     /* where an answer lands (READ: iov; ATOMIC fetch: result)             */
     struct iovec res[FIV_IOV_LIMIT];
@@ -383,6 +435,9 @@ struct fiv_peer {
     struct fiv_asm as;                 /* what its continuations fill       */
     bool dead;
     bool violated;                     /* broke our protocol (fiv_deliver) */
+    const char *over;                  /* with violated: the cap it passed  */
+    /* what it makes us hold, against fiv_cfg.peer_* */
+    size_t answer_bytes, queued, unexp_bytes;
     bool awaited;                      /* a receive waits on it (transient) */
     /* core path: our order of its messages, whatever order the core
        completes them in (fiv_delegate.c) */
@@ -574,6 +629,13 @@ void fiv_fail_receives(struct fiv_ep *ep, fi_addr_t a, bool wildcard, int err);
    true if one takes any source. */
 bool fiv_mark_awaited(struct fiv_ep *ep);
 void fiv_rx_free_all(struct fiv_ep *ep);
+/* Cut off every assembly that fills `rx` (fi_cancel): what still arrives
+   of those messages is discarded. */
+void fiv_rx_cut(struct fiv_ep *ep, struct fiv_rx *rx);
+/* The message `peer` is in the middle of fails with `err` (fi_av_remove);
+   with err 0 (closing the endpoint) its records are only released. */
+void fiv_asm_fail(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                  int err);
 void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
 /* One region message to `slot` (its holder at `gen`), with the wire

@@ -23,6 +23,16 @@ const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a)
     return &av->entries[a].addr;
 }
 
+/* The entry holding name `a`, or av->count. */
+static size_t find(const struct fiv_av *av, const struct fiv_addr *a)
+{
+    for (size_t i = 0; i < av->count; i++)
+        if (av->entries[i].used &&
+            memcmp(&av->entries[i].addr, a, sizeof *a) == 0)
+            return i;
+    return av->count;
+}
+
 void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep)
 {
     void *p = realloc(av->eps, (av->neps + 1) * sizeof *av->eps);
@@ -49,6 +59,8 @@ static int av_insert(struct fid_av *av_fid, const void *addr, size_t count,
     (void)context;
     struct fiv_av *av = container_of(av_fid, struct fiv_av, av);
     struct fiv_domain *d = av->dom;
+    if (!addr && count)
+        return -FI_EINVAL; /* e.g. an info without a dest_addr */
     /* names are FIV_ADDR_LEN bytes each, packed */
     fiv_lock(d);
     if (av->count + count > av->cap) {
@@ -73,10 +85,24 @@ static int av_insert(struct fid_av *av_fid, const void *addr, size_t count,
                 fi_addr[i] = FI_ADDR_NOTAVAIL;
             continue;
         }
-        size_t idx = av->count++;
+        /* A name we have already is that entry again, as libfabric's own
+           AVs answer: one peer, one address. Two entries for one peer
+           would split what it sends (the region names each message's
+           sender by one entry) from receives directed at the other: an
+           MPI inserts a peer again for MPI_Comm_connect/accept. */
+        size_t idx = find(av, &a);
+        if (idx < av->count) {
+            av->entries[idx].inserts++;
+            if (fi_addr)
+                fi_addr[i] = idx;
+            inserted++;
+            continue;
+        }
+        idx = av->count++;
         struct fiv_av_entry *e = &av->entries[idx];
         e->addr = a;
         e->used = true;
+        e->inserts = 1;
         for (size_t k = 0; k < av->neps; k++)
             fiv_ep_resolve(av->eps[k], idx);
         if (fi_addr)
@@ -95,7 +121,8 @@ static int av_remove(struct fid_av *av_fid, fi_addr_t *fi_addr, size_t count,
     fiv_lock(av->dom);
     for (size_t i = 0; i < count; i++) {
         fi_addr_t a = fi_addr[i];
-        if (a < av->count && av->entries[a].used) {
+        if (a < av->count && av->entries[a].used &&
+            --av->entries[a].inserts == 0) {
             for (size_t k = 0; k < av->neps; k++)
                 fiv_ep_forget(av->eps[k], a);
             av->entries[a].used = false;

@@ -238,11 +238,15 @@ static ssize_t cq_sreadfrom(struct fid_cq *cq, void *buf, size_t count,
                             fi_addr_t *src_addr, const void *cond, int timeout)
 {
     (void)cond;
+    struct fiv_cq *q = container_of(cq, struct fiv_cq, cq);
     uint64_t deadline = fiv_deadline(timeout);
     for (unsigned spins = 0;; spins++) {
         ssize_t n = cq_readfrom(cq, buf, count, src_addr);
         if (n != -FI_EAGAIN)
             return n;
+        /* fi_cq_signal: this wait (or the next, if none waits now) ends */
+        if (__atomic_exchange_n(&q->signaled, false, __ATOMIC_ACQ_REL))
+            return -FI_EAGAIN;
         if (fiv_now_ns() >= deadline)
             return -FI_EAGAIN;
         if (spins > 1000)
@@ -256,7 +260,12 @@ static ssize_t cq_sread(struct fid_cq *cq, void *buf, size_t count,
     return cq_sreadfrom(cq, buf, count, NULL, cond, timeout);
 }
 
-static int cq_signal(struct fid_cq *cq) { (void)cq; return 0; }
+static int cq_signal(struct fid_cq *cq_fid)
+{
+    struct fiv_cq *cq = container_of(cq_fid, struct fiv_cq, cq);
+    __atomic_store_n(&cq->signaled, true, __ATOMIC_RELEASE);
+    return 0;
+}
 
 static const char *cq_strerror(struct fid_cq *cq, int prov_errno,
                                const void *err_data, char *buf, size_t len)

@@ -435,8 +435,10 @@ int fiv_core_progress(struct fiv_ep *ep)
         } else {
             in_order(ep, a, peer, b->mem, ev[i].len);
             if (peer->violated) {
+                const char *why = peer->over ? peer->over : "it broke our protocol";
                 peer->violated = false;
-                fiv_path_broken(ep, a, peer, "it broke our protocol");
+                peer->over = NULL;
+                fiv_path_broken(ep, a, peer, why);
             }
         }
         (void)post_rx(c, b);

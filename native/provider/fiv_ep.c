@@ -65,8 +65,12 @@ static bool in_our_region(struct fiv_ep *ep, const struct fiv_addr *a)
 {
     if (!ep->h || a->slot < 0 || a->slot >= ep->max_peers)
         return false;
+    /* a peer that has left already counts too, while nobody has claimed
+       its slot since: what it published before it went is still
+       delivered (ivshm_peer_last), e.g. a last message of a sender that
+       exited before we inserted it (fiv_conform_test, "departed") */
     ivshm_peer_info info;
-    if (ivshm_peer(ep->h, a->slot, &info) < 0)
+    if (ivshm_peer_last(ep->h, a->slot, &info) < 0)
         return false;
     char want[32];
     name_of((uint64_t)a->nonce[1] << 32 | a->nonce[0], want, sizeof want);
@@ -122,6 +126,10 @@ void fiv_ep_forget(struct fiv_ep *ep, size_t index)
     struct fiv_peer *p = fiv_peer(ep, index);
     if (!p)
         return;
+    /* nothing of it is heard from now on: what it was sending us and
+       what we wait on from it end here (fiv.h, "Lifetimes") */
+    fiv_asm_fail(ep, index, p, FI_ECANCELED);
+    fiv_rma_fail_peer(ep, index, FI_ECANCELED);
     fiv_tx_fail_peer(ep, p, FI_ECANCELED);
     if (p->path == PATH_REGION && ep->by_slot[p->slot] == index)
         ep->by_slot[p->slot] = FI_ADDR_NOTAVAIL;
@@ -234,6 +242,7 @@ static int ep_close(struct fid *fid)
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
         fiv_tx_fail_peer(ep, p, FI_ECANCELED);
+        fiv_asm_fail(ep, id, p, 0);
         fiv_core_release_peer(p);
     }
     fiv_unlock(d);
@@ -460,10 +469,65 @@ static int no_setname(fid_t fid, void *addr, size_t addrlen)
     return -FI_ENOSYS;
 }
 
+/* An RDM endpoint has no connection: what fi_cm(3) reserves for
+   connection-oriented endpoints (and multicast, which we lack) answers
+   -FI_ENOSYS, never a NULL the core would call through. */
+static int no_getpeer(struct fid_ep *ep, void *addr, size_t *addrlen)
+{
+    (void)ep; (void)addr; (void)addrlen;
+    return -FI_ENOSYS;
+}
+
+static int no_connect(struct fid_ep *ep, const void *addr, const void *param,
+                      size_t paramlen)
+{
+    (void)ep; (void)addr; (void)param; (void)paramlen;
+    return -FI_ENOSYS;
+}
+
+static int no_listen(struct fid_pep *pep)
+{
+    (void)pep;
+    return -FI_ENOSYS;
+}
+
+static int no_accept(struct fid_ep *ep, const void *param, size_t paramlen)
+{
+    (void)ep; (void)param; (void)paramlen;
+    return -FI_ENOSYS;
+}
+
+static int no_reject(struct fid_pep *pep, fid_t handle, const void *param,
+                     size_t paramlen)
+{
+    (void)pep; (void)handle; (void)param; (void)paramlen;
+    return -FI_ENOSYS;
+}
+
+static int no_shutdown(struct fid_ep *ep, uint64_t flags)
+{
+    (void)ep; (void)flags;
+    return -FI_ENOSYS;
+}
+
+static int no_join(struct fid_ep *ep, const void *addr, uint64_t flags,
+                   struct fid_mc **mc, void *context)
+{
+    (void)ep; (void)addr; (void)flags; (void)mc; (void)context;
+    return -FI_ENOSYS;
+}
+
 static struct fi_ops_cm cm_ops = {
     .size = sizeof(struct fi_ops_cm),
     .setname = no_setname,
     .getname = ep_getname,
+    .getpeer = no_getpeer,
+    .connect = no_connect,
+    .listen = no_listen,
+    .accept = no_accept,
+    .reject = no_reject,
+    .shutdown = no_shutdown,
+    .join = no_join,
 };
 
 static ssize_t ep_cancel(fid_t fid, void *context)
@@ -488,6 +552,9 @@ static ssize_t ep_cancel(fid_t fid, void *context)
                                 (FI_TAGGED | FI_MSG | FI_RECV | FI_MULTI_RECV),
                                 .err = FI_ECANCELED, .src = FI_ADDR_NOTAVAIL};
             fiv_complete_rx(ep, &e, true);
+            /* the buffer is the application's again: a message still
+               filling it (multi-receive) is cut off */
+            fiv_rx_cut(ep, r);
             fiv_rx_put(ep, r);
             rc = 0;
             break;

@@ -8,8 +8,10 @@
  * each is allocated with zeroed room behind it, so a newer core reads
  * zeros ("unspecified") there, never past the allocation.
  */
+#include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "fiv.h"
 
@@ -49,12 +51,10 @@ static int answer_mr_mode(uint32_t version, const struct fi_info *hints)
     int asked = hints && hints->domain_attr ? hints->domain_attr->mr_mode : -1;
     if (asked < 0)
         return FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-    /* 1.x callers may still name the old modes: basic is these bits,
-       scalable none */
-    if (asked == 1 /* FI_MR_BASIC */)
-        return FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-    if (asked == 2 /* FI_MR_SCALABLE */)
-        return 0;
+    /* 1.x callers may still name the old modes: answered in their own
+       words (the domain reads basic as these bits, scalable as none) */
+    if (asked == 1 /* FI_MR_BASIC */ || asked == 2 /* FI_MR_SCALABLE */)
+        return asked;
     return asked & (FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY);
 }
 
@@ -103,9 +103,10 @@ static bool hints_fit(uint32_t version, const struct fi_info *h)
             return refuse("d->mr_key_size > 8");
         if (d->auth_key_size)
             return refuse("d->auth_key_size");
-        if (FI_VERSION_GE(version, FI_VERSION(1, 5)) && d->mr_mode > 2 &&
-            (d->mr_mode & FI_MR_RAW))
-            return refuse("FI_VERSION_GE(version, FI_VERSION(1, 5)) && d->mr_mode > 2 && (d->mr_mode & FI_MR_RAW)");
+        if (d->caps & ~(FI_LOCAL_COMM | FI_REMOTE_COMM))
+            return refuse("d->caps & ~(FI_LOCAL_COMM | FI_REMOTE_COMM)");
+        /* every mode bit the caller offers is one we may clear (fi_mr(3)):
+           we need none of them (answer_mr_mode) */
     }
     if (h->tx_attr) {
         if (h->tx_attr->caps & ~FIV_CAPS)
@@ -133,17 +134,119 @@ static bool hints_fit(uint32_t version, const struct fi_info *h)
     return true;
 }
 
+/* The capabilities asked for, with what they imply spelled out (fi_getinfo(3):
+   a primary capability without any of its modifiers means all of them),
+   so that an endpoint serves what it was promised: FI_RMA alone is a
+   target too, and its FI_REMOTE_WRITE counter counts. */
+static uint64_t implied_caps(uint64_t caps)
+{
+    if (caps & (FI_MSG | FI_TAGGED) && !(caps & (FI_SEND | FI_RECV)))
+        caps |= FI_SEND | FI_RECV;
+    const uint64_t rma_mods = FI_READ | FI_WRITE | FI_REMOTE_READ |
+                              FI_REMOTE_WRITE;
+    if (caps & (FI_RMA | FI_ATOMIC) && !(caps & rma_mods))
+        caps |= rma_mods;
+    return caps;
+}
+
+/* Names as getinfo hands them out (struct fiv_addr, slot -1): what a
+   caller's node/service resolve to (the core provider's socket address,
+   fiv_ep.c reaches such a name through the core), or only the format,
+   filled in by the endpoint (fi_getname) when none is given. */
+static void *name_for(const struct sockaddr *sa, size_t salen)
+{
+    struct fiv_addr *a = zalloc(sizeof *a);
+    if (!a)
+        return NULL;
+    a->magic = FIV_ADDR_MAGIC;
+    a->version = FIV_ADDR_VERSION;
+    a->slot = -1;
+    if (sa && salen <= FIV_CORE_ADDR_MAX) {
+        memcpy(a->core, sa, salen);
+        a->core_len = (uint8_t)salen;
+    }
+    return a;
+}
+
+static void *copy_name(const void *addr, size_t len)
+{
+    if (!addr || len != FIV_ADDR_LEN)
+        return NULL;
+    void *a = zalloc(FIV_ADDR_LEN);
+    if (a)
+        memcpy(a, addr, FIV_ADDR_LEN);
+    return a;
+}
+
+/* node/service as a socket address, as the core provider names its peers:
+   0, or -FI_ENODATA for a name that does not resolve. */
+static int resolve(const char *node, const char *service, uint64_t flags,
+                   struct sockaddr_storage *out, size_t *outlen)
+{
+    struct addrinfo ai = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (flags & FI_NUMERICHOST)
+        ai.ai_flags |= AI_NUMERICHOST;
+    if ((flags & FI_SOURCE) && !node)
+        ai.ai_flags |= AI_PASSIVE;
+    if (getaddrinfo(node, service, &ai, &res) != 0 || !res)
+        return -FI_ENODATA;
+    int rc = -FI_ENODATA;
+    for (struct addrinfo *r = res; r; r = r->ai_next)
+        if (r->ai_addrlen <= FIV_CORE_ADDR_MAX &&
+            r->ai_addrlen <= sizeof *out) {
+            memcpy(out, r->ai_addr, r->ai_addrlen);
+            *outlen = r->ai_addrlen;
+            rc = 0;
+            break;
+        }
+    freeaddrinfo(res);
+    return rc;
+}
+
+/* src_addr and dest_addr of the answer (fi_getinfo(3)): node/service
+   name the destination, or with FI_SOURCE the source; a source is always
+   given (the hints', else the bare format). */
+static int fill_addrs(struct fi_info *fi, const char *node,
+                      const char *service, uint64_t flags,
+                      const struct fi_info *h)
+{
+    struct sockaddr_storage ss;
+    size_t sslen = 0;
+    if (node || service) {
+        int rc = resolve(node, service, flags, &ss, &sslen);
+        if (rc)
+            return rc;
+    }
+    const struct sockaddr *sa = (const struct sockaddr *)&ss;
+    if ((node || service) && (flags & FI_SOURCE))
+        fi->src_addr = name_for(sa, sslen);
+    else if (h && h->src_addr)
+        fi->src_addr = copy_name(h->src_addr, h->src_addrlen);
+    if (!fi->src_addr)
+        fi->src_addr = name_for(NULL, 0);
+    if ((node || service) && !(flags & FI_SOURCE))
+        fi->dest_addr = name_for(sa, sslen);
+    else if (h && h->dest_addr)
+        fi->dest_addr = copy_name(h->dest_addr, h->dest_addrlen);
+    if (!fi->src_addr || (node && !(flags & FI_SOURCE) && !fi->dest_addr))
+        return -FI_ENOMEM;
+    fi->src_addrlen = FIV_ADDR_LEN;
+    fi->dest_addrlen = fi->dest_addr ? FIV_ADDR_LEN : 0;
+    return 0;
+}
+
 static struct fi_info *describe(uint32_t version, const struct fi_info *h)
 {
     struct fi_info *fi = alloc_info();
     if (!fi)
         return NULL;
-    uint64_t caps = h && h->caps ? h->caps : FIV_CAPS;
+    uint64_t caps = implied_caps(h && h->caps ? h->caps : FIV_CAPS);
     fi->caps = caps;
     fi->mode = 0; /* we need nothing of the caller's contexts or buffers */
     fi->addr_format = FI_FORMAT_UNSPEC;
 
-    fi->tx_attr->caps = caps;
+    /* each side carries only what applies to it */
+    fi->tx_attr->caps = caps & FIV_TX_CAPS;
     fi->tx_attr->mode = 0;
     fi->tx_attr->op_flags = h && h->tx_attr ? h->tx_attr->op_flags & FIV_TX_OP_FLAGS : 0;
     fi->tx_attr->msg_order = FIV_MSG_ORDER;
@@ -153,7 +256,7 @@ static struct fi_info *describe(uint32_t version, const struct fi_info *h)
     fi->tx_attr->iov_limit = FIV_IOV_LIMIT;
     fi->tx_attr->rma_iov_limit = FIV_RMA_IOV_LIMIT;
 
-    fi->rx_attr->caps = caps;
+    fi->rx_attr->caps = caps & FIV_RX_CAPS;
     fi->rx_attr->mode = 0;
     fi->rx_attr->op_flags = h && h->rx_attr ? h->rx_attr->op_flags & FIV_RX_OP_FLAGS : 0;
     fi->rx_attr->msg_order = FIV_MSG_ORDER;
@@ -218,9 +321,6 @@ int fiv_getinfo(uint32_t version, const char *node, const char *service,
                 uint64_t flags, const struct fi_info *hints,
                 struct fi_info **info)
 {
-    (void)node;
-    (void)service;
-    (void)flags;
     *info = NULL;
     FIV_INFO("getinfo %u.%u caps %#llx mode %#llx mr_mode %#x\n",
              FI_MAJOR(version), FI_MINOR(version),
@@ -238,6 +338,13 @@ int fiv_getinfo(uint32_t version, const char *node, const char *service,
     struct fi_info *fi = describe(version, hints);
     if (!fi)
         return -FI_ENOMEM;
+    int rc = fill_addrs(fi, node, service, flags, hints);
+    if (rc) {
+        FIV_INFO("node %s service %s: %s\n", node ? node : "-",
+                 service ? service : "-", fi_strerror(-rc));
+        fi_freeinfo(fi);
+        return rc;
+    }
     *info = fi;
     return 0;
 }

@@ -12,7 +12,10 @@
 
 #include "fiv.h"
 
-struct fiv_config fiv_cfg = {.position = -1};
+struct fiv_config fiv_cfg = {.position = -1,
+                             .peer_answer_bytes = FIV_PEER_ANSWER_BYTES,
+                             .peer_queue = FIV_PEER_QUEUE,
+                             .peer_unexp_bytes = FIV_PEER_UNEXP_BYTES};
 
 static void fiv_cleanup(void);
 
@@ -251,6 +254,25 @@ FI_EXT_INI
     fi_param_define(&fiv_prov, "report", FI_PARAM_BOOL,
                     "Print one line 'fi_ivshm: pid P sent S received R "
                     "delegated D' per process to stderr at exit");
+
+    fi_param_define(&fiv_prov, "peer_answer_bytes", FI_PARAM_SIZE_T,
+                    "Bytes of RMA answers copied for one peer and not yet "
+                    "sent; past it the peer's path fails (default 64 MiB)");
+    fi_param_define(&fiv_prov, "peer_queue", FI_PARAM_SIZE_T,
+                    "Messages queued for one peer: past it our sends to it "
+                    "return -FI_EAGAIN and its requests fail its path "
+                    "(default 65536)");
+    fi_param_define(&fiv_prov, "peer_unexpected_bytes", FI_PARAM_SIZE_T,
+                    "Bytes of one peer's messages held before a receive "
+                    "takes them; past it the peer's path fails (default "
+                    "1 GiB, one message of the maximum size)");
+    size_t cap;
+    if (fi_param_get_size_t(&fiv_prov, "peer_answer_bytes", &cap) == 0)
+        fiv_cfg.peer_answer_bytes = cap;
+    if (fi_param_get_size_t(&fiv_prov, "peer_queue", &cap) == 0 && cap)
+        fiv_cfg.peer_queue = cap;
+    if (fi_param_get_size_t(&fiv_prov, "peer_unexpected_bytes", &cap) == 0)
+        fiv_cfg.peer_unexp_bytes = cap;
 
     fiv_cfg.region = param_str("region", "IVSHM_REGION");
     fiv_cfg.socket = param_str("socket", "IVSHM_SOCKET");

@@ -80,8 +80,16 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
                        const uint8_t *p, size_t n)
 {
     struct fiv_intro in;
-    if (n != sizeof in || gen < 0 || !ep->hidden)
+    if (n != sizeof in || !ep->hidden)
         return;
+    if (gen < 0) {
+        /* its writer has left since (a sender that exits after its last
+           message): the slot's last holder, while nobody claimed it */
+        ivshm_peer_info last;
+        if (ivshm_peer_last(ep->h, slot, &last) != 1)
+            return;
+        gen = last.generation;
+    }
     memcpy(&in, p, sizeof in); /* once: the region is shared */
     if (in.slot != slot || in.generation != (uint32_t)gen ||
         in.mac != intro_mac(ep->key, &in))

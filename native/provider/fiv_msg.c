@@ -182,6 +182,61 @@ static void remove_unexp(struct fiv_ep *ep, struct fiv_unexp *u, bool tagged)
         }
 }
 
+/* An unexpected message's memory goes, and its sender's count with it
+   (the peer may be gone from the AV by now: its entry stays). */
+static void unexp_free(struct fiv_ep *ep, struct fiv_unexp *u)
+{
+    struct fiv_peer *p = fiv_peer(ep, u->src);
+    if (p)
+        p->unexp_bytes -= u->charged < p->unexp_bytes ? u->charged
+                                                      : p->unexp_bytes;
+    free(u->buf);
+    free(u);
+}
+
+/* The peer whose assembly is of `kind` and points at `rec`, if any. */
+static struct fiv_peer *asm_holder(struct fiv_ep *ep, enum fiv_asm_kind kind,
+                                   const void *rec)
+{
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        if (p->as.kind == kind &&
+            (kind == ASM_RECV ? (const void *)p->as.rx
+                              : (const void *)p->as.ux) == rec)
+            return p;
+    return NULL;
+}
+
+/* The rest of the message `p` is sending goes nowhere. */
+static void asm_discard(struct fiv_peer *p)
+{
+    p->as = (struct fiv_asm){.kind = ASM_DISCARD, .total = p->as.total,
+                             .got = p->as.got};
+}
+
+/* The application takes an unexpected message away (FI_DISCARD): one
+   still arriving is cut off its sender's assembly first. */
+static void unexp_drop(struct fiv_ep *ep, struct fiv_unexp *u, bool tagged)
+{
+    remove_unexp(ep, u, tagged);
+    if (u->got < u->len) {
+        struct fiv_peer *p = asm_holder(ep, ASM_UNEXP, u);
+        if (p)
+            asm_discard(p);
+    }
+    unexp_free(ep, u);
+}
+
+void fiv_rx_cut(struct fiv_ep *ep, struct fiv_rx *rx)
+{
+    struct fiv_peer *p;
+    while (rx->pending > 0 && (p = asm_holder(ep, ASM_RECV, rx))) {
+        asm_discard(p);
+        rx->pending--;
+    }
+    rx->pending = 0;
+}
+
 /* Copy a complete unexpected message into `rx` and complete it. */
 static void unexp_to_rx(struct fiv_ep *ep, struct fiv_unexp *u, struct fiv_rx *rx)
 {
@@ -256,6 +311,18 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         }
         return;
     }
+    /* counted where unexp_free finds it again: the sender's entry (for
+       our own messages not the handler's stand-in peer, and uncapped) */
+    struct fiv_peer *acct = fiv_peer(ep, src);
+    size_t held = acct ? acct->unexp_bytes : 0;
+    if (acct && peer != &ep->self_peer_dummy &&
+        (held > fiv_cfg.peer_unexp_bytes ||
+         h.len > fiv_cfg.peer_unexp_bytes - held)) {
+        peer->violated = true;
+        peer->over = "it sent more unexpected bytes than its cap "
+                     "(FI_IVSHM_PEER_UNEXPECTED_BYTES)";
+        return;
+    }
     struct fiv_unexp *u = calloc(1, sizeof *u);
     uint8_t *buf = malloc(h.len ? h.len : 1);
     if (!u || !buf) {
@@ -269,7 +336,9 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     memcpy(buf, p, chunk);
     *u = (struct fiv_unexp){.src = src, .tag = h.tag, .data = h.data,
                             .flags = mflags, .len = h.len, .got = chunk,
-                            .buf = buf};
+                            .buf = buf, .charged = acct ? h.len : 0};
+    if (acct)
+        acct->unexp_bytes += h.len;
     append_unexp(ep, u, tagged);
     if (chunk < h.len)
         *as = (struct fiv_asm){.kind = ASM_UNEXP, .total = h.len, .got = chunk,
@@ -284,8 +353,7 @@ static void unexp_complete(struct fiv_ep *ep, struct fiv_unexp *u)
     bool tagged = u->flags & FIV_F_TAGGED;
     remove_unexp(ep, u, tagged);
     unexp_to_rx(ep, u, u->waiting);
-    free(u->buf);
-    free(u);
+    unexp_free(ep, u);
 }
 
 static void msg_more(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
@@ -341,10 +409,11 @@ static void msg_more(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     }
 }
 
-/* What a sender's continuations were filling fails (it died, or began
-   another message before finishing this one). */
-static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
-                          int err)
+/* What a sender's continuations were filling fails (it died, was
+   removed, or began another message before finishing this one); with
+   err 0 (the endpoint closes) nothing completes, records only go. */
+void fiv_asm_fail(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                  int err)
 {
     struct fiv_asm *as = &peer->as;
     if (as->kind == ASM_RECV) {
@@ -353,7 +422,8 @@ static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                             .flags = FI_RECV | (as->flags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG),
                             .len = 0, .tag = as->tag, .err = err,
                             .src = a};
-        fiv_complete_rx(ep, &e, true);
+        if (err)
+            fiv_complete_rx(ep, &e, true);
         if (!(rx->flags & FI_MULTI_RECV))
             fiv_rx_put(ep, rx);
         else if (--rx->pending == 0 && rx->retired)
@@ -366,15 +436,16 @@ static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
             struct fiv_cqe e = {.context = u->waiting->context,
                                 .flags = FI_RECV | (tagged ? FI_TAGGED : FI_MSG),
                                 .tag = u->tag, .err = err, .src = a};
-            fiv_complete_rx(ep, &e, true);
+            if (err)
+                fiv_complete_rx(ep, &e, true);
             fiv_rx_put(ep, u->waiting);
         }
-        free(u->buf);
-        free(u);
+        unexp_free(ep, u);
     } else if (as->kind == ASM_READ_RESP && as->req) {
         /* taken off the waiting list when its answer began */
-        fiv_complete_tx(ep, as->req->context, as->req->flags,
-                        as->req->complete_ev, err);
+        if (err)
+            fiv_complete_tx(ep, as->req->context, as->req->flags,
+                            as->req->complete_ev, err);
         fiv_req_free(as->req);
     }
     memset(as, 0, sizeof *as);
@@ -385,7 +456,7 @@ static void fail_assembly(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err)
 {
-    fail_assembly(ep, a, peer, err);
+    fiv_asm_fail(ep, a, peer, err);
     peer->dead = true;
     fiv_tx_fail_peer(ep, peer, err);
     fiv_rma_fail_peer(ep, a, err);
@@ -489,8 +560,7 @@ void fiv_rx_free_all(struct fiv_ep *ep)
             struct fiv_unexp *u = ul[l];
             ul[l] = u->next;
             fiv_rx_put(ep, u->waiting);
-            free(u->buf);
-            free(u);
+            unexp_free(ep, u);
         }
     ep->trecv = ep->recv = NULL;
     ep->tunexp = ep->unexp = NULL;
@@ -559,11 +629,8 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
                                          (u->flags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0),
                                 .len = u->len, .tag = u->tag, .data = u->data,
                                 .src = ep->caps & FI_SOURCE ? u->src : FI_ADDR_NOTAVAIL};
-            if (flags & FI_DISCARD) {
-                remove_unexp(ep, u, true);
-                free(u->buf);
-                free(u);
-            }
+            if (flags & FI_DISCARD)
+                unexp_drop(ep, u, true);
             if (ep->rx_cq)
                 fiv_cq_push(ep->rx_cq, &e);
         }
@@ -575,7 +642,8 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         fiv_unlock(d);
         return -FI_ENOMEM;
     }
-    memcpy(rx->iov, iov, count * sizeof *iov);
+    if (count)
+        memcpy(rx->iov, iov, count * sizeof *iov);
     rx->iov_count = count;
     rx->total = fiv_iov_total(iov, count);
     rx->src = src;
@@ -591,18 +659,15 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
     else if (!(rx->flags & FI_MULTI_RECV))
         u = find_unexp(ep, src, tag, ignore, tagged, NULL, false);
     if (u && (flags & FI_DISCARD)) {
-        remove_unexp(ep, u, tagged);
         struct fiv_cqe e = {.context = context, .flags = rx->flags & (FI_RECV | FI_TAGGED | FI_MSG),
                             .len = 0, .tag = u->tag, .src = u->src};
+        unexp_drop(ep, u, tagged);
         fiv_complete_rx(ep, &e, want_rx(ep, rx->flags));
-        free(u->buf);
-        free(u);
         fiv_rx_put(ep, rx);
     } else if (u && u->got == u->len) {
         remove_unexp(ep, u, tagged);
         unexp_to_rx(ep, u, rx);
-        free(u->buf);
-        free(u);
+        unexp_free(ep, u);
     } else if (u) {
         u->waiting = rx; /* still arriving: completes when whole */
     } else if (src != FI_ADDR_UNSPEC && fiv_peer(ep, src) &&
@@ -629,8 +694,7 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
             remove_unexp(ep, x, false);
             bool last = rx->total - rx->multi_used - (x->len < rx->total - rx->multi_used ? x->len : rx->total - rx->multi_used) < ep->min_multi_recv;
             unexp_to_rx(ep, x, rx);
-            free(x->buf);
-            free(x);
+            unexp_free(ep, x);
             if (last)
                 break;
         }
@@ -666,7 +730,7 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
     uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
                   (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
     uint64_t cflags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
-    bool want = !inject && want_tx(ep, flags);
+    bool want = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
     struct fiv_domain *d = ep->dom;
     fiv_lock(d);
     struct fiv_peer *p = fiv_peer(ep, dest);
@@ -684,6 +748,10 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
             fiv_unlock(d);
             return 0;
         }
+    }
+    if (p && p->queued >= fiv_cfg.peer_queue) {
+        fiv_unlock(d); /* a peer that drains nothing: try again later */
+        return -FI_EAGAIN;
     }
     struct fiv_op_req *r = fiv_req_new();
     if (!r) {
@@ -755,14 +823,14 @@ static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
                          uint64_t flags)
 {
     return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0,
-                    msg->data, msg->context, flags, false);
+                    msg->data, msg->context, flags & ~FIV_NO_EVENT, false);
 }
 
 static ssize_t m_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest)
 {
     struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT, false);
+    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT | FIV_NO_EVENT, false);
 }
 
 static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
@@ -781,7 +849,7 @@ static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
 {
     struct iovec v = {(void *)buf, len};
     return send_msg(EP(e), &v, 1, dest, 0, data, NULL,
-                    FI_INJECT | FI_REMOTE_CQ_DATA, false);
+                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, false);
 }
 
 struct fi_ops_msg fiv_msg_ops = {
@@ -845,14 +913,14 @@ static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
                          uint64_t flags)
 {
     return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
-                    msg->data, msg->context, flags, true);
+                    msg->data, msg->context, flags & ~FIV_NO_EVENT, true);
 }
 
 static ssize_t t_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest, uint64_t tag)
 {
     struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT, true);
+    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT | FIV_NO_EVENT, true);
 }
 
 static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
@@ -871,7 +939,7 @@ static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
 {
     struct iovec v = {(void *)buf, len};
     return send_msg(EP(e), &v, 1, dest, tag, data, NULL,
-                    FI_INJECT | FI_REMOTE_CQ_DATA, true);
+                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, true);
 }
 
 struct fi_ops_tagged fiv_tagged_ops = {

@@ -62,8 +62,10 @@ static void take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
             ep->received++;
         fiv_deliver(ep, a, peer, op, data, n);
         if (peer->violated) {
+            const char *why = peer->over ? peer->over : "it broke our protocol";
             peer->violated = false;
-            fiv_path_broken(ep, a, peer, "it broke our protocol");
+            peer->over = NULL;
+            fiv_path_broken(ep, a, peer, why);
         }
     } else if (heard) {
         ep->unheard++; /* nothing more is taken from a failed peer */
@@ -76,8 +78,10 @@ static void take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
         else
             ep->unheard++;
     }
-    if (peer && peer->violated) /* dead already: nothing to break */
+    if (peer && peer->violated) { /* dead already: nothing to break */
         peer->violated = false;
+        peer->over = NULL;
+    }
 }
 
 /* ivshm_recv_each's upcall. `gen` is the incarnation libivshm read the

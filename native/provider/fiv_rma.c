@@ -153,9 +153,32 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
 
 /* ---- the target ---- */
 
-static void reply(struct fiv_ep *ep, fi_addr_t to, uint32_t op, uint64_t id,
-                  int status, const void *data, size_t len, bool copy)
+/* Past one of `peer`'s caps: its path breaks once this message is
+   handled (fiv_progress.c), as if the network had failed. */
+static void over_cap(struct fiv_peer *peer, const char *what)
 {
+    peer->violated = true;
+    peer->over = what;
+}
+
+/* An answer to `to`: `len` bytes of `data` copied now (copy), or, for a
+   large READ (mr), the bytes registered under `key` at `addr`, looked up
+   again as each fragment leaves (fiv.h, "Lifetimes"). What we copy
+   counts against the peer's answer cap until it has gone out. */
+static void reply(struct fiv_ep *ep, fi_addr_t to, struct fiv_peer *peer,
+                  uint32_t op, uint64_t id, int status, const void *data,
+                  size_t len, bool copy, const struct fiv_rma_hdr *mr)
+{
+    size_t charge = len && copy ? len : 0;
+    /* counted where fiv_tx_done finds it again (for ourselves that is
+       not the handler's stand-in peer) */
+    struct fiv_peer *acct = fiv_peer(ep, to);
+    if (acct && (charge > fiv_cfg.peer_answer_bytes ||
+                 acct->answer_bytes > fiv_cfg.peer_answer_bytes - charge)) {
+        over_cap(peer, "it asked for more answers than its cap "
+                       "(FI_IVSHM_PEER_ANSWER_BYTES)");
+        return;
+    }
     struct fiv_op_req *r = fiv_req_new();
     if (!r)
         return;
@@ -166,7 +189,7 @@ static void reply(struct fiv_ep *ep, fi_addr_t to, uint32_t op, uint64_t id,
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
     r->total = len;
-    if (len && copy) {
+    if (charge) {
         r->own = malloc(len);
         if (!r->own) {
             free(r);
@@ -174,9 +197,17 @@ static void reply(struct fiv_ep *ep, fi_addr_t to, uint32_t op, uint64_t id,
         }
         memcpy(r->own, data, len);
         data = r->own;
+        r->charged = charge;
+        if (acct)
+            acct->answer_bytes += charge;
+    } else if (mr) {
+        r->from_mr = true;
+        r->mr_key = mr->key;
+        r->mr_addr = mr->addr;
+        data = NULL;
     }
     r->iov[0] = (struct iovec){(void *)data, len};
-    r->iov_count = len ? 1 : 0;
+    r->iov_count = len && data ? 1 : 0;
     fiv_tx_start(ep, r);
 }
 
@@ -187,10 +218,11 @@ static void count_remote(struct fiv_ep *ep, struct fiv_mr *mr, bool write)
         fiv_cntr_inc(mr->rma_cntr);
 }
 
-/* A write landed whole: counters, the target's CQ data entry, the ack. */
-static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_mr *mr,
-                       uint32_t op, uint64_t id, uint64_t data, int status,
-                       size_t len, void *at)
+/* A write landed whole: counters, the target's CQ data entry, the ack.
+   `mr` was looked up by this call (never one kept from an earlier one). */
+static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                       struct fiv_mr *mr, uint32_t op, uint64_t id,
+                       uint64_t data, int status, size_t len, void *at)
 {
     if (status == 0) {
         count_remote(ep, mr, true);
@@ -203,7 +235,7 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_mr *mr,
         }
     }
     if (op & FIV_F_ACK)
-        reply(ep, src, FIV_OP_ACK, id, status, NULL, 0, false);
+        reply(ep, src, peer, FIV_OP_ACK, id, status, NULL, 0, false, NULL);
 }
 
 void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
@@ -229,30 +261,37 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         if (dst)
             memcpy(dst, p, n);
         if (n < h.len) {
+            /* the MR is named by its key, not kept: each continuation
+               looks it up again */
             peer->as = (struct fiv_asm){.kind = ASM_WRITE, .total = h.len,
-                                        .got = n, .dst = dst, .mr = mr,
+                                        .got = n, .key = h.key,
+                                        .addr = h.addr, .refused = !dst,
                                         .flags = op, .data = h.data,
                                         .write_id = h.id};
             return;
         }
-        write_done(ep, src, mr, op, h.id, h.data, dst ? 0 : -FI_EACCES, h.len, dst);
+        write_done(ep, src, peer, mr, op, h.id, h.data, dst ? 0 : -FI_EACCES,
+                   h.len, dst);
         break;
     }
     case FIV_OP_READ: {
         if (h.len > FIV_MAX_MSG) {
-            reply(ep, src, FIV_OP_READ_RESP, h.id, -FI_EINVAL, NULL, 0, false);
+            reply(ep, src, peer, FIV_OP_READ_RESP, h.id, -FI_EINVAL, NULL, 0,
+                  false, NULL);
             return;
         }
         uint8_t *at = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_READ, &mr);
         if (!at) {
-            reply(ep, src, FIV_OP_READ_RESP, h.id, -FI_EACCES, NULL, 0, false);
+            reply(ep, src, peer, FIV_OP_READ_RESP, h.id, -FI_EACCES, NULL, 0,
+                  false, NULL);
             return;
         }
         count_remote(ep, mr, false);
         /* small answers carry a copy (a later write cannot overtake them);
-           large ones go out from registered memory as they leave */
-        reply(ep, src, FIV_OP_READ_RESP, h.id, 0, at, h.len,
-              h.len <= FIV_READ_COPY);
+           large ones go out from registered memory as they leave, looked
+           up again for every fragment */
+        reply(ep, src, peer, FIV_OP_READ_RESP, h.id, 0, at, h.len,
+              h.len <= FIV_READ_COPY, &h);
         break;
     }
     case FIV_OP_ATOMIC: {
@@ -278,8 +317,8 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             if (status == 0)
                 count_remote(ep, mr, !read_only);
         }
-        reply(ep, src, FIV_OP_ACK, h.id, status, old,
-              fetch && status == 0 ? h.len : 0, true);
+        reply(ep, src, peer, FIV_OP_ACK, h.id, status, old,
+              fetch && status == 0 ? h.len : 0, true, NULL);
         break;
     }
     default:
@@ -319,21 +358,33 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     struct fiv_asm *as = &peer->as;
     if ((op & FIV_OP_MASK) == FIV_OP_MORE) {
         size_t k = n < as->total - as->got ? n : as->total - as->got;
-        if (as->kind == ASM_WRITE && as->dst)
-            memcpy(as->dst + as->got, p, k);
-        else if (as->kind == ASM_READ_RESP && as->req)
+        if (as->kind == ASM_WRITE && !as->refused) {
+            /* the registration may have been closed since the last
+               fragment: looked up again, with bounds and access */
+            uint8_t *dst = fiv_mr_target(ep->dom, as->key, as->addr + as->got,
+                                         k, FI_REMOTE_WRITE, NULL);
+            if (dst)
+                memcpy(dst, p, k);
+            else
+                as->refused = true;
+        } else if (as->kind == ASM_READ_RESP && as->req) {
             fiv_iov_write(as->req->res, as->req->res_count, as->got, p, k);
+        }
         as->got += k;
         if (as->got < as->total)
             return;
         struct fiv_asm done = *as;
         memset(as, 0, sizeof *as);
-        if (done.kind == ASM_WRITE)
-            write_done(ep, src, done.mr, done.flags, done.write_id, done.data,
-                       done.dst ? 0 : -FI_EACCES, done.total,
-                       done.dst ? done.dst - 0 : NULL);
-        else if (done.req)
+        if (done.kind == ASM_WRITE) {
+            struct fiv_mr *mr = NULL;
+            uint8_t *at = done.refused ? NULL
+                          : fiv_mr_target(ep->dom, done.key, done.addr,
+                                          done.total, FI_REMOTE_WRITE, &mr);
+            write_done(ep, src, peer, mr, done.flags, done.write_id, done.data,
+                       at ? 0 : -FI_EACCES, done.total, at);
+        } else if (done.req) {
             finish(ep, done.req, 0);
+        }
         return;
     }
     struct fiv_resp_hdr h;
@@ -388,6 +439,12 @@ void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err)
 static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r)
 {
     fiv_lock(ep->dom);
+    struct fiv_peer *p = fiv_peer(ep, r->peer);
+    if (p && p->queued >= fiv_cfg.peer_queue) {
+        fiv_unlock(ep->dom); /* a peer that drains nothing: try later */
+        fiv_req_free(r);
+        return -FI_EAGAIN;
+    }
     r->id = ep->next_id++;
     struct fiv_rma_hdr *h = (struct fiv_rma_hdr *)(void *)r->hdr;
     h->id = r->id;
@@ -415,7 +472,7 @@ static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
     r->peer = dest;
     r->context = context;
     r->flags = FI_RMA | FI_WRITE;
-    r->complete_ev = !(flags & FI_INJECT) && want_tx(ep, flags);
+    r->complete_ev = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
     r->op = FIV_OP_WRITE | FIV_F_ACK | (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
@@ -505,14 +562,15 @@ static ssize_t r_writemsg(struct fid_ep *e, const struct fi_msg_rma *m,
         return -FI_EINVAL;
     return rma_write(EP(e), m->msg_iov, m->iov_count, m->addr,
                      m->rma_iov[0].addr, m->rma_iov[0].key, m->data,
-                     m->context, flags);
+                     m->context, flags & ~FIV_NO_EVENT);
 }
 
 static ssize_t r_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest, uint64_t addr, uint64_t key)
 {
     struct iovec v = {(void *)buf, len};
-    return rma_write(EP(e), &v, 1, dest, addr, key, 0, NULL, FI_INJECT);
+    return rma_write(EP(e), &v, 1, dest, addr, key, 0, NULL,
+                     FI_INJECT | FIV_NO_EVENT);
 }
 
 static ssize_t r_writedata(struct fid_ep *e, const void *buf, size_t len,
@@ -531,7 +589,7 @@ static ssize_t r_injectdata(struct fid_ep *e, const void *buf, size_t len,
 {
     struct iovec v = {(void *)buf, len};
     return rma_write(EP(e), &v, 1, dest, addr, key, data, NULL,
-                     FI_INJECT | FI_REMOTE_CQ_DATA);
+                     FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA);
 }
 
 struct fi_ops_rma fiv_rma_ops = {
@@ -582,7 +640,7 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     r->peer = dest;
     r->context = ctx;
     r->flags = FI_ATOMIC | (fetch ? FI_READ : FI_WRITE);
-    r->complete_ev = !(flags & FI_INJECT) && want_tx(ep, flags);
+    r->complete_ev = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
     r->op = FIV_OP_ATOMIC | (fetch ? FIV_F_FETCH : 0) | (cmp ? FIV_F_COMPARE : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
@@ -628,7 +686,7 @@ static ssize_t a_writemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     return atomic_issue(EP(e), m->msg_iov[0].addr, NULL, NULL,
                         m->msg_iov[0].count, m->addr, m->rma_iov[0].addr,
                         m->rma_iov[0].key, m->datatype, m->op, m->context,
-                        flags, false);
+                        flags & ~FIV_NO_EVENT, false);
 }
 
 static ssize_t a_inject(struct fid_ep *e, const void *buf, size_t count,
@@ -638,7 +696,7 @@ static ssize_t a_inject(struct fid_ep *e, const void *buf, size_t count,
     if (op >= FI_CSWAP || op == FI_ATOMIC_READ)
         return -FI_EINVAL;
     return atomic_issue(EP(e), buf, NULL, NULL, count, dest, addr, key, dt, op,
-                        NULL, FI_INJECT, false);
+                        NULL, FI_INJECT | FIV_NO_EVENT, false);
 }
 
 static ssize_t a_readwrite(struct fid_ep *e, const void *buf, size_t count,
@@ -680,7 +738,7 @@ static ssize_t a_readwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     return atomic_issue(EP(e), m->iov_count ? m->msg_iov[0].addr : NULL, NULL,
                         resultv[0].addr, resultv[0].count, m->addr,
                         m->rma_iov[0].addr, m->rma_iov[0].key, m->datatype,
-                        m->op, m->context, flags, true);
+                        m->op, m->context, flags & ~FIV_NO_EVENT, true);
 }
 
 static ssize_t a_compwrite(struct fid_ep *e, const void *buf, size_t count,
@@ -731,7 +789,7 @@ static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     return atomic_issue(EP(e), m->msg_iov[0].addr, comparev[0].addr,
                         resultv[0].addr, m->msg_iov[0].count, m->addr,
                         m->rma_iov[0].addr, m->rma_iov[0].key, m->datatype,
-                        m->op, m->context, flags, true);
+                        m->op, m->context, flags & ~FIV_NO_EVENT, true);
 }
 
 static int a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,

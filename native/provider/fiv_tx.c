@@ -229,8 +229,25 @@ static int push(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
         size_t n = r->total - r->sent;
         if (n > frag - hlen)
             n = frag - hlen;
+        const struct iovec *iov = r->iov;
+        size_t iovn = r->iov_count, off = r->sent;
+        struct iovec at;
+        if (r->from_mr) {
+            /* a large READ's answer: the registration is looked up again
+               for every fragment (fiv.h, "Lifetimes"); closed since, the
+               answer cannot be finished, and its path fails */
+            at.iov_base = fiv_mr_target(ep->dom, r->mr_key,
+                                        r->mr_addr + r->sent, n,
+                                        FI_REMOTE_READ, NULL);
+            if (!at.iov_base)
+                return -FI_EACCES;
+            at.iov_len = n;
+            iov = &at;
+            iovn = 1;
+            off = 0;
+        }
         int rc = send_frag(ep, p, r->started ? FIV_OP_MORE : r->op, r->hdr,
-                           hlen, r->iov, r->iov_count, r->sent, n);
+                           hlen, iov, iovn, off, n);
         if (rc == -EAGAIN)
             return 0;
         if (rc < 0)
@@ -253,7 +270,20 @@ static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
         return;
     }
     memcpy(buf, r->hdr, r->hlen);
-    fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
+    if (r->from_mr) {
+        /* a large READ of our own memory: handled within this call, the
+           registration looked up as push() does */
+        const uint8_t *src = fiv_mr_target(ep->dom, r->mr_key, r->mr_addr,
+                                           r->total, FI_REMOTE_READ, NULL);
+        if (!src) {
+            free(buf);
+            fiv_tx_done(ep, r, FI_EACCES);
+            return;
+        }
+        memcpy(buf + r->hlen, src, r->total);
+    } else {
+        fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
+    }
     r->started = true;
     r->sent = r->total;
     uint32_t op = r->op;
@@ -271,9 +301,14 @@ void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err)
         fiv_complete_tx(ep, r->context, r->flags, r->complete_ev, err);
         fiv_req_free(r);
         break;
-    case REQ_REPLY:
+    case REQ_REPLY: {
+        struct fiv_peer *p = r->charged ? fiv_peer(ep, r->peer) : NULL;
+        if (p)
+            p->answer_bytes -= r->charged < p->answer_bytes ? r->charged
+                                                            : p->answer_bytes;
         fiv_req_free(r);
         break;
+    }
     default:
         if (err || !r->awaits_answer) {
             fiv_complete_tx(ep, r->context, r->flags, r->complete_ev, err);
@@ -285,8 +320,24 @@ void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err)
     }
 }
 
+/* Off the front of p's queue. */
+static void dequeued(struct fiv_peer *p)
+{
+    if (p->queued)
+        p->queued--;
+}
+
 static void enqueue(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
 {
+    if (r->kind == REQ_REPLY && p->queued >= fiv_cfg.peer_queue) {
+        /* a peer that asks and does not drain: refused, not queued */
+        p->violated = true;
+        p->over = "it left more answers queued than its cap "
+                  "(FI_IVSHM_PEER_QUEUE)";
+        fiv_tx_done(ep, r, FI_EAGAIN);
+        return;
+    }
+    p->queued++;
     r->next = NULL;
     if (!p->txq) {
         p->txq = r;
@@ -360,6 +411,7 @@ void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
     while (p->txq) {
         struct fiv_op_req *r = p->txq;
         p->txq = r->next;
+        dequeued(p);
         if (!p->txq)
             ep->txq_peers--;
         fiv_tx_done(ep, r, err);
@@ -377,6 +429,7 @@ void fiv_tx_progress(struct fiv_ep *ep)
             if (rc == 0)
                 break;
             p->txq = r->next;
+            dequeued(p);
             if (!p->txq) {
                 p->txq_tail = NULL;
                 ep->txq_peers--;

@@ -27,7 +27,7 @@ pytest.importorskip("fmm3dpy")
 from micromag import mesh as meshes                     # noqa: E402
 from micromag.fem import FEMSpace                       # noqa: E402
 from micromag.parallel import comm_world                # noqa: E402
-from micromag.terms import demag_fmm                    # noqa: E402
+from micromag.terms import demag_fmm, demag_method      # noqa: E402
 from micromag.terms.demag import (DemagField,           # noqa: E402
                                   _BoundaryKernel, bem_rows,
                                   vertex_solid_angles)
@@ -88,20 +88,20 @@ def test_pair_weights_equal_full_kernel():
 
 
 def test_method_choice_and_bad_settings():
-    assert demag_fmm.choose_method("auto", 500) == "dense"
-    assert demag_fmm.choose_method("auto",
-                                   demag_fmm.DENSE_AUTO_MAX + 1) == "fmm"
+    assert demag_method.resolve("auto", 500) == "dense"
+    assert demag_method.resolve("auto",
+                                demag_method.DENSE_AUTO_MAX + 1) == "fmm"
     # a host of 24 GB keeps 8 GB dense (31,622 boundary nodes): the 2.5 nm
     # six-layer SP4 film (23,000) stays on the fast product
     big = 24e9
-    assert demag_fmm.dense_auto_max(big) == 31_622
-    assert demag_fmm.choose_method("auto", 23_000, big) == "dense"
-    assert demag_fmm.choose_method("auto", 31_623, big) == "fmm"
-    assert demag_fmm.choose_method("auto", 22_000, 1e9) == "dense"
-    assert demag_fmm.choose_method("auto", 23_000, 1e9) == "fmm"
-    assert demag_fmm.choose_method("dense", 10 ** 6) == "dense"
+    assert demag_method.dense_auto_max(big) == 31_622
+    assert demag_method.resolve("auto", 23_000, big) == "dense"
+    assert demag_method.resolve("auto", 31_623, big) == "fmm"
+    assert demag_method.resolve("auto", 22_000, 1e9) == "dense"
+    assert demag_method.resolve("auto", 23_000, 1e9) == "fmm"
+    assert demag_method.resolve("dense", 10 ** 6) == "dense"
     with pytest.raises(ValueError, match="unknown"):
-        demag_fmm.choose_method("fast", 10)
+        demag_method.resolve("fast", 10)
     for tol in (0.0, 0.5, -1e-6):
         with pytest.raises(ValueError, match="tol"):
             demag_fmm.scheme_for(tol)

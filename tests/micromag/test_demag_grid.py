@@ -27,7 +27,8 @@ from micromag.terms import demag_grid                             # noqa: E402
 from micromag.terms.demag import DemagField                       # noqa: E402
 from micromag.terms.demag_grid import (GridDemag, band_plan,       # noqa: E402
                                        grid_for)
-from micromag.terms.demag_method import choose, make_demag        # noqa: E402
+from micromag.terms.demag_method import (make_demag, resolve,     # noqa: E402
+                                         resolve_for)
 
 
 def _state(space, m):
@@ -76,7 +77,7 @@ def test_transfer_on_an_unstructured_box_and_a_sphere():
     lumped = box.gather(box.mass, to_all=True)
     assert np.allclose(np.asarray(T.sum(axis=0)).ravel() * grid.cell_volume,
                        MS * lumped, rtol=1e-11, atol=0)
-    assert choose("auto", box.mesh) == "grid"
+    assert resolve_for(box, "auto") == "grid"
     # a sphere fills part of its cells: the weights still add up to the
     # volume, the cells hold a fraction between 0 and 1 of Ms
     ball = FEMSpace(meshes.sphere(8 * NM, 2 * NM))
@@ -88,7 +89,7 @@ def test_transfer_on_an_unstructured_box_and_a_sphere():
     assert fill.sum() * grid.cell_volume == pytest.approx(ball.mesh.volume,
                                                           rel=1e-11)
     assert 0 < (fill < 1 - 1e-9).sum()
-    assert choose("auto", ball.mesh) == "auto"    # FEM/BEM decides
+    assert resolve_for(ball, "auto") == "dense"   # FEM/BEM, small
 
 
 def test_energy_is_the_nodal_energy_and_the_field_its_gradient():
@@ -194,7 +195,7 @@ def test_spacing_from_the_tolerance_and_bad_settings():
     with pytest.raises(ProblemError):
         grid_for(mesh.points, mesh.tets, spacing=-1.0)
     with pytest.raises(ProblemError):
-        choose("fft", mesh)
+        resolve("fft", 0)
 
 
 PARALLEL = textwrap.dedent("""

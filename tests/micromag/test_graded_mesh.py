@@ -69,7 +69,7 @@ Ms = 8e5
 type = "relax"
 """
     prob = problem_mod.from_dict(__import__("tomllib").loads(text))
-    mesh = problem_mod.build_mesh(prob.config)
+    mesh = problem_mod.build_mesh(prob.mesh)
     xs = np.unique(np.round(mesh.points[:, 0] / NM, 9))
     assert np.diff(xs)[0] == pytest.approx(1.0)
     for bad, needle in (("structured = true", "needs a structured box"),

@@ -5,6 +5,7 @@ Standard problem 4: test_sp4.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -374,12 +375,78 @@ def test_problem_defaults_and_effective_config_roundtrip(tmp_path):
     assert cfg["stage"][1]["field"][0]["H"] == [-24.6, 4.3, 0.0]
     eff = _write(tmp_path / "eff.toml", problem_mod.to_toml(cfg))
     assert problem_mod.load(eff).config == cfg
-    H = problem_mod.field_function(cfg["stage"][1]["field"], 0.0)(1e-10)
+    H = problem_mod.field_function(prob.stages[1].field, 0.0)(1e-10)
     assert np.allclose(H * MU0 * 1e3, [-24.6, 4.3, 0.0])
     ramp = problem_mod.field_function(
-        [dict(cfg["stage"][1]["field"][0], ramp=1e-9, t_on=1e-9)], 1.0)
+        [dataclasses.replace(prob.stages[1].field[0], ramp=1e-9, t_on=1e-9)],
+        1.0)
     assert np.allclose(ramp(1.0 + 0.5e-9), 0)
     assert np.allclose(ramp(1.0 + 1.5e-9) * MU0 * 1e3, [-12.3, 2.15, 0])
+
+
+# One bad key or value per table: the line names the table and the key.
+SMALL_OK = SMALL.format(demag="true")
+SECTION_ERRORS = [
+    ("top", "", 'titel = "x"\n', "unknown key 'titel' in [top level]"),
+    ("mesh-type", "h = 4.0", 'h = "4"', "'h' in [mesh] must be a number"),
+    ("mesh-value", 'shape = "box"', 'shape = "cube"',
+     "mesh shape 'cube' unknown"),
+    ("material", "alpha = 0.5", "alpha = -0.5",
+     "alpha in [material] must not be negative"),
+    ("initial", "m = [1.0, 0.0, 1.0]", "m = [1.0, 0.0, 1.0]\nseed = 3",
+     "'seed' does not apply to initial type 'uniform'"),
+    ("demag", "enabled = true", 'enabled = true\nmethod = "foo"',
+     "demag method 'foo' unknown (choose from auto, grid, dense, fmm)"),
+    ("demag-grid", "enabled = true", "enabled = true\ngrid_tol = 2.0",
+     "demag grid_tol must be in (0, 1]"),
+    ("field", "frequency = 20e9", "frequency = -1.0",
+     "frequency in [stage #1 field #1] must not be negative"),
+    ("stage", 'integrator = "rk4"', 'integrator = "rk9"',
+     "integrator 'rk9' in [stage #1] unknown (choose from"),
+    ("stage-key", "dt = 1e-13", "dt = 1e-13\ntol = 1e-6",
+     "'tol' does not apply to an llg stage"),
+    ("output", None, "\n[output]\nvtu = 1\n",
+     "'vtu' in [output] must be true/false"),
+    ("petsc", None, "\n[petsc]\nksp_type = [1]\n",
+     "[petsc] option 'ksp_type' must be a string or number"),
+]
+
+
+def _bad_text(old, new):
+    if old is None:
+        return SMALL_OK + new
+    if old == "":
+        return new + SMALL_OK
+    assert SMALL_OK.count(old) == 1, old
+    return SMALL_OK.replace(old, new)
+
+
+@pytest.mark.parametrize("case,old,new,needle", SECTION_ERRORS,
+                         ids=[c[0] for c in SECTION_ERRORS])
+def test_each_table_is_checked_when_read(tmp_path, case, old, new, needle):
+    prob = _write(tmp_path / f"{case}.toml", _bad_text(old, new))
+    from micromag.errors import ProblemError
+    with pytest.raises(ProblemError) as err:
+        problem_mod.load(prob)
+    assert needle in str(err.value) and str(prob) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_tables_are_one_line_and_exit_2_from_the_cli(tmp_path):
+    """`ivcloud mag check` with every bad file, `run` with three."""
+    files = {c: _write(tmp_path / f"{c}.toml", _bad_text(old, new))
+             for c, old, new, _ in SECTION_ERRORS}
+    out = ["--out", str(tmp_path / "o")]
+    runs = [("check", c, []) for c in files] + \
+        [("run", c, out) for c in ("demag", "stage", "petsc")]
+    needles = {c[0]: c[3] for c in SECTION_ERRORS}
+    for action, case, extra in runs:
+        r = mag_cli(action, str(files[case]), *extra)
+        assert r.returncode == 2, (case, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and needles[case] in lines[0], r.stderr
+        assert str(files[case]) in lines[0] and r.stdout == ""
+    assert not (tmp_path / "o").exists()
 
 
 def test_bar_relaxes_towards_the_long_axis(tmp_path):

@@ -223,14 +223,11 @@ def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:
 # ---------------------------------------------------------------- tasks
 
 # The MPIs whose tasks find the job's region without options of their
-# own: every task gets the variables each one's flavour gives a rank
-# started by somebody else (Flavor.task_env), so their keys must not
-# collide. Open MPI 5 and Intel MPI are not among them: they need values
-# of keys that these set otherwise (OMPI_MCA_pml, FI_PROVIDER,
-# LD_LIBRARY_PATH), so a job of theirs names its own (docs/mpi.md).
-# MPICH's tasks start with `srun --mpi=pmi2` (its PMI client speaks
-# PMI-2), Open MPI's with --mpi=pmix.
-TASK_MPIS = ("openmpi", "mpich")
+# own (Flavor.in_task_prolog): every task gets the variables each one's
+# flavour gives a rank started by somebody else (Flavor.task_env), so
+# their keys must not collide. MPICH's tasks start with `srun
+# --mpi=pmi2` (its PMI client speaks PMI-2), Open MPI's with --mpi=pmix.
+TASK_MPIS = tuple(n for n in mpis.NAMES if mpis.flavor(n).in_task_prolog)
 
 
 def task_env(topo: ClusterTopology, site_env: Dict[str, str],

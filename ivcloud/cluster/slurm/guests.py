@@ -37,7 +37,7 @@ from ..topology import (HEAD_ADDRESS, HEAD_HOSTNAME, SUBNET,
                         topology_from_dict)
 from .conf import (SlurmPaths, guest_cgroup_conf_text,
                    guest_task_prolog_text, task_env)
-from .nodes import Nodes
+from .nodes import Nodes, holder_daemon_alive
 
 # how long one agent command of the start may take in a TCG guest
 AGENT_TIMEOUT_S = 120.0
@@ -180,8 +180,10 @@ class GuestNodes(Nodes):
         return recs
 
     def alive(self, state: Dict, rec: Dict) -> bool:
-        """Whether the guest daemon of `rec` runs (False when its guest is
-        gone or does not answer)."""
+        """Whether the daemon of `rec` runs: in its guest (False when the
+        guest is gone or does not answer), or in the head node."""
+        if not rec.get("guest"):
+            return holder_daemon_alive(rec)
         try:
             r = vm_instance.exec_in(state, rec["host"], [
                 "kill", "-0", str(rec["pid"])], 30)

@@ -1,0 +1,405 @@
+/*
+ * libfabric's contract beyond what our three MPIs use (docs/provider.md,
+ * "Conformance"), in real processes that open the provider through
+ * libfabric: fi_getinfo (mode bits offered and cleared, node/service and
+ * the addresses returned, capabilities implied and split between the
+ * transmit and receive sides, domain capabilities we lack), the
+ * connection calls of an RDM endpoint, fi_cq_signal, a send with
+ * FI_INJECT in its flags, a remote-write counter of an endpoint that
+ * asked for FI_RMA alone, a name inserted twice, and the last message of
+ * a sender that left before it was inserted.
+ */
+#include <pthread.h>
+
+#include "fiv_test.h"
+
+static const uint32_t version = FI_VERSION(1, 17);
+
+static struct fi_info *base_hints(void)
+{
+    struct fi_info *h = fi_allocinfo();
+    REQ(h);
+    h->ep_attr->type = FI_EP_RDM;
+    h->fabric_attr->prov_name = strdup("ivshm");
+    return h;
+}
+
+/* ---- fi_getinfo, in one process ---- */
+
+static void check_getinfo(void)
+{
+    struct fi_info *h = base_hints(), *fi = NULL;
+    /* every mode bit offered, none needed: cleared, not refused */
+    h->caps = FI_TAGGED | FI_MSG | FI_RMA;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_RAW | FI_MR_VIRT_ADDR |
+                              FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                              FI_MR_MMU_NOTIFY | FI_MR_RMA_EVENT |
+                              FI_MR_ENDPOINT | FI_MR_HMEM;
+    h->mode = FI_CONTEXT | FI_CONTEXT2 | FI_MSG_PREFIX | FI_RX_CQ_DATA;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+    REQ(!(fi->domain_attr->mr_mode & (FI_MR_LOCAL | FI_MR_RAW |
+                                      FI_MR_MMU_NOTIFY | FI_MR_RMA_EVENT |
+                                      FI_MR_ENDPOINT | FI_MR_HMEM)));
+    REQ(fi->mode == 0);
+    /* implied modifiers spelled out, each side only its own */
+    const uint64_t tx = FI_SEND | FI_READ | FI_WRITE;
+    const uint64_t rx = FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    REQ((fi->caps & (tx | rx)) == (tx | rx));
+    REQ((fi->tx_attr->caps & tx) == tx && !(fi->tx_attr->caps & rx));
+    REQ((fi->rx_attr->caps & rx) == rx && !(fi->rx_attr->caps & tx));
+    REQ(!(fi->tx_attr->caps & (FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SOURCE |
+                               FI_DIRECTED_RECV | FI_MULTI_RECV)));
+    /* a source address always, no destination without one asked for */
+    REQ(fi->src_addr && fi->src_addrlen == 64);
+    REQ(!fi->dest_addr && fi->dest_addrlen == 0);
+    fi_freeinfo(fi);
+    fi = NULL;
+
+    /* the old modes answered in their own words */
+    h->domain_attr->mr_mode = FI_MR_BASIC;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+    REQ(fi->domain_attr->mr_mode == FI_MR_BASIC);
+    fi_freeinfo(fi);
+    fi = NULL;
+    h->domain_attr->mr_mode = FI_MR_SCALABLE;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+    REQ(fi->domain_attr->mr_mode == FI_MR_SCALABLE);
+    fi_freeinfo(fi);
+    fi = NULL;
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY;
+
+    /* a domain capability we lack: no answer */
+    h->domain_attr->caps = FI_SHARED_AV;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    h->domain_attr->caps = 0;
+
+    /* node/service: the destination, or with FI_SOURCE the source */
+    REQ_RC(fi_getinfo(version, "127.0.0.1", "9228", 0, h, &fi), 0);
+    REQ(fi->dest_addr && fi->dest_addrlen == 64);
+    REQ(fi->src_addr && fi->src_addrlen == 64);
+    fi_freeinfo(fi);
+    fi = NULL;
+    REQ_RC(fi_getinfo(version, "127.0.0.1", "9228", FI_SOURCE, h, &fi), 0);
+    REQ(fi->src_addr && fi->src_addrlen == 64 && !fi->dest_addr);
+    fi_freeinfo(fi);
+    fi = NULL;
+    REQ_RC(fi_getinfo(version, NULL, "9228", FI_SOURCE, h, &fi), 0);
+    REQ(fi->src_addr && fi->src_addrlen == 64);
+    fi_freeinfo(fi);
+    fi = NULL;
+    /* a node that does not resolve: no answer, rather than an answer
+       without the address asked for */
+    REQ_RC(fi_getinfo(version, "g00n13s", NULL, FI_NUMERICHOST, h, &fi),
+           -FI_ENODATA);
+    REQ(!fi);
+    fi_freeinfo(h);
+}
+
+/* ---- an RDM endpoint, in one process ---- */
+
+static void open_one(struct rank *r)
+{
+    t_open(r, version);
+}
+
+static void *signal_later(void *arg)
+{
+    usleep(200 * 1000);
+    REQ_RC(fi_cq_signal((struct fid_cq *)arg), 0);
+    return NULL;
+}
+
+static void check_endpoint(struct rank *r)
+{
+    /* the connection calls: no connection on an RDM endpoint, and no
+       NULL entry for the core to call through */
+    char name[64];
+    size_t len = sizeof name;
+    REQ_RC(fi_shutdown(r->ep, 0), -FI_ENOSYS);
+    REQ_RC(fi_connect(r->ep, name, NULL, 0), -FI_ENOSYS);
+    REQ_RC(fi_accept(r->ep, NULL, 0), -FI_ENOSYS);
+    REQ_RC(fi_getpeer(r->ep, name, &len), -FI_ENOSYS);
+    struct fid_mc *mc = NULL;
+    REQ_RC(fi_join(r->ep, name, 0, &mc, NULL), -FI_ENOSYS);
+    REQ_RC(r->ep->cm->listen(NULL), -FI_ENOSYS);
+    REQ_RC(r->ep->cm->reject(NULL, NULL, NULL, 0), -FI_ENOSYS);
+    /* an info without a dest_addr inserted: refused, not dereferenced */
+    fi_addr_t a = 0;
+    REQ_RC(fi_av_insert(r->av, NULL, 1, &a, 0, NULL), -FI_EINVAL);
+
+    /* fi_cq_signal before the wait: it returns at once */
+    struct fi_cq_tagged_entry e;
+    REQ_RC(fi_cq_signal(r->cq), 0);
+    uint64_t t0 = t_now_ms();
+    REQ_RC(fi_cq_sread(r->cq, &e, 1, NULL, 5000), -FI_EAGAIN);
+    REQ(t_now_ms() - t0 < 1000);
+    /* and while a thread waits */
+    pthread_t th;
+    REQ(pthread_create(&th, NULL, signal_later, r->cq) == 0);
+    t0 = t_now_ms();
+    REQ_RC(fi_cq_sread(r->cq, &e, 1, NULL, 5000), -FI_EAGAIN);
+    REQ(t_now_ms() - t0 < 2500);
+    pthread_join(th, NULL);
+    /* consumed: the next wait runs to its timeout */
+    t0 = t_now_ms();
+    REQ_RC(fi_cq_sread(r->cq, &e, 1, NULL, 300), -FI_EAGAIN);
+    REQ(t_now_ms() - t0 >= 250);
+}
+
+static void one_endpoint(struct rank *r)
+{
+    open_one(r);
+    check_endpoint(r);
+    t_close(r);
+}
+
+/* ---- two ranks ---- */
+
+/* A send with FI_INJECT among its flags completes (only fi_inject and
+   its kind write no completion); the buffer is free at once. */
+static void inject_flag(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    if (r->me == 1) {
+        uint64_t v = 0xabcdef;
+        struct iovec iov = {&v, sizeof v};
+        struct fi_msg_tagged m = {.msg_iov = &iov, .iov_count = 1,
+                                  .addr = r->addr[0], .tag = 3,
+                                  .context = &v};
+        REQ_RC(fi_tsendmsg(r->ep, &m, FI_INJECT | FI_COMPLETION), 0);
+        v = 0; /* ours again */
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &v && e.flags & FI_SEND);
+        struct fi_msg um = {.msg_iov = &iov, .iov_count = 1,
+                            .addr = r->addr[0], .context = &iov};
+        v = 0x1234;
+        REQ_RC(fi_sendmsg(r->ep, &um, FI_INJECT | FI_COMPLETION |
+                                       FI_INJECT_COMPLETE), 0);
+        v = 0;
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &iov && e.flags & FI_SEND);
+        /* fi_tinject: delivered, with no completion of ours */
+        v = 77;
+        REQ_RC(fi_tinject(r->ep, &v, sizeof v, r->addr[0], 4), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 300), -FI_ETIMEDOUT);
+        t_barrier(r);
+    } else {
+        uint64_t got = 0, got2 = 0, got3 = 0;
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[1], 3, 0, &got), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &got && got == 0xabcdef);
+        REQ_RC(fi_recv(r->ep, &got2, 8, NULL, r->addr[1], &got2), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &got2 && got2 == 0x1234);
+        REQ_RC(fi_trecv(r->ep, &got3, 8, NULL, r->addr[1], 4, 0, &got3), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &got3 && got3 == 77);
+        t_barrier(r);
+    }
+    t_close(r);
+}
+
+/* An endpoint that asked for FI_MSG | FI_RMA | FI_RMA_EVENT (no
+   modifiers: all implied) is a write target, and its counter bound for
+   remote writes counts them; every object closes afterwards. */
+static void rma_event_counter(struct rank *r)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
+    h->mode = FI_CONTEXT;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ENDPOINT |
+                              FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY | FI_MR_RAW;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    REQ(r->info->caps & FI_REMOTE_WRITE);
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fid_cntr *remote;
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
+    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
+    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &remote, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
+    REQ_RC(fi_ep_bind(r->ep, &remote->fid, FI_RECV | FI_REMOTE_WRITE |
+                                          FI_REMOTE_READ), 0);
+    REQ_RC(fi_enable(r->ep), 0);
+    t_exchange(r);
+    static uint64_t words[2];
+    struct fid_mr *mr;
+    REQ_RC(fi_mr_reg(r->dom, words, sizeof words,
+                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+    struct { uint64_t addr, key; } t = {(uint64_t)(uintptr_t)words,
+                                        fi_mr_key(mr)};
+    t_bcast(r, 0, &t, sizeof t);
+    if (r->me == 1) {
+        struct fi_cq_tagged_entry e;
+        uint64_t v = 0x77;
+        REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], t.addr, t.key, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &v);
+        REQ(fi_cntr_read(r->wcntr) == 1);
+        t_barrier(r);
+    } else {
+        REQ_RC(fi_cntr_wait(remote, 1, 5000), 0);
+        REQ(words[0] == 0x77);
+        t_barrier(r);
+    }
+    REQ_RC(fi_close(&mr->fid), 0);
+    REQ_RC(fi_close(&r->ep->fid), 0);
+    REQ_RC(fi_close(&remote->fid), 0);
+    r->ep = NULL;
+    REQ_RC(fi_close(&r->av->fid), 0);
+    REQ_RC(fi_close(&r->cq->fid), 0);
+    REQ_RC(fi_close(&r->rcntr->fid), 0);
+    REQ_RC(fi_close(&r->wcntr->fid), 0);
+    REQ_RC(fi_close(&r->dom->fid), 0);
+    REQ_RC(fi_close(&r->fab->fid), 0);
+    fi_freeinfo(r->info);
+}
+
+/* Rank 1 sends one message and leaves (endpoint closed, slot free)
+   before rank 0 inserts it: the message is still delivered, matched by
+   a receive directed at the address inserted afterwards. With `peek`,
+   rank 0 reads its region (the INTRO and the message) before it
+   inserts; without, only after. */
+static void departed_sender(struct rank *r, bool peek)
+{
+    t_open(r, version);
+    if (r->me == 0)
+        t_insert_mask = 1u; /* ourselves only, for now */
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    if (r->me == 1) {
+        uint64_t v = 0x600d;
+        REQ_RC(fi_tsend(r->ep, &v, sizeof v, NULL, r->addr[0], 9, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        t_close(r);
+        t_barrier_plain(r); /* gone from the region */
+        return;
+    }
+    t_barrier_plain(r);
+    if (peek)
+        for (int i = 0; i < 50; i++)
+            REQ_RC(fi_cq_read(r->cq, &e, 1), -FI_EAGAIN);
+    t_insert(r, 1);
+    uint64_t got = 0;
+    fi_addr_t src = FI_ADDR_NOTAVAIL;
+    REQ_RC(fi_trecv(r->ep, &got, sizeof got, NULL, r->addr[1], 9, 0, &got), 0);
+    REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+    REQ(e.op_context == &got && got == 0x600d && src == r->addr[1]);
+    t_close(r);
+}
+
+/* A name inserted again is the same address (as libfabric's own AVs
+   answer; an MPI's MPI_Comm_connect/accept inserts a peer it knows):
+   receives directed at it match, and one fi_av_remove of the two keeps
+   the peer. */
+static void inserted_twice(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    fi_addr_t src = FI_ADDR_NOTAVAIL;
+    if (r->me == 0) {
+        fi_addr_t again = FI_ADDR_NOTAVAIL;
+        REQ_RC(fi_av_insert(r->av, r->names + NAMELEN, 1, &again, 0, NULL), 1);
+        REQ(again == r->addr[1]);
+        uint64_t got = 0;
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, again, 1, 0, &got), 0);
+        t_barrier(r);
+        REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+        REQ(got == 11 && src == r->addr[1]);
+        REQ_RC(fi_av_remove(r->av, &again, 1, 0), 0);
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[1], 2, 0, &got), 0);
+        t_barrier(r);
+        REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+        REQ(got == 12 && src == r->addr[1]);
+    } else {
+        uint64_t v = 11;
+        t_barrier(r);
+        REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 1, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        v = 12;
+        t_barrier(r);
+        REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 2, &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    }
+    t_barrier(r);
+    t_close(r);
+}
+
+static void departed_unread(struct rank *r) { departed_sender(r, false); }
+static void departed_read(struct rank *r) { departed_sender(r, true); }
+
+int main(void)
+{
+    if (!getenv("FI_PROVIDER_PATH")) {
+        fprintf(stderr, "FI_PROVIDER_PATH must name the provider's directory\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int failed = 0;
+    char env[256];
+    const char *reg = t_region(8, 0);
+    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", reg);
+    const char *env1[] = {env};
+    const char *env2[] = {env, env};
+
+    /* in a child, as every case: a crash is a failed case, not the end */
+    pid_t p = fork();
+    REQ(p >= 0);
+    if (p == 0) {
+        alarm(30);
+        check_getinfo();
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    int f = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    printf("%s: fi_getinfo: mode bits cleared, node/service, addresses, "
+           "implied and per-side capabilities\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, one_endpoint, env1, 30, NULL);
+    printf("%s: connection calls of an RDM endpoint, fi_cq_signal\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, inject_flag, env2, 30, NULL);
+    printf("%s: a send with FI_INJECT in its flags completes\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, rma_event_counter, env2, 30, NULL);
+    printf("%s: FI_RMA alone: remote writes counted, every object closes\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, inserted_twice, env2, 30, NULL);
+    printf("%s: a name inserted twice is one address\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, departed_unread, env2, 30, NULL);
+    printf("%s: the last message of a sender gone before it was inserted\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, departed_read, env2, 30, NULL);
+    printf("%s: the same, read before the insert\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    printf("%s\n", failed ? "FAILED" : "all passed");
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,1170 @@
+/*
+ * A forging co-tenant against one rank of the provider (docs/security.md,
+ * "The libfabric provider", "Well-formed messages of an admitted rank").
+ *
+ * The forger is a real process attached to the victim's region through
+ * libivshm, registered under the provider's job tag with a registry name
+ * of its own, whose name (struct fiv_addr) the victim inserts into its AV:
+ * to the victim it is an admitted rank, exactly as a co-tenant writing
+ * well-formed cells under a genuine rank's slot would be. It speaks the
+ * provider's protocol by hand (fiv.h: headers, continuations, the wire
+ * check), so it can stop in the middle of a message, an answer or a
+ * write, and go on after the victim has closed, cancelled, discarded or
+ * removed what that message pointed at. The two synchronise over a
+ * socket pair: each case waits for what the victim observes (its bytes
+ * landing, a peek finding the message), never for a time.
+ *
+ * The oracle: no sanitizer report (the victim and the forger run under
+ * ASan/UBSan in the sanitized build); no byte written to the victim's
+ * memory that is not, at that moment, registered or posted (victim
+ * buffers sit between PROT_NONE guard pages, a buffer the application
+ * got back is made PROT_NONE or refilled with "private" bytes that must
+ * stay intact); none of those private bytes reaches the forger; the
+ * victim's heap grows by no more than its per-peer caps; every call
+ * returns within its deadline and every affected operation completes.
+ *
+ * FIV_FORGE_ROUNDS (default 1) runs every case that many times (make
+ * test-fi-hostile-long); FIV_FORGE_CASE runs one case by name.
+ */
+#include "fiv_test.h"
+
+#include <inttypes.h>
+#include <malloc.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+
+#include "fiv.h"
+
+/* fiv_test.h's helpers for ranks that talk to each other: not needed by
+   a victim whose one peer is the forger */
+static int (*const use_run_)(int, t_body, const char *const *, int,
+                             const char *) __attribute__((unused)) = t_run;
+static int (*const use_wait_)(struct rank *, struct fi_cq_tagged_entry *,
+                              struct fi_cq_err_entry *, fi_addr_t *, int)
+    __attribute__((unused)) = t_wait;
+static void (*const use_exchange_)(struct rank *) __attribute__((unused)) =
+    t_exchange;
+static void (*const use_close_)(struct rank *) __attribute__((unused)) =
+    t_close;
+
+#define JOB_TAG (UINT64_C(0x46495653) << 32) /* the provider's (fiv_ep.c) */
+#define MARK 0x5a       /* the forger's payload bytes                     */
+#define PRIVATE 0xee    /* the victim's memory it never offered           */
+#define CALL_MS 2000    /* a call that does not return by then hangs      */
+#define CLOSE_MS 4000   /* fi_close(ep): queued sends get up to 2 s       */
+
+/* Heap the victim may hold for one peer that never drains: the answer
+   cap (FI_IVSHM_PEER_ANSWER_BYTES' default) and slack for the rest. */
+#define HEAP_SLACK (96u << 20)
+
+/* Counted live heap: ASan's when it is there (freed blocks sit in its
+   quarantine, which RSS would count), glibc's otherwise. */
+extern size_t __sanitizer_get_current_allocated_bytes(void)
+    __attribute__((weak));
+static size_t heap_bytes(void)
+{
+    if (__sanitizer_get_current_allocated_bytes)
+        return __sanitizer_get_current_allocated_bytes();
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static const char *region;
+static size_t frag;      /* payload bytes of one slot */
+
+/* ---- control messages between victim and forger: 64 bytes each ---- */
+
+struct ctl {
+    char what;
+    uint8_t pad[7];
+    uint64_t a, b, c, d;
+    uint8_t blob[24];
+};
+_Static_assert(sizeof(struct ctl) == 64, "one control message");
+
+static void ctl_send(int fd, char what, uint64_t a, uint64_t b, uint64_t c)
+{
+    struct ctl m = {.what = what, .a = a, .b = b, .c = c};
+    REQ(write(fd, &m, sizeof m) == (ssize_t)sizeof m);
+}
+
+static struct ctl ctl_recv(int fd, char want)
+{
+    struct ctl m;
+    ssize_t n = read(fd, &m, sizeof m);
+    if (n != (ssize_t)sizeof m || m.what != want) {
+        fprintf(stderr, "[pid %d] control: wanted '%c', got %zd bytes '%c'\n",
+                (int)getpid(), want, n, n > 0 ? m.what : '?');
+        _exit(98);
+    }
+    return m;
+}
+
+static bool ctl_ready(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1;
+}
+
+/* ---- victim buffers: page-multiple, between PROT_NONE guard pages ---- */
+
+static uint8_t *gbuf(size_t len)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    REQ(len % pg == 0);
+    uint8_t *m = mmap(NULL, len + 2 * pg, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQ(m != MAP_FAILED);
+    REQ(mprotect(m, pg, PROT_NONE) == 0);
+    REQ(mprotect(m + pg + len, pg, PROT_NONE) == 0);
+    return m + pg;
+}
+
+/* The application got `b` back: nothing may touch it any more. */
+static void gbuf_revoke(uint8_t *b, size_t len)
+{
+    REQ(mprotect(b, len, PROT_NONE) == 0);
+}
+
+static size_t count_not(const uint8_t *b, size_t len, uint8_t v)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++)
+        k += b[i] != v;
+    return k;
+}
+
+/* ---- the victim: one rank of the provider ---- */
+
+struct victim {
+    struct rank r;
+    int ctl;
+    fi_addr_t forger;
+    /* completions seen, by context */
+    struct done {
+        void *ctx;
+        size_t len;
+        int err;
+        uint64_t flags, tag;
+    } done[64];
+    int ndone;
+    uint64_t ncomp;        /* every completion read, logged or not */
+    size_t heap0, heap_peak;
+    const char *fail;      /* first failed check, for the case's line */
+    char why[256];
+};
+
+static void vfail(struct victim *v, const char *fmt, ...)
+{
+    if (v->fail)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->why, sizeof v->why, fmt, ap);
+    va_end(ap);
+    v->fail = v->why;
+}
+
+/* One progress call, its completions logged. */
+static void vpoll(struct victim *v)
+{
+    struct fi_cq_tagged_entry e;
+    ssize_t n = fi_cq_read(v->r.cq, &e, 1);
+    v->ncomp += n == 1 || n == -FI_EAVAIL;
+    if (n == 1 && v->ndone < 64) {
+        v->done[v->ndone++] = (struct done){e.op_context, e.len, 0, e.flags,
+                                            e.tag};
+    } else if (n == -FI_EAVAIL) {
+        struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
+        if (fi_cq_readerr(v->r.cq, &err, 0) == 1 && v->ndone < 64)
+            v->done[v->ndone++] = (struct done){err.op_context, err.len,
+                                                err.err, err.flags, err.tag};
+    }
+    size_t h = heap_bytes();
+    if (h > v->heap_peak)
+        v->heap_peak = h;
+}
+
+static struct done *vdone(struct victim *v, void *ctx)
+{
+    for (int i = 0; i < v->ndone; i++)
+        if (v->done[i].ctx == ctx)
+            return &v->done[i];
+    return NULL;
+}
+
+/* Progress until `cond` holds or `ms` pass: whether it held. */
+#define VWAIT(v, cond, ms)                                                    \
+    ({                                                                        \
+        uint64_t end_ = t_now_ms() + (ms);                                    \
+        bool ok_;                                                             \
+        while (!(ok_ = (cond)) && t_now_ms() < end_)                          \
+            vpoll(v);                                                         \
+        ok_;                                                                  \
+    })
+
+/* A call that must return within `ms`. */
+#define TIMED(v, ms, call)                                                    \
+    ({                                                                        \
+        uint64_t t0_ = t_now_ms();                                            \
+        long long trc_ = (long long)(call);                                   \
+        uint64_t dt_ = t_now_ms() - t0_;                                      \
+        if (dt_ > (uint64_t)(ms))                                             \
+            vfail(v, "%s took %llu ms (bound %d)", #call,                     \
+                  (unsigned long long)dt_, (int)(ms));                        \
+        trc_;                                                                 \
+    })
+
+static void victim_open(struct victim *v)
+{
+    t_open(&v->r, FI_VERSION(1, 17));
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&v->r.ep->fid, name, &len), 0);
+    REQ(write(v->ctl, name, FIV_ADDR_LEN) == (ssize_t)FIV_ADDR_LEN);
+    struct ctl m = ctl_recv(v->ctl, 'N');
+    (void)m;
+    uint8_t theirs[FIV_ADDR_LEN];
+    t_read_full(v->ctl, theirs, sizeof theirs);
+    REQ_RC(fi_av_insert(v->r.av, theirs, 1, &v->forger, 0, NULL), 1);
+    v->heap0 = v->heap_peak = heap_bytes();
+}
+
+static void victim_close(struct victim *v, bool ep_closed)
+{
+    if (!ep_closed)
+        REQ_RC(TIMED(v, CLOSE_MS, fi_close(&v->r.ep->fid)), 0);
+    REQ_RC(fi_close(&v->r.av->fid), 0);
+    REQ_RC(fi_close(&v->r.cq->fid), 0);
+    REQ_RC(fi_close(&v->r.rcntr->fid), 0);
+    REQ_RC(fi_close(&v->r.wcntr->fid), 0);
+    REQ_RC(fi_close(&v->r.dom->fid), 0);
+    REQ_RC(fi_close(&v->r.fab->fid), 0);
+    fi_freeinfo(v->r.info);
+}
+
+static struct fid_mr *reg(struct victim *v, void *buf, size_t len,
+                          uint64_t access)
+{
+    struct fid_mr *mr = NULL;
+    REQ_RC(fi_mr_reg(v->r.dom, buf, len, access, 0, 0, 0, &mr, NULL), 0);
+    ctl_send(v->ctl, 'K', (uint64_t)(uintptr_t)buf, fi_mr_key(mr), len);
+    return mr;
+}
+
+/* ---- the forger: an admitted rank writing the protocol by hand ---- */
+
+struct forger {
+    ivshm *h;
+    int ctl;
+    int victim;           /* the victim's slot */
+};
+
+static uint64_t random64(void)
+{
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x)
+        x = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ t_now_ms();
+    return x | 1;
+}
+
+static void forger_open(struct forger *f)
+{
+    uint64_t nonce = random64();
+    char name[32];
+    snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+    ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                        .name = name, .spin_ns = 1};
+    REQ_RC(ivshm_attach_path(region, &cfg, &f->h), 0);
+    ivshm_geometry g;
+    ivshm_get_geometry(f->h, &g);
+    frag = g.slot_size - 32; /* libivshm's slot header */
+    ivshm_peer_info me;
+    REQ_RC(ivshm_peer(f->h, ivshm_self(f->h), &me), 0);
+    struct fiv_addr a;
+    memset(&a, 0, sizeof a);
+    a.magic = FIV_ADDR_MAGIC;
+    a.version = FIV_ADDR_VERSION;
+    a.slot = (int16_t)ivshm_self(f->h);
+    a.generation = me.generation;
+    a.nonce[0] = (uint32_t)nonce;
+    a.nonce[1] = (uint32_t)(nonce >> 32);
+    uint64_t k[2] = {random64(), random64()};
+    memcpy(a.key, k, sizeof a.key);
+    struct fiv_addr theirs;
+    t_read_full(f->ctl, &theirs, sizeof theirs);
+    REQ(theirs.magic == FIV_ADDR_MAGIC && theirs.slot >= 0);
+    f->victim = theirs.slot;
+    ctl_send(f->ctl, 'N', 0, 0, 0);
+    REQ(write(f->ctl, &a, sizeof a) == (ssize_t)sizeof a);
+}
+
+/* One well-formed region message: the wire check in its tag. */
+static int fsend(struct forger *f, uint32_t op, const void *hdr, size_t hlen,
+                 const void *data, size_t n)
+{
+    static uint8_t buf[1 << 16];
+    REQ(hlen + n <= frag);
+    if (hlen)
+        memcpy(buf, hdr, hlen);
+    if (n)
+        memcpy(buf + hlen, data, n);
+    uint32_t tag = fiv_wire_tag(op, buf, hlen + n);
+    return ivshm_send_timeout(f->h, f->victim, tag, buf, hlen + n, CALL_MS);
+}
+
+static uint8_t marks[1 << 16];
+
+/* The first fragment of a message of `len` bytes: how many it carried. */
+static size_t msg_first(struct forger *f, bool tagged, uint64_t tag,
+                        size_t len)
+{
+    struct fiv_msg_hdr h = {.tag = tag, .len = len};
+    size_t k = len < frag - sizeof h ? len : frag - sizeof h;
+    REQ_RC(fsend(f, FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0), &h, sizeof h,
+                 marks, k), 0);
+    return k;
+}
+
+/* Continuations from `got` up to `len`, or until the victim has gone
+   (its endpoint closed). */
+static void more(struct forger *f, size_t got, size_t len)
+{
+    while (got < len) {
+        size_t k = len - got < frag ? len - got : frag;
+        if (fsend(f, FIV_OP_MORE, NULL, 0, marks, k) < 0)
+            return;
+        got += k;
+    }
+}
+
+static void small(struct forger *f, bool tagged, uint64_t tag, uint8_t byte)
+{
+    struct fiv_msg_hdr h = {.tag = tag, .len = 8};
+    uint8_t p[8];
+    memset(p, byte, sizeof p);
+    REQ_RC(fsend(f, FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0), &h, sizeof h,
+                 p, sizeof p), 0);
+}
+
+static void rma_req(struct forger *f, uint32_t op, uint64_t addr, uint64_t key,
+                    uint64_t len, uint64_t id, const void *data, size_t n)
+{
+    struct fiv_rma_hdr h = {.addr = addr, .key = key, .len = len, .id = id};
+    REQ_RC(fsend(f, op, &h, sizeof h, data, n), 0);
+}
+
+/* The victim's next answer to us (INTROs and probes skipped): its op, the
+   header in *h, payload bytes in buf (up to cap); -1 on timeout. */
+static int answer(struct forger *f, struct fiv_resp_hdr *h, uint8_t *buf,
+                  size_t cap, size_t *n, int ms)
+{
+    static uint8_t m[1 << 16];
+    for (uint64_t end = t_now_ms() + (uint64_t)ms; t_now_ms() < end;) {
+        uint32_t tag = 0;
+        int src = -1;
+        ssize_t len = ivshm_recv(f->h, f->victim, &src, &tag, m, sizeof m, 50);
+        if (len == -ETIMEDOUT || len == -EAGAIN)
+            continue;
+        if (len < 0)
+            return -1;
+        uint32_t op = tag & FIV_OP_MASK;
+        if (op == FIV_OP_INTRO || op == FIV_OP_PROBE || op == FIV_OP_PROBE_ACK)
+            continue;
+        size_t off = 0;
+        if (op != FIV_OP_MORE) {
+            if ((size_t)len < sizeof *h)
+                return -1;
+            memcpy(h, m, sizeof *h);
+            off = sizeof *h;
+        }
+        *n = (size_t)len - off < cap ? (size_t)len - off : cap;
+        if (buf)
+            memcpy(buf, m + off, *n);
+        return (int)op;
+    }
+    return -1;
+}
+
+/* ---- the cases ---- */
+
+struct fcase {
+    const char *name;
+    void (*victim)(struct victim *v);
+    void (*forger)(struct forger *f);
+    const char *what;
+    const char *env;      /* "K=V" for the victim, or NULL */
+};
+
+/* 1. The continuations of an RMA WRITE after the window's MR is closed
+   and its memory reused: nothing lands, and the write is refused. */
+#define WLEN (64u << 10)
+static void v_write_after_close(struct victim *v)
+{
+    uint8_t *w = gbuf(WLEN);
+    memset(w, 0, WLEN);
+    struct fid_mr *mr = reg(v, w, WLEN, FI_REMOTE_WRITE);
+    ctl_recv(v->ctl, 'F');
+    if (!VWAIT(v, w[0] == MARK, CALL_MS))
+        vfail(v, "the first fragment of the write never landed");
+    REQ_RC(TIMED(v, CALL_MS, fi_close(&mr->fid)), 0);
+    memset(w, PRIVATE, WLEN); /* the memory now holds something else */
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    (void)VWAIT(v, ctl_ready(v->ctl), 5000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    size_t hit = count_not(w, WLEN, PRIVATE);
+    if (hit)
+        vfail(v, "%zu B of the victim's private memory overwritten after "
+              "fi_close(mr)", hit);
+    if (a.a == 0)
+        vfail(v, "no answer to the write came");
+    else if ((int64_t)a.b != -FI_EACCES)
+        vfail(v, "the write was answered with status %" PRId64 ", not "
+              "-FI_EACCES", (int64_t)a.b);
+}
+
+static void f_write_after_close(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = k.c, .id = 7};
+    size_t first = frag - sizeof h;
+    REQ_RC(fsend(f, FIV_OP_WRITE | FIV_F_ACK, &h, sizeof h, marks, first), 0);
+    ctl_send(f->ctl, 'F', 0, 0, 0);
+    ctl_recv(f->ctl, 'C');
+    more(f, first, k.c);
+    struct fiv_resp_hdr r;
+    size_t n;
+    int op = answer(f, &r, NULL, 0, &n, 3000);
+    ctl_send(f->ctl, 'A', op == FIV_OP_ACK && r.id == 7,
+             (uint64_t)(int64_t)r.status, 0);
+}
+
+/* 2. A READ larger than the inline copy, answered fragment by fragment
+   while the requester drains slowly; the target closes the MR and reuses
+   the memory in between: none of the new bytes goes out. */
+#define RLEN (1u << 20)
+static void v_read_after_close(struct victim *v)
+{
+    uint8_t *w = gbuf(RLEN);
+    memset(w, 0x11, RLEN);
+    struct fid_mr *mr = reg(v, w, RLEN, FI_REMOTE_READ);
+    (void)VWAIT(v, ctl_ready(v->ctl), CALL_MS);
+    ctl_recv(v->ctl, 'F');
+    REQ_RC(TIMED(v, CALL_MS, fi_close(&mr->fid)), 0);
+    memset(w, PRIVATE, RLEN);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    (void)VWAIT(v, ctl_ready(v->ctl), 8000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%" PRIu64 " B of the victim's private memory sent to the "
+              "co-tenant after fi_close(mr) (%" PRIu64 " B of answer read)",
+              a.a, a.b);
+}
+
+static void f_read_after_close(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    rma_req(f, FIV_OP_READ, k.a, k.b, k.c, 9, NULL, 0);
+    struct fiv_resp_hdr r;
+    size_t n;
+    static uint8_t b[1 << 16];
+    int op = answer(f, &r, b, sizeof b, &n, 3000);
+    REQ(op == FIV_OP_READ_RESP && r.status == 0);
+    ctl_send(f->ctl, 'F', 0, 0, 0); /* and stop reading for now */
+    ctl_recv(f->ctl, 'C');
+    uint64_t leaked = 0, got = n;
+    while ((op = answer(f, &r, b, sizeof b, &n, 500)) == FIV_OP_MORE) {
+        leaked += count_not(b, n, 0x11);
+        got += n;
+    }
+    ctl_send(f->ctl, 'A', leaked, got, 0);
+}
+
+/* 3. A multi-receive buffer cancelled while a message fills it: the
+   buffer is the application's again (PROT_NONE here), the rest of the
+   message goes nowhere, and a receive posted next gets the next message,
+   not the rest of this one. */
+#define MLEN (64u << 10)
+static void v_multi_recv_cancel(struct victim *v)
+{
+    uint8_t *b = gbuf(MLEN), *r = gbuf(4096);
+    memset(b, 0, MLEN);
+    memset(r, 0, 4096);
+    struct iovec iov = {b, MLEN};
+    struct fi_msg m = {.msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC,
+                       .context = b};
+    REQ_RC(fi_recvmsg(v->r.ep, &m, FI_MULTI_RECV | FI_COMPLETION), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    ctl_recv(v->ctl, 'F');
+    if (!VWAIT(v, b[0] == MARK, CALL_MS))
+        vfail(v, "the first fragment never landed in the buffer");
+    long long rc = TIMED(v, CALL_MS, fi_cancel(&v->r.ep->fid, b));
+    if (rc == 0 && !VWAIT(v, vdone(v, b) != NULL, CALL_MS))
+        vfail(v, "fi_cancel returned 0 but the buffer never completed");
+    gbuf_revoke(b, MLEN);
+    REQ_RC(fi_recv(v->r.ep, r, 4096, NULL, FI_ADDR_UNSPEC, r), 0);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, CALL_MS))
+        vfail(v, "the receive posted after the cancel never completed");
+    struct done *d = vdone(v, r);
+    if (d && (d->err || d->len != 8 || r[0] != 0x77 || count_not(r, 8, 0x77)))
+        vfail(v, "the receive posted after the cancel completed with a "
+              "message it never received (err %d, %zu B, first byte %#x)",
+              d->err, d->len, r[0]);
+}
+
+static void f_multi_recv_cancel(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    size_t k = msg_first(f, false, 0, 32u << 10);
+    ctl_send(f->ctl, 'F', 0, 0, 0);
+    ctl_recv(f->ctl, 'C');
+    more(f, k, 32u << 10);
+    small(f, false, 0, 0x77);
+}
+
+/* 4. FI_PEEK|FI_CLAIM, then FI_CLAIM|FI_DISCARD, of a message still
+   arriving; its continuations follow, then another message. */
+static void peek_then_drop(struct victim *v, uint64_t drop_flags)
+{
+    uint8_t *r = gbuf(4096);
+    char ctx;
+    struct fi_msg_tagged m = {.addr = FI_ADDR_UNSPEC, .tag = 0x44,
+                              .context = &ctx};
+    ctl_recv(v->ctl, 'F');
+    bool found = false;
+    for (uint64_t end = t_now_ms() + CALL_MS; !found && t_now_ms() < end;) {
+        v->ndone = 0;
+        REQ_RC(fi_trecvmsg(v->r.ep, &m, FI_PEEK | (drop_flags & FI_CLAIM)), 0);
+        (void)VWAIT(v, vdone(v, &ctx) != NULL, CALL_MS);
+        struct done *d = vdone(v, &ctx);
+        found = d && d->err == 0;
+    }
+    if (!found)
+        vfail(v, "the peek never found the message");
+    v->ndone = 0;
+    REQ_RC(TIMED(v, CALL_MS, fi_trecvmsg(v->r.ep, &m, drop_flags)), 0);
+    if (!VWAIT(v, vdone(v, &ctx) != NULL, CALL_MS))
+        vfail(v, "the discard never completed");
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, FI_ADDR_UNSPEC, 0x45, 0, r), 0);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, CALL_MS))
+        vfail(v, "the next message never arrived");
+    struct done *d = vdone(v, r);
+    if (d && (d->err || d->len != 8 || count_not(r, 8, 0x77)))
+        vfail(v, "the next message arrived wrong (err %d, %zu B)", d->err,
+              d->len);
+}
+
+static void v_claim_discard(struct victim *v)
+{
+    peek_then_drop(v, FI_CLAIM | FI_DISCARD);
+}
+
+static void v_peek_discard(struct victim *v)
+{
+    peek_then_drop(v, FI_PEEK | FI_DISCARD);
+}
+
+static void f_discard_arriving(struct forger *f)
+{
+    size_t k = msg_first(f, true, 0x44, 64u << 10);
+    ctl_send(f->ctl, 'F', 0, 0, 0);
+    ctl_recv(f->ctl, 'C');
+    more(f, k, 64u << 10);
+    small(f, true, 0x45, 0x77);
+}
+
+/* 5. 48-byte READ requests of 64 KiB each while the requester drains
+   nothing: the target's memory for that peer stays within its cap. */
+#define FLOOD 4096
+static void v_read_flood(struct victim *v)
+{
+    uint8_t *w = gbuf(64u << 10);
+    memset(w, 0x11, 64u << 10);
+    struct fid_mr *mr = reg(v, w, 64u << 10, FI_REMOTE_READ);
+    (void)VWAIT(v, ctl_ready(v->ctl), 30000);
+    struct ctl a = ctl_recv(v->ctl, 'D');
+    uint64_t end = t_now_ms() + 200;
+    while (t_now_ms() < end)
+        vpoll(v);
+    size_t grew = v->heap_peak - v->heap0;
+    if (getenv("FIV_FORGE_VERBOSE"))
+        fprintf(stderr, "read flood: heap +%zu KiB at its peak\n", grew >> 10);
+    if (grew > HEAP_SLACK)
+        vfail(v, "the victim's heap grew by %zu MiB for %" PRIu64
+              " requests of one peer (bound %u MiB)", grew >> 20, a.a,
+              HEAP_SLACK >> 20);
+    REQ_RC(TIMED(v, CALL_MS, fi_close(&mr->fid)), 0);
+}
+
+static void f_read_flood(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    uint64_t sent = 0;
+    for (int i = 0; i < FLOOD; i++) {
+        struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = k.c,
+                                .id = 100 + (uint64_t)i};
+        if (fsend(f, FIV_OP_READ, &h, sizeof h, NULL, 0) < 0)
+            break; /* the victim stopped reading us: refused */
+        sent++;
+    }
+    ctl_send(f->ctl, 'D', sent, 0, 0);
+}
+
+/* 6. fi_av_remove of a peer whose message is filling a posted receive:
+   the receive completes (with an error) and nothing more lands. */
+static void v_av_remove(struct victim *v)
+{
+    uint8_t *r = gbuf(64u << 10);
+    memset(r, 0, 64u << 10);
+    REQ_RC(fi_trecv(v->r.ep, r, 64u << 10, NULL, FI_ADDR_UNSPEC, 0x66, 0, r), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    ctl_recv(v->ctl, 'F');
+    if (!VWAIT(v, r[0] == MARK, CALL_MS))
+        vfail(v, "the first fragment never landed");
+    REQ_RC(TIMED(v, CALL_MS, fi_av_remove(v->r.av, &v->forger, 1, 0)), 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, CALL_MS))
+        vfail(v, "the receive the removed peer was filling never completed "
+              "(%d ms)", CALL_MS);
+    else if (vdone(v, r)->err == 0)
+        vfail(v, "the receive the removed peer was filling completed as "
+              "whole");
+    gbuf_revoke(r, 64u << 10);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    ctl_recv(v->ctl, 'D');
+    uint64_t end = t_now_ms() + 100;
+    while (t_now_ms() < end)
+        vpoll(v);
+}
+
+static void f_av_remove(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    size_t k = msg_first(f, true, 0x66, 32u << 10);
+    ctl_send(f->ctl, 'F', 0, 0, 0);
+    ctl_recv(f->ctl, 'C');
+    more(f, k, 32u << 10);
+    ctl_send(f->ctl, 'D', 0, 0, 0);
+}
+
+/* 7. The endpoint closed with a large answer queued for a peer that does
+   not drain and that peer's message half in a posted receive; then the
+   CQ (refused while bound, accepted after), the MR, the rest. */
+static void v_ep_close(struct victim *v)
+{
+    uint8_t *w = gbuf(RLEN), *r = gbuf(64u << 10);
+    memset(w, 0x11, RLEN);
+    struct fid_mr *mr = reg(v, w, RLEN, FI_REMOTE_READ);
+    REQ_RC(fi_trecv(v->r.ep, r, 64u << 10, NULL, FI_ADDR_UNSPEC, 0x77, 0, r), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    ctl_recv(v->ctl, 'F');
+    if (!VWAIT(v, r[0] == MARK, CALL_MS))
+        vfail(v, "the message never began to land");
+    long long rc = fi_close(&v->r.cq->fid);
+    if (rc != -FI_EBUSY)
+        vfail(v, "fi_close(cq) of a bound CQ returned %lld", rc);
+    REQ_RC(TIMED(v, CLOSE_MS, fi_close(&v->r.ep->fid)), 0);
+    gbuf_revoke(r, 64u << 10);
+    REQ_RC(TIMED(v, CALL_MS, fi_close(&mr->fid)), 0);
+    memset(w, PRIVATE, RLEN);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%" PRIu64 " B of private memory went out after the "
+              "endpoint and MR closed", a.a);
+    victim_close(v, true);
+    v->r.ep = NULL;
+}
+
+static void f_ep_close(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    ctl_recv(f->ctl, 'R');
+    rma_req(f, FIV_OP_READ, k.a, k.b, k.c, 11, NULL, 0);
+    size_t first = msg_first(f, true, 0x77, 32u << 10);
+    ctl_send(f->ctl, 'F', 0, 0, 0);
+    ctl_recv(f->ctl, 'C');
+    more(f, first, 32u << 10);
+    struct fiv_resp_hdr r;
+    size_t n;
+    static uint8_t b[1 << 16];
+    uint64_t leaked = 0;
+    int op;
+    while ((op = answer(f, &r, b, sizeof b, &n, 300)) >= 0)
+        if (op == FIV_OP_MORE || op == FIV_OP_READ_RESP)
+            leaked += count_not(b, n, 0x11);
+    ctl_send(f->ctl, 'A', leaked, 0, 0);
+}
+
+/* 8. A multi-receive buffer consumed to its end while its last message
+   still arrives: the last completion releases it (PROT_NONE here) and
+   nothing lands after, nor past its end. */
+static void v_multi_recv_consume(struct victim *v)
+{
+    uint8_t *b = gbuf(MLEN), *r = gbuf(4096);
+    struct iovec iov = {b, MLEN};
+    struct fi_msg m = {.msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC,
+                       .context = b};
+    REQ_RC(fi_recvmsg(v->r.ep, &m, FI_MULTI_RECV | FI_COMPLETION), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    bool released = VWAIT(v, ({
+        bool rel = false;
+        for (int i = 0; i < v->ndone; i++)
+            rel |= v->done[i].ctx == b && (v->done[i].flags & FI_MULTI_RECV);
+        rel;
+    }), CALL_MS);
+    if (!released)
+        vfail(v, "the multi-receive buffer was never released");
+    gbuf_revoke(b, MLEN);
+    REQ_RC(fi_recv(v->r.ep, r, 4096, NULL, FI_ADDR_UNSPEC, r), 0);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, CALL_MS))
+        vfail(v, "the receive after the buffer's release never completed");
+    else if (vdone(v, r)->err || vdone(v, r)->len != 8)
+        vfail(v, "the receive after the buffer's release got %zu B (err %d)",
+              vdone(v, r)->len, vdone(v, r)->err);
+}
+
+static void f_multi_recv_consume(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    size_t a = msg_first(f, false, 0, 40u << 10);
+    more(f, a, 40u << 10);
+    /* 24 KiB are left: this one takes them and retires the buffer, which
+       its continuations still fill */
+    a = msg_first(f, false, 0, 30u << 10);
+    more(f, a, 30u << 10);
+    ctl_recv(f->ctl, 'C');
+    small(f, false, 0, 0x77);
+}
+
+/* 9. RMA at the edges of a registration: a write flush with its end
+   lands, one byte more, an address that wraps, a wrong key or access, a
+   length past the maximum are refused; nothing lands outside. */
+static void v_rma_bounds(struct victim *v)
+{
+    uint8_t *w = gbuf(8192);
+    memset(w, 0, 8192);
+    struct fid_mr *mr = reg(v, w, 8192, FI_REMOTE_WRITE);
+    (void)VWAIT(v, ctl_ready(v->ctl), 5000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%s", (const char *)a.blob);
+    if (count_not(w, 8192 - 64, 0) || count_not(w + 8192 - 64, 64, MARK))
+        vfail(v, "the registration holds other bytes than the one write "
+              "that fits");
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_rma_bounds(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct { uint64_t addr, key, len; uint32_t op; int want; const char *what; }
+    t[] = {
+        {k.a + k.c - 64, k.b, 64, FIV_OP_WRITE, 0, "a write flush with the end"},
+        {k.a + k.c - 63, k.b, 64, FIV_OP_WRITE, -FI_EACCES, "one byte past"},
+        {k.a - 1, k.b, 8, FIV_OP_WRITE, -FI_EACCES, "one byte before"},
+        {UINT64_MAX - 3, k.b, 8, FIV_OP_WRITE, -FI_EACCES, "a wrapping address"},
+        {k.a, k.b + 1, 8, FIV_OP_WRITE, -FI_EACCES, "a wrong key"},
+        {k.a, k.b, 8, FIV_OP_READ, -FI_EACCES, "a read of write-only memory"},
+        {k.a, k.b, FIV_MAX_MSG + 1, FIV_OP_READ, -FI_EINVAL, "a read past the maximum"},
+    };
+    struct ctl out = {.what = 'A'};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        struct fiv_rma_hdr h = {.addr = t[i].addr, .key = t[i].key,
+                                .len = t[i].len, .id = 200 + i};
+        bool w = t[i].op == FIV_OP_WRITE;
+        REQ_RC(fsend(f, t[i].op | (w ? FIV_F_ACK : 0), &h, sizeof h, marks,
+                     w ? t[i].len : 0), 0);
+        struct fiv_resp_hdr r;
+        size_t n;
+        int op = answer(f, &r, NULL, 0, &n, 3000);
+        if (op < 0 || r.id != 200 + i || r.status != t[i].want) {
+            out.a = 1;
+            snprintf((char *)out.blob, sizeof out.blob, "%.23s", t[i].what);
+            break;
+        }
+    }
+    REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
+}
+
+/* 10. Answers to the victim's own RMA written by the co-tenant: longer
+   than asked, repeated, for ids never issued; an atomic's fetched value
+   longer than its result; atomics and an INTRO towards the victim. Only
+   the victim's result buffers are written, and only as far as each
+   operation asked. */
+static void v_forged_answers(struct victim *v)
+{
+    uint8_t *res = gbuf(8192), *word = gbuf(4096), *w = gbuf(4096);
+    memset(res, 0, 8192);
+    memset(word, 0, 4096);
+    memset(w, 0, 4096);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE | FI_REMOTE_READ);
+    char c1, c2;
+    REQ_RC(fi_read(v->r.ep, res, 4096, NULL, v->forger, 0x1000, 5, &c1), 0);
+    if (!VWAIT(v, vdone(v, &c1) != NULL, 3000))
+        vfail(v, "the read never completed");
+    else if (vdone(v, &c1)->err)
+        vfail(v, "the read failed (%d)", vdone(v, &c1)->err);
+    if (count_not(res, 4096, MARK) || count_not(res + 4096, 4096, 0))
+        vfail(v, "the read's result holds other bytes than the 4096 it "
+              "asked for");
+    uint64_t one = 1;
+    REQ_RC(fi_fetch_atomic(v->r.ep, &one, 1, NULL, word, NULL, v->forger,
+                           0x2000, 6, FI_UINT64, FI_SUM, &c2), 0);
+    if (!VWAIT(v, vdone(v, &c2) != NULL, 3000))
+        vfail(v, "the atomic never completed");
+    if (count_not(word, 8, MARK) || count_not(word + 8, 4096 - 8, 0))
+        vfail(v, "the atomic's result holds more than its 8 bytes");
+    ctl_send(v->ctl, 'G', 0, 0, 0);
+    (void)VWAIT(v, ctl_ready(v->ctl), 5000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%s", (const char *)a.blob);
+    if (count_not(w, 4088, 0) || w[4088] != 3)
+        vfail(v, "the registration holds other bytes than the one atomic "
+              "that fits");
+    uint64_t end = t_now_ms() + 100;
+    while (t_now_ms() < end)
+        vpoll(v);
+    if (v->ndone != 2)
+        vfail(v, "%d completions for 2 operations", v->ndone);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+/* The victim's next request to us (INTROs and probes skipped). */
+static int request(struct forger *f, struct fiv_rma_hdr *h)
+{
+    static uint8_t m[1 << 16];
+    for (uint64_t end = t_now_ms() + 3000; t_now_ms() < end;) {
+        uint32_t tag = 0;
+        ssize_t len = ivshm_recv(f->h, f->victim, NULL, &tag, m, sizeof m, 50);
+        if (len == -ETIMEDOUT || len == -EAGAIN)
+            continue;
+        uint32_t op = tag & FIV_OP_MASK;
+        if (len < (ssize_t)sizeof *h || op == FIV_OP_INTRO ||
+            op == FIV_OP_PROBE || op == FIV_OP_PROBE_ACK)
+            continue;
+        memcpy(h, m, sizeof *h);
+        return (int)op;
+    }
+    return -1;
+}
+
+static void f_forged_answers(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct fiv_rma_hdr q;
+    REQ(request(f, &q) == FIV_OP_READ && q.len == 4096);
+    /* 64 KiB for a 4 KiB read, then the same answer again, and answers
+       for ids never issued */
+    struct fiv_resp_hdr r = {.id = q.id, .len = 64u << 10};
+    for (int rep = 0; rep < 2; rep++) {
+        REQ_RC(fsend(f, FIV_OP_READ_RESP, &r, sizeof r, marks,
+                     frag - sizeof r), 0);
+        more(f, frag - sizeof r, r.len);
+    }
+    struct fiv_resp_hdr bogus = {.id = q.id + 1000, .len = 8};
+    REQ_RC(fsend(f, FIV_OP_ACK, &bogus, sizeof bogus, marks, 8), 0);
+    REQ_RC(fsend(f, FIV_OP_READ_RESP, &bogus, sizeof bogus, marks, 8), 0);
+    REQ(request(f, &q) == FIV_OP_ATOMIC);
+    struct fiv_resp_hdr ack = {.id = q.id, .len = 256};
+    REQ_RC(fsend(f, FIV_OP_ACK, &ack, sizeof ack, marks, 256), 0);
+    ctl_recv(f->ctl, 'G');
+    /* an INTRO from a rank heard already changes nothing */
+    struct fiv_intro in = {.slot = (int16_t)ivshm_self(f->h)};
+    REQ_RC(fsend(f, FIV_OP_INTRO, &in, sizeof in, NULL, 0), 0);
+    /* atomics towards the victim at and past the registration's edges */
+    uint64_t three[4] = {3, 3, 3, 3};
+    struct { uint64_t addr, len; uint32_t dt, op; int want; const char *what; }
+    t[] = {
+        {k.a + k.c - 8, 8, FI_UINT64, FI_SUM, 0, "an atomic at the end"},
+        {k.a + k.c - 8, 16, FI_UINT64, FI_SUM, -FI_EACCES, "one past the end"},
+        {k.a, 8, 99, FI_SUM, -FI_EINVAL, "an unknown datatype"},
+        {k.a, 8, FI_UINT64, 99, -FI_EOPNOTSUPP, "an unknown operation"},
+        {k.a, 12, FI_UINT64, FI_SUM, -FI_EINVAL, "a partial element"},
+        {k.a, 512, FI_UINT8, FI_SUM, -FI_EINVAL, "past the operand maximum"},
+    };
+    struct ctl out = {.what = 'A'};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        struct fiv_rma_hdr h = {.addr = t[i].addr, .key = k.b, .len = t[i].len,
+                                .id = 300 + i, .op = t[i].op,
+                                .datatype = t[i].dt};
+        size_t n = t[i].len <= sizeof three ? t[i].len : 0;
+        REQ_RC(fsend(f, FIV_OP_ATOMIC | FIV_F_FETCH, &h, sizeof h, three, n), 0);
+        struct fiv_resp_hdr a;
+        size_t got;
+        int op = answer(f, &a, NULL, 0, &got, 3000);
+        if (op != FIV_OP_ACK || a.id != 300 + i || a.status != t[i].want) {
+            out.a = 1;
+            snprintf((char *)out.blob, sizeof out.blob, "%.23s", t[i].what);
+            break;
+        }
+    }
+    REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
+}
+
+/* 11. Unexpected messages past the victim's cap for one peer: its path
+   fails (a receive of any source ends with FI_EIO) and the victim holds
+   no more than the cap. */
+#define UNEXP_CAP (4u << 20)
+static void v_unexp_cap(struct victim *v)
+{
+    uint8_t *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, FI_ADDR_UNSPEC, 0x99, 0, r), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, 10000))
+        vfail(v, "the path never failed past the cap");
+    else if (vdone(v, r)->err != FI_EIO)
+        vfail(v, "the receive ended with %d, not FI_EIO", vdone(v, r)->err);
+    size_t grew = v->heap_peak - v->heap0;
+    if (grew > UNEXP_CAP + (2u << 20))
+        vfail(v, "the victim's heap grew by %zu KiB (cap %u KiB)", grew >> 10,
+              UNEXP_CAP >> 10);
+    ctl_send(v->ctl, 'C', 0, 0, 0);
+}
+
+static void f_unexp_cap(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    for (int i = 0; i < 2 * (int)(UNEXP_CAP >> 16); i++) {
+        struct fiv_msg_hdr h = {.tag = 0x98, .len = 64u << 10};
+        if (fsend(f, FIV_OP_MSG | FIV_F_TAGGED, &h, sizeof h, marks,
+                  frag - sizeof h) < 0)
+            break;
+        more(f, frag - sizeof h, h.len);
+    }
+    ctl_recv(f->ctl, 'C');
+}
+
+/* 12. Sends to a peer that reads nothing, past the victim's queue cap:
+   refused with -FI_EAGAIN, not queued; once the peer reads, they all
+   complete. */
+#define QCAP 64
+static void v_queue_cap(struct victim *v)
+{
+    static uint8_t msg[8];
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 2000 && !refused; i++) {
+        ssize_t rc = fi_tsend(v->r.ep, msg, sizeof msg, NULL, v->forger, 1,
+                              msg);
+        if (rc == 0)
+            accepted++;
+        else if (rc == -FI_EAGAIN)
+            refused++;
+        else
+            vfail(v, "fi_tsend returned %zd", rc);
+        vpoll(v);
+    }
+    if (!refused)
+        vfail(v, "2000 sends to a peer that reads nothing were all queued");
+    ctl_send(v->ctl, 'D', (uint64_t)accepted, 0, 0);
+    uint64_t end = t_now_ms() + 5000;
+    while (v->ncomp < (uint64_t)accepted && t_now_ms() < end)
+        vpoll(v);
+    if (v->ncomp != (uint64_t)accepted)
+        vfail(v, "%" PRIu64 " completions for %d accepted sends once the "
+              "peer read", v->ncomp, accepted);
+}
+
+static void f_queue_cap(struct forger *f)
+{
+    struct ctl d = ctl_recv(f->ctl, 'D');
+    static uint8_t m[1 << 16];
+    uint64_t got = 0;
+    for (uint64_t end = t_now_ms() + 5000; got < d.a && t_now_ms() < end;) {
+        uint32_t tag = 0;
+        ssize_t n = ivshm_recv(f->h, f->victim, NULL, &tag, m, sizeof m, 50);
+        if (n >= 0 && (tag & FIV_OP_MASK) == FIV_OP_MSG)
+            got++;
+    }
+}
+
+/* 13. Not an attack: the answer to a READ of our own memory larger than
+   the inline copy, looked up by key like any other, is whole. */
+static void v_self_read(struct victim *v)
+{
+    uint8_t *w = gbuf(RLEN), *res = gbuf(RLEN);
+    for (size_t i = 0; i < RLEN; i++)
+        w[i] = (uint8_t)(i * 7);
+    struct fid_mr *mr = reg(v, w, RLEN, FI_REMOTE_READ);
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    fi_addr_t self;
+    REQ_RC(fi_getname(&v->r.ep->fid, name, &len), 0);
+    REQ_RC(fi_av_insert(v->r.av, name, 1, &self, 0, NULL), 1);
+    char c;
+    REQ_RC(fi_read(v->r.ep, res, RLEN, NULL, self, (uint64_t)(uintptr_t)w,
+                   fi_mr_key(mr), &c), 0);
+    if (!VWAIT(v, vdone(v, &c) != NULL, CALL_MS))
+        vfail(v, "the read of ourselves never completed");
+    else if (vdone(v, &c)->err || memcmp(res, w, RLEN))
+        vfail(v, "the read of ourselves came back wrong (err %d)",
+              vdone(v, &c)->err);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_idle(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+}
+
+static const struct fcase cases[] = {
+    {"write_after_mr_close", v_write_after_close, f_write_after_close,
+     "RMA WRITE continuations after fi_close(mr) and reuse of the memory", NULL},
+    {"read_after_mr_close", v_read_after_close, f_read_after_close,
+     "a large RMA READ still answered after fi_close(mr)", NULL},
+    {"multi_recv_after_cancel", v_multi_recv_cancel, f_multi_recv_cancel,
+     "a message still filling a multi-receive buffer that fi_cancel returned", NULL},
+    {"claim_discard_while_arriving", v_claim_discard, f_discard_arriving,
+     "FI_PEEK|FI_CLAIM, then FI_CLAIM|FI_DISCARD of a message still arriving", NULL},
+    {"read_flood_no_drain", v_read_flood, f_read_flood,
+     "64 KiB READ requests from a peer that drains no answer", NULL},
+    {"peek_discard_while_arriving", v_peek_discard, f_discard_arriving,
+     "FI_PEEK|FI_DISCARD of a message still arriving", NULL},
+    {"av_remove_mid_message", v_av_remove, f_av_remove,
+     "fi_av_remove of a peer whose message fills a posted receive", NULL},
+    {"ep_close_mid_assembly", v_ep_close, f_ep_close,
+     "fi_close(ep) with an answer queued and a message half received", NULL},
+    {"multi_recv_consumed_while_arriving", v_multi_recv_consume,
+     f_multi_recv_consume,
+     "a multi-receive buffer used up while its last message arrives", NULL},
+    {"rma_at_the_bounds", v_rma_bounds, f_rma_bounds,
+     "RMA requests at and past the edges of a registration", NULL},
+    {"forged_answers_and_atomics", v_forged_answers, f_forged_answers,
+     "answers longer than asked, repeated or for no request; atomics at "
+     "the edges", NULL},
+    {"unexpected_past_cap", v_unexp_cap, f_unexp_cap,
+     "8 MiB of unexpected messages against a cap of 4 MiB",
+     "FI_IVSHM_PEER_UNEXPECTED_BYTES=4194304"},
+    {"sends_past_queue_cap", v_queue_cap, f_queue_cap,
+     "sends to a peer that reads nothing, past a queue cap of 64",
+     "FI_IVSHM_PEER_QUEUE=64"},
+    {"self_read_large", v_self_read, f_idle,
+     "a READ of our own memory over the inline copy (no forgery)", NULL},
+};
+
+/* One case in two fresh processes on the case's own region: 0 if it
+   held. */
+static int run_case(const struct fcase *c, const char *where)
+{
+    region = where;
+    int sv[2];
+    REQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
+    int pipefd[2];
+    REQ(pipe(pipefd) == 0);
+    pid_t vp = fork();
+    REQ(vp >= 0);
+    if (vp == 0) {
+        close(sv[0]);
+        close(pipefd[0]);
+        alarm(40);
+        setenv("FI_IVSHM_REGION", region, 1);
+        setenv("FI_IVSHM_CORE", "none", 1);
+        /* no other provider's signal handlers between a fault and us */
+        setenv("FI_PROVIDER", "ivshm", 1);
+        if (c->env)
+            putenv((char *)c->env);
+        struct victim v = {.ctl = sv[1], .r = {.me = 0, .n = 1, .sock = -1}};
+        victim_open(&v);
+        c->victim(&v);
+        if (v.r.ep)
+            victim_close(&v, false);
+        if (v.fail)
+            REQ(write(pipefd[1], v.why, strlen(v.why)) > 0);
+        _exit(v.fail ? 3 : 0);
+    }
+    pid_t fp = fork();
+    REQ(fp >= 0);
+    if (fp == 0) {
+        close(sv[1]);
+        close(pipefd[0]);
+        close(pipefd[1]);
+        alarm(40);
+        struct forger f = {.ctl = sv[0]};
+        forger_open(&f);
+        c->forger(&f);
+        /* stay attached until the victim is done with us */
+        char b[64];
+        (void)read(f.ctl, b, sizeof b);
+        ivshm_detach(f.h);
+        _exit(0);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    close(pipefd[1]);
+    uint64_t t0 = t_now_ms();
+    int vst = 0, fst = 0;
+    waitpid(vp, &vst, 0);
+    char why[512] = {0};
+    (void)read(pipefd[0], why, sizeof why - 1);
+    close(pipefd[0]);
+    /* the forger leaves once the victim has gone */
+    for (uint64_t end = t_now_ms() + 5000;
+         waitpid(fp, &fst, WNOHANG) == 0;) {
+        if (t_now_ms() > end) {
+            kill(fp, SIGKILL);
+            waitpid(fp, &fst, 0);
+            break;
+        }
+        usleep(1000);
+    }
+    int bad = 0;
+    if (WIFSIGNALED(vst)) {
+        snprintf(why, sizeof why, "the victim was killed by signal %d (%s)",
+                 WTERMSIG(vst), strsignal(WTERMSIG(vst)));
+        bad = 1;
+    } else if (WEXITSTATUS(vst) == 3) {
+        bad = 1;
+    } else if (WEXITSTATUS(vst) != 0) {
+        snprintf(why, sizeof why, "the victim exited with status %d (a "
+                 "sanitizer report or a failed step, see above)",
+                 WEXITSTATUS(vst));
+        bad = 1;
+    }
+    if (WIFEXITED(fst) && WEXITSTATUS(fst) != 0 && !bad) {
+        snprintf(why, sizeof why, "the forger failed (status %d)",
+                 WEXITSTATUS(fst));
+        bad = 1;
+    }
+    printf("%s: %s: %s (%llu ms)%s%s\n", bad ? "FAIL" : "ok", c->name, c->what,
+           (unsigned long long)(t_now_ms() - t0), bad ? ": " : "",
+           bad ? why : "");
+    return bad;
+}
+
+int main(void)
+{
+    if (!getenv("FI_PROVIDER_PATH")) {
+        fprintf(stderr, "FI_PROVIDER_PATH must name the provider's directory\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *only = getenv("FIV_FORGE_CASE");
+    int rounds = getenv("FIV_FORGE_ROUNDS") ? atoi(getenv("FIV_FORGE_ROUNDS")) : 1;
+    if (rounds < 1) {
+        fprintf(stderr, "FIV_FORGE_ROUNDS must be a positive count\n");
+        return 2;
+    }
+    memset(marks, MARK, sizeof marks);
+    size_t ncases = sizeof cases / sizeof cases[0];
+    const char *regions[sizeof cases / sizeof cases[0]] = {0};
+    int failed = 0, ran = 0;
+    for (int round = 0; round < rounds; round++)
+        for (size_t i = 0; i < ncases; i++) {
+            if (only && strcmp(only, cases[i].name))
+                continue;
+            if (!regions[i]) /* reused by later rounds: both processes leave */
+                regions[i] = t_region(8, 0);
+            failed += run_case(&cases[i], regions[i]);
+            ran++;
+        }
+    if (!ran) {
+        fprintf(stderr, "no case named %s\n", only);
+        return 2;
+    }
+    printf("%d of %d cases failed\n", failed, ran);
+    return failed ? 1 : 0;
+}
