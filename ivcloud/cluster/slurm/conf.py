@@ -285,7 +285,7 @@ GUEST_DEVICE_MCA = (("IVSHM_BAR2", "btl_ivshmem_region", "$val"),
 
 def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
     """The TaskProlog of a VM cluster's guests: `env`, the settings of
-    ranks in the guests (vm_instance.rank_settings), then the job's own
+    ranks in the guests (task_env, the flavours' settings), then the job's own
     device, which the controller's prolog plugged and whose ivshm-bind
     env file it copied to JOB_DIR/$SLURM_JOB_ID.env
     (guest_regions.py), in place of the guest's device of boot (on the
