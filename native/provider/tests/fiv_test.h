@@ -62,7 +62,8 @@ static uint64_t t_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static char t_regions[12][320];
+#define T_REGIONS 64
+static char t_regions[T_REGIONS][320];
 static int t_nregions;
 
 static pid_t t_parent;
@@ -104,8 +105,12 @@ static const char *t_region(uint32_t peers, uint32_t slot_size)
 /* Remove `path` at exit (or when killed), as the regions are. */
 static void t_track(const char *path)
 {
-    if (t_nregions >= 12)
-        return;
+    if (t_nregions >= T_REGIONS) {
+        /* untracked, it would outlive the test */
+        fprintf(stderr, "more than %d regions in one test\n", T_REGIONS);
+        unlink(path);
+        exit(1);
+    }
     snprintf(t_regions[t_nregions], sizeof t_regions[0], "%s", path);
     if (t_nregions++ == 0) {
         t_parent = getpid();
