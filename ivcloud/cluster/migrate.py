@@ -216,10 +216,6 @@ def attach(state: Dict, host: str, sock: Path, say) -> None:
 
 # ---------------------------------------------------------------- device
 
-def _unit(addr: str) -> str:
-    return f"ivshm-bind@{addr}.service"
-
-
 def _guest_run(sock: Path, host: str, script: str, timeout: float) -> str:
     r = agent.run(sock, script, timeout)
     if not r.ok:
@@ -231,7 +227,7 @@ def _guest_run(sock: Path, host: str, script: str, timeout: float) -> str:
 
 def _clear_script(addr: str) -> str:
     q = agent.quote
-    return (f"systemctl stop {q([_unit(addr)])} 2>/dev/null; "
+    return (f"systemctl stop {q([guest_regions.unit(addr)])} 2>/dev/null; "
             f"rm -f {q([f'{guest_regions.BIND_DIR}/{addr}.env'])}")
 
 
@@ -267,19 +263,8 @@ def plug_qemu(d: Path, host: str, server_socket: str) -> str:
 def bind(d: Path, host: str, addr: str) -> None:
     """In the running guest: ivshm-bind of the device at `addr`, waited
     for (bounded); its env file and the guest's defaults rewritten."""
-    q_ = agent.quote
-    env, unit = f"{guest_regions.BIND_DIR}/{addr}.env", _unit(addr)
-    tries = int(guest_regions.APPEAR_TIMEOUT_S / 0.2)
-    _guest_run(d / "agent.sock", host, "\n".join([
-        "i=0",
-        f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
-        f" do sleep 0.2; i=$((i+1)); done",
-        f"[ -d /sys/bus/pci/devices/{addr} ] || "
-        f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
-        f"systemctl start {q_([unit])} || "
-        f"{{ journalctl -q -u {q_([unit])} | tail -n 1; exit 1; }}",
-        f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
-        f"exit 1; }}"]), BIND_TIMEOUT_S)
+    _guest_run(d / "agent.sock", host,
+               "\n".join(guest_regions.bind_lines(addr)), BIND_TIMEOUT_S)
 
 
 def restore(d: Path, host: str, server_socket: str) -> None:

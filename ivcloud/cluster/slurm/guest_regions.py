@@ -80,8 +80,28 @@ def job_env_path(job: int) -> str:
     return f"{JOB_DIR}/{int(job)}.env"
 
 
-def _unit(addr: str) -> str:
+def unit(addr: str) -> str:
     return f"ivshm-bind@{addr}.service"
+
+
+def bind_lines(addr: str) -> List[str]:
+    """Shell lines for the guest: the device at `addr` seen (bounded),
+    its ivshm-bind unit run (the udev rule starts it once the guest has
+    seen the device; starting it here as well waits for that run), its
+    env file written."""
+    q_ = agent.quote
+    env = f"{BIND_DIR}/{addr}.env"
+    tries = int(APPEAR_TIMEOUT_S / 0.2)
+    return [
+        "i=0",
+        f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
+        f" do sleep 0.2; i=$((i+1)); done",
+        f"[ -d /sys/bus/pci/devices/{addr} ] || "
+        f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
+        f"systemctl start {q_([unit(addr)])} || "
+        f"{{ journalctl -q -u {q_([unit(addr)])} | tail -n 1; exit 1; }}",
+        f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
+        f"exit 1; }}"]
 
 
 def port_lock(vm_dir: Path):
@@ -102,7 +122,7 @@ def _guest_run(state: Dict, host: str, script: str, timeout: float) -> str:
 
 def _clear_script(addr: str, job: int) -> str:
     q = agent.quote
-    return (f"systemctl stop {q([_unit(addr)])} 2>/dev/null; "
+    return (f"systemctl stop {q([unit(addr)])} 2>/dev/null; "
             f"rm -f {q([f'{BIND_DIR}/{addr}.env', job_env_path(job)])}")
 
 
@@ -131,20 +151,8 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
         raise ClusterFailure(f"guest {host}: the job's device is at {got}, "
                              f"not at {addr} as its port said")
     q_ = agent.quote
-    env, unit = f"{BIND_DIR}/{addr}.env", _unit(addr)
-    tries = int(APPEAR_TIMEOUT_S / 0.2)
-    # the udev rule starts the unit once the guest has seen the device;
-    # starting it here as well waits for that run
-    _guest_run(state, host, "\n".join([
-        "i=0",
-        f"while [ ! -d /sys/bus/pci/devices/{addr} ] && [ $i -lt {tries} ];"
-        f" do sleep 0.2; i=$((i+1)); done",
-        f"[ -d /sys/bus/pci/devices/{addr} ] || "
-        f"{{ echo 'the device did not appear at {addr}'; exit 1; }}",
-        f"systemctl start {q_([unit])} || "
-        f"{{ journalctl -q -u {q_([unit])} | tail -n 1; exit 1; }}",
-        f"[ -s {q_([env])} ] || {{ echo 'ivshm-bind wrote no {env}'; "
-        f"exit 1; }}",
+    env = f"{BIND_DIR}/{addr}.env"
+    _guest_run(state, host, "\n".join(bind_lines(addr) + [
         f"mkdir -p {q_([JOB_DIR])}",
         f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
         f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
