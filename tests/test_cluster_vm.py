@@ -447,6 +447,15 @@ def test_two_ranks_per_guest(vmc, c_suite, tmp_path):
                     " = $IVSHM_POSITION\" /etc/openmpi/openmpi-mca-params.conf",
                     timeout=60)
         assert r.returncode == 0, (host, r.stdout)
+        # the device sits in a root port of its own (a guest that can
+        # migrate), where vfio-pci would reset it at each open, and the
+        # region would vanish under the guest's other ranks: ivshm-bind
+        # turned its resets off
+        r = cluster("exec", vmc, host, "--", "sh", "-c",
+                    ". /run/ivshm/ivshm.env && m=/sys/bus/pci/devices/"
+                    "$IVSHM_PCI/reset_method && [ -e $m ] && "
+                    "[ -z \"$(cat $m)\" ]", timeout=60)
+        assert r.returncode == 0, (host, r.stdout, r.stderr)
     rankfile = tmp_path / "rankfile"
     rankfile.write_text("".join(f"rank {r}=s0i{r // 2} slot=0\n"
                                 for r in range(4)))

@@ -33,7 +33,10 @@
  * slice, the BTL's block slice; the BTL does not block at all while
  * another BTL such as vader carries some of its peers). It registers the
  * guest's IVPosition as its doorbell id, so when the guest dies the
- * server's notice marks it dead with the first.
+ * server's notice marks it dead with the first. vfio-pci resets the
+ * device when the first opens it, which would take the region away from
+ * the others for as long as the reset lasts; ivshm-bind turns the
+ * device's resets off (packaging/guest/ivshm-bind).
  */
 #define _GNU_SOURCE
 #include "doorbell.h"
