@@ -544,17 +544,35 @@ static inline void fiv_unlock(struct fiv_domain *d)
 }
 
 /* ---- functions by file ---- */
-/* fiv_init.c */
-int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
-                    void *context);
+/* fiv_util.c */
 uint64_t fiv_now_ns(void);
 /* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
 uint64_t fiv_deadline(int timeout_ms);
 /* Text for an error code (CQ and EQ strerror), in buf if given. */
 const char *fiv_strerror(int prov_errno, char *buf, size_t len);
+/* fiv_report.c */
 void fiv_report(struct fiv_ep *ep);
 void fiv_register_ep(struct fiv_ep *ep);
 void fiv_unregister_ep(struct fiv_ep *ep);
+void fiv_cleanup(void);
+/* fiv_complete.c: completions into the endpoint's CQs and counters */
+int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
+int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
+void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
+                     bool want, int err);
+void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
+/* fiv_tables.c */
+struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
+/* Every peer of ours: AV entries, then hidden ones (id in *id). */
+struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id);
+const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a);
+void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
+void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
+void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
+void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
+/* fiv_init.c */
+int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
+                    void *context);
 /* fiv_getinfo.c */
 int fiv_getinfo(uint32_t version, const char *node, const char *service,
                 uint64_t flags, const struct fi_info *hints,
@@ -562,16 +580,12 @@ int fiv_getinfo(uint32_t version, const char *node, const char *service,
 /* fiv_domain.c */
 int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
                     struct fid_domain **dom, void *context);
-void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
-void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
 /* fiv_eq.c */
 int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
                 struct fid_eq **eq, void *context);
 /* fiv_cq.c */
 int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
                 struct fid_cq **cq, void *context);
-int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
-int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
 void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
 void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
 /* fiv_cntr.c */
@@ -592,9 +606,6 @@ static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
 /* fiv_av.c */
 int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
                 struct fid_av **av, void *context);
-const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a);
-void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
-void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
 /* fiv_mr.c */
 int fiv_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
                uint64_t offset, uint64_t requested_key, uint64_t flags,
@@ -612,7 +623,6 @@ void fiv_mr_close_all(struct fiv_domain *d);
 /* fiv_ep.c */
 int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
                 struct fid_ep **ep, void *context);
-struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
 void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
 void fiv_ep_forget(struct fiv_ep *ep, size_t index);
 /* fiv_msg.c: MSG and TAGGED, matching */
@@ -693,8 +703,6 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
 /* The AV entry `index` names the hidden peer of its slot: it becomes that
    peer, with what was under way. */
 bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
-/* Every peer of ours: AV entries, then hidden ones (id in *id). */
-struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id);
 /* fiv_delegate.c: the core provider */
 int fiv_core_open(struct fiv_ep *ep);
 void fiv_core_close(struct fiv_ep *ep);
@@ -712,11 +720,6 @@ int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
 /* Messages handed to the core provider that it has not completed. */
 bool fiv_core_sending(const struct fiv_ep *ep);
-
-/* Completion helpers (fiv_cq.c) */
-void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
-                     bool want, int err);
-void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
 
 static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
 {

@@ -148,21 +148,3 @@ bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a)
     ep->by_slot[a->slot] = index;
     return true;
 }
-
-struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id)
-{
-    fi_addr_t i = *id == FI_ADDR_NOTAVAIL ? 0 : *id + 1;
-    if (i < FIV_HIDDEN) {
-        if (i < ep->npeers) {
-            *id = i;
-            return &ep->peers[i];
-        }
-        i = FIV_HIDDEN;
-    }
-    for (; ep->hidden && i - FIV_HIDDEN < (fi_addr_t)ep->max_peers; i++)
-        if (ep->hidden[i - FIV_HIDDEN].path == PATH_REGION) {
-            *id = i;
-            return &ep->hidden[i - FIV_HIDDEN];
-        }
-    return NULL;
-}
