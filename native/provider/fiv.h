@@ -456,6 +456,14 @@ struct fiv_pair {
     uint64_t probe_gap_ns;     /* how long until we ask again               */
 };
 
+/* What counts toward a pair's counts: everything but probes and their
+   answers. */
+static inline bool fiv_pair_counts(uint32_t op)
+{
+    op &= FIV_OP_MASK;
+    return op != FIV_OP_PROBE && op != FIV_OP_PROBE_ACK;
+}
+
 /* Peers we hear without an AV entry (introduced, fiv_intro.c) have the
    ids FIV_HIDDEN + slot; the application sees FI_ADDR_NOTAVAIL for them. */
 #define FIV_HIDDEN ((fi_addr_t)1 << 48)
@@ -511,6 +519,26 @@ struct fiv_ep {
     uint32_t core_turn;
 };
 
+
+/* The pair of `slot`'s holder at `gen` as a sender counts it (its counts
+   start again with a new holder). */
+static inline struct fiv_pair *fiv_tx_pair(struct fiv_ep *ep, int slot,
+                                           uint32_t gen)
+{
+    struct fiv_pair *pr = &ep->pairs[slot];
+    if (pr->tx_gen != gen) {
+        pr->tx_gen = gen;
+        pr->tx = 0;
+    }
+    return pr;
+}
+
+/* FIV_TEST_LOSE: this message is counted as sent, and dropped. */
+static inline bool fiv_lost_on_purpose(const struct fiv_pair *pr, uint32_t op)
+{
+    return fiv_cfg.test_lose && fiv_pair_counts(op) &&
+           pr->tx + 1 == fiv_cfg.test_lose;
+}
 
 /* ---- the "not supported" entries (the core exports none) ---- */
 static inline int fiv_no_bind(struct fid *fid, struct fid *bfid, uint64_t f)

@@ -106,30 +106,6 @@ static int map_err(int rc)
     return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
 }
 
-/* The pair of `slot`'s holder at `gen` (its counts start again with a
-   new holder). */
-static struct fiv_pair *tx_pair(struct fiv_ep *ep, int slot, uint32_t gen)
-{
-    struct fiv_pair *pr = &ep->pairs[slot];
-    if (pr->tx_gen != gen) {
-        pr->tx_gen = gen;
-        pr->tx = 0;
-    }
-    return pr;
-}
-
-static bool counted(uint32_t op)
-{
-    op &= FIV_OP_MASK;
-    return op != FIV_OP_PROBE && op != FIV_OP_PROBE_ACK;
-}
-
-/* FIV_TEST_LOSE: this message is counted as sent, and dropped. */
-static bool lost_on_purpose(const struct fiv_pair *pr, uint32_t op)
-{
-    return fiv_cfg.test_lose && counted(op) && pr->tx + 1 == fiv_cfg.test_lose;
-}
-
 int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
                     const void *hdr, size_t hlen, const void *buf, size_t len)
 {
@@ -139,14 +115,14 @@ int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
     if (k < sizeof start && len)
         memcpy(start + k, buf, len < sizeof start - k ? len : sizeof start - k);
     uint32_t tag = fiv_wire_tag(op, start, hlen + len);
-    struct fiv_pair *pr = tx_pair(ep, slot, gen);
-    if (lost_on_purpose(pr, op)) {
+    struct fiv_pair *pr = fiv_tx_pair(ep, slot, gen);
+    if (fiv_lost_on_purpose(pr, op)) {
         pr->tx++;
         return 0;
     }
     int rc = hlen ? ivshm_send_small(ep->h, slot, tag, hdr, hlen, buf, len)
                   : ivshm_try_send(ep->h, slot, tag, buf, len);
-    if (rc == 0 && counted(op))
+    if (rc == 0 && fiv_pair_counts(op))
         pr->tx++;
     return rc;
 }
@@ -170,8 +146,8 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
             return map_err(err);
         memcpy(dst, hdr, hlen);
         fiv_iov_read(iov, iovn, off, dst + hlen, n);
-        struct fiv_pair *pr = tx_pair(ep, p->slot, p->generation);
-        if (lost_on_purpose(pr, op)) {
+        struct fiv_pair *pr = fiv_tx_pair(ep, p->slot, p->generation);
+        if (fiv_lost_on_purpose(pr, op)) {
             pr->tx++;
             return 0; /* the reservation lapses */
         }
