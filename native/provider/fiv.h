@@ -468,7 +468,44 @@ static inline bool fiv_pair_counts(uint32_t op)
    ids FIV_HIDDEN + slot; the application sees FI_ADDR_NOTAVAIL for them. */
 #define FIV_HIDDEN ((fi_addr_t)1 << 48)
 
-struct fiv_core;
+/* The core provider an endpoint delegates to (fiv_delegate.c opens it,
+   fiv_send.c sends through it). */
+/* One core message stays below ofi_rxm's eager size (16 KiB): a larger
+   one goes by rendezvous and may complete after the eager messages that
+   follow it, and our fragments must complete in order. */
+#define CORE_BUF 8192
+#define CORE_RX 64
+#define CORE_TX 64
+/* In front of every message: the operation word and the sender's
+   sequence number for us. A core may complete messages out of order
+   (ofi_rxm's rendezvous of larger ones), and our fragments need each
+   pair's order: the receiver restores it. */
+#define CORE_WORD 8
+struct core_buf {
+    struct fi_context2 ctx;  /* first: the completion names the buffer */
+    uint8_t *mem;
+    struct fid_mr *mr;
+    void *desc;
+    bool rx, busy;
+    struct core_buf *next_free;
+};
+
+struct fiv_core {
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_ep *ep;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct core_buf bufs[CORE_RX + CORE_TX];
+    struct core_buf *free_tx;
+    uint8_t name[FIV_CORE_ADDR_MAX];
+    size_t namelen;
+    fi_addr_t *owner;        /* core fi_addr -> our AV index              */
+    size_t nowner;
+    uint64_t dropped;
+};
+
 
 struct fiv_ep {
     struct fid_ep ep;
@@ -598,6 +635,16 @@ void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
 void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
+/* fiv_send.c: one message out on a peer's path */
+/* One region message to `slot` (its holder at `gen`), with the wire
+   check in its tag and counted for the pair (probes excepted): 0,
+   -EAGAIN, or a libivshm error. */
+int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
+                    const void *hdr, size_t hlen, const void *buf, size_t len);
+size_t fiv_core_frag(struct fiv_ep *ep);
+ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
+                      const void *hdr, size_t hlen, const void *buf,
+                      size_t len);
 /* fiv_init.c */
 int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
                     void *context);
@@ -676,11 +723,6 @@ void fiv_asm_fail(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                   int err);
 void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
-/* One region message to `slot` (its holder at `gen`), with the wire
-   check in its tag and counted for the pair (probes excepted): 0,
-   -EAGAIN, or a libivshm error. */
-int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
-                    const void *hdr, size_t hlen, const void *buf, size_t len);
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
 ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      uint32_t op, const void *hdr, size_t hlen,
@@ -739,10 +781,6 @@ size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap);
 int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
                     fi_addr_t *out);
 void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr);
-size_t fiv_core_frag(struct fiv_ep *ep);
-ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
-                      const void *hdr, size_t hlen, const void *buf,
-                      size_t len);
 void fiv_core_release_peer(struct fiv_peer *p);
 int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);

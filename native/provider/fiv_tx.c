@@ -106,27 +106,6 @@ static int map_err(int rc)
     return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
 }
 
-int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
-                    const void *hdr, size_t hlen, const void *buf, size_t len)
-{
-    uint8_t start[FIV_WIRE_CHECKED];
-    size_t k = hlen < sizeof start ? hlen : sizeof start;
-    memcpy(start, hdr, k);
-    if (k < sizeof start && len)
-        memcpy(start + k, buf, len < sizeof start - k ? len : sizeof start - k);
-    uint32_t tag = fiv_wire_tag(op, start, hlen + len);
-    struct fiv_pair *pr = fiv_tx_pair(ep, slot, gen);
-    if (fiv_lost_on_purpose(pr, op)) {
-        pr->tx++;
-        return 0;
-    }
-    int rc = hlen ? ivshm_send_small(ep->h, slot, tag, hdr, hlen, buf, len)
-                  : ivshm_try_send(ep->h, slot, tag, buf, len);
-    if (rc == 0 && fiv_pair_counts(op))
-        pr->tx++;
-    return rc;
-}
-
 /* One fragment to a region peer: 0, -EAGAIN, or an -FI_E* error. */
 static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                        const void *hdr, size_t hlen, const struct iovec *iov,
