@@ -767,6 +767,9 @@ void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err);
 /* fiv_intro.c: introductions, peers without an AV entry */
 void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
+/* The MAC of an introduction under `key`. */
+uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
+                       const struct fiv_intro *in);
 int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
 void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
                        const uint8_t *p, size_t n);

@@ -41,8 +41,8 @@ void fiv_new_key(uint8_t key[FIV_KEY_LEN])
 }
 
 /* What the MAC covers: the sender's slot, generation and nonce. */
-static uint64_t intro_mac(const uint8_t key[FIV_KEY_LEN],
-                          const struct fiv_intro *in)
+uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
+                       const struct fiv_intro *in)
 {
     uint8_t m[16];
     uint16_t slot = (uint16_t)in->slot;
@@ -65,7 +65,7 @@ int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p)
                            .generation = ep->self_gen,
                            .nonce = {(uint32_t)ep->nonce,
                                      (uint32_t)(ep->nonce >> 32)}};
-    in.mac = intro_mac(p->key, &in);
+    in.mac = fiv_intro_mac(p->key, &in);
     int rc = fiv_region_send(ep, p->slot, p->generation, FIV_OP_INTRO, &in,
                              sizeof in, NULL, 0);
     if (rc < 0)
@@ -92,7 +92,7 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
     }
     memcpy(&in, p, sizeof in); /* once: the region is shared */
     if (in.slot != slot || in.generation != (uint32_t)gen ||
-        in.mac != intro_mac(ep->key, &in))
+        in.mac != fiv_intro_mac(ep->key, &in))
         return; /* not from a holder of our name, or not for this slot */
     fi_addr_t had = ep->by_slot[slot];
     if (had != FI_ADDR_NOTAVAIL && ep->gen_by_slot[slot] == in.generation)
