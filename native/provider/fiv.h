@@ -748,6 +748,9 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* An INTRO from `slot` (fiv_intro.c): its sender becomes a hidden peer. */
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n);
 /* fiv_probe.c: message counts, probes, broken paths */
 #define FIV_PROBE_NS 1000000000ull /* silence before we ask            */
 #define FIV_PROBE_MAX_NS 8000000000ull /* between unanswered asks, at most */
@@ -771,8 +774,6 @@ void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
 uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
                        const struct fiv_intro *in);
 int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
-void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
-                       const uint8_t *p, size_t n);
 /* The AV entry `index` names the hidden peer of its slot: it becomes that
    peer, with what was under way. */
 bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);

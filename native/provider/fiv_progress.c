@@ -21,6 +21,43 @@
 #define FIV_BATCH 16                      /* messages per call            */
 #define FIV_CHECK_NS 100000000ull         /* liveness look every 100 ms   */
 
+/* ---- introductions (fiv_intro.c): the receiver ---- */
+
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n)
+{
+    struct fiv_intro in;
+    if (n != sizeof in || !ep->hidden)
+        return;
+    if (gen < 0) {
+        /* its writer has left since (a sender that exits after its last
+           message): the slot's last holder, while nobody claimed it */
+        ivshm_peer_info last;
+        if (ivshm_peer_last(ep->h, slot, &last) != 1)
+            return;
+        gen = last.generation;
+    }
+    memcpy(&in, p, sizeof in); /* once: the region is shared */
+    if (in.slot != slot || in.generation != (uint32_t)gen ||
+        in.mac != fiv_intro_mac(ep->key, &in))
+        return; /* not from a holder of our name, or not for this slot */
+    fi_addr_t had = ep->by_slot[slot];
+    if (had != FI_ADDR_NOTAVAIL && ep->gen_by_slot[slot] == in.generation)
+        return; /* heard already (inserted, or introduced before) */
+    struct fiv_peer *old = fiv_peer(ep, had);
+    if (old && old->path == PATH_REGION && !old->dead)
+        fiv_peer_failed(ep, had, old, FI_EIO); /* its slot changed hands */
+    struct fiv_peer *h = &ep->hidden[slot];
+    fiv_core_release_peer(h);
+    *h = (struct fiv_peer){.path = PATH_REGION, .slot = slot,
+                           .generation = in.generation,
+                           /* it holds our name: it hears us already */
+                           .introduced = true,
+                           .nonce = (uint64_t)in.nonce[1] << 32 | in.nonce[0]};
+    ep->by_slot[slot] = FIV_HIDDEN + (fi_addr_t)slot;
+    ep->gen_by_slot[slot] = in.generation;
+}
+
 /* Is `peer`, the one we know at `src`, the writer of a message of that
    slot's holder at generation `g` (negative: the slot is free now, so
    its last holder wrote it)? */
