@@ -727,7 +727,7 @@ int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
 ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      uint32_t op, const void *hdr, size_t hlen,
                      const void *buf, size_t len);
-void fiv_tx_progress(struct fiv_ep *ep);
+int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
 void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
 struct fiv_op_req *fiv_req_new(void);
 int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,

@@ -202,6 +202,19 @@ static int poll_region(struct fiv_ep *ep)
     return peek_region(ep);
 }
 
+/* The sends that wait for room, peer by peer (fiv_tx.c); one that fails
+   fails its peer, and what is left on its queue is tried again. Out of
+   line: the rare case stays out of the code of every progress call. */
+__attribute__((noinline)) static void tx_progress(struct fiv_ep *ep)
+{
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
+        int err;
+        while ((err = fiv_tx_drain(ep, p)))
+            fiv_send_failed(ep, id, p, err);
+    }
+}
+
 void fiv_progress(struct fiv_ep *ep)
 {
     int found = 0;
@@ -213,7 +226,7 @@ void fiv_progress(struct fiv_ep *ep)
     if (fiv_core_active(ep) && (!found || (++ep->core_turn & 15) == 0))
         found += fiv_core_progress(ep);
     if (ep->txq_peers)
-        fiv_tx_progress(ep);
+        tx_progress(ep);
     if (found) {
         ep->idle_calls = 0;
         return;

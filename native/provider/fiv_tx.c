@@ -374,24 +374,26 @@ void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
     p->txq_tail = NULL;
 }
 
-void fiv_tx_progress(struct fiv_ep *ep)
+/* What waits on p's queue goes out while it fits: 0, or the error of
+   the send that failed (its request completed with it), for the caller
+   to fail the peer with (fiv_send_failed, above this file) before it
+   calls again for the rest. */
+int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p)
 {
-    fi_addr_t id = FI_ADDR_NOTAVAIL;
-    for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
-        while (p->txq) {
-            struct fiv_op_req *r = p->txq;
-            int rc = push(ep, p, r);
-            if (rc == 0)
-                break;
-            p->txq = r->next;
-            dequeued(p);
-            if (!p->txq) {
-                p->txq_tail = NULL;
-                ep->txq_peers--;
-            }
-            fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
-            if (rc < 0)
-                fiv_send_failed(ep, id, p, -rc);
+    while (p->txq) {
+        struct fiv_op_req *r = p->txq;
+        int rc = push(ep, p, r);
+        if (rc == 0)
+            break;
+        p->txq = r->next;
+        dequeued(p);
+        if (!p->txq) {
+            p->txq_tail = NULL;
+            ep->txq_peers--;
         }
+        fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
+        if (rc < 0)
+            return -rc;
     }
+    return 0;
 }
