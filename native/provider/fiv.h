@@ -722,6 +722,21 @@ void fiv_rx_cut(struct fiv_ep *ep, struct fiv_rx *rx);
 void fiv_asm_fail(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                   int err);
 void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
+/* The receive entries of the msg and tagged tables (fiv_msg_ops.c) */
+ssize_t fiv_msg_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                     fi_addr_t src, void *context);
+ssize_t fiv_msg_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                      size_t count, fi_addr_t src, void *context);
+ssize_t fiv_msg_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
+                        uint64_t flags);
+ssize_t fiv_tagged_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                        fi_addr_t src, uint64_t tag, uint64_t ignore,
+                        void *context);
+ssize_t fiv_tagged_recvv(struct fid_ep *e, const struct iovec *iov,
+                         void **desc, size_t count, fi_addr_t src,
+                         uint64_t tag, uint64_t ignore, void *context);
+ssize_t fiv_tagged_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                           uint64_t flags);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
 ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,

@@ -778,8 +778,8 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
 
 #define EP(e) container_of(e, struct fiv_ep, ep)
 
-static ssize_t m_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
-                      fi_addr_t src, void *context)
+ssize_t fiv_msg_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                     fi_addr_t src, void *context)
 {
     (void)desc;
     struct iovec v = {buf, len};
@@ -787,16 +787,16 @@ static ssize_t m_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
                 EP(e)->rx_op_flags | FI_COMPLETION, false);
 }
 
-static ssize_t m_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
-                       size_t count, fi_addr_t src, void *context)
+ssize_t fiv_msg_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                      size_t count, fi_addr_t src, void *context)
 {
     (void)desc;
     return post(EP(e), iov, count, src, 0, 0, context,
                 EP(e)->rx_op_flags | FI_COMPLETION, false);
 }
 
-static ssize_t m_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
-                         uint64_t flags)
+ssize_t fiv_msg_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
+                        uint64_t flags)
 {
     return post(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0, 0,
                 msg->context, flags, false);
@@ -854,9 +854,9 @@ static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
 
 struct fi_ops_msg fiv_msg_ops = {
     .size = sizeof(struct fi_ops_msg),
-    .recv = m_recv,
-    .recvv = m_recvv,
-    .recvmsg = m_recvmsg,
+    .recv = fiv_msg_recv,
+    .recvv = fiv_msg_recvv,
+    .recvmsg = fiv_msg_recvmsg,
     .send = m_send,
     .sendv = m_sendv,
     .sendmsg = m_sendmsg,
@@ -865,9 +865,9 @@ struct fi_ops_msg fiv_msg_ops = {
     .injectdata = m_injectdata,
 };
 
-static ssize_t t_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
-                      fi_addr_t src, uint64_t tag, uint64_t ignore,
-                      void *context)
+ssize_t fiv_tagged_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                        fi_addr_t src, uint64_t tag, uint64_t ignore,
+                        void *context)
 {
     (void)desc;
     struct iovec v = {buf, len};
@@ -875,17 +875,17 @@ static ssize_t t_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
                 EP(e)->rx_op_flags | FI_COMPLETION, true);
 }
 
-static ssize_t t_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
-                       size_t count, fi_addr_t src, uint64_t tag,
-                       uint64_t ignore, void *context)
+ssize_t fiv_tagged_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                         size_t count, fi_addr_t src, uint64_t tag,
+                         uint64_t ignore, void *context)
 {
     (void)desc;
     return post(EP(e), iov, count, src, tag, ignore, context,
                 EP(e)->rx_op_flags | FI_COMPLETION, true);
 }
 
-static ssize_t t_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
-                         uint64_t flags)
+ssize_t fiv_tagged_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                           uint64_t flags)
 {
     return post(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
                 msg->ignore, msg->context, flags, true);
@@ -944,9 +944,9 @@ static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
 
 struct fi_ops_tagged fiv_tagged_ops = {
     .size = sizeof(struct fi_ops_tagged),
-    .recv = t_recv,
-    .recvv = t_recvv,
-    .recvmsg = t_recvmsg,
+    .recv = fiv_tagged_recv,
+    .recvv = fiv_tagged_recvv,
+    .recvmsg = fiv_tagged_recvmsg,
     .send = t_send,
     .sendv = t_sendv,
     .sendmsg = t_sendmsg,
