@@ -700,9 +700,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
                 struct fid_ep **ep, void *context);
 void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
 void fiv_ep_forget(struct fiv_ep *ep, size_t index);
-/* fiv_msg.c: MSG and TAGGED, matching */
-extern struct fi_ops_msg fiv_msg_ops;
-extern struct fi_ops_tagged fiv_tagged_ops;
+/* fiv_msg.c: MSG and TAGGED, posting and matching */
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n);
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
@@ -760,6 +758,9 @@ void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
 int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
                      enum fi_op op, struct fi_atomic_attr *attr,
                      uint64_t flags);
+/* fiv_msg_ops.c: MSG and TAGGED as the application calls them */
+extern struct fi_ops_msg fiv_msg_ops;
+extern struct fi_ops_tagged fiv_tagged_ops;
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);
