@@ -602,11 +602,9 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
     struct fiv_domain *d = ep->dom;
     fiv_lock(d);
     if (tagged && (flags & FI_PEEK)) {
+        /* what has arrived by now: the peek's caller made progress first
+           (fiv_msg_ops.c) */
         struct fiv_unexp *u = find_unexp(ep, src, tag, ignore, true, NULL, false);
-        if (!u) {
-            fiv_progress(ep);
-            u = find_unexp(ep, src, tag, ignore, true, NULL, false);
-        }
         if (!u) {
             struct fiv_cqe e = {.context = context, .flags = FI_RECV | FI_TAGGED,
                                 .tag = tag, .err = FI_ENOMSG,

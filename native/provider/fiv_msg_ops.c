@@ -145,6 +145,20 @@ struct fi_ops_msg fiv_msg_ops = {
     .injectdata = m_injectdata,
 };
 
+/* A peek (FI_PEEK, MPI's probes) looks at what has arrived by now:
+   progress first, then the look (fiv_msg.c). */
+static ssize_t t_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                         uint64_t flags)
+{
+    if (flags & FI_PEEK) {
+        struct fiv_ep *ep = EP(e);
+        fiv_lock(ep->dom);
+        fiv_progress(ep);
+        fiv_unlock(ep->dom);
+    }
+    return fiv_tagged_recvmsg(e, msg, flags);
+}
+
 static ssize_t t_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
                       fi_addr_t dest, uint64_t tag, void *context)
 {
@@ -200,7 +214,7 @@ struct fi_ops_tagged fiv_tagged_ops = {
     .size = sizeof(struct fi_ops_tagged),
     .recv = fiv_tagged_recv,
     .recvv = fiv_tagged_recvv,
-    .recvmsg = fiv_tagged_recvmsg,
+    .recvmsg = t_recvmsg,
     .send = t_send,
     .sendv = t_sendv,
     .sendmsg = t_sendmsg,
