@@ -741,6 +741,9 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      uint32_t op, const void *hdr, size_t hlen,
                      const void *buf, size_t len);
 int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
+/* The request at the front of p's queue, taken off it. */
+struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);
+void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self);
 void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
 struct fiv_op_req *fiv_req_new(void);
 int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,

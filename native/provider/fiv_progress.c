@@ -203,12 +203,22 @@ static int poll_region(struct fiv_ep *ep)
 }
 
 /* The sends that wait for room, peer by peer (fiv_tx.c); one that fails
-   fails its peer, and what is left on its queue is tried again. Out of
+   fails its peer, and what is left on its queue is tried again. Our
+   messages to ourselves wait there too, for their delivery. Out of
    line: the rare case stays out of the code of every progress call. */
 __attribute__((noinline)) static void tx_progress(struct fiv_ep *ep)
 {
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
+        if (p->path == PATH_SELF) {
+            /* messages to ourselves (fiv_tx_start): what they answer
+               joins the queue, and goes in this loop too */
+            while (p->txq) {
+                struct fiv_op_req *r = fiv_tx_dequeue(ep, p);
+                fiv_loopback(ep, r, r->peer);
+            }
+            continue;
+        }
         int err;
         while ((err = fiv_tx_drain(ep, p)))
             fiv_send_failed(ep, id, p, err);

@@ -215,8 +215,9 @@ static int push(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
     return 1;
 }
 
-/* A message to ourselves: handed to our own receive side whole. */
-static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
+/* A message to ourselves, off our own queue: handed to our own receive
+   side whole. */
+void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
 {
     size_t n = r->hlen + r->total;
     uint8_t *buf = malloc(n ? n : 1);
@@ -311,7 +312,9 @@ int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r)
         return 0;
     }
     if (p->path == PATH_SELF) {
-        loopback(ep, r, r->peer);
+        /* delivered by progress, as what arrives from others is: our
+           receive side answers (RMA) through this one */
+        enqueue(ep, p, r);
         return 0;
     }
     if (p->txq) {
@@ -374,6 +377,18 @@ void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
     p->txq_tail = NULL;
 }
 
+struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p)
+{
+    struct fiv_op_req *r = p->txq;
+    p->txq = r->next;
+    dequeued(p);
+    if (!p->txq) {
+        p->txq_tail = NULL;
+        ep->txq_peers--;
+    }
+    return r;
+}
+
 /* What waits on p's queue goes out while it fits: 0, or the error of
    the send that failed (its request completed with it), for the caller
    to fail the peer with (fiv_send_failed, above this file) before it
@@ -385,12 +400,7 @@ int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p)
         int rc = push(ep, p, r);
         if (rc == 0)
             break;
-        p->txq = r->next;
-        dequeued(p);
-        if (!p->txq) {
-            p->txq_tail = NULL;
-            ep->txq_peers--;
-        }
+        fiv_tx_dequeue(ep, p);
         fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
         if (rc < 0)
             return -rc;
