@@ -743,7 +743,6 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
 /* The request at the front of p's queue, taken off it. */
 struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);
-void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self);
 void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
 struct fiv_op_req *fiv_req_new(void);
 int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
@@ -767,6 +766,8 @@ extern struct fi_ops_tagged fiv_tagged_ops;
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* A message to ourselves, off our own queue, to our receive side. */
+void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self);
 /* An INTRO from `slot` (fiv_intro.c): its sender becomes a hidden peer. */
 void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
                        const uint8_t *p, size_t n);
