@@ -608,7 +608,21 @@ static inline void fiv_unlock(struct fiv_domain *d)
         pthread_mutex_unlock(&d->lock);
 }
 
-/* ---- functions by file ---- */
+/* ---- counters: counted as completions are written (fiv_complete.c),
+   read by the counter object (fiv_cntr.c) ---- */
+static inline void fiv_cntr_inc(struct fiv_cntr *c)
+{
+    if (c)
+        __atomic_add_fetch(&c->val, 1, __ATOMIC_RELEASE);
+}
+static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
+{
+    if (c)
+        __atomic_add_fetch(&c->err, 1, __ATOMIC_RELEASE);
+}
+
+/* ---- functions by file, from the bottom layer up (docs/ARCHITECTURE.md):
+   a file calls only its own and those of files listed before it ---- */
 /* fiv_util.c */
 uint64_t fiv_now_ns(void);
 /* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
@@ -635,52 +649,6 @@ void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
 void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
-/* fiv_send.c: one message out on a peer's path */
-/* One region message to `slot` (its holder at `gen`), with the wire
-   check in its tag and counted for the pair (probes excepted): 0,
-   -EAGAIN, or a libivshm error. */
-int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
-                    const void *hdr, size_t hlen, const void *buf, size_t len);
-size_t fiv_core_frag(struct fiv_ep *ep);
-ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
-                      const void *hdr, size_t hlen, const void *buf,
-                      size_t len);
-/* fiv_init.c */
-int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
-                    void *context);
-/* fiv_getinfo.c */
-int fiv_getinfo(uint32_t version, const char *node, const char *service,
-                uint64_t flags, const struct fi_info *hints,
-                struct fi_info **info);
-/* fiv_domain.c */
-int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
-                    struct fid_domain **dom, void *context);
-/* fiv_eq.c */
-int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
-                struct fid_eq **eq, void *context);
-/* fiv_cq.c */
-int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
-                struct fid_cq **cq, void *context);
-void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
-void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
-/* fiv_cntr.c */
-int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
-                  struct fid_cntr **cntr, void *context);
-void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep);
-void fiv_cntr_del_ep(struct fiv_cntr *c, struct fiv_ep *ep);
-static inline void fiv_cntr_inc(struct fiv_cntr *c)
-{
-    if (c)
-        __atomic_add_fetch(&c->val, 1, __ATOMIC_RELEASE);
-}
-static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
-{
-    if (c)
-        __atomic_add_fetch(&c->err, 1, __ATOMIC_RELEASE);
-}
-/* fiv_av.c */
-int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
-                struct fid_av **av, void *context);
 /* fiv_mr.c */
 int fiv_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
                uint64_t offset, uint64_t requested_key, uint64_t flags,
@@ -695,11 +663,55 @@ int fiv_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr,
 uint8_t *fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
                        size_t len, uint64_t access, struct fiv_mr **mr);
 void fiv_mr_close_all(struct fiv_domain *d);
-/* fiv_ep.c */
-int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
-                struct fid_ep **ep, void *context);
-void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
-void fiv_ep_forget(struct fiv_ep *ep, size_t index);
+/* fiv_send.c: one message out on a peer's path */
+/* One region message to `slot` (its holder at `gen`), with the wire
+   check in its tag and counted for the pair (probes excepted): 0,
+   -EAGAIN, or a libivshm error. */
+int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
+                    const void *hdr, size_t hlen, const void *buf, size_t len);
+size_t fiv_core_frag(struct fiv_ep *ep);
+ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
+                      const void *hdr, size_t hlen, const void *buf,
+                      size_t len);
+/* fiv_intro.c: introductions, peers without an AV entry */
+void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
+/* The MAC of an introduction under `key`. */
+uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
+                       const struct fiv_intro *in);
+int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
+/* The AV entry `index` names the hidden peer of its slot: it becomes that
+   peer, with what was under way. */
+bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
+/* fiv_tx.c: sending to one peer, either path, with a queue */
+int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
+ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     uint32_t op, const void *hdr, size_t hlen,
+                     const void *buf, size_t len);
+int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
+/* The request at the front of p's queue, taken off it. */
+struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);
+void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
+struct fiv_op_req *fiv_req_new(void);
+int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
+                    size_t count, bool copy);
+void fiv_req_free(struct fiv_op_req *r);
+void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
+/* Copy `len` bytes into iov at byte offset `off`, never past its end. */
+size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
+                     const void *src, size_t len);
+size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
+                    size_t len);
+/* fiv_rma.c: RMA and atomics, both sides */
+extern struct fi_ops_rma fiv_rma_ops;
+extern struct fi_ops_atomic fiv_atomic_ops;
+void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
+int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
+                     enum fi_op op, struct fi_atomic_attr *attr,
+                     uint64_t flags);
 /* fiv_msg.c: MSG and TAGGED, posting and matching */
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n);
@@ -735,42 +747,6 @@ ssize_t fiv_tagged_recvv(struct fid_ep *e, const struct iovec *iov,
                          uint64_t tag, uint64_t ignore, void *context);
 ssize_t fiv_tagged_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
                            uint64_t flags);
-/* fiv_tx.c: sending to one peer, either path, with a queue */
-int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
-ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
-                     uint32_t op, const void *hdr, size_t hlen,
-                     const void *buf, size_t len);
-int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
-/* The request at the front of p's queue, taken off it. */
-struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);
-void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
-struct fiv_op_req *fiv_req_new(void);
-int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
-                    size_t count, bool copy);
-void fiv_req_free(struct fiv_op_req *r);
-void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
-/* fiv_rma.c: RMA and atomics, both sides */
-extern struct fi_ops_rma fiv_rma_ops;
-extern struct fi_ops_atomic fiv_atomic_ops;
-void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
-                    uint32_t op, const uint8_t *p, size_t n);
-void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
-                    uint32_t op, const uint8_t *p, size_t n);
-void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
-int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
-                     enum fi_op op, struct fi_atomic_attr *attr,
-                     uint64_t flags);
-/* fiv_msg_ops.c: MSG and TAGGED as the application calls them */
-extern struct fi_ops_msg fiv_msg_ops;
-extern struct fi_ops_tagged fiv_tagged_ops;
-/* fiv_progress.c */
-void fiv_progress(struct fiv_ep *ep);
-void fiv_progress_eps(struct fiv_ep **eps, size_t n);
-/* A message to ourselves, off our own queue, to our receive side. */
-void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self);
-/* An INTRO from `slot` (fiv_intro.c): its sender becomes a hidden peer. */
-void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
-                       const uint8_t *p, size_t n);
 /* fiv_probe.c: message counts, probes, broken paths */
 #define FIV_PROBE_NS 1000000000ull /* silence before we ask            */
 #define FIV_PROBE_MAX_NS 8000000000ull /* between unanswered asks, at most */
@@ -788,15 +764,6 @@ void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
    what waits on it, any other error breaks the path. */
 void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err);
-/* fiv_intro.c: introductions, peers without an AV entry */
-void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
-/* The MAC of an introduction under `key`. */
-uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
-                       const struct fiv_intro *in);
-int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
-/* The AV entry `index` names the hidden peer of its slot: it becomes that
-   peer, with what was under way. */
-bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
 /* fiv_delegate.c: the core provider */
 int fiv_core_open(struct fiv_ep *ep);
 void fiv_core_close(struct fiv_ep *ep);
@@ -810,6 +777,48 @@ int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
 /* Messages handed to the core provider that it has not completed. */
 bool fiv_core_sending(const struct fiv_ep *ep);
+/* fiv_progress.c */
+void fiv_progress(struct fiv_ep *ep);
+void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* A message to ourselves, off our own queue, to our receive side. */
+void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self);
+/* An INTRO from `slot` (fiv_intro.c): its sender becomes a hidden peer. */
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n);
+/* fiv_msg_ops.c: MSG and TAGGED as the application calls them */
+extern struct fi_ops_msg fiv_msg_ops;
+extern struct fi_ops_tagged fiv_tagged_ops;
+/* fiv_cq.c */
+int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
+                struct fid_cq **cq, void *context);
+void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+/* fiv_cntr.c */
+int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
+                  struct fid_cntr **cntr, void *context);
+void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+void fiv_cntr_del_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+/* fiv_eq.c */
+int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
+                struct fid_eq **eq, void *context);
+/* fiv_getinfo.c */
+int fiv_getinfo(uint32_t version, const char *node, const char *service,
+                uint64_t flags, const struct fi_info *hints,
+                struct fi_info **info);
+/* fiv_ep.c */
+int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
+                struct fid_ep **ep, void *context);
+void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
+void fiv_ep_forget(struct fiv_ep *ep, size_t index);
+/* fiv_av.c */
+int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
+                struct fid_av **av, void *context);
+/* fiv_domain.c */
+int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
+                    struct fid_domain **dom, void *context);
+/* fiv_init.c */
+int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
+                    void *context);
 
 static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
 {
@@ -818,11 +827,6 @@ static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
         t += iov[i].iov_len;
     return t;
 }
-/* Copy `len` bytes into iov at byte offset `off`, never past its end. */
-size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
-                     const void *src, size_t len);
-size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
-                    size_t len);
 
 #define FIV_WARN(...) FI_WARN(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)
 #define FIV_INFO(...) FI_INFO(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)

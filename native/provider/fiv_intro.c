@@ -20,7 +20,9 @@
  * that peer's name, the AV entry adopts the hidden peer with what it had
  * under way (unexpected messages, a message in progress, queued answers).
  *
- * The MAC is fiv_mac.c's.
+ * The sender's side is here (below the send queues that call it); the
+ * receiver's check, where admission is decided, is fiv_progress.c's
+ * fiv_intro_receive. The MAC is fiv_mac.c's.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -6,7 +6,8 @@
  * header + contiguous bytes, ivshm_try_send for a contiguous
  * continuation, reserve + gather + commit otherwise (one copy each).
  * What does not fit now waits, in order, on the peer's queue: nothing
- * overtakes it, and progress retries it.
+ * overtakes it, and progress retries it (fiv_progress.c, which also
+ * fails a peer whose send failed, and delivers what we sent ourselves).
  */
 #include <errno.h>
 #include <stdlib.h>
