@@ -1,12 +1,12 @@
 """The native components in layers: every call inside each points down.
 
 A component is a directory of C files built into one program or library:
-libivshm (native/src), the Open MPI BTL (native/btl) and the
-ivshmem-server (native/server). COMPONENTS declares each one's modules
+libivshm (native/src), the Open MPI BTL (native/btl), the libfabric
+provider (native/provider) and the ivshmem-server (native/server). COMPONENTS declares each one's modules
 from the bottom up (docs/ARCHITECTURE.md shows the same orders); adding
 a component is one more entry there. A module is a .c file with the
 header of the same name (ring.c + ring.h), or a header alone (layout.h,
-btl_ivshmem.h). A function of a module -- out of line in its .c, or
+btl_ivshmem.h, the provider's fiv.h). A function of a module -- out of line in its .c, or
 static inline in its header -- may call, or take the address of,
 functions and variables of its own module and of modules in lower layers
 only; modules of one layer do not reach each other; a module includes
@@ -16,15 +16,15 @@ of the component includes them. A variable may belong to the module
 that declares it rather than the one that defines it (`state`): the
 BTL's component and module structures, which Open MPI finds by name,
 are defined with the tables that point at the top layers' entry points
-and hold the state every layer reads.
+and hold the state every layer reads; so is the provider's structure,
+which every layer logs through, and its parameters, which fi_prov_ini
+fills in and every layer reads.
 
-The BTL and the server reach libivshm only through its public headers:
-they include no header of native/src, and every function or variable of
-libivshm they use is declared in the headers they are allowed
-(native/include/ivshm.h; ivshm_admin.h too for the server).
-
-native/provider is not declared yet: its files still call each other in
-one circle (one more COMPONENTS entry once they are layered).
+The BTL, the provider and the server reach libivshm only through its
+public headers: they include no header of native/src, and every
+function or variable of libivshm they use is declared in the headers
+they are allowed (native/include/ivshm.h; ivshm_admin.h too for the
+server).
 
 The call graph is read in two ways, and both must keep the order:
 - from the sources: every function definition (comments, strings and
@@ -149,6 +149,51 @@ BTL = Component(
     calls_out="btl_ivshmem_send",
 )
 
+PROVIDER = Component(
+    name="provider",
+    src=NATIVE / "provider",
+    # see docs/ARCHITECTURE.md, "native core" and docs/provider.md
+    layers=[
+        ["fiv_mac"],                 # SipHash: the MAC of introductions
+        ["fiv"],                     # objects, wire protocol, inline helpers
+        ["fiv_util"],                # parameters' values, clock, error texts
+        ["fiv_report",               # the one report line per process
+         "fiv_complete",             # completions into CQs and counters
+         "fiv_tables",               # peers by id, AV names, bound endpoints
+         "fiv_mr",                   # registrations, looked up by key
+         "fiv_send"],                # one message out on a region/core path
+        ["fiv_intro"],               # keys, an introduction before a first send
+        ["fiv_tx"],                  # fragments and queues, per peer
+        ["fiv_rma"],                 # RMA and atomics, both sides
+        ["fiv_msg"],                 # receives: posting, matching, delivery
+        ["fiv_probe"],               # message counts, probes, broken paths
+        ["fiv_delegate"],            # the core provider and its arrivals
+        ["fiv_progress"],            # admission, receive loop, queued sends
+        ["fiv_msg_ops",              # sends, the msg and tagged tables
+         "fiv_cq", "fiv_cntr",       # CQ and counter objects (they progress)
+         "fiv_eq", "fiv_getinfo"],   # EQ; the fi_info answered
+        ["fiv_ep"],                  # the endpoint: binds, opens, closes
+        ["fiv_av"],                  # the AV: inserting resolves endpoints' peers
+        ["fiv_domain"],              # the domain's table; auto progress
+        ["fiv_init"],                # fi_prov_ini, parameters, the fabric
+    ],
+    objects=BUILD / "provider" / "CMakeFiles" / "ivshm-fi.dir",
+    public=("ivshm",),
+    # libfabric takes the provider from fi_prov_ini: it is defined with
+    # the table that points at the top layers' entry points and every
+    # layer logs through it; the parameters are filled in at the top and
+    # read by every layer
+    state={"fiv_prov": "fiv", "fiv_cfg": "fiv"},
+    sees=(("fiv_msg_ops", "send_msg", "fiv_tx_small"),
+          ("fiv_tx", "fiv_tx_small", "fiv_introduce"),
+          ("fiv_intro", "fiv_introduce", "fiv_region_send"),
+          ("fiv_progress", "take_message", "fiv_deliver"),
+          ("fiv_probe", "fiv_path_broken", "fiv_peer_failed"),
+          ("fiv_cq", "cq_readfrom", "fiv_progress_eps"),
+          ("fiv_av", "av_insert", "fiv_ep_resolve")),
+    calls_out="fiv_msg_ops",
+)
+
 SERVER = Component(
     name="server",
     src=NATIVE / "server",
@@ -170,7 +215,7 @@ SERVER = Component(
     calls_out="main",
 )
 
-COMPONENTS = [LIBIVSHM, BTL, SERVER]
+COMPONENTS = [LIBIVSHM, BTL, PROVIDER, SERVER]
 USERS = [c for c in COMPONENTS if c is not LIBIVSHM]  # of libivshm
 
 

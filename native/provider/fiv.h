@@ -456,11 +456,56 @@ struct fiv_pair {
     uint64_t probe_gap_ns;     /* how long until we ask again               */
 };
 
+/* What counts toward a pair's counts: everything but probes and their
+   answers. */
+static inline bool fiv_pair_counts(uint32_t op)
+{
+    op &= FIV_OP_MASK;
+    return op != FIV_OP_PROBE && op != FIV_OP_PROBE_ACK;
+}
+
 /* Peers we hear without an AV entry (introduced, fiv_intro.c) have the
    ids FIV_HIDDEN + slot; the application sees FI_ADDR_NOTAVAIL for them. */
 #define FIV_HIDDEN ((fi_addr_t)1 << 48)
 
-struct fiv_core;
+/* The core provider an endpoint delegates to (fiv_delegate.c opens it,
+   fiv_send.c sends through it). */
+/* One core message stays below ofi_rxm's eager size (16 KiB): a larger
+   one goes by rendezvous and may complete after the eager messages that
+   follow it, and our fragments must complete in order. */
+#define CORE_BUF 8192
+#define CORE_RX 64
+#define CORE_TX 64
+/* In front of every message: the operation word and the sender's
+   sequence number for us. A core may complete messages out of order
+   (ofi_rxm's rendezvous of larger ones), and our fragments need each
+   pair's order: the receiver restores it. */
+#define CORE_WORD 8
+struct core_buf {
+    struct fi_context2 ctx;  /* first: the completion names the buffer */
+    uint8_t *mem;
+    struct fid_mr *mr;
+    void *desc;
+    bool rx, busy;
+    struct core_buf *next_free;
+};
+
+struct fiv_core {
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_ep *ep;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct core_buf bufs[CORE_RX + CORE_TX];
+    struct core_buf *free_tx;
+    uint8_t name[FIV_CORE_ADDR_MAX];
+    size_t namelen;
+    fi_addr_t *owner;        /* core fi_addr -> our AV index              */
+    size_t nowner;
+    uint64_t dropped;
+};
+
 
 struct fiv_ep {
     struct fid_ep ep;
@@ -512,6 +557,26 @@ struct fiv_ep {
 };
 
 
+/* The pair of `slot`'s holder at `gen` as a sender counts it (its counts
+   start again with a new holder). */
+static inline struct fiv_pair *fiv_tx_pair(struct fiv_ep *ep, int slot,
+                                           uint32_t gen)
+{
+    struct fiv_pair *pr = &ep->pairs[slot];
+    if (pr->tx_gen != gen) {
+        pr->tx_gen = gen;
+        pr->tx = 0;
+    }
+    return pr;
+}
+
+/* FIV_TEST_LOSE: this message is counted as sent, and dropped. */
+static inline bool fiv_lost_on_purpose(const struct fiv_pair *pr, uint32_t op)
+{
+    return fiv_cfg.test_lose && fiv_pair_counts(op) &&
+           pr->tx + 1 == fiv_cfg.test_lose;
+}
+
 /* ---- the "not supported" entries (the core exports none) ---- */
 static inline int fiv_no_bind(struct fid *fid, struct fid *bfid, uint64_t f)
 { (void)fid; (void)bfid; (void)f; return -FI_ENOSYS; }
@@ -543,42 +608,8 @@ static inline void fiv_unlock(struct fiv_domain *d)
         pthread_mutex_unlock(&d->lock);
 }
 
-/* ---- functions by file ---- */
-/* fiv_init.c */
-int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
-                    void *context);
-uint64_t fiv_now_ns(void);
-/* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
-uint64_t fiv_deadline(int timeout_ms);
-/* Text for an error code (CQ and EQ strerror), in buf if given. */
-const char *fiv_strerror(int prov_errno, char *buf, size_t len);
-void fiv_report(struct fiv_ep *ep);
-void fiv_register_ep(struct fiv_ep *ep);
-void fiv_unregister_ep(struct fiv_ep *ep);
-/* fiv_getinfo.c */
-int fiv_getinfo(uint32_t version, const char *node, const char *service,
-                uint64_t flags, const struct fi_info *hints,
-                struct fi_info **info);
-/* fiv_domain.c */
-int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
-                    struct fid_domain **dom, void *context);
-void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
-void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
-/* fiv_eq.c */
-int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
-                struct fid_eq **eq, void *context);
-/* fiv_cq.c */
-int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
-                struct fid_cq **cq, void *context);
-int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
-int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
-void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
-void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
-/* fiv_cntr.c */
-int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
-                  struct fid_cntr **cntr, void *context);
-void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep);
-void fiv_cntr_del_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+/* ---- counters: counted as completions are written (fiv_complete.c),
+   read by the counter object (fiv_cntr.c) ---- */
 static inline void fiv_cntr_inc(struct fiv_cntr *c)
 {
     if (c)
@@ -589,12 +620,35 @@ static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
     if (c)
         __atomic_add_fetch(&c->err, 1, __ATOMIC_RELEASE);
 }
-/* fiv_av.c */
-int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
-                struct fid_av **av, void *context);
+
+/* ---- functions by file, from the bottom layer up (docs/ARCHITECTURE.md):
+   a file calls only its own and those of files listed before it ---- */
+/* fiv_util.c */
+uint64_t fiv_now_ns(void);
+/* The deadline of a wait of timeout_ms (< 0: none), in fiv_now_ns time. */
+uint64_t fiv_deadline(int timeout_ms);
+/* Text for an error code (CQ and EQ strerror), in buf if given. */
+const char *fiv_strerror(int prov_errno, char *buf, size_t len);
+/* fiv_report.c */
+void fiv_report(struct fiv_ep *ep);
+void fiv_register_ep(struct fiv_ep *ep);
+void fiv_unregister_ep(struct fiv_ep *ep);
+void fiv_cleanup(void);
+/* fiv_complete.c: completions into the endpoint's CQs and counters */
+int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
+int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
+void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
+                     bool want, int err);
+void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
+/* fiv_tables.c */
+struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
+/* Every peer of ours: AV entries, then hidden ones (id in *id). */
+struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id);
 const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a);
 void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
+void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
+void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
 /* fiv_mr.c */
 int fiv_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
                uint64_t offset, uint64_t requested_key, uint64_t flags,
@@ -609,15 +663,56 @@ int fiv_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr,
 uint8_t *fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
                        size_t len, uint64_t access, struct fiv_mr **mr);
 void fiv_mr_close_all(struct fiv_domain *d);
-/* fiv_ep.c */
-int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
-                struct fid_ep **ep, void *context);
-struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
-void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
-void fiv_ep_forget(struct fiv_ep *ep, size_t index);
-/* fiv_msg.c: MSG and TAGGED, matching */
-extern struct fi_ops_msg fiv_msg_ops;
-extern struct fi_ops_tagged fiv_tagged_ops;
+/* fiv_send.c: one message out on a peer's path */
+/* One region message to `slot` (its holder at `gen`), with the wire
+   check in its tag and counted for the pair (probes excepted): 0,
+   -EAGAIN, or a libivshm error. */
+int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
+                    const void *hdr, size_t hlen, const void *buf, size_t len);
+size_t fiv_core_frag(struct fiv_ep *ep);
+ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
+                      const void *hdr, size_t hlen, const void *buf,
+                      size_t len);
+/* fiv_intro.c: introductions, peers without an AV entry */
+void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
+/* The MAC of an introduction under `key`. */
+uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
+                       const struct fiv_intro *in);
+int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
+/* The AV entry `index` names the hidden peer of its slot: it becomes that
+   peer, with what was under way. */
+bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
+/* fiv_tx.c: sending to one peer, either path, with a queue */
+int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
+ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                     uint32_t op, const void *hdr, size_t hlen,
+                     const void *buf, size_t len);
+int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
+/* The request at the front of p's queue, taken off it. */
+struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);
+void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
+struct fiv_op_req *fiv_req_new(void);
+int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
+                    size_t count, bool copy);
+void fiv_req_free(struct fiv_op_req *r);
+void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
+/* Copy `len` bytes into iov at byte offset `off`, never past its end. */
+size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
+                     const void *src, size_t len);
+size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
+                    size_t len);
+/* fiv_rma.c: RMA and atomics, both sides */
+extern struct fi_ops_rma fiv_rma_ops;
+extern struct fi_ops_atomic fiv_atomic_ops;
+void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                    uint32_t op, const uint8_t *p, size_t n);
+void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
+int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
+                     enum fi_op op, struct fi_atomic_attr *attr,
+                     uint64_t flags);
+/* fiv_msg.c: MSG and TAGGED, posting and matching */
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n);
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
@@ -637,37 +732,21 @@ void fiv_rx_cut(struct fiv_ep *ep, struct fiv_rx *rx);
 void fiv_asm_fail(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                   int err);
 void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx);
-/* fiv_tx.c: sending to one peer, either path, with a queue */
-/* One region message to `slot` (its holder at `gen`), with the wire
-   check in its tag and counted for the pair (probes excepted): 0,
-   -EAGAIN, or a libivshm error. */
-int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
-                    const void *hdr, size_t hlen, const void *buf, size_t len);
-int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
-ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
-                     uint32_t op, const void *hdr, size_t hlen,
-                     const void *buf, size_t len);
-void fiv_tx_progress(struct fiv_ep *ep);
-void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err);
-struct fiv_op_req *fiv_req_new(void);
-int fiv_req_payload(struct fiv_op_req *r, const struct iovec *iov,
-                    size_t count, bool copy);
-void fiv_req_free(struct fiv_op_req *r);
-void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *peer, int err);
-/* fiv_rma.c: RMA and atomics, both sides */
-extern struct fi_ops_rma fiv_rma_ops;
-extern struct fi_ops_atomic fiv_atomic_ops;
-void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
-                    uint32_t op, const uint8_t *p, size_t n);
-void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
-                    uint32_t op, const uint8_t *p, size_t n);
-void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err);
-int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
-                     enum fi_op op, struct fi_atomic_attr *attr,
-                     uint64_t flags);
-/* fiv_progress.c */
-void fiv_progress(struct fiv_ep *ep);
-void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* The receive entries of the msg and tagged tables (fiv_msg_ops.c) */
+ssize_t fiv_msg_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                     fi_addr_t src, void *context);
+ssize_t fiv_msg_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                      size_t count, fi_addr_t src, void *context);
+ssize_t fiv_msg_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
+                        uint64_t flags);
+ssize_t fiv_tagged_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                        fi_addr_t src, uint64_t tag, uint64_t ignore,
+                        void *context);
+ssize_t fiv_tagged_recvv(struct fid_ep *e, const struct iovec *iov,
+                         void **desc, size_t count, fi_addr_t src,
+                         uint64_t tag, uint64_t ignore, void *context);
+ssize_t fiv_tagged_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                           uint64_t flags);
 /* fiv_probe.c: message counts, probes, broken paths */
 #define FIV_PROBE_NS 1000000000ull /* silence before we ask            */
 #define FIV_PROBE_MAX_NS 8000000000ull /* between unanswered asks, at most */
@@ -685,16 +764,6 @@ void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
    what waits on it, any other error breaks the path. */
 void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err);
-/* fiv_intro.c: introductions, peers without an AV entry */
-void fiv_new_key(uint8_t key[FIV_KEY_LEN]);
-int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
-void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
-                       const uint8_t *p, size_t n);
-/* The AV entry `index` names the hidden peer of its slot: it becomes that
-   peer, with what was under way. */
-bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
-/* Every peer of ours: AV entries, then hidden ones (id in *id). */
-struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id);
 /* fiv_delegate.c: the core provider */
 int fiv_core_open(struct fiv_ep *ep);
 void fiv_core_close(struct fiv_ep *ep);
@@ -703,20 +772,53 @@ size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap);
 int fiv_core_insert(struct fiv_ep *ep, const uint8_t *addr, size_t index,
                     fi_addr_t *out);
 void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr);
-size_t fiv_core_frag(struct fiv_ep *ep);
-ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
-                      const void *hdr, size_t hlen, const void *buf,
-                      size_t len);
 void fiv_core_release_peer(struct fiv_peer *p);
 int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
 /* Messages handed to the core provider that it has not completed. */
 bool fiv_core_sending(const struct fiv_ep *ep);
-
-/* Completion helpers (fiv_cq.c) */
-void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
-                     bool want, int err);
-void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
+/* fiv_progress.c */
+void fiv_progress(struct fiv_ep *ep);
+void fiv_progress_eps(struct fiv_ep **eps, size_t n);
+/* A message to ourselves, off our own queue, to our receive side. */
+void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self);
+/* An INTRO from `slot` (fiv_intro.c): its sender becomes a hidden peer. */
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n);
+/* fiv_msg_ops.c: MSG and TAGGED as the application calls them */
+extern struct fi_ops_msg fiv_msg_ops;
+extern struct fi_ops_tagged fiv_tagged_ops;
+/* fiv_cq.c */
+int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
+                struct fid_cq **cq, void *context);
+void fiv_cq_add_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+void fiv_cq_del_ep(struct fiv_cq *cq, struct fiv_ep *ep);
+/* fiv_cntr.c */
+int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
+                  struct fid_cntr **cntr, void *context);
+void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+void fiv_cntr_del_ep(struct fiv_cntr *c, struct fiv_ep *ep);
+/* fiv_eq.c */
+int fiv_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr,
+                struct fid_eq **eq, void *context);
+/* fiv_getinfo.c */
+int fiv_getinfo(uint32_t version, const char *node, const char *service,
+                uint64_t flags, const struct fi_info *hints,
+                struct fi_info **info);
+/* fiv_ep.c */
+int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
+                struct fid_ep **ep, void *context);
+void fiv_ep_resolve(struct fiv_ep *ep, size_t index);
+void fiv_ep_forget(struct fiv_ep *ep, size_t index);
+/* fiv_av.c */
+int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
+                struct fid_av **av, void *context);
+/* fiv_domain.c */
+int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
+                    struct fid_domain **dom, void *context);
+/* fiv_init.c */
+int fiv_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
+                    void *context);
 
 static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
 {
@@ -725,11 +827,6 @@ static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
         t += iov[i].iov_len;
     return t;
 }
-/* Copy `len` bytes into iov at byte offset `off`, never past its end. */
-size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
-                     const void *src, size_t len);
-size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
-                    size_t len);
 
 #define FIV_WARN(...) FI_WARN(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)
 #define FIV_INFO(...) FI_INFO(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)

@@ -16,13 +16,6 @@ static bool addr_valid(const struct fiv_addr *a)
            a->core_len <= FIV_CORE_ADDR_MAX && a->slot >= -1;
 }
 
-const struct fiv_addr *fiv_av_addr(struct fiv_av *av, fi_addr_t a)
-{
-    if (a >= av->count || !av->entries[a].used)
-        return NULL;
-    return &av->entries[a].addr;
-}
-
 /* The entry holding name `a`, or av->count. */
 static size_t find(const struct fiv_av *av, const struct fiv_addr *a)
 {
@@ -31,26 +24,6 @@ static size_t find(const struct fiv_av *av, const struct fiv_addr *a)
             memcmp(&av->entries[i].addr, a, sizeof *a) == 0)
             return i;
     return av->count;
-}
-
-void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep)
-{
-    void *p = realloc(av->eps, (av->neps + 1) * sizeof *av->eps);
-    if (!p)
-        return;
-    av->eps = p;
-    av->eps[av->neps++] = ep;
-    av->refs++;
-}
-
-void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep)
-{
-    for (size_t i = 0; i < av->neps; i++)
-        if (av->eps[i] == ep) {
-            av->eps[i] = av->eps[--av->neps];
-            av->refs--;
-            return;
-        }
 }
 
 static int av_insert(struct fid_av *av_fid, const void *addr, size_t count,

@@ -24,17 +24,6 @@
 /* libfabric's own flag for "include providers hidden by FI_PROVIDER"
    (ofi.h, unchanged from 1.17 to 2.5): the one efa uses to open shm */
 #define FIV_GETINFO_HIDDEN (1ULL << 60)
-/* One core message stays below ofi_rxm's eager size (16 KiB): a larger
-   one goes by rendezvous and may complete after the eager messages that
-   follow it, and our fragments must complete in order. */
-#define CORE_BUF 8192
-#define CORE_RX 64
-#define CORE_TX 64
-/* In front of every message: the operation word and the sender's
-   sequence number for us. A core may complete messages out of order
-   (ofi_rxm's rendezvous of larger ones), and our fragments need each
-   pair's order: the receiver restores it. */
-#define CORE_WORD 8
 #define CORE_WINDOW 4096 /* how far ahead a sequence number may be */
 
 struct fiv_held {
@@ -42,31 +31,6 @@ struct fiv_held {
     uint32_t seq, op;
     size_t len;
     uint8_t data[];
-};
-
-struct core_buf {
-    struct fi_context2 ctx;  /* first: the completion names the buffer */
-    uint8_t *mem;
-    struct fid_mr *mr;
-    void *desc;
-    bool rx, busy;
-    struct core_buf *next_free;
-};
-
-struct fiv_core {
-    struct fi_info *info;
-    struct fid_fabric *fabric;
-    struct fid_domain *domain;
-    struct fid_ep *ep;
-    struct fid_av *av;
-    struct fid_cq *cq;
-    struct core_buf bufs[CORE_RX + CORE_TX];
-    struct core_buf *free_tx;
-    uint8_t name[FIV_CORE_ADDR_MAX];
-    size_t namelen;
-    fi_addr_t *owner;        /* core fi_addr -> our AV index              */
-    size_t nowner;
-    uint64_t dropped;
 };
 
 static bool is_us(const struct fi_info *i)
@@ -253,12 +217,6 @@ size_t fiv_core_name(struct fiv_ep *ep, uint8_t *out, size_t cap)
     return ep->core->namelen;
 }
 
-size_t fiv_core_frag(struct fiv_ep *ep)
-{
-    (void)ep;
-    return CORE_BUF - CORE_WORD;
-}
-
 bool fiv_core_sending(const struct fiv_ep *ep)
 {
     if (!ep->core)
@@ -303,39 +261,6 @@ void fiv_core_forget(struct fiv_ep *ep, fi_addr_t core_addr)
     struct fiv_core *c = ep->core;
     if (c && core_addr < c->nowner)
         c->owner[core_addr] = FI_ADDR_NOTAVAIL; /* unheard from now on */
-}
-
-ssize_t fiv_core_send(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
-                      const void *hdr, size_t hlen, const void *buf,
-                      size_t len)
-{
-    fi_addr_t core_addr = p->core_addr;
-    struct fiv_core *c = ep->core;
-    if (!c)
-        return -FI_EHOSTUNREACH;
-    if (CORE_WORD + hlen + len > CORE_BUF)
-        return -FI_EMSGSIZE;
-    /* no progress from here: a send may be the answer to a message that
-       progress is delivering, or come from the loop over queued sends;
-       the next progress call frees buffers and retries */
-    struct core_buf *b = c->free_tx;
-    if (!b)
-        return -EAGAIN;
-    memcpy(b->mem, &op, sizeof op);
-    memcpy(b->mem + sizeof op, &p->core_tx_seq, sizeof p->core_tx_seq);
-    memcpy(b->mem + CORE_WORD, hdr, hlen);
-    if (len)
-        memcpy(b->mem + CORE_WORD + hlen, buf, len);
-    ssize_t rc = fi_send(c->ep, b->mem, CORE_WORD + hlen + len, b->desc,
-                         core_addr, &b->ctx);
-    if (rc == -FI_EAGAIN)
-        return -EAGAIN;
-    if (rc)
-        return rc;
-    c->free_tx = b->next_free;
-    b->busy = true;
-    p->core_tx_seq++;
-    return 0;
 }
 
 void fiv_core_release_peer(struct fiv_peer *p)

@@ -10,33 +10,6 @@
 
 #include "fiv.h"
 
-void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep)
-{
-    fiv_lock(d);
-    if (d->neps == d->capeps) {
-        size_t n = d->capeps ? 2 * d->capeps : 4;
-        void *p = realloc(d->eps, n * sizeof *d->eps);
-        if (p) {
-            d->eps = p;
-            d->capeps = n;
-        }
-    }
-    if (d->neps < d->capeps)
-        d->eps[d->neps++] = ep;
-    fiv_unlock(d);
-}
-
-void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep)
-{
-    fiv_lock(d);
-    for (size_t i = 0; i < d->neps; i++)
-        if (d->eps[i] == ep) {
-            d->eps[i] = d->eps[--d->neps];
-            break;
-        }
-    fiv_unlock(d);
-}
-
 /* FI_PROGRESS_AUTO: targets of RMA and atomics answer while the
    application computes. Polls every endpoint at ~1 kHz under the lock
    (auto progress implies a thread-safe domain). */

@@ -34,16 +34,6 @@ static void name_of(uint64_t nonce, char *out, size_t cap)
     snprintf(out, cap, "fi.%016" PRIx64, nonce);
 }
 
-struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a)
-{
-    if (a < ep->npeers)
-        return &ep->peers[a];
-    if (a >= FIV_HIDDEN && ep->hidden && a - FIV_HIDDEN < (fi_addr_t)ep->max_peers &&
-        ep->hidden[a - FIV_HIDDEN].path == PATH_REGION)
-        return &ep->hidden[a - FIV_HIDDEN];
-    return NULL;
-}
-
 static bool grow_peers(struct fiv_ep *ep, size_t n)
 {
     if (n <= ep->npeers)

@@ -20,7 +20,9 @@
  * that peer's name, the AV entry adopts the hidden peer with what it had
  * under way (unexpected messages, a message in progress, queued answers).
  *
- * The MAC is fiv_mac.c's.
+ * The sender's side is here (below the send queues that call it); the
+ * receiver's check, where admission is decided, is fiv_progress.c's
+ * fiv_intro_receive. The MAC is fiv_mac.c's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,8 +43,8 @@ void fiv_new_key(uint8_t key[FIV_KEY_LEN])
 }
 
 /* What the MAC covers: the sender's slot, generation and nonce. */
-static uint64_t intro_mac(const uint8_t key[FIV_KEY_LEN],
-                          const struct fiv_intro *in)
+uint64_t fiv_intro_mac(const uint8_t key[FIV_KEY_LEN],
+                       const struct fiv_intro *in)
 {
     uint8_t m[16];
     uint16_t slot = (uint16_t)in->slot;
@@ -65,50 +67,13 @@ int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p)
                            .generation = ep->self_gen,
                            .nonce = {(uint32_t)ep->nonce,
                                      (uint32_t)(ep->nonce >> 32)}};
-    in.mac = intro_mac(p->key, &in);
+    in.mac = fiv_intro_mac(p->key, &in);
     int rc = fiv_region_send(ep, p->slot, p->generation, FIV_OP_INTRO, &in,
                              sizeof in, NULL, 0);
     if (rc < 0)
         return rc;
     p->introduced = true;
     return 0;
-}
-
-/* ---- the receiver ---- */
-
-void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
-                       const uint8_t *p, size_t n)
-{
-    struct fiv_intro in;
-    if (n != sizeof in || !ep->hidden)
-        return;
-    if (gen < 0) {
-        /* its writer has left since (a sender that exits after its last
-           message): the slot's last holder, while nobody claimed it */
-        ivshm_peer_info last;
-        if (ivshm_peer_last(ep->h, slot, &last) != 1)
-            return;
-        gen = last.generation;
-    }
-    memcpy(&in, p, sizeof in); /* once: the region is shared */
-    if (in.slot != slot || in.generation != (uint32_t)gen ||
-        in.mac != intro_mac(ep->key, &in))
-        return; /* not from a holder of our name, or not for this slot */
-    fi_addr_t had = ep->by_slot[slot];
-    if (had != FI_ADDR_NOTAVAIL && ep->gen_by_slot[slot] == in.generation)
-        return; /* heard already (inserted, or introduced before) */
-    struct fiv_peer *old = fiv_peer(ep, had);
-    if (old && old->path == PATH_REGION && !old->dead)
-        fiv_peer_failed(ep, had, old, FI_EIO); /* its slot changed hands */
-    struct fiv_peer *h = &ep->hidden[slot];
-    fiv_core_release_peer(h);
-    *h = (struct fiv_peer){.path = PATH_REGION, .slot = slot,
-                           .generation = in.generation,
-                           /* it holds our name: it hears us already */
-                           .introduced = true,
-                           .nonce = (uint64_t)in.nonce[1] << 32 | in.nonce[0]};
-    ep->by_slot[slot] = FIV_HIDDEN + (fi_addr_t)slot;
-    ep->gen_by_slot[slot] = in.generation;
 }
 
 /* References to peer `from` become references to `to`. */
@@ -147,22 +112,4 @@ bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a)
     rename_peer(ep, p, h, index);
     ep->by_slot[a->slot] = index;
     return true;
-}
-
-struct fiv_peer *fiv_peer_next(struct fiv_ep *ep, fi_addr_t *id)
-{
-    fi_addr_t i = *id == FI_ADDR_NOTAVAIL ? 0 : *id + 1;
-    if (i < FIV_HIDDEN) {
-        if (i < ep->npeers) {
-            *id = i;
-            return &ep->peers[i];
-        }
-        i = FIV_HIDDEN;
-    }
-    for (; ep->hidden && i - FIV_HIDDEN < (fi_addr_t)ep->max_peers; i++)
-        if (ep->hidden[i - FIV_HIDDEN].path == PATH_REGION) {
-            *id = i;
-            return &ep->hidden[i - FIV_HIDDEN];
-        }
-    return NULL;
 }

@@ -55,12 +55,6 @@ static bool want_rx(struct fiv_ep *ep, uint64_t flags)
            (flags & FI_COMPLETION);
 }
 
-static bool want_tx(struct fiv_ep *ep, uint64_t flags)
-{
-    return !(ep->tx_cq_flags & FI_SELECTIVE_COMPLETION) ||
-           (flags & FI_COMPLETION);
-}
-
 /* Complete `rx` for a message of `total` bytes of which `stored` landed
    at `at` in its buffers. */
 static void finish_rx(struct fiv_ep *ep, struct fiv_rx *rx, fi_addr_t src,
@@ -608,11 +602,9 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
     struct fiv_domain *d = ep->dom;
     fiv_lock(d);
     if (tagged && (flags & FI_PEEK)) {
+        /* what has arrived by now: the peek's caller made progress first
+           (fiv_msg_ops.c) */
         struct fiv_unexp *u = find_unexp(ep, src, tag, ignore, true, NULL, false);
-        if (!u) {
-            fiv_progress(ep);
-            u = find_unexp(ep, src, tag, ignore, true, NULL, false);
-        }
         if (!u) {
             struct fiv_cqe e = {.context = context, .flags = FI_RECV | FI_TAGGED,
                                 .tag = tag, .err = FI_ENOMSG,
@@ -712,74 +704,10 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
     return 0;
 }
 
-/* ---- sending ---- */
-
-static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count,
-                        fi_addr_t dest, uint64_t tag, uint64_t data,
-                        void *context, uint64_t flags, bool tagged)
-{
-    if (count > FIV_IOV_LIMIT)
-        return -FI_EINVAL;
-    size_t len = fiv_iov_total(iov, count);
-    if (len > FIV_MAX_MSG)
-        return -FI_EMSGSIZE;
-    bool inject = flags & FI_INJECT;
-    if (inject && len > FIV_INJECT)
-        return -FI_EMSGSIZE;
-    struct fiv_msg_hdr h = {.tag = tag, .len = len, .data = data};
-    uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
-                  (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
-    uint64_t cflags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
-    bool want = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
-    struct fiv_domain *d = ep->dom;
-    fiv_lock(d);
-    struct fiv_peer *p = fiv_peer(ep, dest);
-    if (p && count <= 1 && (p->path == PATH_REGION || p->path == PATH_CORE)) {
-        ssize_t rc = fiv_tx_small(ep, dest, p, op, &h, sizeof h,
-                                  count ? iov[0].iov_base : NULL, len);
-        if (rc == 0) {
-            fiv_complete_tx(ep, context, cflags, want, 0);
-            fiv_unlock(d);
-            return 0;
-        }
-        if (rc != -EAGAIN) {
-            fiv_send_failed(ep, dest, p, (int)-rc);
-            fiv_complete_tx(ep, context, cflags, want, (int)-rc);
-            fiv_unlock(d);
-            return 0;
-        }
-    }
-    if (p && p->queued >= fiv_cfg.peer_queue) {
-        fiv_unlock(d); /* a peer that drains nothing: try again later */
-        return -FI_EAGAIN;
-    }
-    struct fiv_op_req *r = fiv_req_new();
-    if (!r) {
-        fiv_unlock(d);
-        return -FI_ENOMEM;
-    }
-    r->kind = REQ_SEND;
-    r->peer = dest;
-    r->context = context;
-    r->flags = cflags;
-    r->complete_ev = want;
-    r->op = op;
-    memcpy(r->hdr, &h, sizeof h);
-    r->hlen = sizeof h;
-    if (fiv_req_payload(r, iov, count, inject) < 0) {
-        fiv_req_free(r);
-        fiv_unlock(d);
-        return -FI_ENOMEM;
-    }
-    fiv_tx_start(ep, r);
-    fiv_unlock(d);
-    return 0;
-}
-
 #define EP(e) container_of(e, struct fiv_ep, ep)
 
-static ssize_t m_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
-                      fi_addr_t src, void *context)
+ssize_t fiv_msg_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                     fi_addr_t src, void *context)
 {
     (void)desc;
     struct iovec v = {buf, len};
@@ -787,87 +715,24 @@ static ssize_t m_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
                 EP(e)->rx_op_flags | FI_COMPLETION, false);
 }
 
-static ssize_t m_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
-                       size_t count, fi_addr_t src, void *context)
+ssize_t fiv_msg_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                      size_t count, fi_addr_t src, void *context)
 {
     (void)desc;
     return post(EP(e), iov, count, src, 0, 0, context,
                 EP(e)->rx_op_flags | FI_COMPLETION, false);
 }
 
-static ssize_t m_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
-                         uint64_t flags)
+ssize_t fiv_msg_recvmsg(struct fid_ep *e, const struct fi_msg *msg,
+                        uint64_t flags)
 {
     return post(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0, 0,
                 msg->context, flags, false);
 }
 
-static ssize_t m_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
-                      fi_addr_t dest, void *context)
-{
-    (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, 0, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION, false);
-}
-
-static ssize_t m_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
-                       size_t count, fi_addr_t dest, void *context)
-{
-    (void)desc;
-    return send_msg(EP(e), iov, count, dest, 0, 0, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION, false);
-}
-
-static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
-                         uint64_t flags)
-{
-    return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0,
-                    msg->data, msg->context, flags & ~FIV_NO_EVENT, false);
-}
-
-static ssize_t m_inject(struct fid_ep *e, const void *buf, size_t len,
-                        fi_addr_t dest)
-{
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT | FIV_NO_EVENT, false);
-}
-
-static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
-                          void *desc, uint64_t data, fi_addr_t dest,
-                          void *context)
-{
-    (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, data, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
-                    false);
-}
-
-static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
-                            uint64_t data, fi_addr_t dest)
-{
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, data, NULL,
-                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, false);
-}
-
-struct fi_ops_msg fiv_msg_ops = {
-    .size = sizeof(struct fi_ops_msg),
-    .recv = m_recv,
-    .recvv = m_recvv,
-    .recvmsg = m_recvmsg,
-    .send = m_send,
-    .sendv = m_sendv,
-    .sendmsg = m_sendmsg,
-    .inject = m_inject,
-    .senddata = m_senddata,
-    .injectdata = m_injectdata,
-};
-
-static ssize_t t_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
-                      fi_addr_t src, uint64_t tag, uint64_t ignore,
-                      void *context)
+ssize_t fiv_tagged_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                        fi_addr_t src, uint64_t tag, uint64_t ignore,
+                        void *context)
 {
     (void)desc;
     struct iovec v = {buf, len};
@@ -875,82 +740,18 @@ static ssize_t t_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
                 EP(e)->rx_op_flags | FI_COMPLETION, true);
 }
 
-static ssize_t t_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
-                       size_t count, fi_addr_t src, uint64_t tag,
-                       uint64_t ignore, void *context)
+ssize_t fiv_tagged_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                         size_t count, fi_addr_t src, uint64_t tag,
+                         uint64_t ignore, void *context)
 {
     (void)desc;
     return post(EP(e), iov, count, src, tag, ignore, context,
                 EP(e)->rx_op_flags | FI_COMPLETION, true);
 }
 
-static ssize_t t_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
-                         uint64_t flags)
+ssize_t fiv_tagged_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                           uint64_t flags)
 {
     return post(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
                 msg->ignore, msg->context, flags, true);
 }
-
-static ssize_t t_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
-                      fi_addr_t dest, uint64_t tag, void *context)
-{
-    (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, 0, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION, true);
-}
-
-static ssize_t t_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
-                       size_t count, fi_addr_t dest, uint64_t tag,
-                       void *context)
-{
-    (void)desc;
-    return send_msg(EP(e), iov, count, dest, tag, 0, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION, true);
-}
-
-static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
-                         uint64_t flags)
-{
-    return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
-                    msg->data, msg->context, flags & ~FIV_NO_EVENT, true);
-}
-
-static ssize_t t_inject(struct fid_ep *e, const void *buf, size_t len,
-                        fi_addr_t dest, uint64_t tag)
-{
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT | FIV_NO_EVENT, true);
-}
-
-static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
-                          void *desc, uint64_t data, fi_addr_t dest,
-                          uint64_t tag, void *context)
-{
-    (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, data, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
-                    true);
-}
-
-static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
-                            uint64_t data, fi_addr_t dest, uint64_t tag)
-{
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, data, NULL,
-                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, true);
-}
-
-struct fi_ops_tagged fiv_tagged_ops = {
-    .size = sizeof(struct fi_ops_tagged),
-    .recv = t_recv,
-    .recvv = t_recvv,
-    .recvmsg = t_recvmsg,
-    .send = t_send,
-    .sendv = t_sendv,
-    .sendmsg = t_sendmsg,
-    .inject = t_inject,
-    .senddata = t_senddata,
-    .injectdata = t_injectdata,
-};

@@ -34,12 +34,6 @@
 
 #include "fiv.h"
 
-static bool counted(uint32_t op)
-{
-    op &= FIV_OP_MASK;
-    return op != FIV_OP_PROBE && op != FIV_OP_PROBE_ACK;
-}
-
 void fiv_pair_received(struct fiv_ep *ep, int slot, int64_t gen, uint32_t op)
 {
     struct fiv_pair *pr = &ep->pairs[slot];
@@ -47,7 +41,7 @@ void fiv_pair_received(struct fiv_ep *ep, int slot, int64_t gen, uint32_t op)
         pr->rx_gen = (uint32_t)gen;
         pr->rx = pr->rx_seen = 0;
     }
-    if (counted(op))
+    if (fiv_pair_counts(op))
         pr->rx++;
 }
 

@@ -21,6 +21,43 @@
 #define FIV_BATCH 16                      /* messages per call            */
 #define FIV_CHECK_NS 100000000ull         /* liveness look every 100 ms   */
 
+/* ---- introductions (fiv_intro.c): the receiver ---- */
+
+void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
+                       const uint8_t *p, size_t n)
+{
+    struct fiv_intro in;
+    if (n != sizeof in || !ep->hidden)
+        return;
+    if (gen < 0) {
+        /* its writer has left since (a sender that exits after its last
+           message): the slot's last holder, while nobody claimed it */
+        ivshm_peer_info last;
+        if (ivshm_peer_last(ep->h, slot, &last) != 1)
+            return;
+        gen = last.generation;
+    }
+    memcpy(&in, p, sizeof in); /* once: the region is shared */
+    if (in.slot != slot || in.generation != (uint32_t)gen ||
+        in.mac != fiv_intro_mac(ep->key, &in))
+        return; /* not from a holder of our name, or not for this slot */
+    fi_addr_t had = ep->by_slot[slot];
+    if (had != FI_ADDR_NOTAVAIL && ep->gen_by_slot[slot] == in.generation)
+        return; /* heard already (inserted, or introduced before) */
+    struct fiv_peer *old = fiv_peer(ep, had);
+    if (old && old->path == PATH_REGION && !old->dead)
+        fiv_peer_failed(ep, had, old, FI_EIO); /* its slot changed hands */
+    struct fiv_peer *h = &ep->hidden[slot];
+    fiv_core_release_peer(h);
+    *h = (struct fiv_peer){.path = PATH_REGION, .slot = slot,
+                           .generation = in.generation,
+                           /* it holds our name: it hears us already */
+                           .introduced = true,
+                           .nonce = (uint64_t)in.nonce[1] << 32 | in.nonce[0]};
+    ep->by_slot[slot] = FIV_HIDDEN + (fi_addr_t)slot;
+    ep->gen_by_slot[slot] = in.generation;
+}
+
 /* Is `peer`, the one we know at `src`, the writer of a message of that
    slot's holder at generation `g` (negative: the slot is free now, so
    its last holder wrote it)? */
@@ -165,6 +202,64 @@ static int poll_region(struct fiv_ep *ep)
     return peek_region(ep);
 }
 
+/* A message to ourselves, off our own queue: handed to our own receive
+   side whole. */
+void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
+{
+    size_t n = r->hlen + r->total;
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        fiv_tx_done(ep, r, FI_ENOMEM);
+        return;
+    }
+    memcpy(buf, r->hdr, r->hlen);
+    if (r->from_mr) {
+        /* a large READ of our own memory: handled within this call, the
+           registration looked up as push() does */
+        const uint8_t *src = fiv_mr_target(ep->dom, r->mr_key, r->mr_addr,
+                                           r->total, FI_REMOTE_READ, NULL);
+        if (!src) {
+            free(buf);
+            fiv_tx_done(ep, r, FI_EACCES);
+            return;
+        }
+        memcpy(buf + r->hlen, src, r->total);
+    } else {
+        fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
+    }
+    r->started = true;
+    r->sent = r->total;
+    uint32_t op = r->op;
+    /* the sender's side completes first (r may be gone after): an answer
+       (RMA) finds it waiting */
+    fiv_tx_done(ep, r, 0);
+    fiv_deliver(ep, self, &ep->self_peer_dummy, op, buf, n);
+    free(buf);
+}
+
+/* The sends that wait for room, peer by peer (fiv_tx.c); one that fails
+   fails its peer, and what is left on its queue is tried again. Our
+   messages to ourselves wait there too, for their delivery. Out of
+   line: the rare case stays out of the code of every progress call. */
+__attribute__((noinline)) static void tx_progress(struct fiv_ep *ep)
+{
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
+        if (p->path == PATH_SELF) {
+            /* messages to ourselves (fiv_tx_start): what they answer
+               joins the queue, and goes in this loop too */
+            while (p->txq) {
+                struct fiv_op_req *r = fiv_tx_dequeue(ep, p);
+                fiv_loopback(ep, r, r->peer);
+            }
+            continue;
+        }
+        int err;
+        while ((err = fiv_tx_drain(ep, p)))
+            fiv_send_failed(ep, id, p, err);
+    }
+}
+
 void fiv_progress(struct fiv_ep *ep)
 {
     int found = 0;
@@ -176,7 +271,7 @@ void fiv_progress(struct fiv_ep *ep)
     if (fiv_core_active(ep) && (!found || (++ep->core_turn & 15) == 0))
         found += fiv_core_progress(ep);
     if (ep->txq_peers)
-        fiv_tx_progress(ep);
+        tx_progress(ep);
     if (found) {
         ep->idle_calls = 0;
         return;

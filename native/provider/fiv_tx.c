@@ -6,7 +6,8 @@
  * header + contiguous bytes, ivshm_try_send for a contiguous
  * continuation, reserve + gather + commit otherwise (one copy each).
  * What does not fit now waits, in order, on the peer's queue: nothing
- * overtakes it, and progress retries it.
+ * overtakes it, and progress retries it (fiv_progress.c, which also
+ * fails a peer whose send failed, and delivers what we sent ourselves).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -106,51 +107,6 @@ static int map_err(int rc)
     return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
 }
 
-/* The pair of `slot`'s holder at `gen` (its counts start again with a
-   new holder). */
-static struct fiv_pair *tx_pair(struct fiv_ep *ep, int slot, uint32_t gen)
-{
-    struct fiv_pair *pr = &ep->pairs[slot];
-    if (pr->tx_gen != gen) {
-        pr->tx_gen = gen;
-        pr->tx = 0;
-    }
-    return pr;
-}
-
-static bool counted(uint32_t op)
-{
-    op &= FIV_OP_MASK;
-    return op != FIV_OP_PROBE && op != FIV_OP_PROBE_ACK;
-}
-
-/* FIV_TEST_LOSE: this message is counted as sent, and dropped. */
-static bool lost_on_purpose(const struct fiv_pair *pr, uint32_t op)
-{
-    return fiv_cfg.test_lose && counted(op) && pr->tx + 1 == fiv_cfg.test_lose;
-}
-
-int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
-                    const void *hdr, size_t hlen, const void *buf, size_t len)
-{
-    uint8_t start[FIV_WIRE_CHECKED];
-    size_t k = hlen < sizeof start ? hlen : sizeof start;
-    memcpy(start, hdr, k);
-    if (k < sizeof start && len)
-        memcpy(start + k, buf, len < sizeof start - k ? len : sizeof start - k);
-    uint32_t tag = fiv_wire_tag(op, start, hlen + len);
-    struct fiv_pair *pr = tx_pair(ep, slot, gen);
-    if (lost_on_purpose(pr, op)) {
-        pr->tx++;
-        return 0;
-    }
-    int rc = hlen ? ivshm_send_small(ep->h, slot, tag, hdr, hlen, buf, len)
-                  : ivshm_try_send(ep->h, slot, tag, buf, len);
-    if (rc == 0 && counted(op))
-        pr->tx++;
-    return rc;
-}
-
 /* One fragment to a region peer: 0, -EAGAIN, or an -FI_E* error. */
 static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                        const void *hdr, size_t hlen, const struct iovec *iov,
@@ -170,8 +126,8 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
             return map_err(err);
         memcpy(dst, hdr, hlen);
         fiv_iov_read(iov, iovn, off, dst + hlen, n);
-        struct fiv_pair *pr = tx_pair(ep, p->slot, p->generation);
-        if (lost_on_purpose(pr, op)) {
+        struct fiv_pair *pr = fiv_tx_pair(ep, p->slot, p->generation);
+        if (fiv_lost_on_purpose(pr, op)) {
             pr->tx++;
             return 0; /* the reservation lapses */
         }
@@ -260,40 +216,6 @@ static int push(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
     return 1;
 }
 
-/* A message to ourselves: handed to our own receive side whole. */
-static void loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
-{
-    size_t n = r->hlen + r->total;
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) {
-        fiv_tx_done(ep, r, FI_ENOMEM);
-        return;
-    }
-    memcpy(buf, r->hdr, r->hlen);
-    if (r->from_mr) {
-        /* a large READ of our own memory: handled within this call, the
-           registration looked up as push() does */
-        const uint8_t *src = fiv_mr_target(ep->dom, r->mr_key, r->mr_addr,
-                                           r->total, FI_REMOTE_READ, NULL);
-        if (!src) {
-            free(buf);
-            fiv_tx_done(ep, r, FI_EACCES);
-            return;
-        }
-        memcpy(buf + r->hlen, src, r->total);
-    } else {
-        fiv_iov_read(r->iov, r->iov_count, 0, buf + r->hlen, r->total);
-    }
-    r->started = true;
-    r->sent = r->total;
-    uint32_t op = r->op;
-    /* the sender's side completes first (r may be gone after): an answer
-       (RMA) finds it waiting */
-    fiv_tx_done(ep, r, 0);
-    fiv_deliver(ep, self, &ep->self_peer_dummy, op, buf, n);
-    free(buf);
-}
-
 void fiv_tx_done(struct fiv_ep *ep, struct fiv_op_req *r, int err)
 {
     switch (r->kind) {
@@ -356,7 +278,9 @@ int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r)
         return 0;
     }
     if (p->path == PATH_SELF) {
-        loopback(ep, r, r->peer);
+        /* delivered by progress, as what arrives from others is: our
+           receive side answers (RMA) through this one */
+        enqueue(ep, p, r);
         return 0;
     }
     if (p->txq) {
@@ -419,24 +343,33 @@ void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
     p->txq_tail = NULL;
 }
 
-void fiv_tx_progress(struct fiv_ep *ep)
+struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p)
 {
-    fi_addr_t id = FI_ADDR_NOTAVAIL;
-    for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
-        while (p->txq) {
-            struct fiv_op_req *r = p->txq;
-            int rc = push(ep, p, r);
-            if (rc == 0)
-                break;
-            p->txq = r->next;
-            dequeued(p);
-            if (!p->txq) {
-                p->txq_tail = NULL;
-                ep->txq_peers--;
-            }
-            fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
-            if (rc < 0)
-                fiv_send_failed(ep, id, p, -rc);
-        }
+    struct fiv_op_req *r = p->txq;
+    p->txq = r->next;
+    dequeued(p);
+    if (!p->txq) {
+        p->txq_tail = NULL;
+        ep->txq_peers--;
     }
+    return r;
+}
+
+/* What waits on p's queue goes out while it fits: 0, or the error of
+   the send that failed (its request completed with it), for the caller
+   to fail the peer with (fiv_send_failed, above this file) before it
+   calls again for the rest. */
+int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p)
+{
+    while (p->txq) {
+        struct fiv_op_req *r = p->txq;
+        int rc = push(ep, p, r);
+        if (rc == 0)
+            break;
+        fiv_tx_dequeue(ep, p);
+        fiv_tx_done(ep, r, rc > 0 ? 0 : -rc);
+        if (rc < 0)
+            return -rc;
+    }
+    return 0;
 }

@@ -1,0 +1,95 @@
+/*
+ * Completions as the engine writes them: into the endpoint's CQs (kept
+ * in one wide form, never refused: the queue grows) and counters. The
+ * CQ object (fiv_cq.c) reads them out in the format asked for.
+ */
+#include <stdlib.h>
+
+#include "fiv.h"
+
+static bool grow(struct fiv_cqe **ring, size_t *cap, size_t head, size_t count)
+{
+    size_t n = *cap ? 2 * *cap : 64;
+    struct fiv_cqe *p = malloc(n * sizeof *p);
+    if (!p)
+        return false;
+    for (size_t i = 0; i < count; i++)
+        p[i] = (*ring)[(head + i) % *cap];
+    free(*ring);
+    *ring = p;
+    *cap = n;
+    return true;
+}
+
+/* The source the application sees: a peer it has not inserted (heard
+   through its introduction) has no address of its own. */
+static void store(struct fiv_cqe *to, const struct fiv_cqe *e)
+{
+    *to = *e;
+    if (to->src >= FIV_HIDDEN)
+        to->src = FI_ADDR_NOTAVAIL;
+}
+
+int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e)
+{
+    if (cq->count == cq->cap) {
+        if (!grow(&cq->ring, &cq->cap, cq->head, cq->count))
+            return -FI_ENOMEM;
+        cq->head = 0;
+    }
+    store(&cq->ring[(cq->head + cq->count) % cq->cap], e);
+    cq->count++;
+    return 0;
+}
+
+int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e)
+{
+    if (cq->errcount == cq->errcap) {
+        if (!grow(&cq->errs, &cq->errcap, cq->errhead, cq->errcount))
+            return -FI_ENOMEM;
+        cq->errhead = 0;
+    }
+    store(&cq->errs[(cq->errhead + cq->errcount) % cq->errcap], e);
+    cq->errcount++;
+    return 0;
+}
+
+/* A send-side completion: counted always, reported when asked. */
+void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
+                     bool want, int err)
+{
+    struct fiv_cntr *c = flags & FI_READ ? ep->cntr_read
+                         : flags & FI_WRITE ? ep->cntr_write
+                         : flags & FI_ATOMIC ? ep->cntr_write
+                                             : ep->cntr_send;
+    if (flags & FI_ATOMIC && flags & FI_READ)
+        c = ep->cntr_read;
+    if (err) {
+        fiv_cntr_inc_err(c);
+        if (ep->tx_cq) {
+            struct fiv_cqe e = {.context = context, .flags = flags,
+                                .err = err, .src = FI_ADDR_NOTAVAIL};
+            fiv_cq_push_err(ep->tx_cq, &e);
+        }
+        return;
+    }
+    fiv_cntr_inc(c);
+    if (want && ep->tx_cq) {
+        struct fiv_cqe e = {.context = context, .flags = flags,
+                            .src = FI_ADDR_NOTAVAIL};
+        fiv_cq_push(ep->tx_cq, &e);
+    }
+}
+
+void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want)
+{
+    if (e->err) {
+        fiv_cntr_inc_err(ep->cntr_recv);
+        if (ep->rx_cq)
+            fiv_cq_push_err(ep->rx_cq, e);
+        return;
+    }
+    fiv_cntr_inc(ep->cntr_recv);
+    if (want && ep->rx_cq)
+        fiv_cq_push(ep->rx_cq, e);
+}

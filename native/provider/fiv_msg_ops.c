@@ -1,0 +1,224 @@
+/*
+ * FI_MSG and FI_TAGGED as the application calls them: the sends, and
+ * the tables whose receive entries post to fiv_msg.c. A send that fails
+ * fails its peer (fiv_probe.c), which is why the sends sit above the
+ * matching and the failure handling that fiv_msg.c's receives do not
+ * need.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "fiv.h"
+
+static bool want_tx(struct fiv_ep *ep, uint64_t flags)
+{
+    return !(ep->tx_cq_flags & FI_SELECTIVE_COMPLETION) ||
+           (flags & FI_COMPLETION);
+}
+
+/* ---- sending ---- */
+
+static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count,
+                        fi_addr_t dest, uint64_t tag, uint64_t data,
+                        void *context, uint64_t flags, bool tagged)
+{
+    if (count > FIV_IOV_LIMIT)
+        return -FI_EINVAL;
+    size_t len = fiv_iov_total(iov, count);
+    if (len > FIV_MAX_MSG)
+        return -FI_EMSGSIZE;
+    bool inject = flags & FI_INJECT;
+    if (inject && len > FIV_INJECT)
+        return -FI_EMSGSIZE;
+    struct fiv_msg_hdr h = {.tag = tag, .len = len, .data = data};
+    uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
+                  (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
+    uint64_t cflags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
+    bool want = !(flags & FIV_NO_EVENT) && want_tx(ep, flags);
+    struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    struct fiv_peer *p = fiv_peer(ep, dest);
+    if (p && count <= 1 && (p->path == PATH_REGION || p->path == PATH_CORE)) {
+        ssize_t rc = fiv_tx_small(ep, dest, p, op, &h, sizeof h,
+                                  count ? iov[0].iov_base : NULL, len);
+        if (rc == 0) {
+            fiv_complete_tx(ep, context, cflags, want, 0);
+            fiv_unlock(d);
+            return 0;
+        }
+        if (rc != -EAGAIN) {
+            fiv_send_failed(ep, dest, p, (int)-rc);
+            fiv_complete_tx(ep, context, cflags, want, (int)-rc);
+            fiv_unlock(d);
+            return 0;
+        }
+    }
+    if (p && p->queued >= fiv_cfg.peer_queue) {
+        fiv_unlock(d); /* a peer that drains nothing: try again later */
+        return -FI_EAGAIN;
+    }
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r) {
+        fiv_unlock(d);
+        return -FI_ENOMEM;
+    }
+    r->kind = REQ_SEND;
+    r->peer = dest;
+    r->context = context;
+    r->flags = cflags;
+    r->complete_ev = want;
+    r->op = op;
+    memcpy(r->hdr, &h, sizeof h);
+    r->hlen = sizeof h;
+    if (fiv_req_payload(r, iov, count, inject) < 0) {
+        fiv_req_free(r);
+        fiv_unlock(d);
+        return -FI_ENOMEM;
+    }
+    fiv_tx_start(ep, r);
+    fiv_unlock(d);
+    return 0;
+}
+
+#define EP(e) container_of(e, struct fiv_ep, ep)
+
+static ssize_t m_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
+                      fi_addr_t dest, void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t m_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t dest, void *context)
+{
+    (void)desc;
+    return send_msg(EP(e), iov, count, dest, 0, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, false);
+}
+
+static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
+                         uint64_t flags)
+{
+    return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0,
+                    msg->data, msg->context, flags & ~FIV_NO_EVENT, false);
+}
+
+static ssize_t m_inject(struct fid_ep *e, const void *buf, size_t len,
+                        fi_addr_t dest)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT | FIV_NO_EVENT, false);
+}
+
+static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
+                          void *desc, uint64_t data, fi_addr_t dest,
+                          void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, data, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
+                    false);
+}
+
+static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
+                            uint64_t data, fi_addr_t dest)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, 0, data, NULL,
+                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, false);
+}
+
+struct fi_ops_msg fiv_msg_ops = {
+    .size = sizeof(struct fi_ops_msg),
+    .recv = fiv_msg_recv,
+    .recvv = fiv_msg_recvv,
+    .recvmsg = fiv_msg_recvmsg,
+    .send = m_send,
+    .sendv = m_sendv,
+    .sendmsg = m_sendmsg,
+    .inject = m_inject,
+    .senddata = m_senddata,
+    .injectdata = m_injectdata,
+};
+
+/* A peek (FI_PEEK, MPI's probes) looks at what has arrived by now:
+   progress first, then the look (fiv_msg.c). */
+static ssize_t t_recvmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                         uint64_t flags)
+{
+    if (flags & FI_PEEK) {
+        struct fiv_ep *ep = EP(e);
+        fiv_lock(ep->dom);
+        fiv_progress(ep);
+        fiv_unlock(ep->dom);
+    }
+    return fiv_tagged_recvmsg(e, msg, flags);
+}
+
+static ssize_t t_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
+                      fi_addr_t dest, uint64_t tag, void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t t_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t dest, uint64_t tag,
+                       void *context)
+{
+    (void)desc;
+    return send_msg(EP(e), iov, count, dest, tag, 0, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION, true);
+}
+
+static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                         uint64_t flags)
+{
+    return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
+                    msg->data, msg->context, flags & ~FIV_NO_EVENT, true);
+}
+
+static ssize_t t_inject(struct fid_ep *e, const void *buf, size_t len,
+                        fi_addr_t dest, uint64_t tag)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT | FIV_NO_EVENT, true);
+}
+
+static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
+                          void *desc, uint64_t data, fi_addr_t dest,
+                          uint64_t tag, void *context)
+{
+    (void)desc;
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, data, context,
+                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
+                    true);
+}
+
+static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
+                            uint64_t data, fi_addr_t dest, uint64_t tag)
+{
+    struct iovec v = {(void *)buf, len};
+    return send_msg(EP(e), &v, 1, dest, tag, data, NULL,
+                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, true);
+}
+
+struct fi_ops_tagged fiv_tagged_ops = {
+    .size = sizeof(struct fi_ops_tagged),
+    .recv = fiv_tagged_recv,
+    .recvv = fiv_tagged_recvv,
+    .recvmsg = t_recvmsg,
+    .send = t_send,
+    .sendv = t_sendv,
+    .sendmsg = t_sendmsg,
+    .inject = t_inject,
+    .senddata = t_senddata,
+    .injectdata = t_injectdata,
+};

@@ -1,0 +1,95 @@
+/*
+ * The one report line per process (FI_IVSHM_REPORT): the endpoints that
+ * count toward it, and the line printed at the last endpoint's close or
+ * at exit/cleanup, whichever comes first.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "fiv.h"
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fiv_ep **live_eps;
+static size_t nlive, caplive;
+static uint64_t done_sent, done_received, done_delegated;
+static bool any_ep, reported;
+static pid_t owner; /* a forked child inherits our counters: not its line */
+
+void fiv_register_ep(struct fiv_ep *ep)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (nlive == caplive) {
+        size_t n = caplive ? 2 * caplive : 4;
+        void *p = realloc(live_eps, n * sizeof *live_eps);
+        if (!p) {
+            pthread_mutex_unlock(&reg_lock);
+            return;
+        }
+        live_eps = p;
+        caplive = n;
+    }
+    live_eps[nlive++] = ep;
+    any_ep = true;
+    owner = getpid();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static void print_report_locked(void)
+{
+    if (reported || !any_ep || !fiv_cfg.report || getpid() != owner)
+        return;
+    uint64_t s = done_sent, r = done_received, d = done_delegated;
+    for (size_t i = 0; i < nlive; i++) {
+        s += live_eps[i]->sent;
+        r += live_eps[i]->received;
+        d += live_eps[i]->delegated;
+    }
+    fprintf(stderr, "fi_ivshm: pid %d sent %llu received %llu delegated %llu\n",
+            (int)getpid(), (unsigned long long)s, (unsigned long long)r,
+            (unsigned long long)d);
+    fflush(stderr);
+    reported = true;
+}
+
+void fiv_unregister_ep(struct fiv_ep *ep)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (size_t i = 0; i < nlive; i++) {
+        if (live_eps[i] == ep) {
+            live_eps[i] = live_eps[--nlive];
+            done_sent += ep->sent;
+            done_received += ep->received;
+            done_delegated += ep->delegated;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* Called when an endpoint closes: the line is printed once the process
+   has no endpoint left (an MPI closes its endpoints in finalize). */
+void fiv_report(struct fiv_ep *ep)
+{
+    (void)ep;
+    pthread_mutex_lock(&reg_lock);
+    if (nlive == 0)
+        print_report_locked();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* Processes that exit without closing (or whose MPI never calls
+   fi_fini) still print their line. */
+__attribute__((destructor)) static void fiv_report_at_exit(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    print_report_locked();
+    pthread_mutex_unlock(&reg_lock);
+}
+
+void fiv_cleanup(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    print_report_locked();
+    pthread_mutex_unlock(&reg_lock);
+}
