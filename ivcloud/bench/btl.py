@@ -1,15 +1,16 @@
 """MPI over ivshmem: OSU-style latency, bandwidth, RMA and allreduce.
 
-:func:`run` runs mpi-osu (native/bench/osu.c) under Open MPI for each
-BTL set of TRANSPORTS: our ivshmem component alone with self (no tcp to
-fall back to, and its per-rank counters must show traffic), vader and
-tcp. Point-to-point and one-sided tests use 2 ranks, allreduce
-ALLREDUCE_RANKS; one-sided operations go through osc pt2pt for every
-transport, so that the BTLs are what differs. The transports alternate
-in rounds; each figure is the median of its rounds, with the spread.
-It prints one table and the targets as ratios of medians measured in
-this run (informational), and can write every record (the medians, and
-each round's under "runs") as a JSON document.
+Runs the mpi-osu program (native/bench/osu.c) under Open MPI on this
+machine for three BTL sets: self,ivshmem (our component; tcp is left out
+so every figure provably went through it, which its counters confirm),
+self,vader (Open MPI's shared memory) and self,tcp (loopback).
+Point-to-point and one-sided tests use 2 ranks, allreduce 4. One-sided
+operations go through osc pt2pt for every transport, so the BTLs are
+what is compared. The transports alternate in rounds; each figure is
+the median of its rounds, with the spread. Prints one table, the
+targets as ratios of medians measured in this run (informational), and
+optionally writes every record (the medians, and each round's under
+"runs") as JSON.
 """
 
 from __future__ import annotations

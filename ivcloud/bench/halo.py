@@ -1,24 +1,33 @@
 """Rank placement on the emulated cloud: halo exchange, planned vs round-robin.
 
-:func:`run` brings up a cluster (ivcloud.cluster.session) of 2 servers x
-2 instances x 2 vCPUs with rate-limited uplinks, and runs mpi-halo
-(native/bench/halo.c: RANKS ranks on a 2-D grid exchanging faces with
-their neighbours) under the two PLACEMENTS: "planned", what
-ivcloud.place computes for the halo2d pattern on this shape, and
-"round-robin", Open MPI's by-node mapping. The placements alternate,
-the settings' `reps` times each, and the figure is the median wall time;
-every run checks that each rank ran where its placement put it. The
-target is the ratio round-robin / planned from this run. The cluster is
-taken down at the end, also after an error or a signal, unless it is to
-be kept.
+Brings up an `ivcloud cluster` of 2 servers x 2 instances x 2 vCPUs whose
+uplinks are rate-limited (--uplink-rate, default 200mbit), so traffic
+between servers costs what it does in a cloud, and runs mpi-halo
+(native/bench/halo.c: 8 ranks on a 4x2 grid, each exchanging --face
+bytes with its up to 4 neighbours per iteration, plus a tiny compute)
+with transport ivshmem (or --transport tcp) under two placements:
 
-:func:`run_slurm` (`--scheduler slurm`) asks the same of Slurm's
-allocation instead of our planner: on the same cluster shape running
-Slurm (ivcloud.cluster.slurm), a job of SLURM_RANKS ranks on two of the
-four instances, placed by Slurm's tree topology ("tree": it must land
-on one server, its instances' traffic through the region) against a
-topology-blind choice ("round-robin": one instance per server, as
-Open MPI's by-node mapping would spread them), in alternating rounds.
+  planned      the rankfile `ivcloud place --pattern halo2d:4x2` makes
+               for this cluster (METIS: neighbours in one instance, the
+               fewest grid edges across servers);
+  round-robin  Open MPI's --map-by node over the instances (consecutive
+               ranks on different servers), what a scheduler does
+               without knowing the traffic.
+
+The 8 ranks share the host's 2 cores (oversubscribed), so runs are
+short; the placements alternate, --reps times each, and the figure is
+the median wall time. Every run checks that each rank ran where its
+placement put it. The target is the ratio round-robin / planned from
+this run. The cluster is taken down at the end, also after an error or
+a signal (unless --keep-cluster).
+
+With --scheduler slurm it asks the same of Slurm's allocation instead of
+our planner: on the same cluster shape running Slurm, a job of 4 ranks
+on two of the four instances, placed by Slurm's tree topology ("tree":
+it must land on one server, its instances' traffic through the region)
+against a topology-blind choice ("round-robin": one instance per server,
+as Open MPI's by-node mapping would spread them), in alternating rounds;
+it writes halo-slurm.json.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """Many ranks in one region: how ivshmem scales against vader.
 
-:func:`run` runs mpi-scaling (native/bench/scaling.c) under Open MPI for
-each rank count of RANKS (oversubscribed: the ranks share this host's
-cores) and each transport: our ivshmem component alone with self, in a
-private region that `ivcloud mpirun` sizes for the job (linear in the
-ranks), and Open MPI's vader. For every (transport, ranks) it records
-the shared memory the transport needs, the 8 B latency between rank 0
-and rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
+Runs the mpi-scaling program (native/bench/scaling.c) under Open MPI on
+this machine at 2, 8, 32 and 128 ranks (oversubscribed: the ranks share
+the host's cores), for self,ivshmem (a private region that `ivcloud
+mpirun` sizes for the job, linear in the ranks; the BTL counters must
+show traffic on every rank) and self,vader. Per transport and rank
+count: the shared memory it sets up, the 8 B latency between rank 0 and
+rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
 streaming pairs. Transports and rank counts alternate in rounds; each
 figure is the median of its rounds, with the spread. A vader job that
 fails or times out at some rank count is noted (vader "where it runs"),
-an ivshmem one is a failure. It prints one table and the ratios ivshmem
-/ vader from this run (informational), and can write every record (the
-medians, and each round's under "runs") as a JSON document.
+an ivshmem one is a failure. Prints one table, the ratios ivshmem /
+vader measured in this run (informational), and optionally writes every
+record (the medians, and each round's under "runs") as JSON.
 """
 
 from __future__ import annotations
