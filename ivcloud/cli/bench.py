@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import List, Optional, Tuple
 
 from .. import mpis
 from ..bench import apps, btl, halo, hierarchy, ofi, p2p, scaling, small
@@ -14,11 +14,9 @@ from ..bench.report import write as write_report
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
-from . import add_vm_arguments, positive_int, wants_vm
+from . import add_vm_arguments, checked, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
-
-T = TypeVar("T")
 
 
 # `bench mpi --mpi NAME` of another MPI: ofi instead of btl
@@ -43,24 +41,13 @@ needed. Prints the path of report.md.
 
 # ---------------------------------------------------------------- types
 
-def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
-    """An argparse type from a library check: its message (a ValueError,
-    an InvalidRequest) becomes the usage error."""
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e))
-    return convert
-
-
-@_checked
+@checked
 def _sizes(text: str) -> List[int]:
     return p2p.check_sizes(parse_size(x) for x in text.split(",")
                            if x.strip())
 
 
-@_checked
+@checked
 def _scaling_transports(text: str) -> List[str]:
     return check_transports((t.strip() for t in text.split(",")
                              if t.strip()), scaling.TRANSPORTS)
@@ -78,11 +65,11 @@ def _ranks(text: str) -> List[int]:
 
 
 def _scaling_ranks(text: str) -> List[int]:
-    return _checked(scaling.check_ranks)(_ranks(text))
+    return checked(scaling.check_ranks)(_ranks(text))
 
 
 def _face(text: str) -> int:
-    return _checked(halo.check_face)(positive_int(text))
+    return checked(halo.check_face)(positive_int(text))
 
 
 # ---------------------------------------------------------------- running

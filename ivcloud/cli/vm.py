@@ -15,7 +15,7 @@ from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
-from . import CliError
+from . import CliError, checked
 
 
 def _integer(text: str) -> int:
@@ -24,13 +24,6 @@ def _integer(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, not '{text}'")
     return v
-
-
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
 
 
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:
@@ -64,7 +57,7 @@ def register(sub) -> None:
     u.add_argument("--name", default=DEFAULT_PREFIX, metavar="PREFIX",
                    help=f"VMs are PREFIX0, PREFIX1, ... (default "
                         f"{DEFAULT_PREFIX})")
-    u.add_argument("--memory", type=_size_arg, default=256 << 20,
+    u.add_argument("--memory", type=checked(parse_size), default=256 << 20,
                    help="guest memory (default 256M)")
     u.add_argument("--vcpus", type=_integer, default=1,
                    help="vCPUs per VM, at most the host's cores (default 1)")
