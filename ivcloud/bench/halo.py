@@ -37,7 +37,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..cluster.job import Job
 from ..cluster.session import ClusterSession
@@ -171,20 +171,29 @@ def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
     return rec
 
 
-def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
-            log=None) -> BenchResults:
+def alternate(s: HaloSettings, names: Sequence[str],
+              run_one: Callable[[str, int], Dict], log=None,
+              label: str = "") -> BenchResults:
+    """run_one(name, rep) of each of `names` in turn, s.reps times
+    (alternating, so that a slow phase of the machine hits them all);
+    each run's record, a failed run noted."""
     log = log or sys.stderr
     res = BenchResults()
-    # alternating, so that a slow phase of the machine hits both
     for rep in range(s.reps):
-        for name in PLACEMENTS:
-            rec = attempt(res, "halo", f"{name} #{rep + 1}",
-                          lambda: run_once(cluster, plan, name, rep, s), log)
+        for name in names:
+            what = f"{label}{name} #{rep + 1}"
+            rec = attempt(res, "halo", what, lambda: run_one(name, rep), log)
             if rec is not None:
                 res.records.append(rec)
-                log.write(f"bench halo: {name} #{rep + 1}: wall "
-                          f"{rec['wall_s']:.3f} s\n")
+                log.write(f"bench halo: {what}: wall {rec['wall_s']:.3f} s "
+                          f"on {' '.join(rec['hosts'])}\n")
     return res
+
+
+def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
+            log=None) -> BenchResults:
+    return alternate(s, PLACEMENTS, lambda name, rep: run_once(
+        cluster, plan, name, rep, s), log)
 
 
 def medians(records: Sequence[Dict], key: str,
@@ -304,22 +313,6 @@ def run_once_slurm(cluster: ClusterSession, name: str, rep: int,
     return rec
 
 
-def measure_slurm(cluster: ClusterSession, s: HaloSettings,
-                  log=None) -> BenchResults:
-    log = log or sys.stderr
-    res = BenchResults()
-    for rep in range(s.reps):       # alternating, as measure()
-        for name in ALLOCATIONS:
-            rec = attempt(res, "halo", f"slurm {name} #{rep + 1}",
-                          lambda: run_once_slurm(cluster, name, rep, s), log)
-            if rec is not None:
-                res.records.append(rec)
-                log.write(f"bench halo: slurm {name} #{rep + 1}: wall "
-                          f"{rec['wall_s']:.3f} s on {' '.join(rec['hosts'])}"
-                          f"\n")
-    return res
-
-
 def print_table_slurm(summ: Dict[str, Dict], out=None) -> None:
     out = out or sys.stdout
     rows = [[name, f"{v['wall_s']:.3f}", f"{v['min_s']:.3f}..{v['max_s']:.3f}",
@@ -341,7 +334,8 @@ def run_slurm(s: HaloSettings, out_dir: Path,
     with ClusterSession("halos", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
                         keep=keep_cluster, log=log,
                         slurm=SlurmOptions()) as cluster:
-        res = measure_slurm(cluster, s, log)
+        res = alternate(s, ALLOCATIONS, lambda name, rep: run_once_slurm(
+            cluster, name, rep, s), log, "slurm ")
     summ = medians(res.records, "allocation", ALLOCATIONS)
     ts = [ratio_target("halo wall time round-robin / tree allocation",
                        summ.get("round-robin"), summ.get("tree"), "wall_s",
