@@ -54,6 +54,11 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+def remainder(items: List[str]) -> List[str]:
+    """An argparse.REMAINDER without the `--` that ends the options."""
+    return list(items[1:] if items[:1] == ["--"] else items)
+
+
 def add_vm_arguments(p: argparse.ArgumentParser, kind_help: str,
                      default_memory_mb: int) -> None:
     """--instance-kind and the options of QEMU-guest instances (cluster
