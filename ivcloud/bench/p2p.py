@@ -26,10 +26,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import netns, process
 from ..errors import BenchError, InvalidRequest
-from ..mpis.openmpi import find_mpirun
-from .toolkit import (MIB, BenchResults, Target, count, csv, fmt_size,
-                      measure_rounds, parse_records, program, ratio_target,
-                      checked_run, run_benchmark, spread, summarize, tail)
+from .toolkit import (MIB, BenchResults, Target, checked_run, count, csv,
+                      fmt_size, measure_rounds, mpi_job, parse_records,
+                      program, ratio_target, run_benchmark, spread,
+                      summarize, tail)
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -194,20 +194,15 @@ def run_tcp_bridge(s: P2pSettings) -> List[Dict]:
                          net.addr_a, net.addr_a)
 
 
-def mpirun_argv(binary: Path, extra: Sequence[str]) -> List[str]:
-    mpirun = find_mpirun()
-    # ob1 + self,vader pins the path to vader's shared-memory BTL (UCX
-    # would otherwise win where it is installed).
-    return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
-            "--mca", "pml", "ob1", "--mca", "btl", "self,vader",
-            str(binary), *extra]
-
-
 def run_mpi(s: P2pSettings) -> List[Dict]:
-    binary = program("mpi-pingpong")
-    cmd = mpirun_argv(binary, ["--sizes", csv(s.sizes), "--iters",
-                               str(s.iters), "--budget", str(s.budget)])
-    return _run(cmd, s.timeout_s + 30, "mpi-pingpong (vader)")
+    """mpi-pingpong over Open MPI's vader, launched as `ivcloud mpirun
+    --transport vader` launches (ob1 and self,vader: UCX, where
+    installed, would otherwise win)."""
+    recs, _ = mpi_job("vader", 2, [str(program("mpi-pingpong")), "--sizes",
+                                   csv(s.sizes), "--iters", str(s.iters),
+                                   "--budget", str(s.budget)],
+                      s.timeout_s + 30, "mpi-pingpong (vader)", KEYS)
+    return recs
 
 
 # ---------------------------------------------------------------- targets
