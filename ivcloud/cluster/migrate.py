@@ -324,10 +324,7 @@ class _Move:
         self.state["links"].append(self.dest_tap)
         save(self.sd, self.state)
         self.undo.append(("the destination's tap deleted", self._drop_tap))
-        network.ip_batch(self.fabric, [
-            f"tuntap add dev {self.dest_tap} mode tap",
-            f"link set {self.dest_tap} master {srv['bridge']}",
-            f"link set {self.dest_tap} up"])
+        network.add_tap(self.fabric, self.dest_tap, srv["bridge"])
 
     def _drop_tap(self, tap: Optional[str] = None) -> None:
         tap = tap or self.dest_tap

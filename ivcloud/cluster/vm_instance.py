@@ -260,10 +260,7 @@ def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
     tap = tap_name(inst.hostname)
     state["links"].append(tap)
     save(sd, state)
-    network.ip_batch(fabric_pid, [
-        f"tuntap add dev {tap} mode tap",
-        f"link set {tap} master {srv.bridge}",
-        f"link set {tap} up"])
+    network.add_tap(fabric_pid, tap, srv.bridge)
     d = vm_dir(sd, inst.hostname)
     d.mkdir(mode=0o700)
     state["vms"][inst.hostname] = {"dir": str(d), "tap": tap, "pid": None}
