@@ -18,7 +18,6 @@ import functools
 import os
 import select
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from .. import netns, process
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, checked_run, count, csv,
                       fmt_size, measure_rounds, mpi_job, parse_records,
-                      program, ratio_target, run_benchmark, spread,
+                      print_grid, program, ratio_target, run_benchmark, spread,
                       summarize, tail)
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
@@ -242,10 +241,7 @@ def targets(res: BenchResults) -> List[Target]:
 # ---------------------------------------------------------------- output
 
 def print_table(res: BenchResults, out=None) -> None:
-    out = out or sys.stdout
-    head = (f"{'transport':<15} {'mode':<16} {'size':>9} {'latency_us':>12} "
-            f"{'(min..max)':>17} {'MB/s':>11}  notes")
-    out.write(head + "\n" + "-" * len(head) + "\n")
+    rows = []
     for r in res.records:
         extra = []
         if "wall_s" in r and r["transport"] == "ivshm-oversub":
@@ -255,10 +251,11 @@ def print_table(res: BenchResults, out=None) -> None:
         if "cpu_fraction" in r:
             extra.append(f"waiter CPU {100 * r['cpu_fraction']:.2f}% of "
                          f"{r.get('wall_s', 0):.2f} s; latency = wake-up")
-        out.write(f"{r['transport']:<15} {r['mode']:<16} "
-                  f"{fmt_size(r['size']):>9} {r['latency_us']:>12.3f} "
-                  f"{spread(r, 'latency_us'):>17} "
-                  f"{r['bandwidth_MBps']:>11.1f}  {'; '.join(extra)}\n")
+        rows.append([r["transport"], r["mode"], fmt_size(r["size"]),
+                     f"{r['latency_us']:.3f}", spread(r, "latency_us"),
+                     f"{r['bandwidth_MBps']:.1f}", "; ".join(extra)])
+    print_grid(["transport", "mode", "size", "latency_us", "(min..max)",
+                "MB/s", "notes"], rows, out, left=(0, 1, 6))
 
 
 # ---------------------------------------------------------------- driver
