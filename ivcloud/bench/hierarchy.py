@@ -124,12 +124,6 @@ class HierarchySettings:
                    rounds=count("rounds", rounds) or (1 if quick else 3))
 
 
-def find(records: Sequence[Dict], level: int, transport: str, test: str,
-         size: int) -> Optional[Dict]:
-    return find_record(records, level=level, transport=transport,
-                       test=test, size=size)
-
-
 # ---------------------------------------------------------------- running
 
 def run_level(cluster: ClusterSession, level: Level, transport: str,
@@ -186,16 +180,20 @@ def measure(cluster: ClusterSession, s: HierarchySettings,
 # ---------------------------------------------------------------- targets
 
 def targets(records: Sequence[Dict]) -> List[Target]:
+    def find(level: int, transport: str, test: str, size: int):
+        return find_record(records, level=level, transport=transport,
+                           test=test, size=size)
+
     return [
         # "better latency" as a factor: the slower one over the faster
         ratio_target("level 2, 8 B latency tcp / ivshmem",
-                     find(records, 2, "tcp", "latency", 8),
-                     find(records, 2, "ivshmem", "latency", 8),
+                     find(2, "tcp", "latency", 8),
+                     find(2, "ivshmem", "latency", 8),
                      "latency_us", ">=", 50.0),
         # seed 000 (fig. 29-32): ivshmem about twice TCP's best at 1 MB
         ratio_target("level 2, 1 MiB bandwidth ivshmem / tcp",
-                     find(records, 2, "ivshmem", "bw", MIB),
-                     find(records, 2, "tcp", "bw", MIB), "bandwidth_MBps",
+                     find(2, "ivshmem", "bw", MIB),
+                     find(2, "tcp", "bw", MIB), "bandwidth_MBps",
                      ">=", 2.0),
     ]
 

@@ -457,17 +457,10 @@ def _when(doc: Dict) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
 
 
-def busy(doc: Dict) -> List[str]:
-    """Why the machine was busy during a document's run (its load
-    samples, judged by toolkit.busy_reasons); [] when quiet or not
-    sampled."""
-    return busy_reasons(doc.get("load"))
-
-
 def _load_lines(doc: Dict) -> List[str]:
     """A section's line on the machine's load: a warning when busy."""
     load = doc.get("load") or {}
-    reasons = busy(doc)
+    reasons = busy_reasons(load)
     if reasons:
         return ["", f"**Warning: {busy_warning(reasons)}.**"]
     before = load.get("before")
@@ -628,7 +621,7 @@ def write(out: Path) -> Path:
     if problem:
         lines += [f"**{problem}**", ""]
     were_busy = [d["benchmark"] for d in docs.values()
-                 if d is not None and busy(d)]
+                 if d is not None and busy_reasons(d.get("load"))]
     if were_busy:
         lines += [f"**Warning: the machine was busy during `bench "
                   f"{'`, `bench '.join(were_busy)}`** (the sections say "
