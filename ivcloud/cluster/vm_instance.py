@@ -315,14 +315,15 @@ def _finish_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
         vm_dir(sd, inst.hostname), inst.cpus)
 
 
-def guest_run(sock: Path, host: str, script: str, timeout: float) -> str:
+def guest_run(sock: Path, host: str, script: str, timeout: float,
+              lines: int = 1) -> str:
     """`script` run by the shell of guest `host` (its agent at `sock`);
-    its output, or ClusterFailure with its last line."""
+    its output, or ClusterFailure with its last `lines` lines."""
     r = agent.run(sock, script, timeout)
     if not r.ok:
-        lines = [ln for ln in r.output.splitlines() if ln.strip()]
-        raise ClusterFailure(f"guest {host}: "
-                             f"{lines[-1] if lines else f'exit {r.status}'}")
+        said = [ln.strip() for ln in r.output.splitlines() if ln.strip()]
+        why = " ".join(said[-lines:]) or f"exit {r.status}"
+        raise ClusterFailure(f"guest {host}: {why}")
     return r.output
 
 
