@@ -221,10 +221,11 @@ def _small_arguments(p: argparse.ArgumentParser) -> None:
                         "when root and chrt allow it)")
 
 
-def _cluster_arguments(p: argparse.ArgumentParser, name: str,
-                       quick: str) -> None:
-    """The options every cluster benchmark has (hierarchy, halo)."""
-    _options(p, quick, rounds=None,
+def _cluster_arguments(p: argparse.ArgumentParser, name: str, quick: str,
+                       iters: Optional[str] = None,
+                       rounds: Optional[str] = None) -> None:
+    """The options every cluster benchmark has (hierarchy, halo, apps)."""
+    _options(p, quick, iters, rounds,
              json="also write the records and targets as JSON here")
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                    help=f"where {name}.json, the plots and report.md go "
@@ -235,19 +236,13 @@ def _cluster_arguments(p: argparse.ArgumentParser, name: str,
 
 def _hierarchy_arguments(p: argparse.ArgumentParser) -> None:
     _cluster_arguments(p, "hierarchy",
-                       "three sizes, few iterations (plumbing check)")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="round trips per small size (big sizes use fewer)")
+                       "three sizes, few iterations (plumbing check)",
+                       "round trips per small size (big sizes use fewer)",
+                       "rounds of alternating levels and transports; "
+                       "figures are medians (default 3, quick 1)")
     p.add_argument("--uplink-rate", default=None, metavar="RATE",
                    help="shape the servers' uplinks (e.g. 1gbit; default "
                         "unshaped)")
-    p.add_argument("--rounds", type=positive_int, default=None,
-                   help="rounds of alternating levels and transports; "
-                        "figures are medians (default 3, quick 1)")
-    _vm_arguments(p)
-
-
-def _vm_arguments(p: argparse.ArgumentParser) -> None:
     add_vm_arguments(p, "namespace (default) or vm: QEMU guests of the "
                         "Debian image (1 server x 2 guests x 2 vCPUs, "
                         "levels 1 and 2)", VmOptions.memory_mb)
@@ -255,9 +250,8 @@ def _vm_arguments(p: argparse.ArgumentParser) -> None:
 
 def _halo_arguments(p: argparse.ArgumentParser) -> None:
     _cluster_arguments(p, "halo",
-                       "one short run per placement (plumbing check)")
-    p.add_argument("--iters", type=positive_int, default=None,
-                   help="timed halo iterations per run")
+                       "one short run per placement (plumbing check)",
+                       "timed halo iterations per run")
     p.add_argument("--reps", type=positive_int, default=None,
                    help="runs per placement (the median counts)")
     p.add_argument("--face", type=_face, default=halo.FACE_BYTES,
@@ -278,15 +272,15 @@ def _halo_arguments(p: argparse.ArgumentParser) -> None:
 
 def _apps_arguments(p: argparse.ArgumentParser) -> None:
     _cluster_arguments(p, "apps",
-                       "one round, tiny inputs, 1-2 ranks (plumbing check)")
+                       "one round, tiny inputs, 1-2 ranks (plumbing check)",
+                       rounds="rounds of alternating configurations "
+                              "(default 3)")
     p.add_argument("--apps", type=_names, default=None,
                    help=f"comma-separated subset of {','.join(apps.APPS)}")
     p.add_argument("--configs", type=_names, default=None,
                    help=f"comma-separated subset of "
                         f"{','.join(apps.CONFIGS)} (default all; one is "
                         f"the reference and always needed)")
-    p.add_argument("--rounds", type=positive_int, default=None,
-                   help="rounds of alternating configurations (default 3)")
     p.add_argument("--hpcc-n", type=positive_int, default=None,
                    metavar="N", help="HPL problem size (default 2000)")
     p.add_argument("--foam-iterations", type=positive_int, default=None,
