@@ -372,25 +372,28 @@ def relative(summary: Sequence[Dict]) -> List[Dict]:
     for (app, metric) in METRICS:
         if (app, "one", metric) not in by:
             continue
-        up = METRICS[(app, metric)][2]
         row = {"app": app, "metric": metric}
         for key, ours, ref in RATIOS:
             a, b = by.get((app, ours, metric)), by.get((app, ref, metric))
             row[key] = row[f"{key}_best"] = row[f"{key}_worst"] = None
             if a and b and a["value"] and b["value"]:
-                row[key] = speed(app, metric, a["value"], b["value"])
-                row[f"{key}_best"] = speed(app, metric,
-                                           _extreme(a, up), _extreme(b, not up))
-                row[f"{key}_worst"] = speed(app, metric, _extreme(a, not up),
-                                            _extreme(b, up))
+                row[key], row[f"{key}_best"], row[f"{key}_worst"] = \
+                    _speeds(app, metric, a, b)
         rows.append(row)
     return rows
 
 
-def _extreme(rec: Dict, highest: bool) -> float:
-    """A summarized record's highest or lowest run (its median if it has
-    no spread)."""
-    return rec.get("value_max" if highest else "value_min", rec["value"])
+def _speeds(app: str, metric: str, rec: Dict, ref: Dict
+            ) -> Tuple[Optional[float], ...]:
+    """Summarized record `rec` as a speed relative to `ref`: (of the
+    medians, the most favourable and the least favourable the runs'
+    extremes allow)."""
+    def extreme(r: Dict, highest: bool) -> float:
+        return r.get("value_max" if highest else "value_min", r["value"])
+    up = METRICS[(app, metric)][2]
+    return (speed(app, metric, rec["value"], ref["value"]),
+            speed(app, metric, extreme(rec, up), extreme(ref, not up)),
+            speed(app, metric, extreme(rec, not up), extreme(ref, up)))
 
 
 def scaling(summary: Sequence[Dict], cpus: int) -> List[Dict]:
@@ -410,16 +413,12 @@ def scaling(summary: Sequence[Dict], cpus: int) -> List[Dict]:
         rows = []
         for p in sorted(pts):
             r = pts[p]
-            s = speed(app, metric, r["value"], one["value"])
-            up = METRICS[(app, metric)][2]
+            s, s_max, s_min = _speeds(app, metric, r, one)
             rows.append({
                 "ranks": p, "value": r["value"],
                 "value_min": r.get("value_min"),
                 "value_max": r.get("value_max"), "speedup": s,
-                "speedup_min": speed(app, metric, _extreme(r, not up),
-                                     _extreme(one, up)),
-                "speedup_max": speed(app, metric, _extreme(r, up),
-                                     _extreme(one, not up)),
+                "speedup_min": s_min, "speedup_max": s_max,
                 "efficiency": s / p if s else None,
                 "oversubscribed": p > cpus})
         series = {"app": app, "metric": metric,

@@ -1,24 +1,33 @@
 """Rank placement on the emulated cloud: halo exchange, planned vs round-robin.
 
-:func:`run` brings up a cluster (ivcloud.cluster.session) of 2 servers x
-2 instances x 2 vCPUs with rate-limited uplinks, and runs mpi-halo
-(native/bench/halo.c: RANKS ranks on a 2-D grid exchanging faces with
-their neighbours) under the two PLACEMENTS: "planned", what
-ivcloud.place computes for the halo2d pattern on this shape, and
-"round-robin", Open MPI's by-node mapping. The placements alternate,
-the settings' `reps` times each, and the figure is the median wall time;
-every run checks that each rank ran where its placement put it. The
-target is the ratio round-robin / planned from this run. The cluster is
-taken down at the end, also after an error or a signal, unless it is to
-be kept.
+Brings up an `ivcloud cluster` of 2 servers x 2 instances x 2 vCPUs whose
+uplinks are rate-limited (--uplink-rate, default 200mbit), so traffic
+between servers costs what it does in a cloud, and runs mpi-halo
+(native/bench/halo.c: 8 ranks on a 4x2 grid, each exchanging --face
+bytes with its up to 4 neighbours per iteration, plus a tiny compute)
+with transport ivshmem (or --transport tcp) under two placements:
 
-:func:`run_slurm` (`--scheduler slurm`) asks the same of Slurm's
-allocation instead of our planner: on the same cluster shape running
-Slurm (ivcloud.cluster.slurm), a job of SLURM_RANKS ranks on two of the
-four instances, placed by Slurm's tree topology ("tree": it must land
-on one server, its instances' traffic through the region) against a
-topology-blind choice ("round-robin": one instance per server, as
-Open MPI's by-node mapping would spread them), in alternating rounds.
+  planned      the rankfile `ivcloud place --pattern halo2d:4x2` makes
+               for this cluster (METIS: neighbours in one instance, the
+               fewest grid edges across servers);
+  round-robin  Open MPI's --map-by node over the instances (consecutive
+               ranks on different servers), what a scheduler does
+               without knowing the traffic.
+
+The 8 ranks share the host's 2 cores (oversubscribed), so runs are
+short; the placements alternate, --reps times each, and the figure is
+the median wall time. Every run checks that each rank ran where its
+placement put it. The target is the ratio round-robin / planned from
+this run. The cluster is taken down at the end, also after an error or
+a signal (unless --keep-cluster).
+
+With --scheduler slurm it asks the same of Slurm's allocation instead of
+our planner: on the same cluster shape running Slurm, a job of 4 ranks
+on two of the four instances, placed by Slurm's tree topology ("tree":
+it must land on one server, its instances' traffic through the region)
+against a topology-blind choice ("round-robin": one instance per server,
+as Open MPI's by-node mapping would spread them), in alternating rounds;
+it writes halo-slurm.json.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..cluster.job import Job
 from ..cluster.session import ClusterSession
@@ -162,20 +171,29 @@ def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
     return rec
 
 
-def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
-            log=None) -> BenchResults:
+def alternate(s: HaloSettings, names: Sequence[str],
+              run_one: Callable[[str, int], Dict], log=None,
+              label: str = "") -> BenchResults:
+    """run_one(name, rep) of each of `names` in turn, s.reps times
+    (alternating, so that a slow phase of the machine hits them all);
+    each run's record, a failed run noted."""
     log = log or sys.stderr
     res = BenchResults()
-    # alternating, so that a slow phase of the machine hits both
     for rep in range(s.reps):
-        for name in PLACEMENTS:
-            rec = attempt(res, "halo", f"{name} #{rep + 1}",
-                          lambda: run_once(cluster, plan, name, rep, s), log)
+        for name in names:
+            what = f"{label}{name} #{rep + 1}"
+            rec = attempt(res, "halo", what, lambda: run_one(name, rep), log)
             if rec is not None:
                 res.records.append(rec)
-                log.write(f"bench halo: {name} #{rep + 1}: wall "
-                          f"{rec['wall_s']:.3f} s\n")
+                log.write(f"bench halo: {what}: wall {rec['wall_s']:.3f} s "
+                          f"on {' '.join(rec['hosts'])}\n")
     return res
+
+
+def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
+            log=None) -> BenchResults:
+    return alternate(s, PLACEMENTS, lambda name, rep: run_once(
+        cluster, plan, name, rep, s), log)
 
 
 def medians(records: Sequence[Dict], key: str,
@@ -295,22 +313,6 @@ def run_once_slurm(cluster: ClusterSession, name: str, rep: int,
     return rec
 
 
-def measure_slurm(cluster: ClusterSession, s: HaloSettings,
-                  log=None) -> BenchResults:
-    log = log or sys.stderr
-    res = BenchResults()
-    for rep in range(s.reps):       # alternating, as measure()
-        for name in ALLOCATIONS:
-            rec = attempt(res, "halo", f"slurm {name} #{rep + 1}",
-                          lambda: run_once_slurm(cluster, name, rep, s), log)
-            if rec is not None:
-                res.records.append(rec)
-                log.write(f"bench halo: slurm {name} #{rep + 1}: wall "
-                          f"{rec['wall_s']:.3f} s on {' '.join(rec['hosts'])}"
-                          f"\n")
-    return res
-
-
 def print_table_slurm(summ: Dict[str, Dict], out=None) -> None:
     out = out or sys.stdout
     rows = [[name, f"{v['wall_s']:.3f}", f"{v['min_s']:.3f}..{v['max_s']:.3f}",
@@ -332,7 +334,8 @@ def run_slurm(s: HaloSettings, out_dir: Path,
     with ClusterSession("halos", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
                         keep=keep_cluster, log=log,
                         slurm=SlurmOptions()) as cluster:
-        res = measure_slurm(cluster, s, log)
+        res = alternate(s, ALLOCATIONS, lambda name, rep: run_once_slurm(
+            cluster, name, rep, s), log, "slurm ")
     summ = medians(res.records, "allocation", ALLOCATIONS)
     ts = [ratio_target("halo wall time round-robin / tree allocation",
                        summ.get("round-robin"), summ.get("tree"), "wall_s",

@@ -146,12 +146,8 @@ def _peer_run(s: MagBenchSettings, cores: int) -> List[Dict]:
                     f"{out['cell_nm']:g} nm",
            **out}
     ref = convergence.reference_for(load(s.files["sp4"]))
-    r = convergence.value_at(ref, 1e-9) if ref is not None else None
-    if r is not None:
-        diff = [float(a - b) for a, b in zip(out["m_final"], r)]
-        rec.update({"reference": ref["name"], "reference_t_s": 1e-9,
-                    "minus_reference": [round(v, 5) for v in diff],
-                    "error_max": round(max(abs(v) for v in diff), 5)})
+    if ref is not None:
+        rec.update(_minus_reference(out["m_final"], ref, 1e-9))
     return [rec]
 
 
@@ -190,8 +186,16 @@ def _error_to_reference(problem: Path, out: Path) -> Dict:
         return {}
     curve = convergence.read_curve(out)
     t = float(curve["t"][-1])
-    m, r = convergence.value_at(curve, t), convergence.value_at(ref, t)
-    if m is None or r is None:
+    m = convergence.value_at(curve, t)
+    return {} if m is None else _minus_reference(m, ref, t)
+
+
+def _minus_reference(m: Sequence[float], ref: Dict, t: float) -> Dict:
+    """<m> at time `t` minus reference curve `ref` there ({} where the
+    reference does not reach `t`)."""
+    from micromag import convergence
+    r = convergence.value_at(ref, t)
+    if r is None:
         return {}
     diff = [float(a - b) for a, b in zip(m, r)]
     return {"reference": ref["name"], "reference_t_s": t,

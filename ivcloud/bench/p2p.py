@@ -1,13 +1,13 @@
 """Point-to-point latency and bandwidth: libivshm against references.
 
-:func:`run` measures, on this machine: libivshm rings (spin, and
+Runs, in one go and on this machine: libivshm rings (spin, and
 spin-then-block), libivshm window put+flush, a memcpy reference, TCP over
-loopback, TCP between two network namespaces over a bridge (unless the
-settings leave it out), Open MPI's vader BTL, two oversubscribed
-ping-pong pairs, and the CPU use of a blocked peer, with the
-ivshm-pingpong, tcp-pingpong and mpi-pingpong programs (native/bench).
-It prints one table and the targets as ratios measured in this run
-(informational), and can write every record as a JSON document.
+loopback, TCP between two network namespaces over a bridge (unless
+--skip-netns), Open MPI's vader BTL, two oversubscribed ping-pong pairs,
+and the CPU use of a blocked peer, with the ivshm-pingpong, tcp-pingpong
+and mpi-pingpong programs (native/bench). Prints one table, the targets
+as ratios measured in this run (informational), and optionally writes
+every record as JSON.
 
 One-way latency is half a round trip; bandwidth = size / one-way latency.
 """
@@ -18,7 +18,6 @@ import functools
 import os
 import select
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import netns, process
 from ..errors import BenchError, InvalidRequest
-from ..mpis.openmpi import find_mpirun
-from .toolkit import (MIB, BenchResults, Target, count, csv, fmt_size,
-                      measure_rounds, parse_records, program, ratio_target,
-                      checked_run, run_benchmark, spread, summarize, tail)
+from .toolkit import (MIB, BenchResults, Target, checked_run, count, csv,
+                      fmt_size, measure_rounds, mpi_job, parse_records,
+                      print_grid, program, ratio_target, run_benchmark, spread,
+                      summarize, tail)
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -194,20 +193,15 @@ def run_tcp_bridge(s: P2pSettings) -> List[Dict]:
                          net.addr_a, net.addr_a)
 
 
-def mpirun_argv(binary: Path, extra: Sequence[str]) -> List[str]:
-    mpirun = find_mpirun()
-    # ob1 + self,vader pins the path to vader's shared-memory BTL (UCX
-    # would otherwise win where it is installed).
-    return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
-            "--mca", "pml", "ob1", "--mca", "btl", "self,vader",
-            str(binary), *extra]
-
-
 def run_mpi(s: P2pSettings) -> List[Dict]:
-    binary = program("mpi-pingpong")
-    cmd = mpirun_argv(binary, ["--sizes", csv(s.sizes), "--iters",
-                               str(s.iters), "--budget", str(s.budget)])
-    return _run(cmd, s.timeout_s + 30, "mpi-pingpong (vader)")
+    """mpi-pingpong over Open MPI's vader, launched as `ivcloud mpirun
+    --transport vader` launches (ob1 and self,vader: UCX, where
+    installed, would otherwise win)."""
+    recs, _ = mpi_job("vader", 2, [str(program("mpi-pingpong")), "--sizes",
+                                   csv(s.sizes), "--iters", str(s.iters),
+                                   "--budget", str(s.budget)],
+                      s.timeout_s + 30, "mpi-pingpong (vader)", KEYS)
+    return recs
 
 
 # ---------------------------------------------------------------- targets
@@ -247,10 +241,7 @@ def targets(res: BenchResults) -> List[Target]:
 # ---------------------------------------------------------------- output
 
 def print_table(res: BenchResults, out=None) -> None:
-    out = out or sys.stdout
-    head = (f"{'transport':<15} {'mode':<16} {'size':>9} {'latency_us':>12} "
-            f"{'(min..max)':>17} {'MB/s':>11}  notes")
-    out.write(head + "\n" + "-" * len(head) + "\n")
+    rows = []
     for r in res.records:
         extra = []
         if "wall_s" in r and r["transport"] == "ivshm-oversub":
@@ -260,10 +251,11 @@ def print_table(res: BenchResults, out=None) -> None:
         if "cpu_fraction" in r:
             extra.append(f"waiter CPU {100 * r['cpu_fraction']:.2f}% of "
                          f"{r.get('wall_s', 0):.2f} s; latency = wake-up")
-        out.write(f"{r['transport']:<15} {r['mode']:<16} "
-                  f"{fmt_size(r['size']):>9} {r['latency_us']:>12.3f} "
-                  f"{spread(r, 'latency_us'):>17} "
-                  f"{r['bandwidth_MBps']:>11.1f}  {'; '.join(extra)}\n")
+        rows.append([r["transport"], r["mode"], fmt_size(r["size"]),
+                     f"{r['latency_us']:.3f}", spread(r, "latency_us"),
+                     f"{r['bandwidth_MBps']:.1f}", "; ".join(extra)])
+    print_grid(["transport", "mode", "size", "latency_us", "(min..max)",
+                "MB/s", "notes"], rows, out, left=(0, 1, 6))
 
 
 # ---------------------------------------------------------------- driver

@@ -270,6 +270,13 @@ def _bars(recs: Sequence[Dict], key: str, lo: Optional[str] = None,
             [max(0.0, r[hi] - r[key]) for r in recs]]
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _curves(doc: Dict, test: str):
     """[(label, level, transport, sizes, records)] in level order."""
     out = []
@@ -287,6 +294,8 @@ def _curves(doc: Dict, test: str):
 
 
 def plot_hierarchy(plt, doc: Dict, out: Path) -> List[Path]:
+    if not doc["records"]:
+        return []
     written = []
     sizes = sorted({r["size"] for r in doc["records"]})
     for test, key, ylabel, name, title in (
@@ -310,11 +319,7 @@ def plot_hierarchy(plt, doc: Dict, out: Path) -> List[Path]:
         # bandwidth starts low on the left
         ax.legend(fontsize=7, loc="lower right" if test == "latency"
                   else "upper left")
-        fig.tight_layout()
-        path = out / name
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out / name))
     return written
 
 
@@ -352,11 +357,7 @@ def plot_halo(plt, doc: Dict, out: Path) -> List[Path]:
                  f"iterations),\nuplinks {doc['cluster']['uplink_rate']}, "
                  f"{doc['transport']}{ratio}", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "halo.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, out / "halo.png")]
 
 
 def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
@@ -388,11 +389,7 @@ def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
                      "instance (bare metal);\nbars: medians, whiskers: "
                      "the worst and best the runs allow", fontsize=10)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / "apps.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out / "apps.png"))
     cpus = _scaling_cpus(doc)
     views = [(s, scaling_view(s, cpus)) for s in doc.get("scaling", [])]
     views = [(s, v) for s, v in views if v["table"]]
@@ -421,11 +418,7 @@ def plot_apps(plt, doc: Dict, out: Path) -> List[Path]:
                      f"up to the host's {cpus} CPUs", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        path = out / "speedup.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out / "speedup.png"))
     return written
 
 
@@ -464,17 +457,10 @@ def _when(doc: Dict) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
 
 
-def busy(doc: Dict) -> List[str]:
-    """Why the machine was busy during a document's run (its load
-    samples, judged by toolkit.busy_reasons); [] when quiet or not
-    sampled."""
-    return busy_reasons(doc.get("load"))
-
-
 def _load_lines(doc: Dict) -> List[str]:
     """A section's line on the machine's load: a warning when busy."""
     load = doc.get("load") or {}
-    reasons = busy(doc)
+    reasons = busy_reasons(load)
     if reasons:
         return ["", f"**Warning: {busy_warning(reasons)}.**"]
     before = load.get("before")
@@ -603,57 +589,49 @@ def apps_md(doc: Dict, images: Sequence[str]) -> List[str]:
 
 # ---------------------------------------------------------------- driver
 
+# the cloud benchmarks in the report's order: the document's name, its
+# section of report.md, its plots
+SECTIONS = (("hierarchy", hierarchy_md, plot_hierarchy),
+            ("halo", halo_md, plot_halo), ("apps", apps_md, plot_apps))
+
+
 def write(out: Path) -> Path:
     """Plots and report.md from the JSON documents in `out`; the path of
     report.md. ReportError if there is nothing to report, or (after
     report.md is written) if the plots could not be drawn."""
     out = Path(out)
-    hier = _load(out / "hierarchy.json")
-    halo = _load(out / "halo.json")
-    apps = _load(out / "apps.json")
-    if hier is None and halo is None and apps is None:
+    docs = {name: _load(out / f"{name}.json") for name, _, _ in SECTIONS}
+    if all(doc is None for doc in docs.values()):
         raise ReportError(f"no hierarchy.json, halo.json or apps.json in "
                           f"{out}")
     problem = None
-    images: Dict[str, List[str]] = {"hierarchy": [], "halo": [],
-                                    "apps": []}
+    images: Dict[str, List[str]] = {name: [] for name in docs}
     try:
         plt = _pyplot()
     except ReportError as e:
         problem = str(e)
     else:
-        if hier is not None and hier["records"]:
-            images["hierarchy"] = [p.name for p in
-                                   plot_hierarchy(plt, hier, out)]
-        if halo is not None:
-            images["halo"] = [p.name for p in plot_halo(plt, halo, out)]
-        if apps is not None:
-            images["apps"] = [p.name for p in plot_apps(plt, apps, out)]
+        for name, _, plot in SECTIONS:
+            if docs[name] is not None:
+                images[name] = [p.name for p in plot(plt, docs[name], out)]
     lines = ["# ivcloud: MPI on an emulated cloud", "",
              "Generated by `ivcloud bench report` from the JSON in this "
              "directory. The machine is small and shared: compare ratios "
              "within one run, not across runs.", ""]
     if problem:
         lines += [f"**{problem}**", ""]
-    were_busy = [d["benchmark"] for d in (hier, halo, apps)
-                 if d is not None and busy(d)]
+    were_busy = [d["benchmark"] for d in docs.values()
+                 if d is not None and busy_reasons(d.get("load"))]
     if were_busy:
         lines += [f"**Warning: the machine was busy during `bench "
                   f"{'`, `bench '.join(were_busy)}`** (the sections say "
                   f"how busy): figures taken then are noise as much as "
                   f"measurement.", ""]
-    if hier is not None:
-        lines += hierarchy_md(hier, images["hierarchy"]) + [""]
-    else:
-        lines += ["(no hierarchy.json: run `ivcloud bench hierarchy`)", ""]
-    if halo is not None:
-        lines += halo_md(halo, images["halo"]) + [""]
-    else:
-        lines += ["(no halo.json: run `ivcloud bench halo`)", ""]
-    if apps is not None:
-        lines += apps_md(apps, images["apps"]) + [""]
-    else:
-        lines += ["(no apps.json: run `ivcloud bench apps`)", ""]
+    for name, section, _ in SECTIONS:
+        if docs[name] is not None:
+            lines += section(docs[name], images[name]) + [""]
+        else:
+            lines += [f"(no {name}.json: run `ivcloud bench {name}`)", ""]
     md = out / "report.md"
     md.write_text("\n".join(lines))
     if problem:

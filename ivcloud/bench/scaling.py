@@ -1,25 +1,24 @@
 """Many ranks in one region: how ivshmem scales against vader.
 
-:func:`run` runs mpi-scaling (native/bench/scaling.c) under Open MPI for
-each rank count of RANKS (oversubscribed: the ranks share this host's
-cores) and each transport: our ivshmem component alone with self, in a
-private region that `ivcloud mpirun` sizes for the job (linear in the
-ranks), and Open MPI's vader. For every (transport, ranks) it records
-the shared memory the transport needs, the 8 B latency between rank 0
-and rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
+Runs the mpi-scaling program (native/bench/scaling.c) under Open MPI on
+this machine at 2, 8, 32 and 128 ranks (oversubscribed: the ranks share
+the host's cores), for self,ivshmem (a private region that `ivcloud
+mpirun` sizes for the job, linear in the ranks; the BTL counters must
+show traffic on every rank) and self,vader. Per transport and rank
+count: the shared memory it sets up, the 8 B latency between rank 0 and
+rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
 streaming pairs. Transports and rank counts alternate in rounds; each
 figure is the median of its rounds, with the spread. A vader job that
 fails or times out at some rank count is noted (vader "where it runs"),
-an ivshmem one is a failure. It prints one table and the ratios ivshmem
-/ vader from this run (informational), and can write every record (the
-medians, and each round's under "runs") as a JSON document.
+an ivshmem one is a failure. Prints one table, the ratios ivshmem /
+vader measured in this run (informational), and optionally writes every
+record (the medians, and each round's under "runs") as JSON.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -27,8 +26,8 @@ from typing import Dict, List, Optional, Sequence
 from ..mpis import regions
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, check_transports, count,
-                      fmt_size, measure_rounds, mpi_job, program, ratio_target,
-                      run_benchmark, spread, summarize)
+                      fmt_size, measure_rounds, mpi_job, print_grid, program,
+                      ratio_target, run_benchmark, summarize)
 
 FULL_RANKS = [2, 8, 32, 128]
 QUICK_RANKS = [2, 4]
@@ -148,39 +147,34 @@ def targets(res: BenchResults) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def _fmt_rate(r: Dict) -> str:
-    return f"{r['rate_msgs_per_s'] / 1e6:.3f}"
-
-
 def print_table(res: BenchResults, out=None) -> None:
     """One row per (ranks, transport): memory, and the three figures with
     their spread over the rounds."""
-    out = out or sys.stdout
-    head = (f"{'ranks':>5} {'transport':<9} {'shared mem':>10} "
-            f"{'per rank':>9} {'lat 8B us':>10} {'(min..max)':>15} "
-            f"{'allred 8B us':>12} {'(min..max)':>17} {'Mmsg/s':>8} "
-            f"{'(min..max)':>13}")
-    out.write(head + "\n" + "-" * len(head) + "\n")
-    rows = {(r["ranks"], r["transport"]) for r in res.records}
-    for np, transport in sorted(rows, key=lambda k: (
-            k[0], TRANSPORTS.index(k[1]) if k[1] in TRANSPORTS else 99)):
-        lat = res.find(transport=transport, ranks=np, test="latency")
-        ar = res.find(transport=transport, ranks=np, test="allreduce")
-        mr = res.find(transport=transport, ranks=np, test="msgrate")
+    def figure(rec: Optional[Dict], key: str, fmt: str,
+               unit: float = 1.0) -> List[str]:
+        if rec is None:
+            return ["nan", ""]
+        value = fmt.format(rec[key] / unit)
+        if rec.get("runs", 1) < 2 or f"{key}_min" not in rec:
+            return [value, ""]
+        return [value, f"{fmt.format(rec[key + '_min'] / unit)}.."
+                       f"{fmt.format(rec[key + '_max'] / unit)}"]
+
+    rows = []
+    for np, transport in sorted({(r["ranks"], r["transport"])
+                                 for r in res.records},
+                                key=lambda k: (k[0], TRANSPORTS.index(k[1]))):
+        lat, ar, mr = (res.find(transport=transport, ranks=np, test=test)
+                       for test in TESTS)
         any_rec = lat or ar or mr
-        rate_spread = ""
-        if mr and mr.get("runs", 1) > 1 and "rate_msgs_per_s_min" in mr:
-            rate_spread = (f"{mr['rate_msgs_per_s_min'] / 1e6:.3f}.."
-                           f"{mr['rate_msgs_per_s_max'] / 1e6:.3f}")
-        out.write(
-            f"{np:>5} {transport:<9} "
-            f"{fmt_size(any_rec['region_bytes']):>10} "
-            f"{fmt_size(any_rec['bytes_per_rank']):>9} "
-            f"{lat['latency_us'] if lat else float('nan'):>10.2f} "
-            f"{spread(lat, 'latency_us') if lat else '':>15} "
-            f"{ar['latency_us'] if ar else float('nan'):>12.1f} "
-            f"{spread(ar, 'latency_us') if ar else '':>17} "
-            f"{_fmt_rate(mr) if mr else 'nan':>8} {rate_spread:>13}\n")
+        rows.append([str(np), transport, fmt_size(any_rec["region_bytes"]),
+                     fmt_size(any_rec["bytes_per_rank"]),
+                     *figure(lat, "latency_us", "{:.2f}"),
+                     *figure(ar, "latency_us", "{:.1f}"),
+                     *figure(mr, "rate_msgs_per_s", "{:.3f}", 1e6)])
+    print_grid(["ranks", "transport", "shared mem", "per rank", "lat 8B us",
+                "(min..max)", "allred 8B us", "(min..max)", "Mmsg/s",
+                "(min..max)"], rows, out, left=(1,))
 
 
 # ---------------------------------------------------------------- driver

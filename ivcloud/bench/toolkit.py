@@ -324,15 +324,19 @@ def fmt_size(n: int) -> str:
 
 
 def print_grid(header: Sequence[str], rows: Sequence[Sequence[str]],
-               out=None) -> None:
-    """A table of strings, right-aligned columns, a rule under the
-    header."""
+               out=None, left: Sequence[int] = ()) -> None:
+    """A table of strings, a rule under the header; the columns
+    right-aligned but those numbered in `left` (names, notes)."""
     out = out or sys.stdout
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    line = "  ".join(h.rjust(w) for h, w in zip(header, widths))
-    out.write(line + "\n" + "-" * len(line) + "\n")
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w)
+                         in enumerate(zip(cells, widths))).rstrip()
+    head = line(header)
+    out.write(head + "\n" + "-" * len(head) + "\n")
     for row in rows:
-        out.write("  ".join(c.rjust(w) for c, w in zip(row, widths)) + "\n")
+        out.write(line(row) + "\n")
 
 
 # ---------------------------------------------------------------- load

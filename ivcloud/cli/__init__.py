@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional, TypeVar
 
 from ..errors import IvcloudError, OperationFailed
 
@@ -40,6 +40,24 @@ def int_at_least(minimum: int):
 
 
 positive_int = int_at_least(1)
+T = TypeVar("T")
+
+
+def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a library's parser or check: its message (a
+    ValueError, an InvalidRequest) becomes the usage error."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e))
+    return convert
+
+
+def remainder(items: List[str]) -> List[str]:
+    """An argparse.REMAINDER without the `--` that ends the options."""
+    return list(items[1:] if items[:1] == ["--"] else items)
+
 
 def add_vm_arguments(p: argparse.ArgumentParser, kind_help: str,
                      default_memory_mb: int) -> None:

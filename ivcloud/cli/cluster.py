@@ -20,7 +20,8 @@ from ..cluster.slurm.daemons import SCHEDULERS, Slurm, SlurmOptions
 from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..server import format_size
-from . import CliError, add_vm_arguments, positive_int, wants_vm
+from . import (CliError, add_vm_arguments, positive_int, remainder,
+               wants_vm)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -33,13 +34,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _sd(args):
     return state_dir(check_name(args.name), args.run_dir)
-
-
-def _remainder(items):
-    items = list(items)
-    if items and items[0] == "--":
-        items = items[1:]
-    return items
 
 
 def register(sub) -> None:
@@ -288,7 +282,7 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_mpirun(args) -> int:
-    program = _remainder(args.program)
+    program = remainder(args.program)
     if not program:
         raise CliError("no program given (usage: ivcloud cluster mpirun "
                        "-np N -- PROGRAM [ARGS...])")
@@ -341,7 +335,7 @@ def _rankfile_text(args) -> Optional[str]:
 
 def _cmd_slurm(args) -> int:
     """srun or sbatch in the head node."""
-    argv = _remainder(args.args)
+    argv = remainder(args.args)
     if not argv:
         raise CliError(f"no {args.command} arguments given (usage: ivcloud "
                        f"cluster {args.command} -- ARGS...)")
@@ -366,7 +360,7 @@ def _cmd_put(args) -> int:
 def _cmd_exec(args) -> int:
     state = lifecycle.load_up(_sd(args))
     return kinds.of_state(state).exec(state, args.host,
-                                      _remainder(args.command))
+                                      remainder(args.command))
 
 
 def _cmd_migrate(args) -> int:

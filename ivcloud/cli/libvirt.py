@@ -25,27 +25,15 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
 from ..server import parse_size
-from . import CliError, int_at_least
+from . import CliError, checked, int_at_least
 
 DEFAULT_URI = "qemu:///system"
 
 
 # ---------------------------------------------------------------- arguments
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
-
-
-def _cpus(text: str):
-    try:
-        return cpuset.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+_size = checked(parse_size)
+_cpus = checked(cpuset.parse)
 
 
 def _seconds(text: str) -> float:
@@ -296,10 +284,7 @@ def _cmd_domain_xml(args) -> int:
         raise CliError("--initrd and --cmdline need --kernel")
     if args.hugepages is not None and args.hugepages not in HUGEPAGE_SIZES:
         raise CliError("--hugepages must be 2M or 1G")
-    try:
-        pins = parse_pins(args.pin, args.vcpus) if args.pin else {}
-    except SpecError as e:
-        raise CliError(str(e)) from None
+    pins = parse_pins(args.pin, args.vcpus) if args.pin else {}
     shm = _shmem_from(args, check)
     dom = Domain(
         name=args.name, memory=args.memory, vcpus=args.vcpus,
@@ -314,12 +299,9 @@ def _cmd_domain_xml(args) -> int:
         console_log=(os.path.abspath(args.console_log)
                      if args.console_log else None),
         emulator=args.emulator)
-    try:
-        text = dom.xml()
-        if args.validate:
-            validate_xml(text)
-    except SpecError as e:
-        raise CliError(str(e)) from None
+    text = dom.xml()
+    if args.validate:
+        validate_xml(text)
     if args.output:
         try:
             Path(args.output).write_text(text)
@@ -417,11 +399,8 @@ def _cmd_nova_flavor(args) -> int:
     flavor = Flavor(args.name, args.vcpus, args.ram, args.disk,
                     args.numa_nodes, args.thread_policy, page,
                     args.emulator_threads)
-    try:
-        commands = flavor.commands()
-        specs = flavor.extra_specs()
-    except SpecError as e:
-        raise CliError(str(e)) from None
+    commands = flavor.commands()
+    specs = flavor.extra_specs()
     if args.json:
         print(json.dumps({"name": flavor.name, "vcpus": flavor.vcpus,
                           "ram_mb": flavor.ram_mb, "disk_gb": flavor.disk_gb,

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import MpiError
 from ..mpis.local import TRANSPORTS, planned_command, run
-from . import positive_int
+from . import positive_int, remainder
 
 
 def register(sub) -> None:
@@ -48,9 +48,7 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    program = list(args.program)
-    if program and program[0] == "--":
-        program = program[1:]
+    program = remainder(args.program)
     if not program:
         raise MpiError("no program given (usage: ivcloud mpirun -np N -- "
                        "PROGRAM [ARGS...])")

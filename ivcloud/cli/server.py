@@ -9,7 +9,7 @@ import json
 from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, MAX_FAST_CHANNELS,
                       MAX_PEERS, MAX_QUEUE_SLOTS, format_size, parse_size,
                       paths_for, start, status, stop)
-from . import CliError
+from . import CliError, checked
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -18,13 +18,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None,
                    help=f"directory for the socket, pid and state files "
                         f"(default $IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
-
-
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
 
 
 def _ranged_int(lo: int, hi: int):
@@ -51,7 +44,7 @@ def register(sub) -> None:
 
     s = actions.add_parser("start", help="start a server daemon")
     _common(s)
-    s.add_argument("--size", type=_size_arg, default=64 << 20,
+    s.add_argument("--size", type=checked(parse_size), default=64 << 20,
                    help="region size, a power of two (default 64M)")
     s.add_argument("--vectors", type=_ranged_int(1, 64), default=1,
                    help="interrupt vectors per peer (default 1)")

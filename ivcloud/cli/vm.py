@@ -15,7 +15,7 @@ from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
-from . import CliError
+from . import CliError, checked, remainder
 
 
 def _integer(text: str) -> int:
@@ -26,20 +26,28 @@ def _integer(text: str) -> int:
     return v
 
 
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None,
                    help=f"parent of the vm/ state directory (default "
                         f"$IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
 
 
-def _release_arg(p: argparse.ArgumentParser) -> None:
+def _image_args(p: argparse.ArgumentParser) -> None:
+    """The options of the guest image (vm up, vm image)."""
+    p.add_argument("--kind", choices=["busybox", "debian"],
+                   default="busybox",
+                   help="guest image: busybox initramfs (default) or the "
+                        "Debian 12 image (mmdebstrap) with the "
+                        "ivcloud-guest package")
+    p.add_argument("--image-dir", default=None,
+                   help="guest image cache (default build/guest; debian: "
+                        "$IVCLOUD_IMAGE_CACHE or /var/cache/ivcloud)")
+    p.add_argument("--guest-deb", default=None, metavar="DEB",
+                   help="debian kind: the ivcloud-guest package to install "
+                        "(default the newest in build/deb)")
+    p.add_argument("--extra-deb", action="append", default=None,
+                   metavar="DEB", help="debian kind: also install this "
+                                       "package (repeatable)")
     p.add_argument("--release", default=None, metavar="SUITE",
                    help=f"debian kind: the Debian release "
                         f"({', '.join(debian.RELEASES)}; default "
@@ -64,7 +72,7 @@ def register(sub) -> None:
     u.add_argument("--name", default=DEFAULT_PREFIX, metavar="PREFIX",
                    help=f"VMs are PREFIX0, PREFIX1, ... (default "
                         f"{DEFAULT_PREFIX})")
-    u.add_argument("--memory", type=_size_arg, default=256 << 20,
+    u.add_argument("--memory", type=checked(parse_size), default=256 << 20,
                    help="guest memory (default 256M)")
     u.add_argument("--vcpus", type=_integer, default=1,
                    help="vCPUs per VM, at most the host's cores (default 1)")
@@ -76,20 +84,7 @@ def register(sub) -> None:
     u.add_argument("--doorbell", choices=["vfio", "uio"], default="vfio",
                    help="guest driver for doorbell interrupts: vfio-pci "
                         "(MSI-X, default) or uio_pci_generic (INTx)")
-    u.add_argument("--kind", choices=["busybox", "debian"],
-                   default="busybox",
-                   help="guest image: busybox initramfs (default) or the "
-                        "Debian 12 image with the ivcloud-guest package")
-    u.add_argument("--image-dir", default=None,
-                   help="guest image cache (default build/guest; debian: "
-                        "$IVCLOUD_IMAGE_CACHE or /var/cache/ivcloud)")
-    u.add_argument("--guest-deb", default=None, metavar="DEB",
-                   help="debian kind: the ivcloud-guest package to install "
-                        "(default the newest in build/deb)")
-    u.add_argument("--extra-deb", action="append", default=None,
-                   metavar="DEB", help="debian kind: also install this "
-                                       "package (repeatable)")
-    _release_arg(u)
+    _image_args(u)
     u.add_argument("--network", action="store_true",
                    help="debian kind, 2 VMs: an Ethernet between them "
                         "(10.12.0.1, .2) for mpirun over ssh")
@@ -127,17 +122,7 @@ def register(sub) -> None:
 
     i = actions.add_parser("image", help="build the guest kernel + "
                                          "initramfs")
-    i.add_argument("--kind", choices=["busybox", "debian"],
-                   default="busybox",
-                   help="busybox initramfs (default) or the Debian 12 "
-                        "image built with mmdebstrap")
-    i.add_argument("--image-dir", default=None)
-    i.add_argument("--guest-deb", default=None, metavar="DEB",
-                   help="debian kind: the ivcloud-guest package to install")
-    i.add_argument("--extra-deb", action="append", default=None,
-                   metavar="DEB", help="debian kind: also install this "
-                                       "package (repeatable)")
-    _release_arg(i)
+    _image_args(i)
     i.add_argument("--rebuild", action="store_true")
     i.set_defaults(func=_cmd_image)
 
@@ -172,14 +157,18 @@ def _cmd_up(args) -> int:
     return 0
 
 
+def _named(root: Path, names) -> list:
+    """The VMs --name gives, each of which must be there."""
+    names = [check_name(n) for n in names]
+    missing = [n for n in names if not vm_dir(root, n).exists()]
+    if missing:
+        raise CliError(f"no VM {missing[0]} in {root}")
+    return names
+
+
 def _cmd_down(args) -> int:
     root = vm_root(args.run_dir)
-    names = [check_name(n) for n in args.name] if args.name else \
-        list_vms(root)
-    if args.name:
-        missing = [n for n in names if not vm_dir(root, n).exists()]
-        if missing:
-            raise CliError(f"no VM {missing[0]} in {root}")
+    names = _named(root, args.name) if args.name else list_vms(root)
     if not names:
         print(f"no VMs in {root}")
         return 0
@@ -192,12 +181,7 @@ def _cmd_down(args) -> int:
 
 def _cmd_status(args) -> int:
     root = vm_root(args.run_dir)
-    names = [check_name(n) for n in args.name] if args.name else None
-    if names:
-        missing = [n for n in names if not vm_dir(root, n).exists()]
-        if missing:
-            raise CliError(f"no VM {missing[0]} in {root}")
-    vms = status(root, names)
+    vms = status(root, _named(root, args.name) if args.name else None)
     if args.json:
         print(json.dumps(vms, indent=2, sort_keys=True))
         return 0
@@ -221,7 +205,7 @@ def _cmd_exec(args) -> int:
     d = vm_dir(root, check_name(args.vm))
     if qemu_pid(d) is None:
         raise CliError(f"VM {args.vm} is not running")
-    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    cmd = remainder(args.command)
     if not cmd:
         raise CliError("no command given (ivcloud vm exec NAME -- CMD)")
     text = cmd[0] if len(cmd) == 1 else " ".join(shlex.quote(c) for c in cmd)

@@ -351,6 +351,17 @@ def _merged(a: Dict, b: Dict) -> Dict:
     return {k: set(a.get(k, ())) | set(b.get(k, ())) for k in set(a) | set(b)}
 
 
+def _kill_inside(name: str, holders: List[holder.Holder], certain: Dict,
+                 recorded: Dict, grace_s: float):
+    """_kill_all of `holders` and every process in their namespaces
+    (_namespaces' certain and recorded ones)."""
+    return _kill_all(
+        lambda first: (set(_cluster_processes(name, certain, recorded))
+                       | holder.live_pids(holders)) if first else
+        set(_cluster_processes(name, {}, _merged(certain, recorded))),
+        grace_s)
+
+
 def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
     """Remove everything of the cluster; returns what was done. Raises
     ClusterFailure (after doing all it can) if anything is left."""
@@ -370,11 +381,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                                                              {}))
     roles.discard("fabric")
     certain, recorded = _namespaces(state, all_holders, roles)
-    stopped, left = _kill_all(
-        lambda first: (set(_cluster_processes(name, certain, recorded))
-                       | holder.live_pids(others)) if first else
-        set(_cluster_processes(name, {}, _merged(certain, recorded))),
-        grace_s)
+    stopped, left = _kill_inside(name, others, certain, recorded, grace_s)
     if stopped:
         done.append(f"stopped {stopped} processes in instances")
     if left:
@@ -410,13 +417,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
             if links:
                 done.append(f"deleted {len(links)} links")
     fab_certain, fab_recorded = _namespaces(state, all_holders, {"fabric"})
-    _, left = _kill_all(
-        lambda first: (set(_cluster_processes(name, fab_certain,
-                                              fab_recorded))
-                       | holder.live_pids(fabric)) if first else
-        set(_cluster_processes(name, {}, _merged(fab_certain,
-                                                 fab_recorded))),
-        grace_s)
+    _, left = _kill_inside(name, fabric, fab_certain, fab_recorded, grace_s)
     if left:
         problems.append(f"fabric pids {left} survived SIGKILL")
 

@@ -216,21 +216,6 @@ def attach(state: Dict, host: str, sock: Path, say) -> None:
 
 # ---------------------------------------------------------------- device
 
-def _guest_run(sock: Path, host: str, script: str, timeout: float) -> str:
-    r = agent.run(sock, script, timeout)
-    if not r.ok:
-        lines = [ln for ln in r.output.splitlines() if ln.strip()]
-        raise ClusterFailure(f"guest {host}: "
-                             f"{lines[-1] if lines else f'exit {r.status}'}")
-    return r.output
-
-
-def _clear_script(addr: str) -> str:
-    q = agent.quote
-    return (f"systemctl stop {q([guest_regions.unit(addr)])} 2>/dev/null; "
-            f"rm -f {q([f'{guest_regions.BIND_DIR}/{addr}.env'])}")
-
-
 def unplug(d: Path, host: str) -> str:
     """The device of boot out of the QEMU in `d`, its chardev closed,
     the guest's unit of it stopped; its PCI address."""
@@ -247,7 +232,8 @@ def unplug(d: Path, host: str) -> str:
                 f"guest {host} did not give its device ({addr}) back "
                 f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)
-    _guest_run(d / "agent.sock", host, _clear_script(addr), GUEST_TIMEOUT_S)
+    vm_instance.guest_run(d / "agent.sock", host,
+                          guest_regions.clear_script(addr), GUEST_TIMEOUT_S)
     return addr
 
 
@@ -263,8 +249,9 @@ def plug_qemu(d: Path, host: str, server_socket: str) -> str:
 def bind(d: Path, host: str, addr: str) -> None:
     """In the running guest: ivshm-bind of the device at `addr`, waited
     for (bounded); its env file and the guest's defaults rewritten."""
-    _guest_run(d / "agent.sock", host,
-               "\n".join(guest_regions.bind_lines(addr)), BIND_TIMEOUT_S)
+    vm_instance.guest_run(d / "agent.sock", host,
+                          "\n".join(guest_regions.bind_lines(addr)),
+                          BIND_TIMEOUT_S)
 
 
 def restore(d: Path, host: str, server_socket: str) -> None:
@@ -276,7 +263,8 @@ def restore(d: Path, host: str, server_socket: str) -> None:
             return
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
     addr = plug_qemu(d, host, server_socket)
-    _guest_run(d / "agent.sock", host, _clear_script(addr), GUEST_TIMEOUT_S)
+    vm_instance.guest_run(d / "agent.sock", host,
+                          guest_regions.clear_script(addr), GUEST_TIMEOUT_S)
     bind(d, host, addr)
 
 
@@ -336,10 +324,7 @@ class _Move:
         self.state["links"].append(self.dest_tap)
         save(self.sd, self.state)
         self.undo.append(("the destination's tap deleted", self._drop_tap))
-        network.ip_batch(self.fabric, [
-            f"tuntap add dev {self.dest_tap} mode tap",
-            f"link set {self.dest_tap} master {srv['bridge']}",
-            f"link set {self.dest_tap} up"])
+        network.add_tap(self.fabric, self.dest_tap, srv["bridge"])
 
     def _drop_tap(self, tap: Optional[str] = None) -> None:
         tap = tap or self.dest_tap

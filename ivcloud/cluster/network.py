@@ -113,6 +113,13 @@ def attach_instance(fabric_pid: int, holder_pid: int, inst: Instance,
     return inst.bridge_port
 
 
+def add_tap(fabric_pid: int, tap: str, bridge: str) -> None:
+    """A guest's tap, up in `bridge` of the fabric's namespace."""
+    ip_batch(fabric_pid, [f"tuntap add dev {tap} mode tap",
+                          f"link set {tap} master {bridge}",
+                          f"link set {tap} up"])
+
+
 def delete_links(fabric_pid: int, links: Sequence[str]) -> None:
     """Best effort: the links vanish with the fabric namespace anyway;
     deleting them first keeps `down` ordered (ports before bridges)."""

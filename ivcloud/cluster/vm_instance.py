@@ -260,10 +260,7 @@ def _launch_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
     tap = tap_name(inst.hostname)
     state["links"].append(tap)
     save(sd, state)
-    network.ip_batch(fabric_pid, [
-        f"tuntap add dev {tap} mode tap",
-        f"link set {tap} master {srv.bridge}",
-        f"link set {tap} up"])
+    network.add_tap(fabric_pid, tap, srv.bridge)
     d = vm_dir(sd, inst.hostname)
     d.mkdir(mode=0o700)
     state["vms"][inst.hostname] = {"dir": str(d), "tap": tap, "pid": None}
@@ -318,9 +315,16 @@ def _finish_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
         vm_dir(sd, inst.hostname), inst.cpus)
 
 
-def _check(r: agent.Result, host: str) -> None:
+def guest_run(sock: Path, host: str, script: str, timeout: float,
+              lines: int = 1) -> str:
+    """`script` run by the shell of guest `host` (its agent at `sock`);
+    its output, or ClusterFailure with its last `lines` lines."""
+    r = agent.run(sock, script, timeout)
     if not r.ok:
-        raise ClusterFailure(f"guest {host}: {r.output.strip()[-200:]}")
+        said = [ln.strip() for ln in r.output.splitlines() if ln.strip()]
+        why = " ".join(said[-lines:]) or f"exit {r.status}"
+        raise ClusterFailure(f"guest {host}: {why}")
+    return r.output
 
 
 def pin(d: Path, cpus: Sequence[int]) -> List[Dict]:
@@ -436,18 +440,18 @@ def put_files(state: Dict, host: str, files: Sequence[Path],
             raise ClusterError(f"{src}: {e.strerror}")
     sock = guest(state, host)
     d = dest_dir.rstrip("/") or "/"
-    _check(agent.run(sock, f"mkdir -p {agent.quote([d])}", 30), host)
+    guest_run(sock, host, f"mkdir -p {agent.quote([d])}", 30)
     out = []
     for name, data, mode in blobs:
         dest = f"{d.rstrip('/')}/{name}"
         part = agent.quote([dest + ".part"])
         # the serial line carries about 10 KB/s: gzip first
         packed = gzip.compress(data, 6)
-        _check(agent.run(sock, f": > {part}.gz", 30), host)
+        guest_run(sock, host, f": > {part}.gz", 30)
         for off in range(0, len(packed), PUT_CHUNK):
             b64 = base64.b64encode(packed[off:off + PUT_CHUNK]).decode()
-            _check(agent.run(sock, f"echo {b64} | base64 -d >> {part}.gz",
-                             60), host)
+            guest_run(sock, host, f"echo {b64} | base64 -d >> {part}.gz",
+                      60)
         digest = hashlib.sha256(data).hexdigest()
         r = agent.run(sock, f"gzip -dc < {part}.gz > {part} && rm {part}.gz"
                             f" && [ \"$(sha256sum < {part})\" = "
@@ -517,9 +521,9 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
                              f"cluster is degraded: take it down)")
     err = f"/tmp/launcher-{os.getpid()}-{time.monotonic_ns()}.err"
     for path, text in files.items():
-        _check(agent.run(sock, f"printf %s {agent.quote([text])} > "
-                               f"{agent.quote([path])} && chmod 644 "
-                               f"{agent.quote([path])}", 30), host)
+        guest_run(sock, host, f"printf %s {agent.quote([text])} > "
+                              f"{agent.quote([path])} && chmod 644 "
+                              f"{agent.quote([path])}", 30)
     command = (f"cd /tmp && runuser -u {MPI_USER} -- {agent.quote(argv)} "
                f"2> {agent.quote([err])}")
     try:

@@ -119,14 +119,13 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
     if socket is not None:
         _check_file(socket, "socket", stat.S_ISSOCK, "a socket")
     env = dict(env if env is not None else os.environ)
-    where, private = _attachment(np, transport, region, socket, env)
     # validates everything before anything is made
-    cmd = mpirun_command(program, np, transport=transport, **where,
-                         **kwargs)
+    cmd, private = planned_command(program, np, transport, region, socket,
+                                   env, **kwargs)
     try:
         with process.interrupts(), contextlib.ExitStack() as stack:
             if private:
-                stack.enter_context(private_region(np, Path(where["region"])))
+                stack.enter_context(private_region(np, private))
             return process.run_launcher(cmd, env, timeout, stdout, stderr)
     except FileNotFoundError as e:      # mpirun gone since it was found
         raise MpiSetupError(f"cannot run mpirun: {e}") from None

@@ -112,18 +112,16 @@ def port_lock(vm_dir: Path):
 
 
 def _guest_run(state: Dict, host: str, script: str, timeout: float) -> str:
-    r = vm_instance.exec_in(state, host, ["sh", "-c", script], timeout)
-    if not r.ok:
-        lines = [ln for ln in r.output.splitlines() if ln.strip()]
-        raise ClusterFailure(f"guest {host}: "
-                             f"{lines[-1] if lines else f'exit {r.status}'}")
-    return r.output
+    return vm_instance.guest_run(vm_instance.guest(state, host), host,
+                                 script, timeout)
 
 
-def _clear_script(addr: str, job: int) -> str:
+def clear_script(addr: str, *files: str) -> str:
+    """In a guest: the bind unit of the device at `addr` stopped, its env
+    file and `files` removed."""
     q = agent.quote
     return (f"systemctl stop {q([unit(addr)])} 2>/dev/null; "
-            f"rm -f {q([f'{BIND_DIR}/{addr}.env', job_env_path(job)])}")
+            f"rm -f {q([f'{BIND_DIR}/{addr}.env', *files])}")
 
 
 def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
@@ -144,7 +142,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
                                  f"the job's device (it runs as many jobs "
                                  f"as it has ports)")
         port_id, addr = port
-        _guest_run(state, host, _clear_script(addr, job), 60)
+        _guest_run(state, host, clear_script(addr, job_env_path(job)), 60)
         with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
             got = qemu.plug_ivshmem(q, dev, port_id, server_socket, VECTORS)
     if got != addr:
@@ -197,7 +195,7 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
             qemu.remove_chardev(q, device_id(job))
     except IvcloudError as e:
         problems.append(f"guest {host}: {e}")
-    script = (_clear_script(addr, job) if addr is not None
+    script = (clear_script(addr, job_env_path(job)) if addr is not None
               else f"rm -f {agent.quote([job_env_path(job)])}")
     try:
         _guest_run(state, host, script, 60)

@@ -117,15 +117,12 @@ class GuestNodes(Nodes):
     @staticmethod
     def _run(state: Dict, host: str, script: str) -> str:
         try:
-            r = vm_instance.exec_in(state, host, ["sh", "-c", script],
-                                    AGENT_TIMEOUT_S)
-        except IvcloudError as e:
+            return vm_instance.guest_run(vm_instance.guest(state, host),
+                                         host, script, AGENT_TIMEOUT_S)
+        except ClusterFailure:
+            raise
+        except IvcloudError as e:     # no such guest, its agent is gone
             raise ClusterFailure(f"guest {host}: {e}")
-        if not r.ok:
-            lines = [ln for ln in r.output.splitlines() if ln.strip()]
-            raise ClusterFailure(f"guest {host}: "
-                                 f"{lines[-1] if lines else f'exit {r.status}'}")
-        return r.output
 
     def start(self, state: Dict, paths: SlurmPaths, host: str
               ) -> Dict[str, Dict]:
