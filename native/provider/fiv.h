@@ -434,6 +434,8 @@ struct fiv_peer {
     struct fiv_op_req *txq, *txq_tail; /* sends waiting for room           */
     struct fiv_asm as;                 /* what its continuations fill       */
     bool dead;
+    bool leaving;                      /* its slot seen free: failed at the
+                                          next look (fiv_probe_tick)       */
     bool violated;                     /* broke our protocol (fiv_deliver) */
     const char *over;                  /* with violated: the cap it passed  */
     /* what it makes us hold, against fiv_cfg.peer_* */

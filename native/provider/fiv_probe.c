@@ -154,7 +154,19 @@ void fiv_probe_tick(struct fiv_ep *ep, uint64_t now)
             continue;
         /* gone (its slot free) or replaced (another generation) */
         int64_t g = ivshm_peer_generation(ep->h, p->slot);
-        if (g < 0) {
+        if (g < 0 || (p->leaving && g != (int64_t)p->generation)) {
+            /* What it sent before it left is still ours to take, but it
+               may have sent and left after this call's poll (we look
+               here only once a poll found nothing, and give the CPU away
+               in between). So the first look that finds it gone only
+               notes it; it fails at a later look, which follows a poll
+               begun after this one that found nothing: by then every
+               message it wrote before freeing its slot has been taken. */
+            if (!p->leaving) {
+                p->leaving = true;
+                ep->last_check_ns = 0; /* look again at the next idle call */
+                continue;
+            }
             fiv_peer_failed(ep, id, p, FI_EIO);
             continue;
         }
