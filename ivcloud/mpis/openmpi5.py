@@ -39,10 +39,15 @@ class OpenMpi5(OfiFlavor):
         if transport == "own-shm":
             return [["pml", "ob1"], ["btl", "self,sm"]]
         name = provider.NAME if transport == "ivshmem" else "tcp"
+        # pml cm + mtl ofi with its own defaults (tag mode auto takes our
+        # FI_REMOTE_CQ_DATA) rather than pml ob1 + btl ofi: 8 B rate 0.65
+        # against 0.25 of sm's, and neither ofi_tag_1 nor av table did
+        # better (BENCHMARKS.md, "Open MPI 5's two ways onto the provider")
         mca = [["pml", "cm"], ["mtl", "ofi"],
                ["mtl_ofi_provider_include", name]]
         if transport == "ivshmem":
-            # one-sided: osc rdma over btl ofi, on the same provider
+            # one-sided: osc rdma over btl ofi, on the same provider (btl
+            # ofi's default mode carries one-sided operations only)
             return mca + [["osc", "rdma"], ["btl", "self,ofi"],
                           ["btl_ofi_provider_include", name]]
         # the wheel's UCX finds no device here and says so on every rank
