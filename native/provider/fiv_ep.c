@@ -144,8 +144,12 @@ static void attach_region(struct fiv_ep *ep)
            endpoints per process (Open MPI: the mtl and the btl) */
         .rank = (uint32_t)ep->nonce,
         .name = name,
-        /* we spin in the caller's progress loop; a wait is meant to block */
-        .spin_ns = 1,
+        /* Never block: every wait of ours spins in the caller's progress
+           loop (fi_cq_sread yields, there is no wait object to hand out),
+           so nothing ever rings us. Saying so in our entry spares each
+           sender the fence and the look at `sleeping` on every message
+           (native/src/doorbell.c, "Blocking announced"). */
+        .spin_ns = -1,
         .uio_dev = fiv_cfg.uio_dev,
         .bar0_path = fiv_cfg.bar0,
         .doorbell_id = fiv_cfg.position,

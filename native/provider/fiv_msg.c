@@ -28,7 +28,12 @@ static struct fiv_rx *rx_get(struct fiv_ep *ep)
     if (rx) {
         ep->rx_cache = rx->next;
         ep->rx_cached--;
-        memset(rx, 0, sizeof *rx);
+        /* what post does not set; clearing the iovec array too cost a
+           measurable share of a small receive */
+        rx->next = NULL;
+        rx->multi_used = 0;
+        rx->pending = 0;
+        rx->retired = false;
         return rx;
     }
     return calloc(1, sizeof *rx);
