@@ -31,10 +31,9 @@ from ivcloud.mpis import openmpi
 
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark  # noqa: F401
-from vm_support import qemus_naming
+from vm_support import cluster_guest_deb, qemus_naming
 
 REPO = Path(__file__).resolve().parents[1]
-NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
 RUN_DIR = Path("/var/tmp") / f"ivc-cvm-{os.getpid()}"
 
 
@@ -98,17 +97,7 @@ def assert_nothing_left(name: str, fabric_pid=None):
 
 @pytest.fixture(scope="module")
 def guest_deb(tmp_path_factory):
-    out = tmp_path_factory.mktemp("deb")
-    subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
-                    str(out), "0.1.0"], check=True, capture_output=True,
-                   timeout=300)
-    deb = out / "ivcloud-guest_0.1.0_amd64.deb"
-    # the image a cluster of this package boots (built once per package,
-    # cached in /var/cache/ivcloud): with the solver's package beside it
-    from ivcloud.vm import debian
-    solver = debian.solver_deb_beside(deb)
-    assert solver is not None, "mkdeb.sh built no python3-micromag"
-    debian.build(deb=deb, extra=[solver])
+    deb = cluster_guest_deb(tmp_path_factory.mktemp("deb"))
     try:
         yield deb
     finally:

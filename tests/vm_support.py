@@ -1,8 +1,9 @@
-"""What the tests of QEMU guests share: finding the QEMU processes a run
-directory started, and taking guests and their ivshmem-server down so
-that nothing is left, whatever the test did.
+"""What the tests of QEMU guests share: the guest package a cluster
+boots, finding the QEMU processes a run directory started, and taking
+guests and their ivshmem-server down so that nothing is left, whatever
+the test did.
 
-    from vm_support import qemus_naming, vm_down
+    from vm_support import cluster_guest_deb, qemus_naming, vm_down
 """
 
 from __future__ import annotations
@@ -15,6 +16,24 @@ import sys
 from pathlib import Path
 
 from ivcloud.server import stop as server_stop
+
+REPO = Path(__file__).resolve().parents[1]
+NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
+
+
+def cluster_guest_deb(out: Path) -> Path:
+    """The guest package of this build, made in `out`, and the image a
+    cluster of it boots (built once per package, cached in
+    /var/cache/ivcloud): with the solver's package beside it."""
+    subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
+                    str(out), "0.1.0"], check=True, capture_output=True,
+                   timeout=300)
+    deb = out / "ivcloud-guest_0.1.0_amd64.deb"
+    from ivcloud.vm import debian
+    solver = debian.solver_deb_beside(deb)
+    assert solver is not None, "mkdeb.sh built no python3-micromag"
+    debian.build(deb=deb, extra=[solver])
+    return deb
 
 
 def qemus_naming(path: Path):
