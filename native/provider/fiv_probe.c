@@ -88,10 +88,13 @@ void fiv_path_broken(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 void fiv_send_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
                      int err)
 {
+    /* A send that finds its peer gone fails alone. What the peer wrote
+       before it left may still wait on our queue unread, and failing
+       the peer now would drop it; the looks for departed peers
+       (fiv_probe_tick) fail it once those messages are taken. */
     if (err == FI_EHOSTUNREACH)
-        fiv_peer_failed(ep, a, peer, err);
-    else
-        fiv_path_broken(ep, a, peer, "a send found it corrupt");
+        return;
+    fiv_path_broken(ep, a, peer, "a send found it corrupt");
 }
 
 void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,

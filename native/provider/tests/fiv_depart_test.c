@@ -80,6 +80,39 @@ static void last_message(struct rank *r, bool directed)
     t_close(r);
 }
 
+/* Rank 1 sends its last message and leaves; rank 0, before it looks
+   for messages, sends to it. That send fails, and the message rank 1
+   sent before leaving is still delivered. */
+static void send_to_departed(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    if (r->me == 1) {
+        uint64_t last = 2;
+        REQ_RC(fi_tsend(r->ep, &last, sizeof last, NULL, r->addr[0], 7,
+                        &last), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        t_close(r);
+        t_barrier_plain(r);
+        return;
+    }
+    t_barrier_plain(r); /* rank 1 has sent and left */
+    uint64_t out = 3, got = 0;
+    ssize_t rc = fi_tsend(r->ep, &out, sizeof out, NULL, r->addr[1], 7, &out);
+    struct fi_cq_err_entry err = {0};
+    if (rc == 0) { /* accepted: it completes with an error */
+        int w = t_wait(r, &e, &err, NULL, 3000);
+        REQ(w < 0 && w != -FI_ETIMEDOUT && err.op_context == &out);
+    } else {
+        REQ(rc < 0 && rc != -FI_EAGAIN);
+    }
+    REQ_RC(fi_trecv(r->ep, &got, sizeof got, NULL, r->addr[1], 7, 0, &got), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 3000), 0);
+    REQ(e.op_context == &got && got == 2);
+    t_close(r);
+}
+
 static void last_directed(struct rank *r) { last_message(r, true); }
 static void last_any(struct rank *r) { last_message(r, false); }
 
@@ -103,6 +136,11 @@ int main(void)
 
     f = t_run(2, last_directed, env2, 30, NULL);
     printf("%s: the same, to a receive directed at it\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, send_to_departed, env2, 30, NULL);
+    printf("%s: a send to a peer that left does not drop what it sent "
+           "before\n", f ? "FAIL" : "ok");
     failed += f;
 
     printf("%s\n", failed ? "FAILED" : "all passed");
