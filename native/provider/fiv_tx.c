@@ -287,13 +287,13 @@ int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r)
         enqueue(ep, p, r);
         return 0;
     }
-    int rc = push(ep, p, r);
-    if (rc > 0)
+    /* One that fails is queued too: the queue's drain (fiv_tx_drain)
+       tries it again and, failing, hands the error to the layer that
+       fails its peer, as it does for every queued send. */
+    if (push(ep, p, r) > 0)
         fiv_tx_done(ep, r, 0);
-    else if (rc == 0)
-        enqueue(ep, p, r);
     else
-        fiv_tx_done(ep, r, -rc);
+        enqueue(ep, p, r);
     return 0;
 }
 
