@@ -5,8 +5,9 @@ command line of the benchmarks in ivcloud.bench (options -> settings ->
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, TypeVar
 
 from .. import mpis
 from ..bench import apps, btl, halo, hierarchy, ofi, p2p, scaling, small
@@ -17,6 +18,7 @@ from ..server import parse_size
 from . import add_vm_arguments, checked, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
+T = TypeVar("T")
 
 
 # `bench mpi --mpi NAME` of another MPI: ofi instead of btl
@@ -41,34 +43,28 @@ needed. Prints the path of report.md.
 """
 
 
-
 # ---------------------------------------------------------------- types
 
-@checked
-def _sizes(text: str) -> List[int]:
-    return p2p.check_sizes(parse_size(x) for x in text.split(",")
-                           if x.strip())
+def _list(item: Callable[[str], T] = str, check: Optional[Callable] = None,
+          what: str = "list") -> Callable[[str], List[T]]:
+    """argparse type of a comma-separated list: each item parsed by
+    `item`, the list checked by the library's `check`."""
+    @checked
+    def parse(text: str) -> List[T]:
+        try:
+            values = [item(t.strip()) for t in text.split(",") if t.strip()]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"bad {what} '{text}': {e}")
+        return check(values) if check else values
+    return parse
 
 
-@checked
-def _scaling_transports(text: str) -> List[str]:
-    return check_transports((t.strip() for t in text.split(",")
-                             if t.strip()), scaling.TRANSPORTS)
-
-
-def _names(text: str) -> List[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ranks(text: str) -> List[int]:
-    try:
-        return [positive_int(t) for t in _names(text)]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"bad rank list '{text}': {e}")
-
-
-def _scaling_ranks(text: str) -> List[int]:
-    return checked(scaling.check_ranks)(_ranks(text))
+_names = _list()
+_sizes = _list(parse_size, p2p.check_sizes)
+_ranks = _list(positive_int, what="rank list")
+_scaling_ranks = _list(positive_int, scaling.check_ranks, "rank list")
+_scaling_transports = _list(check=functools.partial(
+    check_transports, allowed=scaling.TRANSPORTS))
 
 
 def _face(text: str) -> int:
@@ -77,21 +73,24 @@ def _face(text: str) -> int:
 
 # ---------------------------------------------------------------- running
 
+def _shared(args) -> dict:
+    """--quick, and --iters and --rounds where the benchmark has them."""
+    return {k: getattr(args, k) for k in ("quick", "iters", "rounds")
+            if hasattr(args, k)}
+
+
 def _run_p2p(args) -> int:
-    s = p2p.P2pSettings.make(quick=args.quick, sizes=args.sizes,
-                             iters=args.iters, netns=not args.skip_netns,
-                             rounds=args.rounds)
+    s = p2p.P2pSettings.make(sizes=args.sizes, netns=args.netns,
+                             **_shared(args))
     return p2p.run(s, json_path=args.json)
 
 
 def _run_mpi(args) -> int:
     if ofi.covers(args.mpi):
-        o = ofi.OfiSettings.make(args.mpi, quick=args.quick,
-                                  iters=args.iters, configs=args.transports,
-                                  rounds=args.rounds)
+        o = ofi.OfiSettings.make(args.mpi, configs=args.transports,
+                                 **_shared(args))
         return ofi.run(o, json_path=args.json)
-    s = btl.MpiSettings.make(quick=args.quick, iters=args.iters,
-                             transports=args.transports, rounds=args.rounds)
+    s = btl.MpiSettings.make(transports=args.transports, **_shared(args))
     return btl.run(s, json_path=args.json)
 
 
@@ -104,16 +103,14 @@ def _build(text: str) -> Tuple[str, Path]:
 
 
 def _run_small(args) -> int:
-    s = small.SmallSettings.make(quick=args.quick, rounds=args.rounds,
-                                 iters=args.iters, builds=args.build,
-                                 realtime=args.realtime, copies=args.copies)
+    s = small.SmallSettings.make(builds=args.builds, realtime=args.realtime,
+                                 copies=args.copies, **_shared(args))
     return small.run(s, json_path=args.json)
 
 
 def _run_hierarchy(args) -> int:
-    s = hierarchy.HierarchySettings.make(quick=args.quick, iters=args.iters,
-                                         uplink_rate=args.uplink_rate,
-                                         rounds=args.rounds)
+    s = hierarchy.HierarchySettings.make(uplink_rate=args.uplink_rate,
+                                         **_shared(args))
     return hierarchy.run(s, Path(args.out), json_path=args.json,
                          keep_cluster=args.keep_cluster, vm=_vm_options(args))
 
@@ -129,10 +126,9 @@ def _vm_options(args, memory_mb: int = VmOptions.memory_mb
 
 
 def _run_halo(args) -> int:
-    s = halo.HaloSettings.make(quick=args.quick, iters=args.iters,
-                               reps=args.reps, face=args.face,
+    s = halo.HaloSettings.make(reps=args.reps, face=args.face,
                                uplink_rate=args.uplink_rate,
-                               transport=args.transport)
+                               transport=args.transport, **_shared(args))
     run = halo.run_slurm if args.scheduler == "slurm" else halo.run
     return run(s, Path(args.out), json_path=args.json,
                keep_cluster=args.keep_cluster)
@@ -140,11 +136,11 @@ def _run_halo(args) -> int:
 
 def _run_apps(args) -> int:
     vm = _vm_options(args, apps.VM_MEMORY_MB)
-    s = apps.AppsSettings.make(quick=args.quick, apps=args.apps,
-                               rounds=args.rounds, hpcc_n=args.hpcc_n,
+    s = apps.AppsSettings.make(apps=args.apps, hpcc_n=args.hpcc_n,
                                foam_iterations=args.foam_iterations,
                                scaling_ranks=args.ranks,
-                               vm=vm is not None, configs=args.configs)
+                               vm=vm is not None, configs=args.configs,
+                               **_shared(args))
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster, vm=vm)
 
@@ -155,9 +151,9 @@ def _run_report(args) -> int:
 
 
 def _run_scaling(args) -> int:
-    s = scaling.ScalingSettings.make(quick=args.quick, ranks=args.ranks,
+    s = scaling.ScalingSettings.make(ranks=args.ranks,
                                      transports=args.transports,
-                                     rounds=args.rounds, iters=args.iters)
+                                     **_shared(args))
     return scaling.run(s, json_path=args.json)
 
 
@@ -186,7 +182,7 @@ def _p2p_arguments(p: argparse.ArgumentParser) -> None:
              "round trips per small size (big sizes use fewer)")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="comma-separated message sizes (K/M suffixes)")
-    p.add_argument("--skip-netns", action="store_true",
+    p.add_argument("--skip-netns", dest="netns", action="store_false",
                    help="skip the two-namespace TCP bridge transport")
 
 
@@ -210,8 +206,8 @@ def _small_arguments(p: argparse.ArgumentParser) -> None:
              "rounds (default 20, quick 2)",
              "write the records, each round's figures and the targets as "
              "JSON")
-    p.add_argument("--build", type=_build, action="append", default=[],
-                   metavar="LABEL=DIR",
+    p.add_argument("--build", dest="builds", type=_build, action="append",
+                   default=[], metavar="LABEL=DIR",
                    help="also run the BTL of the native build in DIR "
                         "(its btl/ directory) under LABEL; repeatable")
     p.add_argument("--copies", type=positive_int, default=None,
