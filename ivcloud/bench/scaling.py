@@ -27,7 +27,7 @@ from ..mpis import regions
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, check_transports, count,
                       fmt_size, measure_rounds, mpi_job, print_grid, program,
-                      ratio_target, run_benchmark, summarize)
+                      ratio_target, run_benchmark, spread, summarize)
 
 FULL_RANKS = [2, 8, 32, 128]
 QUICK_RANKS = [2, 4]
@@ -46,7 +46,6 @@ def check_ranks(values: Sequence[int]) -> List[int]:
     if not ranks or ranks[0] < 2 or ranks[-1] > MAX_RANKS:
         raise InvalidRequest(f"rank counts must be 2..{MAX_RANKS}")
     return ranks
-
 
 
 @dataclass
@@ -105,9 +104,8 @@ def region_bytes(transport: str, np: int) -> int:
 def run_one(transport: str, np: int, s: ScalingSettings) -> List[Dict]:
     """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
     private region and must show traffic in every rank's BTL counters."""
-    recs, _ = mpi_job(transport, np, s.argv(transport, np),
-                                s.timeout_s,
-                                f"mpi-scaling {transport} ({np} ranks)", KEYS)
+    recs, _ = mpi_job(transport, np, s.argv(transport, np), s.timeout_s,
+                      f"mpi-scaling {transport} ({np} ranks)", KEYS)
     shm = region_bytes(transport, np)
     for rec in recs:
         rec["region_bytes"] = shm
@@ -154,11 +152,7 @@ def print_table(res: BenchResults, out=None) -> None:
                unit: float = 1.0) -> List[str]:
         if rec is None:
             return ["nan", ""]
-        value = fmt.format(rec[key] / unit)
-        if rec.get("runs", 1) < 2 or f"{key}_min" not in rec:
-            return [value, ""]
-        return [value, f"{fmt.format(rec[key + '_min'] / unit)}.."
-                       f"{fmt.format(rec[key + '_max'] / unit)}"]
+        return [fmt.format(rec[key] / unit), spread(rec, key, fmt, unit)]
 
     rows = []
     for np, transport in sorted({(r["ranks"], r["transport"])

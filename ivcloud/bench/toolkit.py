@@ -232,11 +232,13 @@ def summarize(runs: Sequence[Dict], keys: Sequence[str],
     return out
 
 
-def spread(rec: Dict, f: str, fmt: str = "{:.3g}") -> str:
-    """'min..max' of a summarized field, '' for a single run."""
+def spread(rec: Dict, f: str, fmt: str = "{:.3g}", unit: float = 1.0) -> str:
+    """'min..max' of a summarized field (in `unit`s), '' for a single
+    run."""
     if rec.get("runs", 1) < 2 or f"{f}_min" not in rec:
         return ""
-    return f"{fmt.format(rec[f + '_min'])}..{fmt.format(rec[f + '_max'])}"
+    return (f"{fmt.format(rec[f + '_min'] / unit)}.."
+            f"{fmt.format(rec[f + '_max'] / unit)}")
 
 
 # ---------------------------------------------------------------- targets
@@ -453,19 +455,15 @@ def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
     return doc
 
 
-def write_doc(path: Path, doc: Dict) -> None:
-    """Replace `path` whole (a reader never sees half a document)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def write_docs(doc: Dict, paths: Iterable[Path], out=None) -> None:
+    """`doc` to each of `paths`, each replaced whole (a reader never sees
+    half a document)."""
     out = out or sys.stdout
-    for path in paths:
-        write_doc(path, doc)
+    for path in map(Path, paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(path)
         out.write(f"wrote {len(doc['records'])} records to {path}\n")
 
 
