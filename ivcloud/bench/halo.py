@@ -143,12 +143,17 @@ def make_plan(log=None) -> Plan:
                 part.name)
 
 
+def halo_argv(s: HaloSettings, placement: str) -> List[str]:
+    """mpi-halo's command line (`placement`: what its records say)."""
+    return [str(program("mpi-halo")), "--face", str(s.face), "--iters",
+            str(s.iters), "--warmup", str(s.warmup), "--transport",
+            s.transport, "--placement", placement]
+
+
 def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
              s: HaloSettings) -> Dict:
     origin = f"halo {name} #{rep + 1}"
-    argv = [str(program("mpi-halo")), "--face", str(s.face), "--iters",
-            str(s.iters), "--warmup", str(s.warmup), "--transport",
-            s.transport, "--placement", name]
+    argv = halo_argv(s, name)
     if name == "planned":
         kw = dict(hosts=plan.hosts(name))
     else:
@@ -188,12 +193,6 @@ def alternate(s: HaloSettings, names: Sequence[str],
                 log.write(f"bench halo: {what}: wall {rec['wall_s']:.3f} s "
                           f"on {' '.join(rec['hosts'])}\n")
     return res
-
-
-def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
-            log=None) -> BenchResults:
-    return alternate(s, PLACEMENTS, lambda name, rep: run_once(
-        cluster, plan, name, rep, s), log)
 
 
 def medians(records: Sequence[Dict], key: str,
@@ -252,7 +251,8 @@ def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
     info = machine_info()
     with ClusterSession("halo", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
                         keep=keep_cluster, log=log) as cluster:
-        res = measure(cluster, plan, s, log)
+        res = alternate(s, PLACEMENTS, lambda name, rep: run_once(
+            cluster, plan, name, rep, s), log)
     summ = summary(res.records)
     ts = targets(summ)
     print_table(summ, out)
@@ -282,9 +282,7 @@ def slurm_args(name: str, s: HaloSettings) -> List[str]:
             "--export=ALL,OMPI_MCA_mpi_yield_when_idle=1"]
     if name == "round-robin":
         args.append(f"--nodelist={','.join(SLURM_SPREAD)}")
-    prog = [str(program("mpi-halo")), "--face", str(s.face), "--iters",
-            str(s.iters), "--warmup", str(s.warmup), "--transport",
-            s.transport, "--placement", f"slurm-{name}"]
+    prog = halo_argv(s, f"slurm-{name}")
     if s.transport == "tcp":   # the task prolog's BTL list, without ours
         prog = ["env", "OMPI_MCA_btl=self,vader,tcp"] + prog
     return args + prog
