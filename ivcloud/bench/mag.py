@@ -267,17 +267,15 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
 
 def targets(res: BenchResults) -> List[Target]:
     ts = []
-    bar1 = res.find(problem="bar", code="ivcloud", ranks=1)
-    if bar1 is not None:
-        ts.append(Target("bar, 1 core: time to solution (s)",
-                         bar1["time_to_solution_s"], "<=", BAR_ONE_CORE_S,
-                         best=bar1.get("time_to_solution_s_min")))
-    sp4 = res.find(problem="sp4", code="ivcloud", ranks=2)
-    if sp4 is not None:
-        ts.append(Target("sp4, 2 ranks: time to solution (s)",
-                         sp4["time_to_solution_s"], "<=", SP4_TWO_RANKS_S,
-                         best=sp4.get("time_to_solution_s_min")))
-    sp4 = sp4 or res.find(problem="sp4", code="ivcloud")
+    for name, ranks, on, goal in (("bar", 1, "1 core", BAR_ONE_CORE_S),
+                                  ("sp4", 2, "2 ranks", SP4_TWO_RANKS_S)):
+        r = res.find(problem=name, code="ivcloud", ranks=ranks)
+        if r is not None:
+            ts.append(Target(f"{name}, {on}: time to solution (s)",
+                             r["time_to_solution_s"], "<=", goal,
+                             best=r.get("time_to_solution_s_min")))
+    sp4 = (res.find(problem="sp4", code="ivcloud", ranks=2)
+           or res.find(problem="sp4", code="ivcloud"))
     if sp4 is not None and "error_max" in sp4:
         ts.append(Target("sp4: |<m>(1 ns) - reference|, largest component",
                          sp4["error_max"], "<=", SP4_ERROR))
