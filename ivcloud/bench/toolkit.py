@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import platform
 import re
@@ -243,6 +244,10 @@ def spread(rec: Dict, f: str, fmt: str = "{:.3g}", unit: float = 1.0) -> str:
 
 # ---------------------------------------------------------------- targets
 
+# a target's comparison of its value with its threshold
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
+
+
 @dataclass
 class Target:
     """A goal stated as a ratio measured within one run (informational:
@@ -256,9 +261,7 @@ class Target:
     best: Optional[float] = None
 
     def _meets(self, v: float) -> bool:
-        return (v <= self.threshold if self.op == "<="
-                else v >= self.threshold if self.op == ">="
-                else v < self.threshold)
+        return OPS[self.op](v, self.threshold)
 
     @property
     def status(self) -> str:
