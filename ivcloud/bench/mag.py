@@ -22,8 +22,8 @@ error beside ours, and the ratio of the times.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..apps.mag import TRANSPORTS, run_command
-from ..errors import BenchError, InvalidRequest
+from ..errors import InvalidRequest
 from . import mag_peer
-from .toolkit import (BenchResults, Target, measure_rounds, print_grid,
-                      run_benchmark, spread, summarize)
+from .toolkit import (BenchResults, Target, checked_run, measure_rounds,
+                      print_grid, run_benchmark, run_closed, spread,
+                      summarize)
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = ("bar", "sp4")
@@ -116,18 +117,9 @@ def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
         out = Path(tmp) / "run"
         cmd = run_command(s.files[name], out, ranks, s.transport)
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  timeout=s.timeout_s,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"{name} on {ranks} rank(s): no result within "
-                             f"{s.timeout_s:g} s") from None
+        checked_run(functools.partial(run_closed, cmd), s.timeout_s,
+                    f"{name} on {ranks} rank(s)")
         wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            raise BenchError(f"{name} on {ranks} rank(s): exit "
-                             f"{proc.returncode}: {tail}")
         summary = json.loads((out / "summary.json").read_text())
         rec = _record(name, ranks, wall, summary)
         rec.update(_error_to_reference(s.files[name], out))

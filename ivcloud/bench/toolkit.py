@@ -123,6 +123,15 @@ def checked_run(start: Callable[..., int], timeout_s: float,
     return stdout, stderr
 
 
+def run_closed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
+               timeout: Optional[float] = None, stdout=None,
+               stderr=None) -> int:
+    """A checked_run `start` of a plain command, its stdin closed (an
+    mpirun below would forward ours to rank 0)."""
+    return subprocess.run(list(argv), env=env, timeout=timeout, stdout=stdout,
+                          stderr=stderr, stdin=subprocess.DEVNULL).returncode
+
+
 def cluster_job(session, job, timeout_s: float, origin: str
                 ) -> Tuple[str, str]:
     """(stdout, stderr) of one job on a ClusterSession that must succeed
