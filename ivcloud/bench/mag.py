@@ -320,8 +320,7 @@ def print_table(res: BenchResults, out=None) -> None:
 
 def run(s: MagBenchSettings, json_path: Optional[Path] = None,
         out=None, log=None) -> int:
-    """Measure, print the table and targets, write the document; 1 if a
-    run failed."""
+    """run_benchmark of `s`: 1 if a run failed."""
     return run_benchmark(
         "mag", False, lambda: measure(s, log), targets, print_table,
         json_path, out, problems=list(s.problems), ranks=list(s.ranks),

@@ -280,8 +280,7 @@ def measure(s: P2pSettings, log=None) -> BenchResults:
 
 def run(s: P2pSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if a step failed."""
+    """run_benchmark of `s`: 1 if a step failed."""
     return run_benchmark("p2p", s.quick, lambda: measure(s, log), targets,
                          print_table, json_path, out, sizes=s.sizes,
                          rounds=s.rounds)

@@ -192,9 +192,7 @@ def measure(s: ScalingSettings, log=None) -> BenchResults:
 
 def run(s: ScalingSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if an ivshmem job
-    failed."""
+    """run_benchmark of `s`: 1 if an ivshmem job failed."""
     return run_benchmark("scaling", s.quick, lambda: measure(s, log),
                          targets, print_table, json_path, out,
                          ranks=s.ranks, transports=s.transports,
