@@ -198,7 +198,8 @@ def alternate(s: HaloSettings, names: Sequence[str],
 def medians(records: Sequence[Dict], key: str,
             names: Sequence[str]) -> Dict[str, Dict]:
     """Per name (of record field `key`): median, min, max and every wall
-    time, median time per iteration, the first run's hosts."""
+    time, median time per iteration, the first run's hosts (and its cut
+    by level, for a placement)."""
     out = {}
     for name in names:
         mine = [r for r in records if r[key] == name]
@@ -210,15 +211,8 @@ def medians(records: Sequence[Dict], key: str,
                      "per_iter_us": statistics.median(
                          r["per_iter_us"] for r in mine),
                      "hosts": mine[0]["hosts"]}
-    return out
-
-
-def summary(records: Sequence[Dict]) -> Dict[str, Dict]:
-    """Per placement: medians() and the cut by level."""
-    out = medians(records, "placement", PLACEMENTS)
-    for name, entry in out.items():
-        entry["cut"] = next(r["cut"] for r in records
-                            if r["placement"] == name)
+        if "cut" in mine[0]:
+            out[name]["cut"] = mine[0]["cut"]
     return out
 
 
@@ -253,7 +247,7 @@ def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
                         keep=keep_cluster, log=log) as cluster:
         res = alternate(s, PLACEMENTS, lambda name, rep: run_once(
             cluster, plan, name, rep, s), log)
-    summ = summary(res.records)
+    summ = medians(res.records, "placement", PLACEMENTS)
     ts = targets(summ)
     print_table(summ, out)
     doc = conclude(
