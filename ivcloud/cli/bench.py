@@ -21,19 +21,6 @@ DEFAULT_OUT = "build/demo"
 T = TypeVar("T")
 
 
-# `bench mpi --mpi NAME` of another MPI: ofi instead of btl
-MPI_OFI = """
-With --mpi openmpi5, mpich or impi (the PyPI MPIs, through libfabric)
-it brings up a cluster of 1 server x 2 instances x 2 vCPUs instead and
-measures that MPI's 8 B latency, 8 B message rate and 1 MiB bandwidth
-with both ranks in one instance (its own shared memory: own-shm;
-libfabric's shm provider: shm) and with one rank in each instance (our
-ivshm provider: ivshmem; libfabric's tcp provider: tcp), then every
-ratio against own-shm and, second, against shm, and the targets against
-own-shm (8 B latency <= 1.05 x, 8 B rate >= 0.95 x, 1 MiB bandwidth
->= 0.9 x).
-"""
-
 REPORT = """The plots and report.md of the cloud benchmarks, from their JSON.
 
 Reads DIR/hierarchy.json, halo.json and apps.json (whichever exist; each
@@ -317,12 +304,13 @@ def register(sub) -> None:
     actions = p.add_subparsers(dest="action", metavar="BENCHMARK",
                                parser_class=type(p))
     actions.required = True
-    # a benchmark's module docstring is its description
+    # a benchmark's module docstring is its description; raw: it has laid
+    # out lists, keep its line breaks
     for name, text, arguments, run, raw in (
             ("p2p", p2p.__doc__, _p2p_arguments, _run_p2p, False),
-            ("mpi", btl.__doc__ + MPI_OFI, _mpi_arguments, _run_mpi, False),
+            ("mpi", f"{btl.__doc__}\n{ofi.__doc__}", _mpi_arguments,
+             _run_mpi, True),
             ("small", small.__doc__, _small_arguments, _run_small, False),
-            # their descriptions are laid out lists: keep the line breaks
             ("hierarchy", hierarchy.__doc__, _hierarchy_arguments,
              _run_hierarchy, True),
             ("halo", halo.__doc__, _halo_arguments, _run_halo, True),
