@@ -1,9 +1,10 @@
 """Plots and a markdown report from the cloud benchmarks' JSON.
 
-`write(DIR)` reads DIR/hierarchy.json (`ivcloud bench hierarchy`),
-DIR/halo.json (`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench
-apps`), whichever exist, and writes into DIR, with matplotlib's Agg
-backend (no display needed):
+It reads DIR/hierarchy.json (`ivcloud bench hierarchy`), DIR/halo.json
+(`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench apps`),
+whichever exist (each cloud benchmark writes its own and redoes the
+report itself), and writes into DIR, with matplotlib's Agg backend (no
+display needed):
 
   latency.png    one-way latency vs message size, log-log, one curve per
                  (level, transport): seed 000's figures 25/27/29/31
@@ -16,12 +17,13 @@ backend (no display needed):
                  one is meaningful (scaling_view)
   report.md      setup, the machine's load, tables, targets and the images
 
+Nothing is measured, no cluster is needed: `ivcloud bench report DIR`
+(write) redoes it from the JSON alone and prints the path of report.md.
 Every plot draws the min..max of the rounds around its medians, and a
 run on a busy machine (its document's load samples; toolkit.busy_reasons)
-gets a warning in its section and at the top. `ivcloud bench report DIR`
-redoes it from the JSON alone: the report is made from the documents
-only, never from the benchmarks' code (the benchmarks import this
-module, not the reverse).
+gets a warning in its section and at the top. The report is made from
+the documents only, never from the benchmarks' code (the benchmarks
+import this module, not the reverse).
 """
 
 from __future__ import annotations
@@ -277,7 +279,7 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def _curves(doc: Dict, test: str):
-    """[(label, level, transport, sizes, records)] in level order."""
+    """[(label, level, transport, records)] in level order."""
     out = []
     for lv, transport in hierarchy_columns(doc["records"],
                                            doc["transports"]):

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Callable, List, Optional, Tuple, TypeVar
 
 from .. import mpis
-from ..bench import apps, btl, halo, hierarchy, ofi, p2p, scaling, small
-from ..bench.report import write as write_report
+from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
+                     small)
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
@@ -19,15 +19,6 @@ from . import add_vm_arguments, checked, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
 T = TypeVar("T")
-
-
-REPORT = """The plots and report.md of the cloud benchmarks, from their JSON.
-
-Reads DIR/hierarchy.json, halo.json and apps.json (whichever exist; each
-cloud benchmark writes its own and redoes the report itself) and writes
-into DIR the plots and report.md: nothing is measured, no cluster is
-needed. Prints the path of report.md.
-"""
 
 
 # ---------------------------------------------------------------- types
@@ -133,7 +124,7 @@ def _run_apps(args) -> int:
 
 
 def _run_report(args) -> int:
-    print(write_report(Path(args.dir)))
+    print(report.write(Path(args.dir)))
     return 0
 
 
@@ -317,7 +308,8 @@ def register(sub) -> None:
             ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
             ("scaling", scaling.__doc__, _scaling_arguments, _run_scaling,
              False),
-            ("report", REPORT, _report_arguments, _run_report, False)):
+            ("report", report.__doc__, _report_arguments, _run_report,
+             True)):
         kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
               if raw else {})
         summary = " ".join(text.split("\n\n")[0].split())
