@@ -192,11 +192,11 @@ REFERENCES = ["own-shm", "shm"]
 
 def ratio(res: BenchResults, config: str, reference: str, test: str,
           size: int, key: str) -> Optional[Dict]:
-    """config's figure over reference's: the median of the rounds' own
-    ratios (both measured in the same round, so that a state of the
-    machine that lasts a round divides out) with their min and max;
-    the ratio of the medians where no round holds both. None without
-    both figures."""
+    """config's figure over reference's: `ratio` the median of the
+    rounds' own ratios (both measured in the same round, so that a state
+    of the machine that lasts a round divides out) with their min and
+    max, and the `rounds`; the ratio of the medians (rounds 0) where no
+    round holds both. None without both figures."""
     def figures(cfg):
         return {r["round"]: r[key] for r in res.runs
                 if r.get("transport") == cfg and r.get("test") == test
@@ -205,14 +205,14 @@ def ratio(res: BenchResults, config: str, reference: str, test: str,
     num, den = figures(config), figures(reference)
     per_round = [num[k] / den[k] for k in sorted(num) if k in den]
     if per_round:
-        return {"value": statistics.median(per_round),
-                "min": min(per_round), "max": max(per_round),
+        return {"ratio": statistics.median(per_round),
+                "ratio_min": min(per_round), "ratio_max": max(per_round),
                 "rounds": len(per_round)}
     a = res.find(transport=config, test=test, size=size)
     b = res.find(transport=reference, test=test, size=size)
     if not a or not b or not a.get(key) or not b.get(key):
         return None
-    return {"value": a[key] / b[key], "rounds": 0}
+    return {"ratio": a[key] / b[key], "rounds": 0}
 
 
 def ratios(res: BenchResults, configs: Sequence[str]) -> List[Dict]:
@@ -226,14 +226,10 @@ def ratios(res: BenchResults, configs: Sequence[str]) -> List[Dict]:
             if config == ref:
                 continue
             for name, test, size, key, *_ in FIGURES:
-                r = ratio(res, config, ref, test, size, key)
                 out.append({"transport": config, "reference": ref,
-                            "figure": name, "field": key,
-                            "ratio": None if r is None else r["value"],
-                            **({"ratio_min": r["min"],
-                                "ratio_max": r["max"]}
-                               if r and "min" in r else {}),
-                            "rounds": r["rounds"] if r else 0})
+                            "figure": name, "field": key, "ratio": None,
+                            **(ratio(res, config, ref, test, size, key)
+                               or {"rounds": 0})})
     return out
 
 
@@ -251,10 +247,8 @@ def targets(res: BenchResults, mpi_name: str) -> List[Target]:
         if r is None:
             ts.append(Target(what, None, op, goal, "record missing"))
             continue
-        best = None
-        if "min" in r:
-            best = r["min"] if op == "<=" else r["max"]
-        ts.append(Target(what, r["value"], op, goal, best=best))
+        best = r.get("ratio_min" if op == "<=" else "ratio_max")
+        ts.append(Target(what, r["ratio"], op, goal, best=best))
     return ts
 
 
