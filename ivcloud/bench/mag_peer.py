@@ -53,13 +53,12 @@ def cpus_for(cores: int) -> List[int]:
     return allowed[:cores]
 
 
-def run_sp4(peer: str, cores: int, timeout_s: float,
-            cell_nm: float = PEER_CELL_NM) -> Dict:
+def run_sp4(peer: str, cores: int, timeout_s: float) -> Dict:
     """One run of standard problem 4 (relaxation and 1 ns) in `peer` on
     `cores` CPUs (cpus_for): time to solution and <m>(1 ns)."""
     cpus = ",".join(str(c) for c in cpus_for(cores))
     cmd = ["taskset", "-c", cpus, str(python(peer)), str(SCRIPT),
-           f"{cell_nm:g}"]
+           f"{PEER_CELL_NM:g}"]
     env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     t0 = time.perf_counter()
     stdout, _ = checked_run(functools.partial(run_closed, cmd, env),

@@ -429,16 +429,12 @@ def busy_warning(reasons: Sequence[str]) -> str:
             "nothing across runs")
 
 
-def machine_info(started: Optional[float] = None,
-                 sample_load: bool = True) -> Dict:
+def machine_info() -> Dict:
     """Where and when a run happened (part of every document), and the
-    load just before it measures (`sample_load`: a second's sleep)."""
-    info = {"started": time.time() if started is None else started,
-            "host": platform.node(), "cpus": os.cpu_count(),
-            "kernel": platform.release()}
-    if sample_load:
-        info["load"] = {"before": load_sample()}
-    return info
+    load just before it measures (a second's sleep)."""
+    return {"started": time.time(), "host": platform.node(),
+            "cpus": os.cpu_count(), "kernel": platform.release(),
+            "load": {"before": load_sample()}}
 
 
 def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
