@@ -101,29 +101,25 @@ def region_bytes(transport: str, np: int) -> int:
     return np * VADER_SEGMENT
 
 
-def run_one(transport: str, np: int, s: ScalingSettings) -> List[Dict]:
+def run_one(transport: str, np: int, s: ScalingSettings,
+            res: BenchResults) -> List[Dict]:
     """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
-    private region and must show traffic in every rank's BTL counters."""
-    recs, _ = mpi_job(transport, np, s.argv(transport, np), s.timeout_s,
-                      f"mpi-scaling {transport} ({np} ranks)", KEYS)
+    private region and must show traffic in every rank's BTL counters;
+    vader's failure at a rank count is a note in `res`, not a failure (it
+    is compared where it runs)."""
+    try:
+        recs, _ = mpi_job(transport, np, s.argv(transport, np), s.timeout_s,
+                          f"mpi-scaling {transport} ({np} ranks)", KEYS)
+    except BenchError as e:
+        if transport == "ivshmem":
+            raise
+        res.notes.append(f"vader at {np} ranks: {e}")
+        return []
     shm = region_bytes(transport, np)
     for rec in recs:
         rec["region_bytes"] = shm
         rec["bytes_per_rank"] = shm // np
     return recs
-
-
-def _step(transport: str, np: int, s: ScalingSettings,
-          res: BenchResults) -> List[Dict]:
-    """A job; vader's failure at a rank count is a note, not a failure
-    (it is compared where it runs)."""
-    if transport == "ivshmem":
-        return run_one(transport, np, s)
-    try:
-        return run_one(transport, np, s)
-    except BenchError as e:
-        res.notes.append(f"vader at {np} ranks: {e}")
-        return []
 
 
 # ---------------------------------------------------------------- targets
@@ -175,7 +171,7 @@ def print_table(res: BenchResults, out=None) -> None:
 
 def measure(s: ScalingSettings, log=None) -> BenchResults:
     res = BenchResults()
-    steps = [(f"{t} {np} ranks", functools.partial(_step, t, np, s, res))
+    steps = [(f"{t} {np} ranks", functools.partial(run_one, t, np, s, res))
              for np in s.ranks for t in s.transports]
     measure_rounds(res, "scaling", s.rounds, steps, log)
     res.records = summarize(res.runs, ("transport", "test", "ranks"),
