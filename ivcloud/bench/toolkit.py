@@ -34,12 +34,9 @@ from ..native import native_dir
 
 MIB = 1 << 20
 
-# The errors a lower layer raises when one job or step cannot be carried
-# out: BenchError and every area's domain error.
-LIBRARY_ERRORS: Tuple[type, ...] = (IvcloudError,)
-# What one failed step of a benchmark may raise without stopping the rest.
-STEP_ERRORS: Tuple[type, ...] = LIBRARY_ERRORS + (OSError,
-                                                  subprocess.SubprocessError)
+# What one failed step of a benchmark may raise without stopping the rest:
+# BenchError, every area's domain error, a program that could not run.
+STEP_ERRORS = (IvcloudError, OSError, subprocess.SubprocessError)
 
 T = TypeVar("T")
 
@@ -111,7 +108,7 @@ def checked_run(start: Callable[..., int], timeout_s: float,
             status = start(timeout=timeout_s, stdout=out, stderr=err)
         except (subprocess.TimeoutExpired, JobTimeout):
             raise BenchError(f"{origin}: no result within {timeout_s:g} s")
-        except LIBRARY_ERRORS as e:
+        except IvcloudError as e:
             if isinstance(e, BenchError):
                 raise
             raise BenchError(f"{origin}: {e}") from e
@@ -253,7 +250,6 @@ def spread(rec: Dict, f: str, fmt: str = "{:.3g}", unit: float = 1.0) -> str:
 
 # ---------------------------------------------------------------- targets
 
-# a target's comparison of its value with its threshold
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
 
 
