@@ -182,7 +182,7 @@ def test_conclude_records_the_load_after_and_warns(monkeypatch):
     assert doc["load"]["before"] == QUIET and doc["load"]["after"] == BUSY
     assert doc["load"]["busy"] is True and len(doc["load"]["reasons"]) == 1
     assert "warning: the machine was busy (after the run" in out.getvalue()
-    # without samples (machine_info(sample_load=False)): no load at all
+    # a document without samples: no load at all
     doc = toolkit.conclude("x", False, {}, toolkit.BenchResults(), [],
                            io.StringIO())
     assert "load" not in doc

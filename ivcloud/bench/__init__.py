@@ -1,21 +1,12 @@
 """Benchmarks of libivshm against reference transports (the library
-side; their command line is ivcloud/cli/bench.py).
+side; their command line is ivcloud/cli/bench.py, and ivcloud/cli/mag.py
+for `ivcloud mag bench`).
 
-- :mod:`.toolkit`: what every benchmark shares (native programs, records,
-  the step loop, targets, tables, the machine's load before and after,
-  the JSON document);
-- :mod:`.report`: tables, plots and report.md from the cloud benchmarks'
-  documents (it reads documents, never the benchmarks' code), and what
-  they may say (strong scaling without oversubscription, a warning for
-  a busy machine);
-- :mod:`.p2p`, :mod:`.mpi`: single-host point-to-point and MPI;
-- :mod:`.scaling`: many ranks in one region, ivshmem against vader;
-- :mod:`.hierarchy`, :mod:`.halo`: on an emulated cloud
-  (ivcloud.cluster.session).
-
-Each benchmark has a settings dataclass (``P2pSettings``,
-``MpiSettings``, ``HierarchySettings``, ``HaloSettings``,
-``ScalingSettings``) and a
-``run(settings, ...)`` that prints its table and returns the exit
-status; failures are :class:`ivcloud.errors.BenchError`.
+:mod:`.toolkit` is what every benchmark shares, :mod:`.report` the
+tables, plots and report.md of the cloud benchmarks' documents (it reads
+documents, never the benchmarks' code). Every other module is one
+benchmark, its docstring what it measures: a settings dataclass (a
+``make`` gives the defaults, full or quick) and a ``run(settings, ...)``
+that prints its table and returns the exit status; failures are
+:class:`ivcloud.errors.BenchError`.
 """

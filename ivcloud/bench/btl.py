@@ -153,8 +153,7 @@ def measure(s: MpiSettings, log=None) -> BenchResults:
 
 def run(s: MpiSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if a transport failed."""
+    """run_benchmark of `s`: 1 if a transport failed."""
     return run_benchmark("mpi", s.quick, lambda: measure(s, log), targets,
                          print_table, json_path, out, sizes=s.sizes,
                          allreduce_sizes=s.allreduce_sizes,

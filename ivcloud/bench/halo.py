@@ -143,12 +143,17 @@ def make_plan(log=None) -> Plan:
                 part.name)
 
 
+def halo_argv(s: HaloSettings, placement: str) -> List[str]:
+    """mpi-halo's command line (`placement`: what its records say)."""
+    return [str(program("mpi-halo")), "--face", str(s.face), "--iters",
+            str(s.iters), "--warmup", str(s.warmup), "--transport",
+            s.transport, "--placement", placement]
+
+
 def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
              s: HaloSettings) -> Dict:
     origin = f"halo {name} #{rep + 1}"
-    argv = [str(program("mpi-halo")), "--face", str(s.face), "--iters",
-            str(s.iters), "--warmup", str(s.warmup), "--transport",
-            s.transport, "--placement", name]
+    argv = halo_argv(s, name)
     if name == "planned":
         kw = dict(hosts=plan.hosts(name))
     else:
@@ -190,16 +195,11 @@ def alternate(s: HaloSettings, names: Sequence[str],
     return res
 
 
-def measure(cluster: ClusterSession, plan: Plan, s: HaloSettings,
-            log=None) -> BenchResults:
-    return alternate(s, PLACEMENTS, lambda name, rep: run_once(
-        cluster, plan, name, rep, s), log)
-
-
 def medians(records: Sequence[Dict], key: str,
             names: Sequence[str]) -> Dict[str, Dict]:
     """Per name (of record field `key`): median, min, max and every wall
-    time, median time per iteration, the first run's hosts."""
+    time, median time per iteration, the first run's hosts (and its cut
+    by level, for a placement)."""
     out = {}
     for name in names:
         mine = [r for r in records if r[key] == name]
@@ -211,15 +211,8 @@ def medians(records: Sequence[Dict], key: str,
                      "per_iter_us": statistics.median(
                          r["per_iter_us"] for r in mine),
                      "hosts": mine[0]["hosts"]}
-    return out
-
-
-def summary(records: Sequence[Dict]) -> Dict[str, Dict]:
-    """Per placement: medians() and the cut by level."""
-    out = medians(records, "placement", PLACEMENTS)
-    for name, entry in out.items():
-        entry["cut"] = next(r["cut"] for r in records
-                            if r["placement"] == name)
+        if "cut" in mine[0]:
+            out[name]["cut"] = mine[0]["cut"]
     return out
 
 
@@ -252,8 +245,9 @@ def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
     info = machine_info()
     with ClusterSession("halo", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
                         keep=keep_cluster, log=log) as cluster:
-        res = measure(cluster, plan, s, log)
-    summ = summary(res.records)
+        res = alternate(s, PLACEMENTS, lambda name, rep: run_once(
+            cluster, plan, name, rep, s), log)
+    summ = medians(res.records, "placement", PLACEMENTS)
     ts = targets(summ)
     print_table(summ, out)
     doc = conclude(
@@ -282,9 +276,7 @@ def slurm_args(name: str, s: HaloSettings) -> List[str]:
             "--export=ALL,OMPI_MCA_mpi_yield_when_idle=1"]
     if name == "round-robin":
         args.append(f"--nodelist={','.join(SLURM_SPREAD)}")
-    prog = [str(program("mpi-halo")), "--face", str(s.face), "--iters",
-            str(s.iters), "--warmup", str(s.warmup), "--transport",
-            s.transport, "--placement", f"slurm-{name}"]
+    prog = halo_argv(s, f"slurm-{name}")
     if s.transport == "tcp":   # the task prolog's BTL list, without ours
         prog = ["env", "OMPI_MCA_btl=self,vader,tcp"] + prog
     return args + prog

@@ -22,8 +22,8 @@ error beside ours, and the ratio of the times.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..apps.mag import TRANSPORTS, run_command
-from ..errors import BenchError, InvalidRequest
+from ..errors import InvalidRequest
 from . import mag_peer
-from .toolkit import (BenchResults, Target, measure_rounds, print_grid,
-                      run_benchmark, spread, summarize)
+from .toolkit import (BenchResults, Target, checked_run, measure_rounds,
+                      print_grid, run_benchmark, run_closed, spread,
+                      summarize)
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = ("bar", "sp4")
@@ -116,18 +117,9 @@ def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
         out = Path(tmp) / "run"
         cmd = run_command(s.files[name], out, ranks, s.transport)
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  timeout=s.timeout_s,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"{name} on {ranks} rank(s): no result within "
-                             f"{s.timeout_s:g} s") from None
+        checked_run(functools.partial(run_closed, cmd), s.timeout_s,
+                    f"{name} on {ranks} rank(s)")
         wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            raise BenchError(f"{name} on {ranks} rank(s): exit "
-                             f"{proc.returncode}: {tail}")
         summary = json.loads((out / "summary.json").read_text())
         rec = _record(name, ranks, wall, summary)
         rec.update(_error_to_reference(s.files[name], out))
@@ -267,17 +259,15 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
 
 def targets(res: BenchResults) -> List[Target]:
     ts = []
-    bar1 = res.find(problem="bar", code="ivcloud", ranks=1)
-    if bar1 is not None:
-        ts.append(Target("bar, 1 core: time to solution (s)",
-                         bar1["time_to_solution_s"], "<=", BAR_ONE_CORE_S,
-                         best=bar1.get("time_to_solution_s_min")))
-    sp4 = res.find(problem="sp4", code="ivcloud", ranks=2)
-    if sp4 is not None:
-        ts.append(Target("sp4, 2 ranks: time to solution (s)",
-                         sp4["time_to_solution_s"], "<=", SP4_TWO_RANKS_S,
-                         best=sp4.get("time_to_solution_s_min")))
-    sp4 = sp4 or res.find(problem="sp4", code="ivcloud")
+    for name, ranks, on, goal in (("bar", 1, "1 core", BAR_ONE_CORE_S),
+                                  ("sp4", 2, "2 ranks", SP4_TWO_RANKS_S)):
+        r = res.find(problem=name, code="ivcloud", ranks=ranks)
+        if r is not None:
+            ts.append(Target(f"{name}, {on}: time to solution (s)",
+                             r["time_to_solution_s"], "<=", goal,
+                             best=r.get("time_to_solution_s_min")))
+    sp4 = (res.find(problem="sp4", code="ivcloud", ranks=2)
+           or res.find(problem="sp4", code="ivcloud"))
     if sp4 is not None and "error_max" in sp4:
         ts.append(Target("sp4: |<m>(1 ns) - reference|, largest component",
                          sp4["error_max"], "<=", SP4_ERROR))
@@ -330,8 +320,7 @@ def print_table(res: BenchResults, out=None) -> None:
 
 def run(s: MagBenchSettings, json_path: Optional[Path] = None,
         out=None, log=None) -> int:
-    """Measure, print the table and targets, write the document; 1 if a
-    run failed."""
+    """run_benchmark of `s`: 1 if a run failed."""
     return run_benchmark(
         "mag", False, lambda: measure(s, log), targets, print_table,
         json_path, out, problems=list(s.problems), ranks=list(s.ranks),

@@ -12,14 +12,15 @@ peers/neuralmag_sp4.py, pinned to as many cores as our run has ranks.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List
 
 from ..errors import BenchError, InvalidRequest
+from .toolkit import checked_run, run_closed
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS = ("neuralmag",)
@@ -52,29 +53,20 @@ def cpus_for(cores: int) -> List[int]:
     return allowed[:cores]
 
 
-def run_sp4(peer: str, cores: int, timeout_s: float,
-            cell_nm: float = PEER_CELL_NM) -> Dict:
+def run_sp4(peer: str, cores: int, timeout_s: float) -> Dict:
     """One run of standard problem 4 (relaxation and 1 ns) in `peer` on
     `cores` CPUs (cpus_for): time to solution and <m>(1 ns)."""
     cpus = ",".join(str(c) for c in cpus_for(cores))
     cmd = ["taskset", "-c", cpus, str(python(peer)), str(SCRIPT),
-           f"{cell_nm:g}"]
+           f"{PEER_CELL_NM:g}"]
     env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"sp4 in {peer} on {cores} core(s): no result "
-                         f"within {timeout_s:g} s") from None
+    stdout, _ = checked_run(functools.partial(run_closed, cmd, env),
+                            timeout_s, f"sp4 in {peer} on {cores} core(s)")
     wall = time.perf_counter() - t0
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise BenchError(f"sp4 in {peer} on {cores} core(s): exit "
-                         f"{proc.returncode}: {tail}")
+    last = (stdout.strip().splitlines() or [""])[-1]
     try:
-        out = json.loads(lines[-1])
+        out = json.loads(last)
         return {"time_to_solution_s": round(wall, 3),
                 "start_and_relax_s": round(out["start_and_relax_s"], 3),
                 "cells": [int(v) for v in out["cells"]],
@@ -83,4 +75,4 @@ def run_sp4(peer: str, cores: int, timeout_s: float,
                 "m_final": [round(float(v), 5) for v in out["m"]]}
     except (ValueError, KeyError, TypeError):
         raise BenchError(f"sp4 in {peer}: unreadable result "
-                         f"{lines[-1][:80]!r}") from None
+                         f"{last[:80]!r}") from None

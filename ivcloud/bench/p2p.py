@@ -147,10 +147,12 @@ def _read_port(proc: subprocess.Popen, timeout_s: float, origin: str) -> int:
     return int(line.split()[1])
 
 
-def _tcp_pair(s: P2pSettings, transport: str,
-              server_argv: Callable[[List[str]], List[str]],
-              client_argv: Callable[[List[str]], List[str]],
-              bind: str, connect: str) -> List[Dict]:
+def _tcp_pair(s: P2pSettings, transport: str, bind: str, connect: str,
+              server_argv: Callable[[List[str]], List[str]] = list,
+              client_argv: Callable[[List[str]], List[str]] = list
+              ) -> List[Dict]:
+    """tcp-pingpong's server and client, each argv as wrapped (default:
+    as is)."""
     tp = str(program("tcp-pingpong"))
     server = subprocess.Popen(
         server_argv([tp, "server", "--bind", bind, "--port", "0",
@@ -176,21 +178,15 @@ def _tcp_pair(s: P2pSettings, transport: str,
         server.stderr.close()
 
 
-def _as_is(argv: List[str]) -> List[str]:
-    return argv
-
-
 def run_tcp_loopback(s: P2pSettings) -> List[Dict]:
-    return _tcp_pair(s, "tcp-loopback", _as_is, _as_is, "127.0.0.1",
-                     "127.0.0.1")
+    return _tcp_pair(s, "tcp-loopback", "127.0.0.1", "127.0.0.1")
 
 
 def run_tcp_bridge(s: P2pSettings) -> List[Dict]:
     with netns.BridgedPair() as net:
-        return _tcp_pair(s, "tcp-bridge",
-                         lambda argv: net.exec_args("a", argv),
-                         lambda argv: net.exec_args("b", argv),
-                         net.addr_a, net.addr_a)
+        return _tcp_pair(s, "tcp-bridge", net.addr_a, net.addr_a,
+                         functools.partial(net.exec_args, "a"),
+                         functools.partial(net.exec_args, "b"))
 
 
 def run_mpi(s: P2pSettings) -> List[Dict]:
@@ -284,8 +280,7 @@ def measure(s: P2pSettings, log=None) -> BenchResults:
 
 def run(s: P2pSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if a step failed."""
+    """run_benchmark of `s`: 1 if a step failed."""
     return run_benchmark("p2p", s.quick, lambda: measure(s, log), targets,
                          print_table, json_path, out, sizes=s.sizes,
                          rounds=s.rounds)

@@ -1,9 +1,10 @@
 """Plots and a markdown report from the cloud benchmarks' JSON.
 
-`write(DIR)` reads DIR/hierarchy.json (`ivcloud bench hierarchy`),
-DIR/halo.json (`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench
-apps`), whichever exist, and writes into DIR, with matplotlib's Agg
-backend (no display needed):
+It reads DIR/hierarchy.json (`ivcloud bench hierarchy`), DIR/halo.json
+(`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench apps`),
+whichever exist (each cloud benchmark writes its own and redoes the
+report itself), and writes into DIR, with matplotlib's Agg backend (no
+display needed):
 
   latency.png    one-way latency vs message size, log-log, one curve per
                  (level, transport): seed 000's figures 25/27/29/31
@@ -16,12 +17,13 @@ backend (no display needed):
                  one is meaningful (scaling_view)
   report.md      setup, the machine's load, tables, targets and the images
 
+Nothing is measured, no cluster is needed: `ivcloud bench report DIR`
+(write) redoes it from the JSON alone and prints the path of report.md.
 Every plot draws the min..max of the rounds around its medians, and a
 run on a busy machine (its document's load samples; toolkit.busy_reasons)
-gets a warning in its section and at the top. `ivcloud bench report DIR`
-redoes it from the JSON alone: the report is made from the documents
-only, never from the benchmarks' code (the benchmarks import this
-module, not the reverse).
+gets a warning in its section and at the top. The report is made from
+the documents only, never from the benchmarks' code (the benchmarks
+import this module, not the reverse).
 """
 
 from __future__ import annotations
@@ -83,10 +85,9 @@ def hierarchy_table(records: Sequence[Dict], test: str,
                             size=size)
             row.append(fmt.format(r[key]) if r else "-")
         rows.append(row)
-    btl_row = ["BTL used"]
-    for lv, t in cols:
-        btl_row.append(find_record(records, level=lv, transport=t)["btl"])
-    rows.append(btl_row)
+    rows.append(["BTL used"] + [find_record(records, level=lv,
+                                            transport=t)["btl"]
+                                for lv, t in cols])
     return header, rows
 
 
@@ -278,7 +279,7 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def _curves(doc: Dict, test: str):
-    """[(label, level, transport, sizes, records)] in level order."""
+    """[(label, level, transport, records)] in level order."""
     out = []
     for lv, transport in hierarchy_columns(doc["records"],
                                            doc["transports"]):
@@ -453,8 +454,16 @@ def _targets_and_notes(doc: Dict) -> List[str]:
     return lines
 
 
-def _when(doc: Dict) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
+def _setup(doc: Dict, title: str, kernel: bool = False,
+           more: str = "") -> List[str]:
+    """A section's title, its paragraph on when, where and on which
+    cluster the run was (then `more`), and the machine's load."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["started"]))
+    cpus = f"{doc['cpus']} CPUs" + (f", kernel {doc['kernel']}" if kernel
+                                     else "")
+    return [title, "", f"{when} on {doc['host']} ({cpus})"
+            f"{', quick run' if doc.get('quick') else ''}. Cluster: "
+            f"{_cluster_line(doc['cluster'])}.{more}"] + _load_lines(doc)
 
 
 def _load_lines(doc: Dict) -> List[str]:
@@ -495,11 +504,9 @@ def _cluster_line(c: Dict) -> str:
 
 def hierarchy_md(doc: Dict, images: Sequence[str]) -> List[str]:
     recs = doc["records"]
-    lines = ["## Communication hierarchy: `ivcloud bench hierarchy`", "",
-             f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs, kernel "
-             f"{doc['kernel']}){', quick run' if doc.get('quick') else ''}. "
-             f"Cluster: {_cluster_line(doc['cluster'])}."] + \
-        _load_lines(doc) + ["",
+    lines = _setup(doc, "## Communication hierarchy: `ivcloud bench "
+                        "hierarchy`", kernel=True) + [
+             "",
              "mpi-osu, 2 ranks placed by a rankfile; one-way latency = half "
              "a round trip, bandwidth = a window of non-blocking sends per "
              "ack; each job's figure the median of 5 batches, and each "
@@ -520,10 +527,7 @@ def hierarchy_md(doc: Dict, images: Sequence[str]) -> List[str]:
 
 
 def halo_md(doc: Dict, images: Sequence[str]) -> List[str]:
-    lines = ["## Rank placement: `ivcloud bench halo`", "",
-             f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs)"
-             f"{', quick run' if doc.get('quick') else ''}. Cluster: "
-             f"{_cluster_line(doc['cluster'])}."] + _load_lines(doc) + [
+    lines = _setup(doc, "## Rank placement: `ivcloud bench halo`") + [
              "",
              f"mpi-halo: {doc['ranks']} ranks on a {doc['dims'][0]}x"
              f"{doc['dims'][1]} grid, {fmt_size(doc['face_bytes'])} per "
@@ -550,25 +554,21 @@ def halo_md(doc: Dict, images: Sequence[str]) -> List[str]:
 
 def apps_md(doc: Dict, images: Sequence[str]) -> List[str]:
     c = doc["configs"]
-    lines = ["## Applications: `ivcloud bench apps`", "",
-             f"{_when(doc)} on {doc['host']} ({doc['cpus']} CPUs)"
-             f"{', quick run' if doc.get('quick') else ''}. Cluster: "
-             f"{_cluster_line(doc['cluster'])}. Configurations of 2 ranks: "
-             f"*one* = both in one instance ({' + '.join(c['one'])}, "
-             f"Open MPI's shared memory: the bare-metal reference), *tcp* "
-             f"and *ivshmem* = one rank in each of two instances "
-             f"({' + '.join(c['ivshmem'])}). "
-             + ("HPCC also ran as *one, 2 copies*: one instance without "
-                "Open MPI's single-copy mechanism (CMA), so every message "
-                "is copied into shared memory and out again, as on any "
-                "path between VMs. "
-                if any(r["config"] == "one-twocopy" for r in doc["records"])
-                else "")
-             + f"{doc['rounds']} round(s), the "
-             f"configurations alternating; figures are medians (min..max). "
-             f"HPCC N = {doc['hpcc_n']}; OpenFOAM simpleFoam on pitzDaily, "
-             f"{doc['foam_iterations']} iterations (its ExecutionTime)."]
-    lines += _load_lines(doc) + [""]
+    lines = _setup(doc, "## Applications: `ivcloud bench apps`", more=(
+        f" Configurations of 2 ranks: *one* = both in one instance "
+        f"({' + '.join(c['one'])}, Open MPI's shared memory: the bare-metal "
+        f"reference), *tcp* and *ivshmem* = one rank in each of two "
+        f"instances ({' + '.join(c['ivshmem'])}). "
+        + ("HPCC also ran as *one, 2 copies*: one instance without "
+           "Open MPI's single-copy mechanism (CMA), so every message "
+           "is copied into shared memory and out again, as on any "
+           "path between VMs. "
+           if any(r["config"] == "one-twocopy" for r in doc["records"])
+           else "")
+        + f"{doc['rounds']} round(s), the configurations alternating; "
+        f"figures are medians (min..max). HPCC N = {doc['hpcc_n']}; "
+        f"OpenFOAM simpleFoam on pitzDaily, {doc['foam_iterations']} "
+        f"iterations (its ExecutionTime).")) + [""]
     lines += [f"![{Path(i).stem}]({i})" for i in images]
     header, rows = apps_table(doc)
     if rows:

@@ -27,7 +27,7 @@ from ..mpis import regions
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, check_transports, count,
                       fmt_size, measure_rounds, mpi_job, print_grid, program,
-                      ratio_target, run_benchmark, summarize)
+                      ratio_target, run_benchmark, spread, summarize)
 
 FULL_RANKS = [2, 8, 32, 128]
 QUICK_RANKS = [2, 4]
@@ -46,7 +46,6 @@ def check_ranks(values: Sequence[int]) -> List[int]:
     if not ranks or ranks[0] < 2 or ranks[-1] > MAX_RANKS:
         raise InvalidRequest(f"rank counts must be 2..{MAX_RANKS}")
     return ranks
-
 
 
 @dataclass
@@ -102,30 +101,25 @@ def region_bytes(transport: str, np: int) -> int:
     return np * VADER_SEGMENT
 
 
-def run_one(transport: str, np: int, s: ScalingSettings) -> List[Dict]:
+def run_one(transport: str, np: int, s: ScalingSettings,
+            res: BenchResults) -> List[Dict]:
     """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
-    private region and must show traffic in every rank's BTL counters."""
-    recs, _ = mpi_job(transport, np, s.argv(transport, np),
-                                s.timeout_s,
-                                f"mpi-scaling {transport} ({np} ranks)", KEYS)
+    private region and must show traffic in every rank's BTL counters;
+    vader's failure at a rank count is a note in `res`, not a failure (it
+    is compared where it runs)."""
+    try:
+        recs, _ = mpi_job(transport, np, s.argv(transport, np), s.timeout_s,
+                          f"mpi-scaling {transport} ({np} ranks)", KEYS)
+    except BenchError as e:
+        if transport == "ivshmem":
+            raise
+        res.notes.append(f"vader at {np} ranks: {e}")
+        return []
     shm = region_bytes(transport, np)
     for rec in recs:
         rec["region_bytes"] = shm
         rec["bytes_per_rank"] = shm // np
     return recs
-
-
-def _step(transport: str, np: int, s: ScalingSettings,
-          res: BenchResults) -> List[Dict]:
-    """A job; vader's failure at a rank count is a note, not a failure
-    (it is compared where it runs)."""
-    if transport == "ivshmem":
-        return run_one(transport, np, s)
-    try:
-        return run_one(transport, np, s)
-    except BenchError as e:
-        res.notes.append(f"vader at {np} ranks: {e}")
-        return []
 
 
 # ---------------------------------------------------------------- targets
@@ -154,11 +148,7 @@ def print_table(res: BenchResults, out=None) -> None:
                unit: float = 1.0) -> List[str]:
         if rec is None:
             return ["nan", ""]
-        value = fmt.format(rec[key] / unit)
-        if rec.get("runs", 1) < 2 or f"{key}_min" not in rec:
-            return [value, ""]
-        return [value, f"{fmt.format(rec[key + '_min'] / unit)}.."
-                       f"{fmt.format(rec[key + '_max'] / unit)}"]
+        return [fmt.format(rec[key] / unit), spread(rec, key, fmt, unit)]
 
     rows = []
     for np, transport in sorted({(r["ranks"], r["transport"])
@@ -181,7 +171,7 @@ def print_table(res: BenchResults, out=None) -> None:
 
 def measure(s: ScalingSettings, log=None) -> BenchResults:
     res = BenchResults()
-    steps = [(f"{t} {np} ranks", functools.partial(_step, t, np, s, res))
+    steps = [(f"{t} {np} ranks", functools.partial(run_one, t, np, s, res))
              for np in s.ranks for t in s.transports]
     measure_rounds(res, "scaling", s.rounds, steps, log)
     res.records = summarize(res.runs, ("transport", "test", "ranks"),
@@ -198,9 +188,7 @@ def measure(s: ScalingSettings, log=None) -> BenchResults:
 
 def run(s: ScalingSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if an ivshmem job
-    failed."""
+    """run_benchmark of `s`: 1 if an ivshmem job failed."""
     return run_benchmark("scaling", s.quick, lambda: measure(s, log),
                          targets, print_table, json_path, out,
                          ranks=s.ranks, transports=s.transports,

@@ -337,8 +337,7 @@ def measure(s: SmallSettings, log=None) -> BenchResults:
 
 def run(s: SmallSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if a job failed."""
+    """run_benchmark of `s`: 1 if a job failed."""
     return run_benchmark(
         "small", s.quick, lambda: measure(s, log), targets, print_table,
         json_path, out, rounds=s.rounds, iters=s.iters,

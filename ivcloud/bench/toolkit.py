@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import platform
 import re
@@ -33,12 +34,9 @@ from ..native import native_dir
 
 MIB = 1 << 20
 
-# The errors a lower layer raises when one job or step cannot be carried
-# out: BenchError and every area's domain error.
-LIBRARY_ERRORS: Tuple[type, ...] = (IvcloudError,)
-# What one failed step of a benchmark may raise without stopping the rest.
-STEP_ERRORS: Tuple[type, ...] = LIBRARY_ERRORS + (OSError,
-                                                  subprocess.SubprocessError)
+# What one failed step of a benchmark may raise without stopping the rest:
+# BenchError, every area's domain error, a program that could not run.
+STEP_ERRORS = (IvcloudError, OSError, subprocess.SubprocessError)
 
 T = TypeVar("T")
 
@@ -110,7 +108,7 @@ def checked_run(start: Callable[..., int], timeout_s: float,
             status = start(timeout=timeout_s, stdout=out, stderr=err)
         except (subprocess.TimeoutExpired, JobTimeout):
             raise BenchError(f"{origin}: no result within {timeout_s:g} s")
-        except LIBRARY_ERRORS as e:
+        except IvcloudError as e:
             if isinstance(e, BenchError):
                 raise
             raise BenchError(f"{origin}: {e}") from e
@@ -120,6 +118,15 @@ def checked_run(start: Callable[..., int], timeout_s: float,
     if status != 0:
         raise BenchError(f"{origin}: exit status {status}: {tail(stderr)}")
     return stdout, stderr
+
+
+def run_closed(argv: Sequence[str], env: Optional[Dict[str, str]] = None,
+               timeout: Optional[float] = None, stdout=None,
+               stderr=None) -> int:
+    """A checked_run `start` of a plain command, its stdin closed (an
+    mpirun below would forward ours to rank 0)."""
+    return subprocess.run(list(argv), env=env, timeout=timeout, stdout=stdout,
+                          stderr=stderr, stdin=subprocess.DEVNULL).returncode
 
 
 def cluster_job(session, job, timeout_s: float, origin: str
@@ -232,14 +239,19 @@ def summarize(runs: Sequence[Dict], keys: Sequence[str],
     return out
 
 
-def spread(rec: Dict, f: str, fmt: str = "{:.3g}") -> str:
-    """'min..max' of a summarized field, '' for a single run."""
+def spread(rec: Dict, f: str, fmt: str = "{:.3g}", unit: float = 1.0) -> str:
+    """'min..max' of a summarized field (in `unit`s), '' for a single
+    run."""
     if rec.get("runs", 1) < 2 or f"{f}_min" not in rec:
         return ""
-    return f"{fmt.format(rec[f + '_min'])}..{fmt.format(rec[f + '_max'])}"
+    return (f"{fmt.format(rec[f + '_min'] / unit)}.."
+            f"{fmt.format(rec[f + '_max'] / unit)}")
 
 
 # ---------------------------------------------------------------- targets
+
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
+
 
 @dataclass
 class Target:
@@ -254,9 +266,7 @@ class Target:
     best: Optional[float] = None
 
     def _meets(self, v: float) -> bool:
-        return (v <= self.threshold if self.op == "<="
-                else v >= self.threshold if self.op == ">="
-                else v < self.threshold)
+        return OPS[self.op](v, self.threshold)
 
     @property
     def status(self) -> str:
@@ -415,16 +425,12 @@ def busy_warning(reasons: Sequence[str]) -> str:
             "nothing across runs")
 
 
-def machine_info(started: Optional[float] = None,
-                 sample_load: bool = True) -> Dict:
+def machine_info() -> Dict:
     """Where and when a run happened (part of every document), and the
-    load just before it measures (`sample_load`: a second's sleep)."""
-    info = {"started": time.time() if started is None else started,
-            "host": platform.node(), "cpus": os.cpu_count(),
-            "kernel": platform.release()}
-    if sample_load:
-        info["load"] = {"before": load_sample()}
-    return info
+    load just before it measures (a second's sleep)."""
+    return {"started": time.time(), "host": platform.node(),
+            "cpus": os.cpu_count(), "kernel": platform.release(),
+            "load": {"before": load_sample()}}
 
 
 def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
@@ -453,19 +459,15 @@ def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
     return doc
 
 
-def write_doc(path: Path, doc: Dict) -> None:
-    """Replace `path` whole (a reader never sees half a document)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def write_docs(doc: Dict, paths: Iterable[Path], out=None) -> None:
+    """`doc` to each of `paths`, each replaced whole (a reader never sees
+    half a document)."""
     out = out or sys.stdout
-    for path in paths:
-        write_doc(path, doc)
+    for path in map(Path, paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(path)
         out.write(f"wrote {len(doc['records'])} records to {path}\n")
 
 

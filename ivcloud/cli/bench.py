@@ -5,70 +5,44 @@ command line of the benchmarks in ivcloud.bench (options -> settings ->
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, TypeVar
 
 from .. import mpis
-from ..bench import apps, btl, halo, hierarchy, ofi, p2p, scaling, small
-from ..bench.report import write as write_report
+from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
+                     small)
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
 from . import add_vm_arguments, checked, positive_int, wants_vm
 
 DEFAULT_OUT = "build/demo"
-
-
-# `bench mpi --mpi NAME` of another MPI: ofi instead of btl
-MPI_OFI = """
-With --mpi openmpi5, mpich or impi (the PyPI MPIs, through libfabric)
-it brings up a cluster of 1 server x 2 instances x 2 vCPUs instead and
-measures that MPI's 8 B latency, 8 B message rate and 1 MiB bandwidth
-with both ranks in one instance (its own shared memory: own-shm;
-libfabric's shm provider: shm) and with one rank in each instance (our
-ivshm provider: ivshmem; libfabric's tcp provider: tcp), then every
-ratio against own-shm and, second, against shm, and the targets against
-own-shm (8 B latency <= 1.05 x, 8 B rate >= 0.95 x, 1 MiB bandwidth
->= 0.9 x).
-"""
-
-REPORT = """The plots and report.md of the cloud benchmarks, from their JSON.
-
-Reads DIR/hierarchy.json, halo.json and apps.json (whichever exist; each
-cloud benchmark writes its own and redoes the report itself) and writes
-into DIR the plots and report.md: nothing is measured, no cluster is
-needed. Prints the path of report.md.
-"""
-
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- types
 
-@checked
-def _sizes(text: str) -> List[int]:
-    return p2p.check_sizes(parse_size(x) for x in text.split(",")
-                           if x.strip())
+def _list(item: Callable[[str], T] = str, check: Optional[Callable] = None,
+          what: str = "list") -> Callable[[str], List[T]]:
+    """argparse type of a comma-separated list: each item parsed by
+    `item`, the list checked by the library's `check`."""
+    @checked
+    def parse(text: str) -> List[T]:
+        try:
+            values = [item(t.strip()) for t in text.split(",") if t.strip()]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"bad {what} '{text}': {e}")
+        return check(values) if check else values
+    return parse
 
 
-@checked
-def _scaling_transports(text: str) -> List[str]:
-    return check_transports((t.strip() for t in text.split(",")
-                             if t.strip()), scaling.TRANSPORTS)
-
-
-def _names(text: str) -> List[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ranks(text: str) -> List[int]:
-    try:
-        return [positive_int(t) for t in _names(text)]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"bad rank list '{text}': {e}")
-
-
-def _scaling_ranks(text: str) -> List[int]:
-    return checked(scaling.check_ranks)(_ranks(text))
+_names = _list()
+_sizes = _list(parse_size, p2p.check_sizes)
+_ranks = _list(positive_int, what="rank list")
+_scaling_ranks = _list(positive_int, scaling.check_ranks, "rank list")
+_scaling_transports = _list(check=functools.partial(
+    check_transports, allowed=scaling.TRANSPORTS))
 
 
 def _face(text: str) -> int:
@@ -77,21 +51,24 @@ def _face(text: str) -> int:
 
 # ---------------------------------------------------------------- running
 
+def _shared(args) -> dict:
+    """--quick, and --iters and --rounds where the benchmark has them."""
+    return {k: getattr(args, k) for k in ("quick", "iters", "rounds")
+            if hasattr(args, k)}
+
+
 def _run_p2p(args) -> int:
-    s = p2p.P2pSettings.make(quick=args.quick, sizes=args.sizes,
-                             iters=args.iters, netns=not args.skip_netns,
-                             rounds=args.rounds)
+    s = p2p.P2pSettings.make(sizes=args.sizes, netns=args.netns,
+                             **_shared(args))
     return p2p.run(s, json_path=args.json)
 
 
 def _run_mpi(args) -> int:
     if ofi.covers(args.mpi):
-        o = ofi.OfiSettings.make(args.mpi, quick=args.quick,
-                                  iters=args.iters, configs=args.transports,
-                                  rounds=args.rounds)
+        o = ofi.OfiSettings.make(args.mpi, configs=args.transports,
+                                 **_shared(args))
         return ofi.run(o, json_path=args.json)
-    s = btl.MpiSettings.make(quick=args.quick, iters=args.iters,
-                             transports=args.transports, rounds=args.rounds)
+    s = btl.MpiSettings.make(transports=args.transports, **_shared(args))
     return btl.run(s, json_path=args.json)
 
 
@@ -104,16 +81,14 @@ def _build(text: str) -> Tuple[str, Path]:
 
 
 def _run_small(args) -> int:
-    s = small.SmallSettings.make(quick=args.quick, rounds=args.rounds,
-                                 iters=args.iters, builds=args.build,
-                                 realtime=args.realtime, copies=args.copies)
+    s = small.SmallSettings.make(builds=args.builds, realtime=args.realtime,
+                                 copies=args.copies, **_shared(args))
     return small.run(s, json_path=args.json)
 
 
 def _run_hierarchy(args) -> int:
-    s = hierarchy.HierarchySettings.make(quick=args.quick, iters=args.iters,
-                                         uplink_rate=args.uplink_rate,
-                                         rounds=args.rounds)
+    s = hierarchy.HierarchySettings.make(uplink_rate=args.uplink_rate,
+                                         **_shared(args))
     return hierarchy.run(s, Path(args.out), json_path=args.json,
                          keep_cluster=args.keep_cluster, vm=_vm_options(args))
 
@@ -129,10 +104,9 @@ def _vm_options(args, memory_mb: int = VmOptions.memory_mb
 
 
 def _run_halo(args) -> int:
-    s = halo.HaloSettings.make(quick=args.quick, iters=args.iters,
-                               reps=args.reps, face=args.face,
+    s = halo.HaloSettings.make(reps=args.reps, face=args.face,
                                uplink_rate=args.uplink_rate,
-                               transport=args.transport)
+                               transport=args.transport, **_shared(args))
     run = halo.run_slurm if args.scheduler == "slurm" else halo.run
     return run(s, Path(args.out), json_path=args.json,
                keep_cluster=args.keep_cluster)
@@ -140,24 +114,24 @@ def _run_halo(args) -> int:
 
 def _run_apps(args) -> int:
     vm = _vm_options(args, apps.VM_MEMORY_MB)
-    s = apps.AppsSettings.make(quick=args.quick, apps=args.apps,
-                               rounds=args.rounds, hpcc_n=args.hpcc_n,
+    s = apps.AppsSettings.make(apps=args.apps, hpcc_n=args.hpcc_n,
                                foam_iterations=args.foam_iterations,
                                scaling_ranks=args.ranks,
-                               vm=vm is not None, configs=args.configs)
+                               vm=vm is not None, configs=args.configs,
+                               **_shared(args))
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster, vm=vm)
 
 
 def _run_report(args) -> int:
-    print(write_report(Path(args.dir)))
+    print(report.write(Path(args.dir)))
     return 0
 
 
 def _run_scaling(args) -> int:
-    s = scaling.ScalingSettings.make(quick=args.quick, ranks=args.ranks,
+    s = scaling.ScalingSettings.make(ranks=args.ranks,
                                      transports=args.transports,
-                                     rounds=args.rounds, iters=args.iters)
+                                     **_shared(args))
     return scaling.run(s, json_path=args.json)
 
 
@@ -186,7 +160,7 @@ def _p2p_arguments(p: argparse.ArgumentParser) -> None:
              "round trips per small size (big sizes use fewer)")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="comma-separated message sizes (K/M suffixes)")
-    p.add_argument("--skip-netns", action="store_true",
+    p.add_argument("--skip-netns", dest="netns", action="store_false",
                    help="skip the two-namespace TCP bridge transport")
 
 
@@ -210,8 +184,8 @@ def _small_arguments(p: argparse.ArgumentParser) -> None:
              "rounds (default 20, quick 2)",
              "write the records, each round's figures and the targets as "
              "JSON")
-    p.add_argument("--build", type=_build, action="append", default=[],
-                   metavar="LABEL=DIR",
+    p.add_argument("--build", dest="builds", type=_build, action="append",
+                   default=[], metavar="LABEL=DIR",
                    help="also run the BTL of the native build in DIR "
                         "(its btl/ directory) under LABEL; repeatable")
     p.add_argument("--copies", type=positive_int, default=None,
@@ -321,19 +295,21 @@ def register(sub) -> None:
     actions = p.add_subparsers(dest="action", metavar="BENCHMARK",
                                parser_class=type(p))
     actions.required = True
-    # a benchmark's module docstring is its description
+    # a benchmark's module docstring is its description; raw: it has laid
+    # out lists, keep its line breaks
     for name, text, arguments, run, raw in (
             ("p2p", p2p.__doc__, _p2p_arguments, _run_p2p, False),
-            ("mpi", btl.__doc__ + MPI_OFI, _mpi_arguments, _run_mpi, False),
+            ("mpi", f"{btl.__doc__}\n{ofi.__doc__}", _mpi_arguments,
+             _run_mpi, True),
             ("small", small.__doc__, _small_arguments, _run_small, False),
-            # their descriptions are laid out lists: keep the line breaks
             ("hierarchy", hierarchy.__doc__, _hierarchy_arguments,
              _run_hierarchy, True),
             ("halo", halo.__doc__, _halo_arguments, _run_halo, True),
             ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
             ("scaling", scaling.__doc__, _scaling_arguments, _run_scaling,
              False),
-            ("report", REPORT, _report_arguments, _run_report, False)):
+            ("report", report.__doc__, _report_arguments, _run_report,
+             True)):
         kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
               if raw else {})
         summary = " ".join(text.split("\n\n")[0].split())
