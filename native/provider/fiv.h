@@ -106,6 +106,8 @@ enum fiv_op {
     FIV_OP_INTRO = 8,      /* fiv_intro: the sender's first message to us */
     FIV_OP_PROBE = 9,      /* fiv_probe: how many messages each way?      */
     FIV_OP_PROBE_ACK = 10, /* fiv_probe: the answer                       */
+    FIV_OP_SWITCH = 11,    /* fiv_switch: the sender's last region message
+                              to us; the core path from here on          */
 };
 #define FIV_OP_MASK 0xffu
 #define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
@@ -187,6 +189,16 @@ struct fiv_probe {
     uint64_t flags;
 };
 
+/* The last region message of one direction of a pair (fiv_drain.c,
+   docs/migration.md): how many region messages its writer sent to the
+   reader, this one included, and the core sequence number of the
+   writer's next message to the reader. */
+struct fiv_switch {
+    uint64_t region_sent;
+    uint32_t core_seq;
+    uint32_t flags;      /* 0                                             */
+};
+
 /* A sender's first region message to us (fiv_intro.c): who it is, and a
    MAC of that under our key, which only a holder of our name has. */
 struct fiv_intro {
@@ -214,6 +226,11 @@ struct fiv_config {
     size_t peer_answer_bytes; /* answers we copied, not yet sent         */
     size_t peer_queue;        /* messages queued for it (sends, answers) */
     size_t peer_unexp_bytes;  /* its messages no receive has taken yet   */
+    int drain_ms;        /* FI_IVSHM_DRAIN_MS: a drain's deadline         */
+    uint32_t test_slow;  /* FIV_TEST_SLOW_REGION=N, tests only: the region
+                            is polled in every Nth progress call, the core
+                            in the others (fiv_drain_test: core messages
+                            arrive while region ones wait)                 */
     uint64_t test_lose;  /* FIV_TEST_LOSE=N, tests only: the Nth region
                             message to each peer is counted, not sent      */
 };
@@ -445,7 +462,28 @@ struct fiv_peer {
        completes them in (fiv_delegate.c) */
     uint32_t core_tx_seq, core_rx_seq;
     struct fiv_held *held;             /* arrived ahead of their turn       */
+    /* a region pair moving to the core (fiv_drain.c, docs/migration.md) */
+    bool sw_core;                      /* its core address is in our core AV */
+    bool sw_want;                      /* our SWITCH is to go out           */
+    bool sw_sent;                      /* it went: nothing more on the region */
+    bool sw_rx;                        /* its SWITCH came: its core messages
+                                          are delivered, its region ones are
+                                          a violation                      */
+    bool sw_pause;                     /* from sw_want until the pair moved:
+                                          new sends queue (only a message
+                                          partly out goes on)              */
 };
+
+/* Does the core path deliver `p`'s messages (fiv_delegate.c)? Whose
+   source it names (attributed to the peer), and whose turn has come. */
+static inline bool fiv_core_hears(const struct fiv_peer *p)
+{
+    return p->path == PATH_CORE || p->sw_core;
+}
+static inline bool fiv_core_delivers(const struct fiv_peer *p)
+{
+    return p->path == PATH_CORE || p->sw_rx;
+}
 
 /* Per region slot: the message counts of our pair with its holder, each
    of the generation it counts for (fiv_probe.c). */
@@ -553,9 +591,17 @@ struct fiv_ep {
     int txq_peers;                       /* peers with queued sends         */
     /* the one report line */
     uint64_t sent, received, delegated;
+    /* a drain the host asked for (fiv_drain.c): the request served
+       (0: none), its deadline and status, pairs still switching */
+    uint32_t drain_req;
+    uint64_t drain_end_ns;
+    int32_t drain_status;
+    uint32_t drain_turn;
+    int switching;
+    uint64_t drained, switched;          /* for the report line            */
     bool reported;
     uint32_t idle_calls;
-    uint32_t core_turn;
+    uint32_t core_turn, slow_turn;
 };
 
 
@@ -779,6 +825,18 @@ int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
 /* Messages handed to the core provider that it has not completed. */
 bool fiv_core_sending(const struct fiv_ep *ep);
+/* Core messages of `peer` held until its turn, delivered now that it
+   has come (fiv_core_delivers). */
+void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
+                           struct fiv_peer *peer);
+/* fiv_drain.c: a pair moved from the region to the core (docs/migration.md) */
+/* Every 64th progress call, and every call while pairs switch: a
+   request of the host's, our SWITCHes out, the deadline. */
+void fiv_drain_tick(struct fiv_ep *ep);
+/* A SWITCH from `slot` (its holder at `gen`, < 0: it left since),
+   the peer we hear there. */
+void fiv_switch_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                        int slot, int64_t gen, const uint8_t *p, size_t n);
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);

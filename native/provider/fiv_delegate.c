@@ -282,17 +282,12 @@ static void in_order(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     memcpy(&op, m, sizeof op);
     memcpy(&seq, m + sizeof op, sizeof seq);
     uint32_t ahead = seq - peer->core_rx_seq;
-    if (ahead == 0) {
+    /* a region peer's core messages wait for its SWITCH, which comes
+       after its last region message (fiv_drain.c) */
+    if (ahead == 0 && fiv_core_delivers(peer)) {
         peer->core_rx_seq++;
         fiv_deliver(ep, a, peer, op, m + CORE_WORD, len - CORE_WORD);
-        while (peer->held && peer->held->seq == peer->core_rx_seq &&
-               peer->path == PATH_CORE) {
-            struct fiv_held *h = peer->held;
-            peer->held = h->next;
-            peer->core_rx_seq++;
-            fiv_deliver(ep, a, peer, h->op, h->data, h->len);
-            free(h);
-        }
+        fiv_core_release_held(ep, a, peer);
         return;
     }
     if (ahead >= CORE_WINDOW) {
@@ -317,6 +312,19 @@ static void in_order(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     }
     h->next = *pp;
     *pp = h;
+}
+
+void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
+                           struct fiv_peer *peer)
+{
+    while (peer->held && peer->held->seq == peer->core_rx_seq &&
+           fiv_core_delivers(peer) && !peer->violated) {
+        struct fiv_held *h = peer->held;
+        peer->held = h->next;
+        peer->core_rx_seq++;
+        fiv_deliver(ep, a, peer, h->op, h->data, h->len);
+        free(h);
+    }
 }
 
 int fiv_core_progress(struct fiv_ep *ep)
@@ -354,7 +362,7 @@ int fiv_core_progress(struct fiv_ep *ep)
         }
         fi_addr_t a = from[i] < c->nowner ? c->owner[from[i]] : FI_ADDR_NOTAVAIL;
         struct fiv_peer *peer = fiv_peer(ep, a);
-        if (!peer || peer->path != PATH_CORE || ev[i].len < CORE_WORD ||
+        if (!peer || !fiv_core_hears(peer) || ev[i].len < CORE_WORD ||
             ev[i].len > CORE_BUF) {
             c->dropped++; /* not inserted by the application: unheard */
         } else {

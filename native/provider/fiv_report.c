@@ -12,7 +12,8 @@
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fiv_ep **live_eps;
 static size_t nlive, caplive;
-static uint64_t done_sent, done_received, done_delegated;
+static uint64_t done_sent, done_received, done_delegated, done_drained,
+    done_switched;
 static bool any_ep, reported;
 static pid_t owner; /* a forked child inherits our counters: not its line */
 
@@ -39,15 +40,23 @@ static void print_report_locked(void)
 {
     if (reported || !any_ep || !fiv_cfg.report || getpid() != owner)
         return;
-    uint64_t s = done_sent, r = done_received, d = done_delegated;
+    uint64_t s = done_sent, r = done_received, d = done_delegated,
+             dr = done_drained, sw = done_switched;
     for (size_t i = 0; i < nlive; i++) {
         s += live_eps[i]->sent;
         r += live_eps[i]->received;
         d += live_eps[i]->delegated;
+        dr += live_eps[i]->drained;
+        sw += live_eps[i]->switched;
     }
-    fprintf(stderr, "fi_ivshm: pid %d sent %llu received %llu delegated %llu\n",
-            (int)getpid(), (unsigned long long)s, (unsigned long long)r,
-            (unsigned long long)d);
+    /* pairs moved to the core (docs/migration.md): only when there were */
+    char moved[64] = "";
+    if (dr || sw)
+        snprintf(moved, sizeof moved, " drained %llu switched %llu",
+                 (unsigned long long)dr, (unsigned long long)sw);
+    fprintf(stderr, "fi_ivshm: pid %d sent %llu received %llu delegated %llu"
+            "%s\n", (int)getpid(), (unsigned long long)s,
+            (unsigned long long)r, (unsigned long long)d, moved);
     fflush(stderr);
     reported = true;
 }
@@ -61,6 +70,8 @@ void fiv_unregister_ep(struct fiv_ep *ep)
             done_sent += ep->sent;
             done_received += ep->received;
             done_delegated += ep->delegated;
+            done_drained += ep->drained;
+            done_switched += ep->switched;
             break;
         }
     }
