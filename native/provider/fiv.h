@@ -108,6 +108,11 @@ enum fiv_op {
     FIV_OP_PROBE_ACK = 10, /* fiv_probe: the answer                       */
     FIV_OP_SWITCH = 11,    /* fiv_switch: the sender's last region message
                               to us; the core path from here on          */
+    FIV_OP_OFFER = 12,     /* core, fiv_offer: where the sender is in its
+                              region now                                 */
+    FIV_OP_BACK = 13,      /* fiv_switch; core: the sender's last core
+                              message to us; region: its first region one
+                              after ours                                 */
 };
 #define FIV_OP_MASK 0xffu
 #define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
@@ -197,6 +202,17 @@ struct fiv_switch {
     uint64_t region_sent;
     uint32_t core_seq;
     uint32_t flags;      /* 0                                             */
+};
+
+/* Over the core after a rank took a region again (fiv_drain.c): its
+   slot, generation and registry nonce there; HEARD: the sender found us
+   in its region too. */
+#define FIV_OFFER_HEARD 1u
+struct fiv_offer {
+    int16_t slot;
+    uint16_t flags;
+    uint32_t generation;
+    uint32_t nonce[2];
 };
 
 /* A sender's first region message to us (fiv_intro.c): who it is, and a
@@ -472,6 +488,24 @@ struct fiv_peer {
     bool sw_pause;                     /* from sw_want until the pair moved:
                                           new sends queue (only a message
                                           partly out goes on)              */
+    /* a core pair moving back to a region (fiv_drain.c) */
+    bool of_new, bk_new;               /* an OFFER / a core BACK to handle */
+    struct fiv_offer of;               /* its last OFFER, copied           */
+    struct fiv_switch bk;              /* its core BACK, copied            */
+    uint32_t bk_seq;                   /* the BACK's core sequence number  */
+    bool bk_end;                       /* its core BACK came: no more core */
+    bool rg_ok;                        /* its OFFER checked: it is in our
+                                          region at rg_slot, rg_gen        */
+    int rg_slot;
+    uint32_t rg_gen;
+    bool rg_told;                      /* our OFFER(HEARD) went            */
+    bool rg_heard;                     /* it found us in its region        */
+    bool bk_want, bk_sent;             /* our core BACK: to go, gone       */
+    bool bk_rx;                        /* its core BACK handled: we hear it
+                                          on the region                    */
+    bool bk_mark;                      /* our region BACK is still to go   */
+    bool of_due;                       /* our OFFER is still to go         */
+    uint64_t bk_end_ns;                /* the back switch's deadline       */
 };
 
 /* Does the core path deliver `p`'s messages (fiv_delegate.c)? Whose
@@ -482,7 +516,7 @@ static inline bool fiv_core_hears(const struct fiv_peer *p)
 }
 static inline bool fiv_core_delivers(const struct fiv_peer *p)
 {
-    return p->path == PATH_CORE || p->sw_rx;
+    return (p->path == PATH_CORE || p->sw_rx) && !p->bk_end;
 }
 
 /* Per region slot: the message counts of our pair with its holder, each
@@ -598,7 +632,12 @@ struct fiv_ep {
     int32_t drain_status;
     uint32_t drain_turn;
     int switching;
-    uint64_t drained, switched;          /* for the report line            */
+    uint64_t reattach_ns;                /* after a drain: look again then */
+    uint64_t drained, switched, rejoined; /* for the report line           */
+#define FIV_PHASES 8
+    /* sent / delegated at each drain and rejoin: the report's phases */
+    uint64_t phase_sent[FIV_PHASES], phase_deleg[FIV_PHASES];
+    int nphase;
     bool reported;
     uint32_t idle_calls;
     uint32_t core_turn, slow_turn;
@@ -825,11 +864,28 @@ int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
 /* Messages handed to the core provider that it has not completed. */
 bool fiv_core_sending(const struct fiv_ep *ep);
+/* An OFFER or BACK of `peer` over the core, in its order: copied for
+   fiv_drain.c's next tick. */
+void fiv_core_control(struct fiv_ep *ep, struct fiv_peer *peer, uint32_t op,
+                      uint32_t seq, const uint8_t *p, size_t n);
 /* Core messages of `peer` held until its turn, delivered now that it
    has come (fiv_core_delivers). */
 void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
                            struct fiv_peer *peer);
-/* fiv_drain.c: a pair moved from the region to the core (docs/migration.md) */
+/* fiv_drain.c: a pair moved from the region to the core and back
+   (docs/migration.md); the region attached */
+#define FIV_JOB_TAG (UINT64_C(0x46495653) << 32) /* "FIVS" */
+/* Attach to the configured region (at open, and again after a drain):
+   0, or an error (said on stderr unless `quiet`). */
+int fiv_region_attach(struct fiv_ep *ep, bool quiet);
+/* Does our region's `slot` hold, at `gen`, the endpoint of `nonce`
+   (also its last holder, gone since, while nobody claimed it)? */
+bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,
+                      uint64_t nonce);
+/* A region BACK from `slot`: the peer's first region message after the
+   core. */
+void fiv_back_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                      int slot, int64_t gen, const uint8_t *p, size_t n);
 /* Every 64th progress call, and every call while pairs switch: a
    request of the host's, our SWITCHes out, the deadline. */
 void fiv_drain_tick(struct fiv_ep *ep);

@@ -1110,6 +1110,17 @@ static void f_switch_answer(struct forger *f)
     ivshm_admin_close(a);
 }
 
+/* 17. A region BACK (the first region message after a move back from
+   the core) from a peer that never left the region: the pair breaks. */
+static void f_back_unasked(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    small(f, true, 1, MARK);
+    struct fiv_switch m = {.region_sent = 2, .core_seq = 0};
+    REQ_RC(fsend(f, FIV_OP_BACK, &m, sizeof m, NULL, 0), 0);
+    (void)ctl_recv(f->ctl, 'D');
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1151,6 +1162,8 @@ static const struct fcase cases[] = {
     {"forged_switch_answer", v_switch_answer, f_switch_answer,
      "a drain the forger asks for, answered with a SWITCH out of order",
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets"},
+    {"forged_back_unasked", v_switch_counts, f_back_unasked,
+     "a region BACK from a peer that never moved to the core", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
