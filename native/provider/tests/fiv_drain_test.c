@@ -1,23 +1,28 @@
 /*
- * A pair moved from the region to the core path under a running stream
- * (docs/migration.md): two real provider processes on one region send
- * each other an ordered, content-checked tagged stream (small messages,
- * messages of several fragments on either path, fetching atomics) while
- * the host asks one of them to let go of the region, through
- * ivshm_admin_drain_slot on the region file, as the server would.
+ * A pair moved from the region to the core path and back under a running
+ * stream (docs/migration.md): two real provider processes on one region
+ * send each other an ordered, content-checked tagged stream (small
+ * messages, messages of several fragments on either path, fetching
+ * atomics) while the host asks one of them to let go of the region,
+ * through ivshm_admin_drain_slot on the region file, as the server
+ * would; once it answered, the host takes its name of the region away
+ * (its device unplugged) and gives it back later (the device plugged).
  *
  * Checked: every message arrives once and in order with its bytes; each
  * fetching atomic returns the count of the ones before it (none lost,
  * none applied twice); the drained rank acknowledges with status 0 and
- * leaves its slot; the report lines show the region before (sent > 0)
- * and the core after (delegated > 0), one drain and the pair switched on
- * both sides.
+ * leaves its slot; its report line's phases show the region before, the
+ * core only while it was away and the region again after, one drain, one
+ * rejoin and the pair moved twice on both sides. A second case puts
+ * thousands of region messages ahead of a SWITCH while the core messages
+ * behind it arrive first.
  *
  * Hostile: a peer that never answers the SWITCH (away from libfabric
  * past the deadline): the drain ends at FI_IVSHM_DRAIN_MS, the pair's
  * waiting receive fails with an error instead of hanging, the status
- * says -ETIMEDOUT, and the rank has left the region. Forged SWITCH
- * messages are fiv_forge's cases ("forged_switch_*").
+ * says -ETIMEDOUT, and the rank has left the region. Forged SWITCH and
+ * BACK messages are fiv_forge's cases ("forged_switch_*",
+ * "forged_back_unasked").
  */
 #include "fiv_test.h"
 
@@ -564,6 +569,8 @@ int main(void)
                 "%lld rejoined %lld\n", nph, dr0, sw0, rj0, dr1, sw1, rj1);
         f = 1;
     }
+    /* FIV_DRAIN_SHOW=1: the ranks' stderr (report lines, FI_LOG_LEVEL's
+       lines) even when a case passes */
     if (f || getenv("FIV_DRAIN_SHOW"))
         show(tmpl, 2);
     printf("%s: %d messages each way and fetching atomics; rank 0 drained "
