@@ -462,6 +462,144 @@ static void backlog(struct rank *r)
     t_close(r);
 }
 
+/* A migration's shape: rank 0 leaves region A, where rank 1 stays, for
+   region B, where rank 2 always was. Pair (0,1) goes region -> core,
+   pair (0,2) core -> region, pair (1,2) stays on the core; every pair
+   streams both ways throughout. */
+#define N3 3000
+#define W3 16
+#define PACE3_US 300
+#define LEN3 512
+#define TAG3 0x33
+static const char *region_b;
+
+struct lane {
+    int peer;
+    uint32_t next_tx, next_rx, posted;
+    uint8_t rx[W3][LEN3];
+    uint32_t rx_seq[W3];
+    uint8_t tx[W3][LEN3];
+    bool tx_busy[W3];
+    int ntx;
+};
+
+static size_t len3(uint32_t i)
+{
+    return 8 + (i * 53u) % (LEN3 - 8);
+}
+
+static void moving_body(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct lane *l = calloc(2, sizeof *l);
+    REQ(l);
+    for (int k = 0, p = 0; p < 3; p++)
+        if (p != r->me)
+            l[k++].peer = p;
+    int slot0;
+    uint32_t gen0;
+    name_slot(r->names, &slot0, &gen0);
+    ivshm_admin *a = r->me == 1 ? admin_open() : NULL;
+    int host = 0; /* rank 1: 0, 1 asked, 2 left, 3 in region B */
+    uint64_t t0 = t_now_us(), end = t_now_ms() + 60000;
+    for (;;) {
+        bool done = true;
+        for (int k = 0; k < 2; k++) {
+            struct lane *x = &l[k];
+            done &= x->next_rx == N3 && x->next_tx == N3 && x->ntx == 0;
+            while (x->posted < N3 && x->posted - x->next_rx < W3) {
+                uint32_t b = x->posted % W3;
+                x->rx_seq[b] = x->posted;
+                REQ_RC(fi_trecv(r->ep, x->rx[b], LEN3, NULL, r->addr[x->peer],
+                                TAG3, 0, x->rx[b]), 0);
+                x->posted++;
+            }
+            while (x->next_tx < N3 && x->ntx < W3 &&
+                   x->next_tx < x->next_rx + 4 * W3 &&
+                   t_now_us() >= t0 + (uint64_t)x->next_tx * PACE3_US) {
+                int b = 0;
+                while (x->tx_busy[b])
+                    b++;
+                uint32_t i = x->next_tx;
+                memcpy(x->tx[b], &i, sizeof i);
+                for (size_t j = sizeof i; j < len3(i); j++)
+                    x->tx[b][j] = byte_of(r->me, i, j);
+                ssize_t rc = fi_tsend(r->ep, x->tx[b], len3(i), NULL,
+                                      r->addr[x->peer], TAG3, x->tx[b]);
+                if (rc == -FI_EAGAIN)
+                    break;
+                REQ_RC(rc, 0);
+                x->tx_busy[b] = true;
+                x->ntx++;
+                x->next_tx++;
+            }
+        }
+        if (done)
+            break;
+        REQ(t_now_ms() < end);
+        struct lane *to0 = r->me == 1 ? &l[0] : NULL;
+        if (host == 0 && to0 && to0->next_rx >= 800) {
+            REQ_RC(ivshm_admin_drain_slot(a, slot0, gen0, REQ_NO), 0);
+            host = 1;
+        } else if (host == 1) {
+            int32_t st = 1;
+            int rc = ivshm_admin_drain_state(a, slot0, gen0, REQ_NO, &st);
+            REQ(rc >= 0);
+            if (rc == 1) {
+                REQ_RC(st, 0);
+                REQ(unlink(link_path) == 0);
+                host = 2;
+            }
+        } else if (host == 2 && to0->next_rx >= 1400) {
+            REQ(link(region_b, link_path) == 0); /* its new server's */
+            host = 3;
+        }
+        struct fi_cq_tagged_entry e;
+        ssize_t n = fi_cq_read(r->cq, &e, 1);
+        if (n == -FI_EAGAIN)
+            continue;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err;
+            memset(&err, 0, sizeof err);
+            REQ_RC(fi_cq_readerr(r->cq, &err, 0), 1);
+            fprintf(stderr, "[pid %d] error completion: %s\n", (int)getpid(),
+                    fi_strerror(err.err));
+            _exit(99);
+        }
+        REQ_RC(n, 1);
+        for (int k = 0; k < 2; k++) {
+            struct lane *x = &l[k];
+            uint8_t *c = e.op_context;
+            if (c >= &x->rx[0][0] && c < &x->rx[0][0] + sizeof x->rx) {
+                uint32_t b = (uint32_t)((c - &x->rx[0][0]) / LEN3), seq;
+                memcpy(&seq, c, sizeof seq);
+                if (seq != x->next_rx || x->rx_seq[b] != seq ||
+                    e.len != len3(seq)) {
+                    fprintf(stderr, "[pid %d] from rank %d: message %u "
+                            "arrived as %u\n", (int)getpid(), x->peer,
+                            x->next_rx, seq);
+                    _exit(99);
+                }
+                for (size_t j = sizeof seq; j < e.len; j++)
+                    REQ(c[j] == byte_of(x->peer, seq, j));
+                x->next_rx++;
+            } else if (c >= &x->tx[0][0] && c < &x->tx[0][0] + sizeof x->tx) {
+                int b = (int)((c - &x->tx[0][0]) / LEN3);
+                REQ(x->tx_busy[b]);
+                x->tx_busy[b] = false;
+                x->ntx--;
+            }
+        }
+    }
+    REQ(r->me != 1 || host == 3);
+    if (a)
+        ivshm_admin_close(a);
+    t_barrier(r);
+    t_close(r);
+    free(l);
+}
+
 /* A report field of rank i's line, -1 if absent. */
 static long long field(const char *base, int i, const char *name)
 {
@@ -532,8 +670,8 @@ int main(void)
     REQ(fd >= 0);
     close(fd);
     t_track(tmpl);
-    char out[2][320];
-    for (int i = 0; i < 2; i++) {
+    char out[3][320];
+    for (int i = 0; i < 3; i++) {
         snprintf(out[i], sizeof out[i], "%s.%d", tmpl, i);
         t_track(out[i]);
     }
@@ -577,6 +715,46 @@ int main(void)
            "after %d, back after %d: every one once, in order (rank 0 region/"
            "core: %lld/%lld before, %lld/%lld away, %lld/%lld after) (%llu "
            "ms)\n", f ? "FAIL" : "ok", N_MSG, DRAIN_AT, RELINK_AT,
+           nph > 0 ? ph[0][0] : -1, nph > 0 ? ph[0][1] : -1,
+           nph > 1 ? ph[1][0] : -1, nph > 1 ? ph[1][1] : -1,
+           nph > 2 ? ph[2][0] : -1, nph > 2 ? ph[2][1] : -1,
+           (unsigned long long)(t_now_ms() - t0));
+    failed += f;
+
+    /* rank 0 moves from region A (rank 1's) to region B (rank 2's) */
+    region_path = t_region(8, 0);
+    region_b = t_region(8, 0);
+    unlink(link_path);
+    REQ(link(region_path, link_path) == 0);
+    char env_b[400];
+    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1",
+             region_path);
+    snprintf(env_b, sizeof env_b, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1",
+             region_b);
+    const char *env_move[] = {env_link, env, env_b};
+    t0 = t_now_ms();
+    f = t_run(3, moving_body, env_move, 90, tmpl);
+    nph = phases(tmpl, 0, ph);
+    long long sw2 = field(tmpl, 2, " switched "), dr2 = field(tmpl, 2, " drained ");
+    sw0 = field(tmpl, 0, " switched ");
+    rj0 = field(tmpl, 0, " rejoined ");
+    sw1 = field(tmpl, 1, " switched ");
+    /* rank 0: region (to 1) and core (to 2) before, core only while
+       away, region (to 2) and core (to 1) after; one move per pair */
+    if (!f && !(nph == 3 && ph[0][0] > 0 && ph[0][1] > 0 && ph[1][0] == 0 &&
+                ph[1][1] > 0 && ph[2][0] > 0 && ph[2][1] > 0 && sw0 == 2 &&
+                rj0 == 1 && sw1 == 1 && sw2 == 1 && dr2 == 0)) {
+        fprintf(stderr, "report lines: rank 0 %d phases, switched %lld "
+                "rejoined %lld; rank 1 switched %lld; rank 2 switched %lld "
+                "drained %lld\n", nph, sw0, rj0, sw1, sw2, dr2);
+        f = 1;
+    }
+    if (f || getenv("FIV_DRAIN_SHOW"))
+        show(tmpl, 3);
+    printf("%s: rank 0 moves from rank 1's region to rank 2's under three "
+           "streams: (0,1) region -> core, (0,2) core -> region, every "
+           "message once and in order (rank 0 region/core: %lld/%lld before, "
+           "%lld/%lld away, %lld/%lld after) (%llu ms)\n", f ? "FAIL" : "ok",
            nph > 0 ? ph[0][0] : -1, nph > 0 ? ph[0][1] : -1,
            nph > 1 ? ph[1][0] : -1, nph > 1 ? ph[1][1] : -1,
            nph > 2 ? ph[2][0] : -1, nph > 2 ? ph[2][1] : -1,
