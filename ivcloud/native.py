@@ -32,6 +32,7 @@ __all__ = [
     "MessageTruncated",
     "Geometry", "PeerInfo", "Stats", "Channel", "Window",
     "format_region", "min_region_size", "strerror", "native_dir", "library",
+    "request_drain", "drain_state",
 ]
 
 ANY = -1
@@ -263,6 +264,15 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ivshm_win_barrier": (c_int, [c_void_p, c_int]),
         "ivshm_get_stats": (None, [c_void_p, POINTER(_Stats)]),
         "ivshm_set_spin": (None, [c_void_p, c_int64]),
+        "ivshm_drain_requested": (c_uint32, [c_void_p]),
+        "ivshm_drain_ack": (None, [c_void_p, c_uint32, c_int32]),
+        "ivshm_admin_open": (c_int, [c_int, POINTER(c_void_p)]),
+        "ivshm_admin_close": (None, [c_void_p]),
+        "ivshm_admin_drain": (c_int, [c_void_p, c_int32, c_uint32]),
+        "ivshm_admin_drain_slot": (c_int, [c_void_p, c_int, c_uint32,
+                                           c_uint32]),
+        "ivshm_admin_drain_state": (c_int, [c_void_p, c_int, c_uint32,
+                                            c_uint32, POINTER(c_int32)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -339,6 +349,58 @@ def format_region(path: Union[str, Path], size: int, max_peers: int = 0,
                  fast_channels)._c()
     _check(lib, lib.ivshm_format_file(os.fsencode(path), size, byref(g), mode),
            f"ivshm_format_file({path})")
+
+
+# ---------------------------------------------------------------- drain
+
+def _admin_call(region: Union[str, Path], name: str, *args) -> Tuple[int, object]:
+    """One ivshm_admin_* call on the region file `region` (a host file, or
+    /proc/PID/fd/N of the server's memfd): (its result, the handle's
+    library)."""
+    lib = library()
+    fd = os.open(os.fspath(region), os.O_RDWR | os.O_CLOEXEC)
+    h = c_void_p()
+    try:
+        _check(lib, lib.ivshm_admin_open(fd, byref(h)),
+               f"ivshm_admin_open({region})")
+    finally:
+        os.close(fd)
+    try:
+        return getattr(lib, name)(h, *args), lib
+    finally:
+        lib.ivshm_admin_close(h)
+
+
+def request_drain(region: Union[str, Path], request: int, *,
+                  doorbell_id: Optional[int] = None,
+                  slot: Optional[int] = None, generation: int = 0) -> int:
+    """Ask the ranks of the region to let go of it (docs/migration.md):
+    every live entry of server id `doorbell_id` (a guest's IVPosition), or
+    the entry `slot` at `generation`. `request` is a new non-zero number.
+    Returns how many entries were asked."""
+    if (doorbell_id is None) == (slot is None):
+        raise ValueError("name either a doorbell id or a slot")
+    if doorbell_id is not None:
+        rc, lib = _admin_call(region, "ivshm_admin_drain", doorbell_id,
+                              request)
+        return _check(lib, rc, "ivshm_admin_drain")
+    rc, lib = _admin_call(region, "ivshm_admin_drain_slot", slot,
+                          generation, request)
+    _check(lib, rc, "ivshm_admin_drain_slot")
+    return 1
+
+
+def drain_state(region: Union[str, Path], slot: int, generation: int,
+                request: int) -> Optional[int]:
+    """The answer of the entry `slot` at `generation` to `request`: None
+    while it has not answered, else its status (0, or a negative errno).
+    NotFound once it left without answering or its slot changed hands."""
+    status = c_int32(0)
+    rc, lib = _admin_call(region, "ivshm_admin_drain_state", slot, generation,
+                          request, byref(status))
+    if _check(lib, rc, "ivshm_admin_drain_state") == 0:
+        return None
+    return status.value
 
 
 # ---------------------------------------------------------------- channel
@@ -497,6 +559,14 @@ class Channel:
     def reap(self) -> int:
         """Check every registered peer's liveness; returns how many died."""
         return self._call("ivshm_reap")
+
+    def drain_requested(self) -> int:
+        """The host's drain request to us not yet answered, else 0."""
+        return int(self._lib.ivshm_drain_requested(self._handle()))
+
+    def drain_ack(self, request: int, status: int = 0) -> None:
+        """Answer drain `request` with `status` (0 or a negative errno)."""
+        self._lib.ivshm_drain_ack(self._handle(), request, status)
 
     def server_peers(self, n: int = 256) -> List[Tuple[int, int]]:
         """(doorbell id, vectors) of the server's connected peers; raises

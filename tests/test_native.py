@@ -313,3 +313,60 @@ def test_channel_close_is_idempotent(region):
     # the slot is free again for a new attachment
     with Channel.attach_path(region, job_id=9, rank=0) as again:
         assert [p.job_id for p in again.peers()] == [9]
+
+
+# ---------------------------------------------------------------- drain
+
+def test_drain_request_answered_by_the_entry_owner(region):
+    """The host's side of a drain (docs/migration.md) through the region
+    file, the rank's side in another process: asked, answered, the
+    answer read back; a new holder of the slot inherits no request."""
+    with Channel.attach_path(region, job_id=JOB, rank=0, name="host") as ch:
+        child = spawn_peer(region, """
+            deadline = time.monotonic() + 10
+            while (req := ch.drain_requested()) == 0:
+                assert time.monotonic() < deadline, "no request came"
+                time.sleep(0.001)
+            assert req == 5
+            ch.drain_ack(req, -110)
+            assert ch.drain_requested() == 0
+            ch.send(peer, b"acked")
+            ch.recv(peer, timeout_ms=10000)
+            ch.close()
+        """)
+        try:
+            wait_for(lambda: ch.find(JOB, 1) is not None)
+            slot = ch.find(JOB, 1)
+            gen = ch.peer(slot).generation
+            assert native.drain_state(region, slot, gen, 5) is None
+            with pytest.raises(NotFound):
+                native.request_drain(region, 5, slot=slot,
+                                     generation=gen + 1)
+            assert native.request_drain(region, 5, slot=slot,
+                                        generation=gen) == 1
+            ch.recv(slot, timeout_ms=10000)
+            assert native.drain_state(region, slot, gen, 5) == -110
+            ch.send(slot, b"bye")
+        finally:
+            finish(child)
+        # it acknowledged, then left: the answer stays readable
+        assert native.drain_state(region, slot, gen, 5) == -110
+        # claims go to the least claimed slots: fill them until ours
+        others = []
+        try:
+            for rank in range(2, 5):
+                others.append(Channel.attach_path(region, job_id=JOB,
+                                                  rank=rank))
+                if others[-1].self_slot == slot:
+                    break
+            assert others[-1].self_slot == slot
+            assert others[-1].drain_requested() == 0
+            with pytest.raises(NotFound):
+                native.drain_state(region, slot, gen, 5)
+        finally:
+            for o in others:
+                o.close()
+        with pytest.raises(ValueError):
+            native.request_drain(region, 6)
+        # no live entry of that server id: nobody is asked
+        assert native.request_drain(region, 6, doorbell_id=77) == 0

@@ -168,6 +168,7 @@ PROVIDER = Component(
         ["fiv_msg"],                 # receives: posting, matching, delivery
         ["fiv_probe"],               # message counts, probes, broken paths
         ["fiv_delegate"],            # the core provider and its arrivals
+        ["fiv_drain"],               # attach; a pair moved to the core and back
         ["fiv_progress"],            # admission, receive loop, queued sends
         ["fiv_msg_ops",              # sends, the msg and tagged tables
          "fiv_cq", "fiv_cntr",       # CQ and counter objects (they progress)

@@ -188,6 +188,15 @@ int ivshm_peer_left(ivshm *h, int slot, uint32_t generation);
    -ENOENT (-EINVAL for a bad slot): the cheap half of ivshm_peer, for a
    hot path that only checks who holds a slot. */
 int64_t ivshm_peer_generation(ivshm *h, int slot);
+/* A drain the host asked of us (docs/migration.md): the request number
+   in our registry entry if we have not acknowledged it yet, else 0. One
+   load of each word of our own entry, for a progress loop to call now
+   and then. */
+uint32_t ivshm_drain_requested(const ivshm *h);
+/* We finished drain request `req` with `status` (0 or a negative errno):
+   written into our entry, the status first, for the host to read before
+   we leave. */
+void ivshm_drain_ack(ivshm *h, uint32_t req, int32_t status);
 /* Slot of the live peer (job, rank), or -ENOENT. */
 int ivshm_find(ivshm *h, uint64_t job_id, uint32_t rank);
 /* 1 if `slot`'s peer registered from our kernel and pid namespace (its

@@ -130,6 +130,57 @@ int ivshm_admin_mark_dead(ivshm_admin *a, int32_t doorbell_id);
 int ivshm_admin_mark_dead_ids(ivshm_admin *a, const int32_t *ids, size_t n);
 
 /*
+ * ivshm_admin_drain:
+ * @a: the server's handle
+ * @doorbell_id: a server id (QEMU's IVPosition: every rank in one guest)
+ * @req: the request's number, not 0, a new one for each request
+ *
+ * Ask every ACTIVE registry entry published under @doorbell_id to let go
+ * of the region (docs/migration.md): each owner moves its pairs to
+ * another path, acknowledges @req in its entry and leaves. O(max_peers).
+ *
+ * Returns: how many entries were asked, or -EINVAL.
+ */
+int ivshm_admin_drain(ivshm_admin *a, int32_t doorbell_id, uint32_t req);
+
+/*
+ * ivshm_admin_drain_slot:
+ * @a: the server's handle
+ * @slot, @gen: the entry's slot and generation (ivshm_admin_peer)
+ * @req: as for ivshm_admin_drain
+ *
+ * Returns: 0, -ENOENT if @slot does not hold @gen live, -EINVAL.
+ */
+int ivshm_admin_drain_slot(ivshm_admin *a, int slot, uint32_t gen,
+                           uint32_t req);
+
+/*
+ * ivshm_admin_drain_state:
+ * @a, @slot, @gen, @req: as asked
+ * @status: the owner's status once it acknowledged (0, or a negative
+ *   errno: -ETIMEDOUT, a pair did not switch within the owner's deadline;
+ *   -EHOSTUNREACH, a peer had no other path)
+ *
+ * What the owner wrote, read once: each word is the owner's own claim,
+ * like everything in the registry.
+ *
+ * Returns: 1 acknowledged (*status set), 0 not yet, -ENOENT if the entry
+ * left without acknowledging or changed hands, -EINVAL.
+ */
+int ivshm_admin_drain_state(ivshm_admin *a, int slot, uint32_t gen,
+                            uint32_t req, int32_t *status);
+
+/*
+ * ivshm_admin_peer:
+ * @a, @slot: as above
+ * @pid, @gen: filled with the live entry's pid (in its own namespace)
+ *   and generation
+ *
+ * Returns: 0, -ENOENT if the slot holds no live entry, -EINVAL.
+ */
+int ivshm_admin_peer(ivshm_admin *a, int slot, int32_t *pid, uint32_t *gen);
+
+/*
  * ivshm_admin_close:
  * @a: a handle from ivshm_admin_open, or NULL (ignored)
  *

@@ -106,6 +106,13 @@ enum fiv_op {
     FIV_OP_INTRO = 8,      /* fiv_intro: the sender's first message to us */
     FIV_OP_PROBE = 9,      /* fiv_probe: how many messages each way?      */
     FIV_OP_PROBE_ACK = 10, /* fiv_probe: the answer                       */
+    FIV_OP_SWITCH = 11,    /* fiv_switch: the sender's last region message
+                              to us; the core path from here on          */
+    FIV_OP_OFFER = 12,     /* core, fiv_offer: where the sender is in its
+                              region now                                 */
+    FIV_OP_BACK = 13,      /* fiv_switch; core: the sender's last core
+                              message to us; region: its first region one
+                              after ours                                 */
 };
 #define FIV_OP_MASK 0xffu
 #define FIV_F_TAGGED 0x100u   /* MSG: a tagged message                   */
@@ -187,6 +194,27 @@ struct fiv_probe {
     uint64_t flags;
 };
 
+/* The last region message of one direction of a pair (fiv_drain.c,
+   docs/migration.md): how many region messages its writer sent to the
+   reader, this one included, and the core sequence number of the
+   writer's next message to the reader. */
+struct fiv_switch {
+    uint64_t region_sent;
+    uint32_t core_seq;
+    uint32_t flags;      /* 0                                             */
+};
+
+/* Over the core after a rank took a region again (fiv_drain.c): its
+   slot, generation and registry nonce there; HEARD: the sender found us
+   in its region too. */
+#define FIV_OFFER_HEARD 1u
+struct fiv_offer {
+    int16_t slot;
+    uint16_t flags;
+    uint32_t generation;
+    uint32_t nonce[2];
+};
+
 /* A sender's first region message to us (fiv_intro.c): who it is, and a
    MAC of that under our key, which only a holder of our name has. */
 struct fiv_intro {
@@ -214,6 +242,11 @@ struct fiv_config {
     size_t peer_answer_bytes; /* answers we copied, not yet sent         */
     size_t peer_queue;        /* messages queued for it (sends, answers) */
     size_t peer_unexp_bytes;  /* its messages no receive has taken yet   */
+    int drain_ms;        /* FI_IVSHM_DRAIN_MS: a drain's deadline         */
+    uint32_t test_slow;  /* FIV_TEST_SLOW_REGION=N, tests only: the region
+                            is polled in every Nth progress call, the core
+                            in the others (fiv_drain_test: core messages
+                            arrive while region ones wait)                 */
     uint64_t test_lose;  /* FIV_TEST_LOSE=N, tests only: the Nth region
                             message to each peer is counted, not sent      */
 };
@@ -445,7 +478,46 @@ struct fiv_peer {
        completes them in (fiv_delegate.c) */
     uint32_t core_tx_seq, core_rx_seq;
     struct fiv_held *held;             /* arrived ahead of their turn       */
+    /* a region pair moving to the core (fiv_drain.c, docs/migration.md) */
+    bool sw_core;                      /* its core address is in our core AV */
+    bool sw_want;                      /* our SWITCH is to go out           */
+    bool sw_sent;                      /* it went: nothing more on the region */
+    bool sw_rx;                        /* its SWITCH came: its core messages
+                                          are delivered, its region ones are
+                                          a violation                      */
+    bool sw_pause;                     /* from sw_want until the pair moved:
+                                          new sends queue (only a message
+                                          partly out goes on)              */
+    /* a core pair moving back to a region (fiv_drain.c) */
+    bool of_new, bk_new;               /* an OFFER / a core BACK to handle */
+    struct fiv_offer of;               /* its last OFFER, copied           */
+    struct fiv_switch bk;              /* its core BACK, copied            */
+    uint32_t bk_seq;                   /* the BACK's core sequence number  */
+    bool bk_end;                       /* its core BACK came: no more core */
+    bool rg_ok;                        /* its OFFER checked: it is in our
+                                          region at rg_slot, rg_gen        */
+    int rg_slot;
+    uint32_t rg_gen;
+    bool rg_told;                      /* our OFFER(HEARD) went            */
+    bool rg_heard;                     /* it found us in its region        */
+    bool bk_want, bk_sent;             /* our core BACK: to go, gone       */
+    bool bk_rx;                        /* its core BACK handled: we hear it
+                                          on the region                    */
+    bool bk_mark;                      /* our region BACK is still to go   */
+    bool of_due;                       /* our OFFER is still to go         */
+    uint64_t bk_end_ns;                /* the back switch's deadline       */
 };
+
+/* Does the core path deliver `p`'s messages (fiv_delegate.c)? Whose
+   source it names (attributed to the peer), and whose turn has come. */
+static inline bool fiv_core_hears(const struct fiv_peer *p)
+{
+    return p->path == PATH_CORE || p->sw_core;
+}
+static inline bool fiv_core_delivers(const struct fiv_peer *p)
+{
+    return (p->path == PATH_CORE || p->sw_rx) && !p->bk_end;
+}
 
 /* Per region slot: the message counts of our pair with its holder, each
    of the generation it counts for (fiv_probe.c). */
@@ -553,9 +625,22 @@ struct fiv_ep {
     int txq_peers;                       /* peers with queued sends         */
     /* the one report line */
     uint64_t sent, received, delegated;
+    /* a drain the host asked for (fiv_drain.c): the request served
+       (0: none), its deadline and status, pairs still switching */
+    uint32_t drain_req;
+    uint64_t drain_end_ns;
+    int32_t drain_status;
+    uint32_t drain_turn;
+    int switching;
+    uint64_t reattach_ns;                /* after a drain: look again then */
+    uint64_t drained, switched, rejoined; /* for the report line           */
+#define FIV_PHASES 8
+    /* sent / delegated at each drain and rejoin: the report's phases */
+    uint64_t phase_sent[FIV_PHASES], phase_deleg[FIV_PHASES];
+    int nphase;
     bool reported;
     uint32_t idle_calls;
-    uint32_t core_turn;
+    uint32_t core_turn, slow_turn;
 };
 
 
@@ -779,6 +864,35 @@ int fiv_core_progress(struct fiv_ep *ep);
 bool fiv_core_active(const struct fiv_ep *ep);
 /* Messages handed to the core provider that it has not completed. */
 bool fiv_core_sending(const struct fiv_ep *ep);
+/* An OFFER or BACK of `peer` over the core, in its order: copied for
+   fiv_drain.c's next tick. */
+void fiv_core_control(struct fiv_ep *ep, struct fiv_peer *peer, uint32_t op,
+                      uint32_t seq, const uint8_t *p, size_t n);
+/* Core messages of `peer` held until its turn, delivered now that it
+   has come (fiv_core_delivers). */
+void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
+                           struct fiv_peer *peer);
+/* fiv_drain.c: a pair moved from the region to the core and back
+   (docs/migration.md); the region attached */
+#define FIV_JOB_TAG (UINT64_C(0x46495653) << 32) /* "FIVS" */
+/* Attach to the configured region (at open, and again after a drain):
+   0, or an error (said on stderr unless `quiet`). */
+int fiv_region_attach(struct fiv_ep *ep, bool quiet);
+/* Does our region's `slot` hold, at `gen`, the endpoint of `nonce`
+   (also its last holder, gone since, while nobody claimed it)? */
+bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,
+                      uint64_t nonce);
+/* A region BACK from `slot`: the peer's first region message after the
+   core. */
+void fiv_back_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                      int slot, int64_t gen, const uint8_t *p, size_t n);
+/* Every 64th progress call, and every call while pairs switch: a
+   request of the host's, our SWITCHes out, the deadline. */
+void fiv_drain_tick(struct fiv_ep *ep);
+/* A SWITCH from `slot` (its holder at `gen`, < 0: it left since),
+   the peer we hear there. */
+void fiv_switch_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                        int slot, int64_t gen, const uint8_t *p, size_t n);
 /* fiv_progress.c */
 void fiv_progress(struct fiv_ep *ep);
 void fiv_progress_eps(struct fiv_ep **eps, size_t n);

@@ -272,6 +272,39 @@ void fiv_core_release_peer(struct fiv_peer *p)
     }
 }
 
+void fiv_core_control(struct fiv_ep *ep, struct fiv_peer *peer, uint32_t op,
+                      uint32_t seq, const uint8_t *p, size_t n)
+{
+    if ((op & FIV_OP_MASK) == FIV_OP_OFFER) {
+        if (n != sizeof peer->of) {
+            peer->violated = true;
+            return;
+        }
+        memcpy(&peer->of, p, sizeof peer->of);
+        peer->of_new = true;
+    } else {
+        if (n != sizeof peer->bk || peer->bk_end) {
+            peer->violated = true;
+            return;
+        }
+        memcpy(&peer->bk, p, sizeof peer->bk);
+        peer->bk_seq = seq;
+        peer->bk_new = peer->bk_end = true; /* its last core message */
+    }
+    ep->switching++; /* the next progress call's tick handles it */
+}
+
+/* A message of the core path in its turn: our control messages to
+   fiv_drain.c, the rest to the receive side. */
+static void deliver_one(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
+                        uint32_t op, uint32_t seq, const uint8_t *p, size_t n)
+{
+    if ((op & FIV_OP_MASK) == FIV_OP_OFFER || (op & FIV_OP_MASK) == FIV_OP_BACK)
+        fiv_core_control(ep, peer, op, seq, p, n);
+    else
+        fiv_deliver(ep, a, peer, op, p, n);
+}
+
 /* One message of `peer` from the core, delivered in its sender's order:
    early ones wait (copied) for those before them. */
 static void in_order(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
@@ -282,17 +315,12 @@ static void in_order(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     memcpy(&op, m, sizeof op);
     memcpy(&seq, m + sizeof op, sizeof seq);
     uint32_t ahead = seq - peer->core_rx_seq;
-    if (ahead == 0) {
+    /* a region peer's core messages wait for its SWITCH, which comes
+       after its last region message (fiv_drain.c) */
+    if (ahead == 0 && fiv_core_delivers(peer)) {
         peer->core_rx_seq++;
-        fiv_deliver(ep, a, peer, op, m + CORE_WORD, len - CORE_WORD);
-        while (peer->held && peer->held->seq == peer->core_rx_seq &&
-               peer->path == PATH_CORE) {
-            struct fiv_held *h = peer->held;
-            peer->held = h->next;
-            peer->core_rx_seq++;
-            fiv_deliver(ep, a, peer, h->op, h->data, h->len);
-            free(h);
-        }
+        deliver_one(ep, a, peer, op, seq, m + CORE_WORD, len - CORE_WORD);
+        fiv_core_release_held(ep, a, peer);
         return;
     }
     if (ahead >= CORE_WINDOW) {
@@ -317,6 +345,19 @@ static void in_order(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     }
     h->next = *pp;
     *pp = h;
+}
+
+void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
+                           struct fiv_peer *peer)
+{
+    while (peer->held && peer->held->seq == peer->core_rx_seq &&
+           fiv_core_delivers(peer) && !peer->violated) {
+        struct fiv_held *h = peer->held;
+        peer->held = h->next;
+        peer->core_rx_seq++;
+        deliver_one(ep, a, peer, h->op, h->seq, h->data, h->len);
+        free(h);
+    }
 }
 
 int fiv_core_progress(struct fiv_ep *ep)
@@ -354,7 +395,7 @@ int fiv_core_progress(struct fiv_ep *ep)
         }
         fi_addr_t a = from[i] < c->nowner ? c->owner[from[i]] : FI_ADDR_NOTAVAIL;
         struct fiv_peer *peer = fiv_peer(ep, a);
-        if (!peer || peer->path != PATH_CORE || ev[i].len < CORE_WORD ||
+        if (!peer || !fiv_core_hears(peer) || ev[i].len < CORE_WORD ||
             ev[i].len > CORE_BUF) {
             c->dropped++; /* not inserted by the application: unheard */
         } else {

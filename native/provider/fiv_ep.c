@@ -18,7 +18,6 @@
 
 #include "fiv.h"
 
-#define FIV_JOB_TAG (UINT64_C(0x46495653) << 32) /* "FIVS" */
 #define FIV_LINGER_NS 2000000000ull /* close: queued sends get this long */
 
 static uint64_t random_nonce(void)
@@ -27,11 +26,6 @@ static uint64_t random_nonce(void)
     if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
         v = fiv_now_ns() ^ ((uint64_t)getpid() << 32);
     return v ? v : 1;
-}
-
-static void name_of(uint64_t nonce, char *out, size_t cap)
-{
-    snprintf(out, cap, "fi.%016" PRIx64, nonce);
 }
 
 static bool grow_peers(struct fiv_ep *ep, size_t n)
@@ -50,23 +44,15 @@ static bool grow_peers(struct fiv_ep *ep, size_t n)
     return true;
 }
 
-/* Is the peer named by `a` the holder of its slot in our region? */
+/* Is the peer named by `a` the holder of its slot in our region? A peer
+   that has left already counts too, while nobody has claimed its slot
+   since: what it published before it went is still delivered
+   (ivshm_peer_last), e.g. a last message of a sender that exited before
+   we inserted it (fiv_conform_test, "departed"). */
 static bool in_our_region(struct fiv_ep *ep, const struct fiv_addr *a)
 {
-    if (!ep->h || a->slot < 0 || a->slot >= ep->max_peers)
-        return false;
-    /* a peer that has left already counts too, while nobody has claimed
-       its slot since: what it published before it went is still
-       delivered (ivshm_peer_last), e.g. a last message of a sender that
-       exited before we inserted it (fiv_conform_test, "departed") */
-    ivshm_peer_info info;
-    if (ivshm_peer_last(ep->h, a->slot, &info) < 0)
-        return false;
-    char want[32];
-    name_of((uint64_t)a->nonce[1] << 32 | a->nonce[0], want, sizeof want);
-    info.name[sizeof info.name - 1] = 0;
-    return info.generation == a->generation && info.job_id == FIV_JOB_TAG &&
-           strcmp(info.name, want) == 0;
+    return fiv_region_holds(ep, a->slot, a->generation,
+                            (uint64_t)a->nonce[1] << 32 | a->nonce[0]);
 }
 
 void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
@@ -103,6 +89,7 @@ void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
     if (a->core_len && ep->core &&
         (rc = fiv_core_insert(ep, a->core, index, &p->core_addr)) == 0) {
         p->path = PATH_CORE;
+        p->sw_core = true; /* should the pair move to a region and back */
         return;
     }
     FIV_WARN("peer %zu (slot %d) is neither in our region nor reachable by "
@@ -127,86 +114,6 @@ void fiv_ep_forget(struct fiv_ep *ep, size_t index)
         fiv_core_forget(ep, p->core_addr);
     fiv_core_release_peer(p);
     p->path = PATH_NONE;
-}
-
-/* ---- attach ---- */
-
-static void attach_region(struct fiv_ep *ep)
-{
-    const char *what = fiv_cfg.socket ? fiv_cfg.socket : fiv_cfg.region;
-    if (!what)
-        return;
-    char name[32];
-    name_of(ep->nonce, name, sizeof name);
-    ivshm_config cfg = {
-        .job_id = FIV_JOB_TAG,
-        /* (job, rank) names one attachment: an MPI may open several
-           endpoints per process (Open MPI: the mtl and the btl) */
-        .rank = (uint32_t)ep->nonce,
-        .name = name,
-        /* Never block: every wait of ours spins in the caller's progress
-           loop (fi_cq_sread yields, there is no wait object to hand out),
-           so nothing ever rings us. Saying so in our entry spares each
-           sender the fence and the look at `sleeping` on every message
-           (native/src/doorbell.c, "Blocking announced"). */
-        .spin_ns = -1,
-        .uio_dev = fiv_cfg.uio_dev,
-        .bar0_path = fiv_cfg.bar0,
-        .doorbell_id = fiv_cfg.position,
-    };
-    int rc;
-    if (fiv_cfg.socket) {
-        /* one eventfd per peer comes through the socket (docs/btl.md,
-           "Limits"); a job starting at once may keep the server from
-           answering everybody within one attach's deadline */
-        struct rlimit rl;
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-            rl.rlim_cur = rl.rlim_max;
-            (void)setrlimit(RLIMIT_NOFILE, &rl);
-        }
-        rc = ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h);
-        for (int tries = 1; rc == -ETIMEDOUT && tries < 4; tries++)
-            rc = ivshm_attach_server(fiv_cfg.socket, &cfg, &ep->h);
-    } else {
-        rc = ivshm_attach_path(fiv_cfg.region, &cfg, &ep->h);
-    }
-    if (rc < 0) {
-        ep->h = NULL;
-        fprintf(stderr, "fi_ivshm: pid %d cannot attach to %s: %s; every "
-                "peer goes through the core provider\n", (int)getpid(), what,
-                ivshm_strerror(rc));
-        return;
-    }
-    ivshm_geometry g;
-    ivshm_get_geometry(ep->h, &g);
-    ep->self_slot = ivshm_self(ep->h);
-    ep->max_peers = ivshm_max_peers(ep->h);
-    ep->frag = g.slot_size - 32;
-    ivshm_peer_info me;
-    ep->by_slot = malloc((size_t)ep->max_peers * sizeof *ep->by_slot);
-    ep->gen_by_slot = calloc((size_t)ep->max_peers, sizeof *ep->gen_by_slot);
-    ep->hidden = calloc((size_t)ep->max_peers, sizeof *ep->hidden);
-    ep->pairs = calloc((size_t)ep->max_peers, sizeof *ep->pairs);
-    if (ivshm_peer(ep->h, ep->self_slot, &me) < 0 || !ep->by_slot ||
-        !ep->gen_by_slot || !ep->hidden || !ep->pairs ||
-        ep->frag < 2 * sizeof(struct fiv_rma_hdr)) {
-        fprintf(stderr, "fi_ivshm: pid %d: region %s is unusable; every peer "
-                "goes through the core provider\n", (int)getpid(), what);
-        ivshm_detach(ep->h);
-        ep->h = NULL;
-        free(ep->by_slot);
-        free(ep->gen_by_slot);
-        free(ep->hidden);
-        free(ep->pairs);
-        ep->by_slot = NULL;
-        ep->gen_by_slot = NULL;
-        ep->hidden = NULL;
-        ep->pairs = NULL;
-        return;
-    }
-    for (int i = 0; i < ep->max_peers; i++)
-        ep->by_slot[i] = FI_ADDR_NOTAVAIL;
-    ep->self_gen = me.generation;
 }
 
 /* ---- fid ops ---- */
@@ -577,7 +484,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     fiv_new_key(ep->key);
     ep->self_slot = -1;
     ep->next_id = 1;
-    attach_region(ep);
+    (void)fiv_region_attach(ep, false);
     if (fiv_core_open(ep) < 0)
         FIV_INFO("no core provider: only peers in the region are reachable\n");
     ep->ep.fid.fclass = FI_CLASS_EP;

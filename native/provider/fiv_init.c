@@ -147,6 +147,14 @@ FI_EXT_INI
                     "Bytes of one peer's messages held before a receive "
                     "takes them; past it the peer's path fails (default "
                     "1 GiB, one message of the maximum size)");
+    fi_param_define(&fiv_prov, "drain_ms", FI_PARAM_INT,
+                    "A drain the host asks for (docs/migration.md) ends "
+                    "within this many ms: pairs not moved to the core by "
+                    "then fail (default 5000)");
+    int drain_ms = 0;
+    if (fi_param_get_int(&fiv_prov, "drain_ms", &drain_ms) == 0 &&
+        drain_ms > 0)
+        fiv_cfg.drain_ms = drain_ms;
     size_t cap;
     if (fi_param_get_size_t(&fiv_prov, "peer_answer_bytes", &cap) == 0)
         fiv_cfg.peer_answer_bytes = cap;
@@ -172,5 +180,7 @@ FI_EXT_INI
        parameter fi_info lists */
     const char *lose = getenv("FIV_TEST_LOSE");
     fiv_cfg.test_lose = lose ? strtoull(lose, NULL, 10) : 0;
+    const char *slow = getenv("FIV_TEST_SLOW_REGION");
+    fiv_cfg.test_slow = slow ? (uint32_t)strtoul(slow, NULL, 10) : 0;
     return &fiv_prov;
 }

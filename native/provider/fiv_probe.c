@@ -150,7 +150,8 @@ void fiv_probe_tick(struct fiv_ep *ep, uint64_t now)
     bool wildcard = fiv_mark_awaited(ep);
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
-        bool waits = p->path == PATH_REGION && !p->dead &&
+        /* a pair switching to the core has the drain's deadline */
+        bool waits = p->path == PATH_REGION && !p->dead && !p->sw_want &&
                      waits_on(ep, id, p, wildcard);
         p->awaited = false;
         if (!waits)

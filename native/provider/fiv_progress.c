@@ -64,7 +64,9 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
 static bool hears(const struct fiv_ep *ep, const struct fiv_peer *peer,
                   int src, int64_t g)
 {
-    return peer && peer->path == PATH_REGION &&
+    /* bk_rx: a core peer whose BACK said its region messages follow
+       (fiv_drain.c) */
+    return peer && (peer->path == PATH_REGION || peer->bk_rx) &&
            (g < 0 || g == (int64_t)ep->gen_by_slot[src]);
 }
 
@@ -93,6 +95,17 @@ static void take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
     } else if ((op & FIV_OP_MASK) == FIV_OP_PROBE ||
                (op & FIV_OP_MASK) == FIV_OP_PROBE_ACK) {
         fiv_probe_receive(ep, src, g, a, heard ? peer : NULL, op, data, n);
+    } else if (heard && !peer->dead && peer->sw_rx) {
+        /* its SWITCH was its last region message (fiv_drain.c) */
+        fiv_path_broken(ep, a, peer, "a region message after its switch");
+    } else if (heard && !peer->dead && (op & FIV_OP_MASK) == FIV_OP_SWITCH) {
+        fiv_switch_receive(ep, a, peer, src, g, data, n);
+    } else if (heard && !peer->dead && (op & FIV_OP_MASK) == FIV_OP_BACK) {
+        fiv_back_receive(ep, a, peer, src, g, data, n);
+    } else if (heard && !peer->dead && peer->path != PATH_REGION) {
+        /* a core peer's first region message is its BACK */
+        fiv_path_broken(ep, a, peer, "a region message before its back "
+                        "switch");
     } else if (heard && !peer->dead) {
         if ((op & FIV_OP_MASK) != FIV_OP_MORE &&
             (op & FIV_OP_MASK) != FIV_OP_INTRO)
@@ -263,7 +276,8 @@ __attribute__((noinline)) static void tx_progress(struct fiv_ep *ep)
 void fiv_progress(struct fiv_ep *ep)
 {
     int found = 0;
-    if (ep->h)
+    if (ep->h && (!fiv_cfg.test_slow ||
+                  ++ep->slow_turn % fiv_cfg.test_slow == 0))
         found += poll_region(ep);
     /* the core provider only once a peer of ours is there: polling it
        (ofi_rxm over tcp polls its sockets) costs more than a region
@@ -272,6 +286,11 @@ void fiv_progress(struct fiv_ep *ep)
         found += fiv_core_progress(ep);
     if (ep->txq_peers)
         tx_progress(ep);
+    /* a host's drain request, now and then; every call while pairs
+       switch (fiv_drain.c) */
+    if ((ep->h || ep->drained) && (ep->switching || ep->drain_req ||
+                                   (++ep->drain_turn & 63) == 0))
+        fiv_drain_tick(ep);
     if (found) {
         ep->idle_calls = 0;
         return;

@@ -283,7 +283,7 @@ int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r)
         enqueue(ep, p, r);
         return 0;
     }
-    if (p->txq) {
+    if (p->txq || p->sw_pause) {
         enqueue(ep, p, r);
         return 0;
     }
@@ -304,7 +304,9 @@ ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *p,
                      const void *buf, size_t len)
 {
     (void)a;
-    if (p->txq || p->dead)
+    /* sw_pause: the pair is switching paths (fiv_drain.c): what is sent
+       meanwhile waits for the path it will take */
+    if (p->txq || p->dead || p->sw_pause)
         return -EAGAIN;
     int rc;
     if (p->path == PATH_REGION) {
@@ -363,6 +365,10 @@ int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p)
 {
     while (p->txq) {
         struct fiv_op_req *r = p->txq;
+        /* switching: a message partly out is finished on its path,
+           nothing new starts (fiv_drain.c) */
+        if (p->sw_pause && !r->started)
+            break;
         int rc = push(ep, p, r);
         if (rc == 0)
             break;

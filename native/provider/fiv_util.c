@@ -11,6 +11,7 @@
 struct fiv_config fiv_cfg = {.position = -1,
                              .peer_answer_bytes = FIV_PEER_ANSWER_BYTES,
                              .peer_queue = FIV_PEER_QUEUE,
+                             .drain_ms = 5000,
                              .peer_unexp_bytes = FIV_PEER_UNEXP_BYTES};
 
 uint64_t fiv_now_ns(void)

@@ -142,3 +142,41 @@ void ivshm_admin_close(ivshm_admin *a)
     ivshm_region_unmap(a->h);
     free(a);
 }
+
+int ivshm_admin_drain(ivshm_admin *a, int32_t doorbell_id, uint32_t req)
+{
+    if (!a)
+        return -EINVAL;
+    return ivshm_drain_request_id(a->h, doorbell_id, req);
+}
+
+int ivshm_admin_drain_slot(ivshm_admin *a, int slot, uint32_t gen,
+                           uint32_t req)
+{
+    if (!a)
+        return -EINVAL;
+    return ivshm_drain_request(a->h, slot, gen, req);
+}
+
+int ivshm_admin_drain_state(ivshm_admin *a, int slot, uint32_t gen,
+                            uint32_t req, int32_t *status)
+{
+    if (!a)
+        return -EINVAL;
+    return ivshm_drain_state(a->h, slot, gen, req, status);
+}
+
+int ivshm_admin_peer(ivshm_admin *a, int slot, int32_t *pid, uint32_t *gen)
+{
+    if (!a)
+        return -EINVAL;
+    ivshm_peer_info info;
+    int rc = ivshm_peer(a->h, slot, &info);
+    if (rc < 0)
+        return rc;
+    if (pid)
+        *pid = info.pid;
+    if (gen)
+        *gen = info.generation;
+    return 0;
+}

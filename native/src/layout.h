@@ -83,7 +83,12 @@ struct ivshm_peer_entry {
     /* 0 = the owner never blocks (it spins), so wakers skip the fence
        and the look at `sleeping` (doorbell.c, "blocking announced") */
     _Atomic uint32_t may_sleep;
-    uint8_t pad[44];
+    /* a drain (docs/migration.md): the host's request number (0: none),
+       the last one the owner finished and how; a claim clears them */
+    _Atomic uint32_t drain_req;
+    _Atomic uint32_t drain_ack;
+    _Atomic int32_t drain_status;
+    uint8_t pad[32];
 };
 _Static_assert(sizeof(struct ivshm_peer_entry) == 128, "entry is 2 lines");
 

@@ -90,6 +90,10 @@ int ivshm_registry_claim(ivshm *h, const ivshm_config *cfg,
         atomic_store_explicit(&e->may_sleep, h->may_sleep,
                               memory_order_relaxed);
         atomic_store_explicit(&e->heartbeat, ivshm_now_ns(), memory_order_relaxed);
+        /* a request to the slot's last holder is not ours */
+        atomic_store_explicit(&e->drain_req, 0, memory_order_relaxed);
+        atomic_store_explicit(&e->drain_ack, 0, memory_order_relaxed);
+        atomic_store_explicit(&e->drain_status, 0, memory_order_relaxed);
         *gen_out = gen;
         return 0;
     }
@@ -203,6 +207,78 @@ int ivshm_mark_doorbells_dead(ivshm *h, int32_t *ids, size_t n)
 int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id)
 {
     return doorbell_id < 0 ? 0 : ivshm_mark_doorbells_dead(h, &doorbell_id, 1);
+}
+
+/* ---- drain requests (docs/migration.md) ---- */
+
+uint32_t ivshm_drain_requested(const ivshm *h)
+{
+    if (!h || h->self < 0)
+        return 0;
+    uint32_t req = atomic_load_explicit(&ivshm_entry(h, h->self)->drain_req,
+                                        memory_order_relaxed);
+    uint32_t ack = atomic_load_explicit(&ivshm_entry(h, h->self)->drain_ack,
+                                        memory_order_relaxed);
+    return req != ack ? req : 0;
+}
+
+void ivshm_drain_ack(ivshm *h, uint32_t req, int32_t status)
+{
+    if (!h || h->self < 0)
+        return;
+    struct ivshm_peer_entry *e = ivshm_entry(h, h->self);
+    atomic_store_explicit(&e->drain_status, status, memory_order_relaxed);
+    atomic_store_explicit(&e->drain_ack, req, memory_order_release);
+}
+
+int ivshm_drain_request(ivshm *h, int slot, uint32_t gen, uint32_t req)
+{
+    if (slot < 0 || (uint32_t)slot >= h->max_peers || req == 0)
+        return -EINVAL;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
+        atomic_load_explicit(&e->gen, memory_order_acquire) != gen)
+        return -ENOENT;
+    atomic_store_explicit(&e->drain_req, req, memory_order_release);
+    return 0;
+}
+
+int ivshm_drain_request_id(ivshm *h, int32_t doorbell_id, uint32_t req)
+{
+    if (doorbell_id < 0 || req == 0)
+        return -EINVAL;
+    int n = 0;
+    ivshm_work_count(h, h->max_peers);
+    for (uint32_t s = 0; s < h->max_peers; s++) {
+        struct ivshm_peer_entry *e = ivshm_entry(h, (int)s);
+        if (atomic_load_explicit(&e->state, memory_order_acquire) != PEER_ACTIVE ||
+            __atomic_load_n(&e->doorbell_id, __ATOMIC_RELAXED) != doorbell_id)
+            continue;
+        atomic_store_explicit(&e->drain_req, req, memory_order_release);
+        n++;
+    }
+    return n;
+}
+
+int ivshm_drain_state(ivshm *h, int slot, uint32_t gen, uint32_t req,
+                      int32_t *status)
+{
+    if (slot < 0 || (uint32_t)slot >= h->max_peers)
+        return -EINVAL;
+    struct ivshm_peer_entry *e = ivshm_entry(h, slot);
+    /* each word read once; the owner writes the status before the ack */
+    uint32_t g = atomic_load_explicit(&e->gen, memory_order_acquire);
+    uint32_t ack = atomic_load_explicit(&e->drain_ack, memory_order_acquire);
+    int32_t st = atomic_load_explicit(&e->drain_status, memory_order_relaxed);
+    uint32_t state = atomic_load_explicit(&e->state, memory_order_acquire);
+    if (g != gen)
+        return -ENOENT; /* claimed again since: whatever it said is gone */
+    if (ack == req) {
+        if (status)
+            *status = st;
+        return 1;
+    }
+    return state == PEER_ACTIVE ? 0 : -ENOENT;
 }
 
 int ivshm_self(const ivshm *h)

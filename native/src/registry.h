@@ -33,5 +33,16 @@ IVSHM_INTERNAL int ivshm_mark_doorbell_dead(ivshm *h, int32_t doorbell_id);
 /* The same for the n ids of `ids` (sorted in place) in one pass over the
    registry: O(max_peers x log n + n log n). */
 IVSHM_INTERNAL int ivshm_mark_doorbells_dead(ivshm *h, int32_t *ids, size_t n);
+/* Drain requests in the registry (docs/migration.md): the host's side.
+   Ask `slot`'s holder at `gen` (0 or -EINVAL/-ENOENT), or every ACTIVE
+   entry of a server id (how many); read its answer back: 1 with
+   *status once it acknowledged `req`, 0 while it has not, -ENOENT once
+   the entry left unacknowledged or changed hands. */
+IVSHM_INTERNAL int ivshm_drain_request(ivshm *h, int slot, uint32_t gen,
+                                       uint32_t req);
+IVSHM_INTERNAL int ivshm_drain_request_id(ivshm *h, int32_t doorbell_id,
+                                          uint32_t req);
+IVSHM_INTERNAL int ivshm_drain_state(ivshm *h, int slot, uint32_t gen,
+                                     uint32_t req, int32_t *status);
 
 #endif

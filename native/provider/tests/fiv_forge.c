@@ -32,6 +32,10 @@
 #include <malloc.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include "ivshm_admin.h"
 
 #include "fiv.h"
 
@@ -292,6 +296,12 @@ static void forger_open(struct forger *f)
     a.nonce[1] = (uint32_t)(nonce >> 32);
     uint64_t k[2] = {random64(), random64()};
     memcpy(a.key, k, sizeof a.key);
+    /* a core address nobody listens at: a victim with a core provider
+       takes it into its AV when it moves the pair (forged_switch_*) */
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(9)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    memcpy(a.core, &sin, sizeof sin);
+    a.core_len = sizeof sin;
     struct fiv_addr theirs;
     t_read_full(f->ctl, &theirs, sizeof theirs);
     REQ(theirs.magic == FIV_ADDR_MAGIC && theirs.slot >= 0);
@@ -1006,6 +1016,111 @@ static void v_self_read(struct victim *v)
     REQ_RC(fi_close(&mr->fid), 0);
 }
 
+/* 15. A SWITCH that counts messages the victim never received, with no
+   drain asked: the pair breaks (what waits on it fails), nothing else. */
+static void v_switch_counts(struct victim *v)
+{
+    uint64_t a = 0, b = 0;
+    REQ_RC(fi_trecv(v->r.ep, &a, sizeof a, NULL, v->forger, 1, 0, &a), 0);
+    REQ_RC(fi_trecv(v->r.ep, &b, sizeof b, NULL, v->forger, 1, 0, &b), 0);
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &a) != NULL, CALL_MS))
+        vfail(v, "the forger's first message never came");
+    else if (vdone(v, &a)->err || a != 0x5a5a5a5a5a5a5a5aull)
+        vfail(v, "the first message came with error %d", vdone(v, &a)->err);
+    if (!VWAIT(v, vdone(v, &b) != NULL, CALL_MS))
+        vfail(v, "a receive from the forger still waits after its false "
+              "switch");
+    else if (vdone(v, &b)->err != FI_EIO)
+        vfail(v, "the receive after the false switch ended with %d, not "
+              "FI_EIO", vdone(v, &b)->err);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_switch_counts(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    small(f, true, 1, MARK);
+    struct fiv_switch m = {.region_sent = 1000, .core_seq = 0};
+    REQ_RC(fsend(f, FIV_OP_SWITCH, &m, sizeof m, NULL, 0), 0);
+    (void)ctl_recv(f->ctl, 'D');
+}
+
+/* 16. The forger asks for the victim's drain (a co-tenant can write that
+   word) and answers the victim's SWITCH with one that names a core
+   message out of order: the pair breaks within the drain's deadline, the
+   drain ends with -EIO, and the victim leaves the region. */
+static void v_switch_answer(struct victim *v)
+{
+    uint64_t b = 0;
+    REQ_RC(fi_trecv(v->r.ep, &b, sizeof b, NULL, v->forger, 1, 0, &b), 0);
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &b) != NULL, CALL_MS + 2000))
+        vfail(v, "a receive from the forger still waits after its forged "
+              "answer");
+    else if (vdone(v, &b)->err != FI_EIO)
+        vfail(v, "the receive after the forged answer ended with %d, not "
+              "FI_EIO", vdone(v, &b)->err);
+    /* the drain finished: our name has no slot any more */
+    (void)VWAIT(v, false, 100);
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&v->r.ep->fid, name, &len), 0);
+    struct fiv_addr me;
+    memcpy(&me, name, sizeof me);
+    if (me.slot != -1)
+        vfail(v, "the victim is still in the region (slot %d) after its "
+              "drain", me.slot);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+    struct ctl st = ctl_recv(v->ctl, 'S');
+    if ((int64_t)st.a != 1 || (int64_t)st.b != -EIO)
+        vfail(v, "the drain's answer: state %" PRId64 ", status %" PRId64
+              " (wanted 1, -EIO)", (int64_t)st.a, (int64_t)st.b);
+}
+
+static void f_switch_answer(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 3), 0);
+    /* the victim's SWITCH to us */
+    int op = -1;
+    static uint8_t m[1 << 16];
+    for (uint64_t end = t_now_ms() + CALL_MS; op != FIV_OP_SWITCH &&
+         t_now_ms() < end;) {
+        uint32_t tag = 0;
+        int src = -1;
+        ssize_t len = ivshm_recv(f->h, f->victim, &src, &tag, m, sizeof m, 50);
+        if (len >= 0)
+            op = (int)(tag & FIV_OP_MASK);
+    }
+    REQ(op == FIV_OP_SWITCH);
+    struct fiv_switch ans = {.region_sent = 1, .core_seq = 5};
+    REQ_RC(fsend(f, FIV_OP_SWITCH, &ans, sizeof ans, NULL, 0), 0);
+    (void)ctl_recv(f->ctl, 'D');
+    int32_t st = 0;
+    int rc = ivshm_admin_drain_state(a, f->victim, vp.generation, 3, &st);
+    ctl_send(f->ctl, 'S', (uint64_t)(int64_t)rc, (uint64_t)(int64_t)st, 0);
+    ivshm_admin_close(a);
+}
+
+/* 17. A region BACK (the first region message after a move back from
+   the core) from a peer that never left the region: the pair breaks. */
+static void f_back_unasked(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    small(f, true, 1, MARK);
+    struct fiv_switch m = {.region_sent = 2, .core_seq = 0};
+    REQ_RC(fsend(f, FIV_OP_BACK, &m, sizeof m, NULL, 0), 0);
+    (void)ctl_recv(f->ctl, 'D');
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1042,6 +1157,13 @@ static const struct fcase cases[] = {
     {"sends_past_queue_cap", v_queue_cap, f_queue_cap,
      "sends to a peer that reads nothing, past a queue cap of 64",
      "FI_IVSHM_PEER_QUEUE=64"},
+    {"forged_switch_counts", v_switch_counts, f_switch_counts,
+     "a SWITCH counting messages never sent, with no drain asked", NULL},
+    {"forged_switch_answer", v_switch_answer, f_switch_answer,
+     "a drain the forger asks for, answered with a SWITCH out of order",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets"},
+    {"forged_back_unasked", v_switch_counts, f_back_unasked,
+     "a region BACK from a peer that never moved to the core", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
