@@ -1,0 +1,254 @@
+"""`ivcloud libvirt migrate` (ivcloud/libvirt/migrate.py,
+docs/operators.md section 5) between two real libvirtds on this machine.
+
+The destination "host" is a second libvirtd in a mount namespace of its
+own: private /etc/libvirt (its own host_uuid, which is what libvirt
+compares to refuse a migration to the same host), /run/libvirt (its
+sockets), /var/lib/libvirt, /var/cache/libvirt and /var/log/libvirt, and
+no cgroups (the first libvirtd's machine cgroups would have the same
+names). Both QEMUs see the same /tmp, as hosts with shared storage do.
+
+On a booted TCG guest that carries Nova's metadata for a project and an
+ivshmem-doorbell device on that project's server of the source host:
+bad input, a migration whose stream cannot flow (rolled back: the guest
+runs on the source with its device), a migration whose destination
+device cannot attach (moved back), the migration that works with the
+destination's `libvirt watch` attaching the arriving domain to the
+project's server there, and the way back with an explicit server
+socket. Nothing is left: domains, servers, the second libvirtd and its
+mount namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from ivcloud.libvirt.domain import Domain, Shmem
+from ivcloud.libvirt.projects import DirectServers, RegionPolicy
+from test_libvirt import (_guest_image, _ivshmem_functions, _peers,  # noqa: F401
+                          _pid_alive, _stop_pid, _wait,
+                          assert_one_line_error, cleanup_domains, ivcloud,
+                          libvirtd)
+from test_nova_projects import METADATA, PROJECT_A
+
+PRIVATE = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt",
+           "/var/cache/libvirt", "/var/log/libvirt")
+SOURCE_URI = "qemu:///system"
+# both QEMUs on this machine: the stream over loopback
+STREAM = "tcp://127.0.0.1"
+
+
+@pytest.fixture(scope="module")
+def second_libvirtd(libvirtd):
+    """(URI, connection) of a second libvirtd, another host to libvirt;
+    stopped at the end with every domain it still has."""
+    import libvirt
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a second libvirtd needs root and unshare")
+    base = Path(tempfile.mkdtemp(prefix="ivcloud-lv2-", dir="/tmp"))
+    base.chmod(0o755)
+    binds = []
+    for target in PRIVATE:
+        d = base / target.strip("/").replace("/", "-")
+        d.mkdir(mode=0o755)
+        binds.append(f"mount --bind {d} {target}")
+    etc = base / "etc-libvirt"
+    (etc / "libvirtd.conf").write_text(f'host_uuid = "{uuid.uuid4()}"\n')
+    (etc / "qemu.conf").write_text('cgroup_controllers = [ ]\n'
+                                   'stdio_handler = "file"\n')
+    log = open(base / "libvirtd.log", "w")
+    proc = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         " && ".join(binds) + " && exec libvirtd"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    uri = f"qemu+unix:///system?socket={base}/run-libvirt/libvirt-sock"
+
+    def try_open():
+        if proc.poll() is not None:
+            pytest.fail(f"the second libvirtd exited: "
+                        f"{(base / 'libvirtd.log').read_text()[-500:]}")
+        try:
+            return libvirt.open(uri)
+        except libvirt.libvirtError:
+            return None
+    conn = None
+    try:
+        conn = _wait(try_open, 30, "the second libvirtd")
+        yield uri, conn
+    finally:
+        if conn is not None:
+            for dom in conn.listAllDomains():
+                if dom.isActive():
+                    dom.destroy()
+                if dom.isPersistent():
+                    dom.undefine()
+            conn.close()
+        _stop_pid(proc.pid)
+        proc.wait(timeout=10)
+        log.close()
+        # its mount namespace went with its last process: the private
+        # directories are plain directories again
+        assert not [ln for ln in Path("/proc/self/mountinfo").read_text()
+                    .splitlines() if str(base) in ln]
+        shutil.rmtree(base)
+
+
+@pytest.fixture
+def run_dirs(unique):
+    """Server directories of the two hosts, group libvirt-qemu; every
+    server in them stopped afterwards."""
+    top = Path(f"/tmp/ivcloud-lvm-{unique}")
+    dirs = [top / "src", top / "dst"]
+    for d in (top, *dirs):
+        d.mkdir(mode=0o755)
+        d.chmod(0o755)
+    yield dirs
+    for d in dirs:
+        servers = DirectServers(str(d))
+        for project in servers.running():
+            servers.stop(project)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_bad_input_is_one_line(libvirtd, second_libvirtd, unique):
+    dest, _ = second_libvirtd
+    proc = ivcloud("libvirt", "migrate", f"nonexistent-{unique}", dest)
+    assert "no domain" in assert_one_line_error(proc, "libvirt")
+    proc = ivcloud("libvirt", "migrate", "any", "qemu+unix:///system?"
+                   "socket=/nonexistent/libvirt-sock")
+    assert "cannot connect" in assert_one_line_error(proc, "libvirt")
+    proc = ivcloud("libvirt", "migrate", "any", "bogus:///x")
+    assert "cannot connect" in assert_one_line_error(proc, "libvirt")
+    proc = ivcloud("libvirt", "migrate", "any", dest, "--server", "rel.sock")
+    assert "absolute" in assert_one_line_error(proc, "libvirt")
+
+
+def _shmem_servers(dom) -> List[str]:
+    root = ET.fromstring(dom.XMLDesc(0))
+    return [s.find("server").get("path") for s in root.iter("shmem")]
+
+
+def _phases(stderr: str) -> List[str]:
+    return [ln.split(": ", 1)[1].split(" (")[0]
+            for ln in stderr.splitlines() if ln.startswith("migrate ")]
+
+
+def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
+                                       cleanup_domains, run_dirs, unique):
+    import libvirt
+    dest, dconn = second_libvirtd
+    image = _guest_image()
+    if image is None:
+        pytest.skip("no guest image (build/guest, make guest): detaching "
+                    "needs a guest OS that acknowledges the ACPI eject")
+    names, _ = cleanup_domains
+    name = f"ivcloud-{unique}"
+    names.append(name)
+    src_run, dst_run = run_dirs
+    group = "libvirt-qemu"
+    region = RegionPolicy(size=16 << 20, max_peers=4, group=group)
+    src_sock = DirectServers(str(src_run)).start(PROJECT_A, region)
+    src_state = src_sock.parent / "state.json"
+    dst_state = dst_run / f"nova-{PROJECT_A}" / "state.json"
+    policy = src_run.parent / "regions.conf"
+    policy.write_text(f"[DEFAULT]\nsize = 16M\nmax-peers = 4\n"
+                      f"group = {group}\n")
+    kernel, initrd = (shutil.copy(f, src_run.parent) for f in image)
+    console = src_run.parent / "console.log"
+    xml = Domain(name, 256 << 20, 1, kernel=kernel, initrd=initrd,
+                 cmdline="console=ttyS0 panic=-1", console_log=str(console),
+                 shmems=[Shmem("ivcloud", None, server=str(src_sock))]).xml()
+    xml = xml.replace("<memory", METADATA.format(
+        name=name, flavor="hpc", project=PROJECT_A) + "<memory", 1)
+    dom = libvirtd.defineXML(xml)
+    dom.create()
+    _wait(lambda: console.exists() and "ivcloud-guest: ready" in
+          console.read_text(errors="replace"), 180, "the guest to boot")
+    assert len(_peers(src_state)) == 1
+
+    def migrate(*args, timeout=400):
+        return ivcloud("libvirt", "migrate", name, *args, "--migrate-uri",
+                       STREAM, timeout=timeout)
+
+    # the same host: refused before anything is touched
+    proc = migrate(SOURCE_URI)
+    assert "same libvirt host UUID" in assert_one_line_error(proc,
+                                                             "libvirt")
+
+    # the stream cannot flow (an address of no host here): rolled back
+    proc = ivcloud("libvirt", "migrate", name, dest, "--migrate-uri",
+                   "tcp://192.0.2.1", timeout=400)
+    assert proc.returncode == 1, proc.stderr
+    assert "failed at step 'migrate'" in proc.stderr.splitlines()[-1]
+    assert "rolled back: the source's devices attached again" in proc.stderr
+    assert dom.isActive() and _shmem_servers(dom) == [str(src_sock)]
+    _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer back")
+    assert dconn.listAllDomains() == []
+
+    # the destination's device cannot attach: moved back
+    proc = migrate(dest, "--server", str(dst_run / "none.sock"))
+    assert proc.returncode == 1, proc.stderr
+    assert "failed at step 'attach'" in proc.stderr.splitlines()[-1]
+    assert "rolled back: the domain migrated back" in proc.stderr
+    dom = libvirtd.lookupByName(name)
+    assert dom.isActive() and dom.isPersistent()
+    assert _shmem_servers(dom) == [str(src_sock)]
+    # the definition came back whole, its device included
+    inactive = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    assert "<shmem" in inactive and PROJECT_A in inactive
+    _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer back")
+    assert dconn.listAllDomains() == []
+
+    # the destination's watcher attaches the arriving domain to its
+    # project's server there, as it would a new instance
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "libvirt", "watch", "--connect",
+         dest, "--domain-glob", name, "--service", "direct", "--run-dir",
+         dst_run, "--policy", policy, "--timeout", "400"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        proc = migrate(dest, "--timeout", "120")
+    finally:
+        watcher.terminate()
+        w_out, w_err = watcher.communicate(timeout=30)
+    assert proc.returncode == 0, (proc.stderr, w_out, w_err)
+    print(proc.stderr)
+    assert _phases(proc.stderr) == ["detach", "migrate", "migrated",
+                                    "attach", "attached shmem 'ivcloud' by "
+                                    "the destination's watcher"]
+    dst_sock = dst_run / f"nova-{PROJECT_A}" / "ivshmem.sock"
+    assert proc.stdout.strip().endswith(f"shmem 'ivcloud' on {dst_sock}")
+    assert f"attached shmem 'ivcloud' of project {PROJECT_A}" in w_out
+    with pytest.raises(libvirt.libvirtError):
+        libvirtd.lookupByName(name)          # undefined at the source
+    ddom = dconn.lookupByName(name)
+    assert ddom.isActive() and ddom.isPersistent()
+    assert _shmem_servers(ddom) == [str(dst_sock)]
+    assert _ivshmem_functions(ddom) == 1
+    # the definition there holds no device of the source's server
+    assert "<shmem" not in ddom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    _wait(lambda: len(_peers(dst_state)) == 1, 15, "the destination peer")
+    _wait(lambda: _peers(src_state) == [], 15, "the source's peer to go")
+
+    # and back, on an explicit server socket of the source host
+    proc = ivcloud("libvirt", "migrate", name, SOURCE_URI, "--connect",
+                   dest, "--server", str(src_sock), "--migrate-uri", STREAM,
+                   timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    dom = libvirtd.lookupByName(name)
+    assert dom.isActive() and _shmem_servers(dom) == [str(src_sock)]
+    assert dconn.listAllDomains() == []
+    _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer")
+    _wait(lambda: _peers(dst_state) == [], 15, "the destination's peer")
