@@ -8,15 +8,16 @@ sockets), /var/lib/libvirt, /var/cache/libvirt and /var/log/libvirt, and
 no cgroups (the first libvirtd's machine cgroups would have the same
 names). Both QEMUs see the same /tmp, as hosts with shared storage do.
 
-On a booted TCG guest that carries Nova's metadata for a project and an
-ivshmem-doorbell device on that project's server of the source host:
-bad input, a migration whose stream cannot flow (rolled back: the guest
-runs on the source with its device), a migration whose destination
-device cannot attach (moved back), the migration that works with the
-destination's `libvirt watch` attaching the arriving domain to the
-project's server there, and the way back with an explicit server
-socket. Nothing is left: domains, servers, the second libvirtd and its
-mount namespace.
+On a booted TCG guest that carries Nova's metadata for a project and two
+ivshmem-doorbell devices on that project's (quiet) server of the source
+host: bad input, a migration whose stream cannot flow (rolled back: the
+guest runs on the source with its devices), a migration whose
+destination device cannot attach (moved back), the migration that works
+with the destination's `libvirt watch` attaching the arriving domain to
+the project's server there, the way back with an explicit server
+socket, and last two devices on a server with leave notices, whose
+unplug kills QEMU: the error says so instead of "rolled back". Nothing
+is left: domains, servers, the second libvirtd and its mount namespace.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from test_libvirt import (_guest_image, _ivshmem_functions, _peers,  # noqa: F40
                           _pid_alive, _stop_pid, _wait,
                           assert_one_line_error, cleanup_domains, ivcloud,
                           libvirtd)
-from test_nova_projects import METADATA, PROJECT_A
+from test_nova_projects import METADATA, PROJECT_A, PROJECT_B
 
 PRIVATE = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt",
            "/var/cache/libvirt", "/var/log/libvirt")
@@ -168,14 +169,18 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     console = src_run.parent / "console.log"
     xml = Domain(name, 256 << 20, 1, kernel=kernel, initrd=initrd,
                  cmdline="console=ttyS0 panic=-1", console_log=str(console),
-                 shmems=[Shmem("ivcloud", None, server=str(src_sock))]).xml()
+                 shmems=[Shmem("ivcloud", None, server=str(src_sock)),
+                         Shmem("extra", None, server=str(src_sock))]).xml()
     xml = xml.replace("<memory", METADATA.format(
         name=name, flavor="hpc", project=PROJECT_A) + "<memory", 1)
     dom = libvirtd.defineXML(xml)
     dom.create()
     _wait(lambda: console.exists() and "ivcloud-guest: ready" in
           console.read_text(errors="replace"), 180, "the guest to boot")
-    assert len(_peers(src_state)) == 1
+    # two devices on one server: the one detached second has seen the
+    # first leave, which only a quiet server makes safe to unplug
+    assert len(_peers(src_state)) == 2
+    both = [str(src_sock)] * 2
 
     def migrate(*args, timeout=400):
         return ivcloud("libvirt", "migrate", name, *args, "--migrate-uri",
@@ -192,8 +197,8 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     assert proc.returncode == 1, proc.stderr
     assert "failed at step 'migrate'" in proc.stderr.splitlines()[-1]
     assert "rolled back: the source's devices attached again" in proc.stderr
-    assert dom.isActive() and _shmem_servers(dom) == [str(src_sock)]
-    _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer back")
+    assert dom.isActive() and _shmem_servers(dom) == both
+    _wait(lambda: len(_peers(src_state)) == 2, 15, "the source's peers")
     assert dconn.listAllDomains() == []
 
     # the destination's device cannot attach: moved back
@@ -203,11 +208,11 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     assert "rolled back: the domain migrated back" in proc.stderr
     dom = libvirtd.lookupByName(name)
     assert dom.isActive() and dom.isPersistent()
-    assert _shmem_servers(dom) == [str(src_sock)]
-    # the definition came back whole, its device included
+    assert _shmem_servers(dom) == both
+    # the definition came back whole, its devices included
     inactive = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-    assert "<shmem" in inactive and PROJECT_A in inactive
-    _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer back")
+    assert inactive.count("<shmem") == 2 and PROJECT_A in inactive
+    _wait(lambda: len(_peers(src_state)) == 2, 15, "the source's peers")
     assert dconn.listAllDomains() == []
 
     # the destination's watcher attaches the arriving domain to its
@@ -252,3 +257,20 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     assert dconn.listAllDomains() == []
     _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer")
     _wait(lambda: _peers(dst_state) == [], 15, "the destination's peer")
+
+    # a server that tells its clients of leaves: QEMU aborts at the
+    # unplug of the second device (docs/operators.md, "Quiet servers"),
+    # and the error says the rollback could not bring the guest back
+    loud = DirectServers(str(src_run)).start(
+        PROJECT_B, RegionPolicy(size=16 << 20, max_peers=4, group=group,
+                                leave_notices=True))
+    for device in ("loud1", "loud2"):
+        proc = ivcloud("libvirt", "attach-shmem", "--domain", name,
+                       "--name", device, "--server", loud)
+        assert proc.returncode == 0, proc.stderr
+    proc = migrate(dest)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert "failed at step 'detach'" in last and "shmem 'loud2'" in last
+    assert "rolling back failed" in last and "no longer runs" in last
+    assert not dom.isActive() and dconn.listAllDomains() == []

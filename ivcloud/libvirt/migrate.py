@@ -141,6 +141,11 @@ class _Move:
 
     def reattach_source(self) -> None:
         dom = lookup(self.conn, self.name)
+        if not dom.isActive():
+            # e.g. a QEMU that aborted at an unplug (docs/operators.md,
+            # "Quiet servers")
+            raise LibvirtFailure(f"'{self.name}' no longer runs at the "
+                                 f"source")
         present = shmem_names(dom, live=True)
         for el in self.detached:
             if el.get("name") not in present:
@@ -283,10 +288,11 @@ def migrate(domain: str, dest_uri: str, source_uri: str,
                 step = m.step
                 problems = m.rollback()
                 text = (f"migration of '{domain}' to {where} failed at "
-                        f"step '{step}': {_message(e)}; rolled back, it "
-                        f"runs on {m.result['source']}")
+                        f"step '{step}': {_message(e)}; ")
                 if problems:
-                    text += f" (but: {'; '.join(problems)})"
+                    text += f"rolling back failed: {'; '.join(problems)}"
+                else:
+                    text += f"rolled back, it runs on {m.result['source']}"
                 raise MigrationStepFailed(text) from None
             m.result["seconds"] = round(time.monotonic() - t0, 1)
             return m.result
