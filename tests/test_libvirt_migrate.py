@@ -37,9 +37,8 @@ import pytest
 from ivcloud.libvirt.domain import Domain, Shmem
 from ivcloud.libvirt.projects import DirectServers, RegionPolicy
 from test_libvirt import (_guest_image, _ivshmem_functions, _peers,  # noqa: F401
-                          _pid_alive, _stop_pid, _wait,
-                          assert_one_line_error, cleanup_domains, ivcloud,
-                          libvirtd)
+                          _wait, assert_one_line_error, cleanup_domains,
+                          ivcloud, libvirtd)
 from test_nova_projects import METADATA, PROJECT_A, PROJECT_B
 
 PRIVATE = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt",
@@ -95,8 +94,12 @@ def second_libvirtd(libvirtd):
                 if dom.isPersistent():
                     dom.undefine()
             conn.close()
-        _stop_pid(proc.pid)
-        proc.wait(timeout=10)
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
         log.close()
         # its mount namespace went with its last process: the private
         # directories are plain directories again
