@@ -34,12 +34,13 @@ from typing import List
 
 import pytest
 
+from ivcloud.libvirt.attach import shmem_names
 from ivcloud.libvirt.domain import Domain, Shmem
 from ivcloud.libvirt.projects import DirectServers, RegionPolicy
 from test_libvirt import (_guest_image, _ivshmem_functions, _peers,  # noqa: F401
                           _wait, assert_one_line_error, cleanup_domains,
                           ivcloud, libvirtd)
-from test_nova_projects import METADATA, PROJECT_A, PROJECT_B
+from test_nova_projects import METADATA, PROJECT_A, PROJECT_B, nova_domain
 
 PRIVATE = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt",
            "/var/cache/libvirt", "/var/log/libvirt")
@@ -138,6 +139,68 @@ def test_bad_input_is_one_line(libvirtd, second_libvirtd, unique):
     assert "absolute" in assert_one_line_error(proc, "libvirt")
 
 
+def _watch(dest: str, glob: str, run_dir: Path) -> subprocess.Popen:
+    """The destination's `libvirt watch`, its servers run directly in
+    `run_dir`, group libvirt-qemu."""
+    policy = run_dir / "regions.conf"
+    policy.write_text("[DEFAULT]\nsize = 16M\nmax-peers = 4\n"
+                      "group = libvirt-qemu\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "libvirt", "watch", "--connect",
+         dest, "--domain-glob", glob, "--service", "direct", "--run-dir",
+         run_dir, "--policy", policy, "--timeout", "400"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+def test_watcher_takes_domains_migrated_in(libvirtd, second_libvirtd,
+                                           cleanup_domains, run_dirs,
+                                           unique):
+    """The destination's watcher treats a Nova instance that arrives by
+    migration as a new instance of its project: it starts the project's
+    server there and attaches the instance once it runs there, or once
+    the migration leaves it paused there (never while libvirt receives
+    it: QEMU's devices are the stream's then), and stops the server with
+    the project's last instance. No guest OS needed: attaching needs no
+    guest."""
+    import libvirt
+    dest, dconn = second_libvirtd
+    names, _ = cleanup_domains
+    dst_run = run_dirs[1]
+    watcher = _watch(dest, f"ivcloud-{unique}-*", dst_run)
+    try:
+        for mode in ("live", "paused"):
+            name = f"ivcloud-{unique}-{mode}"
+            names.append(name)
+            dom = libvirtd.createXML(nova_domain(name, "hpc", PROJECT_A), 0)
+            flags = libvirt.VIR_MIGRATE_LIVE
+            if mode == "paused":
+                flags |= libvirt.VIR_MIGRATE_PAUSED
+            ddom = dom.migrate3(dconn, {libvirt.VIR_MIGRATE_PARAM_URI:
+                                        STREAM}, flags)
+            _wait(lambda: "ivcloud" in shmem_names(ddom), 30,
+                  f"the watcher to attach the {mode} arrival")
+            assert ddom.state()[0] == (libvirt.VIR_DOMAIN_RUNNING
+                                       if mode == "live" else
+                                       libvirt.VIR_DOMAIN_PAUSED)
+            assert _ivshmem_functions(ddom) == 1
+            assert _shmem_servers(ddom) == [
+                str(dst_run / f"nova-{PROJECT_A}" / "ivshmem.sock")]
+        assert DirectServers(str(dst_run)).running() == {PROJECT_A}
+        for dom in dconn.listAllDomains():
+            dom.destroy()
+        _wait(lambda: not DirectServers(str(dst_run)).running(), 30,
+              "the watcher to stop the project's server")
+    finally:
+        watcher.terminate()
+        out, err = watcher.communicate(timeout=30)
+    lines = out.splitlines()
+    assert [ln.split(" to ")[-1] for ln in lines[:2]] == [
+        f"'ivcloud-{unique}-live'", f"'ivcloud-{unique}-paused'"], out
+    assert lines[2:] == [f"project {PROJECT_A}: no instance left on this "
+                         f"host: its server stopped"], out
+
+
 def _shmem_servers(dom) -> List[str]:
     root = ET.fromstring(dom.XMLDesc(0))
     return [s.find("server").get("path") for s in root.iter("shmem")]
@@ -165,9 +228,6 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     src_sock = DirectServers(str(src_run)).start(PROJECT_A, region)
     src_state = src_sock.parent / "state.json"
     dst_state = dst_run / f"nova-{PROJECT_A}" / "state.json"
-    policy = src_run.parent / "regions.conf"
-    policy.write_text(f"[DEFAULT]\nsize = 16M\nmax-peers = 4\n"
-                      f"group = {group}\n")
     kernel, initrd = (shutil.copy(f, src_run.parent) for f in image)
     console = src_run.parent / "console.log"
     xml = Domain(name, 256 << 20, 1, kernel=kernel, initrd=initrd,
@@ -220,12 +280,7 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
 
     # the destination's watcher attaches the arriving domain to its
     # project's server there, as it would a new instance
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "libvirt", "watch", "--connect",
-         dest, "--domain-glob", name, "--service", "direct", "--run-dir",
-         dst_run, "--policy", policy, "--timeout", "400"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    watcher = _watch(dest, name, dst_run)
     try:
         proc = migrate(dest, "--timeout", "120")
     finally:

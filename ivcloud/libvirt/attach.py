@@ -278,11 +278,14 @@ def watch(uri: str, match: Callable[[str, str], bool],
         # in starts paused, as the target of the migration stream, which
         # a device attached then would break (and libvirt holds the
         # domain's job until it ends): it is a new instance here once it
-        # resumes after the migration.
+        # resumes after the migration, or is left paused by it (the
+        # migration of a paused guest).
         if (event == lv.VIR_DOMAIN_EVENT_STARTED and
                 detail != lv.VIR_DOMAIN_EVENT_STARTED_MIGRATED) or \
                 (event == lv.VIR_DOMAIN_EVENT_RESUMED and
-                 detail == lv.VIR_DOMAIN_EVENT_RESUMED_MIGRATED):
+                 detail == lv.VIR_DOMAIN_EVENT_RESUMED_MIGRATED) or \
+                (event == lv.VIR_DOMAIN_EVENT_SUSPENDED and
+                 detail == lv.VIR_DOMAIN_EVENT_SUSPENDED_PAUSED):
             pending.append(dom.name())
         elif event == lv.VIR_DOMAIN_EVENT_STOPPED:
             stopped.append(True)
