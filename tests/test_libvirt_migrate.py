@@ -1,62 +1,64 @@
 """`ivcloud libvirt migrate` (ivcloud/libvirt/migrate.py,
 docs/operators.md section 5) between two real libvirtds on this machine.
 
-The destination "host" is a second libvirtd in a mount namespace of its
+Each "host" is a libvirtd of the test's own in a mount namespace of its
 own: private /etc/libvirt (its own host_uuid, which is what libvirt
 compares to refuse a migration to the same host), /run/libvirt (its
 sockets), /var/lib/libvirt, /var/cache/libvirt and /var/log/libvirt, and
-no cgroups (the first libvirtd's machine cgroups would have the same
-names). Both QEMUs see the same /tmp, as hosts with shared storage do.
+no cgroups (the two daemons' machine cgroups would have the same names).
+Both QEMUs see the same /tmp, as hosts with shared storage do. The
+system libvirtd is not used: other test runs may start and stop it.
 
 On a booted TCG guest that carries Nova's metadata for a project and two
 ivshmem-doorbell devices on that project's (quiet) server of the source
 host: bad input, a migration whose stream cannot flow (rolled back: the
 guest runs on the source with its devices), a migration whose
-destination device cannot attach (moved back), the migration that works
+destination device cannot attach (moved back), one interrupted by
+SIGTERM while libvirt migrates (cancelled, rolled back), the migration that works
 with the destination's `libvirt watch` attaching the arriving domain to
 the project's server there, the way back with an explicit server
 socket, and last two devices on a server with leave notices, whose
 unplug kills QEMU: the error says so instead of "rolled back". Nothing
-is left: domains, servers, the second libvirtd and its mount namespace.
+is left: domains, servers, the libvirtds and their mount namespaces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import List
+from typing import Iterator, List, Tuple
 
 import pytest
 
 from ivcloud.libvirt.attach import shmem_names
 from ivcloud.libvirt.domain import Domain, Shmem
 from ivcloud.libvirt.projects import DirectServers, RegionPolicy
-from test_libvirt import (_guest_image, _ivshmem_functions, _peers,  # noqa: F401
-                          _wait, assert_one_line_error, cleanup_domains,
-                          ivcloud, libvirtd)
+from test_libvirt import (_guest_image, _ivshmem_functions,
+                          _let_qemu_user_see_kvm, _peers, _wait,
+                          assert_one_line_error, ivcloud)
 from test_nova_projects import METADATA, PROJECT_A, PROJECT_B, nova_domain
 
 PRIVATE = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt",
            "/var/cache/libvirt", "/var/log/libvirt")
-SOURCE_URI = "qemu:///system"
 # both QEMUs on this machine: the stream over loopback
 STREAM = "tcp://127.0.0.1"
 
 
-@pytest.fixture(scope="module")
-def second_libvirtd(libvirtd):
-    """(URI, connection) of a second libvirtd, another host to libvirt;
-    stopped at the end with every domain it still has."""
+@contextlib.contextmanager
+def _private_libvirtd(tag: str) -> Iterator[Tuple[str, object]]:
+    """(URI, connection) of a libvirtd of our own, a host of its own to
+    libvirt; stopped at the end with every domain it still has."""
     import libvirt
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("a second libvirtd needs root and unshare")
-    base = Path(tempfile.mkdtemp(prefix="ivcloud-lv2-", dir="/tmp"))
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+    base = Path(tempfile.mkdtemp(prefix=f"ivcloud-lv{tag}-", dir="/tmp"))
     base.chmod(0o755)
     binds = []
     for target in PRIVATE:
@@ -70,14 +72,14 @@ def second_libvirtd(libvirtd):
     log = open(base / "libvirtd.log", "w")
     proc = subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", "sh", "-c",
-         " && ".join(binds) + " && exec libvirtd"],
+         " && ".join(binds) + f" && exec libvirtd -p {base}/libvirtd.pid"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     uri = f"qemu+unix:///system?socket={base}/run-libvirt/libvirt-sock"
 
     def try_open():
         if proc.poll() is not None:
-            pytest.fail(f"the second libvirtd exited: "
+            pytest.fail(f"libvirtd {tag} exited: "
                         f"{(base / 'libvirtd.log').read_text()[-500:]}")
         try:
             return libvirt.open(uri)
@@ -85,15 +87,11 @@ def second_libvirtd(libvirtd):
             return None
     conn = None
     try:
-        conn = _wait(try_open, 30, "the second libvirtd")
+        conn = _wait(try_open, 30, f"libvirtd {tag}")
         yield uri, conn
     finally:
         if conn is not None:
-            for dom in conn.listAllDomains():
-                if dom.isActive():
-                    dom.destroy()
-                if dom.isPersistent():
-                    dom.undefine()
+            _remove_domains(conn)
             conn.close()
         proc.terminate()
         try:
@@ -107,6 +105,40 @@ def second_libvirtd(libvirtd):
         assert not [ln for ln in Path("/proc/self/mountinfo").read_text()
                     .splitlines() if str(base) in ln]
         shutil.rmtree(base)
+
+
+def _remove_domains(conn) -> None:
+    for dom in conn.listAllDomains():
+        if dom.isActive():
+            dom.destroy()   # waits for QEMU to exit
+        if dom.isPersistent():
+            dom.undefine()
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    """Two libvirtds of our own, both on this machine: ((URI, conn) of
+    the source, (URI, conn) of the destination). Ours, so that no other
+    user of the system libvirtd starts or stops it under the tests."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or \
+            shutil.which("libvirtd") is None:
+        pytest.skip("two libvirtds need root, unshare and libvirtd")
+    restore_kvm = _let_qemu_user_see_kvm()
+    try:
+        with _private_libvirtd("src") as src, \
+                _private_libvirtd("dst") as dst:
+            yield src, dst
+    finally:
+        if restore_kvm:
+            restore_kvm()
+
+
+@pytest.fixture
+def hosts(two_hosts):
+    """two_hosts, every domain on them removed after the test."""
+    yield two_hosts
+    for _, conn in two_hosts:
+        _remove_domains(conn)
 
 
 @pytest.fixture
@@ -126,16 +158,19 @@ def run_dirs(unique):
     shutil.rmtree(top, ignore_errors=True)
 
 
-def test_bad_input_is_one_line(libvirtd, second_libvirtd, unique):
-    dest, _ = second_libvirtd
-    proc = ivcloud("libvirt", "migrate", f"nonexistent-{unique}", dest)
+def test_bad_input_is_one_line(hosts, unique):
+    (source, _), (dest, _) = hosts
+    proc = ivcloud("libvirt", "migrate", f"nonexistent-{unique}", dest,
+                   "--connect", source)
     assert "no domain" in assert_one_line_error(proc, "libvirt")
     proc = ivcloud("libvirt", "migrate", "any", "qemu+unix:///system?"
-                   "socket=/nonexistent/libvirt-sock")
+                   "socket=/nonexistent/libvirt-sock", "--connect", source)
     assert "cannot connect" in assert_one_line_error(proc, "libvirt")
-    proc = ivcloud("libvirt", "migrate", "any", "bogus:///x")
+    proc = ivcloud("libvirt", "migrate", "any", "bogus:///x", "--connect",
+                   source)
     assert "cannot connect" in assert_one_line_error(proc, "libvirt")
-    proc = ivcloud("libvirt", "migrate", "any", dest, "--server", "rel.sock")
+    proc = ivcloud("libvirt", "migrate", "any", dest, "--connect", source,
+                   "--server", "rel.sock")
     assert "absolute" in assert_one_line_error(proc, "libvirt")
 
 
@@ -153,9 +188,7 @@ def _watch(dest: str, glob: str, run_dir: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE, text=True)
 
 
-def test_watcher_takes_domains_migrated_in(libvirtd, second_libvirtd,
-                                           cleanup_domains, run_dirs,
-                                           unique):
+def test_watcher_takes_domains_migrated_in(hosts, run_dirs, unique):
     """The destination's watcher treats a Nova instance that arrives by
     migration as a new instance of its project: it starts the project's
     server there and attaches the instance once it runs there, or once
@@ -164,15 +197,13 @@ def test_watcher_takes_domains_migrated_in(libvirtd, second_libvirtd,
     the project's last instance. No guest OS needed: attaching needs no
     guest."""
     import libvirt
-    dest, dconn = second_libvirtd
-    names, _ = cleanup_domains
+    (_, conn), (dest, dconn) = hosts
     dst_run = run_dirs[1]
     watcher = _watch(dest, f"ivcloud-{unique}-*", dst_run)
     try:
         for mode in ("live", "paused"):
             name = f"ivcloud-{unique}-{mode}"
-            names.append(name)
-            dom = libvirtd.createXML(nova_domain(name, "hpc", PROJECT_A), 0)
+            dom = conn.createXML(nova_domain(name, "hpc", PROJECT_A), 0)
             flags = libvirt.VIR_MIGRATE_LIVE
             if mode == "paused":
                 flags |= libvirt.VIR_MIGRATE_PAUSED
@@ -211,17 +242,14 @@ def _phases(stderr: str) -> List[str]:
             for ln in stderr.splitlines() if ln.startswith("migrate ")]
 
 
-def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
-                                       cleanup_domains, run_dirs, unique):
+def test_migrate_between_two_libvirtds(hosts, run_dirs, unique):
     import libvirt
-    dest, dconn = second_libvirtd
+    (source, conn), (dest, dconn) = hosts
     image = _guest_image()
     if image is None:
         pytest.skip("no guest image (build/guest, make guest): detaching "
                     "needs a guest OS that acknowledges the ACPI eject")
-    names, _ = cleanup_domains
     name = f"ivcloud-{unique}"
-    names.append(name)
     src_run, dst_run = run_dirs
     group = "libvirt-qemu"
     region = RegionPolicy(size=16 << 20, max_peers=4, group=group)
@@ -236,7 +264,7 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
                          Shmem("extra", None, server=str(src_sock))]).xml()
     xml = xml.replace("<memory", METADATA.format(
         name=name, flavor="hpc", project=PROJECT_A) + "<memory", 1)
-    dom = libvirtd.defineXML(xml)
+    dom = conn.defineXML(xml)
     dom.create()
     _wait(lambda: console.exists() and "ivcloud-guest: ready" in
           console.read_text(errors="replace"), 180, "the guest to boot")
@@ -246,17 +274,17 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     both = [str(src_sock)] * 2
 
     def migrate(*args, timeout=400):
-        return ivcloud("libvirt", "migrate", name, *args, "--migrate-uri",
-                       STREAM, timeout=timeout)
+        return ivcloud("libvirt", "migrate", name, *args, "--connect",
+                       source, "--migrate-uri", STREAM, timeout=timeout)
 
     # the same host: refused before anything is touched
-    proc = migrate(SOURCE_URI)
+    proc = migrate(source)
     assert "same libvirt host UUID" in assert_one_line_error(proc,
                                                              "libvirt")
 
     # the stream cannot flow (an address of no host here): rolled back
-    proc = ivcloud("libvirt", "migrate", name, dest, "--migrate-uri",
-                   "tcp://192.0.2.1", timeout=400)
+    proc = ivcloud("libvirt", "migrate", name, dest, "--connect", source,
+                   "--migrate-uri", "tcp://192.0.2.1", timeout=400)
     assert proc.returncode == 1, proc.stderr
     assert "failed at step 'migrate'" in proc.stderr.splitlines()[-1]
     assert "rolled back: the source's devices attached again" in proc.stderr
@@ -269,12 +297,37 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     assert proc.returncode == 1, proc.stderr
     assert "failed at step 'attach'" in proc.stderr.splitlines()[-1]
     assert "rolled back: the domain migrated back" in proc.stderr
-    dom = libvirtd.lookupByName(name)
+    dom = conn.lookupByName(name)
     assert dom.isActive() and dom.isPersistent()
     assert _shmem_servers(dom) == both
     # the definition came back whole, its devices included
     inactive = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
     assert inactive.count("<shmem") == 2 and PROJECT_A in inactive
+    _wait(lambda: len(_peers(src_state)) == 2, 15, "the source's peers")
+    assert dconn.listAllDomains() == []
+
+    # interrupted once the migration began: libvirt's job is cancelled
+    # (or, had it ended first, the domain moves back)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "libvirt", "migrate", name, dest,
+         "--connect", source, "--migrate-uri", STREAM],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in cli.stderr:
+            if line.startswith(f"migrate {name}: migrate ("):
+                cli.send_signal(signal.SIGTERM)
+                break
+        rest = cli.stderr.read()
+        cli.wait(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 128 + signal.SIGTERM, rest
+    assert "rolled back:" in rest and rest.endswith("ivcloud: interrupted\n")
+    dom = conn.lookupByName(name)
+    assert dom.isActive() and _shmem_servers(dom) == both
     _wait(lambda: len(_peers(src_state)) == 2, 15, "the source's peers")
     assert dconn.listAllDomains() == []
 
@@ -295,7 +348,7 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     assert proc.stdout.strip().endswith(f"shmem 'ivcloud' on {dst_sock}")
     assert f"attached shmem 'ivcloud' of project {PROJECT_A}" in w_out
     with pytest.raises(libvirt.libvirtError):
-        libvirtd.lookupByName(name)          # undefined at the source
+        conn.lookupByName(name)          # undefined at the source
     ddom = dconn.lookupByName(name)
     assert ddom.isActive() and ddom.isPersistent()
     assert _shmem_servers(ddom) == [str(dst_sock)]
@@ -306,11 +359,11 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
     _wait(lambda: _peers(src_state) == [], 15, "the source's peer to go")
 
     # and back, on an explicit server socket of the source host
-    proc = ivcloud("libvirt", "migrate", name, SOURCE_URI, "--connect",
+    proc = ivcloud("libvirt", "migrate", name, source, "--connect",
                    dest, "--server", str(src_sock), "--migrate-uri", STREAM,
                    timeout=400)
     assert proc.returncode == 0, proc.stderr
-    dom = libvirtd.lookupByName(name)
+    dom = conn.lookupByName(name)
     assert dom.isActive() and _shmem_servers(dom) == [str(src_sock)]
     assert dconn.listAllDomains() == []
     _wait(lambda: len(_peers(src_state)) == 1, 15, "the source's peer")
@@ -324,7 +377,8 @@ def test_migrate_between_two_libvirtds(libvirtd, second_libvirtd,
                                 leave_notices=True))
     for device in ("loud1", "loud2"):
         proc = ivcloud("libvirt", "attach-shmem", "--domain", name,
-                       "--name", device, "--server", loud)
+                       "--name", device, "--server", loud, "--connect",
+                       source)
         assert proc.returncode == 0, proc.stderr
     proc = migrate(dest)
     assert proc.returncode == 1, proc.stderr

@@ -34,10 +34,12 @@ step.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .. import process
 from ..errors import LibvirtFailure, MigrationStepFailed
 from .attach import (_message, attach_shmem, connect, detach_shmem,
                      libvirt_module, lookup, shmem_elements, shmem_names)
@@ -168,23 +170,50 @@ class _Move:
                 lv.VIR_MIGRATE_UNDEFINE_SOURCE
         if migrate_uri:
             params[lv.VIR_MIGRATE_PARAM_URI] = migrate_uri
+        # In a thread, so that an interrupt (Ctrl-C, SIGTERM) is seen
+        # while libvirt works: the job is cancelled, and what it came to
+        # decides the rollback.
+        box: Dict = {}
+
+        def run() -> None:
+            try:
+                box["dom"] = dom.migrate3(to, params, flags)
+            except lv.libvirtError as e:
+                box["error"] = e
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
         try:
-            return dom.migrate3(to, params, flags)
-        except lv.libvirtError as e:
-            raise LibvirtFailure(_message(e)) from None
+            while worker.is_alive():
+                worker.join(0.2)
+        except BaseException:
+            with process.shielded():
+                try:
+                    dom.abortJob()
+                except lv.libvirtError:
+                    pass   # no job any more: it ended meanwhile
+                worker.join()
+            self.arrived = box.get("dom")
+            raise
+        if "error" in box:
+            raise LibvirtFailure(_message(box["error"]))
+        return box["dom"]
 
     def migrate(self, migrate_uri: Optional[str]) -> None:
         self.phase("migrate")
         self.migrate_uri = migrate_uri
         started = time.monotonic()
-        self.ddom = self._migrate(
-            self.dom, self.dconn,
-            None if self.definition is None else
-            without_shmem(self.definition), migrate_uri)
-        # from here the guest runs at the destination: undone by moving
-        # it back
-        self.undo = [("the domain migrated back and its devices attached "
-                      "again", self.move_back)]
+        self.arrived = None
+        try:
+            self.ddom = self._migrate(
+                self.dom, self.dconn,
+                None if self.definition is None else
+                without_shmem(self.definition), migrate_uri)
+        except BaseException:
+            if self.arrived is not None:   # interrupted too late
+                self.ddom = self.arrived
+                self._arrived()
+            raise
+        self._arrived()
         self.result["migrate_s"] = round(time.monotonic() - started, 1)
         downtime = self._downtime()
         if downtime is not None:
@@ -192,6 +221,12 @@ class _Move:
         self.say(f"migrate {self.name}: migrated "
                  f"({time.monotonic() - self.t0:.1f} s), downtime "
                  f"{downtime if downtime is not None else '?'} ms")
+
+    def _arrived(self) -> None:
+        # from here the guest runs at the destination: undone by moving
+        # it back
+        self.undo = [("the domain migrated back and its devices attached "
+                      "again", self.move_back)]
 
     def _downtime(self) -> Optional[int]:
         try:
@@ -248,7 +283,7 @@ class _Move:
             try:
                 fn()
                 self.say(f"migrate {self.name}: rolled back: {what}")
-            except Exception as e:   # each undo is tried
+            except BaseException as e:   # each undo is tried
                 problems.append(f"{what}: {_message(e)}")
         self.undo.clear()
         return problems
@@ -281,12 +316,16 @@ def migrate(domain: str, dest_uri: str, source_uri: str,
             m.check()
             where = m.result["destination"]
             try:
-                m.detach(detach_timeout)
-                m.migrate(migrate_uri)
-                m.attach(device, server, attach_timeout)
-            except Exception as e:
+                with process.interrupts():
+                    m.detach(detach_timeout)
+                    m.migrate(migrate_uri)
+                    m.attach(device, server, attach_timeout)
+            except BaseException as e:
                 step = m.step
-                problems = m.rollback()
+                with process.shielded():
+                    problems = m.rollback()
+                if not isinstance(e, Exception):
+                    raise
                 text = (f"migration of '{domain}' to {where} failed at "
                         f"step '{step}': {_message(e)}; ")
                 if problems:
