@@ -33,6 +33,8 @@ step.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
 import time
@@ -40,7 +42,8 @@ import xml.etree.ElementTree as ET
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import process
-from ..errors import LibvirtFailure, MigrationStepFailed
+from ..errors import LibvirtFailure, MigrationStepFailed, QmpError
+from ..vm import qemu
 from .attach import (_message, attach_shmem, connect, detach_shmem,
                      libvirt_module, lookup, shmem_elements, shmem_names)
 from .domain import Shmem, to_text
@@ -80,6 +83,54 @@ def _vectors(el: ET.Element) -> Optional[int]:
     msi = el.find("msi")
     text = msi.get("vectors") if msi is not None else None
     return int(text) if text and text.isdigit() else None
+
+
+class _MonitorOfDomain:
+    """QMP of a domain through libvirt (local connections only: the
+    descriptor of getfd travels over libvirt's unix socket), in the
+    shape ivcloud.vm.qemu.guard_eventfds uses."""
+
+    def __init__(self, dom):
+        self.dom = dom
+
+    def execute(self, command: str, fd: Optional[int] = None,
+                **arguments):
+        import libvirt_qemu
+        msg: Dict = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        try:
+            text, _ = libvirt_qemu.qemuMonitorCommandWithFiles(
+                self.dom, json.dumps(msg), [] if fd is None else [fd], 0)
+        except libvirt_module().libvirtError as e:
+            raise QmpError(f"QMP through libvirt: {_message(e)}") from None
+        reply = json.loads(text)
+        if "error" in reply:
+            raise QmpError(f"{command}: {reply['error'].get('desc')}")
+        return reply.get("return")
+
+
+def emulated_qemu_pid(dom) -> Optional[int]:
+    """The QEMU process of an emulated (TCG, type='qemu') domain when it
+    runs on this machine; None for a KVM domain (its doorbells are KVM
+    irqfds: no stale handlers, below) or one not found here."""
+    root = ET.fromstring(dom.XMLDesc(0))
+    if root.get("type") != "qemu":
+        return None
+    want = f"guest={dom.name()},".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"-name" in args and any((a + b",").startswith(want)
+                                    for a in args):
+            found.append(int(entry))
+    return found[0] if len(found) == 1 else None
 
 
 class _Move:
@@ -131,15 +182,37 @@ class _Move:
         self.phase("detach")
         self.undo.append(("the source's devices attached again",
                           self.reattach_source))
+        # Emulated QEMU 7.2 leaves an unplugged doorbell's fd handlers
+        # on its eventfds' numbers, and the next descriptor opened there
+        # (the device attached again at a rollback) runs the freed
+        # device's handler: SIGSEGV (docs/cluster.md, "Two QEMU 7.2
+        # bugs"). Those numbers get idle eventfds, as in a VM cluster.
+        pid = emulated_qemu_pid(self.dom)
         for el in shmem_elements(self.dom, live=True):
             self.detached.append(el)
             name = el.get("name", "")
+            before = qemu._eventfd_numbers(pid) if pid else set()
             if not detach_shmem(self.conn, self.name, name, live=True,
                                 timeout=timeout):
                 raise LibvirtFailure(f"the guest did not release shmem "
                                      f"'{name}' within {timeout:g} s (does "
                                      f"it handle ACPI hot-unplug?)")
+            if pid:
+                self._guard(pid, before, name)
         self.result["detached"] = [e.get("name") for e in self.detached]
+
+    def _guard(self, pid: int, before: set, name: str) -> None:
+        try:
+            holes = qemu.guard_eventfds(
+                _MonitorOfDomain(self.dom), pid,
+                before - set(qemu._fd_numbers(pid)), f"shmem-{name}")
+        except QmpError as e:
+            holes = {f"({e})"}
+        if holes:
+            self.say(f"migrate {self.name}: the descriptors of shmem "
+                     f"'{name}' in QEMU {pid} are not all guarded "
+                     f"{sorted(map(str, holes))}: attaching it again here "
+                     f"may crash QEMU")
 
     def reattach_source(self) -> None:
         dom = lookup(self.conn, self.name)
