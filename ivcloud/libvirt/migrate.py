@@ -51,6 +51,8 @@ from .domain import Shmem, to_text
 # bounds, in seconds
 DETACH_TIMEOUT_S = 30.0
 ATTACH_TIMEOUT_S = 60.0
+# rounds of guarding an unplugged device's descriptor numbers
+GUARD_TRIES = 3
 
 
 def host_uuid(conn) -> str:
@@ -202,10 +204,19 @@ class _Move:
         self.result["detached"] = [e.get("name") for e in self.detached]
 
     def _guard(self, pid: int, before: set, name: str) -> None:
+        monitor = _MonitorOfDomain(self.dom)
         try:
-            holes = qemu.guard_eventfds(
-                _MonitorOfDomain(self.dom), pid,
-                before - set(qemu._fd_numbers(pid)), f"shmem-{name}")
+            holes = before - set(qemu._fd_numbers(pid))
+            for _ in range(GUARD_TRIES):
+                holes = qemu.guard_eventfds(monitor, pid, holes,
+                                            f"shmem-{name}")
+                if not holes:
+                    break
+                # a number taken meanwhile by something short-lived is
+                # free again a moment later
+                time.sleep(0.2)
+                if not holes - set(qemu._fd_numbers(pid)):
+                    break   # all still taken
         except QmpError as e:
             holes = {f"({e})"}
         if holes:
