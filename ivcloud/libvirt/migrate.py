@@ -28,7 +28,8 @@ A failure in steps 2-3 re-attaches the detached devices on the source
 (libvirt resumes the source itself when a migration fails). A failure
 in step 4 migrates the domain back, restores its definition and
 re-attaches its devices on the source. Either way the error names the
-step.
+step. An interrupt (SIGINT, SIGTERM) cancels libvirt's migration job
+and rolls back the same way.
 """
 
 from __future__ import annotations
