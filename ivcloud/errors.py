@@ -130,6 +130,11 @@ class LibvirtFailure(InvalidRequest):
     """libvirt refused or failed a request."""
 
 
+class MigrationStepFailed(LibvirtFailure, OperationFailed):
+    """A step of a libvirt domain's migration failed (and what was done
+    was undone, as far as it could be)."""
+
+
 class IsolationError(InvalidRequest):
     """A host topology cannot hold a CPU-isolation request."""
 

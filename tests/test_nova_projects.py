@@ -84,13 +84,17 @@ def test_policy_file(tmp_path):
     assert (a.size, a.max_peers, a.max_clients, a.group) == (1 << 30, 4, 12,
                                                              None)
     assert a.server_options() == ["--size", str(1 << 30), "--vectors", "1",
-                                  "--max-peers", "4", "--max-clients", "12"]
+                                  "--max-peers", "4", "--max-clients", "12",
+                                  "--no-leave-notices"]
     # the unit's environment file (packaging/host/ivshmem-server@.service)
     assert SystemdServers.conf_text(RegionPolicy(64 << 20, 2, 8, None,
-                                                 "kvm")) == (
+                                                 "kvm", True)) == (
         'IVSHMEM_SERVER_OPTS="--size 67108864 --vectors 2 --max-peers 8 '
         '--group kvm"\n')
+    f.write_text("[DEFAULT]\nleave-notices = yes\n")
+    assert HostPolicy.load(str(f)).default.leave_notices
     for text, why in (("[DEFAULT]\nsize = big\n", "bad size"),
+                      ("[DEFAULT]\nleave-notices = maybe\n", "yes or no"),
                       ("[DEFAULT]\nwhatever = 1\n", "unknown key"),
                       ("[tenant x]\n", r"is not \[project ID\]"),
                       ("[project a/b]\n", "not usable"),

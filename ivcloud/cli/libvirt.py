@@ -5,6 +5,7 @@
     attach-shmem   hot-attach an ivshmem device to a running domain
     detach-shmem   remove it again (the guest must release it)
     watch          attach each Nova instance to its project's own server
+    migrate        live-migrate a domain, its ivshmem devices let go first
     nova-flavor    `openstack flavor` commands with the extra specs
 """
 
@@ -238,6 +239,29 @@ def register(sub) -> None:
                    help="exit after this many seconds (default: never)")
     w.set_defaults(func=_cmd_watch)
 
+    m = actions.add_parser("migrate", help="live-migrate a domain to "
+                                           "another host, its ivshmem "
+                                           "devices detached first and the "
+                                           "destination's attached after")
+    m.add_argument("domain", metavar="DOMAIN")
+    m.add_argument("dest_uri", metavar="DEST_URI",
+                   help="the destination's libvirt URI")
+    m.add_argument("--name", default="ivcloud", dest="shm_name",
+                   help="shmem device to attach at the destination "
+                        "(default ivcloud)")
+    m.add_argument("--server", metavar="SOCKET",
+                   help="attach the device on this ivshmem-server socket of "
+                        "the destination (default: wait for the "
+                        "destination's `libvirt watch` to attach it)")
+    m.add_argument("--migrate-uri", metavar="URI",
+                   help="where QEMU's migration stream goes, e.g. "
+                        "tcp://10.0.0.2 (default: libvirt's choice)")
+    m.add_argument("--timeout", type=_seconds, default=60.0,
+                   help="seconds for each device to be released or attached "
+                        "(default 60)")
+    _connect_arg(m)
+    m.set_defaults(func=_cmd_migrate)
+
     n = actions.add_parser("nova-flavor", help="print `openstack flavor` "
                                                "commands with the extra "
                                                "specs")
@@ -391,6 +415,16 @@ def _cmd_watch(args) -> int:
     if args.once and count == 0:
         raise attach.LibvirtFailure("no matching domain started before the "
                                     "timeout")
+    return 0
+
+
+def _cmd_migrate(args) -> int:
+    from ..libvirt import migrate
+    # --server is a path on the destination host: taken as given
+    report = migrate.migrate(args.domain, args.dest_uri, args.connect,
+                             args.shm_name, args.server, args.migrate_uri,
+                             args.timeout, args.timeout)
+    print(migrate.describe(report))
     return 0
 
 

@@ -118,16 +118,17 @@ def _check_target(dom, live: bool, persistent: bool) -> None:
 
 
 def attach_shmem(conn, domain: str, shm: Shmem, live: bool = True,
-                 persistent: bool = False) -> str:
+                 persistent: bool = False, check_socket: bool = True) -> str:
     """Attach ``shm`` to ``domain``; returns the device XML. Refuses a
     second device with the same name (libvirt would accept it and QEMU
-    would map the same region twice)."""
+    would map the same region twice). ``check_socket=False`` for a
+    server socket on another host than this one."""
     lv = libvirt_module()
     try:
         xml = shm.xml()
     except SpecError as e:
         raise LibvirtFailure(str(e)) from None
-    if shm.resolved_model == "ivshmem-doorbell":
+    if check_socket and shm.resolved_model == "ivshmem-doorbell":
         check_server_socket(shm.server or "")
     dom = lookup(conn, domain)
     _check_target(dom, live, persistent)
@@ -209,9 +210,9 @@ def watch(uri: str, match: Callable[[str, str], bool],
           regions: "ProjectRegions", report: Callable[[str], None],
           once: bool = False, timeout: Optional[float] = None) -> int:
     """Attach every running domain that matches to its Nova project's
-    own server (projects.py), now and each time one starts, and stop a
-    project's server once its last matching domain on this host is gone;
-    until ``timeout`` (seconds) or, with ``once``, the first attach.
+    own server (projects.py), now and each time one starts or arrives by
+    migration (migrate.py), and stop a project's server once its last
+    matching domain on this host is gone; until ``timeout`` (seconds) or, with ``once``, the first attach.
     Returns the number of attaches. A domain without a Nova project in
     its metadata is reported and left alone: it has no trust domain to
     share a region with.
@@ -230,6 +231,11 @@ def watch(uri: str, match: Callable[[str, str], bool],
     def consider(dom) -> None:
         try:
             name = dom.name()
+            if tuple(dom.state()) == (lv.VIR_DOMAIN_PAUSED,
+                                      lv.VIR_DOMAIN_PAUSED_MIGRATION):
+                # arriving (or leaving): QEMU's device set is the
+                # migration stream's until libvirt resumes it here
+                return
             xml = dom.XMLDesc(0) if dom.isActive() else None
             if xml is None or not match(name, xml):
                 return
@@ -266,10 +272,20 @@ def watch(uri: str, match: Callable[[str, str], bool],
         except LibvirtFailure as e:
             report(_message(e))
 
-    def on_lifecycle(_conn, dom, event, _detail, _opaque) -> None:
+    def on_lifecycle(_conn, dom, event, detail, _opaque) -> None:
         # Act outside the callback: libvirt is still delivering the
-        # event while we would issue the next request.
-        if event == lv.VIR_DOMAIN_EVENT_STARTED:
+        # event while we would issue the next request. A domain migrated
+        # in starts paused, as the target of the migration stream, which
+        # a device attached then would break (and libvirt holds the
+        # domain's job until it ends): it is a new instance here once it
+        # resumes after the migration, or is left paused by it (the
+        # migration of a paused guest).
+        if (event == lv.VIR_DOMAIN_EVENT_STARTED and
+                detail != lv.VIR_DOMAIN_EVENT_STARTED_MIGRATED) or \
+                (event == lv.VIR_DOMAIN_EVENT_RESUMED and
+                 detail == lv.VIR_DOMAIN_EVENT_RESUMED_MIGRATED) or \
+                (event == lv.VIR_DOMAIN_EVENT_SUSPENDED and
+                 detail == lv.VIR_DOMAIN_EVENT_SUSPENDED_PAUSED):
             pending.append(dom.name())
         elif event == lv.VIR_DOMAIN_EVENT_STOPPED:
             stopped.append(True)

@@ -57,6 +57,11 @@ class RegionPolicy:
     max_peers: int = 16
     max_clients: Optional[int] = None  # None: 2 x max_peers
     group: Optional[str] = "libvirt-qemu"
+    # Off: the clients are the instances' QEMU devices, which come out at
+    # a detach or migration, and QEMU's unplug of a device that was told
+    # of a leave frees memory twice (docs/server-protocol.md, "Quiet
+    # leaves").
+    leave_notices: bool = False
 
     def server_options(self) -> List[str]:
         """The ivshmem-server options for this region."""
@@ -66,10 +71,15 @@ class RegionPolicy:
             opts += ["--max-clients", str(self.max_clients)]
         if self.group:
             opts += ["--group", self.group]
+        if not self.leave_notices:
+            opts.append("--no-leave-notices")
         return opts
 
 
-_KEYS = {"size", "vectors", "max-peers", "max-clients", "group"}
+_KEYS = {"size", "vectors", "max-peers", "max-clients", "group",
+         "leave-notices"}
+_BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
+             "no": False, "false": False, "off": False, "0": False}
 
 
 def _region(section, where: str) -> Dict:
@@ -89,6 +99,12 @@ def _region(section, where: str) -> Dict:
         raise LibvirtFailure(f"{where}: {e}") from None
     if "group" in section:
         out["group"] = section["group"] or None
+    if "leave-notices" in section:
+        value = _BOOLEANS.get(section["leave-notices"].strip().lower())
+        if value is None:
+            raise LibvirtFailure(f"{where}: leave-notices must be yes or "
+                                 f"no, not '{section['leave-notices']}'")
+        out["leave_notices"] = value
     return out
 
 
@@ -96,7 +112,8 @@ def _region(section, where: str) -> Dict:
 class HostPolicy:
     """The host's regions: defaults, and per project overrides. The file
     is INI: a [DEFAULT] section and optional [project ID] sections, keys
-    size, vectors, max-peers, max-clients, group (empty: none)."""
+    size, vectors, max-peers, max-clients, group (empty: none),
+    leave-notices (yes/no, default no)."""
     default: RegionPolicy = RegionPolicy()
     projects: Optional[Dict[str, RegionPolicy]] = None
 
@@ -167,7 +184,8 @@ class DirectServers(ServerControl):
             try:
                 server_mod.start(paths, region.size, region.vectors,
                                  region.max_peers, region.group,
-                                 max_clients=region.max_clients)
+                                 max_clients=region.max_clients,
+                                 leave_notices=region.leave_notices)
             except ServerError as e:
                 raise LibvirtFailure(f"project {project}: {e}") from None
         return paths.socket
