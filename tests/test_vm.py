@@ -596,10 +596,10 @@ def test_command_line_of_a_guest_with_a_share(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mke2fs") is None,
                     reason="needs root and mke2fs")
-def test_share_is_built_once_per_content(tmp_path):
+def test_share_is_built_once_per_content(tmp_path, monkeypatch):
     from ivcloud.errors import ImageError
     from ivcloud.vm import share
-    src = tmp_path / "tree"
+    src = tmp_path / "root" / "tree"
     (src / "bin").mkdir(parents=True)
     (src / "bin" / "tool").write_text("#!/bin/sh\n")
     (src / "bin" / "link").symlink_to("tool")
@@ -615,3 +615,13 @@ def test_share_is_built_once_per_content(tmp_path):
     assert second.disk != first.disk and second.disk.is_file()
     with pytest.raises(ImageError, match="command line"):
         share.build(tmp_path / "a b", cache)
+    # what a VM cluster shares: the prefixes under a directory (each
+    # with a bin/), none where it has none or cannot be shared
+    said = []
+    monkeypatch.setenv("IVCLOUD_IMAGE_CACHE", str(cache))
+    assert share.prefixes(src / "bin", said.append) == (None, [])
+    found, dirs = share.prefixes(src.parent, said.append)
+    assert dirs == [str(src)] and found.path == str(src.parent)
+    (tmp_path / "a b" / "x" / "bin").mkdir(parents=True)
+    assert share.prefixes(tmp_path / "a b", said.append) == (None, [])
+    assert len(said) == 2 and "command line" in said[-1], said

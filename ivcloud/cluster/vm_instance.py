@@ -196,12 +196,7 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
                        extra=[Path(x) for x in config.extra_debs],
                        log=lambda m: log(f"  {m}"))
     # the PyPI MPIs, at their host paths (docs/cluster.md)
-    shared = [str(p.parent) for p in sorted(mpi_root().glob("*/bin"))]
-    try:
-        share = vm_share.build(mpi_root(), log=lambda m: log(f"  {m}")
-                               ) if shared else None
-    except IvcloudError as e:
-        raise ClusterFailure(str(e)) from None
+    share, shared = vm_share.prefixes(mpi_root(), lambda m: log(f"  {m}"))
     accel = config.accel
     if accel == "auto":
         ok, why = qemu.kvm_usable(config.qemu, img, debian.cache_root())

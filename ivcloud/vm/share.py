@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import ImageError
 from .debian import (SHARE_SERIAL as SERIAL, _hash, _locked, _prune, _run,
@@ -112,3 +112,18 @@ def build(src: os.PathLike, cache: Optional[Path] = None,
         _prune(d.parent, "share", KEEP, d)
     _used(d)
     return Share(disk, str(path))
+
+
+def prefixes(root: os.PathLike, log) -> Tuple[Optional[Share], List[str]]:
+    """The share of `root` and the prefixes in it (its directories that
+    hold a bin/, as `make build` installs the MPIs); (None, []) when it
+    has none, or when it cannot be shared (said on `log`: the guests
+    then lack them, which their jobs are told)."""
+    found = [str(p.parent) for p in sorted(Path(root).glob("*/bin"))]
+    if not found:
+        return None, []
+    try:
+        return build(root, log=log), found
+    except ImageError as e:
+        log(f"the guests get nothing of {root}: {e}")
+        return None, []
