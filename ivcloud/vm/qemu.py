@@ -98,7 +98,10 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
     waits, paused, for a migration (start_incoming) and stays paused
     after it until `cont`. share: a share.Share the guest mounts (its disk
     after every other device, whose PCI addresses stay as without it)."""
-    append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on "
+    # no_timer_check: on a loaded host, a TCG guest's early check that
+    # the IO-APIC timer ticks can miss its window, and with the IOMMU's
+    # interrupt remapping the kernel then panics (docs/vm.md)
+    append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on no_timer_check "
               f"ivcloud.name={name} ivcloud.doorbell={doorbell}")
     if image.disk is not None:
         # the Debian image (debian.py): its root on virtio, copy-on-write
