@@ -6,8 +6,10 @@ the server's standing region, their vCPU threads pinned.
 One cluster (1 server x 2 instances x 1 vCPU) is booted once for the
 module; the tests use it in order: status and exec, an mpi4py job over
 the region (BTL counters on both ranks), the same over virtio-net with
---transport tcp, then a guest killed mid-job, then `down` and what it
-leaves. Before that, without the shared cluster: bad input (exit 2,
+--transport tcp, the C suite both ways, MPICH's and Intel MPI's mpi4py
+jobs from the shared build/mpi over the provider (its exit lines from
+the guests' ranks), then a guest killed mid-job, then `down` and what
+it leaves. Before that, without the shared cluster: bad input (exit 2,
 one line) and `down` after `up` was killed with SIGKILL.
 IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
 """
@@ -148,6 +150,22 @@ def test_bad_input_exits_2(guest_deb, tmp_path):
         assert r.returncode == 2, (extra, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
     assert not (tmp_path / "bench").exists()
+
+
+def test_pypi_mpi_refused_where_the_guests_lack_it():
+    """A VM cluster that booted without the MPIs' share (none was built
+    when it came up) refuses their jobs in one ClusterError."""
+    from ivcloud import mpis
+    from ivcloud.cluster import kinds
+    from ivcloud.cluster.vm_instance import VmConfig
+    from ivcloud.errors import ClusterError
+    kind = kinds.VmInstances(VmConfig("qemu", "deb", (), 512, "tcg"))
+    for state in ({"vm_boot": {}}, {"vm_boot": {"shared": ["/elsewhere"]}}):
+        with pytest.raises(ClusterError, match="not shared with them"):
+            kind.job_program(state, mpis.flavor("mpich"), ["/bin/true"],
+                             "ivshmem")
+    assert kind.job_program({}, mpis.flavor("openmpi"), ["/bin/true"],
+                            "ivshmem") == ["/bin/true"]
 
 
 def test_down_after_up_killed_with_sigkill(guest_deb):
@@ -474,6 +492,82 @@ def test_two_ranks_per_guest(vmc, c_suite, tmp_path):
             want = "vader" if rank // 2 == peer // 2 else "ivshmem"
             assert used.get((f"s0i{rank // 2}", peer)) == {want}, \
                 (rank, peer, used)
+
+
+# The PyPI MPIs in the guests: their prefixes are shared with the guests
+# at their host paths (ivcloud/vm/share.py), their ranks use the guest
+# package's provider. mpi4py from each prefix, no numpy (the prefixes'
+# venvs do not see the system's packages).
+OFI_PROGRAM = r"""
+import os, sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.rank
+total = comm.allreduce(rank + 1, op=MPI.SUM)
+assert total == comm.size * (comm.size + 1) // 2, total
+n = int(sys.argv[1])
+buf = bytearray(4096)
+for i in range(n):
+    if rank == 0:
+        buf[:8] = i.to_bytes(8, "little")
+        comm.Send(buf, dest=1, tag=i)
+        comm.Recv(buf, source=1, tag=i)
+        assert int.from_bytes(buf[:8], "little") == i + 1, i
+    elif rank == 1:
+        comm.Recv(buf, source=0, tag=i)
+        buf[:8] = (int.from_bytes(buf[:8], "little") + 1).to_bytes(8, "little")
+        comm.Send(buf, dest=0, tag=i)
+print("rank", rank, "pid", os.getpid(), "on", MPI.Get_processor_name(),
+      "allreduce", total, "pingpong ok", n,
+      MPI.Get_library_version().splitlines()[0], flush=True)
+"""
+OFI_LIBRARY = {"mpich": "MPICH Version:", "impi": "Intel(R) MPI Library"}
+
+
+@pytest.fixture(scope="module")
+def ofi_program(vmc):
+    code = base64.b64encode(OFI_PROGRAM.encode()).decode()
+    for host in ("s0i0", "s0i1"):
+        r = cluster("exec", vmc, host, "--", "sh", "-c",
+                    f"echo {code} | base64 -d > /tmp/ofi.py && "
+                    f"chmod 644 /tmp/ofi.py", timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    return "/tmp/ofi.py"
+
+
+@pytest.mark.parametrize("mpi", sorted(OFI_LIBRARY))
+def test_pypi_mpi_over_the_region(vmc, ofi_program, mpi):
+    """MPICH and Intel MPI from build/mpi between the two guests: each
+    rank prints its pid and guest, and the provider's exit line of the
+    same pid shows every message of the pair over the region."""
+    from ivcloud.mpis import flavor, provider
+    python = str(flavor(mpi).prefix() / "bin" / "python")
+    r = cluster("mpirun", vmc, "--mpi", mpi, "--transport", "ivshmem",
+                "--report-transport", "--dry-run", "-np", 2, "--", python,
+                ofi_program, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the guest package's provider, not this checkout's build
+    assert f"{provider.INSTALLED.parent}" in r.stdout, r.stdout
+    assert "build/native" not in r.stdout, r.stdout
+    n = 50
+    t0 = time.monotonic()
+    r = cluster("mpirun", vmc, "--mpi", mpi, "--transport", "ivshmem",
+                "--report-transport", "-np", 2, "--", python, ofi_program,
+                n, timeout=400)
+    print(f"{mpi} job over the region: {time.monotonic() - t0:.1f} s")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    ranks = sorted((host, int(pid)) for pid, host in re.findall(
+        rf"rank \d pid (\d+) on (s0i\d) allreduce 3 pingpong ok {n} "
+        rf"{re.escape(OFI_LIBRARY[mpi])}", r.stdout))
+    assert [h for h, _ in ranks] == ["s0i0", "s0i1"], out
+    # line by line: the two guests' pids may be equal
+    reports = [rep for line in r.stderr.splitlines()
+               for rep in provider.parse_reports(line).items()]
+    assert sorted(p for p, _ in reports) == sorted(p for _, p in ranks), out
+    for _, counts in reports:
+        assert counts["sent"] >= n and counts["received"] >= n, out
+        assert counts["delegated"] == 0, out
 
 
 def test_killed_guest_ends_the_job(vmc):

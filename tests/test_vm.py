@@ -565,3 +565,63 @@ def test_command_line_of_a_guest_that_can_migrate(tmp_path):
     assert src[i - 1] == "-chardev" and src[i + 1] == "-device"
     assert [a for a in dest if a not in ("-incoming", "defer", "-S")] == \
         src[:i - 1] + src[i + 3:]
+
+
+def test_command_line_of_a_guest_with_a_share(tmp_path):
+    """A share (ivcloud/vm/share.py) is a read-only disk after every
+    other device, so theirs keep the addresses they have without it, and
+    its path on the kernel command line, where the ready script reads
+    it."""
+    from ivcloud.vm.image import GuestImage
+    from ivcloud.vm.share import SERIAL, Share
+    img = GuestImage(tmp_path / "vmlinuz", tmp_path / "initrd.img", "6.1",
+                     tmp_path / "disk.img")
+    share = Share(tmp_path / "share.img", "/opt/x")
+    plain = qemu.guest_command("qemu", img, tmp_path, "g", "tcg", 1, 512,
+                               "/srv.sock", hotplug_ports=1, boot_port=True,
+                               daemonize=False)
+    shared = qemu.guest_command("qemu", img, tmp_path, "g", "tcg", 1, 512,
+                                "/srv.sock", hotplug_ports=1, boot_port=True,
+                                daemonize=False, share=share)
+    tail = ["-drive", f"file={share.disk},format=raw,if=none,id=share,"
+                      f"readonly=on",
+            "-device", f"virtio-blk-pci,drive=share,serial={SERIAL}"]
+    assert shared[-4:] == tail
+    i = plain.index("-append")
+    assert shared[i + 1] == plain[i + 1] + " ivcloud.share=/opt/x"
+    assert shared[:i + 1] + shared[i + 2:-4] == plain[:i + 1] + plain[i + 2:]
+    # TCG's CPU model has the RDTSCP that Intel MPI's timer executes
+    assert plain[plain.index("-cpu") + 1] == "qemu64,+rdtscp"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mke2fs") is None,
+                    reason="needs root and mke2fs")
+def test_share_is_built_once_per_content(tmp_path, monkeypatch):
+    from ivcloud.errors import ImageError
+    from ivcloud.vm import share
+    src = tmp_path / "root" / "tree"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin" / "tool").write_text("#!/bin/sh\n")
+    (src / "bin" / "link").symlink_to("tool")
+    cache = tmp_path / "cache"
+    first = share.build(src, cache)
+    assert first.path == str(src) and first.disk.is_file()
+    assert share.build(src, cache) == first    # reused
+    listing = subprocess.run(["debugfs", "-R", "ls -l /bin", str(first.disk)],
+                             capture_output=True, text=True).stdout
+    assert "tool" in listing and "link" in listing, listing
+    (src / "bin" / "tool").write_text("#!/bin/sh\nexit 1\n")
+    second = share.build(src, cache)
+    assert second.disk != first.disk and second.disk.is_file()
+    with pytest.raises(ImageError, match="command line"):
+        share.build(tmp_path / "a b", cache)
+    # what a VM cluster shares: the prefixes under a directory (each
+    # with a bin/), none where it has none or cannot be shared
+    said = []
+    monkeypatch.setenv("IVCLOUD_IMAGE_CACHE", str(cache))
+    assert share.prefixes(src / "bin", said.append) == (None, [])
+    found, dirs = share.prefixes(src.parent, said.append)
+    assert dirs == [str(src)] and found.path == str(src.parent)
+    (tmp_path / "a b" / "x" / "bin").mkdir(parents=True)
+    assert share.prefixes(tmp_path / "a b", said.append) == (None, [])
+    assert len(said) == 2 and "command line" in said[-1], said

@@ -410,10 +410,10 @@ class VmInstances(InstanceKind):
 
     def job_program(self, state: Dict, flavor: Flavor,
                     program: Sequence[str], transport: str) -> List[str]:
-        lacking = flavor.guest_needs()
+        lacking = flavor.guest_needs(vm_instance.shared_dirs(state))
         if lacking:
             raise ClusterError(f"{flavor.title}: jobs of a VM cluster run "
-                               f"with the guests' own MPI: {lacking}",
+                               f"with the MPIs the guests have: {lacking}",
                                setting="mpi")
         return list(program)     # a path in the guests
 

@@ -51,7 +51,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
                       VmFailure)
-from ..vm import agent, debian, qemu
+from ..mpis import mpi_root
+from ..vm import agent, debian, qemu, share as vm_share
 from ..vm import lifecycle as vm_lifecycle
 from ..vm.image import GuestImage
 from .. import procfs
@@ -194,6 +195,8 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
     img = debian.build(deb=Path(config.deb),
                        extra=[Path(x) for x in config.extra_debs],
                        log=lambda m: log(f"  {m}"))
+    # the PyPI MPIs, at their host paths (docs/cluster.md)
+    share, shared = vm_share.prefixes(mpi_root(), lambda m: log(f"  {m}"))
     accel = config.accel
     if accel == "auto":
         ok, why = qemu.kvm_usable(config.qemu, img, debian.cache_root())
@@ -203,7 +206,8 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
     boot = state["vm_boot"] = {"accel": accel, "kernel": str(img.kernel),
                                "initrd": str(img.initrd),
                                "kernel_version": img.kernel_version,
-                               "disk": str(img.disk)}
+                               "disk": str(img.disk), "shared": shared,
+                               "share": share and share.to_dict()}
     vm_root(sd).mkdir(mode=0o755, exist_ok=True)
     insts = topo.instance_list()
     state.setdefault("vms", {})
@@ -297,7 +301,13 @@ def guest_qemu_command(topo: ClusterTopology, state: Dict, binary: str,
                               hotplug_ports=job_ports(state, topo.vcpus),
                               port_window=port_window(size), boot_port=True,
                               overlay=overlay_path(state, inst.hostname),
-                              incoming=incoming)
+                              incoming=incoming, share=vm_share.Share.
+                              from_dict(state["vm_boot"].get("share")))
+
+
+def shared_dirs(state: Dict) -> List[str]:
+    """Host directories the guests see, read only, at their host paths."""
+    return (state.get("vm_boot") or {}).get("shared", [])
 
 
 def boot_image(state: Dict):

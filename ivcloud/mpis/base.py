@@ -109,9 +109,10 @@ class Flavor:
     def launcher_path(self) -> Path:
         raise NotImplementedError
 
-    def guest_needs(self) -> Optional[str]:
-        """None when a guest of ours (the ivcloud-guest image) has this
-        MPI, else what it lacks, for the refusal."""
+    def guest_needs(self, shared: Sequence[str] = ()) -> Optional[str]:
+        """None when a guest of ours (the ivcloud-guest image, and
+        `shared`: the host directories it sees at their host paths) has
+        this MPI, else what it lacks, for the refusal."""
         return f"the guests have no {self.title}"
 
     def build_files(self, transport: str) -> List[Tuple[str, Path]]:
@@ -215,8 +216,15 @@ class OfiFlavor(Flavor):
         """The prefix's Python, with mpi4py for this MPI."""
         return self.prefix() / "bin" / "python"
 
-    def guest_needs(self) -> Optional[str]:
-        return f"the guests have only their own Open MPI, no {self.title}"
+    def guest_needs(self, shared: Sequence[str] = ()) -> Optional[str]:
+        """None where the guests see the prefix (a VM cluster shares
+        mpi_root() with them, docs/cluster.md); the launch then runs it
+        from there with the guest package's provider (Launch.installed)."""
+        prefix = mpi_root() / self.name
+        if str(prefix) in shared:
+            return None
+        return f"the guests have no {self.title}: {prefix} was not " \
+               f"shared with them when they booted"
 
     def check(self, transport: str, report: bool = False) -> None:
         """Besides the common refusals: a missing prefix, ivshmem without
@@ -240,7 +248,8 @@ class OfiFlavor(Flavor):
         hides every provider it does not name from libfabric."""
         env: Dict[str, str] = {}
         if launch.transport == "ivshmem":
-            env["FI_PROVIDER_PATH"] = self.provider_path(provider.library())
+            env["FI_PROVIDER_PATH"] = self.provider_path(
+                provider.INSTALLED if launch.installed else provider.library())
             if launch.report:
                 env[provider.REPORT_ENV] = "1"
         env.update(self.transport_env(launch.transport))

@@ -142,7 +142,7 @@ class OpenMpi(Flavor):
     def launcher_path(self) -> Path:
         return Path(find_mpirun())
 
-    def guest_needs(self) -> Optional[str]:
+    def guest_needs(self, shared: Sequence[str] = ()) -> Optional[str]:
         return None     # the guest image's own, with our package's BTL
 
     def compile_command(self, source: os.PathLike, output: os.PathLike,

@@ -29,6 +29,9 @@ FILE = "libivshm-fi.so"
 REGION_ENV = "FI_IVSHM_REGION"
 SOCKET_ENV = "FI_IVSHM_SOCKET"
 REPORT_ENV = "FI_IVSHM_REPORT"
+# where the guest package installs it (packaging/mkdeb.sh): Debian's
+# libfabric directory, which holds no other provider
+INSTALLED = Path("/usr/lib/x86_64-linux-gnu/libfabric") / FILE
 
 _REPORT_RE = re.compile(r"fi_ivshm: pid (\d+) sent (\d+) received (\d+) "
                         r"delegated (\d+)")

@@ -120,6 +120,9 @@ GUEST_PACKAGE = "ivcloud-guest"
 # VM clusters install it too, for the application benchmarks
 SOLVER_PACKAGE = "python3-micromag"
 MPI_USER = "mpi"   # an unprivileged user in group ivshm, for mpirun
+# the virtio serial of a guest's read-only share of a host directory
+# (share.py), which the ready script mounts
+SHARE_SERIAL = "ivcloud-share"
 CACHE_ENV = "IVCLOUD_IMAGE_CACHE"
 DEFAULT_CACHE = "/var/cache/ivcloud"
 BASE_TIMEOUT_S = 1500
@@ -163,6 +166,16 @@ if [ -n "$IP" ]; then
     for h in $(arg hosts | tr , ' '); do
         echo "${h#*:} ${h%%:*}" >> /etc/hosts
     done
+fi
+# A host directory shared read only at its host path (share.py), mounted
+# before the banner: jobs may start as soon as it is out.
+SHARE=$(arg share)
+if [ -n "$SHARE" ]; then
+    DISK=/dev/disk/by-id/virtio-@SHARE_SERIAL@
+    i=0
+    while [ ! -e $DISK ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+    mkdir -p "$SHARE" && mount -t ext4 -o ro $DISK "$SHARE" ||
+        echo "ivcloud-guest: cannot mount the share at $SHARE" > /dev/console
 fi
 DEV=
 for d in /sys/bus/pci/devices/*; do
@@ -218,7 +231,8 @@ WantedBy=multi-user.target
 
 def _files() -> Dict[str, tuple]:
     ready = (READY_SH.replace("@INIT_BANNER@", INIT_BANNER)
-             .replace("@READY_BANNER@", READY_BANNER))
+             .replace("@READY_BANNER@", READY_BANNER)
+             .replace("@SHARE_SERIAL@", SHARE_SERIAL))
     return {
         "usr/local/sbin/ivcloud-agent": (0o755, AGENT_SH),
         "usr/local/sbin/ivcloud-ready": (0o755, ready),

@@ -65,6 +65,11 @@ def smp(accel: str, vcpus: int) -> str:
     return str(vcpus)
 
 
+# TCG's default model with RDTSCP, which TCG emulates and Intel MPI's
+# timer executes without asking CPUID (SIGILL on plain qemu64)
+TCG_CPU = "qemu64,+rdtscp"
+
+
 def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                   accel: str, vcpus: int, memory_mb: int,
                   server_socket: Optional[str], vectors: int = 1,
@@ -74,7 +79,7 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                   port_window: int = 256 << 20,
                   boot_port: bool = False,
                   overlay: Optional[Path] = None,
-                  incoming: bool = False) -> List[str]:
+                  incoming: bool = False, share=None) -> List[str]:
     """The guest's QEMU command line. `hotplug_ports` empty PCIe root
     ports (ROOT_PORT1, ...) take hot-plugged devices, each with
     `port_window` bytes of 64-bit prefetchable address space reserved at
@@ -91,8 +96,12 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
     make_overlay), which a migration's source and destination share,
     instead of a temporary one of this QEMU's own. incoming: the QEMU
     waits, paused, for a migration (start_incoming) and stays paused
-    after it until `cont`."""
-    append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on "
+    after it until `cont`. share: a share.Share the guest mounts (its disk
+    after every other device, whose PCI addresses stay as without it)."""
+    # no_timer_check: on a loaded host, a TCG guest's early check that
+    # the IO-APIC timer ticks can miss its window, and with the IOMMU's
+    # interrupt remapping the kernel then panics (docs/vm.md)
+    append = (f"console=ttyS0 quiet panic=-1 intel_iommu=on no_timer_check "
               f"ivcloud.name={name} ivcloud.doorbell={doorbell}")
     if image.disk is not None:
         # the Debian image (debian.py): its root on virtio, copy-on-write
@@ -101,6 +110,8 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
     if net is not None:
         # the guests' own network (debian.py configures it from these)
         append += f" ivcloud.ip={net['ip']} ivcloud.hosts={net['hosts']}"
+    if share is not None:
+        append += f" {share.kernel_arg()}"
     cmd = [qemu, "-name", f"{name},debug-threads=on",
            "-machine", "q35", "-accel", accel,
            "-smp", smp(accel, vcpus), "-m", f"{memory_mb}M",
@@ -137,8 +148,7 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
                            f"local.path={net['local']},remote.type=unix,"
                            f"remote.path={net['remote']}",
                 "-device", f"virtio-net-pci,netdev=net0,mac={net['mac']}"]
-    if accel == "kvm":
-        cmd += ["-cpu", "host"]
+    cmd += ["-cpu", "host" if accel == "kvm" else TCG_CPU]
     if boot_port:
         cmd += ["-device", f"pcie-root-port,id={BOOT_PORT},chassis=0,"
                            f"slot=0,pref64-reserve={port_window}"]
@@ -150,6 +160,8 @@ def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
     for i in range(1, hotplug_ports + 1):
         cmd += ["-device", f"pcie-root-port,id={ROOT_PORT}{i},chassis={i},"
                            f"slot={i},pref64-reserve={port_window}"]
+    if share is not None:
+        cmd += share.qemu_args()
     if incoming:
         cmd += ["-incoming", "defer", "-S"]
     if daemonize:
