@@ -238,6 +238,11 @@ void fiv_switch_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     peer->sw_rx = true;
     if (!peer->sw_want) {
         peer->sw_want = peer->sw_pause = true; /* its drain: ours answers */
+        /* an answer has a deadline of its own: one that cannot go (the
+           peer left, its ring stays full) must not hold the pair, which
+           the looks for departed peers skip while it switches */
+        peer->sw_end_ns = fiv_now_ns() +
+                          (uint64_t)fiv_cfg.drain_ms * 1000000ull;
         ep->switching++;
     }
     /* what it sent over the core meanwhile, in its order */
@@ -267,6 +272,7 @@ static void start_drain(struct fiv_ep *ep, uint32_t req)
             continue;
         }
         p->sw_want = p->sw_pause = true;
+        p->sw_end_ns = ep->drain_end_ns;
         switch_out(ep, id, p);
     }
 }
@@ -507,7 +513,7 @@ void fiv_drain_tick(struct fiv_ep *ep)
        pays nothing for this look */
     if (!ep->drain_req && !ep->switching)
         return;
-    bool late = ep->drain_req && fiv_now_ns() > ep->drain_end_ns;
+    uint64_t now = fiv_now_ns();
     int pending = 0;
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
@@ -543,9 +549,12 @@ void fiv_drain_tick(struct fiv_ep *ep)
         switch_out(ep, id, p);
         if (p->dead || p->path != PATH_REGION)
             continue;
-        if (late) {
-            fiv_path_broken(ep, id, p, "it did not answer our switch");
-            ep->drain_status = -ETIMEDOUT;
+        if (now > p->sw_end_ns) {
+            fiv_path_broken(ep, id, p, p->sw_sent ?
+                            "it did not answer our switch" :
+                            "our switch could not go to it");
+            if (ep->drain_req)
+                ep->drain_status = -ETIMEDOUT;
             continue;
         }
         pending++;

@@ -404,7 +404,8 @@ struct fcase {
     void (*victim)(struct victim *v);
     void (*forger)(struct forger *f);
     const char *what;
-    const char *env;      /* "K=V" for the victim, or NULL */
+    const char *env;      /* "K=V" for the victim ("K=V K2=V2": each), or
+                             NULL */
 };
 
 /* 1. The continuations of an RMA WRITE after the window's MR is closed
@@ -1121,6 +1122,49 @@ static void f_back_unasked(struct forger *f)
     (void)ctl_recv(f->ctl, 'D');
 }
 
+/* 18. A SWITCH with the right counts while the victim's answer cannot
+   go (a message of its own to the forger is partly out, the forger reads
+   nothing), then the forger leaves: the looks for departed peers skip a
+   switching pair, so only the switch's own deadline ends what waits on
+   the pair (FI_IVSHM_DRAIN_MS=500). */
+static void v_switch_stuck(struct victim *v)
+{
+    static uint8_t big[4 << 20];
+    uint64_t a = 0, b = 0;
+    REQ_RC(fi_tsend(v->r.ep, big, sizeof big, NULL, v->forger, 2, big), 0);
+    REQ_RC(fi_trecv(v->r.ep, &a, sizeof a, NULL, v->forger, 1, 0, &a), 0);
+    REQ_RC(fi_trecv(v->r.ep, &b, sizeof b, NULL, v->forger, 1, 0, &b), 0);
+    (void)VWAIT(v, false, 50); /* the ring to the forger fills */
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &a) != NULL, CALL_MS))
+        vfail(v, "the forger's first message never came");
+    else if (vdone(v, &a)->err || a != 0x5a5a5a5a5a5a5a5aull)
+        vfail(v, "the first message came with error %d", vdone(v, &a)->err);
+    (void)VWAIT(v, false, 50); /* its SWITCH taken */
+    ctl_send(v->ctl, 'G', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &b) != NULL && vdone(v, big) != NULL,
+               CALL_MS + 500))
+        vfail(v, "a receive from (or a send to) a peer whose switch our "
+              "answer could not take still waits past the drain's "
+              "deadline");
+    else if (vdone(v, &b)->err != FI_EIO || !vdone(v, big)->err)
+        vfail(v, "the receive ended with %d (not FI_EIO), the send with %d",
+              vdone(v, &b)->err, vdone(v, big)->err);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_switch_stuck(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    small(f, true, 1, MARK);
+    struct fiv_switch m = {.region_sent = 2, .core_seq = 0};
+    REQ_RC(fsend(f, FIV_OP_SWITCH, &m, sizeof m, NULL, 0), 0);
+    (void)ctl_recv(f->ctl, 'G');
+    ivshm_detach(f->h);
+    f->h = NULL;
+    (void)ctl_recv(f->ctl, 'D');
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1164,6 +1208,9 @@ static const struct fcase cases[] = {
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets"},
     {"forged_back_unasked", v_switch_counts, f_back_unasked,
      "a region BACK from a peer that never moved to the core", NULL},
+    {"forged_switch_stuck", v_switch_stuck, f_switch_stuck,
+     "a SWITCH our answer cannot follow, its writer gone since",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
@@ -1187,8 +1234,10 @@ static int run_case(const struct fcase *c, const char *where)
         setenv("FI_IVSHM_CORE", "none", 1);
         /* no other provider's signal handlers between a fault and us */
         setenv("FI_PROVIDER", "ivshm", 1);
-        if (c->env)
-            putenv((char *)c->env);
+        char *envs = c->env ? strdup(c->env) : NULL, *save = NULL;
+        for (char *kv = envs ? strtok_r(envs, " ", &save) : NULL; kv;
+             kv = strtok_r(NULL, " ", &save))
+            putenv(kv);
         struct victim v = {.ctl = sv[1], .r = {.me = 0, .n = 1, .sock = -1}};
         victim_open(&v);
         c->victim(&v);
