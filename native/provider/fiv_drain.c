@@ -253,7 +253,26 @@ void fiv_switch_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
         switch_out(ep, a, peer);
 }
 
-/* A host's request read: every region peer is to switch. */
+/* A region peer of a rank that drains is to switch (or fail, with no
+   core path). */
+static void drain_peer(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
+{
+    if (p->path != PATH_REGION || p->dead || p->sw_want)
+        return;
+    if (core_attach(ep, id, p) < 0) {
+        FIV_WARN("drain: peer %d (slot %d) has no core path: it fails\n",
+                 id >= FIV_HIDDEN ? -1 : (int)id, p->slot);
+        fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
+        ep->drain_status = -EHOSTUNREACH;
+        return;
+    }
+    p->sw_want = p->sw_pause = true;
+    p->sw_end_ns = ep->drain_end_ns;
+    switch_out(ep, id, p);
+}
+
+/* A host's request read: every region peer is to switch; those that
+   come later (inserted, introduced) join at the next tick. */
 static void start_drain(struct fiv_ep *ep, uint32_t req)
 {
     ep->drain_req = req;
@@ -261,20 +280,8 @@ static void start_drain(struct fiv_ep *ep, uint32_t req)
     ep->drain_end_ns = fiv_now_ns() + (uint64_t)fiv_cfg.drain_ms * 1000000ull;
     FIV_INFO("drain %u: moving region peers to the core\n", req);
     fi_addr_t id = FI_ADDR_NOTAVAIL;
-    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
-        if (p->path != PATH_REGION || p->dead || p->sw_want)
-            continue;
-        if (core_attach(ep, id, p) < 0) {
-            FIV_WARN("drain: peer %d (slot %d) has no core path: it fails\n",
-                     id >= FIV_HIDDEN ? -1 : (int)id, p->slot);
-            fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
-            ep->drain_status = -EHOSTUNREACH;
-            continue;
-        }
-        p->sw_want = p->sw_pause = true;
-        p->sw_end_ns = ep->drain_end_ns;
-        switch_out(ep, id, p);
-    }
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        drain_peer(ep, id, p);
 }
 
 /* The counts so far close a phase of the report line. */
@@ -291,6 +298,15 @@ static void phase(struct fiv_ep *ep)
    our name carries no slot, until we find a region again. */
 static void finish_drain(struct fiv_ep *ep)
 {
+    /* nothing stays on a path through the mapping that goes now: a
+       region peer left here fails (its sends and probes would use it) */
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        if (p->path == PATH_REGION && !p->dead) {
+            fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
+            if (!ep->drain_status)
+                ep->drain_status = -EHOSTUNREACH;
+        }
     ivshm_drain_ack(ep->h, ep->drain_req, ep->drain_status);
     FIV_INFO("drain %u done (status %d): leaving the region\n",
              ep->drain_req, ep->drain_status);
@@ -540,6 +556,8 @@ void fiv_drain_tick(struct fiv_ep *ep)
                          (p->bk_want && p->path == PATH_CORE)))
             pending++;
         /* to the core */
+        if (ep->drain_req && ep->h)
+            drain_peer(ep, id, p); /* one that came during the drain */
         if (!p->sw_want)
             continue;
         if (p->dead && ep->drain_req && !ep->drain_status)

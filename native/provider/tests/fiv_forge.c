@@ -1165,6 +1165,81 @@ static void f_switch_stuck(struct forger *f)
     (void)ctl_recv(f->ctl, 'D');
 }
 
+/* 19. A peer inserted while a drain (asked by the forger, unanswered, so
+   it lasts its deadline) is under way: the region goes at the drain's
+   end, and what the victim sends that peer afterwards must not touch it
+   (that peer has no core address: the send fails, nothing more). */
+static void v_insert_in_drain(struct victim *v)
+{
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    (void)ctl_recv(v->ctl, 'A');
+    uint8_t other[FIV_ADDR_LEN];
+    t_read_full(v->ctl, other, sizeof other);
+    (void)VWAIT(v, false, 200); /* the request read, the drain begun */
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&v->r.ep->fid, name, &len), 0);
+    struct fiv_addr me;
+    memcpy(&me, name, sizeof me);
+    if (me.slot < 0)
+        vfail(v, "the drain ended before its deadline");
+    fi_addr_t o = FI_ADDR_NOTAVAIL;
+    REQ_RC(fi_av_insert(v->r.av, other, 1, &o, 0, NULL), 1);
+    /* FI_IVSHM_DRAIN_MS=1000: the drain ends, the region goes */
+    bool gone = VWAIT(v, (len = sizeof name,
+                          fi_getname(&v->r.ep->fid, name, &len) == 0 &&
+                          (memcpy(&me, name, sizeof me), me.slot < 0)),
+                      CALL_MS + 1000);
+    if (!gone)
+        vfail(v, "the victim is still in the region after its drain");
+    uint64_t x = 7;
+    ssize_t rc = fi_tsend(v->r.ep, &x, sizeof x, NULL, o, 1, &x);
+    if (rc == 0 && !VWAIT(v, vdone(v, &x) != NULL, CALL_MS))
+        vfail(v, "a send to the peer inserted during the drain never ended");
+    else if (rc == 0 && !vdone(v, &x)->err)
+        vfail(v, "a send to a peer with no path was said to arrive");
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_insert_in_drain(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    /* a second attachment of ours, named as a provider endpoint would be,
+       with no core address */
+    uint64_t nonce = random64();
+    char name[32];
+    snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+    ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                        .name = name, .spin_ns = 1};
+    ivshm *h2 = NULL;
+    REQ_RC(ivshm_attach_path(region, &cfg, &h2), 0);
+    ivshm_peer_info me;
+    REQ_RC(ivshm_peer(h2, ivshm_self(h2), &me), 0);
+    struct fiv_addr o;
+    memset(&o, 0, sizeof o);
+    o.magic = FIV_ADDR_MAGIC;
+    o.version = FIV_ADDR_VERSION;
+    o.slot = (int16_t)ivshm_self(h2);
+    o.generation = me.generation;
+    o.nonce[0] = (uint32_t)nonce;
+    o.nonce[1] = (uint32_t)(nonce >> 32);
+    uint64_t k[2] = {random64(), random64()};
+    memcpy(o.key, k, sizeof o.key);
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 4), 0);
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, &o, sizeof o) == (ssize_t)sizeof o);
+    (void)ctl_recv(f->ctl, 'D');
+    ivshm_detach(h2);
+    ivshm_admin_close(a);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1211,6 +1286,9 @@ static const struct fcase cases[] = {
     {"forged_switch_stuck", v_switch_stuck, f_switch_stuck,
      "a SWITCH our answer cannot follow, its writer gone since",
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
+    {"insert_during_drain", v_insert_in_drain, f_insert_in_drain,
+     "a peer inserted while a drain is under way, sent to after it",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=1000"},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
