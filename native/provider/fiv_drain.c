@@ -59,6 +59,16 @@ bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,
    through their introduction go with the region they were heard in. */
 static void region_tables_free(struct fiv_ep *ep)
 {
+    /* a peer still on the region path (failed in a drain) names a slot
+       of the region these tables were for: none of the next one's */
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id)) && id < FIV_HIDDEN;)
+        if (p->path == PATH_REGION) {
+            if (!p->dead)
+                fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
+            p->path = PATH_NONE;
+            p->slot = -1;
+        }
     if (ep->hidden)
         for (int s = 0; s < ep->max_peers; s++) {
             struct fiv_peer *h = &ep->hidden[s];

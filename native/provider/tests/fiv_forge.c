@@ -1240,6 +1240,86 @@ static void f_insert_in_drain(struct forger *f)
     ivshm_admin_close(a);
 }
 
+/* 20. A peer that failed in a drain (no core path) keeps its slot of the
+   old region; the victim takes a smaller region afterwards (its host's
+   new one), then removes that peer from its AV: nothing of the old slot
+   may index the new region's tables. */
+static bool v_slot_is(struct victim *v, bool in)
+{
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    struct fiv_addr me;
+    if (fi_getname(&v->r.ep->fid, name, &len) != 0)
+        return false;
+    memcpy(&me, name, sizeof me);
+    return in ? me.slot >= 0 : me.slot < 0;
+}
+
+static void v_forget_after_rejoin(struct victim *v)
+{
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    (void)ctl_recv(v->ctl, 'A');
+    uint8_t other[FIV_ADDR_LEN];
+    t_read_full(v->ctl, other, sizeof other);
+    fi_addr_t o = FI_ADDR_NOTAVAIL;
+    REQ_RC(fi_av_insert(v->r.av, other, 1, &o, 0, NULL), 1);
+    ctl_send(v->ctl, 'I', 0, 0, 0);
+    /* FI_IVSHM_DRAIN_MS=500: the forger answers nothing */
+    if (!VWAIT(v, v_slot_is(v, false), CALL_MS + 500))
+        vfail(v, "the victim did not leave the region");
+    ctl_send(v->ctl, 'G', 0, 0, 0);
+    (void)ctl_recv(v->ctl, 'R');
+    if (!VWAIT(v, v_slot_is(v, true), CALL_MS))
+        vfail(v, "the victim did not take the new region");
+    REQ_RC(fi_av_remove(v->r.av, &o, 1, 0), 0);
+    (void)VWAIT(v, false, 50);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_forget_after_rejoin(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    /* a second attachment (slot 2), with no core address */
+    uint64_t nonce = random64();
+    char name[32];
+    snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+    ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                        .name = name, .spin_ns = 1};
+    ivshm *h2 = NULL;
+    REQ_RC(ivshm_attach_path(region, &cfg, &h2), 0);
+    ivshm_peer_info me;
+    REQ_RC(ivshm_peer(h2, ivshm_self(h2), &me), 0);
+    REQ(ivshm_self(h2) >= 2);
+    struct fiv_addr o;
+    memset(&o, 0, sizeof o);
+    o.magic = FIV_ADDR_MAGIC;
+    o.version = FIV_ADDR_VERSION;
+    o.slot = (int16_t)ivshm_self(h2);
+    o.generation = me.generation;
+    o.nonce[0] = (uint32_t)nonce;
+    o.nonce[1] = (uint32_t)(nonce >> 32);
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, &o, sizeof o) == (ssize_t)sizeof o);
+    (void)ctl_recv(f->ctl, 'I');
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 5), 0);
+    (void)ctl_recv(f->ctl, 'G');
+    /* the region the victim finds next holds two endpoints */
+    ivshm_geometry g = {.max_peers = 2};
+    REQ(unlink(region) == 0);
+    REQ_RC(ivshm_format_file(region, ivshm_min_region_size(&g), &g, 0600), 0);
+    ctl_send(f->ctl, 'R', 0, 0, 0);
+    (void)ctl_recv(f->ctl, 'D');
+    ivshm_detach(h2);
+    ivshm_admin_close(a);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1289,6 +1369,9 @@ static const struct fcase cases[] = {
     {"insert_during_drain", v_insert_in_drain, f_insert_in_drain,
      "a peer inserted while a drain is under way, sent to after it",
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=1000"},
+    {"forget_after_rejoin", v_forget_after_rejoin, f_forget_after_rejoin,
+     "a peer failed in a drain removed after a smaller region was taken",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
