@@ -281,15 +281,36 @@ static void drain_peer(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
     switch_out(ep, id, p);
 }
 
+/* A peer of our AV on the region path that no core path reaches. */
+static bool lacks_core(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
+{
+    if (p->path != PATH_REGION || p->dead || id >= FIV_HIDDEN || p->sw_core)
+        return false;
+    const struct fiv_addr *a = ep->av ? fiv_av_addr(ep->av, id) : NULL;
+    return !ep->core || !a || !a->core_len || a->core_len > FIV_CORE_ADDR_MAX;
+}
+
 /* A host's request read: every region peer is to switch; those that
-   come later (inserted, introduced) join at the next tick. */
+   come later (inserted, introduced) join at the next tick. A rank with
+   a peer of its AV that only the region reaches refuses, keeping every
+   pair: the request word is in the region, where any co-tenant may
+   write it, and a host that goes on without us breaks those pairs no
+   later than a drain would (docs/migration.md). */
 static void start_drain(struct fiv_ep *ep, uint32_t req)
 {
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        if (lacks_core(ep, id, p)) {
+            FIV_WARN("drain %u refused: peer %d (slot %d) has no core "
+                     "path; staying in the region\n", req, (int)id, p->slot);
+            ivshm_drain_ack(ep->h, req, -EHOSTUNREACH);
+            return;
+        }
     ep->drain_req = req;
     ep->drain_status = 0;
     ep->drain_end_ns = fiv_now_ns() + (uint64_t)fiv_cfg.drain_ms * 1000000ull;
     FIV_INFO("drain %u: moving region peers to the core\n", req);
-    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
         drain_peer(ep, id, p);
 }

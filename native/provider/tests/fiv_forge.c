@@ -1240,7 +1240,7 @@ static void f_insert_in_drain(struct forger *f)
     ivshm_admin_close(a);
 }
 
-/* 20. A peer that failed in a drain (no core path) keeps its slot of the
+/* 20. A peer that failed in a drain (it never answered) keeps its slot of the
    old region; the victim takes a smaller region afterwards (its host's
    new one), then removes that peer from its AV: nothing of the old slot
    may index the new region's tables. */
@@ -1286,7 +1286,8 @@ static void f_forget_after_rejoin(struct forger *f)
     close(fd);
     ivshm_peer_info vp;
     REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
-    /* a second attachment (slot 2), with no core address */
+    /* a second attachment (slot 2), as silent as we are: its pair fails
+       at the drain's deadline */
     uint64_t nonce = random64();
     char name[32];
     snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
@@ -1305,6 +1306,10 @@ static void f_forget_after_rejoin(struct forger *f)
     o.generation = me.generation;
     o.nonce[0] = (uint32_t)nonce;
     o.nonce[1] = (uint32_t)(nonce >> 32);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(9)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    memcpy(o.core, &sin, sizeof sin);
+    o.core_len = sizeof sin;
     ctl_send(f->ctl, 'A', 0, 0, 0);
     REQ(write(f->ctl, &o, sizeof o) == (ssize_t)sizeof o);
     (void)ctl_recv(f->ctl, 'I');
@@ -1317,6 +1322,52 @@ static void f_forget_after_rejoin(struct forger *f)
     ctl_send(f->ctl, 'R', 0, 0, 0);
     (void)ctl_recv(f->ctl, 'D');
     ivshm_detach(h2);
+    ivshm_admin_close(a);
+}
+
+/* 21. A drain the forger asks for (the request word is in the region)
+   of a victim with no core provider: it refuses, acknowledging with
+   -EHOSTUNREACH, and its pairs go on in the region untouched. */
+static void v_drain_refused(struct victim *v)
+{
+    uint64_t a = 0;
+    REQ_RC(fi_trecv(v->r.ep, &a, sizeof a, NULL, v->forger, 1, 0, &a), 0);
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &a) != NULL, 2 * CALL_MS))
+        vfail(v, "the forger's message after its drain request never came");
+    else if (vdone(v, &a)->err || a != 0x5a5a5a5a5a5a5a5aull)
+        vfail(v, "the message after the drain request came with error %d",
+              vdone(v, &a)->err);
+    if (!v_slot_is(v, true))
+        vfail(v, "the victim left the region on a drain it cannot make");
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+    struct ctl st = ctl_recv(v->ctl, 'S');
+    if ((int64_t)st.a != 1 || (int64_t)st.b != -EHOSTUNREACH)
+        vfail(v, "the drain's answer: state %" PRId64 ", status %" PRId64
+              " (wanted 1, -EHOSTUNREACH)", (int64_t)st.a, (int64_t)st.b);
+}
+
+static void f_drain_refused(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 6), 0);
+    int32_t st = 0;
+    int rc = 0;
+    for (uint64_t end = t_now_ms() + CALL_MS; rc == 0 && t_now_ms() < end;) {
+        rc = ivshm_admin_drain_state(a, f->victim, vp.generation, 6, &st);
+        if (rc == 0)
+            usleep(1000);
+    }
+    small(f, true, 1, MARK);
+    (void)ctl_recv(f->ctl, 'D');
+    ctl_send(f->ctl, 'S', (uint64_t)(int64_t)rc, (uint64_t)(int64_t)st, 0);
     ivshm_admin_close(a);
 }
 
@@ -1372,6 +1423,8 @@ static const struct fcase cases[] = {
     {"forget_after_rejoin", v_forget_after_rejoin, f_forget_after_rejoin,
      "a peer failed in a drain removed after a smaller region was taken",
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
+    {"drain_refused", v_drain_refused, f_drain_refused,
+     "a drain a co-tenant asks of a rank with no core provider", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
