@@ -159,7 +159,8 @@ int ivshm_admin_drain_slot(ivshm_admin *a, int slot, uint32_t gen,
  * @a, @slot, @gen, @req: as asked
  * @status: the owner's status once it acknowledged (0, or a negative
  *   errno: -ETIMEDOUT, a pair did not switch within the owner's deadline;
- *   -EHOSTUNREACH, a peer had no other path)
+ *   -EHOSTUNREACH, a peer had no other path: if one of its AV, the
+ *   owner refused and stays, its pairs untouched)
  *
  * What the owner wrote, read once: each word is the owner's own claim,
  * like everything in the registry.

@@ -488,6 +488,8 @@ struct fiv_peer {
     bool sw_pause;                     /* from sw_want until the pair moved:
                                           new sends queue (only a message
                                           partly out goes on)              */
+    uint64_t sw_end_ns;                /* the switch's deadline: ours, the
+                                          drain's; an answer's, its own    */
     /* a core pair moving back to a region (fiv_drain.c) */
     bool of_new, bk_new;               /* an OFFER / a core BACK to handle */
     struct fiv_offer of;               /* its last OFFER, copied           */

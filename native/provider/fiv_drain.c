@@ -59,6 +59,16 @@ bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,
    through their introduction go with the region they were heard in. */
 static void region_tables_free(struct fiv_ep *ep)
 {
+    /* a peer still on the region path (failed in a drain) names a slot
+       of the region these tables were for: none of the next one's */
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id)) && id < FIV_HIDDEN;)
+        if (p->path == PATH_REGION) {
+            if (!p->dead)
+                fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
+            p->path = PATH_NONE;
+            p->slot = -1;
+        }
     if (ep->hidden)
         for (int s = 0; s < ep->max_peers; s++) {
             struct fiv_peer *h = &ep->hidden[s];
@@ -238,6 +248,11 @@ void fiv_switch_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
     peer->sw_rx = true;
     if (!peer->sw_want) {
         peer->sw_want = peer->sw_pause = true; /* its drain: ours answers */
+        /* an answer has a deadline of its own: one that cannot go (the
+           peer left, its ring stays full) must not hold the pair, which
+           the looks for departed peers skip while it switches */
+        peer->sw_end_ns = fiv_now_ns() +
+                          (uint64_t)fiv_cfg.drain_ms * 1000000ull;
         ep->switching++;
     }
     /* what it sent over the core meanwhile, in its order */
@@ -248,27 +263,56 @@ void fiv_switch_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
         switch_out(ep, a, peer);
 }
 
-/* A host's request read: every region peer is to switch. */
+/* A region peer of a rank that drains is to switch (or fail, with no
+   core path). */
+static void drain_peer(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
+{
+    if (p->path != PATH_REGION || p->dead || p->sw_want)
+        return;
+    if (core_attach(ep, id, p) < 0) {
+        FIV_WARN("drain: peer %d (slot %d) has no core path: it fails\n",
+                 id >= FIV_HIDDEN ? -1 : (int)id, p->slot);
+        fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
+        ep->drain_status = -EHOSTUNREACH;
+        return;
+    }
+    p->sw_want = p->sw_pause = true;
+    p->sw_end_ns = ep->drain_end_ns;
+    switch_out(ep, id, p);
+}
+
+/* A peer of our AV on the region path that no core path reaches. */
+static bool lacks_core(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
+{
+    if (p->path != PATH_REGION || p->dead || id >= FIV_HIDDEN || p->sw_core)
+        return false;
+    const struct fiv_addr *a = ep->av ? fiv_av_addr(ep->av, id) : NULL;
+    return !ep->core || !a || !a->core_len || a->core_len > FIV_CORE_ADDR_MAX;
+}
+
+/* A host's request read: every region peer is to switch; those that
+   come later (inserted, introduced) join at the next tick. A rank with
+   a peer of its AV that only the region reaches refuses, keeping every
+   pair: the request word is in the region, where any co-tenant may
+   write it, and a host that goes on without us breaks those pairs no
+   later than a drain would (docs/migration.md). */
 static void start_drain(struct fiv_ep *ep, uint32_t req)
 {
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        if (lacks_core(ep, id, p)) {
+            FIV_WARN("drain %u refused: peer %d (slot %d) has no core "
+                     "path; staying in the region\n", req, (int)id, p->slot);
+            ivshm_drain_ack(ep->h, req, -EHOSTUNREACH);
+            return;
+        }
     ep->drain_req = req;
     ep->drain_status = 0;
     ep->drain_end_ns = fiv_now_ns() + (uint64_t)fiv_cfg.drain_ms * 1000000ull;
     FIV_INFO("drain %u: moving region peers to the core\n", req);
-    fi_addr_t id = FI_ADDR_NOTAVAIL;
-    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
-        if (p->path != PATH_REGION || p->dead || p->sw_want)
-            continue;
-        if (core_attach(ep, id, p) < 0) {
-            FIV_WARN("drain: peer %d (slot %d) has no core path: it fails\n",
-                     id >= FIV_HIDDEN ? -1 : (int)id, p->slot);
-            fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
-            ep->drain_status = -EHOSTUNREACH;
-            continue;
-        }
-        p->sw_want = p->sw_pause = true;
-        switch_out(ep, id, p);
-    }
+    id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        drain_peer(ep, id, p);
 }
 
 /* The counts so far close a phase of the report line. */
@@ -285,6 +329,15 @@ static void phase(struct fiv_ep *ep)
    our name carries no slot, until we find a region again. */
 static void finish_drain(struct fiv_ep *ep)
 {
+    /* nothing stays on a path through the mapping that goes now: a
+       region peer left here fails (its sends and probes would use it) */
+    fi_addr_t id = FI_ADDR_NOTAVAIL;
+    for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));)
+        if (p->path == PATH_REGION && !p->dead) {
+            fiv_peer_failed(ep, id, p, FI_EHOSTUNREACH);
+            if (!ep->drain_status)
+                ep->drain_status = -EHOSTUNREACH;
+        }
     ivshm_drain_ack(ep->h, ep->drain_req, ep->drain_status);
     FIV_INFO("drain %u done (status %d): leaving the region\n",
              ep->drain_req, ep->drain_status);
@@ -507,7 +560,7 @@ void fiv_drain_tick(struct fiv_ep *ep)
        pays nothing for this look */
     if (!ep->drain_req && !ep->switching)
         return;
-    bool late = ep->drain_req && fiv_now_ns() > ep->drain_end_ns;
+    uint64_t now = fiv_now_ns();
     int pending = 0;
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
@@ -534,6 +587,8 @@ void fiv_drain_tick(struct fiv_ep *ep)
                          (p->bk_want && p->path == PATH_CORE)))
             pending++;
         /* to the core */
+        if (ep->drain_req && ep->h)
+            drain_peer(ep, id, p); /* one that came during the drain */
         if (!p->sw_want)
             continue;
         if (p->dead && ep->drain_req && !ep->drain_status)
@@ -543,9 +598,12 @@ void fiv_drain_tick(struct fiv_ep *ep)
         switch_out(ep, id, p);
         if (p->dead || p->path != PATH_REGION)
             continue;
-        if (late) {
-            fiv_path_broken(ep, id, p, "it did not answer our switch");
-            ep->drain_status = -ETIMEDOUT;
+        if (now > p->sw_end_ns) {
+            fiv_path_broken(ep, id, p, p->sw_sent ?
+                            "it did not answer our switch" :
+                            "our switch could not go to it");
+            if (ep->drain_req)
+                ep->drain_status = -ETIMEDOUT;
             continue;
         }
         pending++;

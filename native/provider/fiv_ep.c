@@ -110,6 +110,11 @@ void fiv_ep_forget(struct fiv_ep *ep, size_t index)
     fiv_tx_fail_peer(ep, p, FI_ECANCELED);
     if (p->path == PATH_REGION && ep->by_slot[p->slot] == index)
         ep->by_slot[p->slot] = FI_ADDR_NOTAVAIL;
+    /* a core peer whose BACK we took is heard at its new slot already
+       (fiv_drain.c): that mapping goes with it */
+    if (p->path == PATH_CORE && p->bk_rx && ep->by_slot && p->rg_slot >= 0 &&
+        p->rg_slot < ep->max_peers && ep->by_slot[p->rg_slot] == index)
+        ep->by_slot[p->rg_slot] = FI_ADDR_NOTAVAIL;
     if (p->path == PATH_CORE)
         fiv_core_forget(ep, p->core_addr);
     fiv_core_release_peer(p);

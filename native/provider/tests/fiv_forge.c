@@ -404,7 +404,8 @@ struct fcase {
     void (*victim)(struct victim *v);
     void (*forger)(struct forger *f);
     const char *what;
-    const char *env;      /* "K=V" for the victim, or NULL */
+    const char *env;      /* "K=V" for the victim ("K=V K2=V2": each), or
+                             NULL */
 };
 
 /* 1. The continuations of an RMA WRITE after the window's MR is closed
@@ -1121,6 +1122,255 @@ static void f_back_unasked(struct forger *f)
     (void)ctl_recv(f->ctl, 'D');
 }
 
+/* 18. A SWITCH with the right counts while the victim's answer cannot
+   go (a message of its own to the forger is partly out, the forger reads
+   nothing), then the forger leaves: the looks for departed peers skip a
+   switching pair, so only the switch's own deadline ends what waits on
+   the pair (FI_IVSHM_DRAIN_MS=500). */
+static void v_switch_stuck(struct victim *v)
+{
+    static uint8_t big[4 << 20];
+    uint64_t a = 0, b = 0;
+    REQ_RC(fi_tsend(v->r.ep, big, sizeof big, NULL, v->forger, 2, big), 0);
+    REQ_RC(fi_trecv(v->r.ep, &a, sizeof a, NULL, v->forger, 1, 0, &a), 0);
+    REQ_RC(fi_trecv(v->r.ep, &b, sizeof b, NULL, v->forger, 1, 0, &b), 0);
+    (void)VWAIT(v, false, 50); /* the ring to the forger fills */
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &a) != NULL, CALL_MS))
+        vfail(v, "the forger's first message never came");
+    else if (vdone(v, &a)->err || a != 0x5a5a5a5a5a5a5a5aull)
+        vfail(v, "the first message came with error %d", vdone(v, &a)->err);
+    (void)VWAIT(v, false, 50); /* its SWITCH taken */
+    ctl_send(v->ctl, 'G', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &b) != NULL && vdone(v, big) != NULL,
+               CALL_MS + 500))
+        vfail(v, "a receive from (or a send to) a peer whose switch our "
+              "answer could not take still waits past the drain's "
+              "deadline");
+    else if (vdone(v, &b)->err != FI_EIO || !vdone(v, big)->err)
+        vfail(v, "the receive ended with %d (not FI_EIO), the send with %d",
+              vdone(v, &b)->err, vdone(v, big)->err);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_switch_stuck(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    small(f, true, 1, MARK);
+    struct fiv_switch m = {.region_sent = 2, .core_seq = 0};
+    REQ_RC(fsend(f, FIV_OP_SWITCH, &m, sizeof m, NULL, 0), 0);
+    (void)ctl_recv(f->ctl, 'G');
+    ivshm_detach(f->h);
+    f->h = NULL;
+    (void)ctl_recv(f->ctl, 'D');
+}
+
+/* 19. A peer inserted while a drain (asked by the forger, unanswered, so
+   it lasts its deadline) is under way: the region goes at the drain's
+   end, and what the victim sends that peer afterwards must not touch it
+   (that peer has no core address: the send fails, nothing more). */
+static void v_insert_in_drain(struct victim *v)
+{
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    (void)ctl_recv(v->ctl, 'A');
+    uint8_t other[FIV_ADDR_LEN];
+    t_read_full(v->ctl, other, sizeof other);
+    (void)VWAIT(v, false, 200); /* the request read, the drain begun */
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&v->r.ep->fid, name, &len), 0);
+    struct fiv_addr me;
+    memcpy(&me, name, sizeof me);
+    if (me.slot < 0)
+        vfail(v, "the drain ended before its deadline");
+    fi_addr_t o = FI_ADDR_NOTAVAIL;
+    REQ_RC(fi_av_insert(v->r.av, other, 1, &o, 0, NULL), 1);
+    /* FI_IVSHM_DRAIN_MS=1000: the drain ends, the region goes */
+    bool gone = VWAIT(v, (len = sizeof name,
+                          fi_getname(&v->r.ep->fid, name, &len) == 0 &&
+                          (memcpy(&me, name, sizeof me), me.slot < 0)),
+                      CALL_MS + 1000);
+    if (!gone)
+        vfail(v, "the victim is still in the region after its drain");
+    uint64_t x = 7;
+    ssize_t rc = fi_tsend(v->r.ep, &x, sizeof x, NULL, o, 1, &x);
+    if (rc == 0 && !VWAIT(v, vdone(v, &x) != NULL, CALL_MS))
+        vfail(v, "a send to the peer inserted during the drain never ended");
+    else if (rc == 0 && !vdone(v, &x)->err)
+        vfail(v, "a send to a peer with no path was said to arrive");
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_insert_in_drain(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    /* a second attachment of ours, named as a provider endpoint would be,
+       with no core address */
+    uint64_t nonce = random64();
+    char name[32];
+    snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+    ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                        .name = name, .spin_ns = 1};
+    ivshm *h2 = NULL;
+    REQ_RC(ivshm_attach_path(region, &cfg, &h2), 0);
+    ivshm_peer_info me;
+    REQ_RC(ivshm_peer(h2, ivshm_self(h2), &me), 0);
+    struct fiv_addr o;
+    memset(&o, 0, sizeof o);
+    o.magic = FIV_ADDR_MAGIC;
+    o.version = FIV_ADDR_VERSION;
+    o.slot = (int16_t)ivshm_self(h2);
+    o.generation = me.generation;
+    o.nonce[0] = (uint32_t)nonce;
+    o.nonce[1] = (uint32_t)(nonce >> 32);
+    uint64_t k[2] = {random64(), random64()};
+    memcpy(o.key, k, sizeof o.key);
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 4), 0);
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, &o, sizeof o) == (ssize_t)sizeof o);
+    (void)ctl_recv(f->ctl, 'D');
+    ivshm_detach(h2);
+    ivshm_admin_close(a);
+}
+
+/* 20. A peer that failed in a drain (it never answered) keeps its slot of the
+   old region; the victim takes a smaller region afterwards (its host's
+   new one), then removes that peer from its AV: nothing of the old slot
+   may index the new region's tables. */
+static bool v_slot_is(struct victim *v, bool in)
+{
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    struct fiv_addr me;
+    if (fi_getname(&v->r.ep->fid, name, &len) != 0)
+        return false;
+    memcpy(&me, name, sizeof me);
+    return in ? me.slot >= 0 : me.slot < 0;
+}
+
+static void v_forget_after_rejoin(struct victim *v)
+{
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    (void)ctl_recv(v->ctl, 'A');
+    uint8_t other[FIV_ADDR_LEN];
+    t_read_full(v->ctl, other, sizeof other);
+    fi_addr_t o = FI_ADDR_NOTAVAIL;
+    REQ_RC(fi_av_insert(v->r.av, other, 1, &o, 0, NULL), 1);
+    ctl_send(v->ctl, 'I', 0, 0, 0);
+    /* FI_IVSHM_DRAIN_MS=500: the forger answers nothing */
+    if (!VWAIT(v, v_slot_is(v, false), CALL_MS + 500))
+        vfail(v, "the victim did not leave the region");
+    ctl_send(v->ctl, 'G', 0, 0, 0);
+    (void)ctl_recv(v->ctl, 'R');
+    if (!VWAIT(v, v_slot_is(v, true), CALL_MS))
+        vfail(v, "the victim did not take the new region");
+    REQ_RC(fi_av_remove(v->r.av, &o, 1, 0), 0);
+    (void)VWAIT(v, false, 50);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+}
+
+static void f_forget_after_rejoin(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    /* a second attachment (slot 2), as silent as we are: its pair fails
+       at the drain's deadline */
+    uint64_t nonce = random64();
+    char name[32];
+    snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+    ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                        .name = name, .spin_ns = 1};
+    ivshm *h2 = NULL;
+    REQ_RC(ivshm_attach_path(region, &cfg, &h2), 0);
+    ivshm_peer_info me;
+    REQ_RC(ivshm_peer(h2, ivshm_self(h2), &me), 0);
+    REQ(ivshm_self(h2) >= 2);
+    struct fiv_addr o;
+    memset(&o, 0, sizeof o);
+    o.magic = FIV_ADDR_MAGIC;
+    o.version = FIV_ADDR_VERSION;
+    o.slot = (int16_t)ivshm_self(h2);
+    o.generation = me.generation;
+    o.nonce[0] = (uint32_t)nonce;
+    o.nonce[1] = (uint32_t)(nonce >> 32);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(9)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    memcpy(o.core, &sin, sizeof sin);
+    o.core_len = sizeof sin;
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, &o, sizeof o) == (ssize_t)sizeof o);
+    (void)ctl_recv(f->ctl, 'I');
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 5), 0);
+    (void)ctl_recv(f->ctl, 'G');
+    /* the region the victim finds next holds two endpoints */
+    ivshm_geometry g = {.max_peers = 2};
+    REQ(unlink(region) == 0);
+    REQ_RC(ivshm_format_file(region, ivshm_min_region_size(&g), &g, 0600), 0);
+    ctl_send(f->ctl, 'R', 0, 0, 0);
+    (void)ctl_recv(f->ctl, 'D');
+    ivshm_detach(h2);
+    ivshm_admin_close(a);
+}
+
+/* 21. A drain the forger asks for (the request word is in the region)
+   of a victim with no core provider: it refuses, acknowledging with
+   -EHOSTUNREACH, and its pairs go on in the region untouched. */
+static void v_drain_refused(struct victim *v)
+{
+    uint64_t a = 0;
+    REQ_RC(fi_trecv(v->r.ep, &a, sizeof a, NULL, v->forger, 1, 0, &a), 0);
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &a) != NULL, 2 * CALL_MS))
+        vfail(v, "the forger's message after its drain request never came");
+    else if (vdone(v, &a)->err || a != 0x5a5a5a5a5a5a5a5aull)
+        vfail(v, "the message after the drain request came with error %d",
+              vdone(v, &a)->err);
+    if (!v_slot_is(v, true))
+        vfail(v, "the victim left the region on a drain it cannot make");
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+    struct ctl st = ctl_recv(v->ctl, 'S');
+    if ((int64_t)st.a != 1 || (int64_t)st.b != -EHOSTUNREACH)
+        vfail(v, "the drain's answer: state %" PRId64 ", status %" PRId64
+              " (wanted 1, -EHOSTUNREACH)", (int64_t)st.a, (int64_t)st.b);
+}
+
+static void f_drain_refused(struct forger *f)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    int fd = open(region, O_RDWR | O_CLOEXEC);
+    REQ(fd >= 0);
+    ivshm_admin *a = NULL;
+    REQ_RC(ivshm_admin_open(fd, &a), 0);
+    close(fd);
+    ivshm_peer_info vp;
+    REQ_RC(ivshm_peer(f->h, f->victim, &vp), 0);
+    REQ_RC(ivshm_admin_drain_slot(a, f->victim, vp.generation, 6), 0);
+    int32_t st = 0;
+    int rc = 0;
+    for (uint64_t end = t_now_ms() + CALL_MS; rc == 0 && t_now_ms() < end;) {
+        rc = ivshm_admin_drain_state(a, f->victim, vp.generation, 6, &st);
+        if (rc == 0)
+            usleep(1000);
+    }
+    small(f, true, 1, MARK);
+    (void)ctl_recv(f->ctl, 'D');
+    ctl_send(f->ctl, 'S', (uint64_t)(int64_t)rc, (uint64_t)(int64_t)st, 0);
+    ivshm_admin_close(a);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1164,6 +1414,17 @@ static const struct fcase cases[] = {
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets"},
     {"forged_back_unasked", v_switch_counts, f_back_unasked,
      "a region BACK from a peer that never moved to the core", NULL},
+    {"forged_switch_stuck", v_switch_stuck, f_switch_stuck,
+     "a SWITCH our answer cannot follow, its writer gone since",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
+    {"insert_during_drain", v_insert_in_drain, f_insert_in_drain,
+     "a peer inserted while a drain is under way, sent to after it",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=1000"},
+    {"forget_after_rejoin", v_forget_after_rejoin, f_forget_after_rejoin,
+     "a peer failed in a drain removed after a smaller region was taken",
+     "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
+    {"drain_refused", v_drain_refused, f_drain_refused,
+     "a drain a co-tenant asks of a rank with no core provider", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
@@ -1187,8 +1448,10 @@ static int run_case(const struct fcase *c, const char *where)
         setenv("FI_IVSHM_CORE", "none", 1);
         /* no other provider's signal handlers between a fault and us */
         setenv("FI_PROVIDER", "ivshm", 1);
-        if (c->env)
-            putenv((char *)c->env);
+        char *envs = c->env ? strdup(c->env) : NULL, *save = NULL;
+        for (char *kv = envs ? strtok_r(envs, " ", &save) : NULL; kv;
+             kv = strtok_r(NULL, " ", &save))
+            putenv(kv);
         struct victim v = {.ctl = sv[1], .r = {.me = 0, .n = 1, .sock = -1}};
         victim_open(&v);
         c->victim(&v);
