@@ -466,7 +466,7 @@ static void backlog(struct rank *r)
    region B, where rank 2 always was. Pair (0,1) goes region -> core,
    pair (0,2) core -> region, pair (1,2) stays on the core; every pair
    streams both ways throughout. */
-#define N3 3000
+#define N3 6000     /* long enough after the relink for the way back under load */
 #define W3 16
 #define PACE3_US 300
 #define LEN3 512
