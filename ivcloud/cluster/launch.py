@@ -205,7 +205,7 @@ def agent_main(argv: Optional[List[str]] = None) -> int:
                          "--state-dir DIR HOST [COMMAND...]\n")
         return 255
     host, cmd = args[0], args[1:]
-    sd = StateDir(state_dir.name[len("cluster-"):], state_dir.parent)
+    sd = StateDir.of(state_dir)
     try:
         state = load(sd)
         if state is None:

@@ -107,7 +107,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.monotonic()
     job = os.environ.get("SLURM_JOB_ID", "?")
     try:
-        sd = StateDir(state_dir.name[len("cluster-"):], state_dir.parent)
+        sd = StateDir.of(state_dir)
         state = load(sd)
         if state is None:
             raise IvcloudError(f"no cluster state in {state_dir}")
