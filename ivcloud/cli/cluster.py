@@ -218,7 +218,7 @@ def _cmd_up(args) -> int:
     if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
         vm = vm_instance.VmOptions(args.guest_deb, args.vm_memory,
                                    args.accel)
-    kind = kinds.choose(topo, vm, slurmd=args.scheduler == "slurm")
+    kind = kinds.choose(topo, vm)
     scheduler = None
     if args.scheduler == "slurm":
         scheduler = Slurm(SlurmOptions(

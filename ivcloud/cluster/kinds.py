@@ -71,8 +71,6 @@ class JobSite:
 
 class InstanceKind(ABC):
     name: ClassVar[str]
-    # whether `--scheduler slurm` can run a slurmd in each instance
-    runs_slurmd: ClassVar[bool] = False
     # whether the servers' standing ivshmem-servers tell their clients
     # that a peer left (docs/server-protocol.md, "Quiet leaves")
     standing_leave_notices: ClassVar[bool] = True
@@ -162,7 +160,8 @@ class InstanceKind(ABC):
         """What run_launcher would run, for a dry run."""
 
     def slurm_nodes(self) -> Nodes:
-        """What Slurm needs of these instances (slurm/nodes.py)."""
+        """What Slurm needs of these instances (slurm/nodes.py); a kind
+        that runs no slurmd refuses `--scheduler slurm` here."""
         raise ClusterError(f"{self.name} instances cannot run slurmd",
                            setting="scheduler")
 
@@ -181,7 +180,6 @@ class NamespaceInstances(InstanceKind):
     launch agent (launch.py), each job in regions of its own unless it
     shares the servers' standing ones (regions.py)."""
     name = "namespace"
-    runs_slurmd = True
 
     def start(self, build) -> None:
         servers = build.topo.server_list()
@@ -304,7 +302,6 @@ class VmInstances(InstanceKind):
     the guests' devices were attached at boot, so jobs share each
     server's standing region (a VM cluster is one trust domain)."""
     name = "vm"
-    runs_slurmd = True   # the image's slurmd (slurm/guests.py)
     # the clients are QEMU devices, which must be able to leave (a
     # migration) after another peer left: QEMU 7.2 cannot unplug a
     # device that was told of a leave (qemu.remove_chardev)
@@ -447,15 +444,11 @@ class VmInstances(InstanceKind):
         return migrate.migrate(sd, state, host, server, wait_jobs_s, log)
 
 
-def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,
-           slurmd: bool = False) -> InstanceKind:
+def choose(topo: ClusterTopology,
+           vm: Optional[VmOptions] = None) -> InstanceKind:
     """The kind of a cluster about to be brought up: QEMU guests when
     `vm` is given (checked now: QEMU, the guest package, memory), else
-    namespaces. slurmd: the instances are to run Slurm's slurmd."""
-    cls = NamespaceInstances if vm is None else VmInstances
-    if slurmd and not cls.runs_slurmd:
-        raise ClusterError(f"{cls.name} instances cannot run slurmd",
-                           setting="scheduler")
+    namespaces."""
     if vm is None:
         return NamespaceInstances()
     return VmInstances(vm_instance.preflight(topo, vm))

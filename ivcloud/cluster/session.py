@@ -49,8 +49,7 @@ class ClusterSession:
         self._signals = contextlib.ExitStack()
         self.vm = vm
         # refuses (no QEMU, no package, memory) before anything exists
-        self.instances = kinds.choose(self.topo, vm,
-                                      slurmd=slurm is not None)
+        self.instances = kinds.choose(self.topo, vm)
         self.scheduler = Slurm(slurm) if slurm is not None else None
         self._staged: Dict[str, str] = {}
 

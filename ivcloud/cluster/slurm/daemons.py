@@ -73,9 +73,7 @@ class Slurm:
     def preflight(self, topo: ClusterTopology, sd: StateDir,
                   kind: "kinds.InstanceKind") -> None:
         """Refusals before anything exists (ClusterError: bad input)."""
-        if not kind.runs_slurmd:   # kinds.choose says so to the CLI
-            raise ClusterError(f"{kind.name} instances cannot run slurmd",
-                               setting="scheduler")
+        kind.slurm_nodes()   # refuses a kind that runs no slurmd
         slice_s = self.options.time_slice_s
         if slice_s and not MIN_TIME_SLICE_S <= slice_s <= MAX_TIME_SLICE_S:
             raise ClusterError(f"a time slice must be {MIN_TIME_SLICE_S}.."
@@ -180,18 +178,15 @@ def _write_script(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------- status
 
-def daemon_alive(state: Dict, rec: Dict) -> bool:
-    return kinds.of_state(state).slurm_nodes().alive(state, rec)
-
-
 def status(state: Dict) -> Optional[Dict]:
     """For `cluster status`: each daemon's pid and whether it lives, and
     the nodes' states as slurmctld sees them; None without Slurm."""
     if state.get("scheduler") != "slurm":
         return None
     from .client import node_states
+    nodes = kinds.of_state(state).slurm_nodes()
     daemons = {name: {"pid": rec.get("pid"), "host": rec.get("host"),
-                      "alive": daemon_alive(state, rec)}
+                      "alive": nodes.alive(state, rec)}
                for name, rec in state["slurm"].get("daemons", {}).items()}
     try:
         nodes = node_states(state)
