@@ -1,48 +1,17 @@
 """Live migration of a VM cluster's instance to another emulated server
 (`cluster migrate INSTANCE --to SERVER`): the guest leaves its server's
 region, QEMU moves it to a new QEMU process "on" the destination server,
-and it joins the destination server's region (docs/cluster.md,
-"Migration").
+and it joins the destination server's region.
 
 QEMU migrates no ivshmem-doorbell device, so the guest's device of boot,
 in its root port of its own (qemu.BOOT_PORT), comes out first and a
 device on the destination server's standing ivshmem-server goes into
 the same port of the new QEMU after: the guest finds it at the PCI
-address it had, ivshm-bind binds it and writes the new IVPosition. The
-steps, each a phase on the progress lines:
-
-1. check    the instance, the server, the guest's devices (a Slurm job's
-            device would not migrate), no other migration of the cluster
-2. drain    the MPI-level hook before the region goes (drain): refuses
-            while ranks of a BTL job, or other users of the device, run
-            in the guest, or waits for them
-3. unplug   device_del of the device, chardev-remove (its server sees the
-            peer leave), the guest's ivshm-bind unit of it stopped
-4. tap      the destination's tap in the destination server's bridge (in
-            the fabric's network namespace, as at `up`)
-5. start    the destination QEMU: the same machine (vCPUs, memory, MAC,
-            kernel command line, root ports; its root file system the
-            same qcow2 overlay: shared storage), no device yet,
-            `-incoming defer -S`, in STATE_DIR/vm/<host>.s<k>/
-6. migrate  `migrate-incoming` on a unix socket of the destination,
-            `migrate` on the source, waited for; QEMU's downtime reported
-7. plug     the destination server's device into the destination's
-            BOOT_PORT while the guest is still paused there
-8. switch   `cont` on the destination, `quit` on the source, whose tap
-            and directory go: from here the guest runs on the
-            destination
-9. bind     in the guest: ivshm-bind of the device, bounded
-10. attach  the MPI-level hook after (attach): nothing yet
-11. record  state.json: the vCPU threads (pinned to the instance's own
-            planned CPUs, as before; the instance's server, directory,
-            tap and QEMU pid were recorded at the switch)
-
-A failure up to step 8 undoes the steps done, in reverse: the
-destination QEMU is killed before the source resumes (they share the
-disk, and the destination never ran), the source's device goes back into
-its port and the guest binds it again. A failure after it (the guest
-does not bind its new device) moves the guest back the same way, to its
-source server. Either way the error names the step that failed.
+address it had. The steps, each a phase on the progress lines (check,
+drain, unplug, tap, start, migrate, plug, switch, bind, attach,
+record), and how a failure is undone (in reverse up to the switch, by
+moving the guest back after it; the error names the step):
+docs/cluster.md, "Migration".
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """Bringing a cluster's Slurm up (`cluster up --scheduler slurm`), and
-what `status` says of it.
+what `status` says of it: STATE_DIR/slurm/ (a munge key of the
+cluster's own and conf.py's files) in `up`'s files step, kept visible
+in every instance; once the head node is up, munged and slurmctld in it
+and slurmd in every instance as the instances' kind starts it
+(nodes.py, guests.py), then until every node is idle (docs/cluster.md,
+"Slurm").
 
-During `up` (lifecycle.Build calls these):
-
-  files step   STATE_DIR/slurm/: a munge key of the cluster's own,
-               slurm.conf, topology.conf, the task prolog and the
-               controller's hooks (conf.py); the directory is then kept
-               visible inside every instance (holder.py covers the rest
-               of the run dir);
-  slurm step   once the head node is up: munged (its own key, socket,
-               pid, seed and log under slurm/munge and slurm/log: the
-               host's munge is never touched) and slurmctld in the head
-               node, slurmd in every instance as the instances' kind
-               starts it (nodes.py: in a VM cluster's guests with munged
-               of their own, guests.py);
-               then until every node is idle.
-
-Every daemon is started through the launch agent's way into a holder
-(nodes.start_in_holder), so it lives in the cluster's namespaces and
+Every daemon in a holder is started through the launch agent's way into
+it (nodes.start_in_holder), so it lives in the cluster's namespaces and
 carries IVCLOUD_CLUSTER: `down`'s sweep stops it with everything else
-there, also after `up` was killed, and removing the state directory
-removes every file. Nothing outside it is written, and no account is
-made (SlurmUser=root).
+there, also after `up` was killed. Nothing outside the state directory
+is written, and no account is made (SlurmUser=root).
 """
 
 from __future__ import annotations
