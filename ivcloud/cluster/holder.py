@@ -121,9 +121,6 @@ class Holder:
     def alive(self) -> bool:
         return start_time(self.pid) == self.start
 
-    def to_dict(self) -> Dict:
-        return {"role": self.role, "pid": self.pid, "start": self.start}
-
     @classmethod
     def from_dict(cls, d: Dict) -> "Holder":
         return cls(d["role"], int(d["pid"]), int(d["start"]))
