@@ -92,7 +92,14 @@ class InstanceKind(ABC):
 
     def exec(self, state: Dict, host: str, argv: Sequence[str]) -> int:
         """`argv` in instance (or head node) `host`, our stdio; its status."""
-        return _exec_in_holder(state, host, argv)
+        try:
+            full, env, cpus = enter_command(state, host, argv)
+        except LaunchError as e:
+            raise ClusterError(str(e))
+        status = subprocess.run(
+            full, env=env, cwd="/",
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus)).returncode
+        return status if status >= 0 else 128 - status
 
     def guest_packages(self) -> List[str]:
         """Packages (file names) installed beside the guest package."""
@@ -192,8 +199,9 @@ class NamespaceInstances(InstanceKind):
                 cover_dir=build.sd.run_dir,
                 keep_visible=[str(p.relative_to(build.sd.run_dir))
                               for p in build.visible_in(srv)])
-            build.state["links"].append(
-                network.attach_instance(build.fabric, pid, inst, srv))
+            network.attach(build.fabric, pid, srv.bridge, inst.bridge_port,
+                           inst.address)
+            build.state["links"].append(inst.bridge_port)
             build.save()
             build.log(f"  {inst.hostname}: {inst.address}, cpus "
                       f"{','.join(map(str, inst.cpus))}, server {srv.name}")
@@ -461,16 +469,6 @@ def of_state(state: Optional[Dict]) -> InstanceKind:
     if (state or {}).get("kind") == VmInstances.name:
         return VmInstances(VmConfig.from_dict(state["vm"]))
     return NamespaceInstances()
-
-
-def _exec_in_holder(state: Dict, host: str, argv: Sequence[str]) -> int:
-    try:
-        full, env, cpus = enter_command(state, host, argv)
-    except LaunchError as e:
-        raise ClusterError(str(e))
-    proc = subprocess.run(full, env=env, cwd="/",
-                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
 
 def _guest_shell(state: Dict, host: str, command: str,

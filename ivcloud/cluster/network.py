@@ -21,8 +21,7 @@ from typing import List, Optional, Sequence
 
 from ..errors import NetworkError
 from . import holder
-from .topology import (CORE_BRIDGE, INSTANCE_IFNAME, PREFIX_LEN, Instance,
-                       Server)
+from .topology import CORE_BRIDGE, INSTANCE_IFNAME, PREFIX_LEN, Server
 
 HEAD_PORT = "i-head"
 TBF_LATENCY = "50ms"
@@ -104,13 +103,6 @@ def attach(fabric_pid: int, holder_pid: int, bridge: str, port: str,
         f"addr add {address}/{PREFIX_LEN} dev {INSTANCE_IFNAME}",
         f"link set {INSTANCE_IFNAME} up",
     ])
-
-
-def attach_instance(fabric_pid: int, holder_pid: int, inst: Instance,
-                    server: Server) -> str:
-    attach(fabric_pid, holder_pid, server.bridge, inst.bridge_port,
-           inst.address)
-    return inst.bridge_port
 
 
 def add_tap(fabric_pid: int, tap: str, bridge: str) -> None:
