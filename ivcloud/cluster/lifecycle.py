@@ -473,10 +473,16 @@ def down(sd: StateDir) -> List[str]:
 
 # ---------------------------------------------------------------- status
 
-def status(sd: StateDir) -> Dict:
+def _recorded(sd: StateDir) -> Dict:
+    """The state of a cluster, or ClusterError when there is none."""
     state = load(sd) if sd.dir.is_dir() else None
     if state is None:
         raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
+    return state
+
+
+def status(sd: StateDir) -> Dict:
+    state = _recorded(sd)
     topo = topology_from_dict(state["topology"])
     servers = []
     for srv in state["servers"].values():
@@ -521,9 +527,7 @@ def status(sd: StateDir) -> Dict:
 
 def load_up(sd: StateDir) -> Dict:
     """The state of a cluster that is up (for mpirun / exec)."""
-    state = load(sd) if sd.dir.is_dir() else None
-    if state is None:
-        raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
+    state = _recorded(sd)
     if state.get("phase") != "up":
         raise ClusterError(f"cluster '{sd.name}' is {state.get('phase')}, not "
                            f"up (take it down and bring it up again)")

@@ -49,10 +49,6 @@ class StepFailed(ClusterFailure):
     """A migration step failed (and what was done was undone)."""
 
 
-def _say(log: Optional[Callable[[str], None]]) -> Callable[[str], None]:
-    return log or (lambda line: sys.stderr.write(line + "\n"))
-
-
 # ---------------------------------------------------------------- check
 
 def server_index(state: Dict, server: str) -> int:
@@ -466,7 +462,7 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
     for a request that cannot be (nothing was touched); StepFailed,
     naming the step, when a step failed (undone: the guest runs on its
     source with its device)."""
-    say = _say(log)
+    say = log or (lambda line: sys.stderr.write(line + "\n"))
     t0 = time.monotonic()
     src, dest = check(state, host, server)
     lock = sd.dir / "migrate.lock"

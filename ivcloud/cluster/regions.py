@@ -48,17 +48,13 @@ def slurm_job_key(job_id: int) -> str:
     return f"{SLURM_JOB_KEY_PREFIX}{int(job_id)}"
 
 
-def jobs_dir(servers_dir: Path, server_name: str) -> Path:
-    """Where a server's job servers live: its own directory."""
-    return Path(servers_dir) / server_name
-
-
 def job_server_paths(servers_dir: Path, server_name: str, index: int,
                      job: str) -> server_mod.ServerPaths:
-    # unique per job and server (in host-file mode it would also name the
-    # region file /dev/shm/ivcloud-NAME)
+    # in the server's own directory; unique per job and server (in
+    # host-file mode it would also name the region file
+    # /dev/shm/ivcloud-NAME)
     return server_mod.paths_for(f"{job}s{index}",
-                                str(jobs_dir(servers_dir, server_name)))
+                                str(Path(servers_dir) / server_name))
 
 
 def job_socket(state: Dict, server_index: int, job: str) -> str:
@@ -152,7 +148,7 @@ def left_behind(servers_dir: Path) -> List[server_mod.ServerPaths]:
 
 def job_dirs(servers_dir: Path, server_name: str) -> List[Path]:
     """The job servers' directories of one emulated server."""
-    d = jobs_dir(servers_dir, server_name)
+    d = Path(servers_dir) / server_name
     return sorted(p for p in d.iterdir()
                   if p.is_dir() and _JOB_RE.match(p.name)) \
         if d.is_dir() else []

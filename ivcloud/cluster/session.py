@@ -85,14 +85,11 @@ class ClusterSession:
                          kind=self.instances, scheduler=self.scheduler)
             self.state = lifecycle.load_up(self.sd)
         except BaseException:
-            self._restore()
+            self._signals.close()
             raise
         self.log.write(f"cluster '{self.name}' up: {self.topo.describe()}"
                        f"\n")
         return self
-
-    def _restore(self) -> None:
-        self._signals.close()
 
     def __exit__(self, *exc) -> None:
         try:
@@ -104,7 +101,7 @@ class ClusterSession:
                 lifecycle.down(self.sd)
             self.log.write(f"cluster '{self.name}' down\n")
         finally:
-            self._restore()
+            self._signals.close()
 
     def stage(self, program: os.PathLike) -> str:
         """The path by which the instances run host program `program`
