@@ -335,16 +335,14 @@ def _kill_all(listing, grace_s: float, rounds: int = 5):
     (first=True): the first round kills those holders, and the kernel
     may hand a freed namespace's inode number to somebody else's, so
     later rounds take only processes that carry the cluster's marker.
-    Returns (how many were stopped, pids that survived SIGKILL)."""
-    seen: set = set()
+    Returns the pids that survived SIGKILL."""
     survivors: set = set()
     for r in range(rounds):
         pids = set(listing(r == 0)) - survivors
         if not pids:
             break
-        seen |= pids
         survivors |= set(procfs.kill_pids(sorted(pids), grace_s))
-    return len(seen - survivors), sorted(survivors)
+    return sorted(survivors)
 
 
 def _merged(a: Dict, b: Dict) -> Dict:
@@ -362,11 +360,11 @@ def _kill_inside(name: str, holders: List[holder.Holder], certain: Dict,
         grace_s)
 
 
-def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
-    """Remove everything of the cluster; returns what was done. Raises
-    ClusterFailure (after doing all it can) if anything is left."""
+def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0
+             ) -> None:
+    """Remove everything of the cluster. Raises ClusterFailure (after
+    doing all it can) if anything is left."""
     name = sd.name
-    done: List[str] = []
     problems: List[str] = []
     all_holders = _holders_of(state, name)
     fabric = [h for h in all_holders if h.role == "fabric"]
@@ -381,30 +379,17 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                                                              {}))
     roles.discard("fabric")
     certain, recorded = _namespaces(state, all_holders, roles)
-    stopped, left = _kill_inside(name, others, certain, recorded, grace_s)
-    if stopped:
-        done.append(f"stopped {stopped} processes in instances")
+    left = _kill_inside(name, others, certain, recorded, grace_s)
     if left:
         problems.append(f"pids {left} survived SIGKILL")
 
     # 2. ivshmem-servers (their sockets, pid files and regions). A server
     # whose directory does not exist was never started by us: a region
     # of that name belongs to someone else and stays.
-    problems += regions.stop_all(regions.left_behind(sd.servers))
-    started = []
-    for srv_name in _server_names(state, sd):
-        paths = server_mod.paths_for(srv_name, str(sd.servers))
-        if not paths.dir.is_dir():
-            continue
-        started.append(paths)
-        if server_mod.running_pid(paths) is None and \
-                not server_mod.leftovers(paths):
-            server_mod.remove_dir(paths)
-            continue
-        try:
-            done.append(server_mod.stop(paths))
-        except IvcloudError as e:
-            problems.append(str(e))
+    started = [p for p in (server_mod.paths_for(n, str(sd.servers))
+                           for n in _server_names(state, sd))
+               if p.dir.is_dir()]
+    problems += regions.stop_all(regions.left_behind(sd.servers) + started)
 
     # 3. the fabric: links first (ports before bridges), then its holder
     links = list((state or {}).get("links", []))
@@ -414,10 +399,8 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                      and n != CORE_BRIDGE]
             bridges = [n for n in links if n not in ports]
             network.delete_links(h.pid, ports + bridges)
-            if links:
-                done.append(f"deleted {len(links)} links")
     fab_certain, fab_recorded = _namespaces(state, all_holders, {"fabric"})
-    _, left = _kill_inside(name, fabric, fab_certain, fab_recorded, grace_s)
+    left = _kill_inside(name, fabric, fab_certain, fab_recorded, grace_s)
     if left:
         problems.append(f"fabric pids {left} survived SIGKILL")
 
@@ -429,9 +412,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     def remaining():
         return set(_cluster_processes(name, {}, recorded)
                    + [h.pid for h in holder.find_by_marker(name)])
-    late, _ = _kill_all(lambda first: remaining(), grace_s)
-    if late:   # slipped in meanwhile
-        done.append(f"stopped {late} more processes")
+    _kill_all(lambda first: remaining(), grace_s)   # slipped in meanwhile
     still = remaining()
     if still:
         problems.append(f"processes {sorted(set(still))} still in the "
@@ -449,11 +430,9 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     shutil.rmtree(sd.dir, ignore_errors=True)
     if sd.dir.exists():
         raise ClusterFailure(f"cannot remove {sd.dir}")
-    done.append(f"removed {sd.dir}")
-    return done
 
 
-def down(sd: StateDir) -> List[str]:
+def down(sd: StateDir) -> None:
     if os.geteuid() != 0:
         raise ClusterError("cluster down needs root")
     state = load(sd) if sd.dir.is_dir() else None
@@ -468,7 +447,7 @@ def down(sd: StateDir) -> List[str]:
                 and procfs.start_time(b["pid"]) == b["start"]):
             raise ClusterError(f"cluster '{sd.name}' is being built by pid "
                            f"{b['pid']} (wait for it, or kill it first)")
-    return teardown(sd, state)
+    teardown(sd, state)
 
 
 # ---------------------------------------------------------------- status
