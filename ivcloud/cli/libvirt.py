@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import stat
@@ -333,11 +334,8 @@ def _cmd_attach(args) -> int:
     # The socket check happens in attach_shmem for doorbell devices.
     shm = _shmem_from(args, check=False)
     assert shm is not None
-    conn = attach.connect(args.connect)
-    try:
+    with contextlib.closing(attach.connect(args.connect)) as conn:
         attach.attach_shmem(conn, args.domain, shm, live, persistent)
-    finally:
-        conn.close()
     where = " and ".join(w for w, on in (("running domain", live),
                                           ("definition", persistent)) if on)
     print(f"attached {shm.resolved_model} '{shm.name}' to "
@@ -348,12 +346,9 @@ def _cmd_attach(args) -> int:
 def _cmd_detach(args) -> int:
     from ..libvirt import attach
     live, persistent = _live_config(args)
-    conn = attach.connect(args.connect)
-    try:
+    with contextlib.closing(attach.connect(args.connect)) as conn:
         gone = attach.detach_shmem(conn, args.domain, args.shm_name, live,
                                    persistent, args.timeout)
-    finally:
-        conn.close()
     if not gone:
         raise attach.LibvirtFailure(
             f"detach of shmem '{args.shm_name}' requested, but "
