@@ -26,7 +26,7 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
 from ..server import parse_size
-from . import CliError, checked, int_at_least
+from . import CliError, checked, int_at_least, number
 
 DEFAULT_URI = "qemu:///system"
 
@@ -37,15 +37,9 @@ _size = checked(parse_size)
 _cpus = checked(cpuset.parse)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number")
-    if not 0 < value <= 86400 * 365:
-        raise argparse.ArgumentTypeError("must be a positive number of "
-                                         "seconds")
-    return value
+_seconds = number(float, "'{}' is not a number", lambda value: None
+                  if 0 < value <= 86400 * 365 else
+                  "must be a positive number of seconds")
 
 
 def _add_shmem_args(p: argparse.ArgumentParser, prefix: str,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..apps.mag import CHILD_FLAG, TRANSPORTS
-from . import CliError, positive_int
+from . import CliError, number, positive_int
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BENCH_PROBLEMS = ("bar", "sp4")
@@ -45,15 +45,9 @@ def _np_list(text: str) -> List[int]:
     return out
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not (v >= 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of "
-                                         f"seconds >= 0")
-    return v
+_NOT_SECONDS = "'{}' is not a number of seconds >= 0"
+_seconds = number(float, _NOT_SECONDS, lambda value: None
+                  if 0 <= value < float("inf") else _NOT_SECONDS)
 
 
 def register(sub) -> None:
