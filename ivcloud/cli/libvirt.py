@@ -1,12 +1,6 @@
-"""`ivcloud libvirt ...`: domain XML, ivshmem hot-attach, Nova flavors.
-
-    domain-xml     a domain with <shmem>, pinning, NUMA and huge pages
-    shmem-xml      just the <shmem> device (for `virsh attach-device`)
-    attach-shmem   hot-attach an ivshmem device to a running domain
-    detach-shmem   remove it again (the guest must release it)
-    watch          attach each Nova instance to its project's own server
-    nova-flavor    `openstack flavor` commands with the extra specs
-"""
+"""`ivcloud libvirt domain-xml|shmem-xml|attach-shmem|detach-shmem|watch|
+nova-flavor`: the command line of :mod:`ivcloud.libvirt` (domain XML,
+ivshmem hot-attach, Nova flavors)."""
 
 from __future__ import annotations
 

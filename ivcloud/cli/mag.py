@@ -1,12 +1,5 @@
-"""`ivcloud mag`: run micromagnetic problems and benchmark the solver.
-
-    ivcloud mag run PROBLEM.toml --out DIR [--np N] [--transport T] [--quiet]
-                    [--resume] [--checkpoint-every SECONDS]
-    ivcloud mag check PROBLEM.toml          validate, print the effective TOML
-    ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4] [--rounds 3]
-                      [--peer neuralmag]
-    ivcloud mag converge PROBLEM.toml --out DIR [--cells 10,5,3.3] [--layers 3]
-                    [--method grid|dense|fmm|auto|graded] [--reference auto|none|FILE]
+"""`ivcloud mag run|check|bench|converge`: run micromagnetic problems
+and benchmark the solver.
 
 The solver is the `micromag` package (its own package in this
 repository; it never imports ivcloud); launching a run on N ranks and
