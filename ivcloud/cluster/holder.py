@@ -141,22 +141,23 @@ def find_by_marker(cluster: str) -> List[Holder]:
     return found
 
 
-def in_cluster_env(pid: int, cluster: str) -> bool:
-    """Does `pid` carry IVCLOUD_CLUSTER=<cluster> (set for everything the
-    launch agent and `exec` start, and inherited by their children)?"""
+def carries(pid: int, variable: str) -> bool:
+    """Does `pid`'s environment have `variable` (KEY=VALUE)?"""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return f"{CLUSTER_ENV}={cluster}".encode() in env.split(b"\0")
+    return variable.encode() in env.split(b"\0")
 
 
 def processes_in(namespaces: Dict[str, Iterable[int]],
                  cluster: Optional[str] = None) -> List[int]:
     """Pids (other than ours) living in any of the given namespaces,
     {'net': {inode, ...}, 'mnt': {...}}. With `cluster`, only those that
-    also carry its IVCLOUD_CLUSTER: for namespaces whose holder is gone,
-    whose inode numbers the kernel may already have handed out again."""
+    also carry its IVCLOUD_CLUSTER (set for everything the launch agent
+    and `exec` start, and inherited by their children): for namespaces
+    whose holder is gone, whose inode numbers the kernel may already have
+    handed out again."""
     wanted = {kind: set(inos) for kind, inos in namespaces.items() if inos}
     me = os.getpid()
     hits = []
@@ -165,7 +166,8 @@ def processes_in(namespaces: Dict[str, Iterable[int]],
             continue
         for kind, inos in wanted.items():
             if ns_inode(pid, kind) in inos:
-                if cluster is None or in_cluster_env(pid, cluster):
+                if cluster is None or \
+                        carries(pid, f"{CLUSTER_ENV}={cluster}"):
                     hits.append(pid)
                 break
     return hits

@@ -155,11 +155,7 @@ def _of_job(pid: int, job: int) -> bool:
     argv = procfs.cmdline(pid)
     if argv and argv[0].startswith(f"slurmstepd: [{job}."):
         return True
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"SLURM_JOB_ID={job}".encode() in env
+    return holder.carries(pid, f"SLURM_JOB_ID={job}")
 
 
 def end_orphans(state: Dict, job: int, nodes: Sequence[str], kind: Nodes,
