@@ -131,16 +131,6 @@ def enter_command(state: Dict, host: str, argv: Sequence[str],
     return enter_argv(holder.pid) + cmd, instance_env(state, host), cpus
 
 
-def exec_in(state: Dict, host: str, argv: Sequence[str],
-            shell: bool = False) -> None:
-    """Replace this process by `argv` inside instance `host`."""
-    full, env, cpus = enter_command(state, host, argv, shell)
-    os.sched_setaffinity(0, cpus)
-    # the caller's directory may not exist inside (private /tmp)
-    os.chdir("/")
-    os.execvpe(full[0], full, env)
-
-
 # ---------------------------------------------------------------- a job's view
 
 def working_dir(cwd: Optional[str] = None) -> str:
@@ -199,7 +189,12 @@ def agent_main(argv: Optional[List[str]] = None) -> int:
         state = load(sd)
         if state is None:
             raise LaunchError(f"no cluster state in {state_dir}")
-        exec_in(state, host, cmd, shell=True)
+        # this process replaced by `cmd` inside instance `host`
+        full, env, cpus = enter_command(state, host, cmd, shell=True)
+        os.sched_setaffinity(0, cpus)
+        # the caller's directory may not exist inside (private /tmp)
+        os.chdir("/")
+        os.execvpe(full[0], full, env)
     except Exception as e:  # any failure: one line, like ssh
         sys.stderr.write(f"ivcloud cluster agent: {host}: {e}\n")
     return 255  # ssh's status for "could not connect"

@@ -202,7 +202,7 @@ def unplug(d: Path, host: str) -> str:
     return addr
 
 
-def plug_qemu(d: Path, host: str, server_socket: str) -> str:
+def plug_qemu(d: Path, server_socket: str) -> str:
     """The QEMU side of a plug: a device on `server_socket` into
     BOOT_PORT of the QEMU in `d` (which may be paused); its PCI
     address."""
@@ -227,7 +227,7 @@ def restore(d: Path, host: str, server_socket: str) -> None:
         if qemu.find_device(q, qemu.BOOT_DEVICE) is not None:
             return
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
-    addr = plug_qemu(d, host, server_socket)
+    addr = plug_qemu(d, server_socket)
     vm_instance.guest_run(d / "agent.sock", host,
                           guest_regions.clear_script(addr), GUEST_TIMEOUT_S)
     bind(d, host, addr)
@@ -353,7 +353,7 @@ class _Move:
     def plug_destination(self) -> None:
         # undone with the destination QEMU, whose guest never saw it
         self.phase("plug")
-        got = plug_qemu(self.dest_dir, self.host, self.socket_of(self.dest))
+        got = plug_qemu(self.dest_dir, self.socket_of(self.dest))
         if got != self.addr:
             raise ClusterFailure(f"the device is at {got} on the "
                                  f"destination, not at {self.addr}")

@@ -48,10 +48,6 @@ def ip_batch(holder_pid: int, lines: Sequence[str], force: bool = False):
     return _run(argv, "\n".join(lines) + "\n", check=not force)
 
 
-def tc(holder_pid: int, *args: str) -> None:
-    _run(holder.enter_argv(holder_pid, ("net",)) + ["tc", *args])
-
-
 def tbf_burst_bytes(rate_bps: int) -> int:
     # 10 ms worth of tokens, but at least one 64 KiB GSO super-packet
     # (veths hand tbf unsegmented TCP bursts; a smaller bucket drops them).
@@ -82,10 +78,11 @@ def create_server_switch(fabric_pid: int, server: Server,
         # tbf on both ends: up-sK's egress is the server's outbound
         # traffic, cp-sK's egress its inbound.
         for dev in (up, cp):
-            tc(fabric_pid, "qdisc", "add", "dev", dev, "root", "tbf",
-               "rate", f"{rate_bps}bit",
-               "burst", str(tbf_burst_bytes(rate_bps)),
-               "latency", TBF_LATENCY)
+            _run(holder.enter_argv(fabric_pid, ("net",)) + [
+                "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                "rate", f"{rate_bps}bit",
+                "burst", str(tbf_burst_bytes(rate_bps)),
+                "latency", TBF_LATENCY])
     return [br, up, cp]
 
 
