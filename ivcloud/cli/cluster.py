@@ -312,13 +312,12 @@ def _cmd_mpirun(args) -> int:
 
 def _refuse_options(args) -> None:
     """Options of an MPI's own that --mpi's MPI does not take."""
-    flavor = mpis.flavor(args.mpi)
-    for opt, value, takers, takes in (
-            ("--btl", args.btl, mpis.taking_options(), flavor.options_name),
-            ("--mca", args.mca, mpis.taking_options(), flavor.options_name),
-            ("--rankfile", args.rankfile, mpis.taking_rankfiles(),
-             flavor.takes_rankfile)):
-        if value and not takes:
+    for opt, value, takes in (("--btl", args.btl, "options_name"),
+                              ("--mca", args.mca, "options_name"),
+                              ("--rankfile", args.rankfile, "takes_rankfile")):
+        if value and not getattr(mpis.flavor(args.mpi), takes):
+            takers = [n for n in mpis.NAMES
+                      if getattr(mpis.flavor(n), takes)]
             raise CliError(f"{opt} applies to --mpi {', '.join(takers)} "
                            f"only, not '{args.mpi}'")
 
