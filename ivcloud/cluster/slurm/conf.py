@@ -135,28 +135,20 @@ def _boot_order(topo: ClusterTopology):
     return sorted(topo.instance_list(), key=lambda i: (i.index, i.server))
 
 
-def mpi_conf_text() -> str:
-    """mpi.conf: every PMIx fence over Slurm's ring. Slurm 22.05 runs
-    fences without data (Open MPI's barrier in MPI_Finalize) over its
-    tree algorithm by default, and that one let ranks leave MPI_Finalize
-    while a peer had not reached it yet (tests/test_slurm.py): a rank
-    could then exit before a co-resident peer read its last message
-    from the region."""
-    return ("# ivcloud/cluster/slurm/conf.py: fences over the ring, which\n"
-            "# synchronises (the tree did not: see mpi_conf_text)\n"
+# mpi.conf: every PMIx fence over Slurm's ring; over its default tree a
+# rank could leave MPI_Finalize, and exit, before a co-resident peer read
+# its last message from the region (docs/cluster.md, "Slurm's PMIx
+# fences")
+MPI_CONF = ("# ivcloud/cluster/slurm/conf.py: fences over the ring, which\n"
+            "# synchronises (the tree did not: see MPI_CONF)\n"
             "PMIxCollFence=ring\n")
-
-
-def guest_cgroup_conf_text() -> str:
-    """cgroup.conf of a VM cluster's guests. slurmd initialises its
-    cgroup plugin even with proctrack/linuxproc and task/none; on the
-    guests' cgroup v2 under systemd, it would ask systemd over D-Bus
-    (which the image has not) for a scope for the slurmstepds, and not
-    start without one. Slurm makes that cgroup itself instead: nothing
-    else in a guest manages cgroups."""
-    return ("# a VM cluster's guests (ivcloud/cluster/slurm/conf.py): no\n"
-            "# D-Bus there; slurmd makes its cgroups itself\n"
-            "IgnoreSystemd=yes\n")
+# cgroup.conf of a VM cluster's guests: slurmd would ask systemd over
+# D-Bus, which the image has not, for a scope for its cgroups, and not
+# start without one (docs/cluster.md, "Slurm on VM clusters")
+GUEST_CGROUP_CONF = (
+    "# a VM cluster's guests (ivcloud/cluster/slurm/conf.py): no\n"
+    "# D-Bus there; slurmd makes its cgroups itself\n"
+    "IgnoreSystemd=yes\n")
 
 
 def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:

@@ -27,8 +27,8 @@ from ..regions import SLURM_JOB_KEY_LONGEST, job_server_paths
 from ..state import StateDir
 from ..topology import HEAD_HOSTNAME, ClusterTopology
 from .nodes import binary, start_in_holder
-from .conf import (SlurmPaths, task_env, hook_script_text,
-                   mpi_conf_text, slurm_conf_text, task_prolog_text,
+from .conf import (MPI_CONF, SlurmPaths, hook_script_text,
+                   slurm_conf_text, task_env, task_prolog_text,
                    topology_conf_text)
 
 SCHEDULERS = ("none", "slurm")
@@ -116,7 +116,7 @@ class Slurm:
         paths.conf.write_text(slurm_conf_text(b.topo, paths,
                                               self.options.time_slice_s))
         paths.topology.write_text(topology_conf_text(b.topo, "tree"))
-        paths.mpi_conf.write_text(mpi_conf_text())
+        paths.mpi_conf.write_text(MPI_CONF)
         env = task_env(b.topo, {}, installed=False)
         _write_script(paths.task_prolog,
                       task_prolog_text(b.topo, b.sd.servers, env))

@@ -25,7 +25,7 @@ from .. import vm_instance
 from . import guest_regions
 from ..topology import (HEAD_ADDRESS, HEAD_HOSTNAME, SUBNET,
                         topology_from_dict)
-from .conf import (SlurmPaths, guest_cgroup_conf_text,
+from .conf import (GUEST_CGROUP_CONF, SlurmPaths,
                    guest_task_prolog_text, task_env)
 from .nodes import Nodes, holder_daemon_alive
 
@@ -92,7 +92,7 @@ class GuestNodes(Nodes):
         prolog.parent.mkdir(mode=0o755, exist_ok=True)
         prolog.write_text(guest_task_prolog_text(env, guest_regions.JOB_DIR))
         prolog.chmod(0o755)
-        cgroup.write_text(guest_cgroup_conf_text())
+        cgroup.write_text(GUEST_CGROUP_CONF)
 
     @staticmethod
     def _munge_files(paths: SlurmPaths) -> Dict[str, str]:
