@@ -1,25 +1,15 @@
 """`up`, `down` and `status`: building a cluster step by step, recording
-every step, and taking it all apart again from the record.
+every step in state.json before the next starts, and taking it all
+apart again from the record (docs/cluster.md, "Commands").
 
-Order of `up` (each step saved to state.json before the next starts):
-
-    1. state dir (the lock), hosts file, agent script (and
-       with --scheduler slurm its files, slurm/daemons.py)
-    2. fabric holder (a network namespace for the switches), core bridge
-    3. per server: its ivshmem-server, bridge and shaped uplink
-    4. per instance: its holder (namespaces, tmpfs, hostname, CPUs), veth
-       (VM instances, vm_instance.py: per guest its tap, then its QEMU;
-       then the boot of all of them)
-    5. head holder (where mpirun runs), veth into the core bridge
-    6. --scheduler slurm: munged and slurmctld in the head node, slurmd
-       in every instance (slurm/daemons.py)
-
-`down` (also the rollback of a failed `up`) works from the record plus a
-sweep for holders by their marker, so an `up` killed by SIGKILL at any
-point leaves nothing `down` cannot find: it kills every process inside
-the instances' and head's namespaces, stops the servers, deletes the
-links and the fabric, then checks that none of it is left before it
-removes the state directory.
+`up`: the state dir (the lock), hosts file, agent script and with
+--scheduler slurm its files (slurm/daemons.py); the fabric holder and
+core bridge; per server its ivshmem-server, bridge and shaped uplink;
+the instances (their kind's start, kinds.py); the head holder; Slurm's
+daemons. `down`, also the rollback of a failed `up`, works from the
+record plus a sweep for holders by their marker, so that an `up`
+killed by SIGKILL at any point leaves nothing it cannot find, and
+checks that nothing is left before it removes the state directory.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """Debian 12's Open MPI 4.1 with our BTL (mca_btl_ivshmem.so, built from
 native/btl; in guests, from the ivcloud-guest package).
 
-ob1 drives the BTLs (UCX, where installed, would bypass them all); the
-BTL list names ours for ivshmem, with tcp behind it for ranks the
-region cannot reach (another server, a full region), and vader between
-ranks of one instance (they share its /dev/shm, as a VM's processes do).
-A launch on this host alone (`ivcloud mpirun`) leaves vader out: there
-the region is the point. One-sided communication goes as messages (osc
-pt2pt), so through our BTL (Debian's default `osc = ^ucx,pt2pt` leaves
-osc rdma, which refuses windows over these BTLs); osc pt2pt refuses
-windows under MPI_THREAD_MULTIPLE, which mpi4py asks for by default, so
-mpi4py programs are told to ask for `serialized`.
-
-The component attaches to the region MCA parameters name
-(btl_ivshmem_region, btl_ivshmem_socket), else to $IVSHM_REGION /
-$IVSHM_SOCKET (what a cluster's launch agent gives every rank), else
-stays out of the way. Remote daemons (orted) start through the launch's
-agent as plm_rsh_agent, all from the launching node (no tree spawn).
-With the report switch every rank prints at finalize
+ob1 drives the BTLs: ours for ivshmem, tcp behind it for ranks the
+region cannot reach, vader between ranks of one instance (left out on
+this host alone, where the region is the point); one-sided operations
+go as messages (osc pt2pt), so mpi4py programs ask for `serialized`
+threads (docs/mpi.md, "The exact mpirun settings"). The component
+attaches to the region MCA parameters name, else to $IVSHM_REGION /
+$IVSHM_SOCKET (what a cluster's launch agent gives every rank). Remote
+daemons (orted) start through the launch's agent as plm_rsh_agent, all
+from the launching node. With the report switch every rank prints at
+finalize
 
     btl_ivshmem: rank R sent M msgs B bytes, received M msgs B bytes, sleeps S
 """
