@@ -111,16 +111,6 @@ def parse_btl_counters(text: str) -> Dict[int, Dict[str, int]]:
     return out
 
 
-def set_option(options: List[Tuple[str, str]], key: str, value: str) -> None:
-    """Set an MCA parameter, replacing one of that key (a repeated --mca
-    is joined with ',' by Open MPI, not replaced)."""
-    for i, (k, _) in enumerate(options):
-        if k == key:
-            options[i] = (key, value)
-            return
-    options.append((key, value))
-
-
 class OpenMpi(Flavor):
     name = "openmpi"
     title = "Open MPI 4.1"
@@ -152,30 +142,28 @@ class OpenMpi(Flavor):
         return []
 
     def mca(self, launch: Launch) -> List[Tuple[str, str]]:
-        """The MCA parameters of a launch, its own options last (one of a
-        key replaces ours)."""
+        """The MCA parameters of a launch, its own options last: one of a
+        key replaces ours in its place (Open MPI would join a repeated
+        --mca with ',')."""
         in_instances = bool(launch.hosts or launch.rank_hosts)
-        mca: List[Tuple[str, str]] = []
+        mca: Dict[str, str] = {}
         if launch.transport == "ivshmem" and not launch.installed:
             ours = launch.components or component_dir()
-            mca.append(("mca_base_component_path",
-                        f"{stock_component_dir()}:{ours}"))
-        mca += [("pml", "ob1"),
-                ("btl", btl_list(launch.transport,
-                                 in_instances=in_instances))]
+            mca["mca_base_component_path"] = f"{stock_component_dir()}:{ours}"
+        mca.update(pml="ob1", btl=btl_list(launch.transport,
+                                           in_instances=in_instances))
         if launch.report:
-            mca.append(("btl_ivshmem_verbose", "1"))
+            mca["btl_ivshmem_verbose"] = "1"
         if launch.transport == "ivshmem":
-            mca.append(("osc", "pt2pt"))
+            mca["osc"] = "pt2pt"
         if launch.agent:
-            mca += [("plm", "rsh"), ("plm_rsh_agent", launch.agent),
-                    ("plm_rsh_no_tree_spawn", "1")]
+            mca.update(plm="rsh", plm_rsh_agent=launch.agent,
+                       plm_rsh_no_tree_spawn="1")
         if launch.interface:
-            mca += [("oob_tcp_if_include", launch.interface),
-                    ("btl_tcp_if_include", launch.interface)]
-        for key, value in launch.options:
-            set_option(mca, str(key), str(value))
-        return mca
+            mca.update(oob_tcp_if_include=launch.interface,
+                       btl_tcp_if_include=launch.interface)
+        mca.update((str(k), str(v)) for k, v in launch.options)
+        return list(mca.items())
 
     def rank_env(self, launch: Launch) -> Dict[str, str]:
         env: Dict[str, str] = {}
