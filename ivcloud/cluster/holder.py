@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..errors import HolderError
 from ..procfs import cmdline, pids, start_time
@@ -97,10 +97,6 @@ fi
 echo ready
 exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1
 """
-
-
-def marker(cluster: str, role: str) -> str:
-    return f"{MARKER}:{cluster}:{role}"
 
 
 # ---------------------------------------------------------------- /proc
@@ -187,7 +183,7 @@ def spawn(cluster: str, role: str, *, unshare_flags: Sequence[str],
     if cpus:
         argv += ["taskset", "-c", ",".join(str(c) for c in cpus)]
     argv += ["unshare", *unshare_flags, "--", "bash", "-c", _SCRIPT,
-             marker(cluster, role), hostname,
+             f"{MARKER}:{cluster}:{role}", hostname,
              str(hosts_file) if hosts_file else "",
              str(cover_dir) if cover_dir else "", *keep_visible]
     # Own session: a Ctrl-C meant for `up` must not reach the holders
@@ -252,10 +248,6 @@ def enter_argv(pid: int, kinds: Sequence[str] = NS_KINDS) -> List[str]:
     """argv prefix running a command inside holder `pid`'s namespaces."""
     flags = {"net": "-n", "uts": "-u", "ipc": "-i", "mnt": "-m"}
     return ["nsenter", "-t", str(pid), *(flags[k] for k in kinds), "--"]
-
-
-def live_pids(holders: Iterable[Holder]) -> Set[int]:
-    return {h.pid for h in holders if h.alive()}
 
 
 def holder_info(state: Dict, role: str) -> Dict:

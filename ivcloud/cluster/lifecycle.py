@@ -345,7 +345,7 @@ def _kill_inside(name: str, holders: List[holder.Holder], certain: Dict,
     (_namespaces' certain and recorded ones)."""
     return _kill_all(
         lambda first: (set(_cluster_processes(name, certain, recorded))
-                       | holder.live_pids(holders)) if first else
+                       | {h.pid for h in holders if h.alive()}) if first else
         set(_cluster_processes(name, {}, _merged(certain, recorded))),
         grace_s)
 
@@ -467,13 +467,10 @@ def status(sd: StateDir) -> Dict:
             "instances": [i["hostname"] for i in state["instances"].values()
                           if i["server"] == srv["index"]]})
     kind = kinds.of_state(state)
-    instances = []
-    for inst in state["instances"].values():
-        info = kind.instance_info(state, inst["hostname"])
-        instances.append({"hostname": inst["hostname"],
-                          "server": inst["server"],
-                          "address": inst["address"],
-                          "planned_cpus": inst["cpus"], **info})
+    instances = [{"hostname": inst["hostname"], "server": inst["server"],
+                  "address": inst["address"], "planned_cpus": inst["cpus"],
+                  **kind.instance_info(state, inst["hostname"])}
+                 for inst in state["instances"].values()]
     head = {**state["head"], **holder.holder_info(state, HEAD_HOSTNAME)}
     fabric = holder.holder_info(state, "fabric")
     slurm = slurm_status(state)

@@ -95,16 +95,6 @@ class GuestNodes(Nodes):
         cgroup.write_text(GUEST_CGROUP_CONF)
 
     @staticmethod
-    def _munge_files(paths: SlurmPaths) -> Dict[str, str]:
-        """munged's files in a guest: all in the munge directory, which its
-        user owns (the head's munged, root, keeps its pid and log with the
-        other daemons')."""
-        d = paths.munge_dir
-        return {"socket": str(paths.munge_socket), "key": str(paths.munge_key),
-                "pid": str(d / "munged.pid"), "seed": str(d / "munged.seed"),
-                "log": str(d / "munged.log")}
-
-    @staticmethod
     def _run(state: Dict, host: str, script: str) -> str:
         try:
             return vm_instance.guest_run(vm_instance.guest(state, host),
@@ -119,7 +109,13 @@ class GuestNodes(Nodes):
         """munged and slurmd in guest `host`; their records ({name: {pid,
         host, guest}}) for state.json."""
         q = agent.quote
-        m = self._munge_files(paths)
+        # munged's files: all in the munge directory, which its user owns
+        # (the head's munged, root, keeps its pid and log with the other
+        # daemons')
+        d = paths.munge_dir
+        m = {"socket": str(paths.munge_socket), "key": str(paths.munge_key),
+             "pid": str(d / "munged.pid"), "seed": str(d / "munged.seed"),
+             "log": str(d / "munged.log")}
         self._run(state, host,
              f"mkdir -p {q([paths.root, paths.log_dir, paths.pid_dir])} && "
              f"mkdir -p -m 0700 {q([paths.munge_dir])} && "
