@@ -81,9 +81,9 @@ class ClusterSession:
         self._signals.enter_context(process.interrupts())
         try:
             # up() rolls back by itself when it fails or is interrupted
-            lifecycle.up(self.topo, self.sd, log=lambda line: None,
-                         kind=self.instances, scheduler=self.scheduler)
-            self.state = lifecycle.load_up(self.sd)
+            self.state = lifecycle.up(
+                self.topo, self.sd, log=lambda line: None,
+                kind=self.instances, scheduler=self.scheduler)
         except BaseException:
             self._signals.close()
             raise
