@@ -1,7 +1,7 @@
 """`ivcloud cluster up|status|mpirun|srun|sbatch|exec|put|migrate|down`:
 argument parsing and output; the work is in ivcloud.cluster: lifecycle
-(up/down/status), kinds (the instances), launch (entering instances,
-the mpirun command) and slurm (its daemons and commands)."""
+(up/down/status), kinds (the instances), job (the job pipeline) and
+slurm (its daemons and commands)."""
 
 from __future__ import annotations
 

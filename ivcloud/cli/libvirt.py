@@ -363,14 +363,10 @@ def _cmd_watch(args) -> int:
             args.run_dir or os.environ.get("IVCLOUD_RUN_DIR")
             or "/run/ivcloud")
     regions = projects.ProjectRegions(control, policy, args.shm_name)
-
-    def report(line: str) -> None:
-        print(line, flush=True)
-
     count = attach.watch(args.connect,
                          attach.matcher(args.domain_glob, args.flavor),
-                         regions, report, once=args.once,
-                         timeout=args.timeout)
+                         regions, lambda line: print(line, flush=True),
+                         once=args.once, timeout=args.timeout)
     if args.once and count == 0:
         raise attach.LibvirtFailure("no matching domain started before the "
                                     "timeout")

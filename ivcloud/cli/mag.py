@@ -187,7 +187,8 @@ def cmd_converge(args) -> int:
             args.problem, Path(args.out), cells,
             cv.parse_layers(args.layers, len(cells)), ranks=args.np,
             transport=args.transport, reference=args.reference,
-            log=_stderr_line, method=args.method, edge_h=args.edge_h,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+            method=args.method, edge_h=args.edge_h,
             duration=args.duration, times=_times(args.times), tol=args.tol,
             no_run=args.no_run, checkpoint_every=args.checkpoint_every)
     sys.stdout.write(study.format_report(report) + "\n")
@@ -201,11 +202,6 @@ def _times(text: Optional[str]) -> Optional[List[float]]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise CliError(f"--times '{text}' is not a list of numbers") from None
-
-
-def _stderr_line(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 @contextlib.contextmanager
