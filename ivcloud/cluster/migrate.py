@@ -136,18 +136,12 @@ def region_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
 def drain(state: Dict, host: str, sock: Path, addr: str,
           wait_jobs_s: Optional[float], say) -> None:
     """Before the guest's device (at `addr`) goes: what uses the region
-    lets go of it.
-
-    The hook of the MPI level. The BTL (Open MPI 4.1) cannot move a peer
-    to another path under ob1 (docs/mpi.md): while ranks of a BTL job
-    run in the guest the migration is refused, naming the job, or, with
-    `wait_jobs_s`, waits that long for them to end. Nothing else lets go
-    of a region yet, so any other process that uses the device is
-    refused (or waited for) the same way: the guest would not give the
-    device back while a process holds its vfio group, and would give it
-    back when that process ends, after the migration was given up. The
-    libfabric provider's ranks are to be asked here to move their
-    co-resident peers to the core path."""
+    lets go of it (the MPI level's hook; docs/cluster.md, "Migration").
+    Nothing can yet: the BTL cannot move a peer to another path under
+    ob1, and a process holding the device's vfio group would keep the
+    guest from giving it back. So while any process uses the device the
+    migration is refused, naming it, or, with `wait_jobs_s`, waits that
+    long for it to end."""
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
     said = False
@@ -378,18 +372,17 @@ class _Move:
         self._drop_tap(self.src_tap)
 
     def finish(self) -> None:
-        d = self.dest_dir
         self.phase("bind")
-        bind(d, self.host, self.addr)
+        bind(self.dest_dir, self.host, self.addr)
         self.phase("attach")
-        attach(self.state, self.host, d / "agent.sock", self.say)
+        attach(self.state, self.host, self.dest_dir / "agent.sock",
+               self.say)
 
     def record(self) -> None:
-        d = self.dest_dir
         self.phase("record")
         rec = self.state["vms"][self.host]
         rec["vcpu_threads"] = vm_instance.pin(
-            d, self.state["instances"][self.host]["cpus"])
+            self.dest_dir, self.state["instances"][self.host]["cpus"])
         rec["device"] = self.addr
         save(self.sd, self.state)
 

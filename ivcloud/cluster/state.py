@@ -44,8 +44,7 @@ class StateDir:
     state = below("dir", "state.json")
     hosts = below("dir", "hosts")
     agent = below("dir", "agent")
-    # ivcloud.server run dir of this cluster's ivshmem-servers
-    servers = below("dir", "servers")
+    servers = below("dir", "servers")   # ivcloud.server's run dir
 
     @classmethod
     def of(cls, path: Path) -> "StateDir":

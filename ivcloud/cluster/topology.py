@@ -73,7 +73,6 @@ class Server:
 
     @property
     def name(self) -> str:
-        """The ivshmem-server's name (ivcloud.server naming)."""
         return f"{self.cluster}-s{self.index}"
 
     @property
@@ -82,12 +81,10 @@ class Server:
 
     @property
     def uplink(self) -> str:
-        """Uplink veth end enslaved to this server's bridge."""
         return f"up-s{self.index}"
 
     @property
     def uplink_peer(self) -> str:
-        """The other end, enslaved to the core bridge."""
         return f"cp-s{self.index}"
 
 
