@@ -213,7 +213,7 @@ def task_prolog_text(topo: ClusterTopology, servers_dir: Path,
     for srv in topo.server_list():
         nodes = "|".join(i.hostname for i in topo.instance_list()
                          if i.server == srv.index)
-        # the socket jobs.job_server_paths gives jobs.slurm_job_key(ID)
+        # the socket job_server_paths gives slurm_job_key(ID)
         sample = job_server_paths(servers_dir, srv.name, srv.index,
                                   slurm_job_key(0))
         sock = (f"{sample.dir.parent}/{SLURM_JOB_KEY_PREFIX}${{SLURM_JOB_ID}}"
