@@ -24,23 +24,36 @@ class CliError(Exception):
     """Bad command-line input found by the CLI itself: one line, exit 2."""
 
 
-def int_at_least(minimum: int):
-    """argparse type of count options: an integer >= minimum."""
-    def parse(text: str) -> int:
+T = TypeVar("T")
+
+
+def number(convert: Callable[[str], T], bad: str,
+           check: Callable[[T], Optional[str]] = lambda value: None
+           ) -> Callable[[str], T]:
+    """argparse type of a number option: `convert` of the text; `bad`
+    when it does not convert, and check(value) when that says what is
+    wrong (both formats of the text)."""
+    def parse(text: str) -> T:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-        if value < minimum:
-            kind = "a positive integer, " if minimum > 0 else ""
-            raise argparse.ArgumentTypeError(
-                f"must be {kind}at least {minimum}, not {value}")
+            value = convert(text)
+        except (ValueError, ArithmeticError):
+            raise argparse.ArgumentTypeError(bad.format(text))
+        why = check(value)
+        if why:
+            raise argparse.ArgumentTypeError(why.format(text))
         return value
     return parse
 
 
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type of count options: an integer >= minimum."""
+    kind = "a positive integer, " if minimum > 0 else ""
+    return number(int, "'{}' is not an integer", lambda value: None
+                  if value >= minimum else
+                  f"must be {kind}at least {minimum}, not {value}")
+
+
 positive_int = int_at_least(1)
-T = TypeVar("T")
 
 
 def checked(parse: Callable[[str], T]) -> Callable[[str], T]:

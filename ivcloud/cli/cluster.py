@@ -1,7 +1,7 @@
 """`ivcloud cluster up|status|mpirun|srun|sbatch|exec|put|migrate|down`:
 argument parsing and output; the work is in ivcloud.cluster: lifecycle
-(up/down/status), kinds (the instances), launch (entering instances,
-the mpirun command) and slurm (its daemons and commands)."""
+(up/down/status), kinds (the instances), job (the job pipeline) and
+slurm (its daemons and commands)."""
 
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def _cmd_up(args) -> int:
     if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
         vm = vm_instance.VmOptions(args.guest_deb, args.vm_memory,
                                    args.accel)
-    kind = kinds.choose(topo, vm, slurmd=args.scheduler == "slurm")
+    kind = kinds.choose(topo, vm)
     scheduler = None
     if args.scheduler == "slurm":
         scheduler = Slurm(SlurmOptions(
@@ -312,13 +312,12 @@ def _cmd_mpirun(args) -> int:
 
 def _refuse_options(args) -> None:
     """Options of an MPI's own that --mpi's MPI does not take."""
-    flavor = mpis.flavor(args.mpi)
-    for opt, value, takers, takes in (
-            ("--btl", args.btl, mpis.taking_options(), flavor.options_name),
-            ("--mca", args.mca, mpis.taking_options(), flavor.options_name),
-            ("--rankfile", args.rankfile, mpis.taking_rankfiles(),
-             flavor.takes_rankfile)):
-        if value and not takes:
+    for opt, value, takes in (("--btl", args.btl, "options_name"),
+                              ("--mca", args.mca, "options_name"),
+                              ("--rankfile", args.rankfile, "takes_rankfile")):
+        if value and not getattr(mpis.flavor(args.mpi), takes):
+            takers = [n for n in mpis.NAMES
+                      if getattr(mpis.flavor(n), takes)]
             raise CliError(f"{opt} applies to --mpi {', '.join(takers)} "
                            f"only, not '{args.mpi}'")
 

@@ -1,17 +1,11 @@
-"""`ivcloud libvirt ...`: domain XML, ivshmem hot-attach, Nova flavors.
-
-    domain-xml     a domain with <shmem>, pinning, NUMA and huge pages
-    shmem-xml      just the <shmem> device (for `virsh attach-device`)
-    attach-shmem   hot-attach an ivshmem device to a running domain
-    detach-shmem   remove it again (the guest must release it)
-    watch          attach each Nova instance to its project's own server
-    migrate        live-migrate a domain, its ivshmem devices let go first
-    nova-flavor    `openstack flavor` commands with the extra specs
-"""
+"""`ivcloud libvirt domain-xml|shmem-xml|attach-shmem|detach-shmem|watch|
+migrate|nova-flavor`: the command line of :mod:`ivcloud.libvirt` (domain
+XML, ivshmem hot-attach, live migration, Nova flavors)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import stat
@@ -26,7 +20,7 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
 from ..server import parse_size
-from . import CliError, checked, int_at_least
+from . import CliError, checked, int_at_least, number
 
 DEFAULT_URI = "qemu:///system"
 
@@ -37,15 +31,9 @@ _size = checked(parse_size)
 _cpus = checked(cpuset.parse)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number")
-    if not 0 < value <= 86400 * 365:
-        raise argparse.ArgumentTypeError("must be a positive number of "
-                                         "seconds")
-    return value
+_seconds = number(float, "'{}' is not a number", lambda value: None
+                  if 0 < value <= 86400 * 365 else
+                  "must be a positive number of seconds")
 
 
 def _add_shmem_args(p: argparse.ArgumentParser, prefix: str,
@@ -357,11 +345,8 @@ def _cmd_attach(args) -> int:
     # The socket check happens in attach_shmem for doorbell devices.
     shm = _shmem_from(args, check=False)
     assert shm is not None
-    conn = attach.connect(args.connect)
-    try:
+    with contextlib.closing(attach.connect(args.connect)) as conn:
         attach.attach_shmem(conn, args.domain, shm, live, persistent)
-    finally:
-        conn.close()
     where = " and ".join(w for w, on in (("running domain", live),
                                           ("definition", persistent)) if on)
     print(f"attached {shm.resolved_model} '{shm.name}' to "
@@ -372,12 +357,9 @@ def _cmd_attach(args) -> int:
 def _cmd_detach(args) -> int:
     from ..libvirt import attach
     live, persistent = _live_config(args)
-    conn = attach.connect(args.connect)
-    try:
+    with contextlib.closing(attach.connect(args.connect)) as conn:
         gone = attach.detach_shmem(conn, args.domain, args.shm_name, live,
                                    persistent, args.timeout)
-    finally:
-        conn.close()
     if not gone:
         raise attach.LibvirtFailure(
             f"detach of shmem '{args.shm_name}' requested, but "
@@ -404,14 +386,10 @@ def _cmd_watch(args) -> int:
             args.run_dir or os.environ.get("IVCLOUD_RUN_DIR")
             or "/run/ivcloud")
     regions = projects.ProjectRegions(control, policy, args.shm_name)
-
-    def report(line: str) -> None:
-        print(line, flush=True)
-
     count = attach.watch(args.connect,
                          attach.matcher(args.domain_glob, args.flavor),
-                         regions, report, once=args.once,
-                         timeout=args.timeout)
+                         regions, lambda line: print(line, flush=True),
+                         once=args.once, timeout=args.timeout)
     if args.once and count == 0:
         raise attach.LibvirtFailure("no matching domain started before the "
                                     "timeout")

@@ -1,12 +1,5 @@
-"""`ivcloud mag`: run micromagnetic problems and benchmark the solver.
-
-    ivcloud mag run PROBLEM.toml --out DIR [--np N] [--transport T] [--quiet]
-                    [--resume] [--checkpoint-every SECONDS]
-    ivcloud mag check PROBLEM.toml          validate, print the effective TOML
-    ivcloud mag bench [--json FILE] [--np 1,2] [--problems bar,sp4] [--rounds 3]
-                      [--peer neuralmag]
-    ivcloud mag converge PROBLEM.toml --out DIR [--cells 10,5,3.3] [--layers 3]
-                    [--method grid|dense|fmm|auto|graded] [--reference auto|none|FILE]
+"""`ivcloud mag run|check|bench|converge`: run micromagnetic problems
+and benchmark the solver.
 
 The solver is the `micromag` package (its own package in this
 repository; it never imports ivcloud); launching a run on N ranks and
@@ -26,7 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..apps.mag import CHILD_FLAG, TRANSPORTS
-from . import CliError, positive_int
+from . import CliError, number, positive_int
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BENCH_PROBLEMS = ("bar", "sp4")
@@ -45,15 +38,9 @@ def _np_list(text: str) -> List[int]:
     return out
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not (v >= 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of "
-                                         f"seconds >= 0")
-    return v
+_NOT_SECONDS = "'{}' is not a number of seconds >= 0"
+_seconds = number(float, _NOT_SECONDS, lambda value: None
+                  if 0 <= value < float("inf") else _NOT_SECONDS)
 
 
 def register(sub) -> None:
@@ -200,7 +187,8 @@ def cmd_converge(args) -> int:
             args.problem, Path(args.out), cells,
             cv.parse_layers(args.layers, len(cells)), ranks=args.np,
             transport=args.transport, reference=args.reference,
-            log=_stderr_line, method=args.method, edge_h=args.edge_h,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+            method=args.method, edge_h=args.edge_h,
             duration=args.duration, times=_times(args.times), tol=args.tol,
             no_run=args.no_run, checkpoint_every=args.checkpoint_every)
     sys.stdout.write(study.format_report(report) + "\n")
@@ -214,11 +202,6 @@ def _times(text: Optional[str]) -> Optional[List[float]]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise CliError(f"--times '{text}' is not a list of numbers") from None
-
-
-def _stderr_line(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 @contextlib.contextmanager

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from fractions import Fraction
@@ -12,27 +11,12 @@ from ..place.planner import FILLS, PlacementTopology
 from ..place.rankfile import (PARTITIONERS, choose_partitioner,
                               cluster_shape, plan, read_graph,
                               write_rankfile)
-from . import CliError, positive_int
+from . import CliError, number, positive_int
 
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-    if not 0 <= value < 1 << 31:
-        raise argparse.ArgumentTypeError("seed must be 0..2^31-1")
-    return value
-
-
-def _percent(text: str) -> Fraction:
-    try:
-        value = Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number")
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError("imbalance must be 0..100 (%)")
-    return value
+_seed = number(int, "'{}' is not an integer", lambda value: None
+               if 0 <= value < 1 << 31 else "seed must be 0..2^31-1")
+_percent = number(Fraction, "'{}' is not a number", lambda value: None
+                  if 0 <= value <= 100 else "imbalance must be 0..100 (%)")
 
 
 def register(sub) -> None:

@@ -9,7 +9,7 @@ import json
 from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, MAX_FAST_CHANNELS,
                       MAX_PEERS, MAX_QUEUE_SLOTS, format_size, parse_size,
                       paths_for, start, status, stop)
-from . import CliError, checked
+from . import CliError, checked, number
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -20,18 +20,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                         f"(default $IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
 
 
-def _ranged_int(lo: int, hi: int):
+def _ranged_int(lo: int, hi: int, power_of_two: bool = False):
     """argparse type of an integer option with a closed range."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: '{text}'")
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(
-                f"must be {lo}..{hi}, not {value}")
-        return value
-    return parse
+    return number(int, "invalid int value: '{}'", lambda value:
+                  f"must be {lo}..{hi}, not {value}"
+                  if not lo <= value <= hi else
+                  f"must be a power of two, not {value}"
+                  if power_of_two and value & (value - 1) else None)
 
 
 def register(sub) -> None:
@@ -51,7 +46,7 @@ def register(sub) -> None:
     s.add_argument("--max-peers", type=_ranged_int(2, MAX_PEERS), default=None,
                    help=f"registry slots in the region, 2..{MAX_PEERS} "
                         f"(default 8); the region grows linearly with them")
-    s.add_argument("--queue-slots", type=_pow2_int(2, MAX_QUEUE_SLOTS),
+    s.add_argument("--queue-slots", type=_ranged_int(2, MAX_QUEUE_SLOTS, True),
                    default=None,
                    help="cells of each peer's receive queue, shared by its "
                         "senders: a power of two (default 64)")
@@ -80,19 +75,6 @@ def register(sub) -> None:
     _common(u)
     u.add_argument("--json", action="store_true", help="print JSON")
     u.set_defaults(func=_cmd_status)
-
-
-def _pow2_int(lo: int, hi: int):
-    """argparse type of a power of two in a closed range."""
-    ranged = _ranged_int(lo, hi)
-
-    def parse(text: str) -> int:
-        value = ranged(text)
-        if value & (value - 1):
-            raise argparse.ArgumentTypeError(
-                f"must be a power of two, not {value}")
-        return value
-    return parse
 
 
 def _cmd_start(args) -> int:

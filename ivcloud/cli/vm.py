@@ -15,15 +15,9 @@ from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
-from . import CliError, checked, remainder
+from . import CliError, checked, number, remainder
 
-
-def _integer(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, not '{text}'")
-    return v
+_integer = number(int, "expected an integer, not '{}'")
 
 
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:

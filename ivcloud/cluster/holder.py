@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..errors import HolderError
 from ..procfs import cmdline, pids, start_time
@@ -99,10 +99,6 @@ exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1
 """
 
 
-def marker(cluster: str, role: str) -> str:
-    return f"{MARKER}:{cluster}:{role}"
-
-
 # ---------------------------------------------------------------- /proc
 
 def ns_inode(pid: int, kind: str) -> Optional[int]:
@@ -120,9 +116,6 @@ class Holder:
 
     def alive(self) -> bool:
         return start_time(self.pid) == self.start
-
-    def to_dict(self) -> Dict:
-        return {"role": self.role, "pid": self.pid, "start": self.start}
 
     @classmethod
     def from_dict(cls, d: Dict) -> "Holder":
@@ -144,22 +137,23 @@ def find_by_marker(cluster: str) -> List[Holder]:
     return found
 
 
-def in_cluster_env(pid: int, cluster: str) -> bool:
-    """Does `pid` carry IVCLOUD_CLUSTER=<cluster> (set for everything the
-    launch agent and `exec` start, and inherited by their children)?"""
+def carries(pid: int, variable: str) -> bool:
+    """Does `pid`'s environment have `variable` (KEY=VALUE)?"""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return f"{CLUSTER_ENV}={cluster}".encode() in env.split(b"\0")
+    return variable.encode() in env.split(b"\0")
 
 
 def processes_in(namespaces: Dict[str, Iterable[int]],
                  cluster: Optional[str] = None) -> List[int]:
     """Pids (other than ours) living in any of the given namespaces,
     {'net': {inode, ...}, 'mnt': {...}}. With `cluster`, only those that
-    also carry its IVCLOUD_CLUSTER: for namespaces whose holder is gone,
-    whose inode numbers the kernel may already have handed out again."""
+    also carry its IVCLOUD_CLUSTER (set for everything the launch agent
+    and `exec` start, and inherited by their children): for namespaces
+    whose holder is gone, whose inode numbers the kernel may already have
+    handed out again."""
     wanted = {kind: set(inos) for kind, inos in namespaces.items() if inos}
     me = os.getpid()
     hits = []
@@ -168,7 +162,8 @@ def processes_in(namespaces: Dict[str, Iterable[int]],
             continue
         for kind, inos in wanted.items():
             if ns_inode(pid, kind) in inos:
-                if cluster is None or in_cluster_env(pid, cluster):
+                if cluster is None or \
+                        carries(pid, f"{CLUSTER_ENV}={cluster}"):
                     hits.append(pid)
                 break
     return hits
@@ -188,7 +183,7 @@ def spawn(cluster: str, role: str, *, unshare_flags: Sequence[str],
     if cpus:
         argv += ["taskset", "-c", ",".join(str(c) for c in cpus)]
     argv += ["unshare", *unshare_flags, "--", "bash", "-c", _SCRIPT,
-             marker(cluster, role), hostname,
+             f"{MARKER}:{cluster}:{role}", hostname,
              str(hosts_file) if hosts_file else "",
              str(cover_dir) if cover_dir else "", *keep_visible]
     # Own session: a Ctrl-C meant for `up` must not reach the holders
@@ -253,10 +248,6 @@ def enter_argv(pid: int, kinds: Sequence[str] = NS_KINDS) -> List[str]:
     """argv prefix running a command inside holder `pid`'s namespaces."""
     flags = {"net": "-n", "uts": "-u", "ipc": "-i", "mnt": "-m"}
     return ["nsenter", "-t", str(pid), *(flags[k] for k in kinds), "--"]
-
-
-def live_pids(holders: Iterable[Holder]) -> Set[int]:
-    return {h.pid for h in holders if h.alive()}
 
 
 def holder_info(state: Dict, role: str) -> Dict:

@@ -85,7 +85,11 @@ def plan_job(state: Dict, job: Job) -> Plan:
     """Everything run_job checks and builds before anything starts."""
     check_job(job)
     flavor = mpis.flavor(job.mpi)
-    _check_slots(state, job)
+    topo = topology_from_dict(state["topology"])
+    slots = topo.servers * topo.instances_per_server * topo.vcpus
+    if job.np > slots and not job.oversubscribe:
+        raise ClusterError(f"{job.np} ranks exceed the cluster's {slots} "
+                           f"vCPUs", setting="oversubscribe")
     unknown = [h for h in job.hosts if h not in state.get("instances", {})]
     if unknown:
         raise ClusterError(f"no instance '{unknown[0]}' in cluster "
@@ -93,7 +97,6 @@ def plan_job(state: Dict, job: Job) -> Plan:
     kind = kinds.of_state(state)
     site = kind.job_site(state)
     program = kind.job_program(state, flavor, job.program, job.transport)
-    topo = topology_from_dict(state["topology"])
     files: Dict[str, str] = {}
     rankfile = None
     if job.rankfile is not None:
@@ -161,12 +164,4 @@ def run_slurm(state: Dict, command: str, args: Sequence[str],
     finally:
         if hostfile is not None and command == "srun":
             hostfile.unlink(missing_ok=True)
-
-
-def _check_slots(state: Dict, job: Job) -> None:
-    topo = state["topology"]
-    slots = topo["servers"] * topo["instances_per_server"] * topo["vcpus"]
-    if job.np > slots and not job.oversubscribe:
-        raise ClusterError(f"{job.np} ranks exceed the cluster's {slots} "
-                           f"vCPUs", setting="oversubscribe")
 

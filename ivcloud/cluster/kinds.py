@@ -71,8 +71,6 @@ class JobSite:
 
 class InstanceKind(ABC):
     name: ClassVar[str]
-    # whether `--scheduler slurm` can run a slurmd in each instance
-    runs_slurmd: ClassVar[bool] = False
     # whether the servers' standing ivshmem-servers tell their clients
     # that a peer left (docs/server-protocol.md, "Quiet leaves")
     standing_leave_notices: ClassVar[bool] = True
@@ -94,7 +92,14 @@ class InstanceKind(ABC):
 
     def exec(self, state: Dict, host: str, argv: Sequence[str]) -> int:
         """`argv` in instance (or head node) `host`, our stdio; its status."""
-        return _exec_in_holder(state, host, argv)
+        try:
+            full, env, cpus = enter_command(state, host, argv)
+        except LaunchError as e:
+            raise ClusterError(str(e))
+        status = subprocess.run(
+            full, env=env, cwd="/",
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus)).returncode
+        return status if status >= 0 else 128 - status
 
     def guest_packages(self) -> List[str]:
         """Packages (file names) installed beside the guest package."""
@@ -162,7 +167,8 @@ class InstanceKind(ABC):
         """What run_launcher would run, for a dry run."""
 
     def slurm_nodes(self) -> Nodes:
-        """What Slurm needs of these instances (slurm/nodes.py)."""
+        """What Slurm needs of these instances (slurm/nodes.py); a kind
+        that runs no slurmd refuses `--scheduler slurm` here."""
         raise ClusterError(f"{self.name} instances cannot run slurmd",
                            setting="scheduler")
 
@@ -181,7 +187,6 @@ class NamespaceInstances(InstanceKind):
     launch agent (launch.py), each job in regions of its own unless it
     shares the servers' standing ones (regions.py)."""
     name = "namespace"
-    runs_slurmd = True
 
     def start(self, build) -> None:
         servers = build.topo.server_list()
@@ -194,8 +199,9 @@ class NamespaceInstances(InstanceKind):
                 cover_dir=build.sd.run_dir,
                 keep_visible=[str(p.relative_to(build.sd.run_dir))
                               for p in build.visible_in(srv)])
-            build.state["links"].append(
-                network.attach_instance(build.fabric, pid, inst, srv))
+            network.attach(build.fabric, pid, srv.bridge, inst.bridge_port,
+                           inst.address)
+            build.state["links"].append(inst.bridge_port)
             build.save()
             build.log(f"  {inst.hostname}: {inst.address}, cpus "
                       f"{','.join(map(str, inst.cpus))}, server {srv.name}")
@@ -304,7 +310,6 @@ class VmInstances(InstanceKind):
     the guests' devices were attached at boot, so jobs share each
     server's standing region (a VM cluster is one trust domain)."""
     name = "vm"
-    runs_slurmd = True   # the image's slurmd (slurm/guests.py)
     # the clients are QEMU devices, which must be able to leave (a
     # migration) after another peer left: QEMU 7.2 cannot unplug a
     # device that was told of a leave (qemu.remove_chardev)
@@ -447,15 +452,11 @@ class VmInstances(InstanceKind):
         return migrate.migrate(sd, state, host, server, wait_jobs_s, log)
 
 
-def choose(topo: ClusterTopology, vm: Optional[VmOptions] = None,
-           slurmd: bool = False) -> InstanceKind:
+def choose(topo: ClusterTopology,
+           vm: Optional[VmOptions] = None) -> InstanceKind:
     """The kind of a cluster about to be brought up: QEMU guests when
     `vm` is given (checked now: QEMU, the guest package, memory), else
-    namespaces. slurmd: the instances are to run Slurm's slurmd."""
-    cls = NamespaceInstances if vm is None else VmInstances
-    if slurmd and not cls.runs_slurmd:
-        raise ClusterError(f"{cls.name} instances cannot run slurmd",
-                           setting="scheduler")
+    namespaces."""
     if vm is None:
         return NamespaceInstances()
     return VmInstances(vm_instance.preflight(topo, vm))
@@ -468,16 +469,6 @@ def of_state(state: Optional[Dict]) -> InstanceKind:
     if (state or {}).get("kind") == VmInstances.name:
         return VmInstances(VmConfig.from_dict(state["vm"]))
     return NamespaceInstances()
-
-
-def _exec_in_holder(state: Dict, host: str, argv: Sequence[str]) -> int:
-    try:
-        full, env, cpus = enter_command(state, host, argv)
-    except LaunchError as e:
-        raise ClusterError(str(e))
-    proc = subprocess.run(full, env=env, cwd="/",
-                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
 
 def _guest_shell(state: Dict, host: str, command: str,

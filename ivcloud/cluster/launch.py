@@ -1,29 +1,18 @@
 """Getting into namespace instances: the launch agent, what the
 instances see of the host, the order a placement fills them in.
 
-Open MPI starts its daemon (orted) on a remote node with
-`AGENT HOST COMMAND...`, like ssh. Our agent (`python -m
-ivcloud.cluster.launch --state-dir DIR HOST COMMAND...`, wrapped in the
-cluster's `agent` script) looks HOST up in the state file, checks that
-the instance's holder is still the process we started, and execs
-`nsenter` into its network, UTS, IPC and mount namespaces with
-
-  * the instance's CPUs (nsenter keeps the caller's affinity, not the
-    holder's, so the agent sets it: everything orted starts inherits it);
-  * a fresh environment as sshd would give (nothing of mpirun's own
-    environment leaks in), TMPDIR=/tmp (the instance's private tmpfs,
-    where orted and PMIx keep their session directories) and
-    IVSHM_SOCKET = the socket of the job's region on the instance's
-    server (jobs.py; the server's standing region for a job that shares
-    it), which the ivshmem BTL reads when btl_ivshmem_socket is not set,
-    and the same as FI_IVSHM_SOCKET for the libfabric provider;
-  * COMMAND joined and run by /bin/sh -c, since Open MPI quotes it for
-    a remote shell.
-
 A job's launcher (mpirun, or hydra's and PRRTE's, ivcloud.mpis) runs
-on the head node (its own namespaces on the core bridge, no ranks), so
-that every rank is launched through the agent and every daemon reaches
-the launcher over the cluster network (kinds.py, ivcloud.cluster.job).
+on the head node and starts its daemons on an instance with `AGENT HOST
+COMMAND...`, like ssh. Our agent (`python -m ivcloud.cluster.launch
+--state-dir DIR HOST COMMAND...`, wrapped in the cluster's `agent`
+script) looks HOST up in the state file, checks that the instance's
+holder is still the process we started, and execs `nsenter` into its
+namespaces with the instance's CPUs (nsenter keeps the caller's
+affinity), a fresh environment as sshd would give (instance_env: among
+it IVSHM_SOCKET, the socket of the job's region on the instance's
+server, which the BTL and the provider read) and COMMAND run by
+/bin/sh -c, since launchers quote it for a remote shell
+(docs/cluster.md, "Commands").
 """
 
 from __future__ import annotations
@@ -142,16 +131,6 @@ def enter_command(state: Dict, host: str, argv: Sequence[str],
     return enter_argv(holder.pid) + cmd, instance_env(state, host), cpus
 
 
-def exec_in(state: Dict, host: str, argv: Sequence[str],
-            shell: bool = False) -> None:
-    """Replace this process by `argv` inside instance `host`."""
-    full, env, cpus = enter_command(state, host, argv, shell)
-    os.sched_setaffinity(0, cpus)
-    # the caller's directory may not exist inside (private /tmp)
-    os.chdir("/")
-    os.execvpe(full[0], full, env)
-
-
 # ---------------------------------------------------------------- a job's view
 
 def working_dir(cwd: Optional[str] = None) -> str:
@@ -205,12 +184,17 @@ def agent_main(argv: Optional[List[str]] = None) -> int:
                          "--state-dir DIR HOST [COMMAND...]\n")
         return 255
     host, cmd = args[0], args[1:]
-    sd = StateDir(state_dir.name[len("cluster-"):], state_dir.parent)
+    sd = StateDir.of(state_dir)
     try:
         state = load(sd)
         if state is None:
             raise LaunchError(f"no cluster state in {state_dir}")
-        exec_in(state, host, cmd, shell=True)
+        # this process replaced by `cmd` inside instance `host`
+        full, env, cpus = enter_command(state, host, cmd, shell=True)
+        os.sched_setaffinity(0, cpus)
+        # the caller's directory may not exist inside (private /tmp)
+        os.chdir("/")
+        os.execvpe(full[0], full, env)
     except Exception as e:  # any failure: one line, like ssh
         sys.stderr.write(f"ivcloud cluster agent: {host}: {e}\n")
     return 255  # ssh's status for "could not connect"

@@ -1,25 +1,15 @@
 """`up`, `down` and `status`: building a cluster step by step, recording
-every step, and taking it all apart again from the record.
+every step in state.json before the next starts, and taking it all
+apart again from the record (docs/cluster.md, "Commands").
 
-Order of `up` (each step saved to state.json before the next starts):
-
-    1. state dir (the lock), hosts file, agent script (and
-       with --scheduler slurm its files, slurm/daemons.py)
-    2. fabric holder (a network namespace for the switches), core bridge
-    3. per server: its ivshmem-server, bridge and shaped uplink
-    4. per instance: its holder (namespaces, tmpfs, hostname, CPUs), veth
-       (VM instances, vm_instance.py: per guest its tap, then its QEMU;
-       then the boot of all of them)
-    5. head holder (where mpirun runs), veth into the core bridge
-    6. --scheduler slurm: munged and slurmctld in the head node, slurmd
-       in every instance (slurm/daemons.py)
-
-`down` (also the rollback of a failed `up`) works from the record plus a
-sweep for holders by their marker, so an `up` killed by SIGKILL at any
-point leaves nothing `down` cannot find: it kills every process inside
-the instances' and head's namespaces, stops the servers, deletes the
-links and the fabric, then checks that none of it is left before it
-removes the state directory.
+`up`: the state dir (the lock), hosts file, agent script and with
+--scheduler slurm its files (slurm/daemons.py); the fabric holder and
+core bridge; per server its ivshmem-server, bridge and shaped uplink;
+the instances (their kind's start, kinds.py); the head holder; Slurm's
+daemons. `down`, also the rollback of a failed `up`, works from the
+record plus a sweep for holders by their marker, so that an `up`
+killed by SIGKILL at any point leaves nothing it cannot find, and
+checks that nothing is left before it removes the state directory.
 """
 
 from __future__ import annotations
@@ -335,16 +325,14 @@ def _kill_all(listing, grace_s: float, rounds: int = 5):
     (first=True): the first round kills those holders, and the kernel
     may hand a freed namespace's inode number to somebody else's, so
     later rounds take only processes that carry the cluster's marker.
-    Returns (how many were stopped, pids that survived SIGKILL)."""
-    seen: set = set()
+    Returns the pids that survived SIGKILL."""
     survivors: set = set()
     for r in range(rounds):
         pids = set(listing(r == 0)) - survivors
         if not pids:
             break
-        seen |= pids
         survivors |= set(procfs.kill_pids(sorted(pids), grace_s))
-    return len(seen - survivors), sorted(survivors)
+    return sorted(survivors)
 
 
 def _merged(a: Dict, b: Dict) -> Dict:
@@ -357,16 +345,16 @@ def _kill_inside(name: str, holders: List[holder.Holder], certain: Dict,
     (_namespaces' certain and recorded ones)."""
     return _kill_all(
         lambda first: (set(_cluster_processes(name, certain, recorded))
-                       | holder.live_pids(holders)) if first else
+                       | {h.pid for h in holders if h.alive()}) if first else
         set(_cluster_processes(name, {}, _merged(certain, recorded))),
         grace_s)
 
 
-def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[str]:
-    """Remove everything of the cluster; returns what was done. Raises
-    ClusterFailure (after doing all it can) if anything is left."""
+def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0
+             ) -> None:
+    """Remove everything of the cluster. Raises ClusterFailure (after
+    doing all it can) if anything is left."""
     name = sd.name
-    done: List[str] = []
     problems: List[str] = []
     all_holders = _holders_of(state, name)
     fabric = [h for h in all_holders if h.role == "fabric"]
@@ -381,30 +369,17 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                                                              {}))
     roles.discard("fabric")
     certain, recorded = _namespaces(state, all_holders, roles)
-    stopped, left = _kill_inside(name, others, certain, recorded, grace_s)
-    if stopped:
-        done.append(f"stopped {stopped} processes in instances")
+    left = _kill_inside(name, others, certain, recorded, grace_s)
     if left:
         problems.append(f"pids {left} survived SIGKILL")
 
     # 2. ivshmem-servers (their sockets, pid files and regions). A server
     # whose directory does not exist was never started by us: a region
     # of that name belongs to someone else and stays.
-    problems += regions.stop_all(regions.left_behind(sd.servers))
-    started = []
-    for srv_name in _server_names(state, sd):
-        paths = server_mod.paths_for(srv_name, str(sd.servers))
-        if not paths.dir.is_dir():
-            continue
-        started.append(paths)
-        if server_mod.running_pid(paths) is None and \
-                not server_mod.leftovers(paths):
-            server_mod.remove_dir(paths)
-            continue
-        try:
-            done.append(server_mod.stop(paths))
-        except IvcloudError as e:
-            problems.append(str(e))
+    started = [p for p in (server_mod.paths_for(n, str(sd.servers))
+                           for n in _server_names(state, sd))
+               if p.dir.is_dir()]
+    problems += regions.stop_all(regions.left_behind(sd.servers) + started)
 
     # 3. the fabric: links first (ports before bridges), then its holder
     links = list((state or {}).get("links", []))
@@ -414,10 +389,8 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
                      and n != CORE_BRIDGE]
             bridges = [n for n in links if n not in ports]
             network.delete_links(h.pid, ports + bridges)
-            if links:
-                done.append(f"deleted {len(links)} links")
     fab_certain, fab_recorded = _namespaces(state, all_holders, {"fabric"})
-    _, left = _kill_inside(name, fabric, fab_certain, fab_recorded, grace_s)
+    left = _kill_inside(name, fabric, fab_certain, fab_recorded, grace_s)
     if left:
         problems.append(f"fabric pids {left} survived SIGKILL")
 
@@ -429,9 +402,7 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     def remaining():
         return set(_cluster_processes(name, {}, recorded)
                    + [h.pid for h in holder.find_by_marker(name)])
-    late, _ = _kill_all(lambda first: remaining(), grace_s)
-    if late:   # slipped in meanwhile
-        done.append(f"stopped {late} more processes")
+    _kill_all(lambda first: remaining(), grace_s)   # slipped in meanwhile
     still = remaining()
     if still:
         problems.append(f"processes {sorted(set(still))} still in the "
@@ -449,11 +420,9 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0) -> List[
     shutil.rmtree(sd.dir, ignore_errors=True)
     if sd.dir.exists():
         raise ClusterFailure(f"cannot remove {sd.dir}")
-    done.append(f"removed {sd.dir}")
-    return done
 
 
-def down(sd: StateDir) -> List[str]:
+def down(sd: StateDir) -> None:
     if os.geteuid() != 0:
         raise ClusterError("cluster down needs root")
     state = load(sd) if sd.dir.is_dir() else None
@@ -468,15 +437,21 @@ def down(sd: StateDir) -> List[str]:
                 and procfs.start_time(b["pid"]) == b["start"]):
             raise ClusterError(f"cluster '{sd.name}' is being built by pid "
                            f"{b['pid']} (wait for it, or kill it first)")
-    return teardown(sd, state)
+    teardown(sd, state)
 
 
 # ---------------------------------------------------------------- status
 
-def status(sd: StateDir) -> Dict:
+def _recorded(sd: StateDir) -> Dict:
+    """The state of a cluster, or ClusterError when there is none."""
     state = load(sd) if sd.dir.is_dir() else None
     if state is None:
         raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
+    return state
+
+
+def status(sd: StateDir) -> Dict:
+    state = _recorded(sd)
     topo = topology_from_dict(state["topology"])
     servers = []
     for srv in state["servers"].values():
@@ -492,13 +467,10 @@ def status(sd: StateDir) -> Dict:
             "instances": [i["hostname"] for i in state["instances"].values()
                           if i["server"] == srv["index"]]})
     kind = kinds.of_state(state)
-    instances = []
-    for inst in state["instances"].values():
-        info = kind.instance_info(state, inst["hostname"])
-        instances.append({"hostname": inst["hostname"],
-                          "server": inst["server"],
-                          "address": inst["address"],
-                          "planned_cpus": inst["cpus"], **info})
+    instances = [{"hostname": inst["hostname"], "server": inst["server"],
+                  "address": inst["address"], "planned_cpus": inst["cpus"],
+                  **kind.instance_info(state, inst["hostname"])}
+                 for inst in state["instances"].values()]
     head = {**state["head"], **holder.holder_info(state, HEAD_HOSTNAME)}
     fabric = holder.holder_info(state, "fabric")
     slurm = slurm_status(state)
@@ -521,9 +493,7 @@ def status(sd: StateDir) -> Dict:
 
 def load_up(sd: StateDir) -> Dict:
     """The state of a cluster that is up (for mpirun / exec)."""
-    state = load(sd) if sd.dir.is_dir() else None
-    if state is None:
-        raise ClusterError(f"cluster '{sd.name}' is not up (no {sd.state})")
+    state = _recorded(sd)
     if state.get("phase") != "up":
         raise ClusterError(f"cluster '{sd.name}' is {state.get('phase')}, not "
                            f"up (take it down and bring it up again)")

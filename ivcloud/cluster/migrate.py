@@ -1,48 +1,17 @@
 """Live migration of a VM cluster's instance to another emulated server
 (`cluster migrate INSTANCE --to SERVER`): the guest leaves its server's
 region, QEMU moves it to a new QEMU process "on" the destination server,
-and it joins the destination server's region (docs/cluster.md,
-"Migration").
+and it joins the destination server's region.
 
 QEMU migrates no ivshmem-doorbell device, so the guest's device of boot,
 in its root port of its own (qemu.BOOT_PORT), comes out first and a
 device on the destination server's standing ivshmem-server goes into
 the same port of the new QEMU after: the guest finds it at the PCI
-address it had, ivshm-bind binds it and writes the new IVPosition. The
-steps, each a phase on the progress lines:
-
-1. check    the instance, the server, the guest's devices (a Slurm job's
-            device would not migrate), no other migration of the cluster
-2. drain    the MPI-level hook before the region goes (drain): refuses
-            while ranks of a BTL job, or other users of the device, run
-            in the guest, or waits for them
-3. unplug   device_del of the device, chardev-remove (its server sees the
-            peer leave), the guest's ivshm-bind unit of it stopped
-4. tap      the destination's tap in the destination server's bridge (in
-            the fabric's network namespace, as at `up`)
-5. start    the destination QEMU: the same machine (vCPUs, memory, MAC,
-            kernel command line, root ports; its root file system the
-            same qcow2 overlay: shared storage), no device yet,
-            `-incoming defer -S`, in STATE_DIR/vm/<host>.s<k>/
-6. migrate  `migrate-incoming` on a unix socket of the destination,
-            `migrate` on the source, waited for; QEMU's downtime reported
-7. plug     the destination server's device into the destination's
-            BOOT_PORT while the guest is still paused there
-8. switch   `cont` on the destination, `quit` on the source, whose tap
-            and directory go: from here the guest runs on the
-            destination
-9. bind     in the guest: ivshm-bind of the device, bounded
-10. attach  the MPI-level hook after (attach): nothing yet
-11. record  state.json: the vCPU threads (pinned to the instance's own
-            planned CPUs, as before; the instance's server, directory,
-            tap and QEMU pid were recorded at the switch)
-
-A failure up to step 8 undoes the steps done, in reverse: the
-destination QEMU is killed before the source resumes (they share the
-disk, and the destination never ran), the source's device goes back into
-its port and the guest binds it again. A failure after it (the guest
-does not bind its new device) moves the guest back the same way, to its
-source server. Either way the error names the step that failed.
+address it had. The steps, each a phase on the progress lines (check,
+drain, unplug, tap, start, migrate, plug, switch, bind, attach,
+record), and how a failure is undone (in reverse up to the switch, by
+moving the guest back after it; the error names the step):
+docs/cluster.md, "Migration".
 """
 
 from __future__ import annotations
@@ -78,10 +47,6 @@ BTL_LIBRARY = "mca_btl_ivshmem.so"
 
 class StepFailed(ClusterFailure):
     """A migration step failed (and what was done was undone)."""
-
-
-def _say(log: Optional[Callable[[str], None]]) -> Callable[[str], None]:
-    return log or (lambda line: sys.stderr.write(line + "\n"))
 
 
 # ---------------------------------------------------------------- check
@@ -171,18 +136,12 @@ def region_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
 def drain(state: Dict, host: str, sock: Path, addr: str,
           wait_jobs_s: Optional[float], say) -> None:
     """Before the guest's device (at `addr`) goes: what uses the region
-    lets go of it.
-
-    The hook of the MPI level. The BTL (Open MPI 4.1) cannot move a peer
-    to another path under ob1 (docs/mpi.md): while ranks of a BTL job
-    run in the guest the migration is refused, naming the job, or, with
-    `wait_jobs_s`, waits that long for them to end. Nothing else lets go
-    of a region yet, so any other process that uses the device is
-    refused (or waited for) the same way: the guest would not give the
-    device back while a process holds its vfio group, and would give it
-    back when that process ends, after the migration was given up. The
-    libfabric provider's ranks are to be asked here to move their
-    co-resident peers to the core path."""
+    lets go of it (the MPI level's hook; docs/cluster.md, "Migration").
+    Nothing can yet: the BTL cannot move a peer to another path under
+    ob1, and a process holding the device's vfio group would keep the
+    guest from giving it back. So while any process uses the device the
+    migration is refused, naming it, or, with `wait_jobs_s`, waits that
+    long for it to end."""
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
     said = False
@@ -237,7 +196,7 @@ def unplug(d: Path, host: str) -> str:
     return addr
 
 
-def plug_qemu(d: Path, host: str, server_socket: str) -> str:
+def plug_qemu(d: Path, server_socket: str) -> str:
     """The QEMU side of a plug: a device on `server_socket` into
     BOOT_PORT of the QEMU in `d` (which may be paused); its PCI
     address."""
@@ -262,7 +221,7 @@ def restore(d: Path, host: str, server_socket: str) -> None:
         if qemu.find_device(q, qemu.BOOT_DEVICE) is not None:
             return
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
-    addr = plug_qemu(d, host, server_socket)
+    addr = plug_qemu(d, server_socket)
     vm_instance.guest_run(d / "agent.sock", host,
                           guest_regions.clear_script(addr), GUEST_TIMEOUT_S)
     bind(d, host, addr)
@@ -388,7 +347,7 @@ class _Move:
     def plug_destination(self) -> None:
         # undone with the destination QEMU, whose guest never saw it
         self.phase("plug")
-        got = plug_qemu(self.dest_dir, self.host, self.socket_of(self.dest))
+        got = plug_qemu(self.dest_dir, self.socket_of(self.dest))
         if got != self.addr:
             raise ClusterFailure(f"the device is at {got} on the "
                                  f"destination, not at {self.addr}")
@@ -413,18 +372,17 @@ class _Move:
         self._drop_tap(self.src_tap)
 
     def finish(self) -> None:
-        d = self.dest_dir
         self.phase("bind")
-        bind(d, self.host, self.addr)
+        bind(self.dest_dir, self.host, self.addr)
         self.phase("attach")
-        attach(self.state, self.host, d / "agent.sock", self.say)
+        attach(self.state, self.host, self.dest_dir / "agent.sock",
+               self.say)
 
     def record(self) -> None:
-        d = self.dest_dir
         self.phase("record")
         rec = self.state["vms"][self.host]
         rec["vcpu_threads"] = vm_instance.pin(
-            d, self.state["instances"][self.host]["cpus"])
+            self.dest_dir, self.state["instances"][self.host]["cpus"])
         rec["device"] = self.addr
         save(self.sd, self.state)
 
@@ -497,7 +455,7 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
     for a request that cannot be (nothing was touched); StepFailed,
     naming the step, when a step failed (undone: the guest runs on its
     source with its device)."""
-    say = _say(log)
+    say = log or (lambda line: sys.stderr.write(line + "\n"))
     t0 = time.monotonic()
     src, dest = check(state, host, server)
     lock = sd.dir / "migrate.lock"

@@ -21,8 +21,7 @@ from typing import List, Optional, Sequence
 
 from ..errors import NetworkError
 from . import holder
-from .topology import (CORE_BRIDGE, INSTANCE_IFNAME, PREFIX_LEN, Instance,
-                       Server)
+from .topology import CORE_BRIDGE, INSTANCE_IFNAME, PREFIX_LEN, Server
 
 HEAD_PORT = "i-head"
 TBF_LATENCY = "50ms"
@@ -47,10 +46,6 @@ def ip_batch(holder_pid: int, lines: Sequence[str], force: bool = False):
         argv.append("-force")
     argv += ["-batch", "-"]
     return _run(argv, "\n".join(lines) + "\n", check=not force)
-
-
-def tc(holder_pid: int, *args: str) -> None:
-    _run(holder.enter_argv(holder_pid, ("net",)) + ["tc", *args])
 
 
 def tbf_burst_bytes(rate_bps: int) -> int:
@@ -83,10 +78,11 @@ def create_server_switch(fabric_pid: int, server: Server,
         # tbf on both ends: up-sK's egress is the server's outbound
         # traffic, cp-sK's egress its inbound.
         for dev in (up, cp):
-            tc(fabric_pid, "qdisc", "add", "dev", dev, "root", "tbf",
-               "rate", f"{rate_bps}bit",
-               "burst", str(tbf_burst_bytes(rate_bps)),
-               "latency", TBF_LATENCY)
+            _run(holder.enter_argv(fabric_pid, ("net",)) + [
+                "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                "rate", f"{rate_bps}bit",
+                "burst", str(tbf_burst_bytes(rate_bps)),
+                "latency", TBF_LATENCY])
     return [br, up, cp]
 
 
@@ -104,13 +100,6 @@ def attach(fabric_pid: int, holder_pid: int, bridge: str, port: str,
         f"addr add {address}/{PREFIX_LEN} dev {INSTANCE_IFNAME}",
         f"link set {INSTANCE_IFNAME} up",
     ])
-
-
-def attach_instance(fabric_pid: int, holder_pid: int, inst: Instance,
-                    server: Server) -> str:
-    attach(fabric_pid, holder_pid, server.bridge, inst.bridge_port,
-           inst.address)
-    return inst.bridge_port
 
 
 def add_tap(fabric_pid: int, tap: str, bridge: str) -> None:

@@ -1,22 +1,13 @@
-"""A region of its own for every job: one trust domain per region.
+"""A region of its own for every job: one trust domain per region
+(docs/security.md; docs/cluster.md, "One region per job").
 
-A region is shared only inside one trust domain (docs/security.md): the
-ranks of one MPI job trust each other as MPI ranks do, but a rank of
-another job, or of another tenant, must not be able to write into their
-rings. So `cluster mpirun` starts, for each emulated server, an
-ivshmem-server of the job's own (its own region), and tells the job's
-ranks its socket through IVSHM_SOCKET; the servers are stopped when the
-job ends. A tenant may instead choose to run its jobs in the cluster's
-standing per-server region (shared between those jobs).
-
-Jobs under Slurm (slurm/) get the same regions, made by the
-scheduler's hooks rather than by the launcher: named after Slurm's job
-id (slurm_job_key), started before the job's ranks and stopped when the
-job ends (start_regions, stop_regions). The hooks start a VM
-cluster's job servers without leave notices (docs/server-protocol.md,
-"Quiet leaves"): their only clients are the guests' devices of the job,
-and a guest's device can then be unplugged after another guest of the
-job died.
+`cluster mpirun` starts, for each emulated server, an ivshmem-server of
+the job's own and tells the job's ranks its socket through
+IVSHM_SOCKET (launch.instance_env); the servers stop when the job ends.
+A tenant may instead run its jobs in the standing per-server region.
+Jobs under Slurm (slurm/) get the same regions from the scheduler's
+hooks, named after Slurm's job id (slurm_job_key), without leave
+notices on a VM cluster (docs/server-protocol.md, "Quiet leaves").
 
 Files: the job's server on emulated server k lives in SERVER_DIR/JOBsK/
 (SERVER_DIR is the emulated server's directory, the one its instances
@@ -57,17 +48,13 @@ def slurm_job_key(job_id: int) -> str:
     return f"{SLURM_JOB_KEY_PREFIX}{int(job_id)}"
 
 
-def jobs_dir(servers_dir: Path, server_name: str) -> Path:
-    """Where a server's job servers live: its own directory."""
-    return Path(servers_dir) / server_name
-
-
 def job_server_paths(servers_dir: Path, server_name: str, index: int,
                      job: str) -> server_mod.ServerPaths:
-    # unique per job and server (in host-file mode it would also name the
-    # region file /dev/shm/ivcloud-NAME)
+    # in the server's own directory; unique per job and server (in
+    # host-file mode it would also name the region file
+    # /dev/shm/ivcloud-NAME)
     return server_mod.paths_for(f"{job}s{index}",
-                                str(jobs_dir(servers_dir, server_name)))
+                                str(Path(servers_dir) / server_name))
 
 
 def job_socket(state: Dict, server_index: int, job: str) -> str:
@@ -161,7 +148,7 @@ def left_behind(servers_dir: Path) -> List[server_mod.ServerPaths]:
 
 def job_dirs(servers_dir: Path, server_name: str) -> List[Path]:
     """The job servers' directories of one emulated server."""
-    d = jobs_dir(servers_dir, server_name)
+    d = Path(servers_dir) / server_name
     return sorted(p for p in d.iterdir()
                   if p.is_dir() and _JOB_RE.match(p.name)) \
         if d.is_dir() else []

@@ -49,8 +49,7 @@ class ClusterSession:
         self._signals = contextlib.ExitStack()
         self.vm = vm
         # refuses (no QEMU, no package, memory) before anything exists
-        self.instances = kinds.choose(self.topo, vm,
-                                      slurmd=slurm is not None)
+        self.instances = kinds.choose(self.topo, vm)
         self.scheduler = Slurm(slurm) if slurm is not None else None
         self._staged: Dict[str, str] = {}
 
@@ -82,18 +81,15 @@ class ClusterSession:
         self._signals.enter_context(process.interrupts())
         try:
             # up() rolls back by itself when it fails or is interrupted
-            lifecycle.up(self.topo, self.sd, log=lambda line: None,
-                         kind=self.instances, scheduler=self.scheduler)
-            self.state = lifecycle.load_up(self.sd)
+            self.state = lifecycle.up(
+                self.topo, self.sd, log=lambda line: None,
+                kind=self.instances, scheduler=self.scheduler)
         except BaseException:
-            self._restore()
+            self._signals.close()
             raise
         self.log.write(f"cluster '{self.name}' up: {self.topo.describe()}"
                        f"\n")
         return self
-
-    def _restore(self) -> None:
-        self._signals.close()
 
     def __exit__(self, *exc) -> None:
         try:
@@ -105,7 +101,7 @@ class ClusterSession:
                 lifecycle.down(self.sd)
             self.log.write(f"cluster '{self.name}' down\n")
         finally:
-            self._restore()
+            self._signals.close()
 
     def stage(self, program: os.PathLike) -> str:
         """The path by which the instances run host program `program`

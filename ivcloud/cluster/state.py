@@ -27,6 +27,11 @@ from ..server import DEFAULT_RUN_DIR
 STATE_VERSION = 1
 
 
+def below(base: str, name: str) -> property:
+    """A path named `name` inside the path attribute `base`."""
+    return property(lambda self: getattr(self, base) / name)
+
+
 @dataclass(frozen=True)
 class StateDir:
     name: str
@@ -36,23 +41,15 @@ class StateDir:
     def dir(self) -> Path:
         return self.run_dir / f"cluster-{self.name}"
 
-    @property
-    def state(self) -> Path:
-        return self.dir / "state.json"
+    state = below("dir", "state.json")
+    hosts = below("dir", "hosts")
+    agent = below("dir", "agent")
+    servers = below("dir", "servers")   # ivcloud.server's run dir
 
-    @property
-    def hosts(self) -> Path:
-        return self.dir / "hosts"
-
-    @property
-    def agent(self) -> Path:
-        return self.dir / "agent"
-
-    @property
-    def servers(self) -> Path:
-        """ivcloud.server run dir of this cluster's ivshmem-servers."""
-        return self.dir / "servers"
-
+    @classmethod
+    def of(cls, path: Path) -> "StateDir":
+        """The StateDir whose `dir` is `path`."""
+        return cls(path.name[len("cluster-"):], path.parent)
 
 
 def state_dir(name: str, run_dir: Optional[str] = None) -> StateDir:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from .. import server as server_mod
@@ -73,7 +73,6 @@ class Server:
 
     @property
     def name(self) -> str:
-        """The ivshmem-server's name (ivcloud.server naming)."""
         return f"{self.cluster}-s{self.index}"
 
     @property
@@ -82,12 +81,10 @@ class Server:
 
     @property
     def uplink(self) -> str:
-        """Uplink veth end enslaved to this server's bridge."""
         return f"up-s{self.index}"
 
     @property
     def uplink_peer(self) -> str:
-        """The other end, enslaved to the core bridge."""
         return f"cp-s{self.index}"
 
 
@@ -124,11 +121,7 @@ class ClusterTopology:
                 f"instances x {self.vcpus} vCPUs{rate}")
 
     def to_dict(self) -> Dict:
-        return {"name": self.name, "servers": self.servers,
-                "instances_per_server": self.instances_per_server,
-                "vcpus": self.vcpus, "uplink_rate_bps": self.uplink_rate_bps,
-                "oversubscribe": self.oversubscribe,
-                "host_cpus": list(self.host_cpus)}
+        return asdict(self)
 
 
 def check_name(name: str) -> str:
@@ -196,9 +189,8 @@ def plan(name: str, servers: int, instances_per_server: int, vcpus: int,
 
 
 def topology_from_dict(d: Dict) -> ClusterTopology:
-    return ClusterTopology(d["name"], d["servers"], d["instances_per_server"],
-                    d["vcpus"], d.get("uplink_rate_bps"),
-                    d.get("oversubscribe", False), list(d["host_cpus"]))
+    """The topology of ClusterTopology.to_dict's `d`."""
+    return ClusterTopology(**d)
 
 
 def hosts_file_text(topo: ClusterTopology) -> str:

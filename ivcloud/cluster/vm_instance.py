@@ -3,24 +3,13 @@
 The topology, servers, bridges and uplinks are the namespace cluster's
 (lifecycle.py); only the instances differ. Each is the Debian guest of
 ivcloud.vm.debian, booted by QEMU running in the fabric's network
-namespace with
-
-- a virtio-net NIC on a tap t-<hostname>, made beforehand in that
-  namespace and enslaved to its server's bridge (the cloud's default
-  path: bridge, uplink, core), its address and the other instances'
-  names given on the kernel command line (the image's ready script sets
-  them up);
-- an ivshmem-doorbell device on its server's standing ivshmem-server
-  socket, which `cluster mpirun` jobs use (no region per job as for
-  namespaces), in a PCIe root port of its own so that a migration can
-  unplug it (migrate.py);
-- its root file system a qcow2 overlay, STATE_DIR/vm/<hostname>.qcow2,
-  over the cached image, which a migration's two QEMUs share (the
-  cloud's shared storage);
-- with Slurm, empty PCIe root ports (job_ports): the controller's prolog
-  plugs a device on the job's own region into them for the job's life
-  (slurm/guest_regions.py);
-- its vCPU threads pinned, vCPU i to the instance's i-th planned CPU.
+namespace with a NIC on a tap in its server's bridge, an
+ivshmem-doorbell device on its server's standing ivshmem-server in a
+root port of its own (which a migration unplugs: migrate.py), its root
+file system a qcow2 overlay that a migration's two QEMUs share, with
+Slurm empty root ports for jobs' devices (job_ports,
+slurm/guest_regions.py), and its vCPU threads pinned (docs/cluster.md,
+"Instances as QEMU guests").
 
 Everything of a guest's QEMU lives in its directory, STATE_DIR/vm/
 <hostname>/ (the layout of ivcloud.vm.lifecycle: qemu.pid, console.log,

@@ -23,7 +23,7 @@ job's region, private regions), local.py (a job on this host alone:
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict
 
 from ..errors import MpiFlavorError
 from .base import (ACROSS_INSTANCES, Command, Flavor, Launch, OfiFlavor,
@@ -49,15 +49,5 @@ def flavor(name: str) -> Flavor:
     return _FLAVORS[name]
 
 
-def taking_options() -> List[str]:
-    """The MPIs that take parameters of their own (Open MPI's MCA)."""
-    return [n for n, f in _FLAVORS.items() if f.options_name]
-
-
-def taking_rankfiles() -> List[str]:
-    return [n for n, f in _FLAVORS.items() if f.takes_rankfile]
-
-
 __all__ = ["ACROSS_INSTANCES", "Command", "DEFAULT", "Flavor", "Launch",
-           "NAMES", "OFI_NAMES", "OfiFlavor", "flavor", "mpi_root",
-           "taking_options", "taking_rankfiles"]
+           "NAMES", "OFI_NAMES", "OfiFlavor", "flavor", "mpi_root"]

@@ -1,23 +1,16 @@
 """Debian 12's Open MPI 4.1 with our BTL (mca_btl_ivshmem.so, built from
 native/btl; in guests, from the ivcloud-guest package).
 
-ob1 drives the BTLs (UCX, where installed, would bypass them all); the
-BTL list names ours for ivshmem, with tcp behind it for ranks the
-region cannot reach (another server, a full region), and vader between
-ranks of one instance (they share its /dev/shm, as a VM's processes do).
-A launch on this host alone (`ivcloud mpirun`) leaves vader out: there
-the region is the point. One-sided communication goes as messages (osc
-pt2pt), so through our BTL (Debian's default `osc = ^ucx,pt2pt` leaves
-osc rdma, which refuses windows over these BTLs); osc pt2pt refuses
-windows under MPI_THREAD_MULTIPLE, which mpi4py asks for by default, so
-mpi4py programs are told to ask for `serialized`.
-
-The component attaches to the region MCA parameters name
-(btl_ivshmem_region, btl_ivshmem_socket), else to $IVSHM_REGION /
-$IVSHM_SOCKET (what a cluster's launch agent gives every rank), else
-stays out of the way. Remote daemons (orted) start through the launch's
-agent as plm_rsh_agent, all from the launching node (no tree spawn).
-With the report switch every rank prints at finalize
+ob1 drives the BTLs: ours for ivshmem, tcp behind it for ranks the
+region cannot reach, vader between ranks of one instance (left out on
+this host alone, where the region is the point); one-sided operations
+go as messages (osc pt2pt), so mpi4py programs ask for `serialized`
+threads (docs/mpi.md, "The exact mpirun settings"). The component
+attaches to the region MCA parameters name, else to $IVSHM_REGION /
+$IVSHM_SOCKET (what a cluster's launch agent gives every rank). Remote
+daemons (orted) start through the launch's agent as plm_rsh_agent, all
+from the launching node. With the report switch every rank prints at
+finalize
 
     btl_ivshmem: rank R sent M msgs B bytes, received M msgs B bytes, sleeps S
 """
@@ -118,16 +111,6 @@ def parse_btl_counters(text: str) -> Dict[int, Dict[str, int]]:
     return out
 
 
-def set_option(options: List[Tuple[str, str]], key: str, value: str) -> None:
-    """Set an MCA parameter, replacing one of that key (a repeated --mca
-    is joined with ',' by Open MPI, not replaced)."""
-    for i, (k, _) in enumerate(options):
-        if k == key:
-            options[i] = (key, value)
-            return
-    options.append((key, value))
-
-
 class OpenMpi(Flavor):
     name = "openmpi"
     title = "Open MPI 4.1"
@@ -159,30 +142,28 @@ class OpenMpi(Flavor):
         return []
 
     def mca(self, launch: Launch) -> List[Tuple[str, str]]:
-        """The MCA parameters of a launch, its own options last (one of a
-        key replaces ours)."""
+        """The MCA parameters of a launch, its own options last: one of a
+        key replaces ours in its place (Open MPI would join a repeated
+        --mca with ',')."""
         in_instances = bool(launch.hosts or launch.rank_hosts)
-        mca: List[Tuple[str, str]] = []
+        mca: Dict[str, str] = {}
         if launch.transport == "ivshmem" and not launch.installed:
             ours = launch.components or component_dir()
-            mca.append(("mca_base_component_path",
-                        f"{stock_component_dir()}:{ours}"))
-        mca += [("pml", "ob1"),
-                ("btl", btl_list(launch.transport,
-                                 in_instances=in_instances))]
+            mca["mca_base_component_path"] = f"{stock_component_dir()}:{ours}"
+        mca.update(pml="ob1", btl=btl_list(launch.transport,
+                                           in_instances=in_instances))
         if launch.report:
-            mca.append(("btl_ivshmem_verbose", "1"))
+            mca["btl_ivshmem_verbose"] = "1"
         if launch.transport == "ivshmem":
-            mca.append(("osc", "pt2pt"))
+            mca["osc"] = "pt2pt"
         if launch.agent:
-            mca += [("plm", "rsh"), ("plm_rsh_agent", launch.agent),
-                    ("plm_rsh_no_tree_spawn", "1")]
+            mca.update(plm="rsh", plm_rsh_agent=launch.agent,
+                       plm_rsh_no_tree_spawn="1")
         if launch.interface:
-            mca += [("oob_tcp_if_include", launch.interface),
-                    ("btl_tcp_if_include", launch.interface)]
-        for key, value in launch.options:
-            set_option(mca, str(key), str(value))
-        return mca
+            mca.update(oob_tcp_if_include=launch.interface,
+                       btl_tcp_if_include=launch.interface)
+        mca.update((str(k), str(v)) for k, v in launch.options)
+        return list(mca.items())
 
     def rank_env(self, launch: Launch) -> Dict[str, str]:
         env: Dict[str, str] = {}

@@ -1,18 +1,10 @@
 """The libfabric provider `ivshm` (native/provider): where its build is,
-the variables it reads, and the line every process prints at exit.
-
-The provider carries messages between co-resident processes over one
-ivshmem region and hands every other peer to a core provider (tcp) it
-opens itself, so an MPI that speaks libfabric sees one provider for all
-its peers. It finds the region through FI_IVSHM_SOCKET (an
-ivshmem-server socket: what a cluster's launch agent gives every rank)
-or FI_IVSHM_REGION (a region file, or the BAR file of a guest's ivshmem
-device: what the guest package's login environment sets). With
-FI_IVSHM_REPORT=1 each process prints, at exit,
+the variables it reads (FI_IVSHM_SOCKET, an ivshmem-server socket, or
+FI_IVSHM_REGION, a region file or a guest device's BAR file) and the
+line every process prints at exit with FI_IVSHM_REPORT=1
+(docs/mpi.md, "Other MPIs"):
 
     fi_ivshm: pid P sent S received R delegated D
-
-S and R counted over the region, D handed to the delegated provider.
 """
 
 from __future__ import annotations

@@ -25,19 +25,11 @@ PRIVATE_MIN_SIZE = 64 * MIB
 PRIVATE_HEAP = 32 * MIB       # on top of the receive areas: windows, big messages
 # Receive areas of MPI regions (one per rank, linear in ranks): a queue of
 # MPI_QUEUE_SLOTS cells every sender appends to, and MPI_FAST_CHANNELS
-# rings for the busiest senders. A slot holds one whole BTL fragment (the
-# BTL sizes max_send_size to one slot's payload), so the BTL packs
-# fragments into the region and delivers them from it in place.
-# MPI_RING_SHAPES lists (slots, slot size) from the preferred shape down;
-# many ranks get shorter rings to keep the areas in the budget. The slots
-# stay at 16 KiB + 64 as long as possible: the BTL's fragments are about
-# 32 KiB in whole slots, so only a payload above 16 KiB makes a fragment
-# exactly one slot (smaller slots would send every fragment through the
-# copying path). 64 slots of 16 KiB rather than 16 of 64 KiB (the same
-# 1 MiB per ring): PTRANS's many mid-sized messages keep more fragments
-# in flight (PTRANS 0.85 of vader against 0.77, ring bandwidth still 1.6x
-# vader's; BENCHMARKS.md). From about 100 ranks on, 4 KiB slots, whose
-# fragments span several slots and go through the copying path.
+# rings for the busiest senders, of the first of MPI_RING_SHAPES (slots,
+# slot size) that fits the budget. A slot of 16 KiB + 64 holds one whole
+# BTL fragment, delivered in place; 64 of them rather than 16 of 64 KiB
+# keep more fragments in flight. Many ranks get shorter rings, from about
+# 100 on 4 KiB slots (docs/mpi.md, "The exact mpirun settings").
 MPI_RING_SHAPES = ((64, 16 * 1024 + 64), (32, 16 * 1024 + 64),
                    (16, 16 * 1024 + 64), (16, 4096))
 MPI_QUEUE_SLOTS = 64

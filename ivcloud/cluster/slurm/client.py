@@ -23,7 +23,7 @@ from .. import kinds
 from ..launch import enter_command
 from ..state import StateDir, save
 from ..topology import HEAD_HOSTNAME, topology_from_dict
-from .conf import SlurmPaths, hostfile_text, topology_conf_text
+from .conf import SlurmPaths, topology_conf_text
 from .nodes import binary, last_line, slurm_env
 
 CLIENT_TIMEOUT_S = 30.0
@@ -114,19 +114,7 @@ def set_topology(state: Dict, shape: str) -> None:
     os.replace(tmp, p.topology)
     query(state, [binary("scontrol"), "reconfigure"])
     state["slurm"]["topology"] = shape
-    save(StateDir(state["name"], Path(state["dir"]).parent), state)
-
-
-def arbitrary_hostfile(state: Dict, hosts: Sequence[str], keep: bool
-                       ) -> Path:
-    """A SLURM_HOSTFILE placing task i on hosts[i], where the head node
-    and the instances see it. `keep`: it outlives the command (sbatch:
-    the job's own sruns read it when the job starts); `down` removes
-    it with the state directory."""
-    d = paths(state).jobs_dir
-    path = d / f"hostfile.{'batch' if keep else 'step'}.{uuid.uuid4().hex[:8]}"
-    path.write_text(hostfile_text(hosts))
-    return path
+    save(StateDir.of(Path(state["dir"])), state)
 
 
 def client_command(state: Dict, command: str, args: Sequence[str],
@@ -138,8 +126,10 @@ def client_command(state: Dict, command: str, args: Sequence[str],
     the head node, working in `cwd` (the caller's directory if the
     instances see it, else /). hosts: task i on hosts[i] (Slurm's
     arbitrary distribution, e.g. from a planner's rankfile); the
-    hostfile it is written to is returned (for srun, the caller
-    removes it afterwards)."""
+    hostfile it is written to, where the head node and the instances see
+    it, is returned (for srun, the caller removes it afterwards; an
+    sbatch job's own sruns read it when the job starts, and `down`
+    removes it with the state directory)."""
     if command not in ("srun", "sbatch"):
         raise ClusterError(f"no Slurm command '{command}' here (srun or "
                            f"sbatch)")
@@ -148,7 +138,9 @@ def client_command(state: Dict, command: str, args: Sequence[str],
     argv = [binary(command), f"--chdir={nodes.workdir(cwd)}"]
     hostfile = None
     if hosts:
-        hostfile = arbitrary_hostfile(state, hosts, keep=command == "sbatch")
+        hostfile = paths(state).jobs_dir / (f"hostfile.{command}."
+                                            f"{uuid.uuid4().hex[:8]}")
+        hostfile.write_text("".join(f"{h}\n" for h in hosts))
         argv += ["--distribution=arbitrary", f"--ntasks={len(hosts)}"]
     full, env, cpus = head_command(state, argv + list(args))
     if hostfile is not None:

@@ -1,7 +1,7 @@
 """The Slurm configuration of a cluster, as text: slurm.conf,
-topology.conf, the task prolog, the hook wrappers, the hostfile of an
-arbitrary distribution. Pure functions of the cluster's topology and
-paths; nothing here starts or writes anything (daemons.py does).
+topology.conf, the task prolog, the hook wrappers. Pure functions of the
+cluster's topology and paths; nothing here starts or writes anything
+(daemons.py does).
 
 Every path Slurm and munge use is under the cluster's state directory
 (SlurmPaths), but for slurmd's spool, which is /tmp/slurmd: each
@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 from ... import mpis
 from ...errors import ClusterError
 from ..regions import SLURM_JOB_KEY_PREFIX, job_server_paths, slurm_job_key
+from ..state import below
 from ..topology import HEAD_ADDRESS, HEAD_HOSTNAME, ClusterTopology
 
 # each instance's own /tmp (holder.py): local to the node, gone with it
@@ -42,59 +43,19 @@ class SlurmPaths:
     """STATE_DIR/slurm/: what the head node and every instance see."""
     root: Path
 
-    @property
-    def conf(self) -> Path:
-        return self.root / "slurm.conf"
-
-    @property
-    def topology(self) -> Path:
-        return self.root / "topology.conf"
-
-    @property
-    def mpi_conf(self) -> Path:
-        """Read from beside slurm.conf."""
-        return self.root / "mpi.conf"
-
-    @property
-    def munge_dir(self) -> Path:
-        return self.root / "munge"
-
-    @property
-    def munge_key(self) -> Path:
-        return self.munge_dir / "munge.key"
-
-    @property
-    def munge_socket(self) -> Path:
-        return self.munge_dir / "munge.socket"
-
-    @property
-    def ctld_state(self) -> Path:
-        return self.root / "ctld"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.root / "log"
-
-    @property
-    def pid_dir(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def jobs_dir(self) -> Path:
-        """Hostfiles of jobs given a rankfile."""
-        return self.root / "jobs"
-
-    @property
-    def task_prolog(self) -> Path:
-        return self.root / "task-prolog"
-
-    @property
-    def prolog(self) -> Path:
-        return self.root / "prolog-slurmctld"
-
-    @property
-    def epilog(self) -> Path:
-        return self.root / "epilog-slurmctld"
+    conf = below("root", "slurm.conf")
+    topology = below("root", "topology.conf")
+    mpi_conf = below("root", "mpi.conf")     # read from beside slurm.conf
+    munge_dir = below("root", "munge")
+    munge_key = below("munge_dir", "munge.key")
+    munge_socket = below("munge_dir", "munge.socket")
+    ctld_state = below("root", "ctld")
+    log_dir = below("root", "log")
+    pid_dir = below("root", "run")
+    jobs_dir = below("root", "jobs")     # hostfiles of jobs given a rankfile
+    task_prolog = below("root", "task-prolog")
+    prolog = below("root", "prolog-slurmctld")
+    epilog = below("root", "epilog-slurmctld")
 
     def pidfile(self, daemon: str) -> Path:
         """munged, slurmctld, or slurmd-NODE."""
@@ -174,28 +135,20 @@ def _boot_order(topo: ClusterTopology):
     return sorted(topo.instance_list(), key=lambda i: (i.index, i.server))
 
 
-def mpi_conf_text() -> str:
-    """mpi.conf: every PMIx fence over Slurm's ring. Slurm 22.05 runs
-    fences without data (Open MPI's barrier in MPI_Finalize) over its
-    tree algorithm by default, and that one let ranks leave MPI_Finalize
-    while a peer had not reached it yet (tests/test_slurm.py): a rank
-    could then exit before a co-resident peer read its last message
-    from the region."""
-    return ("# ivcloud/cluster/slurm/conf.py: fences over the ring, which\n"
-            "# synchronises (the tree did not: see mpi_conf_text)\n"
+# mpi.conf: every PMIx fence over Slurm's ring; over its default tree a
+# rank could leave MPI_Finalize, and exit, before a co-resident peer read
+# its last message from the region (docs/cluster.md, "Slurm's PMIx
+# fences")
+MPI_CONF = ("# ivcloud/cluster/slurm/conf.py: fences over the ring, which\n"
+            "# synchronises (the tree did not: see MPI_CONF)\n"
             "PMIxCollFence=ring\n")
-
-
-def guest_cgroup_conf_text() -> str:
-    """cgroup.conf of a VM cluster's guests. slurmd initialises its
-    cgroup plugin even with proctrack/linuxproc and task/none; on the
-    guests' cgroup v2 under systemd, it would ask systemd over D-Bus
-    (which the image has not) for a scope for the slurmstepds, and not
-    start without one. Slurm makes that cgroup itself instead: nothing
-    else in a guest manages cgroups."""
-    return ("# a VM cluster's guests (ivcloud/cluster/slurm/conf.py): no\n"
-            "# D-Bus there; slurmd makes its cgroups itself\n"
-            "IgnoreSystemd=yes\n")
+# cgroup.conf of a VM cluster's guests: slurmd would ask systemd over
+# D-Bus, which the image has not, for a scope for its cgroups, and not
+# start without one (docs/cluster.md, "Slurm on VM clusters")
+GUEST_CGROUP_CONF = (
+    "# a VM cluster's guests (ivcloud/cluster/slurm/conf.py): no\n"
+    "# D-Bus there; slurmd makes its cgroups itself\n"
+    "IgnoreSystemd=yes\n")
 
 
 def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:
@@ -260,7 +213,7 @@ def task_prolog_text(topo: ClusterTopology, servers_dir: Path,
     for srv in topo.server_list():
         nodes = "|".join(i.hostname for i in topo.instance_list()
                          if i.server == srv.index)
-        # the socket jobs.job_server_paths gives jobs.slurm_job_key(ID)
+        # the socket job_server_paths gives slurm_job_key(ID)
         sample = job_server_paths(servers_dir, srv.name, srv.index,
                                   slurm_job_key(0))
         sock = (f"{sample.dir.parent}/{SLURM_JOB_KEY_PREFIX}${{SLURM_JOB_ID}}"
@@ -337,12 +290,6 @@ def hook_script_text(hook: str, state_dir: Path, repo: Path,
             f"exec {shlex.quote(sys.executable)} -m ivcloud.cluster.slurm.hooks "
             f"{hook} --state-dir {shlex.quote(str(state_dir))} "
             f">> {shlex.quote(str(log))} 2>&1\n")
-
-
-def hostfile_text(hosts: Sequence[str]) -> str:
-    """SLURM_HOSTFILE of `srun --distribution=arbitrary`: task i runs on
-    line i's node."""
-    return "".join(f"{h}\n" for h in hosts)
 
 
 def hosts_of_rankfile(text: str, known: Sequence[str]) -> List[str]:

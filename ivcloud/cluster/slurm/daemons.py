@@ -1,27 +1,16 @@
 """Bringing a cluster's Slurm up (`cluster up --scheduler slurm`), and
-what `status` says of it.
+what `status` says of it: STATE_DIR/slurm/ (a munge key of the
+cluster's own and conf.py's files) in `up`'s files step, kept visible
+in every instance; once the head node is up, munged and slurmctld in it
+and slurmd in every instance as the instances' kind starts it
+(nodes.py, guests.py), then until every node is idle (docs/cluster.md,
+"Slurm").
 
-During `up` (lifecycle.Build calls these):
-
-  files step   STATE_DIR/slurm/: a munge key of the cluster's own,
-               slurm.conf, topology.conf, the task prolog and the
-               controller's hooks (conf.py); the directory is then kept
-               visible inside every instance (holder.py covers the rest
-               of the run dir);
-  slurm step   once the head node is up: munged (its own key, socket,
-               pid, seed and log under slurm/munge and slurm/log: the
-               host's munge is never touched) and slurmctld in the head
-               node, slurmd in every instance as the instances' kind
-               starts it (nodes.py: in a VM cluster's guests with munged
-               of their own, guests.py);
-               then until every node is idle.
-
-Every daemon is started through the launch agent's way into a holder
-(nodes.start_in_holder), so it lives in the cluster's namespaces and
+Every daemon in a holder is started through the launch agent's way into
+it (nodes.start_in_holder), so it lives in the cluster's namespaces and
 carries IVCLOUD_CLUSTER: `down`'s sweep stops it with everything else
-there, also after `up` was killed, and removing the state directory
-removes every file. Nothing outside it is written, and no account is
-made (SlurmUser=root).
+there, also after `up` was killed. Nothing outside the state directory
+is written, and no account is made (SlurmUser=root).
 """
 
 from __future__ import annotations
@@ -38,8 +27,8 @@ from ..regions import SLURM_JOB_KEY_LONGEST, job_server_paths
 from ..state import StateDir
 from ..topology import HEAD_HOSTNAME, ClusterTopology
 from .nodes import binary, start_in_holder
-from .conf import (SlurmPaths, task_env, hook_script_text,
-                   mpi_conf_text, slurm_conf_text, task_prolog_text,
+from .conf import (MPI_CONF, SlurmPaths, hook_script_text,
+                   slurm_conf_text, task_env, task_prolog_text,
                    topology_conf_text)
 
 SCHEDULERS = ("none", "slurm")
@@ -73,9 +62,7 @@ class Slurm:
     def preflight(self, topo: ClusterTopology, sd: StateDir,
                   kind: "kinds.InstanceKind") -> None:
         """Refusals before anything exists (ClusterError: bad input)."""
-        if not kind.runs_slurmd:   # kinds.choose says so to the CLI
-            raise ClusterError(f"{kind.name} instances cannot run slurmd",
-                               setting="scheduler")
+        kind.slurm_nodes()   # refuses a kind that runs no slurmd
         slice_s = self.options.time_slice_s
         if slice_s and not MIN_TIME_SLICE_S <= slice_s <= MAX_TIME_SLICE_S:
             raise ClusterError(f"a time slice must be {MIN_TIME_SLICE_S}.."
@@ -129,7 +116,7 @@ class Slurm:
         paths.conf.write_text(slurm_conf_text(b.topo, paths,
                                               self.options.time_slice_s))
         paths.topology.write_text(topology_conf_text(b.topo, "tree"))
-        paths.mpi_conf.write_text(mpi_conf_text())
+        paths.mpi_conf.write_text(MPI_CONF)
         env = task_env(b.topo, {}, installed=False)
         _write_script(paths.task_prolog,
                       task_prolog_text(b.topo, b.sd.servers, env))
@@ -180,18 +167,15 @@ def _write_script(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------- status
 
-def daemon_alive(state: Dict, rec: Dict) -> bool:
-    return kinds.of_state(state).slurm_nodes().alive(state, rec)
-
-
 def status(state: Dict) -> Optional[Dict]:
     """For `cluster status`: each daemon's pid and whether it lives, and
     the nodes' states as slurmctld sees them; None without Slurm."""
     if state.get("scheduler") != "slurm":
         return None
     from .client import node_states
+    nodes = kinds.of_state(state).slurm_nodes()
     daemons = {name: {"pid": rec.get("pid"), "host": rec.get("host"),
-                      "alive": daemon_alive(state, rec)}
+                      "alive": nodes.alive(state, rec)}
                for name, rec in state["slurm"].get("daemons", {}).items()}
     try:
         nodes = node_states(state)

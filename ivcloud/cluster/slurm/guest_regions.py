@@ -1,40 +1,22 @@
 """A Slurm job's own region in the guests of a VM cluster: an ivshmem
-device per guest, hot-plugged for the job's life.
+device per guest, hot-plugged for the job's life (docs/cluster.md,
+"Regions of VM clusters").
 
-A guest's device of boot is on its server's standing region, which
-`cluster mpirun` jobs share. A Slurm job gets, from the controller's
-prolog (hooks.py), an ivshmem-server of its own on each of its servers
-(regions.start_regions, as for namespace instances) and, in each of its
-guests, through the guest's QMP socket on the host:
-
-1. a free PCIe root port (vm_instance.job_ports made them at boot) and
-   the PCI address a device in it gets; under a lock per guest, so that
-   two jobs' prologs never pick the same port;
-2. in the guest, through its agent: the ivshm-bind unit and env file of
-   that address cleared (a device of an earlier job there whose epilog
-   could not clean up would look bound already);
-3. `chardev-add` of a socket chardev on the job's server and `device_add
-   ivshmem-doorbell` into the port (QEMU has done the server's handshake
-   when it returns);
-4. in the guest: the image's udev rule starts ivshm-bind for the device
-   (vfio-pci, /run/ivshm/ADDRESS.env); the agent waits for that,
-   bounded, and copies the env file to JOB_DIR/ID.env, where the guests'
-   task prolog (conf.guest_task_prolog_text) finds the job's device.
-
-The epilog undoes it, in two rounds over the job's guests: first
-`device_del` and a bounded wait until each guest gave its device back,
-then `chardev-remove` of each (QEMU refuses to close a chardev that a
-device still uses), the ivshm-bind unit stopped (so that a later device
-at that address is bound afresh) and both env files removed. The job's
-servers never send leave notices (hooks.prolog): QEMU 7.2 must not
-unplug a device after it was told that a peer of its server left
-(qemu.remove_chardev), so without them neither a guest of the job that
-died nor a chardev closed first stands in the way. A guest that is gone
-has nothing to undo; the others' devices come out as usual and free
-their root ports. The unplug also works around QEMU's handlers left on
-the device's eventfds (qemu.guard_eventfds). A guest that keeps its
-device (it did not give it back in time) is reported, with its chardev
-and files; the others are finished all the same.
+The controller's prolog (hooks.py) starts the job's servers
+(regions.start_regions) and plugs, in each of the job's guests through
+its QMP socket on the host, a device on its server's one into a free
+PCIe root port (vm_instance.job_ports made them at boot), under a lock
+per guest so that two jobs' prologs never pick the same port; the
+guest's ivshm-bind binds it and its env file is copied to
+JOB_DIR/ID.env, where the guests' task prolog
+(conf.guest_task_prolog_text) finds it. The epilog unplugs in two
+rounds over the job's live guests: every device_del first, then the
+chardevs (QEMU refuses to close one a device still uses) and the
+guest's files. The job's servers never send leave notices (QEMU 7.2
+must not unplug a device after it was told that a peer left:
+qemu.remove_chardev), so a guest of the job that died stands in no
+one's way; a guest that keeps its device is reported, the others are
+finished all the same.
 
 QEMU's QMP socket takes one client at a time: every session here is
 short, and the per-guest lock also orders the epilog's against the

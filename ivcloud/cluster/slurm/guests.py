@@ -1,27 +1,17 @@
 """slurmd in the guests of a VM cluster (`cluster up --instance-kind vm
---scheduler slurm`).
+--scheduler slurm`; docs/cluster.md, "Slurm on VM clusters").
 
-munged and slurmctld run in the head node as for namespace instances
-(daemons.py). A guest sees none of the host's files, so each is given,
-through its command agent (vm_instance.put_files and exec_in), copies
-of what its own munged and slurmd read, at the paths slurm.conf names
-(STATE_DIR/slurm/... inside the guest's file system, a snapshot that
+munged and slurmctld run in the head node as for namespace instances.
+A guest sees none of the host's files, so each gets, through its
+command agent, copies of what its own munged and slurmd read at the
+paths slurm.conf names (inside the guest's file system, a snapshot that
 goes with the guest): slurm.conf, topology.conf, mpi.conf, the guests'
-task prolog (conf.guest_task_prolog_text over
-conf.task_env, the settings the Open MPI flavour gives ranks in guests,
-and the job's own device: guest_regions.py), their cgroup.conf
-(conf.guest_cgroup_conf_text) and the cluster's munge key, private to the guest's munge user
-as munged requires. Then munged runs as that user and `slurmd -N HOST`
-as root, both with the cluster's files: the image's own units of them
-are masked (ivcloud/vm/debian.py).
-
-Nothing of this is on the host, so nothing can leak there: the daemons
-end with their guest, which `down` stops. state.json records each
-daemon's pid in its guest, with "guest": true, so that `status` and the
-epilog ask the guest whether it lives.
-
-Jobs run as the user who submits them, root in the head node, so their
-tasks are root in the guests, as in namespace instances.
+task prolog and cgroup.conf (conf.py) and the cluster's munge key,
+private to the guest's munge user. munged then runs as that user and
+`slurmd -N HOST` as root (the image's own units of them are masked:
+ivcloud/vm/debian.py). They end with their guest; state.json records
+each one's pid in its guest with "guest": true, so that `status` and
+the epilog ask the guest whether it lives.
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ from .. import vm_instance
 from . import guest_regions
 from ..topology import (HEAD_ADDRESS, HEAD_HOSTNAME, SUBNET,
                         topology_from_dict)
-from .conf import (SlurmPaths, guest_cgroup_conf_text,
+from .conf import (GUEST_CGROUP_CONF, SlurmPaths,
                    guest_task_prolog_text, task_env)
 from .nodes import Nodes, holder_daemon_alive
 
@@ -102,17 +92,7 @@ class GuestNodes(Nodes):
         prolog.parent.mkdir(mode=0o755, exist_ok=True)
         prolog.write_text(guest_task_prolog_text(env, guest_regions.JOB_DIR))
         prolog.chmod(0o755)
-        cgroup.write_text(guest_cgroup_conf_text())
-
-    @staticmethod
-    def _munge_files(paths: SlurmPaths) -> Dict[str, str]:
-        """munged's files in a guest: all in the munge directory, which its
-        user owns (the head's munged, root, keeps its pid and log with the
-        other daemons')."""
-        d = paths.munge_dir
-        return {"socket": str(paths.munge_socket), "key": str(paths.munge_key),
-                "pid": str(d / "munged.pid"), "seed": str(d / "munged.seed"),
-                "log": str(d / "munged.log")}
+        cgroup.write_text(GUEST_CGROUP_CONF)
 
     @staticmethod
     def _run(state: Dict, host: str, script: str) -> str:
@@ -129,7 +109,13 @@ class GuestNodes(Nodes):
         """munged and slurmd in guest `host`; their records ({name: {pid,
         host, guest}}) for state.json."""
         q = agent.quote
-        m = self._munge_files(paths)
+        # munged's files: all in the munge directory, which its user owns
+        # (the head's munged, root, keeps its pid and log with the other
+        # daemons')
+        d = paths.munge_dir
+        m = {"socket": str(paths.munge_socket), "key": str(paths.munge_key),
+             "pid": str(d / "munged.pid"), "seed": str(d / "munged.seed"),
+             "log": str(d / "munged.log")}
         self._run(state, host,
              f"mkdir -p {q([paths.root, paths.log_dir, paths.pid_dir])} && "
              f"mkdir -p -m 0700 {q([paths.munge_dir])} && "

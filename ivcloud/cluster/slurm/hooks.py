@@ -3,31 +3,15 @@ own on each server it uses, for exactly the job's life.
 
     python -m ivcloud.cluster.slurm.hooks prolog|epilog --state-dir DIR
 
-slurmctld runs the prolog (in the head node, once per job, with the
-job's id and node list in SLURM_JOB_ID and SLURM_JOB_NODELIST) before
-it lets the job start, and the epilog once the job ended, however it
-ended. The prolog starts an ivshmem-server per emulated server that one
-of the job's nodes is on (regions.start_regions, named after the job:
-regions.slurm_job_key); a failure fails the job before any rank started.
-The task prolog (conf.task_prolog_text) hands each task its server's
-socket. The epilog stops those servers. Why the controller's hooks
-rather than each node's Prolog/Epilog or a SPANK plugin: docs/cluster.md,
-"Slurm".
-
-A VM cluster's jobs get the same servers, and in each of the job's
-guests a device on its server's one, hot-plugged by the prolog and
-unplugged by the epilog (guest_regions.py); the guests' task prolog
-names that device to the BTL. The epilog also ends the job's processes
-in guests whose slurmd died (guests.end_job), before it unplugs: a rank
-left holding the device would keep the guest from giving it back.
-
-A node whose slurmd died (killed, or its instance gone) runs no epilog
-and cannot end the job's tasks: its slurmstepd and tasks would live on,
-still holding the job's region. So the epilog also ends, on each of the
-job's nodes whose slurmd is no longer alive, the processes of that job
-(those in the instance carrying SLURM_JOB_ID=ID, and its slurmstepd),
-as the cloud would power such a node off. What the prolog and epilog do
-in the nodes beyond the regions is the instance kind's (nodes.py).
+The prolog (in the head node, once per job, before the job starts)
+starts an ivshmem-server per emulated server one of the job's nodes
+(SLURM_JOB_NODELIST) is on, named after the job (regions.slurm_job_key);
+the task prolog (conf.task_prolog_text) hands each task its server's
+socket. The epilog, once the job ended however it ended, stops them.
+What they do in the nodes beyond the regions is the instance kind's
+(nodes.py: a VM cluster's guests get a device on the job's region, and
+the job's processes on nodes whose slurmd died are ended). Why the
+controller's hooks, and the failure cases: docs/cluster.md, "Slurm".
 
 Each run appends one line to slurm/log/hooks.log; exit status 0 when
 all went well (a prolog's non-zero status makes slurmctld cancel the
@@ -107,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.monotonic()
     job = os.environ.get("SLURM_JOB_ID", "?")
     try:
-        sd = StateDir(state_dir.name[len("cluster-"):], state_dir.parent)
+        sd = StateDir.of(state_dir)
         state = load(sd)
         if state is None:
             raise IvcloudError(f"no cluster state in {state_dir}")

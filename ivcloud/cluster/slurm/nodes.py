@@ -90,7 +90,10 @@ def _daemon_record(pidfile: Path, host: str, timeout_s: float = 10.0
     has."""
     deadline = time.monotonic() + timeout_s
     while True:
-        pid = _read_pid(pidfile)
+        try:
+            pid = int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
         start = procfs.start_time(pid) if pid else None
         if start is not None:
             return {"pid": pid, "start": start, "host": host}
@@ -98,13 +101,6 @@ def _daemon_record(pidfile: Path, host: str, timeout_s: float = 10.0
             raise ClusterFailure(f"{pidfile.name[:-4]} on {host} wrote no "
                                  f"pid file ({pidfile})")
         time.sleep(0.05)
-
-
-def _read_pid(pidfile: Path) -> Optional[int]:
-    try:
-        return int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def holder_daemon_alive(rec: Dict) -> bool:
@@ -159,11 +155,7 @@ def _of_job(pid: int, job: int) -> bool:
     argv = procfs.cmdline(pid)
     if argv and argv[0].startswith(f"slurmstepd: [{job}."):
         return True
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"SLURM_JOB_ID={job}".encode() in env
+    return holder.carries(pid, f"SLURM_JOB_ID={job}")
 
 
 def end_orphans(state: Dict, job: int, nodes: Sequence[str], kind: Nodes,
