@@ -31,7 +31,7 @@ from ivcloud.mpis import openmpi
 
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark  # noqa: F401
-from vm_support import cluster_guest_deb, qemus_naming
+from vm_support import qemus_naming
 
 RUN_DIR = Path("/var/tmp") / f"ivc-cmig-{os.getpid()}"
 NAME = "cmig"
@@ -135,11 +135,6 @@ def assert_on(host, server, other):
     out = guest_sh("s0i0", f"runuser -u mpi -- ssh -o BatchMode=yes {host} "
                            f"hostname")
     assert out.strip() == host, out
-
-
-@pytest.fixture(scope="module")
-def guest_deb(tmp_path_factory):
-    return cluster_guest_deb(tmp_path_factory.mktemp("deb"))
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from ivcloud.mpis import openmpi
 
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark  # noqa: F401
-from vm_support import cluster_guest_deb, qemus_naming
+from vm_support import qemus_naming
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = Path("/var/tmp") / f"ivc-cvm-{os.getpid()}"
@@ -97,11 +97,11 @@ def assert_nothing_left(name: str, fabric_pid=None):
     assert "t-s0i" not in out  # nothing leaked into the host's namespace
 
 
-@pytest.fixture(scope="module")
-def guest_deb(tmp_path_factory):
-    deb = cluster_guest_deb(tmp_path_factory.mktemp("deb"))
+@pytest.fixture(scope="module", autouse=True)
+def run_dir():
+    # guest_deb (conftest.py) is the session's
     try:
-        yield deb
+        yield RUN_DIR
     finally:
         shutil.rmtree(RUN_DIR, ignore_errors=True)
 
