@@ -171,3 +171,21 @@ def mpi_programs():
         yield build
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def guest_packages_dir(tmp_path_factory) -> Path:
+    """The directory of this build's packages (packaging/mkdeb.sh:
+    ivcloud-guest, ivcloud-host, python3-micromag), made once for the
+    session: every module of QEMU guests uses the same."""
+    from vm_support import guest_packages
+    return guest_packages(tmp_path_factory.mktemp("deb")).parent
+
+
+@pytest.fixture(scope="session")
+def guest_deb(guest_packages_dir) -> Path:
+    """The guest package, once the image a cluster of it boots (with the
+    solver's package) is built or found in the cache."""
+    from vm_support import cluster_guest_deb
+    return cluster_guest_deb(guest_packages_dir /
+                             "ivcloud-guest_0.1.0_amd64.deb")

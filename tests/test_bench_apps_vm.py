@@ -25,8 +25,9 @@ skipped scaling series are noted with their reasons, and nothing is
 left behind. Before that, bad input: one line, exit status 2, nothing
 made.
 
-The packages and the image come as in test_cluster_vm.py (its guest_deb
-fixture: built once, the image cached in /var/cache/ivcloud).
+The packages and the image are the session's, as in test_cluster_vm.py
+(conftest.py's guest_deb: built once, the image cached in
+/var/cache/ivcloud).
 IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
 """
 
@@ -44,9 +45,7 @@ import pytest
 
 from ivcloud.bench import apps
 
-# the same requirements as the image tests (root, QEMU, mmdebstrap), and
-# the same packages and image as the cluster tests
-from test_cluster_vm import guest_deb  # noqa: F401
+# the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark  # noqa: F401
 from vm_support import qemus_naming
 
@@ -77,7 +76,7 @@ def assert_nothing_left():
     assert "t-s0i" not in out
 
 
-def test_bad_input_exits_2(guest_deb, tmp_path):  # noqa: F811
+def test_bad_input_exits_2(guest_deb, tmp_path):
     # a guest package without the solver's beside it
     lone = tmp_path / "lone"
     lone.mkdir()
@@ -101,7 +100,7 @@ def test_bad_input_exits_2(guest_deb, tmp_path):  # noqa: F811
     assert_nothing_left()
 
 
-def test_bench_apps_quick_on_vms(guest_deb, tmp_path):  # noqa: F811
+def test_bench_apps_quick_on_vms(guest_deb, tmp_path):
     out = tmp_path / "demo"
     t0 = time.monotonic()
     try:

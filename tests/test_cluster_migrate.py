@@ -1,14 +1,16 @@
 """`ivcloud cluster migrate`: a QEMU guest of a VM cluster moved, live, to
 another emulated server and back (docs/cluster.md, "Migration").
 
-One cluster (2 servers x 1 instance x 1 vCPU, TCG) is booted once for
-the module; the tests use it in order: bad input, s1i0 moved to s0 (its
-address, ssh and agent still answer, its device is a peer of s0's
-region, and a BTL job now runs between the two guests through it, while
-nothing of its source is left), its move back refused while a BTL job
-runs in it and done once the job ended (--wait-jobs), a move whose
-destination QEMU fails to start (undone: the guest runs on its source
-with its device), and `down`, which leaves nothing.
+One cluster (2 servers x 1 instance x 1 vCPU, TCG, uplinks shaped to
+200mbit) is booted once for the module; the tests use it in order: bad
+input, s1i0 moved to s0 (its address, ssh and agent still answer, its
+device is a peer of s0's region, and a BTL job now runs between the two
+guests through it, while nothing of its source is left), its move back
+refused while a BTL job runs in it and done once the job ended
+(--wait-jobs), a move whose destination QEMU fails to start (undone:
+the guest runs on its source with its device), an ivshmem job between
+the two servers (over TCP through the shaped uplinks) and one whose
+launching guest is killed, and `down`, which leaves nothing.
 IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
 """
 
@@ -27,28 +29,36 @@ from pathlib import Path
 
 import pytest
 
+from ivcloud.cluster.migrate import BTL_LIBRARY
 from ivcloud.mpis import openmpi
 
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark  # noqa: F401
-from vm_support import cluster_guest_deb, qemus_naming
+from vm_support import qemus_naming
+# the cluster tests' pingpong and the BTL's exit lines
+from test_cluster_vm import PROGRAM as PINGPONG, _counters
 
 RUN_DIR = Path("/var/tmp") / f"ivc-cmig-{os.getpid()}"
 NAME = "cmig"
 
-# an allreduce, then the time given in seconds asleep (a job that is
-# still running when a migration is asked for)
+# an allreduce, then asleep for the time given in seconds or until
+# RELEASE exists in the rank's guest, whichever comes first (a job that
+# is still running when a migration is asked for, and ends when the test
+# has seen the migration wait for it)
+RELEASE = "/tmp/release"
 PROGRAM = r"""
-import sys, time
+import os, sys, time
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 total = comm.allreduce(comm.rank + 1)
 assert total == comm.size * (comm.size + 1) // 2, total
 print("rank", comm.rank, "on", MPI.Get_processor_name(), "allreduce", total,
       flush=True)
-time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+end = time.monotonic() + (float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+while time.monotonic() < end and not os.path.exists("%s"):
+    time.sleep(0.2)
 comm.Barrier()
-"""
+""" % RELEASE
 PHASES = ("unplug", "tap", "start", "migrate", "plug", "switch", "bind",
           "attach", "record")
 
@@ -138,16 +148,13 @@ def assert_on(host, server, other):
 
 
 @pytest.fixture(scope="module")
-def guest_deb(tmp_path_factory):
-    return cluster_guest_deb(tmp_path_factory.mktemp("deb"))
-
-
-@pytest.fixture(scope="module")
 def vmc(guest_deb):
     t0 = time.monotonic()
+    # shaped uplinks: test_two_servers_go_over_the_uplinks
     r = cluster("up", "--servers", 2, "--instances-per-server", 1,
                 "--vcpus", 1, "--instance-kind", "vm", "--guest-deb",
-                guest_deb, "--accel", "tcg", "--oversubscribe")
+                guest_deb, "--accel", "tcg", "--oversubscribe",
+                "--uplink-rate", "200mbit")
     assert r.returncode == 0, r.stderr + r.stdout
     print(f"\ncluster up --instance-kind vm (2x1x1, tcg): "
           f"{time.monotonic() - t0:.0f} s")
@@ -247,36 +254,62 @@ def test_there(vmc):
 
 
 def test_back_refused_for_a_btl_job_then_waited_for(vmc):
+    for host in ("s0i0", "s1i0"):
+        guest_sh(host, f"rm -f {RELEASE}")
     job = subprocess.Popen(
         [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
          NAME, "--run-dir", str(RUN_DIR), "--transport", "ivshmem", "-np",
          "2", "--", "python3", "/tmp/prog.py", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mig = None
     try:
         deadline = time.monotonic() + 180
+        # until its rank in s1i0 has loaded the BTL (what the drain
+        # looks for), not a guess of how long that takes
         while True:
-            r = cluster("exec", "s1i0", "--", "pgrep", "-u", "mpi",
-                        "python3", timeout=60)
+            r = cluster("exec", "s1i0", "--", "sh", "-c",
+                        f"grep -qsF {BTL_LIBRARY} /proc/[0-9]*/maps",
+                        timeout=60)
             if r.returncode == 0:
                 break
             assert job.poll() is None and time.monotonic() < deadline, \
-                "the job's rank in s1i0 never started"
-            time.sleep(1)
-        time.sleep(5)   # its BTL loaded
+                "the job's rank in s1i0 never loaded the BTL"
+            time.sleep(0.5)
         r = _migrate("s1i0", "--to", "s1", timeout=120)
         assert r.returncode == 2, r.stdout + r.stderr
         line = one_line(r)
         assert "ivshmem BTL" in line and "/tmp/prog.py 60" in line, line
         assert re.search(r"job \[\d+,\d+\] rank 1 \(pid \d+", line), line
         assert job.poll() is None   # the job was left alone
-        r = _migrate("s1i0", "--to", "s1", "--wait-jobs", 300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "drain: waiting for job [" in r.stderr, r.stderr
+        # the migration waits for the job, which ends (released, not
+        # its 60 s waited out) once the migration said it waits
+        t0 = time.monotonic()
+        mig = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "migrate", "--name",
+             NAME, "--run-dir", str(RUN_DIR), "s1i0", "--to", "s1",
+             "--wait-jobs", "300"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said = []
+        for line in mig.stderr:
+            said.append(line)
+            if "drain: waiting for job [" in line:
+                break
+        assert "drain: waiting for job [" in "".join(said), "".join(said)
+        assert job.poll() is None   # it was waited for, not ended
+        for host in ("s0i0", "s1i0"):
+            guest_sh(host, f"touch {RELEASE}")
+        mout, merr = mig.communicate(timeout=600)
+        merr = "".join(said) + merr
+        print(f"\nmigrate s1i0 --to s1 --wait-jobs 300: rc "
+              f"{mig.returncode}, {time.monotonic() - t0:.1f} s; "
+              f"{mout.strip()}")
+        assert mig.returncode == 0, mout + merr
         out, err = job.communicate(timeout=60)
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+        for p in (job, mig):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
     assert job.returncode == 0, out + err
     assert "rank 1 on s1i0 allreduce 3" in out, out
     assert_on("s1i0", 1, 0)
@@ -311,6 +344,49 @@ def test_failed_destination_is_rolled_back(vmc, tmp_path):
     assert_untouched()
 
 
+def test_two_servers_go_over_the_uplinks(vmc):
+    """One guest per server, shaped uplinks: the ranks are in different
+    regions, so an ivshmem job's traffic goes over TCP through the
+    servers' bridges, uplinks and the core bridge (its BTL counters stay
+    at zero). Then the guest running mpirun itself dies: the launcher
+    loses its agent, ends with one line, and the rank in the other guest
+    goes. Last before `down`, which must clean up after the dead guest."""
+    assert_untouched()
+    code = base64.b64encode(PINGPONG.encode()).decode()
+    for host in ("s0i0", "s1i0"):
+        guest_sh(host, f"echo {code} | base64 -d > /tmp/pingpong.py && "
+                       f"chmod 644 /tmp/pingpong.py")
+    r = cluster("mpirun", "--transport", "ivshmem", "--verbose-btl",
+                "-np", 2, "--", "python3", "/tmp/pingpong.py", 5,
+                timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 1 on s1i0 allreduce 3 pingpong ok 5" in r.stdout
+    assert _counters(r.stdout + r.stderr) == {0: (0, 0), 1: (0, 0)}, \
+        (r.stdout + r.stderr)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+         NAME, "--run-dir", str(RUN_DIR), "-np", "2", "--", "python3",
+         "/tmp/pingpong.py", "1", "600"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while cluster("exec", "s1i0", "--", "pgrep", "-u", "mpi", "python3",
+                      timeout=60).returncode != 0:
+            assert time.monotonic() < deadline, \
+                "the job's rank on s1i0 never started"
+            time.sleep(0.5)
+        os.kill(state()["vms"]["s0i0"]["pid"], signal.SIGKILL)
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 1, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    r = cluster("exec", "s1i0", "--", "pgrep", "-u", "mpi", timeout=60)
+    assert r.returncode == 1, r.stdout
+
+
 def test_down_leaves_nothing(vmc):
     fabric = state()["holders"]["fabric"]["pid"]
     r = cluster("down", timeout=180)
@@ -322,6 +398,7 @@ def test_down_leaves_nothing(vmc):
     except OSError:
         st = ") X"
     assert st[st.rindex(")") + 2:].split()[0] in ("Z", "X"), st
+    assert not Path(f"/dev/shm/ivcloud-{NAME}-s0").exists()
     out = subprocess.run(["ip", "-o", "link"], capture_output=True,
                          text=True).stdout
-    assert "t-s1i0" not in out
+    assert "t-s0i" not in out and "t-s1i0" not in out

@@ -30,8 +30,6 @@ from ivcloud.server import paths_for, start as server_start
 from vm_support import vm_down
 from ivcloud.vm import agent, debian, qemu
 
-REPO = Path(__file__).resolve().parents[1]
-NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("IVCLOUD_SKIP_GUEST_IMAGE") == "1",
@@ -49,17 +47,10 @@ def ivcloud(*args, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def guest_deb(tmp_path_factory):
-    out = tmp_path_factory.mktemp("deb")
-    subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
-                    str(out), "0.1.0"], check=True, capture_output=True,
-                   timeout=300)
-    return out / "ivcloud-guest_0.1.0_amd64.deb", out / "ivcloud-host_0.1.0_amd64.deb"
-
-
-@pytest.fixture(scope="module")
-def guest(guest_deb):
-    guest_deb, host_deb = guest_deb
+def guest(guest_packages_dir):
+    # the session's packages (conftest.py)
+    guest_deb = guest_packages_dir / "ivcloud-guest_0.1.0_amd64.deb"
+    host_deb = guest_packages_dir / "ivcloud-host_0.1.0_amd64.deb"
     t0 = time.monotonic()
     # ivcloud-host too: its hardened unit is started under the guest's
     # systemd (this host has none)

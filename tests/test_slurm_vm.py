@@ -37,7 +37,7 @@ from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
 from test_cluster_vm import (PROGRAM, RUN_DIR, assert_nothing_left, cluster,
-                             guest_deb, up_args)  # noqa: F401 (a fixture)
+                             up_args)
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark as _image_marks
 
@@ -52,7 +52,7 @@ JOB_TIMEOUT = 400
 
 
 @pytest.fixture(scope="module")
-def svm(guest_deb):  # noqa: F811
+def svm(guest_deb):
     t0 = time.monotonic()
     r = cluster("up", NAME, *up_args(guest_deb), "--scheduler", "slurm")
     print(f"\ncluster up --instance-kind vm --scheduler slurm (1x2x1, tcg): "
@@ -68,6 +68,7 @@ def svm(guest_deb):  # noqa: F811
     finally:
         if (RUN_DIR / f"cluster-{NAME}").exists():
             cluster("down", NAME, timeout=120)
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 def state_of(name):

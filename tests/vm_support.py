@@ -4,6 +4,9 @@ guests and their ivshmem-server down so that nothing is left, whatever
 the test did.
 
     from vm_support import cluster_guest_deb, qemus_naming, vm_down
+
+The packages themselves come from the session's fixtures in conftest.py
+(guest_packages_dir, guest_deb): made once for the whole run.
 """
 
 from __future__ import annotations
@@ -21,14 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 NATIVE = Path(os.environ.get("IVCLOUD_NATIVE_DIR") or REPO / "build" / "native")
 
 
-def cluster_guest_deb(out: Path) -> Path:
-    """The guest package of this build, made in `out`, and the image a
-    cluster of it boots (built once per package, cached in
-    /var/cache/ivcloud): with the solver's package beside it."""
+def guest_packages(out: Path) -> Path:
+    """The guest package of this build, made in `out` by
+    packaging/mkdeb.sh with the host's and the solver's beside it."""
     subprocess.run(["sh", str(REPO / "packaging" / "mkdeb.sh"), str(NATIVE),
                     str(out), "0.1.0"], check=True, capture_output=True,
                    timeout=300)
-    deb = out / "ivcloud-guest_0.1.0_amd64.deb"
+    return out / "ivcloud-guest_0.1.0_amd64.deb"
+
+
+def cluster_guest_deb(deb: Path) -> Path:
+    """`deb` (guest_packages'), once the image a cluster of it boots is
+    built (once per package, cached in /var/cache/ivcloud): with the
+    solver's package beside it."""
     from ivcloud.vm import debian
     solver = debian.solver_deb_beside(deb)
     assert solver is not None, "mkdeb.sh built no python3-micromag"
