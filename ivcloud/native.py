@@ -273,6 +273,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                            c_uint32]),
         "ivshm_admin_drain_state": (c_int, [c_void_p, c_int, c_uint32,
                                             c_uint32, POINTER(c_int32)]),
+        "ivshm_admin_peer_id": (c_int, [c_void_p, c_int, POINTER(c_int32),
+                                        POINTER(c_uint32)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -388,6 +390,35 @@ def request_drain(region: Union[str, Path], request: int, *,
                           generation, request)
     _check(lib, rc, "ivshm_admin_drain_slot")
     return 1
+
+
+def drain_guest(region: Union[str, Path], doorbell_id: int,
+                request: int) -> List[Tuple[int, int]]:
+    """Ask every live entry of server id `doorbell_id` (the ranks of one
+    guest) to let go of the region, like request_drain; the (slot,
+    generation) of each, for drain_state."""
+    lib = library()
+    fd = os.open(os.fspath(region), os.O_RDWR | os.O_CLOEXEC)
+    h = c_void_p()
+    try:
+        _check(lib, lib.ivshm_admin_open(fd, byref(h)),
+               f"ivshm_admin_open({region})")
+    finally:
+        os.close(fd)
+    asked = []
+    try:
+        db, gen = c_int32(0), c_uint32(0)
+        for slot in range(1024):   # ivshm.h's bound on peers
+            rc = lib.ivshm_admin_peer_id(h, slot, byref(db), byref(gen))
+            if rc == -_errno.EINVAL:
+                break   # past the region's max_peers
+            if rc == 0 and db.value == doorbell_id and \
+                    lib.ivshm_admin_drain_slot(h, slot, gen.value,
+                                               request) == 0:
+                asked.append((slot, gen.value))
+    finally:
+        lib.ivshm_admin_close(h)
+    return asked
 
 
 def drain_state(region: Union[str, Path], slot: int, generation: int,

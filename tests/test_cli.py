@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ivcloud import native
 from ivcloud.native import Channel
 
 
@@ -88,6 +89,20 @@ def test_server_start_status_stop(server):
         assert text.returncode == 0
         assert f"running (pid {pid})" in text.stdout
         assert "peers   1" in text.stdout
+        # the host asks the ranks of one server id (a guest's IVPosition)
+        # to drain, through the server's memfd (docs/migration.md)
+        region = next(f"/proc/{pid}/fd/{n}" for n in os.listdir(
+            f"/proc/{pid}/fd") if os.readlink(
+            f"/proc/{pid}/fd/{n}").startswith("/memfd:"))
+        me = st["peers"][0]["id"]
+        gen = ch.peer(ch.self_slot).generation
+        assert native.drain_guest(region, me + 1, 9) == []
+        assert ch.drain_requested() == 0
+        assert native.drain_guest(region, me, 9) == [(ch.self_slot, gen)]
+        assert ch.drain_requested() == 9
+        assert native.drain_state(region, ch.self_slot, gen, 9) is None
+        ch.drain_ack(9, 0)
+        assert native.drain_state(region, ch.self_slot, gen, 9) == 0
 
     proc = ivcloud("server", "stop", *common)
     assert proc.returncode == 0, proc.stderr

@@ -5,12 +5,14 @@ One cluster (2 servers x 1 instance x 1 vCPU, TCG, uplinks shaped to
 200mbit) is booted once for the module; the tests use it in order: bad
 input, s1i0 moved to s0 (its address, ssh and agent still answer, its
 device is a peer of s0's region, and a BTL job now runs between the two
-guests through it, while nothing of its source is left), its move back
-refused while a BTL job runs in it and done once the job ended
-(--wait-jobs), a move whose destination QEMU fails to start (undone:
-the guest runs on its source with its device), an ivshmem job between
-the two servers (over TCP through the shaped uplinks) and one whose
-launching guest is killed, and `down`, which leaves nothing.
+guests through it, while nothing of its source is left), an MPICH job
+over the provider under which s1i0 moves to s1 and back (its rank
+drains and rejoins), its move back refused while a BTL job runs in it
+and done once the job ended (--wait-jobs), a move whose destination
+QEMU fails to start (undone: the guest runs on its source with its
+device), an ivshmem job between the two servers (over TCP through the
+shaped uplinks) and one whose launching guest is killed, and `down`,
+which leaves nothing.
 IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
 """
 
@@ -59,6 +61,43 @@ while time.monotonic() < end and not os.path.exists("%s"):
     time.sleep(0.2)
 comm.Barrier()
 """ % RELEASE
+# MPICH over the provider: a ring of 8 messages a turn, each checked
+# (its sender, its sequence number, every byte: 64 B, one in 3 64 KiB),
+# an allreduce each turn, until /tmp/stop appears in rank 0's guest
+RING = r"""
+import os, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+right, left = (rank + 1) % size, (rank - 1) % size
+limit = time.monotonic() + float(sys.argv[1])
+def payload(src, seq):
+    n = 65536 if seq % 3 == 0 else 64
+    return (seq.to_bytes(8, "little") + src.to_bytes(4, "little") +
+            bytes([(seq * 31 + src) & 0xff]) * (n - 12))
+out = got = turns = 0
+buf = bytearray(65536)
+while True:
+    msgs = [payload(rank, out + k) for k in range(8)]
+    reqs = [comm.Isend(m, dest=right, tag=7) for m in msgs]
+    out += 8
+    for k in range(8):
+        st = MPI.Status()
+        comm.Recv(buf, source=left, tag=7, status=st)
+        assert bytes(buf[:st.Get_count(MPI.BYTE)]) == payload(left, got), \
+            (rank, got)
+        got += 1
+    MPI.Request.Waitall(reqs)
+    stop = rank == 0 and (os.path.exists("/tmp/stop") or
+                          time.monotonic() > limit)
+    x = comm.allreduce((rank + 1) | int(stop) << 20)
+    assert x & 0xfffff == size * (size + 1) // 2, x
+    turns += 1
+    if x >> 20:
+        break
+print("rank", rank, "pid", os.getpid(), "on", MPI.Get_processor_name(),
+      "turns", turns, "received", got, "in order", flush=True)
+"""
 PHASES = ("unplug", "tap", "start", "migrate", "plug", "switch", "bind",
           "attach", "record")
 
@@ -158,10 +197,11 @@ def vmc(guest_deb):
     assert r.returncode == 0, r.stderr + r.stdout
     print(f"\ncluster up --instance-kind vm (2x1x1, tcg): "
           f"{time.monotonic() - t0:.0f} s")
-    code = base64.b64encode(PROGRAM.encode()).decode()
-    for host in ("s0i0", "s1i0"):
-        guest_sh(host, f"echo {code} | base64 -d > /tmp/prog.py && "
-                       f"chmod 644 /tmp/prog.py")
+    for name, text in (("prog", PROGRAM), ("ring", RING)):
+        code = base64.b64encode(text.encode()).decode()
+        for host in ("s0i0", "s1i0"):
+            guest_sh(host, f"echo {code} | base64 -d > /tmp/{name}.py && "
+                           f"chmod 644 /tmp/{name}.py")
     try:
         yield NAME
     finally:
@@ -251,6 +291,82 @@ def test_there(vmc):
     assert sorted(counters) == [0, 1], r.stdout + r.stderr
     for rank, c in counters.items():
         assert c["sent_msgs"] > 0 and c["recv_msgs"] > 0, (rank, c)
+
+
+def _wait_rank(host, job, what="python"):
+    deadline = time.monotonic() + 180
+    while cluster("exec", host, "--", "pgrep", "-u", "mpi", what,
+                  timeout=60).returncode != 0:
+        assert job.poll() is None, job.communicate()
+        assert time.monotonic() < deadline, \
+            f"the job's rank in {host} never started"
+        time.sleep(1)
+
+
+def test_provider_job_moves_along(vmc):
+    """An MPICH job over the provider between s0i0 and s1i0, both on s0:
+    s1i0 moves to s1 and back under it. Its rank lets go of s0's region
+    (drain), talks to its peer over the core while away, and takes s0's
+    region again after the move back; every message arrives once, in
+    order, intact, and the job exits 0 (docs/migration.md)."""
+    from ivcloud.mpis import flavor, provider
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    guest_sh("s0i0", "rm -f /tmp/stop")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+         NAME, "--run-dir", str(RUN_DIR), "--mpi", "mpich", "--transport",
+         "ivshmem", "--report-transport", "-np", "2", "--", python,
+         "/tmp/ring.py", "900"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_rank("s1i0", job)
+        time.sleep(10)   # some turns over the region
+        for dest in ("s1", "s0"):
+            r = _migrate("s1i0", "--to", dest)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert re.search(r"drain: 1 ranks moved to the core$", r.stderr,
+                             re.M), r.stderr
+            assert job.poll() is None, job.communicate()
+        time.sleep(15)   # back on s0's region for some turns
+        guest_sh("s0i0", "touch /tmp/stop")
+        out, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, out + err
+    ranks = dict((host, int(pid)) for pid, host in re.findall(
+        r"rank \d pid (\d+) on (s\di0) turns \d+ received \d+ in order",
+        out))
+    assert sorted(ranks) == ["s0i0", "s1i0"], out + err
+    # the report lines of the ranks (the two guests' pids may be equal):
+    # the mover's drained twice, its peer's only switched
+    lines = [m.group(0) for m in re.finditer(r"fi_ivshm: pid (\d+) sent .*",
+                                             err)
+             if int(m.group(1)) in ranks.values()]
+    print("\n" + "\n".join(lines))
+    assert len(lines) == 2, err
+    moved = [re.search(r"drained (\d+) switched (\d+) rejoined (\d+)"
+                       r"(?: phases (\S+))?", line) for line in lines]
+    assert all(moved), lines
+    mover = next(line for line, m in zip(lines, moved) if m.group(1) == "2")
+    m = moved[lines.index(mover)]
+    peer = moved[1 - lines.index(mover)]
+    # two drains (s0's region, then s1's), two regions taken again
+    assert int(m.group(3)) == 2 and int(m.group(2)) >= 1, mover
+    # the peer moved the pair to the core on the mover's SWITCH, and back
+    assert peer.group(1) == "0" and int(peer.group(2)) >= 1, lines
+    phases = [tuple(map(int, p.split("/"))) for p in m.group(4).split(",")]
+    # (region messages sent/core messages sent) over the region before
+    # the first drain, over the core only while away from s0 (s1's region
+    # holds no peer of it), over the region again after
+    assert len(phases) == 5, mover
+    assert phases[0][0] > 0 and phases[-1][0] > 0, mover
+    assert all(s == 0 for s, _ in phases[1:-1]), mover
+    assert sum(d for _, d in phases[1:-1]) > 0, mover
+    counts = next(iter(provider.parse_reports(mover).values()))
+    assert counts["delegated"] > 0, mover
+    assert_on("s1i0", 0, 1)
 
 
 def test_back_refused_for_a_btl_job_then_waited_for(vmc):

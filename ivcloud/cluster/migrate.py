@@ -16,12 +16,13 @@ docs/cluster.md, "Migration".
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .. import filelock, process
+from .. import filelock, native, process
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from ..vm import agent, qemu
 from ..vm import lifecycle as vm_lifecycle
@@ -43,6 +44,13 @@ DRAIN_POLL_S = 2.0
 LOCK_TIMEOUT_S = 1.0
 # the BTL's component, as a rank maps it
 BTL_LIBRARY = "mca_btl_ivshmem.so"
+# the provider's ranks' acknowledgement of a drain (their own deadline,
+# FI_IVSHM_DRAIN_MS, and a TCG guest's slowness)
+DRAIN_ACK_S = 60.0
+# what a guest's provider ranks attach again after a drain (fiv_init.c),
+# hidden while the device is away
+GUEST_ENV = "/run/ivshm/ivshm.env"
+AWAY_ENV = GUEST_ENV + ".away"
 
 
 class StepFailed(ClusterFailure):
@@ -133,44 +141,109 @@ def region_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
     return out
 
 
+def _region_of(state: Dict, server: int) -> str:
+    """The region of emulated server `server`: its ivshmem-server's memfd,
+    as /proc/PID/fd/N."""
+    pid = state["servers"][str(server)]["pid"]
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        if os.readlink(f"/proc/{pid}/fd/{n}").startswith("/memfd:"):
+            return f"/proc/{pid}/fd/{n}"
+    raise ClusterFailure(f"the ivshmem-server of s{server} (pid {pid}) "
+                         f"holds no region")
+
+
+def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
+    """The libfabric provider's ranks in the guest let go of the region
+    (docs/migration.md): the guest's ivshm.env hidden (so that no rank
+    attaches the device again before it is bound on the destination),
+    each registry entry of the guest's IVPosition asked to drain on its
+    server's region, their acknowledgements waited for (bounded)."""
+    # the position is the guest's own word: a false one only asks ranks of
+    # the same trust domain to move to the core (docs/migration.md)
+    out = vm_instance.guest_run(sock, host, f"mv -f {GUEST_ENV} {AWAY_ENV}"
+                                f" 2>/dev/null; sed -n 's/^IVSHM_POSITION="
+                                f"//p' {guest_regions.BIND_DIR}/{addr}.env",
+                                GUEST_TIMEOUT_S).strip()
+    if not out.isdigit():
+        return
+    region = _region_of(state, int(state["instances"][host]["server"]))
+    req = (int(time.time() * 1000) & 0xffffffff) | 1   # a new one
+    asked = native.drain_guest(region, int(out), req)
+    deadline = time.monotonic() + DRAIN_ACK_S
+    bad = []
+    for slot, gen in asked:
+        while True:
+            try:
+                st = native.drain_state(region, slot, gen, req)
+            except native.NotFound:
+                break   # it left
+            if st is not None:
+                bad += [f"slot {slot}: {os.strerror(-st)}"] if st else []
+                break
+            if time.monotonic() > deadline:
+                raise StepFailed(f"drain: the rank in slot {slot} did not "
+                                 f"let go of the region within "
+                                 f"{DRAIN_ACK_S:.0f} s")
+            time.sleep(0.1)
+    say(f"migrate {host}: drain: {len(asked)} ranks moved to the core"
+        + (f" ({'; '.join(bad)})" if bad else ""))
+
+
 def drain(state: Dict, host: str, sock: Path, addr: str,
           wait_jobs_s: Optional[float], say) -> None:
     """Before the guest's device (at `addr`) goes: what uses the region
     lets go of it (the MPI level's hook; docs/cluster.md, "Migration").
-    Nothing can yet: the BTL cannot move a peer to another path under
-    ob1, and a process holding the device's vfio group would keep the
-    guest from giving it back. So while any process uses the device the
-    migration is refused, naming it, or, with `wait_jobs_s`, waits that
-    long for it to end."""
+    The provider's ranks are asked to move their co-resident peers to the
+    core path (drain_ranks). The BTL cannot move a peer to another path
+    under ob1, and any other process holding the device's vfio group
+    would keep the guest from giving it back: while such a process runs
+    the migration is refused, naming it, or, with `wait_jobs_s`, waits
+    that long for it to end."""
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
-    said = False
-    while True:
-        users = region_users(sock, addr)
-        if not users:
-            return
-        kind, who = users[0]
-        more = f" and {len(users) - 1} more" if len(users) > 1 else ""
-        why = ("runs ranks of an Open MPI job over the ivshmem BTL, which "
-               "cannot move a peer to another path" if kind == "btl" else
-               "has processes that use its ivshmem device and cannot let "
-               "go of it")
-        if deadline is None:
-            raise ClusterError(f"instance '{host}' {why}: {who}{more}")
-        if time.monotonic() > deadline:
-            raise StepFailed(f"drain: {who}{more} did not end within "
-                             f"{wait_jobs_s:.0f} s")
-        if not said:
-            say(f"migrate {host}: drain: waiting for {who}{more} to end")
-            said = True
-        time.sleep(DRAIN_POLL_S)
+    said = asked = False
+    try:
+        while True:
+            users = region_users(sock, addr)
+            if users and not asked and all(k != "btl" for k, _ in users):
+                asked = True
+                drain_ranks(state, host, sock, addr, say)
+                continue
+            if not users:
+                return
+            kind, who = users[0]
+            more = f" and {len(users) - 1} more" if len(users) > 1 else ""
+            why = ("runs ranks of an Open MPI job over the ivshmem BTL, "
+                   "which cannot move a peer to another path"
+                   if kind == "btl" else "has processes that use its "
+                   "ivshmem device and cannot let go of it")
+            if deadline is None:
+                raise ClusterError(f"instance '{host}' {why}: {who}{more}")
+            if time.monotonic() > deadline:
+                raise StepFailed(f"drain: {who}{more} did not end within "
+                                 f"{wait_jobs_s:.0f} s")
+            if not said:
+                say(f"migrate {host}: drain: waiting for {who}{more} to end")
+                said = True
+            time.sleep(DRAIN_POLL_S)
+    except BaseException:
+        if asked:   # the ranks come back to the region they left
+            unhide(sock, host)
+        raise
+
+
+def unhide(sock: Path, host: str) -> None:
+    """The guest's ivshm.env that drain_ranks hid, back."""
+    vm_instance.guest_run(sock, host, f"[ ! -e {AWAY_ENV} ] || "
+                          f"mv -f {AWAY_ENV} {GUEST_ENV}", GUEST_TIMEOUT_S)
 
 
 def attach(state: Dict, host: str, sock: Path, say) -> None:
     """After the guest bound its new device: the hook of the MPI level
-    where ranks find the new region (the libfabric provider's). Nothing
-    yet: a BTL job never runs across a migration (drain), and new jobs
-    find the device through ivshm-bind's files."""
+    where ranks find the new region. Nothing to do: the provider's ranks
+    that drained attach once ivshm-bind wrote ivshm.env again
+    (docs/migration.md), a BTL job never runs across a migration
+    (drain), and new jobs find the device through ivshm-bind's files."""
 
 
 # ---------------------------------------------------------------- device
@@ -192,7 +265,8 @@ def unplug(d: Path, host: str) -> str:
                 f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)
     vm_instance.guest_run(d / "agent.sock", host,
-                          guest_regions.clear_script(addr), GUEST_TIMEOUT_S)
+                          guest_regions.clear_script(addr, AWAY_ENV),
+                          GUEST_TIMEOUT_S)
     return addr
 
 
@@ -219,7 +293,7 @@ def restore(d: Path, host: str, server_socket: str) -> None:
     that did not give it back keeps it, and its unplug request)."""
     with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
         if qemu.find_device(q, qemu.BOOT_DEVICE) is not None:
-            return
+            return unhide(d / "agent.sock", host)
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
     addr = plug_qemu(d, server_socket)
     vm_instance.guest_run(d / "agent.sock", host,

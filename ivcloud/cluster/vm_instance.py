@@ -47,7 +47,7 @@ from ..vm.image import GuestImage
 from .. import procfs
 from . import holder
 from . import network
-from .state import StateDir, save
+from .state import StateDir, load, save
 from .topology import PREFIX_LEN, ClusterTopology, Instance
 
 DEFAULT_MEMORY_MB = 512
@@ -564,6 +564,11 @@ def _follow(state: Dict, job: agent.Job, dirs: List[Path], host: str,
             dead = [host_of_dir(state, d) for d in dirs
                     if vm_lifecycle.qemu_pid(d) is None]
             if dead:
+                # a guest that moved (cluster migrate) runs on elsewhere
+                state, dirs = _moved(state, dirs)
+                dead = [host_of_dir(state, d) for d in dirs
+                        if vm_lifecycle.qemu_pid(d) is None]
+            if dead:
                 out = _end(state, job, dirs)
                 return 137, out + (f"instance(s) {', '.join(dead)} died "
                                    f"during the job\n")
@@ -574,6 +579,19 @@ def _follow(state: Dict, job: agent.Job, dirs: List[Path], host: str,
     except BaseException:
         _end(state, job, dirs)
         raise
+
+
+def _moved(state: Dict, dirs: List[Path]) -> Tuple[Dict, List[Path]]:
+    """The state as saved now, and `dirs` with each guest's directory as
+    recorded there."""
+    try:
+        d = Path(state["dir"])
+        now = load(StateDir(state["name"], d.parent)) or state
+    except (IvcloudError, KeyError):
+        return state, dirs
+    return now, [vm_dir_of(now, host_of_dir(state, d))
+                 if host_of_dir(state, d) in now.get("vms", {}) else d
+                 for d in dirs]
 
 
 def _end(state: Dict, job: agent.Job, dirs: List[Path]) -> str:

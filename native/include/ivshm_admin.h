@@ -182,6 +182,20 @@ int ivshm_admin_drain_state(ivshm_admin *a, int slot, uint32_t gen,
 int ivshm_admin_peer(ivshm_admin *a, int slot, int32_t *pid, uint32_t *gen);
 
 /*
+ * ivshm_admin_peer_id:
+ * @a, @slot: as above
+ * @doorbell_id, @gen: filled with the live entry's server id (a guest's
+ *   IVPosition, -1 none) and generation, the entry's own claim
+ *
+ * What ivshm_admin_drain_slot needs to ask one guest's ranks and
+ * ivshm_admin_drain_state to wait for each of them.
+ *
+ * Returns: 0, -ENOENT if the slot holds no live entry, -EINVAL.
+ */
+int ivshm_admin_peer_id(ivshm_admin *a, int slot, int32_t *doorbell_id,
+                        uint32_t *gen);
+
+/*
  * ivshm_admin_close:
  * @a: a handle from ivshm_admin_open, or NULL (ignored)
  *

@@ -548,7 +548,10 @@ void fiv_drain_tick(struct fiv_ep *ep)
 {
     if (!ep->h && ep->drained && fiv_now_ns() >= ep->reattach_ns) {
         ep->reattach_ns = fiv_now_ns() + FIV_REATTACH_NS;
-        if (fiv_region_attach(ep, true) == 0)
+        /* a guest's device (BAR0 given, no socket) as bound now */
+        bool guest = fiv_cfg.bar0 && !fiv_cfg.socket;
+        if ((!guest || fiv_guest_refresh()) &&
+            fiv_region_attach(ep, true) == 0)
             rejoin(ep);
     }
     if (ep->h && !ep->drain_req) {

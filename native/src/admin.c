@@ -180,3 +180,19 @@ int ivshm_admin_peer(ivshm_admin *a, int slot, int32_t *pid, uint32_t *gen)
         *gen = info.generation;
     return 0;
 }
+
+int ivshm_admin_peer_id(ivshm_admin *a, int slot, int32_t *doorbell_id,
+                        uint32_t *gen)
+{
+    if (!a)
+        return -EINVAL;
+    ivshm_peer_info info;
+    int rc = ivshm_peer(a->h, slot, &info);
+    if (rc < 0)
+        return rc;
+    if (doorbell_id)
+        *doorbell_id = info.doorbell_id;
+    if (gen)
+        *gen = info.generation;
+    return 0;
+}
