@@ -880,9 +880,10 @@ void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
 /* Attach to the configured region (at open, and again after a drain):
    0, or an error (said on stderr unless `quiet`). */
 int fiv_region_attach(struct fiv_ep *ep, bool quiet);
-/* a guest's device paths and IVPosition read again (fiv_init.c) */
+/* a guest's device paths and IVPosition, from what ivshm-bind wrote
+   (fiv_util.c): at init, and again after a move (`force`) */
 #define FIV_GUEST_ENV "/run/ivshm/ivshm.env"
-bool fiv_guest_refresh(void);
+bool fiv_guest_defaults(bool force);
 /* Does our region's `slot` hold, at `gen`, the endpoint of `nonce`
    (also its last holder, gone since, while nobody claimed it)? */
 bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,

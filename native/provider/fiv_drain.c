@@ -550,7 +550,7 @@ void fiv_drain_tick(struct fiv_ep *ep)
         ep->reattach_ns = fiv_now_ns() + FIV_REATTACH_NS;
         /* a guest's device (BAR0 given, no socket) as bound now */
         bool guest = fiv_cfg.bar0 && !fiv_cfg.socket;
-        if ((!guest || fiv_guest_refresh()) &&
+        if ((!guest || fiv_guest_defaults(true)) &&
             fiv_region_attach(ep, true) == 0)
             rejoin(ep);
     }

@@ -76,56 +76,6 @@ static char *param_str(const char *name, const char *fallback_env)
     return e && *e ? (char *)e : NULL;
 }
 
-/* Inside a guest, ivshm-bind writes the device's paths to
-   /run/ivshm/ivshm.env (docs/vm.md): the same defaults the BTL gets from
-   Open MPI's parameter file. `force`: what the file says replaces what
-   we had (a device bound again after a move, fiv_guest_refresh). Returns
-   whether the file named a BAR2. */
-static bool guest_defaults(bool force)
-{
-    /* kept for the process's life: fiv_cfg points here */
-    static char keep[3][256];
-    FILE *f = fopen(FIV_GUEST_ENV, "re");
-    if (!f)
-        return false;
-    bool bar2 = false;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *eq = strchr(line, '=');
-        if (!eq || !eq[1])
-            continue;
-        *eq = 0;
-        const char *v = eq + 1;
-        if (strlen(v) >= sizeof keep[0])
-            continue;
-        if (!strcmp(line, "IVSHM_BAR2")) {
-            bar2 = true;
-            if (force || (!fiv_cfg.region && !fiv_cfg.socket))
-                fiv_cfg.region = strcpy(keep[0], v);
-        } else if (!strcmp(line, "IVSHM_UIO") && (force || !fiv_cfg.uio_dev)) {
-            fiv_cfg.uio_dev = strcpy(keep[1], v);
-        } else if (!strcmp(line, "IVSHM_BAR0") && (force || !fiv_cfg.bar0)) {
-            fiv_cfg.bar0 = strcpy(keep[2], v);
-        } else if (!strcmp(line, "IVSHM_POSITION") &&
-                   (force || fiv_cfg.position < 0)) {
-            fiv_cfg.position = atoi(v);
-        }
-    }
-    fclose(f);
-    return bar2;
-}
-
-/* A guest's device that comes back after a move (docs/migration.md, "Core
-   back to region") sits at the same PCI address but has a new IVPosition,
-   and maybe a new vfio group: what ivshm-bind wrote when it bound it. No
-   file: the device is not back (the host hides it before it asks for the
-   drain), so there is nothing to attach yet. */
-bool fiv_guest_refresh(void)
-{
-    return guest_defaults(true);
-}
-
 FI_EXT_INI
 {
     /* Claim the running core's version: it is what the application's
@@ -197,7 +147,7 @@ FI_EXT_INI
     if (fi_param_get_bool(&fiv_prov, "report", &rep) == 0)
         fiv_cfg.report = rep;
     if (!fiv_cfg.region && !fiv_cfg.socket)
-        (void)guest_defaults(false);
+        (void)fiv_guest_defaults(false);
     /* for the tests of lost messages only (docs/provider.md), so not a
        parameter fi_info lists */
     const char *lose = getenv("FIV_TEST_LOSE");

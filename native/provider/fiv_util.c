@@ -1,8 +1,10 @@
 /*
  * What every layer of the provider uses: its parameters' values
- * (fiv_init.c fills them in), the clock and deadlines, and error texts.
+ * (fiv_init.c fills them in; a guest's device paths, read here), the
+ * clock and deadlines, and error texts.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -34,4 +36,46 @@ const char *fiv_strerror(int prov_errno, char *buf, size_t len)
         return s;
     snprintf(buf, len, "%s", s);
     return buf;
+}
+
+/* Inside a guest, ivshm-bind writes the device's paths to
+   /run/ivshm/ivshm.env (docs/vm.md): the same defaults the BTL gets from
+   Open MPI's parameter file. `force`: what the file says replaces what
+   we had (a device bound again after a move: docs/migration.md, "Core
+   back to region"; no file then means the device is not back yet, as the
+   host hides it before it asks for the drain). Returns
+   whether the file named a BAR2. */
+bool fiv_guest_defaults(bool force)
+{
+    /* kept for the process's life: fiv_cfg points here */
+    static char keep[3][256];
+    FILE *f = fopen(FIV_GUEST_ENV, "re");
+    if (!f)
+        return false;
+    bool bar2 = false;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *eq = strchr(line, '=');
+        if (!eq || !eq[1])
+            continue;
+        *eq = 0;
+        const char *v = eq + 1;
+        if (strlen(v) >= sizeof keep[0])
+            continue;
+        if (!strcmp(line, "IVSHM_BAR2")) {
+            bar2 = true;
+            if (force || (!fiv_cfg.region && !fiv_cfg.socket))
+                fiv_cfg.region = strcpy(keep[0], v);
+        } else if (!strcmp(line, "IVSHM_UIO") && (force || !fiv_cfg.uio_dev)) {
+            fiv_cfg.uio_dev = strcpy(keep[1], v);
+        } else if (!strcmp(line, "IVSHM_BAR0") && (force || !fiv_cfg.bar0)) {
+            fiv_cfg.bar0 = strcpy(keep[2], v);
+        } else if (!strcmp(line, "IVSHM_POSITION") &&
+                   (force || fiv_cfg.position < 0)) {
+            fiv_cfg.position = atoi(v);
+        }
+    }
+    fclose(f);
+    return bar2;
 }
