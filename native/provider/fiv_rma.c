@@ -300,20 +300,24 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         bool fetch = op & FIV_F_FETCH;
         bool read_only = h.op == FI_ATOMIC_READ;
         size_t need = read_only ? 0 : (cmp ? 2 * h.len : h.len);
+        /* what it fetches it reads: a fetch needs read access too */
+        uint64_t access = (read_only ? 0 : FI_REMOTE_WRITE) |
+                          (read_only || fetch ? FI_REMOTE_READ : 0);
         int status = 0;
         uint8_t *mem = NULL;
         uint8_t old[FIV_ATOMIC_MAX];
-        if (!sz || h.len > FIV_ATOMIC_MAX || h.len % sz || n < need)
+        if (!sz || h.len > FIV_ATOMIC_MAX || h.len % sz || n < need ||
+            cmp != (h.op >= FI_CSWAP && h.op <= FI_MSWAP))
             status = -FI_EINVAL;
-        else if (!(mem = fiv_mr_target(d, h.key, h.addr, h.len,
-                                       read_only ? FI_REMOTE_READ
-                                                 : FI_REMOTE_WRITE, &mr)))
+        else if (!(mem = fiv_mr_target(d, h.key, h.addr, h.len, access, &mr)))
             status = -FI_EACCES;
         if (status == 0) {
             memcpy(old, mem, h.len);
-            status = apply(mem, read_only ? NULL : p, cmp ? p + h.len : NULL,
-                           h.len / sz, (enum fi_datatype)h.datatype,
-                           (enum fi_op)h.op);
+            /* a read stores nothing: its memory may be read-only, and a
+               write back of the copy could undo a store made meanwhile */
+            if (!read_only)
+                status = apply(mem, p, cmp ? p + h.len : NULL, h.len / sz,
+                               (enum fi_datatype)h.datatype, (enum fi_op)h.op);
             if (status == 0)
                 count_remote(ep, mr, !read_only);
         }
@@ -347,8 +351,11 @@ static struct fiv_op_req *take_waiting(struct fiv_ep *ep, uint64_t id,
 
 static void finish(struct fiv_ep *ep, struct fiv_op_req *r, int status)
 {
-    fiv_complete_tx(ep, r->context, r->flags, r->complete_ev,
-                    status < 0 ? -status : 0);
+    /* the answering peer wrote `status`: 0, or a libfabric error; any
+       other value (also INT32_MIN, whose negation overflows) is EIO */
+    int err = status == 0 ? 0
+              : status < 0 && status >= -FI_ERRNO_MAX ? -status : FI_EIO;
+    fiv_complete_tx(ep, r->context, r->flags, r->complete_ev, err);
     fiv_req_free(r);
 }
 
@@ -399,6 +406,8 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     if ((op & FIV_OP_MASK) == FIV_OP_READ_RESP) {
         if (h.len > FIV_MAX_MSG || n > h.len) {
             peer->violated = true;
+            if (r) /* taken off the waiting list: it ends here */
+                finish(ep, r, -FI_EIO);
             return;
         }
         if (r && h.status == 0)
@@ -617,7 +626,10 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     if (!sz || !op_ok(op))
         return -FI_EOPNOTSUPP;
     size_t len = count * sz;
-    if (len > FIV_ATOMIC_MAX || (count && len / count != sz))
+    /* a compare operand exactly for the compare ops: the target checks
+       the same (fiv_rma_target) */
+    if (len > FIV_ATOMIC_MAX || (count && len / count != sz) ||
+        (op >= FI_CSWAP && op <= FI_MSWAP) != (cmp != NULL))
         return -FI_EINVAL;
     bool read_only = op == FI_ATOMIC_READ;
     struct fiv_op_req *r = fiv_req_new();

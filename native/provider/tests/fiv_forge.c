@@ -781,14 +781,35 @@ static void f_rma_bounds(struct forger *f)
         {k.a, k.b + 1, 8, FIV_OP_WRITE, -FI_EACCES, "a wrong key"},
         {k.a, k.b, 8, FIV_OP_READ, -FI_EACCES, "a read of write-only memory"},
         {k.a, k.b, FIV_MAX_MSG + 1, FIV_OP_READ, -FI_EINVAL, "a read past the maximum"},
+        /* what an atomic fetches it reads; a compare operand only for
+           the compare operations (its bytes would be read past those
+           the message holds) */
+        {k.a, k.b, 8, FIV_OP_ATOMIC | FIV_F_FETCH, -FI_EACCES,
+         "a fetch of write-only memory"},
+        {k.a, k.b, 8, FIV_OP_ATOMIC | FIV_F_FETCH | FIV_F_COMPARE, -FI_EACCES,
+         "a fetching swap of write-only memory"},
+        {k.a, k.b, 256, FIV_OP_ATOMIC | FIV_F_COMPARE, -FI_EINVAL,
+         "a compare operand for a read"},
+        {k.a, k.b, 8, FIV_OP_ATOMIC | FIV_F_COMPARE, -FI_EINVAL,
+         "a compare operand for a sum"},
     };
     struct ctl out = {.what = 'A'};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        uint32_t aop = i == 8 ? FI_CSWAP : i == 9 ? FI_ATOMIC_READ : FI_SUM;
         struct fiv_rma_hdr h = {.addr = t[i].addr, .key = t[i].key,
-                                .len = t[i].len, .id = 200 + i};
-        bool w = t[i].op == FIV_OP_WRITE;
-        REQ_RC(fsend(f, t[i].op | (w ? FIV_F_ACK : 0), &h, sizeof h, marks,
-                     w ? t[i].len : 0), 0);
+                                .len = t[i].len, .id = 200 + i,
+                                .op = aop, .datatype = FI_UINT64};
+        if ((t[i].op & FIV_OP_MASK) == FIV_OP_ATOMIC) {
+            /* every operand the flags announce, so that only the check
+               named is what refuses it */
+            size_t n = h.op == FI_ATOMIC_READ ? 0
+                       : t[i].op & FIV_F_COMPARE ? 2 * t[i].len : t[i].len;
+            REQ_RC(fsend(f, t[i].op, &h, sizeof h, marks, n), 0);
+        } else {
+            bool w = t[i].op == FIV_OP_WRITE;
+            REQ_RC(fsend(f, t[i].op | (w ? FIV_F_ACK : 0), &h, sizeof h, marks,
+                         w ? t[i].len : 0), 0);
+        }
         struct fiv_resp_hdr r;
         size_t n;
         int op = answer(f, &r, NULL, 0, &n, 3000);
@@ -845,6 +866,58 @@ static void v_forged_answers(struct victim *v)
     REQ_RC(fi_close(&mr->fid), 0);
 }
 
+/* 9b. An atomic read of memory the application registered read-only
+   (its pages cannot be written): answered with the value, and nothing
+   is stored back. */
+static void v_atomic_read_only(struct victim *v)
+{
+    uint8_t *w = gbuf(4096);
+    memset(w, 7, 4096);
+    REQ(mprotect(w, 4096, PROT_READ) == 0);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_READ);
+    (void)VWAIT(v, ctl_ready(v->ctl), 5000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%s", (const char *)a.blob);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_atomic_read_only(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct fiv_rma_hdr h = {.addr = k.a + 64, .key = k.b, .len = 8, .id = 400,
+                            .op = FI_ATOMIC_READ, .datatype = FI_UINT64};
+    REQ_RC(fsend(f, FIV_OP_ATOMIC | FIV_F_FETCH, &h, sizeof h, NULL, 0), 0);
+    struct fiv_resp_hdr r;
+    uint8_t got[8] = {0};
+    size_t n = 0;
+    int op = answer(f, &r, got, sizeof got, &n, 3000);
+    struct ctl out = {.what = 'A'};
+    if (op != FIV_OP_ACK || r.id != 400 || r.status != 0 || n != 8 ||
+        count_not(got, 8, 7)) {
+        out.a = 1;
+        snprintf((char *)out.blob, sizeof out.blob, "no value answered");
+    }
+    REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
+}
+
+/* 10b. An answer to the victim's READ that breaks the protocol (longer
+   than any message): the read still ends, with an error, by its
+   deadline. */
+static void v_bad_read_answer(struct victim *v)
+{
+    uint8_t *res = gbuf(4096);
+    memset(res, 0, 4096);
+    char c;
+    REQ_RC(fi_read(v->r.ep, res, 64, NULL, v->forger, 0x1000, 5, &c), 0);
+    if (!VWAIT(v, vdone(v, &c) != NULL, 3000))
+        vfail(v, "the read never completed");
+    else if (!vdone(v, &c)->err)
+        vfail(v, "the read completed without an error");
+    if (count_not(res + 64, 4096 - 64, 0))
+        vfail(v, "bytes past the read's 64 were written");
+}
+
 /* The victim's next request to us (INTROs and probes skipped). */
 static int request(struct forger *f, struct fiv_rma_hdr *h)
 {
@@ -862,6 +935,14 @@ static int request(struct forger *f, struct fiv_rma_hdr *h)
         return (int)op;
     }
     return -1;
+}
+
+static void f_bad_read_answer(struct forger *f)
+{
+    struct fiv_rma_hdr q;
+    REQ(request(f, &q) == FIV_OP_READ && q.len == 64);
+    struct fiv_resp_hdr r = {.id = q.id, .len = FIV_MAX_MSG + 1};
+    REQ_RC(fsend(f, FIV_OP_READ_RESP, &r, sizeof r, marks, 8), 0);
 }
 
 static void f_forged_answers(struct forger *f)
@@ -1401,6 +1482,10 @@ static const struct fcase cases[] = {
     {"forged_answers_and_atomics", v_forged_answers, f_forged_answers,
      "answers longer than asked, repeated or for no request; atomics at "
      "the edges", NULL},
+    {"atomic_read_of_read_only_pages", v_atomic_read_only, f_atomic_read_only,
+     "an atomic read of memory registered from read-only pages", NULL},
+    {"read_answer_past_the_maximum", v_bad_read_answer, f_bad_read_answer,
+     "an answer to a READ longer than any message", NULL},
     {"unexpected_past_cap", v_unexp_cap, f_unexp_cap,
      "8 MiB of unexpected messages against a cap of 4 MiB",
      "FI_IVSHM_PEER_UNEXPECTED_BYTES=4194304"},
