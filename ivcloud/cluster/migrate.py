@@ -47,7 +47,10 @@ BTL_LIBRARY = "mca_btl_ivshmem.so"
 # the provider's ranks' acknowledgement of a drain (their own deadline,
 # FI_IVSHM_DRAIN_MS, and a TCG guest's slowness)
 DRAIN_ACK_S = 60.0
-# what a guest's provider ranks attach again after a drain (fiv_init.c),
+# how long drained ranks may still be seen using the device: each
+# acknowledges, then unmaps it
+DRAIN_GRACE_S = 10.0
+# what a guest's provider ranks attach again after a drain (fiv_util.c),
 # hidden while the device is away
 GUEST_ENV = "/run/ivshm/ivshm.env"
 AWAY_ENV = GUEST_ENV + ".away"
@@ -145,9 +148,13 @@ def _region_of(state: Dict, server: int) -> str:
     """The region of emulated server `server`: its ivshmem-server's memfd,
     as /proc/PID/fd/N."""
     pid = state["servers"][str(server)]["pid"]
-    for n in os.listdir(f"/proc/{pid}/fd"):
-        if os.readlink(f"/proc/{pid}/fd/{n}").startswith("/memfd:"):
-            return f"/proc/{pid}/fd/{n}"
+    try:
+        for n in os.listdir(f"/proc/{pid}/fd"):
+            if os.readlink(f"/proc/{pid}/fd/{n}").startswith("/memfd:"):
+                return f"/proc/{pid}/fd/{n}"
+    except OSError as e:   # the server is gone, or closed it meanwhile
+        raise ClusterFailure(f"the ivshmem-server of s{server} (pid {pid}): "
+                             f"{e.strerror}") from None
     raise ClusterFailure(f"the ivshmem-server of s{server} (pid {pid}) "
                          f"holds no region")
 
@@ -167,7 +174,7 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
     if not out.isdigit():
         return
     region = _region_of(state, int(state["instances"][host]["server"]))
-    req = (int(time.time() * 1000) & 0xffffffff) | 1   # a new one
+    req = int.from_bytes(os.urandom(4), "little") | 1   # a new one
     asked = native.drain_guest(region, int(out), req)
     deadline = time.monotonic() + DRAIN_ACK_S
     bad = []
@@ -202,15 +209,21 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
     said = asked = False
+    grace = 0.0
     try:
         while True:
             users = region_users(sock, addr)
             if users and not asked and all(k != "btl" for k, _ in users):
                 asked = True
                 drain_ranks(state, host, sock, addr, say)
+                # a rank acknowledges before it unmaps the device
+                grace = time.monotonic() + DRAIN_GRACE_S
                 continue
             if not users:
                 return
+            if time.monotonic() < grace:
+                time.sleep(DRAIN_POLL_S)
+                continue
             kind, who = users[0]
             more = f" and {len(users) - 1} more" if len(users) > 1 else ""
             why = ("runs ranks of an Open MPI job over the ivshmem BTL, "
