@@ -52,6 +52,11 @@ from .domain import Shmem, to_text
 # bounds, in seconds
 DETACH_TIMEOUT_S = 30.0
 ATTACH_TIMEOUT_S = 60.0
+# a live migration that does not converge (a guest dirtying memory faster
+# than it is sent) is cancelled, and the guest stays on the source
+MIGRATE_TIMEOUT_S = 600.0
+# libvirt's end of a cancelled job
+ABORT_TIMEOUT_S = 60.0
 # rounds of guarding an unplugged device's descriptor numbers
 GUARD_TRIES = 3
 
@@ -267,16 +272,20 @@ class _Move:
                 box["error"] = e
         worker = threading.Thread(target=run, daemon=True)
         worker.start()
+        deadline = time.monotonic() + MIGRATE_TIMEOUT_S
         try:
             while worker.is_alive():
                 worker.join(0.2)
+                if worker.is_alive() and time.monotonic() > deadline:
+                    raise LibvirtFailure(f"the migration did not end within "
+                                         f"{MIGRATE_TIMEOUT_S:.0f} s")
         except BaseException:
             with process.shielded():
                 try:
                     dom.abortJob()
                 except lv.libvirtError:
                     pass   # no job any more: it ended meanwhile
-                worker.join()
+                worker.join(ABORT_TIMEOUT_S)
             self.arrived = box.get("dom")
             raise
         if "error" in box:
