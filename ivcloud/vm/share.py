@@ -3,9 +3,9 @@
 The directory becomes an ext4 image of its own (no journal: nobody
 writes it), built once per content and cached beside the guest images
 (CACHE/share-<hash>/disk.img, docs/vm.md), keyed by a manifest of the
-tree (every entry's path, mode, size, mtime and link target), which is
-cheap to read where hashing the contents (hundreds of MB for the MPIs)
-is not. A guest gets it as a read-only virtio disk with serial SERIAL
+tree (every entry's path, mode, owner, size, inode, mtime, ctime and
+link target), which is cheap to read where hashing the contents
+(hundreds of MB for the MPIs) is not. A guest gets it as a read-only virtio disk with serial SERIAL
 and the path on its kernel command line (`ivcloud.share=PATH`); the
 Debian image's ready script mounts it there before the guest reports
 ready (debian.py).
@@ -64,16 +64,21 @@ class Share:
 
 def manifest(src: Path) -> List[List]:
     """Every entry under `src` (not following links): relative path,
-    mode, size, mtime (ns) and, for a link, its target."""
+    mode, owner, size, inode, mtime and ctime (ns: a copy that keeps the
+    mtime still moves the ctime) and, for a link, its target."""
     out: List[List] = []
-    for d, dirs, files in os.walk(src):
-        dirs.sort()
-        for name in sorted(dirs + files):
-            p = os.path.join(d, name)
-            st = os.lstat(p)
-            out.append([os.path.relpath(p, src), st.st_mode, st.st_size,
-                        st.st_mtime_ns,
-                        os.readlink(p) if os.path.islink(p) else None])
+    try:
+        for d, dirs, files in os.walk(src):
+            dirs.sort()
+            for name in sorted(dirs + files):
+                p = os.path.join(d, name)
+                st = os.lstat(p)
+                out.append([os.path.relpath(p, src), st.st_mode, st.st_uid,
+                            st.st_gid, st.st_size, st.st_ino, st.st_mtime_ns,
+                            st.st_ctime_ns,
+                            os.readlink(p) if os.path.islink(p) else None])
+    except OSError as e:   # written meanwhile (a build into it)
+        raise ImageError(f"{src}: {e.filename}: {e.strerror}") from None
     return out
 
 
@@ -101,13 +106,17 @@ def build(src: os.PathLike, cache: Optional[Path] = None,
             if not disk.is_file():
                 if log:
                     log(f"sharing {path} with the guests: {disk}")
-                used = sum(e[2] for e in entries) + 4096 * len(entries)
+                used = sum(e[4] for e in entries) + 4096 * len(entries)
                 tmp = d / "disk.img.tmp"
                 tmp.unlink(missing_ok=True)
-                _run(["mke2fs", "-q", "-F", "-t", "ext4", "-O",
-                      "^has_journal", "-L", SERIAL[:16], "-d", str(real),
-                      str(tmp), f"{(used * 9 // 8 + SLACK) >> 20}M"], 900,
-                     "mke2fs of the share")
+                try:
+                    _run(["mke2fs", "-q", "-F", "-t", "ext4", "-O",
+                          "^has_journal", "-L", SERIAL[:16], "-d", str(real),
+                          str(tmp), f"{(used * 9 // 8 + SLACK) >> 20}M"],
+                         900, "mke2fs of the share")
+                except BaseException:
+                    tmp.unlink(missing_ok=True)   # hundreds of MB
+                    raise
                 os.replace(tmp, disk)
         _prune(d.parent, "share", KEEP, d)
     _used(d)
