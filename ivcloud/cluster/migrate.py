@@ -172,6 +172,8 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
                                 f"//p' {guest_regions.BIND_DIR}/{addr}.env",
                                 GUEST_TIMEOUT_S).strip()
     if not out.isdigit():
+        say(f"migrate {host}: drain: the guest names no IVPosition for "
+            f"{addr}: no rank asked")
         return
     region = _region_of(state, int(state["instances"][host]["server"]))
     req = int.from_bytes(os.urandom(4), "little") | 1   # a new one
