@@ -11,6 +11,7 @@ or one of its subclasses, carrying the code and ivshm_strerror()'s text.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno as _errno
 import functools
@@ -355,12 +356,16 @@ def format_region(path: Union[str, Path], size: int, max_peers: int = 0,
 
 # ---------------------------------------------------------------- drain
 
-def _admin_call(region: Union[str, Path], name: str, *args) -> Tuple[int, object]:
-    """One ivshm_admin_* call on the region file `region` (a host file, or
-    /proc/PID/fd/N of the server's memfd): (its result, the handle's
+@contextlib.contextmanager
+def _admin(region: Union[str, Path]):
+    """An ivshm_admin handle on the region file `region` (a host file, or
+    /proc/PID/fd/N of the server's memfd), closed after: (handle,
     library)."""
     lib = library()
-    fd = os.open(os.fspath(region), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fd = os.open(os.fspath(region), os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:   # the server gone meanwhile
+        raise RegionError(f"{region}: {e.strerror}") from None
     h = c_void_p()
     try:
         _check(lib, lib.ivshm_admin_open(fd, byref(h)),
@@ -368,9 +373,15 @@ def _admin_call(region: Union[str, Path], name: str, *args) -> Tuple[int, object
     finally:
         os.close(fd)
     try:
-        return getattr(lib, name)(h, *args), lib
+        yield h, lib
     finally:
         lib.ivshm_admin_close(h)
+
+
+def _admin_call(region: Union[str, Path], name: str, *args) -> Tuple[int, object]:
+    """One ivshm_admin_* call on `region`: (its result, the library)."""
+    with _admin(region) as (h, lib):
+        return getattr(lib, name)(h, *args), lib
 
 
 def request_drain(region: Union[str, Path], request: int, *,
@@ -397,16 +408,8 @@ def drain_guest(region: Union[str, Path], doorbell_id: int,
     """Ask every live entry of server id `doorbell_id` (the ranks of one
     guest) to let go of the region, like request_drain; the (slot,
     generation) of each, for drain_state."""
-    lib = library()
-    fd = os.open(os.fspath(region), os.O_RDWR | os.O_CLOEXEC)
-    h = c_void_p()
-    try:
-        _check(lib, lib.ivshm_admin_open(fd, byref(h)),
-               f"ivshm_admin_open({region})")
-    finally:
-        os.close(fd)
     asked = []
-    try:
+    with _admin(region) as (h, lib):
         db, gen = c_int32(0), c_uint32(0)
         for slot in range(1024):   # ivshm.h's bound on peers
             rc = lib.ivshm_admin_peer_id(h, slot, byref(db), byref(gen))
@@ -416,8 +419,6 @@ def drain_guest(region: Union[str, Path], doorbell_id: int,
                     lib.ivshm_admin_drain_slot(h, slot, gen.value,
                                                request) == 0:
                 asked.append((slot, gen.value))
-    finally:
-        lib.ivshm_admin_close(h)
     return asked
 
 
