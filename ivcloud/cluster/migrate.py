@@ -243,7 +243,12 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
             time.sleep(DRAIN_POLL_S)
     except BaseException:
         if asked:   # the ranks come back to the region they left
-            unhide(sock, host)
+            try:
+                with process.shielded():
+                    unhide(sock, host)
+            except IvcloudError as e:   # the first error is the one to say
+                say(f"migrate {host}: drain: the guest's {GUEST_ENV} could "
+                    f"not be put back ({e}): its ranks stay on the core")
         raise
 
 
