@@ -146,7 +146,7 @@ int ivshm_admin_drain(ivshm_admin *a, int32_t doorbell_id, uint32_t req);
 /*
  * ivshm_admin_drain_slot:
  * @a: the server's handle
- * @slot, @gen: the entry's slot and generation (ivshm_admin_peer)
+ * @slot, @gen: the entry's slot and generation (ivshm_admin_peer_id)
  * @req: as for ivshm_admin_drain
  *
  * Returns: 0, -ENOENT if @slot does not hold @gen live, -EINVAL.
@@ -170,16 +170,6 @@ int ivshm_admin_drain_slot(ivshm_admin *a, int slot, uint32_t gen,
  */
 int ivshm_admin_drain_state(ivshm_admin *a, int slot, uint32_t gen,
                             uint32_t req, int32_t *status);
-
-/*
- * ivshm_admin_peer:
- * @a, @slot: as above
- * @pid, @gen: filled with the live entry's pid (in its own namespace)
- *   and generation
- *
- * Returns: 0, -ENOENT if the slot holds no live entry, -EINVAL.
- */
-int ivshm_admin_peer(ivshm_admin *a, int slot, int32_t *pid, uint32_t *gen);
 
 /*
  * ivshm_admin_peer_id:

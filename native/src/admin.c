@@ -166,21 +166,6 @@ int ivshm_admin_drain_state(ivshm_admin *a, int slot, uint32_t gen,
     return ivshm_drain_state(a->h, slot, gen, req, status);
 }
 
-int ivshm_admin_peer(ivshm_admin *a, int slot, int32_t *pid, uint32_t *gen)
-{
-    if (!a)
-        return -EINVAL;
-    ivshm_peer_info info;
-    int rc = ivshm_peer(a->h, slot, &info);
-    if (rc < 0)
-        return rc;
-    if (pid)
-        *pid = info.pid;
-    if (gen)
-        *gen = info.generation;
-    return 0;
-}
-
 int ivshm_admin_peer_id(ivshm_admin *a, int slot, int32_t *doorbell_id,
                         uint32_t *gen)
 {

@@ -309,7 +309,7 @@ static void stream_body(struct rank *r)
     if (a) {
         /* rank 0's first entry answered and left; it is back in another */
         uint32_t g = 0;
-        int rc = ivshm_admin_peer(a, slot0, NULL, &g);
+        int rc = ivshm_admin_peer_id(a, slot0, NULL, &g);
         REQ(rc == -ENOENT || (rc == 0 && g != gen0));
         ivshm_admin_close(a);
     }
