@@ -747,10 +747,13 @@ int fiv_mr_regv(struct fid *fid, const struct iovec *iov, size_t count,
                 uint64_t flags, struct fid_mr **mr, void *context);
 int fiv_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr,
                    uint64_t flags, struct fid_mr **mr);
-/* Bytes [addr, addr+len) of a region registered under `key` with
-   `access`, or NULL (never beyond what was registered). */
-uint8_t *fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
-                       size_t len, uint64_t access, struct fiv_mr **mr);
+/* Whether bytes [addr, addr+len) lie in a region registered under `key`
+   with `access` (never beyond what was registered): then *at is the
+   first of them, which a 0-byte access of an empty registration (NULL,
+   0 bytes) finds NULL and must not touch. */
+bool fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
+                   size_t len, uint64_t access, uint8_t **at,
+                   struct fiv_mr **mr);
 void fiv_mr_close_all(struct fiv_domain *d);
 /* fiv_send.c: one message out on a peer's path */
 /* One region message to `slot` (its holder at `gen`), with the wire

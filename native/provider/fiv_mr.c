@@ -23,25 +23,28 @@ static ssize_t find(struct fiv_domain *d, uint64_t key)
                                                      : -(ssize_t)lo - 1;
 }
 
-uint8_t *fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
-                       size_t len, uint64_t access, struct fiv_mr **out)
+bool fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
+                   size_t len, uint64_t access, uint8_t **at,
+                   struct fiv_mr **out)
 {
     ssize_t i = find(d, key);
     if (i < 0)
-        return NULL;
+        return false;
     struct fiv_mr *m = d->mrs[i];
     if ((m->access & access) != access)
-        return NULL;
+        return false;
     uint64_t start = d->mr_mode & FI_MR_VIRT_ADDR ? (uint64_t)(uintptr_t)m->base
                                                   : m->offset;
     if (addr < start)
-        return NULL;
+        return false;
     uint64_t off = addr - start;
     if (off > m->len || len > m->len - off)
-        return NULL;
+        return false;
     if (out)
         *out = m;
-    return m->base + off;
+    /* no pointer arithmetic on the NULL base of an empty registration */
+    *at = m->base ? m->base + off : NULL;
+    return true;
 }
 
 static int mr_close(struct fid *fid)
@@ -103,6 +106,8 @@ static int reg(struct fiv_domain *d, const void *buf, size_t len,
                uint64_t access, uint64_t offset, uint64_t requested_key,
                struct fid_mr **out, void *context)
 {
+    if (!buf && len) /* only an empty registration may have no address */
+        return -FI_EINVAL;
     struct fiv_mr *m = calloc(1, sizeof *m);
     if (!m)
         return -FI_ENOMEM;

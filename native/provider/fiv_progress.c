@@ -229,9 +229,9 @@ void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
     if (r->from_mr) {
         /* a large READ of our own memory: handled within this call, the
            registration looked up as push() does */
-        const uint8_t *src = fiv_mr_target(ep->dom, r->mr_key, r->mr_addr,
-                                           r->total, FI_REMOTE_READ, NULL);
-        if (!src) {
+        uint8_t *src = NULL;
+        if (!fiv_mr_target(ep->dom, r->mr_key, r->mr_addr, r->total,
+                           FI_REMOTE_READ, &src, NULL)) {
             free(buf);
             fiv_tx_done(ep, r, FI_EACCES);
             return;

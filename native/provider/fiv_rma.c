@@ -200,7 +200,7 @@ static void reply(struct fiv_ep *ep, fi_addr_t to, struct fiv_peer *peer,
         r->charged = charge;
         if (acct)
             acct->answer_bytes += charge;
-    } else if (mr) {
+    } else if (mr && !copy) {
         r->from_mr = true;
         r->mr_key = mr->key;
         r->mr_addr = mr->addr;
@@ -257,20 +257,22 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             peer->violated = true;
             return;
         }
-        uint8_t *dst = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_WRITE, &mr);
-        if (dst)
+        uint8_t *dst = NULL;
+        bool ok = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_WRITE,
+                                &dst, &mr);
+        if (ok && n)
             memcpy(dst, p, n);
         if (n < h.len) {
             /* the MR is named by its key, not kept: each continuation
                looks it up again */
             peer->as = (struct fiv_asm){.kind = ASM_WRITE, .total = h.len,
                                         .got = n, .key = h.key,
-                                        .addr = h.addr, .refused = !dst,
+                                        .addr = h.addr, .refused = !ok,
                                         .flags = op, .data = h.data,
                                         .write_id = h.id};
             return;
         }
-        write_done(ep, src, peer, mr, op, h.id, h.data, dst ? 0 : -FI_EACCES,
+        write_done(ep, src, peer, mr, op, h.id, h.data, ok ? 0 : -FI_EACCES,
                    h.len, dst);
         break;
     }
@@ -280,8 +282,9 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                   false, NULL);
             return;
         }
-        uint8_t *at = fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_READ, &mr);
-        if (!at) {
+        uint8_t *at = NULL;
+        if (!fiv_mr_target(d, h.key, h.addr, h.len, FI_REMOTE_READ, &at,
+                           &mr)) {
             reply(ep, src, peer, FIV_OP_READ_RESP, h.id, -FI_EACCES, NULL, 0,
                   false, NULL);
             return;
@@ -306,10 +309,11 @@ void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         int status = 0;
         uint8_t *mem = NULL;
         uint8_t old[FIV_ATOMIC_MAX];
-        if (!sz || h.len > FIV_ATOMIC_MAX || h.len % sz || n < need ||
+        if (!sz || !h.len || h.len > FIV_ATOMIC_MAX || h.len % sz ||
+            n < need ||
             cmp != (h.op >= FI_CSWAP && h.op <= FI_MSWAP))
             status = -FI_EINVAL;
-        else if (!(mem = fiv_mr_target(d, h.key, h.addr, h.len, access, &mr)))
+        else if (!fiv_mr_target(d, h.key, h.addr, h.len, access, &mem, &mr))
             status = -FI_EACCES;
         if (status == 0) {
             memcpy(old, mem, h.len);
@@ -368,12 +372,12 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         if (as->kind == ASM_WRITE && !as->refused) {
             /* the registration may have been closed since the last
                fragment: looked up again, with bounds and access */
-            uint8_t *dst = fiv_mr_target(ep->dom, as->key, as->addr + as->got,
-                                         k, FI_REMOTE_WRITE, NULL);
-            if (dst)
-                memcpy(dst, p, k);
-            else
+            uint8_t *dst = NULL;
+            if (!fiv_mr_target(ep->dom, as->key, as->addr + as->got, k,
+                               FI_REMOTE_WRITE, &dst, NULL))
                 as->refused = true;
+            else if (k)
+                memcpy(dst, p, k);
         } else if (as->kind == ASM_READ_RESP && as->req) {
             fiv_iov_write(as->req->res, as->req->res_count, as->got, p, k);
         }
@@ -384,11 +388,12 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         memset(as, 0, sizeof *as);
         if (done.kind == ASM_WRITE) {
             struct fiv_mr *mr = NULL;
-            uint8_t *at = done.refused ? NULL
-                          : fiv_mr_target(ep->dom, done.key, done.addr,
-                                          done.total, FI_REMOTE_WRITE, &mr);
+            uint8_t *at = NULL;
+            bool ok = !done.refused &&
+                      fiv_mr_target(ep->dom, done.key, done.addr, done.total,
+                                    FI_REMOTE_WRITE, &at, &mr);
             write_done(ep, src, peer, mr, done.flags, done.write_id, done.data,
-                       at ? 0 : -FI_EACCES, done.total, at);
+                       ok ? 0 : -FI_EACCES, done.total, at);
         } else if (done.req) {
             finish(ep, done.req, 0);
         }

@@ -192,11 +192,11 @@ static int push(struct fiv_ep *ep, struct fiv_peer *p, struct fiv_op_req *r)
             /* a large READ's answer: the registration is looked up again
                for every fragment (fiv.h, "Lifetimes"); closed since, the
                answer cannot be finished, and its path fails */
-            at.iov_base = fiv_mr_target(ep->dom, r->mr_key,
-                                        r->mr_addr + r->sent, n,
-                                        FI_REMOTE_READ, NULL);
-            if (!at.iov_base)
+            uint8_t *src = NULL;
+            if (!fiv_mr_target(ep->dom, r->mr_key, r->mr_addr + r->sent, n,
+                               FI_REMOTE_READ, &src, NULL))
                 return -FI_EACCES;
+            at.iov_base = src;
             at.iov_len = n;
             iov = &at;
             iovn = 1;

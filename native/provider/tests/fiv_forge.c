@@ -1452,6 +1452,39 @@ static void f_drain_refused(struct forger *f)
     ivshm_admin_close(a);
 }
 
+/* 22. 0-byte accesses of an empty registration (NULL, 0 bytes: what an
+   MPI registers for a window of size 0): a READ and a WRITE of nothing
+   succeed, and touch no memory. */
+static void v_empty_registration(struct victim *v)
+{
+    struct fid_mr *mr = reg(v, NULL, 0, FI_REMOTE_READ | FI_REMOTE_WRITE);
+    (void)VWAIT(v, ctl_ready(v->ctl), 5000);
+    struct ctl a = ctl_recv(v->ctl, 'A');
+    if (a.a)
+        vfail(v, "%s", (const char *)a.blob);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_empty_registration(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct ctl out = {.what = 'A'};
+    const uint32_t ops[] = {FIV_OP_READ, FIV_OP_WRITE | FIV_F_ACK};
+    for (int i = 0; i < 2 && !out.a; i++) {
+        rma_req(f, ops[i], k.a, k.b, 0, 500 + (uint64_t)i, NULL, 0);
+        struct fiv_resp_hdr r;
+        size_t n = 0;
+        int op = answer(f, &r, NULL, 0, &n, 3000);
+        if (op < 0 || r.id != 500 + (uint64_t)i || r.status != 0 || r.len ||
+            n) {
+            out.a = 1;
+            snprintf((char *)out.blob, sizeof out.blob, "a 0-byte %s: %d",
+                     i ? "write" : "read", op < 0 ? 0 : r.status);
+        }
+    }
+    REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1510,6 +1543,9 @@ static const struct fcase cases[] = {
      "FI_IVSHM_CORE=tcp;ofi_rxm,tcp,sockets FI_IVSHM_DRAIN_MS=500"},
     {"drain_refused", v_drain_refused, f_drain_refused,
      "a drain a co-tenant asks of a rank with no core provider", NULL},
+    {"empty_registration_zero_bytes", v_empty_registration,
+     f_empty_registration,
+     "0-byte READ and WRITE of a NULL, 0-byte registration", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
