@@ -414,6 +414,9 @@ struct fiv_asm {
     uint32_t flags;
     size_t olen;              /* full length (truncation)                 */
     struct fiv_op_req *req;   /* ASM_READ_RESP: ours, off the wait list   */
+    int32_t status;           /* ASM_READ_RESP: the answer's, from its
+                                 first fragment: the read ends with it,
+                                 and a refusal's bytes are not stored    */
     uint64_t key, addr;       /* ASM_WRITE: looked up again per fragment  */
     bool refused;             /* ASM_WRITE: a fragment found no MR        */
     uint64_t write_id;        /* ASM_WRITE with FIV_F_ACK                 */

@@ -378,7 +378,7 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                 as->refused = true;
             else if (k)
                 memcpy(dst, p, k);
-        } else if (as->kind == ASM_READ_RESP && as->req) {
+        } else if (as->kind == ASM_READ_RESP && as->req && !as->status) {
             fiv_iov_write(as->req->res, as->req->res_count, as->got, p, k);
         }
         as->got += k;
@@ -395,7 +395,7 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             write_done(ep, src, peer, mr, done.flags, done.write_id, done.data,
                        ok ? 0 : -FI_EACCES, done.total, at);
         } else if (done.req) {
-            finish(ep, done.req, 0);
+            finish(ep, done.req, done.status);
         }
         return;
     }
@@ -420,7 +420,8 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         if (n < h.len) {
             /* an unknown id's bytes are consumed, never stored */
             peer->as = (struct fiv_asm){.kind = ASM_READ_RESP, .total = h.len,
-                                        .got = n, .req = r};
+                                        .got = n, .req = r,
+                                        .status = h.status};
             return;
         }
         if (r)

@@ -1485,6 +1485,36 @@ static void f_empty_registration(struct forger *f)
     REQ(write(f->ctl, &out, sizeof out) == (ssize_t)sizeof out);
 }
 
+/* 23. An answer to the victim's READ that refuses it but carries bytes
+   over several fragments: the read completes with the peer's error and
+   none of those bytes lands in its buffer. */
+#define ELEN (64u << 10)
+static void v_read_refused_in_fragments(struct victim *v)
+{
+    uint8_t *res = gbuf(ELEN);
+    memset(res, 0, ELEN);
+    char c;
+    REQ_RC(fi_read(v->r.ep, res, ELEN, NULL, v->forger, 0x1000, 5, &c), 0);
+    if (!VWAIT(v, vdone(v, &c) != NULL, 3000))
+        vfail(v, "the read never completed");
+    else if (vdone(v, &c)->err != FI_EACCES)
+        vfail(v, "the read completed with %d, not FI_EACCES",
+              vdone(v, &c)->err);
+    if (count_not(res, ELEN, 0))
+        vfail(v, "%zu bytes of a refused read were written",
+              count_not(res, ELEN, 0));
+}
+
+static void f_read_refused_in_fragments(struct forger *f)
+{
+    struct fiv_rma_hdr q;
+    REQ(request(f, &q) == FIV_OP_READ && q.len == ELEN);
+    struct fiv_resp_hdr r = {.id = q.id, .status = -FI_EACCES, .len = ELEN};
+    REQ_RC(fsend(f, FIV_OP_READ_RESP, &r, sizeof r, marks, frag - sizeof r),
+           0);
+    more(f, frag - sizeof r, ELEN);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1546,6 +1576,9 @@ static const struct fcase cases[] = {
     {"empty_registration_zero_bytes", v_empty_registration,
      f_empty_registration,
      "0-byte READ and WRITE of a NULL, 0-byte registration", NULL},
+    {"read_refused_in_fragments", v_read_refused_in_fragments,
+     f_read_refused_in_fragments,
+     "an answer refusing a READ whose bytes still come in fragments", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
