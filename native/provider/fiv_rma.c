@@ -430,9 +430,17 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     }
     if (!r)
         return;
-    if (h.status == 0 && h.len && n >= h.len)
-        fiv_iov_write(r->res, r->res_count, 0, p, h.len);
-    finish(ep, r, h.status);
+    /* what the operation fetches comes whole, or it failed: nothing of
+       a short answer is stored */
+    size_t need = fiv_iov_total(r->res, r->res_count);
+    int status = h.status;
+    if (status == 0 && need) {
+        if (h.len < need || n < need)
+            status = -FI_EIO;
+        else
+            fiv_iov_write(r->res, r->res_count, 0, p, need);
+    }
+    finish(ep, r, status);
 }
 
 void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err)

@@ -1515,6 +1515,44 @@ static void f_read_refused_in_fragments(struct forger *f)
     more(f, frag - sizeof r, ELEN);
 }
 
+/* 24. Answers to the victim's fetching atomics shorter than the value
+   each fetches (a length short of it; a length that fits over bytes the
+   message lacks): each atomic completes with FI_EIO and nothing is
+   written to its result. */
+static void v_short_fetch_answer(struct victim *v)
+{
+    uint8_t *res = gbuf(4096);
+    memset(res, 0, 4096);
+    uint64_t ops[4] = {1, 1, 1, 1}, cmp[4] = {0};
+    char c[2];
+    REQ_RC(fi_fetch_atomic(v->r.ep, ops, 4, NULL, res, NULL, v->forger,
+                           0x2000, 6, FI_UINT64, FI_SUM, &c[0]), 0);
+    REQ_RC(fi_compare_atomic(v->r.ep, ops, 4, NULL, cmp, NULL, res + 64, NULL,
+                             v->forger, 0x2000, 6, FI_UINT64, FI_CSWAP,
+                             &c[1]), 0);
+    for (int i = 0; i < 2; i++) {
+        if (!VWAIT(v, vdone(v, &c[i]) != NULL, 3000))
+            vfail(v, "atomic %d never completed", i);
+        else if (vdone(v, &c[i])->err != FI_EIO)
+            vfail(v, "atomic %d completed with %d, not FI_EIO", i,
+                  vdone(v, &c[i])->err);
+    }
+    if (count_not(res, 4096, 0))
+        vfail(v, "%zu bytes of short answers were written to the results",
+              count_not(res, 4096, 0));
+}
+
+static void f_short_fetch_answer(struct forger *f)
+{
+    struct fiv_rma_hdr q;
+    REQ(request(f, &q) == FIV_OP_ATOMIC && q.len == 32);
+    struct fiv_resp_hdr a = {.id = q.id, .len = 8};
+    REQ_RC(fsend(f, FIV_OP_ACK, &a, sizeof a, marks, 8), 0);
+    REQ(request(f, &q) == FIV_OP_ATOMIC && q.len == 32);
+    a = (struct fiv_resp_hdr){.id = q.id, .len = 32};
+    REQ_RC(fsend(f, FIV_OP_ACK, &a, sizeof a, marks, 8), 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1579,6 +1617,8 @@ static const struct fcase cases[] = {
     {"read_refused_in_fragments", v_read_refused_in_fragments,
      f_read_refused_in_fragments,
      "an answer refusing a READ whose bytes still come in fragments", NULL},
+    {"short_fetch_answer", v_short_fetch_answer, f_short_fetch_answer,
+     "answers to fetching atomics shorter than the value they fetch", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
