@@ -630,6 +630,24 @@ struct fi_ops_rma fiv_rma_ops = {
 
 /* ---- atomics ---- */
 
+/* Operand bytes of one atomic: FIV_ATOMIC_MAX, or less where the request
+   (header, operand, compare operand) or its answer (header, fetched
+   value) would not fit one fragment of the region's slots. An atomic is
+   never fragmented: its target applies it from one message. */
+static size_t atomic_room(const struct fiv_ep *ep, bool cmp)
+{
+    size_t room = FIV_ATOMIC_MAX;
+    if (ep->frag) {
+        size_t req = (ep->frag - sizeof(struct fiv_rma_hdr)) / (cmp ? 2 : 1);
+        size_t ans = ep->frag - sizeof(struct fiv_resp_hdr);
+        if (req < room)
+            room = req;
+        if (ans < room)
+            room = ans;
+    }
+    return room;
+}
+
 static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
                             const void *cmp, void *result, size_t count,
                             fi_addr_t dest, uint64_t addr, uint64_t key,
@@ -642,7 +660,7 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     size_t len = count * sz;
     /* a compare operand exactly for the compare ops: the target checks
        the same (fiv_rma_target) */
-    if (len > FIV_ATOMIC_MAX || (count && len / count != sz) ||
+    if (len > atomic_room(ep, cmp != NULL) || (count && len / count != sz) ||
         (op >= FI_CSWAP && op <= FI_MSWAP) != (cmp != NULL))
         return -FI_EINVAL;
     bool read_only = op == FI_ATOMIC_READ;
@@ -821,13 +839,12 @@ static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
 static int a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
                    size_t *count)
 {
-    (void)e;
     if (op >= FI_CSWAP)
         return -FI_EOPNOTSUPP;
     struct fi_atomic_attr a;
     int rc = fiv_query_atomic(NULL, dt, op, &a, 0);
     if (rc == 0 && count)
-        *count = a.count;
+        *count = atomic_room(EP(e), false) / a.size;
     return rc;
 }
 
@@ -840,11 +857,10 @@ static int a_fetch_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
 static int a_comp_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
                         size_t *count)
 {
-    (void)e;
     struct fi_atomic_attr a;
     int rc = fiv_query_atomic(NULL, dt, op, &a, FI_COMPARE_ATOMIC);
     if (rc == 0 && count)
-        *count = a.count;
+        *count = atomic_room(EP(e), true) / a.size;
     return rc;
 }
 

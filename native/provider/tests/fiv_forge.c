@@ -1553,6 +1553,69 @@ static void f_short_fetch_answer(struct forger *f)
     REQ_RC(fsend(f, FIV_OP_ACK, &a, sizeof a, marks, 8), 0);
 }
 
+/* 25. Atomics in a region of the smallest slots (128 bytes), where the
+   largest operands do not fit one fragment: the valid counts say what
+   fits, an atomic past them is refused when posted (an atomic is never
+   fragmented), and one that fits arrives whole and completes. */
+#define SMALL_SLOT 128
+#define SMALL_ROOM (SMALL_SLOT - 32 - sizeof(struct fiv_rma_hdr))
+static void v_atomic_small_slot(struct victim *v)
+{
+    size_t fits = 0, cfits = 0;
+    REQ_RC(fi_fetch_atomicvalid(v->r.ep, FI_UINT64, FI_SUM, &fits), 0);
+    REQ_RC(fi_compare_atomicvalid(v->r.ep, FI_UINT64, FI_CSWAP, &cfits), 0);
+    if (!fits || fits * 8 > SMALL_ROOM || !cfits || cfits * 16 > SMALL_ROOM)
+        vfail(v, "atomics of %zu and %zu elements declared valid in %zu "
+              "bytes", fits, cfits, SMALL_ROOM);
+    uint8_t *res = gbuf(4096);
+    memset(res, 0, 4096);
+    uint64_t ops[8] = {1, 1, 1, 1, 1, 1, 1, 1}, cmp[8] = {0};
+    const size_t past = SMALL_ROOM / 8 + 1, cpast = SMALL_ROOM / 16 + 1;
+    char c[4];
+    ssize_t rc[3] = {
+        fi_fetch_atomic(v->r.ep, ops, past, NULL, res, NULL, v->forger,
+                        0x2000, 6, FI_UINT64, FI_SUM, &c[0]),
+        fi_atomic(v->r.ep, ops, past, NULL, v->forger, 0x2000, 6, FI_UINT64,
+                  FI_SUM, &c[1]),
+        fi_compare_atomic(v->r.ep, ops, cpast, NULL, cmp, NULL, res, NULL,
+                          v->forger, 0x2000, 6, FI_UINT64, FI_CSWAP, &c[2]),
+    };
+    for (int i = 0; i < 3; i++)
+        if (rc[i] != -FI_EINVAL)
+            vfail(v, "atomic %d past the slot's fragment posted: %zd, not "
+                  "-FI_EINVAL", i, rc[i]);
+    REQ_RC(fi_fetch_atomic(v->r.ep, ops, SMALL_ROOM / 8, NULL, res, NULL,
+                           v->forger, 0x2000, 6, FI_UINT64, FI_SUM, &c[3]), 0);
+    if (!VWAIT(v, vdone(v, &c[3]) != NULL, 3000))
+        vfail(v, "the atomic that fits never completed");
+    else if (vdone(v, &c[3])->err)
+        vfail(v, "the atomic that fits failed (%d)", vdone(v, &c[3])->err);
+    if (count_not(res, SMALL_ROOM, MARK) ||
+        count_not(res + SMALL_ROOM, 4096 - SMALL_ROOM, 0))
+        vfail(v, "the atomic's result is not its %zu fetched bytes",
+              SMALL_ROOM);
+}
+
+static void f_atomic_small_slot(struct forger *f)
+{
+    /* the one that fits, whole in one message; anything else is skipped */
+    static uint8_t m[1 << 16];
+    for (uint64_t end = t_now_ms() + 3000; t_now_ms() < end;) {
+        uint32_t tag = 0;
+        ssize_t len = ivshm_recv(f->h, f->victim, NULL, &tag, m, sizeof m, 50);
+        struct fiv_rma_hdr q;
+        if (len < (ssize_t)sizeof q || (tag & FIV_OP_MASK) != FIV_OP_ATOMIC)
+            continue;
+        memcpy(&q, m, sizeof q);
+        if (q.len != SMALL_ROOM ||
+            (size_t)len != sizeof q + SMALL_ROOM)
+            continue;
+        struct fiv_resp_hdr a = {.id = q.id, .len = q.len};
+        REQ_RC(fsend(f, FIV_OP_ACK, &a, sizeof a, marks, q.len), 0);
+        return;
+    }
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1619,9 +1682,18 @@ static const struct fcase cases[] = {
      "an answer refusing a READ whose bytes still come in fragments", NULL},
     {"short_fetch_answer", v_short_fetch_answer, f_short_fetch_answer,
      "answers to fetching atomics shorter than the value they fetch", NULL},
+    {"atomic_past_a_small_slot", v_atomic_small_slot, f_atomic_small_slot,
+     "atomics larger than one fragment of a region's smallest slots", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
+
+/* The slot size of a case's region: libivshm's default (0), but for a
+   case about the smallest slots. */
+static uint32_t case_slot(const struct fcase *c)
+{
+    return c->victim == v_atomic_small_slot ? SMALL_SLOT : 0;
+}
 
 /* One case in two fresh processes on the case's own region: 0 if it
    held. */
@@ -1736,7 +1808,7 @@ int main(void)
             if (only && strcmp(only, cases[i].name))
                 continue;
             if (!regions[i]) /* reused by later rounds: both processes leave */
-                regions[i] = t_region(8, 0);
+                regions[i] = t_region(8, case_slot(&cases[i]));
             failed += run_case(&cases[i], regions[i]);
             ran++;
         }
