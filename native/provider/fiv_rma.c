@@ -658,12 +658,13 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     if (!sz || !op_ok(op))
         return -FI_EOPNOTSUPP;
     size_t len = count * sz;
-    /* a compare operand exactly for the compare ops: the target checks
-       the same (fiv_rma_target) */
-    if (len > atomic_room(ep, cmp != NULL) || (count && len / count != sz) ||
-        (op >= FI_CSWAP && op <= FI_MSWAP) != (cmp != NULL))
-        return -FI_EINVAL;
     bool read_only = op == FI_ATOMIC_READ;
+    /* a compare operand exactly for the compare ops: the target checks
+       the same (fiv_rma_target); an operand for all but a read */
+    if (!count || len > atomic_room(ep, cmp != NULL) || len / count != sz ||
+        (op >= FI_CSWAP && op <= FI_MSWAP) != (cmp != NULL) ||
+        (!read_only && !opnd))
+        return -FI_EINVAL;
     struct fiv_op_req *r = fiv_req_new();
     if (!r)
         return -FI_ENOMEM;
@@ -764,7 +765,8 @@ static ssize_t a_readwritev(struct fid_ep *e, const struct fi_ioc *iov,
 {
     (void)desc;
     (void)result_desc;
-    if (count > 1 || result_count != 1)
+    if (count > 1 || result_count != 1 ||
+        (count && iov[0].count != resultv[0].count))
         return -FI_EINVAL;
     return a_readwrite(e, count ? iov[0].addr : NULL, resultv[0].count, NULL,
                        resultv[0].addr, NULL, dest, addr, key, dt, op, ctx);
@@ -775,7 +777,8 @@ static ssize_t a_readwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
                               size_t result_count, uint64_t flags)
 {
     (void)result_desc;
-    if (m->iov_count > 1 || m->rma_iov_count != 1 || result_count != 1)
+    if (m->iov_count > 1 || m->rma_iov_count != 1 || result_count != 1 ||
+        (m->iov_count && m->msg_iov[0].count != resultv[0].count))
         return -FI_EINVAL;
     if (m->op >= FI_CSWAP)
         return -FI_EINVAL;
@@ -811,7 +814,8 @@ static ssize_t a_compwritev(struct fid_ep *e, const struct fi_ioc *iov,
     (void)desc;
     (void)compare_desc;
     (void)result_desc;
-    if (count != 1 || compare_count != 1 || result_count != 1)
+    if (count != 1 || compare_count != 1 || result_count != 1 ||
+        comparev[0].count != iov[0].count || resultv[0].count != iov[0].count)
         return -FI_EINVAL;
     return a_compwrite(e, iov[0].addr, iov[0].count, NULL, comparev[0].addr,
                        NULL, resultv[0].addr, NULL, dest, addr, key, dt, op, ctx);
@@ -826,7 +830,8 @@ static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
     (void)compare_desc;
     (void)result_desc;
     if (m->iov_count != 1 || m->rma_iov_count != 1 || compare_count != 1 ||
-        result_count != 1)
+        result_count != 1 || comparev[0].count != m->msg_iov[0].count ||
+        resultv[0].count != m->msg_iov[0].count)
         return -FI_EINVAL;
     if (m->op < FI_CSWAP || m->op > FI_MSWAP)
         return -FI_EINVAL;

@@ -4,7 +4,8 @@
  * libfabric: fi_getinfo (mode bits offered and cleared, node/service and
  * the addresses returned, capabilities implied and split between the
  * transmit and receive sides, domain capabilities we lack), the
- * connection calls of an RDM endpoint, fi_cq_signal, a send with
+ * connection calls of an RDM endpoint, fi_cq_signal, atomics with no
+ * operand or with counts that disagree, a send with
  * FI_INJECT in its flags, a remote-write counter of an endpoint that
  * asked for FI_RMA alone, a name inserted twice, and the last message of
  * a sender that left before it was inserted.
@@ -151,6 +152,47 @@ static void one_endpoint(struct rank *r)
 {
     open_one(r);
     check_endpoint(r);
+    t_close(r);
+}
+
+/* Atomics without an operand, with none of their elements, or with
+   counts that disagree: refused when posted, nothing read from the
+   missing operand. */
+static void empty_atomics(struct rank *r)
+{
+    t_open(r, version);
+    char name[NAMELEN];
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&r->ep->fid, name, &len), 0);
+    fi_addr_t self = 0;
+    REQ_RC(fi_av_insert(r->av, name, 1, &self, 0, NULL), 1);
+    uint64_t v[2] = {1, 1}, res[2] = {0, 0}, cmp[2] = {0, 0};
+    struct fi_ioc none = {v, 0}, two = {v, 2};
+    struct fi_ioc r1 = {res, 1}, c1 = {cmp, 1};
+    struct fi_rma_ioc at = {0, 1, 1};
+    struct fi_msg_atomic m = {.msg_iov = NULL, .iov_count = 0, .addr = self,
+                              .rma_iov = &at, .rma_iov_count = 1,
+                              .datatype = FI_UINT64, .op = FI_SUM};
+    char ctx;
+    REQ_RC(fi_fetch_atomicv(r->ep, NULL, NULL, 0, &r1, NULL, 1, self, 0, 1,
+                            FI_UINT64, FI_SUM, &ctx), -FI_EINVAL);
+    REQ_RC(fi_fetch_atomicmsg(r->ep, &m, &r1, NULL, 1, 0), -FI_EINVAL);
+    REQ_RC(fi_fetch_atomicv(r->ep, &two, NULL, 1, &r1, NULL, 1, self, 0, 1,
+                            FI_UINT64, FI_SUM, &ctx), -FI_EINVAL);
+    REQ_RC(fi_atomic(r->ep, v, 0, NULL, self, 0, 1, FI_UINT64, FI_SUM, &ctx),
+           -FI_EINVAL);
+    REQ_RC(fi_atomicv(r->ep, &none, NULL, 1, self, 0, 1, FI_UINT64, FI_SUM,
+                      &ctx), -FI_EINVAL);
+    REQ_RC(fi_fetch_atomic(r->ep, v, 0, NULL, res, NULL, self, 0, 1,
+                           FI_UINT64, FI_SUM, &ctx), -FI_EINVAL);
+    REQ_RC(fi_compare_atomic(r->ep, v, 0, NULL, cmp, NULL, res, NULL, self, 0,
+                             1, FI_UINT64, FI_CSWAP, &ctx), -FI_EINVAL);
+    REQ_RC(fi_compare_atomicv(r->ep, &two, NULL, 1, &c1, NULL, 1, &r1, NULL,
+                              1, self, 0, 1, FI_UINT64, FI_CSWAP, &ctx),
+           -FI_EINVAL);
+    /* nothing went out: nothing completes */
+    struct fi_cq_tagged_entry e;
+    REQ_RC(fi_cq_read(r->cq, &e, 1), -FI_EAGAIN);
     t_close(r);
 }
 
@@ -375,6 +417,11 @@ int main(void)
     f = t_run(1, one_endpoint, env1, 30, NULL);
     printf("%s: connection calls of an RDM endpoint, fi_cq_signal\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, empty_atomics, env1, 30, NULL);
+    printf("%s: atomics without operands or with counts that disagree are "
+           "refused\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, inject_flag, env2, 30, NULL);
