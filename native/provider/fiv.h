@@ -296,7 +296,7 @@ struct fiv_domain {
     uint64_t next_key;
     struct fiv_ep **eps;  /* open endpoints, for auto progress            */
     size_t neps, capeps;
-    int refs;
+    int refs;             /* open children (fiv_domain_ref)               */
 };
 
 struct fiv_mr {
@@ -699,6 +699,15 @@ static inline void fiv_unlock(struct fiv_domain *d)
     if (d->locking)
         pthread_mutex_unlock(&d->lock);
 }
+/* A child of the domain (endpoint, CQ, counter, AV) opened (+1) or
+   closed (-1): the domain does not close while one is open, nor while
+   a registration is (fi_domain(3): -FI_EBUSY). */
+static inline void fiv_domain_ref(struct fiv_domain *d, int delta)
+{
+    fiv_lock(d);
+    d->refs += delta;
+    fiv_unlock(d);
+}
 
 /* ---- counters: counted as completions are written (fiv_complete.c),
    read by the counter object (fiv_cntr.c) ---- */
@@ -757,7 +766,6 @@ int fiv_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr,
 bool fiv_mr_target(struct fiv_domain *d, uint64_t key, uint64_t addr,
                    size_t len, uint64_t access, uint8_t **at,
                    struct fiv_mr **mr);
-void fiv_mr_close_all(struct fiv_domain *d);
 /* fiv_send.c: one message out on a peer's path */
 /* One region message to `slot` (its holder at `gen`), with the wire
    check in its tag and counted for the pair (probes excepted): 0,

@@ -168,6 +168,7 @@ static int av_close(struct fid *fid)
     struct fiv_av *av = container_of(fid, struct fiv_av, av.fid);
     if (av->refs)
         return -FI_EBUSY;
+    fiv_domain_ref(av->dom, -1);
     free(av->entries);
     free(av->eps);
     free(av);
@@ -207,6 +208,7 @@ int fiv_av_open(struct fid_domain *domain, struct fi_av_attr *attr,
     av->av.fid.context = context;
     av->av.fid.ops = &av_fi_ops;
     av->av.ops = &av_ops;
+    fiv_domain_ref(av->dom, 1);
     *av_fid = &av->av;
     return 0;
 }

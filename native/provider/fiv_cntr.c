@@ -102,8 +102,12 @@ static int cntr_wait(struct fid_cntr *f, uint64_t threshold, int timeout)
 static int cntr_close(struct fid *fid)
 {
     struct fiv_cntr *c = container_of(fid, struct fiv_cntr, cntr.fid);
-    if (c->refs)
+    fiv_lock(c->dom); /* registrations bind and release it under the lock */
+    bool busy = c->refs;
+    fiv_unlock(c->dom);
+    if (busy)
         return -FI_EBUSY;
+    fiv_domain_ref(c->dom, -1);
     free(c->eps);
     free(c);
     return 0;
@@ -151,6 +155,7 @@ int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
     c->cntr.fid.context = context;
     c->cntr.fid.ops = &cntr_fi_ops;
     c->cntr.ops = &cntr_ops;
+    fiv_domain_ref(c->dom, 1);
     *cntr = &c->cntr;
     return 0;
 }

@@ -193,6 +193,7 @@ static int cq_close(struct fid *fid)
     struct fiv_cq *cq = container_of(fid, struct fiv_cq, cq.fid);
     if (cq->refs)
         return -FI_EBUSY;
+    fiv_domain_ref(cq->dom, -1);
     free(cq->ring);
     free(cq->errs);
     free(cq->eps);
@@ -246,6 +247,7 @@ int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
     cq->cq.fid.context = context;
     cq->cq.fid.ops = &cq_fi_ops;
     cq->cq.ops = &cq_ops;
+    fiv_domain_ref(d, 1);
     *cq_fid = &cq->cq;
     return 0;
 }

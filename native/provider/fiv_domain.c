@@ -29,13 +29,18 @@ static void *progress_main(void *arg)
 static int domain_close(struct fid *fid)
 {
     struct fiv_domain *d = container_of(fid, struct fiv_domain, dom.fid);
-    if (d->refs)
+    /* a registration still open is the application's fid: it keeps the
+       domain open until it is closed (fi_domain(3)) */
+    fiv_lock(d);
+    bool busy = d->refs || d->nmrs;
+    fiv_unlock(d);
+    if (busy)
         return -FI_EBUSY;
     if (d->auto_progress) {
         __atomic_store_n(&d->stop, true, __ATOMIC_RELEASE);
         pthread_join(d->progress_thread, NULL);
     }
-    fiv_mr_close_all(d);
+    free(d->mrs);
     free(d->eps);
     pthread_mutex_destroy(&d->lock);
     free(d);

@@ -501,9 +501,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     ep->ep.tagged = &fiv_tagged_ops;
     ep->ep.rma = &fiv_rma_ops;
     ep->ep.atomic = &fiv_atomic_ops;
-    fiv_lock(d);
-    d->refs++;
-    fiv_unlock(d);
+    fiv_domain_ref(d, 1);
     fiv_domain_add_ep(d, ep);
     fiv_register_ep(ep);
     *ep_fid = &ep->ep;

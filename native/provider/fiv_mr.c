@@ -69,8 +69,18 @@ static int mr_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
     struct fiv_mr *m = container_of(fid, struct fiv_mr, mr.fid);
     (void)flags;
     if (bfid->fclass == FI_CLASS_CNTR) {
-        m->rma_cntr = container_of(bfid, struct fiv_cntr, cntr.fid);
-        m->rma_cntr->refs++;
+        /* under the lock, as the target's progress counts through it and
+           mr_close lets it go; a second counter replaces the first,
+           which the registration no longer holds */
+        struct fiv_cntr *c = container_of(bfid, struct fiv_cntr, cntr.fid);
+        fiv_lock(m->dom);
+        if (m->rma_cntr != c) {
+            if (m->rma_cntr)
+                m->rma_cntr->refs--;
+            c->refs++;
+            m->rma_cntr = c;
+        }
+        fiv_unlock(m->dom);
         return 0;
     }
     if (bfid->fclass == FI_CLASS_EP)
@@ -83,15 +93,6 @@ static int mr_control(struct fid *fid, int cmd, void *arg)
     (void)fid;
     (void)arg;
     return cmd == FI_ENABLE ? 0 : -FI_ENOSYS;
-}
-
-void fiv_mr_close_all(struct fiv_domain *d)
-{
-    for (size_t i = 0; i < d->nmrs; i++)
-        free(d->mrs[i]);
-    free(d->mrs);
-    d->mrs = NULL;
-    d->nmrs = d->capmrs = 0;
 }
 
 static struct fi_ops mr_fi_ops = {

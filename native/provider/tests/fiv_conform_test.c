@@ -5,7 +5,8 @@
  * the addresses returned, capabilities implied and split between the
  * transmit and receive sides, domain capabilities we lack), the
  * connection calls of an RDM endpoint, fi_cq_signal, atomics with no
- * operand or with counts that disagree, a send with
+ * operand or with counts that disagree, closing a domain with a
+ * registration open, a send with
  * FI_INJECT in its flags, a remote-write counter of an endpoint that
  * asked for FI_RMA alone, a name inserted twice, and the last message of
  * a sender that left before it was inserted.
@@ -194,6 +195,34 @@ static void empty_atomics(struct rank *r)
     struct fi_cq_tagged_entry e;
     REQ_RC(fi_cq_read(r->cq, &e, 1), -FI_EAGAIN);
     t_close(r);
+}
+
+/* A domain with a registration or a counter still open does not close
+   (-FI_EBUSY, fi_domain(3)): the application's fids stay valid until it
+   closes them, and then the domain closes. A registration bound to a second counter
+   holds only that one. */
+static void domain_children(struct rank *r)
+{
+    t_open(r, version);
+    static uint8_t buf[4096];
+    struct fid_mr *mr = NULL;
+    REQ_RC(fi_mr_reg(r->dom, buf, sizeof buf, FI_REMOTE_WRITE, 0, 0, 0, &mr,
+                     NULL), 0);
+    REQ_RC(fi_mr_bind(mr, &r->rcntr->fid, FI_REMOTE_WRITE), 0);
+    REQ_RC(fi_mr_bind(mr, &r->wcntr->fid, FI_REMOTE_WRITE), 0);
+    REQ_RC(fi_close(&r->ep->fid), 0);
+    REQ_RC(fi_close(&r->av->fid), 0);
+    REQ_RC(fi_close(&r->cq->fid), 0);
+    REQ_RC(fi_close(&r->rcntr->fid), 0);
+    REQ_RC(fi_close(&r->wcntr->fid), -FI_EBUSY);
+    REQ_RC(fi_close(&r->dom->fid), -FI_EBUSY);
+    REQ(fi_mr_key(mr) != FI_KEY_NOTAVAIL && fi_mr_desc(mr) != NULL);
+    REQ_RC(fi_close(&mr->fid), 0);
+    REQ_RC(fi_close(&r->dom->fid), -FI_EBUSY); /* the counter is open */
+    REQ_RC(fi_close(&r->wcntr->fid), 0);
+    REQ_RC(fi_close(&r->dom->fid), 0);
+    REQ_RC(fi_close(&r->fab->fid), 0);
+    fi_freeinfo(r->info);
 }
 
 /* ---- two ranks ---- */
@@ -422,6 +451,11 @@ int main(void)
     f = t_run(1, empty_atomics, env1, 30, NULL);
     printf("%s: atomics without operands or with counts that disagree are "
            "refused\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, domain_children, env1, 30, NULL);
+    printf("%s: a domain with a registration open does not close; a "
+           "registration holds the last counter bound\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, inject_flag, env2, 30, NULL);
