@@ -87,6 +87,7 @@
 #define FIV_PEER_ANSWER_BYTES ((size_t)64 << 20)
 #define FIV_PEER_QUEUE ((size_t)1 << 16)
 #define FIV_PEER_UNEXP_BYTES FIV_MAX_MSG
+#define FIV_CQ_SIZE 65536     /* a CQ opened with size 0                 */
 
 /* ---- wire protocol ----
    Over the region the libivshm message tag carries the operation (low 8
@@ -329,6 +330,10 @@ struct fiv_cq {
     enum fi_cq_format format;
     struct fiv_cqe *ring; /* grows: completions are never refused         */
     size_t cap, head, count;
+    /* Entries of remote writes with CQ data held, and how many the
+       application's CQ size allows: the one kind of entry a peer adds
+       without a receive of ours, past it refused (fiv_rma.c). */
+    size_t remote, size;
     struct fiv_cqe *errs;
     size_t errcap, errhead, errcount;
     struct fiv_ep **eps;  /* endpoints that report here: progress them    */

@@ -101,6 +101,7 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
             write_entry(cq->format, (uint8_t *)buf + (size_t)n * es, e);
             if (src_addr)
                 src_addr[n] = e->src;
+            cq->remote -= (e->flags & FI_REMOTE_WRITE) != 0;
             cq->head = (cq->head + 1) % cq->cap;
             cq->count--;
             n++;
@@ -238,6 +239,7 @@ int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
     if (!cq)
         return -FI_ENOMEM;
     cq->dom = d;
+    cq->size = attr && attr->size ? attr->size : FIV_CQ_SIZE;
     cq->format = attr && attr->format ? attr->format : FI_CQ_FORMAT_CONTEXT;
     if (cq->format > FI_CQ_FORMAT_TAGGED) {
         free(cq);

@@ -225,13 +225,23 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                        uint64_t data, int status, size_t len, void *at)
 {
     if (status == 0) {
+        if (op & FIV_F_DATA && ep->rx_cq && peer != &ep->self_peer_dummy &&
+            ep->rx_cq->remote >= ep->rx_cq->size) {
+            /* a completion without a receive of ours: bounded by the CQ
+               size the application chose, not by the writer (our own
+               writes to ourselves are the application's doing) */
+            over_cap(peer, "it wrote more remote CQ data than the CQ's "
+                           "size holds");
+            return;
+        }
         count_remote(ep, mr, true);
         if (op & FIV_F_DATA && ep->rx_cq) {
             struct fiv_cqe e = {.flags = FI_RMA | FI_REMOTE_WRITE |
                                          FI_REMOTE_CQ_DATA,
                                 .len = len, .buf = at, .data = data,
                                 .src = ep->caps & FI_SOURCE ? src : FI_ADDR_NOTAVAIL};
-            fiv_cq_push(ep->rx_cq, &e);
+            if (fiv_cq_push(ep->rx_cq, &e) == 0)
+                ep->rx_cq->remote++;
         }
     }
     if (op & FIV_F_ACK)

@@ -1616,6 +1616,55 @@ static void f_atomic_small_slot(struct forger *f)
     }
 }
 
+/* 26. 0-byte RMA WRITEs with remote CQ data, faster than the application
+   reads its CQ: the CQ holds no more of their entries than the size the
+   application gave it (fiv_test.h: 256); past it the writer's path
+   fails. */
+#define WD_FLOOD 20000
+#define CQ_SIZE 256
+static void v_write_data_flood(struct victim *v)
+{
+    uint8_t *w = gbuf(4096);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE);
+    /* progress through a counter: nothing reads the CQ meanwhile */
+    for (uint64_t end = t_now_ms() + 30000;
+         !ctl_ready(v->ctl) && t_now_ms() < end;)
+        (void)fi_cntr_read(v->r.wcntr);
+    struct ctl d = ctl_recv(v->ctl, 'D');
+    size_t held = 0;
+    struct fi_cq_tagged_entry e;
+    ssize_t n;
+    while ((n = fi_cq_read(v->r.cq, &e, 1)) == 1 || n == -FI_EAVAIL) {
+        struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
+        if (n == -FI_EAVAIL)
+            REQ(fi_cq_readerr(v->r.cq, &err, 0) == 1);
+        else
+            held += (e.flags & FI_REMOTE_CQ_DATA) != 0;
+    }
+    if (getenv("FIV_FORGE_VERBOSE"))
+        fprintf(stderr, "write data flood: %zu entries held of %" PRIu64
+                " writes taken\n", held, d.a);
+    if (held > CQ_SIZE)
+        vfail(v, "the CQ held %zu entries of %" PRIu64 " 0-byte writes with "
+              "data (its size %d)", held, d.a, CQ_SIZE);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_write_data_flood(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    uint64_t sent = 0;
+    for (int i = 0; i < WD_FLOOD; i++) {
+        struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = 0,
+                                .id = 600 + (uint64_t)i, .data = (uint64_t)i};
+        if (fsend(f, FIV_OP_WRITE | FIV_F_DATA, &h, sizeof h, NULL, 0) < 0)
+            break; /* the victim stopped reading us */
+        sent++;
+    }
+    ctl_send(f->ctl, 'D', sent, 0, 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1684,6 +1733,9 @@ static const struct fcase cases[] = {
      "answers to fetching atomics shorter than the value they fetch", NULL},
     {"atomic_past_a_small_slot", v_atomic_small_slot, f_atomic_small_slot,
      "atomics larger than one fragment of a region's smallest slots", NULL},
+    {"write_data_flood", v_write_data_flood, f_write_data_flood,
+     "0-byte RMA WRITEs with CQ data past the CQ's size, the CQ unread",
+     NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
