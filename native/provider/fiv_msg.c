@@ -314,9 +314,11 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
        our own messages not the handler's stand-in peer, and uncapped) */
     struct fiv_peer *acct = fiv_peer(ep, src);
     size_t held = acct ? acct->unexp_bytes : 0;
+    /* its record counts too: an empty message is not free to hold */
+    size_t charge = h.len + sizeof(struct fiv_unexp);
     if (acct && peer != &ep->self_peer_dummy &&
         (held > fiv_cfg.peer_unexp_bytes ||
-         h.len > fiv_cfg.peer_unexp_bytes - held)) {
+         charge > fiv_cfg.peer_unexp_bytes - held)) {
         peer->violated = true;
         peer->over = "it sent more unexpected bytes than its cap "
                      "(FI_IVSHM_PEER_UNEXPECTED_BYTES)";
@@ -335,9 +337,9 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     memcpy(buf, p, chunk);
     *u = (struct fiv_unexp){.src = src, .tag = h.tag, .data = h.data,
                             .flags = mflags, .len = h.len, .got = chunk,
-                            .buf = buf, .charged = acct ? h.len : 0};
+                            .buf = buf, .charged = acct ? charge : 0};
     if (acct)
-        acct->unexp_bytes += h.len;
+        acct->unexp_bytes += charge;
     append_unexp(ep, u, tagged);
     if (chunk < h.len)
         *as = (struct fiv_asm){.kind = ASM_UNEXP, .total = h.len, .got = chunk,

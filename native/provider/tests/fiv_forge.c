@@ -1665,6 +1665,49 @@ static void f_write_data_flood(struct forger *f)
     ctl_send(f->ctl, 'D', sent, 0, 0);
 }
 
+/* 27. Empty messages no receive takes, past the victim's cap on one
+   peer's unexpected bytes: each counts (its record), so the path fails
+   (a receive of any source ends with FI_EIO) and the victim holds about
+   the cap, not one record per message. */
+#define ZFLOOD 20000
+#define ZCAP (64u << 10)
+static void v_empty_unexp_flood(struct victim *v)
+{
+    uint8_t *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, FI_ADDR_UNSPEC, 0x99, 0, r), 0);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    (void)VWAIT(v, vdone(v, r) != NULL || ctl_ready(v->ctl), 20000);
+    (void)VWAIT(v, vdone(v, r) != NULL, 500);
+    if (!vdone(v, r))
+        vfail(v, "%d empty unexpected messages never failed the path (cap "
+              "%u bytes)", ZFLOOD, ZCAP);
+    else if (vdone(v, r)->err != FI_EIO)
+        vfail(v, "the receive ended with %d, not FI_EIO", vdone(v, r)->err);
+    size_t grew = v->heap_peak - v->heap0;
+    if (getenv("FIV_FORGE_VERBOSE"))
+        fprintf(stderr, "empty unexpected flood: heap +%zu KiB at its peak\n",
+                grew >> 10);
+    if (grew > ZCAP + (1u << 20))
+        vfail(v, "the victim's heap grew by %zu KiB (cap %u KiB)", grew >> 10,
+              ZCAP >> 10);
+    /* what it still sends is read and dropped: it gets to the end */
+    if (VWAIT(v, ctl_ready(v->ctl), 20000))
+        ctl_recv(v->ctl, 'D');
+}
+
+static void f_empty_unexp_flood(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    uint64_t sent = 0;
+    for (int i = 0; i < ZFLOOD; i++) {
+        struct fiv_msg_hdr h = {.tag = 0x98, .len = 0};
+        if (fsend(f, FIV_OP_MSG | FIV_F_TAGGED, &h, sizeof h, NULL, 0) < 0)
+            break;
+        sent++;
+    }
+    ctl_send(f->ctl, 'D', sent, 0, 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1736,6 +1779,9 @@ static const struct fcase cases[] = {
     {"write_data_flood", v_write_data_flood, f_write_data_flood,
      "0-byte RMA WRITEs with CQ data past the CQ's size, the CQ unread",
      NULL},
+    {"empty_unexpected_past_cap", v_empty_unexp_flood, f_empty_unexp_flood,
+     "20000 empty unexpected messages against a cap of 64 KiB",
+     "FI_IVSHM_PEER_UNEXPECTED_BYTES=65536"},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
