@@ -37,7 +37,8 @@ int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e)
             return -FI_ENOMEM;
         cq->head = 0;
     }
-    store(&cq->ring[(cq->head + cq->count) % cq->cap], e);
+    /* cap is a power of two (grow) */
+    store(&cq->ring[(cq->head + cq->count) & (cq->cap - 1)], e);
     cq->count++;
     return 0;
 }

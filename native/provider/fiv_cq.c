@@ -102,7 +102,7 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
             if (src_addr)
                 src_addr[n] = e->src;
             cq->remote -= (e->flags & FI_REMOTE_WRITE) != 0;
-            cq->head = (cq->head + 1) % cq->cap;
+            cq->head = (cq->head + 1) & (cq->cap - 1); /* a power of two */
             cq->count--;
             n++;
         }
