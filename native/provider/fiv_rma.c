@@ -425,17 +425,20 @@ void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                 finish(ep, r, -FI_EIO);
             return;
         }
-        if (r && h.status == 0)
+        /* an answer shorter than the read fails it, nothing stored */
+        int32_t status = h.status;
+        if (r && status == 0 && h.len < fiv_iov_total(r->res, r->res_count))
+            status = -FI_EIO;
+        if (r && status == 0)
             fiv_iov_write(r->res, r->res_count, 0, p, n);
         if (n < h.len) {
             /* an unknown id's bytes are consumed, never stored */
             peer->as = (struct fiv_asm){.kind = ASM_READ_RESP, .total = h.len,
-                                        .got = n, .req = r,
-                                        .status = h.status};
+                                        .got = n, .req = r, .status = status};
             return;
         }
         if (r)
-            finish(ep, r, h.status);
+            finish(ep, r, status);
         return;
     }
     if (!r)

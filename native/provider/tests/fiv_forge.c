@@ -1708,6 +1708,31 @@ static void f_empty_unexp_flood(struct forger *f)
     ctl_send(f->ctl, 'D', sent, 0, 0);
 }
 
+/* 28. An answer to the victim's READ shorter than the read: it
+   completes with FI_EIO and nothing of the answer is stored. */
+static void v_short_read_answer(struct victim *v)
+{
+    uint8_t *res = gbuf(4096);
+    memset(res, 0, 4096);
+    char c;
+    REQ_RC(fi_read(v->r.ep, res, 64, NULL, v->forger, 0x1000, 5, &c), 0);
+    if (!VWAIT(v, vdone(v, &c) != NULL, 3000))
+        vfail(v, "the read never completed");
+    else if (vdone(v, &c)->err != FI_EIO)
+        vfail(v, "the read completed with %d, not FI_EIO", vdone(v, &c)->err);
+    if (count_not(res, 4096, 0))
+        vfail(v, "%zu bytes of a short answer were stored",
+              count_not(res, 4096, 0));
+}
+
+static void f_short_read_answer(struct forger *f)
+{
+    struct fiv_rma_hdr q;
+    REQ(request(f, &q) == FIV_OP_READ && q.len == 64);
+    struct fiv_resp_hdr r = {.id = q.id, .len = 8};
+    REQ_RC(fsend(f, FIV_OP_READ_RESP, &r, sizeof r, marks, 8), 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1782,6 +1807,8 @@ static const struct fcase cases[] = {
     {"empty_unexpected_past_cap", v_empty_unexp_flood, f_empty_unexp_flood,
      "20000 empty unexpected messages against a cap of 64 KiB",
      "FI_IVSHM_PEER_UNEXPECTED_BYTES=65536"},
+    {"short_read_answer", v_short_read_answer, f_short_read_answer,
+     "an answer to a READ shorter than the read", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
