@@ -330,9 +330,10 @@ struct fiv_cq {
     enum fi_cq_format format;
     struct fiv_cqe *ring; /* grows: completions are never refused         */
     size_t cap, head, count;
-    /* Entries of remote writes with CQ data held, and how many the
-       application's CQ size allows: the one kind of entry a peer adds
-       without a receive of ours, past it refused (fiv_rma.c). */
+    /* Entries of remote writes with CQ data held, and how many are
+       allowed (the application's CQ size, at least FIV_CQ_SIZE): the one
+       kind of entry a peer adds without a receive of ours, past it
+       refused (fiv_rma.c). */
     size_t remote, size;
     struct fiv_cqe *errs;
     size_t errcap, errhead, errcount;

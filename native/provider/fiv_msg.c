@@ -314,8 +314,11 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
        our own messages not the handler's stand-in peer, and uncapped) */
     struct fiv_peer *acct = fiv_peer(ep, src);
     size_t held = acct ? acct->unexp_bytes : 0;
-    /* its record counts too: an empty message is not free to hold */
-    size_t charge = h.len + sizeof(struct fiv_unexp);
+    /* a message costs at least its record, so empty ones are not free
+       to hold; no more than its bytes, so one of the maximum size fits
+       the default cap */
+    size_t charge = h.len > sizeof(struct fiv_unexp) ? h.len
+                                                     : sizeof(struct fiv_unexp);
     if (acct && peer != &ep->self_peer_dummy &&
         (held > fiv_cfg.peer_unexp_bytes ||
          charge > fiv_cfg.peer_unexp_bytes - held)) {

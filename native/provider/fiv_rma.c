@@ -227,9 +227,10 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     if (status == 0) {
         if (op & FIV_F_DATA && ep->rx_cq && peer != &ep->self_peer_dummy &&
             ep->rx_cq->remote >= ep->rx_cq->size) {
-            /* a completion without a receive of ours: bounded by the CQ
-               size the application chose, not by the writer (our own
-               writes to ourselves are the application's doing) */
+            /* a completion without a receive of ours: bounded by what
+               the application chose (fiv_cq.c: its CQ size, at least the
+               default), not by the writer (our own writes to ourselves
+               are the application's doing) */
             over_cap(peer, "it wrote more remote CQ data than the CQ's "
                            "size holds");
             return;

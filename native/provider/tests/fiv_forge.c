@@ -1618,10 +1618,10 @@ static void f_atomic_small_slot(struct forger *f)
 
 /* 26. 0-byte RMA WRITEs with remote CQ data, faster than the application
    reads its CQ: the CQ holds no more of their entries than the size the
-   application gave it (fiv_test.h: 256); past it the writer's path
-   fails. */
-#define WD_FLOOD 20000
-#define CQ_SIZE 256
+   application gave it, at least FIV_CQ_SIZE (fiv_test.h gives 256); past
+   it the writer's path fails. */
+#define WD_FLOOD (FIV_CQ_SIZE + 4000)
+#define CQ_SIZE FIV_CQ_SIZE
 static void v_write_data_flood(struct victim *v)
 {
     uint8_t *w = gbuf(4096);
@@ -1733,6 +1733,34 @@ static void f_short_read_answer(struct forger *f)
     REQ_RC(fsend(f, FIV_OP_READ_RESP, &r, sizeof r, marks, 8), 0);
 }
 
+/* 29. One honest message of exactly the victim's unexpected-bytes cap,
+   before its receive: it fits (its record is not added to its bytes) and
+   arrives whole. */
+#define ATCAP (64u << 10)
+static void v_unexp_at_cap(struct victim *v)
+{
+    uint8_t *r = gbuf(ATCAP);
+    ctl_send(v->ctl, 'R', 0, 0, 0);
+    (void)VWAIT(v, ctl_ready(v->ctl), 10000);
+    ctl_recv(v->ctl, 'D');
+    for (int i = 0; i < 200; i++)
+        vpoll(v);
+    REQ_RC(fi_trecv(v->r.ep, r, ATCAP, NULL, FI_ADDR_UNSPEC, 0x98, 0, r), 0);
+    if (!VWAIT(v, vdone(v, r) != NULL, 5000))
+        vfail(v, "the message at the cap never arrived");
+    else if (vdone(v, r)->err)
+        vfail(v, "a message of exactly the cap failed the path: err %d",
+              vdone(v, r)->err);
+}
+
+static void f_unexp_at_cap(struct forger *f)
+{
+    ctl_recv(f->ctl, 'R');
+    size_t got = msg_first(f, true, 0x98, ATCAP);
+    more(f, got, ATCAP);
+    ctl_send(f->ctl, 'D', 0, 0, 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1809,6 +1837,9 @@ static const struct fcase cases[] = {
      "FI_IVSHM_PEER_UNEXPECTED_BYTES=65536"},
     {"short_read_answer", v_short_read_answer, f_short_read_answer,
      "an answer to a READ shorter than the read", NULL},
+    {"unexpected_at_the_cap", v_unexp_at_cap, f_unexp_at_cap,
+     "one honest message of exactly the unexpected-bytes cap",
+     "FI_IVSHM_PEER_UNEXPECTED_BYTES=65536"},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
