@@ -59,8 +59,7 @@ class MpiSettings:
                           or (300 if quick else 10000)),
                    budget=(16 if quick else 256) * MIB,
                    timeout_s=60 if quick else 300,
-                   transports=(check_transports(transports, TRANSPORTS) if transports
-                               else list(TRANSPORTS)),
+                   transports=check_transports(transports, TRANSPORTS),
                    rounds=count("rounds", rounds) or (1 if quick else 3),
                    quick=quick)
 

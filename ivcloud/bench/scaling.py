@@ -68,8 +68,7 @@ class ScalingSettings:
         round, few operations); the arguments override the defaults."""
         return cls(ranks=check_ranks(ranks) if ranks
                    else list(QUICK_RANKS if quick else FULL_RANKS),
-                   transports=(check_transports(transports, TRANSPORTS) if transports
-                               else list(TRANSPORTS)),
+                   transports=check_transports(transports, TRANSPORTS),
                    lat_iters=count("operations", iters)
                    or (50 if quick else 2000),
                    allreduce_ops=20 if quick else 1000,

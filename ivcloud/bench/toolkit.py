@@ -490,10 +490,10 @@ def run_benchmark(bench: str, quick: bool,
     return res.exit_status
 
 
-def check_transports(names: Sequence[str],
+def check_transports(names: Optional[Sequence[str]],
                      allowed: Sequence[str]) -> List[str]:
-    """`names`, if they are a non-empty subset of `allowed`."""
-    names = list(names)
+    """`names`, if they are a subset of `allowed`; none given: all."""
+    names = list(names or allowed)
     if not names or any(t not in allowed for t in names):
         raise InvalidRequest(f"transports are a comma-separated subset of "
                              f"{','.join(allowed)}")

@@ -1,18 +1,10 @@
 """The two kinds of instance a cluster is made of, behind one interface.
 
-All instances of a cluster are of one kind, chosen once: `choose()`
-when the cluster is brought up (it refuses, before anything exists,
-what the kind cannot do on this machine), `of_state()` for a cluster
-that is up (its state file records the kind). Nothing else asks which
-kind it has; it asks the kind. A third kind is one subclass of
-InstanceKind that defines its abstract methods (the instances' life,
-files in and out of them, and what the job pipeline, job.py, asks:
-where a launcher runs, the region policy, running the launcher) and,
+A cluster's instances are of one kind: `choose()` at `up` (refusing,
+before anything exists, what the kind cannot do here), `of_state()`
+once up. Nothing else asks which kind it has; it asks the kind. A third
+kind is one subclass of InstanceKind defining its abstract methods and,
 if it runs slurmd, a slurm.nodes.Nodes of its own (slurm_nodes).
-
-NamespaceInstances: a holder process per instance (holder.py) with a
-veth into its server's bridge. VmInstances: a QEMU guest per instance
-(vm_instance.py), configured by a VmConfig.
 """
 
 from __future__ import annotations
@@ -182,10 +174,9 @@ class InstanceKind(ABC):
 
 
 class NamespaceInstances(InstanceKind):
-    """An instance is a holder process's namespaces (holder.py); jobs'
-    launchers run on the head node and reach the instances through the
-    launch agent (launch.py), each job in regions of its own unless it
-    shares the servers' standing ones (regions.py)."""
+    """A holder process's namespaces per instance (holder.py), a veth in
+    its server's bridge; launchers run on the head node and reach the
+    instances through the launch agent (launch.py)."""
     name = "namespace"
 
     def start(self, build) -> None:
@@ -355,14 +346,11 @@ class VmInstances(InstanceKind):
                                                   dest)]
 
     def stage(self, state: Dict, path: os.PathLike) -> str:
-        """A copy put into every guest's GUEST_PROGRAM_DIR (again: put
-        rewrites a file only through a checked copy)."""
+        # put rewrites a file only through a checked copy
         return self.put(state, [], [str(path)],
                         GUEST_PROGRAM_DIR)[0].split(":", 1)[1]
 
     def stage_dir(self, state: Dict, path: os.PathLike) -> None:
-        """One archive of it per guest, unpacked in place of what was
-        there."""
         path = Path(path)
         if not path.is_absolute() or not path.is_dir():
             raise ClusterFailure(f"{path} is not an absolute path of a "
