@@ -67,6 +67,21 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+def comma_list(item: Callable[[str], T] = str,
+               check: Optional[Callable] = None,
+               what: str = "list") -> Callable[[str], List[T]]:
+    """argparse type of a comma-separated list: each item parsed by
+    `item`, the list checked by the library's `check`."""
+    @checked
+    def parse(text: str) -> List[T]:
+        try:
+            values = [item(t.strip()) for t in text.split(",") if t.strip()]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"bad {what} '{text}': {e}")
+        return check(values) if check else values
+    return parse
+
+
 def remainder(items: List[str]) -> List[str]:
     """An argparse.REMAINDER without the `--` that ends the options."""
     return list(items[1:] if items[:1] == ["--"] else items)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import Optional, Tuple
 
 from .. import mpis
 from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
@@ -15,33 +15,19 @@ from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
-from . import add_vm_arguments, checked, positive_int, wants_vm
+from . import (add_vm_arguments, checked, comma_list, positive_int,
+               wants_vm)
 
 DEFAULT_OUT = "build/demo"
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- types
 
-def _list(item: Callable[[str], T] = str, check: Optional[Callable] = None,
-          what: str = "list") -> Callable[[str], List[T]]:
-    """argparse type of a comma-separated list: each item parsed by
-    `item`, the list checked by the library's `check`."""
-    @checked
-    def parse(text: str) -> List[T]:
-        try:
-            values = [item(t.strip()) for t in text.split(",") if t.strip()]
-        except argparse.ArgumentTypeError as e:
-            raise argparse.ArgumentTypeError(f"bad {what} '{text}': {e}")
-        return check(values) if check else values
-    return parse
-
-
-_names = _list()
-_sizes = _list(parse_size, p2p.check_sizes)
-_ranks = _list(positive_int, what="rank list")
-_scaling_ranks = _list(positive_int, scaling.check_ranks, "rank list")
-_scaling_transports = _list(check=functools.partial(
+_names = comma_list()
+_sizes = comma_list(parse_size, p2p.check_sizes)
+_ranks = comma_list(positive_int, what="rank list")
+_scaling_ranks = comma_list(positive_int, scaling.check_ranks, "rank list")
+_scaling_transports = comma_list(check=functools.partial(
     check_transports, allowed=scaling.TRANSPORTS))
 
 
