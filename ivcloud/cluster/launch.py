@@ -38,15 +38,19 @@ PRIVATE_DIRS = ("/tmp", "/dev/shm")
 _KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ")
 
 
+def under(path: os.PathLike, dirs: Sequence[str]) -> Optional[str]:
+    """The one of `dirs` that host path `path` (resolved) is in, or None."""
+    real = os.path.realpath(path)
+    return next((d for d in dirs if real == d or real.startswith(d + "/")),
+                None)
+
+
 def visible_inside(path: str) -> bool:
     """Can an instance see this host path? Not under its private dirs,
     unless it is inside a checkout/build kept visible there."""
     from .holder import host_paths_under_tmp
-    real = os.path.realpath(path)
-    if not any(real == d or real.startswith(d + "/") for d in PRIVATE_DIRS):
-        return True
-    return any(real == k or real.startswith(k + "/")
-               for k in host_paths_under_tmp())
+    return not under(path, PRIVATE_DIRS) or \
+        under(path, host_paths_under_tmp()) is not None
 
 
 # ---------------------------------------------------------------- files
