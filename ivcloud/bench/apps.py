@@ -485,11 +485,9 @@ def print_tables(doc: Dict, out=None, title: Optional[str] = None
 def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
         keep_cluster: bool = False, out=None, log=None,
         vm: Optional[VmOptions] = None) -> int:
-    """Measure every application in every configuration, then the
-    scaling series; print tables, targets and notes to `out`; write
-    OUT_DIR/apps.json (and `json_path`) and redo the report. 1 if a run
-    or the report failed. `vm`: the instances are QEMU guests of the
-    Debian image (the inputs are copied into them, the solver runs from
+    """Every application in every configuration, then the scaling
+    series, then report.publish; 1 if a run or the report failed. `vm`:
+    the instances are QEMU guests (the inputs copied in, the solver from
     its package)."""
     require_root("apps")
     info = machine_info()

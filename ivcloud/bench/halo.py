@@ -55,7 +55,7 @@ from . import report
 from .toolkit import (BenchResults, Target, attempt, conclude, count,
                       machine_info, parse_records, print_grid, program,
                       ratio_target, require_root, checked_run,
-                      cluster_job, write_docs)
+                      cluster_job)
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
@@ -231,11 +231,8 @@ def print_table(summ: Dict[str, Dict], out=None) -> None:
 
 def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
         keep_cluster: bool = False, out=None, log=None) -> int:
-    """Plan, bring a cluster up, run both placements, take it down
-    (unless `keep_cluster`); print the table, targets and notes to `out`,
-    progress to `log`; write the document to OUT_DIR/halo.json (and
-    `json_path`) and the report into `out_dir`. 1 if a run or the report
-    failed."""
+    """Both placements on a cluster of its own, then report.publish; 1
+    if a run or the report failed."""
     require_root("halo")
     program("mpi-halo")  # refuse before building anything
     try:
@@ -318,8 +315,7 @@ def run_slurm(s: HaloSettings, out_dir: Path,
               json_path: Optional[Path] = None, keep_cluster: bool = False,
               out=None, log=None) -> int:
     """The halo job under Slurm's tree allocation against a round-robin
-    one; the table and ratio to `out`, OUT_DIR/halo-slurm.json (and
-    `json_path`). 1 if a run failed."""
+    one, written to OUT_DIR/halo-slurm.json; 1 if a run failed."""
     require_root("halo")
     program("mpi-halo")
     info = machine_info()
@@ -340,8 +336,6 @@ def run_slurm(s: HaloSettings, out_dir: Path,
                    pattern=f"halo2d:{dims[0]}x{dims[1]}",
                    transport=s.transport, face_bytes=s.face, iters=s.iters,
                    reps=s.reps, summary=summ)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_docs(doc, sorted({out_dir / "halo-slurm.json",
-                            *([Path(json_path)] if json_path else [])}), out)
-    return 1 if res.failed else 0
+    return report.publish("halo-slurm", doc, out_dir, json_path,
+                          failed=bool(res.failed), stdout=out,
+                          redo_report=False)

@@ -230,11 +230,8 @@ VM_TIMEOUT_S = 900
 def run(s: HierarchySettings, out_dir: Path,
         json_path: Optional[Path] = None, keep_cluster: bool = False,
         out=None, log=None, vm: Optional[VmOptions] = None) -> int:
-    """Bring a cluster up, measure every level, take it down (unless
-    `keep_cluster`); print the tables, targets and notes to `out`,
-    progress to `log`; write the document to OUT_DIR/hierarchy.json (and
-    `json_path`) and the report into `out_dir`. 1 if a job or the report
-    failed. `vm`: instances are QEMU guests (levels 1 and 2 only)."""
+    """Every level on a cluster of its own, then report.publish; 1 if a
+    job or the report failed. `vm`: QEMU guests (levels 1 and 2)."""
     require_root("hierarchy")
     program("mpi-osu")  # refuse before building anything
     info = machine_info()

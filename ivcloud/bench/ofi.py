@@ -236,10 +236,8 @@ def ratios(res: BenchResults, configs: Sequence[str]) -> List[Dict]:
 # ---------------------------------------------------------------- targets
 
 def targets(res: BenchResults, mpi_name: str) -> List[Target]:
-    """The goals: the MPI across two instances over ivshm against its own
-    shared memory in one (own-shm), 8 B latency <= 1.05 x, 8 B message
-    rate >= 0.95 x, 1 MiB bandwidth >= 0.9 x. Each value is the median of
-    the rounds' ratios; `best` the most favourable round."""
+    """FIGURES' goals of ivshm against own-shm: the median of the rounds'
+    ratios, `best` the most favourable round."""
     ts = []
     for name, test, size, key, op, goal, _ in FIGURES:
         what = f"{mpi_name}: {name} ivshm / own-shm"
@@ -302,9 +300,8 @@ def print_ratios(rs: Sequence[Dict], configs: Sequence[str],
 
 def run(s: OfiSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if a configuration
-    failed."""
+    """Measure, print to `out`, write the document to `json_path`; 1 if
+    a configuration failed."""
     out = out or sys.stdout
     info = machine_info()
     res, cluster = measure(s, log)

@@ -641,7 +641,7 @@ def write(out: Path) -> Path:
 
 def publish(name: str, doc: Dict, out: Path,
             json_path: Optional[Path] = None, failed: bool = False,
-            stdout=None) -> int:
+            stdout=None, redo_report: bool = True) -> int:
     """A cloud benchmark's end: its document written to OUT/<name>.json
     (and `json_path`), the report redone from every document in `out`;
     the exit status (1 if the run or the report failed)."""
@@ -650,6 +650,8 @@ def publish(name: str, doc: Dict, out: Path,
     if json_path:
         paths.add(Path(json_path))
     write_docs(doc, sorted(paths), stdout)
+    if not redo_report:
+        return 1 if failed else 0
     try:
         md = write(out)
     except ReportError as e:

@@ -1,12 +1,8 @@
-"""What every benchmark shares: finding and running the native benchmark
-programs, reading their JSON records, the step loop that survives a
-failed step, targets as ratios, tables, and the JSON document.
-
-A benchmark module (p2p, mpi, hierarchy, halo) is a settings dataclass,
-its steps, its targets and its table; everything else is here. Nothing
-here parses command lines or prints errors: a benchmark raises
-:class:`ivcloud.errors.BenchError` (or lets a lower layer's
-:class:`ivcloud.errors.IvcloudError` through) and returns an exit status.
+"""What every benchmark shares: running the native benchmark programs,
+their JSON records, the step loop that survives a failed step, targets
+as ratios, tables, the machine's load and the JSON document. A
+benchmark module is a settings dataclass, its steps, its targets and
+its table; it raises domain errors and returns an exit status.
 """
 
 from __future__ import annotations
