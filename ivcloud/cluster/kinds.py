@@ -46,13 +46,9 @@ PREPARE_TIMEOUT_S = 900.0
 
 @dataclass(frozen=True)
 class JobSite:
-    """Where a kind's job launchers run and how they reach the instances
-    (what ivcloud.mpis.Launch needs to know of it). agent: the launch
-    agent (None: ssh, as between guests); installed: the transports come
-    from the instances' packages, not this checkout's build;
-    unprivileged: the launcher runs as an ordinary user; scratch: a
-    directory the launcher sees, for files written for it; wdir: where
-    ranks start; env: what every rank gets, whatever its MPI."""
+    """Where a kind's job launchers run and how they reach the instances:
+    the Launch fields of the same names (agent None: ssh), `env` what
+    every rank gets, whatever its MPI."""
     agent: Optional[str]
     installed: bool
     unprivileged: bool
@@ -442,9 +438,7 @@ class VmInstances(InstanceKind):
 
 def choose(topo: ClusterTopology,
            vm: Optional[VmOptions] = None) -> InstanceKind:
-    """The kind of a cluster about to be brought up: QEMU guests when
-    `vm` is given (checked now: QEMU, the guest package, memory), else
-    namespaces."""
+    """QEMU guests when `vm` is given (checked now), else namespaces."""
     if vm is None:
         return NamespaceInstances()
     return VmInstances(vm_instance.preflight(topo, vm))
