@@ -117,6 +117,14 @@ def wants_vm(args, default_memory_mb: int) -> bool:
     return False
 
 
+def sub_actions(p: argparse.ArgumentParser, metavar: str = "ACTION"):
+    """A command's required actions, parsed as the command is."""
+    actions = p.add_subparsers(dest="action", metavar=metavar,
+                               parser_class=type(p))
+    actions.required = True
+    return actions
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are a single line and exit status 2."""
 

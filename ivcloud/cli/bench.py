@@ -16,7 +16,7 @@ from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
 from . import (add_vm_arguments, checked, comma_list, positive_int,
-               wants_vm)
+               sub_actions, wants_vm)
 
 DEFAULT_OUT = "build/demo"
 
@@ -278,9 +278,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
                                    "reference transports.")
-    actions = p.add_subparsers(dest="action", metavar="BENCHMARK",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p, "BENCHMARK")
     # a benchmark's module docstring is its description; raw: it has laid
     # out lists, keep its line breaks
     for name, text, arguments, run, raw in (

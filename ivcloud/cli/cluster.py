@@ -21,7 +21,7 @@ from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..server import format_size
 from . import (CliError, add_vm_arguments, positive_int, remainder,
-               wants_vm)
+               sub_actions, wants_vm)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,9 +43,7 @@ def register(sub) -> None:
                     "UTS, IPC and mount namespaces with private /tmp and "
                     "/dev/shm, pinned to vCPUs), one ivshmem-server per "
                     "server, and run Open MPI jobs across them.")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p)
 
     u = actions.add_parser("up", help="create a cluster")
     _common(u)
