@@ -362,11 +362,11 @@ class VmInstances(InstanceKind):
                 [copy] = vm_instance.put_files(state, host, [archive],
                                                GUEST_STAGING_DIR)
                 q = agent.quote([copy])
-                _guest_shell(state, host,
-                             f"rm -rf {target} && mkdir -p {parent} && tar "
-                             f"-C {parent} --no-same-owner -xf {q} && rm -f "
-                             f"{q} && chown -R {vm_instance.MPI_USER}: "
-                             f"{target}", 120)
+                vm_instance.shell_in(
+                    state, host, f"rm -rf {target} && mkdir -p {parent} && "
+                    f"tar -C {parent} --no-same-owner -xf {q} && rm -f {q} "
+                    f"&& chown -R {vm_instance.MPI_USER}: {target}", 120,
+                    lines=3)
             _each_guest(state, one)
 
     def run_everywhere(self, state: Dict, argv: Sequence[str],
@@ -374,12 +374,12 @@ class VmInstances(InstanceKind):
         cmd = ["runuser", "-u", vm_instance.MPI_USER, "--", "env"] + \
             [f"{k}={v}" for k, v in env.items()] + list(argv)
         # its output stays in the guest (the serial line is slow) unless
-        # it fails
+        # it fails: then its last 3 lines (a meshing tool's error)
         log = f"/tmp/prepare-{uuid.uuid4().hex[:8]}.log"
-        _each_guest(state, lambda host: _guest_shell(
+        _each_guest(state, lambda host: vm_instance.shell_in(
             state, host, f"{agent.quote(cmd)} > {log} 2>&1; rc=$?; "
                          f"[ $rc = 0 ] || tail -n 3 {log}; rm -f {log}; "
-                         f"exit $rc", timeout))
+                         f"exit $rc", timeout, lines=3))
 
     def read_file(self, state: Dict, path: os.PathLike,
                   remove: bool = False) -> str:
@@ -452,12 +452,6 @@ def of_state(state: Optional[Dict]) -> InstanceKind:
         return VmInstances(VmConfig.from_dict(state["vm"]))
     return NamespaceInstances()
 
-
-def _guest_shell(state: Dict, host: str, command: str,
-                 timeout: float) -> None:
-    # what fails says it in up to 3 lines (a meshing tool's error)
-    vm_instance.guest_run(vm_instance.guest(state, host), host, command,
-                          timeout, lines=3)
 
 
 def _each_guest(state: Dict, fn) -> None:

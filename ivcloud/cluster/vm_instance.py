@@ -316,6 +316,12 @@ def guest_run(sock: Path, host: str, script: str, timeout: float,
     return r.output
 
 
+def shell_in(state: Dict, host: str, script: str, timeout: float,
+             lines: int = 1) -> str:
+    """guest_run in live guest `host` of the cluster of `state`."""
+    return guest_run(guest(state, host), host, script, timeout, lines)
+
+
 def pin(d: Path, cpus: Sequence[int]) -> List[Dict]:
     """vCPU i's thread to cpus[i] (the cluster's vCPU map)."""
     out = []

@@ -93,10 +93,6 @@ def port_lock(vm_dir: Path):
                          lambda: ClusterFailure(f"{path} stays locked"))
 
 
-def _guest_run(state: Dict, host: str, script: str, timeout: float) -> str:
-    return vm_instance.guest_run(vm_instance.guest(state, host), host,
-                                 script, timeout)
-
 
 def clear_script(addr: str, *files: str) -> str:
     """In a guest: the bind unit of the device at `addr` stopped, its env
@@ -124,7 +120,8 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
                                  f"the job's device (it runs as many jobs "
                                  f"as it has ports)")
         port_id, addr = port
-        _guest_run(state, host, clear_script(addr, job_env_path(job)), 60)
+        vm_instance.shell_in(state, host,
+                             clear_script(addr, job_env_path(job)), 60)
         with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
             got = qemu.plug_ivshmem(q, dev, port_id, server_socket, VECTORS)
     if got != addr:
@@ -132,7 +129,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
                              f"not at {addr} as its port said")
     q_ = agent.quote
     env = f"{BIND_DIR}/{addr}.env"
-    _guest_run(state, host, "\n".join(bind_lines(addr) + [
+    vm_instance.shell_in(state, host, "\n".join(bind_lines(addr) + [
         f"mkdir -p {q_([JOB_DIR])}",
         f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
         f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
@@ -180,7 +177,7 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
     script = (clear_script(addr, job_env_path(job)) if addr is not None
               else f"rm -f {agent.quote([job_env_path(job)])}")
     try:
-        _guest_run(state, host, script, 60)
+        vm_instance.shell_in(state, host, script, 60)
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is not None:
             problems.append(str(e))

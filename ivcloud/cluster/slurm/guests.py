@@ -94,8 +94,7 @@ class GuestNodes(Nodes):
     @staticmethod
     def _run(state: Dict, host: str, script: str) -> str:
         try:
-            return vm_instance.guest_run(vm_instance.guest(state, host),
-                                         host, script, AGENT_TIMEOUT_S)
+            return vm_instance.shell_in(state, host, script, AGENT_TIMEOUT_S)
         except ClusterFailure:
             raise
         except IvcloudError as e:     # no such guest, its agent is gone
