@@ -105,16 +105,17 @@ def add_vm_arguments(p: argparse.ArgumentParser, kind_help: str,
                         "boots with it, else TCG)")
 
 
-def wants_vm(args, default_memory_mb: int) -> bool:
-    """Whether --instance-kind vm was given; VM options without it are
-    bad input."""
+def vm_options(args, default_memory_mb: int):
+    """The VmOptions of --instance-kind vm, None for namespaces; VM
+    options without it are bad input."""
     if args.instance_kind == "vm":
-        return True
+        from ..cluster.vm_instance import VmOptions
+        return VmOptions(args.guest_deb, args.vm_memory, args.accel)
     if args.guest_deb or args.accel != "auto" or \
             args.vm_memory != default_memory_mb:
         raise CliError("--guest-deb, --vm-memory and --accel need "
                        "--instance-kind vm")
-    return False
+    return None
 
 
 def sub_actions(p: argparse.ArgumentParser, metavar: str = "ACTION"):

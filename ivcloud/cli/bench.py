@@ -16,7 +16,7 @@ from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
 from . import (add_vm_arguments, checked, comma_list, positive_int,
-               sub_actions, wants_vm)
+               sub_actions, vm_options)
 
 DEFAULT_OUT = "build/demo"
 
@@ -76,17 +76,8 @@ def _run_hierarchy(args) -> int:
     s = hierarchy.HierarchySettings.make(uplink_rate=args.uplink_rate,
                                          **_shared(args))
     return hierarchy.run(s, Path(args.out), json_path=args.json,
-                         keep_cluster=args.keep_cluster, vm=_vm_options(args))
-
-
-def _vm_options(args, memory_mb: int = VmOptions.memory_mb
-                ) -> Optional[VmOptions]:
-    """VmOptions of --instance-kind vm, None for namespaces
-    (`memory_mb`: the command's default guest memory)."""
-    if not wants_vm(args, memory_mb):
-        return None
-    return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
-                     accel=args.accel)
+                         keep_cluster=args.keep_cluster,
+                         vm=vm_options(args, VmOptions.memory_mb))
 
 
 def _run_halo(args) -> int:
@@ -99,7 +90,7 @@ def _run_halo(args) -> int:
 
 
 def _run_apps(args) -> int:
-    vm = _vm_options(args, apps.VM_MEMORY_MB)
+    vm = vm_options(args, apps.VM_MEMORY_MB)
     s = apps.AppsSettings.make(apps=args.apps, hpcc_n=args.hpcc_n,
                                foam_iterations=args.foam_iterations,
                                scaling_ranks=args.ranks,
