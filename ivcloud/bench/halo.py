@@ -14,20 +14,15 @@ with transport ivshmem (or --transport tcp) under two placements:
                ranks on different servers), what a scheduler does
                without knowing the traffic.
 
-The 8 ranks share the host's 2 cores (oversubscribed), so runs are
-short; the placements alternate, --reps times each, and the figure is
-the median wall time. Every run checks that each rank ran where its
-placement put it. The target is the ratio round-robin / planned from
-this run. The cluster is taken down at the end, also after an error or
-a signal (unless --keep-cluster).
+The placements alternate, --reps times each; the figure is the median
+wall time, and every run checks that each rank ran where its placement
+put it. The cluster is taken down at the end, also after an error or a
+signal (unless --keep-cluster).
 
-With --scheduler slurm it asks the same of Slurm's allocation instead of
-our planner: on the same cluster shape running Slurm, a job of 4 ranks
-on two of the four instances, placed by Slurm's tree topology ("tree":
-it must land on one server, its instances' traffic through the region)
-against a topology-blind choice ("round-robin": one instance per server,
-as Open MPI's by-node mapping would spread them), in alternating rounds;
-it writes halo-slurm.json.
+With --scheduler slurm it asks the same of Slurm's allocation: a job of
+4 ranks on two of the four instances, placed by Slurm's tree topology
+("tree": one server) against a topology-blind choice ("round-robin":
+one instance per server); it writes halo-slurm.json.
 """
 
 from __future__ import annotations

@@ -17,13 +17,9 @@ the MPI's compiler and runs its 2-rank latency and bandwidth tests
   tcp      one rank in each instance, libfabric's tcp provider
 
 The configurations alternate in rounds; each figure is the median of its
-rounds, with the spread. The 8 B message rate is that of the bw test (a
-window of non-blocking sends): one message per its per-message time.
-It prints the figures, then every configuration's ratios against own-shm
-(what a user compares with: the same MPI, both ranks in one node) and
-against libfabric's shm, each the median of the rounds' own ratios, then
-the targets against own-shm (8 B latency <= 1.05 x, 8 B message rate
->= 0.95 x, 1 MiB bandwidth >= 0.9 x).
+rounds, with the spread, and each ratio against own-shm (what a user
+compares with: both ranks in one node) or libfabric's shm the median of
+the rounds' own ratios.
 """
 
 from __future__ import annotations
