@@ -178,11 +178,9 @@ class AppsSettings:
 
 class Workloads:
     """Inputs of every application, made on this host once per cluster
-    and rank count in a directory the instances see at the same path
-    (not /tmp: an instance's is private): namespaces see the host's
-    files, guests get copies (ClusterSession.stage_dir) and mesh the
-    OpenFOAM case themselves, as copying a mesh over their serial
-    line would take minutes."""
+    and rank count, staged where the instances see them at the same path
+    (not /tmp: an instance's is private); guests mesh the OpenFOAM case
+    themselves, as copying a mesh over their serial line takes minutes."""
 
     def __init__(self, s: AppsSettings):
         self.s = s

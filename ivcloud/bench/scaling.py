@@ -102,10 +102,8 @@ def region_bytes(transport: str, np: int) -> int:
 
 def run_one(transport: str, np: int, s: ScalingSettings,
             res: BenchResults) -> List[Dict]:
-    """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
-    private region and must show traffic in every rank's BTL counters;
-    vader's failure at a rank count is a note in `res`, not a failure (it
-    is compared where it runs)."""
+    """One mpirun job of mpi-scaling; its records. vader's failure at a
+    rank count is a note in `res`, not a failure (compared where it runs)."""
     try:
         recs, _ = mpi_job(transport, np, s.argv(transport, np), s.timeout_s,
                           f"mpi-scaling {transport} ({np} ranks)", KEYS)

@@ -91,13 +91,11 @@ def parse_records(text: str, origin: str,
 
 def checked_run(start: Callable[..., int], timeout_s: float,
                 origin: str) -> Tuple[str, str]:
-    """(stdout, stderr) of one program run that must succeed.
-
-    ``start(timeout=, stdout=, stderr=)`` runs it and returns its exit
-    status, tearing it down and raising subprocess.TimeoutExpired or
-    JobTimeout at the timeout (ivcloud.process.run_launcher,
-    cluster_job). Output goes to files, not pipes: a chatty job cannot
-    block on a full pipe."""
+    """(stdout, stderr) of one program run that must succeed:
+    ``start(timeout=, stdout=, stderr=)`` runs it to its exit status, or
+    tears it down at the timeout, raising subprocess.TimeoutExpired or
+    JobTimeout. Output goes to files: a chatty job cannot block on a
+    full pipe."""
     with tempfile.TemporaryFile("w+") as out, \
             tempfile.TemporaryFile("w+") as err:
         try:
@@ -516,10 +514,9 @@ def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
             origin: str, keys: Sequence[str],
             osc: Optional[str] = None,
             components: Optional[Path] = None) -> Tuple[List[Dict], Dict]:
-    """One mpirun job of a benchmark program over `transport`: its records
-    (each with `keys`) and the BTL counters. ivshmem jobs get a private
-    region and must show traffic in every rank's BTL counters;
-    `components`: the directory of another build's BTL."""
+    """One mpirun job over `transport`: its records (each with `keys`) and
+    the BTL counters, which for ivshmem (a private region) must show
+    every rank's traffic; `components`: another build's BTL directory."""
     kwargs = dict(transport=transport, osc=osc, components=components)
     if transport == "ivshmem":
         kwargs.update(tcp_fallback=False, verbose_btl=True)
