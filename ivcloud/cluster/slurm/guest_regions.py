@@ -1,26 +1,12 @@
 """A Slurm job's own region in the guests of a VM cluster: an ivshmem
-device per guest, hot-plugged for the job's life (docs/cluster.md,
-"Regions of VM clusters").
-
-The controller's prolog (hooks.py) starts the job's servers
-(regions.start_regions) and plugs, in each of the job's guests through
-its QMP socket on the host, a device on its server's one into a free
-PCIe root port (vm_instance.job_ports made them at boot), under a lock
-per guest so that two jobs' prologs never pick the same port; the
-guest's ivshm-bind binds it and its env file is copied to
-JOB_DIR/ID.env, where the guests' task prolog
-(conf.guest_task_prolog_text) finds it. The epilog unplugs in two
-rounds over the job's live guests: every device_del first, then the
-chardevs (QEMU refuses to close one a device still uses) and the
-guest's files. The job's servers never send leave notices (QEMU 7.2
-must not unplug a device after it was told that a peer left:
-qemu.remove_chardev), so a guest of the job that died stands in no
-one's way; a guest that keeps its device is reported, the others are
-finished all the same.
+device per guest, hot-plugged for the job's life into a free root port
+through the guest's QMP socket, bound by its ivshm-bind, its env file
+copied to JOB_DIR/ID.env for the task prolog; unplugged in two rounds,
+every device_del first, then the chardevs (QEMU refuses to close one a
+device still uses). docs/cluster.md, "Regions of VM clusters", says why.
 
 QEMU's QMP socket takes one client at a time: every session here is
-short, and the per-guest lock also orders the epilog's against the
-prologs'.
+short, and a lock per guest orders prologs and epilogs on its ports.
 """
 
 from __future__ import annotations
