@@ -1,17 +1,8 @@
-"""What a cluster is made of: servers, instances, names, addresses, CPUs.
-
-Pure data, no side effects: `plan()` turns the `up` options into a
-:class:`ClusterTopology` (or raises ClusterError for a request we refuse), and the
-rest of the package creates what the topology describes.
-
-Naming and numbering (all of it exists only inside the cluster's own
-network namespaces, so two clusters never collide on any of it):
-
-    server k                  ivshmem-server "<cluster>-s<k>", bridge br-s<k>
-    instance i of server k    hostname s<k>i<i>, address 10.251.<k>.<i+1>/16,
-                              veth i-s<k>i<i> (bridge side) <-> eth0
-    uplink of server k        veth up-s<k> (in br-s<k>) <-> cp-s<k> (in core)
-    head node                 hostname head, address 10.251.255.254/16
+"""What a cluster is made of: servers, instances, names, addresses, CPUs
+(docs/cluster.md, "Topology"; the names exist only inside the cluster's
+own network namespaces, so two clusters never collide on them). Pure
+data: `plan()` turns the `up` options into a ClusterTopology, or refuses
+them (ClusterError); the rest of the package creates what it describes.
 """
 
 from __future__ import annotations
