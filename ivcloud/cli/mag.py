@@ -1,13 +1,6 @@
-"""`ivcloud mag run|check|bench|converge`: run micromagnetic problems
-and benchmark the solver.
-
-The solver is the `micromag` package (its own package in this
-repository; it never imports ivcloud); launching a run on N ranks and
-the convergence study are ivcloud.apps.mag, the benchmark
-ivcloud.bench.mag. This module parses, calls one of them and prints;
-micromag's errors become one line on stderr (ProblemError and
-MeshError: bad input, exit status 2; any other MagError: a failed run,
-exit status 1).
+"""`ivcloud mag run|check|bench|converge`: the command line of the
+`micromag` solver (which never imports ivcloud), of ivcloud.apps.mag (a
+run on N ranks, the convergence study) and of ivcloud.bench.mag.
 """
 
 from __future__ import annotations
