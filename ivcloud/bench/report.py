@@ -1,29 +1,14 @@
 """Plots and a markdown report from the cloud benchmarks' JSON.
 
-It reads DIR/hierarchy.json (`ivcloud bench hierarchy`), DIR/halo.json
-(`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench apps`),
-whichever exist (each cloud benchmark writes its own and redoes the
-report itself), and writes into DIR, with matplotlib's Agg backend (no
-display needed):
-
-  latency.png    one-way latency vs message size, log-log, one curve per
-                 (level, transport): seed 000's figures 25/27/29/31
-  bandwidth.png  bandwidth vs message size: its figures 26/28/30/32
-  halo.png       halo-exchange wall time per placement
-  apps.png       every application figure as a speed relative to one
-                 instance, tcp and ivshmem side by side
-  speedup.png    strong scaling: speed-up over the rank counts the host
-                 runs without oversubscription, with Amdahl's fit where
-                 one is meaningful (scaling_view)
-  report.md      setup, the machine's load, tables, targets and the images
-
-Nothing is measured, no cluster is needed: `ivcloud bench report DIR`
-(write) redoes it from the JSON alone and prints the path of report.md.
-Every plot draws the min..max of the rounds around its medians, and a
-run on a busy machine (its document's load samples; toolkit.busy_reasons)
-gets a warning in its section and at the top. The report is made from
-the documents only, never from the benchmarks' code (the benchmarks
-import this module, not the reverse).
+It reads DIR/hierarchy.json, DIR/halo.json and DIR/apps.json, whichever
+exist (each cloud benchmark writes its own and redoes the report), and
+writes into DIR latency.png, bandwidth.png, halo.png, apps.png,
+speedup.png and report.md (docs/demo.md, "Outputs"), with matplotlib's
+Agg backend. Nothing is measured: `ivcloud bench report DIR` redoes it
+from the JSON alone and prints the path of report.md. A run on a busy
+machine gets a warning in its section and at the top. The report is
+made from the documents only, never from the benchmarks' code (the
+benchmarks import this module, not the reverse).
 """
 
 from __future__ import annotations
