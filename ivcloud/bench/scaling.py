@@ -1,18 +1,13 @@
 """Many ranks in one region: how ivshmem scales against vader.
 
-Runs the mpi-scaling program (native/bench/scaling.c) under Open MPI on
-this machine at 2, 8, 32 and 128 ranks (oversubscribed: the ranks share
-the host's cores), for self,ivshmem (a private region that `ivcloud
-mpirun` sizes for the job, linear in the ranks; the BTL counters must
-show traffic on every rank) and self,vader. Per transport and rank
-count: the shared memory it sets up, the 8 B latency between rank 0 and
-rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
-streaming pairs. Transports and rank counts alternate in rounds; each
-figure is the median of its rounds, with the spread. A vader job that
-fails or times out at some rank count is noted (vader "where it runs"),
-an ivshmem one is a failure. Prints one table, the ratios ivshmem /
-vader measured in this run (informational), and optionally writes every
-record (the medians, and each round's under "runs") as JSON.
+Runs mpi-scaling under Open MPI on this machine at 2, 8, 32 and 128
+ranks (oversubscribed), over self,ivshmem (a private region sized for
+the job) and self,vader: per transport and rank count the shared memory
+it sets up, the 8 B latency between rank 0 and rank N-1, the 8 B
+allreduce latency and the 8 B message rate of N/2 streaming pairs,
+medians of alternating rounds. A vader job that fails at some rank
+count is noted, an ivshmem one is a failure (BENCHMARKS.md, "Many
+ranks in one region").
 """
 
 from __future__ import annotations
