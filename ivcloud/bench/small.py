@@ -3,11 +3,9 @@ vader, round by round, split by the machine's state.
 
 Measures, under Open MPI on this machine with 2 ranks, the figures the
 small-message path is judged by (docs/fast-path.md): mpi-osu's 8 B
-one-way latency and message rate (window of 64, time per message), and
-mpi-pingpong's exchange and ring, HPCC's two ring-latency loops with two
-ranks (both ranks in MPI_Sendrecv at once; two MPI_Irecv and two
-MPI_Isend each, then MPI_Waitall), over self,ivshmem (this build's BTL,
-and the BTL of each --build) and over self,vader.
+one-way latency and message rate (window of 64), and mpi-pingpong's
+exchange and ring, HPCC's two ring-latency loops, over self,ivshmem
+(this build's BTL, and that of each --build) and over self,vader.
 
 These machines switch between a fast and a slow state within seconds
 (BENCHMARKS.md, "Handoff"), which rank the transports differently. So
