@@ -1,14 +1,8 @@
 """`ivcloud` command line: the top layer, a dispatcher to one module
-per area (``ivcloud/cli/<area>.py``).
-
-Each area module exposes ``register(subparsers)``: it adds its subcommand
-(with its own sub-actions) and sets ``func`` on the parsed namespace. A
-function returns the exit code. This package is the only place where
-errors become messages and exit codes: the library raises the domain
-errors of :mod:`ivcloud.errors` (and the solver those of
-:mod:`micromag.errors`), and :func:`main` prints one line on stderr and
-exits with 1 for a failed operation, 2 for a bad request. Nothing below
-this package imports it.
+per area (``ivcloud/cli/<area>.py``), whose ``register(subparsers)``
+adds its command and sets ``func``, which returns the exit status. Only
+here do the library's domain errors become one line on stderr and an
+exit status (:func:`main`). Nothing below this package imports it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What every MPI shares: the Launch a flavour turns into its
-launcher's Command, and the Flavor every MPI is a class of (its launcher
-line, its ranks' environment per transport, where it is installed, how
-programs are built, whether a guest has it). Nothing runs here.
+"""What every MPI shares: the Launch a flavour turns into its launcher's
+Command, and the Flavor every MPI is a class of. Nothing runs here.
 
 A fifth MPI is one class: a subclass of Flavor (OfiFlavor for an MPI
 over libfabric) defining `name`, `title`, `transports`, `launch_line`
