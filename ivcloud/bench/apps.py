@@ -182,13 +182,13 @@ class Workloads:
     (not /tmp: an instance's is private); guests mesh the OpenFOAM case
     themselves, as copying a mesh over their serial line takes minutes."""
 
-    def __init__(self, s: AppsSettings):
+    def __init__(self, s: AppsSettings, timeout_s: float = JOB_TIMEOUT_S):
         self.s = s
+        self.timeout_s = timeout_s
         self.root = Path(tempfile.mkdtemp(prefix="ivcloud-apps-",
                                           dir="/var/tmp"))
         self._made: Dict[Tuple[str, str, int], Path] = {}
         self._runs = 0
-        self.timeout_s = JOB_TIMEOUT_S
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -489,9 +489,7 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
                              setting="guest_deb")
     if vm is not None and not s.scaling_ranks:
         log.write(f"note: {VM_NO_SCALING}\n")
-    work = Workloads(s)
-    if vm is not None:
-        work.timeout_s = VM_JOB_TIMEOUT_S
+    work = Workloads(s, JOB_TIMEOUT_S if vm is None else VM_JOB_TIMEOUT_S)
     try:
         with pair:
             measure_pairs(pair, work, s, res, log)
@@ -504,8 +502,7 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
     finally:
         work.close()
     # as in every benchmark: records are the medians, runs every round's
-    res.records = summarize(res.runs)
-    summary = res.records
+    summary = res.records = summarize(res.runs)
     rel = relative(summary)
     ts = targets(rel, s)
     title = None

@@ -93,9 +93,6 @@ def halo_table(summ: Dict[str, Dict]) -> Tuple[List[str], List[List[str]]]:
     return header, rows
 
 
-def _spread(r: Dict) -> str:
-    return f"{r['value']:.4g} ({r['value_min']:.3g}..{r['value_max']:.3g})"
-
 
 def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
     """(header, rows) of `ivcloud bench apps`: a row per application
@@ -121,7 +118,8 @@ def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
         cells = [app, f"{meta['label']} ({meta['unit']})"]
         for _, config in configs:
             r = summ.get((app, config, metric))
-            cells.append(_spread(r) if r else "-")
+            cells.append(f"{r['value']:.4g} ({r['value_min']:.3g}.."
+                         f"{r['value_max']:.3g})" if r else "-")
         for _, key in ratios:
             v = rel.get(key)
             cells.append("-" if v is None else f"{v:.2f}")
