@@ -143,8 +143,8 @@ def format_rate(bps: int) -> str:
 
 
 def plan(name: str, servers: int, instances_per_server: int, vcpus: int,
-         uplink_rate: Optional[str] = None, oversubscribe: bool = False,
-         host_cpus: Optional[List[int]] = None) -> ClusterTopology:
+         uplink_rate: Optional[str] = None,
+         oversubscribe: bool = False) -> ClusterTopology:
     """Validate an `up` request; every refusal is a ClusterError."""
     check_name(name)
     if not 1 <= servers <= MAX_SERVERS:
@@ -161,8 +161,7 @@ def plan(name: str, servers: int, instances_per_server: int, vcpus: int,
         raise ClusterError(f"{instances_per_server} instances x {vcpus} vCPUs "
                            f"per server exceed the {MAX_PEERS_PER_REGION} "
                            f"peers one ivshmem region holds")
-    cpus = sorted(host_cpus if host_cpus is not None
-                  else os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0))
     want = servers * instances_per_server * vcpus
     if want > len(cpus) and not oversubscribe:
         raise ClusterError(f"{servers} servers x {instances_per_server} "

@@ -167,8 +167,7 @@ def _mem_available() -> Optional[int]:
 # ---------------------------------------------------------------- up
 
 def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
-                 config: VmConfig, fabric_pid: int, step, log,
-                 boot_timeout: float = BOOT_TIMEOUT_S) -> None:
+                 config: VmConfig, fabric_pid: int, step, log) -> None:
     """Build (or reuse) the image, start every guest, wait until all are
     booted with their device bound, pin vCPUs."""
     step("image")
@@ -200,7 +199,7 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
     try:
         banners = vm_lifecycle.wait_booted(
             {i.hostname: vm_dir(sd, i.hostname) for i in insts},
-            boot_timeout, accel, what="guest")
+            BOOT_TIMEOUT_S, accel, what="guest")
     except VmFailure as e:
         raise ClusterFailure(str(e)) from None
     for name, banner in sorted(banners.items()):
