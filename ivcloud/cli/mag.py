@@ -19,13 +19,13 @@ BENCH_PROBLEMS = ("bar", "sp4")
 STUDY_METHODS = ("grid", "dense", "fmm", "auto", "graded")
 
 
-def _some(values: List[int]) -> List[int]:
+def _not_empty(values: List[int]) -> List[int]:
     if not values:
         raise ValueError("no rank count given")
     return values
 
 
-_np_list = comma_list(positive_int, _some, "rank list")
+_np_list = comma_list(positive_int, _not_empty, "rank list")
 _NOT_SECONDS = "'{}' is not a number of seconds >= 0"
 _seconds = number(float, _NOT_SECONDS, lambda value: None
                   if 0 <= value < float("inf") else _NOT_SECONDS)
