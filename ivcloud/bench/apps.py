@@ -12,38 +12,22 @@ of 2 ranks on one emulated server of 2 instances x 2 vCPUs:
 
 (--configs runs a subset; one, the reference, is always among them.)
 
-HPCC also runs as `one-twocopy`: both ranks in one instance, Open MPI's
-shared memory without its single-copy mechanism (CMA, with which the
-receiver reads the sender's buffer itself). Between VMs nothing can read
-another guest's memory, so any path copies a message into shared memory
-and out again; this reference shows how much of a bandwidth gap to `one`
-is those two copies and how much is our BTL (not with --quick on VMs).
+HPCC also runs as `one-twocopy`: one instance without Open MPI's
+single-copy mechanism, so every message is copied into shared memory and
+out again, as on any path between VMs (not with --quick on VMs).
 
-The configurations alternate in rounds (one run each per round; an
-application's configurations back to back, every second round in reverse
-order), and each figure is the median of its rounds with the spread
-(min..max).
-Ratios are speeds relative to `one` from the same run: a time t gives
-t_one / t, a rate r gives r / r_one, so 1.0 is bare-metal speed.
-
-Then a strong-scaling series on the 3-level cluster (2 servers x 2
-instances x 1 vCPU, ivshmem, block placement: 1 rank, 2 ranks in two
-instances of one server, 4 ranks over both servers; by default only as
-many ranks as the host has CPUs, so on 2 cores 1 and 2): time T, speed-up
-S = T1/T and efficiency E = S/p as in the thesis's tables (ch. 4.2,
-7.3) and seed 002, and the serial fraction of Amdahl's law fitted to S
-(thesis ch. 7.5) where at least 3 rank counts ran without
-oversubscription and the fit lands in [0, 1]; tables and plots leave
-out rank counts above the host's CPUs (report.scaling_view).
+The configurations alternate in rounds; each figure is the median of its
+rounds (min..max), each ratio a speed relative to `one` (1.0: bare-metal
+speed). Then a strong-scaling series on the 3-level cluster (2 servers
+x 2 instances x 1 vCPU, ivshmem; by default only as many ranks as the
+host has CPUs): T, S = T1/T, E = S/p and Amdahl's serial fraction where
+a fit is meaningful.
 
 With --instance-kind vm the instances are QEMU guests of the Debian
-image (docs/vm.md), whose python3-micromag package runs the solver: the
-inputs made on this host are copied into every guest at the same path
-and the OpenFOAM case is meshed in each; tcp is virtio-net, ivshmem the
-guests' ivshmem-doorbell devices (every ivshmem run must show traffic in
-the BTL's counters). The scaling series runs only when --ranks is given
-(4 more guests). Under TCG only the ratios mean something: the table
-says so.
+image, whose python3-micromag package runs the solver (the inputs are
+copied in); the scaling series then runs only when --ranks is given (4
+more guests). Under TCG only the ratios mean something. docs/demo.md,
+section 3, says more.
 """
 
 from __future__ import annotations
@@ -194,19 +178,17 @@ class AppsSettings:
 
 class Workloads:
     """Inputs of every application, made on this host once per cluster
-    and rank count in a directory the instances see at the same path
-    (not /tmp: an instance's is private): namespaces see the host's
-    files, guests get copies (ClusterSession.stage_dir) and mesh the
-    OpenFOAM case themselves, as copying a mesh over their serial
-    line would take minutes."""
+    and rank count, staged where the instances see them at the same path
+    (not /tmp: an instance's is private); guests mesh the OpenFOAM case
+    themselves, as copying a mesh over their serial line takes minutes."""
 
-    def __init__(self, s: AppsSettings):
+    def __init__(self, s: AppsSettings, timeout_s: float = JOB_TIMEOUT_S):
         self.s = s
+        self.timeout_s = timeout_s
         self.root = Path(tempfile.mkdtemp(prefix="ivcloud-apps-",
                                           dir="/var/tmp"))
         self._made: Dict[Tuple[str, str, int], Path] = {}
         self._runs = 0
-        self.timeout_s = JOB_TIMEOUT_S
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -485,11 +467,9 @@ def print_tables(doc: Dict, out=None, title: Optional[str] = None
 def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
         keep_cluster: bool = False, out=None, log=None,
         vm: Optional[VmOptions] = None) -> int:
-    """Measure every application in every configuration, then the
-    scaling series; print tables, targets and notes to `out`; write
-    OUT_DIR/apps.json (and `json_path`) and redo the report. 1 if a run
-    or the report failed. `vm`: the instances are QEMU guests of the
-    Debian image (the inputs are copied into them, the solver runs from
+    """Every application in every configuration, then the scaling
+    series, then report.publish; 1 if a run or the report failed. `vm`:
+    the instances are QEMU guests (the inputs copied in, the solver from
     its package)."""
     require_root("apps")
     info = machine_info()
@@ -509,9 +489,7 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
                              setting="guest_deb")
     if vm is not None and not s.scaling_ranks:
         log.write(f"note: {VM_NO_SCALING}\n")
-    work = Workloads(s)
-    if vm is not None:
-        work.timeout_s = VM_JOB_TIMEOUT_S
+    work = Workloads(s, JOB_TIMEOUT_S if vm is None else VM_JOB_TIMEOUT_S)
     try:
         with pair:
             measure_pairs(pair, work, s, res, log)
@@ -524,8 +502,7 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
     finally:
         work.close()
     # as in every benchmark: records are the medians, runs every round's
-    res.records = summarize(res.runs)
-    summary = res.records
+    summary = res.records = summarize(res.runs)
     rel = relative(summary)
     ts = targets(rel, s)
     title = None

@@ -1,16 +1,12 @@
 """MPI over ivshmem: OSU-style latency, bandwidth, RMA and allreduce.
 
-Runs the mpi-osu program (native/bench/osu.c) under Open MPI on this
-machine for three BTL sets: self,ivshmem (our component; tcp is left out
-so every figure provably went through it, which its counters confirm),
-self,vader (Open MPI's shared memory) and self,tcp (loopback).
-Point-to-point and one-sided tests use 2 ranks, allreduce 4. One-sided
-operations go through osc pt2pt for every transport, so the BTLs are
-what is compared. The transports alternate in rounds; each figure is
-the median of its rounds, with the spread. Prints one table, the
-targets as ratios of medians measured in this run (informational), and
-optionally writes every record (the medians, and each round's under
-"runs") as JSON.
+Runs mpi-osu under Open MPI on this machine over self,ivshmem (tcp left
+out, so every figure provably went through our BTL, which its counters
+confirm), self,vader and self,tcp: 2 ranks, allreduce 4, one-sided
+operations through osc pt2pt for every transport, so the BTLs are what
+is compared. The transports alternate in rounds; each figure is the
+median of its rounds, with the spread (BENCHMARKS.md, "MPI over the
+BTL").
 """
 
 from __future__ import annotations
@@ -59,8 +55,7 @@ class MpiSettings:
                           or (300 if quick else 10000)),
                    budget=(16 if quick else 256) * MIB,
                    timeout_s=60 if quick else 300,
-                   transports=(check_transports(transports, TRANSPORTS) if transports
-                               else list(TRANSPORTS)),
+                   transports=check_transports(transports, TRANSPORTS),
                    rounds=count("rounds", rounds) or (1 if quick else 3),
                    quick=quick)
 

@@ -14,20 +14,15 @@ with transport ivshmem (or --transport tcp) under two placements:
                ranks on different servers), what a scheduler does
                without knowing the traffic.
 
-The 8 ranks share the host's 2 cores (oversubscribed), so runs are
-short; the placements alternate, --reps times each, and the figure is
-the median wall time. Every run checks that each rank ran where its
-placement put it. The target is the ratio round-robin / planned from
-this run. The cluster is taken down at the end, also after an error or
-a signal (unless --keep-cluster).
+The placements alternate, --reps times each; the figure is the median
+wall time, and every run checks that each rank ran where its placement
+put it. The cluster is taken down at the end, also after an error or a
+signal (unless --keep-cluster).
 
-With --scheduler slurm it asks the same of Slurm's allocation instead of
-our planner: on the same cluster shape running Slurm, a job of 4 ranks
-on two of the four instances, placed by Slurm's tree topology ("tree":
-it must land on one server, its instances' traffic through the region)
-against a topology-blind choice ("round-robin": one instance per server,
-as Open MPI's by-node mapping would spread them), in alternating rounds;
-it writes halo-slurm.json.
+With --scheduler slurm it asks the same of Slurm's allocation: a job of
+4 ranks on two of the four instances, placed by Slurm's tree topology
+("tree": one server) against a topology-blind choice ("round-robin":
+one instance per server); it writes halo-slurm.json.
 """
 
 from __future__ import annotations
@@ -55,7 +50,7 @@ from . import report
 from .toolkit import (BenchResults, Target, attempt, conclude, count,
                       machine_info, parse_records, print_grid, program,
                       ratio_target, require_root, checked_run,
-                      cluster_job, write_docs)
+                      cluster_job)
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
@@ -231,11 +226,8 @@ def print_table(summ: Dict[str, Dict], out=None) -> None:
 
 def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
         keep_cluster: bool = False, out=None, log=None) -> int:
-    """Plan, bring a cluster up, run both placements, take it down
-    (unless `keep_cluster`); print the table, targets and notes to `out`,
-    progress to `log`; write the document to OUT_DIR/halo.json (and
-    `json_path`) and the report into `out_dir`. 1 if a run or the report
-    failed."""
+    """Both placements on a cluster of its own, then report.publish; 1
+    if a run or the report failed."""
     require_root("halo")
     program("mpi-halo")  # refuse before building anything
     try:
@@ -318,8 +310,7 @@ def run_slurm(s: HaloSettings, out_dir: Path,
               json_path: Optional[Path] = None, keep_cluster: bool = False,
               out=None, log=None) -> int:
     """The halo job under Slurm's tree allocation against a round-robin
-    one; the table and ratio to `out`, OUT_DIR/halo-slurm.json (and
-    `json_path`). 1 if a run failed."""
+    one, written to OUT_DIR/halo-slurm.json; 1 if a run failed."""
     require_root("halo")
     program("mpi-halo")
     info = machine_info()
@@ -340,8 +331,6 @@ def run_slurm(s: HaloSettings, out_dir: Path,
                    pattern=f"halo2d:{dims[0]}x{dims[1]}",
                    transport=s.transport, face_bytes=s.face, iters=s.iters,
                    reps=s.reps, summary=summ)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_docs(doc, sorted({out_dir / "halo-slurm.json",
-                            *([Path(json_path)] if json_path else [])}), out)
-    return 1 if res.failed else 0
+    return report.publish("halo-slurm", doc, out_dir, json_path,
+                          failed=bool(res.failed), stdout=out,
+                          redo_report=False)

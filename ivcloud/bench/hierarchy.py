@@ -8,24 +8,17 @@ latency and bandwidth tests, 4 B .. 1 MiB, with the two ranks
   level 2  on two instances of one server (s0i0, s0i1),
   level 3  on two servers (s0i0, s1i0), through both uplinks,
 
-each level once with --transport tcp and once with --transport ivshmem
-(BTL lists self,vader,tcp and self,vader,ivshmem,tcp), placed by a
-rankfile. Open MPI's own report of the BTL each pair used is recorded
-and checked: with ivshmem, level 1 still uses vader, level 2 ivshmem and
-level 3 tcp, because a region is shared only by one server's instances.
-Uplinks are unshaped unless --uplink-rate is given. The cluster is taken
-down at the end, also after an error or a signal (unless
---keep-cluster).
+each level over tcp and over ivshmem. Open MPI's own report of the BTL
+each pair used is checked: with ivshmem, level 1 still uses vader,
+level 2 ivshmem and level 3 tcp (a region is shared only by one
+server's instances). Uplinks are unshaped unless --uplink-rate is
+given. The cluster is taken down at the end, also after an error or a
+signal (unless --keep-cluster).
 
 With --instance-kind vm the instances are QEMU guests of the Debian image
-(1 server x 2 guests x 2 vCPUs; mpi-osu is copied into them) and levels 1
-and 2 are measured: level 2 tcp is virtio-net through the server's bridge,
-level 2 ivshmem the guests' ivshmem-doorbell devices. The table names the
-accelerator; under TCG only the ratios mean something.
-
-Prints one table and the targets as ratios measured in this run, writes
-the records as JSON, and into --out the plots and report.md
-(`ivcloud bench report`).
+(1 server x 2 guests x 2 vCPUs: levels 1 and 2); under TCG only the
+ratios mean something. Writes the records as JSON, and into --out the
+plots and report.md (`ivcloud bench report`).
 """
 
 from __future__ import annotations
@@ -230,11 +223,8 @@ VM_TIMEOUT_S = 900
 def run(s: HierarchySettings, out_dir: Path,
         json_path: Optional[Path] = None, keep_cluster: bool = False,
         out=None, log=None, vm: Optional[VmOptions] = None) -> int:
-    """Bring a cluster up, measure every level, take it down (unless
-    `keep_cluster`); print the tables, targets and notes to `out`,
-    progress to `log`; write the document to OUT_DIR/hierarchy.json (and
-    `json_path`) and the report into `out_dir`. 1 if a job or the report
-    failed. `vm`: instances are QEMU guests (levels 1 and 2 only)."""
+    """Every level on a cluster of its own, then report.publish; 1 if a
+    job or the report failed. `vm`: QEMU guests (levels 1 and 2)."""
     require_root("hierarchy")
     program("mpi-osu")  # refuse before building anything
     info = machine_info()

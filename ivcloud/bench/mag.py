@@ -1,23 +1,12 @@
 """`ivcloud mag bench`: the micromagnetic solver on its example problems.
 
-:func:`run` times `ivcloud mag run` of each example (the thesis's bar,
-µMAG standard problem 4) on each rank count, as a user starts it (time
-to solution: process start, set-up, the stages, outputs), the
-configurations alternating in rounds (toolkit.measure_rounds). Per
-problem and rank count: the median time to solution with its spread,
-the solve time, field evaluations, milliseconds per evaluation and the
-peak memory per rank; per round the parallel efficiency T1 / (N TN) of
-the time to solution (and of the solve), its median and spread; for a
-problem with a published solution (standard problem 4, field 1:
-micromag.convergence.reference_for) the largest component of <m> at the
-end minus the reference. Prints one table and the targets, and can
-write the JSON document.
-
-Each run is one `ivcloud mag run` process (ivcloud.apps.mag.run_command).
-With a peer (`--peer neuralmag`, ivcloud.bench.mag_peer) standard
-problem 4 also runs in that finite-difference code, on as many cores
-as our runs have ranks, in the same rounds: its time to solution and
-error beside ours, and the ratio of the times.
+Each run is one `ivcloud mag run` process of an example (the thesis's
+bar, µMAG standard problem 4) on a rank count, timed as a user starts
+it (time to solution), in alternating rounds; per round the parallel
+efficiency T1 / (N TN), and for a problem with a published solution
+the largest component of <m> at the end minus the reference. With a
+peer (`--peer neuralmag`, mag_peer.py) standard problem 4 also runs in
+that finite-difference code on as many cores, in the same rounds.
 """
 
 from __future__ import annotations

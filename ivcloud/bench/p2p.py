@@ -1,13 +1,10 @@
 """Point-to-point latency and bandwidth: libivshm against references.
 
-Runs, in one go and on this machine: libivshm rings (spin, and
-spin-then-block), libivshm window put+flush, a memcpy reference, TCP over
-loopback, TCP between two network namespaces over a bridge (unless
---skip-netns), Open MPI's vader BTL, two oversubscribed ping-pong pairs,
-and the CPU use of a blocked peer, with the ivshm-pingpong, tcp-pingpong
-and mpi-pingpong programs (native/bench). Prints one table, the targets
-as ratios measured in this run (informational), and optionally writes
-every record as JSON.
+Runs, on this machine: libivshm rings (spin, and spin-then-block),
+libivshm window put+flush, a memcpy reference, TCP over loopback and
+between two network namespaces (unless --skip-netns), Open MPI's vader
+BTL, two oversubscribed ping-pong pairs, and the CPU use of a blocked
+peer (BENCHMARKS.md, "Point-to-point").
 
 One-way latency is half a round trip; bandwidth = size / one-way latency.
 """

@@ -1,29 +1,14 @@
 """Plots and a markdown report from the cloud benchmarks' JSON.
 
-It reads DIR/hierarchy.json (`ivcloud bench hierarchy`), DIR/halo.json
-(`ivcloud bench halo`) and DIR/apps.json (`ivcloud bench apps`),
-whichever exist (each cloud benchmark writes its own and redoes the
-report itself), and writes into DIR, with matplotlib's Agg backend (no
-display needed):
-
-  latency.png    one-way latency vs message size, log-log, one curve per
-                 (level, transport): seed 000's figures 25/27/29/31
-  bandwidth.png  bandwidth vs message size: its figures 26/28/30/32
-  halo.png       halo-exchange wall time per placement
-  apps.png       every application figure as a speed relative to one
-                 instance, tcp and ivshmem side by side
-  speedup.png    strong scaling: speed-up over the rank counts the host
-                 runs without oversubscription, with Amdahl's fit where
-                 one is meaningful (scaling_view)
-  report.md      setup, the machine's load, tables, targets and the images
-
-Nothing is measured, no cluster is needed: `ivcloud bench report DIR`
-(write) redoes it from the JSON alone and prints the path of report.md.
-Every plot draws the min..max of the rounds around its medians, and a
-run on a busy machine (its document's load samples; toolkit.busy_reasons)
-gets a warning in its section and at the top. The report is made from
-the documents only, never from the benchmarks' code (the benchmarks
-import this module, not the reverse).
+It reads DIR/hierarchy.json, DIR/halo.json and DIR/apps.json, whichever
+exist (each cloud benchmark writes its own and redoes the report), and
+writes into DIR latency.png, bandwidth.png, halo.png, apps.png,
+speedup.png and report.md (docs/demo.md, "Outputs"), with matplotlib's
+Agg backend. Nothing is measured: `ivcloud bench report DIR` redoes it
+from the JSON alone and prints the path of report.md. A run on a busy
+machine gets a warning in its section and at the top. The report is
+made from the documents only, never from the benchmarks' code (the
+benchmarks import this module, not the reverse).
 """
 
 from __future__ import annotations
@@ -108,9 +93,6 @@ def halo_table(summ: Dict[str, Dict]) -> Tuple[List[str], List[List[str]]]:
     return header, rows
 
 
-def _spread(r: Dict) -> str:
-    return f"{r['value']:.4g} ({r['value_min']:.3g}..{r['value_max']:.3g})"
-
 
 def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
     """(header, rows) of `ivcloud bench apps`: a row per application
@@ -136,7 +118,8 @@ def apps_table(doc: Dict) -> Tuple[List[str], List[List[str]]]:
         cells = [app, f"{meta['label']} ({meta['unit']})"]
         for _, config in configs:
             r = summ.get((app, config, metric))
-            cells.append(_spread(r) if r else "-")
+            cells.append(f"{r['value']:.4g} ({r['value_min']:.3g}.."
+                         f"{r['value_max']:.3g})" if r else "-")
         for _, key in ratios:
             v = rel.get(key)
             cells.append("-" if v is None else f"{v:.2f}")
@@ -641,7 +624,7 @@ def write(out: Path) -> Path:
 
 def publish(name: str, doc: Dict, out: Path,
             json_path: Optional[Path] = None, failed: bool = False,
-            stdout=None) -> int:
+            stdout=None, redo_report: bool = True) -> int:
     """A cloud benchmark's end: its document written to OUT/<name>.json
     (and `json_path`), the report redone from every document in `out`;
     the exit status (1 if the run or the report failed)."""
@@ -650,6 +633,8 @@ def publish(name: str, doc: Dict, out: Path,
     if json_path:
         paths.add(Path(json_path))
     write_docs(doc, sorted(paths), stdout)
+    if not redo_report:
+        return 1 if failed else 0
     try:
         md = write(out)
     except ReportError as e:

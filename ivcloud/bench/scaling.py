@@ -1,18 +1,13 @@
 """Many ranks in one region: how ivshmem scales against vader.
 
-Runs the mpi-scaling program (native/bench/scaling.c) under Open MPI on
-this machine at 2, 8, 32 and 128 ranks (oversubscribed: the ranks share
-the host's cores), for self,ivshmem (a private region that `ivcloud
-mpirun` sizes for the job, linear in the ranks; the BTL counters must
-show traffic on every rank) and self,vader. Per transport and rank
-count: the shared memory it sets up, the 8 B latency between rank 0 and
-rank N-1, the 8 B allreduce latency and the 8 B message rate of N/2
-streaming pairs. Transports and rank counts alternate in rounds; each
-figure is the median of its rounds, with the spread. A vader job that
-fails or times out at some rank count is noted (vader "where it runs"),
-an ivshmem one is a failure. Prints one table, the ratios ivshmem /
-vader measured in this run (informational), and optionally writes every
-record (the medians, and each round's under "runs") as JSON.
+Runs mpi-scaling under Open MPI on this machine at 2, 8, 32 and 128
+ranks (oversubscribed), over self,ivshmem (a private region sized for
+the job) and self,vader: per transport and rank count the shared memory
+it sets up, the 8 B latency between rank 0 and rank N-1, the 8 B
+allreduce latency and the 8 B message rate of N/2 streaming pairs,
+medians of alternating rounds. A vader job that fails at some rank
+count is noted, an ivshmem one is a failure (BENCHMARKS.md, "Many
+ranks in one region").
 """
 
 from __future__ import annotations
@@ -68,8 +63,7 @@ class ScalingSettings:
         round, few operations); the arguments override the defaults."""
         return cls(ranks=check_ranks(ranks) if ranks
                    else list(QUICK_RANKS if quick else FULL_RANKS),
-                   transports=(check_transports(transports, TRANSPORTS) if transports
-                               else list(TRANSPORTS)),
+                   transports=check_transports(transports, TRANSPORTS),
                    lat_iters=count("operations", iters)
                    or (50 if quick else 2000),
                    allreduce_ops=20 if quick else 1000,
@@ -103,10 +97,8 @@ def region_bytes(transport: str, np: int) -> int:
 
 def run_one(transport: str, np: int, s: ScalingSettings,
             res: BenchResults) -> List[Dict]:
-    """One mpirun job of mpi-scaling; its records. ivshmem jobs get a
-    private region and must show traffic in every rank's BTL counters;
-    vader's failure at a rank count is a note in `res`, not a failure (it
-    is compared where it runs)."""
+    """One mpirun job of mpi-scaling; its records. vader's failure at a
+    rank count is a note in `res`, not a failure (compared where it runs)."""
     try:
         recs, _ = mpi_job(transport, np, s.argv(transport, np), s.timeout_s,
                           f"mpi-scaling {transport} ({np} ranks)", KEYS)

@@ -3,39 +3,23 @@ vader, round by round, split by the machine's state.
 
 Measures, under Open MPI on this machine with 2 ranks, the figures the
 small-message path is judged by (docs/fast-path.md): mpi-osu's 8 B
-one-way latency and message rate (window of 64, time per message), and
-mpi-pingpong's exchange and ring, HPCC's two ring-latency loops with two
-ranks (both ranks in MPI_Sendrecv at once; two MPI_Irecv and two
-MPI_Isend each, then MPI_Waitall), over self,ivshmem (this build's BTL,
-and the BTL of each --build) and over self,vader.
+one-way latency and message rate (window of 64), and mpi-pingpong's
+exchange and ring, HPCC's two ring-latency loops, over self,ivshmem
+(this build's BTL, and that of each --build) and over self,vader.
 
 These machines switch between a fast and a slow state within seconds
-(BENCHMARKS.md, "Handoff"), and the two states rank the transports
-differently, so a median over minutes of mixed states says little.
-Each round therefore runs short jobs back to back: vader, our BTL in
-every build, vader again (the builds in reverse order every second
-round), and every figure of ours is divided by the mean of the two vader
-figures around it. A figure on which a round's two vader jobs disagree
-by more than 10 % (the machine changed state in between) is left out
-of that round, and the whole round when they disagree on the latency,
-which tells the state. The rounds left are split into the machine's
-states by vader's latency: two states when the rounds' latencies lie
-more than 1.5 times apart, at their geometric middle. Each state
-gets, per figure, the median of the rounds' ratios and their spread.
+(BENCHMARKS.md, "Handoff"), which rank the transports differently. So
+each round runs short jobs back to back, vader, our BTL in every build,
+vader again, and divides each figure of ours by the mean of the two
+vader figures around it; a figure on which they disagree by more than
+10 % is left out of that round (the whole round for the latency), and
+the rounds are split into states by vader's latency (analyse, states).
 
-Where a BTL's code lies in physical memory moves its figures too: on
-these machines identical copies of one mca_btl_ivshmem.so have given
-message rates 35 % apart, each copy the same run after run (its pages
-stay in the page cache). So each BTL runs from fresh copies of its
-file (--copies), one copy a round in turn, and the medians pool the
-copies.
-
-Each rank runs in a real-time class (``chrt -f``) where we may, so that
-other work on the machine cannot split the pair for a while. Prints,
-per state and figure, the medians of the ratios with their spread, the
-targets (every figure at or below vader's, but the ring, for HPCC's 0.9
-of one instance's speed, at or below 1/0.9 of vader's time), and
-optionally writes every round as JSON.
+Identical copies of one mca_btl_ivshmem.so have given message rates 35 %
+apart (where its code lies in physical memory), so each BTL runs from
+fresh copies of its file (--copies), one a round in turn. Each rank
+runs in a real-time class (``chrt -f``) where we may, so that other work
+cannot split the pair for a while.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""What every benchmark shares: finding and running the native benchmark
-programs, reading their JSON records, the step loop that survives a
-failed step, targets as ratios, tables, and the JSON document.
-
-A benchmark module (p2p, mpi, hierarchy, halo) is a settings dataclass,
-its steps, its targets and its table; everything else is here. Nothing
-here parses command lines or prints errors: a benchmark raises
-:class:`ivcloud.errors.BenchError` (or lets a lower layer's
-:class:`ivcloud.errors.IvcloudError` through) and returns an exit status.
+"""What every benchmark shares: running the native benchmark programs,
+their JSON records, the step loop that survives a failed step, targets
+as ratios, tables, the machine's load and the JSON document. A
+benchmark module is a settings dataclass, its steps, its targets and
+its table; it raises domain errors and returns an exit status.
 """
 
 from __future__ import annotations
@@ -95,13 +91,11 @@ def parse_records(text: str, origin: str,
 
 def checked_run(start: Callable[..., int], timeout_s: float,
                 origin: str) -> Tuple[str, str]:
-    """(stdout, stderr) of one program run that must succeed.
-
-    ``start(timeout=, stdout=, stderr=)`` runs it and returns its exit
-    status, tearing it down and raising subprocess.TimeoutExpired or
-    JobTimeout at the timeout (ivcloud.process.run_launcher,
-    cluster_job). Output goes to files, not pipes: a chatty job cannot
-    block on a full pipe."""
+    """(stdout, stderr) of one program run that must succeed:
+    ``start(timeout=, stdout=, stderr=)`` runs it to its exit status, or
+    tears it down at the timeout, raising subprocess.TimeoutExpired or
+    JobTimeout. Output goes to files: a chatty job cannot block on a
+    full pipe."""
     with tempfile.TemporaryFile("w+") as out, \
             tempfile.TemporaryFile("w+") as err:
         try:
@@ -490,10 +484,10 @@ def run_benchmark(bench: str, quick: bool,
     return res.exit_status
 
 
-def check_transports(names: Sequence[str],
+def check_transports(names: Optional[Sequence[str]],
                      allowed: Sequence[str]) -> List[str]:
-    """`names`, if they are a non-empty subset of `allowed`."""
-    names = list(names)
+    """`names`, if they are a subset of `allowed`; none given: all."""
+    names = list(names or allowed)
     if not names or any(t not in allowed for t in names):
         raise InvalidRequest(f"transports are a comma-separated subset of "
                              f"{','.join(allowed)}")
@@ -520,10 +514,9 @@ def mpi_job(transport: str, np: int, argv: Sequence[str], timeout_s: int,
             origin: str, keys: Sequence[str],
             osc: Optional[str] = None,
             components: Optional[Path] = None) -> Tuple[List[Dict], Dict]:
-    """One mpirun job of a benchmark program over `transport`: its records
-    (each with `keys`) and the BTL counters. ivshmem jobs get a private
-    region and must show traffic in every rank's BTL counters;
-    `components`: the directory of another build's BTL."""
+    """One mpirun job over `transport`: its records (each with `keys`) and
+    the BTL counters, which for ivshmem (a private region) must show
+    every rank's traffic; `components`: another build's BTL directory."""
     kwargs = dict(transport=transport, osc=osc, components=components)
     if transport == "ivshmem":
         kwargs.update(tcp_fallback=False, verbose_btl=True)

@@ -1,14 +1,8 @@
 """`ivcloud` command line: the top layer, a dispatcher to one module
-per area (``ivcloud/cli/<area>.py``).
-
-Each area module exposes ``register(subparsers)``: it adds its subcommand
-(with its own sub-actions) and sets ``func`` on the parsed namespace. A
-function returns the exit code. This package is the only place where
-errors become messages and exit codes: the library raises the domain
-errors of :mod:`ivcloud.errors` (and the solver those of
-:mod:`micromag.errors`), and :func:`main` prints one line on stderr and
-exits with 1 for a failed operation, 2 for a bad request. Nothing below
-this package imports it.
+per area (``ivcloud/cli/<area>.py``), whose ``register(subparsers)``
+adds its command and sets ``func``, which returns the exit status. Only
+here do the library's domain errors become one line on stderr and an
+exit status (:func:`main`). Nothing below this package imports it.
 """
 
 from __future__ import annotations
@@ -67,6 +61,21 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+def comma_list(item: Callable[[str], T] = str,
+               check: Optional[Callable] = None,
+               what: str = "list") -> Callable[[str], List[T]]:
+    """argparse type of a comma-separated list: each item parsed by
+    `item`, the list checked by the library's `check`."""
+    @checked
+    def parse(text: str) -> List[T]:
+        try:
+            values = [item(t.strip()) for t in text.split(",") if t.strip()]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"bad {what} '{text}': {e}")
+        return check(values) if check else values
+    return parse
+
+
 def remainder(items: List[str]) -> List[str]:
     """An argparse.REMAINDER without the `--` that ends the options."""
     return list(items[1:] if items[:1] == ["--"] else items)
@@ -90,16 +99,25 @@ def add_vm_arguments(p: argparse.ArgumentParser, kind_help: str,
                         "boots with it, else TCG)")
 
 
-def wants_vm(args, default_memory_mb: int) -> bool:
-    """Whether --instance-kind vm was given; VM options without it are
-    bad input."""
+def vm_options(args, default_memory_mb: int):
+    """The VmOptions of --instance-kind vm, None for namespaces; VM
+    options without it are bad input."""
     if args.instance_kind == "vm":
-        return True
+        from ..cluster.vm_instance import VmOptions
+        return VmOptions(args.guest_deb, args.vm_memory, args.accel)
     if args.guest_deb or args.accel != "auto" or \
             args.vm_memory != default_memory_mb:
         raise CliError("--guest-deb, --vm-memory and --accel need "
                        "--instance-kind vm")
-    return False
+    return None
+
+
+def sub_actions(p: argparse.ArgumentParser, metavar: str = "ACTION"):
+    """A command's required actions, parsed as the command is."""
+    actions = p.add_subparsers(dest="action", metavar=metavar,
+                               parser_class=type(p))
+    actions.required = True
+    return actions
 
 
 class Parser(argparse.ArgumentParser):

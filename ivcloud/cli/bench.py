@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import Optional, Tuple
 
 from .. import mpis
 from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
@@ -15,33 +15,19 @@ from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
-from . import add_vm_arguments, checked, positive_int, wants_vm
+from . import (add_vm_arguments, checked, comma_list, positive_int,
+               sub_actions, vm_options)
 
 DEFAULT_OUT = "build/demo"
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- types
 
-def _list(item: Callable[[str], T] = str, check: Optional[Callable] = None,
-          what: str = "list") -> Callable[[str], List[T]]:
-    """argparse type of a comma-separated list: each item parsed by
-    `item`, the list checked by the library's `check`."""
-    @checked
-    def parse(text: str) -> List[T]:
-        try:
-            values = [item(t.strip()) for t in text.split(",") if t.strip()]
-        except argparse.ArgumentTypeError as e:
-            raise argparse.ArgumentTypeError(f"bad {what} '{text}': {e}")
-        return check(values) if check else values
-    return parse
-
-
-_names = _list()
-_sizes = _list(parse_size, p2p.check_sizes)
-_ranks = _list(positive_int, what="rank list")
-_scaling_ranks = _list(positive_int, scaling.check_ranks, "rank list")
-_scaling_transports = _list(check=functools.partial(
+_names = comma_list()
+_sizes = comma_list(parse_size, p2p.check_sizes)
+_ranks = comma_list(positive_int, what="rank list")
+_scaling_ranks = comma_list(positive_int, scaling.check_ranks, "rank list")
+_scaling_transports = comma_list(check=functools.partial(
     check_transports, allowed=scaling.TRANSPORTS))
 
 
@@ -90,17 +76,8 @@ def _run_hierarchy(args) -> int:
     s = hierarchy.HierarchySettings.make(uplink_rate=args.uplink_rate,
                                          **_shared(args))
     return hierarchy.run(s, Path(args.out), json_path=args.json,
-                         keep_cluster=args.keep_cluster, vm=_vm_options(args))
-
-
-def _vm_options(args, memory_mb: int = VmOptions.memory_mb
-                ) -> Optional[VmOptions]:
-    """VmOptions of --instance-kind vm, None for namespaces
-    (`memory_mb`: the command's default guest memory)."""
-    if not wants_vm(args, memory_mb):
-        return None
-    return VmOptions(guest_deb=args.guest_deb, memory_mb=args.vm_memory,
-                     accel=args.accel)
+                         keep_cluster=args.keep_cluster,
+                         vm=vm_options(args, VmOptions.memory_mb))
 
 
 def _run_halo(args) -> int:
@@ -113,7 +90,7 @@ def _run_halo(args) -> int:
 
 
 def _run_apps(args) -> int:
-    vm = _vm_options(args, apps.VM_MEMORY_MB)
+    vm = vm_options(args, apps.VM_MEMORY_MB)
     s = apps.AppsSettings.make(apps=args.apps, hpcc_n=args.hpcc_n,
                                foam_iterations=args.foam_iterations,
                                scaling_ranks=args.ranks,
@@ -292,9 +269,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks",
                        description="Benchmarks of libivshm against "
                                    "reference transports.")
-    actions = p.add_subparsers(dest="action", metavar="BENCHMARK",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p, "BENCHMARK")
     # a benchmark's module docstring is its description; raw: it has laid
     # out lists, keep its line breaks
     for name, text, arguments, run, raw in (

@@ -21,7 +21,7 @@ from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..server import format_size
 from . import (CliError, add_vm_arguments, positive_int, remainder,
-               wants_vm)
+               sub_actions, vm_options)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,9 +43,7 @@ def register(sub) -> None:
                     "UTS, IPC and mount namespaces with private /tmp and "
                     "/dev/shm, pinned to vCPUs), one ivshmem-server per "
                     "server, and run Open MPI jobs across them.")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p)
 
     u = actions.add_parser("up", help="create a cluster")
     _common(u)
@@ -214,11 +212,7 @@ def _cmd_up(args) -> int:
     topo = plan(args.name, args.servers, args.instances_per_server,
                 args.vcpus, args.uplink_rate, args.oversubscribe)
     sd = state_dir(topo.name, args.run_dir)
-    vm = None
-    if wants_vm(args, vm_instance.DEFAULT_MEMORY_MB):
-        vm = vm_instance.VmOptions(args.guest_deb, args.vm_memory,
-                                   args.accel)
-    kind = kinds.choose(topo, vm)
+    kind = kinds.choose(topo, vm_options(args, vm_instance.DEFAULT_MEMORY_MB))
     scheduler = None
     if args.scheduler == "slurm":
         scheduler = Slurm(SlurmOptions(

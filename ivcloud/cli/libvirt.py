@@ -20,7 +20,7 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
 from ..server import parse_size
-from . import CliError, checked, int_at_least, number
+from . import CliError, checked, int_at_least, number, sub_actions
 
 DEFAULT_URI = "qemu:///system"
 
@@ -119,9 +119,7 @@ def register(sub) -> None:
                                    "hot-attach ivshmem devices to running "
                                    "domains, and print the Nova flavor for "
                                    "pinned instances.")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p)
 
     d = actions.add_parser("domain-xml", help="print a domain definition")
     d.add_argument("--name", required=True, help="domain name")

@@ -1,13 +1,6 @@
-"""`ivcloud mag run|check|bench|converge`: run micromagnetic problems
-and benchmark the solver.
-
-The solver is the `micromag` package (its own package in this
-repository; it never imports ivcloud); launching a run on N ranks and
-the convergence study are ivcloud.apps.mag, the benchmark
-ivcloud.bench.mag. This module parses, calls one of them and prints;
-micromag's errors become one line on stderr (ProblemError and
-MeshError: bad input, exit status 2; any other MagError: a failed run,
-exit status 1).
+"""`ivcloud mag run|check|bench|converge`: the command line of the
+`micromag` solver (which never imports ivcloud), of ivcloud.apps.mag (a
+run on N ranks, the convergence study) and of ivcloud.bench.mag.
 """
 
 from __future__ import annotations
@@ -19,28 +12,25 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..apps.mag import CHILD_FLAG, TRANSPORTS
-from . import CliError, number, positive_int
+from . import CliError, comma_list, number, positive_int
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BENCH_PROBLEMS = ("bar", "sp4")
 STUDY_METHODS = ("grid", "dense", "fmm", "auto", "graded")
 
 
-def _np_list(text: str) -> List[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list of "
-                                         f"integers")
-    if not out or any(v < 1 for v in out):
-        raise argparse.ArgumentTypeError(f"'{text}': rank counts must be "
-                                         f"positive")
-    return out
+def _not_empty(values: List[int]) -> List[int]:
+    if not values:
+        raise ValueError("no rank count given")
+    return values
 
 
+_np_list = comma_list(positive_int, _not_empty, "rank list")
 _NOT_SECONDS = "'{}' is not a number of seconds >= 0"
 _seconds = number(float, _NOT_SECONDS, lambda value: None
                   if 0 <= value < float("inf") else _NOT_SECONDS)
+_times = comma_list(number(float, "'{}' is not a number"),
+                    what="list of times")
 
 
 def register(sub) -> None:
@@ -113,7 +103,7 @@ def register(sub) -> None:
                         "comma-separated (default 3)")
     c.add_argument("--duration", type=float, default=None,
                    help="shorten the last llg stage to this many seconds")
-    c.add_argument("--times", default=None,
+    c.add_argument("--times", type=_times, default=None,
                    help="stage times (s) to compare, comma-separated "
                         "(default 0.1, 0.2, 0.5 and 1 of 1 ns, scaled "
                         "to the duration)")
@@ -189,19 +179,11 @@ def cmd_converge(args) -> int:
             transport=args.transport, reference=args.reference,
             log=lambda line: print(line, file=sys.stderr, flush=True),
             method=args.method, edge_h=args.edge_h,
-            duration=args.duration, times=_times(args.times), tol=args.tol,
+            duration=args.duration, times=args.times or None, tol=args.tol,
             no_run=args.no_run, checkpoint_every=args.checkpoint_every)
     sys.stdout.write(study.format_report(report) + "\n")
     return 1 if report["failed"] else 0
 
-
-def _times(text: Optional[str]) -> Optional[List[float]]:
-    if not text:
-        return None
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"--times '{text}' is not a list of numbers") from None
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import json
 from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, MAX_FAST_CHANNELS,
                       MAX_PEERS, MAX_QUEUE_SLOTS, format_size, parse_size,
                       paths_for, start, status, stop)
-from . import CliError, checked, number
+from . import CliError, checked, number, sub_actions
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -33,9 +33,7 @@ def register(sub) -> None:
     p = sub.add_parser("server", help="manage ivshmem-server daemons",
                        description="Start, stop and inspect ivshmem-server "
                                    "daemons (one per name).")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p)
 
     s = actions.add_parser("start", help="start a server daemon")
     _common(s)

@@ -15,7 +15,7 @@ from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
-from . import CliError, checked, number, remainder
+from . import CliError, checked, number, remainder, sub_actions
 
 _integer = number(int, "expected an integer, not '{}'")
 
@@ -54,9 +54,7 @@ def register(sub) -> None:
                        description="Boot, inspect and stop QEMU VMs whose "
                                    "ivshmem-doorbell device is attached to "
                                    "an ivshmem-server (see docs/vm.md).")
-    actions = p.add_subparsers(dest="action", metavar="ACTION",
-                               parser_class=type(p))
-    actions.required = True
+    actions = sub_actions(p)
 
     u = actions.add_parser("up", help="boot N VMs")
     u.add_argument("--count", type=_integer, default=1,

@@ -1,19 +1,14 @@
 """Namespace holders: the long-lived processes that keep an instance (or
 the head node, or the fabric) existing.
 
-A holder is `taskset -c CPUS unshare --net --uts --ipc --mount
---propagation private -- bash -c SCRIPT`: it mounts its private /tmp and
-/dev/shm, binds the cluster's hosts file over /etc/hosts, sets its
-hostname, hides the run dir but for its own server's socket directory,
-says "ready" and then sleeps. Its namespaces live as long as it (or anything entered into them)
-does; its CPU affinity is what the instance's "vCPUs" are.
-
-Every holder runs with argv[0] (and, before that exec, an argument)
-"ivcloud-holder:<cluster>:<role>", so that `down` finds one even when
-`up` was killed between starting it and writing its pid down.
-
-A holder is identified by pid *and* start time, so that a recycled pid is
-never mistaken for (or killed as) one of ours.
+A holder is `taskset -c CPUS unshare ... -- bash -c _SCRIPT`: it sets up
+its private mounts and hostname, says "ready" and sleeps. Its namespaces
+live as long as it (or anything entered into them) does; its CPU
+affinity is what the instance's "vCPUs" are. Every holder carries the
+argument (later argv[0]) "ivcloud-holder:<cluster>:<role>", so that
+`down` finds one even when `up` was killed before writing its pid down;
+it is identified by pid *and* start time, so that a recycled pid is
+never taken for ours.
 """
 
 from __future__ import annotations

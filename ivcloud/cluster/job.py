@@ -1,15 +1,10 @@
 """One way to run a job on a cluster: a Job, and run_job, under every
-caller (`cluster mpirun`, ClusterSession and the benchmarks), the same
-for every MPI and instance kind. Each step asks the one that knows: the
-MPI (an ivcloud.mpis Flavor) refuses what it cannot do; the instances'
-kind (kinds.py) says where the launcher runs and how it reaches them,
-and refuses what is out of their reach; placement and site become an
-ivcloud.mpis.Launch, which the flavour turns into its command; the
-kind's region policy makes the job's regions for the run, and the kind
-runs the launcher to its end (SIGTERM/SIGHUP unwind like Ctrl-C; a
-timeout tears the job down: JobTimeout). Slurm steps (run_slurm) take
-the same road from the regions on: Slurm places and starts the ranks,
-its hooks make the regions. docs/ARCHITECTURE.md follows a job through.
+caller, the same for every MPI and instance kind. Each step asks the
+one that knows: the MPI's Flavor refuses what it cannot do and turns
+the Launch into its command; the instances' kind says where the
+launcher runs, refuses what is out of reach, makes the job's regions
+and runs the launcher to its end. Slurm steps (run_slurm) let Slurm
+place and start the ranks. docs/ARCHITECTURE.md follows a job through.
 """
 
 from __future__ import annotations
@@ -30,30 +25,21 @@ from .topology import SUBNET, topology_from_dict
 
 @dataclass(frozen=True)
 class Job:
-    """What to run on a cluster.
-
-    program (argv) on np ranks, with MPI `mpi` (a name of ivcloud.mpis)
-    over `transport`; placement: block or round-robin over the
-    instances, or `hosts`, the instance of each rank, or `rankfile`, the
-    text of a rankfile of the MPI's own (Open MPI); shared_region: the
-    job runs in the servers' standing regions rather than its own (the
-    region policy); env: more variables for every rank; options: the
-    MPI's own parameters (Open MPI's MCA); report: every rank prints
-    its per-rank transport line; oversubscribe: more ranks than vCPUs
-    are allowed; timeout: seconds before the job is torn down."""
+    """What to run on a cluster: `program` (argv) on `np` ranks with MPI
+    `mpi` (a name of ivcloud.mpis)."""
     program: Sequence[str]
     np: int
     mpi: str = mpis.DEFAULT
     transport: str = "tcp"
-    placement: str = "block"
-    hosts: Sequence[str] = ()
-    rankfile: Optional[str] = None
-    shared_region: bool = False
+    placement: str = "block"        # block or round-robin, or else:
+    hosts: Sequence[str] = ()       # the instance of each rank, or
+    rankfile: Optional[str] = None  # a rankfile's text (Open MPI's)
+    shared_region: bool = False     # the servers' standing regions
     env: Mapping[str, str] = field(default_factory=dict)
-    options: Sequence[Tuple[str, str]] = ()
-    report: bool = False
-    oversubscribe: bool = False
-    timeout: Optional[float] = None
+    options: Sequence[Tuple[str, str]] = ()   # the MPI's own (MCA)
+    report: bool = False            # each rank prints its transport line
+    oversubscribe: bool = False     # more ranks than vCPUs
+    timeout: Optional[float] = None     # seconds, then torn down
 
 
 @dataclass
@@ -121,8 +107,8 @@ def plan_job(state: Dict, job: Job) -> Plan:
 def run_job(state: Dict, job: Job, stdout=None, stderr=None,
             plan: Optional[Plan] = None) -> int:
     """Run `job` on the cluster of `state` to its end; its launcher's
-    exit status. JobTimeout past job.timeout (the job torn down first);
-    process.Interrupted on SIGTERM/SIGHUP/Ctrl-C (likewise)."""
+    exit status. JobTimeout past job.timeout, process.Interrupted on
+    SIGTERM/SIGHUP/Ctrl-C (the job torn down first)."""
     plan = plan or plan_job(state, job)
     with process.interrupts():
         with plan.kind.job_regions(state, job.transport,

@@ -1,18 +1,10 @@
 """The two kinds of instance a cluster is made of, behind one interface.
 
-All instances of a cluster are of one kind, chosen once: `choose()`
-when the cluster is brought up (it refuses, before anything exists,
-what the kind cannot do on this machine), `of_state()` for a cluster
-that is up (its state file records the kind). Nothing else asks which
-kind it has; it asks the kind. A third kind is one subclass of
-InstanceKind that defines its abstract methods (the instances' life,
-files in and out of them, and what the job pipeline, job.py, asks:
-where a launcher runs, the region policy, running the launcher) and,
+A cluster's instances are of one kind: `choose()` at `up` (refusing,
+before anything exists, what the kind cannot do here), `of_state()`
+once up. Nothing else asks which kind it has; it asks the kind. A third
+kind is one subclass of InstanceKind defining its abstract methods and,
 if it runs slurmd, a slurm.nodes.Nodes of its own (slurm_nodes).
-
-NamespaceInstances: a holder process per instance (holder.py) with a
-veth into its server's bridge. VmInstances: a QEMU guest per instance
-(vm_instance.py), configured by a VmConfig.
 """
 
 from __future__ import annotations
@@ -54,13 +46,9 @@ PREPARE_TIMEOUT_S = 900.0
 
 @dataclass(frozen=True)
 class JobSite:
-    """Where a kind's job launchers run and how they reach the instances
-    (what ivcloud.mpis.Launch needs to know of it). agent: the launch
-    agent (None: ssh, as between guests); installed: the transports come
-    from the instances' packages, not this checkout's build;
-    unprivileged: the launcher runs as an ordinary user; scratch: a
-    directory the launcher sees, for files written for it; wdir: where
-    ranks start; env: what every rank gets, whatever its MPI."""
+    """Where a kind's job launchers run and how they reach the instances:
+    the Launch fields of the same names (agent None: ssh), `env` what
+    every rank gets, whatever its MPI."""
     agent: Optional[str]
     installed: bool
     unprivileged: bool
@@ -182,10 +170,9 @@ class InstanceKind(ABC):
 
 
 class NamespaceInstances(InstanceKind):
-    """An instance is a holder process's namespaces (holder.py); jobs'
-    launchers run on the head node and reach the instances through the
-    launch agent (launch.py), each job in regions of its own unless it
-    shares the servers' standing ones (regions.py)."""
+    """A holder process's namespaces per instance (holder.py), a veth in
+    its server's bridge; launchers run on the head node and reach the
+    instances through the launch agent (launch.py)."""
     name = "namespace"
 
     def start(self, build) -> None:
@@ -355,14 +342,11 @@ class VmInstances(InstanceKind):
                                                   dest)]
 
     def stage(self, state: Dict, path: os.PathLike) -> str:
-        """A copy put into every guest's GUEST_PROGRAM_DIR (again: put
-        rewrites a file only through a checked copy)."""
+        # put rewrites a file only through a checked copy
         return self.put(state, [], [str(path)],
                         GUEST_PROGRAM_DIR)[0].split(":", 1)[1]
 
     def stage_dir(self, state: Dict, path: os.PathLike) -> None:
-        """One archive of it per guest, unpacked in place of what was
-        there."""
         path = Path(path)
         if not path.is_absolute() or not path.is_dir():
             raise ClusterFailure(f"{path} is not an absolute path of a "
@@ -378,11 +362,11 @@ class VmInstances(InstanceKind):
                 [copy] = vm_instance.put_files(state, host, [archive],
                                                GUEST_STAGING_DIR)
                 q = agent.quote([copy])
-                _guest_shell(state, host,
-                             f"rm -rf {target} && mkdir -p {parent} && tar "
-                             f"-C {parent} --no-same-owner -xf {q} && rm -f "
-                             f"{q} && chown -R {vm_instance.MPI_USER}: "
-                             f"{target}", 120)
+                vm_instance.shell_in(
+                    state, host, f"rm -rf {target} && mkdir -p {parent} && "
+                    f"tar -C {parent} --no-same-owner -xf {q} && rm -f {q} "
+                    f"&& chown -R {vm_instance.MPI_USER}: {target}", 120,
+                    lines=3)
             _each_guest(state, one)
 
     def run_everywhere(self, state: Dict, argv: Sequence[str],
@@ -390,12 +374,12 @@ class VmInstances(InstanceKind):
         cmd = ["runuser", "-u", vm_instance.MPI_USER, "--", "env"] + \
             [f"{k}={v}" for k, v in env.items()] + list(argv)
         # its output stays in the guest (the serial line is slow) unless
-        # it fails
+        # it fails: then its last 3 lines (a meshing tool's error)
         log = f"/tmp/prepare-{uuid.uuid4().hex[:8]}.log"
-        _each_guest(state, lambda host: _guest_shell(
+        _each_guest(state, lambda host: vm_instance.shell_in(
             state, host, f"{agent.quote(cmd)} > {log} 2>&1; rc=$?; "
                          f"[ $rc = 0 ] || tail -n 3 {log}; rm -f {log}; "
-                         f"exit $rc", timeout))
+                         f"exit $rc", timeout, lines=3))
 
     def read_file(self, state: Dict, path: os.PathLike,
                   remove: bool = False) -> str:
@@ -454,9 +438,7 @@ class VmInstances(InstanceKind):
 
 def choose(topo: ClusterTopology,
            vm: Optional[VmOptions] = None) -> InstanceKind:
-    """The kind of a cluster about to be brought up: QEMU guests when
-    `vm` is given (checked now: QEMU, the guest package, memory), else
-    namespaces."""
+    """QEMU guests when `vm` is given (checked now), else namespaces."""
     if vm is None:
         return NamespaceInstances()
     return VmInstances(vm_instance.preflight(topo, vm))
@@ -470,12 +452,6 @@ def of_state(state: Optional[Dict]) -> InstanceKind:
         return VmInstances(VmConfig.from_dict(state["vm"]))
     return NamespaceInstances()
 
-
-def _guest_shell(state: Dict, host: str, command: str,
-                 timeout: float) -> None:
-    # what fails says it in up to 3 lines (a meshing tool's error)
-    vm_instance.guest_run(vm_instance.guest(state, host), host, command,
-                          timeout, lines=3)
 
 
 def _each_guest(state: Dict, fn) -> None:

@@ -1,17 +1,13 @@
 """Getting into namespace instances: the launch agent, what the
 instances see of the host, the order a placement fills them in.
 
-A job's launcher (mpirun, or hydra's and PRRTE's, ivcloud.mpis) runs
-on the head node and starts its daemons on an instance with `AGENT HOST
-COMMAND...`, like ssh. Our agent (`python -m ivcloud.cluster.launch
---state-dir DIR HOST COMMAND...`, wrapped in the cluster's `agent`
-script) looks HOST up in the state file, checks that the instance's
-holder is still the process we started, and execs `nsenter` into its
-namespaces with the instance's CPUs (nsenter keeps the caller's
-affinity), a fresh environment as sshd would give (instance_env: among
-it IVSHM_SOCKET, the socket of the job's region on the instance's
-server, which the BTL and the provider read) and COMMAND run by
-/bin/sh -c, since launchers quote it for a remote shell
+A job's launcher runs on the head node and starts its daemons on an
+instance with `AGENT HOST COMMAND...`, like ssh. Our agent (agent_main,
+wrapped in the cluster's `agent` script) checks that HOST's holder is
+still the process we started and execs `nsenter` into its namespaces
+with the instance's CPUs (nsenter keeps the caller's affinity), a fresh
+environment as sshd would give (instance_env, with IVSHM_SOCKET) and
+COMMAND run by /bin/sh -c, since launchers quote it for a remote shell
 (docs/cluster.md, "Commands").
 """
 
@@ -38,15 +34,19 @@ PRIVATE_DIRS = ("/tmp", "/dev/shm")
 _KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ")
 
 
+def under(path: os.PathLike, dirs: Sequence[str]) -> Optional[str]:
+    """The one of `dirs` that host path `path` (resolved) is in, or None."""
+    real = os.path.realpath(path)
+    return next((d for d in dirs if real == d or real.startswith(d + "/")),
+                None)
+
+
 def visible_inside(path: str) -> bool:
     """Can an instance see this host path? Not under its private dirs,
     unless it is inside a checkout/build kept visible there."""
     from .holder import host_paths_under_tmp
-    real = os.path.realpath(path)
-    if not any(real == d or real.startswith(d + "/") for d in PRIVATE_DIRS):
-        return True
-    return any(real == k or real.startswith(k + "/")
-               for k in host_paths_under_tmp())
+    return not under(path, PRIVATE_DIRS) or \
+        under(path, host_paths_under_tmp()) is not None
 
 
 # ---------------------------------------------------------------- files

@@ -1,15 +1,10 @@
 """`up`, `down` and `status`: building a cluster step by step, recording
 every step in state.json before the next starts, and taking it all
-apart again from the record (docs/cluster.md, "Commands").
-
-`up`: the state dir (the lock), hosts file, agent script and with
---scheduler slurm its files (slurm/daemons.py); the fabric holder and
-core bridge; per server its ivshmem-server, bridge and shaped uplink;
-the instances (their kind's start, kinds.py); the head holder; Slurm's
-daemons. `down`, also the rollback of a failed `up`, works from the
-record plus a sweep for holders by their marker, so that an `up`
-killed by SIGKILL at any point leaves nothing it cannot find, and
-checks that nothing is left before it removes the state directory.
+apart again from the record (docs/cluster.md, "Commands"). `down`, also
+the rollback of a failed `up`, works from the record plus a sweep for
+holders by their marker, so that an `up` killed by SIGKILL at any point
+leaves nothing it cannot find, and checks that nothing is left before
+it removes the state directory.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from ..mpis.regions import mpi_geometry
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from .. import process, procfs
 from . import holder, kinds, network, regions
-from .launch import PRIVATE_DIRS, agent_script_text
+from .launch import PRIVATE_DIRS, agent_script_text, under
 from .slurm.daemons import Slurm
 from .slurm.daemons import status as slurm_status
 from .state import StateDir, load, save
@@ -56,10 +51,8 @@ def preflight(topo: ClusterTopology) -> None:
 
 def region_geometry(topo: ClusterTopology):
     """(max_peers, size, geometry) of each server's region: a peer per
-    vCPU of its instances (at least 8), the rings and queues of
-    `ivcloud mpirun`'s regions (mpis.regions.mpi_geometry: the BTL's fragments are
-    one slot, so jobs on a cluster see the same BTL as on the host), a
-    power-of-two size with 32 MiB to spare."""
+    vCPU of its instances (at least 8), `ivcloud mpirun`'s geometry (so
+    jobs see the same BTL as on the host), 32 MiB to spare."""
     max_peers = max(8, topo.instances_per_server * topo.vcpus)
     geometry = mpi_geometry(max_peers)
     need = server_mod._min_size(max_peers, **geometry) + 32 * MIB
@@ -184,13 +177,12 @@ def up(topo: ClusterTopology, sd: StateDir, log=print,
     preflight(topo)
     if scheduler is not None:
         scheduler.preflight(topo, sd, kind)
-    real = os.path.realpath(sd.run_dir)
-    for private in PRIVATE_DIRS:
-        if real == private or real.startswith(private + "/"):
-            raise ClusterError(f"run dir {sd.run_dir} is under {private}, "
-                               f"which instances have privately (their "
-                               f"server sockets would be invisible); use "
-                               f"another run directory", setting="run_dir")
+    private = under(sd.run_dir, PRIVATE_DIRS)
+    if private:
+        raise ClusterError(f"run dir {sd.run_dir} is under {private}, "
+                           f"which instances have privately (their server "
+                           f"sockets would be invisible); use another run "
+                           f"directory", setting="run_dir")
     # refuses too long socket paths
     state = initial_state(topo, sd, kind, scheduler)
     sd.run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,8 @@
-"""The cluster's network: bridges, veths, uplinks and their shaping.
-
-Every link lives in namespaces the cluster owns; the host's own network
-namespace is never touched. The "fabric" holder's namespace carries the
-switches:
-
-    fabric netns:  core bridge ── cp-s0 ═══ up-s0 ── br-s0 ── i-s0i0 ═══ eth0 (s0i0)
-                        │         (uplink veth,        └──── i-s0i1 ═══ eth0 (s0i1)
-                        │          tbf both ways)
-                        ├──── cp-s1 ═══ up-s1 ── br-s1 ── ...
-                        └──── i-head ═══ eth0 (head)
-
-Commands run through `nsenter -t HOLDER -n ip -batch -`, one process per
-step rather than per link.
+"""The cluster's network: bridges, veths, uplinks and their shaping
+(docs/cluster.md, "Topology"). Every link lives in the namespaces the
+cluster owns, the switches in the "fabric" holder's; the host's own
+network namespace is never touched. Commands run through `nsenter -t
+HOLDER -n ip -batch -`, one process per step rather than per link.
 """
 
 from __future__ import annotations

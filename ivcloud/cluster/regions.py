@@ -1,20 +1,12 @@
 """A region of its own for every job: one trust domain per region
-(docs/security.md; docs/cluster.md, "One region per job").
+(docs/security.md; docs/cluster.md, "One region per job"). The ranks
+learn their server's socket from IVSHM_SOCKET (launch.instance_env);
+Slurm's hooks make the same regions, named after its job id.
 
-`cluster mpirun` starts, for each emulated server, an ivshmem-server of
-the job's own and tells the job's ranks its socket through
-IVSHM_SOCKET (launch.instance_env); the servers stop when the job ends.
-A tenant may instead run its jobs in the standing per-server region.
-Jobs under Slurm (slurm/) get the same regions from the scheduler's
-hooks, named after Slurm's job id (slurm_job_key), without leave
-notices on a VM cluster (docs/server-protocol.md, "Quiet leaves").
-
-Files: the job's server on emulated server k lives in SERVER_DIR/JOBsK/
-(SERVER_DIR is the emulated server's directory, the one its instances
-see), so a job's socket is visible to the instances of that server and
-to nothing else inside the cluster; the names are short because a
-socket path has at most 107 bytes. `down` stops whatever job servers a
-killed `cluster mpirun` left behind.
+The job's server on emulated server k lives in SERVER_DIR/JOBsK/ (the
+directory that server's instances see), so its socket is visible to
+those instances only; the names are short because a socket path has at
+most 107 bytes. `down` stops job servers a killed launcher left behind.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """A cluster for the length of one `with` block: brought up on entry,
 taken down on exit whatever happened (an error, Ctrl-C, SIGTERM or
-SIGHUP), and jobs run on it through the one job pipeline (job.py), as
-`ivcloud cluster mpirun` runs them. The cloud benchmarks
-(ivcloud.bench: mpi --mpi, hierarchy, halo, apps) use it; anything else
-that needs a throw-away cluster can. Its instances are namespaces, or
-QEMU guests (VmOptions); what differs between them (staging programs
-and inputs, reading results, running jobs) the instances' kind does
-(kinds.py). With SlurmOptions it runs Slurm (ivcloud.cluster.slurm)
-and takes jobs through `srun`."""
+SIGHUP); jobs run on it through the one job pipeline (job.py). The
+cloud benchmarks use it. Its instances are namespaces, or QEMU guests
+(VmOptions), and what differs between them the instances' kind does
+(kinds.py). With SlurmOptions it runs Slurm and takes `srun` jobs."""
 
 from __future__ import annotations
 
@@ -60,9 +56,7 @@ class ClusterSession:
     @property
     def accel(self) -> Optional[str]:
         """VM instances: the accelerator they run under (kvm or tcg)."""
-        if self.state is None:
-            return None
-        return vm_instance.guest_accel(self.state)
+        return vm_instance.guest_accel(self.state) if self.state else None
 
     def describe(self) -> Dict:
         t = self.topo
@@ -104,46 +98,37 @@ class ClusterSession:
             self._signals.close()
 
     def stage(self, program: os.PathLike) -> str:
-        """The path by which the instances run host program `program`
-        (InstanceKind.stage), staged once per session."""
+        """InstanceKind.stage, once per program and session."""
         path = str(program)
         if path not in self._staged:
             self._staged[path] = self.instances.stage(self.state, path)
         return self._staged[path]
 
+    # the instances' kind's, on this session's cluster
     @property
     def guest_packages(self) -> List[str]:
-        """VM instances: the packages their image has besides the guest
-        package (file names)."""
         return self.instances.guest_packages()
 
     def stage_dir(self, path: os.PathLike) -> None:
-        """Host directory `path` at the same path in every instance
-        (InstanceKind.stage_dir)."""
         self.instances.stage_dir(self.state, path)
 
     def run_everywhere(self, argv: Sequence[str],
                        env: Optional[Dict[str, str]] = None,
                        timeout: float = PREPARE_TIMEOUT_S) -> None:
-        """A preparation command wherever the instances' files are
-        (InstanceKind.run_everywhere)."""
         self.instances.run_everywhere(self.state, argv, dict(env or {}),
                                       timeout)
 
     def read_file(self, path: os.PathLike, remove: bool = False) -> str:
-        """A file of the first instance (InstanceKind.read_file)."""
         return self.instances.read_file(self.state, path, remove)
 
     def run_job(self, job: Job, stdout=None, stderr=None) -> int:
-        """Run one job on the session's cluster (ivcloud.cluster.job);
-        its exit status. Jobs of a session may oversubscribe."""
+        """job.run_job; jobs of a session may oversubscribe."""
         return run_job(self.state, replace(job, oversubscribe=True),
                        stdout, stderr)
 
     def srun(self, args: Sequence[str], timeout: Optional[float] = None,
              stdout=None, stderr=None) -> int:
-        """Run `srun ARGS` in the head node of a cluster brought up with
-        `slurm`; its exit status (job.run_slurm)."""
+        """job.run_slurm's `srun ARGS` (a session with `slurm`)."""
         return run_slurm(self.state, "srun", list(args), timeout=timeout,
                          stdout=stdout, stderr=stderr)
 

@@ -1,16 +1,9 @@
-"""The cluster's state directory and its state file.
-
-RUN_DIR/cluster-NAME/ (RUN_DIR: $IVCLOUD_RUN_DIR or /run/ivcloud) holds
-
-    state.json      everything `up` created, rewritten (atomically) after
-                    every step, so `down` finds it all even when `up` was
-                    killed halfway
-    hosts           /etc/hosts of the instances and the head node
-    agent           Open MPI's plm_rsh_agent: enters an instance
-    servers/<cluster>-s<k>/   each ivshmem-server's socket, pid, state
-
-Creating the directory is the lock: a second `up` of the same name fails
-on mkdir, and the directory only goes away when `down` removed the rest.
+"""The cluster's state directory and its state file (docs/cluster.md
+lists the files). state.json holds everything `up` created, rewritten
+atomically after every step, so `down` finds it all even when `up` was
+killed halfway. Creating the directory is the lock: a second `up` of the
+same name fails on mkdir, and the directory only goes away when `down`
+removed the rest.
 """
 
 from __future__ import annotations

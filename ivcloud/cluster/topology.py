@@ -1,17 +1,8 @@
-"""What a cluster is made of: servers, instances, names, addresses, CPUs.
-
-Pure data, no side effects: `plan()` turns the `up` options into a
-:class:`ClusterTopology` (or raises ClusterError for a request we refuse), and the
-rest of the package creates what the topology describes.
-
-Naming and numbering (all of it exists only inside the cluster's own
-network namespaces, so two clusters never collide on any of it):
-
-    server k                  ivshmem-server "<cluster>-s<k>", bridge br-s<k>
-    instance i of server k    hostname s<k>i<i>, address 10.251.<k>.<i+1>/16,
-                              veth i-s<k>i<i> (bridge side) <-> eth0
-    uplink of server k        veth up-s<k> (in br-s<k>) <-> cp-s<k> (in core)
-    head node                 hostname head, address 10.251.255.254/16
+"""What a cluster is made of: servers, instances, names, addresses, CPUs
+(docs/cluster.md, "Topology"; the names exist only inside the cluster's
+own network namespaces, so two clusters never collide on them). Pure
+data: `plan()` turns the `up` options into a ClusterTopology, or refuses
+them (ClusterError); the rest of the package creates what it describes.
 """
 
 from __future__ import annotations
@@ -152,8 +143,8 @@ def format_rate(bps: int) -> str:
 
 
 def plan(name: str, servers: int, instances_per_server: int, vcpus: int,
-         uplink_rate: Optional[str] = None, oversubscribe: bool = False,
-         host_cpus: Optional[List[int]] = None) -> ClusterTopology:
+         uplink_rate: Optional[str] = None,
+         oversubscribe: bool = False) -> ClusterTopology:
     """Validate an `up` request; every refusal is a ClusterError."""
     check_name(name)
     if not 1 <= servers <= MAX_SERVERS:
@@ -170,8 +161,7 @@ def plan(name: str, servers: int, instances_per_server: int, vcpus: int,
         raise ClusterError(f"{instances_per_server} instances x {vcpus} vCPUs "
                            f"per server exceed the {MAX_PEERS_PER_REGION} "
                            f"peers one ivshmem region holds")
-    cpus = sorted(host_cpus if host_cpus is not None
-                  else os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0))
     want = servers * instances_per_server * vcpus
     if want > len(cpus) and not oversubscribe:
         raise ClusterError(f"{servers} servers x {instances_per_server} "

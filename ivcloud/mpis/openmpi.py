@@ -5,14 +5,8 @@ ob1 drives the BTLs: ours for ivshmem, tcp behind it for ranks the
 region cannot reach, vader between ranks of one instance (left out on
 this host alone, where the region is the point); one-sided operations
 go as messages (osc pt2pt), so mpi4py programs ask for `serialized`
-threads (docs/mpi.md, "The exact mpirun settings"). The component
-attaches to the region MCA parameters name, else to $IVSHM_REGION /
-$IVSHM_SOCKET (what a cluster's launch agent gives every rank). Remote
-daemons (orted) start through the launch's agent as plm_rsh_agent, all
-from the launching node. With the report switch every rank prints at
-finalize
-
-    btl_ivshmem: rank R sent M msgs B bytes, received M msgs B bytes, sleeps S
+threads (docs/mpi.md, "The exact mpirun settings"). Remote daemons
+(orted) start through the launch's agent as plm_rsh_agent.
 """
 
 from __future__ import annotations

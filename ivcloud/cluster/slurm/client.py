@@ -2,11 +2,8 @@
 (the cluster's login node: the only place outside the instances that
 reaches slurmctld and that slurmd reaches back, for srun's I/O).
 
-`ivcloud cluster srun|sbatch` run srun and sbatch there with the
-cluster's SLURM_CONF (client_command, run by job.run_slurm); `cluster exec head -- srun ...`
-does the same by hand, as the agent's environment there names
-SLURM_CONF too. A rankfile of the placement planner becomes Slurm's
-arbitrary distribution: SLURM_HOSTFILE lists each task's node.
+A rankfile of the placement planner becomes Slurm's arbitrary
+distribution: SLURM_HOSTFILE lists each task's node.
 """
 
 from __future__ import annotations
@@ -75,11 +72,10 @@ def node_states(state: Dict) -> Dict[str, str]:
 
 
 def wait_idle(state: Dict, timeout_s: float) -> None:
-    """Until slurmctld answers and calls every node idle (a job that
-    ended may leave its nodes completing for a moment): what a job
-    placed by the topology needs, to get the nodes it would get on an
-    idle cluster. ClusterFailure after `timeout_s`, saying which node
-    (and the last line of its log) or that slurmctld does not answer."""
+    """Until slurmctld calls every node idle (a job that ended may leave
+    its nodes completing): a job placed by the topology then gets the
+    nodes it would get on an idle cluster. ClusterFailure after
+    `timeout_s`, naming the node (its log's last line) or slurmctld."""
     nodes = sorted(state["instances"])
     deadline = time.monotonic() + timeout_s
     seen: Dict[str, str] = {}
@@ -123,13 +119,9 @@ def client_command(state: Dict, command: str, args: Sequence[str],
                    ) -> Tuple[List[str], Dict[str, str], List[int],
                               Optional[Path]]:
     """(argv, env, cpus, hostfile) of `srun ARGS` or `sbatch ARGS` in
-    the head node, working in `cwd` (the caller's directory if the
-    instances see it, else /). hosts: task i on hosts[i] (Slurm's
-    arbitrary distribution, e.g. from a planner's rankfile); the
-    hostfile it is written to, where the head node and the instances see
-    it, is returned (for srun, the caller removes it afterwards; an
-    sbatch job's own sruns read it when the job starts, and `down`
-    removes it with the state directory)."""
+    the head node, working in `cwd` (nodes.workdir). hosts: task i on
+    hosts[i], through the returned hostfile (srun's caller removes it;
+    an sbatch job's sruns read it later, and `down` removes it)."""
     if command not in ("srun", "sbatch"):
         raise ClusterError(f"no Slurm command '{command}' here (srun or "
                            f"sbatch)")

@@ -1,10 +1,5 @@
-"""Bringing a cluster's Slurm up (`cluster up --scheduler slurm`), and
-what `status` says of it: STATE_DIR/slurm/ (a munge key of the
-cluster's own and conf.py's files) in `up`'s files step, kept visible
-in every instance; once the head node is up, munged and slurmctld in it
-and slurmd in every instance as the instances' kind starts it
-(nodes.py, guests.py), then until every node is idle (docs/cluster.md,
-"Slurm").
+"""Bringing a cluster's Slurm up (`cluster up --scheduler slurm`;
+docs/cluster.md, "Slurm"), and what `status` says of it.
 
 Every daemon in a holder is started through the launch agent's way into
 it (nodes.start_in_holder), so it lives in the cluster's namespaces and

@@ -1,26 +1,12 @@
 """A Slurm job's own region in the guests of a VM cluster: an ivshmem
-device per guest, hot-plugged for the job's life (docs/cluster.md,
-"Regions of VM clusters").
-
-The controller's prolog (hooks.py) starts the job's servers
-(regions.start_regions) and plugs, in each of the job's guests through
-its QMP socket on the host, a device on its server's one into a free
-PCIe root port (vm_instance.job_ports made them at boot), under a lock
-per guest so that two jobs' prologs never pick the same port; the
-guest's ivshm-bind binds it and its env file is copied to
-JOB_DIR/ID.env, where the guests' task prolog
-(conf.guest_task_prolog_text) finds it. The epilog unplugs in two
-rounds over the job's live guests: every device_del first, then the
-chardevs (QEMU refuses to close one a device still uses) and the
-guest's files. The job's servers never send leave notices (QEMU 7.2
-must not unplug a device after it was told that a peer left:
-qemu.remove_chardev), so a guest of the job that died stands in no
-one's way; a guest that keeps its device is reported, the others are
-finished all the same.
+device per guest, hot-plugged for the job's life into a free root port
+through the guest's QMP socket, bound by its ivshm-bind, its env file
+copied to JOB_DIR/ID.env for the task prolog; unplugged in two rounds,
+every device_del first, then the chardevs (QEMU refuses to close one a
+device still uses). docs/cluster.md, "Regions of VM clusters", says why.
 
 QEMU's QMP socket takes one client at a time: every session here is
-short, and the per-guest lock also orders the epilog's against the
-prologs'.
+short, and a lock per guest orders prologs and epilogs on its ports.
 """
 
 from __future__ import annotations
@@ -93,10 +79,6 @@ def port_lock(vm_dir: Path):
                          lambda: ClusterFailure(f"{path} stays locked"))
 
 
-def _guest_run(state: Dict, host: str, script: str, timeout: float) -> str:
-    return vm_instance.guest_run(vm_instance.guest(state, host), host,
-                                 script, timeout)
-
 
 def clear_script(addr: str, *files: str) -> str:
     """In a guest: the bind unit of the device at `addr` stopped, its env
@@ -124,7 +106,8 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
                                  f"the job's device (it runs as many jobs "
                                  f"as it has ports)")
         port_id, addr = port
-        _guest_run(state, host, clear_script(addr, job_env_path(job)), 60)
+        vm_instance.shell_in(state, host,
+                             clear_script(addr, job_env_path(job)), 60)
         with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
             got = qemu.plug_ivshmem(q, dev, port_id, server_socket, VECTORS)
     if got != addr:
@@ -132,7 +115,7 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
                              f"not at {addr} as its port said")
     q_ = agent.quote
     env = f"{BIND_DIR}/{addr}.env"
-    _guest_run(state, host, "\n".join(bind_lines(addr) + [
+    vm_instance.shell_in(state, host, "\n".join(bind_lines(addr) + [
         f"mkdir -p {q_([JOB_DIR])}",
         f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
         f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
@@ -180,7 +163,7 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
     script = (clear_script(addr, job_env_path(job)) if addr is not None
               else f"rm -f {agent.quote([job_env_path(job)])}")
     try:
-        _guest_run(state, host, script, 60)
+        vm_instance.shell_in(state, host, script, 60)
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is not None:
             problems.append(str(e))

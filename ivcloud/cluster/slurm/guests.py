@@ -3,15 +3,12 @@
 
 munged and slurmctld run in the head node as for namespace instances.
 A guest sees none of the host's files, so each gets, through its
-command agent, copies of what its own munged and slurmd read at the
-paths slurm.conf names (inside the guest's file system, a snapshot that
-goes with the guest): slurm.conf, topology.conf, mpi.conf, the guests'
-task prolog and cgroup.conf (conf.py) and the cluster's munge key,
-private to the guest's munge user. munged then runs as that user and
-`slurmd -N HOST` as root (the image's own units of them are masked:
-ivcloud/vm/debian.py). They end with their guest; state.json records
-each one's pid in its guest with "guest": true, so that `status` and
-the epilog ask the guest whether it lives.
+command agent, copies of what its own munged and slurmd read (conf.py's
+files and the cluster's munge key, private to the guest's munge user).
+munged then runs as that user and `slurmd -N HOST` as root (the image's
+own units are masked: ivcloud/vm/debian.py). They end with their guest;
+state.json records each one's pid in its guest ("guest": true), so that
+`status` and the epilog ask the guest whether it lives.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ class GuestNodes(Nodes):
     @staticmethod
     def _run(state: Dict, host: str, script: str) -> str:
         try:
-            return vm_instance.guest_run(vm_instance.guest(state, host),
-                                         host, script, AGENT_TIMEOUT_S)
+            return vm_instance.shell_in(state, host, script, AGENT_TIMEOUT_S)
         except ClusterFailure:
             raise
         except IvcloudError as e:     # no such guest, its agent is gone

@@ -3,14 +3,10 @@ own on each server it uses, for exactly the job's life.
 
     python -m ivcloud.cluster.slurm.hooks prolog|epilog --state-dir DIR
 
-The prolog (in the head node, once per job, before the job starts)
-starts an ivshmem-server per emulated server one of the job's nodes
-(SLURM_JOB_NODELIST) is on, named after the job (regions.slurm_job_key);
-the task prolog (conf.task_prolog_text) hands each task its server's
-socket. The epilog, once the job ended however it ended, stops them.
-What they do in the nodes beyond the regions is the instance kind's
-(nodes.py: a VM cluster's guests get a device on the job's region, and
-the job's processes on nodes whose slurmd died are ended). Why the
+The prolog (in the head node, before the job starts) starts a server
+of the job's own on each emulated server its nodes are on; the epilog,
+once the job ended however it ended, stops them. What they do in the
+nodes beyond that is the instance kind's (nodes.py). Why the
 controller's hooks, and the failure cases: docs/cluster.md, "Slurm".
 
 Each run appends one line to slurm/log/hooks.log; exit status 0 when
