@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -46,9 +47,9 @@ from ..cluster.session import ClusterSession, VmOptions
 from ..cluster.state import load
 from ..errors import BenchError, InvalidRequest
 from .report import guest_title
-from .toolkit import (BenchResults, Target, attempt, cluster_job, compile_mpi,
-                      conclude, count, machine_info, parse_records,
-                      print_grid, require_root, summarize, write_docs)
+from .toolkit import (BenchResults, Target, attempt, compile_mpi, conclude,
+                      count, machine_info, parse_records, print_grid,
+                      require_root, summarize, tail, write_docs)
 
 MPIS = ("mpich", "impi")
 HOSTS = ("s0i0", "s0i1", "s1i0", "s1i1")
@@ -66,8 +67,9 @@ POLL_S = 2.0
 # the ranks' nap after each tick (ms): a TCG guest whose rank never sleeps
 # answers the migration's agent commands slowly
 PAUSE_MS = 1000
-# how long a job may take to see "stop" and end before the cluster goes
-# down under it (a tick on the core under TCG takes seconds)
+# how long a job may go without a tick (its start; its end after "stop",
+# before the cluster goes down under it): a tick on the core under TCG
+# takes seconds
 STOP_S = 300.0
 
 
@@ -110,16 +112,23 @@ def set_phase(session: ClusterSession, phase: str) -> None:
 
 def wait_ticks(session: ClusterSession, n: int, job: threading.Thread
                ) -> None:
-    """Until the job has done `n` more ticks (rank 0's count)."""
+    """Until the job has done `n` more ticks (rank 0's count); a job
+    that does none for STOP_S (its start included) is stuck."""
     def done() -> int:
         out = _guest(session, f"cat {PHASE_FILE}.ticks 2>/dev/null || "
                               f"echo 0").strip()
         return int(out) if out.isdigit() else 0
-    goal = done() + n
-    while done() < goal:
+    last, since = done(), time.monotonic()
+    goal = last + n
+    while last < goal:
         if not job.is_alive():
             raise BenchError("the job ended before the migrations did")
+        if time.monotonic() - since > STOP_S:
+            raise BenchError(f"the job did no tick in {STOP_S:g} s")
         job.join(POLL_S)
+        now = done()
+        if now != last:
+            last, since = now, time.monotonic()
 
 
 def move(session: ClusterSession, to: str, log) -> Dict:
@@ -144,18 +153,19 @@ def measure(s: MigrateSettings, log=None) -> Tuple[BenchResults, Dict]:
         prog = session.stage(compile_mpi(flavor, SOURCE,
                                          Path(tmp) / "mpi-pairs"))
         set_phase(session, PHASES[0])
-        out: Dict = {}
+        std, status = (Path(tmp) / "out", Path(tmp) / "err"), {}
 
         def job() -> None:
-            try:
-                out["std"] = cluster_job(session, Job(
-                    [prog, "--phase-file", PHASE_FILE, "--lat-iters",
-                     str(s.lat_iters), "--pause-ms", str(PAUSE_MS)],
-                    len(HOSTS), mpi=s.mpi,
-                    transport="ivshmem", hosts=HOSTS, report=True),
-                    s.timeout_s, f"mpi-pairs {s.mpi}")
-            except Exception as e:     # said by the main thread
-                out["error"] = e
+            # its output kept whatever its end: the ticks before a failure
+            with std[0].open("w") as o, std[1].open("w") as e:
+                try:
+                    status["rc"] = session.run_job(Job(
+                        [prog, "--phase-file", PHASE_FILE, "--lat-iters",
+                         str(s.lat_iters), "--pause-ms", str(PAUSE_MS)],
+                        len(HOSTS), mpi=s.mpi, transport="ivshmem",
+                        hosts=HOSTS, report=True, timeout=s.timeout_s), o, e)
+                except Exception as x:     # said by the main thread
+                    status["error"] = x
         runner = threading.Thread(target=job, daemon=True)
         runner.start()
 
@@ -172,17 +182,19 @@ def measure(s: MigrateSettings, log=None) -> Tuple[BenchResults, Dict]:
                 steps, log)
         set_phase(session, "stop")
         runner.join(STOP_S)
-        if runner.is_alive():
-            res.notes.append(f"the job did not end within {STOP_S:g} s of "
-                             f"'stop': ended with the cluster")
         fields.update(cluster=session.describe())
-    if "std" not in out:
+        stdout, stderr = (p.read_text() for p in std)
+    if status.get("rc") != 0:
+        why = status.get("error") or (
+            f"exit status {status['rc']}" if "rc" in status
+            else f"no end {STOP_S:g} s after 'stop'")
         res.failed.append("job")
-        res.notes.append(f"the job failed: "
-                         f"{out.get('error', 'it did not end')}")
-        return res, fields
-    stdout, stderr = out["std"]
-    res.runs = parse_records(stdout, "mpi-pairs", KEYS)
+        res.notes.append(f"the job failed: {why}: {tail(stderr)}")
+        fields["job_stderr"] = stderr[-4000:]
+    try:
+        res.runs = parse_records(stdout, "mpi-pairs", KEYS)
+    except BenchError as e:
+        res.notes.append(str(e))
     fields["transport_lines"] = re.findall(r"fi_ivshm: pid .*",
                                            stdout + stderr)
     for r in res.runs:
