@@ -195,6 +195,8 @@ def test_crashed_server_leftovers_are_cleaned(server):
     (["bench", "p2p", "--iters", "-3"], "positive"),
     (["bench", "apps", "--configs", "tcp,ivshmem"], "must include one"),
     (["bench", "apps", "--configs", "one,rdma"], "rdma"),
+    (["bench", "migrate", "--mpi", "openmpi"], "invalid choice"),
+    (["bench", "migrate", "--instance-kind", "namespace"], "QEMU guests"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, unique, args, words):
     if args[:2] == ["server", "start"] and "--name" not in args:

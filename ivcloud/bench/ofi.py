@@ -19,9 +19,7 @@ the rounds' own ratios.
 from __future__ import annotations
 
 import functools
-import os
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +30,11 @@ from ..cluster.job import Job
 from ..cluster.session import ClusterSession
 from ..errors import BenchError, InvalidRequest
 from ..mpis import provider
-from .toolkit import (MIB, BenchResults, Target, check_transports, conclude,
-                      count, machine_info, measure_rounds, parse_records,
-                      print_grid, require_root, cluster_job, spread,
-                      summarize, write_docs)
+from .toolkit import (MIB, BenchResults, Target, check_transports,
+                      cluster_job, compile_mpi, conclude, count, machine_info,
+                      measure_rounds, native_source, parse_records,
+                      print_grid, require_root, spread, summarize,
+                      write_docs)
 
 CONFIGS = ["own-shm", "shm", "ivshmem", "tcp"]
 # where each configuration's two ranks run
@@ -95,24 +94,12 @@ class OfiSettings:
 def build_osu(flavor: mpis.Flavor) -> Path:
     """mpi-osu built by this MPI's compiler into its prefix (which the
     instances see), again whenever the source is newer."""
-    src = Path(__file__).resolve().parent.parent.parent / "native" / \
-        OSU_SOURCE
     out = flavor.prefix() / "ivcloud-bench" / "mpi-osu"
-    if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+    if out.exists() and out.stat().st_mtime >= native_source(
+            OSU_SOURCE).stat().st_mtime:
         return out
     out.parent.mkdir(exist_ok=True)
-    tmp = out.with_name(f"mpi-osu.{os.getpid()}")
-    try:
-        proc = subprocess.run(flavor.compile_command(src, tmp, ["-O2"]),
-                              capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise BenchError(f"cannot build mpi-osu for {flavor.title}: {e}")
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise BenchError(f"cannot build mpi-osu for {flavor.title}: "
-                         f"{proc.stderr.strip()[-300:]}")
-    tmp.replace(out)
-    return out
+    return compile_mpi(flavor, OSU_SOURCE, out)
 
 
 # ---------------------------------------------------------------- running

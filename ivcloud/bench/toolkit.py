@@ -49,6 +49,29 @@ def program(name: str) -> Path:
     return path.resolve()
 
 
+def native_source(name: str) -> Path:
+    """A source file of native/ (`bench/osu.c`), absolute."""
+    return Path(__file__).resolve().parent.parent.parent / "native" / name
+
+
+def compile_mpi(flavor, name: str, out: Path) -> Path:
+    """native/`name` built by MPI `flavor`'s compiler (an ivcloud.mpis
+    Flavor) as `out`, whole or not at all; `out`."""
+    tmp = out.with_name(f"{out.name}.{os.getpid()}")
+    try:
+        proc = subprocess.run(flavor.compile_command(native_source(name),
+                                                     tmp, ["-O2"]),
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BenchError(f"cannot build {name} for {flavor.title}: {e}")
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BenchError(f"cannot build {name} for {flavor.title}: "
+                         f"{proc.stderr.strip()[-300:]}")
+    tmp.replace(out)
+    return out
+
+
 def csv(values: Iterable[int]) -> str:
     """A program's list argument: '8,4096,1048576'."""
     return ",".join(str(v) for v in values)

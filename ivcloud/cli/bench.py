@@ -1,4 +1,4 @@
-"""`ivcloud bench p2p|mpi|small|hierarchy|halo|apps|scaling|report`: the
+"""`ivcloud bench p2p|mpi|small|hierarchy|halo|apps|scaling|migrate|report`: the
 command line of the benchmarks in ivcloud.bench (options -> settings ->
 ``run``) and of their report (ivcloud.bench.report.write)."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from .. import mpis
-from ..bench import (apps, btl, halo, hierarchy, ofi, p2p, report, scaling,
-                     small)
+from ..bench import (apps, btl, halo, hierarchy, migrate, ofi, p2p, report,
+                     scaling, small)
 from ..bench.toolkit import check_transports
 from ..cluster.session import VmOptions
 from ..server import parse_size
-from . import (add_vm_arguments, checked, comma_list, positive_int,
-               sub_actions, vm_options)
+from . import (CliError, add_vm_arguments, checked, comma_list,
+               positive_int, sub_actions, vm_options)
 
 DEFAULT_OUT = "build/demo"
 
@@ -98,6 +98,15 @@ def _run_apps(args) -> int:
                                **_shared(args))
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster, vm=vm)
+
+
+def _run_migrate(args) -> int:
+    vm = vm_options(args, migrate.VM_MEMORY_MB)
+    if vm is None:
+        raise CliError("bench migrate moves QEMU guests: --instance-kind vm")
+    s = migrate.MigrateSettings.make(args.mpi, vm, ticks=args.ticks,
+                                     **_shared(args))
+    return migrate.run(s, json_path=args.json)
 
 
 def _run_report(args) -> int:
@@ -259,6 +268,19 @@ def _scaling_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated subset of {names}")
 
 
+def _migrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mpi", choices=migrate.MPIS, default=migrate.MPIS[0],
+                   help="the MPI of the job (default mpich)")
+    _options(p, "3 ticks per steady phase (plumbing check)",
+             "8 B round trips per pair and tick (default 20)", rounds=None)
+    p.add_argument("--ticks", type=positive_int, default=None,
+                   help="ticks of the job per steady phase (default 10, "
+                        "quick 3)")
+    add_vm_arguments(p, "vm (the default; the benchmark moves QEMU "
+                        "guests)", migrate.VM_MEMORY_MB)
+    p.set_defaults(instance_kind="vm")
+
+
 def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR",
                    help=f"where the benchmarks' JSON is (`make demo`: "
@@ -283,6 +305,8 @@ def register(sub) -> None:
             ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
             ("scaling", scaling.__doc__, _scaling_arguments, _run_scaling,
              False),
+            ("migrate", migrate.__doc__, _migrate_arguments, _run_migrate,
+             True),
             ("report", report.__doc__, _report_arguments, _run_report,
              True)):
         kw = ({"formatter_class": argparse.RawDescriptionHelpFormatter}
