@@ -5,7 +5,8 @@
   teardown on the way runs: a job's launcher is stopped, a cluster
   being brought up rolls back, a session's cluster goes down. The CLI
   then exits 128 + the signal's number.
-- :func:`shielded`: Ctrl-C ignored while a teardown must finish.
+- :func:`shielded`: Ctrl-C, SIGTERM and SIGHUP ignored while a teardown
+  must finish; :func:`undo`, a rollback's steps run that way.
 - :func:`run_launcher`: a launcher (mpirun, mpiexec, srun, nsenter into
   an instance) run to its end; interrupted or past its timeout, it is
   asked to end its job (SIGTERM), killed after a grace time, and what
@@ -18,7 +19,8 @@ import contextlib
 import os
 import signal
 import subprocess
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import (Callable, Dict, Iterator, List, Mapping, Optional,
+                    Sequence, Tuple)
 
 from . import procfs
 
@@ -59,17 +61,37 @@ def interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def shielded() -> Iterator[None]:
-    """Ctrl-C ignored for the block's duration: a second one must not
+    """Ctrl-C, SIGTERM and SIGHUP ignored for the block's duration: a
+    second one (or a supervisor's SIGTERM after the Ctrl-C) must not
     leave half a teardown (in the main thread; elsewhere nothing)."""
     saved: Dict[int, object] = {}
     try:
-        saved[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in _DEFERRED:
+            saved[signum] = signal.signal(signum, signal.SIG_IGN)
     except ValueError:                  # not the main thread
         pass
     try:
         yield
     finally:
         _restore(saved)
+
+
+def undo(steps: List[Tuple[str, Callable[[], None]]],
+         say: Callable[[str], None],
+         describe: Callable[[BaseException], str] = str) -> List[str]:
+    """Run the undo of each of `steps` ((what, function), in the order
+    they were done), latest first, each tried, shielded; says each one
+    done, empties `steps` and returns the problems ("what: why")."""
+    problems = []
+    with shielded():
+        while steps:
+            what, fn = steps.pop()
+            try:
+                fn()
+                say(f"rolled back: {what}")
+            except BaseException as e:
+                problems.append(f"{what}: {describe(e)}")
+    return problems
 
 
 def exit_status(returncode: int) -> int:

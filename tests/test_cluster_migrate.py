@@ -8,11 +8,15 @@ device is a peer of s0's region, and a BTL job now runs between the two
 guests through it, while nothing of its source is left), an MPICH job
 over the provider under which s1i0 moves to s1 and back (its rank
 drains and rejoins), its move back refused while a BTL job runs in it
-and done once the job ended (--wait-jobs), a move whose destination
-QEMU fails to start (undone: the guest runs on its source with its
-device), an ivshmem job between the two servers (over TCP through the
-shaped uplinks) and one whose launching guest is killed, and `down`,
-which leaves nothing.
+(and the move of the guest running that job's launcher refused) and
+done once the job ended (--wait-jobs), an ivshm.env that a killed
+migration left hidden put back at the next job's launch, a provider
+rank killed while its guest's migration waits for its drain (the job
+fails, nothing is left over), a move whose destination QEMU fails to
+start (undone: the guest runs on its source with its device), an
+ivshmem job between the two servers (over TCP through the shaped
+uplinks) and one whose launching guest is killed, a guest without its
+share found out, and `down`, which leaves nothing.
 IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
 """
 
@@ -397,6 +401,15 @@ def test_back_refused_for_a_btl_job_then_waited_for(vmc):
         assert "ivshmem BTL" in line and "/tmp/prog.py 60" in line, line
         assert re.search(r"job \[\d+,\d+\] rank 1 \(pid \d+", line), line
         assert job.poll() is None   # the job was left alone
+        # the guest that runs the job's launcher (the first) stays too:
+        # the job is followed through its QEMU
+        r = _migrate("s0i0", "--to", "s1", timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        line = one_line(r)
+        assert "s0i0' runs a job's launcher" in line, line
+        assert f"`ivcloud` pid {job.pid} (pid " in line, line
+        assert "/tmp/prog.py 60" in line, line
+        assert job.poll() is None
         # the migration waits for the job, which ends (released, not
         # its 60 s waited out) once the migration said it waits
         t0 = time.monotonic()
@@ -430,6 +443,100 @@ def test_back_refused_for_a_btl_job_then_waited_for(vmc):
     assert "rank 1 on s1i0 allreduce 3" in out, out
     assert_on("s1i0", 1, 0)
     assert_untouched()
+
+
+def guest_env(host):
+    """(whether the guest's ivshm.env is there, hidden, and hidden by the
+    host's record)."""
+    from ivcloud.cluster import migrate as mig
+    out = guest_sh(host, f"ls {mig.GUEST_ENV} {mig.AWAY_ENV} 2>/dev/null;"
+                         f" true").split()
+    d = Path(state()["vms"][host]["dir"])
+    return (mig.GUEST_ENV in out, mig.AWAY_ENV in out,
+            (d / mig.HIDDEN).exists())
+
+
+def test_hidden_env_is_put_back(vmc):
+    """A migration killed after its drain hid the guest's ivshm.env (so
+    that no rank attached the device again) and before its unplug leaves
+    it hidden: the drain, run here as the migration runs it (no rank is
+    there to ask), then nothing. The next job's launch puts it back."""
+    from ivcloud.cluster import migrate as mig
+    st = state()
+    rec = st["vms"]["s1i0"]
+    mig.drain_ranks(st, "s1i0", Path(rec["dir"]) / "agent.sock",
+                    rec["device"], print)
+    assert guest_env("s1i0") == (False, True, True)
+    r = cluster("mpirun", "-np", 1, "--", "hostname", timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "s0i0", \
+        r.stdout + r.stderr
+    assert guest_env("s1i0") == (True, False, False)
+    assert_untouched()
+
+
+def test_rank_killed_during_the_drain(vmc):
+    """An MPICH job over the provider; its rank in s1i0, stopped so that
+    it cannot answer, is killed once the migration of s1i0 asked it to
+    drain. The job fails within a bound; the migration completes or is
+    undone, and says which; nothing of the job or the migration is left
+    (assert_on: QEMUs, taps, directories, peers, the guest's ivshm.env;
+    no process of the job, no chardev of a device that is gone)."""
+    from ivcloud.cluster import migrate as mig
+    from ivcloud.mpis import flavor
+    from ivcloud.vm import qemu
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    guest_sh("s0i0", "rm -f /tmp/stop")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+         NAME, "--run-dir", str(RUN_DIR), "--mpi", "mpich", "--transport",
+         "ivshmem", "-np", "2", "--", python, "/tmp/ring.py", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mig_p = None
+    try:
+        _wait_rank("s1i0", job)
+        time.sleep(5)   # attached to s1's region
+        guest_sh("s1i0", "pkill -STOP -u mpi -f /tmp/ring.py")
+        mig_p = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "migrate", "--name",
+             NAME, "--run-dir", str(RUN_DIR), "s1i0", "--to", "s0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not guest_env("s1i0")[1]:   # the drain began
+            assert mig_p.poll() is None and time.monotonic() < deadline, \
+                mig_p.communicate()
+            time.sleep(0.5)
+        time.sleep(2)   # the request is written right after
+        guest_sh("s1i0", "pkill -KILL -u mpi -f /tmp/ring.py")
+        t0 = time.monotonic()
+        out, err = job.communicate(timeout=180)
+        print(f"\njob ended {time.monotonic() - t0:.1f} s after the kill")
+        mout, merr = mig_p.communicate(timeout=600)
+    finally:
+        for p in (job, mig_p):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert job.returncode not in (0, None), out + err
+    last = merr.strip().splitlines()[-1]
+    print(f"migrate: rc {mig_p.returncode}: {last}")
+    if mig_p.returncode == 0:
+        assert "s1i0 moved from s1 to s0" in mout, mout + merr
+        assert_on("s1i0", 0, 1)
+        r = _migrate("s1i0", "--to", "s1")   # back, for what follows
+        assert r.returncode == 0, r.stdout + r.stderr
+    else:
+        assert mig_p.returncode == 1 and "step 'drain'" in last and \
+            "nothing was changed" in last, merr
+    assert_on("s1i0", 1, 0)
+    assert_untouched()
+    for host in ("s0i0", "s1i0"):
+        r = cluster("exec", host, "--", "pgrep", "-u", "mpi", timeout=60)
+        assert r.returncode == 1, (host, r.stdout)
+        with qemu.Qmp(Path(state()["vms"][host]["dir"]) / "qmp.sock",
+                      30) as q:
+            chardevs = [c["label"] for c in q.execute("query-chardev")]
+        assert chardevs.count(qemu.BOOT_DEVICE) == 1, chardevs
+    assert guest_env("s1i0") == (True, False, False)
 
 
 def test_failed_destination_is_rolled_back(vmc, tmp_path):
@@ -501,6 +608,22 @@ def test_two_servers_go_over_the_uplinks(vmc):
     assert len(err.strip().splitlines()) == 1, err
     r = cluster("exec", "s1i0", "--", "pgrep", "-u", "mpi", timeout=60)
     assert r.returncode == 1, r.stdout
+
+
+def test_guest_without_its_share_is_found_out(vmc):
+    """The host's MPIs, which the guests mount at boot (their ready
+    script only prints a line when the mount fails): the check that
+    makes a guest without them an error at cluster start names the
+    share."""
+    from ivcloud.vm.share import Share
+    share = Share.from_dict(state()["vm_boot"]["share"])
+    assert share, "the guests have no share of the host's MPIs"
+    d = Path(state()["vms"]["s1i0"]["dir"])
+    assert share.unmounted(d) is None
+    guest_sh("s1i0", f"umount -l {share.path}")
+    why = share.unmounted(d)
+    assert why and why.startswith(f"the share {share.path} is not "
+                                  f"mounted ("), why
 
 
 def test_down_leaves_nothing(vmc):

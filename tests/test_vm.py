@@ -625,3 +625,29 @@ def test_share_is_built_once_per_content(tmp_path, monkeypatch):
     (tmp_path / "a b" / "x" / "bin").mkdir(parents=True)
     assert share.prefixes(tmp_path / "a b", said.append) == (None, [])
     assert len(said) == 2 and "command line" in said[-1], said
+
+
+def test_prune_keeps_what_a_running_process_holds(tmp_path):
+    """A cached image or share that a process holds open (a guest's QEMU:
+    a migration's destination opens it again by its path) is never
+    pruned, however long ago it was last built or reused."""
+    from ivcloud.vm.debian import _prune
+    for i, name in enumerate(("share-a", "share-b", "share-c", "share-d")):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "disk.img").write_bytes(b"x")
+        (d / ".used").touch()
+        os.utime(d / ".used", (1000 + i, 1000 + i))
+    holder = subprocess.Popen(["sleep", "60"], stdin=open(
+        tmp_path / "share-a" / "disk.img", "rb"))
+    try:
+        _prune(tmp_path, "share", 2, tmp_path / "share-d")
+        left = sorted(p.name for p in tmp_path.iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
+    # the current one, the most recently used other, the one in use
+    assert left == ["share-a", "share-c", "share-d"], left
+    _prune(tmp_path, "share", 2, tmp_path / "share-d")
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["share-c", "share-d"]

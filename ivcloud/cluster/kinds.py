@@ -421,6 +421,7 @@ class VmInstances(InstanceKind):
     def run_launcher(self, state: Dict, command: Command,
                      env: Dict[str, str], timeout: Optional[float],
                      stdout=None, stderr=None) -> int:
+        migrate.heal(state)
         return vm_instance.run_launcher(state, command.argv, command.files,
                                         timeout, stdout, stderr)
 

@@ -16,6 +16,7 @@ docs/cluster.md, "Migration".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -54,6 +55,8 @@ DRAIN_GRACE_S = 10.0
 # hidden while the device is away
 GUEST_ENV = "/run/ivshm/ivshm.env"
 AWAY_ENV = GUEST_ENV + ".away"
+# in the guest's VM directory while its ivshm.env is hidden (heal)
+HIDDEN = "env.hidden"
 
 
 class StepFailed(ClusterFailure):
@@ -87,30 +90,29 @@ def check(state: Dict, host: str, server: str) -> Tuple[int, int]:
     return src, dest
 
 
-def _devices(d: Path, host: str) -> Tuple[str, List[str]]:
-    """(the PCI address of the device of boot, the other ivshmem devices
-    (a Slurm job's, guest_regions), which QEMU would not migrate) of the
-    QEMU in `d`."""
-    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-        addr = qemu.find_device(q, qemu.BOOT_DEVICE)
-        others = [i for i in qemu.ivshmem_ids(q) if i != qemu.BOOT_DEVICE]
-    if addr is None:
-        raise ClusterFailure(f"guest {host} has no device of boot (a "
-                             f"migration that failed half-way?)")
-    return addr, others
-
-
 # ---------------------------------------------------------------- hooks
 
-def region_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
-    """What uses the device at `addr` in the guest of agent socket
-    `sock`, as (kind, "job J rank R (pid P: COMMAND)"): kind "btl" for a
-    rank of an Open MPI job over the ivshmem BTL (its component mapped),
-    "device" for another process that maps the region or holds the
-    device's vfio group (a rank of the libfabric provider, a tool)."""
+def guest_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
+    """What in the guest of agent socket `sock` keeps it from moving, as
+    (kind, "job J rank R (pid P: COMMAND)"): kind "launcher" for a job's
+    launcher (vm_instance.run_launcher's, followed through the guest's
+    QEMU), first; "btl" for a rank of an Open MPI job over the ivshmem
+    BTL (its component mapped); "device" for another process that maps
+    the region of the device at `addr` or holds its vfio group (a rank
+    of the libfabric provider, a tool)."""
     q = agent.quote
     # few processes: each fork costs a TCG guest on a loaded host dearly
     script = "\n".join([
+        "for f in $(find /proc/[0-9]*/fd -maxdepth 1 -name 2 -lname " +
+        q([vm_instance.LAUNCHER_ERR + "*"]) + " -printf '%h%l\\n' "
+        "2>/dev/null); do",
+        "  p=${f#/proc/}; p=${p%%/*}; read n < /proc/$p/comm || continue",
+        "  [ \"$n\" = runuser ] || continue; j=${f#*" +
+        vm_instance.LAUNCHER_ERR + "}",
+        "  c=$(tr '\\0\\n' '  ' < /proc/$p/cmdline)",
+        "  echo \"@@user launcher|$p|of \\`ivcloud\\` pid ${j%%-*}||"
+        "${c#* -- }\"",
+        "done 2>/dev/null",
         f"g=$(readlink /sys/bus/pci/devices/{q([addr])}/iommu_group)",
         "btl=$(echo $(grep -l -F " + BTL_LIBRARY +
         " /proc/[0-9]*/maps 2>/dev/null))",
@@ -138,9 +140,11 @@ def region_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
         if job.isdigit():
             # as Open MPI prints a job id: [family,local job]
             job = f"[{int(job) >> 16},{int(job) & 0xffff}]"
-        what = f"pid {pid}: {cmd.strip()}"
-        out.append((kind, f"job {job} rank {rank or '?'} ({what})" if job
-                    else f"rank {rank} ({what})" if rank else what))
+        who = " ".join(f"{k} {v}" for k, v in (("job", job), ("rank", rank))
+                       if v)
+        cmd = cmd.strip()   # a launcher's whole: its head and its program
+        cmd = cmd if len(cmd) < 80 else f"{cmd[:30]}...{cmd[-47:]}"
+        out.append((kind, f"{who} (pid {pid}: {cmd})".lstrip()))
     return out
 
 
@@ -165,6 +169,7 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
     attaches the device again before it is bound on the destination),
     each registry entry of the guest's IVPosition asked to drain on its
     server's region, their acknowledgements waited for (bounded)."""
+    (sock.parent / HIDDEN).touch()   # until unhide or unplug (heal)
     # the position is the guest's own word: a false one only asks ranks of
     # the same trust domain to move to the core (docs/migration.md)
     out = vm_instance.guest_run(sock, host, f"mv -f {GUEST_ENV} {AWAY_ENV}"
@@ -172,8 +177,7 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
                                 f"//p' {guest_regions.BIND_DIR}/{addr}.env",
                                 GUEST_TIMEOUT_S).strip()
     if not out.isdigit():
-        say(f"migrate {host}: drain: the guest names no IVPosition for "
-            f"{addr}: no rank asked")
+        say(f"drain: the guest names no IVPosition for {addr}: no rank asked")
         return
     region = _region_of(state, int(state["instances"][host]["server"]))
     req = int.from_bytes(os.urandom(4), "little") | 1   # a new one
@@ -194,7 +198,7 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
                                  f"let go of the region within "
                                  f"{DRAIN_ACK_S:.0f} s")
             time.sleep(0.1)
-    say(f"migrate {host}: drain: {len(asked)} ranks moved to the core"
+    say(f"drain: {len(asked)} ranks moved to the core"
         + (f" ({'; '.join(bad)})" if bad else ""))
 
 
@@ -214,8 +218,8 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
     grace = 0.0
     try:
         while True:
-            users = region_users(sock, addr)
-            if users and not asked and all(k != "btl" for k, _ in users):
+            users = guest_users(sock, addr)
+            if users and not asked and all(k == "device" for k, _ in users):
                 asked = True
                 drain_ranks(state, host, sock, addr, say)
                 # a rank acknowledges before it unmaps the device
@@ -228,42 +232,55 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
                 continue
             kind, who = users[0]
             more = f" and {len(users) - 1} more" if len(users) > 1 else ""
-            why = ("runs ranks of an Open MPI job over the ivshmem BTL, "
-                   "which cannot move a peer to another path"
-                   if kind == "btl" else "has processes that use its "
-                   "ivshmem device and cannot let go of it")
+            why = {"launcher": "runs a job's launcher, which cannot follow "
+                               "its guest to another QEMU",
+                   "btl": "runs ranks of an Open MPI job over the ivshmem "
+                          "BTL, which cannot move a peer to another path"
+                   }.get(kind, "has processes that use its ivshmem device "
+                               "and cannot let go of it")
             if deadline is None:
                 raise ClusterError(f"instance '{host}' {why}: {who}{more}")
             if time.monotonic() > deadline:
                 raise StepFailed(f"drain: {who}{more} did not end within "
                                  f"{wait_jobs_s:.0f} s")
             if not said:
-                say(f"migrate {host}: drain: waiting for {who}{more} to end")
+                say(f"drain: waiting for {who}{more} to end")
                 said = True
             time.sleep(DRAIN_POLL_S)
-    except BaseException:
+    except BaseException:   # the first error is the one to raise
         if asked:   # the ranks come back to the region they left
-            try:
-                with process.shielded():
-                    unhide(sock, host)
-            except IvcloudError as e:   # the first error is the one to say
-                say(f"migrate {host}: drain: the guest's {GUEST_ENV} could "
-                    f"not be put back ({e}): its ranks stay on the core")
+            for problem in process.undo([(f"the guest's {GUEST_ENV}", lambda:
+                                          unhide(sock.parent, host))], say):
+                say(f"drain: {problem}: its ranks stay on the core")
         raise
 
 
-def unhide(sock: Path, host: str) -> None:
-    """The guest's ivshm.env that drain_ranks hid, back."""
-    vm_instance.guest_run(sock, host, f"[ ! -e {AWAY_ENV} ] || "
-                          f"mv -f {AWAY_ENV} {GUEST_ENV}", GUEST_TIMEOUT_S)
+def unhide(d: Path, host: str) -> None:
+    """The ivshm.env that drain_ranks hid in the guest of the QEMU in
+    `d`, back."""
+    vm_instance.guest_run(d / "agent.sock", host, f"[ ! -e {AWAY_ENV} ] ||"
+                          f" mv -f {AWAY_ENV} {GUEST_ENV}", GUEST_TIMEOUT_S)
+    (d / HIDDEN).unlink(missing_ok=True)
 
 
-def attach(state: Dict, host: str, sock: Path, say) -> None:
-    """After the guest bound its new device: the hook of the MPI level
-    where ranks find the new region. Nothing to do: the provider's ranks
-    that drained attach once ivshm-bind wrote ivshm.env again
-    (docs/migration.md), a BTL job never runs across a migration
-    (drain), and new jobs find the device through ivshm-bind's files."""
+def heal(state: Dict, locked: bool = False) -> None:
+    """Each ivshm.env that a migration hid and never put back (one killed
+    between its drain and its unplug), back, unless a migration holds
+    the cluster's lock (`locked`: the caller's own)."""
+    hidden = [h for h, rec in state.get("vms", {}).items()
+              if (Path(rec["dir"]) / HIDDEN).exists()]
+    try:
+        with contextlib.nullcontext() if locked or not hidden else \
+                filelock.held(Path(state["dir"]) / "migrate.lock", 0.0,
+                              _Busy):
+            for host in hidden:
+                unhide(Path(state["vms"][host]["dir"]), host)
+    except _Busy:   # that migration puts it back or takes the device
+        pass
+
+
+class _Busy(Exception):
+    pass
 
 
 # ---------------------------------------------------------------- device
@@ -287,6 +304,7 @@ def unplug(d: Path, host: str) -> str:
     vm_instance.guest_run(d / "agent.sock", host,
                           guest_regions.clear_script(addr, AWAY_ENV),
                           GUEST_TIMEOUT_S)
+    (d / HIDDEN).unlink(missing_ok=True)
     return addr
 
 
@@ -299,26 +317,18 @@ def plug_qemu(d: Path, server_socket: str) -> str:
                                  server_socket, guest_regions.VECTORS)
 
 
-def bind(d: Path, host: str, addr: str) -> None:
-    """In the running guest: ivshm-bind of the device at `addr`, waited
-    for (bounded); its env file and the guest's defaults rewritten."""
-    vm_instance.guest_run(d / "agent.sock", host,
-                          "\n".join(guest_regions.bind_lines(addr)),
-                          BIND_TIMEOUT_S)
-
-
 def restore(d: Path, host: str, server_socket: str) -> None:
     """The device of boot back into the running guest of the QEMU in `d`
     (on `server_socket`) and bound, unless it never came out (a guest
     that did not give it back keeps it, and its unplug request)."""
     with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
         if qemu.find_device(q, qemu.BOOT_DEVICE) is not None:
-            return unhide(d / "agent.sock", host)
+            return unhide(d, host)
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
     addr = plug_qemu(d, server_socket)
-    vm_instance.guest_run(d / "agent.sock", host,
-                          guest_regions.clear_script(addr), GUEST_TIMEOUT_S)
-    bind(d, host, addr)
+    vm_instance.guest_run(d / "agent.sock", host, "\n".join(
+        [guest_regions.clear_script(addr), *guest_regions.bind_lines(addr)]),
+        BIND_TIMEOUT_S)
 
 
 # ---------------------------------------------------------------- the move
@@ -330,32 +340,26 @@ class _Move:
     def __init__(self, sd: StateDir, state: Dict, host: str, src: int,
                  dest: int, say, t0: float):
         self.sd, self.state, self.host = sd, state, host
-        self.src, self.dest = src, dest
-        self.say = say
+        self.src, self.dest, self.say, self.t0 = src, dest, say, t0
         self.step = "check"
-        self.t0 = t0
         self.undo: List[Tuple[str, Callable[[], None]]] = []
         rec = state["vms"][host]
         self.src_dir = Path(rec["dir"])
         self.src_tap = rec["tap"]
-        root = vm_instance.vm_root(sd)
-        self.dest_dir = root / (host if dest == self._home() else
-                                f"{host}.s{dest}")
+        self.topo = topology_from_dict(state["topology"])
+        self.inst = next(i for i in self.topo.instance_list()
+                         if i.hostname == host)
+        self.dest_dir = vm_instance.vm_root(sd) / (
+            host if dest == self.inst.server else f"{host}.s{dest}")
         base = vm_instance.tap_name(host)
         self.dest_tap = base + "m" if self.src_tap == base else base
         self.fabric = int(state["holders"]["fabric"]["pid"])
         self.result: Dict = {"instance": host, "from": f"s{src}",
                              "to": f"s{dest}"}
 
-    def _home(self) -> int:
-        topo = topology_from_dict(self.state["topology"])
-        return next(i.server for i in topo.instance_list()
-                    if i.hostname == self.host)
-
     def phase(self, name: str) -> None:
         self.step = name
-        self.say(f"migrate {self.host}: {name} "
-                 f"({time.monotonic() - self.t0:.1f} s)")
+        self.say(f"{name} ({time.monotonic() - self.t0:.1f} s)")
 
     def socket_of(self, server: int) -> str:
         return self.state["servers"][str(server)]["socket"]
@@ -401,25 +405,16 @@ class _Move:
         self.undo.append(("the source resumed", self._resume_source))
         self.undo.append(("the destination QEMU stopped",
                           lambda: vm_lifecycle.stop_vm(self.dest_dir)))
-        topo = topology_from_dict(self.state["topology"])
-        inst = next(i for i in topo.instance_list()
-                    if i.hostname == self.host)
         cmd = vm_instance.guest_qemu_command(
-            topo, self.state, binary, vm_instance.boot_image(self.state),
-            vm_instance.guest_accel(self.state), inst, self.dest_dir,
+            self.topo, self.state, binary, vm_instance.boot_image(self.state),
+            vm_instance.guest_accel(self.state), self.inst, self.dest_dir,
             self.dest_tap, None, incoming=True)
         qemu.launch(holder.enter_argv(self.fabric, ("net",)) + cmd,
                     self.dest_dir, f"{self.host} on s{self.dest}")
         if vm_lifecycle.qemu_pid(self.dest_dir) is None:
+            log = (self.dest_dir / "qemu.log").read_text(errors="replace")
             raise ClusterFailure(f"the destination QEMU of {self.host} "
-                                 f"exited at once: "
-                                 f"{qemu.last_line(self._qemu_log())}")
-
-    def _qemu_log(self) -> str:
-        try:
-            return (self.dest_dir / "qemu.log").read_text(errors="replace")
-        except OSError:
-            return ""
+                                 f"exited at once: {qemu.last_line(log)}")
 
     def migrate(self) -> None:
         self.phase("migrate")
@@ -429,8 +424,7 @@ class _Move:
         with qemu.Qmp(self.src_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
             info = qemu.migrate(q, uri, MIGRATE_TIMEOUT_S)
         self.result.update(info)
-        self.say(f"migrate {self.host}: migrated "
-                 f"({time.monotonic() - self.t0:.1f} s), downtime "
+        self.say(f"migrated ({time.monotonic() - self.t0:.1f} s), downtime "
                  f"{info.get('downtime_ms')} ms, "
                  f"{(info.get('transferred') or 0) >> 20} MiB sent")
 
@@ -462,15 +456,18 @@ class _Move:
         try:
             vm_lifecycle.stop_vm(self.src_dir)
         except IvcloudError as e:
-            self.say(f"migrate {self.host}: the source QEMU {old_pid}: {e}")
+            self.say(f"the source QEMU {old_pid}: {e}")
         self._drop_tap(self.src_tap)
 
     def finish(self) -> None:
-        self.phase("bind")
-        bind(self.dest_dir, self.host, self.addr)
+        self.phase("bind")   # ivshm-bind run, bounded: its env file
+        vm_instance.guest_run(self.dest_dir / "agent.sock", self.host,
+                              "\n".join(guest_regions.bind_lines(self.addr)),
+                              BIND_TIMEOUT_S)
+        # the provider's drained ranks attach on their own once ivshm-bind
+        # wrote ivshm.env again (docs/migration.md), a BTL job never runs
+        # across a migration (drain), new jobs find ivshm-bind's files
         self.phase("attach")
-        attach(self.state, self.host, self.dest_dir / "agent.sock",
-               self.say)
 
     def record(self) -> None:
         self.phase("record")
@@ -479,18 +476,6 @@ class _Move:
             self.dest_dir, self.state["instances"][self.host]["cpus"])
         rec["device"] = self.addr
         save(self.sd, self.state)
-
-    def rollback(self) -> List[str]:
-        """Undo what was done, latest first; the problems."""
-        problems = []
-        for what, fn in reversed(self.undo):
-            try:
-                fn()
-                self.say(f"migrate {self.host}: rolled back: {what}")
-            except BaseException as e:   # each undo is tried
-                problems.append(f"{what}: {e}")
-        self.undo.clear()
-        return problems
 
 
 def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
@@ -506,29 +491,25 @@ def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
         m.plug_destination()
         m.switch()
     except BaseException as e:
-        step = m.step
-        with process.shielded():
-            problems = m.rollback()
+        problems = process.undo(m.undo, say)
         if not isinstance(e, Exception):
             raise
-        text = f"migration of {host} to s{dest} failed at step '{step}': " \
-               f"{e}; rolled back, the guest runs on s{src}"
-        if problems:
-            text += f" (but: {'; '.join(problems)})"
-        raise StepFailed(text) from None
+        but = f" (but: {'; '.join(problems)})" if problems else ""
+        raise StepFailed(f"migration of {host} to s{dest} failed at step "
+                         f"'{m.step}': {e}; rolled back, the guest runs on "
+                         f"s{src}{but}") from None
     try:
         m.finish()
     except Exception as e:
-        step = m.step
-        say(f"migrate {host}: {step} failed ({e}); moving it back to s{src}")
+        failed = f"migration of {host} to s{dest} failed at step " \
+                 f"'{m.step}': {e}"
+        say(f"{m.step} failed ({e}); moving it back to s{src}")
         try:
             _move(sd, state, host, dest, src, say, time.monotonic())
         except IvcloudError as back:
-            raise StepFailed(f"migration of {host} to s{dest} failed at "
-                             f"step '{step}': {e}; moving it back failed "
-                             f"too: {back}") from None
-        raise StepFailed(f"migration of {host} to s{dest} failed at step "
-                         f"'{step}': {e}; moved back, the guest runs on "
+            raise StepFailed(f"{failed}; moving it back failed too: "
+                             f"{back}") from None
+        raise StepFailed(f"{failed}; moved back, the guest runs on "
                          f"s{src}") from None
     try:
         m.record()
@@ -549,7 +530,10 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
     for a request that cannot be (nothing was touched); StepFailed,
     naming the step, when a step failed (undone: the guest runs on its
     source with its device)."""
-    say = log or (lambda line: sys.stderr.write(line + "\n"))
+    log = log or (lambda line: sys.stderr.write(line + "\n"))
+
+    def say(line: str) -> None:
+        log(f"migrate {host}: {line}")
     t0 = time.monotonic()
     src, dest = check(state, host, server)
     lock = sd.dir / "migrate.lock"
@@ -561,9 +545,17 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
             src, dest = check(state, host, server)
             d = vm_instance.vm_dir_of(state, host)
             sock = vm_instance.guest(state, host)   # it lives
+            heal(state, locked=True)
             with guest_regions.port_lock(d):
-                addr, others = _devices(d, host)
-                if others:
+                with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                    addr = qemu.find_device(q, qemu.BOOT_DEVICE)
+                    others = [i for i in qemu.ivshmem_ids(q)
+                              if i != qemu.BOOT_DEVICE]
+                if addr is None:
+                    raise ClusterFailure(f"guest {host} has no device of "
+                                         f"boot (a migration that failed "
+                                         f"half-way?)")
+                if others:   # a Slurm job's (guest_regions)
                     raise ClusterError(
                         f"instance '{host}' holds the device of a Slurm "
                         f"job ({', '.join(others)}), which QEMU cannot "
@@ -576,8 +568,7 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
                     raise StepFailed(f"migration of {host} to s{dest} "
                                      f"failed at step 'drain': {e}; "
                                      f"nothing was changed") from None
-                say(f"migrate {host}: drained "
-                    f"({time.monotonic() - t0:.1f} s)")
+                say(f"drained ({time.monotonic() - t0:.1f} s)")
                 # a drain may have waited long
                 state = load(sd) or state
                 return _move(sd, state, host, src, dest, say, t0)

@@ -50,6 +50,8 @@ MPI_USER = debian.MPI_USER
 TCG_OPENBLAS_CORE = "Prescott"
 # after a guest of a running job died: how often the host looks
 JOB_POLL_S = 1.0
+# a job launcher's stderr in its guest, then `ivcloud`'s pid (guest_users)
+LAUNCHER_ERR = "/tmp/launcher-"
 # what a `cluster mpirun` ivshmem job on a VM cluster gets instead of
 # regions of its own
 SHARED_NOTE = ("the guests' ivshmem devices were attached at boot: this "
@@ -297,8 +299,13 @@ def boot_image(state: Dict):
 
 
 def _finish_guest(sd: StateDir, state: Dict, inst: Instance) -> None:
-    """Once booted: its agent answers, its vCPU threads are pinned."""
+    """Once booted: its agent answers, the share is mounted, its vCPU
+    threads are pinned."""
     agent.wait_ready(vm_dir(sd, inst.hostname) / "agent.sock", timeout=60)
+    share = vm_share.Share.from_dict(state["vm_boot"].get("share"))
+    why = share and share.unmounted(vm_dir(sd, inst.hostname))
+    if why:   # jobs would find no MPI there
+        raise ClusterFailure(f"guest {inst.hostname}: {why}")
     state["vms"][inst.hostname]["vcpu_threads"] = pin(
         vm_dir(sd, inst.hostname), inst.cpus)
 
@@ -509,7 +516,7 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
     if dead:
         raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
                              f"cluster is degraded: take it down)")
-    err = f"/tmp/launcher-{os.getpid()}-{time.monotonic_ns()}.err"
+    err = f"{LAUNCHER_ERR}{os.getpid()}-{time.monotonic_ns()}.err"
     for path, text in files.items():
         guest_run(sock, host, f"printf %s {agent.quote([text])} > "
                               f"{agent.quote([path])} && chmod 644 "

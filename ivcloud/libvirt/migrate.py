@@ -370,17 +370,6 @@ class _Move:
         self.say(f"migrate {self.name}: attached shmem '{device}' {how} "
                  f"({time.monotonic() - self.t0:.1f} s)")
 
-    def rollback(self) -> List[str]:
-        """Undo what was done, latest first; the problems."""
-        problems = []
-        for what, fn in reversed(self.undo):
-            try:
-                fn()
-                self.say(f"migrate {self.name}: rolled back: {what}")
-            except BaseException as e:   # each undo is tried
-                problems.append(f"{what}: {_message(e)}")
-        self.undo.clear()
-        return problems
 
 
 def migrate(domain: str, dest_uri: str, source_uri: str,
@@ -416,8 +405,9 @@ def migrate(domain: str, dest_uri: str, source_uri: str,
                     m.attach(device, server, attach_timeout)
             except BaseException as e:
                 step = m.step
-                with process.shielded():
-                    problems = m.rollback()
+                problems = process.undo(
+                    m.undo, lambda ln: say(f"migrate {domain}: {ln}"),
+                    _message)
                 if not isinstance(e, Exception):
                     raise
                 text = (f"migration of '{domain}' to {where} failed at "

@@ -313,9 +313,27 @@ def _used(d: Path) -> None:
         pass
 
 
+def _in_use(d: Path) -> bool:
+    """Whether a process holds a file under `d` open: a running guest's
+    image or share (a QEMU, or a qcow2 overlay's backing file), which
+    the next QEMU of that guest (a migration's destination) opens by
+    its path again."""
+    below = f"{d}/"
+    for pid in os.listdir("/proc"):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd") if pid.isdigit() else []
+            if any(os.readlink(f"/proc/{pid}/fd/{n}").startswith(below)
+                   for n in fds):
+                return True
+        except OSError:   # gone, or closed meanwhile
+            continue
+    return False
+
+
 def _prune(cache: Path, prefix: str, keep: int, current: Path) -> None:
     """Remove all but the `keep` most recently used entries `prefix`-*,
-    never `current` and never one being built (its lock is held)."""
+    never `current`, never one being built (its lock is held) and never
+    one in use (_in_use)."""
     def last_use(d: Path) -> float:
         try:
             return (d / ".used").stat().st_mtime
@@ -325,6 +343,8 @@ def _prune(cache: Path, prefix: str, keep: int, current: Path) -> None:
                       if d.is_dir() and d != current), key=last_use,
                      reverse=True)
     for d in entries[max(keep - 1, 0):]:
+        if _in_use(d):
+            continue
         try:
             with open(d / ".lock", "a") as f:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ImageError
+from . import agent
 from .debian import (SHARE_SERIAL as SERIAL, _hash, _locked, _prune, _run,
                      _used, cache_root)
+from .qemu import console_text
 
 KERNEL_ARG = "ivcloud.share"
 # Bump when the way the image is made changes
@@ -36,6 +38,8 @@ VERSION = 1
 KEEP = 2
 # room beyond the files: inodes, directories, ext4's own
 SLACK = 64 << 20
+# an agent command in a guest (unmounted)
+MOUNT_CHECK_S = 30.0
 # what a kernel command line word can carry
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._+,@/-]*$")
 
@@ -60,6 +64,16 @@ class Share:
 
     def kernel_arg(self) -> str:
         return f"{KERNEL_ARG}={self.path}"
+
+    def unmounted(self, vm_dir: Path) -> Optional[str]:
+        """Why the guest of the QEMU in `vm_dir` has not mounted it (its
+        ready script only says so on the console); None when it has."""
+        if agent.run(vm_dir / "agent.sock", f"mountpoint -q "
+                     f"{agent.quote([self.path])}", MOUNT_CHECK_S).ok:
+            return None
+        said = [ln.strip() for ln in console_text(vm_dir).splitlines()
+                if "cannot mount the share" in ln] or ["console: nothing"]
+        return f"the share {self.path} is not mounted ({said[-1]})"
 
 
 def manifest(src: Path) -> List[List]:
