@@ -1,12 +1,15 @@
 """`ivcloud mag bench`: the micromagnetic solver on its example problems.
 
 Each run is one `ivcloud mag run` process of an example (the thesis's
-bar, µMAG standard problem 4) on a rank count, timed as a user starts
-it (time to solution), in alternating rounds; per round the parallel
-efficiency T1 / (N TN), and for a problem with a published solution
-the largest component of <m> at the end minus the reference. With a
-peer (`--peer neuralmag`, mag_peer.py) standard problem 4 also runs in
-that finite-difference code on as many cores, in the same rounds.
+bar, µMAG standard problem 4 field 1 or field 2) on a rank count, timed
+as a user starts it (time to solution), in alternating rounds; per round
+the parallel efficiency T1 / (N TN), and for a problem with a published
+solution the largest component of <m> at the end minus the reference
+(micromag.convergence.reference_for), for field 2 also its first <mx>
+zero crossing against the reference run's and whether <m>(1 ns) lies in
+the published spread. With a peer (`--peer neuralmag`, mag_peer.py)
+each standard problem 4 also runs in that finite-difference code on as
+many cores, in the same rounds.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ PROBLEMS = ("bar", "sp4")
 BAR_ONE_CORE_S = 10.0
 SP4_TWO_RANKS_S = 600.0
 SP4_ERROR = 0.01
+# the examples that are standard problem 4, by field (what a peer runs)
+SP4_FIELDS = {"sp4": 1, "sp4_field2": 2}
 EFFICIENCY = 0.8
 # Magpar on the thesis's VMs (seed 000, table 1): the bar on 1 and 4 vCPUs.
 ANCHORS = {"magpar_bar_1_vcpu_s": 114, "magpar_bar_4_vcpu_s": 65}
@@ -84,19 +89,30 @@ class MagBenchSettings:
             self._check_peer()
 
     def _check_peer(self) -> None:
-        """The peer runs standard problem 4, field 1, as published: the
-        run set must have it, as `sp4` (its reference is what both are
-        measured against), and enough CPUs for the rank counts."""
-        from micromag import convergence
-        from micromag.problem import load
+        """The peer runs standard problem 4 as published, field 1 or 2:
+        the run set must have sp4 or sp4_field2 (each file that problem:
+        its reference is what both are measured against), and enough
+        CPUs for the rank counts."""
+        if not self.peer_problems():
+            raise InvalidRequest("a peer runs standard problem 4 only: the "
+                                 "problems must include sp4 (field 1) or "
+                                 "sp4_field2 (field 2)", setting="peer")
+        for name in self.peer_problems():
+            if _field_of(self.files[name]) != SP4_FIELDS[name]:
+                raise InvalidRequest(f"{self.files[name]} is not standard "
+                                     f"problem 4, field {SP4_FIELDS[name]}",
+                                     setting="peer")
         mag_peer.python(self.peer)
-        if "sp4" not in self.problems or convergence.reference_for(
-                load(self.files["sp4"])) is None:
-            raise InvalidRequest("a peer runs standard problem 4, field 1, "
-                                 "only: the problems must include sp4, and "
-                                 "its sp4.toml be that problem",
-                                 setting="peer")
         mag_peer.cpus_for(max(self.ranks))
+
+    def peer_problems(self) -> List[str]:
+        return [n for n in self.problems if n in SP4_FIELDS]
+
+
+def _field_of(problem: Path) -> Optional[int]:
+    from micromag import convergence
+    from micromag.problem import load
+    return convergence.sp4_field(load(problem))
 
 
 def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
@@ -115,20 +131,23 @@ def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
     return [rec]
 
 
-def _peer_run(s: MagBenchSettings, cores: int) -> List[Dict]:
-    """Standard problem 4 in the peer on `cores` cores: its record, with
-    the same reference as ours."""
+def _peer_run(s: MagBenchSettings, name: str, cores: int) -> List[Dict]:
+    """Standard problem 4 (example `name`: its field) in the peer on
+    `cores` cores: its record, with the same reference as ours."""
     from micromag import convergence
     from micromag.problem import load
-    out = mag_peer.run_sp4(s.peer, cores, s.timeout_s)
-    rec = {"problem": "sp4", "code": s.peer, "ranks": cores,
+    out = mag_peer.run_sp4(s.peer, cores, s.timeout_s,
+                           field=SP4_FIELDS[name])
+    curve = out.pop("curve")
+    rec = {"problem": name, "code": s.peer, "ranks": cores,
            "nodes": (out["cells"][0] + 1) * (out["cells"][1] + 1),
            "demag": f"FD {out['cells'][0]} x {out['cells'][1]}, "
                     f"{out['cell_nm']:g} nm",
            **out}
-    ref = convergence.reference_for(load(s.files["sp4"]))
+    ref = convergence.reference_for(load(s.files[name]))
     if ref is not None:
         rec.update(_minus_reference(out["m_final"], ref, 1e-9))
+        rec.update(_checks(curve, ref))
     return [rec]
 
 
@@ -168,7 +187,26 @@ def _error_to_reference(problem: Path, out: Path) -> Dict:
     curve = convergence.read_curve(out)
     t = float(curve["t"][-1])
     m = convergence.value_at(curve, t)
-    return {} if m is None else _minus_reference(m, ref, t)
+    rec = {} if m is None else _minus_reference(m, ref, t)
+    rec.update(_checks(curve, ref))
+    return rec
+
+
+def _checks(curve: Dict, ref: Dict) -> Dict:
+    """The first <mx> zero crossing of `curve` and, where the reference
+    carries them (standard problem 4, field 2), its difference to the
+    reference's and whether <m>(1 ns) lies in the published spread."""
+    from micromag import convergence
+    x = convergence.first_crossing(curve)
+    rec = {"first_crossing_s": x}
+    if "crossing_tol_s" in ref:
+        rc = convergence.first_crossing(ref)
+        rec["crossing_minus_reference_ps"] = (
+            None if x is None else round((x - rc) * 1e12, 3))
+    if "spread" in ref:
+        rec["inside_spread"] = convergence.checks(curve, ref).get(
+            "inside_spread")
+    return rec
 
 
 def _minus_reference(m: Sequence[float], ref: Dict, t: float) -> Dict:
@@ -203,13 +241,13 @@ def _add_efficiencies(runs: List[Dict]) -> None:
 
 
 def _add_peer_ratios(runs: List[Dict], peer: str) -> None:
-    """Per round and core count: our time to solution of standard
-    problem 4 over the peer's."""
-    theirs = {(r["ranks"], r["round"]): r for r in runs
+    """Per problem, round and core count: our time to solution of
+    standard problem 4 over the peer's."""
+    theirs = {(r["problem"], r["ranks"], r["round"]): r for r in runs
               if r["code"] == peer}
     for r in runs:
-        other = theirs.get((r["ranks"], r["round"]))
-        if r["code"] == "ivcloud" and r["problem"] == "sp4" and other:
+        other = theirs.get((r["problem"], r["ranks"], r["round"]))
+        if r["code"] == "ivcloud" and other:
             r["time_over_peer"] = round(r["time_to_solution_s"]
                                         / other["time_to_solution_s"], 3)
 
@@ -221,8 +259,9 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
               (lambda name=name, n=n: _one_run(s, name, n)))
              for name in s.problems for n in s.ranks]
     if s.peer:
-        steps += [(f"sp4 in {s.peer} on {n} core(s)",
-                   (lambda n=n: _peer_run(s, n))) for n in s.ranks]
+        steps += [(f"{name} in {s.peer} on {n} core(s)",
+                   (lambda name=name, n=n: _peer_run(s, name, n)))
+                  for name in s.peer_problems() for n in s.ranks]
     measure_rounds(res, "mag", s.rounds, steps, log)
     _add_efficiencies(res.runs)
     if s.peer:
@@ -230,7 +269,9 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     res.records = summarize(res.runs, ("problem", "code", "ranks"),
                             FIELDS + ("time_over_peer",))
     for rec in res.records:
-        for key in ("m_final", "minus_reference", "error_max"):
+        for key in ("m_final", "minus_reference", "error_max",
+                    "first_crossing_s", "crossing_minus_reference_ps",
+                    "inside_spread"):
             vals = [r[key] for r in res.runs
                     if r["problem"] == rec["problem"]
                     and r["code"] == rec["code"]
@@ -249,7 +290,9 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
 def targets(res: BenchResults) -> List[Target]:
     ts = []
     for name, ranks, on, goal in (("bar", 1, "1 core", BAR_ONE_CORE_S),
-                                  ("sp4", 2, "2 ranks", SP4_TWO_RANKS_S)):
+                                  ("sp4", 2, "2 ranks", SP4_TWO_RANKS_S),
+                                  ("sp4_field2", 2, "2 ranks",
+                                   SP4_TWO_RANKS_S)):
         r = res.find(problem=name, code="ivcloud", ranks=ranks)
         if r is not None:
             ts.append(Target(f"{name}, {on}: time to solution (s)",
@@ -260,6 +303,21 @@ def targets(res: BenchResults) -> List[Target]:
     if sp4 is not None and "error_max" in sp4:
         ts.append(Target("sp4: |<m>(1 ns) - reference|, largest component",
                          sp4["error_max"], "<=", SP4_ERROR))
+    f2 = (res.find(problem="sp4_field2", code="ivcloud", ranks=2)
+          or res.find(problem="sp4_field2", code="ivcloud"))
+    if f2 is not None and "crossing_minus_reference_ps" in f2:
+        from micromag.convergence import SP4_FIELD2_CROSSING_TOL_S
+        d = f2["crossing_minus_reference_ps"]
+        ts.append(Target("sp4_field2: |first <mx> crossing - FD 1.25 nm|"
+                         " (ps)", None if d is None else abs(d), "<=",
+                         SP4_FIELD2_CROSSING_TOL_S * 1e12,
+                         why_missing="<mx> never crossed zero"))
+    if f2 is not None and "inside_spread" in f2:
+        v = f2["inside_spread"]
+        ts.append(Target("sp4_field2: <m>(1 ns) inside the published "
+                         "spread (1 yes, 0 no)",
+                         None if v is None else float(v), ">=", 1.0,
+                         why_missing="the run did not reach 1 ns"))
     for name in ("bar", "sp4"):
         two = res.find(problem=name, code="ivcloud", ranks=2)
         if two is not None and "efficiency_time_to_solution" in two:
@@ -272,8 +330,9 @@ def targets(res: BenchResults) -> List[Target]:
         if "time_over_peer" in r:
             peer = next(p["code"] for p in res.records
                         if p["code"] not in ("ivcloud",))
-            ts.append(Target(f"sp4, {r['ranks']} rank(s): time to "
-                             f"solution, ours / {peer}'s on as many cores",
+            ts.append(Target(f"{r['problem']}, {r['ranks']} rank(s): "
+                             f"time to solution, ours / {peer}'s on as "
+                             f"many cores",
                              r["time_over_peer"], "<=", 1.0,
                              best=r.get("time_over_peer_min")))
     return ts
@@ -300,11 +359,28 @@ def print_table(res: BenchResults, out=None) -> None:
             "" if r["ranks"] == 1 else
             spread(r, "efficiency_time_to_solution", "{:.2f}"),
             "" if err is None else
-            "(" + ", ".join(f"{v:+.4f}" for v in err) + ")"])
+            "(" + ", ".join(f"{v:+.4f}" for v in err) + ")",
+            _crossing_cell(r)])
     print_grid(["problem", "ranks", "nodes", "demag", "rounds",
                 "time to solution s", "spread", "solve s", "field evals",
                 "ms/eval", "peak MB/rank", "efficiency", "spread",
-                "<m>(end) - reference"], rows, out)
+                "<m>(end) - reference", "first <mx> = 0 ns"], rows, out)
+
+
+def _crossing_cell(r: Dict) -> str:
+    """The first <mx> crossing, with its difference to the reference's
+    and the spread check where the problem has them (field 2)."""
+    x = r.get("first_crossing_s")
+    if x is None:
+        return ""
+    text = f"{x * 1e9:.4f}"
+    d = r.get("crossing_minus_reference_ps")
+    if d is not None:
+        text += f" ({d:+.2f} ps)"
+    if "inside_spread" in r:
+        text += (", <m>(1 ns) in spread" if r["inside_spread"]
+                 else ", <m>(1 ns) OUTSIDE spread")
+    return text
 
 
 def run(s: MagBenchSettings, json_path: Optional[Path] = None,

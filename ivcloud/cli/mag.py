@@ -74,7 +74,8 @@ def register(sub) -> None:
     b.add_argument("--np", type=_np_list, default=[1, 2],
                    help="rank counts, comma-separated (default 1,2)")
     b.add_argument("--problems", default=",".join(BENCH_PROBLEMS),
-                   help="comma-separated example names (default bar,sp4)")
+                   help="comma-separated example names (default bar,sp4;"
+                        " sp4_field2: standard problem 4, field 2)")
     b.add_argument("--examples", default=str(EXAMPLES),
                    help="directory of the example problem files")
     b.add_argument("--transport", choices=TRANSPORTS, default="vader")
@@ -83,7 +84,8 @@ def register(sub) -> None:
     b.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per run before it is stopped")
     b.add_argument("--peer", choices=("neuralmag",),
-                   help="also run standard problem 4 in this "
+                   help="also run each standard problem 4 of the "
+                        "problems (sp4, sp4_field2) in this "
                         "finite-difference code (make peer-neuralmag "
                         "installs it), in the same rounds")
     b.set_defaults(func=cmd_bench)
@@ -127,9 +129,11 @@ def register(sub) -> None:
     c.add_argument("--transport", choices=TRANSPORTS, default="vader")
     c.add_argument("--reference", default="auto", metavar="auto|none|FILE",
                    help="reference <m>(t) for the table and plot: auto "
-                        "(the published solution for standard problem 4, "
-                        "field 1, when the problem is that one), none, or "
-                        "a file of rows 't mx my mz' (t in s)")
+                        "(for standard problem 4 when the problem is that "
+                        "one: field 1's published solution; field 2's "
+                        "finite-difference run at 1.25 nm, its crossing "
+                        "check and the published spread of <m>(1 ns)), "
+                        "none, or a file of rows 't mx my mz' (t in s)")
     c.add_argument("--no-run", action="store_true",
                    help="only compare what the runs in --out have so far")
     c.set_defaults(func=cmd_converge)

@@ -161,13 +161,14 @@ def _sp4_variant(tmp_path, old, new):
     return load(p)
 
 
-def test_reference_only_for_standard_problem_4_field_1(tmp_path):
+def test_reference_only_for_standard_problem_4(tmp_path):
     ref = convergence.reference_for(load(EXAMPLES / "sp4.toml"))
     assert ref is not None and ref["first_crossing_s"] == 0.1385e-9
+    assert ref["field"] == 1 and "crossing_tol_s" not in ref
     assert len(ref["t"]) == len(ref["m"]) == 12
     # another material, field or film: no reference
     for old, new in (("alpha = 0.02", "alpha = 0.03"),
-                     ("H = [-24.6, 4.3, 0.0]", "H = [-35.5, -6.3, 0.0]"),
+                     ("H = [-24.6, 4.3, 0.0]", "H = [-35.5, -6.3, 1.0]"),
                      ("size = [500.0, 125.0, 3.0]",
                       "size = [500.0, 125.0, 5.0]")):
         assert convergence.reference_for(
@@ -175,7 +176,60 @@ def test_reference_only_for_standard_problem_4_field_1(tmp_path):
     # the same field in other units is still field 1
     same = _sp4_variant(tmp_path, 'H = [-24.6, 4.3, 0.0]\nunit = "mT"',
                         'H = [-0.0246, 0.0043, 0.0]\nunit = "T"')
-    assert convergence.reference_for(same) is not None
+    assert convergence.reference_for(same)["field"] == 1
+    # field 2: the example, and field 1's file with field 2's field
+    for prob in (load(EXAMPLES / "sp4_field2.toml"),
+                 _sp4_variant(tmp_path, "H = [-24.6, 4.3, 0.0]",
+                              "H = [-35.5, -6.3, 0.0]")):
+        ref2 = convergence.reference_for(prob)
+        assert ref2["field"] == 2 and ref2["crossing_tol_s"] == 2e-12
+        assert 0.13e-9 < ref2["first_crossing_s"] < 0.145e-9
+        assert len(ref2["t"]) == len(ref2["m"]) == 12
+        spread = ref2["spread"]
+        published = list(convergence.SP4_FIELD2_PUBLISHED_1NS.values())
+        for k in range(3):
+            assert spread["min"][k] == min(m[k] for m in published)
+            assert spread["max"][k] == max(m[k] for m in published)
+
+
+def _crossing_curve(t_cross, m_end):
+    """<mx> falling through zero at t_cross, ending at m_end at 1 ns."""
+    import numpy as np
+    t = np.linspace(0, 1e-9, 1001)      # 1 ps rows
+    mx = np.where(t < 0.3e-9, -np.tanh((t - t_cross) / 20e-12),
+                  m_end[0])
+    m = np.stack([mx, 0 * t + m_end[1], 0 * t + m_end[2]], axis=1)
+    return {"t": t, "m": m}
+
+
+def test_field_2_checks_the_crossing_and_the_published_spread():
+    """Field 2's checks on made-up curves: the crossing within 2 ps of
+    the reference's, <m>(1 ns) inside the published spread."""
+    ref = convergence.reference_for(load(EXAMPLES / "sp4_field2.toml"))
+    x0 = ref["first_crossing_s"]
+    spread = ref["spread"]
+    mid = [0.5 * (a + b) for a, b in zip(spread["min"], spread["max"])]
+    off = list(mid)
+    off[1] = spread["max"][1] + 0.01
+    curves = {5.0: _crossing_curve(x0 + 3e-12, off),      # both miss
+              2.5: _crossing_curve(x0 - 1.5e-12, mid)}    # both pass
+    rep = convergence.compare(curves, [0.1e-9, 1e-9], reference=ref)
+    r = rep["reference"]
+    assert r["crossing_tol_s"] == 2e-12 and r["spread"] == spread
+    coarse, fine = r["differences"]
+    assert coarse["crossing_diff_s"] == pytest.approx(3e-12, abs=0.05e-12)
+    assert coarse["crossing_ok"] is False and fine["crossing_ok"] is True
+    assert coarse["inside_spread"] is False and fine["inside_spread"] is True
+    text = convergence.format_table(rep)
+    assert "crossing within 2 ps of the reference: 5 nm NO (+3.00 ps), " \
+           "2.5 nm yes (-1.50 ps)" in text, text
+    assert "published first crossings: 0.1362..0.1382 ns" in text
+    assert "inside the published spread" in text and \
+           "5 nm NO, 2.5 nm yes" in text, text
+    # a run that has not reached 1 ns: no verdict yet
+    short = {k: v[:200] for k, v in curves[2.5].items()}
+    c = convergence.checks(short, ref)
+    assert c["crossing_ok"] is True and c["inside_spread"] is None
 
 
 def test_compare_against_a_reference(tmp_path):

@@ -521,6 +521,50 @@ def test_bench_peer_bad_requests(tmp_path):
                                 or "standard problem 4" in lines[0])
     r = mag_cli("bench", "--peer", "magnum")
     assert r.returncode == 2 and "neuralmag" in r.stderr
+    # an unknown problem, and a file named field 2 that is another problem
+    r = mag_cli("bench", "--problems", "sp4_field3", "--rounds", "1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "sp4_field3.toml not found" in r.stderr, r.stderr
+    _write(examples / "sp4_field2.toml",
+           (EXAMPLES / "sp4.toml").read_text())
+    r = mag_cli("bench", "--examples", str(examples), "--problems",
+                "sp4_field2", "--peer", "neuralmag", "--rounds", "1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "is not standard problem 4, field 2" in r.stderr, r.stderr
+
+
+def test_bench_field_2_targets_and_table():
+    """Field 2's records become its two targets (crossing within 2 ps,
+    <m>(1 ns) inside the published spread) and a crossing column; a run
+    whose <mx> never crossed has no value, not a pass."""
+    import io
+
+    from ivcloud.bench import mag as bench
+    from ivcloud.bench.toolkit import BenchResults
+    base = {"problem": "sp4_field2", "code": "ivcloud", "ranks": 2,
+            "nodes": 20502, "demag": "grid", "runs": 1,
+            "time_to_solution_s": 200.0, "solve_time_s": 190.0,
+            "field_evals": 18536, "ms_per_field_eval": 10.0,
+            "peak_rss_mb_per_rank": 300.0,
+            "minus_reference": [0.001, -0.01, 0.002]}
+    res = BenchResults(records=[dict(
+        base, first_crossing_s=0.13687e-9,
+        crossing_minus_reference_ps=-0.4, inside_spread=False)])
+    ts = {t.name: t for t in bench.targets(res)}
+    x = ts["sp4_field2: |first <mx> crossing - FD 1.25 nm| (ps)"]
+    assert x.value == 0.4 and x.threshold == 2.0 and x.status == "PASS"
+    inside = ts["sp4_field2: <m>(1 ns) inside the published spread "
+                "(1 yes, 0 no)"]
+    assert inside.status == "MISS"
+    out = io.StringIO()
+    bench.print_table(res, out)
+    assert "0.1369 (-0.40 ps), <m>(1 ns) OUTSIDE spread" in out.getvalue()
+    res = BenchResults(records=[dict(
+        base, first_crossing_s=None, crossing_minus_reference_ps=None,
+        inside_spread=None)])
+    ts = {t.name: t for t in bench.targets(res)}
+    assert all(t.status == "N/A" for n, t in ts.items() if "field2:" in n
+               and "time to solution" not in n)
 
 
 # ---------------------------------------------------------------- python3 -m micromag

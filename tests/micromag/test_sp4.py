@@ -1,13 +1,23 @@
-"""µMAG standard problem 4, field 1 (examples/sp4.toml) against the
-published solution (OOMMF, 2.5 nm cells; docs/mag-sp4-references.md).
+"""µMAG standard problem 4 (examples/sp4.toml: field 1, examples/
+sp4_field2.toml: field 2) against the published solutions and, for
+field 2, a converged finite-difference run (docs/mag-sp4-references.md).
 
-Quick: a 10 nm mesh for 0.2 ns, the s-state and the first <mx> zero
-crossing. Slow (IVCLOUD_SLOW=1, which `make test-python` sets): the
+Field 1. Quick: a 10 nm mesh for 0.2 ns, the s-state and the first <mx>
+zero crossing. Slow (IVCLOUD_SLOW=1, which `make test-python` sets): the
 example as it is, relaxation and the whole nanosecond on two ranks,
 <m>(1 ns) within 0.01 of mumax3's certified value in every component
 (and of OOMMF's within 0.012; the two differ by 1e-3; measured:
 docs/mag.md, "Standard problem 4"); about 3-4 minutes on the two cores
-of a quiet machine."""
+of a quiet machine.
+
+Field 2. Its check is the first <mx> zero crossing (at 0.137 ns), which
+converges, where <m>(1 ns) scatter. Quick: the example's own mesh, two
+ranks, only to 0.16 ns, past the crossing: the crossing within 2 ps of
+the finite-difference run at 1.25 nm cells, which is the check itself,
+at a fifth of the run. Slow: the whole nanosecond, the crossing again
+and <m>(1 ns) against the published spread (docs/mag.md, "Standard
+problem 4, field 2", says where it falls).
+"""
 
 from __future__ import annotations
 
@@ -26,16 +36,17 @@ from micromag.problem import load                                 # noqa: E402
 DEFAULT_H = "h = [2.5, 2.5, 3.0]"
 
 
-def _run(tmp_path, h=None, duration=None, ranks=1, timeout=900):
-    text = (EXAMPLES / "sp4.toml").read_text()
+def _run(tmp_path, h=None, duration=None, ranks=1, timeout=900,
+         example="sp4.toml"):
+    text = (EXAMPLES / example).read_text()
     assert DEFAULT_H in text
     if h is not None:
         text = text.replace(DEFAULT_H, f"h = {h}")
     if duration is not None:
         text = text.replace("duration = 1e-9", f"duration = {duration}")
-    prob = tmp_path / "sp4.toml"
+    prob = tmp_path / example
     prob.write_text(text)
-    out = tmp_path / "sp4"
+    out = tmp_path / example.replace(".toml", "")
     r = mag_cli("run", str(prob), "--out", str(out), "--np", str(ranks),
                 "--quiet", timeout=timeout)
     assert r.returncode == 0, r.stderr
@@ -87,3 +98,48 @@ def test_default_within_0_01_of_the_published_solution(tmp_path):
     print(f"standard problem 4 at the default on 2 ranks: {wall:.0f} s, "
           f"<m>(1 ns) - certified = {np.round(certified, 4)}, - OOMMF = "
           f"{np.round(diff, 4)}")
+
+
+# ---------------------------------------------------------------- field 2
+
+def test_field_2_first_crossing_within_2_ps_at_the_default_mesh(tmp_path):
+    """Field 2 at the example's mesh on two ranks, to 0.16 ns: <mx>
+    crosses zero within 2 ps of the finite-difference reference."""
+    prob, out = _run(tmp_path, duration=0.16e-9, ranks=2,
+                     example="sp4_field2.toml")
+    ref = convergence.reference_for(load(prob))
+    assert ref["field"] == 2
+    t = table(out)
+    relaxed = t[t["stage"] == 1][-1]                   # field 1's s-state
+    assert relaxed["mx"] == pytest.approx(0.967, abs=0.002)
+    assert relaxed["my"] == pytest.approx(0.125, abs=0.002)
+    x = _crossing(t[t["stage"] == 2])
+    assert convergence.first_crossing(convergence.read_curve(out)) == \
+        pytest.approx(x, abs=1e-15)
+    assert x == pytest.approx(ref["first_crossing_s"],
+                              abs=convergence.SP4_FIELD2_CROSSING_TOL_S)
+
+
+@slow
+def test_field_2_whole_nanosecond(tmp_path):
+    t0 = time.monotonic()
+    prob, out = _run(tmp_path, ranks=2, timeout=1800,
+                     example="sp4_field2.toml")
+    wall = time.monotonic() - t0
+    ref = convergence.reference_for(load(prob))
+    curve = convergence.read_curve(out)
+    c = convergence.checks(curve, ref)
+    assert c["crossing_ok"], convergence.first_crossing(curve)
+    m = np.array(c["m_at_spread"])
+    lo, hi = np.array(ref["spread"]["min"]), np.array(ref["spread"]["max"])
+    outside = np.maximum(lo - m, m - hi).clip(min=0)
+    # The published band (three solutions) is narrower than the scatter
+    # it stands for: the converged finite-difference run itself lies
+    # 0.0024 outside it (<mx>), the example 0.0039 (<mz>); measured in
+    # docs/mag.md, "Standard problem 4, field 2". Beyond 0.005 is a change.
+    assert outside.max() <= 0.005, (m, outside)
+    print(f"standard problem 4, field 2 on 2 ranks: {wall:.0f} s, first "
+          f"crossing {convergence.first_crossing(curve) * 1e9:.5f} ns "
+          f"(reference {ref['first_crossing_s'] * 1e9:.5f}), <m>(1 ns) "
+          f"{np.round(m, 4)}, outside the published spread by "
+          f"{np.round(outside, 4)}")
