@@ -25,6 +25,9 @@ MS = 8.0e5
 
 slow = pytest.mark.skipif(os.environ.get("IVCLOUD_SLOW") != "1",
                           reason="slow validation (set IVCLOUD_SLOW=1)")
+# longer than `make test` affords (its 30 minutes): `make test-mag-long`
+long = pytest.mark.skipif(os.environ.get("IVCLOUD_LONG") != "1",
+                          reason="long validation (make test-mag-long)")
 
 
 def mag_cli(*args, timeout=300):

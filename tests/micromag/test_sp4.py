@@ -14,8 +14,9 @@ Field 2. Its check is the first <mx> zero crossing (at 0.137 ns), which
 converges, where <m>(1 ns) scatter. Quick: the example's own mesh, two
 ranks, only to 0.16 ns, past the crossing: the crossing within 2 ps of
 the finite-difference run at 1.25 nm cells, which is the check itself,
-at a fifth of the run. Slow: the whole nanosecond, the crossing again
-and <m>(1 ns) against the published spread (docs/mag.md, "Standard
+at a fifth of the run. Long (`make test-mag-long`, beyond `make test`'s
+time): the whole nanosecond, the crossing again and <m>(1 ns) against
+the published spread (docs/mag.md, "Standard
 problem 4, field 2", says where it falls).
 """
 
@@ -29,7 +30,7 @@ import pytest
 
 pytest.importorskip("petsc4py")
 
-from mag_helpers import EXAMPLES, mag_cli, slow, table            # noqa: E402
+from mag_helpers import EXAMPLES, long, mag_cli, slow, table      # noqa: E402
 from micromag import convergence                                  # noqa: E402
 from micromag.problem import load                                 # noqa: E402
 
@@ -120,7 +121,7 @@ def test_field_2_first_crossing_within_2_ps_at_the_default_mesh(tmp_path):
                               abs=convergence.SP4_FIELD2_CROSSING_TOL_S)
 
 
-@slow
+@long
 def test_field_2_whole_nanosecond(tmp_path):
     t0 = time.monotonic()
     prob, out = _run(tmp_path, ranks=2, timeout=1800,
