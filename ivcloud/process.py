@@ -5,8 +5,9 @@
   teardown on the way runs: a job's launcher is stopped, a cluster
   being brought up rolls back, a session's cluster goes down. The CLI
   then exits 128 + the signal's number.
-- :func:`shielded`: Ctrl-C, SIGTERM and SIGHUP ignored while a teardown
-  must finish; :func:`undo`, a rollback's steps run that way.
+- :func:`shielded`: Ctrl-C, SIGTERM and SIGHUP held back while a
+  teardown must finish, then the first of them delivered; :func:`undo`,
+  a rollback's steps run that way.
 - :func:`run_launcher`: a launcher (mpirun, mpiexec, srun, nsenter into
   an instance) run to its end; interrupted or past its timeout, it is
   asked to end its job (SIGTERM), killed after a grace time, and what
@@ -61,19 +62,24 @@ def interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def shielded() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP ignored for the block's duration: a
+    """Ctrl-C, SIGTERM and SIGHUP held back for the block's duration: a
     second one (or a supervisor's SIGTERM after the Ctrl-C) must not
-    leave half a teardown (in the main thread; elsewhere nothing)."""
+    leave half a teardown, nor be lost: the first one held back is sent
+    again when the block ends (in the main thread; elsewhere nothing)."""
     saved: Dict[int, object] = {}
+    held: List[int] = []
     try:
-        for signum in _DEFERRED:
-            saved[signum] = signal.signal(signum, signal.SIG_IGN)
-    except ValueError:                  # not the main thread
-        pass
-    try:
+        try:
+            for signum in _DEFERRED:
+                saved[signum] = signal.signal(
+                    signum, lambda n, frame: held.append(n))
+        except ValueError:                  # not the main thread
+            pass
         yield
     finally:
         _restore(saved)
+        if held:
+            os.kill(os.getpid(), held[0])
 
 
 def undo(steps: List[Tuple[str, Callable[[], None]]],
@@ -81,7 +87,9 @@ def undo(steps: List[Tuple[str, Callable[[], None]]],
          describe: Callable[[BaseException], str] = str) -> List[str]:
     """Run the undo of each of `steps` ((what, function), in the order
     they were done), latest first, each tried, shielded; says each one
-    done, empties `steps` and returns the problems ("what: why")."""
+    done or not (a signal held back meanwhile ends the caller after it,
+    with no return), empties `steps` and returns the problems ("what:
+    why")."""
     problems = []
     with shielded():
         while steps:
@@ -91,6 +99,7 @@ def undo(steps: List[Tuple[str, Callable[[], None]]],
                 say(f"rolled back: {what}")
             except BaseException as e:
                 problems.append(f"{what}: {describe(e)}")
+                say(f"not rolled back: {problems[-1]}")
     return problems
 
 

@@ -630,24 +630,28 @@ def test_share_is_built_once_per_content(tmp_path, monkeypatch):
 def test_prune_keeps_what_a_running_process_holds(tmp_path):
     """A cached image or share that a process holds open (a guest's QEMU:
     a migration's destination opens it again by its path) is never
-    pruned, however long ago it was last built or reused."""
+    pruned, however long ago it was last built or reused, also when the
+    cache is named through a symbolic link."""
     from ivcloud.vm.debian import _prune
+    (tmp_path / "real").mkdir()
+    cache = tmp_path / "cache"
+    cache.symlink_to(tmp_path / "real")
     for i, name in enumerate(("share-a", "share-b", "share-c", "share-d")):
-        d = tmp_path / name
+        d = cache / name
         d.mkdir()
         (d / "disk.img").write_bytes(b"x")
         (d / ".used").touch()
         os.utime(d / ".used", (1000 + i, 1000 + i))
-    holder = subprocess.Popen(["sleep", "60"], stdin=open(
-        tmp_path / "share-a" / "disk.img", "rb"))
+    with open(cache / "share-a" / "disk.img", "rb") as held:
+        holder = subprocess.Popen(["sleep", "60"], stdin=held)
     try:
-        _prune(tmp_path, "share", 2, tmp_path / "share-d")
-        left = sorted(p.name for p in tmp_path.iterdir())
+        _prune(cache, "share", 2, cache / "share-d")
+        left = sorted(p.name for p in cache.iterdir())
     finally:
         holder.kill()
         holder.wait()
     # the current one, the most recently used other, the one in use
     assert left == ["share-a", "share-c", "share-d"], left
-    _prune(tmp_path, "share", 2, tmp_path / "share-d")
-    assert sorted(p.name for p in tmp_path.iterdir()) == \
+    _prune(cache, "share", 2, cache / "share-d")
+    assert sorted(p.name for p in cache.iterdir()) == \
         ["share-c", "share-d"]

@@ -318,8 +318,11 @@ def _in_use(d: Path) -> bool:
     image or share (a QEMU, or a qcow2 overlay's backing file), which
     the next QEMU of that guest (a migration's destination) opens by
     its path again."""
-    below = f"{d}/"
+    below = os.path.realpath(d) + "/"   # what /proc's fd links give
+    me = str(os.getpid())               # (holding its lock)
     for pid in os.listdir("/proc"):
+        if pid == me:
+            continue
         try:
             fds = os.listdir(f"/proc/{pid}/fd") if pid.isdigit() else []
             if any(os.readlink(f"/proc/{pid}/fd/{n}").startswith(below)
@@ -343,12 +346,11 @@ def _prune(cache: Path, prefix: str, keep: int, current: Path) -> None:
                       if d.is_dir() and d != current), key=last_use,
                      reverse=True)
     for d in entries[max(keep - 1, 0):]:
-        if _in_use(d):
-            continue
         try:
             with open(d / ".lock", "a") as f:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                shutil.rmtree(d, ignore_errors=True)
+                if not _in_use(d):
+                    shutil.rmtree(d, ignore_errors=True)
         except (BlockingIOError, OSError):
             pass
 
