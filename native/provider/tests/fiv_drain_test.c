@@ -13,9 +13,14 @@
  * none applied twice); the drained rank acknowledges with status 0 and
  * leaves its slot; its report line's phases show the region before, the
  * core only while it was away and the region again after, one drain, one
- * rejoin and the pair moved twice on both sides. A second case puts
- * thousands of region messages ahead of a SWITCH while the core messages
- * behind it arrive first.
+ * rejoin and the pair moved twice on both sides. Two cases have a
+ * migration's shape: three ranks, one moving between the others'
+ * regions; and four ranks as two servers of two (`ivcloud bench
+ * migrate`), where rank 2 joins the region of ranks 0 and 1 and both new
+ * pairs go back to it at once (rank 2 then sends them nothing over the
+ * core; each pair's round trip before and after is printed). Another
+ * puts thousands of region messages ahead of a SWITCH while the core
+ * messages behind it arrive first.
  *
  * Hostile: a peer that never answers the SWITCH (away from libfabric
  * past the deadline): the drain ends at FI_IVSHM_DRAIN_MS, the pair's
@@ -600,6 +605,122 @@ static void moving_body(struct rank *r)
     free(l);
 }
 
+/* ---- four ranks on two regions, one moving: every pair after ---- */
+
+#define PP_N 50
+#define TAG4 0x44
+
+/* Round trips of 8 bytes between ranks a and b (the others wait in a
+   barrier that drives progress): the median in microseconds. */
+static double pingpong(struct rank *r, int a, int b)
+{
+    double med = 0;
+    if (r->me == a || r->me == b) {
+        int peer = r->me == a ? b : a;
+        static double rtt[PP_N];
+        uint64_t x = 0;
+        struct fi_cq_tagged_entry e;
+        for (int i = 0; i < PP_N; i++) {
+            uint64_t t = t_now_us();
+            if (r->me == a) {
+                REQ_RC(fi_tsend(r->ep, &x, sizeof x, NULL, r->addr[peer],
+                                TAG4, NULL), 0);
+                REQ_RC(t_wait(r, &e, NULL, NULL, 30000), 0);
+                REQ_RC(fi_trecv(r->ep, &x, sizeof x, NULL, r->addr[peer],
+                                TAG4, 0, &x), 0);
+                do
+                    REQ_RC(t_wait(r, &e, NULL, NULL, 30000), 0);
+                while (e.op_context != &x);
+            } else {
+                REQ_RC(fi_trecv(r->ep, &x, sizeof x, NULL, r->addr[peer],
+                                TAG4, 0, &x), 0);
+                do
+                    REQ_RC(t_wait(r, &e, NULL, NULL, 30000), 0);
+                while (e.op_context != &x);
+                REQ_RC(fi_tsend(r->ep, &x, sizeof x, NULL, r->addr[peer],
+                                TAG4, NULL), 0);
+                REQ_RC(t_wait(r, &e, NULL, NULL, 30000), 0);
+            }
+            rtt[i] = (double)(t_now_us() - t);
+        }
+        for (int i = 1; i < PP_N; i++)
+            for (int j = i; j > 0 && rtt[j - 1] > rtt[j]; j--) {
+                double s = rtt[j];
+                rtt[j] = rtt[j - 1];
+                rtt[j - 1] = s;
+            }
+        med = rtt[PP_N / 2];
+    }
+    t_barrier(r);
+    return med;
+}
+
+static const int pair4[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
+static double rtt4[6][2]; /* per pair: before, after (rank pair4[k][0]'s) */
+
+/* Ranks 0 and 1 in region A, 2 (through link_path) and 3 in region B, as
+   two servers of two instances each; rank 2 moves to region A. */
+static void four_body(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    t_barrier(r);
+    double m[2][6];
+    for (int k = 0; k < 6; k++)
+        m[0][k] = pingpong(r, pair4[k][0], pair4[k][1]);
+    if (r->me == 3) {
+        /* the host: rank 2 lets go of region B, which then goes */
+        int slot2;
+        uint32_t gen2;
+        name_slot(r->names + 2 * NAMELEN, &slot2, &gen2);
+        const char *keep = region_path;
+        region_path = region_b;
+        ivshm_admin *a = admin_open();
+        region_path = keep;
+        REQ_RC(ivshm_admin_drain_slot(a, slot2, gen2, REQ_NO), 0);
+        uint64_t end = t_now_ms() + 20000;
+        for (;;) {
+            (void)fi_cntr_read(r->rcntr);
+            int32_t st = 1;
+            int rc = ivshm_admin_drain_state(a, slot2, gen2, REQ_NO, &st);
+            REQ(rc >= 0);
+            if (rc == 1) {
+                REQ_RC(st, 0);
+                break;
+            }
+            REQ(t_now_ms() < end);
+        }
+        ivshm_admin_close(a);
+        REQ(unlink(link_path) == 0);
+        REQ(link(region_path, link_path) == 0); /* region A's name now */
+    }
+    t_barrier(r);
+    /* rank 2 finds region A within a quarter of a second and offers it;
+       everyone drives progress meanwhile */
+    uint64_t until = t_now_ms() + 1500;
+    while (t_now_ms() < until)
+        (void)fi_cntr_read(r->rcntr);
+    t_barrier(r);
+    /* (2,3) stays on the core: not measured after, so that rank 2's
+       report shows only region messages after its rejoin */
+    for (int k = 0; k < 5; k++)
+        m[1][k] = pingpong(r, pair4[k][0], pair4[k][1]);
+    m[1][5] = 0;
+    /* each pair's first rank says what it measured */
+    for (int k = 0; k < 6; k++) {
+        double v[2] = {m[0][k], m[1][k]};
+        t_bcast(r, pair4[k][0], v, sizeof v);
+        rtt4[k][0] = v[0];
+        rtt4[k][1] = v[1];
+    }
+    if (r->me == 0)
+        for (int k = 0; k < 6; k++)
+            printf("  pair %d-%d: round trip %.1f us before, %.1f us after\n",
+                   pair4[k][0], pair4[k][1], rtt4[k][0], rtt4[k][1]);
+    t_barrier(r);
+    t_close(r);
+}
+
 /* A report field of rank i's line, -1 if absent. */
 static long long field(const char *base, int i, const char *name)
 {
@@ -670,8 +791,8 @@ int main(void)
     REQ(fd >= 0);
     close(fd);
     t_track(tmpl);
-    char out[3][320];
-    for (int i = 0; i < 3; i++) {
+    char out[4][320];
+    for (int i = 0; i < 4; i++) {
         snprintf(out[i], sizeof out[i], "%s.%d", tmpl, i);
         t_track(out[i]);
     }
@@ -726,9 +847,9 @@ int main(void)
     region_b = t_region(8, 0);
     unlink(link_path);
     REQ(link(region_path, link_path) == 0);
-    char env_b[400];
     snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1",
              region_path);
+    char env_b[400];
     snprintf(env_b, sizeof env_b, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1",
              region_b);
     const char *env_move[] = {env_link, env, env_b};
@@ -757,6 +878,42 @@ int main(void)
            "%lld/%lld away, %lld/%lld after) (%llu ms)\n", f ? "FAIL" : "ok",
            nph > 0 ? ph[0][0] : -1, nph > 0 ? ph[0][1] : -1,
            nph > 1 ? ph[1][0] : -1, nph > 1 ? ph[1][1] : -1,
+           nph > 2 ? ph[2][0] : -1, nph > 2 ? ph[2][1] : -1,
+           (unsigned long long)(t_now_ms() - t0));
+    failed += f;
+
+    /* rank 2 moves from region B (rank 3's) to region A (ranks 0 and
+       1's): both its new pairs go back to the region */
+    region_path = t_region(8, 0);
+    region_b = t_region(8, 0);
+    unlink(link_path);
+    REQ(link(region_b, link_path) == 0);
+    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1",
+             region_path);
+    snprintf(env_b, sizeof env_b, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1",
+             region_b);
+    const char *env_four[] = {env, env, env_link, env_b};
+    t0 = t_now_ms();
+    f = t_run(4, four_body, env_four, 90, tmpl);
+    nph = phases(tmpl, 2, ph);
+    long long sw[4];
+    for (int i = 0; i < 4; i++)
+        sw[i] = field(tmpl, i, " switched ");
+    /* rank 2 sent only to ranks 0 and 1 after its rejoin: the region
+       only; (2,3) moved once each way, (0,2) and (1,2) once */
+    if (!f && !(nph == 3 && ph[2][0] > 0 && ph[2][1] == 0 && sw[2] == 3 &&
+                sw[0] == 1 && sw[1] == 1 && sw[3] == 1)) {
+        fprintf(stderr, "report lines: rank 2 %d phases, after %lld/%lld; "
+                "switched %lld %lld %lld %lld\n", nph,
+                nph > 2 ? ph[2][0] : -1, nph > 2 ? ph[2][1] : -1, sw[0], sw[1],
+                sw[2], sw[3]);
+        f = 1;
+    }
+    if (f || getenv("FIV_DRAIN_SHOW"))
+        show(tmpl, 4);
+    printf("%s: rank 2 moves from rank 3's region to ranks 0 and 1's: both "
+           "new pairs on the region after (rank 2 region/core after: "
+           "%lld/%lld) (%llu ms)\n", f ? "FAIL" : "ok",
            nph > 2 ? ph[2][0] : -1, nph > 2 ? ph[2][1] : -1,
            (unsigned long long)(t_now_ms() - t0));
     failed += f;
