@@ -474,6 +474,23 @@ def test_hidden_env_is_put_back(vmc):
     assert_untouched()
 
 
+def test_hidden_env_never_replaces_a_fresh_one(vmc):
+    """A hidden ivshm.env that a bind has written anew since (a rollback
+    that plugged the device again) is stale: healing drops it and keeps
+    the fresh one."""
+    from ivcloud.cluster import migrate as mig
+    st = state()
+    rec = st["vms"]["s1i0"]
+    mig.drain_ranks(st, "s1i0", Path(rec["dir"]) / "agent.sock",
+                    rec["device"], print)
+    guest_sh("s1i0", f"cp {mig.AWAY_ENV} {mig.GUEST_ENV} && "
+                     f"echo '# fresh' >> {mig.GUEST_ENV}")
+    mig.heal(state())
+    assert guest_env("s1i0") == (True, False, False)
+    assert "# fresh" in guest_sh("s1i0", f"cat {mig.GUEST_ENV}")
+    assert_untouched()
+
+
 def test_rank_killed_during_the_drain(vmc):
     """An MPICH job over the provider; its rank in s1i0, stopped so that
     it cannot answer, is killed once the migration of s1i0 asked it to

@@ -257,9 +257,13 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
 
 def unhide(d: Path, host: str) -> None:
     """The ivshm.env that drain_ranks hid in the guest of the QEMU in
-    `d`, back."""
-    vm_instance.guest_run(d / "agent.sock", host, f"[ ! -e {AWAY_ENV} ] ||"
-                          f" mv -f {AWAY_ENV} {GUEST_ENV}", GUEST_TIMEOUT_S)
+    `d`, back; never over one a bind wrote since (that one names the
+    device the guest has now: the hidden one is stale)."""
+    vm_instance.guest_run(d / "agent.sock", host,
+                          f"if [ -e {GUEST_ENV} ]; then rm -f {AWAY_ENV}; "
+                          f"elif [ -e {AWAY_ENV} ]; then "
+                          f"mv -f {AWAY_ENV} {GUEST_ENV}; fi",
+                          GUEST_TIMEOUT_S)
     (d / HIDDEN).unlink(missing_ok=True)
 
 
@@ -267,14 +271,30 @@ def heal(state: Dict, locked: bool = False) -> None:
     """Each ivshm.env that a migration hid and never put back (one killed
     between its drain and its unplug), back, unless a migration holds
     the cluster's lock (`locked`: the caller's own)."""
-    hidden = [h for h, rec in state.get("vms", {}).items()
-              if (Path(rec["dir"]) / HIDDEN).exists()]
+    def hidden():
+        return [(h, Path(rec["dir"])) for h, rec in
+                state.get("vms", {}).items()
+                if (Path(rec["dir"]) / HIDDEN).exists()]
+    if not hidden():
+        return
     try:
-        with contextlib.nullcontext() if locked or not hidden else \
+        with contextlib.nullcontext() if locked else \
                 filelock.held(Path(state["dir"]) / "migrate.lock", 0.0,
                               _Busy):
-            for host in hidden:
-                unhide(Path(state["vms"][host]["dir"]), host)
+            for host, d in hidden():   # again, under the lock
+                try:
+                    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                        plugged = qemu.find_device(
+                            q, qemu.BOOT_DEVICE) is not None
+                    if plugged:
+                        unhide(d, host)
+                    else:   # killed after its unplug: the env is stale
+                        vm_instance.guest_run(
+                            d / "agent.sock", host, f"rm -f {AWAY_ENV}",
+                            GUEST_TIMEOUT_S)
+                        (d / HIDDEN).unlink(missing_ok=True)
+                except (OSError, IvcloudError):   # the next caller tries again
+                    continue
     except _Busy:   # that migration puts it back or takes the device
         pass
 
@@ -326,9 +346,11 @@ def restore(d: Path, host: str, server_socket: str) -> None:
             return unhide(d, host)
         qemu.remove_chardev(q, qemu.BOOT_DEVICE)   # if still there
     addr = plug_qemu(d, server_socket)
+    # a hidden env from before the unplug is stale: the bind writes anew
     vm_instance.guest_run(d / "agent.sock", host, "\n".join(
-        [guest_regions.clear_script(addr), *guest_regions.bind_lines(addr)]),
-        BIND_TIMEOUT_S)
+        [guest_regions.clear_script(addr, AWAY_ENV),
+         *guest_regions.bind_lines(addr)]), BIND_TIMEOUT_S)
+    (d / HIDDEN).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- the move
