@@ -38,3 +38,23 @@ def test_stall_is_the_longest_tick_of_a_move_less_the_median_before():
     # 5 s of stall against 1 s of downtime plus 1 s
     assert [t.status for t in ts[3:]] == ["MISS", "PASS"]
     assert ts[3].value == 2.5
+
+
+def test_a_pair_sharing_a_host_cpu_is_judged_only_against_its_like():
+    """Round-robin pinning on 2 host CPUs: ranks 0 and 2 share CPU 0, so
+    pair 0-2 waits for the host's scheduler while moved (here 100x);
+    0-1 shares none, so 0-2 is left out of the comparison with it and
+    marked in the table."""
+    runs = _runs()
+    for r in runs:
+        if r["pair"] == "0-2" and r["phase"] == "moved":
+            r["latency_us"] = 1000.0
+    res = BenchResults(runs=runs)
+    res.records = summarize(res.runs, ("pair", "phase"), ("latency_us",))
+    cpus = {"s0i0": [0], "s0i1": [1], "s1i0": [0], "s1i1": [1]}
+    fields = {"migrations": [], "stalls": [], "cpus": cpus}
+    assert migrate.shares_cpu((0, 2), fields)
+    assert not migrate.shares_cpu((0, 1), fields)
+    assert [t.value for t in migrate.targets(res, fields)[1:3]] == [1.0, 1.0]
+    unpinned = {"migrations": [], "stalls": []}
+    assert migrate.targets(res, unpinned)[1].value == 100.0
