@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..apps.mag import TRANSPORTS, run_command
 from ..errors import InvalidRequest
-from . import mag_peer
+from . import mag_curved, mag_peer
 from .toolkit import (BenchResults, Target, checked_run, measure_rounds,
                       print_grid, run_benchmark, run_closed, spread,
                       summarize)
@@ -101,28 +101,32 @@ class MagBenchSettings:
         from micromag import convergence
         from micromag.problem import load
         mag_peer.python(self.peer)
-        if "sp4" not in self.problems or convergence.reference_for(
+        if mag_curved.EXAMPLE in self.problems and "sp4" not in self.problems:
+            pass        # the curved body only (ivcloud.bench.mag_curved)
+        elif "sp4" not in self.problems or convergence.reference_for(
                 load(self.files["sp4"])) is None:
             raise InvalidRequest("a peer runs standard problem 4, field 1, "
-                                 "only: the problems must include sp4, and "
-                                 "its sp4.toml be that problem",
-                                 setting="peer")
+                                 f"and {mag_curved.EXAMPLE} only: the "
+                                 "problems must include one, and sp4.toml "
+                                 "be that problem", setting="peer")
         mag_peer.cpus_for(max(self.ranks))
 
 
-def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
-    """One `ivcloud mag run` of example `name` on `ranks` ranks: its
-    record."""
+def _one_run(s: MagBenchSettings, name: str, ranks: int,
+             problem: Optional[Path] = None) -> List[Dict]:
+    """One `ivcloud mag run` of example `name` (or of the file `problem`,
+    a variant of it) on `ranks` ranks: its record."""
+    problem = problem or s.files[name]
     with tempfile.TemporaryDirectory(prefix="ivcloud-mag-bench-") as tmp:
         out = Path(tmp) / "run"
-        cmd = run_command(s.files[name], out, ranks, s.transport)
+        cmd = run_command(problem, out, ranks, s.transport)
         t0 = time.perf_counter()
         checked_run(functools.partial(run_closed, cmd), s.timeout_s,
                     f"{name} on {ranks} rank(s)")
         wall = time.perf_counter() - t0
         summary = json.loads((out / "summary.json").read_text())
         rec = _record(name, ranks, wall, summary)
-        rec.update(_error_to_reference(s.files[name], out))
+        rec.update(_error_to_reference(problem, out))
     return [rec]
 
 
@@ -230,16 +234,21 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     res = BenchResults()
     steps = [(f"{name} on {n} rank(s)",
               (lambda name=name, n=n: _one_run(s, name, n)))
-             for name in s.problems for n in s.ranks]
-    if s.peer:
+             for name in s.problems for n in s.ranks
+             if name != mag_curved.EXAMPLE]
+    if mag_curved.EXAMPLE in s.problems:
+        steps += mag_curved.steps(s, _one_run)
+    if s.peer and "sp4" in s.problems:
         steps += [(f"sp4 in {s.peer} on {n} core(s)",
                    (lambda n=n: _peer_run(s, n))) for n in s.ranks]
     measure_rounds(res, "mag", s.rounds, steps, log)
     _add_efficiencies(res.runs)
     if s.peer:
         _add_peer_ratios(res.runs, s.peer)
-    res.records = summarize(res.runs, ("problem", "code", "ranks"),
+    res.records = summarize(res.runs, ("problem", "code", "ranks",
+                                       "size_nm"),
                             FIELDS + ("time_over_peer",))
+    mag_curved.add_errors(res)
     for rec in res.records:
         for key in ("m_final", "minus_reference", "error_max"):
             vals = [r[key] for r in res.runs
@@ -287,13 +296,15 @@ def targets(res: BenchResults) -> List[Target]:
                              f"solution, ours / {peer}'s on as many cores",
                              r["time_over_peer"], "<=", 1.0,
                              best=r.get("time_over_peer_min")))
-    return ts
+    return ts + mag_curved.targets(res)
 
 
 def print_table(res: BenchResults, out=None) -> None:
     out = out or sys.stdout
     rows = []
     for r in res.records:
+        if r["problem"] == mag_curved.EXAMPLE:
+            continue        # its own table below
         err = r.get("minus_reference")
         ours = r["code"] == "ivcloud"
         rows.append([
@@ -312,10 +323,12 @@ def print_table(res: BenchResults, out=None) -> None:
             spread(r, "efficiency_time_to_solution", "{:.2f}"),
             "" if err is None else
             "(" + ", ".join(f"{v:+.4f}" for v in err) + ")"])
-    print_grid(["problem", "ranks", "nodes", "demag", "rounds",
-                "time to solution s", "spread", "solve s", "field evals",
-                "ms/eval", "peak MB/rank", "efficiency", "spread",
-                "<m>(end) - reference"], rows, out)
+    if rows:
+        print_grid(["problem", "ranks", "nodes", "demag", "rounds",
+                    "time to solution s", "spread", "solve s", "field evals",
+                    "ms/eval", "peak MB/rank", "efficiency", "spread",
+                    "<m>(end) - reference"], rows, out)
+    mag_curved.print_table(res, out)
 
 
 def run(s: MagBenchSettings, json_path: Optional[Path] = None,

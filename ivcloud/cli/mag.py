@@ -84,7 +84,9 @@ def register(sub) -> None:
     b.add_argument("--np", type=_np_list, default=[1, 2],
                    help="rank counts, comma-separated (default 1,2)")
     b.add_argument("--problems", default=",".join(BENCH_PROBLEMS),
-                   help="comma-separated example names (default bar,sp4)")
+                   help="comma-separated example names (default bar,sp4; "
+                        "ellipsoid: the curved body at several mesh "
+                        "sizes, docs/mag.md)")
     b.add_argument("--examples", default=str(EXAMPLES),
                    help="directory of the example problem files")
     b.add_argument("--transport", choices=TRANSPORTS, default="vader")
@@ -93,8 +95,9 @@ def register(sub) -> None:
     b.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per run before it is stopped")
     b.add_argument("--peer", choices=("neuralmag",),
-                   help="also run standard problem 4 in this "
-                        "finite-difference code (make peer-neuralmag "
+                   help="also run standard problem 4 (and the "
+                        "ellipsoid) in this finite-difference code "
+                        "(make peer-neuralmag "
                         "installs it), in the same rounds")
     b.set_defaults(func=cmd_bench)
 

@@ -94,3 +94,30 @@ def test_solver_converges_to_the_exact_moment(tmp_path):
         assert abs(m[0] - exact[0]) < bound and abs(m[2]) < 1e-3
         errors.append(err)
     assert errors[1] < errors[0]
+
+
+def test_bench_errors_and_target():
+    """The curved-body bench (ivcloud.bench.mag_curved): errors against
+    the exact m, and the target at the peer's time for its 1 %."""
+    from ivcloud.bench import mag_curved
+    from ivcloud.bench.toolkit import BenchResults
+    ref = mag_curved.reference(EXAMPLES / "ellipsoid.toml")
+    assert mag_curved.errors(ref["m"], ref)["error_rel"] == 0
+    off = [ref["m"][0], ref["m"][1] * 1.02, 0.0]
+    assert mag_curved.errors(off, ref)["error_rel"] == pytest.approx(0.02)
+    res = BenchResults()
+    for code, size, t, err in (("ivcloud", 2.0, 5.0, 0.02),
+                               ("ivcloud", 1.0, 12.0, 0.006),
+                               ("neuralmag", 1.0, 30.0, 0.05),
+                               ("neuralmag", 0.5, 90.0, 0.009)):
+        res.records.append({"problem": "ellipsoid", "code": code,
+                            "ranks": 1, "size_nm": size, "runs": 1,
+                            "time_to_solution_s": t, "error_rel": err})
+    first, finest = mag_curved.targets(res)
+    assert (first.value, first.threshold, first.status) == (0.006, 0.009,
+                                                            "PASS")
+    assert finest.value == 0.006 and finest.status == "PASS"
+    # none of ours done within the peer's time: no value
+    res.records[0]["time_to_solution_s"] = 100.0
+    res.records[1]["time_to_solution_s"] = 100.0
+    assert mag_curved.targets(res)[0].status == "N/A"
