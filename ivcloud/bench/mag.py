@@ -248,7 +248,6 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     res.records = summarize(res.runs, ("problem", "code", "ranks",
                                        "size_nm"),
                             FIELDS + ("time_over_peer",))
-    mag_curved.add_errors(res)
     for rec in res.records:
         for key in ("m_final", "minus_reference", "error_max"):
             vals = [r[key] for r in res.runs
@@ -263,6 +262,7 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
                       f"{rec['efficiency_time_to_solution']:.2f} (time to "
                       f"solution), {rec['efficiency']:.2f} (solve), "
                       f"medians of {rec['runs']} round(s)\n")
+    mag_curved.add_errors(res)
     return res
 
 

@@ -121,3 +121,7 @@ def test_bench_errors_and_target():
     res.records[0]["time_to_solution_s"] = 100.0
     res.records[1]["time_to_solution_s"] = 100.0
     assert mag_curved.targets(res)[0].status == "N/A"
+    # the peer never within 1 %: that target is N/A, saying why
+    for r in res.records[2:]:
+        r["error_rel"] = 0.05
+    assert mag_curved.targets(res)[0].status == "N/A"

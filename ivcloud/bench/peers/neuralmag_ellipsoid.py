@@ -26,10 +26,10 @@ import neuralmag as nm  # noqa: E402
 
 # With damping 1 the uniform mode decays with a time constant near 50 ps:
 # a step moves <m> by about a fifth of its distance to equilibrium, so
-# <m> stops within about 5e-6 of it (float32, its default), near our solver's
-# (examples/ellipsoid.toml, tol 1e-6)
+# <m> stops within about 5e-5 of it: 1e-6 is below the float32 noise of
+# <m> (its default dtype) from 0.7 nm cells on, where it never stopped
 STEP_S = 1e-11
-TOL = 1e-6
+TOL = 1e-5
 MAX_STEPS = 2000
 
 cell = float(sys.argv[1]) * 1e-9
