@@ -29,10 +29,9 @@ from .toolkit import Target, print_grid, spread
 
 EXAMPLE = "ellipsoid"
 # Our mesh sizes and the peer's cell sizes (nm). Ours: 2.2 % to 0.6 %
-# off. The peer's error falls about linearly with the cell (9.3 % at 2 nm,
-# 6.0 % at 1 nm) and its time grows steeply (more cells, and the
-# exchange's smaller stable step; 19.8 s at 2 nm, 62.4 s at 1 nm on a busy
-# machine: BENCHMARKS.md)
+# off. The peer's: 9.3 %, 6.0 %, 2.6 % at 2, 1, 0.7 nm, in 20 s, 62 s,
+# 118 s of a busy machine (more cells, and the exchange's smaller stable
+# step; BENCHMARKS.md)
 OUR_H_NM = (2.0, 1.5, 1.0)
 PEER_CELLS_NM = (2.0, 1.0, 0.7)
 ERROR_GOAL = 0.01
