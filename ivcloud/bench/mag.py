@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..apps.mag import TRANSPORTS, run_command
 from ..errors import InvalidRequest
-from . import mag_peer
+from . import mag_curved, mag_peer
 from .toolkit import (BenchResults, Target, checked_run, measure_rounds,
                       print_grid, run_benchmark, run_closed, spread,
                       summarize)
@@ -92,11 +92,15 @@ class MagBenchSettings:
         """The peer runs standard problem 4 as published, field 1 or 2:
         the run set must have sp4 or sp4_field2 (each file that problem:
         its reference is what both are measured against), and enough
-        CPUs for the rank counts."""
-        if not self.peer_problems():
-            raise InvalidRequest("a peer runs standard problem 4 only: the "
-                                 "problems must include sp4 (field 1) or "
-                                 "sp4_field2 (field 2)", setting="peer")
+        CPUs for the rank counts; or the curved body
+        (ivcloud.bench.mag_curved)."""
+        if not self.peer_problems() and \
+                mag_curved.EXAMPLE not in self.problems:
+            raise InvalidRequest("a peer runs standard problem 4 and "
+                                 f"{mag_curved.EXAMPLE} only: the problems "
+                                 "must include sp4 (field 1), sp4_field2 "
+                                 f"(field 2) or {mag_curved.EXAMPLE}",
+                                 setting="peer")
         for name in self.peer_problems():
             if _field_of(self.files[name]) != SP4_FIELDS[name]:
                 raise InvalidRequest(f"{self.files[name]} is not standard "
@@ -115,19 +119,21 @@ def _field_of(problem: Path) -> Optional[int]:
     return convergence.sp4_field(load(problem))
 
 
-def _one_run(s: MagBenchSettings, name: str, ranks: int) -> List[Dict]:
-    """One `ivcloud mag run` of example `name` on `ranks` ranks: its
-    record."""
+def _one_run(s: MagBenchSettings, name: str, ranks: int,
+             problem: Optional[Path] = None) -> List[Dict]:
+    """One `ivcloud mag run` of example `name` (or of the file `problem`,
+    a variant of it) on `ranks` ranks: its record."""
+    problem = problem or s.files[name]
     with tempfile.TemporaryDirectory(prefix="ivcloud-mag-bench-") as tmp:
         out = Path(tmp) / "run"
-        cmd = run_command(s.files[name], out, ranks, s.transport)
+        cmd = run_command(problem, out, ranks, s.transport)
         t0 = time.perf_counter()
         checked_run(functools.partial(run_closed, cmd), s.timeout_s,
                     f"{name} on {ranks} rank(s)")
         wall = time.perf_counter() - t0
         summary = json.loads((out / "summary.json").read_text())
         rec = _record(name, ranks, wall, summary)
-        rec.update(_error_to_reference(s.files[name], out))
+        rec.update(_error_to_reference(problem, out))
     return [rec]
 
 
@@ -257,7 +263,10 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     res = BenchResults()
     steps = [(f"{name} on {n} rank(s)",
               (lambda name=name, n=n: _one_run(s, name, n)))
-             for name in s.problems for n in s.ranks]
+             for name in s.problems for n in s.ranks
+             if name != mag_curved.EXAMPLE]
+    if mag_curved.EXAMPLE in s.problems:
+        steps += mag_curved.steps(s, _one_run)
     if s.peer:
         steps += [(f"{name} in {s.peer} on {n} core(s)",
                    (lambda name=name, n=n: _peer_run(s, name, n)))
@@ -266,7 +275,8 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     _add_efficiencies(res.runs)
     if s.peer:
         _add_peer_ratios(res.runs, s.peer)
-    res.records = summarize(res.runs, ("problem", "code", "ranks"),
+    res.records = summarize(res.runs, ("problem", "code", "ranks",
+                                       "size_nm"),
                             FIELDS + ("time_over_peer",))
     for rec in res.records:
         for key in ("m_final", "minus_reference", "error_max",
@@ -284,6 +294,7 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
                       f"{rec['efficiency_time_to_solution']:.2f} (time to "
                       f"solution), {rec['efficiency']:.2f} (solve), "
                       f"medians of {rec['runs']} round(s)\n")
+    mag_curved.add_errors(res)
     return res
 
 
@@ -335,13 +346,15 @@ def targets(res: BenchResults) -> List[Target]:
                              f"many cores",
                              r["time_over_peer"], "<=", 1.0,
                              best=r.get("time_over_peer_min")))
-    return ts
+    return ts + mag_curved.targets(res)
 
 
 def print_table(res: BenchResults, out=None) -> None:
     out = out or sys.stdout
     rows = []
     for r in res.records:
+        if r["problem"] == mag_curved.EXAMPLE:
+            continue        # its own table below
         err = r.get("minus_reference")
         ours = r["code"] == "ivcloud"
         rows.append([
@@ -361,10 +374,13 @@ def print_table(res: BenchResults, out=None) -> None:
             "" if err is None else
             "(" + ", ".join(f"{v:+.4f}" for v in err) + ")",
             _crossing_cell(r)])
-    print_grid(["problem", "ranks", "nodes", "demag", "rounds",
-                "time to solution s", "spread", "solve s", "field evals",
-                "ms/eval", "peak MB/rank", "efficiency", "spread",
-                "<m>(end) - reference", "first <mx> = 0 ns"], rows, out)
+    if rows:
+        print_grid(["problem", "ranks", "nodes", "demag", "rounds",
+                    "time to solution s", "spread", "solve s",
+                    "field evals", "ms/eval", "peak MB/rank", "efficiency",
+                    "spread", "<m>(end) - reference", "first <mx> = 0 ns"],
+                   rows, out)
+    mag_curved.print_table(res, out)
 
 
 def _crossing_cell(r: Dict) -> str:

@@ -96,3 +96,41 @@ def run_sp4(peer: str, cores: int, timeout_s: float, field: int = 1,
     except (ValueError, KeyError, TypeError, IndexError):
         raise BenchError(f"sp4 in {peer}: unreadable result "
                          f"{last[:80]!r}") from None
+
+
+ELLIPSOID_SCRIPT = SCRIPT.parent / "neuralmag_ellipsoid.py"
+
+
+def run_ellipsoid(peer: str, cores: int, problem: Path, cell_nm: float,
+                  timeout_s: float) -> Dict:
+    """The single-domain ellipsoid of `problem` (examples/ellipsoid.toml:
+    one material, a uniform initial m, static fields) in `peer` with cubic
+    cells of `cell_nm` on `cores` CPUs: time to solution and <m>."""
+    from micromag.problem import FIELD_UNITS, load
+    p = load(problem)
+    unit = p.mesh.metres / 1e-9
+    mat = p.materials[0]
+    fields = tuple(p.fields) + tuple(p.stages[0].field)
+    h = [sum(f.H[i] * FIELD_UNITS[f.unit] for f in fields) for i in range(3)]
+    axes = p.mesh.semi_axes or (p.mesh.radius,) * 3
+    spec = {"semi_axes_nm": [v * unit for v in axes],
+            "Ms": mat.Ms, "A": mat.A, "H": h, "m0": list(p.initial.m)}
+    cpus = ",".join(str(c) for c in cpus_for(cores))
+    cmd = ["taskset", "-c", cpus, str(python(peer)), str(ELLIPSOID_SCRIPT),
+           f"{cell_nm:g}", json.dumps(spec)]
+    env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    t0 = time.perf_counter()
+    stdout, _ = checked_run(functools.partial(run_closed, cmd, env),
+                            timeout_s, f"ellipsoid in {peer}, {cell_nm:g} nm")
+    wall = time.perf_counter() - t0
+    last = (stdout.strip().splitlines() or [""])[-1]
+    try:
+        out = json.loads(last)
+        return {"time_to_solution_s": round(wall, 3),
+                "cells": [int(v) for v in out["cells"]],
+                "cells_inside": int(out["cells_inside"]),
+                "steps": int(out["steps"]),
+                "m_final": [round(float(v), 5) for v in out["m"]]}
+    except (ValueError, KeyError, TypeError):
+        raise BenchError(f"ellipsoid in {peer}: unreadable result "
+                         f"{last[:80]!r}") from None

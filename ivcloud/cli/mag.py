@@ -75,7 +75,9 @@ def register(sub) -> None:
                    help="rank counts, comma-separated (default 1,2)")
     b.add_argument("--problems", default=",".join(BENCH_PROBLEMS),
                    help="comma-separated example names (default bar,sp4;"
-                        " sp4_field2: standard problem 4, field 2)")
+                        " sp4_field2: standard problem 4, field 2; "
+                        "ellipsoid: the curved body at several mesh "
+                        "sizes, docs/mag.md)")
     b.add_argument("--examples", default=str(EXAMPLES),
                    help="directory of the example problem files")
     b.add_argument("--transport", choices=TRANSPORTS, default="vader")
@@ -85,8 +87,8 @@ def register(sub) -> None:
                    help="seconds per run before it is stopped")
     b.add_argument("--peer", choices=("neuralmag",),
                    help="also run each standard problem 4 of the "
-                        "problems (sp4, sp4_field2) in this "
-                        "finite-difference code (make peer-neuralmag "
+                        "problems (sp4, sp4_field2) and the ellipsoid in "
+                        "this finite-difference code (make peer-neuralmag "
                         "installs it), in the same rounds")
     b.set_defaults(func=cmd_bench)
 
