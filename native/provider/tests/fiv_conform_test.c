@@ -273,10 +273,18 @@ static void inject_flag(struct rank *r)
     t_close(r);
 }
 
-/* An endpoint that asked for FI_MSG | FI_RMA | FI_RMA_EVENT (no
-   modifiers: all implied) is a write target, and its counter bound for
-   remote writes counts them; every object closes afterwards. */
-static void rma_event_counter(struct rank *r)
+/* Both ranks as write targets: an endpoint that asked for FI_MSG |
+   FI_RMA | FI_RMA_EVENT (no modifiers: all implied), a CQ of 64 entries,
+   a counter bound for remote writes (`remote`) and `rma_words`
+   registered; rank 0's registration broadcast to both (`addr`, `key`). */
+static uint64_t rma_words[2];
+struct rma_target {
+    struct fid_cntr *remote;
+    struct fid_mr *mr;
+    uint64_t addr, key;
+};
+
+static void rma_event_open(struct rank *r, struct rma_target *tg)
 {
     struct fi_info *h = base_hints();
     h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
@@ -290,7 +298,6 @@ static void rma_event_counter(struct rank *r)
     struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
     struct fi_av_attr ava = {.type = FI_AV_TABLE};
     struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
-    struct fid_cntr *remote;
     REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
     REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
     REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
@@ -298,38 +305,30 @@ static void rma_event_counter(struct rank *r)
     REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
     REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
     REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &remote, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &tg->remote, NULL), 0);
     REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
     REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
     REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
     REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
-    REQ_RC(fi_ep_bind(r->ep, &remote->fid, FI_RECV | FI_REMOTE_WRITE |
-                                          FI_REMOTE_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &tg->remote->fid, FI_RECV | FI_REMOTE_WRITE |
+                                              FI_REMOTE_READ), 0);
     REQ_RC(fi_enable(r->ep), 0);
     t_exchange(r);
-    static uint64_t words[2];
-    struct fid_mr *mr;
-    REQ_RC(fi_mr_reg(r->dom, words, sizeof words,
-                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
-    struct { uint64_t addr, key; } t = {(uint64_t)(uintptr_t)words,
-                                        fi_mr_key(mr)};
-    t_bcast(r, 0, &t, sizeof t);
-    if (r->me == 1) {
-        struct fi_cq_tagged_entry e;
-        uint64_t v = 0x77;
-        REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], t.addr, t.key, &v), 0);
-        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
-        REQ(e.op_context == &v);
-        REQ(fi_cntr_read(r->wcntr) == 1);
-        t_barrier(r);
-    } else {
-        REQ_RC(fi_cntr_wait(remote, 1, 5000), 0);
-        REQ(words[0] == 0x77);
-        t_barrier(r);
-    }
-    REQ_RC(fi_close(&mr->fid), 0);
+    REQ_RC(fi_mr_reg(r->dom, rma_words, sizeof rma_words,
+                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &tg->mr,
+                     NULL), 0);
+    uint64_t at[2] = {(uint64_t)(uintptr_t)rma_words, fi_mr_key(tg->mr)};
+    t_bcast(r, 0, at, sizeof at);
+    tg->addr = at[0];
+    tg->key = at[1];
+}
+
+/* Every object closes, the endpoint before the counter bound to it. */
+static void rma_event_close(struct rank *r, struct rma_target *tg)
+{
+    REQ_RC(fi_close(&tg->mr->fid), 0);
     REQ_RC(fi_close(&r->ep->fid), 0);
-    REQ_RC(fi_close(&remote->fid), 0);
+    REQ_RC(fi_close(&tg->remote->fid), 0);
     r->ep = NULL;
     REQ_RC(fi_close(&r->av->fid), 0);
     REQ_RC(fi_close(&r->cq->fid), 0);
@@ -340,48 +339,37 @@ static void rma_event_counter(struct rank *r)
     fi_freeinfo(r->info);
 }
 
+/* Such an endpoint is a write target, and its counter bound for remote
+   writes counts them; every object closes afterwards. */
+static void rma_event_counter(struct rank *r)
+{
+    struct rma_target tg;
+    rma_event_open(r, &tg);
+    if (r->me == 1) {
+        struct fi_cq_tagged_entry e;
+        uint64_t v = 0x77;
+        REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], tg.addr, tg.key,
+                        &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &v);
+        REQ(fi_cntr_read(r->wcntr) == 1);
+        t_barrier(r);
+    } else {
+        REQ_RC(fi_cntr_wait(tg.remote, 1, 5000), 0);
+        REQ(rma_words[0] == 0x77);
+        t_barrier(r);
+    }
+    rma_event_close(r, &tg);
+}
+
 /* An honest writer sends more writes with CQ data than the target's CQ
    size while the target only waits on a counter: every one lands with
    its entry and none fails the writer (docs/provider.md, "Caps per
    peer": the cap is never below the default). */
 static void writedata_burst(struct rank *r)
 {
-    struct fi_info *h = base_hints();
-    h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
-    h->mode = FI_CONTEXT;
-    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ENDPOINT |
-                              FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
-                              FI_MR_PROV_KEY | FI_MR_RAW;
-    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
-    fi_freeinfo(h);
-    REQ(r->info->caps & FI_REMOTE_WRITE);
-    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
-    struct fi_av_attr ava = {.type = FI_AV_TABLE};
-    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
-    struct fid_cntr *remote;
-    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
-    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
-    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
-    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
-    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &remote, NULL), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
-    REQ_RC(fi_ep_bind(r->ep, &remote->fid, FI_RECV | FI_REMOTE_WRITE |
-                                          FI_REMOTE_READ), 0);
-    REQ_RC(fi_enable(r->ep), 0);
-    t_exchange(r);
-    static uint64_t words[2];
-    struct fid_mr *mr;
-    REQ_RC(fi_mr_reg(r->dom, words, sizeof words,
-                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
-    struct { uint64_t addr, key; } t = {(uint64_t)(uintptr_t)words,
-                                        fi_mr_key(mr)};
-    t_bcast(r, 0, &t, sizeof t);
+    struct rma_target tg;
+    rma_event_open(r, &tg);
     enum { BURST = 200 };
     if (r->me == 1) {
         struct fi_cq_tagged_entry e;
@@ -389,7 +377,7 @@ static void writedata_burst(struct rank *r)
         for (int i = 0; i < BURST; i++) {
             ssize_t rc;
             while ((rc = fi_writedata(r->ep, &v, 8, NULL, (uint64_t)i,
-                                      r->addr[0], t.addr, t.key, &v)) ==
+                                      r->addr[0], tg.addr, tg.key, &v)) ==
                    -FI_EAGAIN)
                 (void)fi_cq_read(r->cq, &e, 1);
             REQ_RC(rc, 0);
@@ -401,27 +389,15 @@ static void writedata_burst(struct rank *r)
         REQ(fi_cntr_readerr(r->wcntr) == 0);
         t_barrier(r);
     } else {
-        int rc = fi_cntr_wait(remote, BURST, 8000);
-        REQ_RC(rc, 0);
+        REQ_RC(fi_cntr_wait(tg.remote, BURST, 8000), 0);
         size_t got = 0;
         struct fi_cq_tagged_entry e;
-        ssize_t n;
-        while ((n = fi_cq_read(r->cq, &e, 1)) == 1)
+        while (fi_cq_read(r->cq, &e, 1) == 1)
             got += (e.flags & FI_REMOTE_CQ_DATA) != 0;
         REQ(got == BURST);
         t_barrier(r);
     }
-    REQ_RC(fi_close(&mr->fid), 0);
-    REQ_RC(fi_close(&r->ep->fid), 0);
-    REQ_RC(fi_close(&remote->fid), 0);
-    r->ep = NULL;
-    REQ_RC(fi_close(&r->av->fid), 0);
-    REQ_RC(fi_close(&r->cq->fid), 0);
-    REQ_RC(fi_close(&r->rcntr->fid), 0);
-    REQ_RC(fi_close(&r->wcntr->fid), 0);
-    REQ_RC(fi_close(&r->dom->fid), 0);
-    REQ_RC(fi_close(&r->fab->fid), 0);
-    fi_freeinfo(r->info);
+    rma_event_close(r, &tg);
 }
 
 /* Rank 1 sends one message and leaves (endpoint closed, slot free)
