@@ -110,8 +110,15 @@ bool ivshm_chan_accept(ivshm *h, int slot, uint64_t k)
 
 bool ivshm_chan_in_use(ivshm *h, uint32_t k, uint32_t g)
 {
-    const struct ivshm_slot *first = slot_at(h, ivshm_fring(h, h->self, k), 0);
-    return atomic_load_explicit(&first->seq, memory_order_acquire) == 1 &&
+    uint8_t *ring = ivshm_fring(h, h->self, k);
+    const struct ivshm_slot *first = slot_at(h, ring, 0);
+    /* the producer's head (stored after position 0 was published) says
+       so as well as that seq does: a co-tenant that rewrote the seq (hid
+       the message) would otherwise keep the channel unread for good */
+    uint64_t head = atomic_load_explicit(
+        &((struct ivshm_ring_ctrl *)ring)->head, memory_order_acquire);
+    uint64_t seq = atomic_load_explicit(&first->seq, memory_order_acquire);
+    return (seq == 1 || (head >= 1 && head <= h->ring_slots)) &&
            __atomic_load_n(&first->gen, __ATOMIC_RELAXED) == g;
 }
 

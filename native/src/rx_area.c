@@ -70,8 +70,11 @@ void ivshm_fast_sweep(ivshm *h)
             ivshm_peer_alive(h, (int)s, g)) {
             if (ivshm_sweep_test_hook)
                 ivshm_sweep_test_hook(h);
-            if (chan_orphaned(h, k, (int)s, g))
+            if (chan_orphaned(h, k, (int)s, g)) {
                 ivshm_chan_adopt(h, (int)s, k);
+                if (ivshm_ring_heal(h, (int)s)) /* a hidden position 0 */
+                    ivshm_rx_lost(&h->peers[s]);
+            }
             continue; /* else its OPEN may still come */
         }
         ivshm_chan_reset(h, k);

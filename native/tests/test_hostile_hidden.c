@@ -251,6 +251,7 @@ static void test_hidden_slot(void)
        message arrives all the same (the sweep adopts the channel) */
     hide_step(&t.sp, 'a');
     hide_step(&t.hp, 'o');
+    hide_step(&t.hp, 'h'); /* and position 0 of that ring looks empty */
     CHECK(idle_poll(r, 5000, &took) == 0);
     printf("hidden slot: lost OPEN: the ring's message after %llu ms\n",
            (unsigned long long)took);
