@@ -61,23 +61,34 @@ def interrupts() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def shielded() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP held back for the block's duration: a
-    second one (or a supervisor's SIGTERM after the Ctrl-C) must not
-    leave half a teardown, nor be lost: the first one held back is sent
-    again when the block ends (in the main thread; elsewhere nothing)."""
+def _holding(pending: List[int]) -> Iterator[None]:
+    """The interrupting signals held back into `pending` for the block's
+    duration (handlers, not a signal mask: a child must not inherit a
+    mask; outside the main thread nothing can be held back)."""
     saved: Dict[int, object] = {}
-    held: List[int] = []
     try:
         try:
             for signum in _DEFERRED:
                 saved[signum] = signal.signal(
-                    signum, lambda n, frame: held.append(n))
+                    signum, lambda n, _frame: pending.append(n))
         except ValueError:                  # not the main thread
             pass
         yield
     finally:
         _restore(saved)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held back for the block's duration: a
+    second one (or a supervisor's SIGTERM after the Ctrl-C) must not
+    leave half a teardown, nor be lost: the first one held back is sent
+    again when the block ends."""
+    held: List[int] = []
+    try:
+        with _holding(held):
+            yield
+    finally:
         if held:
             os.kill(os.getpid(), held[0])
 
@@ -170,25 +181,16 @@ def _start(argv: List[str], env: Dict[str, str], stdout, stderr,
     """Popen with the interrupting signals held back into `pending`: one
     arriving while Popen waits for the exec (long on a busy machine)
     would raise out of it with the launcher started and unknown to us,
-    left running. (Handlers, not a signal mask: the launcher must not
-    inherit a mask.) Outside the main thread nothing can be held back."""
-    saved: Dict[int, object] = {}
+    left running (_holding)."""
     try:
-        for signum in _DEFERRED:
-            saved[signum] = signal.signal(
-                signum, lambda n, _frame: pending.append(n))
-    except ValueError:                  # not the main thread
-        pass
-    try:
-        return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr,
-                                cwd=cwd, preexec_fn=preexec)
+        with _holding(pending):
+            return subprocess.Popen(argv, env=env, stdout=stdout,
+                                    stderr=stderr, cwd=cwd,
+                                    preexec_fn=preexec)
     except BaseException:
-        _restore(saved)
         for signum in pending:          # no job: the signal acts as usual
             os.kill(os.getpid(), signum)
         raise
-    finally:
-        _restore(saved)
 
 
 def _restore(saved: Dict[int, object]) -> None:
