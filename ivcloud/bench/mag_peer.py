@@ -17,7 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from ..errors import BenchError, InvalidRequest
 from .toolkit import checked_run, run_closed
@@ -58,6 +58,21 @@ def cpus_for(cores: int) -> List[int]:
     return allowed[:cores]
 
 
+def _run_script(peer: str, cores: int, args: List, timeout_s: float,
+                what: str) -> Tuple[float, str]:
+    """A peer script with `args` in `peer`'s Python on `cores` CPUs
+    (cpus_for), on the CPU backend: its wall time and the last line it
+    printed (its JSON result)."""
+    cpus = ",".join(str(c) for c in cpus_for(cores))
+    cmd = ["taskset", "-c", cpus, str(python(peer)), *map(str, args)]
+    env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    t0 = time.perf_counter()
+    stdout, _ = checked_run(functools.partial(run_closed, cmd, env),
+                            timeout_s, what)
+    wall = time.perf_counter() - t0
+    return wall, (stdout.strip().splitlines() or [""])[-1]
+
+
 def run_sp4(peer: str, cores: int, timeout_s: float, field: int = 1,
             cell_nm: float = PEER_CELL_NM) -> Dict:
     """One run of standard problem 4, field `field` (1 or 2; relaxation
@@ -68,15 +83,9 @@ def run_sp4(peer: str, cores: int, timeout_s: float, field: int = 1,
     if field not in SAMPLE_S:
         raise InvalidRequest(f"standard problem 4 has fields 1 and 2, not "
                              f"{field}", setting="problems")
-    cpus = ",".join(str(c) for c in cpus_for(cores))
-    cmd = ["taskset", "-c", cpus, str(python(peer)), str(SCRIPT),
-           f"{cell_nm:g}", str(field), repr(SAMPLE_S[field])]
-    env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    t0 = time.perf_counter()
-    stdout, _ = checked_run(functools.partial(run_closed, cmd, env),
-                            timeout_s, f"sp4 in {peer} on {cores} core(s)")
-    wall = time.perf_counter() - t0
-    last = (stdout.strip().splitlines() or [""])[-1]
+    wall, last = _run_script(
+        peer, cores, [SCRIPT, f"{cell_nm:g}", field, repr(SAMPLE_S[field])],
+        timeout_s, f"sp4 in {peer} on {cores} core(s)")
     try:
         out = json.loads(last)
         rows = [[float(v) for v in row[:4]] for row in out["curve"]]
@@ -115,15 +124,9 @@ def run_ellipsoid(peer: str, cores: int, problem: Path, cell_nm: float,
     axes = p.mesh.semi_axes or (p.mesh.radius,) * 3
     spec = {"semi_axes_nm": [v * unit for v in axes],
             "Ms": mat.Ms, "A": mat.A, "H": h, "m0": list(p.initial.m)}
-    cpus = ",".join(str(c) for c in cpus_for(cores))
-    cmd = ["taskset", "-c", cpus, str(python(peer)), str(ELLIPSOID_SCRIPT),
-           f"{cell_nm:g}", json.dumps(spec)]
-    env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    t0 = time.perf_counter()
-    stdout, _ = checked_run(functools.partial(run_closed, cmd, env),
-                            timeout_s, f"ellipsoid in {peer}, {cell_nm:g} nm")
-    wall = time.perf_counter() - t0
-    last = (stdout.strip().splitlines() or [""])[-1]
+    wall, last = _run_script(
+        peer, cores, [ELLIPSOID_SCRIPT, f"{cell_nm:g}", json.dumps(spec)],
+        timeout_s, f"ellipsoid in {peer}, {cell_nm:g} nm")
     try:
         out = json.loads(last)
         return {"time_to_solution_s": round(wall, 3),
