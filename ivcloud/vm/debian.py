@@ -197,8 +197,13 @@ if [ ! -e /run/ivshm/ivshm.env ]; then
 fi
 set -a; . /run/ivshm/ivshm.env; set +a
 # IVPosition, our id at the server, for `vm status`: the device's BAR0 is
-# vfio's now, so ask libivshm (a short attachment, before any user runs)
-POS=$(timeout 20 ivshm-guest info --job 1 2>/dev/null | sed -n 's/^{"cmd":"info","slot":[0-9-]*,"doorbell_id":\([0-9]*\).*/\1/p' | head -n 1)
+# vfio's now, so ask libivshm (a short attachment, before any user runs);
+# a loaded TCG host can take longer than one try's 20 s, so up to 4 tries
+POS= ; i=0
+while [ -z "$POS" ] && [ $i -lt 4 ]; do
+    POS=$(timeout 20 ivshm-guest info --job 1 2>/dev/null | sed -n 's/^{"cmd":"info","slot":[0-9-]*,"doorbell_id":\([0-9]*\).*/\1/p' | head -n 1)
+    i=$((i+1))
+done
 echo "@READY_BANNER@ name=$NAME device=$DEV ivposition=${POS:-unknown} doorbell=$IVSHM_DOORBELL irq=$IVSHM_UIO" > /dev/console
 """
 
