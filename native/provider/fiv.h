@@ -131,7 +131,12 @@ enum fiv_op {
 static inline uint32_t fiv_wire_tag(uint32_t op, const void *start, size_t n)
 {
     uint64_t w[3] = {0, 0, 0};
-    memcpy(w, start, n < FIV_WIRE_CHECKED ? n : FIV_WIRE_CHECKED);
+    /* a constant size for a message's first part (its header alone is
+       24 bytes): three loads, not a copy of variable length */
+    if (n >= FIV_WIRE_CHECKED)
+        memcpy(w, start, FIV_WIRE_CHECKED);
+    else
+        memcpy(w, start, n);
     uint64_t h = (op & FIV_WIRE_OP) ^ ((uint64_t)n << 16);
     h = (h ^ w[0]) * 0x9e3779b97f4a7c15ull;
     h = (h ^ (h >> 31) ^ w[1]) * 0xbf58476d1ce4e5b9ull;
