@@ -748,6 +748,18 @@ void fiv_unregister_ep(struct fiv_ep *ep);
 void fiv_cleanup(void);
 /* fiv_complete.c: completions into the endpoint's CQs and counters */
 int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
+/* A full ring doubled (false: no memory). */
+bool fiv_cq_grow(struct fiv_cq *cq);
+/* The next entry of cq, counted and to be filled whole by the caller
+   (NULL: no memory to grow the ring): a completion written where it is
+   read, not built elsewhere and copied. */
+static inline struct fiv_cqe *fiv_cq_claim(struct fiv_cq *cq)
+{
+    if (__builtin_expect(cq->count == cq->cap, 0) && !fiv_cq_grow(cq))
+        return NULL;
+    /* cap is a power of two (fiv_cq_grow) */
+    return &cq->ring[(cq->head + cq->count++) & (cq->cap - 1)];
+}
 int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
 void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
                      bool want, int err);
