@@ -308,7 +308,11 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         } else {
             v.iov_base = rx->iov_count ? rx->iov[0].iov_base : NULL;
             v.iov_len = rx->total;
-            fiv_iov_write(rx->iov, rx->iov_count, 0, p, chunk);
+            if (rx->iov_count == 1) /* fiv_iov_write's one element */
+                fiv_copy_small(v.iov_base, p, chunk < v.iov_len ? chunk
+                                                                : v.iov_len);
+            else
+                fiv_iov_write(rx->iov, rx->iov_count, 0, p, chunk);
         }
         if (chunk == h.len) {
             size_t stored = h.len < v.iov_len ? h.len : v.iov_len;
@@ -668,10 +672,15 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         fiv_unlock(d);
         return -FI_ENOMEM;
     }
-    if (count)
-        memcpy(rx->iov, iov, count * sizeof *iov);
+    if (count == 1) {
+        rx->iov[0] = iov[0];
+        rx->total = iov[0].iov_len;
+    } else {
+        if (count)
+            memcpy(rx->iov, iov, count * sizeof *iov);
+        rx->total = fiv_iov_total(iov, count);
+    }
     rx->iov_count = count;
-    rx->total = fiv_iov_total(iov, count);
     rx->src = src;
     rx->tag = tag;
     rx->ignore = ignore;
@@ -680,6 +689,7 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
     if ((flags & FI_MULTI_RECV) && (tagged || count != 1))
         rx->flags &= ~FI_MULTI_RECV;
     struct fiv_unexp *u = NULL;
+    struct fiv_peer *from;
     if (tagged && (flags & FI_CLAIM))
         u = find_unexp(ep, src, tag, ignore, true, context, true);
     else if (!(rx->flags & FI_MULTI_RECV))
@@ -696,8 +706,8 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         unexp_free(ep, u);
     } else if (u) {
         u->waiting = rx; /* still arriving: completes when whole */
-    } else if (src != FI_ADDR_UNSPEC && fiv_peer(ep, src) &&
-               fiv_peer(ep, src)->dead) {
+    } else if (src != FI_ADDR_UNSPEC && (from = fiv_peer(ep, src)) &&
+               from->dead) {
         /* nothing more comes from a failed peer (fiv_peer_failed) */
         struct fiv_cqe e = {.context = context,
                             .flags = rx->flags & (FI_RECV | FI_TAGGED | FI_MSG),
