@@ -42,7 +42,7 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
         ssize_t rc = fiv_tx_small(ep, dest, p, op, &h, sizeof h,
                                   count ? iov[0].iov_base : NULL, len);
         if (rc == 0) {
-            fiv_complete_tx(ep, context, cflags, want, 0);
+            fiv_complete_sent(ep, context, cflags, want);
             fiv_unlock(d);
             return 0;
         }
