@@ -16,6 +16,7 @@
 #ifndef FIV_H
 #define FIV_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -131,7 +132,12 @@ enum fiv_op {
 static inline uint32_t fiv_wire_tag(uint32_t op, const void *start, size_t n)
 {
     uint64_t w[3] = {0, 0, 0};
-    memcpy(w, start, n < FIV_WIRE_CHECKED ? n : FIV_WIRE_CHECKED);
+    /* a constant size for a message's first part (its header alone is
+       24 bytes): three loads, not a copy of variable length */
+    if (n >= FIV_WIRE_CHECKED)
+        memcpy(w, start, FIV_WIRE_CHECKED);
+    else
+        memcpy(w, start, n);
     uint64_t h = (op & FIV_WIRE_OP) ^ ((uint64_t)n << 16);
     h = (h ^ w[0]) * 0x9e3779b97f4a7c15ull;
     h = (h ^ (h >> 31) ^ w[1]) * 0xbf58476d1ce4e5b9ull;
@@ -743,9 +749,32 @@ void fiv_unregister_ep(struct fiv_ep *ep);
 void fiv_cleanup(void);
 /* fiv_complete.c: completions into the endpoint's CQs and counters */
 int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
+/* A full ring doubled (false: no memory). */
+bool fiv_cq_grow(struct fiv_cq *cq);
+/* The next entry of cq, counted and to be filled whole by the caller
+   (NULL: no memory to grow the ring): a completion written where it is
+   read, not built elsewhere and copied. */
+static inline struct fiv_cqe *fiv_cq_claim(struct fiv_cq *cq)
+{
+    if (__builtin_expect(cq->count == cq->cap, 0) && !fiv_cq_grow(cq))
+        return NULL;
+    /* cap is a power of two (fiv_cq_grow) */
+    return &cq->ring[(cq->head + cq->count++) & (cq->cap - 1)];
+}
 int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
 void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
                      bool want, int err);
+/* fiv_complete_tx of a message (FI_SEND) that went out whole, inline on
+   the send's hot path (fiv_msg_ops.c): a call less per message. */
+static inline void fiv_complete_sent(struct fiv_ep *ep, void *context,
+                                     uint64_t flags, bool want)
+{
+    fiv_cntr_inc(ep->cntr_send);
+    struct fiv_cqe *to;
+    if (want && ep->tx_cq && (to = fiv_cq_claim(ep->tx_cq)))
+        *to = (struct fiv_cqe){.context = context, .flags = flags,
+                               .src = FI_ADDR_NOTAVAIL};
+}
 void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
 /* fiv_tables.c */
 struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
@@ -793,9 +822,48 @@ int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
 bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
-ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
-                     uint32_t op, const void *hdr, size_t hlen,
-                     const void *buf, size_t len);
+/* A send's error as the sender's layers answer it: -EAGAIN (queue it),
+   the peer gone (-FI_EHOSTUNREACH), or its path broken (-FI_EIO). */
+static inline int fiv_tx_err(int rc)
+{
+    if (rc == -EAGAIN)
+        return -EAGAIN;
+    return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
+}
+/* The hot path: one fragment, nothing queued before it. 0 sent,
+   -EAGAIN (queue it), or an -FI_E* error. Inline: its one caller is
+   the send every MPI makes per message (fiv_msg_ops.c). */
+static inline ssize_t fiv_tx_small(struct fiv_ep *ep, struct fiv_peer *p,
+                                   uint32_t op, const void *hdr, size_t hlen,
+                                   const void *buf, size_t len)
+{
+    /* sw_pause: the pair is switching paths (fiv_drain.c): what is sent
+       meanwhile waits for the path it will take */
+    if (p->txq || p->dead || p->sw_pause)
+        return -EAGAIN;
+    int rc;
+    if (p->path == PATH_REGION) {
+        if (hlen + len > ep->frag)
+            return -EAGAIN;
+        rc = fiv_introduce(ep, p);
+        if (rc == 0)
+            rc = fiv_region_send(ep, p->slot, p->generation, op, hdr, hlen,
+                                 buf, len);
+        if (rc < 0)
+            return fiv_tx_err(rc);
+        ep->sent++;
+        return 0;
+    }
+    if (p->path == PATH_CORE) {
+        if (hlen + len > fiv_core_frag(ep))
+            return -EAGAIN;
+        rc = (int)fiv_core_send(ep, p, op, hdr, hlen, buf, len);
+        if (rc == 0)
+            ep->delegated++;
+        return rc;
+    }
+    return -EAGAIN;
+}
 int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
 /* The request at the front of p's queue, taken off it. */
 struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);
@@ -968,6 +1036,19 @@ static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
     for (size_t i = 0; i < n; i++)
         t += iov[i].iov_len;
     return t;
+}
+
+/* A copy of a message's payload: MPI's small messages (8 and 4 bytes)
+   at a constant size, a load and a store where a call to memcpy costs
+   some twenty instructions. */
+static inline void fiv_copy_small(void *dst, const void *src, size_t n)
+{
+    if (n == 8)
+        memcpy(dst, src, 8);
+    else if (n == 4)
+        memcpy(dst, src, 4);
+    else
+        memcpy(dst, src, n);
 }
 
 #define FIV_WARN(...) FI_WARN(&fiv_prov, FI_LOG_CORE, __VA_ARGS__)

@@ -30,16 +30,20 @@ static void store(struct fiv_cqe *to, const struct fiv_cqe *e)
         to->src = FI_ADDR_NOTAVAIL;
 }
 
+bool fiv_cq_grow(struct fiv_cq *cq)
+{
+    if (!grow(&cq->ring, &cq->cap, cq->head, cq->count))
+        return false;
+    cq->head = 0;
+    return true;
+}
+
 int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e)
 {
-    if (cq->count == cq->cap) {
-        if (!grow(&cq->ring, &cq->cap, cq->head, cq->count))
-            return -FI_ENOMEM;
-        cq->head = 0;
-    }
-    /* cap is a power of two (grow) */
-    store(&cq->ring[(cq->head + cq->count) & (cq->cap - 1)], e);
-    cq->count++;
+    struct fiv_cqe *to = fiv_cq_claim(cq);
+    if (!to)
+        return -FI_ENOMEM;
+    store(to, e);
     return 0;
 }
 
@@ -75,11 +79,10 @@ void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
         return;
     }
     fiv_cntr_inc(c);
-    if (want && ep->tx_cq) {
-        struct fiv_cqe e = {.context = context, .flags = flags,
-                            .src = FI_ADDR_NOTAVAIL};
-        fiv_cq_push(ep->tx_cq, &e);
-    }
+    struct fiv_cqe *to;
+    if (want && ep->tx_cq && (to = fiv_cq_claim(ep->tx_cq)))
+        *to = (struct fiv_cqe){.context = context, .flags = flags,
+                               .src = FI_ADDR_NOTAVAIL};
 }
 
 void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want)

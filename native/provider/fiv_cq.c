@@ -95,17 +95,34 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
     } else if (!cq->count) {
         n = -FI_EAGAIN;
     } else {
-        size_t es = entry_size(cq->format);
-        while ((size_t)n < count && cq->count) {
-            const struct fiv_cqe *e = &cq->ring[cq->head];
-            write_entry(cq->format, (uint8_t *)buf + (size_t)n * es, e);
-            if (src_addr)
-                src_addr[n] = e->src;
-            cq->remote -= (e->flags & FI_REMOTE_WRITE) != 0;
-            cq->head = (cq->head + 1) & (cq->cap - 1); /* a power of two */
-            cq->count--;
-            n++;
+        /* the ring's position in locals: the application's buffer may
+           alias nothing of ours, but the compiler cannot know that, and
+           would store head and count back after every entry */
+        size_t es = entry_size(cq->format), head = cq->head,
+               mask = cq->cap - 1; /* a power of two */
+        size_t take = count < cq->count ? count : cq->count, remote = 0;
+        const struct fiv_cqe *ring = cq->ring;
+        if (cq->format == FI_CQ_FORMAT_TAGGED && !src_addr) {
+            /* what mtl ofi reads: the format's loop without the switch */
+            struct fi_cq_tagged_entry *o = buf;
+            for (size_t i = 0; i < take; i++) {
+                const struct fiv_cqe *e = &ring[(head + i) & mask];
+                write_entry(FI_CQ_FORMAT_TAGGED, &o[i], e);
+                remote += (e->flags & FI_REMOTE_WRITE) != 0;
+            }
+        } else {
+            for (size_t i = 0; i < take; i++) {
+                const struct fiv_cqe *e = &ring[(head + i) & mask];
+                write_entry(cq->format, (uint8_t *)buf + i * es, e);
+                if (src_addr)
+                    src_addr[i] = e->src;
+                remote += (e->flags & FI_REMOTE_WRITE) != 0;
+            }
         }
+        cq->remote -= remote;
+        cq->head = (head + take) & mask;
+        cq->count -= take;
+        n = (ssize_t)take;
     }
     fiv_unlock(cq->dom);
     return n;

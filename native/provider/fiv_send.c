@@ -13,12 +13,19 @@
 int fiv_region_send(struct fiv_ep *ep, int slot, uint32_t gen, uint32_t op,
                     const void *hdr, size_t hlen, const void *buf, size_t len)
 {
-    uint8_t start[FIV_WIRE_CHECKED];
-    size_t k = hlen < sizeof start ? hlen : sizeof start;
-    memcpy(start, hdr, k);
-    if (k < sizeof start && len)
-        memcpy(start + k, buf, len < sizeof start - k ? len : sizeof start - k);
-    uint32_t tag = fiv_wire_tag(op, start, hlen + len);
+    uint32_t tag;
+    if (hlen >= FIV_WIRE_CHECKED) {
+        /* every first part of a message: the check covers the header */
+        tag = fiv_wire_tag(op, hdr, hlen + len);
+    } else {
+        uint8_t start[FIV_WIRE_CHECKED];
+        size_t k = hlen;
+        memcpy(start, hdr, k);
+        if (len)
+            memcpy(start + k, buf,
+                   len < sizeof start - k ? len : sizeof start - k);
+        tag = fiv_wire_tag(op, start, hlen + len);
+    }
     struct fiv_pair *pr = fiv_tx_pair(ep, slot, gen);
     if (fiv_lost_on_purpose(pr, op)) {
         pr->tx++;

@@ -100,13 +100,6 @@ static const void *contiguous(const struct iovec *iov, size_t n, size_t off,
     return len == 0 ? "" : NULL;
 }
 
-static int map_err(int rc)
-{
-    if (rc == -EAGAIN)
-        return -EAGAIN;
-    return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
-}
-
 /* One fragment to a region peer: 0, -EAGAIN, or an -FI_E* error. */
 static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
                        const void *hdr, size_t hlen, const struct iovec *iov,
@@ -114,7 +107,7 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
 {
     int rc = fiv_introduce(ep, p);
     if (rc < 0)
-        return map_err(rc);
+        return fiv_tx_err(rc);
     const void *flat = contiguous(iov, iovn, off, n);
     if (flat) {
         rc = fiv_region_send(ep, p->slot, p->generation, op, hdr, hlen, flat, n);
@@ -123,7 +116,7 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
         int err = 0;
         uint8_t *dst = ivshm_send_reserve(ep->h, p->slot, hlen + n, &err);
         if (!dst)
-            return map_err(err);
+            return fiv_tx_err(err);
         memcpy(dst, hdr, hlen);
         fiv_iov_read(iov, iovn, off, dst + hlen, n);
         struct fiv_pair *pr = fiv_tx_pair(ep, p->slot, p->generation);
@@ -136,7 +129,7 @@ static int region_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
         if (rc == 0)
             pr->tx++;
     }
-    return rc < 0 ? map_err(rc) : 0;
+    return rc < 0 ? fiv_tx_err(rc) : 0;
 }
 
 static int send_frag(struct fiv_ep *ep, struct fiv_peer *p, uint32_t op,
@@ -295,41 +288,6 @@ int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r)
     else
         enqueue(ep, p, r);
     return 0;
-}
-
-/* The hot path: one fragment, nothing queued before it. 0 sent,
-   -EAGAIN (queue it), or an -FI_E* error. */
-ssize_t fiv_tx_small(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *p,
-                     uint32_t op, const void *hdr, size_t hlen,
-                     const void *buf, size_t len)
-{
-    (void)a;
-    /* sw_pause: the pair is switching paths (fiv_drain.c): what is sent
-       meanwhile waits for the path it will take */
-    if (p->txq || p->dead || p->sw_pause)
-        return -EAGAIN;
-    int rc;
-    if (p->path == PATH_REGION) {
-        if (hlen + len > ep->frag)
-            return -EAGAIN;
-        rc = fiv_introduce(ep, p);
-        if (rc == 0)
-            rc = fiv_region_send(ep, p->slot, p->generation, op, hdr, hlen,
-                                 buf, len);
-        if (rc < 0)
-            return map_err(rc);
-        ep->sent++;
-        return 0;
-    }
-    if (p->path == PATH_CORE) {
-        if (hlen + len > fiv_core_frag(ep))
-            return -EAGAIN;
-        rc = (int)fiv_core_send(ep, p, op, hdr, hlen, buf, len);
-        if (rc == 0)
-            ep->delegated++;
-        return rc;
-    }
-    return -EAGAIN;
 }
 
 void fiv_tx_fail_peer(struct fiv_ep *ep, struct fiv_peer *p, int err)
