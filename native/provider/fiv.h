@@ -1040,14 +1040,15 @@ static inline size_t fiv_iov_total(const struct iovec *iov, size_t n)
 
 /* A copy of a message's payload: MPI's small messages (8 and 4 bytes)
    at a constant size, a load and a store where a call to memcpy costs
-   some twenty instructions. */
+   some twenty instructions. An empty copy is skipped: a receive of no
+   buffer (NULL, 0 bytes, as MPI posts for a zero count) reaches here. */
 static inline void fiv_copy_small(void *dst, const void *src, size_t n)
 {
     if (n == 8)
         memcpy(dst, src, 8);
     else if (n == 4)
         memcpy(dst, src, 4);
-    else
+    else if (n)
         memcpy(dst, src, n);
 }
 

@@ -225,6 +225,34 @@ static void domain_children(struct rank *r)
     fi_freeinfo(r->info);
 }
 
+/* A CQ, counter or AV of another domain is not bound to an endpoint
+   (-FI_EINVAL): the endpoint fills its CQ and counters under its own
+   domain's lock, which would not be theirs. */
+static void foreign_children(struct rank *r)
+{
+    t_open(r, version);
+    struct fid_domain *d2 = NULL;
+    struct fid_cq *cq2 = NULL;
+    struct fid_cntr *c2 = NULL;
+    struct fid_av *av2 = NULL;
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    REQ_RC(fi_domain(r->fab, r->info, &d2, NULL), 0);
+    REQ_RC(fi_cq_open(d2, &cqa, &cq2, NULL), 0);
+    REQ_RC(fi_cntr_open(d2, &ca, &c2, NULL), 0);
+    REQ_RC(fi_av_open(d2, &ava, &av2, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &cq2->fid, FI_TRANSMIT | FI_RECV), -FI_EINVAL);
+    REQ_RC(fi_ep_bind(r->ep, &c2->fid, FI_SEND), -FI_EINVAL);
+    REQ_RC(fi_ep_bind(r->ep, &av2->fid, 0), -FI_EINVAL);
+    /* nothing of the other domain is held: all of it closes */
+    REQ_RC(fi_close(&av2->fid), 0);
+    REQ_RC(fi_close(&c2->fid), 0);
+    REQ_RC(fi_close(&cq2->fid), 0);
+    REQ_RC(fi_close(&d2->fid), 0);
+    t_close(r);
+}
+
 /* ---- two ranks ---- */
 
 /* A send with FI_INJECT among its flags completes (only fi_inject and
@@ -268,6 +296,37 @@ static void inject_flag(struct rank *r)
         REQ_RC(fi_trecv(r->ep, &got3, 8, NULL, r->addr[1], 4, 0, &got3), 0);
         REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
         REQ(e.op_context == &got3 && got3 == 77);
+        t_barrier(r);
+    }
+    t_close(r);
+}
+
+/* A receive of no buffer at all (NULL, 0 bytes), as MPI posts for a
+   zero count: an empty message lands in it, and an 8-byte one is
+   truncated to nothing; neither touches memory (the one-buffer receive
+   path copies at a constant size, which must not reach a NULL buffer). */
+static void empty_receives(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    if (r->me == 1) {
+        uint64_t v = 0x5a5a;
+        REQ_RC(fi_tinject(r->ep, NULL, 0, r->addr[0], 5), 0);
+        REQ_RC(fi_tinject(r->ep, &v, sizeof v, r->addr[0], 6), 0);
+        REQ_RC(fi_tinject(r->ep, &v, 4, r->addr[0], 7), 0);
+        t_barrier(r);
+    } else {
+        REQ_RC(fi_trecv(r->ep, NULL, 0, NULL, r->addr[1], 5, 0, r), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == r && e.len == 0 && e.tag == 5);
+        REQ_RC(fi_trecv(r->ep, NULL, 0, NULL, r->addr[1], 6, 0, r), 0);
+        REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_ETRUNC);
+        REQ(err.err == FI_ETRUNC && err.olen == 8 && err.len == 0);
+        REQ_RC(fi_trecv(r->ep, NULL, 0, NULL, r->addr[1], 7, 0, r), 0);
+        REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_ETRUNC);
+        REQ(err.err == FI_ETRUNC && err.olen == 4 && err.len == 0);
         t_barrier(r);
     }
     t_close(r);
@@ -518,8 +577,18 @@ int main(void)
            "registration holds the last counter bound\n", f ? "FAIL" : "ok");
     failed += f;
 
+    f = t_run(1, foreign_children, env1, 30, NULL);
+    printf("%s: a CQ, counter or AV of another domain is not bound\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
     f = t_run(2, inject_flag, env2, 30, NULL);
     printf("%s: a send with FI_INJECT in its flags completes\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, empty_receives, env2, 30, NULL);
+    printf("%s: a receive of no buffer takes empty and truncated messages\n",
            f ? "FAIL" : "ok");
     failed += f;
 
