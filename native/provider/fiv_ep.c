@@ -199,7 +199,7 @@ static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
     switch (bfid->fclass) {
     case FI_CLASS_AV: {
         struct fiv_av *av = container_of(bfid, struct fiv_av, av.fid);
-        if (ep->av) {
+        if (ep->av || av->dom != d) {
             rc = -FI_EINVAL;
             break;
         }
@@ -211,6 +211,11 @@ static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
     }
     case FI_CLASS_CQ: {
         struct fiv_cq *cq = container_of(bfid, struct fiv_cq, cq.fid);
+        /* filled under this domain's lock: another's would not be held */
+        if (cq->dom != d) {
+            rc = -FI_EINVAL;
+            break;
+        }
         if (flags & FI_TRANSMIT) {
             ep->tx_cq = cq;
             ep->tx_cq_flags = flags;
@@ -224,6 +229,10 @@ static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
     }
     case FI_CLASS_CNTR: {
         struct fiv_cntr *c = container_of(bfid, struct fiv_cntr, cntr.fid);
+        if (c->dom != d) {
+            rc = -FI_EINVAL;
+            break;
+        }
         if (flags & FI_SEND)
             ep->cntr_send = c;
         if (flags & FI_RECV)
