@@ -225,12 +225,15 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                        uint64_t data, int status, size_t len, void *at)
 {
     if (status == 0) {
-        if (op & FIV_F_DATA && ep->rx_cq && peer != &ep->self_peer_dummy &&
-            ep->rx_cq->remote >= ep->rx_cq->size) {
-            /* a completion without a receive of ours: bounded by what
-               the application chose (fiv_cq.c: its CQ size, at least the
-               default), not by the writer (our own writes to ourselves
-               are the application's doing) */
+        if (op & FIV_F_DATA && ep->rx_cq && ep->core_rx &&
+            ep->rx_cq->remote >= (ep->rx_cq->size > FIV_CQ_SIZE
+                                      ? ep->rx_cq->size
+                                      : FIV_CQ_SIZE)) {
+            /* a completion without a receive of ours. A region write
+               waited in its ring for room (fiv_progress.c, take_message);
+               a core message was read off the core already, so its kind
+               is bounded by what the application chose (its CQ size, at
+               least the default), not by the writer */
             over_cap(peer, "it wrote more remote CQ data than the CQ's "
                            "size holds");
             return;

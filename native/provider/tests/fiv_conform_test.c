@@ -11,6 +11,7 @@
  * asked for FI_RMA alone, a name inserted twice, and the last message of
  * a sender that left before it was inserted.
  */
+#include <inttypes.h>
 #include <pthread.h>
 
 #include "fiv_test.h"
@@ -363,9 +364,12 @@ static void rma_event_counter(struct rank *r)
 }
 
 /* An honest writer sends more writes with CQ data than the target's CQ
-   size while the target only waits on a counter: every one lands with
-   its entry and none fails the writer (docs/provider.md, "Caps per
-   peer": the cap is never below the default). */
+   size (64). While the target only waits on a counter, exactly the CQ's
+   size of them land and the rest wait in the writer's ring (the counter
+   stands still); once the target reads its CQ every one lands, in order,
+   never more than the CQ's size held at once, and none fails the writer
+   (docs/provider.md, "Caps per peer"). */
+enum { CQ64 = 64 };
 static void writedata_burst(struct rank *r)
 {
     struct rma_target tg;
@@ -382,19 +386,122 @@ static void writedata_burst(struct rank *r)
                 (void)fi_cq_read(r->cq, &e, 1);
             REQ_RC(rc, 0);
         }
-        for (uint64_t end = t_now_ms() + 5000;
+        for (uint64_t end = t_now_ms() + 15000;
              fi_cntr_read(r->wcntr) + fi_cntr_readerr(r->wcntr) < BURST &&
              t_now_ms() < end;)
             (void)fi_cq_read(r->cq, &e, 1);
+        REQ(fi_cntr_read(r->wcntr) == BURST);
         REQ(fi_cntr_readerr(r->wcntr) == 0);
         t_barrier(r);
     } else {
-        REQ_RC(fi_cntr_wait(tg.remote, BURST, 8000), 0);
+        REQ_RC(fi_cntr_wait(tg.remote, CQ64, 8000), 0);
+        /* the rest wait where they lie while nobody reads the CQ */
+        for (uint64_t end = t_now_ms() + 300; t_now_ms() < end;)
+            (void)fi_cntr_read(tg.remote);
+        uint64_t landed = fi_cntr_read(tg.remote);
+        if (landed != CQ64)
+            fprintf(stderr, "%" PRIu64 " writes landed with the CQ of %d "
+                    "unread\n", landed, CQ64);
+        REQ(landed == CQ64);
         size_t got = 0;
-        struct fi_cq_tagged_entry e;
-        while (fi_cq_read(r->cq, &e, 1) == 1)
-            got += (e.flags & FI_REMOTE_CQ_DATA) != 0;
+        struct fi_cq_tagged_entry e[256];
+        for (uint64_t end = t_now_ms() + 15000;
+             got < BURST && t_now_ms() < end;) {
+            ssize_t n = fi_cq_read(r->cq, e, 256);
+            if (n == -FI_EAGAIN)
+                continue;
+            REQ(n > 0 && n <= CQ64);
+            for (ssize_t k = 0; k < n; k++) {
+                REQ(e[k].flags & FI_REMOTE_CQ_DATA);
+                REQ(e[k].data == got); /* the writer's order */
+                got++;
+            }
+        }
         REQ(got == BURST);
+        REQ(fi_cntr_read(tg.remote) == BURST);
+        t_barrier(r);
+    }
+    rma_event_close(r, &tg);
+}
+
+/* A co-tenant (rank 1) floods rank 0 with 0-byte writes with CQ data,
+   4000 past what a cap shared by all peers held (the CQ's size, at
+   least 65536), while rank 0 reads no CQ; then an honest writer (rank 2) sends
+   its writes with data, and rank 0 starts reading. The flood waits in
+   the co-tenant's own ring: every honest write lands with its entry and
+   none fails its writer (before, the flood filled the one cap of all
+   peers and the honest writer's path failed). */
+static void writedata_flooded(struct rank *r)
+{
+    struct rma_target tg;
+    rma_event_open(r, &tg);
+    enum { FLOOD = 65536 + 4000, HONEST = 200 };
+    const uint64_t mark = 1ull << 40; /* the honest writer's data */
+    struct fi_cq_tagged_entry e[256];
+    if (r->me == 1) {
+        /* as fast as it can; what finds no room (its queue cap) is tried
+           again until the target has held it off for 2 s */
+        int sent = 0;
+        for (uint64_t stuck = 0; sent < FLOOD;) {
+            ssize_t rc = fi_inject_writedata(r->ep, NULL, 0, (uint64_t)sent,
+                                             r->addr[0], tg.addr, tg.key);
+            if (rc == 0) {
+                sent++;
+                stuck = 0;
+                continue;
+            }
+            REQ_RC(rc, -FI_EAGAIN);
+            (void)fi_cntr_read(r->wcntr);
+            if (!stuck)
+                stuck = t_now_ms();
+            else if (t_now_ms() - stuck > 2000)
+                break;
+        }
+        t_barrier(r); /* the flood is in */
+        t_barrier(r); /* the honest writes landed */
+    } else if (r->me == 2) {
+        t_barrier(r);
+        static uint64_t v;
+        for (int i = 0; i < HONEST; i++) {
+            ssize_t rc;
+            while ((rc = fi_writedata(r->ep, &v, 8, NULL, mark + (uint64_t)i,
+                                      r->addr[0], tg.addr, tg.key, &v)) ==
+                   -FI_EAGAIN)
+                (void)fi_cq_read(r->cq, e, 1);
+            REQ_RC(rc, 0);
+        }
+        for (uint64_t end = t_now_ms() + 20000;
+             fi_cntr_read(r->wcntr) + fi_cntr_readerr(r->wcntr) < HONEST &&
+             t_now_ms() < end;)
+            (void)fi_cq_read(r->cq, e, 1);
+        if (fi_cntr_readerr(r->wcntr) || fi_cntr_read(r->wcntr) != HONEST)
+            fprintf(stderr, "honest writer: %" PRIu64 " of %d writes "
+                    "completed, %" PRIu64 " failed\n", fi_cntr_read(r->wcntr),
+                    HONEST, fi_cntr_readerr(r->wcntr));
+        REQ(fi_cntr_readerr(r->wcntr) == 0);
+        REQ(fi_cntr_read(r->wcntr) == HONEST);
+        t_barrier(r);
+    } else {
+        t_barrier(r); /* progress through a counter: the CQ stays unread */
+        size_t honest = 0, flood = 0;
+        for (uint64_t end = t_now_ms() + 20000;
+             honest < HONEST && t_now_ms() < end;) {
+            ssize_t n = fi_cq_read(r->cq, e, 256);
+            if (n == -FI_EAGAIN)
+                continue;
+            REQ(n > 0 && n <= CQ64);
+            for (ssize_t k = 0; k < n; k++) {
+                REQ(e[k].flags & FI_REMOTE_CQ_DATA);
+                if (e[k].data >= mark)
+                    REQ(e[k].data == mark + honest++); /* its order */
+                else
+                    flood++;
+            }
+        }
+        if (getenv("FIV_CONFORM_VERBOSE"))
+            fprintf(stderr, "flooded: %zu honest entries, %zu of the "
+                    "co-tenant's meanwhile\n", honest, flood);
+        REQ(honest == HONEST);
         t_barrier(r);
     }
     rma_event_close(r, &tg);
@@ -487,6 +594,7 @@ int main(void)
     snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", reg);
     const char *env1[] = {env};
     const char *env2[] = {env, env};
+    const char *env3[] = {env, env, env};
 
     /* in a child, as every case: a crash is a failed case, not the end */
     pid_t p = fork();
@@ -531,6 +639,11 @@ int main(void)
     f = t_run(2, writedata_burst, env2, 30, NULL);
     printf("%s: an honest burst of writes with data past the CQ's size\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(3, writedata_flooded, env3, 60, NULL);
+    printf("%s: an honest writer with data beside a co-tenant flooding "
+           "writes with data\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, inserted_twice, env2, 30, NULL);
