@@ -83,6 +83,7 @@
 #define FIV_RMA_IOV_LIMIT 1
 #define FIV_CQ_DATA_SIZE 8
 #define FIV_ATOMIC_MAX 256             /* operand bytes of one atomic     */
+#define FIV_MIN_SLOT 128               /* libivshm's smallest slot (bytes) */
 /* Caps per peer, defaults (docs/provider.md, "Caps per peer") */
 #define FIV_PEER_ANSWER_BYTES ((size_t)64 << 20)
 #define FIV_PEER_QUEUE ((size_t)1 << 16)

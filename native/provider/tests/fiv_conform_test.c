@@ -4,11 +4,13 @@
  * libfabric: fi_getinfo (mode bits offered and cleared, node/service and
  * the addresses returned, capabilities implied and split between the
  * transmit and receive sides, domain capabilities we lack), the
- * connection calls of an RDM endpoint, fi_cq_signal, atomics with no
+ * connection calls of an RDM endpoint, fi_cq_signal, the domain's atomic
+ * counts, atomics with no
  * operand or with counts that disagree, closing a domain with a
  * registration open, a send with
  * FI_INJECT in its flags, a remote-write counter of an endpoint that
- * asked for FI_RMA alone, a name inserted twice, and the last message of
+ * asked for FI_RMA alone, writes with CQ data past the target's CQ size
+ * (alone and beside a flooding co-tenant), a name inserted twice, and the last message of
  * a sender that left before it was inserted.
  */
 #include <inttypes.h>
@@ -154,6 +156,56 @@ static void one_endpoint(struct rank *r)
 {
     open_one(r);
     check_endpoint(r);
+    t_close(r);
+}
+
+/* fi_query_atomic of the domain answers what its endpoints can do: with
+   no endpoint open, what the smallest slots (128 B) allow (48 operand
+   bytes, 24 with a compare operand); with one attached to a region, that
+   endpoint's fi_*atomicvalid counts (docs/provider.md, "Limits"). */
+static void domain_atomic_counts(struct rank *r)
+{
+    static const struct { enum fi_datatype dt; enum fi_op op; } q[] = {
+        {FI_UINT64, FI_SUM}, {FI_INT8, FI_BOR}, {FI_DOUBLE, FI_MIN},
+        {FI_UINT32, FI_CSWAP}, {FI_UINT64, FI_MSWAP},
+    };
+    struct fi_atomic_attr a;
+    {
+        struct fi_info *h = base_hints(), *fi = NULL;
+        h->caps = FI_ATOMIC;
+        REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+        struct fid_fabric *fab;
+        struct fid_domain *dom;
+        REQ_RC(fi_fabric(fi->fabric_attr, &fab, NULL), 0);
+        REQ_RC(fi_domain(fab, fi, &dom, NULL), 0);
+        REQ_RC(fi_query_atomic(dom, FI_UINT64, FI_SUM, &a, 0), 0);
+        REQ(a.size == 8 && a.count == 48 / 8);
+        REQ_RC(fi_query_atomic(dom, FI_UINT64, FI_CSWAP, &a,
+                               FI_COMPARE_ATOMIC), 0);
+        REQ(a.size == 8 && a.count == 24 / 8);
+        REQ_RC(fi_close(&dom->fid), 0);
+        REQ_RC(fi_close(&fab->fid), 0);
+        fi_freeinfo(fi);
+        fi_freeinfo(h);
+    }
+    t_open(r, version);
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        bool cmp = q[i].op >= FI_CSWAP;
+        size_t count = 0;
+        REQ_RC(cmp ? fi_compare_atomicvalid(r->ep, q[i].dt, q[i].op, &count)
+                   : fi_atomicvalid(r->ep, q[i].dt, q[i].op, &count), 0);
+        REQ_RC(fi_query_atomic(r->dom, q[i].dt, q[i].op, &a,
+                               cmp ? FI_COMPARE_ATOMIC : 0), 0);
+        if (a.count != count)
+            fprintf(stderr, "query %zu: the domain says %zu, the endpoint "
+                    "%zu\n", i, a.count, count);
+        REQ(a.count == count && count > 0);
+        if (!cmp) {
+            size_t fcount = 0;
+            REQ_RC(fi_fetch_atomicvalid(r->ep, q[i].dt, q[i].op, &fcount), 0);
+            REQ(fcount == count);
+        }
+    }
     t_close(r);
 }
 
@@ -593,6 +645,10 @@ int main(void)
     const char *reg = t_region(8, 0);
     snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", reg);
     const char *env1[] = {env};
+    char envsmall[256];
+    snprintf(envsmall, sizeof envsmall,
+             "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", t_region(8, 128));
+    const char *env1small[] = {envsmall};
     const char *env2[] = {env, env};
     const char *env3[] = {env, env, env};
 
@@ -614,6 +670,12 @@ int main(void)
     f = t_run(1, one_endpoint, env1, 30, NULL);
     printf("%s: connection calls of an RDM endpoint, fi_cq_signal\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, domain_atomic_counts, env1, 30, NULL);
+    f += t_run(1, domain_atomic_counts, env1small, 30, NULL);
+    printf("%s: the domain's atomic counts are its endpoints' (default "
+           "and 128-byte slots)\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(1, empty_atomics, env1, 30, NULL);
