@@ -9,7 +9,8 @@
  * operand or with counts that disagree, closing a domain with a
  * registration open, a send with
  * FI_INJECT in its flags, a remote-write counter of an endpoint that
- * asked for FI_RMA alone, writes with CQ data past the target's CQ size
+ * asked for FI_RMA alone, overlapping registrations each with a counter
+ * bound (fabtests' fi_multi_mr), writes with CQ data past the target's CQ size
  * (alone and beside a flooding co-tenant), a name inserted twice, and the last message of
  * a sender that left before it was inserted.
  */
@@ -415,6 +416,99 @@ static void rma_event_counter(struct rank *r)
     rma_event_close(r, &tg);
 }
 
+/* Two registrations over overlapping memory (one byte apart), each with a
+   counter bound for remote writes, written by the peer once each, as
+   fabtests' fi_multi_mr does. `virt`: the hints offer FI_MR_VIRT_ADDR and
+   FI_MR_PROV_KEY, which the answer keeps: the writes name the virtual
+   address and the key we gave, and address 0 (what fi_multi_mr writes
+   whatever the answer said) is refused with FI_EACCES. Without them the
+   keys are the application's and addresses are offsets from each
+   registration's start: address 0 is its first byte. Either way each
+   write lands in its own registration and counts on its own counter. */
+static void multi_mr(struct rank *r, bool virt)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_ALLOCATED |
+                              FI_MR_RAW |
+                              (virt ? FI_MR_VIRT_ADDR | FI_MR_PROV_KEY : 0);
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    uint64_t mode = r->info->domain_attr->mr_mode;
+    REQ(!!(mode & FI_MR_VIRT_ADDR) == virt && !!(mode & FI_MR_PROV_KEY) == virt);
+    REQ(!(mode & (FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_RAW)));
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
+    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
+    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
+    REQ_RC(fi_enable(r->ep), 0);
+    t_exchange(r);
+    enum { LEN = 4096, NMR = 2 };
+    static uint8_t mem[LEN + NMR];
+    struct fid_mr *mr[NMR];
+    struct fid_cntr *hits[NMR];
+    uint64_t at[NMR][2];
+    for (int i = 0; i < NMR; i++) {
+        REQ_RC(fi_cntr_open(r->dom, &ca, &hits[i], NULL), 0);
+        REQ_RC(fi_mr_reg(r->dom, mem + i, LEN, FI_REMOTE_WRITE, 0,
+                         (uint64_t)i + 1, 0, &mr[i], NULL), 0);
+        REQ_RC(fi_mr_bind(mr[i], &hits[i]->fid, FI_REMOTE_WRITE), 0);
+        if (!virt)
+            REQ(fi_mr_key(mr[i]) == (uint64_t)i + 1); /* the one asked for */
+        at[i][0] = virt ? (uint64_t)(uintptr_t)(mem + i) : 0;
+        at[i][1] = fi_mr_key(mr[i]);
+    }
+    uint64_t peer[NMR][2];
+    memcpy(peer, at, sizeof at);
+    t_bcast(r, 0, peer, sizeof peer);
+    static uint8_t src[LEN];
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    if (r->me == 1) {
+        if (virt) { /* fi_multi_mr's address: not one of ours */
+            memset(&err, 0, sizeof err);
+            REQ_RC(fi_write(r->ep, src, LEN, NULL, r->addr[0], 0, peer[0][1],
+                            src), 0);
+            REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_EACCES);
+        }
+        for (int i = 0; i < NMR; i++) {
+            memset(src, 0xa0 + i, LEN);
+            REQ_RC(fi_write(r->ep, src, LEN, NULL, r->addr[0], peer[i][0],
+                            peer[i][1], src), 0);
+            REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        }
+        t_barrier(r);
+    } else {
+        for (int i = 0; i < NMR; i++) {
+            REQ_RC(fi_cntr_wait(hits[i], 1, 5000), 0);
+            REQ(fi_cntr_read(hits[1 - i]) == (uint64_t)(1 - i < i ? 1 : 0));
+            for (int k = 0; k < LEN; k++)
+                REQ(mem[i + k] == 0xa0 + i);
+        }
+        REQ(mem[0] == 0xa0);
+        t_barrier(r);
+    }
+    for (int i = 0; i < NMR; i++) {
+        REQ_RC(fi_close(&mr[i]->fid), 0);
+        REQ_RC(fi_close(&hits[i]->fid), 0);
+    }
+    t_close(r);
+}
+
+static void multi_mr_offsets(struct rank *r) { multi_mr(r, false); }
+static void multi_mr_virtual(struct rank *r) { multi_mr(r, true); }
+
 /* An honest writer sends more writes with CQ data than the target's CQ
    size (64). While the target only waits on a counter, exactly the CQ's
    size of them land and the rest wait in the writer's ring (the counter
@@ -695,6 +789,13 @@ int main(void)
 
     f = t_run(2, rma_event_counter, env2, 30, NULL);
     printf("%s: FI_RMA alone: remote writes counted, every object closes\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, multi_mr_offsets, env2, 30, NULL);
+    f += t_run(2, multi_mr_virtual, env2, 30, NULL);
+    printf("%s: overlapping registrations with their own counters, by "
+           "offset and requested key, and by virtual address and our key\n",
            f ? "FAIL" : "ok");
     failed += f;
 
