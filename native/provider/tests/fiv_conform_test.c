@@ -5,14 +5,14 @@
  * the addresses returned, capabilities implied and split between the
  * transmit and receive sides, domain capabilities we lack), the
  * connection calls of an RDM endpoint, fi_cq_signal, the domain's atomic
- * counts, atomics with no
- * operand or with counts that disagree, closing a domain with a
- * registration open, a send with
- * FI_INJECT in its flags, a remote-write counter of an endpoint that
- * asked for FI_RMA alone, overlapping registrations each with a counter
- * bound (fabtests' fi_multi_mr), writes with CQ data past the target's CQ size
- * (alone and beside a flooding co-tenant), a name inserted twice, and the last message of
- * a sender that left before it was inserted.
+ * counts, atomics with no operand or with counts that disagree, closing
+ * a domain with a registration open, a send with FI_INJECT in its flags,
+ * a remote-write counter of an endpoint that asked for FI_RMA alone,
+ * overlapping registrations each with a counter bound (fabtests'
+ * fi_multi_mr), registrations rebound between counters by several
+ * threads, writes with CQ data past the target's CQ size (alone and
+ * beside a flooding co-tenant), a name inserted twice, and the last
+ * message of a sender that left before it was inserted.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -509,6 +509,70 @@ static void multi_mr(struct rank *r, bool virt)
 static void multi_mr_offsets(struct rank *r) { multi_mr(r, false); }
 static void multi_mr_virtual(struct rank *r) { multi_mr(r, true); }
 
+/* Registrations moved between two counters by several threads at once
+   (FI_THREAD_SAFE): each thread rebinds its own registration from one
+   counter to the other 3000000 times. A counter knows how many
+   registrations hold it (it does not close while one does, fi_cntr(3));
+   every rebind moves one hold, so once the registrations are closed
+   both counters close, and while one still holds a counter it does not
+   (without the domain's lock in fi_mr_bind, holds raced and were lost:
+   -FI_EBUSY for good, or a close while still bound). */
+enum { BIND_THREADS = 4, BIND_ROUNDS = 3000000 };
+struct bind_arg {
+    struct fid_mr *mr;
+    struct fid_cntr *c[2];
+};
+
+static void *rebind_loop(void *p)
+{
+    struct bind_arg *a = p;
+    for (int i = 0; i < BIND_ROUNDS; i++)
+        if (fi_mr_bind(a->mr, &a->c[i & 1]->fid, FI_REMOTE_WRITE))
+            return (void *)1;
+    return NULL;
+}
+
+static void mr_bind_threads(struct rank *r)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY;
+    h->domain_attr->threading = FI_THREAD_SAFE;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fid_cntr *c[2];
+    for (int k = 0; k < 2; k++)
+        REQ_RC(fi_cntr_open(r->dom, &ca, &c[k], NULL), 0);
+    static uint64_t words[BIND_THREADS];
+    struct bind_arg args[BIND_THREADS];
+    pthread_t th[BIND_THREADS];
+    for (int i = 0; i < BIND_THREADS; i++) {
+        args[i] = (struct bind_arg){.c = {c[i & 1], c[1 - (i & 1)]}};
+        REQ_RC(fi_mr_reg(r->dom, &words[i], 8, FI_REMOTE_WRITE, 0, 0, 0,
+                         &args[i].mr, NULL), 0);
+    }
+    for (int i = 0; i < BIND_THREADS; i++)
+        REQ(pthread_create(&th[i], NULL, rebind_loop, &args[i]) == 0);
+    for (int i = 0; i < BIND_THREADS; i++) {
+        void *rc = NULL;
+        REQ(pthread_join(th[i], &rc) == 0 && rc == NULL);
+    }
+    /* each registration ends on the counter it started on: both are held */
+    for (int k = 0; k < 2; k++)
+        REQ_RC(fi_close(&c[k]->fid), -FI_EBUSY);
+    for (int i = 0; i < BIND_THREADS; i++)
+        REQ_RC(fi_close(&args[i].mr->fid), 0);
+    for (int k = 0; k < 2; k++)
+        REQ_RC(fi_close(&c[k]->fid), 0);
+    REQ_RC(fi_close(&r->dom->fid), 0);
+    REQ_RC(fi_close(&r->fab->fid), 0);
+    fi_freeinfo(r->info);
+}
+
 /* An honest writer sends more writes with CQ data than the target's CQ
    size (64). While the target only waits on a counter, exactly the CQ's
    size of them land and the rest wait in the writer's ring (the counter
@@ -797,6 +861,11 @@ int main(void)
     printf("%s: overlapping registrations with their own counters, by "
            "offset and requested key, and by virtual address and our key\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, mr_bind_threads, env1, 60, NULL);
+    printf("%s: registrations rebound between two counters by %d threads "
+           "at once\n", f ? "FAIL" : "ok", BIND_THREADS);
     failed += f;
 
     f = t_run(2, writedata_burst, env2, 30, NULL);
