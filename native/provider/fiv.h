@@ -84,6 +84,7 @@
 #define FIV_RMA_IOV_LIMIT 1
 #define FIV_CQ_DATA_SIZE 8
 #define FIV_ATOMIC_MAX 256             /* operand bytes of one atomic     */
+#define FIV_MIN_SLOT 128               /* libivshm's smallest slot (bytes) */
 /* Caps per peer, defaults (docs/provider.md, "Caps per peer") */
 #define FIV_PEER_ANSWER_BYTES ((size_t)64 << 20)
 #define FIV_PEER_QUEUE ((size_t)1 << 16)
@@ -336,10 +337,13 @@ struct fiv_cq {
     enum fi_cq_format format;
     struct fiv_cqe *ring; /* grows: completions are never refused         */
     size_t cap, head, count;
-    /* Entries of remote writes with CQ data held, and how many are
-       allowed (the application's CQ size, at least FIV_CQ_SIZE): the one
-       kind of entry a peer adds without a receive of ours, past it
-       refused (fiv_rma.c). */
+    /* `size`: the application's (FIV_CQ_SIZE when 0). A remote write
+       with CQ data, the one entry a peer adds without a receive of
+       ours, waits unread in its writer's ring while `count` is at
+       `size` (fiv_cq_full; fiv_progress.c), so no cap is shared between
+       region peers. `remote`: such entries held; over the core path,
+       whose messages cannot wait where they lie, they are refused past
+       max(size, FIV_CQ_SIZE) (fiv_rma.c). */
     size_t remote, size;
     struct fiv_cqe *errs;
     size_t errcap, errhead, errcount;
@@ -658,6 +662,10 @@ struct fiv_ep {
     bool reported;
     uint32_t idle_calls;
     uint32_t core_turn, slow_turn;
+    bool core_rx;                        /* delivering a core message      */
+    bool writes_wait;                    /* a remote write waits for room in
+                                            the CQ where it lies: the general
+                                            path only (fiv_progress.c)      */
 };
 
 
@@ -760,6 +768,11 @@ static inline struct fiv_cqe *fiv_cq_claim(struct fiv_cq *cq)
         return NULL;
     /* cap is a power of two (fiv_cq_grow) */
     return &cq->ring[(cq->head + cq->count++) & (cq->cap - 1)];
+}
+/* No room for a remote write's entry: the write waits in its ring. */
+static inline bool fiv_cq_full(const struct fiv_cq *cq)
+{
+    return cq && cq->count >= cq->size;
 }
 int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
 void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,

@@ -256,10 +256,9 @@ int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
     if (!cq)
         return -FI_ENOMEM;
     cq->dom = d;
-    /* the remote CQ data cap: the application's size, but never below
-       the default, so a small CQ and an honest burst of writes with data
-       do not fail the writers (the ring itself grows) */
-    cq->size = attr && attr->size > FIV_CQ_SIZE ? attr->size : FIV_CQ_SIZE;
+    /* where remote writes with CQ data start to wait (fiv.h); the ring
+       itself grows, so no completion of ours is ever refused */
+    cq->size = attr && attr->size ? attr->size : FIV_CQ_SIZE;
     cq->format = attr && attr->format ? attr->format : FI_CQ_FORMAT_CONTEXT;
     if (cq->format > FI_CQ_FORMAT_TAGGED) {
         free(cq);

@@ -301,8 +301,11 @@ static void deliver_one(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,
 {
     if ((op & FIV_OP_MASK) == FIV_OP_OFFER || (op & FIV_OP_MASK) == FIV_OP_BACK)
         fiv_core_control(ep, peer, op, seq, p, n);
-    else
+    else {
+        ep->core_rx = true; /* no waiting where it lies (fiv_rma.c) */
         fiv_deliver(ep, a, peer, op, p, n);
+        ep->core_rx = false;
+    }
 }
 
 /* One message of `peer` from the core, delivered in its sender's order:

@@ -76,14 +76,27 @@ static bool hears(const struct fiv_ep *ep, const struct fiv_peer *peer,
    Both receive paths end here, so admission is decided in one place.
    Nothing reachable from here receives on ep->h or makes progress (the
    handlers only send, never wait, and queue what finds no room), which
-   is what ivshm_recv_each asks of its upcall: no re-entrancy guard. */
-static void take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
-                         const uint8_t *data, size_t n)
+   is what ivshm_recv_each asks of its upcall: no re-entrancy guard.
+   False if the message is to stay where it lies (only when `may_wait`,
+   the general path's peek): a remote write with CQ data while the CQ is
+   full (fiv_cq_full), decided on the tag libivshm copied and our own
+   state, nothing of the message read or kept; it is taken whole, read
+   afresh, by a later peek once the application has read its CQ. Its
+   writer's later messages wait behind it, no other peer's do (but a
+   write at the head of the shared queue: the queue's cells behind it,
+   until then). */
+static bool take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
+                         const uint8_t *data, size_t n, bool may_wait)
 {
     fi_addr_t a = ep->by_slot[src];
     struct fiv_peer *peer = fiv_peer(ep, a);
     bool heard = hears(ep, peer, src, g);
     uint32_t op = tag & FIV_WIRE_OP;
+    if (may_wait && (op & (FIV_OP_MASK | FIV_F_DATA)) ==
+                        (FIV_OP_WRITE | FIV_F_DATA) &&
+        fiv_cq_full(ep->rx_cq) && heard && !peer->dead &&
+        peer->path == PATH_REGION && !peer->sw_rx)
+        return false;
     fiv_pair_received(ep, src, g, op);
     /* the check reads bytes the handlers copy again: it finds what
        was garbled before it, as a check, not a defence */
@@ -132,6 +145,7 @@ static void take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
         peer->violated = false;
         peer->over = NULL;
     }
+    return true;
 }
 
 /* ivshm_recv_each's upcall. `gen` is the incarnation libivshm read the
@@ -142,7 +156,7 @@ static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
                           const void *data, size_t len)
 {
     struct fiv_ep *ep = arg;
-    take_message(ep, src, gen, tag, data, len);
+    (void)take_message(ep, src, gen, tag, data, len, false);
 }
 
 /* The general path: what the fast path leaves (the queue, backlogs,
@@ -151,6 +165,8 @@ static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
 static int peek_region(struct fiv_ep *ep)
 {
     int found = 0;
+    int left[FIV_BATCH], nleft = 0; /* senders whose head waits (CQ full) */
+    bool all = false;                /* every sender's head seen           */
     for (int i = 0; i < FIV_BATCH; i++) {
         /* after a message most often nothing follows: a few loads say
            so (ivshm_recv_idle), cheaper than a peek that finds nothing.
@@ -160,14 +176,18 @@ static int peek_region(struct fiv_ep *ep)
            rewound tail, a hidden slot, a new incarnation's ring); the
            two share one count, so an idle look here would answer
            "nothing" and skip them for good. */
-        if (i > 0 && ivshm_recv_idle(ep->h))
+        if (i > 0 && ivshm_recv_idle(ep->h)) {
+            all = true; /* every head empty: none waits either */
             break;
+        }
         int src = -1;
         uint32_t tag = 0;
         const void *data = NULL;
         ssize_t n = ivshm_recv_peek(ep->h, IVSHM_ANY, &src, &tag, &data);
-        if (n == -EAGAIN)
+        if (n == -EAGAIN) {
+            all = true; /* (a peek not released is returned again) */
             break;
+        }
         if (src < 0 || src >= ep->max_peers)
             break; /* an error about no sender in particular */
         /* generations only grow: a slot live at g now was at g when
@@ -192,10 +212,22 @@ static int peek_region(struct fiv_ep *ep)
             }
             continue;
         }
+        int k = 0;
+        while (k < nleft && left[k] != src)
+            k++;
+        if (k < nleft)
+            break; /* round robin came back to it: the others are empty */
+        if (!take_message(ep, src, g, tag, data, (size_t)n, true)) {
+            left[nleft++] = src; /* peeked, not released: it stays */
+            continue;
+        }
         found++;
-        take_message(ep, src, g, tag, data, (size_t)n);
         (void)ivshm_recv_release(ep->h, src);
     }
+    if (nleft)
+        ep->writes_wait = true;
+    else if (all)
+        ep->writes_wait = false;
     return found;
 }
 
@@ -207,7 +239,22 @@ static int peek_region(struct fiv_ep *ep)
    waits for the next call. */
 static int poll_region(struct fiv_ep *ep)
 {
-    int taken = ivshm_recv_each(ep->h, take_in_place, ep, FIV_BATCH);
+    /* The fast path consumes what it hands up, so a remote write with CQ
+       data could not wait there: it takes no more messages than the CQ
+       has room for (a message adds one entry, a multi-receive's last
+       two), none while the CQ is full. */
+    int max = FIV_BATCH;
+    const struct fiv_cq *cq = ep->rx_cq;
+    if (cq && cq->count + FIV_BATCH > cq->size)
+        max = cq->count >= cq->size ? 0 : (int)(cq->size - cq->count);
+    /* A write waiting at a sender's head (a peek that was not released)
+       is the general path's: the fast path skips that sender but takes
+       the others', which would take the room the application makes
+       before the general path ever came back to the waiting one. So
+       while one waits, only the general path's round robin runs. */
+    if (!max || ep->writes_wait)
+        return peek_region(ep);
+    int taken = ivshm_recv_each(ep->h, take_in_place, ep, max);
     if (taken == -EAGAIN)
         return 0;
     if (taken > 0)

@@ -130,11 +130,46 @@ static int apply(uint8_t *mem, const uint8_t *opnd, const uint8_t *cmp,
     return 0;
 }
 
+/* Operand bytes of one atomic: FIV_ATOMIC_MAX, or less where the request
+   (header, operand, compare operand) or its answer (header, fetched
+   value) would not fit one fragment of `frag` bytes (a region's slot
+   payload; 0: no region). An atomic is never fragmented: its target
+   applies it from one message. */
+static size_t frag_room(size_t frag, bool cmp)
+{
+    size_t room = FIV_ATOMIC_MAX;
+    if (frag) {
+        size_t req = (frag - sizeof(struct fiv_rma_hdr)) / (cmp ? 2 : 1);
+        size_t ans = frag - sizeof(struct fiv_resp_hdr);
+        if (req < room)
+            room = req;
+        if (ans < room)
+            room = ans;
+    }
+    return room;
+}
+
+/* What every endpoint of the domain can do: the least of those attached
+   to a region now; with none, the least of any region's slots (an
+   endpoint opened later, or moved to another region, may get those). */
+static size_t domain_room(struct fiv_domain *d, bool cmp)
+{
+    size_t room = 0;
+    fiv_lock(d);
+    for (size_t i = 0; i < d->neps; i++) {
+        const struct fiv_ep *ep = d->eps[i];
+        size_t r = ep->h && ep->frag ? frag_room(ep->frag, cmp) : 0;
+        if (r && (!room || r < room))
+            room = r;
+    }
+    fiv_unlock(d);
+    return room ? room : frag_room(FIV_MIN_SLOT - 32, cmp);
+}
+
 int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
                      enum fi_op op, struct fi_atomic_attr *attr,
                      uint64_t flags)
 {
-    (void)domain;
     size_t sz = dt_size(datatype);
     if (!sz || !op_ok(op) ||
         (bitwise(op) && (datatype == FI_FLOAT || datatype == FI_DOUBLE)))
@@ -145,8 +180,15 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
     if (!(flags & FI_COMPARE_ATOMIC) && cswap)
         return -FI_EOPNOTSUPP;
     if (attr) {
+        /* no domain: an endpoint's fi_*atomicvalid asks, which bounds
+           the count by its own slots (atomic_room) */
+        size_t room = domain ? domain_room(container_of(domain,
+                                                        struct fiv_domain,
+                                                        dom),
+                                           cswap)
+                             : FIV_ATOMIC_MAX;
         attr->size = sz;
-        attr->count = FIV_ATOMIC_MAX / sz;
+        attr->count = room / sz;
     }
     return 0;
 }
@@ -225,12 +267,15 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                        uint64_t data, int status, size_t len, void *at)
 {
     if (status == 0) {
-        if (op & FIV_F_DATA && ep->rx_cq && peer != &ep->self_peer_dummy &&
-            ep->rx_cq->remote >= ep->rx_cq->size) {
-            /* a completion without a receive of ours: bounded by what
-               the application chose (fiv_cq.c: its CQ size, at least the
-               default), not by the writer (our own writes to ourselves
-               are the application's doing) */
+        if (op & FIV_F_DATA && ep->rx_cq && ep->core_rx &&
+            ep->rx_cq->remote >= (ep->rx_cq->size > FIV_CQ_SIZE
+                                      ? ep->rx_cq->size
+                                      : FIV_CQ_SIZE)) {
+            /* a completion without a receive of ours. A region write
+               waited in its ring for room (fiv_progress.c, take_message);
+               a core message was read off the core already, so its kind
+               is bounded by what the application chose (its CQ size, at
+               least the default), not by the writer */
             over_cap(peer, "it wrote more remote CQ data than the CQ's "
                            "size holds");
             return;
@@ -644,22 +689,9 @@ struct fi_ops_rma fiv_rma_ops = {
 
 /* ---- atomics ---- */
 
-/* Operand bytes of one atomic: FIV_ATOMIC_MAX, or less where the request
-   (header, operand, compare operand) or its answer (header, fetched
-   value) would not fit one fragment of the region's slots. An atomic is
-   never fragmented: its target applies it from one message. */
 static size_t atomic_room(const struct fiv_ep *ep, bool cmp)
 {
-    size_t room = FIV_ATOMIC_MAX;
-    if (ep->frag) {
-        size_t req = (ep->frag - sizeof(struct fiv_rma_hdr)) / (cmp ? 2 : 1);
-        size_t ans = ep->frag - sizeof(struct fiv_resp_hdr);
-        if (req < room)
-            room = req;
-        if (ans < room)
-            room = ans;
-    }
-    return room;
+    return frag_room(ep->frag, cmp);
 }
 
 static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,

@@ -4,13 +4,17 @@
  * libfabric: fi_getinfo (mode bits offered and cleared, node/service and
  * the addresses returned, capabilities implied and split between the
  * transmit and receive sides, domain capabilities we lack), the
- * connection calls of an RDM endpoint, fi_cq_signal, atomics with no
- * operand or with counts that disagree, closing a domain with a
- * registration open, a send with
- * FI_INJECT in its flags, a remote-write counter of an endpoint that
- * asked for FI_RMA alone, a name inserted twice, and the last message of
- * a sender that left before it was inserted.
+ * connection calls of an RDM endpoint, fi_cq_signal, the domain's atomic
+ * counts, atomics with no operand or with counts that disagree, closing
+ * a domain with a registration open, a send with FI_INJECT in its flags,
+ * a remote-write counter of an endpoint that asked for FI_RMA alone,
+ * overlapping registrations each with a counter bound (fabtests'
+ * fi_multi_mr), registrations rebound between counters by several
+ * threads, writes with CQ data past the target's CQ size (alone and
+ * beside a flooding co-tenant), a name inserted twice, and the last
+ * message of a sender that left before it was inserted.
  */
+#include <inttypes.h>
 #include <pthread.h>
 
 #include "fiv_test.h"
@@ -153,6 +157,56 @@ static void one_endpoint(struct rank *r)
 {
     open_one(r);
     check_endpoint(r);
+    t_close(r);
+}
+
+/* fi_query_atomic of the domain answers what its endpoints can do: with
+   no endpoint open, what the smallest slots (128 B) allow (48 operand
+   bytes, 24 with a compare operand); with one attached to a region, that
+   endpoint's fi_*atomicvalid counts (docs/provider.md, "Limits"). */
+static void domain_atomic_counts(struct rank *r)
+{
+    static const struct { enum fi_datatype dt; enum fi_op op; } q[] = {
+        {FI_UINT64, FI_SUM}, {FI_INT8, FI_BOR}, {FI_DOUBLE, FI_MIN},
+        {FI_UINT32, FI_CSWAP}, {FI_UINT64, FI_MSWAP},
+    };
+    struct fi_atomic_attr a;
+    {
+        struct fi_info *h = base_hints(), *fi = NULL;
+        h->caps = FI_ATOMIC;
+        REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+        struct fid_fabric *fab;
+        struct fid_domain *dom;
+        REQ_RC(fi_fabric(fi->fabric_attr, &fab, NULL), 0);
+        REQ_RC(fi_domain(fab, fi, &dom, NULL), 0);
+        REQ_RC(fi_query_atomic(dom, FI_UINT64, FI_SUM, &a, 0), 0);
+        REQ(a.size == 8 && a.count == 48 / 8);
+        REQ_RC(fi_query_atomic(dom, FI_UINT64, FI_CSWAP, &a,
+                               FI_COMPARE_ATOMIC), 0);
+        REQ(a.size == 8 && a.count == 24 / 8);
+        REQ_RC(fi_close(&dom->fid), 0);
+        REQ_RC(fi_close(&fab->fid), 0);
+        fi_freeinfo(fi);
+        fi_freeinfo(h);
+    }
+    t_open(r, version);
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        bool cmp = q[i].op >= FI_CSWAP;
+        size_t count = 0;
+        REQ_RC(cmp ? fi_compare_atomicvalid(r->ep, q[i].dt, q[i].op, &count)
+                   : fi_atomicvalid(r->ep, q[i].dt, q[i].op, &count), 0);
+        REQ_RC(fi_query_atomic(r->dom, q[i].dt, q[i].op, &a,
+                               cmp ? FI_COMPARE_ATOMIC : 0), 0);
+        if (a.count != count)
+            fprintf(stderr, "query %zu: the domain says %zu, the endpoint "
+                    "%zu\n", i, a.count, count);
+        REQ(a.count == count && count > 0);
+        if (!cmp) {
+            size_t fcount = 0;
+            REQ_RC(fi_fetch_atomicvalid(r->ep, q[i].dt, q[i].op, &fcount), 0);
+            REQ(fcount == count);
+        }
+    }
     t_close(r);
 }
 
@@ -421,10 +475,170 @@ static void rma_event_counter(struct rank *r)
     rma_event_close(r, &tg);
 }
 
+/* Two registrations over overlapping memory (one byte apart), each with a
+   counter bound for remote writes, written by the peer once each, as
+   fabtests' fi_multi_mr does. `virt`: the hints offer FI_MR_VIRT_ADDR and
+   FI_MR_PROV_KEY, which the answer keeps: the writes name the virtual
+   address and the key we gave, and address 0 (what fi_multi_mr writes
+   whatever the answer said) is refused with FI_EACCES. Without them the
+   keys are the application's and addresses are offsets from each
+   registration's start: address 0 is its first byte. Either way each
+   write lands in its own registration and counts on its own counter. */
+static void multi_mr(struct rank *r, bool virt)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_ALLOCATED |
+                              FI_MR_RAW |
+                              (virt ? FI_MR_VIRT_ADDR | FI_MR_PROV_KEY : 0);
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    uint64_t mode = r->info->domain_attr->mr_mode;
+    REQ(!!(mode & FI_MR_VIRT_ADDR) == virt && !!(mode & FI_MR_PROV_KEY) == virt);
+    REQ(!(mode & (FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_RAW)));
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
+    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
+    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
+    REQ_RC(fi_enable(r->ep), 0);
+    t_exchange(r);
+    enum { LEN = 4096, NMR = 2 };
+    static uint8_t mem[LEN + NMR];
+    struct fid_mr *mr[NMR];
+    struct fid_cntr *hits[NMR];
+    uint64_t at[NMR][2];
+    for (int i = 0; i < NMR; i++) {
+        REQ_RC(fi_cntr_open(r->dom, &ca, &hits[i], NULL), 0);
+        REQ_RC(fi_mr_reg(r->dom, mem + i, LEN, FI_REMOTE_WRITE, 0,
+                         (uint64_t)i + 1, 0, &mr[i], NULL), 0);
+        REQ_RC(fi_mr_bind(mr[i], &hits[i]->fid, FI_REMOTE_WRITE), 0);
+        if (!virt)
+            REQ(fi_mr_key(mr[i]) == (uint64_t)i + 1); /* the one asked for */
+        at[i][0] = virt ? (uint64_t)(uintptr_t)(mem + i) : 0;
+        at[i][1] = fi_mr_key(mr[i]);
+    }
+    uint64_t peer[NMR][2];
+    memcpy(peer, at, sizeof at);
+    t_bcast(r, 0, peer, sizeof peer);
+    static uint8_t src[LEN];
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    if (r->me == 1) {
+        if (virt) { /* fi_multi_mr's address: not one of ours */
+            memset(&err, 0, sizeof err);
+            REQ_RC(fi_write(r->ep, src, LEN, NULL, r->addr[0], 0, peer[0][1],
+                            src), 0);
+            REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_EACCES);
+        }
+        for (int i = 0; i < NMR; i++) {
+            memset(src, 0xa0 + i, LEN);
+            REQ_RC(fi_write(r->ep, src, LEN, NULL, r->addr[0], peer[i][0],
+                            peer[i][1], src), 0);
+            REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        }
+        t_barrier(r);
+    } else {
+        for (int i = 0; i < NMR; i++) {
+            REQ_RC(fi_cntr_wait(hits[i], 1, 5000), 0);
+            REQ(fi_cntr_read(hits[1 - i]) == (uint64_t)(1 - i < i ? 1 : 0));
+            for (int k = 0; k < LEN; k++)
+                REQ(mem[i + k] == 0xa0 + i);
+        }
+        REQ(mem[0] == 0xa0);
+        t_barrier(r);
+    }
+    for (int i = 0; i < NMR; i++) {
+        REQ_RC(fi_close(&mr[i]->fid), 0);
+        REQ_RC(fi_close(&hits[i]->fid), 0);
+    }
+    t_close(r);
+}
+
+static void multi_mr_offsets(struct rank *r) { multi_mr(r, false); }
+static void multi_mr_virtual(struct rank *r) { multi_mr(r, true); }
+
+/* Registrations moved between two counters by several threads at once
+   (FI_THREAD_SAFE): each thread rebinds its own registration from one
+   counter to the other 3000000 times. A counter knows how many
+   registrations hold it (it does not close while one does, fi_cntr(3));
+   every rebind moves one hold, so once the registrations are closed
+   both counters close, and while one still holds a counter it does not
+   (without the domain's lock in fi_mr_bind, holds raced and were lost:
+   -FI_EBUSY for good, or a close while still bound). */
+enum { BIND_THREADS = 4, BIND_ROUNDS = 3000000 };
+struct bind_arg {
+    struct fid_mr *mr;
+    struct fid_cntr *c[2];
+};
+
+static void *rebind_loop(void *p)
+{
+    struct bind_arg *a = p;
+    for (int i = 0; i < BIND_ROUNDS; i++)
+        if (fi_mr_bind(a->mr, &a->c[i & 1]->fid, FI_REMOTE_WRITE))
+            return (void *)1;
+    return NULL;
+}
+
+static void mr_bind_threads(struct rank *r)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_RMA | FI_RMA_EVENT;
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY;
+    h->domain_attr->threading = FI_THREAD_SAFE;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fid_cntr *c[2];
+    for (int k = 0; k < 2; k++)
+        REQ_RC(fi_cntr_open(r->dom, &ca, &c[k], NULL), 0);
+    static uint64_t words[BIND_THREADS];
+    struct bind_arg args[BIND_THREADS];
+    pthread_t th[BIND_THREADS];
+    for (int i = 0; i < BIND_THREADS; i++) {
+        args[i] = (struct bind_arg){.c = {c[i & 1], c[1 - (i & 1)]}};
+        REQ_RC(fi_mr_reg(r->dom, &words[i], 8, FI_REMOTE_WRITE, 0, 0, 0,
+                         &args[i].mr, NULL), 0);
+    }
+    for (int i = 0; i < BIND_THREADS; i++)
+        REQ(pthread_create(&th[i], NULL, rebind_loop, &args[i]) == 0);
+    for (int i = 0; i < BIND_THREADS; i++) {
+        void *rc = NULL;
+        REQ(pthread_join(th[i], &rc) == 0 && rc == NULL);
+    }
+    /* each registration ends on the counter it started on: both are held */
+    for (int k = 0; k < 2; k++)
+        REQ_RC(fi_close(&c[k]->fid), -FI_EBUSY);
+    for (int i = 0; i < BIND_THREADS; i++)
+        REQ_RC(fi_close(&args[i].mr->fid), 0);
+    for (int k = 0; k < 2; k++)
+        REQ_RC(fi_close(&c[k]->fid), 0);
+    REQ_RC(fi_close(&r->dom->fid), 0);
+    REQ_RC(fi_close(&r->fab->fid), 0);
+    fi_freeinfo(r->info);
+}
+
 /* An honest writer sends more writes with CQ data than the target's CQ
-   size while the target only waits on a counter: every one lands with
-   its entry and none fails the writer (docs/provider.md, "Caps per
-   peer": the cap is never below the default). */
+   size (64). While the target only waits on a counter, exactly the CQ's
+   size of them land and the rest wait in the writer's ring (the counter
+   stands still); once the target reads its CQ every one lands, in order,
+   never more than the CQ's size held at once, and none fails the writer
+   (docs/provider.md, "Caps per peer"). */
+enum { CQ64 = 64 };
 static void writedata_burst(struct rank *r)
 {
     struct rma_target tg;
@@ -441,19 +655,122 @@ static void writedata_burst(struct rank *r)
                 (void)fi_cq_read(r->cq, &e, 1);
             REQ_RC(rc, 0);
         }
-        for (uint64_t end = t_now_ms() + 5000;
+        for (uint64_t end = t_now_ms() + 15000;
              fi_cntr_read(r->wcntr) + fi_cntr_readerr(r->wcntr) < BURST &&
              t_now_ms() < end;)
             (void)fi_cq_read(r->cq, &e, 1);
+        REQ(fi_cntr_read(r->wcntr) == BURST);
         REQ(fi_cntr_readerr(r->wcntr) == 0);
         t_barrier(r);
     } else {
-        REQ_RC(fi_cntr_wait(tg.remote, BURST, 8000), 0);
+        REQ_RC(fi_cntr_wait(tg.remote, CQ64, 8000), 0);
+        /* the rest wait where they lie while nobody reads the CQ */
+        for (uint64_t end = t_now_ms() + 300; t_now_ms() < end;)
+            (void)fi_cntr_read(tg.remote);
+        uint64_t landed = fi_cntr_read(tg.remote);
+        if (landed != CQ64)
+            fprintf(stderr, "%" PRIu64 " writes landed with the CQ of %d "
+                    "unread\n", landed, CQ64);
+        REQ(landed == CQ64);
         size_t got = 0;
-        struct fi_cq_tagged_entry e;
-        while (fi_cq_read(r->cq, &e, 1) == 1)
-            got += (e.flags & FI_REMOTE_CQ_DATA) != 0;
+        struct fi_cq_tagged_entry e[256];
+        for (uint64_t end = t_now_ms() + 15000;
+             got < BURST && t_now_ms() < end;) {
+            ssize_t n = fi_cq_read(r->cq, e, 256);
+            if (n == -FI_EAGAIN)
+                continue;
+            REQ(n > 0 && n <= CQ64);
+            for (ssize_t k = 0; k < n; k++) {
+                REQ(e[k].flags & FI_REMOTE_CQ_DATA);
+                REQ(e[k].data == got); /* the writer's order */
+                got++;
+            }
+        }
         REQ(got == BURST);
+        REQ(fi_cntr_read(tg.remote) == BURST);
+        t_barrier(r);
+    }
+    rma_event_close(r, &tg);
+}
+
+/* A co-tenant (rank 1) floods rank 0 with 0-byte writes with CQ data,
+   4000 past what a cap shared by all peers held (the CQ's size, at
+   least 65536), while rank 0 reads no CQ; then an honest writer (rank 2) sends
+   its writes with data, and rank 0 starts reading. The flood waits in
+   the co-tenant's own ring: every honest write lands with its entry and
+   none fails its writer (before, the flood filled the one cap of all
+   peers and the honest writer's path failed). */
+static void writedata_flooded(struct rank *r)
+{
+    struct rma_target tg;
+    rma_event_open(r, &tg);
+    enum { FLOOD = 65536 + 4000, HONEST = 200 };
+    const uint64_t mark = 1ull << 40; /* the honest writer's data */
+    struct fi_cq_tagged_entry e[256];
+    if (r->me == 1) {
+        /* as fast as it can; what finds no room (its queue cap) is tried
+           again until the target has held it off for 2 s */
+        int sent = 0;
+        for (uint64_t stuck = 0; sent < FLOOD;) {
+            ssize_t rc = fi_inject_writedata(r->ep, NULL, 0, (uint64_t)sent,
+                                             r->addr[0], tg.addr, tg.key);
+            if (rc == 0) {
+                sent++;
+                stuck = 0;
+                continue;
+            }
+            REQ_RC(rc, -FI_EAGAIN);
+            (void)fi_cntr_read(r->wcntr);
+            if (!stuck)
+                stuck = t_now_ms();
+            else if (t_now_ms() - stuck > 2000)
+                break;
+        }
+        t_barrier(r); /* the flood is in */
+        t_barrier(r); /* the honest writes landed */
+    } else if (r->me == 2) {
+        t_barrier(r);
+        static uint64_t v;
+        for (int i = 0; i < HONEST; i++) {
+            ssize_t rc;
+            while ((rc = fi_writedata(r->ep, &v, 8, NULL, mark + (uint64_t)i,
+                                      r->addr[0], tg.addr, tg.key, &v)) ==
+                   -FI_EAGAIN)
+                (void)fi_cq_read(r->cq, e, 1);
+            REQ_RC(rc, 0);
+        }
+        for (uint64_t end = t_now_ms() + 20000;
+             fi_cntr_read(r->wcntr) + fi_cntr_readerr(r->wcntr) < HONEST &&
+             t_now_ms() < end;)
+            (void)fi_cq_read(r->cq, e, 1);
+        if (fi_cntr_readerr(r->wcntr) || fi_cntr_read(r->wcntr) != HONEST)
+            fprintf(stderr, "honest writer: %" PRIu64 " of %d writes "
+                    "completed, %" PRIu64 " failed\n", fi_cntr_read(r->wcntr),
+                    HONEST, fi_cntr_readerr(r->wcntr));
+        REQ(fi_cntr_readerr(r->wcntr) == 0);
+        REQ(fi_cntr_read(r->wcntr) == HONEST);
+        t_barrier(r);
+    } else {
+        t_barrier(r); /* progress through a counter: the CQ stays unread */
+        size_t honest = 0, flood = 0;
+        for (uint64_t end = t_now_ms() + 20000;
+             honest < HONEST && t_now_ms() < end;) {
+            ssize_t n = fi_cq_read(r->cq, e, 256);
+            if (n == -FI_EAGAIN)
+                continue;
+            REQ(n > 0 && n <= CQ64);
+            for (ssize_t k = 0; k < n; k++) {
+                REQ(e[k].flags & FI_REMOTE_CQ_DATA);
+                if (e[k].data >= mark)
+                    REQ(e[k].data == mark + honest++); /* its order */
+                else
+                    flood++;
+            }
+        }
+        if (getenv("FIV_CONFORM_VERBOSE"))
+            fprintf(stderr, "flooded: %zu honest entries, %zu of the "
+                    "co-tenant's meanwhile\n", honest, flood);
+        REQ(honest == HONEST);
         t_barrier(r);
     }
     rma_event_close(r, &tg);
@@ -545,7 +862,12 @@ int main(void)
     const char *reg = t_region(8, 0);
     snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", reg);
     const char *env1[] = {env};
+    char envsmall[256];
+    snprintf(envsmall, sizeof envsmall,
+             "FI_IVSHM_REGION=%s;FI_IVSHM_CORE=none", t_region(8, 128));
+    const char *env1small[] = {envsmall};
     const char *env2[] = {env, env};
+    const char *env3[] = {env, env, env};
 
     /* in a child, as every case: a crash is a failed case, not the end */
     pid_t p = fork();
@@ -565,6 +887,12 @@ int main(void)
     f = t_run(1, one_endpoint, env1, 30, NULL);
     printf("%s: connection calls of an RDM endpoint, fi_cq_signal\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, domain_atomic_counts, env1, 30, NULL);
+    f += t_run(1, domain_atomic_counts, env1small, 30, NULL);
+    printf("%s: the domain's atomic counts are its endpoints' (default "
+           "and 128-byte slots)\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(1, empty_atomics, env1, 30, NULL);
@@ -597,9 +925,26 @@ int main(void)
            f ? "FAIL" : "ok");
     failed += f;
 
+    f = t_run(2, multi_mr_offsets, env2, 30, NULL);
+    f += t_run(2, multi_mr_virtual, env2, 30, NULL);
+    printf("%s: overlapping registrations with their own counters, by "
+           "offset and requested key, and by virtual address and our key\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, mr_bind_threads, env1, 60, NULL);
+    printf("%s: registrations rebound between two counters by %d threads "
+           "at once\n", f ? "FAIL" : "ok", BIND_THREADS);
+    failed += f;
+
     f = t_run(2, writedata_burst, env2, 30, NULL);
     printf("%s: an honest burst of writes with data past the CQ's size\n",
            f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(3, writedata_flooded, env3, 60, NULL);
+    printf("%s: an honest writer with data beside a co-tenant flooding "
+           "writes with data\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, inserted_twice, env2, 30, NULL);

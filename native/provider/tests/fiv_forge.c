@@ -1618,10 +1618,12 @@ static void f_atomic_small_slot(struct forger *f)
 
 /* 26. 0-byte RMA WRITEs with remote CQ data, faster than the application
    reads its CQ: the CQ holds no more of their entries than the size the
-   application gave it, at least FIV_CQ_SIZE (fiv_test.h gives 256); past
-   it the writer's path fails. */
+   application gave it (fiv_test.h gives 256), the rest wait in the
+   writer's ring until the application reads (the forger's send is held
+   off until its deadline), and the path does not fail: once the victim
+   reads its CQ, every write the forger got into the ring lands. */
 #define WD_FLOOD (FIV_CQ_SIZE + 4000)
-#define CQ_SIZE FIV_CQ_SIZE
+#define CQ_SIZE 256
 static void v_write_data_flood(struct victim *v)
 {
     uint8_t *w = gbuf(4096);
@@ -1631,23 +1633,41 @@ static void v_write_data_flood(struct victim *v)
          !ctl_ready(v->ctl) && t_now_ms() < end;)
         (void)fi_cntr_read(v->r.wcntr);
     struct ctl d = ctl_recv(v->ctl, 'D');
-    size_t held = 0;
+    /* what the CQ holds: one read of more than that (a read makes
+       progress only when the CQ is empty) */
+    static struct fi_cq_tagged_entry all[4 * CQ_SIZE];
+    ssize_t n = fi_cq_read(v->r.cq, all, 4 * CQ_SIZE);
+    size_t held = 0, got = 0;
+    for (ssize_t k = 0; k < n; k++)
+        if (all[k].flags & FI_REMOTE_CQ_DATA) {
+            if (all[k].data != held)
+                vfail(v, "write %zu landed as %" PRIu64, held, all[k].data);
+            held++;
+        }
     struct fi_cq_tagged_entry e;
-    ssize_t n;
-    while ((n = fi_cq_read(v->r.cq, &e, 1)) == 1 || n == -FI_EAVAIL) {
-        struct fi_cq_err_entry err;
-        memset(&err, 0, sizeof err);
-        if (n == -FI_EAVAIL)
-            REQ(fi_cq_readerr(v->r.cq, &err, 0) == 1);
-        else
-            held += (e.flags & FI_REMOTE_CQ_DATA) != 0;
-    }
     if (getenv("FIV_FORGE_VERBOSE"))
         fprintf(stderr, "write data flood: %zu entries held of %" PRIu64
-                " writes taken\n", held, d.a);
+                " writes sent\n", held, d.a);
     if (held > CQ_SIZE)
         vfail(v, "the CQ held %zu entries of %" PRIu64 " 0-byte writes with "
               "data (its size %d)", held, d.a, CQ_SIZE);
+    /* the rest land as the CQ is read, in the writer's order */
+    got = held;
+    for (uint64_t end = t_now_ms() + 10000; got < d.a && t_now_ms() < end;) {
+        n = fi_cq_read(v->r.cq, &e, 1);
+        if (n == -FI_EAVAIL) {
+            vfail(v, "an error entry after %zu writes with data", got);
+            break;
+        }
+        if (n == 1 && (e.flags & FI_REMOTE_CQ_DATA)) {
+            if (e.data != got)
+                vfail(v, "write %zu landed as %" PRIu64, got, e.data);
+            got++;
+        }
+    }
+    if (got != d.a)
+        vfail(v, "%zu of the %" PRIu64 " writes with data landed once the CQ "
+              "was read", got, d.a);
     REQ_RC(fi_close(&mr->fid), 0);
 }
 
@@ -1659,7 +1679,7 @@ static void f_write_data_flood(struct forger *f)
         struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = 0,
                                 .id = 600 + (uint64_t)i, .data = (uint64_t)i};
         if (fsend(f, FIV_OP_WRITE | FIV_F_DATA, &h, sizeof h, NULL, 0) < 0)
-            break; /* the victim stopped reading us */
+            break; /* held off for CALL_MS: the victim's CQ is full */
         sent++;
     }
     ctl_send(f->ctl, 'D', sent, 0, 0);
