@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Optional
@@ -72,14 +71,8 @@ def _shmem_from(args, check: bool = True) -> Optional[Shmem]:
     if server is not None:
         server = os.path.abspath(server)
         if check:
-            try:
-                mode = os.stat(server).st_mode
-            except OSError as e:
-                raise CliError(f"ivshmem-server socket {server} is not "
-                               f"there ({e.strerror}; start one with "
-                               f"`ivcloud server start`)") from None
-            if not stat.S_ISSOCK(mode):
-                raise CliError(f"{server} is not a socket")
+            from ..libvirt.attach import check_server_socket
+            check_server_socket(server)
     size = args.shm_size
     model = args.shm_model or ("ivshmem-doorbell" if server
                                else "ivshmem-plain")
