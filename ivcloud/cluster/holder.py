@@ -14,13 +14,12 @@ never taken for ours.
 from __future__ import annotations
 
 import os
-import select
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from .. import process
 from ..errors import HolderError
 from ..procfs import cmdline, pids, start_time
 
@@ -210,27 +209,18 @@ def wait_ready(proc: subprocess.Popen, role: str,
                timeout_s: float = READY_TIMEOUT_S) -> None:
     """Block until the holder printed 'ready' (its namespaces are set
     up); HolderError with its stderr if it died or took too long."""
-    deadline = time.monotonic() + timeout_s
-    out = b""
-    while b"\n" not in out:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise HolderError(f"holder {role} not ready after "
-                              f"{timeout_s:.0f} s")
-        r, _, _ = select.select([proc.stdout], [], [], left)
-        if r:
-            chunk = os.read(proc.stdout.fileno(), 256)
-            if not chunk:
-                break
-            out += chunk
-    if out.strip() != b"ready":
+    line = process.first_line(proc.stdout, timeout_s)
+    if line is None:
+        raise HolderError(f"holder {role} not ready after "
+                          f"{timeout_s:.0f} s")
+    if line.strip() != "ready":
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
         err = proc.stderr.read().decode(errors="replace").strip().splitlines()
         raise HolderError(f"holder {role} failed: "
-                          f"{err[-1] if err else out.decode().strip() or 'no output'}")
+                          f"{err[-1] if err else line.strip() or 'no output'}")
     proc.stdout.close()
     proc.stderr.close()
 
