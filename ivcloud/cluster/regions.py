@@ -127,15 +127,12 @@ def stop_all(paths_list: List[server_mod.ServerPaths]) -> List[str]:
 
 def left_behind(servers_dir: Path) -> List[server_mod.ServerPaths]:
     """Job servers found on disk (those of jobs whose launcher died)."""
-    found = []
     servers_dir = Path(servers_dir)
     if not servers_dir.is_dir():
-        return found
-    for srv_dir in sorted(p for p in servers_dir.iterdir() if p.is_dir()):
-        found += [server_mod.paths_for(p.name, str(srv_dir))
-                  for p in sorted(srv_dir.iterdir())
-                  if p.is_dir() and _JOB_RE.match(p.name)]
-    return found
+        return []
+    return [server_mod.paths_for(d.name, str(d.parent))
+            for srv in sorted(p for p in servers_dir.iterdir() if p.is_dir())
+            for d in job_dirs(servers_dir, srv.name)]
 
 
 def job_dirs(servers_dir: Path, server_name: str) -> List[Path]:
