@@ -2,13 +2,10 @@
 the head node, or the fabric) existing.
 
 A holder is `taskset -c CPUS unshare ... -- bash -c _SCRIPT`: it sets up
-its private mounts and hostname, says "ready" and sleeps. Its namespaces
-live as long as it (or anything entered into them) does; its CPU
-affinity is what the instance's "vCPUs" are. Every holder carries the
-argument (later argv[0]) "ivcloud-holder:<cluster>:<role>", so that
-`down` finds one even when `up` was killed before writing its pid down;
-it is identified by pid *and* start time, so that a recycled pid is
-never taken for ours.
+its private mounts and hostname, says "ready" and sleeps; its CPU
+affinity is what the instance's "vCPUs" are. It carries the marker
+argument "ivcloud-holder:<cluster>:<role>" and is known by pid *and*
+start time (docs/cluster.md, "Commands": how `down` finds it).
 """
 
 from __future__ import annotations

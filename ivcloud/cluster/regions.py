@@ -1,12 +1,8 @@
 """A region of its own for every job: one trust domain per region
-(docs/security.md; docs/cluster.md, "One region per job"). The ranks
-learn their server's socket from IVSHM_SOCKET (launch.instance_env);
-Slurm's hooks make the same regions, named after its job id.
-
-The job's server on emulated server k lives in SERVER_DIR/JOBsK/ (the
-directory that server's instances see), so its socket is visible to
-those instances only; the names are short because a socket path has at
-most 107 bytes. `down` stops job servers a killed launcher left behind.
+(docs/security.md; docs/cluster.md, "One region per job", says where
+the job's servers live and how its ranks find them). Slurm's hooks make
+the same regions, named after its job id. The names are short because
+a socket path has at most 107 bytes.
 """
 
 from __future__ import annotations
