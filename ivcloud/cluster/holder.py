@@ -36,24 +36,33 @@ INSTANCE_NS = ["--net", "--uts", "--ipc", "--mount", "--propagation",
 # failed step ends the holder, and `up` reports the step's stderr.
 _SCRIPT = r"""
 set -e
+# cover DIR OPTIONS STAGE PATH...: an empty tmpfs (OPTIONS) over DIR but
+# for the PATHs below it, which stay visible at the same place: each is
+# bound aside into STAGE, then moved back in.
+cover() {
+  local dir=$1 opts=$2 stage=$3 n=0 p; shift 3
+  for p in "$@"; do
+    n=$((n + 1))
+    if [ -d "$p" ]; then mkdir "$stage/$n"; else : > "$stage/$n"; fi
+    mount --bind "$p" "$stage/$n"
+  done
+  mount -t tmpfs -o "$opts" ivcloud-cover "$dir"
+  n=0
+  for p in "$@"; do
+    n=$((n + 1)); mkdir -p "$(dirname "$p")"
+    if [ -d "$stage/$n" ]; then mkdir -p "$p"; else : > "$p"; fi
+    mount --move "$stage/$n" "$p"
+  done
+}
 if [ -n "$2" ]; then
   # Host paths under /tmp that instances must still see (a checkout or
-  # build living there): bind them aside on a scratch tmpfs over /mnt,
-  # cover /tmp, then move them back to the same paths.
-  n=0
+  # build living there), staged on a scratch tmpfs over /mnt.
+  keep=()
   if [ -n "${IVCLOUD_KEEP_TMP:-}" ]; then
-    mount -t tmpfs -o mode=0700,size=64k ivcloud-stage /mnt
     IFS=: read -r -a keep <<< "$IVCLOUD_KEEP_TMP"
-    for p in "${keep[@]}"; do
-      n=$((n + 1)); mkdir "/mnt/$n"; mount --bind "$p" "/mnt/$n"
-    done
+    mount -t tmpfs -o mode=0700,size=64k ivcloud-stage /mnt
   fi
-  mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-tmp /tmp
-  n=0
-  for p in "${keep[@]:-}"; do
-    [ -n "$p" ] || continue
-    n=$((n + 1)); mkdir -p "$p"; mount --move "/mnt/$n" "$p"
-  done
+  cover /tmp mode=1777,nosuid,nodev /mnt "${keep[@]}"
   if [ -n "${IVCLOUD_KEEP_TMP:-}" ]; then umount /mnt; fi
   mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-shm /dev/shm
   mount --bind "$2" /etc/hosts
@@ -62,28 +71,11 @@ if [ -n "$1" ]; then hostname "$1"; fi
 ip link set lo up
 if [ -n "$3" ]; then
   # Of the run dir (every cluster's state, every server's socket) only
-  # the kept paths stay visible, at the same place: bind each aside,
-  # cover the run dir with an empty tmpfs, move them back in.
+  # the kept paths stay visible.
   run=$3; shift 3
   mkdir /tmp/.ivcloud-keep
-  n=0
-  for rel in "$@"; do
-    n=$((n + 1))
-    if [ -d "$run/$rel" ]; then mkdir "/tmp/.ivcloud-keep/$n"
-    else : > "/tmp/.ivcloud-keep/$n"; fi
-    mount --bind "$run/$rel" "/tmp/.ivcloud-keep/$n"
-  done
-  mount -t tmpfs -o mode=0755,size=64k ivcloud-run "$run"
-  n=0
-  for rel in "$@"; do
-    n=$((n + 1))
-    mkdir -p "$(dirname "$run/$rel")"
-    if [ -d "/tmp/.ivcloud-keep/$n" ]; then mkdir "$run/$rel"
-    else : > "$run/$rel"; fi
-    mount --move "/tmp/.ivcloud-keep/$n" "$run/$rel"
-    rm -rf "/tmp/.ivcloud-keep/$n"
-  done
-  rmdir /tmp/.ivcloud-keep
+  cover "$run" mode=0755,size=64k /tmp/.ivcloud-keep "${@/#/$run/}"
+  rm -rf /tmp/.ivcloud-keep
 fi
 echo ready
 exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1
