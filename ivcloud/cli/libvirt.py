@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -73,13 +74,11 @@ def _shmem_from(args, check: bool = True) -> Optional[Shmem]:
         if check:
             from ..libvirt.attach import check_server_socket
             check_server_socket(server)
-    size = args.shm_size
-    model = args.shm_model or ("ivshmem-doorbell" if server
-                               else "ivshmem-plain")
-    if size is None and model == "ivshmem-plain":
-        size = 4 << 20  # libvirt's own default, written out explicitly
-    shm = Shmem(args.shm_name, size, model, server, args.shm_vectors,
-                args.shm_ioeventfd)
+    shm = Shmem(args.shm_name, args.shm_size, args.shm_model, server,
+                args.shm_vectors, args.shm_ioeventfd)
+    if shm.size is None and shm.resolved_model == "ivshmem-plain":
+        # libvirt's own default, written out explicitly
+        shm = dataclasses.replace(shm, size=4 << 20)
     try:
         shm.validate()
     except SpecError as e:
