@@ -1,12 +1,9 @@
 """Point-to-point latency and bandwidth: libivshm against references.
 
-Runs, on this machine: libivshm rings (spin, and spin-then-block),
-libivshm window put+flush, a memcpy reference, TCP over loopback and
-between two network namespaces (unless --skip-netns), Open MPI's vader
-BTL, two oversubscribed ping-pong pairs, and the CPU use of a blocked
-peer (BENCHMARKS.md, "Point-to-point").
-
-One-way latency is half a round trip; bandwidth = size / one-way latency.
+libivshm's rings and window, memcpy, TCP (loopback, and between two
+network namespaces unless --skip-netns), Open MPI's vader, oversubscribed
+pairs and a blocked peer, on this machine (BENCHMARKS.md,
+"Point-to-point").
 """
 
 from __future__ import annotations
