@@ -46,15 +46,16 @@ def _settings(settings, args, **given):
                             if k not in given and hasattr(args, k)}, **given)
 
 
-def _run_p2p(args) -> int:
-    return p2p.run(_settings(p2p.P2pSettings, args), json_path=args.json)
+def _run_here(settings, run, args) -> int:
+    """A benchmark on this host alone: run(its settings, --json)."""
+    return run(_settings(settings, args), json_path=args.json)
 
 
 def _run_mpi(args) -> int:
     if ofi.covers(args.mpi):
         return ofi.run(_settings(ofi.OfiSettings, args, mpi_name=args.mpi,
                                  configs=args.transports), json_path=args.json)
-    return btl.run(_settings(btl.MpiSettings, args), json_path=args.json)
+    return _run_here(btl.MpiSettings, btl.run, args)
 
 
 def _build(text: str) -> Tuple[str, Path]:
@@ -63,11 +64,6 @@ def _build(text: str) -> Tuple[str, Path]:
     if not sep or not label.strip() or not path.strip():
         raise argparse.ArgumentTypeError(f"a build is LABEL=DIR, not '{text}'")
     return label.strip(), Path(path.strip())
-
-
-def _run_small(args) -> int:
-    return small.run(_settings(small.SmallSettings, args),
-                     json_path=args.json)
 
 
 def _run_hierarchy(args) -> int:
@@ -102,11 +98,6 @@ def _run_migrate(args) -> int:
 def _run_report(args) -> int:
     print(report.write(Path(args.dir)))
     return 0
-
-
-def _run_scaling(args) -> int:
-    return scaling.run(_settings(scaling.ScalingSettings, args),
-                       json_path=args.json)
 
 
 # ---------------------------------------------------------------- options
@@ -284,16 +275,19 @@ def register(sub) -> None:
     # a benchmark's module docstring is its description; raw: it has laid
     # out lists, keep its line breaks
     for name, text, arguments, run, raw in (
-            ("p2p", p2p.__doc__, _p2p_arguments, _run_p2p, False),
+            ("p2p", p2p.__doc__, _p2p_arguments,
+             functools.partial(_run_here, p2p.P2pSettings, p2p.run), False),
             ("mpi", f"{btl.__doc__}\n{ofi.__doc__}", _mpi_arguments,
              _run_mpi, True),
-            ("small", small.__doc__, _small_arguments, _run_small, False),
+            ("small", small.__doc__, _small_arguments, functools.partial(
+                _run_here, small.SmallSettings, small.run), False),
             ("hierarchy", hierarchy.__doc__, _hierarchy_arguments,
              _run_hierarchy, True),
             ("halo", halo.__doc__, _halo_arguments, _run_halo, True),
             ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
-            ("scaling", scaling.__doc__, _scaling_arguments, _run_scaling,
-             False),
+            ("scaling", scaling.__doc__, _scaling_arguments,
+             functools.partial(_run_here, scaling.ScalingSettings,
+                               scaling.run), False),
             ("migrate", migrate.__doc__, _migrate_arguments, _run_migrate,
              True),
             ("report", report.__doc__, _report_arguments, _run_report,
