@@ -12,14 +12,19 @@
   an instance) run to its end; interrupted or past its timeout, it is
   asked to end its job (SIGTERM), killed after a grace time, and what
   ran below it is killed too.
+- :func:`first_line`: what a child that keeps running says first (a
+  namespace holder's "ready", a server's port), waited for up to a
+  deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
+import time
 from typing import (Callable, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple)
 
@@ -197,3 +202,23 @@ def _restore(saved: Dict[int, object]) -> None:
     for signum, handler in saved.items():
         # None: a handler installed outside Python; the default is nearest
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def first_line(stream, timeout_s: float) -> Optional[str]:
+    """The first line a child writes to pipe `stream`, without its
+    newline, read as it comes (the child goes on running); what it wrote
+    before it closed the pipe, if it did that first; None if no line came
+    within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    fd = stream.fileno()
+    out = b""
+    while b"\n" not in out:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 256)
+            if not chunk:
+                break
+            out += chunk
+    return out.split(b"\n", 1)[0].decode(errors="replace")

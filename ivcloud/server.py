@@ -55,8 +55,13 @@ def format_size(n: int) -> str:
 
 
 def server_binary() -> Path:
+    """The daemon of this build; OperationFailed if it was not built."""
     from .native import native_dir
-    return native_dir() / SERVER_BINARY
+    binary = native_dir() / SERVER_BINARY
+    if not os.access(binary, os.X_OK):
+        raise OperationFailed(f"{binary} not found (run `make build` or set "
+                              f"IVCLOUD_NATIVE_DIR)")
+    return binary
 
 
 @dataclass(frozen=True)
@@ -302,9 +307,6 @@ def start(paths: ServerPaths, size: int, vectors: int = 1,
                     ring_slots, slot_size, max_clients)
     gid = _group_id(group)
     binary = server_binary()
-    if not os.access(binary, os.X_OK):
-        raise OperationFailed(f"{binary} not found (run `make build` or set "
-                              f"IVCLOUD_NATIVE_DIR)")
     _prepare_dir(paths, gid)
     cmd = [str(binary), "-S", str(paths.socket),
            "-l", str(size), "-n", str(vectors), "-p", str(paths.pidfile),

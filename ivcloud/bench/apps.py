@@ -1,33 +1,16 @@
 """Real applications on the emulated cloud, as the papers judge it.
 
-Every application (ivcloud.apps: HPCC as in seed 004, OpenFOAM's
-simpleFoam on pitzDaily as in seed 002, our micromagnetic solver on the
-thesis's bar) runs in three configurations
-of 2 ranks on one emulated server of 2 instances x 2 vCPUs:
+HPCC, OpenFOAM's simpleFoam on pitzDaily and our solver's bar
+(ivcloud.apps), 2 ranks in the configurations
 
-  one      both ranks in ONE instance: Open MPI's own shared memory
-           (vader), the bare-metal reference
+  one      both ranks in ONE instance (vader): the bare-metal reference
   tcp      one rank in each of two instances, over TCP on the bridge
   ivshmem  one rank in each of two instances, over our BTL
 
-(--configs runs a subset; one, the reference, is always among them.)
-
-HPCC also runs as `one-twocopy`: one instance without Open MPI's
-single-copy mechanism, so every message is copied into shared memory and
-out again, as on any path between VMs (not with --quick on VMs).
-
-The configurations alternate in rounds; each figure is the median of its
-rounds (min..max), each ratio a speed relative to `one` (1.0: bare-metal
-speed). Then a strong-scaling series on the 3-level cluster (2 servers
-x 2 instances x 1 vCPU, ivshmem; by default only as many ranks as the
-host has CPUs): T, S = T1/T, E = S/p and Amdahl's serial fraction where
-a fit is meaningful.
-
-With --instance-kind vm the instances are QEMU guests of the Debian
-image, whose python3-micromag package runs the solver (the inputs are
-copied in); the scaling series then runs only when --ranks is given (4
-more guests). Under TCG only the ratios mean something. docs/demo.md,
-section 3, says more.
+(and HPCC's one-twocopy), alternating in rounds, as speeds relative to
+`one`; then a strong-scaling series on the 3-level cluster
+(BENCHMARKS.md, "Applications" and "Strong scaling"; on QEMU guests:
+docs/demo.md, "On QEMU guests").
 """
 
 from __future__ import annotations

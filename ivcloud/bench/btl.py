@@ -1,12 +1,8 @@
 """MPI over ivshmem: OSU-style latency, bandwidth, RMA and allreduce.
 
-Runs mpi-osu under Open MPI on this machine over self,ivshmem (tcp left
-out, so every figure provably went through our BTL, which its counters
-confirm), self,vader and self,tcp: 2 ranks, allreduce 4, one-sided
-operations through osc pt2pt for every transport, so the BTLs are what
-is compared. The transports alternate in rounds; each figure is the
-median of its rounds, with the spread (BENCHMARKS.md, "MPI over the
-BTL").
+mpi-osu under Open MPI on this machine over self,ivshmem (tcp left out,
+so every figure provably went through our BTL), self,vader and
+self,tcp, alternating in rounds (BENCHMARKS.md, "MPI over the BTL").
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """Rank placement on the emulated cloud: halo exchange, planned vs round-robin.
 
-Brings up an `ivcloud cluster` of 2 servers x 2 instances x 2 vCPUs whose
-uplinks are rate-limited (--uplink-rate, default 200mbit), so traffic
-between servers costs what it does in a cloud, and runs mpi-halo
-(native/bench/halo.c: 8 ranks on a 4x2 grid, each exchanging --face
-bytes with its up to 4 neighbours per iteration, plus a tiny compute)
-with transport ivshmem (or --transport tcp) under two placements:
+mpi-halo (native/bench/halo.c: 8 ranks on a 4x2 grid) on a cluster of 2
+servers x 2 instances x 2 vCPUs with rate-limited uplinks, under two
+placements, alternating:
 
   planned      the rankfile `ivcloud place --pattern halo2d:4x2` makes
-               for this cluster (METIS: neighbours in one instance, the
-               fewest grid edges across servers);
-  round-robin  Open MPI's --map-by node over the instances (consecutive
-               ranks on different servers), what a scheduler does
-               without knowing the traffic.
+  round-robin  Open MPI's --map-by node over the instances
 
-The placements alternate, --reps times each; the figure is the median
-wall time, and every run checks that each rank ran where its placement
-put it. The cluster is taken down at the end, also after an error or a
-signal (unless --keep-cluster).
-
-With --scheduler slurm it asks the same of Slurm's allocation: a job of
-4 ranks on two of the four instances, placed by Slurm's tree topology
-("tree": one server) against a topology-blind choice ("round-robin":
-one instance per server); it writes halo-slurm.json.
+each run checked to have run where its placement put it
+(BENCHMARKS.md, "Rank placement"). With --scheduler slurm: Slurm's tree
+allocation against a round-robin one, into halo-slurm.json
+(BENCHMARKS.md, "Halo under Slurm").
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """MPI latency and bandwidth at the three levels of the cloud hierarchy.
 
-Brings up an emulated cluster (`ivcloud cluster`: 2 servers x 2
-instances x 2 vCPUs, under a unique name) and runs mpi-osu's 2-rank
-latency and bandwidth tests, 4 B .. 1 MiB, with the two ranks
+mpi-osu's 2-rank latency and bandwidth on an emulated cluster (2
+servers x 2 instances x 2 vCPUs), the two ranks
 
   level 1  inside one instance (s0i0, s0i0): Open MPI's vader,
   level 2  on two instances of one server (s0i0, s0i1),
   level 3  on two servers (s0i0, s1i0), through both uplinks,
 
-each level over tcp and over ivshmem. Open MPI's own report of the BTL
-each pair used is checked: with ivshmem, level 1 still uses vader,
-level 2 ivshmem and level 3 tcp (a region is shared only by one
-server's instances). Uplinks are unshaped unless --uplink-rate is
-given. The cluster is taken down at the end, also after an error or a
-signal (unless --keep-cluster).
-
-With --instance-kind vm the instances are QEMU guests of the Debian image
-(1 server x 2 guests x 2 vCPUs: levels 1 and 2); under TCG only the
-ratios mean something. Writes the records as JSON, and into --out the
-plots and report.md (`ivcloud bench report`).
+each level over tcp and over ivshmem, the BTL Open MPI reports checked
+against the level (BENCHMARKS.md, "Communication hierarchy"). Writes
+the records as JSON, and into --out the plots and report.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """A 4-rank job over the ivshm provider while one of its instances moves
 to the other server and back: what each pair of ranks sees.
 
-It brings up a VM cluster (2 servers x 2 instances x 1 vCPU, QEMU
-guests, under a unique name), builds mpi-pairs (native/bench/pairs.c)
-with the MPI's compiler (--mpi mpich or impi) and runs it with one rank
-in each instance (ranks 0-3 on s0i0 s0i1 s1i0 s1i1; the job's own
-transport line on). mpi-pairs measures every pair in turn, over and
-over: 8 B latency (half a round trip) and 1 MiB bandwidth (4 messages
-at once, one ack); a tick is every pair once, then a nap of 1 s. Meanwhile the host moves s1i0 (rank 2) to s0 and
-back with `cluster migrate`'s code, and tells the job the phase by a
-file in s0i0 that rank 0 reads every tick:
-
-  before  the placement the job started with
-  out     s1i0 moving to s0 (drain, live migration, the region taken)
-  moved   s1i0 on s0: ranks 0, 1 and 2 co-resident, 3 alone on s1
-  back    s1i0 moving back to s1
-  after   the placement of the start again
-
-Each steady phase lasts a number of ticks. Each pair's figure per
-phase is the median of its ticks. The table gives them with each
-pair's path (region or core) per steady phase, and each move's total
-time, QEMU's downtime and the longest tick of the job during the move
-against the median tick before (the stall). Targets: during a move no
-pair is slower than the core path (the median 8 B latency of the pairs
-across servers before); after a move the pairs that became co-resident
-are within 1.1 x the pair that always was; the stall is at most QEMU's
-downtime plus 1 s.
+mpi-pairs (native/bench/pairs.c) on a VM cluster of 2 servers x 2
+instances x 1 vCPU, one rank per instance, while the host moves s1i0
+(rank 2) to s0 and back with `cluster migrate`'s code; the phases
+(before, out, moved, back, after), the figures and the targets:
+BENCHMARKS.md, "Migration under a job".
 """
 
 from __future__ import annotations

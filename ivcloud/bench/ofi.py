@@ -2,18 +2,9 @@
 through libfabric): is our ivshm provider between two instances as fast
 as that MPI's shared memory inside one?
 
-Then it brings up an emulated cluster instead (1 server x 2 instances x
-2 vCPUs), builds mpi-osu with the MPI's compiler and runs its 2-rank
-latency and bandwidth tests (8 B and 1 MiB) in each configuration:
-own-shm and shm (both ranks in one instance, the MPI's own shared
-memory or libfabric's shm provider: the same MPI over the same OFI
-layer), ivshmem and tcp (one rank in each instance, over our provider,
-whose fi_ivshm lines must show the traffic, or libfabric's tcp).
-
-The configurations alternate in rounds; each figure is the median of its
-rounds, with the spread, and each ratio against own-shm (what a user
-compares with: both ranks in one node) or libfabric's shm the median of
-the rounds' own ratios.
+mpi-osu built with the MPI's compiler, on 1 server x 2 instances, in
+the configurations own-shm, shm, ivshmem and tcp, alternating in rounds
+(BENCHMARKS.md, "MPI across MPIs").
 """
 
 from __future__ import annotations

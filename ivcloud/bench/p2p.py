@@ -1,21 +1,16 @@
 """Point-to-point latency and bandwidth: libivshm against references.
 
-Runs, on this machine: libivshm rings (spin, and spin-then-block),
-libivshm window put+flush, a memcpy reference, TCP over loopback and
-between two network namespaces (unless --skip-netns), Open MPI's vader
-BTL, two oversubscribed ping-pong pairs, and the CPU use of a blocked
-peer (BENCHMARKS.md, "Point-to-point").
-
-One-way latency is half a round trip; bandwidth = size / one-way latency.
+libivshm's rings and window, memcpy, TCP (loopback, and between two
+network namespaces unless --skip-netns), Open MPI's vader, oversubscribed
+pairs and a blocked peer, on this machine (BENCHMARKS.md,
+"Point-to-point").
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import select
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -123,22 +118,11 @@ def run_contention(s: P2pSettings) -> List[Dict]:
 
 
 def _read_port(proc: subprocess.Popen, timeout_s: float, origin: str) -> int:
-    deadline = time.monotonic() + timeout_s
-    buf = b""
-    fd = proc.stdout.fileno()
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0 or proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") \
-                if proc.poll() is not None else ""
-            raise BenchError(f"{origin}: server did not start: {tail(err)}")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 256)
-            if not chunk:
-                continue
-            buf += chunk
-    line = buf.split(b"\n", 1)[0].decode()
+    line = process.first_line(proc.stdout, timeout_s)
+    if not line:    # none in time, or the server closed its stdout: exited
+        err = proc.stderr.read().decode(errors="replace") \
+            if line == "" or proc.poll() is not None else ""
+        raise BenchError(f"{origin}: server did not start: {tail(err)}")
     if not line.startswith("PORT "):
         raise BenchError(f"{origin}: unexpected server output {line!r}")
     return int(line.split()[1])

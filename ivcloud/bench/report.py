@@ -2,13 +2,9 @@
 
 It reads DIR/hierarchy.json, DIR/halo.json and DIR/apps.json, whichever
 exist (each cloud benchmark writes its own and redoes the report), and
-writes into DIR latency.png, bandwidth.png, halo.png, apps.png,
-speedup.png and report.md (docs/demo.md, "Outputs"), with matplotlib's
-Agg backend. Nothing is measured: `ivcloud bench report DIR` redoes it
-from the JSON alone and prints the path of report.md. A run on a busy
-machine gets a warning in its section and at the top. The report is
-made from the documents only, never from the benchmarks' code (the
-benchmarks import this module, not the reverse).
+writes into DIR the plots and report.md of docs/demo.md, "Outputs".
+Nothing is measured: `ivcloud bench report DIR` redoes it from the JSON
+alone and prints the path of report.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Many ranks in one region: how ivshmem scales against vader.
 
-Runs mpi-scaling under Open MPI on this machine at 2, 8, 32 and 128
-ranks (oversubscribed), over self,ivshmem (a private region sized for
-the job) and self,vader: per transport and rank count the shared memory
-it sets up, the 8 B latency between rank 0 and rank N-1, the 8 B
-allreduce latency and the 8 B message rate of N/2 streaming pairs,
-medians of alternating rounds. A vader job that fails at some rank
-count is noted, an ivshmem one is a failure (BENCHMARKS.md, "Many
-ranks in one region").
+mpi-scaling under Open MPI on this machine at 2, 8, 32 and 128 ranks
+(oversubscribed), over self,ivshmem and self,vader, alternating in
+rounds (BENCHMARKS.md, "Many ranks in one region").
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Small messages: 8 B latency, message rate, exchange and ring against
 vader, round by round, split by the machine's state.
 
-Measures, under Open MPI on this machine with 2 ranks, the figures the
-small-message path is judged by (docs/fast-path.md): mpi-osu's 8 B
-one-way latency and message rate (window of 64), and mpi-pingpong's
-exchange and ring, HPCC's two ring-latency loops, over self,ivshmem
-(this build's BTL, and that of each --build) and over self,vader.
-
-These machines switch between a fast and a slow state within seconds
-(BENCHMARKS.md, "Handoff"), which rank the transports differently. So
-each round runs short jobs back to back, vader, our BTL in every build,
-vader again, and divides each figure of ours by the mean of the two
-vader figures around it; a figure on which they disagree by more than
-10 % is left out of that round (the whole round for the latency), and
-the rounds are split into states by vader's latency (analyse, states).
-
-Identical copies of one mca_btl_ivshmem.so have given message rates 35 %
-apart (where its code lies in physical memory), so each BTL runs from
-fresh copies of its file (--copies), one a round in turn. Each rank
-runs in a real-time class (``chrt -f``) where we may, so that other work
-cannot split the pair for a while.
+Each round runs short jobs back to back, vader, our BTL in every build
+(each from a fresh copy of its file, --copies), vader again, and divides
+each figure of ours by the mean of the two vader figures around it; the
+rounds are split into states by vader's latency (BENCHMARKS.md, "BTL:
+small messages" and "Handoff").
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""What every benchmark shares: running the native benchmark programs,
+"""What every benchmark shares (the shape of a benchmark module:
+ivcloud/bench/__init__.py): running the native benchmark programs,
 their JSON records, the step loop that survives a failed step, targets
-as ratios, tables, the machine's load and the JSON document. A
-benchmark module is a settings dataclass, its steps, its targets and
-its table; it raises domain errors and returns an exit status.
+as ratios, tables, the machine's load and the JSON document.
 """
 
 from __future__ import annotations
@@ -367,12 +366,8 @@ def print_grid(header: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 # ---------------------------------------------------------------- load
-# What a run's figures are worth depends on what else the machine did
-# meanwhile: every benchmark samples the load before it measures and
-# after, records both in its document, and warns when the machine was
-# busy. Judged on the shares of CPU time over the sample, not on the
-# load averages: those lag by minutes and still hold the previous
-# benchmark's ranks when `make demo` starts the next one.
+# docs/demo.md, "The machine's load": sampled before and after, judged
+# on the shares of CPU time, not on the lagging load averages.
 
 LOAD_SAMPLE_S = 1.0
 # the CPU time others used while the sampling process slept, and what

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -37,25 +38,24 @@ def _face(text: str) -> int:
 
 # ---------------------------------------------------------------- running
 
-def _shared(args) -> dict:
-    """--quick, and --iters and --rounds where the benchmark has them."""
-    return {k: getattr(args, k) for k in ("quick", "iters", "rounds")
-            if hasattr(args, k)}
+def _settings(settings, args, **given):
+    """settings.make with the options named as its parameters (those the
+    benchmark has: --quick, --iters, --rounds and its own), and `given`."""
+    names = inspect.signature(settings.make).parameters
+    return settings.make(**{k: getattr(args, k) for k in names
+                            if k not in given and hasattr(args, k)}, **given)
 
 
-def _run_p2p(args) -> int:
-    s = p2p.P2pSettings.make(sizes=args.sizes, netns=args.netns,
-                             **_shared(args))
-    return p2p.run(s, json_path=args.json)
+def _run_here(settings, run, args) -> int:
+    """A benchmark on this host alone: run(its settings, --json)."""
+    return run(_settings(settings, args), json_path=args.json)
 
 
 def _run_mpi(args) -> int:
     if ofi.covers(args.mpi):
-        o = ofi.OfiSettings.make(args.mpi, configs=args.transports,
-                                 **_shared(args))
-        return ofi.run(o, json_path=args.json)
-    s = btl.MpiSettings.make(transports=args.transports, **_shared(args))
-    return btl.run(s, json_path=args.json)
+        return ofi.run(_settings(ofi.OfiSettings, args, mpi_name=args.mpi,
+                                 configs=args.transports), json_path=args.json)
+    return _run_here(btl.MpiSettings, btl.run, args)
 
 
 def _build(text: str) -> Tuple[str, Path]:
@@ -66,24 +66,15 @@ def _build(text: str) -> Tuple[str, Path]:
     return label.strip(), Path(path.strip())
 
 
-def _run_small(args) -> int:
-    s = small.SmallSettings.make(builds=args.builds, realtime=args.realtime,
-                                 copies=args.copies, **_shared(args))
-    return small.run(s, json_path=args.json)
-
-
 def _run_hierarchy(args) -> int:
-    s = hierarchy.HierarchySettings.make(uplink_rate=args.uplink_rate,
-                                         **_shared(args))
+    s = _settings(hierarchy.HierarchySettings, args)
     return hierarchy.run(s, Path(args.out), json_path=args.json,
                          keep_cluster=args.keep_cluster,
                          vm=vm_options(args, VmOptions.memory_mb))
 
 
 def _run_halo(args) -> int:
-    s = halo.HaloSettings.make(reps=args.reps, face=args.face,
-                               uplink_rate=args.uplink_rate,
-                               transport=args.transport, **_shared(args))
+    s = _settings(halo.HaloSettings, args)
     run = halo.run_slurm if args.scheduler == "slurm" else halo.run
     return run(s, Path(args.out), json_path=args.json,
                keep_cluster=args.keep_cluster)
@@ -91,11 +82,7 @@ def _run_halo(args) -> int:
 
 def _run_apps(args) -> int:
     vm = vm_options(args, apps.VM_MEMORY_MB)
-    s = apps.AppsSettings.make(apps=args.apps, hpcc_n=args.hpcc_n,
-                               foam_iterations=args.foam_iterations,
-                               scaling_ranks=args.ranks,
-                               vm=vm is not None, configs=args.configs,
-                               **_shared(args))
+    s = _settings(apps.AppsSettings, args, vm=vm is not None)
     return apps.run(s, Path(args.out), json_path=args.json,
                     keep_cluster=args.keep_cluster, vm=vm)
 
@@ -104,21 +91,13 @@ def _run_migrate(args) -> int:
     vm = vm_options(args, migrate.VM_MEMORY_MB)
     if vm is None:
         raise CliError("bench migrate moves QEMU guests: --instance-kind vm")
-    s = migrate.MigrateSettings.make(args.mpi, vm, ticks=args.ticks,
-                                     **_shared(args))
+    s = _settings(migrate.MigrateSettings, args, mpi_name=args.mpi, vm=vm)
     return migrate.run(s, json_path=args.json)
 
 
 def _run_report(args) -> int:
     print(report.write(Path(args.dir)))
     return 0
-
-
-def _run_scaling(args) -> int:
-    s = scaling.ScalingSettings.make(ranks=args.ranks,
-                                     transports=args.transports,
-                                     **_shared(args))
-    return scaling.run(s, json_path=args.json)
 
 
 # ---------------------------------------------------------------- options
@@ -249,6 +228,7 @@ def _apps_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--foam-iterations", type=positive_int, default=None,
                    metavar="N", help="simpleFoam iterations (default 200)")
     p.add_argument("--ranks", type=_ranks, default=None,
+                   dest="scaling_ranks", metavar="RANKS",
                    help="rank counts of the scaling series (default "
                         "1,2,4 up to the host's CPUs; none on VMs)")
     add_vm_arguments(p, "namespace (default) or vm: QEMU guests of the "
@@ -295,16 +275,19 @@ def register(sub) -> None:
     # a benchmark's module docstring is its description; raw: it has laid
     # out lists, keep its line breaks
     for name, text, arguments, run, raw in (
-            ("p2p", p2p.__doc__, _p2p_arguments, _run_p2p, False),
+            ("p2p", p2p.__doc__, _p2p_arguments,
+             functools.partial(_run_here, p2p.P2pSettings, p2p.run), False),
             ("mpi", f"{btl.__doc__}\n{ofi.__doc__}", _mpi_arguments,
              _run_mpi, True),
-            ("small", small.__doc__, _small_arguments, _run_small, False),
+            ("small", small.__doc__, _small_arguments, functools.partial(
+                _run_here, small.SmallSettings, small.run), False),
             ("hierarchy", hierarchy.__doc__, _hierarchy_arguments,
              _run_hierarchy, True),
             ("halo", halo.__doc__, _halo_arguments, _run_halo, True),
             ("apps", apps.__doc__, _apps_arguments, _run_apps, True),
-            ("scaling", scaling.__doc__, _scaling_arguments, _run_scaling,
-             False),
+            ("scaling", scaling.__doc__, _scaling_arguments,
+             functools.partial(_run_here, scaling.ScalingSettings,
+                               scaling.run), False),
             ("migrate", migrate.__doc__, _migrate_arguments, _run_migrate,
              True),
             ("report", report.__doc__, _report_arguments, _run_report,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Optional
@@ -72,21 +72,13 @@ def _shmem_from(args, check: bool = True) -> Optional[Shmem]:
     if server is not None:
         server = os.path.abspath(server)
         if check:
-            try:
-                mode = os.stat(server).st_mode
-            except OSError as e:
-                raise CliError(f"ivshmem-server socket {server} is not "
-                               f"there ({e.strerror}; start one with "
-                               f"`ivcloud server start`)") from None
-            if not stat.S_ISSOCK(mode):
-                raise CliError(f"{server} is not a socket")
-    size = args.shm_size
-    model = args.shm_model or ("ivshmem-doorbell" if server
-                               else "ivshmem-plain")
-    if size is None and model == "ivshmem-plain":
-        size = 4 << 20  # libvirt's own default, written out explicitly
-    shm = Shmem(args.shm_name, size, model, server, args.shm_vectors,
-                args.shm_ioeventfd)
+            from ..libvirt.attach import check_server_socket
+            check_server_socket(server)
+    shm = Shmem(args.shm_name, args.shm_size, args.shm_model, server,
+                args.shm_vectors, args.shm_ioeventfd)
+    if shm.size is None and shm.resolved_model == "ivshmem-plain":
+        # libvirt's own default, written out explicitly
+        shm = dataclasses.replace(shm, size=4 << 20)
     try:
         shm.validate()
     except SpecError as e:

@@ -2,25 +2,21 @@
 the head node, or the fabric) existing.
 
 A holder is `taskset -c CPUS unshare ... -- bash -c _SCRIPT`: it sets up
-its private mounts and hostname, says "ready" and sleeps. Its namespaces
-live as long as it (or anything entered into them) does; its CPU
-affinity is what the instance's "vCPUs" are. Every holder carries the
-argument (later argv[0]) "ivcloud-holder:<cluster>:<role>", so that
-`down` finds one even when `up` was killed before writing its pid down;
-it is identified by pid *and* start time, so that a recycled pid is
-never taken for ours.
+its private mounts and hostname, says "ready" and sleeps; its CPU
+affinity is what the instance's "vCPUs" are. It carries the marker
+argument "ivcloud-holder:<cluster>:<role>" and is known by pid *and*
+start time (docs/cluster.md, "Commands": how `down` finds it).
 """
 
 from __future__ import annotations
 
 import os
-import select
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from .. import process
 from ..errors import HolderError
 from ..procfs import cmdline, pids, start_time
 
@@ -40,24 +36,33 @@ INSTANCE_NS = ["--net", "--uts", "--ipc", "--mount", "--propagation",
 # failed step ends the holder, and `up` reports the step's stderr.
 _SCRIPT = r"""
 set -e
+# cover DIR OPTIONS STAGE PATH...: an empty tmpfs (OPTIONS) over DIR but
+# for the PATHs below it, which stay visible at the same place: each is
+# bound aside into STAGE, then moved back in.
+cover() {
+  local dir=$1 opts=$2 stage=$3 n=0 p; shift 3
+  for p in "$@"; do
+    n=$((n + 1))
+    if [ -d "$p" ]; then mkdir "$stage/$n"; else : > "$stage/$n"; fi
+    mount --bind "$p" "$stage/$n"
+  done
+  mount -t tmpfs -o "$opts" ivcloud-cover "$dir"
+  n=0
+  for p in "$@"; do
+    n=$((n + 1)); mkdir -p "$(dirname "$p")"
+    if [ -d "$stage/$n" ]; then mkdir -p "$p"; else : > "$p"; fi
+    mount --move "$stage/$n" "$p"
+  done
+}
 if [ -n "$2" ]; then
   # Host paths under /tmp that instances must still see (a checkout or
-  # build living there): bind them aside on a scratch tmpfs over /mnt,
-  # cover /tmp, then move them back to the same paths.
-  n=0
+  # build living there), staged on a scratch tmpfs over /mnt.
+  keep=()
   if [ -n "${IVCLOUD_KEEP_TMP:-}" ]; then
-    mount -t tmpfs -o mode=0700,size=64k ivcloud-stage /mnt
     IFS=: read -r -a keep <<< "$IVCLOUD_KEEP_TMP"
-    for p in "${keep[@]}"; do
-      n=$((n + 1)); mkdir "/mnt/$n"; mount --bind "$p" "/mnt/$n"
-    done
+    mount -t tmpfs -o mode=0700,size=64k ivcloud-stage /mnt
   fi
-  mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-tmp /tmp
-  n=0
-  for p in "${keep[@]:-}"; do
-    [ -n "$p" ] || continue
-    n=$((n + 1)); mkdir -p "$p"; mount --move "/mnt/$n" "$p"
-  done
+  cover /tmp mode=1777,nosuid,nodev /mnt "${keep[@]}"
   if [ -n "${IVCLOUD_KEEP_TMP:-}" ]; then umount /mnt; fi
   mount -t tmpfs -o mode=1777,nosuid,nodev ivcloud-shm /dev/shm
   mount --bind "$2" /etc/hosts
@@ -66,28 +71,11 @@ if [ -n "$1" ]; then hostname "$1"; fi
 ip link set lo up
 if [ -n "$3" ]; then
   # Of the run dir (every cluster's state, every server's socket) only
-  # the kept paths stay visible, at the same place: bind each aside,
-  # cover the run dir with an empty tmpfs, move them back in.
+  # the kept paths stay visible.
   run=$3; shift 3
   mkdir /tmp/.ivcloud-keep
-  n=0
-  for rel in "$@"; do
-    n=$((n + 1))
-    if [ -d "$run/$rel" ]; then mkdir "/tmp/.ivcloud-keep/$n"
-    else : > "/tmp/.ivcloud-keep/$n"; fi
-    mount --bind "$run/$rel" "/tmp/.ivcloud-keep/$n"
-  done
-  mount -t tmpfs -o mode=0755,size=64k ivcloud-run "$run"
-  n=0
-  for rel in "$@"; do
-    n=$((n + 1))
-    mkdir -p "$(dirname "$run/$rel")"
-    if [ -d "/tmp/.ivcloud-keep/$n" ]; then mkdir "$run/$rel"
-    else : > "$run/$rel"; fi
-    mount --move "/tmp/.ivcloud-keep/$n" "$run/$rel"
-    rm -rf "/tmp/.ivcloud-keep/$n"
-  done
-  rmdir /tmp/.ivcloud-keep
+  cover "$run" mode=0755,size=64k /tmp/.ivcloud-keep "${@/#/$run/}"
+  rm -rf /tmp/.ivcloud-keep
 fi
 echo ready
 exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1
@@ -210,27 +198,18 @@ def wait_ready(proc: subprocess.Popen, role: str,
                timeout_s: float = READY_TIMEOUT_S) -> None:
     """Block until the holder printed 'ready' (its namespaces are set
     up); HolderError with its stderr if it died or took too long."""
-    deadline = time.monotonic() + timeout_s
-    out = b""
-    while b"\n" not in out:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise HolderError(f"holder {role} not ready after "
-                              f"{timeout_s:.0f} s")
-        r, _, _ = select.select([proc.stdout], [], [], left)
-        if r:
-            chunk = os.read(proc.stdout.fileno(), 256)
-            if not chunk:
-                break
-            out += chunk
-    if out.strip() != b"ready":
+    line = process.first_line(proc.stdout, timeout_s)
+    if line is None:
+        raise HolderError(f"holder {role} not ready after "
+                          f"{timeout_s:.0f} s")
+    if line.strip() != "ready":
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
         err = proc.stderr.read().decode(errors="replace").strip().splitlines()
         raise HolderError(f"holder {role} failed: "
-                          f"{err[-1] if err else out.decode().strip() or 'no output'}")
+                          f"{err[-1] if err else line.strip() or 'no output'}")
     proc.stdout.close()
     proc.stderr.close()
 

@@ -84,10 +84,9 @@ class InstanceKind(ABC):
             full, env, cpus = enter_command(state, host, argv)
         except LaunchError as e:
             raise ClusterError(str(e))
-        status = subprocess.run(
+        return process.exit_status(subprocess.run(
             full, env=env, cwd="/",
-            preexec_fn=lambda: os.sched_setaffinity(0, cpus)).returncode
-        return status if status >= 0 else 128 - status
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus)).returncode)
 
     def guest_packages(self) -> List[str]:
         """Packages (file names) installed beside the guest package."""

@@ -1,14 +1,7 @@
-"""Getting into namespace instances: the launch agent, what the
-instances see of the host, the order a placement fills them in.
-
-A job's launcher runs on the head node and starts its daemons on an
-instance with `AGENT HOST COMMAND...`, like ssh. Our agent (agent_main,
-wrapped in the cluster's `agent` script) checks that HOST's holder is
-still the process we started and execs `nsenter` into its namespaces
-with the instance's CPUs (nsenter keeps the caller's affinity), a fresh
-environment as sshd would give (instance_env, with IVSHM_SOCKET) and
-COMMAND run by /bin/sh -c, since launchers quote it for a remote shell
-(docs/cluster.md, "Commands").
+"""Getting into namespace instances: the launch agent (agent_main,
+docs/cluster.md, "Commands": what a job's launcher calls instead of
+ssh), what the instances see of the host, the order a placement fills
+them in.
 """
 
 from __future__ import annotations

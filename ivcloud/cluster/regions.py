@@ -1,12 +1,8 @@
 """A region of its own for every job: one trust domain per region
-(docs/security.md; docs/cluster.md, "One region per job"). The ranks
-learn their server's socket from IVSHM_SOCKET (launch.instance_env);
-Slurm's hooks make the same regions, named after its job id.
-
-The job's server on emulated server k lives in SERVER_DIR/JOBsK/ (the
-directory that server's instances see), so its socket is visible to
-those instances only; the names are short because a socket path has at
-most 107 bytes. `down` stops job servers a killed launcher left behind.
+(docs/security.md; docs/cluster.md, "One region per job", says where
+the job's servers live and how its ranks find them). Slurm's hooks make
+the same regions, named after its job id. The names are short because
+a socket path has at most 107 bytes.
 """
 
 from __future__ import annotations
@@ -127,15 +123,12 @@ def stop_all(paths_list: List[server_mod.ServerPaths]) -> List[str]:
 
 def left_behind(servers_dir: Path) -> List[server_mod.ServerPaths]:
     """Job servers found on disk (those of jobs whose launcher died)."""
-    found = []
     servers_dir = Path(servers_dir)
     if not servers_dir.is_dir():
-        return found
-    for srv_dir in sorted(p for p in servers_dir.iterdir() if p.is_dir()):
-        found += [server_mod.paths_for(p.name, str(srv_dir))
-                  for p in sorted(srv_dir.iterdir())
-                  if p.is_dir() and _JOB_RE.match(p.name)]
-    return found
+        return []
+    return [server_mod.paths_for(d.name, str(d.parent))
+            for srv in sorted(p for p in servers_dir.iterdir() if p.is_dir())
+            for d in job_dirs(servers_dir, srv.name)]
 
 
 def job_dirs(servers_dir: Path, server_name: str) -> List[Path]:

@@ -1,20 +1,9 @@
-"""Instances that are QEMU guests (`cluster up --instance-kind vm`;
-docs/cluster.md, "Instances as QEMU guests").
-
-Only the instances differ from a namespace cluster's. Each is the
-Debian guest of ivcloud.vm.debian, its QEMU in the fabric's network
-namespace with a NIC on a tap in its server's bridge, its ivshmem
-device on its server's standing ivshmem-server in a root port of its
-own (which a migration unplugs), a qcow2 overlay that a migration's two
-QEMUs share, with Slurm empty root ports for jobs' devices (job_ports),
-and its vCPU threads pinned.
-
-Everything of a guest's QEMU lives in its directory (STATE_DIR/vm/
-<hostname>/, after a migration state.json's "dir"), which its command
-line names, so `down` finds a QEMU even when `up` was killed before it
-recorded the pid. Jobs' launchers run in the first guest as the image's
-user `mpi` and start the other ranks over ssh; the host talks to the
-guests only through the command agent on their second serial port.
+"""Instances that are QEMU guests (`cluster up --instance-kind vm`): what
+each guest is made of, and how the host reaches it, is docs/cluster.md,
+"Instances as QEMU guests". Everything of a guest's QEMU lives in its
+directory (STATE_DIR/vm/<hostname>/, after a migration state.json's
+"dir"), which its command line names, so `down` finds a QEMU even when
+`up` was killed before it recorded the pid.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Hydra, the process manager of MPICH and of Intel MPI: one launcher
-line for both, told apart by how each names its remote launcher.
-
-Hydra starts one proxy per host through the launcher (`AGENT HOST
-hydra_pmi_proxy ...`, as ssh) and the proxies start the ranks. By
-default mpiexec would hand its own environment to every rank; with an
-agent the ranks get what the agent gives them (as a login over ssh
-would: the instance's region socket among it) plus the -genv pairs."""
+line for both, told apart by how each names its remote launcher
+(docs/mpi.md, "On a cluster: `ivcloud cluster mpirun --mpi NAME`",
+says what each line holds and why)."""
 
 from __future__ import annotations
 

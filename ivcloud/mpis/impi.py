@@ -1,11 +1,10 @@
 """Intel MPI from PyPI (`impi-rt` 2021.18.1: the runtime, its own
 libfabric 2.4 with the providers as files beside it; no compiler
 wrapper, no headers: programs are built with MPICH's mpi.h, Intel MPI
-keeping MPICH's ABI). I_MPI_FABRICS picks the paths, I_MPI_OFI_PROVIDER
-the provider. Intel's libfabric scans only the first directory of
-FI_PROVIDER_PATH: its own comes first, the ivshm provider as `+FILE`.
-Ranks float over an instance's vCPUs (I_MPI_PIN=0), as the other MPIs'
-do. docs/mpi.md, "Other MPIs"."""
+keeping MPICH's ABI). Ranks float over an instance's vCPUs
+(I_MPI_PIN=0), as the other MPIs' do. Its launcher line and variables,
+and why: docs/mpi.md, "On a cluster: `ivcloud cluster mpirun --mpi
+NAME`"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """A job on this host alone (`ivcloud mpirun`): Open MPI 4.1 over our
 BTL, in a region given by file or server socket, or in a private one
-formatted for the job and removed afterwards whatever happens.
-
-    cmd = mpirun_command(["./app"], np=4, transport="ivshmem",
-                         region="/dev/shm/r")
-    status = run(["./app"], np=4)          # private region, exit status
+formatted for the job and removed afterwards whatever happens (docs/mpi.md,
+"The short way", shows the calls from Python).
 """
 
 from __future__ import annotations

