@@ -615,7 +615,6 @@ def test_rank_killed_during_the_drain(vmc):
     of the job or the migration is left (assert_on: QEMUs, taps,
     directories, peers, the guest's ivshm.env; no process of the job, no
     chardev of a device that is gone)."""
-    from ivcloud.cluster import migrate as mig
     from ivcloud.vm import qemu
     job = _ring_job("mpich")
     mig_p = None
