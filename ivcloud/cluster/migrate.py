@@ -48,6 +48,10 @@ BTL_LIBRARY = "mca_btl_ivshmem.so"
 # the provider's ranks' acknowledgement of a drain (their own deadline,
 # FI_IVSHM_DRAIN_MS, and a TCG guest's slowness)
 DRAIN_ACK_S = 60.0
+# how often the drain's wait looks whether the processes of the device
+# still live: a rank that died never acknowledges, and its death ends the
+# wait (an agent command, costly in a TCG guest)
+DRAIN_LIVENESS_S = 2.0
 # how long drained ranks may still be seen using the device: each
 # acknowledges, then unmaps it
 DRAIN_GRACE_S = 10.0
@@ -163,41 +167,94 @@ def _region_of(state: Dict, server: int) -> str:
                          f"holds no region")
 
 
+def _device_pids(addr: str) -> str:
+    """A guest's shell lines that print `@@pid P` for each process that
+    maps the region of the device at `addr` or holds its vfio group (the
+    provider's ranks)."""
+    q = agent.quote
+    return "\n".join([
+        f"g=$(readlink /sys/bus/pci/devices/{q([addr])}/iommu_group)",
+        "for f in $({ grep -l -F " + q([f"/{addr}/resource2"]) +
+        " /proc/[0-9]*/maps; [ -z \"$g\" ] || find /proc/[0-9]*/fd "
+        "-maxdepth 1 -lname \"/dev/vfio/${g##*/}\"; } 2>/dev/null); do",
+        "  p=${f#/proc/}; echo \"@@pid ${p%%/*}\"",
+        "done; true"])
+
+
+def _gone(sock: Path, host: str, pids: List[int]) -> List[int]:
+    """Which of the guest's processes `pids` are gone (or dead, not yet
+    reaped)."""
+    out = vm_instance.guest_run(
+        sock, host, f"for p in {' '.join(map(str, pids))}; do "
+        f"s=$(cut -d')' -f2 /proc/$p/stat 2>/dev/null); "
+        f"case \"$s\" in ''|' Z'*|' X'*) echo \"@@gone $p\";; esac; "
+        f"done; true", GUEST_TIMEOUT_S)
+    return sorted({int(w[7:]) for w in out.splitlines()
+                   if w.startswith("@@gone ") and w[7:].isdigit()})
+
+
 def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
     """The libfabric provider's ranks in the guest let go of the region
     (docs/migration.md): the guest's ivshm.env hidden (so that no rank
     attaches the device again before it is bound on the destination),
     each registry entry of the guest's IVPosition asked to drain on its
-    server's region, their acknowledgements waited for (bounded)."""
+    server's region, their acknowledgements waited for: bounded, and
+    ended as soon as a process of the device died while an entry has not
+    answered (a rank killed during the drain never answers)."""
     (sock.parent / HIDDEN).touch()   # until unhide or unplug (heal)
     # the position is the guest's own word: a false one only asks ranks of
     # the same trust domain to move to the core (docs/migration.md)
-    out = vm_instance.guest_run(sock, host, f"mv -f {GUEST_ENV} {AWAY_ENV}"
+    out = vm_instance.guest_run(sock, host, f"{_device_pids(addr)}\n"
+                                f"mv -f {GUEST_ENV} {AWAY_ENV}"
                                 f" 2>/dev/null; sed -n 's/^IVSHM_POSITION="
                                 f"//p' {guest_regions.BIND_DIR}/{addr}.env",
-                                GUEST_TIMEOUT_S).strip()
-    if not out.isdigit():
+                                GUEST_TIMEOUT_S)
+    pids = sorted({int(w[6:]) for w in out.splitlines()
+                   if w.startswith("@@pid ") and w[6:].isdigit()})
+    position = next((w.strip() for w in out.splitlines()
+                     if w.strip() and not w.startswith("@@")), "")
+    if not position.isdigit():
         say(f"drain: the guest names no IVPosition for {addr}: no rank asked")
         return
     region = _region_of(state, int(state["instances"][host]["server"]))
     req = int.from_bytes(os.urandom(4), "little") | 1   # a new one
-    asked = native.drain_guest(region, int(out), req)
+    asked = native.drain_guest(region, int(position), req)
     deadline = time.monotonic() + DRAIN_ACK_S
+    look = time.monotonic() + DRAIN_LIVENESS_S
+    pending = list(asked)
     bad = []
-    for slot, gen in asked:
-        while True:
+
+    def answers() -> None:
+        for slot, gen in list(pending):
             try:
                 st = native.drain_state(region, slot, gen, req)
             except native.NotFound:
-                break   # it left
+                st = 0   # it left
             if st is not None:
-                bad += [f"slot {slot}: {os.strerror(-st)}"] if st else []
-                break
-            if time.monotonic() > deadline:
-                raise StepFailed(f"drain: the rank in slot {slot} did not "
-                                 f"let go of the region within "
-                                 f"{DRAIN_ACK_S:.0f} s")
-            time.sleep(0.1)
+                bad.extend([f"slot {slot}: {os.strerror(-st)}"] if st else [])
+                pending.remove((slot, gen))
+    while True:
+        answers()
+        if not pending:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            raise StepFailed(f"drain: the rank in slot {pending[0][0]} did "
+                             f"not let go of the region within "
+                             f"{DRAIN_ACK_S:.0f} s")
+        if pids and now > look:
+            dead = _gone(sock, host, pids)
+            # a rank that ends leaves the registry before its process is
+            # gone: what has not answered after its death never will
+            answers()
+            if dead and pending:
+                raise StepFailed(
+                    f"drain: the rank in slot {pending[0][0]} did not let "
+                    f"go of the region: process "
+                    f"{', '.join(map(str, dead))} of the device died in "
+                    f"the guest")
+            look = time.monotonic() + DRAIN_LIVENESS_S
+        time.sleep(0.1)
     say(f"drain: {len(asked)} ranks moved to the core"
         + (f" ({'; '.join(bad)})" if bad else ""))
 
