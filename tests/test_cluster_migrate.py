@@ -82,9 +82,6 @@ comm.Barrier()
 # across a change of (region mapped, ivshm.env hidden).
 RING = r"""
 import ctypes, os, sys, time
-# the pair switches once the held 64 MiB message has crossed the region:
-# seconds in a TCG guest, past the default deadline of the drain (5 s)
-os.environ.setdefault("FI_IVSHM_DRAIN_MS", "40000")
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -228,8 +228,8 @@ class OfiFlavor(Flavor):
         return super().command(launch)
 
     def rank_env(self, launch: Launch) -> Dict[str, str]:
-        """Where libfabric finds the provider, the report switch, the
-        flavour's choice of path and provider, and the launch's own
+        """Where libfabric finds the provider, the report switch, a
+        guest's drain deadline, the flavour's choice of path and provider, and the launch's own
         variables. Each flavour picks the provider through its MPI's own
         setting where it has one: FI_PROVIDER (MPICH has nothing else)
         hides every provider it does not name from libfabric."""
@@ -239,6 +239,8 @@ class OfiFlavor(Flavor):
                 provider.INSTALLED if launch.installed else provider.library())
             if launch.report:
                 env[provider.REPORT_ENV] = "1"
+            if launch.installed:
+                env[provider.DRAIN_ENV] = str(provider.GUEST_DRAIN_MS)
         env.update(self.transport_env(launch.transport))
         env.update(super().rank_env(launch))
         return env

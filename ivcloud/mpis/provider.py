@@ -20,6 +20,12 @@ NAME = "ivshm"
 FILE = "libivshm-fi.so"
 SOCKET_ENV = "FI_IVSHM_SOCKET"
 REPORT_ENV = "FI_IVSHM_REPORT"
+# a drain's deadline for the ranks in our guests (docs/migration.md,
+# "Deadline"): a TCG guest takes seconds to finish a large message in
+# flight, past the provider's own 5 s; within the 60 s the host waits
+# for their acknowledgement (cluster/migrate.py, DRAIN_ACK_S)
+DRAIN_ENV = "FI_IVSHM_DRAIN_MS"
+GUEST_DRAIN_MS = 40000
 # where the guest package installs it (packaging/mkdeb.sh): Debian's
 # libfabric directory, which holds no other provider
 INSTALLED = Path("/usr/lib/x86_64-linux-gnu/libfabric") / FILE
