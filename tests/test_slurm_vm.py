@@ -40,8 +40,8 @@ from ivcloud.mpis.openmpi import parse_btl_counters
 from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
-from test_cluster_vm import (PROGRAM, RUN_DIR, assert_nothing_left, cluster,
-                             up_args)
+from test_cluster_vm import (OFI_PROGRAM, PROGRAM, RUN_DIR,
+                             assert_nothing_left, cluster, up_args)
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark as _image_marks
 
@@ -70,8 +70,9 @@ def svm(guest_deb):
 
 @contextlib.contextmanager
 def slurm_cluster(name, args, hosts):
-    """A VM cluster with Slurm (`up` ARGS), /tmp/prog.py in each of its
-    guests `hosts`; taken down at the block's end."""
+    """A VM cluster with Slurm (`up` ARGS), /tmp/prog.py (mpi4py of the
+    guests' Open MPI) and /tmp/ofi.py (of a PyPI MPI's prefix) in each
+    of its guests `hosts`; taken down at the block's end."""
     t0 = time.monotonic()
     r = cluster("up", name, *args, "--scheduler", "slurm")
     print(f"\ncluster up --instance-kind vm --scheduler slurm "
@@ -79,9 +80,11 @@ def slurm_cluster(name, args, hosts):
     try:
         assert r.returncode == 0, r.stderr + r.stdout
         code = base64.b64encode(PROGRAM.encode()).decode()
+        ofi = base64.b64encode(OFI_PROGRAM.encode()).decode()
         for host in hosts:
             r = cluster("exec", name, host, "--", "sh", "-c",
-                        f"echo {code} | base64 -d > /tmp/prog.py", timeout=60)
+                        f"echo {code} | base64 -d > /tmp/prog.py && "
+                        f"echo {ofi} | base64 -d > /tmp/ofi.py", timeout=60)
             assert r.returncode == 0, r.stdout + r.stderr
         yield name
     finally:
@@ -231,6 +234,50 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
                      hooks.read_text()), hooks.read_text()
     for host in ("s0i0", "s0i1"):
         assert ivshmem_devices(svm, host) == standing[host]
+
+
+def test_mpich_srun_uses_the_jobs_region(svm):
+    """MPICH from PyPI (its prefix shared with the guests) under srun
+    --mpi=pmi2, one rank per guest: the guests' task prolog names the
+    job's device (not the standing one) to the provider and gives the
+    MPICH settings, and each rank's provider report shows the pair's
+    every message over that region, none delegated."""
+    from ivcloud.mpis import flavor, provider
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    state = state_of(svm)
+    hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
+    # none before the cluster's first job
+    done = len(re.findall(r"prolog job", hooks.read_text())
+               if hooks.exists() else [])
+    n = 20
+    t0 = time.monotonic()
+    r = cluster("srun", svm, "--", "--mpi=pmi2", "--nodes=2",
+                "--ntasks-per-node=1", f"--export=ALL,{provider.REPORT_ENV}=1",
+                "sh", "-c", 'echo "$SLURMD_NODENAME provider region '
+                '$FI_IVSHM_REGION"; exec "$0" "$@"', python, "/tmp/ofi.py", n,
+                timeout=JOB_TIMEOUT)
+    print(f"srun --mpi=pmi2, MPICH, 2 ranks in 2 guests: "
+          f"{time.monotonic() - t0:.1f} s")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    ranks = sorted((host, int(pid)) for pid, host in re.findall(
+        rf"rank \d pid (\d+) on (s0i\d) allreduce 3 pingpong ok {n} "
+        rf"MPICH Version:", r.stdout))
+    assert [h for h, _ in ranks] == ["s0i0", "s0i1"], out
+    plugged = re.findall(r"prolog job \d+: regions on servers \[0\]; "
+                         r"devices s0i0 (\S+), s0i1 (\S+) \(",
+                         hooks.read_text())
+    assert len(plugged) == done + 1, hooks.read_text()
+    for host, addr in zip(("s0i0", "s0i1"), plugged[-1]):
+        assert (f"{host} provider region /sys/bus/pci/devices/{addr}/"
+                f"resource2" in r.stdout), out
+    # line by line: the two guests' pids may be equal
+    reports = [rep for line in r.stderr.splitlines()
+               for rep in provider.parse_reports(line).items()]
+    assert sorted(p for p, _ in reports) == sorted(p for _, p in ranks), out
+    for _, counts in reports:
+        assert counts["sent"] >= n and counts["received"] >= n, out
+        assert counts["delegated"] == 0, out
 
 
 def guest_ranks(name, host):
