@@ -240,8 +240,9 @@ def test_mpich_srun_uses_the_jobs_region(svm):
     """MPICH from PyPI (its prefix shared with the guests) under srun
     --mpi=pmi2, one rank per guest: the guests' task prolog names the
     job's device (not the standing one) to the provider and gives the
-    MPICH settings, and each rank's provider report shows the pair's
-    every message over that region, none delegated."""
+    MPICH settings, and each rank's provider report (srun's
+    --report-transport) shows the pair's every message over that region,
+    none delegated."""
     from ivcloud.mpis import flavor, provider
     python = str(flavor("mpich").prefix() / "bin" / "python")
     state = state_of(svm)
@@ -251,10 +252,10 @@ def test_mpich_srun_uses_the_jobs_region(svm):
                if hooks.exists() else [])
     n = 20
     t0 = time.monotonic()
-    r = cluster("srun", svm, "--", "--mpi=pmi2", "--nodes=2",
-                "--ntasks-per-node=1", f"--export=ALL,{provider.REPORT_ENV}=1",
-                "sh", "-c", 'echo "$SLURMD_NODENAME provider region '
-                '$FI_IVSHM_REGION"; exec "$0" "$@"', python, "/tmp/ofi.py", n,
+    r = cluster("srun", svm, "--report-transport", "--", "--mpi=pmi2",
+                "--nodes=2", "--ntasks-per-node=1", "sh", "-c",
+                'echo "$SLURMD_NODENAME provider region $FI_IVSHM_REGION"; '
+                'exec "$0" "$@"', python, "/tmp/ofi.py", n,
                 timeout=JOB_TIMEOUT)
     print(f"srun --mpi=pmi2, MPICH, 2 ranks in 2 guests: "
           f"{time.monotonic() - t0:.1f} s")

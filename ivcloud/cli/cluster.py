@@ -144,7 +144,7 @@ def register(sub) -> None:
         j = actions.add_parser(
             command, help=f"{what} on a cluster's Slurm",
             usage=f"ivcloud cluster {command} [--name NAME] [--rankfile "
-                  f"FILE] -- {command.upper()}_ARGS...",
+                  f"FILE] [--report-transport] -- {command.upper()}_ARGS...",
             description=f"Run Slurm's {command} in the head node with the "
                         f"cluster's SLURM_CONF (`cluster exec head -- "
                         f"{command} ...` works too). Every job gets a "
@@ -157,6 +157,11 @@ def register(sub) -> None:
                        help="place task R on the rankfile's host of rank R "
                             "(Slurm's arbitrary distribution; e.g. from "
                             "`ivcloud place --cluster NAME`)")
+        j.add_argument("--report-transport", action="store_true",
+                       help="every rank prints one line at its end, as "
+                            "with `cluster mpirun --report-transport` (the "
+                            "tasks get the variables through Slurm's "
+                            "--export=ALL, its default)")
         j.add_argument("args", nargs=argparse.REMAINDER)
         j.set_defaults(func=_cmd_slurm, command=command)
 
@@ -339,7 +344,8 @@ def _cmd_slurm(args) -> int:
     if args.rankfile is not None:
         hosts = hosts_of_rankfile(_rankfile_text(args),
                                   sorted(state["instances"]))
-    return run_slurm(state, args.command, argv, hosts)
+    return run_slurm(state, args.command, argv, hosts,
+                     report=args.report_transport)
 
 
 def _cmd_put(args) -> int:
