@@ -38,11 +38,12 @@ def test_mpich_srun_uses_the_region_without_options(ofi_programs):
         assert up.returncode == 0, up.stdout + up.stderr
         snapshot = json.loads((RUN_DIR / f"cluster-{name}" /
                                "state.json").read_text())
-        # only the report switch is ours: everything else comes from the
-        # TaskProlog
-        proc = ivcloud("cluster", "srun", "--name", name, "--",
+        # only the report switch is ours (--report-transport: srun's
+        # environment, which Slurm hands to the tasks): everything else
+        # comes from the TaskProlog
+        proc = ivcloud("cluster", "srun", "--name", name,
+                       "--report-transport", "--",
                        "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1",
-                       f"--export=ALL,{provider.REPORT_ENV}=1",
                        *ofi_programs("mpich", "pairs"), timeout=120)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out

@@ -115,9 +115,11 @@ def socket_of(state, host, job):
 
 def test_guest_task_prolog_names_the_jobs_device(tmp_path):
     """The VM guests' task prolog (run here by sh, as slurmd runs it):
-    the job's device from its env file, a variable the task set wins,
-    an unknown position is -1; no env file: no ivshmem BTL at all
-    rather than the guest's device of boot."""
+    the job's device from its env file, to the BTL and to the provider,
+    a variable the task set wins, an unknown position is -1 (the
+    provider is not given one); no env file: no ivshmem BTL at all and
+    no region for the provider rather than the guest's device of
+    boot."""
     from ivcloud.cluster.slurm.conf import guest_task_prolog_text
     script = tmp_path / "task-prolog"
     script.write_text(guest_task_prolog_text(
@@ -141,11 +143,16 @@ def test_guest_task_prolog_names_the_jobs_device(tmp_path):
         "OMPI_MCA_btl_ivshmem_region": f"{dev}/resource2",
         "OMPI_MCA_btl_ivshmem_uio_dev": "/dev/vfio/9",
         "OMPI_MCA_btl_ivshmem_bar0": f"{dev}/resource0",
-        "OMPI_MCA_btl_ivshmem_position": "-1"}
-    mine = exports(7, OMPI_MCA_btl_ivshmem_region="/x")
+        "OMPI_MCA_btl_ivshmem_position": "-1",
+        "FI_IVSHM_REGION": f"{dev}/resource2",
+        "FI_IVSHM_UIO_DEV": "/dev/vfio/9",
+        "FI_IVSHM_BAR0": f"{dev}/resource0"}
+    mine = exports(7, OMPI_MCA_btl_ivshmem_region="/x", FI_IVSHM_BAR0="/y")
     assert "OMPI_MCA_btl_ivshmem_region" not in mine
-    assert exports(8) == {"OMPI_MCA_btl": "self,vader,tcp"}
-    assert exports(8, OMPI_MCA_btl="self,tcp") == {}
+    assert "FI_IVSHM_BAR0" not in mine and "FI_IVSHM_REGION" in mine
+    assert exports(8) == {"OMPI_MCA_btl": "self,vader,tcp",
+                          "FI_IVSHM_REGION": "/nonexistent"}
+    assert exports(8, OMPI_MCA_btl="self,tcp", FI_IVSHM_REGION="/z") == {}
 
 
 def test_bad_requests_are_one_line_exit_2():

@@ -11,7 +11,11 @@ status, a 2-rank job across both guests (its own server and devices,
 the BML's choice and the BTL's counters on both ranks, nothing of them
 left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
 and a job one of whose guests is killed (IVCLOUD_SLURM_VM_KILL=1: `make
-test-slurm-vm`), then `down` and what it leaves.
+test-slurm-vm`), then `down` and what it leaves. Then a 2-server x
+1-instance cluster for `cluster migrate` (a move needs a second server):
+an idle guest moved, whose slurmd serves on and whose next job's region
+is its new server's; a guest under a running job refused, naming the
+job, then moved once the job ended (--wait-jobs).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from ivcloud.mpis.openmpi import parse_btl_counters
 from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
-from test_cluster_vm import (PROGRAM, RUN_DIR, assert_nothing_left, cluster,
-                             up_args)
+from test_cluster_vm import (OFI_PROGRAM, PROGRAM, RUN_DIR,
+                             assert_nothing_left, cluster, up_args)
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark as _image_marks
 
@@ -51,24 +55,41 @@ NAME = "svm"
 JOB_TIMEOUT = 400
 
 
+@pytest.fixture(scope="module", autouse=True)
+def run_dir():
+    """RUN_DIR, removed once the module's clusters are down."""
+    yield RUN_DIR
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def svm(guest_deb):
+    with slurm_cluster(NAME, up_args(guest_deb), ("s0i0", "s0i1")):
+        yield NAME
+
+
+@contextlib.contextmanager
+def slurm_cluster(name, args, hosts):
+    """A VM cluster with Slurm (`up` ARGS), /tmp/prog.py (mpi4py of the
+    guests' Open MPI) and /tmp/ofi.py (of a PyPI MPI's prefix) in each
+    of its guests `hosts`; taken down at the block's end."""
     t0 = time.monotonic()
-    r = cluster("up", NAME, *up_args(guest_deb), "--scheduler", "slurm")
-    print(f"\ncluster up --instance-kind vm --scheduler slurm (1x2x1, tcg): "
-          f"{time.monotonic() - t0:.0f} s")
+    r = cluster("up", name, *args, "--scheduler", "slurm")
+    print(f"\ncluster up --instance-kind vm --scheduler slurm "
+          f"({len(hosts)} guests, tcg): {time.monotonic() - t0:.0f} s")
     try:
         assert r.returncode == 0, r.stderr + r.stdout
         code = base64.b64encode(PROGRAM.encode()).decode()
-        for host in ("s0i0", "s0i1"):
-            r = cluster("exec", NAME, host, "--", "sh", "-c",
-                        f"echo {code} | base64 -d > /tmp/prog.py", timeout=60)
+        ofi = base64.b64encode(OFI_PROGRAM.encode()).decode()
+        for host in hosts:
+            r = cluster("exec", name, host, "--", "sh", "-c",
+                        f"echo {code} | base64 -d > /tmp/prog.py && "
+                        f"echo {ofi} | base64 -d > /tmp/ofi.py", timeout=60)
             assert r.returncode == 0, r.stdout + r.stderr
-        yield NAME
+        yield name
     finally:
-        if (RUN_DIR / f"cluster-{NAME}").exists():
-            cluster("down", NAME, timeout=120)
-        shutil.rmtree(RUN_DIR, ignore_errors=True)
+        if (RUN_DIR / f"cluster-{name}").exists():
+            cluster("down", name, timeout=120)
 
 
 def state_of(name):
@@ -215,6 +236,51 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
         assert ivshmem_devices(svm, host) == standing[host]
 
 
+def test_mpich_srun_uses_the_jobs_region(svm):
+    """MPICH from PyPI (its prefix shared with the guests) under srun
+    --mpi=pmi2, one rank per guest: the guests' task prolog names the
+    job's device (not the standing one) to the provider and gives the
+    MPICH settings, and each rank's provider report (srun's
+    --report-transport) shows the pair's every message over that region,
+    none delegated."""
+    from ivcloud.mpis import flavor, provider
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    state = state_of(svm)
+    hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
+    # none before the cluster's first job
+    done = len(re.findall(r"prolog job", hooks.read_text())
+               if hooks.exists() else [])
+    n = 20
+    t0 = time.monotonic()
+    r = cluster("srun", svm, "--report-transport", "--", "--mpi=pmi2",
+                "--nodes=2", "--ntasks-per-node=1", "sh", "-c",
+                'echo "$SLURMD_NODENAME provider region $FI_IVSHM_REGION"; '
+                'exec "$0" "$@"', python, "/tmp/ofi.py", n,
+                timeout=JOB_TIMEOUT)
+    print(f"srun --mpi=pmi2, MPICH, 2 ranks in 2 guests: "
+          f"{time.monotonic() - t0:.1f} s")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    ranks = sorted((host, int(pid)) for pid, host in re.findall(
+        rf"rank \d pid (\d+) on (s0i\d) allreduce 3 pingpong ok {n} "
+        rf"MPICH Version:", r.stdout))
+    assert [h for h, _ in ranks] == ["s0i0", "s0i1"], out
+    plugged = re.findall(r"prolog job \d+: regions on servers \[0\]; "
+                         r"devices s0i0 (\S+), s0i1 (\S+) \(",
+                         hooks.read_text())
+    assert len(plugged) == done + 1, hooks.read_text()
+    for host, addr in zip(("s0i0", "s0i1"), plugged[-1]):
+        assert (f"{host} provider region /sys/bus/pci/devices/{addr}/"
+                f"resource2" in r.stdout), out
+    # line by line: the two guests' pids may be equal
+    reports = [rep for line in r.stderr.splitlines()
+               for rep in provider.parse_reports(line).items()]
+    assert sorted(p for p, _ in reports) == sorted(p for _, p in ranks), out
+    for _, counts in reports:
+        assert counts["sent"] >= n and counts["received"] >= n, out
+        assert counts["delegated"] == 0, out
+
+
 def guest_ranks(name, host):
     r = cluster("exec", name, host, "--", "pgrep", "-f", "prog.py",
                 timeout=60)
@@ -222,14 +288,15 @@ def guest_ranks(name, host):
 
 
 @contextlib.contextmanager
-def sleeping_job(name):
-    """A 2-rank job, one rank per guest, that sleeps 300 s after its
+def sleeping_job(name, seconds=300):
+    """A 2-rank job, one rank per guest, that sleeps `seconds` after its
     pingpong (srun's Popen); killed if it still runs at the block's
     end."""
     job = subprocess.Popen(
         [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", name,
          "--run-dir", str(RUN_DIR), "--", "--mpi=pmix", "--nodes=2",
-         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1", "300"],
+         "--ntasks-per-node=1", "python3", "/tmp/prog.py", "1",
+         str(seconds)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:
@@ -376,3 +443,116 @@ def test_down_leaves_nothing(svm):
     assert_nothing_left(svm, fabric)
     for rec in head:   # holders, and the head's daemons
         assert procfs.start_time(rec["pid"]) != rec["start"], rec
+
+
+# ------------------------------------------------------------ migration
+
+MIG = "svmm"
+
+
+@pytest.fixture(scope="module")
+def svmm(guest_deb):
+    """2 servers x 1 instance (after the 1 x 2 cluster is down, when the
+    whole module runs)."""
+    args = list(up_args(guest_deb))
+    args[1], args[3] = 2, 1
+    with slurm_cluster(MIG, args, ("s0i0", "s1i0")):
+        yield MIG
+
+
+def slurmd_pid(name, host):
+    return guest_sh(name, host, "pgrep -x slurmd; true").split()
+
+
+def migrate(name, host, to, *extra, timeout=600):
+    t0 = time.monotonic()
+    r = cluster("migrate", name, host, "--to", to, *extra, timeout=timeout)
+    print(f"migrate {host} --to {to} {' '.join(map(str, extra))}: "
+          f"rc {r.returncode}, "
+          f"{time.monotonic() - t0:.1f} s")
+    return r
+
+
+def test_migrate_idle_guest_serves_on(svmm):
+    """s1i0 moved to s0 while no job runs: its slurmd (the same process)
+    serves on at the same address, Slurm's node is resumed (the move
+    drained it), and the next 2-node job gets one region of its own on
+    s0 for both guests, over which the BTL carries their traffic."""
+    before = slurmd_pid(svmm, "s1i0")
+    assert len(before) == 1, before
+    r = migrate(svmm, "s1i0", "s0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "s1i0 moved from s1 to s0" in r.stdout, r.stdout
+    assert "migrate s1i0: switch (" in r.stderr, r.stderr
+    assert slurmd_pid(svmm, "s1i0") == before
+    wait_for(lambda: slurm_nodes(svmm) == {"s0i0": "idle", "s1i0": "idle"},
+             120, "both nodes idle")
+    state = state_of(svmm)
+    assert state["instances"]["s1i0"]["server"] == 0
+    hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
+    r = cluster("srun", svmm, "--", "--mpi=pmix", "--nodes=2",
+                "--ntasks-per-node=1",
+                "--export=ALL,OMPI_MCA_btl_base_verbose=100",
+                "python3", "/tmp/prog.py", 2, timeout=JOB_TIMEOUT)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "rank 1 on s1i0 allreduce 3 pingpong ok 2" in r.stdout, out
+    assert re.search(r"prolog job \d+: regions on servers \[0\]; devices "
+                     r"s0i0 \S+, s1i0 \S+ \(", hooks.read_text()), \
+        hooks.read_text()
+    used = {(src, dst): btl for src, btl, _, dst in BML_RE.findall(out)
+            if btl != "self"}
+    assert used == {("s0i0", "s1i0"): "ivshmem",
+                    ("s1i0", "s0i0"): "ivshmem"}, out
+
+
+def test_migrate_under_a_job_waits_for_it(svmm):
+    """Under a running 2-node job, the move of s1i0 (back to s1) is
+    refused in one line naming the job (exit 2; the node is not left
+    drained); with --wait-jobs it waits for the job to end (the node
+    drained meanwhile: no job starts there) and then moves it, slurmd
+    and all."""
+    before = slurmd_pid(svmm, "s1i0")
+    with sleeping_job(svmm, 45) as job:
+        wait_for(lambda: guest_ranks(svmm, "s1i0") or job.poll() is not None,
+                 JOB_TIMEOUT, "the rank on s1i0")
+        assert job.poll() is None, job.communicate()
+        squeue = cluster("exec", svmm, "head", "--", "squeue", "--noheader",
+                         "--format=%i", timeout=60).stdout.split()
+        assert len(squeue) == 1, squeue
+        r = migrate(svmm, "s1i0", "s1")
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"runs Slurm job {squeue[0]} " in r.stderr, r.stderr
+        assert slurm_nodes(svmm)["s1i0"] == "allocated"
+        t0 = time.monotonic()
+        mover = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "migrate", "--name",
+             svmm, "--run-dir", str(RUN_DIR), "s1i0", "--to", "s1",
+             "--wait-jobs", "300"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # Slurm's word for a drained node that still runs a job
+            seen = wait_for(lambda: ("exited" if mover.poll() is not None
+                                     else slurm_nodes(svmm).get("s1i0")
+                                     == "draining"), 60, "the node draining")
+            out = ended_after(job, "the node was drained", 120)
+            stdout, stderr = mover.communicate(timeout=300)
+        finally:
+            if mover.poll() is None:
+                mover.kill()
+                mover.wait()
+    print(f"migrate --wait-jobs: {time.monotonic() - t0:.1f} s")
+    assert job.returncode == 0, out
+    assert mover.returncode == 0, stdout + stderr
+    assert seen is True, stderr
+    assert f"drain: waiting for Slurm job {squeue[0]} " in stderr, stderr
+    assert "s1i0 moved from s0 to s1" in stdout, stdout
+    assert slurmd_pid(svmm, "s1i0") == before
+    wait_for(lambda: slurm_nodes(svmm) == {"s0i0": "idle", "s1i0": "idle"},
+             120, "both nodes idle")
+    r = cluster("srun", svmm, "--", "--mpi=pmix", "--nodes=2",
+                "--ntasks-per-node=1", "python3", "/tmp/prog.py", 1,
+                timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("pingpong ok 1") == 2, r.stdout + r.stderr

@@ -144,7 +144,7 @@ def register(sub) -> None:
         j = actions.add_parser(
             command, help=f"{what} on a cluster's Slurm",
             usage=f"ivcloud cluster {command} [--name NAME] [--rankfile "
-                  f"FILE] -- {command.upper()}_ARGS...",
+                  f"FILE] [--report-transport] -- {command.upper()}_ARGS...",
             description=f"Run Slurm's {command} in the head node with the "
                         f"cluster's SLURM_CONF (`cluster exec head -- "
                         f"{command} ...` works too). Every job gets a "
@@ -157,6 +157,11 @@ def register(sub) -> None:
                        help="place task R on the rankfile's host of rank R "
                             "(Slurm's arbitrary distribution; e.g. from "
                             "`ivcloud place --cluster NAME`)")
+        j.add_argument("--report-transport", action="store_true",
+                       help="every rank prints one line at its end, as "
+                            "with `cluster mpirun --report-transport` (the "
+                            "tasks get the variables through Slurm's "
+                            "--export=ALL, its default)")
         j.add_argument("args", nargs=argparse.REMAINDER)
         j.set_defaults(func=_cmd_slurm, command=command)
 
@@ -193,16 +198,18 @@ def register(sub) -> None:
                     "with its tap in SERVER's bridge (same address), and "
                     "a device on SERVER's region is plugged in. Progress "
                     "on stderr; a failed step is undone. Refused while "
-                    "ranks of an Open MPI job over the ivshmem BTL run in "
-                    "the guest (docs/cluster.md, \"Migration\").")
+                    "ranks of an Open MPI job over the ivshmem BTL, or a "
+                    "Slurm job, run in the guest (docs/cluster.md, "
+                    "\"Migration\").")
     _common(g)
     g.add_argument("instance", help="instance hostname (e.g. s1i0)")
     g.add_argument("--to", required=True, metavar="SERVER",
                    help="the destination server: its index, sN or its name")
     g.add_argument("--wait-jobs", type=float, nargs="?", const=3600.0,
                    default=None, metavar="SEC",
-                   help="wait for BTL jobs in the guest to end (at most "
-                        "SEC seconds, default 3600) instead of refusing")
+                   help="wait for BTL and Slurm jobs in the guest to end "
+                        "(at most SEC seconds, default 3600) instead of "
+                        "refusing")
     g.set_defaults(func=_cmd_migrate)
 
 
@@ -337,7 +344,8 @@ def _cmd_slurm(args) -> int:
     if args.rankfile is not None:
         hosts = hosts_of_rankfile(_rankfile_text(args),
                                   sorted(state["instances"]))
-    return run_slurm(state, args.command, argv, hosts)
+    return run_slurm(state, args.command, argv, hosts,
+                     report=args.report_transport)
 
 
 def _cmd_put(args) -> int:

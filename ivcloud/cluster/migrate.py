@@ -28,7 +28,7 @@ from ..errors import ClusterError, ClusterFailure, IvcloudError
 from ..vm import agent, qemu
 from ..vm import lifecycle as vm_lifecycle
 from . import holder, network, vm_instance
-from .slurm import guest_regions
+from .slurm import guest_regions, moves
 from .state import StateDir, load, save
 from .topology import topology_from_dict
 
@@ -625,22 +625,53 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
             d = vm_instance.vm_dir_of(state, host)
             sock = vm_instance.guest(state, host)   # it lives
             heal(state, locked=True)
-            with guest_regions.port_lock(d):
-                with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-                    addr = qemu.find_device(q, qemu.BOOT_DEVICE)
-                    others = [i for i in qemu.ivshmem_ids(q)
-                              if i != qemu.BOOT_DEVICE]
-                if addr is None:
-                    raise ClusterFailure(f"guest {host} has no device of "
-                                         f"boot (a migration that failed "
-                                         f"half-way?)")
-                if others:   # a Slurm job's (guest_regions)
-                    raise ClusterError(
-                        f"instance '{host}' holds the device of a Slurm "
-                        f"job ({', '.join(others)}), which QEMU cannot "
-                        f"migrate")
+            with (moves.held(state, host, say)
+                  if state.get("scheduler") == "slurm"
+                  else contextlib.nullcontext()):
+                return _settle_and_move(sd, state, host, dest, d, sock,
+                                        wait_jobs_s, say, t0)
+
+
+def _slurm_jobs(state: Dict, devices: List[str], host: str) -> List[str]:
+    """The Slurm jobs that keep guest `host` (its QEMU's ivshmem
+    `devices`) where it is: those slurmctld has on its node, and any
+    whose device is still plugged (an epilog not done yet)."""
+    if state.get("scheduler") != "slurm":
+        return []
+    jobs = moves.jobs_on(state, host)
+    for dev in devices:
+        job = guest_regions.job_of(dev)
+        if job is not None and not any(j.startswith(f"Slurm job {job} ")
+                                       for j in jobs):
+            jobs.append(f"Slurm job {job} (its device {dev})")
+    return jobs
+
+
+def _settle_and_move(sd: StateDir, state: Dict, host: str, dest: int,
+                     d: Path, sock: Path, wait_jobs_s: Optional[float],
+                     say, t0: float) -> Dict:
+    """Once no Slurm job runs in guest `host` (refused, or waited for
+    with `wait_jobs_s`: a job's region is its own on the guest's server,
+    plugged for the job's life), its drain and move, under the lock of
+    its ports (no job's prolog plugs a device meanwhile)."""
+    deadline = None if wait_jobs_s is None else \
+        time.monotonic() + wait_jobs_s
+    said = False
+    while True:
+        with guest_regions.port_lock(d):
+            with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                addr = qemu.find_device(q, qemu.BOOT_DEVICE)
+                devices = qemu.ivshmem_ids(q)
+            jobs = _slurm_jobs(state, devices, host)
+            if addr is None:
+                raise ClusterFailure(f"guest {host} has no device of "
+                                     f"boot (a migration that failed "
+                                     f"half-way?)")
+            if not jobs:
+                left = None if deadline is None else \
+                    max(0.0, deadline - time.monotonic())
                 try:
-                    drain(state, host, sock, addr, wait_jobs_s, say)
+                    drain(state, host, sock, addr, left, say)
                 except ClusterError:
                     raise
                 except IvcloudError as e:
@@ -650,7 +681,23 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
                 say(f"drained ({time.monotonic() - t0:.1f} s)")
                 # a drain may have waited long
                 state = load(sd) or state
+                src, dest = check(state, host, str(dest))
                 return _move(sd, state, host, src, dest, say, t0)
+        more = f" and {len(jobs) - 1} more" if len(jobs) > 1 else ""
+        if deadline is None:
+            raise ClusterError(
+                f"instance '{host}' runs {jobs[0]}{more}, whose region is "
+                f"the job's own on its server and cannot follow it to "
+                f"another (--wait-jobs waits for the job to end)")
+        if time.monotonic() > deadline:
+            raise StepFailed(f"migration of {host} to s{dest} failed at "
+                             f"step 'drain': {jobs[0]}{more} did not end "
+                             f"within {wait_jobs_s:.0f} s; nothing was "
+                             f"changed")
+        if not said:
+            say(f"drain: waiting for {jobs[0]}{more} to end")
+            said = True
+        time.sleep(DRAIN_POLL_S)
 
 
 def describe(report: Dict) -> str:

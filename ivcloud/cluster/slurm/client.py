@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import ClusterError, ClusterFailure, LaunchError
+from ...mpis import provider
 from .. import kinds
 from ..launch import enter_command
 from ..state import StateDir, save
@@ -24,6 +25,11 @@ from .conf import SlurmPaths, topology_conf_text
 from .nodes import binary, last_line, slurm_env
 
 CLIENT_TIMEOUT_S = 30.0
+# what `cluster mpirun --report-transport` gives its ranks (Launch.report:
+# the provider's exit line, the BTL's counters), as variables of srun's
+# or sbatch's environment, which Slurm hands to the tasks (--export=ALL,
+# its default)
+REPORT_ENV = {provider.REPORT_ENV: "1", "OMPI_MCA_btl_ivshmem_verbose": "1"}
 # srun gets this long to end its job after SIGTERM/SIGINT, then SIGKILL
 STOP_GRACE_S = 15.0
 
@@ -115,13 +121,14 @@ def set_topology(state: Dict, shape: str) -> None:
 
 def client_command(state: Dict, command: str, args: Sequence[str],
                    hosts: Optional[Sequence[str]] = None,
-                   cwd: Optional[str] = None
+                   cwd: Optional[str] = None, report: bool = False
                    ) -> Tuple[List[str], Dict[str, str], List[int],
                               Optional[Path]]:
     """(argv, env, cpus, hostfile) of `srun ARGS` or `sbatch ARGS` in
     the head node, working in `cwd` (nodes.workdir). hosts: task i on
     hosts[i], through the returned hostfile (srun's caller removes it;
-    an sbatch job's sruns read it later, and `down` removes it)."""
+    an sbatch job's sruns read it later, and `down` removes it).
+    report: with REPORT_ENV."""
     if command not in ("srun", "sbatch"):
         raise ClusterError(f"no Slurm command '{command}' here (srun or "
                            f"sbatch)")
@@ -137,4 +144,6 @@ def client_command(state: Dict, command: str, args: Sequence[str],
     full, env, cpus = head_command(state, argv + list(args))
     if hostfile is not None:
         env["SLURM_HOSTFILE"] = str(hostfile)
+    if report:
+        env.update(REPORT_ENV)
     return full, env, cpus, hostfile

@@ -184,12 +184,13 @@ TASK_MPIS = tuple(n for n in mpis.NAMES if mpis.flavor(n).in_task_prolog)
 
 
 def task_env(topo: ClusterTopology, site_env: Dict[str, str],
-             installed: bool, interface: Optional[str] = None
-             ) -> Dict[str, str]:
+             installed: bool, interface: Optional[str] = None,
+             shared: Sequence[str] = ()) -> Dict[str, str]:
     """The variables of TASK_MPIS for a task on an instance of `topo`
     over the ivshmem transport; installed: the instances are our guests
-    (the MPIs and transports their packages have, not this checkout's
-    build)."""
+    (the MPIs their image has and those of the host directories they
+    see, `shared`; the transports of their packages, not this
+    checkout's build)."""
     hosts = tuple((i.hostname, topo.vcpus) for i in topo.instance_list())
     launch = mpis.Launch(["task"], 1, transport="ivshmem", hosts=hosts,
                          installed=installed, interface=interface,
@@ -197,7 +198,7 @@ def task_env(topo: ClusterTopology, site_env: Dict[str, str],
     env: Dict[str, str] = {}
     for name in TASK_MPIS:
         flavor = mpis.flavor(name)
-        if not installed or flavor.guest_needs() is None:
+        if not installed or flavor.guest_needs(shared) is None:
             env.update(flavor.task_env(launch))
     return env
 
@@ -234,6 +235,12 @@ GUEST_DEVICE_MCA = (("IVSHM_BAR2", "btl_ivshmem_region", "$val"),
                     ("IVSHM_UIO", "btl_ivshmem_uio_dev", "$val"),
                     ("IVSHM_BAR0", "btl_ivshmem_bar0", "$val"),
                     ("IVSHM_POSITION", "btl_ivshmem_position", "${val:--1}"))
+# the provider's variables of the same (docs/provider.md), given only
+# when known (the provider reads what is missing from BAR0)
+GUEST_DEVICE_FI = (("IVSHM_BAR2", "FI_IVSHM_REGION"),
+                   ("IVSHM_UIO", "FI_IVSHM_UIO_DEV"),
+                   ("IVSHM_BAR0", "FI_IVSHM_BAR0"),
+                   ("IVSHM_POSITION", "FI_IVSHM_POSITION"))
 
 
 def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
@@ -242,13 +249,18 @@ def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
     device, which the controller's prolog plugged and whose ivshm-bind
     env file it copied to JOB_DIR/$SLURM_JOB_ID.env
     (guest_regions.py), in place of the guest's device of boot (on the
-    standing region, which the guests' Open MPI defaults name). A task
-    without that file gets no ivshmem BTL rather than the standing
+    standing region, which the guests' Open MPI defaults name, as the
+    guest's ivshm.env does the provider's): the BTL's parameters and the
+    provider's variables of it. A task without that file gets no
+    ivshmem BTL, and the provider no region, rather than the standing
     region."""
+    fi = dict(GUEST_DEVICE_FI)
     # every one of them, empty too: the guests' Open MPI defaults name
     # the device of boot, whose doorbell is not the job's
     case = [f'        {key}) [ -n "${{OMPI_MCA_{param}+set}}" ] || '
-            f'echo "export OMPI_MCA_{param}={value}" ;;'
+            f'echo "export OMPI_MCA_{param}={value}"; '
+            f'[ -z "$val" ] || [ -n "${{{fi[key]}+set}}" ] || '
+            f'echo "export {fi[key]}=$val" ;;'
             for key, param, value in GUEST_DEVICE_MCA]
     return "\n".join([
         "#!/bin/sh",
@@ -263,8 +275,13 @@ def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
         *case,
         "        esac",
         '    done < "$f"',
-        'elif [ -z "${OMPI_MCA_btl+set}" ]; then',
-        '    echo "export OMPI_MCA_btl=self,vader,tcp"',
+        "else",
+        '    [ -n "${OMPI_MCA_btl+set}" ] || '
+        'echo "export OMPI_MCA_btl=self,vader,tcp"',
+        # a region file that is not there: the provider says so once and
+        # delegates every peer (docs/provider.md, "Without a region")
+        '    [ -n "${FI_IVSHM_REGION+set}" ] || '
+        'echo "export FI_IVSHM_REGION=/nonexistent"',
         "fi"]) + "\n"
 
 

@@ -44,6 +44,14 @@ def device_id(job: int) -> str:
     return f"ivj{int(job)}"
 
 
+def job_of(dev_id: str) -> Optional[int]:
+    """The job whose device QEMU knows as `dev_id` (device_id's
+    inverse), or None for another device."""
+    head = device_id(0)[:-1]
+    rest = dev_id[len(head):]
+    return int(rest) if dev_id.startswith(head) and rest.isdigit() else None
+
+
 def job_env_path(job: int) -> str:
     return f"{JOB_DIR}/{int(job)}.env"
 

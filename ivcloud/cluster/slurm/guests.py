@@ -84,7 +84,8 @@ class GuestNodes(Nodes):
         booted (the task's settings depend on their accelerator)."""
         env = task_env(topology_from_dict(state["topology"]),
                        vm_instance.rank_env(state), installed=True,
-                       interface=SUBNET)
+                       interface=SUBNET,
+                       shared=vm_instance.shared_dirs(state))
         prolog, cgroup = self.guest_files(paths)
         prolog.parent.mkdir(mode=0o755, exist_ok=True)
         prolog.write_text(guest_task_prolog_text(env, guest_regions.JOB_DIR))

@@ -1,0 +1,79 @@
+"""A Slurm node of a VM cluster while its guest migrates (docs/cluster.md,
+"Migration"): drained in Slurm for the move, so that no job starts on it
+meanwhile (a job's prolog would plug the job's device into a QEMU that
+is about to go), and resumed after, unless it was drained or down before.
+
+A job that runs on the node keeps the guest where it is: its region is
+one of the job's own on the guest's server, plugged by the controller's
+prolog for the job's life (guest_regions), which no other server's
+region can stand in for while the job's ranks hold it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, List
+
+from ...errors import ClusterFailure
+from .nodes import binary
+
+# what `scontrol update` records as the reason of a node drained for a
+# move: a node that still has it after the move (a migration killed in
+# between) is taken as the next migration's own and resumed after it
+REASON = "ivcloud migrate"
+
+
+def _query(state: Dict, argv: List[str]) -> str:
+    from . import client   # client -> kinds -> migrate -> here
+    return client.query(state, argv)
+
+
+def node_state(state: Dict, node: str) -> tuple:
+    """(Slurm's state of `node`, the reason it is drained or down)."""
+    out = _query(state, [binary("sinfo"), "--noheader", "--Node",
+                         f"--nodes={node}", "--format=%T|%E"])
+    line = (out.strip().splitlines() or ["|"])[0]
+    st, _, reason = line.partition("|")
+    return st.strip().lower(), reason.strip()
+
+
+def jobs_on(state: Dict, node: str) -> List[str]:
+    """The jobs that slurmctld has on `node` (being set up, running,
+    suspended or completing), each as "Slurm job ID (NAME, user USER)"."""
+    out = _query(state, [binary("squeue"), "--noheader", f"--nodelist={node}",
+                         "--states=CF,R,S,CG", "--format=%i|%j|%u"])
+    jobs = []
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            jobs.append(f"Slurm job {parts[0]} ({parts[1]}, user {parts[2]})")
+    return jobs
+
+
+def _update(state: Dict, node: str, *settings: str) -> None:
+    _query(state, [binary("scontrol"), "update", f"NodeName={node}",
+                   *settings])
+
+
+@contextlib.contextmanager
+def held(state: Dict, node: str, say) -> Iterator[None]:
+    """Node `node` drained in Slurm for the block (no new job starts on
+    it; its running jobs run on), resumed after it however it ends,
+    unless someone else drained it or it was down before."""
+    st, reason = node_state(state, node)
+    ours = reason == REASON   # a killed migration's: resumed after this one
+    if not ours and (st.startswith("drain") or st.startswith("down")
+                     or st.startswith("fail")):
+        say(f"slurm: node {node} is {st} already; left so")
+        yield
+        return
+    if not ours:
+        _update(state, node, "State=DRAIN", f"Reason={REASON}")
+    try:
+        yield
+    finally:
+        try:
+            _update(state, node, "State=RESUME")
+        except ClusterFailure as e:   # the move's own error is the one
+            say(f"slurm: node {node} not resumed: {e} (`scontrol update "
+                f"NodeName={node} State=RESUME` in the head node)")
