@@ -46,6 +46,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("guests", ["ivcloud.cluster.vm_instance"]),
     ("Slurm nodes", ["ivcloud.cluster.slurm.nodes"]),
     ("Slurm in guests", ["ivcloud.cluster.slurm.guest_regions",
+                         "ivcloud.cluster.slurm.moves",
                          "ivcloud.cluster.slurm.guests"]),
     ("guest migration", ["ivcloud.cluster.migrate"]),
     ("instance kinds", ["ivcloud.cluster.kinds"]),

@@ -688,7 +688,7 @@ def _settle_and_move(sd: StateDir, state: Dict, host: str, dest: int,
             raise ClusterError(
                 f"instance '{host}' runs {jobs[0]}{more}, whose region is "
                 f"the job's own on its server and cannot follow it to "
-                f"another (--wait-jobs waits for the job to end)")
+                f"another")
         if time.monotonic() > deadline:
             raise StepFailed(f"migration of {host} to s{dest} failed at "
                              f"step 'drain': {jobs[0]}{more} did not end "

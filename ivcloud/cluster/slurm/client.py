@@ -9,22 +9,19 @@ distribution: SLURM_HOSTFILE lists each task's node.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...errors import ClusterError, ClusterFailure, LaunchError
+from ...errors import ClusterError, ClusterFailure
 from ...mpis import provider
 from .. import kinds
-from ..launch import enter_command
 from ..state import StateDir, save
-from ..topology import HEAD_HOSTNAME, topology_from_dict
-from .conf import SlurmPaths, topology_conf_text
-from .nodes import binary, last_line, slurm_env
+from ..topology import topology_from_dict
+from .conf import topology_conf_text
+from .nodes import binary, head_command, last_line, paths, query
 
-CLIENT_TIMEOUT_S = 30.0
 # what `cluster mpirun --report-transport` gives its ranks (Launch.report:
 # the provider's exit line, the BTL's counters), as variables of srun's
 # or sbatch's environment, which Slurm hands to the tasks (--export=ALL,
@@ -32,41 +29,6 @@ CLIENT_TIMEOUT_S = 30.0
 REPORT_ENV = {provider.REPORT_ENV: "1", "OMPI_MCA_btl_ivshmem_verbose": "1"}
 # srun gets this long to end its job after SIGTERM/SIGINT, then SIGKILL
 STOP_GRACE_S = 15.0
-
-
-def paths(state: Dict) -> SlurmPaths:
-    if state.get("scheduler") != "slurm":
-        raise ClusterError(f"cluster '{state['name']}' runs no Slurm (bring "
-                           f"it up with Slurm as its scheduler)")
-    return SlurmPaths(Path(state["slurm"]["dir"]))
-
-
-def head_command(state: Dict, argv: Sequence[str]
-                 ) -> Tuple[List[str], Dict[str, str], List[int]]:
-    """(argv, env, cpus) running a Slurm command in the head node."""
-    paths(state)
-    try:
-        full, env, cpus = enter_command(state, HEAD_HOSTNAME, argv)
-    except LaunchError as e:
-        raise ClusterFailure(str(e))
-    return full, slurm_env(state, env), cpus
-
-
-def query(state: Dict, argv: Sequence[str],
-          timeout_s: float = CLIENT_TIMEOUT_S) -> str:
-    """The output of a Slurm command (sinfo, scontrol, squeue) run in
-    the head node; ClusterFailure with its last line if it fails."""
-    full, env, _ = head_command(state, argv)
-    try:
-        p = subprocess.run(full, env=env, cwd="/", stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ClusterFailure(f"{argv[0]} did not answer in {timeout_s:.0f} s")
-    if p.returncode != 0:
-        lines = (p.stderr or p.stdout).strip().splitlines()
-        raise ClusterFailure(f"{' '.join(argv[:2])}: "
-                             f"{lines[-1] if lines else p.returncode}")
-    return p.stdout
 
 
 def node_states(state: Dict) -> Dict[str, str]:

@@ -15,7 +15,7 @@ import contextlib
 from typing import Dict, Iterator, List
 
 from ...errors import ClusterFailure
-from .nodes import binary
+from .nodes import binary, query
 
 # what `scontrol update` records as the reason of a node drained for a
 # move: a node that still has it after the move (a migration killed in
@@ -23,14 +23,9 @@ from .nodes import binary
 REASON = "ivcloud migrate"
 
 
-def _query(state: Dict, argv: List[str]) -> str:
-    from . import client   # client -> kinds -> migrate -> here
-    return client.query(state, argv)
-
-
 def node_state(state: Dict, node: str) -> tuple:
     """(Slurm's state of `node`, the reason it is drained or down)."""
-    out = _query(state, [binary("sinfo"), "--noheader", "--Node",
+    out = query(state, [binary("sinfo"), "--noheader", "--Node",
                          f"--nodes={node}", "--format=%T|%E"])
     line = (out.strip().splitlines() or ["|"])[0]
     st, _, reason = line.partition("|")
@@ -40,7 +35,7 @@ def node_state(state: Dict, node: str) -> tuple:
 def jobs_on(state: Dict, node: str) -> List[str]:
     """The jobs that slurmctld has on `node` (being set up, running,
     suspended or completing), each as "Slurm job ID (NAME, user USER)"."""
-    out = _query(state, [binary("squeue"), "--noheader", f"--nodelist={node}",
+    out = query(state, [binary("squeue"), "--noheader", f"--nodelist={node}",
                          "--states=CF,R,S,CG", "--format=%i|%j|%u"])
     jobs = []
     for line in out.splitlines():
@@ -51,7 +46,7 @@ def jobs_on(state: Dict, node: str) -> List[str]:
 
 
 def _update(state: Dict, node: str, *settings: str) -> None:
-    _query(state, [binary("scontrol"), "update", f"NodeName={node}",
+    query(state, [binary("scontrol"), "update", f"NodeName={node}",
                    *settings])
 
 

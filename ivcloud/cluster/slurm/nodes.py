@@ -33,12 +33,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ... import procfs
-from ...errors import ClusterFailure, LaunchError
+from ...errors import ClusterError, ClusterFailure, LaunchError
 from .. import holder
 from ..launch import enter_command, working_dir
+from ..topology import HEAD_HOSTNAME
 from .conf import SlurmPaths
 
 START_TIMEOUT_S = 30.0
+# a Slurm command in the head node (query)
+CLIENT_TIMEOUT_S = 30.0
 
 
 def binary(name: str) -> Optional[str]:
@@ -182,3 +185,38 @@ def end_orphans(state: Dict, job: int, nodes: Sequence[str], kind: Nodes,
     if victims:
         procfs.kill_pids(sorted(set(victims)), grace_s)
     return len(set(victims))
+
+
+def paths(state: Dict) -> SlurmPaths:
+    if state.get("scheduler") != "slurm":
+        raise ClusterError(f"cluster '{state['name']}' runs no Slurm (bring "
+                           f"it up with Slurm as its scheduler)")
+    return SlurmPaths(Path(state["slurm"]["dir"]))
+
+
+def head_command(state: Dict, argv: Sequence[str]
+                 ) -> Tuple[List[str], Dict[str, str], List[int]]:
+    """(argv, env, cpus) running a Slurm command in the head node."""
+    paths(state)
+    try:
+        full, env, cpus = enter_command(state, HEAD_HOSTNAME, argv)
+    except LaunchError as e:
+        raise ClusterFailure(str(e))
+    return full, slurm_env(state, env), cpus
+
+
+def query(state: Dict, argv: Sequence[str],
+          timeout_s: float = CLIENT_TIMEOUT_S) -> str:
+    """The output of a Slurm command (sinfo, scontrol, squeue) run in
+    the head node; ClusterFailure with its last line if it fails."""
+    full, env, _ = head_command(state, argv)
+    try:
+        p = subprocess.run(full, env=env, cwd="/", stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ClusterFailure(f"{argv[0]} did not answer in {timeout_s:.0f} s")
+    if p.returncode != 0:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        raise ClusterFailure(f"{' '.join(argv[:2])}: "
+                             f"{lines[-1] if lines else p.returncode}")
+    return p.stdout
