@@ -20,7 +20,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..cluster.job import Job
 from ..cluster.session import ClusterSession
@@ -35,8 +35,8 @@ from ..place.planner import (Partitioner, Placement,
                              PlacementTopology as PlaceTopology, cut_by_level, place,
                              rankfile_lines, round_robin)
 from . import report
-from .toolkit import (BenchResults, Target, attempt, conclude, count,
-                      machine_info, parse_records, print_grid, program,
+from .toolkit import (BenchResults, Target, conclude, count, machine_info,
+                      measure_rounds, parse_records, print_grid, program,
                       ratio_target, require_root, checked_run,
                       cluster_job)
 
@@ -133,9 +133,9 @@ def halo_argv(s: HaloSettings, placement: str) -> List[str]:
             s.transport, "--placement", placement]
 
 
-def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
-             s: HaloSettings) -> Dict:
-    origin = f"halo {name} #{rep + 1}"
+def run_once(cluster: ClusterSession, plan: Plan, name: str,
+             s: HaloSettings) -> List[Dict]:
+    origin = f"halo {name}"
     argv = halo_argv(s, name)
     if name == "planned":
         kw = dict(hosts=plan.hosts(name))
@@ -154,27 +154,17 @@ def run_once(cluster: ClusterSession, plan: Plan, name: str, rep: int,
     if rec["hosts"] != want:
         raise BenchError(f"{origin}: ranks ran on {rec['hosts']}, the "
                          f"placement says {want}")
-    rec.update(placement=name, rep=rep, cut=plan.cut(name),
-               uplink_rate=s.uplink_rate)
-    return rec
+    rec.update(placement=name, cut=plan.cut(name), uplink_rate=s.uplink_rate)
+    return [rec]
 
 
-def alternate(s: HaloSettings, names: Sequence[str],
-              run_one: Callable[[str, int], Dict], log=None,
-              label: str = "") -> BenchResults:
-    """run_one(name, rep) of each of `names` in turn, s.reps times
-    (alternating, so that a slow phase of the machine hits them all);
-    each run's record, a failed run noted."""
-    log = log or sys.stderr
+def alternate(s: HaloSettings, steps: Sequence[Tuple[str, Callable]],
+              log=None) -> BenchResults:
+    """measure_rounds of `steps`, s.reps rounds; the records every run
+    (halo.json, docs/demo.md), each tagged with its round."""
     res = BenchResults()
-    for rep in range(s.reps):
-        for name in names:
-            what = f"{label}{name} #{rep + 1}"
-            rec = attempt(res, "halo", what, lambda: run_one(name, rep), log)
-            if rec is not None:
-                res.records.append(rec)
-                log.write(f"bench halo: {what}: wall {rec['wall_s']:.3f} s "
-                          f"on {' '.join(rec['hosts'])}\n")
+    measure_rounds(res, "halo", s.reps, steps, log)
+    res.records, res.runs = res.runs, []
     return res
 
 
@@ -225,8 +215,8 @@ def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
     info = machine_info()
     with ClusterSession("halo", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
                         keep=keep_cluster, log=log) as cluster:
-        res = alternate(s, PLACEMENTS, lambda name, rep: run_once(
-            cluster, plan, name, rep, s), log)
+        res = alternate(s, [(name, functools.partial(
+            run_once, cluster, plan, name, s)) for name in PLACEMENTS], log)
     summ = medians(res.records, "placement", PLACEMENTS)
     ts = targets(summ)
     print_table(summ, out)
@@ -262,9 +252,9 @@ def slurm_args(name: str, s: HaloSettings) -> List[str]:
     return args + prog
 
 
-def run_once_slurm(cluster: ClusterSession, name: str, rep: int,
-                   s: HaloSettings) -> Dict:
-    origin = f"halo {name} #{rep + 1}"
+def run_once_slurm(cluster: ClusterSession, name: str,
+                   s: HaloSettings) -> List[Dict]:
+    origin = f"halo {name}"
     # the last job's nodes may still be completing: on an idle cluster
     # the tree allocation has every server to choose from
     wait_idle(cluster.state, s.timeout_s)
@@ -280,9 +270,8 @@ def run_once_slurm(cluster: ClusterSession, name: str, rep: int,
     if len(rec["hosts"]) != SLURM_RANKS or servers != want:
         raise BenchError(f"{origin}: ranks ran on {rec['hosts']}, not on "
                          f"servers {want}")
-    rec.update(allocation=name, rep=rep, servers=servers,
-               uplink_rate=s.uplink_rate)
-    return rec
+    rec.update(allocation=name, servers=servers, uplink_rate=s.uplink_rate)
+    return [rec]
 
 
 def print_table_slurm(summ: Dict[str, Dict], out=None) -> None:
@@ -305,8 +294,8 @@ def run_slurm(s: HaloSettings, out_dir: Path,
     with ClusterSession("halos", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
                         keep=keep_cluster, log=log,
                         slurm=SlurmOptions()) as cluster:
-        res = alternate(s, ALLOCATIONS, lambda name, rep: run_once_slurm(
-            cluster, name, rep, s), log, "slurm ")
+        res = alternate(s, [(f"slurm {name}", functools.partial(
+            run_once_slurm, cluster, name, s)) for name in ALLOCATIONS], log)
     summ = medians(res.records, "allocation", ALLOCATIONS)
     ts = [ratio_target("halo wall time round-robin / tree allocation",
                        summ.get("round-robin"), summ.get("tree"), "wall_s",

@@ -27,9 +27,9 @@ from ..cluster.session import ClusterSession, VmOptions
 from ..cluster.state import load
 from ..errors import BenchError, InvalidRequest
 from .report import guest_title
-from .toolkit import (BenchResults, Target, attempt, compile_mpi, conclude,
-                      count, machine_info, parse_records, print_grid,
-                      require_root, summarize, tail, write_docs)
+from .toolkit import (BenchResults, Target, attempt, compile_mpi, count,
+                      parse_records, print_grid, require_root, run_benchmark,
+                      summarize, tail)
 
 MPIS = ("mpich", "impi")
 HOSTS = ("s0i0", "s0i1", "s1i0", "s1i1")
@@ -121,13 +121,16 @@ def move(session: ClusterSession, to: str, log) -> Dict:
     return report
 
 
-def measure(s: MigrateSettings, log=None) -> Tuple[BenchResults, Dict]:
+def measure(s: MigrateSettings, log=None) -> BenchResults:
+    """The job and the moves under it; res.fields: the moves, the
+    cluster, the guests' CPUs, the stalls (what the targets read)."""
     log = log or sys.stderr
     require_root("migrate")
     flavor = mpis.flavor(s.mpi)
     flavor.check("ivshmem", True)
     res = BenchResults()
-    fields: Dict = {"migrations": []}
+    fields = res.fields
+    fields["migrations"] = []
     with tempfile.TemporaryDirectory(prefix="ivcloud-bmig-") as tmp, \
             ClusterSession("bmig", 2, 2, 1, vm=s.vm, log=log) as session:
         prog = session.stage(compile_mpi(flavor, SOURCE,
@@ -183,7 +186,7 @@ def measure(s: MigrateSettings, log=None) -> Tuple[BenchResults, Dict]:
     res.records = summarize(res.runs, ("pair", "phase"),
                             ("latency_us", "bandwidth_MBps", "t"))
     fields["stalls"] = stalls(res.runs, fields["migrations"])
-    return res, fields
+    return res
 
 
 # ---------------------------------------------------------------- figures
@@ -283,19 +286,15 @@ def print_table(res: BenchResults, fields: Dict, out=None) -> None:
 
 def run(s: MigrateSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print the table, targets and notes to `out`, progress to
-    `log`; write the document to `json_path`. 1 if a step failed."""
-    out = out or sys.stdout
-    info = machine_info()
-    res, fields = measure(s, log)
-    c = fields.get("cluster", {})
-    out.write(f"{mpis.flavor(s.mpi).title}, 4 ranks over ivshm, "
-              f"{s.ticks} ticks per steady phase; "
-              f"{guest_title(c.get('accel'))}\n")
-    print_table(res, fields, out)
-    doc = conclude("migrate", s.quick, info, res, targets(res, fields), out,
-                   mpi=s.mpi, hosts=HOSTS, mover=MOVER, phases=PHASES,
-                   ticks=s.ticks, lat_iters=s.lat_iters, **fields)
-    if json_path:
-        write_docs(doc, [Path(json_path)], out)
-    return res.exit_status
+    """run_benchmark of `s`, progress to `log`: 1 if a step failed."""
+    def print_all(res: BenchResults, out) -> None:
+        accel = res.fields.get("cluster", {}).get("accel")
+        out.write(f"{mpis.flavor(s.mpi).title}, 4 ranks over ivshm, "
+                  f"{s.ticks} ticks per steady phase; "
+                  f"{guest_title(accel)}\n")
+        print_table(res, res.fields, out)
+    return run_benchmark(
+        "migrate", s.quick, lambda: measure(s, log),
+        lambda res: targets(res, res.fields), print_all, json_path, out,
+        mpi=s.mpi, hosts=HOSTS, mover=MOVER, phases=PHASES, ticks=s.ticks,
+        lat_iters=s.lat_iters)

@@ -10,11 +10,12 @@ the configurations own-shm, shm, ivshmem and tcp, alternating in rounds
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from .. import mpis
 from ..cluster.job import Job
@@ -22,10 +23,9 @@ from ..cluster.session import ClusterSession
 from ..errors import BenchError, InvalidRequest
 from ..mpis import provider
 from .toolkit import (MIB, BenchResults, Target, check_transports,
-                      cluster_job, compile_mpi, conclude, count, machine_info,
-                      measure_rounds, native_source, parse_records,
-                      print_grid, require_root, spread, summarize,
-                      write_docs)
+                      cluster_job, compile_mpi, count, measure_rounds,
+                      native_source, parse_records, print_grid, require_root,
+                      run_benchmark, spread, summarize)
 
 CONFIGS = ["own-shm", "shm", "ivshmem", "tcp"]
 # where each configuration's two ranks run
@@ -125,7 +125,9 @@ def run_config(session: ClusterSession, s: OfiSettings, osu: Path,
     return recs
 
 
-def measure(s: OfiSettings, log=None) -> Tuple[BenchResults, Dict]:
+def measure(s: OfiSettings, log=None) -> BenchResults:
+    """Every configuration in rounds; res.fields: the cluster and the
+    ratios."""
     log = log or sys.stderr
     require_root("mpi")
     flavor = mpis.flavor(s.mpi)
@@ -137,10 +139,14 @@ def measure(s: OfiSettings, log=None) -> Tuple[BenchResults, Dict]:
         measure_rounds(res, f"mpi {s.mpi}", s.rounds,
                        [(c, functools.partial(run_config, session, s, osu, c))
                         for c in s.configs], log)
-        cluster = session.describe()
+        res.fields["cluster"] = session.describe()
     res.records = summarize(res.runs, ("transport", "test", "size"),
                             ("latency_us", "bandwidth_MBps", "msg_rate_M"))
-    return res, cluster
+    res.fields["ratios"] = ratios(res, s.configs)
+    for why in (f"{c}: {flavor.lacks[c]}" for c in CONFIGS
+                if c in flavor.lacks):
+        res.notes.append(f"not measured: {why}")
+    return res
 
 
 # ---------------------------------------------------------------- ratios
@@ -268,28 +274,20 @@ def print_ratios(rs: Sequence[Dict], configs: Sequence[str],
 
 def run(s: OfiSettings, json_path: Optional[Path] = None, out=None,
         log=None) -> int:
-    """Measure, print to `out`, write the document to `json_path`; 1 if
-    a configuration failed."""
-    out = out or sys.stdout
-    info = machine_info()
-    res, cluster = measure(s, log)
+    """run_benchmark of `s`: 1 if a configuration failed."""
     flavor = mpis.flavor(s.mpi)
-    ts = targets(res, s.mpi)
-    rs = ratios(res, s.configs)
-    out.write(f"{flavor.title}, 2 ranks; cluster "
-              f"{cluster['servers']} x {cluster['instances_per_server']} "
-              f"instances x {cluster['vcpus']} vCPUs on {info['cpus']} host "
-              f"CPUs\n")
-    print_table(res, s.configs, out)
-    print_ratios(rs, s.configs, out)
-    for why in (f"{c}: {flavor.lacks[c]}" for c in CONFIGS
-                if c in flavor.lacks):
-        res.notes.append(f"not measured: {why}")
-    doc = conclude("mpi-ofi", s.quick, info, res, ts, out, mpi=s.mpi,
-                   title=flavor.title, cluster=cluster,
-                   provider=str(provider.library()) if "ivshmem" in
-                   s.configs else None, rounds=s.rounds, sizes=SIZES,
-                   reference="own-shm", ratios=rs)
-    if json_path:
-        write_docs(doc, [Path(json_path)], out)
-    return res.exit_status
+
+    def print_tables(res: BenchResults, out) -> None:
+        cluster = res.fields["cluster"]
+        out.write(f"{flavor.title}, 2 ranks; cluster "
+                  f"{cluster['servers']} x {cluster['instances_per_server']} "
+                  f"instances x {cluster['vcpus']} vCPUs on "
+                  f"{os.cpu_count()} host CPUs\n")
+        print_table(res, s.configs, out)
+        print_ratios(res.fields["ratios"], s.configs, out)
+    return run_benchmark(
+        "mpi-ofi", s.quick, lambda: measure(s, log),
+        lambda res: targets(res, s.mpi), print_tables, json_path, out,
+        mpi=s.mpi, title=flavor.title,
+        provider=str(provider.library()) if "ivshmem" in s.configs
+        else None, rounds=s.rounds, sizes=SIZES, reference="own-shm")

@@ -182,12 +182,14 @@ def find_record(records: Iterable[Dict], **match) -> Optional[Dict]:
 @dataclass
 class BenchResults:
     """What a benchmark run gathered: its records (with rounds, the
-    medians of `runs`), notes for the reader, and the steps that failed
-    (any failure makes the exit status 1)."""
+    medians of `runs`), notes for the reader, the steps that failed
+    (any failure makes the exit status 1), and the document's fields
+    that only measuring learns (the cluster it ran on)."""
     records: List[Dict] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     failed: List[str] = field(default_factory=list)
     runs: List[Dict] = field(default_factory=list)
+    fields: Dict = field(default_factory=dict)
 
     def find(self, **match) -> Optional[Dict]:
         return find_record(self.records, **match)
@@ -489,14 +491,15 @@ def run_benchmark(bench: str, quick: bool,
                   print_table: Callable[[BenchResults, object], None],
                   json_path: Optional[Path] = None, out=None,
                   **fields) -> int:
-    """A single-host benchmark from start to end: measure, print the
-    table, targets and notes to `out`, write the document (with its own
-    `fields`) to `json_path`; 1 if a step failed."""
+    """A benchmark from start to end: measure, print the table, targets
+    and notes to `out`, write the document (its own `fields`, then the
+    measure's res.fields) to `json_path`; 1 if a step failed."""
+    out = out or sys.stdout
     info = machine_info()
     res = measure()
     ts = targets(res)
     print_table(res, out)
-    doc = conclude(bench, quick, info, res, ts, out, **fields)
+    doc = conclude(bench, quick, info, res, ts, out, **fields, **res.fields)
     if json_path:
         write_docs(doc, [Path(json_path)], out)
     return res.exit_status
