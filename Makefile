@@ -151,10 +151,12 @@ test-trixie: build
 	IVCLOUD_TRIXIE=1 $(PY) -m pytest -q -s --durations=5 tests/test_mpis_trixie.py
 
 # Slurm on a VM cluster with, beside what `make test` runs of
-# tests/test_slurm_vm.py (about 2 minutes), a slurmd killed under a
-# job (45-65 s more: the job ends 25-30 s after the kill).
+# tests/test_slurm_vm.py (about 3 minutes), a slurmd killed under a
+# job (45-65 s more: the job ends 25-30 s after the kill) and `cluster
+# migrate` of a Slurm node, idle and under a job, on a second cluster of
+# 2 servers (4-7 minutes more under TCG).
 test-slurm-vm: build
-	IVCLOUD_SLURM_VM_KILL=1 $(PY) -m pytest -q -s --durations=5 tests/test_slurm_vm.py
+	IVCLOUD_SLURM_VM_KILL=1 IVCLOUD_SLURM_VM_MIGRATE=1 $(PY) -m pytest -q -s --durations=5 tests/test_slurm_vm.py
 
 # The mesh-convergence study of µMAG standard problem 4, field 1
 # (docs/mag.md, "Standard problem 4"): the grid demag, in-plane cells of

@@ -12,7 +12,8 @@ the BML's choice and the BTL's counters on both ranks, nothing of them
 left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
 and a job one of whose guests is killed (IVCLOUD_SLURM_VM_KILL=1: `make
 test-slurm-vm`), then `down` and what it leaves. Then a 2-server x
-1-instance cluster for `cluster migrate` (a move needs a second server):
+1-instance cluster for `cluster migrate` (a move needs a second server;
+IVCLOUD_SLURM_VM_MIGRATE=1, `make test-slurm-vm`):
 an idle guest moved, whose slurmd serves on and whose next job's region
 is its new server's; a guest under a running job refused, naming the
 job, then moved once the job ended (--wait-jobs).
@@ -448,6 +449,11 @@ def test_down_leaves_nothing(svm):
 # ------------------------------------------------------------ migration
 
 MIG = "svmm"
+# a second cluster's boot and two moves under TCG (4-7 minutes): `make
+# test-slurm-vm`, beside the kill tests, to keep `make test`'s time
+moves = pytest.mark.skipif(not os.environ.get("IVCLOUD_SLURM_VM_MIGRATE"),
+                           reason="IVCLOUD_SLURM_VM_MIGRATE unset (make "
+                                  "test-slurm-vm)")
 
 
 @pytest.fixture(scope="module")
@@ -473,6 +479,7 @@ def migrate(name, host, to, *extra, timeout=600):
     return r
 
 
+@moves
 def test_migrate_idle_guest_serves_on(svmm):
     """s1i0 moved to s0 while no job runs: its slurmd (the same process)
     serves on at the same address, Slurm's node is resumed (the move
@@ -506,6 +513,7 @@ def test_migrate_idle_guest_serves_on(svmm):
                     ("s1i0", "s0i0"): "ivshmem"}, out
 
 
+@moves
 def test_migrate_under_a_job_waits_for_it(svmm):
     """Under a running 2-node job, the move of s1i0 (back to s1) is
     refused in one line naming the job (exit 2; the node is not left
