@@ -25,7 +25,11 @@
  * Hostile: a peer that never answers the SWITCH (away from libfabric
  * past the deadline): the drain ends at FI_IVSHM_DRAIN_MS, the pair's
  * waiting receive fails with an error instead of hanging, the status
- * says -ETIMEDOUT, and the rank has left the region. Forged SWITCH and
+ * says -ETIMEDOUT, and the rank has left the region. And a back switch
+ * whose region BACK cannot go: the peer took the core BACK, reads nothing
+ * of its region, and a co-tenant process keeps its queue full; what waits
+ * on the pair (a receive, a send held behind that BACK) fails by the
+ * deadline instead of waiting for good. Forged SWITCH and
  * BACK messages are fiv_forge's cases ("forged_switch_*",
  * "forged_back_unasked").
  */
