@@ -740,43 +740,68 @@ static uint64_t name_nonce(const char *name)
     return (uint64_t)n[1] << 32 | n[0];
 }
 
-/* The hostile co-tenant of `region`: it fills the queue of `slot` with
-   messages of its own and tops it up whenever room appears, until `stop`
-   reads end of file (its parent done, or gone). */
-static pid_t queue_filler(const char *region, int slot, int *stop_fd)
+/* The hostile co-tenant: a process forked before the rank opens
+   libfabric, told later which region's slot to fill (or nothing, at
+   end of file). It fills that slot's queue with messages of its own and
+   tops it up whenever room appears, until end of file again (its rank
+   done, or gone). */
+struct filler {
+    pid_t pid;
+    int cmd, go;
+};
+
+static struct filler filler_fork(int rank_sock)
 {
-    int go[2], stop[2];
-    REQ(pipe(go) == 0 && pipe(stop) == 0);
+    int cmd[2], go[2];
+    REQ(pipe(cmd) == 0 && pipe(go) == 0);
     pid_t pid = fork();
     REQ(pid >= 0);
     if (pid == 0) {
+        close(cmd[1]);
         close(go[0]);
-        close(stop[1]);
+        close(rank_sock); /* the test sees its rank's end, not ours */
         alarm(60);
+        int what[2]; /* region index, slot */
+        if (read(cmd[0], what, sizeof what) != (ssize_t)sizeof what)
+            _exit(0);
+        REQ(what[0] >= 0 && what[0] < 2);
         ivshm_config cfg = {.job_id = 0x686f7374ull, .rank = 1,
                             .name = "filler", .spin_ns = 1};
         ivshm *h = NULL;
-        REQ_RC(ivshm_attach_path(region, &cfg, &h), 0);
+        REQ_RC(ivshm_attach_path(stuck_region[what[0]], &cfg, &h), 0);
         uint64_t junk = 0x6a756e6bull;
         int cells = 0;
-        while (ivshm_try_send(h, slot, 1, &junk, sizeof junk) == 0)
+        while (ivshm_try_send(h, what[1], 1, &junk, sizeof junk) == 0)
             cells++;
         REQ(cells > 0);
         REQ(write(go[1], &cells, sizeof cells) == (ssize_t)sizeof cells);
-        struct pollfd p = {.fd = stop[0], .events = POLLIN};
+        struct pollfd p = {.fd = cmd[0], .events = POLLIN};
         while (poll(&p, 1, 1) == 0)
-            while (ivshm_try_send(h, slot, 1, &junk, sizeof junk) == 0)
+            while (ivshm_try_send(h, what[1], 1, &junk, sizeof junk) == 0)
                 ;
         ivshm_detach(h);
         _exit(0);
     }
+    close(cmd[0]);
     close(go[1]);
-    close(stop[0]);
-    int cells = 0;
-    t_read_full(go[0], &cells, sizeof cells);
-    close(go[0]);
-    *stop_fd = stop[1];
-    return pid;
+    return (struct filler){pid, cmd[1], go[0]};
+}
+
+/* It begins on region `i`'s slot `slot`: back once that queue is full. */
+static void filler_go(struct filler *f, int i, int slot)
+{
+    int what[2] = {i, slot}, cells = 0;
+    REQ(write(f->cmd, what, sizeof what) == (ssize_t)sizeof what);
+    t_read_full(f->go, &cells, sizeof cells);
+}
+
+static void filler_end(struct filler *f)
+{
+    close(f->cmd);
+    close(f->go);
+    int st = 0;
+    REQ(waitpid(f->pid, &st, 0) == f->pid);
+    REQ(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 /* The rank with the lower nonce (V) leaves its region for the other's
@@ -787,6 +812,7 @@ static pid_t queue_filler(const char *region, int slot, int *stop_fd)
    from the flip), not wait for good. */
 static void back_stuck(struct rank *r)
 {
+    struct filler fl = filler_fork(r->sock);
     t_open(r, version);
     t_exchange(r);
     int other = 1 - r->me;
@@ -813,8 +839,7 @@ static void back_stuck(struct rank *r)
         int pslot;
         uint32_t pgen;
         name_slot(r->names + pi * NAMELEN, &pslot, &pgen);
-        int stop = -1;
-        pid_t filler = queue_filler(stuck_region[pi], pslot, &stop);
+        filler_go(&fl, pi, pslot);
         t_barrier(r);
         int fd = open(stuck_region[vi], O_RDWR | O_CLOEXEC);
         REQ(fd >= 0);
@@ -838,13 +863,11 @@ static void back_stuck(struct rank *r)
         REQ(unlink(stuck_link[vi]) == 0);
         REQ(link(stuck_region[pi], stuck_link[vi]) == 0);
         t_barrier(r); /* V is done: progress meanwhile, as a rank would */
-        close(stop);
-        int st = 0;
-        REQ(waitpid(filler, &st, 0) == filler);
-        REQ(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        filler_end(&fl);
         t_close(r);
         return;
     }
+    filler_end(&fl); /* V's has nothing to fill */
     /* V: a receive from P that P never matches waits on the pair */
     uint64_t got = 0;
     REQ_RC(fi_trecv(r->ep, &got, sizeof got, NULL, r->addr[other],
