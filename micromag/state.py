@@ -54,8 +54,9 @@ class State:
         Galerkin restriction of the energy to such m, and set_m averages
         and normalizes the m it is given. Its use: a film one element
         layer thick, whose stiffest exchange mode (the two node layers
-        turning apart) then goes, and with it a third of an explicit
-        integrator's field evaluations (docs/mag.md, "Performance")."""
+        turning apart) then goes, and with it about a quarter of an
+        explicit integrator's field evaluations (docs/mag.md,
+        "Performance")."""
         import scipy.sparse as sparse
         sp = self.space
         if sp.stacks is None:

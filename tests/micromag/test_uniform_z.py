@@ -1,7 +1,7 @@
 """m uniform through a film's thickness (`[mesh] uniform_z = true`,
 State.tie_stacks): the stacks of a structured box, the problem file's
 check, the same dynamics as the free layers to the discretization's
-order with a third fewer field evaluations (the film's stiffest exchange
+order with about a quarter fewer field evaluations (the stiffest exchange
 mode gone), m equal along every stack, and the same <m>(t) on one and
 two ranks (each stack on one rank). docs/mag.md, "Discretization" and
 "Performance"."""
@@ -86,7 +86,7 @@ def test_uniform_z_is_checked(tmp_path, text, needle):
         problem_mod.load(p)
 
 
-def test_same_dynamics_with_a_third_fewer_evaluations(tmp_path):
+def test_same_dynamics_with_fewer_evaluations(tmp_path):
     runs = {}
     for uniform in (False, True):
         prob = problem_mod.load(_film(tmp_path, uniform))
@@ -104,11 +104,13 @@ def test_same_dynamics_with_a_third_fewer_evaluations(tmp_path):
     assert np.abs(tied[0] - free[0]).max() < 2e-4, (tied[0], free[0])
     assert np.abs(free[0] - [1, 0.1, 0] / np.hypot(1, 0.1)).max() > 3e-3
     assert tied[1] < 0.8 * free[1], (tied[1], free[1])
-    print(f"<m> free {free[0]}, tied {tied[0]}; evaluations {free[1]}, {tied[1]}")
+    print(f"<m> free {free[0]}, tied {tied[0]}; right-hand sides "
+          f"{free[1]}, {tied[1]}")
     m, stacks = tied[2], tied[3]
     order = np.argsort(stacks, kind="stable")
     pairs = m[order].reshape(-1, 2, 3)              # two node layers
-    assert np.abs(pairs[:, 0] - pairs[:, 1]).max() < 1e-12, np.abs(pairs[:, 0] - pairs[:, 1]).max()
+    # equal but for round-off: the average's sums in either order
+    assert np.abs(pairs[:, 0] - pairs[:, 1]).max() < 1e-12
     fm = free[2]
     assert np.abs(fm[order].reshape(-1, 2, 3)[:, 0]
                   - fm[order].reshape(-1, 2, 3)[:, 1]).max() > 0
