@@ -131,3 +131,14 @@ def test_one_and_two_ranks_agree(tmp_path):
     assert len(a) == len(b) and len(a) >= 11
     for c in ("mx", "my", "mz"):
         assert np.abs(a[c] - b[c]).max() <= 1e-6
+
+
+def test_a_convergence_study_frees_m_across_several_layers():
+    from mag_helpers import EXAMPLES
+    from micromag import convergence
+    prob = problem_mod.load(EXAMPLES / "sp4.toml")
+    assert prob.mesh.uniform_z is True
+    for layers, tied in ((1, True), (3, False)):
+        text = convergence.problem_toml(prob, cell=5.0, layers=layers)
+        cfg = problem_mod.from_dict(convergence._parse(text))
+        assert bool(cfg.mesh.uniform_z) is tied, layers
