@@ -86,6 +86,9 @@ def main(argv) -> int:
                                            conv._tmp)
             out["demag: kernel product"] = timed(kp, a.reps)
         out["demag: grid to nodes"] = timed(lambda: dm.T_back @ H, a.reps)
+    if st.stack_average is not None:
+        out["stack average"] = timed(lambda: st.average_stacks(work),
+                                     a.reps)
     out["field()"] = timed(lambda: dyn.field(), a.reps)
     h = dyn.heff.getArray(readonly=True).reshape(-1, 3)
     out["m x H"] = timed(lambda: dyn.dmdt_local(m, h), a.reps)

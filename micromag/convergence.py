@@ -137,7 +137,9 @@ def problem_toml(prob: problem_mod.Problem, cell: float, layers: int,
     mesh's unit) and `layers` element layers across z; `duration` (s)
     shortens the last llg stage; `method` sets the demag method and
     `edge_h` grades the cells towards the lateral faces (both: as given
-    in the problem when None). Snapshots only at the stage's end."""
+    in the problem when None). Snapshots only at the stage's end. m
+    uniform through the thickness (`uniform_z`) is kept for one layer
+    only: several layers are there to resolve m across z."""
     cfg = prob.config
     mesh = cfg["mesh"]
     if mesh["shape"] != "box" or not mesh.get("structured", False):
@@ -146,6 +148,8 @@ def problem_toml(prob: problem_mod.Problem, cell: float, layers: int,
         raise ProblemError("cell size and layers must be positive")
     lz = mesh["size"][2]
     mesh["h"] = [float(cell), float(cell), lz / layers]
+    if layers > 1 and mesh.get("uniform_z"):
+        mesh["uniform_z"] = False
     if edge_h is not None:
         mesh["edge_h"] = float(edge_h)
     if method is not None:

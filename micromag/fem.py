@@ -6,9 +6,11 @@ matrices are PETSc objects whose rows follow that ownership.
 
 Public interface (kept stable; the demagnetization module builds on it):
 
-``FEMSpace(mesh, comm=None)``
+``FEMSpace(mesh, comm=None, stacks=None)``
     mesh: :class:`micromag.mesh.Mesh`; comm: an mpi4py communicator
-    (default COMM_WORLD). Collective. Attributes:
+    (default COMM_WORLD); stacks: (n,) int group of every node (input
+    numbering, e.g. mesh.stacks), each group kept on one rank (the
+    partition is of the groups). Collective. Attributes:
 
     comm            mpi4py communicator; ``pcomm`` the PETSc one
     mesh            the renumbered Mesh, identical on every rank
@@ -16,6 +18,8 @@ Public interface (kept stable; the demagnetization module builds on it):
     rstart, rend    this rank's owned node range (new numbering)
     ranges          (size+1,) int64 offsets: rank r owns ranges[r]:ranges[r+1]
     perm            (n,) int64, old node id -> new node id
+    stacks          (n,) int64 group of every node (new numbering), or
+                    None
     volumes         (M,) tetrahedron volumes (m^3), positive
     grads           (M, 4, 3) gradients of the 4 P1 basis functions (1/m)
     K               PETSc AIJ n x n, K_ij = integral grad(phi_i).grad(phi_j),
@@ -104,8 +108,25 @@ def node_graph(n: int, tets: np.ndarray):
     return g
 
 
+def _partition(graph, comm, stacks) -> np.ndarray:
+    """Part of every node: of its group where `stacks` groups them (the
+    partition of the groups' graph), else its own."""
+    if stacks is None:
+        return partition_nodes(graph, comm)
+    import scipy.sparse as sp
+    stacks = np.asarray(stacks, dtype=np.int64)
+    k = int(stacks.max()) + 1
+    S = sp.csr_matrix((np.ones(len(stacks)), (stacks, np.arange(
+        len(stacks)))), shape=(k, len(stacks)))
+    q = (S @ graph @ S.T).tocsr()
+    q.setdiag(0)
+    q.eliminate_zeros()
+    q.data[:] = 1
+    return partition_nodes(q.astype(np.int64), comm)[stacks]
+
+
 class FEMSpace:
-    def __init__(self, mesh: Mesh, comm=None):
+    def __init__(self, mesh: Mesh, comm=None, stacks=None):
         from scipy.sparse.csgraph import reverse_cuthill_mckee
         PETSc = petsc()
         self.PETSc = PETSc
@@ -121,7 +142,7 @@ class FEMSpace:
             raise MeshError(f"mesh of {n} nodes is too small for "
                             f"{size} ranks")
         graph = node_graph(n, mesh.tets)
-        part = partition_nodes(graph, self.comm)
+        part = _partition(graph, self.comm, stacks)
         if rank == 0:
             # within a part keep a bandwidth-reducing order (cache locality
             # of the matrix-vector products)
@@ -139,6 +160,8 @@ class FEMSpace:
         perm = np.empty(n, dtype=np.int64)
         perm[order] = np.arange(n)
         self.perm = perm
+        self.stacks = (None if stacks is None
+                       else np.asarray(stacks, dtype=np.int64)[order])
         self.ranges = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.rstart = int(self.ranges[rank])
         self.rend = int(self.ranges[rank + 1])

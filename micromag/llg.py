@@ -104,6 +104,9 @@ class Dynamics:
                     continue
                 term.h(st, self._work)
                 out.axpy(1.0, self._work)
+            # m uniform over each stack (State.tie_stacks): the field of
+            # the restricted energy
+            st.average_stacks(out)
         self.field_time += time.perf_counter() - t0
         self.n_field += 1
         return out

@@ -20,6 +20,9 @@ Builders take their sizes in metres:
     sphere(r, h)                  ellipsoid(r, r, r, h)
     load(path)                    gmsh .msh (meshio), Netgen .vol (ours)
 
+``stacks(points)`` groups the nodes that share x and y (a structured
+box's nodes through the thickness).
+
 gmsh works best with coordinates of order one, so geometry is built in
 nanometres and scaled back; it runs single-threaded with a fixed seed so
 that the same call gives the same mesh in every process.
@@ -283,6 +286,16 @@ def structured_box_coords(xs, ys, zs) -> Mesh:
     corners = base[:, None] + off[None, :]          # (cells, 8)
     tets = corners[:, _KUHN].reshape(-1, 4)
     return Mesh(pts, tets)
+
+
+def stacks(points: np.ndarray) -> np.ndarray:
+    """(N,) int64: the same number for the nodes that share x and y (to
+    1e-9 of the points' extent), numbered 0.. in order of (x, y)."""
+    pts = np.asarray(points, dtype=float)
+    ext = float(np.ptp(pts[:, :2], axis=0).max()) or 1.0
+    key = np.round((pts[:, :2] - pts[:, :2].min(axis=0)) / (1e-9 * ext))
+    _, group = np.unique(key.astype(np.int64), axis=0, return_inverse=True)
+    return group.reshape(-1).astype(np.int64)
 
 
 # ---------------------------------------------------------------- files

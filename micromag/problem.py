@@ -15,6 +15,10 @@
     edge_h = 0.5                       # structured box: cells of this size
                                        # at the lateral (x, y) faces,
                                        # growing to h inside
+    uniform_z = false                  # structured box: m the same at
+                                       # every node of a stack through
+                                       # the thickness (docs/mag.md,
+                                       # "Discretization")
     file = "bar.msh"                   # shape = "file": gmsh .msh, Netgen
                                        # .vol, anything meshio reads;
                                        # relative to the problem file
@@ -172,6 +176,7 @@ class MeshSettings(Section):
     h: Optional[Union[float, Vec]] = None
     size: Optional[Vec] = None
     structured: Optional[bool] = None
+    uniform_z: Optional[bool] = None
     edge_h: Optional[float] = None
     radius: Optional[float] = None
     length: Optional[float] = None
@@ -419,7 +424,8 @@ def from_dict(data: dict, name: str = "problem", base: Optional[Path] = None,
 _MESH_NEEDS = {"box": ("size", "h"), "cylinder": ("radius", "length", "h"),
                "ellipsoid": ("semi_axes", "h"), "sphere": ("radius", "h"),
                "file": ("file",)}
-_MESH_MAY = {"box": ("structured", "edge_h"), "file": ("scale",)}
+_MESH_MAY = {"box": ("structured", "edge_h", "uniform_z"),
+             "file": ("scale",)}
 
 
 def _mesh(c: _Checker, raw, base: Path) -> MeshSettings:
@@ -450,6 +456,10 @@ def _mesh(c: _Checker, raw, base: Path) -> MeshSettings:
             if not out["structured"]:
                 c.fail("mesh edge_h (graded cells) needs a structured box")
             out["edge_h"] = c.positive(mesh["edge_h"], "mesh edge_h")
+        if "uniform_z" in mesh:
+            if mesh["uniform_z"] and not out["structured"]:
+                c.fail("mesh uniform_z needs a structured box")
+            out["uniform_z"] = mesh["uniform_z"]
     elif shape in ("cylinder", "sphere"):
         out["radius"] = c.positive(mesh["radius"], "mesh radius")
         if shape == "cylinder":

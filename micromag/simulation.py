@@ -109,11 +109,15 @@ class Simulation:
         if err:
             raise ProblemError(f"mesh: {err}")
         from .fem import FEMSpace
-        self.space = FEMSpace(mesh, self.comm)
+        from .mesh import stacks
+        self.space = FEMSpace(mesh, self.comm, stacks=stacks(mesh.points)
+                              if prob.mesh.uniform_z else None)
         sp = self.space
         mats = problem_mod.material_arrays(prob.materials, sp.mesh.regions)
         self.mats = mats
         self.state = State(sp, mats["Ms"], mats["alpha"], mats["gamma"])
+        if prob.mesh.uniform_z:
+            self.state.tie_stacks()
         self._set_initial()
 
         self.terms = []

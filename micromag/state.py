@@ -43,6 +43,50 @@ class State:
         self.gamma_local = space.node_average(self.gamma_tet)[r0:r1].copy()
         self.m = space.vector_vec()
         self.t = 0.0
+        # tie_stacks(): the Ms V-weighted average over each stack of
+        # nodes (scipy CSR over the owned nodes), or None
+        self.stack_average = None
+
+    def tie_stacks(self) -> None:
+        """From now on m is the same at every node of a stack (the
+        space's stacks, each owned by one rank): the fields are averaged
+        over each stack with the weights Ms_i V_i (`average_stacks`), the
+        Galerkin restriction of the energy to such m, and set_m averages
+        and normalizes the m it is given. Its use: a film one element
+        layer thick, whose stiffest exchange mode (the two node layers
+        turning apart) then goes, and with it about a quarter of an
+        explicit integrator's field evaluations (docs/mag.md,
+        "Performance")."""
+        import scipy.sparse as sparse
+        sp = self.space
+        if sp.stacks is None:
+            raise ProblemError("m uniform in z needs a space built with "
+                               "stacks")
+        group = sp.stacks[sp.rstart:sp.rend]
+        every = np.bincount(sp.stacks)
+        if np.any(np.bincount(group, minlength=len(every))[group]
+                  != every[group]):
+            raise ProblemError("a stack of nodes spans two ranks")
+        _, g = np.unique(group, return_inverse=True)
+        g = g.reshape(-1)
+        # Ms V weights; a stack without magnetic material (its field is
+        # never used) by volume, so that m stays defined there
+        w = self.MsV_local
+        w = np.where(np.bincount(g, weights=w)[g] > 0, w, self.V_local)
+        inv = 1.0 / np.bincount(g, weights=w)
+        n = len(group)
+        S = sparse.csr_matrix((w, (g, np.arange(n))), shape=(len(inv), n))
+        self.stack_average = (sparse.csr_matrix(
+            (inv[g], (np.arange(n), g)), shape=(n, len(inv))) @ S).tocsr()
+
+    def average_stacks(self, vec) -> None:
+        """vec (a vector_vec) <- its Ms V-weighted average over each stack
+        of nodes (no-op unless tie_stacks() was called)."""
+        if self.stack_average is None:
+            return
+        with vec as a:
+            a3 = a.reshape(-1, 3)
+            a3[:] = self.stack_average @ a3
 
     def set_alpha(self, alpha_tet) -> None:
         M = len(self.space.mesh.tets)
@@ -73,6 +117,9 @@ class State:
             raise ProblemError("initial magnetization has zero or invalid "
                              "vectors")
         self.space.set_global(self.m, arr / norm[:, None])
+        if self.stack_average is not None:
+            self.average_stacks(self.m)
+            self.normalize()
 
     def normalize(self, vec=None) -> float:
         """Rescale m (or vec) to unit length; returns the largest
