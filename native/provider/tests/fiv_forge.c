@@ -1883,8 +1883,9 @@ static void v_queue_departed_behind_held(struct victim *v)
     }
     fprintf(stderr, "queue_departed_behind_held_write: %zu of %" PRIu64 " writes of H "
             "landed; B's message: %d\n", got, d.a, rerr);
-    if (rerr != 0)
-        vfail(v, "B's message behind H's held write: receive ended %d", rerr);
+    if (got != d.a || rerr != 0)
+        vfail(v, "%zu of H's %" PRIu64 " writes landed; B's message behind "
+              "them: receive ended %d", got, d.a, rerr);
     REQ_RC(fi_close(&mr->fid), 0);
 }
 
