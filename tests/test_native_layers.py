@@ -186,7 +186,7 @@ PROVIDER = Component(
     # read by every layer
     state={"fiv_prov": "fiv", "fiv_cfg": "fiv"},
     sees=(("fiv_msg_ops", "send_msg", "fiv_tx_small"),
-          ("fiv_tx", "fiv_tx_small", "fiv_introduce"),
+          ("fiv_tx", "region_frag", "fiv_introduce"),
           ("fiv_intro", "fiv_introduce", "fiv_region_send"),
           ("fiv_progress", "take_message", "fiv_deliver"),
           ("fiv_probe", "fiv_path_broken", "fiv_peer_failed"),

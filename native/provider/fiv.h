@@ -760,18 +760,7 @@ void fiv_unregister_ep(struct fiv_ep *ep);
 void fiv_cleanup(void);
 /* fiv_complete.c: completions into the endpoint's CQs and counters */
 int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
-/* A full ring doubled (false: no memory). */
-bool fiv_cq_grow(struct fiv_cq *cq);
-/* The next entry of cq, counted and to be filled whole by the caller
-   (NULL: no memory to grow the ring): a completion written where it is
-   read, not built elsewhere and copied. */
-static inline struct fiv_cqe *fiv_cq_claim(struct fiv_cq *cq)
-{
-    if (__builtin_expect(cq->count == cq->cap, 0) && !fiv_cq_grow(cq))
-        return NULL;
-    /* cap is a power of two (fiv_cq_grow) */
-    return &cq->ring[(cq->head + cq->count++) & (cq->cap - 1)];
-}
+/* fiv_cq_grow, fiv_cq_claim, fiv_complete_sent: fiv_complete.h */
 /* No room for a remote write's entry: the write waits in its ring. */
 static inline bool fiv_cq_full(const struct fiv_cq *cq)
 {
@@ -780,17 +769,6 @@ static inline bool fiv_cq_full(const struct fiv_cq *cq)
 int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e);
 void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
                      bool want, int err);
-/* fiv_complete_tx of a message (FI_SEND) that went out whole, inline on
-   the send's hot path (fiv_msg_ops.c): a call less per message. */
-static inline void fiv_complete_sent(struct fiv_ep *ep, void *context,
-                                     uint64_t flags, bool want)
-{
-    fiv_cntr_inc(ep->cntr_send);
-    struct fiv_cqe *to;
-    if (want && ep->tx_cq && (to = fiv_cq_claim(ep->tx_cq)))
-        *to = (struct fiv_cqe){.context = context, .flags = flags,
-                               .src = FI_ADDR_NOTAVAIL};
-}
 void fiv_complete_rx(struct fiv_ep *ep, const struct fiv_cqe *e, bool want);
 /* fiv_tables.c */
 struct fiv_peer *fiv_peer(struct fiv_ep *ep, fi_addr_t a);
@@ -838,48 +816,7 @@ int fiv_introduce(struct fiv_ep *ep, struct fiv_peer *p);
 bool fiv_intro_adopt(struct fiv_ep *ep, size_t index, const struct fiv_addr *a);
 /* fiv_tx.c: sending to one peer, either path, with a queue */
 int fiv_tx_start(struct fiv_ep *ep, struct fiv_op_req *r);
-/* A send's error as the sender's layers answer it: -EAGAIN (queue it),
-   the peer gone (-FI_EHOSTUNREACH), or its path broken (-FI_EIO). */
-static inline int fiv_tx_err(int rc)
-{
-    if (rc == -EAGAIN)
-        return -EAGAIN;
-    return rc == IVSHM_EPEERDEAD ? -FI_EHOSTUNREACH : -FI_EIO;
-}
-/* The hot path: one fragment, nothing queued before it. 0 sent,
-   -EAGAIN (queue it), or an -FI_E* error. Inline: its one caller is
-   the send every MPI makes per message (fiv_msg_ops.c). */
-static inline ssize_t fiv_tx_small(struct fiv_ep *ep, struct fiv_peer *p,
-                                   uint32_t op, const void *hdr, size_t hlen,
-                                   const void *buf, size_t len)
-{
-    /* sw_pause: the pair is switching paths (fiv_drain.c): what is sent
-       meanwhile waits for the path it will take */
-    if (p->txq || p->dead || p->sw_pause)
-        return -EAGAIN;
-    int rc;
-    if (p->path == PATH_REGION) {
-        if (hlen + len > ep->frag)
-            return -EAGAIN;
-        rc = fiv_introduce(ep, p);
-        if (rc == 0)
-            rc = fiv_region_send(ep, p->slot, p->generation, op, hdr, hlen,
-                                 buf, len);
-        if (rc < 0)
-            return fiv_tx_err(rc);
-        ep->sent++;
-        return 0;
-    }
-    if (p->path == PATH_CORE) {
-        if (hlen + len > fiv_core_frag(ep))
-            return -EAGAIN;
-        rc = (int)fiv_core_send(ep, p, op, hdr, hlen, buf, len);
-        if (rc == 0)
-            ep->delegated++;
-        return rc;
-    }
-    return -EAGAIN;
-}
+/* fiv_tx_err, fiv_tx_small: fiv_tx.h */
 int fiv_tx_drain(struct fiv_ep *ep, struct fiv_peer *p);
 /* The request at the front of p's queue, taken off it. */
 struct fiv_op_req *fiv_tx_dequeue(struct fiv_ep *ep, struct fiv_peer *p);

@@ -5,7 +5,7 @@
  */
 #include <stdlib.h>
 
-#include "fiv.h"
+#include "fiv_complete.h"
 
 static bool grow(struct fiv_cqe **ring, size_t *cap, size_t head, size_t count)
 {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fiv.h"
+#include "fiv_complete.h"
 
 /* ---- posted receives: kept on a short free list (one malloc and one
    free less per message on the hot path). The list holds at most

@@ -8,7 +8,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "fiv.h"
+#include "fiv_complete.h"
+#include "fiv_tx.h"
 
 static bool want_tx(struct fiv_ep *ep, uint64_t flags)
 {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fiv.h"
+#include "fiv_tx.h"
 
 struct fiv_op_req *fiv_req_new(void)
 {
