@@ -1007,104 +1007,6 @@ static bool seen(const char *base, int n, const char *what)
     return found;
 }
 
-/* A core peer's writes with CQ data beside a region co-tenant's that
-   filled the target's CQ (docs/provider.md, "Caps per peer"): rank 1, on
-   rank 0's region, lands FLOOD_W writes with data in rank 0's CQ of that
-   size, which rank 0 does not read; rank 2, on another region (the core
-   path to both), then writes with data to rank 0. The core's entries are
-   counted apart from the region's, so its writes land and its pair stays
-   whole; rank 0 then reads every entry of both. */
-#define FLOOD_W 65536
-#define CORE_W 4
-#define CORE_DATA 0xc0de00u
-static void core_beside_flood(struct rank *r)
-{
-    t_open(r, version);
-    t_exchange(r);
-    static uint64_t target[CORE_W + 1], src[CORE_W + 1];
-    struct {
-        uint64_t key, addr;
-    } k = {0, 0};
-    struct fid_mr *mr = NULL;
-    if (r->me == 0) {
-        REQ_RC(fi_mr_reg(r->dom, target, sizeof target, FI_REMOTE_WRITE, 0,
-                         0, 0, &mr, NULL), 0);
-        k.key = fi_mr_key(mr);
-        k.addr = (uintptr_t)target;
-    }
-    t_bcast(r, 0, &k, sizeof k);
-    struct fi_cq_tagged_entry e[64];
-    if (r->me == 1) {
-        /* each write completes here once it landed (its ack) */
-        uint64_t posted = 0, done = 0, end = t_now_ms() + 60000;
-        while (done < FLOOD_W) {
-            while (posted < FLOOD_W && posted - done < 256) {
-                src[0] = posted;
-                ssize_t rc = fi_writedata(r->ep, src, sizeof src[0], NULL,
-                                          posted, r->addr[0], k.addr, k.key,
-                                          NULL);
-                if (rc == -FI_EAGAIN)
-                    break;
-                REQ_RC(rc, 0);
-                posted++;
-            }
-            ssize_t n = fi_cq_read(r->cq, e, 64);
-            if (n > 0)
-                done += (uint64_t)n;
-            else
-                REQ_RC(n, -FI_EAGAIN);
-            REQ(t_now_ms() < end);
-        }
-    }
-    t_barrier(r); /* rank 0's CQ holds FLOOD_W region entries, unread */
-    if (r->me == 2) {
-        for (uint32_t i = 0; i < CORE_W; i++) {
-            src[1 + i] = CORE_DATA + i;
-            REQ_RC(fi_writedata(r->ep, &src[1 + i], sizeof src[0], NULL,
-                                CORE_DATA + i, r->addr[0],
-                                k.addr + (1 + i) * sizeof src[0], k.key,
-                                &src[1 + i]), 0);
-            struct fi_cq_err_entry err;
-            memset(&err, 0, sizeof err);
-            int rc = t_wait(r, e, &err, NULL, 10000);
-            if (rc != 0) {
-                fprintf(stderr, "core write %u beside the region's flood: "
-                        "%s\n", i, fi_strerror(-rc));
-                _exit(99);
-            }
-            REQ(e[0].op_context == &src[1 + i]);
-        }
-    }
-    t_barrier(r);
-    if (r->me == 0) {
-        uint64_t region = 0, core = 0, end = t_now_ms() + 20000;
-        while (region < FLOOD_W || core < CORE_W) {
-            ssize_t n = fi_cq_read(r->cq, e, 64);
-            REQ(n > 0 || n == -FI_EAGAIN);
-            for (ssize_t i = 0; i < n; i++) {
-                REQ(e[i].flags & FI_REMOTE_CQ_DATA);
-                if (e[i].data >= CORE_DATA)
-                    REQ(e[i].data == CORE_DATA + core++);
-                else
-                    region++;
-            }
-            if (t_now_ms() > end) {
-                fprintf(stderr, "rank 0 read %llu of %d region entries, "
-                        "%llu of %d core entries\n",
-                        (unsigned long long)region, FLOOD_W,
-                        (unsigned long long)core, CORE_W);
-                _exit(99);
-            }
-        }
-        for (uint32_t i = 0; i < CORE_W; i++)
-            REQ(target[1 + i] == CORE_DATA + i);
-    }
-    t_barrier_plain(r);
-    if (mr)
-        REQ_RC(fi_close(&mr->fid), 0);
-    t_close(r);
-}
-
 int main(void)
 {
     if (!getenv("FI_PROVIDER_PATH")) {
@@ -1318,24 +1220,6 @@ int main(void)
            "queue kept full): what waits on the pair fails by the deadline "
            "(%llu ms)\n", f ? "FAIL" : "ok",
            (unsigned long long)(t_now_ms() - t0));
-    failed += f;
-
-    /* ranks 0 and 1 on region A, rank 2 on region B: the core to both */
-    region_path = t_region(8, 0);
-    region_b = t_region(8, 0);
-    char env_big[480];
-    snprintf(env_big, sizeof env_big, "FI_IVSHM_REGION=%s;FIV_TEST_CQ_SIZE=%d",
-             region_path, FLOOD_W);
-    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s", region_path);
-    snprintf(env_b, sizeof env_b, "FI_IVSHM_REGION=%s", region_b);
-    const char *env_flood[] = {env_big, env, env_b};
-    t0 = t_now_ms();
-    f = t_run(3, core_beside_flood, env_flood, 40, tmpl);
-    if (f || getenv("FIV_DRAIN_SHOW"))
-        show(tmpl, 3);
-    printf("%s: a core peer's writes with data beside a region co-tenant's "
-           "%d that filled the CQ: they land, its pair whole (%llu ms)\n",
-           f ? "FAIL" : "ok", FLOOD_W, (unsigned long long)(t_now_ms() - t0));
     failed += f;
 
     printf("%s\n", failed ? "FAILED" : "all passed");
