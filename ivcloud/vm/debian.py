@@ -245,15 +245,6 @@ def _files() -> Dict[str, tuple]:
         "etc/systemd/system/ivcloud-ready.service": (0o644, READY_UNIT),
         "etc/hostname": (0o644, "ivcloud-guest\n"),
         "etc/fstab": (0o644, "/dev/vda / ext4 rw,errors=remount-ro 0 1\n"),
-        # the journal in memory: the root's writes go to a throw-away
-        # overlay anyway, and its flush to disk is on the boot's path
-        "etc/systemd/journald.conf.d/ivcloud.conf":
-            (0o644, "[Journal]\nStorage=volatile\n"),
-        # sshd without its `sshd -t` first: the image's configuration is
-        # fixed, and under TCG a second sshd start costs seconds on the
-        # path to the ready banner (READY_UNIT waits for ssh.service)
-        "etc/systemd/system/ssh.service.d/ivcloud.conf":
-            (0o644, "[Service]\nExecStartPre=\n"),
         f"home/{MPI_USER}/.ssh/config": (0o644, SSH_CONFIG),
     }
 
@@ -271,18 +262,11 @@ SSH_CONFIG = """Host *
 # Units enabled (multi-user.target.wants) and masked (slow or pointless in
 # a short-lived test guest; slurmd and munged only ever run with a
 # cluster's configuration and key, which the cluster starts them with:
-# the packages' own units would start them with the image's). Under TCG
-# the guest's one vCPU is the boot's bottleneck, and every unit started
-# beside the path to the ready banner slows that path: no gettys on
-# virtual terminals (there is no display; the serial console keeps its
-# own), no debug, tracing, fuse or binfmt file systems, no dpkg backups.
+# the packages' own units would start them with the image's).
 ENABLE = ["ivcloud-agent.service", "ivcloud-ready.service"]
 MASK = ["apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer",
         "fstrim.timer", "e2scrub_reap.service", "slurmd.service",
-        "munge.service", "getty-static.service", "getty@tty1.service",
-        "dpkg-db-backup.timer", "sys-kernel-debug.mount",
-        "sys-kernel-tracing.mount", "sys-fs-fuse-connections.mount",
-        "proc-sys-fs-binfmt_misc.automount", "systemd-binfmt.service"]
+        "munge.service"]
 
 
 def cache_root() -> Path:
