@@ -328,6 +328,7 @@ struct fiv_cqe {
     fi_addr_t src;
     /* errors */
     int err;              /* positive FI_E* code, 0 = success             */
+    bool core;            /* a core peer's remote write (fiv_cq.core_writes) */
     size_t olen;
 };
 
@@ -341,10 +342,12 @@ struct fiv_cq {
        with CQ data, the one entry a peer adds without a receive of
        ours, waits unread in its writer's ring while `count` is at
        `size` (fiv_cq_full; fiv_progress.c), so no cap is shared between
-       region peers. `remote`: such entries held; over the core path,
-       whose messages cannot wait where they lie, they are refused past
-       max(size, FIV_CQ_SIZE) (fiv_rma.c). */
-    size_t remote, size;
+       region peers. `core_writes`: such entries a core peer's write
+       added; the core path's messages cannot wait where they lie, so
+       they are refused past max(size, FIV_CQ_SIZE) (fiv_rma.c), counted
+       apart from the region's so that a region co-tenant's writes never
+       fill a core peer's share. */
+    size_t core_writes, size;
     struct fiv_cqe *errs;
     size_t errcap, errhead, errcount;
     struct fiv_ep **eps;  /* endpoints that report here: progress them    */

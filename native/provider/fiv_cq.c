@@ -100,7 +100,7 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
            would store head and count back after every entry */
         size_t es = entry_size(cq->format), head = cq->head,
                mask = cq->cap - 1; /* a power of two */
-        size_t take = count < cq->count ? count : cq->count, remote = 0;
+        size_t take = count < cq->count ? count : cq->count, core = 0;
         const struct fiv_cqe *ring = cq->ring;
         if (cq->format == FI_CQ_FORMAT_TAGGED && !src_addr) {
             /* what mtl ofi reads: the format's loop without the switch */
@@ -108,7 +108,7 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
             for (size_t i = 0; i < take; i++) {
                 const struct fiv_cqe *e = &ring[(head + i) & mask];
                 write_entry(FI_CQ_FORMAT_TAGGED, &o[i], e);
-                remote += (e->flags & FI_REMOTE_WRITE) != 0;
+                core += e->core;
             }
         } else {
             for (size_t i = 0; i < take; i++) {
@@ -116,10 +116,10 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
                 write_entry(cq->format, (uint8_t *)buf + i * es, e);
                 if (src_addr)
                     src_addr[i] = e->src;
-                remote += (e->flags & FI_REMOTE_WRITE) != 0;
+                core += e->core;
             }
         }
-        cq->remote -= remote;
+        cq->core_writes -= core;
         cq->head = (head + take) & mask;
         cq->count -= take;
         n = (ssize_t)take;

@@ -413,6 +413,11 @@ static void flip_back(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p,
     p->rg_ok = p->rg_told = p->rg_heard = false;
     p->bk_mark = mark;
     p->sw_pause = mark;
+    /* the pair's sends wait behind our region BACK: a peer whose queue
+       stays full (it reads nothing, or a co-tenant fills it) must not
+       hold them past the drain's deadline */
+    if (mark)
+        p->bk_end_ns = fiv_now_ns() + (uint64_t)fiv_cfg.drain_ms * 1000000ull;
     ep->switched++;
 }
 
@@ -579,8 +584,14 @@ void fiv_drain_tick(struct fiv_ep *ep)
             begin_back(ep, id, p);
         }
         back_out(ep, id, p);
-        if (p->bk_mark && !p->dead)
+        if (p->bk_mark && !p->dead) {
             mark_out(ep, id, p);
+            if (p->bk_mark && !p->dead && fiv_now_ns() > p->bk_end_ns)
+                /* the peer took our core BACK and hears us on the region
+                   only: no way on for the pair */
+                fiv_path_broken(ep, id, p, "our back switch could not go "
+                                "to it");
+        }
         if (p->bk_want && p->path == PATH_CORE && !p->dead &&
             fiv_now_ns() > p->bk_end_ns)
             /* our core stream may have ended with our BACK: no way on */

@@ -165,12 +165,21 @@ void fiv_probe_tick(struct fiv_ep *ep, uint64_t now)
                in between). So the first look that finds it gone only
                notes it; it fails at a later look, which follows a poll
                begun after this one that found nothing: by then every
-               message it wrote before freeing its slot has been taken. */
+               message it wrote before freeing its slot has been taken.
+               Not while a remote write waits for room in the CQ
+               (ep->writes_wait): a poll then finds nothing while what
+               lies behind the held write (its writer's later messages,
+               the shared queue's cells behind a held cell) is unread, so
+               the look waits until a poll saw every head empty with
+               nothing held, which the application's next CQ read allows
+               (docs/provider.md, "Caps per peer"). */
             if (!p->leaving) {
                 p->leaving = true;
                 ep->last_check_ns = 0; /* look again at the next idle call */
                 continue;
             }
+            if (ep->writes_wait)
+                continue;
             fiv_peer_failed(ep, id, p, FI_EIO);
             continue;
         }

@@ -268,14 +268,15 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
 {
     if (status == 0) {
         if (op & FIV_F_DATA && ep->rx_cq && ep->core_rx &&
-            ep->rx_cq->remote >= (ep->rx_cq->size > FIV_CQ_SIZE
+            ep->rx_cq->core_writes >= (ep->rx_cq->size > FIV_CQ_SIZE
                                       ? ep->rx_cq->size
                                       : FIV_CQ_SIZE)) {
             /* a completion without a receive of ours. A region write
                waited in its ring for room (fiv_progress.c, take_message);
                a core message was read off the core already, so its kind
                is bounded by what the application chose (its CQ size, at
-               least the default), not by the writer */
+               least the default), not by the writer; counted over core
+               writes only, so no region peer's entries take that room */
             over_cap(peer, "it wrote more remote CQ data than the CQ's "
                            "size holds");
             return;
@@ -285,9 +286,10 @@ static void write_done(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             struct fiv_cqe e = {.flags = FI_RMA | FI_REMOTE_WRITE |
                                          FI_REMOTE_CQ_DATA,
                                 .len = len, .buf = at, .data = data,
-                                .src = ep->caps & FI_SOURCE ? src : FI_ADDR_NOTAVAIL};
-            if (fiv_cq_push(ep->rx_cq, &e) == 0)
-                ep->rx_cq->remote++;
+                                .src = ep->caps & FI_SOURCE ? src : FI_ADDR_NOTAVAIL,
+                                .core = ep->core_rx};
+            if (fiv_cq_push(ep->rx_cq, &e) == 0 && e.core)
+                ep->rx_cq->core_writes++;
         }
     }
     if (op & FIV_F_ACK)

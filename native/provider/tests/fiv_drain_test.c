@@ -25,7 +25,11 @@
  * Hostile: a peer that never answers the SWITCH (away from libfabric
  * past the deadline): the drain ends at FI_IVSHM_DRAIN_MS, the pair's
  * waiting receive fails with an error instead of hanging, the status
- * says -ETIMEDOUT, and the rank has left the region. Forged SWITCH and
+ * says -ETIMEDOUT, and the rank has left the region. And a back switch
+ * whose region BACK cannot go: the peer took the core BACK, reads nothing
+ * of its region, and a co-tenant process keeps its queue full; what waits
+ * on the pair (a receive, a send held behind that BACK) fails by the
+ * deadline instead of waiting for good. Forged SWITCH and
  * BACK messages are fiv_forge's cases ("forged_switch_*",
  * "forged_back_unasked").
  */
@@ -721,6 +725,215 @@ static void four_body(struct rank *r)
     t_close(r);
 }
 
+/* ---- a back switch whose region BACK cannot go ---- */
+
+/* Each rank in a region of its own (no fast rings: every message goes
+   through the receiver's queue), reached through a name of its own. */
+static char stuck_region[2][96], stuck_link[2][128];
+#define STUCK_TAG 0x5e
+
+static uint64_t name_nonce(const char *name)
+{
+    /* struct fiv_addr: uint32 nonce[2] at byte 12 */
+    uint32_t n[2];
+    memcpy(n, name + 12, sizeof n);
+    return (uint64_t)n[1] << 32 | n[0];
+}
+
+/* The hostile co-tenant: a process forked before the rank opens
+   libfabric, told later which region's slot to fill (or nothing, at
+   end of file). It fills that slot's queue with messages of its own and
+   tops it up whenever room appears, until end of file again (its rank
+   done, or gone). */
+struct filler {
+    pid_t pid;
+    int cmd, go;
+};
+
+static struct filler filler_fork(int rank_sock)
+{
+    int cmd[2], go[2];
+    REQ(pipe(cmd) == 0 && pipe(go) == 0);
+    pid_t pid = fork();
+    REQ(pid >= 0);
+    if (pid == 0) {
+        close(cmd[1]);
+        close(go[0]);
+        close(rank_sock); /* the test sees its rank's end, not ours */
+        alarm(60);
+        int what[2]; /* region index, slot */
+        if (read(cmd[0], what, sizeof what) != (ssize_t)sizeof what)
+            _exit(0);
+        REQ(what[0] >= 0 && what[0] < 2);
+        ivshm_config cfg = {.job_id = 0x686f7374ull, .rank = 1,
+                            .name = "filler", .spin_ns = 1};
+        ivshm *h = NULL;
+        REQ_RC(ivshm_attach_path(stuck_region[what[0]], &cfg, &h), 0);
+        uint64_t junk = 0x6a756e6bull;
+        int cells = 0;
+        while (ivshm_try_send(h, what[1], 1, &junk, sizeof junk) == 0)
+            cells++;
+        REQ(cells > 0);
+        REQ(write(go[1], &cells, sizeof cells) == (ssize_t)sizeof cells);
+        struct pollfd p = {.fd = cmd[0], .events = POLLIN};
+        while (poll(&p, 1, 1) == 0)
+            while (ivshm_try_send(h, what[1], 1, &junk, sizeof junk) == 0)
+                ;
+        ivshm_detach(h);
+        _exit(0);
+    }
+    close(cmd[0]);
+    close(go[1]);
+    return (struct filler){pid, cmd[1], go[0]};
+}
+
+/* It begins on region `i`'s slot `slot`: back once that queue is full. */
+static void filler_go(struct filler *f, int i, int slot)
+{
+    int what[2] = {i, slot}, cells = 0;
+    REQ(write(f->cmd, what, sizeof what) == (ssize_t)sizeof what);
+    t_read_full(f->go, &cells, sizeof cells);
+}
+
+static void filler_end(struct filler *f)
+{
+    close(f->cmd);
+    close(f->go);
+    int st = 0;
+    REQ(waitpid(f->pid, &st, 0) == f->pid);
+    REQ(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* The rank with the lower nonce (V) leaves its region for the other's
+   (P's) and begins the pair's way back to the region; P answers with its
+   core BACK, then reads nothing of its region (FIV_TEST_SLOW_REGION),
+   whose queue a co-tenant keeps full: V's region BACK cannot go. What
+   waits on the pair must fail by V's deadline (FI_IVSHM_DRAIN_MS=1000
+   from the flip), not wait for good. */
+static void back_stuck(struct rank *r)
+{
+    struct filler fl = filler_fork(r->sock);
+    t_open(r, version);
+    t_exchange(r);
+    int other = 1 - r->me;
+    bool v = name_nonce(r->names + r->me * NAMELEN) <
+             name_nonce(r->names + other * NAMELEN);
+    struct fi_cq_tagged_entry e;
+    /* one message each way: the pair speaks over the core */
+    uint64_t hello = 1, first = 0;
+    REQ_RC(fi_trecv(r->ep, &first, sizeof first, NULL, r->addr[other], TAG,
+                    0, &first), 0);
+    REQ_RC(fi_tsend(r->ep, &hello, sizeof hello, NULL, r->addr[other], TAG,
+                    &hello), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    REQ(first == 1);
+    int vslot;
+    uint32_t vgen;
+    int vi = v ? r->me : other, pi = v ? other : r->me;
+    name_slot(r->names + vi * NAMELEN, &vslot, &vgen);
+    REQ(vslot >= 0);
+    if (!v) {
+        /* P: the co-tenant fills our queue; we ask for V's drain, as its
+           host would, and give V our region once it answered */
+        int pslot;
+        uint32_t pgen;
+        name_slot(r->names + pi * NAMELEN, &pslot, &pgen);
+        filler_go(&fl, pi, pslot);
+        t_barrier(r);
+        int fd = open(stuck_region[vi], O_RDWR | O_CLOEXEC);
+        REQ(fd >= 0);
+        ivshm_admin *a = NULL;
+        REQ_RC(ivshm_admin_open(fd, &a), 0);
+        close(fd);
+        REQ_RC(ivshm_admin_drain_slot(a, vslot, vgen, REQ_NO), 0);
+        uint64_t end = t_now_ms() + 5000;
+        for (;;) {
+            (void)fi_cntr_read(r->rcntr);
+            int32_t st = 1;
+            int rc = ivshm_admin_drain_state(a, vslot, vgen, REQ_NO, &st);
+            REQ(rc >= 0);
+            if (rc == 1) {
+                REQ_RC(st, 0);
+                break;
+            }
+            REQ(t_now_ms() < end);
+        }
+        ivshm_admin_close(a);
+        REQ(unlink(stuck_link[vi]) == 0);
+        REQ(link(stuck_region[pi], stuck_link[vi]) == 0);
+        t_barrier(r); /* V is done: progress meanwhile, as a rank would */
+        filler_end(&fl);
+        t_close(r);
+        return;
+    }
+    filler_end(&fl); /* V's has nothing to fill */
+    /* V: a receive from P that P never matches waits on the pair */
+    uint64_t got = 0;
+    REQ_RC(fi_trecv(r->ep, &got, sizeof got, NULL, r->addr[other],
+                    STUCK_TAG, 0, &got), 0);
+    t_barrier(r);
+    /* away from our region, then in P's */
+    char name[NAMELEN];
+    size_t len;
+    int slot = vslot;
+    uint32_t gen;
+    bool away = false;
+    uint64_t end = t_now_ms() + 10000;
+    while (!away || slot < 0) {
+        (void)fi_cntr_read(r->rcntr);
+        len = sizeof name;
+        REQ_RC(fi_getname(&r->ep->fid, name, &len), 0);
+        name_slot(name, &slot, &gen);
+        away |= slot < 0;
+        REQ(t_now_ms() < end);
+    }
+    /* sends, one at a time, until the pair breaks: the one in flight
+       then waits behind the region BACK (the pair's sends are held) */
+    static uint64_t x[256];
+    int posted = 0, ended = 0, rx_err = 0, tx_err = 0;
+    bool rx_done = false;
+    uint64_t t0 = t_now_ms(), last = 0;
+    while (!rx_done || ended < posted) {
+        if (!rx_done && !tx_err && ended == posted && posted < 256 &&
+            t_now_ms() >= last + 20) {
+            x[posted] = (uint64_t)posted;
+            REQ_RC(fi_tsend(r->ep, &x[posted], sizeof x[posted], NULL,
+                            r->addr[other], STUCK_TAG, &x[posted]), 0);
+            posted++;
+            last = t_now_ms();
+        }
+        struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
+        int rc = t_wait(r, &e, &err, NULL, 10);
+        if (rc == -FI_ETIMEDOUT) {
+            if (t_now_ms() - t0 > 5000) {
+                fprintf(stderr, "[pid %d] after %llu ms in the new region "
+                        "the receive from the peer %s, %d of %d sends to it "
+                        "ended\n", (int)getpid(),
+                        (unsigned long long)(t_now_ms() - t0),
+                        rx_done ? "ended" : "still waits", ended, posted);
+                _exit(99);
+            }
+            continue;
+        }
+        void *ctx = rc == 0 ? e.op_context : err.op_context;
+        if (ctx == &got) {
+            rx_done = true;
+            rx_err = -rc;
+        } else {
+            REQ(ctx == &x[ended]);
+            ended++;
+            tx_err = -rc;
+        }
+    }
+    /* the last send was held and failed with the pair */
+    REQ_RC(tx_err, FI_EIO);
+    REQ_RC(rx_err, FI_EIO);
+    t_barrier(r);
+    t_close(r);
+}
+
 /* A report field of rank i's line, -1 if absent. */
 static long long field(const char *base, int i, const char *name)
 {
@@ -776,6 +989,120 @@ static void show(const char *base, int n)
         if (f)
             fclose(f);
     }
+}
+
+/* Whether a line of one of the n ranks' stderr holds `what`. */
+static bool seen(const char *base, int n, const char *what)
+{
+    bool found = false;
+    for (int i = 0; i < n && !found; i++) {
+        char p[320], line[512];
+        snprintf(p, sizeof p, "%s.%d", base, i);
+        FILE *f = fopen(p, "r");
+        while (f && !found && fgets(line, sizeof line, f))
+            found = strstr(line, what) != NULL;
+        if (f)
+            fclose(f);
+    }
+    return found;
+}
+
+/* A core peer's writes with CQ data beside a region co-tenant's that
+   filled the target's CQ (docs/provider.md, "Caps per peer"): rank 1, on
+   rank 0's region, lands FLOOD_W writes with data in rank 0's CQ of that
+   size, which rank 0 does not read; rank 2, on another region (the core
+   path to both), then writes with data to rank 0. The core's entries are
+   counted apart from the region's, so its writes land and its pair stays
+   whole; rank 0 then reads every entry of both. */
+#define FLOOD_W 65536
+#define CORE_W 4
+#define CORE_DATA 0xc0de00u
+static void core_beside_flood(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    static uint64_t target[CORE_W + 1], src[CORE_W + 1];
+    struct {
+        uint64_t key, addr;
+    } k = {0, 0};
+    struct fid_mr *mr = NULL;
+    if (r->me == 0) {
+        REQ_RC(fi_mr_reg(r->dom, target, sizeof target, FI_REMOTE_WRITE, 0,
+                         0, 0, &mr, NULL), 0);
+        k.key = fi_mr_key(mr);
+        k.addr = (uintptr_t)target;
+    }
+    t_bcast(r, 0, &k, sizeof k);
+    struct fi_cq_tagged_entry e[64];
+    if (r->me == 1) {
+        /* each write completes here once it landed (its ack) */
+        uint64_t posted = 0, done = 0, end = t_now_ms() + 60000;
+        while (done < FLOOD_W) {
+            while (posted < FLOOD_W && posted - done < 256) {
+                src[0] = posted;
+                ssize_t rc = fi_writedata(r->ep, src, sizeof src[0], NULL,
+                                          posted, r->addr[0], k.addr, k.key,
+                                          NULL);
+                if (rc == -FI_EAGAIN)
+                    break;
+                REQ_RC(rc, 0);
+                posted++;
+            }
+            ssize_t n = fi_cq_read(r->cq, e, 64);
+            if (n > 0)
+                done += (uint64_t)n;
+            else
+                REQ_RC(n, -FI_EAGAIN);
+            REQ(t_now_ms() < end);
+        }
+    }
+    t_barrier(r); /* rank 0's CQ holds FLOOD_W region entries, unread */
+    if (r->me == 2) {
+        for (uint32_t i = 0; i < CORE_W; i++) {
+            src[1 + i] = CORE_DATA + i;
+            REQ_RC(fi_writedata(r->ep, &src[1 + i], sizeof src[0], NULL,
+                                CORE_DATA + i, r->addr[0],
+                                k.addr + (1 + i) * sizeof src[0], k.key,
+                                &src[1 + i]), 0);
+            struct fi_cq_err_entry err;
+            memset(&err, 0, sizeof err);
+            int rc = t_wait(r, e, &err, NULL, 10000);
+            if (rc != 0) {
+                fprintf(stderr, "core write %u beside the region's flood: "
+                        "%s\n", i, fi_strerror(-rc));
+                _exit(99);
+            }
+            REQ(e[0].op_context == &src[1 + i]);
+        }
+    }
+    t_barrier(r);
+    if (r->me == 0) {
+        uint64_t region = 0, core = 0, end = t_now_ms() + 20000;
+        while (region < FLOOD_W || core < CORE_W) {
+            ssize_t n = fi_cq_read(r->cq, e, 64);
+            REQ(n > 0 || n == -FI_EAGAIN);
+            for (ssize_t i = 0; i < n; i++) {
+                REQ(e[i].flags & FI_REMOTE_CQ_DATA);
+                if (e[i].data >= CORE_DATA)
+                    REQ(e[i].data == CORE_DATA + core++);
+                else
+                    region++;
+            }
+            if (t_now_ms() > end) {
+                fprintf(stderr, "rank 0 read %llu of %d region entries, "
+                        "%llu of %d core entries\n",
+                        (unsigned long long)region, FLOOD_W,
+                        (unsigned long long)core, CORE_W);
+                _exit(99);
+            }
+        }
+        for (uint32_t i = 0; i < CORE_W; i++)
+            REQ(target[1 + i] == CORE_DATA + i);
+    }
+    t_barrier_plain(r);
+    if (mr)
+        REQ_RC(fi_close(&mr->fid), 0);
+    t_close(r);
 }
 
 int main(void)
@@ -954,6 +1281,61 @@ int main(void)
     printf("%s: a peer that never answers the switch: the drain ends at its "
            "deadline, what waits on the pair fails (%llu ms)\n",
            f ? "FAIL" : "ok", (unsigned long long)(t_now_ms() - t0));
+    failed += f;
+
+    /* V's region BACK cannot go: P reads nothing of its region, whose
+       queue a co-tenant keeps full */
+    ivshm_geometry gq = {.max_peers = 4, .fast_channels = IVSHM_FAST_NONE};
+    char env_stuck[2][480];
+    const char *envs_stuck[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(stuck_region[i], sizeof stuck_region[i],
+                 "/dev/shm/fiv-drain-stuck-%d-%d", (int)getpid(), i);
+        snprintf(stuck_link[i], sizeof stuck_link[i],
+                 "/dev/shm/fiv-drain-stuck-link-%d-%d", (int)getpid(), i);
+        unlink(stuck_region[i]);
+        unlink(stuck_link[i]);
+        REQ_RC(ivshm_format_file(stuck_region[i], ivshm_min_region_size(&gq),
+                                 &gq, 0600), 0);
+        t_track(stuck_region[i]);
+        REQ(link(stuck_region[i], stuck_link[i]) == 0);
+        t_track(stuck_link[i]);
+        /* its region polled never (the 4e9th call), the core always */
+        snprintf(env_stuck[i], sizeof env_stuck[i],
+                 "FI_IVSHM_REGION=%s;FIV_TEST_SLOW_REGION=4000000000;"
+                 "FI_IVSHM_DRAIN_MS=1000;FI_LOG_LEVEL=warn", stuck_link[i]);
+        envs_stuck[i] = env_stuck[i];
+    }
+    t0 = t_now_ms();
+    f = t_run(2, back_stuck, envs_stuck, 20, tmpl);
+    if (!f && !seen(tmpl, 2, "our back switch could not go to it")) {
+        fprintf(stderr, "no rank broke the pair for its back switch\n");
+        f = 1;
+    }
+    if (f || getenv("FIV_DRAIN_SHOW"))
+        show(tmpl, 2);
+    printf("%s: a back switch whose region BACK cannot go (the peer's "
+           "queue kept full): what waits on the pair fails by the deadline "
+           "(%llu ms)\n", f ? "FAIL" : "ok",
+           (unsigned long long)(t_now_ms() - t0));
+    failed += f;
+
+    /* ranks 0 and 1 on region A, rank 2 on region B: the core to both */
+    region_path = t_region(8, 0);
+    region_b = t_region(8, 0);
+    char env_big[480];
+    snprintf(env_big, sizeof env_big, "FI_IVSHM_REGION=%s;FIV_TEST_CQ_SIZE=%d",
+             region_path, FLOOD_W);
+    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s", region_path);
+    snprintf(env_b, sizeof env_b, "FI_IVSHM_REGION=%s", region_b);
+    const char *env_flood[] = {env_big, env, env_b};
+    t0 = t_now_ms();
+    f = t_run(3, core_beside_flood, env_flood, 40, tmpl);
+    if (f || getenv("FIV_DRAIN_SHOW"))
+        show(tmpl, 3);
+    printf("%s: a core peer's writes with data beside a region co-tenant's "
+           "%d that filled the CQ: they land, its pair whole (%llu ms)\n",
+           f ? "FAIL" : "ok", FLOOD_W, (unsigned long long)(t_now_ms() - t0));
     failed += f;
 
     printf("%s\n", failed ? "FAILED" : "all passed");

@@ -1781,6 +1781,168 @@ static void f_unexp_at_cap(struct forger *f)
     ctl_send(f->ctl, 'D', 0, 0, 0);
 }
 
+
+/* A writer whose writes with data wait in its ring (the CQ full) sends a
+   message behind them and leaves. The victim polls only through a counter
+   for 1.5 s (several looks for departed peers, none of which may fail the
+   writer while its messages wait behind the held write), then reads its
+   CQ: every write and the message land. */
+static void v_departed_behind_held(struct victim *v)
+{
+    uint8_t *w = gbuf(4096);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE);
+    uint8_t *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, v->forger, 0x77, 0, r), 0);
+    for (uint64_t end = t_now_ms() + 30000;
+         !ctl_ready(v->ctl) && t_now_ms() < end;)
+        (void)fi_cntr_read(v->r.wcntr);
+    struct ctl d = ctl_recv(v->ctl, 'D');
+    for (uint64_t end = t_now_ms() + 1500; t_now_ms() < end;)
+        (void)fi_cntr_read(v->r.wcntr);
+    size_t got = 0;
+    int rerr = -1;
+    for (uint64_t end = t_now_ms() + 5000; t_now_ms() < end &&
+         (got < d.a || rerr < 0);) {
+        struct fi_cq_tagged_entry e;
+        ssize_t n = fi_cq_read(v->r.cq, &e, 1);
+        if (n == 1 && (e.flags & FI_REMOTE_CQ_DATA))
+            got++;
+        else if (n == 1 && e.op_context == r)
+            rerr = 0;
+        else if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err;
+            memset(&err, 0, sizeof err);
+            if (fi_cq_readerr(v->r.cq, &err, 0) == 1 && err.op_context == r)
+                rerr = err.err;
+        }
+    }
+    fprintf(stderr, "departed_behind_held_write: %zu of %" PRIu64 " writes landed; "
+            "receive: %d\n", got, d.a, rerr);
+    if (got != d.a || rerr != 0)
+        vfail(v, "%zu of %" PRIu64 " writes landed, receive ended %d", got,
+              d.a, rerr);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_departed_behind_held(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    uint64_t sent = 0;
+    for (int i = 0; i < CQ_SIZE + 8; i++) {
+        struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = 0,
+                                .id = 600 + (uint64_t)i, .data = (uint64_t)i};
+        if (fsend(f, FIV_OP_WRITE | FIV_F_DATA, &h, sizeof h, NULL, 0) < 0)
+            break;
+        sent++;
+    }
+    (void)msg_first(f, true, 0x77, 8);
+    ctl_send(f->ctl, 'D', sent, 0, 0);
+    ivshm_detach(f->h);
+    _exit(0);
+}
+
+
+/* The shared queue's form of the case above (IVSHM_FAST_AFTER large: no
+   fast channels): hostile H fills the CQ through the queue, honest B
+   queues a message behind H's held cell and leaves; the victim polls
+   through a counter for 1.5 s, then reads its CQ: B's message lands. */
+static void v_queue_departed_behind_held(struct victim *v)
+{
+    uint8_t *w = gbuf(4096);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE);
+    ctl_recv(v->ctl, 'A');
+    uint8_t baddr[FIV_ADDR_LEN];
+    t_read_full(v->ctl, baddr, sizeof baddr);
+    fi_addr_t b;
+    REQ_RC(fi_av_insert(v->r.av, baddr, 1, &b, 0, NULL), 1);
+    uint8_t *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, b, 0x88, 0, r), 0);
+    ctl_send(v->ctl, 'P', 0, 0, 0);
+    for (uint64_t end = t_now_ms() + 30000;
+         !ctl_ready(v->ctl) && t_now_ms() < end;)
+        (void)fi_cntr_read(v->r.wcntr);
+    struct ctl d = ctl_recv(v->ctl, 'D');
+    for (uint64_t end = t_now_ms() + 1500; t_now_ms() < end;)
+        (void)fi_cntr_read(v->r.wcntr);
+    size_t got = 0;
+    int rerr = -1;
+    for (uint64_t end = t_now_ms() + 5000; t_now_ms() < end &&
+         (got < d.a || rerr < 0);) {
+        struct fi_cq_tagged_entry e;
+        ssize_t n = fi_cq_read(v->r.cq, &e, 1);
+        if (n == 1 && (e.flags & FI_REMOTE_CQ_DATA))
+            got++;
+        else if (n == 1 && e.op_context == r)
+            rerr = 0;
+        else if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err;
+            memset(&err, 0, sizeof err);
+            if (fi_cq_readerr(v->r.cq, &err, 0) == 1 && err.op_context == r)
+                rerr = err.err;
+        }
+    }
+    fprintf(stderr, "queue_departed_behind_held_write: %zu of %" PRIu64 " writes of H "
+            "landed; B's message: %d\n", got, d.a, rerr);
+    if (got != d.a || rerr != 0)
+        vfail(v, "%zu of H's %" PRIu64 " writes landed; B's message behind "
+              "them: receive ended %d", got, d.a, rerr);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_queue_departed_behind_held(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    int sp[2];
+    REQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp) == 0);
+    pid_t bp = fork();
+    REQ(bp >= 0);
+    if (bp == 0) {
+        struct forger b = {.victim = f->victim};
+        uint64_t nonce = random64();
+        char name[32];
+        snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+        ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                            .name = name, .spin_ns = 1};
+        REQ_RC(ivshm_attach_path(region, &cfg, &b.h), 0);
+        ivshm_peer_info me;
+        REQ_RC(ivshm_peer(b.h, ivshm_self(b.h), &me), 0);
+        struct fiv_addr a;
+        memset(&a, 0, sizeof a);
+        a.magic = FIV_ADDR_MAGIC;
+        a.version = FIV_ADDR_VERSION;
+        a.slot = (int16_t)ivshm_self(b.h);
+        a.generation = me.generation;
+        a.nonce[0] = (uint32_t)nonce;
+        a.nonce[1] = (uint32_t)(nonce >> 32);
+        uint64_t kk[2] = {random64(), random64()};
+        memcpy(a.key, kk, sizeof a.key);
+        REQ(write(sp[1], &a, sizeof a) == (ssize_t)sizeof a);
+        char g;
+        REQ(read(sp[1], &g, 1) == 1);
+        (void)msg_first(&b, true, 0x88, 8);
+        ivshm_detach(b.h);
+        _exit(0);
+    }
+    struct fiv_addr ba;
+    REQ(read(sp[0], &ba, sizeof ba) == (ssize_t)sizeof ba);
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, &ba, FIV_ADDR_LEN) == (ssize_t)FIV_ADDR_LEN);
+    ctl_recv(f->ctl, 'P');
+    uint64_t sent = 0;
+    for (int i = 0; i < CQ_SIZE + 8; i++) {
+        struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = 0,
+                                .id = 600 + (uint64_t)i, .data = (uint64_t)i};
+        if (fsend(f, FIV_OP_WRITE | FIV_F_DATA, &h, sizeof h, NULL, 0) < 0)
+            break;
+        sent++;
+    }
+    usleep(200000); /* the victim reaches the held write */
+    REQ(write(sp[0], "G", 1) == 1);
+    int st = 0;
+    waitpid(bp, &st, 0);
+    ctl_send(f->ctl, 'D', sent, 0, 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -1860,6 +2022,14 @@ static const struct fcase cases[] = {
     {"unexpected_at_the_cap", v_unexp_at_cap, f_unexp_at_cap,
      "one honest message of exactly the unexpected-bytes cap",
      "FI_IVSHM_PEER_UNEXPECTED_BYTES=65536"},
+    {"departed_behind_held_write", v_departed_behind_held,
+     f_departed_behind_held,
+     "a writer leaves with a message behind its writes waiting on a full CQ",
+     NULL},
+    {"queue_departed_behind_held_write", v_queue_departed_behind_held,
+     f_queue_departed_behind_held,
+     "an honest sender leaves with a message queued behind a co-tenant's "
+     "write waiting on a full CQ", "IVSHM_FAST_AFTER=1000000000"},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
@@ -1910,6 +2080,12 @@ static int run_case(const struct fcase *c, const char *where)
         close(pipefd[0]);
         close(pipefd[1]);
         alarm(40);
+        /* a case's libivshm settings (IVSHM_*) hold for its senders too */
+        char *envs = c->env ? strdup(c->env) : NULL, *save = NULL;
+        for (char *kv = envs ? strtok_r(envs, " ", &save) : NULL; kv;
+             kv = strtok_r(NULL, " ", &save))
+            if (!strncmp(kv, "IVSHM_", 6))
+                putenv(kv);
         struct forger f = {.ctl = sv[0]};
         forger_open(&f);
         c->forger(&f);

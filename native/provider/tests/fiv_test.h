@@ -151,7 +151,10 @@ static void t_open(struct rank *r, uint32_t version)
     hints->fabric_attr->prov_name = strdup(prov ? prov : "ivshm");
     REQ_RC(fi_getinfo(version, NULL, NULL, 0, hints, &r->info), 0);
     fi_freeinfo(hints);
-    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 256};
+    /* FIV_TEST_CQ_SIZE: a case about the CQ's size (fiv_drain_test) */
+    const char *cqs = getenv("FIV_TEST_CQ_SIZE");
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED,
+                             .size = cqs ? (size_t)atol(cqs) : 256};
     struct fi_av_attr ava = {.type = getenv("FIV_TEST_AV_MAP") ? FI_AV_MAP
                                                                 : FI_AV_TABLE};
     struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
