@@ -67,30 +67,6 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
                       uint64_t tag, uint64_t data, uint32_t mflags,
                       size_t total, size_t stored, void *at, bool last)
 {
-    if (total <= stored) {
-        /* whole: written into the CQ where the application reads it
-           (fiv_complete_rx's success path, without the copy) */
-        fiv_cntr_inc(ep->cntr_recv);
-        struct fiv_cqe *to;
-        if (!want_rx(ep, rx->flags) || !ep->rx_cq ||
-            !(to = fiv_cq_claim(ep->rx_cq)))
-            return;
-        *to = (struct fiv_cqe){
-            .context = rx->context,
-            .flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
-                     (mflags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0) |
-                     (last && rx->flags & FI_MULTI_RECV ? FI_MULTI_RECV : 0),
-            .len = stored,
-            .buf = at,
-            .data = mflags & FIV_F_DATA ? data : 0,
-            .tag = mflags & FIV_F_TAGGED ? tag : 0,
-            /* a peer heard only through its introduction has no address
-               the application knows (fiv_complete.c's store) */
-            .src = ep->caps & FI_SOURCE && src < FIV_HIDDEN ? src
-                                                            : FI_ADDR_NOTAVAIL,
-        };
-        return;
-    }
     struct fiv_cqe e = {
         .context = rx->context,
         .flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
@@ -100,12 +76,22 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
         .buf = at,
         .data = mflags & FIV_F_DATA ? data : 0,
         .tag = mflags & FIV_F_TAGGED ? tag : 0,
-        .src = ep->caps & FI_SOURCE ? src : FI_ADDR_NOTAVAIL,
+        /* a peer heard only through its introduction has no address
+           the application knows (fiv_complete.c's store) */
+        .src = ep->caps & FI_SOURCE && src < FIV_HIDDEN ? src
+                                                        : FI_ADDR_NOTAVAIL,
     };
-    if (total > stored) {
-        e.err = FI_ETRUNC;
-        e.olen = total - stored;
+    if (total <= stored) {
+        /* whole: straight into the CQ (fiv_complete_rx's success path) */
+        fiv_cntr_inc(ep->cntr_recv);
+        struct fiv_cqe *to;
+        if (want_rx(ep, rx->flags) && ep->rx_cq &&
+            (to = fiv_cq_claim(ep->rx_cq)))
+            *to = e;
+        return;
     }
+    e.err = FI_ETRUNC;
+    e.olen = total - stored;
     fiv_complete_rx(ep, &e, want_rx(ep, rx->flags) || e.err);
 }
 
