@@ -132,16 +132,16 @@ def _one_run(s: MagBenchSettings, name: str, ranks: int,
                     f"{name} on {ranks} rank(s)")
         wall = time.perf_counter() - t0
         summary = json.loads((out / "summary.json").read_text())
+        from micromag import convergence
         rec = _record(name, ranks, wall, summary)
-        rec.update(_error_to_reference(problem, out))
+        rec.update(_against_reference(problem,
+                                      convergence.read_curve(out)))
     return [rec]
 
 
 def _peer_run(s: MagBenchSettings, name: str, cores: int) -> List[Dict]:
     """Standard problem 4 (example `name`: its field) in the peer on
     `cores` cores: its record, with the same reference as ours."""
-    from micromag import convergence
-    from micromag.problem import load
     out = mag_peer.run_sp4(s.peer, cores, s.timeout_s,
                            field=SP4_FIELDS[name])
     curve = out.pop("curve")
@@ -150,10 +150,8 @@ def _peer_run(s: MagBenchSettings, name: str, cores: int) -> List[Dict]:
            "demag": f"FD {out['cells'][0]} x {out['cells'][1]}, "
                     f"{out['cell_nm']:g} nm",
            **out}
-    ref = convergence.reference_for(load(s.files[name]))
-    if ref is not None:
-        rec.update(_minus_reference(out["m_final"], ref, 1e-9))
-        rec.update(_checks(curve, ref))
+    rec.update(_against_reference(s.files[name], curve, out["m_final"],
+                                  1e-9))
     return [rec]
 
 
@@ -182,29 +180,33 @@ def _record(name: str, ranks: int, wall: float, s: Dict) -> Dict:
     }
 
 
-def _error_to_reference(problem: Path, out: Path) -> Dict:
-    """<m> at the end of the last llg stage minus the published solution
-    at that time, where the problem has one (micromag.convergence)."""
+def _against_reference(problem: Path, curve: Dict,
+                       m: Optional[Sequence[float]] = None,
+                       t: Optional[float] = None) -> Dict:
+    """Where `problem` has a published solution (micromag.convergence):
+    <m> at time `t` (default: the end of `curve`, <m>(t) of a run) minus
+    the reference there (nothing where the reference does not reach
+    `t`), the first <mx> zero crossing of `curve` and, where the
+    reference carries them (standard problem 4, field 2), its difference
+    to the reference's and whether <m>(1 ns) lies in the published
+    spread."""
     from micromag import convergence
     from micromag.problem import load
     ref = convergence.reference_for(load(problem))
     if ref is None:
         return {}
-    curve = convergence.read_curve(out)
-    t = float(curve["t"][-1])
-    m = convergence.value_at(curve, t)
-    rec = {} if m is None else _minus_reference(m, ref, t)
-    rec.update(_checks(curve, ref))
-    return rec
-
-
-def _checks(curve: Dict, ref: Dict) -> Dict:
-    """The first <mx> zero crossing of `curve` and, where the reference
-    carries them (standard problem 4, field 2), its difference to the
-    reference's and whether <m>(1 ns) lies in the published spread."""
-    from micromag import convergence
+    if t is None:
+        t = float(curve["t"][-1])
+        m = convergence.value_at(curve, t)
+    rec = {}
+    r = convergence.value_at(ref, t)
+    if m is not None and r is not None:
+        diff = [float(a - b) for a, b in zip(m, r)]
+        rec = {"reference": ref["name"], "reference_t_s": t,
+               "minus_reference": [round(v, 5) for v in diff],
+               "error_max": round(max(abs(v) for v in diff), 5)}
     x = convergence.first_crossing(curve)
-    rec = {"first_crossing_s": x}
+    rec["first_crossing_s"] = x
     if "crossing_tol_s" in ref:
         rc = convergence.first_crossing(ref)
         rec["crossing_minus_reference_ps"] = (
@@ -213,19 +215,6 @@ def _checks(curve: Dict, ref: Dict) -> Dict:
         rec["inside_spread"] = convergence.checks(curve, ref).get(
             "inside_spread")
     return rec
-
-
-def _minus_reference(m: Sequence[float], ref: Dict, t: float) -> Dict:
-    """<m> at time `t` minus reference curve `ref` there ({} where the
-    reference does not reach `t`)."""
-    from micromag import convergence
-    r = convergence.value_at(ref, t)
-    if r is None:
-        return {}
-    diff = [float(a - b) for a, b in zip(m, r)]
-    return {"reference": ref["name"], "reference_t_s": t,
-            "minus_reference": [round(v, 5) for v in diff],
-            "error_max": round(max(abs(v) for v in diff), 5)}
 
 
 def _add_efficiencies(runs: List[Dict]) -> None:
@@ -275,26 +264,19 @@ def measure(s: MagBenchSettings, log=None) -> BenchResults:
     _add_efficiencies(res.runs)
     if s.peer:
         _add_peer_ratios(res.runs, s.peer)
-    res.records = summarize(res.runs, ("problem", "code", "ranks",
-                                       "size_nm"),
-                            FIELDS + ("time_over_peer",))
+    res.records = summarize(
+        res.runs, ("problem", "code", "ranks", "size_nm"),
+        FIELDS + ("time_over_peer",),
+        middle=("m_final", "minus_reference", "error_max", "error_rel",
+                "first_crossing_s", "crossing_minus_reference_ps",
+                "inside_spread"))
     for rec in res.records:
-        for key in ("m_final", "minus_reference", "error_max",
-                    "first_crossing_s", "crossing_minus_reference_ps",
-                    "inside_spread"):
-            vals = [r[key] for r in res.runs
-                    if r["problem"] == rec["problem"]
-                    and r["code"] == rec["code"]
-                    and r["ranks"] == rec["ranks"] and key in r]
-            if vals:
-                rec[key] = vals[len(vals) // 2]
         if rec["ranks"] > 1 and "efficiency" in rec:
             log.write(f"bench mag: {rec['problem']} on {rec['ranks']} "
                       f"ranks: efficiency "
                       f"{rec['efficiency_time_to_solution']:.2f} (time to "
                       f"solution), {rec['efficiency']:.2f} (solve), "
                       f"medians of {rec['runs']} round(s)\n")
-    mag_curved.add_errors(res)
     return res
 
 

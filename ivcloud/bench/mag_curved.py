@@ -115,19 +115,6 @@ def records(res) -> List[Dict]:
                   key=lambda r: (r["code"] != "ivcloud", -r["size_nm"]))
 
 
-def add_errors(res) -> None:
-    """The summarized records take the (deterministic) errors of their
-    runs."""
-    for rec in records(res):
-        for r in res.runs:
-            if all(r.get(k) == rec.get(k) for k in ("problem", "code",
-                                                    "size_nm")):
-                for key in ("minus_reference", "error_max", "error_rel",
-                            "m_final"):
-                    if key in r:
-                        rec[key] = r[key]
-
-
 def _ours_at(recs: List[Dict], t: float) -> Optional[float]:
     """Our error at time to solution `t`: the finest of our runs that
     finished within `t`, None if none did."""

@@ -237,10 +237,13 @@ def measure_rounds(res: BenchResults, bench: str, rounds: int,
 
 
 def summarize(runs: Sequence[Dict], keys: Sequence[str],
-              fields: Sequence[str]) -> List[Dict]:
+              fields: Sequence[str], middle: Sequence[str] = ()
+              ) -> List[Dict]:
     """One record per group of equal `keys`: each of `fields` is the
     median over the group (with FIELD_min, FIELD_max) and `runs` its
-    size; the other fields come from the group's first record."""
+    size; each of `middle` (what has no median: a vector, a flag) the
+    value of the middle one of the group's runs that have it; the other
+    fields come from the group's first record."""
     groups: Dict[Tuple, List[Dict]] = {}
     for r in runs:
         groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
@@ -252,6 +255,10 @@ def summarize(runs: Sequence[Dict], keys: Sequence[str],
             if vals:
                 rec[f] = statistics.median(vals)
                 rec[f"{f}_min"], rec[f"{f}_max"] = min(vals), max(vals)
+        for f in middle:
+            vals = [r[f] for r in recs if f in r]
+            if vals:
+                rec[f] = vals[len(vals) // 2]
         rec["runs"] = len(recs)
         out.append(rec)
     return out
