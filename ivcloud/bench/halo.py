@@ -35,10 +35,9 @@ from ..place.planner import (Partitioner, Placement,
                              PlacementTopology as PlaceTopology, cut_by_level, place,
                              rankfile_lines, round_robin)
 from . import report
-from .toolkit import (BenchResults, Target, conclude, count, machine_info,
+from .toolkit import (BenchResults, Target, checked_run, cluster_job, count,
                       measure_rounds, parse_records, print_grid, program,
-                      ratio_target, require_root, checked_run,
-                      cluster_job)
+                      ratio_target, require_root, run_benchmark)
 
 SERVERS, INSTANCES, VCPUS = 2, 2, 2
 RANKS = 8
@@ -158,16 +157,6 @@ def run_once(cluster: ClusterSession, plan: Plan, name: str,
     return [rec]
 
 
-def alternate(s: HaloSettings, steps: Sequence[Tuple[str, Callable]],
-              log=None) -> BenchResults:
-    """measure_rounds of `steps`, s.reps rounds; the records every run
-    (halo.json, docs/demo.md), each tagged with its round."""
-    res = BenchResults()
-    measure_rounds(res, "halo", s.reps, steps, log)
-    res.records, res.runs = res.runs, []
-    return res
-
-
 def medians(records: Sequence[Dict], key: str,
             names: Sequence[str]) -> Dict[str, Dict]:
     """Per name (of record field `key`): median, min, max and every wall
@@ -189,12 +178,6 @@ def medians(records: Sequence[Dict], key: str,
     return out
 
 
-def targets(summ: Dict[str, Dict]) -> List[Target]:
-    return [ratio_target("halo wall time round-robin / planned",
-                         summ.get("round-robin"), summ.get("planned"),
-                         "wall_s", ">=", 1.3, "placement missing")]
-
-
 def print_table(summ: Dict[str, Dict], out=None) -> None:
     out = out or sys.stdout
     print_grid(*report.halo_table(summ), out)
@@ -202,37 +185,64 @@ def print_table(summ: Dict[str, Dict], out=None) -> None:
         out.write(f"{name}: ranks on {' '.join(s['hosts'])}\n")
 
 
+def compare(s: HaloSettings, bench: str, cluster: ClusterSession,
+            key: str, names: Sequence[str], versus: str,
+            steps: Callable[[ClusterSession], List[Tuple[str, Callable]]],
+            print_summary: Callable, out_dir: Path,
+            json_path: Optional[Path], out=None, log=None,
+            redo_report: bool = True, **fields) -> int:
+    """run_benchmark of the halo job under each of `names` (its records'
+    `key`), `steps` alternating in s.reps rounds on `cluster`, then
+    report.publish into OUT_DIR/BENCH.json: the records every run
+    (docs/demo.md), `summary` their medians, the target round-robin
+    over names[1] (`versus` in its name); 1 if a run or the report
+    failed."""
+    def measure() -> BenchResults:
+        res = BenchResults()
+        with cluster:
+            measure_rounds(res, bench, s.reps, steps(cluster), log)
+        res.records, res.runs = res.runs, []
+        res.fields.update(cluster=cluster.describe(),
+                          summary=medians(res.records, key, names))
+        return res
+
+    def targets(res: BenchResults) -> List[Target]:
+        summ = res.fields["summary"]
+        return [ratio_target(f"halo wall time round-robin / {versus}",
+                             summ.get("round-robin"), summ.get(names[1]),
+                             "wall_s", ">=", 1.3, f"{key} missing")]
+    return run_benchmark(
+        bench, s.quick, measure, targets,
+        lambda res, out: print_summary(res.fields["summary"], out), out=out,
+        publish=functools.partial(report.publish, bench, out=out_dir,
+                                  json_path=json_path, stdout=out,
+                                  redo_report=redo_report),
+        transport=s.transport, face_bytes=s.face, iters=s.iters,
+        reps=s.reps, **fields)
+
+
 def run(s: HaloSettings, out_dir: Path, json_path: Optional[Path] = None,
         keep_cluster: bool = False, out=None, log=None) -> int:
-    """Both placements on a cluster of its own, then report.publish; 1
-    if a run or the report failed."""
+    """Both placements on a cluster of its own (compare)."""
     require_root("halo")
     program("mpi-halo")  # refuse before building anything
     try:
         plan = make_plan(log)
     except (graphs.GraphError, PlacementError) as e:
         raise BenchError(f"cannot place the halo ranks: {e}") from e
-    info = machine_info()
-    with ClusterSession("halo", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
-                        keep=keep_cluster, log=log) as cluster:
-        res = alternate(s, [(name, functools.partial(
-            run_once, cluster, plan, name, s)) for name in PLACEMENTS], log)
-    summ = medians(res.records, "placement", PLACEMENTS)
-    ts = targets(summ)
-    print_table(summ, out)
-    doc = conclude(
-        "halo", s.quick, info, res, ts, out,
-        cluster=cluster.describe(), ranks=RANKS, dims=plan.dims,
-        pattern=f"halo2d:{plan.dims[0]}x{plan.dims[1]}",
-        partitioner=plan.partitioner, transport=s.transport,
-        face_bytes=s.face, iters=s.iters, reps=s.reps,
+    return compare(
+        s, "halo", ClusterSession("halo", SERVERS, INSTANCES, VCPUS,
+                                  s.uplink_rate, keep=keep_cluster, log=log),
+        "placement", PLACEMENTS, "planned",
+        lambda cluster: [(name, functools.partial(
+            run_once, cluster, plan, name, s)) for name in PLACEMENTS],
+        print_table, out_dir, json_path, out, log, ranks=RANKS,
+        dims=plan.dims, pattern=f"halo2d:{plan.dims[0]}x{plan.dims[1]}",
+        partitioner=plan.partitioner,
         rankfile=rankfile_lines(plan.topo, plan.placements["planned"]),
         rankfile_used=rankfile_text(
             plan.hosts("planned"),
-            {h: VCPUS for h in plan.hosts("planned")}).splitlines(),
-        summary=summ)
-    return report.publish("halo", doc, out_dir, json_path,
-                          failed=bool(res.failed), stdout=out)
+            {h: VCPUS for h in plan.hosts("planned")}).splitlines())
 
 
 # ---------------------------------------------------------------- slurm
@@ -287,27 +297,17 @@ def run_slurm(s: HaloSettings, out_dir: Path,
               json_path: Optional[Path] = None, keep_cluster: bool = False,
               out=None, log=None) -> int:
     """The halo job under Slurm's tree allocation against a round-robin
-    one, written to OUT_DIR/halo-slurm.json; 1 if a run failed."""
+    one (compare), written to OUT_DIR/halo-slurm.json."""
     require_root("halo")
     program("mpi-halo")
-    info = machine_info()
-    with ClusterSession("halos", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
-                        keep=keep_cluster, log=log,
-                        slurm=SlurmOptions()) as cluster:
-        res = alternate(s, [(f"slurm {name}", functools.partial(
-            run_once_slurm, cluster, name, s)) for name in ALLOCATIONS], log)
-    summ = medians(res.records, "allocation", ALLOCATIONS)
-    ts = [ratio_target("halo wall time round-robin / tree allocation",
-                       summ.get("round-robin"), summ.get("tree"), "wall_s",
-                       ">=", 1.3, "allocation missing")]
-    print_table_slurm(summ, out)
     dims = graphs.dims_create(SLURM_RANKS, 2)
-    doc = conclude("halo-slurm", s.quick, info, res, ts, out,
-                   cluster=cluster.describe(), ranks=SLURM_RANKS,
-                   nodes=SLURM_NODES, dims=dims,
-                   pattern=f"halo2d:{dims[0]}x{dims[1]}",
-                   transport=s.transport, face_bytes=s.face, iters=s.iters,
-                   reps=s.reps, summary=summ)
-    return report.publish("halo-slurm", doc, out_dir, json_path,
-                          failed=bool(res.failed), stdout=out,
-                          redo_report=False)
+    return compare(
+        s, "halo-slurm", ClusterSession(
+            "halos", SERVERS, INSTANCES, VCPUS, s.uplink_rate,
+            keep=keep_cluster, log=log, slurm=SlurmOptions()),
+        "allocation", ALLOCATIONS, "tree allocation",
+        lambda cluster: [(f"slurm {name}", functools.partial(
+            run_once_slurm, cluster, name, s)) for name in ALLOCATIONS],
+        print_table_slurm, out_dir, json_path, out, log, redo_report=False,
+        ranks=SLURM_RANKS, nodes=SLURM_NODES, dims=dims,
+        pattern=f"halo2d:{dims[0]}x{dims[1]}")

@@ -221,19 +221,25 @@ def attempt(res: BenchResults, bench: str, what: str, fn: Callable[[], T],
 
 def measure_rounds(res: BenchResults, bench: str, rounds: int,
                    steps: Sequence[Tuple[str, Callable[[], List[Dict]]]],
-                   log=None) -> None:
+                   log=None, by: Sequence[str] = (),
+                   medians: Sequence[str] = ()) -> BenchResults:
     """Every step once per round, the steps alternating within a round
     (one run on a shared machine is not a measurement: what disturbs one
     configuration then disturbs the others too), in reverse order every
     second round (A B C, C B A, ...), so that a machine state drifting in
     time favours no step. Each record, tagged with its `round`, goes to
-    res.runs; a failed step is noted and the rest go on."""
+    res.runs; a failed step is noted and the rest go on. With `by`,
+    res.records become the runs summarized by those keys (the medians of
+    `medians`); `res`."""
     for rnd in range(rounds):
         for name, fn in (steps if rnd % 2 == 0 else steps[::-1]):
             what = name if rounds == 1 else f"{name} (round {rnd + 1})"
             for rec in attempt(res, bench, what, fn, log) or []:
                 rec["round"] = rnd
                 res.runs.append(rec)
+    if by:
+        res.records = summarize(res.runs, by, medians)
+    return res
 
 
 def summarize(runs: Sequence[Dict], keys: Sequence[str],
@@ -497,16 +503,21 @@ def run_benchmark(bench: str, quick: bool,
                   targets: Callable[[BenchResults], List[Target]],
                   print_table: Callable[[BenchResults, object], None],
                   json_path: Optional[Path] = None, out=None,
+                  publish: Optional[Callable[..., int]] = None,
                   **fields) -> int:
     """A benchmark from start to end: measure, print the table, targets
     and notes to `out`, write the document (its own `fields`, then the
-    measure's res.fields) to `json_path`; 1 if a step failed."""
+    measure's res.fields) to `json_path`; 1 if a step failed. A cloud
+    benchmark's `publish` (report.publish, all but the document and
+    `failed` given) writes the document instead and says the status."""
     out = out or sys.stdout
     info = machine_info()
     res = measure()
     ts = targets(res)
     print_table(res, out)
     doc = conclude(bench, quick, info, res, ts, out, **fields, **res.fields)
+    if publish:
+        return publish(doc, failed=bool(res.failed))
     if json_path:
         write_docs(doc, [Path(json_path)], out)
     return res.exit_status
