@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .toolkit import (MIB, BenchResults, Target, check_transports, count, csv,
                       fmt_size, measure_rounds, mpi_job, print_grid, program,
-                      ratio_target, run_benchmark, spread, summarize)
+                      ratio_target, run_benchmark, spread)
 
 FULL_SIZES = [8, 64, 512, 4096, 32768, 262144, MIB, 4 * MIB]
 QUICK_SIZES = [8, MIB]
@@ -133,13 +133,11 @@ def print_table(res: BenchResults, out=None) -> None:
 # ---------------------------------------------------------------- driver
 
 def measure(s: MpiSettings, log=None) -> BenchResults:
-    res = BenchResults()
-    measure_rounds(res, "mpi", s.rounds,
-                   [(t, functools.partial(run_transport, t, s))
-                    for t in s.transports], log)
-    res.records = summarize(res.runs, ("transport", "test", "ranks", "size"),
-                            ("latency_us", "bandwidth_MBps"))
-    return res
+    return measure_rounds(
+        BenchResults(), "mpi", s.rounds,
+        [(t, functools.partial(run_transport, t, s)) for t in s.transports],
+        log, ("transport", "test", "ranks", "size"),
+        ("latency_us", "bandwidth_MBps"))
 
 
 def run(s: MpiSettings, json_path: Optional[Path] = None, out=None,

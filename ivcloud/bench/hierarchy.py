@@ -29,7 +29,7 @@ from . import report
 from .toolkit import (MIB, BenchResults, Target, conclude, count, csv,
                       find_record, machine_info, measure_rounds,
                       parse_records, print_grid, program, ratio_target,
-                      require_root, cluster_job, summarize)
+                      require_root, cluster_job)
 
 FULL_SIZES = [4, 8, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, MIB]
 QUICK_SIZES = [8, 4096, MIB]
@@ -151,14 +151,13 @@ def run_level(cluster: ClusterSession, level: Level, transport: str,
 def measure(cluster: ClusterSession, s: HierarchySettings,
             log=None, levels: Sequence[Level] = tuple(LEVELS)
             ) -> BenchResults:
-    res = BenchResults()
-    measure_rounds(res, "hierarchy", s.rounds,
-                   [(f"level {lv.number} {t}",
-                     functools.partial(run_level, cluster, lv, t, s))
-                    for lv in levels for t in TRANSPORTS], log)
-    res.records = summarize(res.runs, ("level", "transport", "test", "size"),
-                            ("latency_us", "bandwidth_MBps"))
-    return res
+    return measure_rounds(
+        BenchResults(), "hierarchy", s.rounds,
+        [(f"level {lv.number} {t}",
+          functools.partial(run_level, cluster, lv, t, s))
+         for lv in levels for t in TRANSPORTS], log,
+        ("level", "transport", "test", "size"),
+        ("latency_us", "bandwidth_MBps"))
 
 
 # ---------------------------------------------------------------- targets

@@ -25,7 +25,7 @@ from ..mpis import provider
 from .toolkit import (MIB, BenchResults, Target, check_transports,
                       cluster_job, compile_mpi, count, measure_rounds,
                       native_source, parse_records, print_grid, require_root,
-                      run_benchmark, spread, summarize)
+                      run_benchmark, spread)
 
 CONFIGS = ["own-shm", "shm", "ivshmem", "tcp"]
 # where each configuration's two ranks run
@@ -138,10 +138,10 @@ def measure(s: OfiSettings, log=None) -> BenchResults:
     with ClusterSession("bm", 1, 2, 2, log=log) as session:
         measure_rounds(res, f"mpi {s.mpi}", s.rounds,
                        [(c, functools.partial(run_config, session, s, osu, c))
-                        for c in s.configs], log)
+                        for c in s.configs], log,
+                       ("transport", "test", "size"),
+                       ("latency_us", "bandwidth_MBps", "msg_rate_M"))
         res.fields["cluster"] = session.describe()
-    res.records = summarize(res.runs, ("transport", "test", "size"),
-                            ("latency_us", "bandwidth_MBps", "msg_rate_M"))
     res.fields["ratios"] = ratios(res, s.configs)
     for why in (f"{c}: {flavor.lacks[c]}" for c in CONFIGS
                 if c in flavor.lacks):

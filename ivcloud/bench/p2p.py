@@ -20,7 +20,7 @@ from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, checked_run, count, csv,
                       fmt_size, measure_rounds, mpi_job, parse_records,
                       print_grid, program, ratio_target, run_benchmark, spread,
-                      summarize, tail)
+                      tail)
 
 FULL_SIZES = [8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 1 << 20,
               4 << 20]
@@ -249,14 +249,11 @@ def measure(s: P2pSettings, log=None) -> BenchResults:
     else:
         res.notes.append("tcp-bridge skipped (left out by the settings)")
     steps += [("mpi-vader", run_mpi), ("contention", run_contention)]
-    measure_rounds(res, "p2p", s.rounds,
-                   [(name, functools.partial(fn, s)) for name, fn in steps],
-                   log)
-    res.records = summarize(res.runs, ("transport", "mode", "size",
-                                       "placement"),
-                            ("latency_us", "bandwidth_MBps", "wall_s",
-                             "cpu_fraction"))
-    return res
+    return measure_rounds(
+        res, "p2p", s.rounds,
+        [(name, functools.partial(fn, s)) for name, fn in steps], log,
+        ("transport", "mode", "size", "placement"),
+        ("latency_us", "bandwidth_MBps", "wall_s", "cpu_fraction"))
 
 
 def run(s: P2pSettings, json_path: Optional[Path] = None, out=None,

@@ -17,7 +17,7 @@ from ..mpis import regions
 from ..errors import BenchError, InvalidRequest
 from .toolkit import (MIB, BenchResults, Target, check_transports, count,
                       fmt_size, measure_rounds, mpi_job, print_grid, program,
-                      ratio_target, run_benchmark, spread, summarize)
+                      ratio_target, run_benchmark, spread)
 
 FULL_RANKS = [2, 8, 32, 128]
 QUICK_RANKS = [2, 4]
@@ -160,9 +160,9 @@ def measure(s: ScalingSettings, log=None) -> BenchResults:
     res = BenchResults()
     steps = [(f"{t} {np} ranks", functools.partial(run_one, t, np, s, res))
              for np in s.ranks for t in s.transports]
-    measure_rounds(res, "scaling", s.rounds, steps, log)
-    res.records = summarize(res.runs, ("transport", "test", "ranks"),
-                            ("latency_us", "rate_msgs_per_s"))
+    measure_rounds(res, "scaling", s.rounds, steps, log,
+                   ("transport", "test", "ranks"),
+                   ("latency_us", "rate_msgs_per_s"))
     cpus = len(os.sched_getaffinity(0))
     over = [np for np in s.ranks if np > cpus]
     if over:
