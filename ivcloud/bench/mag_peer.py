@@ -17,7 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List
 
 from ..errors import BenchError, InvalidRequest
 from .toolkit import checked_run, run_closed
@@ -59,10 +59,11 @@ def cpus_for(cores: int) -> List[int]:
 
 
 def _run_script(peer: str, cores: int, args: List, timeout_s: float,
-                what: str) -> Tuple[float, str]:
+                what: str, read: Callable[[Dict], Dict]) -> Dict:
     """A peer script with `args` in `peer`'s Python on `cores` CPUs
-    (cpus_for), on the CPU backend: its wall time and the last line it
-    printed (its JSON result)."""
+    (cpus_for), on the CPU backend: its time to solution, then what
+    `read` takes from the JSON object of the last line it printed (its
+    result); BenchError if that does not read."""
     cpus = ",".join(str(c) for c in cpus_for(cores))
     cmd = ["taskset", "-c", cpus, str(python(peer)), *map(str, args)]
     env = {**os.environ, "NM_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
@@ -70,7 +71,13 @@ def _run_script(peer: str, cores: int, args: List, timeout_s: float,
     stdout, _ = checked_run(functools.partial(run_closed, cmd, env),
                             timeout_s, what)
     wall = time.perf_counter() - t0
-    return wall, (stdout.strip().splitlines() or [""])[-1]
+    last = (stdout.strip().splitlines() or [""])[-1]
+    try:
+        return {"time_to_solution_s": round(wall, 3),
+                **read(json.loads(last))}
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise BenchError(f"{what}: unreadable result {last[:80]!r}"
+                         ) from None
 
 
 def run_sp4(peer: str, cores: int, timeout_s: float, field: int = 1,
@@ -83,28 +90,23 @@ def run_sp4(peer: str, cores: int, timeout_s: float, field: int = 1,
     if field not in SAMPLE_S:
         raise InvalidRequest(f"standard problem 4 has fields 1 and 2, not "
                              f"{field}", setting="problems")
-    wall, last = _run_script(
-        peer, cores, [SCRIPT, f"{cell_nm:g}", field, repr(SAMPLE_S[field])],
-        timeout_s, f"sp4 in {peer} on {cores} core(s)")
-    try:
-        out = json.loads(last)
+
+    def read(out: Dict) -> Dict:
         rows = [[float(v) for v in row[:4]] for row in out["curve"]]
         curve = {"t": [r[0] for r in rows], "m": [r[1:] for r in rows]}
         if len(rows) < 2 or any(len(r) != 4 for r in rows):
             raise ValueError("no curve")
-        crossing = convergence.first_crossing(curve)
-        return {"time_to_solution_s": round(wall, 3),
-                "start_and_relax_s": round(out["start_and_relax_s"], 3),
+        return {"start_and_relax_s": round(out["start_and_relax_s"], 3),
                 "cells": [int(v) for v in out["cells"]],
                 "cell_nm": float(out["cell_nm"]),
                 "field": int(out["field"]),
                 "t_end_s": float(out["t_s"]),
                 "m_final": [round(float(v), 5) for v in out["m"]],
-                "first_crossing_s": crossing,
+                "first_crossing_s": convergence.first_crossing(curve),
                 "curve": curve}
-    except (ValueError, KeyError, TypeError, IndexError):
-        raise BenchError(f"sp4 in {peer}: unreadable result "
-                         f"{last[:80]!r}") from None
+    return _run_script(
+        peer, cores, [SCRIPT, f"{cell_nm:g}", field, repr(SAMPLE_S[field])],
+        timeout_s, f"sp4 in {peer} on {cores} core(s)", read)
 
 
 ELLIPSOID_SCRIPT = SCRIPT.parent / "neuralmag_ellipsoid.py"
@@ -124,16 +126,10 @@ def run_ellipsoid(peer: str, cores: int, problem: Path, cell_nm: float,
     axes = p.mesh.semi_axes or (p.mesh.radius,) * 3
     spec = {"semi_axes_nm": [v * unit for v in axes],
             "Ms": mat.Ms, "A": mat.A, "H": h, "m0": list(p.initial.m)}
-    wall, last = _run_script(
+    return _run_script(
         peer, cores, [ELLIPSOID_SCRIPT, f"{cell_nm:g}", json.dumps(spec)],
-        timeout_s, f"ellipsoid in {peer}, {cell_nm:g} nm")
-    try:
-        out = json.loads(last)
-        return {"time_to_solution_s": round(wall, 3),
-                "cells": [int(v) for v in out["cells"]],
-                "cells_inside": int(out["cells_inside"]),
-                "steps": int(out["steps"]),
-                "m_final": [round(float(v), 5) for v in out["m"]]}
-    except (ValueError, KeyError, TypeError):
-        raise BenchError(f"ellipsoid in {peer}: unreadable result "
-                         f"{last[:80]!r}") from None
+        timeout_s, f"ellipsoid in {peer}, {cell_nm:g} nm",
+        lambda out: {"cells": [int(v) for v in out["cells"]],
+                     "cells_inside": int(out["cells_inside"]),
+                     "steps": int(out["steps"]),
+                     "m_final": [round(float(v), 5) for v in out["m"]]})
