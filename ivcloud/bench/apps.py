@@ -31,9 +31,9 @@ from ..cluster.session import ClusterSession, VmOptions
 from ..errors import InvalidRequest
 from ..vm.debian import SOLVER_PACKAGE
 from . import report
-from .toolkit import (BenchResults, Target, check_ivshmem_used, conclude,
-                      count, machine_info, measure_rounds, print_grid,
-                      require_root, cluster_job)
+from .toolkit import (BenchResults, Target, check_ivshmem_used, cluster_job,
+                      count, measure_rounds, print_grid, require_root,
+                      run_benchmark)
 from .toolkit import summarize as toolkit_summarize
 
 APPS = ("hpcc", "openfoam", "micromag")
@@ -273,29 +273,6 @@ def run_app(cluster: ClusterSession, work: Workloads, app: str,
     return recs
 
 
-def measure_pairs(cluster: ClusterSession, work: Workloads,
-                  s: AppsSettings, res: BenchResults, log) -> None:
-    # an application's configurations run back to back: the machine's
-    # state changes over seconds to minutes (BENCHMARKS.md), and the
-    # ratios compare runs of one app
-    steps = [(f"{app} {config}",
-              functools.partial(run_app, cluster, work, app, config,
-                                PAIR_HOSTS[config],
-                                "ivshmem" if config == "ivshmem" else "tcp"))
-             for app in s.apps for config in s.configs(app)]
-    measure_rounds(res, "apps", s.rounds, steps, log)
-
-
-def measure_scaling(cluster: ClusterSession, work: Workloads,
-                    s: AppsSettings, res: BenchResults, log) -> None:
-    hosts = [i.hostname for i in cluster.topo.instance_list()]
-    measure_rounds(res, "apps", s.rounds, [
-        (f"{app} scaling {p} ranks",
-         functools.partial(run_app, cluster, work, app, "scaling",
-                           hosts[:p], "ivshmem", (SCALING_METRIC[app],)))
-        for p in s.scaling_ranks for app in s.apps], log)
-
-
 # ---------------------------------------------------------------- summary
 
 SUMMARY_KEYS = ("app", "config", "ranks", "metric")
@@ -425,12 +402,12 @@ def targets(rel: Sequence[Dict], s: AppsSettings) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_tables(doc: Dict, out=None, title: Optional[str] = None
-                 ) -> None:
-    """`title`: a line above the tables (what the instances are)."""
-    out = out or sys.stdout
-    if title:
-        out.write(f"\n{title}\n")
+def print_tables(res: BenchResults, out) -> None:
+    """The tables of run_benchmark's `res`, under a line saying what the
+    instances are when they are QEMU guests."""
+    doc = {"records": res.records, **res.fields}
+    if doc["cluster"].get("instance_kind") == "vm":
+        out.write(f"\n{report.guest_title(doc['cluster'].get('accel'))}\n")
     header, rows = report.apps_table(doc)
     if rows:
         out.write("\nApplications, 2 ranks (median of rounds, "
@@ -451,12 +428,10 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
         keep_cluster: bool = False, out=None, log=None,
         vm: Optional[VmOptions] = None) -> int:
     """Every application in every configuration, then the scaling
-    series, then report.publish; 1 if a run or the report failed. `vm`:
-    the instances are QEMU guests (the inputs copied in, the solver from
-    its package)."""
+    series (run_benchmark), then report.publish; 1 if a run or the
+    report failed. `vm`: the instances are QEMU guests (the inputs
+    copied in, the solver from its package)."""
     require_root("apps")
-    info = machine_info()
-    res = BenchResults()
     log = log or sys.stderr
     # both clusters refuse (no QEMU, no guest package, memory) before
     # anything is made
@@ -472,57 +447,69 @@ def run(s: AppsSettings, out_dir: Path, json_path: Optional[Path] = None,
                              setting="guest_deb")
     if vm is not None and not s.scaling_ranks:
         log.write(f"note: {VM_NO_SCALING}\n")
-    work = Workloads(s, JOB_TIMEOUT_S if vm is None else VM_JOB_TIMEOUT_S)
-    try:
-        with pair:
-            measure_pairs(pair, work, s, res, log)
-            pair_desc = pair.describe()
-        scale_desc = None
-        if scale is not None:
-            with scale:
-                measure_scaling(scale, work, s, res, log)
-                scale_desc = scale.describe()
-    finally:
-        work.close()
-    # as in every benchmark: records are the medians, runs every round's
-    summary = res.records = summarize(res.runs)
-    rel = relative(summary)
-    ts = targets(rel, s)
-    title = None
-    if vm is None:
-        res.notes.append("instances are namespaces, not VMs")
-    else:
-        title = report.guest_title(pair_desc.get("accel"))
-        res.notes.append(f"instances are QEMU guests "
-                         f"({str(pair_desc.get('accel')).upper()}): tcp is "
-                         f"virtio-net through a tap in the server's bridge, "
-                         f"ivshmem the ivshmem-doorbell device on the "
-                         f"server's standing region; the inputs were copied "
-                         f"into the guests and the OpenFOAM case meshed "
-                         f"there, the bar ran on the {SOLVER_PACKAGE} "
-                         f"package")
-        if not s.scaling_ranks:
-            res.notes.append(VM_NO_SCALING)
-    skipped = [c for c in CONFIGS if c not in s.pair_configs]
-    if skipped:
-        res.notes.append(f"configuration(s) left out on request: "
-                         f"{', '.join(skipped)}")
-    if s.mag_cell_nm is not None:
-        res.notes.append(f"the bar ran on a coarser mesh than the "
-                         f"thesis's (cells of {s.mag_cell_nm:g} nm, not "
-                         f"3 nm): a plumbing check")
-    cpus = len(os.sched_getaffinity(0))
-    fields = {"relative": rel, "scaling": scaling(summary, cpus),
-              "scaling_cpus": cpus,
-              "metrics": {f"{a}:{m}": {"label": v[0], "unit": v[1],
-                                       "higher_is_better": v[2]}
-                          for (a, m), v in METRICS.items()}}
-    print_tables({"records": summary, **fields}, out, title)
-    doc = conclude("apps", s.quick, info, res, ts, out,
-                   cluster=pair_desc, scaling_cluster=scale_desc,
-                   configs={c: list(PAIR_HOSTS[c]) for c in PAIR_HOSTS},
-                   rounds=s.rounds, hpcc_n=s.hpcc_n,
-                   foam_iterations=s.foam_iterations,
-                   mag_cell_nm=s.mag_cell_nm, **fields)
-    return report.publish("apps", doc, out_dir, json_path,
-                          failed=bool(res.failed), stdout=out)
+
+    def measure() -> BenchResults:
+        res = BenchResults(fields={"scaling_cluster": None})
+        work = Workloads(s, JOB_TIMEOUT_S if vm is None else VM_JOB_TIMEOUT_S)
+        try:
+            with pair:
+                # an application's configurations run back to back: the
+                # machine's state changes over seconds to minutes
+                # (BENCHMARKS.md), and the ratios compare runs of one app
+                measure_rounds(res, "apps", s.rounds, [
+                    (f"{app} {config}", functools.partial(
+                        run_app, pair, work, app, config, PAIR_HOSTS[config],
+                        "ivshmem" if config == "ivshmem" else "tcp"))
+                    for app in s.apps for config in s.configs(app)], log)
+                res.fields["cluster"] = pair.describe()
+            if scale is not None:
+                with scale:
+                    hosts = [i.hostname for i in scale.topo.instance_list()]
+                    measure_rounds(res, "apps", s.rounds, [
+                        (f"{app} scaling {p} ranks", functools.partial(
+                            run_app, scale, work, app, "scaling", hosts[:p],
+                            "ivshmem", (SCALING_METRIC[app],)))
+                        for p in s.scaling_ranks for app in s.apps], log)
+                    res.fields["scaling_cluster"] = scale.describe()
+        finally:
+            work.close()
+        # as in every benchmark: records are the medians, runs every round's
+        summary = res.records = summarize(res.runs)
+        if vm is None:
+            res.notes.append("instances are namespaces, not VMs")
+        else:
+            res.notes.append(
+                f"instances are QEMU guests "
+                f"({str(res.fields['cluster'].get('accel')).upper()}): tcp "
+                f"is virtio-net through a tap in the server's bridge, "
+                f"ivshmem the ivshmem-doorbell device on the server's "
+                f"standing region; the inputs were copied into the guests "
+                f"and the OpenFOAM case meshed there, the bar ran on the "
+                f"{SOLVER_PACKAGE} package")
+            if not s.scaling_ranks:
+                res.notes.append(VM_NO_SCALING)
+        skipped = [c for c in CONFIGS if c not in s.pair_configs]
+        if skipped:
+            res.notes.append(f"configuration(s) left out on request: "
+                             f"{', '.join(skipped)}")
+        if s.mag_cell_nm is not None:
+            res.notes.append(f"the bar ran on a coarser mesh than the "
+                             f"thesis's (cells of {s.mag_cell_nm:g} nm, not "
+                             f"3 nm): a plumbing check")
+        cpus = len(os.sched_getaffinity(0))
+        res.fields.update(
+            relative=relative(summary), scaling=scaling(summary, cpus),
+            scaling_cpus=cpus,
+            metrics={f"{a}:{m}": {"label": v[0], "unit": v[1],
+                                  "higher_is_better": v[2]}
+                     for (a, m), v in METRICS.items()})
+        return res
+    return run_benchmark(
+        "apps", s.quick, measure,
+        lambda res: targets(res.fields["relative"], s), print_tables,
+        out=out, publish=functools.partial(
+            report.publish, "apps", out=out_dir, json_path=json_path,
+            stdout=out),
+        configs={c: list(PAIR_HOSTS[c]) for c in PAIR_HOSTS},
+        rounds=s.rounds, hpcc_n=s.hpcc_n,
+        foam_iterations=s.foam_iterations, mag_cell_nm=s.mag_cell_nm)
