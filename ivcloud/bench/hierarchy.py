@@ -26,10 +26,9 @@ from ..cluster.job import Job
 from ..cluster.session import ClusterSession, VmOptions
 from ..errors import BenchError
 from . import report
-from .toolkit import (MIB, BenchResults, Target, conclude, count, csv,
-                      find_record, machine_info, measure_rounds,
-                      parse_records, print_grid, program, ratio_target,
-                      require_root, cluster_job)
+from .toolkit import (MIB, BenchResults, Target, cluster_job, count, csv,
+                      find_record, measure_rounds, parse_records, print_grid,
+                      program, ratio_target, require_root, run_benchmark)
 
 FULL_SIZES = [4, 8, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, MIB]
 QUICK_SIZES = [8, 4096, MIB]
@@ -213,43 +212,46 @@ VM_TIMEOUT_S = 900
 def run(s: HierarchySettings, out_dir: Path,
         json_path: Optional[Path] = None, keep_cluster: bool = False,
         out=None, log=None, vm: Optional[VmOptions] = None) -> int:
-    """Every level on a cluster of its own, then report.publish; 1 if a
-    job or the report failed. `vm`: QEMU guests (levels 1 and 2)."""
+    """Every level on a cluster of its own (run_benchmark), then
+    report.publish; 1 if a job or the report failed. `vm`: QEMU guests
+    (levels 1 and 2)."""
     require_root("hierarchy")
     program("mpi-osu")  # refuse before building anything
-    info = machine_info()
     levels = LEVELS if vm is None else LEVELS[:2]
     if vm is not None:
         s = dataclasses.replace(s, timeout_s=max(s.timeout_s, VM_TIMEOUT_S))
-    shape = (2, 2, 2) if vm is None else VM_SHAPE
-    with ClusterSession("hier", *shape, s.uplink_rate, keep=keep_cluster,
-                        log=log, vm=vm) as cluster:
-        res = measure(cluster, s, log, levels)
-        accel = cluster.accel
-    title = None
-    if vm is None:
-        res.notes.append("instances are namespaces, not VMs: TCP between "
-                         "them has no virtio/vhost path and Open MPI's tcp "
-                         "BTL busy-polls, so it is a few us, not the tens "
-                         "of us of TCP between VMs")
-    else:
-        title = report.guest_title(accel)
-        res.notes.append(f"instances are QEMU guests ({accel.upper()}): "
-                         f"level 2 tcp is virtio-net through a tap in the "
-                         f"server's bridge, level 2 ivshmem the "
-                         f"ivshmem-doorbell device on the server's "
-                         f"standing region")
-    if not s.uplink_rate and vm is None:
-        res.notes.append("uplinks unshaped: level 3 crosses two veth pairs "
-                         "and three bridges at memory speed, with no "
-                         "latency added (the kernel has no netem)")
-    ts = targets(res.records)
-    print_table(res.records, out, levels, title)
-    doc = conclude("hierarchy", s.quick, info, res, ts, out,
-                   cluster=cluster.describe(),
-                   levels=[{"level": lv.number, "name": lv.name,
-                            "hosts": list(lv.hosts), "what": lv.what}
-                           for lv in levels],
-                   transports=TRANSPORTS, sizes=s.sizes, rounds=s.rounds)
-    return report.publish("hierarchy", doc, out_dir, json_path,
-                          failed=bool(res.failed), stdout=out)
+    cluster = ClusterSession("hier", *((2, 2, 2) if vm is None else VM_SHAPE),
+                             s.uplink_rate, keep=keep_cluster, log=log, vm=vm)
+
+    def measure_levels() -> BenchResults:
+        with cluster:
+            res = measure(cluster, s, log, levels)
+            res.fields["cluster"] = cluster.describe()
+        if vm is None:
+            res.notes.append("instances are namespaces, not VMs: TCP "
+                             "between them has no virtio/vhost path and "
+                             "Open MPI's tcp BTL busy-polls, so it is a few "
+                             "us, not the tens of us of TCP between VMs")
+        else:
+            res.notes.append(f"instances are QEMU guests "
+                             f"({cluster.accel.upper()}): level 2 tcp is "
+                             f"virtio-net through a tap in the server's "
+                             f"bridge, level 2 ivshmem the ivshmem-doorbell "
+                             f"device on the server's standing region")
+        if not s.uplink_rate and vm is None:
+            res.notes.append("uplinks unshaped: level 3 crosses two veth "
+                             "pairs and three bridges at memory speed, with "
+                             "no latency added (the kernel has no netem)")
+        return res
+    return run_benchmark(
+        "hierarchy", s.quick, measure_levels,
+        lambda res: targets(res.records),
+        lambda res, out: print_table(
+            res.records, out, levels,
+            None if vm is None else report.guest_title(cluster.accel)),
+        out=out, publish=functools.partial(
+            report.publish, "hierarchy", out=out_dir, json_path=json_path,
+            stdout=out),
+        levels=[{"level": lv.number, "name": lv.name,
+                 "hosts": list(lv.hosts), "what": lv.what} for lv in levels],
+        transports=TRANSPORTS, sizes=s.sizes, rounds=s.rounds)
