@@ -277,7 +277,7 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     }
     memcpy(&h, p, sizeof h); /* once: the region is shared */
     size_t chunk = n - sizeof h;
-    if (h.len > FIV_MAX_MSG || chunk > h.len) {
+    if (h.len > ep->max_msg || chunk > h.len) {
         peer->violated = true; /* malformed: not what a peer of ours sends */
         return;
     }
@@ -540,6 +540,16 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         peer->violated = true;
         return;
     }
+    /* a datagram endpoint serves messages alone: anything else is not
+       what a peer of ours sends it (docs/provider.md, "Datagram
+       endpoints"), and no window or tagged queue of ours is reached */
+    if (ep->dgram && (op & FIV_OP_MASK) != FIV_OP_MORE &&
+        (op & FIV_OP_MASK) != FIV_OP_INTRO &&
+        (op & (FIV_OP_MASK | FIV_F_TAGGED)) != FIV_OP_MSG) {
+        peer->violated = true;
+        peer->over = "it sent a datagram endpoint more than a message";
+        return;
+    }
     switch (op & FIV_OP_MASK) {
     case FIV_OP_MSG:
         msg_first(ep, src, peer, op, p, n);
@@ -620,6 +630,8 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
                     fi_addr_t src, uint64_t tag, uint64_t ignore,
                     void *context, uint64_t flags, bool tagged)
 {
+    if (tagged && ep->dgram)
+        return -FI_ENOSYS;
     if (count > FIV_IOV_LIMIT)
         return -FI_EINVAL;
     if (!(ep->caps & FI_DIRECTED_RECV))

@@ -23,10 +23,12 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
                         fi_addr_t dest, uint64_t tag, uint64_t data,
                         void *context, uint64_t flags, bool tagged)
 {
+    if (tagged && ep->dgram)
+        return -FI_ENOSYS;
     if (count > FIV_IOV_LIMIT)
         return -FI_EINVAL;
     size_t len = fiv_iov_total(iov, count);
-    if (len > FIV_MAX_MSG)
+    if (len > ep->max_msg)
         return -FI_EMSGSIZE;
     bool inject = flags & FI_INJECT;
     if (inject && len > FIV_INJECT)
