@@ -961,6 +961,7 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
 /* fiv_msg_ops.c: MSG and TAGGED as the application calls them */
 extern struct fi_ops_msg fiv_msg_ops;
 extern struct fi_ops_tagged fiv_tagged_ops;
+extern struct fi_ops_tagged fiv_no_tagged_ops; /* a datagram endpoint's */
 /* fiv_cq.c */
 int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
                 struct fid_cq **cq, void *context);

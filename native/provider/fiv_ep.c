@@ -512,7 +512,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     ep->ep.ops = &ep_ops;
     ep->ep.cm = &cm_ops;
     ep->ep.msg = &fiv_msg_ops;
-    ep->ep.tagged = &fiv_tagged_ops;
+    ep->ep.tagged = ep->dgram ? &fiv_no_tagged_ops : &fiv_tagged_ops;
     ep->ep.rma = &fiv_rma_ops;
     ep->ep.atomic = &fiv_atomic_ops;
     fiv_domain_ref(d, 1);

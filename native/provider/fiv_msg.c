@@ -325,6 +325,13 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         }
         return;
     }
+    /* a datagram endpoint posts no tagged receive, so a tagged message
+       reaches it only here, off the path of an expected one */
+    if (tagged && ep->dgram) {
+        peer->violated = true;
+        peer->over = "it sent a datagram endpoint a tagged message";
+        return;
+    }
     /* counted where unexp_free finds it again: the sender's entry (for
        our own messages not the handler's stand-in peer, and uncapped) */
     struct fiv_peer *acct = fiv_peer(ep, src);
@@ -540,16 +547,6 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         peer->violated = true;
         return;
     }
-    /* a datagram endpoint serves messages alone: anything else is not
-       what a peer of ours sends it (docs/provider.md, "Datagram
-       endpoints"), and no window or tagged queue of ours is reached */
-    if (ep->dgram && (op & FIV_OP_MASK) != FIV_OP_MORE &&
-        (op & FIV_OP_MASK) != FIV_OP_INTRO &&
-        (op & (FIV_OP_MASK | FIV_F_TAGGED)) != FIV_OP_MSG) {
-        peer->violated = true;
-        peer->over = "it sent a datagram endpoint more than a message";
-        return;
-    }
     switch (op & FIV_OP_MASK) {
     case FIV_OP_MSG:
         msg_first(ep, src, peer, op, p, n);
@@ -560,6 +557,13 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     case FIV_OP_WRITE:
     case FIV_OP_READ:
     case FIV_OP_ATOMIC:
+        /* a datagram endpoint serves messages alone (docs/provider.md,
+           "Datagram endpoints"): no registration is reached through it */
+        if (ep->dgram) {
+            peer->violated = true;
+            peer->over = "it sent a datagram endpoint an RMA request";
+            break;
+        }
         fiv_rma_target(ep, src, peer, op, p, n);
         break;
     case FIV_OP_READ_RESP:
@@ -630,8 +634,6 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
                     fi_addr_t src, uint64_t tag, uint64_t ignore,
                     void *context, uint64_t flags, bool tagged)
 {
-    if (tagged && ep->dgram)
-        return -FI_ENOSYS;
     if (count > FIV_IOV_LIMIT)
         return -FI_EINVAL;
     if (!(ep->caps & FI_DIRECTED_RECV))
