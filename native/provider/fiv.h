@@ -58,6 +58,14 @@
     (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_RECV | FI_REMOTE_READ |     \
      FI_REMOTE_WRITE | FI_DIRECTED_RECV | FI_MULTI_RECV | FI_SOURCE |         \
      FI_RMA_EVENT)
+/* A datagram endpoint (FI_EP_DGRAM) is the same endpoint serving a subset:
+   messages only, each at most FIV_DGRAM_MAX_MSG (docs/provider.md,
+   "Datagram endpoints"). What it delivers is reliable and ordered, which a
+   datagram's contract allows but does not promise. */
+#define FIV_DGRAM_CAPS                                                        \
+    (FI_MSG | FI_SEND | FI_RECV | FI_DIRECTED_RECV | FI_MULTI_RECV |          \
+     FI_SOURCE | FI_LOCAL_COMM | FI_REMOTE_COMM)
+#define FIV_DGRAM_MAX_MSG ((size_t)64 << 10)
 #define FIV_TX_OP_FLAGS                                                       \
     (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE |  \
      FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
@@ -615,6 +623,8 @@ struct fiv_ep {
         *cntr_rread, *cntr_rwrite;
     uint64_t caps, tx_op_flags, rx_op_flags;
     size_t min_multi_recv;
+    size_t max_msg;                      /* FIV_MAX_MSG, or a datagram's   */
+    bool dgram;                          /* FI_EP_DGRAM: FIV_DGRAM_CAPS    */
     bool enabled;
     /* the region */
     ivshm *h;
@@ -951,6 +961,7 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
 /* fiv_msg_ops.c: MSG and TAGGED as the application calls them */
 extern struct fi_ops_msg fiv_msg_ops;
 extern struct fi_ops_tagged fiv_tagged_ops;
+extern struct fi_ops_tagged fiv_no_tagged_ops; /* a datagram endpoint's */
 /* fiv_cq.c */
 int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
                 struct fid_cq **cq, void *context);

@@ -483,14 +483,19 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
                 struct fid_ep **ep_fid, void *context)
 {
     struct fiv_domain *d = container_of(domain, struct fiv_domain, dom);
-    if (info && info->ep_attr && info->ep_attr->type != FI_EP_RDM &&
-        info->ep_attr->type != FI_EP_UNSPEC)
+    enum fi_ep_type type = info && info->ep_attr ? info->ep_attr->type
+                                                 : FI_EP_UNSPEC;
+    if (type != FI_EP_RDM && type != FI_EP_DGRAM && type != FI_EP_UNSPEC)
         return -FI_EINVAL;
     struct fiv_ep *ep = calloc(1, sizeof *ep);
     if (!ep)
         return -FI_ENOMEM;
     ep->dom = d;
+    ep->dgram = type == FI_EP_DGRAM;
+    ep->max_msg = ep->dgram ? FIV_DGRAM_MAX_MSG : FIV_MAX_MSG;
     ep->caps = info && info->caps ? info->caps : FIV_CAPS;
+    if (ep->dgram) /* whatever the info says: a datagram's subset */
+        ep->caps &= FIV_DGRAM_CAPS;
     ep->tx_op_flags = info && info->tx_attr ? info->tx_attr->op_flags : 0;
     ep->rx_op_flags = info && info->rx_attr ? info->rx_attr->op_flags : 0;
     ep->min_multi_recv = 64;
@@ -507,7 +512,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     ep->ep.ops = &ep_ops;
     ep->ep.cm = &cm_ops;
     ep->ep.msg = &fiv_msg_ops;
-    ep->ep.tagged = &fiv_tagged_ops;
+    ep->ep.tagged = ep->dgram ? &fiv_no_tagged_ops : &fiv_tagged_ops;
     ep->ep.rma = &fiv_rma_ops;
     ep->ep.atomic = &fiv_atomic_ops;
     fiv_domain_ref(d, 1);

@@ -1,6 +1,7 @@
 /*
- * fi_getinfo: one RDM description, trimmed to what the hints ask, in the
- * version the caller asked for.
+ * fi_getinfo: one RDM description (or, asked for by type, a datagram
+ * one), trimmed to what the hints ask, in the version the caller asked
+ * for.
  *
  * The structures we return are read and freed by the running core,
  * whose versions of them may be longer than the 1.17 ones we were built
@@ -65,19 +66,41 @@ static bool refuse(const char *why)
     return false;
 }
 
+/* A datagram endpoint is asked for by name; hints of no type are
+   answered with the RDM endpoint alone, the one every MPI looks for
+   (docs/provider.md, "Datagram endpoints"). */
+static bool wants_dgram(const struct fi_info *h)
+{
+    return h && h->ep_attr && h->ep_attr->type == FI_EP_DGRAM;
+}
+
+/* The flag libfabric's core sets when a utility provider asks for a base
+   to layer on (include/ofi.h of 1.17 and 2.x alike). The core keeps the
+   providers that must not be layered on in a list of names (shm among
+   them), which a provider loaded from FI_PROVIDER_PATH cannot join: so
+   our datagram endpoint refuses itself to such a request, or the core
+   would offer "ivshm;ofi_rxd" (RDM emulated over our datagrams) beside
+   our own RDM endpoint, and with 1.17's core ahead of it, to every
+   caller that names us (fiv_conform's getinfo case checks it). */
+#define FIV_CORE_PROV_ONLY (1ULL << 59)
+
 static bool hints_fit(uint32_t version, const struct fi_info *h)
 {
     if (!h)
         return true;
-    if (h->caps & ~FIV_CAPS)
-        return refuse("h->caps & ~FIV_CAPS");
+    const bool dg = wants_dgram(h);
+    const uint64_t offered = dg ? FIV_DGRAM_CAPS : FIV_CAPS;
+    const uint64_t order = dg ? FI_ORDER_SAS : FIV_MSG_ORDER;
+    if (h->caps & ~offered)
+        return refuse("h->caps & ~offered");
     if (h->addr_format != FI_FORMAT_UNSPEC)
         return refuse("h->addr_format != FI_FORMAT_UNSPEC");
     if (h->ep_attr) {
-        if (h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM)
-            return refuse("h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM");
-        if (h->ep_attr->max_msg_size > FIV_MAX_MSG)
-            return refuse("h->ep_attr->max_msg_size > FIV_MAX_MSG");
+        if (h->ep_attr->type != FI_EP_UNSPEC && h->ep_attr->type != FI_EP_RDM &&
+            !dg)
+            return refuse("h->ep_attr->type: neither RDM nor DGRAM");
+        if (h->ep_attr->max_msg_size > (dg ? FIV_DGRAM_MAX_MSG : FIV_MAX_MSG))
+            return refuse("h->ep_attr->max_msg_size > our max_msg_size");
         if (h->ep_attr->tx_ctx_cnt > 1 && h->ep_attr->tx_ctx_cnt != FI_SHARED_CONTEXT)
             return refuse("h->ep_attr->tx_ctx_cnt > 1 && h->ep_attr->tx_ctx_cnt != FI_SHARED_CONTEXT");
         if (h->ep_attr->rx_ctx_cnt > 1 && h->ep_attr->rx_ctx_cnt != FI_SHARED_CONTEXT)
@@ -109,24 +132,24 @@ static bool hints_fit(uint32_t version, const struct fi_info *h)
            we need none of them (answer_mr_mode) */
     }
     if (h->tx_attr) {
-        if (h->tx_attr->caps & ~FIV_CAPS)
-            return refuse("h->tx_attr->caps & ~FIV_CAPS");
+        if (h->tx_attr->caps & ~offered)
+            return refuse("h->tx_attr->caps & ~offered");
         if (h->tx_attr->inject_size > FIV_INJECT)
             return refuse("h->tx_attr->inject_size > FIV_INJECT");
         if (h->tx_attr->iov_limit > FIV_IOV_LIMIT)
             return refuse("h->tx_attr->iov_limit > FIV_IOV_LIMIT");
-        if (h->tx_attr->rma_iov_limit > FIV_RMA_IOV_LIMIT)
-            return refuse("h->tx_attr->rma_iov_limit > FIV_RMA_IOV_LIMIT");
-        if (h->tx_attr->msg_order & ~FIV_MSG_ORDER)
-            return refuse("h->tx_attr->msg_order & ~FIV_MSG_ORDER");
+        if (h->tx_attr->rma_iov_limit > (dg ? 0 : FIV_RMA_IOV_LIMIT))
+            return refuse("h->tx_attr->rma_iov_limit > our rma_iov_limit");
+        if (h->tx_attr->msg_order & ~order)
+            return refuse("h->tx_attr->msg_order & ~order");
     }
     if (h->rx_attr) {
-        if (h->rx_attr->caps & ~FIV_CAPS)
-            return refuse("h->rx_attr->caps & ~FIV_CAPS");
+        if (h->rx_attr->caps & ~offered)
+            return refuse("h->rx_attr->caps & ~offered");
         if (h->rx_attr->iov_limit > FIV_IOV_LIMIT)
             return refuse("h->rx_attr->iov_limit > FIV_IOV_LIMIT");
-        if (h->rx_attr->msg_order & ~FIV_MSG_ORDER)
-            return refuse("h->rx_attr->msg_order & ~FIV_MSG_ORDER");
+        if (h->rx_attr->msg_order & ~order)
+            return refuse("h->rx_attr->msg_order & ~order");
         if (h->rx_attr->total_buffered_recv > 0 &&
             FI_VERSION_LT(version, FI_VERSION(1, 5)))
             return refuse("h->rx_attr->total_buffered_recv > 0 && FI_VERSION_LT(version, FI_VERSION(1, 5))");
@@ -240,7 +263,9 @@ static struct fi_info *describe(uint32_t version, const struct fi_info *h)
     struct fi_info *fi = alloc_info();
     if (!fi)
         return NULL;
-    uint64_t caps = implied_caps(h && h->caps ? h->caps : FIV_CAPS);
+    const bool dg = wants_dgram(h);
+    uint64_t caps = implied_caps(h && h->caps ? h->caps
+                                              : dg ? FIV_DGRAM_CAPS : FIV_CAPS);
     fi->caps = caps;
     fi->mode = 0; /* we need nothing of the caller's contexts or buffers */
     fi->addr_format = FI_FORMAT_UNSPEC;
@@ -249,31 +274,33 @@ static struct fi_info *describe(uint32_t version, const struct fi_info *h)
     fi->tx_attr->caps = caps & FIV_TX_CAPS;
     fi->tx_attr->mode = 0;
     fi->tx_attr->op_flags = h && h->tx_attr ? h->tx_attr->op_flags & FIV_TX_OP_FLAGS : 0;
-    fi->tx_attr->msg_order = FIV_MSG_ORDER;
+    fi->tx_attr->msg_order = dg ? FI_ORDER_SAS : FIV_MSG_ORDER;
     fi->tx_attr->comp_order = 0;
     fi->tx_attr->inject_size = FIV_INJECT;
     fi->tx_attr->size = 1024;
     fi->tx_attr->iov_limit = FIV_IOV_LIMIT;
-    fi->tx_attr->rma_iov_limit = FIV_RMA_IOV_LIMIT;
+    fi->tx_attr->rma_iov_limit = dg ? 0 : FIV_RMA_IOV_LIMIT;
 
     fi->rx_attr->caps = caps & FIV_RX_CAPS;
     fi->rx_attr->mode = 0;
     fi->rx_attr->op_flags = h && h->rx_attr ? h->rx_attr->op_flags & FIV_RX_OP_FLAGS : 0;
-    fi->rx_attr->msg_order = FIV_MSG_ORDER;
+    fi->rx_attr->msg_order = dg ? FI_ORDER_SAS : FIV_MSG_ORDER;
     fi->rx_attr->comp_order = 0;
     fi->rx_attr->total_buffered_recv = 0;
     fi->rx_attr->size = 1024;
     fi->rx_attr->iov_limit = FIV_IOV_LIMIT;
 
-    fi->ep_attr->type = FI_EP_RDM;
+    const size_t rma_order = dg ? 0 : FIV_MAX_MSG;
+    fi->ep_attr->type = dg ? FI_EP_DGRAM : FI_EP_RDM;
     fi->ep_attr->protocol = FI_PROTO_SHM;
     fi->ep_attr->protocol_version = 1;
-    fi->ep_attr->max_msg_size = FIV_MAX_MSG;
+    fi->ep_attr->max_msg_size = dg ? FIV_DGRAM_MAX_MSG : FIV_MAX_MSG;
     fi->ep_attr->msg_prefix_size = 0;
-    fi->ep_attr->max_order_raw_size = FIV_MAX_MSG;
-    fi->ep_attr->max_order_war_size = FIV_MAX_MSG;
-    fi->ep_attr->max_order_waw_size = FIV_MAX_MSG;
-    fi->ep_attr->mem_tag_format = 0xaaaaaaaaaaaaaaaaull; /* 64 tag bits */
+    fi->ep_attr->max_order_raw_size = rma_order;
+    fi->ep_attr->max_order_war_size = rma_order;
+    fi->ep_attr->max_order_waw_size = rma_order;
+    /* 64 tag bits */
+    fi->ep_attr->mem_tag_format = dg ? 0 : 0xaaaaaaaaaaaaaaaaull;
     fi->ep_attr->tx_ctx_cnt = 1;
     fi->ep_attr->rx_ctx_cnt = 1;
 
@@ -335,6 +362,10 @@ int fiv_getinfo(uint32_t version, const char *node, const char *service,
         return -FI_ENODATA;
     if (!hints_fit(version, hints))
         return -FI_ENODATA;
+    if (wants_dgram(hints) && (flags & FIV_CORE_PROV_ONLY)) {
+        FIV_INFO("no datagram endpoint as a utility provider's base\n");
+        return -FI_ENODATA;
+    }
     struct fi_info *fi = describe(version, hints);
     if (!fi)
         return -FI_ENOMEM;

@@ -277,7 +277,7 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     }
     memcpy(&h, p, sizeof h); /* once: the region is shared */
     size_t chunk = n - sizeof h;
-    if (h.len > FIV_MAX_MSG || chunk > h.len) {
+    if (h.len > ep->max_msg || chunk > h.len) {
         peer->violated = true; /* malformed: not what a peer of ours sends */
         return;
     }
@@ -323,6 +323,13 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
             /* the slice is the destination, whatever else fills the buffer */
             as->rx_off = (size_t)-1;
         }
+        return;
+    }
+    /* a datagram endpoint posts no tagged receive, so a tagged message
+       reaches it only here, off the path of an expected one */
+    if (tagged && ep->dgram) {
+        peer->violated = true;
+        peer->over = "it sent a datagram endpoint a tagged message";
         return;
     }
     /* counted where unexp_free finds it again: the sender's entry (for
@@ -550,6 +557,13 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     case FIV_OP_WRITE:
     case FIV_OP_READ:
     case FIV_OP_ATOMIC:
+        /* a datagram endpoint serves messages alone (docs/provider.md,
+           "Datagram endpoints"): no registration is reached through it */
+        if (ep->dgram) {
+            peer->violated = true;
+            peer->over = "it sent a datagram endpoint an RMA request";
+            break;
+        }
         fiv_rma_target(ep, src, peer, op, p, n);
         break;
     case FIV_OP_READ_RESP:

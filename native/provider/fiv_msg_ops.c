@@ -26,7 +26,7 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
     if (count > FIV_IOV_LIMIT)
         return -FI_EINVAL;
     size_t len = fiv_iov_total(iov, count);
-    if (len > FIV_MAX_MSG)
+    if (len > ep->max_msg)
         return -FI_EMSGSIZE;
     bool inject = flags & FI_INJECT;
     if (inject && len > FIV_INJECT)
@@ -222,4 +222,83 @@ struct fi_ops_tagged fiv_tagged_ops = {
     .inject = t_inject,
     .senddata = t_senddata,
     .injectdata = t_injectdata,
+};
+
+/* A datagram endpoint's: no tagged call (docs/provider.md, "Datagram
+   endpoints"), refused here so that the RDM path tests nothing for it. */
+static ssize_t no_trecv(struct fid_ep *e, void *buf, size_t len, void *desc,
+                        fi_addr_t src, uint64_t tag, uint64_t ignore, void *ctx)
+{
+    (void)e; (void)buf; (void)len; (void)desc; (void)src; (void)tag;
+    (void)ignore; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_trecvv(struct fid_ep *e, const struct iovec *iov,
+                         void **desc, size_t count, fi_addr_t src,
+                         uint64_t tag, uint64_t ignore, void *ctx)
+{
+    (void)e; (void)iov; (void)desc; (void)count; (void)src; (void)tag;
+    (void)ignore; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_tmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
+                       uint64_t flags)
+{
+    (void)e; (void)msg; (void)flags;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_tsend(struct fid_ep *e, const void *buf, size_t len,
+                        void *desc, fi_addr_t dest, uint64_t tag, void *ctx)
+{
+    (void)e; (void)buf; (void)len; (void)desc; (void)dest; (void)tag;
+    (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_tsendv(struct fid_ep *e, const struct iovec *iov,
+                         void **desc, size_t count, fi_addr_t dest,
+                         uint64_t tag, void *ctx)
+{
+    (void)e; (void)iov; (void)desc; (void)count; (void)dest; (void)tag;
+    (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_tinject(struct fid_ep *e, const void *buf, size_t len,
+                          fi_addr_t dest, uint64_t tag)
+{
+    (void)e; (void)buf; (void)len; (void)dest; (void)tag;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_tsenddata(struct fid_ep *e, const void *buf, size_t len,
+                            void *desc, uint64_t data, fi_addr_t dest,
+                            uint64_t tag, void *ctx)
+{
+    (void)e; (void)buf; (void)len; (void)desc; (void)data; (void)dest;
+    (void)tag; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_tinjectdata(struct fid_ep *e, const void *buf, size_t len,
+                              uint64_t data, fi_addr_t dest, uint64_t tag)
+{
+    (void)e; (void)buf; (void)len; (void)data; (void)dest; (void)tag;
+    return -FI_ENOSYS;
+}
+
+struct fi_ops_tagged fiv_no_tagged_ops = {
+    .size = sizeof(struct fi_ops_tagged),
+    .recv = no_trecv,
+    .recvv = no_trecvv,
+    .recvmsg = no_tmsg,
+    .send = no_tsend,
+    .sendv = no_tsendv,
+    .sendmsg = no_tmsg,
+    .inject = no_tinject,
+    .senddata = no_tsenddata,
+    .injectdata = no_tinjectdata,
 };

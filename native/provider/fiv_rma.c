@@ -522,6 +522,10 @@ void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err)
 
 static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r)
 {
+    if (ep->dgram) { /* no RMA or atomics on a datagram endpoint */
+        fiv_req_free(r);
+        return -FI_ENOSYS;
+    }
     fiv_lock(ep->dom);
     struct fiv_peer *p = fiv_peer(ep, r->peer);
     if (p && p->queued >= fiv_cfg.peer_queue) {
@@ -892,7 +896,7 @@ static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
 static int a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
                    size_t *count)
 {
-    if (op >= FI_CSWAP)
+    if (op >= FI_CSWAP || EP(e)->dgram)
         return -FI_EOPNOTSUPP;
     struct fi_atomic_attr a;
     int rc = fiv_query_atomic(NULL, dt, op, &a, 0);
@@ -910,6 +914,8 @@ static int a_fetch_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
 static int a_comp_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
                         size_t *count)
 {
+    if (EP(e)->dgram)
+        return -FI_EOPNOTSUPP;
     struct fi_atomic_attr a;
     int rc = fiv_query_atomic(NULL, dt, op, &a, FI_COMPARE_ATOMIC);
     if (rc == 0 && count)

@@ -12,7 +12,10 @@
  * fi_multi_mr), registrations rebound between counters by several
  * threads, writes with CQ data past the target's CQ size (alone and
  * beside a flooding co-tenant), a name inserted twice, and the last
- * message of a sender that left before it was inserted.
+ * message of a sender that left before it was inserted, triggered
+ * operations and connected endpoints not answered, and datagram
+ * endpoints: what they exchange and what they refuse, at the call and
+ * from a peer's RDM endpoint.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -99,6 +102,44 @@ static void check_getinfo(void)
     REQ_RC(fi_getinfo(version, "g00n13s", NULL, FI_NUMERICHOST, h, &fi),
            -FI_ENODATA);
     REQ(!fi);
+
+    /* what we do not offer is not answered: triggered operations, and a
+       connected (FI_EP_MSG) endpoint (docs/provider.md, "Conformance") */
+    h->caps = FI_MSG | FI_RMA | FI_TRIGGER;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    h->caps = FI_MSG;
+    h->ep_attr->type = FI_EP_MSG;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    REQ_RC(fi_getinfo(version, "127.0.0.1", "9228", 0, h, &fi), -FI_ENODATA);
+    REQ(!fi);
+
+    /* a datagram endpoint, asked for by name: messages alone, bounded */
+    h->ep_attr->type = FI_EP_DGRAM;
+    h->caps = 0;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+    REQ(fi->ep_attr->type == FI_EP_DGRAM && !fi->next);
+    REQ(fi->ep_attr->max_msg_size == 64 << 10);
+    REQ((fi->caps & (FI_MSG | FI_SEND | FI_RECV)) == (FI_MSG | FI_SEND | FI_RECV));
+    REQ(!(fi->caps & (FI_TAGGED | FI_RMA | FI_ATOMIC | FI_REMOTE_WRITE |
+                      FI_REMOTE_READ | FI_RMA_EVENT)));
+    REQ(fi->tx_attr->rma_iov_limit == 0 && fi->ep_attr->mem_tag_format == 0);
+    fi_freeinfo(fi);
+    fi = NULL;
+    h->caps = FI_MSG | FI_TAGGED;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    h->caps = FI_MSG | FI_RMA;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    h->caps = FI_MSG;
+    h->ep_attr->max_msg_size = (64 << 10) + 1;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    h->ep_attr->max_msg_size = 0;
+    /* no type named: the RDM endpoint alone */
+    h->ep_attr->type = FI_EP_UNSPEC;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+    REQ(fi->ep_attr->type == FI_EP_RDM && !fi->next);
+    /* ours, not a utility provider's layered on our datagrams */
+    REQ(!strcmp(fi->fabric_attr->prov_name, "ivshm"));
+    fi_freeinfo(fi);
     fi_freeinfo(h);
 }
 
@@ -847,6 +888,112 @@ static void inserted_twice(struct rank *r)
     t_close(r);
 }
 
+/* Two datagram endpoints: a message as large as a datagram may be, and
+   one with CQ data, delivered from the right source; what a datagram
+   endpoint does not offer (tagged, RMA, atomics, a larger message) is
+   refused at the call. */
+#define DGRAM_MAX (64 << 10)
+
+static void dgram_exchange(struct rank *r)
+{
+    t_dgram = true;
+    t_open(r, version);
+    REQ(r->info->ep_attr->type == FI_EP_DGRAM);
+    t_exchange(r);
+    struct fi_cq_tagged_entry e;
+    static uint8_t buf[DGRAM_MAX + 1];
+    if (r->me == 1) {
+        uint64_t v = 5, res = 0;
+        size_t cnt = 0;
+        REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 1, &v), -FI_ENOSYS);
+        REQ_RC(fi_tinject(r->ep, &v, 8, r->addr[0], 1), -FI_ENOSYS);
+        REQ_RC(fi_trecv(r->ep, &v, 8, NULL, r->addr[0], 1, 0, &v), -FI_ENOSYS);
+        REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], 0, 0, &v), -FI_ENOSYS);
+        REQ_RC(fi_read(r->ep, &v, 8, NULL, r->addr[0], 0, 0, &v), -FI_ENOSYS);
+        REQ_RC(fi_atomic(r->ep, &v, 1, NULL, r->addr[0], 0, 0, FI_UINT64,
+                         FI_SUM, &v), -FI_ENOSYS);
+        REQ_RC(fi_fetch_atomic(r->ep, &v, 1, NULL, &res, NULL, r->addr[0], 0,
+                               0, FI_UINT64, FI_SUM, &v), -FI_ENOSYS);
+        REQ_RC(fi_atomicvalid(r->ep, FI_UINT64, FI_SUM, &cnt), -FI_EOPNOTSUPP);
+        REQ_RC(fi_send(r->ep, buf, DGRAM_MAX + 1, NULL, r->addr[0], buf),
+               -FI_EMSGSIZE);
+        for (size_t i = 0; i < DGRAM_MAX; i++)
+            buf[i] = (uint8_t)(i * 7 + 1);
+        t_barrier(r);
+        REQ_RC(fi_send(r->ep, buf, DGRAM_MAX, NULL, r->addr[0], buf), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == buf && e.flags & FI_SEND && e.flags & FI_MSG);
+        v = 0x5eed;
+        REQ_RC(fi_senddata(r->ep, &v, 8, NULL, 0xda7a, r->addr[0], &v), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        t_barrier(r);
+    } else {
+        uint64_t got = 0;
+        fi_addr_t src = FI_ADDR_NOTAVAIL;
+        REQ_RC(fi_recv(r->ep, buf, sizeof buf, NULL, r->addr[1], buf), 0);
+        REQ_RC(fi_recv(r->ep, &got, 8, NULL, FI_ADDR_UNSPEC, &got), 0);
+        t_barrier(r);
+        REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+        REQ(e.op_context == buf && e.len == DGRAM_MAX && src == r->addr[1]);
+        REQ(e.flags & FI_RECV && e.flags & FI_MSG);
+        for (size_t i = 0; i < DGRAM_MAX; i++)
+            REQ(buf[i] == (uint8_t)(i * 7 + 1));
+        REQ_RC(t_wait(r, &e, NULL, &src, 5000), 0);
+        REQ(e.op_context == &got && got == 0x5eed && src == r->addr[1]);
+        REQ(e.flags & FI_REMOTE_CQ_DATA && e.data == 0xda7a);
+        t_barrier(r);
+    }
+    t_close(r);
+}
+
+/* A peer's RDM endpoint writing into memory a datagram endpoint's domain
+   registered for remote writes, or sending it a tagged message: a
+   datagram endpoint serves neither, so the bytes stay as they were,
+   nothing is received, and the sender's path breaks (the receive
+   directed at it fails). */
+static void dgram_refuses(struct rank *r, bool tagged)
+{
+    t_dgram = r->me == 0;
+    t_open(r, version);
+    t_exchange(r);
+    static uint64_t words[2] = {0x1111, 0x2222};
+    struct fid_mr *mr = NULL;
+    uint64_t at[2] = {0, 0};
+    if (r->me == 0) {
+        REQ_RC(fi_mr_reg(r->dom, words, sizeof words,
+                         FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr,
+                         NULL), 0);
+        at[0] = (uint64_t)(uintptr_t)words;
+        at[1] = fi_mr_key(mr);
+    }
+    t_bcast(r, 0, at, sizeof at);
+    struct fi_cq_tagged_entry e;
+    if (r->me == 1) {
+        uint64_t v = 0xbad;
+        if (tagged)
+            REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 1, &v), 0);
+        else
+            REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], at[0], at[1], &v),
+                   0);
+        /* completed with an error or not at all: either way not served */
+        (void)t_wait(r, &e, NULL, NULL, 500);
+        t_barrier(r);
+    } else {
+        uint64_t got = 0;
+        REQ_RC(fi_recv(r->ep, &got, 8, NULL, r->addr[1], &got), 0);
+        struct fi_cq_err_entry err;
+        int rc = t_wait(r, &e, &err, NULL, 5000);
+        REQ(rc != 0 && rc != -FI_ETIMEDOUT && err.op_context == &got);
+        REQ(words[0] == 0x1111 && words[1] == 0x2222 && got == 0);
+        t_barrier(r);
+        REQ_RC(fi_close(&mr->fid), 0);
+    }
+    t_close(r);
+}
+
+static void dgram_refuses_write(struct rank *r) { dgram_refuses(r, false); }
+static void dgram_refuses_tagged(struct rank *r) { dgram_refuses(r, true); }
+
 static void departed_unread(struct rank *r) { departed_sender(r, false); }
 static void departed_read(struct rank *r) { departed_sender(r, true); }
 
@@ -958,6 +1105,17 @@ int main(void)
 
     f = t_run(2, departed_read, env2, 30, NULL);
     printf("%s: the same, read before the insert\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, dgram_exchange, env2, 30, NULL);
+    printf("%s: datagram endpoints exchange messages up to their size and "
+           "refuse the rest at the call\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, dgram_refuses_write, env2, 30, NULL);
+    f += t_run(2, dgram_refuses_tagged, env2, 30, NULL);
+    printf("%s: a datagram endpoint serves no remote write or tagged "
+           "message of a peer's RDM endpoint\n", f ? "FAIL" : "ok");
     failed += f;
 
     printf("%s\n", failed ? "FAILED" : "all passed");

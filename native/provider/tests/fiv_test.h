@@ -135,13 +135,17 @@ struct rank {
     char names[MAXR * NAMELEN];
 };
 
+/* t_open's endpoint: a datagram one (FI_MSG only) when set */
+static bool t_dgram;
+
 static void t_open(struct rank *r, uint32_t version)
 {
     struct fi_info *hints = fi_allocinfo();
     REQ(hints);
-    hints->caps = FI_TAGGED | FI_MSG | FI_RMA | FI_ATOMIC | FI_DIRECTED_RECV |
-                  FI_SOURCE;
-    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = t_dgram ? FI_MSG | FI_DIRECTED_RECV | FI_SOURCE
+                          : FI_TAGGED | FI_MSG | FI_RMA | FI_ATOMIC |
+                                FI_DIRECTED_RECV | FI_SOURCE;
+    hints->ep_attr->type = t_dgram ? FI_EP_DGRAM : FI_EP_RDM;
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                                   FI_MR_PROV_KEY;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
