@@ -18,7 +18,6 @@ import tarfile
 import tempfile
 import uuid
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, ContextManager, Dict, List, Optional, Sequence
@@ -453,10 +452,8 @@ def of_state(state: Optional[Dict]) -> InstanceKind:
     return NamespaceInstances()
 
 
-
 def _each_guest(state: Dict, fn) -> None:
-    """fn(host) for every guest at once (each has its own agent)."""
-    hosts = sorted(state["vms"])
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        for f in [pool.submit(fn, h) for h in hosts]:
-            f.result()
+    """fn(host) in every guest at once; the first guest's error raised."""
+    for _, _, error in vm_instance.each(sorted(state["vms"]), fn):
+        if error is not None:
+            raise error

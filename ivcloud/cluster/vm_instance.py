@@ -15,9 +15,10 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
                       VmFailure)
@@ -49,6 +50,8 @@ SHARED_NOTE = ("the guests' ivshmem devices were attached at boot: this "
                "trust domain)")
 # at most this many root ports for hot-plugged devices per guest
 MAX_JOB_PORTS = 8
+
+T = TypeVar("T")
 
 
 def tap_name(hostname: str) -> str:
@@ -457,12 +460,32 @@ def first_guest(state: Dict) -> str:
     return min(state["vms"])
 
 
+def each(hosts: Sequence[str], fn: Callable[[str], T]
+         ) -> List[Tuple[str, Optional[T], Optional[BaseException]]]:
+    """fn(host) for every guest of `hosts` at once (each has its own
+    agent, and TCG guests are slow: one at a time would add up);
+    (host, result, error) for each."""
+    def call(host):
+        try:
+            return host, fn(host), None
+        except BaseException as e:   # reported by the caller
+            return host, None, e
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return list(pool.map(call, hosts))
+
+
 def host_of_dir(state: Dict, d: Path) -> str:
     """The instance whose QEMU lives in directory `d`."""
     for host, rec in state.get("vms", {}).items():
         if Path(rec["dir"]) == d:
             return host
     return d.name
+
+
+def _dead(state: Dict, dirs: Sequence[Path]) -> List[str]:
+    """The instances of `dirs` whose QEMU is gone."""
+    return [host_of_dir(state, d) for d in dirs
+            if vm_lifecycle.qemu_pid(d) is None]
 
 
 def rank_env(state: Dict) -> Dict[str, str]:
@@ -500,8 +523,7 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
     host = first_guest(state)
     sock = guest(state, host)
     dirs = [Path(v["dir"]) for v in state["vms"].values()]
-    dead = [host_of_dir(state, d) for d in dirs
-            if vm_lifecycle.qemu_pid(d) is None]
+    dead = _dead(state, dirs)
     if dead:
         raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
                              f"cluster is degraded: take it down)")
@@ -548,13 +570,11 @@ def _follow(state: Dict, job: agent.Job, dirs: List[Path], host: str,
                 rc = None
             if rc is not None:
                 return rc, job.output()
-            dead = [host_of_dir(state, d) for d in dirs
-                    if vm_lifecycle.qemu_pid(d) is None]
+            dead = _dead(state, dirs)
             if dead:
                 # a guest that moved (cluster migrate) runs on elsewhere
                 state, dirs = _moved(state, dirs)
-                dead = [host_of_dir(state, d) for d in dirs
-                        if vm_lifecycle.qemu_pid(d) is None]
+                dead = _dead(state, dirs)
             if dead:
                 out = _end(state, job, dirs)
                 return 137, out + (f"instance(s) {', '.join(dead)} died "
