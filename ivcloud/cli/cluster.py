@@ -239,7 +239,7 @@ def _cmd_status(args) -> int:
     print(f"cluster '{info['name']}': {info['phase']}"
           f"{'' if info['healthy'] else ' (DEGRADED)'}; "
           f"{info['servers_count']} servers x {info['instances_per_server']}"
-          f" {'QEMU guests' if info.get('kind') == 'vm' else 'instances'}"
+          f" {info['kind_title']}"
           f" x {info['vcpus']} vCPUs; uplinks "
           f"{format_rate(rate) if rate else 'unlimited'}")
     head = info["head"]

@@ -58,6 +58,7 @@ class JobSite:
 
 class InstanceKind(ABC):
     name: ClassVar[str]
+    title: ClassVar[str]     # what `status` calls the instances
     # whether the servers' standing ivshmem-servers tell their clients
     # that a peer left (docs/server-protocol.md, "Quiet leaves")
     standing_leave_notices: ClassVar[bool] = True
@@ -172,6 +173,7 @@ class NamespaceInstances(InstanceKind):
     its server's bridge; launchers run on the head node and reach the
     instances through the launch agent (launch.py)."""
     name = "namespace"
+    title = "instances"
 
     def start(self, build) -> None:
         servers = build.topo.server_list()
@@ -295,6 +297,7 @@ class VmInstances(InstanceKind):
     the guests' devices were attached at boot, so jobs share each
     server's standing region (a VM cluster is one trust domain)."""
     name = "vm"
+    title = "QEMU guests"
     # the clients are QEMU devices, which must be able to leave (a
     # migration) after another peer left: QEMU 7.2 cannot unplug a
     # device that was told of a leave (qemu.remove_chardev)

@@ -465,7 +465,7 @@ def status(sd: StateDir) -> Dict:
                and all(s["running"] for s in servers)
                and (slurm is None or slurm["healthy"]))
     return {"name": state["name"], "phase": state.get("phase"),
-            "kind": kind.name,
+            "kind": kind.name, "kind_title": kind.title,
             "healthy": healthy, "state_dir": str(sd.dir),
             "servers_count": topo.servers,
             "instances_per_server": topo.instances_per_server,
