@@ -6,6 +6,7 @@ also as the rollback of a failed `up` (docs/cluster.md, "Commands").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -139,10 +140,8 @@ class Build:
         try:
             holder.wait_ready(proc, role)
         except holder.HolderError:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            except ProcessLookupError:
-                pass
             proc.wait()
             raise
         # Only the namespaces it unshared are recorded (the fabric keeps

@@ -329,7 +329,8 @@ def heal(state: Dict, locked: bool = False) -> None:
                 if (Path(rec["dir"]) / HIDDEN).exists()]
     if not hidden():
         return
-    try:
+    # _Busy: that migration puts it back or takes the device
+    with contextlib.suppress(_Busy):
         with contextlib.nullcontext() if locked else \
                 filelock.held(Path(state["dir"]) / "migrate.lock", 0.0,
                               _Busy):
@@ -347,8 +348,6 @@ def heal(state: Dict, locked: bool = False) -> None:
                         (d / HIDDEN).unlink(missing_ok=True)
                 except (OSError, IvcloudError):   # the next caller tries again
                     continue
-    except _Busy:   # that migration puts it back or takes the device
-        pass
 
 
 class _Busy(Exception):
@@ -466,6 +465,10 @@ class _Move:
 
     def start_destination(self) -> None:
         self.phase("start")
+        binary = qemu.qemu_binary()
+        if binary is None:
+            raise ClusterFailure(f"QEMU not found ({qemu.DEFAULT_QEMU}, or "
+                                 f"${qemu.QEMU_ENV})")
         if self.dest_dir.exists():
             vm_lifecycle.stop_vm(self.dest_dir)   # a leftover
         self.dest_dir.mkdir(mode=0o700)
@@ -475,8 +478,6 @@ class _Move:
         self.undo.append(("the source resumed", self._resume_source))
         self.undo.append(("the destination QEMU stopped",
                           lambda: vm_lifecycle.stop_vm(self.dest_dir)))
-        # the QEMU the source runs: a migration stream is its version's
-        binary = vm_instance.VmConfig.from_dict(self.state["vm"]).qemu
         cmd = vm_instance.guest_qemu_command(
             self.topo, self.state, binary, vm_instance.boot_image(self.state),
             vm_instance.guest_accel(self.state), self.inst, self.dest_dir,

@@ -8,6 +8,7 @@ directory (STATE_DIR/vm/<hostname>/, after a migration state.json's
 
 from __future__ import annotations
 
+import contextlib
 import base64
 import gzip
 import hashlib
@@ -149,12 +150,10 @@ def preflight(topo: ClusterTopology, options: VmOptions) -> VmConfig:
 
 def _mem_available() -> Optional[int]:
     """/proc/meminfo's MemAvailable, in bytes."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
     return None
 
 
@@ -504,12 +503,10 @@ def rank_env(state: Dict) -> Dict[str, str]:
 def _read_and_remove(sock: Path, path: str) -> str:
     """The text of file `path` in a guest, which is removed; "" when
     that guest is gone."""
-    try:
-        r = agent.run(sock, f"cat {agent.quote([path])} 2>/dev/null; "
-                            f"rm -f {agent.quote([path])}", 60)
-    except IvcloudError:
-        return ""
-    return r.output
+    with contextlib.suppress(IvcloudError):
+        return agent.run(sock, f"cat {agent.quote([path])} 2>/dev/null; "
+                               f"rm -f {agent.quote([path])}", 60).output
+    return ""
 
 
 def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
@@ -540,10 +537,8 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
     finally:
         errors = _read_and_remove(sock, err)
         if files:
-            try:
+            with contextlib.suppress(IvcloudError):
                 agent.run(sock, f"rm -f {agent.quote(list(files))}", 30)
-            except IvcloudError:
-                pass
     for f, data in ((stdout or sys.stdout, out), (stderr or sys.stderr,
                                                   errors)):
         f.write(data)
@@ -604,17 +599,11 @@ def _moved(state: Dict, dirs: List[Path]) -> Tuple[Dict, List[Path]]:
 def _end(state: Dict, job: agent.Job, dirs: List[Path]) -> str:
     """Kill the job's processes in every guest still alive; returns what
     the job printed so far (when its guest is alive)."""
-    out = ""
     for d in dirs:
-        if vm_lifecycle.qemu_pid(d) is None:
-            continue
-        try:
-            agent.run(d / "agent.sock", f"pkill -KILL -u {MPI_USER}; true",
-                      10)
-        except IvcloudError:
-            pass
-    try:
-        out = job.output()
-    except IvcloudError:
-        pass
-    return out
+        if vm_lifecycle.qemu_pid(d) is not None:
+            with contextlib.suppress(IvcloudError):
+                agent.run(d / "agent.sock",
+                          f"pkill -KILL -u {MPI_USER}; true", 10)
+    with contextlib.suppress(IvcloudError):
+        return job.output()
+    return ""
