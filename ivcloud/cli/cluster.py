@@ -278,7 +278,6 @@ def _cmd_mpirun(args) -> int:
     if not program:
         raise CliError("no program given (usage: ivcloud cluster mpirun "
                        "-np N -- PROGRAM [ARGS...])")
-    mpis.flavor(args.mpi)
     _refuse_options(args)
     options = [tuple(kv) for kv in args.mca]
     if args.btl is not None:

@@ -66,6 +66,11 @@ class InstanceKind(ABC):
     def record(self) -> Dict:
         return {"kind": self.name}
 
+    def describe(self, state: Optional[Dict]) -> Dict:
+        """What a session's description says of its instances (state:
+        None before they are up)."""
+        return {}
+
     @abstractmethod
     def start(self, build) -> None:
         """Bring every instance of build.topo up, recording each step."""
@@ -308,6 +313,10 @@ class VmInstances(InstanceKind):
 
     def record(self) -> Dict:
         return {**super().record(), "vm": self.config.to_dict(), "vms": {}}
+
+    def describe(self, state: Optional[Dict]) -> Dict:
+        return {"accel": vm_instance.guest_accel(state) if state else None,
+                "vm_memory_mb": self.config.memory_mb}
 
     def start(self, build) -> None:
         vm_instance.start_guests(build.topo, build.sd, build.state,
