@@ -3,8 +3,9 @@
 A cluster's instances are of one kind: `choose()` at `up` (refusing,
 before anything exists, what the kind cannot do here), `of_state()`
 once up. Nothing else asks which kind it has; it asks the kind. A third
-kind is one subclass of InstanceKind defining its abstract methods and,
-if it runs slurmd, a slurm.nodes.Nodes of its own (slurm_nodes).
+kind is one subclass of InstanceKind defining `name`, `title` and its
+abstract methods and, if it runs slurmd, a slurm.nodes.Nodes of its own
+(slurm_nodes).
 """
 
 from __future__ import annotations

@@ -290,11 +290,6 @@ def _namespaces(state: Optional[Dict], all_holders: List[holder.Holder],
     return certain, recorded
 
 
-def _cluster_processes(name: str, certain, recorded) -> List[int]:
-    return sorted(set(holder.processes_in(certain))
-                  | set(holder.processes_in(recorded, cluster=name)))
-
-
 def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
     names = [s["name"] for s in (state or {}).get("servers", {}).values()]
     if sd.servers.is_dir():
@@ -329,9 +324,10 @@ def _kill_inside(name: str, holders: List[holder.Holder], certain: Dict,
     """_kill_all of `holders` and every process in their namespaces
     (_namespaces' certain and recorded ones)."""
     return _kill_all(
-        lambda first: (set(_cluster_processes(name, certain, recorded))
+        lambda first: (set(holder.processes_in(certain))
+                       | set(holder.processes_in(recorded, cluster=name))
                        | {h.pid for h in holders if h.alive()}) if first else
-        set(_cluster_processes(name, {}, _merged(certain, recorded))),
+        set(holder.processes_in(_merged(certain, recorded), cluster=name)),
         grace_s)
 
 
@@ -379,13 +375,13 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0
     if left:
         problems.append(f"fabric pids {left} survived SIGKILL")
 
-    # 4. check, then the files
-    for kind in ("net", "mnt"):
-        certain[kind] |= fab_certain[kind]
-        recorded[kind] |= fab_recorded[kind] | certain[kind]
-    # the holders are gone now, so every namespace counts as recorded only
+    # 4. check, then the files; the holders are gone now, so every
+    # namespace counts as recorded only
+    every = _merged(_merged(certain, recorded),
+                    _merged(fab_certain, fab_recorded))
+
     def remaining():
-        return set(_cluster_processes(name, {}, recorded)
+        return set(holder.processes_in(every, cluster=name)
                    + [h.pid for h in holder.find_by_marker(name)])
     _kill_all(lambda first: remaining(), grace_s)   # slipped in meanwhile
     still = remaining()

@@ -8,8 +8,8 @@ directory (STATE_DIR/vm/<hostname>/, after a migration state.json's
 
 from __future__ import annotations
 
-import contextlib
 import base64
+import contextlib
 import gzip
 import hashlib
 import os
