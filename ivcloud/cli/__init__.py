@@ -120,6 +120,18 @@ def sub_actions(p: argparse.ArgumentParser, metavar: str = "ACTION"):
     return actions
 
 
+def action(actions, name: str, func: Callable[..., int], *options,
+           **kw) -> argparse.ArgumentParser:
+    """Action `name` of a command (sub_actions), run by func(args), with
+    the options that each of `options` (functions of the parser) adds
+    first: those its command's actions share."""
+    p = actions.add_parser(name, **kw)
+    for add in options:
+        add(p)
+    p.set_defaults(func=func)
+    return p
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are a single line and exit status 2."""
 

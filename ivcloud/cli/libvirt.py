@@ -20,7 +20,7 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
 from ..server import parse_size
-from . import CliError, checked, int_at_least, number, sub_actions
+from . import CliError, action, checked, int_at_least, number, sub_actions
 
 DEFAULT_URI = "qemu:///system"
 
@@ -113,7 +113,8 @@ def register(sub) -> None:
                                    "pinned instances.")
     actions = sub_actions(p)
 
-    d = actions.add_parser("domain-xml", help="print a domain definition")
+    d = action(actions, "domain-xml", _cmd_domain_xml,
+               help="print a domain definition")
     d.add_argument("--name", required=True, help="domain name")
     d.add_argument("--memory", type=_size, default=1 << 30,
                    help="guest RAM (default 1G)")
@@ -152,25 +153,23 @@ def register(sub) -> None:
                    help="check the result with virt-xml-validate")
     d.add_argument("--output", "-o", metavar="FILE",
                    help="write the XML here instead of stdout")
-    d.set_defaults(func=_cmd_domain_xml)
 
-    s = actions.add_parser("shmem-xml", help="print one <shmem> device "
-                                             "(for virsh attach-device)")
+    s = action(actions, "shmem-xml", _cmd_shmem_xml,
+               help="print one <shmem> device (for virsh attach-device)")
     _add_shmem_args(s, "", name_required=True)
     s.add_argument("--no-check", action="store_true",
                    help="do not check that the server socket exists")
-    s.set_defaults(func=_cmd_shmem_xml)
 
-    a = actions.add_parser("attach-shmem", help="hot-attach an ivshmem "
-                                                "device to a domain")
+    a = action(actions, "attach-shmem", _cmd_attach,
+               help="hot-attach an ivshmem device to a domain")
     a.add_argument("--domain", required=True, help="libvirt domain name "
                                                    "(Nova: instance-XXXXXXXX)")
     _add_shmem_args(a, "", name_required=True)
     _connect_arg(a)
     _target_args(a)
-    a.set_defaults(func=_cmd_attach)
 
-    t = actions.add_parser("detach-shmem", help="detach an ivshmem device")
+    t = action(actions, "detach-shmem", _cmd_detach,
+               help="detach an ivshmem device")
     t.add_argument("--domain", required=True, help="libvirt domain name")
     t.add_argument("--name", required=True, dest="shm_name",
                    help="shmem name")
@@ -179,20 +178,17 @@ def register(sub) -> None:
                         "device (default 10)")
     _connect_arg(t)
     _target_args(t)
-    t.set_defaults(func=_cmd_detach)
 
-    w = actions.add_parser("watch", help="attach each Nova instance to its "
-                                         "project's own ivshmem-server as "
-                                         "it starts",
-                           description="Attach every matching instance to "
-                                       "the ivshmem-server of the Nova "
-                                       "project that owns it (from the "
-                                       "domain's Nova metadata), starting "
-                                       "that server on demand and stopping "
-                                       "it when the project's last instance "
-                                       "on this host is gone: instances of "
-                                       "different projects never share a "
-                                       "region.")
+    w = action(actions, "watch", _cmd_watch,
+               help="attach each Nova instance to its project's own "
+                    "ivshmem-server as it starts",
+               description="Attach every matching instance to the "
+                           "ivshmem-server of the Nova project that owns "
+                           "it (from the domain's Nova metadata), starting "
+                           "that server on demand and stopping it when the "
+                           "project's last instance on this host is gone: "
+                           "instances of different projects never share a "
+                           "region.")
     w.add_argument("--domain-glob", metavar="PATTERN",
                    help="domain names to serve, e.g. 'instance-*'")
     w.add_argument("--flavor", help="only Nova instances of this flavor "
@@ -215,12 +211,11 @@ def register(sub) -> None:
                    help="exit after the first attach")
     w.add_argument("--timeout", type=_seconds, default=None,
                    help="exit after this many seconds (default: never)")
-    w.set_defaults(func=_cmd_watch)
 
-    m = actions.add_parser("migrate", help="live-migrate a domain to "
-                                           "another host, its ivshmem "
-                                           "devices detached first and the "
-                                           "destination's attached after")
+    m = action(actions, "migrate", _cmd_migrate,
+               help="live-migrate a domain to another host, its ivshmem "
+                    "devices detached first and the destination's "
+                    "attached after")
     m.add_argument("domain", metavar="DOMAIN")
     m.add_argument("dest_uri", metavar="DEST_URI",
                    help="the destination's libvirt URI")
@@ -238,11 +233,9 @@ def register(sub) -> None:
                    help="seconds for each device to be released or attached "
                         "(default 60)")
     _connect_arg(m)
-    m.set_defaults(func=_cmd_migrate)
 
-    n = actions.add_parser("nova-flavor", help="print `openstack flavor` "
-                                               "commands with the extra "
-                                               "specs")
+    n = action(actions, "nova-flavor", _cmd_nova_flavor,
+               help="print `openstack flavor` commands with the extra specs")
     n.add_argument("--name", default="ivcloud.hpc",
                    help="flavor name (default ivcloud.hpc)")
     n.add_argument("--vcpus", type=int_at_least(1), required=True)
@@ -263,7 +256,6 @@ def register(sub) -> None:
                    help="hw:emulator_threads_policy (default: not set)")
     n.add_argument("--json", action="store_true",
                    help="print the flavor and extra specs as JSON")
-    n.set_defaults(func=_cmd_nova_flavor)
 
 
 # ---------------------------------------------------------------- actions

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..apps.mag import CHILD_FLAG, TRANSPORTS
-from . import CliError, comma_list, number, positive_int
+from . import CliError, action, comma_list, number, positive_int
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BENCH_PROBLEMS = ("bar", "sp4")
@@ -41,7 +41,7 @@ def register(sub) -> None:
                                    "energy minimisation on MPI ranks.")
     # sub-parsers inherit the top parser's class: one-line usage errors
     acts = p.add_subparsers(dest="action", metavar="ACTION")
-    run = acts.add_parser("run", help="run a problem file")
+    run = action(acts, "run", cmd_run, help="run a problem file")
     run.add_argument("problem", help="problem file (TOML)")
     run.add_argument("--out", required=True, help="output directory")
     run.add_argument("--np", type=positive_int, default=1,
@@ -61,15 +61,13 @@ def register(sub) -> None:
                           "0: at every table row; default 60)")
     run.add_argument(CHILD_FLAG, action="store_true",
                      help=argparse.SUPPRESS)
-    run.set_defaults(func=cmd_run)
 
-    chk = acts.add_parser("check", help="validate a problem file and print "
-                                        "its effective configuration")
+    chk = action(acts, "check", cmd_check, help="validate a problem file "
+                 "and print its effective configuration")
     chk.add_argument("problem")
-    chk.set_defaults(func=cmd_check)
 
-    b = acts.add_parser("bench", help="time the solver on the thesis bar "
-                                      "and standard problem 4")
+    b = action(acts, "bench", cmd_bench, help="time the solver on the "
+               "thesis bar and standard problem 4")
     b.add_argument("--json", help="write the results to this file")
     b.add_argument("--np", type=_np_list, default=[1, 2],
                    help="rank counts, comma-separated (default 1,2)")
@@ -90,11 +88,9 @@ def register(sub) -> None:
                         "problems (sp4, sp4_field2) and the ellipsoid in "
                         "this finite-difference code (make peer-neuralmag "
                         "installs it), in the same rounds")
-    b.set_defaults(func=cmd_bench)
 
-    c = acts.add_parser("converge", help="mesh-convergence study of a "
-                                         "structured-box problem (e.g. "
-                                         "standard problem 4)")
+    c = action(acts, "converge", cmd_converge, help="mesh-convergence "
+               "study of a structured-box problem (e.g. standard problem 4)")
     c.add_argument("problem", help="problem file (TOML)")
     c.add_argument("--out", required=True, help="study directory (one "
                    "run per cell size in it; finished runs are reused)")
@@ -138,7 +134,6 @@ def register(sub) -> None:
                         "none, or a file of rows 't mx my mz' (t in s)")
     c.add_argument("--no-run", action="store_true",
                    help="only compare what the runs in --out have so far")
-    c.set_defaults(func=cmd_converge)
 
 
 def cmd_check(args) -> int:

@@ -9,7 +9,7 @@ import json
 from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, MAX_FAST_CHANNELS,
                       MAX_PEERS, MAX_QUEUE_SLOTS, format_size, parse_size,
                       paths_for, start, status, stop)
-from . import CliError, checked, number, sub_actions
+from . import CliError, action, checked, number, sub_actions
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,8 +35,8 @@ def register(sub) -> None:
                                    "daemons (one per name).")
     actions = sub_actions(p)
 
-    s = actions.add_parser("start", help="start a server daemon")
-    _common(s)
+    s = action(actions, "start", _cmd_start, _common,
+               help="start a server daemon")
     s.add_argument("--size", type=checked(parse_size), default=64 << 20,
                    help="region size, a power of two (default 64M)")
     s.add_argument("--vectors", type=_ranged_int(1, 64), default=1,
@@ -62,17 +62,12 @@ def register(sub) -> None:
                         "the socket only")
     s.add_argument("--verbose", action="store_true",
                    help="log joins and leaves to syslog")
-    s.set_defaults(func=_cmd_start)
 
-    t = actions.add_parser("stop", help="stop a server daemon")
-    _common(t)
-    t.set_defaults(func=_cmd_stop)
+    action(actions, "stop", _cmd_stop, _common, help="stop a server daemon")
 
-    u = actions.add_parser("status", help="show whether a server runs and "
-                                          "its peers")
-    _common(u)
+    u = action(actions, "status", _cmd_status, _common,
+               help="show whether a server runs and its peers")
     u.add_argument("--json", action="store_true", help="print JSON")
-    u.set_defaults(func=_cmd_status)
 
 
 def _cmd_start(args) -> int:

@@ -15,7 +15,7 @@ from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
-from . import CliError, checked, number, remainder, sub_actions
+from . import CliError, action, checked, number, remainder, sub_actions
 
 _integer = number(int, "expected an integer, not '{}'")
 
@@ -56,7 +56,7 @@ def register(sub) -> None:
                                    "an ivshmem-server (see docs/vm.md).")
     actions = sub_actions(p)
 
-    u = actions.add_parser("up", help="boot N VMs")
+    u = action(actions, "up", _cmd_up, help="boot N VMs")
     u.add_argument("--count", type=_integer, default=1,
                    help="how many VMs (default 1)")
     u.add_argument("--server", required=True, metavar="SOCKET",
@@ -89,34 +89,29 @@ def register(sub) -> None:
                    help=f"seconds to wait for the guests "
                         f"(default {BOOT_TIMEOUT_S:.0f})")
     _run_dir_arg(u)
-    u.set_defaults(func=_cmd_up)
 
-    d = actions.add_parser("down", help="stop VMs and remove their files")
+    d = action(actions, "down", _cmd_down,
+               help="stop VMs and remove their files")
     d.add_argument("--name", action="append", default=None,
                    help="a VM to stop (repeatable; default all)")
     _run_dir_arg(d)
-    d.set_defaults(func=_cmd_down)
 
-    s = actions.add_parser("status", help="list VMs, their QEMU and vCPU "
-                                          "threads")
+    s = action(actions, "status", _cmd_status,
+               help="list VMs, their QEMU and vCPU threads")
     s.add_argument("--name", action="append", default=None)
     s.add_argument("--json", action="store_true", help="print JSON")
     _run_dir_arg(s)
-    s.set_defaults(func=_cmd_status)
 
-    e = actions.add_parser("exec", help="run a shell command in a VM")
+    e = action(actions, "exec", _cmd_exec, help="run a shell command in a VM")
     e.add_argument("vm", metavar="NAME")
     e.add_argument("--timeout", type=float, default=60.0)
     e.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- COMMAND [ARGS...] (run by the guest's sh)")
     _run_dir_arg(e)
-    e.set_defaults(func=_cmd_exec)
 
-    i = actions.add_parser("image", help="build the guest kernel + "
-                                         "initramfs")
-    _image_args(i)
+    i = action(actions, "image", _cmd_image, _image_args,
+               help="build the guest kernel + initramfs")
     i.add_argument("--rebuild", action="store_true")
-    i.set_defaults(func=_cmd_image)
 
     q = sub.add_parser("pin", help="pin the vCPU threads of running VMs to "
                                    "host cores",

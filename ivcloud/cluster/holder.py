@@ -10,6 +10,7 @@ start time (docs/cluster.md, "Commands": how `down` finds it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -203,10 +204,8 @@ def wait_ready(proc: subprocess.Popen, role: str,
         raise HolderError(f"holder {role} not ready after "
                           f"{timeout_s:.0f} s")
     if line.strip() != "ready":
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         err = proc.stderr.read().decode(errors="replace").strip().splitlines()
         raise HolderError(f"holder {role} failed: "
                           f"{err[-1] if err else line.strip() or 'no output'}")
@@ -233,8 +232,6 @@ def holder_info(state: Dict, role: str) -> Dict:
     h = Holder.from_dict(rec)
     info = {"pid": h.pid, "alive": h.alive()}
     if info["alive"]:
-        try:
+        with contextlib.suppress(OSError):
             info["cpus"] = sorted(os.sched_getaffinity(h.pid))
-        except OSError:
-            pass
     return info

@@ -3,8 +3,9 @@
 A cluster's instances are of one kind: `choose()` at `up` (refusing,
 before anything exists, what the kind cannot do here), `of_state()`
 once up. Nothing else asks which kind it has; it asks the kind. A third
-kind is one subclass of InstanceKind defining its abstract methods and,
-if it runs slurmd, a slurm.nodes.Nodes of its own (slurm_nodes).
+kind is one subclass of InstanceKind defining `name`, `title` and its
+abstract methods and, if it runs slurmd, a slurm.nodes.Nodes of its own
+(slurm_nodes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import tarfile
 import tempfile
 import uuid
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, ContextManager, Dict, List, Optional, Sequence
@@ -59,12 +59,18 @@ class JobSite:
 
 class InstanceKind(ABC):
     name: ClassVar[str]
+    title: ClassVar[str]     # what `status` calls the instances
     # whether the servers' standing ivshmem-servers tell their clients
     # that a peer left (docs/server-protocol.md, "Quiet leaves")
     standing_leave_notices: ClassVar[bool] = True
 
     def record(self) -> Dict:
         return {"kind": self.name}
+
+    def describe(self, state: Optional[Dict]) -> Dict:
+        """What a session's description says of its instances (state:
+        None before they are up)."""
+        return {}
 
     @abstractmethod
     def start(self, build) -> None:
@@ -173,6 +179,7 @@ class NamespaceInstances(InstanceKind):
     its server's bridge; launchers run on the head node and reach the
     instances through the launch agent (launch.py)."""
     name = "namespace"
+    title = "instances"
 
     def start(self, build) -> None:
         servers = build.topo.server_list()
@@ -296,6 +303,7 @@ class VmInstances(InstanceKind):
     the guests' devices were attached at boot, so jobs share each
     server's standing region (a VM cluster is one trust domain)."""
     name = "vm"
+    title = "QEMU guests"
     # the clients are QEMU devices, which must be able to leave (a
     # migration) after another peer left: QEMU 7.2 cannot unplug a
     # device that was told of a leave (qemu.remove_chardev)
@@ -306,6 +314,10 @@ class VmInstances(InstanceKind):
 
     def record(self) -> Dict:
         return {**super().record(), "vm": self.config.to_dict(), "vms": {}}
+
+    def describe(self, state: Optional[Dict]) -> Dict:
+        return {"accel": vm_instance.guest_accel(state) if state else None,
+                "vm_memory_mb": self.config.memory_mb}
 
     def start(self, build) -> None:
         vm_instance.start_guests(build.topo, build.sd, build.state,
@@ -453,10 +465,8 @@ def of_state(state: Optional[Dict]) -> InstanceKind:
     return NamespaceInstances()
 
 
-
 def _each_guest(state: Dict, fn) -> None:
-    """fn(host) for every guest at once (each has its own agent)."""
-    hosts = sorted(state["vms"])
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        for f in [pool.submit(fn, h) for h in hosts]:
-            f.result()
+    """fn(host) in every guest at once; the first guest's error raised."""
+    for _, _, error in vm_instance.each(sorted(state["vms"]), fn):
+        if error is not None:
+            raise error

@@ -6,6 +6,7 @@ also as the rollback of a failed `up` (docs/cluster.md, "Commands").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -139,10 +140,8 @@ class Build:
         try:
             holder.wait_ready(proc, role)
         except holder.HolderError:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            except ProcessLookupError:
-                pass
             proc.wait()
             raise
         # Only the namespaces it unshared are recorded (the fabric keeps
@@ -291,11 +290,6 @@ def _namespaces(state: Optional[Dict], all_holders: List[holder.Holder],
     return certain, recorded
 
 
-def _cluster_processes(name: str, certain, recorded) -> List[int]:
-    return sorted(set(holder.processes_in(certain))
-                  | set(holder.processes_in(recorded, cluster=name)))
-
-
 def _server_names(state: Optional[Dict], sd: StateDir) -> List[str]:
     names = [s["name"] for s in (state or {}).get("servers", {}).values()]
     if sd.servers.is_dir():
@@ -330,9 +324,10 @@ def _kill_inside(name: str, holders: List[holder.Holder], certain: Dict,
     """_kill_all of `holders` and every process in their namespaces
     (_namespaces' certain and recorded ones)."""
     return _kill_all(
-        lambda first: (set(_cluster_processes(name, certain, recorded))
+        lambda first: (set(holder.processes_in(certain))
+                       | set(holder.processes_in(recorded, cluster=name))
                        | {h.pid for h in holders if h.alive()}) if first else
-        set(_cluster_processes(name, {}, _merged(certain, recorded))),
+        set(holder.processes_in(_merged(certain, recorded), cluster=name)),
         grace_s)
 
 
@@ -380,13 +375,13 @@ def teardown(sd: StateDir, state: Optional[Dict], grace_s: float = 3.0
     if left:
         problems.append(f"fabric pids {left} survived SIGKILL")
 
-    # 4. check, then the files
-    for kind in ("net", "mnt"):
-        certain[kind] |= fab_certain[kind]
-        recorded[kind] |= fab_recorded[kind] | certain[kind]
-    # the holders are gone now, so every namespace counts as recorded only
+    # 4. check, then the files; the holders are gone now, so every
+    # namespace counts as recorded only
+    every = _merged(_merged(certain, recorded),
+                    _merged(fab_certain, fab_recorded))
+
     def remaining():
-        return set(_cluster_processes(name, {}, recorded)
+        return set(holder.processes_in(every, cluster=name)
                    + [h.pid for h in holder.find_by_marker(name)])
     _kill_all(lambda first: remaining(), grace_s)   # slipped in meanwhile
     still = remaining()
@@ -465,7 +460,7 @@ def status(sd: StateDir) -> Dict:
                and all(s["running"] for s in servers)
                and (slurm is None or slurm["healthy"]))
     return {"name": state["name"], "phase": state.get("phase"),
-            "kind": kind.name,
+            "kind": kind.name, "kind_title": kind.title,
             "healthy": healthy, "state_dir": str(sd.dir),
             "servers_count": topo.servers,
             "instances_per_server": topo.instances_per_server,

@@ -117,12 +117,9 @@ def guest_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
         "  echo \"@@user launcher|$p|of \\`ivcloud\\` pid ${j%%-*}||"
         "${c#* -- }\"",
         "done 2>/dev/null",
-        f"g=$(readlink /sys/bus/pci/devices/{q([addr])}/iommu_group)",
         "btl=$(echo $(grep -l -F " + BTL_LIBRARY +
         " /proc/[0-9]*/maps 2>/dev/null))",
-        "dev=$({ grep -l -F " + q([f"/{addr}/resource2"]) +
-        " /proc/[0-9]*/maps; [ -z \"$g\" ] || find /proc/[0-9]*/fd "
-        "-maxdepth 1 -lname \"/dev/vfio/${g##*/}\"; } 2>/dev/null)",
+        *_device_users(addr),
         "for f in $btl $dev; do",
         "  p=${f#/proc/}; p=${p%%/*}",
         "  case \" $seen \" in *\" $p \"*) continue;; esac",
@@ -167,18 +164,15 @@ def _region_of(state: Dict, server: int) -> str:
                          f"holds no region")
 
 
-def _device_pids(addr: str) -> str:
-    """A guest's shell lines that print `@@pid P` for each process that
-    maps the region of the device at `addr` or holds its vfio group (the
-    provider's ranks)."""
+def _device_users(addr: str) -> List[str]:
+    """A guest's shell lines that set $dev to the /proc files by which
+    processes map the region of the device at `addr` (/proc/P/maps) or
+    hold its vfio group (/proc/P/fd): the provider's ranks, a tool."""
     q = agent.quote
-    return "\n".join([
-        f"g=$(readlink /sys/bus/pci/devices/{q([addr])}/iommu_group)",
-        "for f in $({ grep -l -F " + q([f"/{addr}/resource2"]) +
-        " /proc/[0-9]*/maps; [ -z \"$g\" ] || find /proc/[0-9]*/fd "
-        "-maxdepth 1 -lname \"/dev/vfio/${g##*/}\"; } 2>/dev/null); do",
-        "  p=${f#/proc/}; echo \"@@pid ${p%%/*}\"",
-        "done; true"])
+    return [f"g=$(readlink /sys/bus/pci/devices/{q([addr])}/iommu_group)",
+            "dev=$({ grep -l -F " + q([f"/{addr}/resource2"]) +
+            " /proc/[0-9]*/maps; [ -z \"$g\" ] || find /proc/[0-9]*/fd "
+            "-maxdepth 1 -lname \"/dev/vfio/${g##*/}\"; } 2>/dev/null)"]
 
 
 def _gone(sock: Path, host: str, pids: List[int]) -> List[int]:
@@ -204,11 +198,12 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
     (sock.parent / HIDDEN).touch()   # until unhide or unplug (heal)
     # the position is the guest's own word: a false one only asks ranks of
     # the same trust domain to move to the core (docs/migration.md)
-    out = vm_instance.guest_run(sock, host, f"{_device_pids(addr)}\n"
-                                f"mv -f {GUEST_ENV} {AWAY_ENV}"
-                                f" 2>/dev/null; sed -n 's/^IVSHM_POSITION="
-                                f"//p' {guest_regions.BIND_DIR}/{addr}.env",
-                                GUEST_TIMEOUT_S)
+    out = vm_instance.guest_run(sock, host, "\n".join([
+        *_device_users(addr),
+        "for f in $dev; do p=${f#/proc/}; echo \"@@pid ${p%%/*}\"; done",
+        f"mv -f {GUEST_ENV} {AWAY_ENV} 2>/dev/null; sed -n "
+        f"'s/^IVSHM_POSITION=//p' {guest_regions.BIND_DIR}/{addr}.env"]),
+        GUEST_TIMEOUT_S)
     pids = sorted({int(w[6:]) for w in out.splitlines()
                    if w.startswith("@@pid ") and w[6:].isdigit()})
     position = next((w.strip() for w in out.splitlines()
@@ -334,7 +329,8 @@ def heal(state: Dict, locked: bool = False) -> None:
                 if (Path(rec["dir"]) / HIDDEN).exists()]
     if not hidden():
         return
-    try:
+    # _Busy: that migration puts it back or takes the device
+    with contextlib.suppress(_Busy):
         with contextlib.nullcontext() if locked else \
                 filelock.held(Path(state["dir"]) / "migrate.lock", 0.0,
                               _Busy):
@@ -352,8 +348,6 @@ def heal(state: Dict, locked: bool = False) -> None:
                         (d / HIDDEN).unlink(missing_ok=True)
                 except (OSError, IvcloudError):   # the next caller tries again
                     continue
-    except _Busy:   # that migration puts it back or takes the device
-        pass
 
 
 class _Busy(Exception):
@@ -563,12 +557,9 @@ def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
     report."""
     m = _Move(sd, state, host, src, dest, say, t0)
     try:
-        m.unplug_source()
-        m.make_tap()
-        m.start_destination()
-        m.migrate()
-        m.plug_destination()
-        m.switch()
+        for step in (m.unplug_source, m.make_tap, m.start_destination,
+                     m.migrate, m.plug_destination, m.switch):
+            step()
     except BaseException as e:
         problems = process.undo(m.undo, say)
         if not isinstance(e, Exception):

@@ -43,7 +43,6 @@ class ClusterSession:
         self.log = log or sys.stderr
         self.state: Optional[Dict] = None
         self._signals = contextlib.ExitStack()
-        self.vm = vm
         # refuses (no QEMU, no package, memory) before anything exists
         self.instances = kinds.choose(self.topo, vm)
         self.scheduler = Slurm(slurm) if slurm is not None else None
@@ -63,9 +62,8 @@ class ClusterSession:
         d = {"name": self.name, "servers": t.servers,
              "instances_per_server": t.instances_per_server,
              "vcpus": t.vcpus, "host_cpus": len(t.host_cpus),
-             "uplink_rate": self.uplink_rate, "instance_kind": self.kind}
-        if self.vm is not None:
-            d.update(accel=self.accel, vm_memory_mb=self.vm.memory_mb)
+             "uplink_rate": self.uplink_rate, "instance_kind": self.kind,
+             **self.instances.describe(self.state)}
         if self.scheduler is not None:
             d["scheduler"] = "slurm"
         return d

@@ -9,15 +9,17 @@ directory (STATE_DIR/vm/<hostname>/, after a migration state.json's
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import hashlib
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from ..errors import (AgentError, ClusterError, ClusterFailure, IvcloudError,
                       VmFailure)
@@ -49,6 +51,8 @@ SHARED_NOTE = ("the guests' ivshmem devices were attached at boot: this "
                "trust domain)")
 # at most this many root ports for hot-plugged devices per guest
 MAX_JOB_PORTS = 8
+
+T = TypeVar("T")
 
 
 def tap_name(hostname: str) -> str:
@@ -146,12 +150,10 @@ def preflight(topo: ClusterTopology, options: VmOptions) -> VmConfig:
 
 def _mem_available() -> Optional[int]:
     """/proc/meminfo's MemAvailable, in bytes."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
     return None
 
 
@@ -457,12 +459,32 @@ def first_guest(state: Dict) -> str:
     return min(state["vms"])
 
 
+def each(hosts: Sequence[str], fn: Callable[[str], T]
+         ) -> List[Tuple[str, Optional[T], Optional[BaseException]]]:
+    """fn(host) for every guest of `hosts` at once (each has its own
+    agent, and TCG guests are slow: one at a time would add up);
+    (host, result, error) for each."""
+    def call(host):
+        try:
+            return host, fn(host), None
+        except BaseException as e:   # reported by the caller
+            return host, None, e
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return list(pool.map(call, hosts))
+
+
 def host_of_dir(state: Dict, d: Path) -> str:
     """The instance whose QEMU lives in directory `d`."""
     for host, rec in state.get("vms", {}).items():
         if Path(rec["dir"]) == d:
             return host
     return d.name
+
+
+def _dead(state: Dict, dirs: Sequence[Path]) -> List[str]:
+    """The instances of `dirs` whose QEMU is gone."""
+    return [host_of_dir(state, d) for d in dirs
+            if vm_lifecycle.qemu_pid(d) is None]
 
 
 def rank_env(state: Dict) -> Dict[str, str]:
@@ -481,12 +503,10 @@ def rank_env(state: Dict) -> Dict[str, str]:
 def _read_and_remove(sock: Path, path: str) -> str:
     """The text of file `path` in a guest, which is removed; "" when
     that guest is gone."""
-    try:
-        r = agent.run(sock, f"cat {agent.quote([path])} 2>/dev/null; "
-                            f"rm -f {agent.quote([path])}", 60)
-    except IvcloudError:
-        return ""
-    return r.output
+    with contextlib.suppress(IvcloudError):
+        return agent.run(sock, f"cat {agent.quote([path])} 2>/dev/null; "
+                               f"rm -f {agent.quote([path])}", 60).output
+    return ""
 
 
 def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
@@ -500,8 +520,7 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
     host = first_guest(state)
     sock = guest(state, host)
     dirs = [Path(v["dir"]) for v in state["vms"].values()]
-    dead = [host_of_dir(state, d) for d in dirs
-            if vm_lifecycle.qemu_pid(d) is None]
+    dead = _dead(state, dirs)
     if dead:
         raise ClusterFailure(f"instance(s) {', '.join(dead)} down (the "
                              f"cluster is degraded: take it down)")
@@ -518,10 +537,8 @@ def run_launcher(state: Dict, argv: Sequence[str], files: Dict[str, str],
     finally:
         errors = _read_and_remove(sock, err)
         if files:
-            try:
+            with contextlib.suppress(IvcloudError):
                 agent.run(sock, f"rm -f {agent.quote(list(files))}", 30)
-            except IvcloudError:
-                pass
     for f, data in ((stdout or sys.stdout, out), (stderr or sys.stderr,
                                                   errors)):
         f.write(data)
@@ -548,13 +565,11 @@ def _follow(state: Dict, job: agent.Job, dirs: List[Path], host: str,
                 rc = None
             if rc is not None:
                 return rc, job.output()
-            dead = [host_of_dir(state, d) for d in dirs
-                    if vm_lifecycle.qemu_pid(d) is None]
+            dead = _dead(state, dirs)
             if dead:
                 # a guest that moved (cluster migrate) runs on elsewhere
                 state, dirs = _moved(state, dirs)
-                dead = [host_of_dir(state, d) for d in dirs
-                        if vm_lifecycle.qemu_pid(d) is None]
+                dead = _dead(state, dirs)
             if dead:
                 out = _end(state, job, dirs)
                 return 137, out + (f"instance(s) {', '.join(dead)} died "
@@ -584,17 +599,11 @@ def _moved(state: Dict, dirs: List[Path]) -> Tuple[Dict, List[Path]]:
 def _end(state: Dict, job: agent.Job, dirs: List[Path]) -> str:
     """Kill the job's processes in every guest still alive; returns what
     the job printed so far (when its guest is alive)."""
-    out = ""
     for d in dirs:
-        if vm_lifecycle.qemu_pid(d) is None:
-            continue
-        try:
-            agent.run(d / "agent.sock", f"pkill -KILL -u {MPI_USER}; true",
-                      10)
-        except IvcloudError:
-            pass
-    try:
-        out = job.output()
-    except IvcloudError:
-        pass
-    return out
+        if vm_lifecycle.qemu_pid(d) is not None:
+            with contextlib.suppress(IvcloudError):
+                agent.run(d / "agent.sock",
+                          f"pkill -KILL -u {MPI_USER}; true", 10)
+    with contextlib.suppress(IvcloudError):
+        return job.output()
+    return ""

@@ -228,19 +228,17 @@ def task_prolog_text(topo: ClusterTopology, servers_dir: Path,
     return "\n".join(lines + _export_unset(env)) + "\n"
 
 
-# the BTL's parameters of a guest's device, by ivshm-bind's names of
-# them (packaging/guest/ivshm-bind writes both), and the value given
-# (an unknown position is -1: the BTL reads it from BAR0)
-GUEST_DEVICE_MCA = (("IVSHM_BAR2", "btl_ivshmem_region", "$val"),
-                    ("IVSHM_UIO", "btl_ivshmem_uio_dev", "$val"),
-                    ("IVSHM_BAR0", "btl_ivshmem_bar0", "$val"),
-                    ("IVSHM_POSITION", "btl_ivshmem_position", "${val:--1}"))
-# the provider's variables of the same (docs/provider.md), given only
-# when known (the provider reads what is missing from BAR0)
-GUEST_DEVICE_FI = (("IVSHM_BAR2", "FI_IVSHM_REGION"),
-                   ("IVSHM_UIO", "FI_IVSHM_UIO_DEV"),
-                   ("IVSHM_BAR0", "FI_IVSHM_BAR0"),
-                   ("IVSHM_POSITION", "FI_IVSHM_POSITION"))
+# a guest's device by ivshm-bind's names of its settings (packaging/
+# guest/ivshm-bind writes them): the BTL's parameter of each and the
+# value given (an unknown position is -1: the BTL reads it from BAR0),
+# and the provider's variable (docs/provider.md), given only when known
+# (the provider reads what is missing from BAR0)
+GUEST_DEVICE = (
+    ("IVSHM_BAR2", "btl_ivshmem_region", "$val", "FI_IVSHM_REGION"),
+    ("IVSHM_UIO", "btl_ivshmem_uio_dev", "$val", "FI_IVSHM_UIO_DEV"),
+    ("IVSHM_BAR0", "btl_ivshmem_bar0", "$val", "FI_IVSHM_BAR0"),
+    ("IVSHM_POSITION", "btl_ivshmem_position", "${val:--1}",
+     "FI_IVSHM_POSITION"))
 
 
 def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
@@ -254,14 +252,13 @@ def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
     provider's variables of it. A task without that file gets no
     ivshmem BTL, and the provider no region, rather than the standing
     region."""
-    fi = dict(GUEST_DEVICE_FI)
-    # every one of them, empty too: the guests' Open MPI defaults name
+    # every BTL parameter, empty too: the guests' Open MPI defaults name
     # the device of boot, whose doorbell is not the job's
     case = [f'        {key}) [ -n "${{OMPI_MCA_{param}+set}}" ] || '
             f'echo "export OMPI_MCA_{param}={value}"; '
-            f'[ -z "$val" ] || [ -n "${{{fi[key]}+set}}" ] || '
-            f'echo "export {fi[key]}=$val" ;;'
-            for key, param, value in GUEST_DEVICE_MCA]
+            f'[ -z "$val" ] || [ -n "${{{fi}+set}}" ] || '
+            f'echo "export {fi}=$val" ;;'
+            for key, param, value, fi in GUEST_DEVICE]
     return "\n".join([
         "#!/bin/sh",
         "# Slurm TaskProlog of a VM cluster's guests",

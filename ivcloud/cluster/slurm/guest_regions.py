@@ -11,9 +11,8 @@ short, and a lock per guest orders prologs and epilogs on its ports.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ... import filelock
 from ...errors import ClusterFailure, IvcloudError
@@ -35,8 +34,6 @@ APPEAR_TIMEOUT_S = 30.0
 BIND_TIMEOUT_S = 120.0
 UNPLUG_TIMEOUT_S = 30.0
 LOCK_TIMEOUT_S = 60.0
-
-T = TypeVar("T")
 
 
 def device_id(job: int) -> str:
@@ -178,19 +175,6 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
     return problems
 
 
-def _each(hosts: Sequence[str], fn: Callable[[str], T]
-          ) -> List[Tuple[str, T, BaseException]]:
-    """fn(host) for every host at once (TCG guests are slow, one at a
-    time would add up); (host, result, error) for each."""
-    def call(host):
-        try:
-            return host, fn(host), None
-        except BaseException as e:   # reported by the caller
-            return host, None, e
-    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        return list(pool.map(call, hosts))
-
-
 def guests_of(state: Dict, nodes: Sequence[str]) -> List[str]:
     return [n for n in nodes if n in state.get("vms", {})]
 
@@ -201,7 +185,7 @@ def plug(state: Dict, job: int, nodes: Sequence[str],
     of the guest's emulated server (`sockets`: {server index: socket},
     regions.start_regions); {guest: PCI address}. All or nothing."""
     hosts = guests_of(state, nodes)
-    done = _each(hosts, lambda h: plug_one(
+    done = vm_instance.each(hosts, lambda h: plug_one(
         state, h, job, sockets[state["instances"][h]["server"]]))
     failed = [(h, e) for h, _, e in done if e is not None]
     if failed:
@@ -220,12 +204,12 @@ def unplug(state: Dict, job: int, nodes: Sequence[str]) -> List[str]:
     hosts = guests_of(state, nodes)
     problems: List[str] = []
     taken: Dict[str, Optional[str]] = {}
-    for h, result, e in _each(hosts, lambda h: _take_out(state, h, job)):
+    for h, result, e in vm_instance.each(hosts, lambda h: _take_out(state, h, job)):
         addr, found = result if e is None else (None, [f"{h}: {e!r}"])
         problems += found
         if not found:
             taken[h] = addr
-    for h, found, e in _each(sorted(taken), lambda h: _finish(
+    for h, found, e in vm_instance.each(sorted(taken), lambda h: _finish(
             state, h, job, taken[h])):
         problems += found if e is None else [f"{h}: {e!r}"]
     return problems

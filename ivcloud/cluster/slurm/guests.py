@@ -13,6 +13,7 @@ state.json records each one's pid in its guest ("guest": true), so that
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -196,9 +197,8 @@ class GuestNodes(Nodes):
                       f"grep -qx 'SLURM_JOB_ID={job}' || "
                       f"grep -qs '^slurmstepd: \\[{job}\\.' $d/cmdline; "
                       f"then kill -KILL ${{d#/proc/}} 2>/dev/null; fi; done; true")
-            try:
+            # its guest may have gone meanwhile: nothing of the job is left
+            with contextlib.suppress(IvcloudError):
                 vm_instance.exec_in(state, node, ["sh", "-c", script], 60)
                 done.append(node)
-            except IvcloudError:
-                pass   # its guest went meanwhile: nothing of the job is left
         return done

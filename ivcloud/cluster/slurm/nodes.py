@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ... import procfs
-from ...errors import ClusterError, ClusterFailure, LaunchError
+from ...errors import ClusterError, ClusterFailure
 from .. import holder
 from ..launch import enter_command, working_dir
 from ..topology import HEAD_HOSTNAME
@@ -67,10 +67,7 @@ def start_in_holder(state: Dict, host: str, argv: List[str], log: Path,
     """Run a daemon's start command in holder `host` (it forks the daemon
     and returns; its early complaints go to `log`); the daemon's record
     {pid, start, host} once it wrote `pidfile`."""
-    try:
-        full, env, cpus = enter_command(state, host, argv)
-    except LaunchError as e:
-        raise ClusterFailure(str(e))
+    full, env, cpus = enter_command(state, host, argv)
     with open(log, "ab") as out:
         try:
             p = subprocess.run(full, env=slurm_env(state, env), cwd="/",
@@ -198,10 +195,7 @@ def head_command(state: Dict, argv: Sequence[str]
                  ) -> Tuple[List[str], Dict[str, str], List[int]]:
     """(argv, env, cpus) running a Slurm command in the head node."""
     paths(state)
-    try:
-        full, env, cpus = enter_command(state, HEAD_HOSTNAME, argv)
-    except LaunchError as e:
-        raise ClusterFailure(str(e))
+    full, env, cpus = enter_command(state, HEAD_HOSTNAME, argv)
     return full, slurm_env(state, env), cpus
 
 
