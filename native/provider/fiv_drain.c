@@ -482,8 +482,21 @@ static void offer_in(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
         fiv_path_broken(ep, id, p, "its offer names another endpoint");
         return;
     }
-    if (!fiv_region_holds(ep, o.slot, o.generation, nonce))
-        return; /* not in our region (or not yet) */
+    /* where it is now: a live holder of that slot. A holder that left
+       (fiv_region_holds' last holder) is where it was: each region counts
+       its slots' generations from 1, so a rank that moved on offers a
+       (slot, generation) of its new region that may name its own
+       departed entry in ours. Taken for a place it is at, the pair would
+       wait for a back switch that never comes; and our answer to the
+       place it has now would not go (rg_told). */
+    ivshm_peer_info live;
+    if (!fiv_region_holds(ep, o.slot, o.generation, nonce) ||
+        ivshm_peer(ep->h, o.slot, &live) < 0) {
+        p->rg_ok = p->rg_told = p->rg_heard = false;
+        return; /* not in our region (or no longer) */
+    }
+    if (p->rg_ok && (o.slot != p->rg_slot || o.generation != p->rg_gen))
+        p->rg_told = p->rg_heard = false; /* it came back elsewhere */
     p->rg_ok = true;
     p->rg_slot = o.slot;
     p->rg_gen = o.generation;

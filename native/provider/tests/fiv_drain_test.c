@@ -18,7 +18,10 @@
  * regions; and four ranks as two servers of two (`ivcloud bench
  * migrate`), where rank 2 joins the region of ranks 0 and 1 and both new
  * pairs go back to it at once (rank 2 then sends them nothing over the
- * core; each pair's round trip before and after is printed). Another
+ * core; each pair's round trip before and after is printed). A guest's
+ * round trip: rank 0 moves to an empty region and back, twice, each drain
+ * begun under a put and a 64 MiB message each way, each region mapped
+ * away from the last one's addresses. Another
  * puts thousands of region messages ahead of a SWITCH while the core
  * messages behind it arrive first.
  *
@@ -34,6 +37,9 @@
  * "forged_back_unasked").
  */
 #include "fiv_test.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "ivshm_admin.h"
 
@@ -607,6 +613,366 @@ static void moving_body(struct rank *r)
     t_barrier(r);
     t_close(r);
     free(l);
+}
+
+/* ---- there and back: a guest's rank moves to another server and back
+   under a ring with an RMA epoch and a 64 MiB message in flight ---- */
+
+#define RT_TURNS 26
+#define RT_BIG (64u << 20)
+#define RT_SMALL 8
+#define RT_SMALL_MAX 65536
+#define RT_TAG_S 0x51
+#define RT_TAG_B 0x52
+#define RT_TAG_F 0x53
+#define RT_HOLD_MS 200
+static const int rt_moves[] = {3, 8, 13, 18}; /* turns: B, A, B, A */
+#define RT_NMOVES (int)(sizeof rt_moves / sizeof rt_moves[0])
+
+struct rt {
+    struct rank *r;
+    int peer;
+    fi_addr_t pa;
+    uint8_t win[64];             /* the peer's puts, a half per turn      */
+    struct fid_mr *mr;
+    uint64_t pkey, paddr;
+    uint8_t put[2][16];
+    int puts_out;
+    uint8_t *big_in, *big_out;
+    bool big_in_done, big_out_done;
+    uint32_t nbig;
+    uint8_t tx[RT_SMALL][RT_SMALL_MAX], rx[RT_SMALL][RT_SMALL_MAX];
+    uint32_t next_tx, next_rx;   /* small messages, each way               */
+    int tx_out, rx_out;
+    uint64_t fence_in, fence_out;
+    bool fence_got, fence_sent;
+    int peeks;                   /* FI_PEEKs not answered yet             */
+};
+
+/* MPI_Iprobe of any source: progress, and a look at what has arrived. */
+static void rt_peek(struct rt *s)
+{
+    struct fi_msg_tagged m = {.addr = FI_ADDR_UNSPEC, .tag = RT_TAG_B,
+                              .context = &s->peeks};
+    REQ_RC(fi_trecvmsg(s->r->ep, &m, FI_PEEK), 0);
+    s->peeks++;
+}
+
+static size_t rt_len(uint32_t i)
+{
+    return i % 3 == 0 ? RT_SMALL_MAX : 64;
+}
+
+static void rt_stamp(uint8_t out[16], uint32_t turn, int src, int k)
+{
+    uint64_t a = (uint64_t)turn * 2 + (uint64_t)k, b = (uint64_t)src;
+    memcpy(out, &a, 8);
+    memcpy(out + 8, &b, 8);
+}
+
+static uint8_t rt_fill(uint32_t nbig, int src)
+{
+    return (uint8_t)(nbig * 37u + (unsigned)src);
+}
+
+/* One completion, if any, checked and counted. */
+static void rt_poll(struct rt *s)
+{
+    struct fi_cq_tagged_entry e;
+    ssize_t n = fi_cq_read(s->r->cq, &e, 1);
+    if (n == -FI_EAGAIN)
+        return;
+    if (n == -FI_EAVAIL) {
+        struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
+        REQ_RC(fi_cq_readerr(s->r->cq, &err, 0), 1);
+        if (err.op_context == &s->peeks && err.err == FI_ENOMSG) {
+            s->peeks--; /* nothing yet (MPI_Iprobe) */
+            return;
+        }
+        fprintf(stderr, "[pid %d] error completion: %s\n", (int)getpid(),
+                fi_strerror(err.err));
+        _exit(99);
+    }
+    REQ_RC(n, 1);
+    void *c = e.op_context;
+    if (c == &s->peeks) {
+        REQ(e.len == RT_BIG && e.tag == RT_TAG_B);
+        s->peeks--;
+    } else if (c == s->put[0] || c == s->put[1]) {
+        s->puts_out--;
+    } else if (c == s->big_out) {
+        s->big_out_done = true;
+    } else if (c == s->big_in) {
+        uint8_t want = rt_fill(s->nbig, s->peer);
+        uint64_t hdr[2];
+        memcpy(hdr, s->big_in, sizeof hdr);
+        REQ(e.len == RT_BIG && hdr[0] == s->nbig &&
+            hdr[1] == (uint64_t)s->peer);
+        for (size_t j = 16; j < RT_BIG; j++)
+            if (s->big_in[j] != want) {
+                fprintf(stderr, "[pid %d] 64 MiB message %u: byte %zu is %u, "
+                        "not %u\n", (int)getpid(), s->nbig, j, s->big_in[j],
+                        want);
+                _exit(99);
+            }
+        s->big_in_done = true;
+    } else if (c >= (void *)s->tx && c < (void *)(s->tx + RT_SMALL)) {
+        s->tx_out--;
+    } else if (c >= (void *)s->rx && c < (void *)(s->rx + RT_SMALL)) {
+        uint8_t *b = c;
+        uint32_t seq;
+        memcpy(&seq, b, sizeof seq);
+        if (seq != s->next_rx || e.len != rt_len(seq)) {
+            fprintf(stderr, "[pid %d] message %u arrived as %u\n",
+                    (int)getpid(), s->next_rx, seq);
+            _exit(99);
+        }
+        for (size_t j = sizeof seq; j < e.len; j++)
+            REQ(b[j] == byte_of(s->peer, seq, j));
+        s->next_rx++;
+        s->rx_out--;
+    } else if (c == &s->fence_in) {
+        s->fence_got = true;
+    } else if (c == &s->fence_out) {
+        s->fence_sent = true;
+    } else {
+        REQ(!"a completion of nothing we posted");
+    }
+}
+
+/* MPI's fence: our puts are in place at the peer (acknowledged), then
+   each side tells the other. */
+static void rt_fence(struct rt *s, uint32_t turn, uint64_t end)
+{
+    s->fence_got = s->fence_sent = false;
+    REQ_RC(fi_trecv(s->r->ep, &s->fence_in, sizeof s->fence_in, NULL, s->pa,
+                    RT_TAG_F, 0, &s->fence_in), 0);
+    while (s->puts_out) {
+        REQ(t_now_ms() < end);
+        rt_poll(s);
+    }
+    s->fence_out = turn;
+    ssize_t rc;
+    while ((rc = fi_tsend(s->r->ep, &s->fence_out, sizeof s->fence_out, NULL,
+                          s->pa, RT_TAG_F, &s->fence_out)) == -FI_EAGAIN)
+        rt_poll(s);
+    REQ_RC(rc, 0);
+    while (!s->fence_got || !s->fence_sent) {
+        REQ(t_now_ms() < end);
+        rt_poll(s);
+    }
+    REQ(s->fence_in == turn);
+}
+
+static void rt_put(struct rt *s, uint32_t turn, int k)
+{
+    rt_stamp(s->put[k], turn, s->r->me, k);
+    uint64_t at = s->paddr + (turn % 2) * 32 + (uint64_t)k * 16;
+    ssize_t rc;
+    while ((rc = fi_write(s->r->ep, s->put[k], 16, NULL, s->pa, at, s->pkey,
+                          s->put[k])) == -FI_EAGAIN)
+        rt_poll(s);
+    REQ_RC(rc, 0);
+    s->puts_out++;
+}
+
+/* The bytes of the file at `path` mapped here: the range, if one. */
+static bool rt_mapping(const char *path, uintptr_t *lo, uintptr_t *hi)
+{
+    struct stat st;
+    REQ(stat(path, &st) == 0);
+    FILE *f = fopen("/proc/self/maps", "r");
+    REQ(f);
+    char line[512];
+    bool found = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b, ino;
+        unsigned maj, mnr;
+        if (sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &a, &b, &maj, &mnr,
+                   &ino) == 5 && ino == st.st_ino && b - a > *hi - *lo) {
+            *lo = a;
+            *hi = b;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Rank 0 is the guest that moves, and the host of its own moves: at a
+   move's turn it asks its entry to drain while the turn's put and a
+   64 MiB message to it (whose receive it holds back) are in flight, takes
+   its name of the region away once it answered, puts a placeholder where
+   the region was mapped (a hot-plugged device's BAR is mapped elsewhere:
+   nothing may point into the old mapping), then receives, and gives it
+   the other region. */
+static void round_trip(struct rank *r)
+{
+    t_open(r, version);
+    t_exchange(r);
+    struct rt *s = calloc(1, sizeof *s);
+    REQ(s);
+    s->r = r;
+    s->peer = 1 - r->me;
+    s->pa = r->addr[s->peer];
+    s->big_in = malloc(RT_BIG);
+    s->big_out = malloc(RT_BIG);
+    REQ(s->big_in && s->big_out);
+    REQ_RC(fi_mr_reg(r->dom, s->win, sizeof s->win,
+                     FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &s->mr, NULL),
+           0);
+    uint64_t keys[2][2];
+    for (int root = 0; root < 2; root++) {
+        uint64_t b[2] = {fi_mr_key(s->mr), (uint64_t)(uintptr_t)s->win};
+        t_bcast(r, root, b, sizeof b);
+        memcpy(keys[root], b, sizeof b);
+    }
+    s->pkey = keys[s->peer][0];
+    s->paddr = keys[s->peer][1];
+    uint64_t end = t_now_ms() + 150000;
+    int moved = 0;
+    for (uint32_t turn = 0; turn < RT_TURNS; turn++) {
+        rt_fence(s, turn, end);
+        rt_put(s, turn, 0);
+        bool big = moved < RT_NMOVES && (int)turn == rt_moves[moved];
+        if (big) {
+            memset(s->big_out, rt_fill(s->nbig, r->me), RT_BIG);
+            uint64_t hdr[2] = {s->nbig, (uint64_t)r->me};
+            memcpy(s->big_out, hdr, sizeof hdr);
+            s->big_in_done = s->big_out_done = false;
+            ssize_t rc;
+            while ((rc = fi_tsend(r->ep, s->big_out, RT_BIG, NULL, s->pa,
+                                  RT_TAG_B, s->big_out)) == -FI_EAGAIN)
+                rt_poll(s);
+            REQ_RC(rc, 0);
+            if (r->me == 0) {
+                const char *from = moved % 2 ? region_b : region_path;
+                const char *to = moved % 2 ? region_path : region_b;
+                /* in a region again since the last move */
+                char name[NAMELEN];
+                int slot = -1;
+                uint32_t gen = 0;
+                while (slot < 0) {
+                    REQ(t_now_ms() < end);
+                    size_t len = sizeof name;
+                    REQ_RC(fi_getname(&r->ep->fid, name, &len), 0);
+                    name_slot(name, &slot, &gen);
+                    rt_poll(s);
+                }
+                uintptr_t lo = 0, hi = 0;
+                REQ(rt_mapping(from, &lo, &hi));
+                int fd = open(from, O_RDWR | O_CLOEXEC);
+                REQ(fd >= 0);
+                ivshm_admin *a = NULL;
+                REQ_RC(ivshm_admin_open(fd, &a), 0);
+                close(fd);
+                uint32_t req = REQ_NO + (uint32_t)moved;
+                REQ_RC(ivshm_admin_drain_slot(a, slot, gen, req), 0);
+                int32_t st = 1;
+                int rc2;
+                /* as MPI_Iprobe in a loop with a pause: progress at a
+                   slow pace while the receive is held */
+                while ((rc2 = ivshm_admin_drain_state(a, slot, gen, req,
+                                                      &st)) == 0) {
+                    REQ(t_now_ms() < end);
+                    rt_peek(s);
+                    rt_poll(s);
+                    usleep(500);
+                }
+                REQ_RC(rc2, 1);
+                REQ_RC(st, 0);
+                ivshm_admin_close(a);
+                REQ(unlink(link_path) == 0);
+                /* the old mapping's addresses stay taken (by this, or by
+                   what the rank mapped there since) */
+                void *ph = mmap((void *)lo, hi - lo, PROT_NONE,
+                                MAP_PRIVATE | MAP_ANONYMOUS |
+                                MAP_FIXED_NOREPLACE, -1, 0);
+                REQ(ph == (void *)lo || (ph == MAP_FAILED && errno == EEXIST));
+                uint64_t hold = t_now_ms() + RT_HOLD_MS;
+                while (t_now_ms() < hold) {
+                    rt_peek(s);
+                    rt_poll(s);
+                    usleep(500);
+                }
+                /* the device comes back while the message may still
+                   arrive over the core: its receive posted before the
+                   rank takes the region again, or after */
+                bool late = moved / 2 % 2;
+                if (!late)
+                    REQ_RC(fi_trecv(r->ep, s->big_in, RT_BIG, NULL, s->pa,
+                                    RT_TAG_B, 0, s->big_in), 0);
+                REQ(link(to, link_path) == 0);
+                if (late) {
+                    for (slot = -1; slot < 0;) {
+                        REQ(t_now_ms() < end);
+                        size_t len = sizeof name;
+                        REQ_RC(fi_getname(&r->ep->fid, name, &len), 0);
+                        name_slot(name, &slot, &gen);
+                        rt_poll(s);
+                    }
+                    REQ_RC(fi_trecv(r->ep, s->big_in, RT_BIG, NULL, s->pa,
+                                    RT_TAG_B, 0, s->big_in), 0);
+                }
+            } else {
+                REQ_RC(fi_trecv(r->ep, s->big_in, RT_BIG, NULL, s->pa,
+                                RT_TAG_B, 0, s->big_in), 0);
+            }
+            while (!s->big_in_done || !s->big_out_done) {
+                REQ(t_now_ms() < end);
+                rt_poll(s);
+            }
+            s->nbig++;
+            moved++;
+        }
+        /* the turn's messages, a third of them of several fragments */
+        uint32_t first = s->next_rx;
+        for (int k = 0; k < RT_SMALL; k++) {
+            REQ_RC(fi_trecv(r->ep, s->rx[k], RT_SMALL_MAX, NULL, s->pa,
+                            RT_TAG_S, 0, s->rx[k]), 0);
+            s->rx_out++;
+        }
+        for (int k = 0; k < RT_SMALL; k++) {
+            uint32_t i = s->next_tx;
+            memcpy(s->tx[k], &i, sizeof i);
+            for (size_t j = sizeof i; j < rt_len(i); j++)
+                s->tx[k][j] = byte_of(r->me, i, j);
+            ssize_t rc;
+            while ((rc = fi_tsend(r->ep, s->tx[k], rt_len(i), NULL, s->pa,
+                                  RT_TAG_S, s->tx[k])) == -FI_EAGAIN)
+                rt_poll(s);
+            REQ_RC(rc, 0);
+            s->tx_out++;
+            s->next_tx++;
+        }
+        while (s->tx_out || s->rx_out) {
+            REQ(t_now_ms() < end);
+            rt_poll(s);
+        }
+        REQ(s->next_rx == first + RT_SMALL);
+        rt_put(s, turn, 1);
+        rt_fence(s, turn + RT_TURNS, end);
+        uint8_t want[32];
+        rt_stamp(want, turn, s->peer, 0);
+        rt_stamp(want + 16, turn, s->peer, 1);
+        if (memcmp(s->win + (turn % 2) * 32, want, sizeof want)) {
+            fprintf(stderr, "[pid %d] turn %u: the peer's puts are not in "
+                    "our window\n", (int)getpid(), turn);
+            _exit(99);
+        }
+    }
+    REQ(moved == RT_NMOVES);
+    while (s->peeks) {
+        REQ(t_now_ms() < end);
+        rt_poll(s);
+    }
+    t_barrier(r);
+    REQ_RC(fi_close(&s->mr->fid), 0);
+    t_close(r);
+    free(s->big_in);
+    free(s->big_out);
+    free(s);
 }
 
 /* ---- four ranks on two regions, one moving: every pair after ---- */
@@ -1207,6 +1573,42 @@ int main(void)
            nph > 1 ? ph[1][0] : -1, nph > 1 ? ph[1][1] : -1,
            nph > 2 ? ph[2][0] : -1, nph > 2 ? ph[2][1] : -1,
            (unsigned long long)(t_now_ms() - t0));
+    failed += f;
+
+    /* rank 0 (a guest) moves from region A to B and back, twice, each
+       drain begun while a put and a 64 MiB message each way are in flight,
+       each region mapped where no old pointer reaches */
+    region_path = t_region(8, 0);
+    region_b = t_region(8, 0);
+    unlink(link_path);
+    REQ(link(region_path, link_path) == 0);
+    snprintf(env, sizeof env, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1;"
+             "FI_IVSHM_DRAIN_MS=40000", region_path);
+    char env_rt[480];
+    snprintf(env_rt, sizeof env_rt, "FI_IVSHM_REGION=%s;FI_IVSHM_REPORT=1;"
+             "FI_IVSHM_DRAIN_MS=40000", link_path);
+    const char *env_trip[] = {env_rt, env};
+    t0 = t_now_ms();
+    f = t_run(2, round_trip, env_trip, 180, tmpl);
+    /* each move away switched the pair to the core, each move back to
+       the region again, on both sides */
+    long long dr = field(tmpl, 0, " drained ");
+    rj0 = field(tmpl, 0, " rejoined ");
+    sw0 = field(tmpl, 0, " switched ");
+    sw1 = field(tmpl, 1, " switched ");
+    if (!f && !(dr == RT_NMOVES && rj0 == RT_NMOVES && sw0 == RT_NMOVES &&
+                sw1 == RT_NMOVES)) {
+        fprintf(stderr, "report lines: rank 0 drained %lld rejoined %lld "
+                "switched %lld, rank 1 switched %lld\n", dr, rj0, sw0, sw1);
+        f = 1;
+    }
+    if (f || getenv("FIV_DRAIN_SHOW"))
+        show(tmpl, 2);
+    printf("%s: there and back: rank 0 moves to another region and back, "
+           "twice, each drain "
+           "begun under a put and a 64 MiB message each way, each region "
+           "mapped at a new address: every byte once (%llu ms)\n",
+           f ? "FAIL" : "ok", (unsigned long long)(t_now_ms() - t0));
     failed += f;
 
     /* rank 2 moves from region B (rank 3's) to region A (ranks 0 and
