@@ -1,7 +1,7 @@
-"""An exclusive lock on a file, waited for up to a deadline: the one way
-the library keeps two of its processes out of each other's way over
-something on disk (an image cache entry being built, a guest's root
-ports being handed out).
+"""A lock on a file, waited for up to a deadline: the one way the library
+keeps two of its processes out of each other's way over something on
+disk (an image cache entry being built, a guest's root ports being
+handed out, a guest's agent kept quiet while its QEMU unplugs a device).
 
 flock(2) locks go with the open file, so a holder killed with -9 lets
 go at once; the file itself stays, empty, for the next holder.
@@ -20,15 +20,18 @@ POLL_S = 0.1
 
 @contextlib.contextmanager
 def held(path: Path, timeout: float,
-         stuck: Callable[[], Exception]) -> Iterator[None]:
+         stuck: Callable[[], Exception], shared: bool = False
+         ) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing) for the
-    block. Waits at most `timeout` seconds for another holder to let go,
+    block, or with `shared` one that only an exclusive holder keeps out.
+    Waits at most `timeout` seconds for a holder in the way to let go,
     then raises stuck(), the caller's own domain error."""
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     with open(path, "a") as f:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, mode | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:

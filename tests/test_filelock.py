@@ -1,12 +1,15 @@
 """ivcloud.filelock: a lock another process holds is waited for up to the
 deadline and then refused with the caller's own error; one whose holder
 was killed with -9 is free at once; the lock is released on the way out
-of the block, also by an exception."""
+of the block, also by an exception; shared holders keep out only an
+exclusive one, which the guest agent uses to let no connection reach a
+QEMU while it unplugs a device (agent.quiet)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,20 +17,31 @@ import time
 import pytest
 
 from ivcloud import filelock
-from ivcloud.errors import ClusterFailure
+from ivcloud.errors import AgentError, ClusterFailure
+from ivcloud.vm import agent
 
 HOLDER = """
 import sys, time
 from ivcloud import filelock
 from ivcloud.errors import ClusterFailure
-with filelock.held(sys.argv[1], 5, lambda: ClusterFailure("stuck")):
+with filelock.held(sys.argv[1], 5, lambda: ClusterFailure("stuck"),
+                   shared=sys.argv[2:] == ["shared"]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+QUIET = """
+import sys, time
+from pathlib import Path
+from ivcloud.vm import agent
+with agent.quiet(Path(sys.argv[1]), 5):
     print("held", flush=True)
     time.sleep(60)
 """
 
 
-def _holder(path):
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)],
+def _holder(path, *args, program=HOLDER):
+    p = subprocess.Popen([sys.executable, "-c", program, str(path), *args],
                          stdout=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert p.stdout.readline().strip() == "held"
@@ -68,3 +82,40 @@ def test_released_after_the_block_also_on_an_error(tmp_path):
     p = _holder(path)
     p.kill()
     p.wait()
+
+
+def test_shared_holders_keep_out_only_an_exclusive_one(tmp_path):
+    path = tmp_path / "agent.lock"
+    p = _holder(path, "shared")
+    try:
+        t0 = time.monotonic()
+        with filelock.held(path, 5, lambda: ClusterFailure("stuck"),
+                           shared=True):
+            assert time.monotonic() - t0 < 1
+        with pytest.raises(ClusterFailure, match="exclusive"):
+            with filelock.held(path, 0.3,
+                               lambda: ClusterFailure("exclusive")):
+                pytest.fail("an exclusive lock beside a shared holder")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_no_agent_connection_while_another_process_keeps_it_quiet(tmp_path):
+    sock = tmp_path / "agent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(4)
+    listener.setblocking(False)
+    p = _holder(sock, program=QUIET)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(AgentError, match="device unplug held it"):
+            agent.run(sock, "true", timeout=0.5)
+        assert 0.5 <= time.monotonic() - t0 < 3
+        with pytest.raises(BlockingIOError):
+            listener.accept()   # nothing connected meanwhile
+    finally:
+        p.kill()
+        p.wait()
+        listener.close()

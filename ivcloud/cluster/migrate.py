@@ -366,8 +366,10 @@ def unplug(d: Path, host: str) -> str:
         addr = qemu.find_device(q, qemu.BOOT_DEVICE)
         if addr is None:
             raise ClusterFailure(f"guest {host} has no device of boot")
-        if not qemu.unplug_ivshmem(q, pid, qemu.BOOT_DEVICE,
-                                   UNPLUG_TIMEOUT_S):
+        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
+            back = qemu.unplug_ivshmem(q, pid, qemu.BOOT_DEVICE,
+                                       UNPLUG_TIMEOUT_S)
+        if not back:
             raise ClusterFailure(
                 f"guest {host} did not give its device ({addr}) back "
                 f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")

@@ -8,11 +8,17 @@ ID\\n", the command's output (stdout and stderr) in base64, "@@ivc-end ID
 STATUS\\n". A command that is not acknowledged within RESEND_S is sent
 again; the guest runs a given ID once and answers every copy of it, so a
 line lost on the serial connection costs a resend, never a second run.
+
+Each connection is a new descriptor in QEMU (its chardev accepts it),
+so every command holds a shared lock on agent.lock beside the socket
+for as long as it is connected, and quiet() holds it exclusively while
+QEMU must open nothing (qemu.unplug_ivshmem's eventfd guard).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import os
 import re
@@ -21,12 +27,14 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
+from .. import filelock
 from ..errors import AgentError
 
 _ids = itertools.count(1)
 RESEND_S = 1.5
+LOCK = "agent.lock"   # beside agent.sock (quiet)
 
 
 @dataclass
@@ -44,8 +52,33 @@ def _new_id() -> str:
     return f"{os.getpid()}-{next(_ids)}-{time.monotonic_ns() % 1000000}"
 
 
+@contextlib.contextmanager
+def quiet(sock_path: Path, timeout: float) -> Iterator[None]:
+    """No new connection to the agent at `sock_path` for the block: it
+    waits, at most `timeout` s, for the commands connected now to end
+    (then AgentError), and later ones wait until it ends.
+
+    Why: QEMU 7.2 leaves an unplugged ivshmem-doorbell's fd handlers
+    behind, and an agent connection that QEMU accepted under one of
+    their descriptor numbers before qemu.guard_eventfds covered it ran
+    the freed device's handler (a guest kernel oops, or QEMU refusing
+    the move: "could not be guarded")."""
+    with filelock.held(sock_path.with_name(LOCK), timeout, lambda: AgentError(
+            f"the guest agent at {sock_path} stayed busy for {timeout:.0f} s "
+            f"(a command running through it)")):
+        yield
+
+
 def run(sock_path: Path, command: str, timeout: float = 60.0) -> Result:
     """Run `command` with the guest's sh; its status and output."""
+    deadline = time.monotonic() + timeout
+    with filelock.held(sock_path.with_name(LOCK), timeout, lambda: AgentError(
+            f"the guest agent at {sock_path} stayed quiet for "
+            f"{timeout:.0f} s (a device unplug held it)"), shared=True):
+        return _run(sock_path, command, max(0.05, deadline - time.monotonic()))
+
+
+def _run(sock_path: Path, command: str, timeout: float) -> Result:
     cid = _new_id()
     line = f"{cid} {base64.b64encode(command.encode()).decode()}\n".encode()
     end = re.compile(rb"@@ivc-begin " + re.escape(cid.encode()) +

@@ -445,8 +445,12 @@ def unplug_ivshmem(q: Qmp, qemu_pid: int, dev_id: str,
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.2)
-    open_holes = guard_eventfds(q, qemu_pid,
-                                before - set(_fd_numbers(qemu_pid)), dev_id)
+    now = set(_fd_numbers(qemu_pid))
+    # a number that a file other than an eventfd holds already was taken
+    # before it could be covered (an eventfd opened there since cannot
+    # be told from the device's: no agent connection is, agent.quiet)
+    open_holes = (before & now) - _eventfd_numbers(qemu_pid)
+    open_holes |= guard_eventfds(q, qemu_pid, before - now, dev_id)
     if open_holes:
         raise QmpError(f"{dev_id} is unplugged, but its descriptors "
                        f"{sorted(open_holes)} could not be guarded: QEMU "

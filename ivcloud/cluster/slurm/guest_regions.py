@@ -141,7 +141,9 @@ def _take_out(state: Dict, host: str, job: int
     try:
         with port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             addr = qemu.find_device(q, dev)
-            if not qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S):
+            with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
+                back = qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S)
+            if not back:
                 return None, [f"guest {host} did not give device {dev} "
                               f"({addr}) back within "
                               f"{UNPLUG_TIMEOUT_S:.0f} s"]
