@@ -4,7 +4,9 @@ LLG in Landau-Lifshitz form, with gamma0 = mu0 |gamma_e| in m/(A s):
 
     dm/dt = -gamma0/(1 + alpha^2) [ m x H + alpha m x (m x H) ]
 
-integrated by PETSc TS on the distributed vector_vec of the FEM space:
+integrated by PETSc TS on the distributed vector_vec of the FEM space
+(with m tied through a film, State.tie_stacks, the explicit methods on
+one m per stack: Dynamics.rhs_stacks):
 
     rk5dp   explicit Dormand-Prince 5(4), adaptive (default)
     rk3bs   explicit Bogacki-Shampine 3(2), adaptive
