@@ -94,16 +94,38 @@ def main(argv) -> int:
     out["m x H"] = timed(lambda: dyn.dmdt_local(m, h), a.reps)
     out["rhs()"] = timed(lambda: dyn.rhs(0.0, st.m, F), a.reps)
     out["VecAXPY"] = timed(lambda: F.axpy(0.5, work), a.reps)
+    sk = st.stacks
+    if sk is not None:
+        # m stored once per stack (what the explicit integrators use)
+        u, Fs, ws = sk.vector(), sk.vector(), sk.vector()
+        with u as arr:
+            sk.restrict(m, arr.reshape(-1, 3))
+        for term in terms:
+            f = term.stack_field(st)
+            if f is not None:
+                out[f"{term.name}: stack_field()"] = timed(
+                    lambda: f(st, u, ws), a.reps)
+        out["stacks: stack_field()"] = timed(
+            lambda: dyn.stack_field(u, 0.0, ws), a.reps)
+        hs = ws.getArray(readonly=True).reshape(-1, 3)
+        us = u.getArray(readonly=True).reshape(-1, 3)
+        out["stacks: m x H"] = timed(
+            lambda: dyn.dmdt_local(us, hs, coef=dyn._stack_c), a.reps)
+        out["stacks: rhs_stacks()"] = timed(
+            lambda: dyn.rhs_stacks(0.0, u, Fs), a.reps)
+        out["stacks: VecAXPY"] = timed(lambda: Fs.axpy(0.5, ws), a.reps)
     # one short integration: steps, right-hand sides, the integrator's
     # own work per step
     rhs_cpu = [0.0]
-    inner = dyn.rhs
+    name = "rhs" if sk is None or not stage.integrator.startswith("rk") \
+        else "rhs_stacks"
+    inner = getattr(dyn, name)
 
     def counted(t, u, f):
         t0 = time.process_time()
         inner(t, u, f)
         rhs_cpu[0] += time.process_time() - t0
-    dyn.rhs = counted
+    setattr(dyn, name, counted)
     dyn.n_rhs = 0
     t0 = time.process_time()
     res = llg.integrate(dyn, st.t + a.ps * 1e-12, method=stage.integrator,

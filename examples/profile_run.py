@@ -33,7 +33,8 @@ from micromag.terms import demag_grid, exchange  # noqa: E402
 TIME = defaultdict(float)
 COUNT = defaultdict(int)
 IN_STEPS = defaultdict(float)      # the part of TIME inside integrate()
-_depth = {"integrate": 0}
+IN_STACKS = defaultdict(float)     # ... inside Dynamics.stack_field
+_depth = {"integrate": 0, "stacks": 0}
 
 WRAPPED = [
     (exchange.Exchange, "h"), (demag_grid.GridDemag, "h"),
@@ -42,6 +43,7 @@ WRAPPED = [
     (demag_grid._SlabConvolution, "apply"),
     (demag_grid._SerialConvolution, "apply"),
     (llg.Dynamics, "field"), (llg.Dynamics, "rhs"),
+    (llg.Dynamics, "stack_field"), (llg.Dynamics, "rhs_stacks"),
     (llg.Dynamics, "dmdt_local"), (simulation.Simulation, "record"),
     (simulation.Simulation, "snapshot"), (checkpoint.Writer, "write"),
     (checkpoint.Writer, "due"), (state_mod.State, "normalize"),
@@ -54,20 +56,26 @@ def _wrap(owner, name: str) -> None:
     key = ".".join(key)
     fn = getattr(owner, name)
     outer = key == "llg.integrate"
+    stacks = key == "Dynamics.stack_field"
 
     def timed(*args, **kw):
         inside = _depth["integrate"] > 0
+        in_stacks = _depth["stacks"] > 0
         _depth["integrate"] += outer
+        _depth["stacks"] += stacks
         t0 = time.perf_counter()
         try:
             return fn(*args, **kw)
         finally:
             dt = time.perf_counter() - t0
             _depth["integrate"] -= outer
+            _depth["stacks"] -= stacks
             TIME[key] += dt
             COUNT[key] += 1
             if inside:
                 IN_STEPS[key] += dt
+            if in_stacks:
+                IN_STACKS[key] += dt
     setattr(owner, name, timed)
 
 
@@ -78,8 +86,10 @@ def shares(solve: float) -> list:
     per_field = g("Dynamics.field") / max(n("Dynamics.field"), 1)
     per_dmdt = g("Dynamics.dmdt_local") / max(n("Dynamics.dmdt_local"), 1)
     conv = g("_SlabConvolution.apply") + g("_SerialConvolution.apply")
+    per_stacks = g("Dynamics.stack_field") / max(
+        n("Dynamics.stack_field"), 1)
     post = sum(IN_STEPS[k] for k in (
-        "Dynamics.rhs", "Simulation.record", "Writer.write", "Writer.due",
+        "Dynamics.rhs", "Dynamics.rhs_stacks", "Simulation.record", "Writer.write", "Writer.due",
         "Simulation.snapshot", "State.normalize",
         "State.max_norm_deviation"))
     return [
@@ -93,6 +103,15 @@ def shares(solve: float) -> list:
         ("LLG m x H", g("Dynamics.dmdt_local")),
         ("rhs(): array views", g("Dynamics.rhs")
          - n("Dynamics.rhs") * (per_field + per_dmdt)),
+        # m tied over stacks (State.stacks): the terms' stack fields
+        # (exchange, the demag's transfers, Zeeman) and their sum, the
+        # convolution and any nodal term (field()) taken out
+        ("stack_field(): terms on the stacks, sum",
+         g("Dynamics.stack_field") - IN_STACKS["_SlabConvolution.apply"]
+         - IN_STACKS["_SerialConvolution.apply"]
+         - IN_STACKS["Dynamics.field"]),
+        ("rhs_stacks(): array views", g("Dynamics.rhs_stacks")
+         - n("Dynamics.rhs_stacks") * (per_stacks + per_dmdt)),
         ("integrator's own work", g("llg.integrate") - post),
         ("table rows", g("Simulation.record")),
         ("|m| checks, renormalization", g("State.normalize")

@@ -4,7 +4,9 @@ LLG in Landau-Lifshitz form, with gamma0 = mu0 |gamma_e| in m/(A s):
 
     dm/dt = -gamma0/(1 + alpha^2) [ m x H + alpha m x (m x H) ]
 
-integrated by PETSc TS on the distributed vector_vec of the FEM space:
+integrated by PETSc TS on the distributed vector_vec of the FEM space
+(with m tied through a film, State.tie_stacks, the explicit methods on
+one m per stack: Dynamics.rhs_stacks):
 
     rk5dp   explicit Dormand-Prince 5(4), adaptive (default)
     rk3bs   explicit Bogacki-Shampine 3(2), adaptive
@@ -61,7 +63,9 @@ class Dynamics:
         self.n_field = 0
         self.n_rhs = 0
         self.field_time = 0.0        # wall seconds spent in field()
-        self._scratch = None         # dmdt_local's work arrays
+        self._scratch = {}           # dmdt_local's work arrays, by size
+        self._stack_plan = None      # stack_field's terms and vectors
+        self._h_stacks = None        # rhs_stacks' field
         self.set_damping()
 
     def set_damping(self, alpha_local: Optional[np.ndarray] = None) -> None:
@@ -71,6 +75,14 @@ class Dynamics:
         c1 = np.where(st.magnetic_local, c1, 0.0)
         self._c1 = c1[:, None]
         self._c2 = (c1 * a)[:, None]
+        sk = st.stacks
+        if sk is not None:
+            # a stack's damping and gamma: its nodes', weighted by Ms V
+            # (the same where the material is uniform through the film)
+            a = sk.average(a)
+            c1 = -sk.average(st.gamma_local) / (1.0 + a * a)
+            c1 = np.where(sk.magnetic, c1, 0.0)
+            self._stack_c = (c1[:, None], (c1 * a)[:, None])
 
     # ------------------------------------------------------------ fields
 
@@ -89,15 +101,19 @@ class Dynamics:
         finally:
             st.m, st.t = saved_m, saved_t
 
-    def field(self, m_vec=None, t: Optional[float] = None, out=None):
+    def field(self, m_vec=None, t: Optional[float] = None, out=None,
+              average: bool = True, terms=None):
         """Effective field (A/m) at (m_vec, t), into `out` (default: the
-        object's own heff vector, returned)."""
+        object's own heff vector, returned). average=False leaves out the
+        stack average (State.tie_stacks) for a caller that restricts the
+        field itself (stack_field), `terms` a subset of the terms."""
         out = self.heff if out is None else out
+        terms = self.terms if terms is None else terms
         t0 = time.perf_counter()
         with self._at(m_vec, t) as st:
-            if not self.terms:
+            if not terms:
                 out.set(0.0)
-            for i, term in enumerate(self.terms):
+            for i, term in enumerate(terms):
                 # the first term writes the sum's start (no zeroing)
                 if i == 0:
                     term.h(st, out)
@@ -106,7 +122,8 @@ class Dynamics:
                 out.axpy(1.0, self._work)
             # m uniform over each stack (State.tie_stacks): the field of
             # the restricted energy
-            st.average_stacks(out)
+            if average:
+                st.average_stacks(out)
         self.field_time += time.perf_counter() - t0
         self.n_field += 1
         return out
@@ -120,18 +137,21 @@ class Dynamics:
         return out
 
     def dmdt_local(self, m: np.ndarray, h: np.ndarray,
-                   out: Optional[np.ndarray] = None) -> np.ndarray:
-        """dm/dt at the owned nodes, (nloc, 3), into `out` if given."""
+                   out: Optional[np.ndarray] = None,
+                   coef=None) -> np.ndarray:
+        """dm/dt at the owned nodes, (nloc, 3), into `out` if given
+        (coef: the stacks' (c1, c2) in place of the nodes')."""
         n = len(m)
-        if self._scratch is None or len(self._scratch[0]) != n:
-            self._scratch = (np.empty((n, 3)), np.empty((n, 3)),
-                             np.empty(n))
-        mxh, mxmxh, tmp = self._scratch
+        if n not in self._scratch:
+            self._scratch[n] = (np.empty((n, 3)), np.empty((n, 3)),
+                                np.empty(n))
+        mxh, mxmxh, tmp = self._scratch[n]
         out = np.empty((n, 3)) if out is None else out
+        c1, c2 = (self._c1, self._c2) if coef is None else coef
         _cross(m, h, mxh, tmp)
         _cross(m, mxh, mxmxh, tmp)
-        np.multiply(self._c1, mxh, out=out)
-        np.multiply(self._c2, mxmxh, out=mxmxh)
+        np.multiply(c1, mxh, out=out)
+        np.multiply(c2, mxmxh, out=mxmxh)
         out += mxmxh
         return out
 
@@ -141,6 +161,58 @@ class Dynamics:
         hv = h.getArray(readonly=True).reshape(-1, 3)
         with F as f:
             self.dmdt_local(m, hv, out=f.reshape(-1, 3))
+        self.n_rhs += 1
+
+    def stack_field(self, u, t: Optional[float], out):
+        """R H(P u) (State.stacks), the field of the energy restricted to
+        m tied over the stacks, into the stack vector `out`: the terms
+        that have one (Term.stack_field) on the stacks alone, the others
+        on the nodes of P u, their sum restricted."""
+        sk = self.state.stacks
+        t0 = time.perf_counter()
+        if self._stack_plan is None:
+            fast, slow = [], []
+            for term in self.terms:
+                f = term.stack_field(self.state)
+                (slow.append(term) if f is None else fast.append(f))
+            self._stack_plan = (fast, slow, sk.vector(),
+                                self.space.vector_vec())
+        fast, slow, work, m_nodes = self._stack_plan
+        with self._at(None, t) as st:
+            for i, f in enumerate(fast):
+                if i == 0:
+                    f(st, u, out)
+                    continue
+                f(st, u, work)
+                out.axpy(1.0, work)
+            if slow or not fast:
+                sk.prolong(u, m_nodes)
+                # one evaluation, counted below
+                counts = self.n_field, self.field_time
+                h = self.field(m_nodes, t, average=False, terms=slow)
+                self.n_field, self.field_time = counts
+                with work as w:
+                    sk.restrict(h.getArray(readonly=True).reshape(-1, 3),
+                                w.reshape(-1, 3))
+                if fast:
+                    out.axpy(1.0, work)
+                else:
+                    work.copy(out)
+        self.field_time += time.perf_counter() - t0
+        self.n_field += 1
+        return out
+
+    def rhs_stacks(self, t: float, u, F) -> None:
+        """The right-hand side on the stacks (State.stacks): u holds one
+        m per stack, the field is the restricted one (stack_field)."""
+        if self._h_stacks is None:
+            self._h_stacks = self.state.stacks.vector()
+        h = self.stack_field(u, t, self._h_stacks)
+        m = u.getArray(readonly=True).reshape(-1, 3)
+        hs = h.getArray(readonly=True).reshape(-1, 3)
+        with F as f:
+            self.dmdt_local(m, hs, out=f.reshape(-1, 3),
+                            coef=self._stack_c)
         self.n_rhs += 1
 
     def max_dmdt(self, m_vec=None, t: Optional[float] = None) -> float:
@@ -245,12 +317,16 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
               petsc_options: Optional[dict] = None,
               prefix: str = "mag_",
               renorm_tol: Optional[float] = None,
-              precondition: bool = True) -> dict:
+              precondition: bool = True,
+              on_stacks: bool = True) -> dict:
     """Integrate LLG from state.t to t_end (s). `callback(report)` is
     called at every multiple of output_every (from interpolated states,
     |m| renormalized) and at the end; returning True stops the run there.
     |m| is reset to 1 when it drifts by more than renorm_tol (default
-    rtol for RK, 10 rtol for the implicit methods). Returns
+    rtol for RK, 10 rtol for the implicit methods). With m tied over
+    stacks of nodes (State.tie_stacks) the explicit methods integrate
+    one m per stack unless on_stacks is False (the nodes, their field
+    averaged: the same solution, docs/mag.md "Discretization"). Returns
     statistics: steps, rejected, renormalizations, t."""
     PETSc = dyn.space.PETSc
     st = dyn.state
@@ -272,8 +348,16 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
     ts = PETSc.TS().create(comm=dyn.space.pcomm)
     ts.setOptionsPrefix(prefix)
     ts.setProblemType(PETSc.TS.ProblemType.NONLINEAR)
-    F = dyn.space.vector_vec()
-    ts.setRHSFunction(lambda ts_, t, u, f: dyn.rhs(t, u, f), F)
+    # m tied over stacks of nodes: the explicit methods integrate one m
+    # per stack (State.stacks); the implicit ones keep the nodes, whose
+    # exchange Jacobian preconditions them
+    stacks = st.stacks if method.startswith("rk") and on_stacks else None
+    if stacks is not None:
+        F = stacks.vector()
+        ts.setRHSFunction(lambda ts_, t, u, f: dyn.rhs_stacks(t, u, f), F)
+    else:
+        F = dyn.space.vector_vec()
+        ts.setRHSFunction(lambda ts_, t, u, f: dyn.rhs(t, u, f), F)
     if method.startswith("rk"):
         ts.setType(PETSc.TS.Type.RK)
         ts.setRKType({"rk5dp": "5dp", "rk3bs": "3bs", "rk4": "4"}[method])
@@ -344,7 +428,8 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
         opts[prefix + key] = value
     try:
         return _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every,
-                       callback, max_steps, renorm_tol, method, rtol)
+                       callback, max_steps, renorm_tol, method, rtol,
+                       stacks)
     finally:
         for key in own_opts:
             opts.delValue(prefix + key)
@@ -355,18 +440,31 @@ def integrate(dyn: Dynamics, t_end: float, *, method: str = "rk5dp",
 
 
 def _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every, callback,
-            max_steps, renorm_tol, method, rtol) -> dict:
-    """integrate()'s time loop on its configured TS."""
+            max_steps, renorm_tol, method, rtol, stacks=None) -> dict:
+    """integrate()'s time loop on its configured TS; its solution is
+    st.m, or with `stacks` one m per stack, prolonged to st.m at the
+    end and to the nodes for every report."""
     PETSc = dyn.space.PETSc
     ts.setFromOptions()
     if adaptive:
         # never above 1 ns per step (shapes the first steps of a relax)
         ts.setStepLimits(1e-18, 1e-9)
     ts.setMaxStepRejections(-1)
-    u = st.m
+    if stacks is None:
+        u = st.m
+        interp = report_m = dyn.space.vector_vec()
+    else:
+        u = stacks.vector()
+        with u as a:
+            stacks.restrict(st.m.getArray(readonly=True).reshape(-1, 3),
+                            a.reshape(-1, 3))
+        interp, report_m = stacks.vector(), dyn.space.vector_vec()
     ts.setSolution(u)
 
-    interp = dyn.space.vector_vec()
+    def report(t, step, dt, final=False):
+        if stacks is not None:
+            stacks.prolong(interp, report_m)
+        return callback(Report(t, report_m, step, dt, final=final))
     state = {"next": (t0 + output_every) if output_every else None,
              "stopped": False, "renormalized": 0}
     if renorm_tol is None:
@@ -396,7 +494,7 @@ def _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every, callback,
         while nxt is not None and nxt < t - t_tol:
             ts_.interpolate(nxt, interp)
             st.normalize(interp)
-            if callback(Report(nxt, interp, step, ts_.getTimeStep())):
+            if report(nxt, step, ts_.getTimeStep()):
                 state["stopped"] = True
                 interp.copy(x)
                 ts_.setTime(nxt)
@@ -409,8 +507,7 @@ def _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every, callback,
         if final or (nxt is not None and nxt <= t + t_tol):
             x.copy(interp)
             st.normalize(interp)
-            if callback(Report(t, interp, step, ts_.getTimeStep(),
-                               final=final)):
+            if report(t, step, ts_.getTimeStep(), final=final):
                 state["stopped"] = True
                 ts_.setConvergedReason(
                     PETSc.TS.ConvergedReason.CONVERGED_USER)
@@ -435,6 +532,10 @@ def _run_ts(ts, dyn, st, t0, t_end, adaptive, output_every, callback,
                                f"t = {t_now:.4g} s")
     st.t = float(t_now)
     st.normalize(u)            # what the caller sees has |m| = 1
+    if stacks is not None:
+        stacks.prolong(u, st.m)
+        u.destroy()
+        report_m.destroy()
     stats = {"steps": int(ts.getStepNumber()),
              "rejected": int(ts.getStepRejections()),
              "t": float(st.t), "stopped": state["stopped"],

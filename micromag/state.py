@@ -44,8 +44,10 @@ class State:
         self.m = space.vector_vec()
         self.t = 0.0
         # tie_stacks(): the Ms V-weighted average over each stack of
-        # nodes (scipy CSR over the owned nodes), or None
+        # nodes (scipy CSR over the owned nodes), or None; and the
+        # stacks as unknowns of their own (Stacks), or None
         self.stack_average = None
+        self.stacks = None
 
     def tie_stacks(self) -> None:
         """From now on m is the same at every node of a stack (the
@@ -78,6 +80,7 @@ class State:
         S = sparse.csr_matrix((w, (g, np.arange(n))), shape=(len(inv), n))
         self.stack_average = (sparse.csr_matrix(
             (inv[g], (np.arange(n), g)), shape=(n, len(inv))) @ S).tocsr()
+        self.stacks = Stacks(self, g, (sparse.diags(inv) @ S).tocsr())
 
     def average_stacks(self, vec) -> None:
         """vec (a vector_vec) <- its Ms V-weighted average over each stack
@@ -150,3 +153,103 @@ class State:
         tot = np.zeros(4)
         self.space.comm.Allreduce(local, tot)
         return tot[:3] / tot[3]
+
+
+class Stacks:
+    """m stored once per stack of nodes (State.tie_stacks), for the
+    explicit integrators: u_s, one unit vector per stack, with m = P u
+    (every node of a stack takes its stack's value: `prolong`) and the
+    field of the restricted energy H_s = sum_i Ms_i V_i H_i / W_s over
+    the stack's nodes, W_s = sum_i Ms_i V_i (`restrict`, R = W^-1 P^T
+    diag(Ms V), the adjoint of P between the lumped inner products).
+    The LLG of u with H_s is the LLG of the nodes restricted to such m
+    (docs/mag.md, "Discretization"), on half the unknowns of a film two
+    node layers thick. Each stack is owned by the rank that owns its
+    nodes, so both maps are rank-local.
+
+    g: (nlocal,) local stack of every owned node; R: (nstacks_local,
+    nlocal) scipy CSR, rows the weights of each stack."""
+
+    def __init__(self, state: "State", g: np.ndarray, R):
+        self.space = state.space
+        self.g = g
+        # the flat index of every node's components in u (np.take over
+        # one axis: half the time of a 2-d take)
+        self._take = (3 * g[:, None] + np.arange(3)).reshape(-1)
+        self.R = R
+        self.nlocal = R.shape[0]
+        self._global = None
+        # stacks without magnetic material are weighted by volume (see
+        # tie_stacks) and do not move
+        self.magnetic = (np.bincount(g, weights=state.MsV_local,
+                                     minlength=self.nlocal) > 0)
+
+    def global_index(self) -> np.ndarray:
+        """(n,) the global number of every node's stack, in the order
+        of the stack vectors (rank by rank, each rank's stacks in its
+        local order); collective on first use."""
+        if self._global is None:
+            comm = self.space.comm
+            offset = comm.exscan(self.nlocal) if comm.Get_size() > 1 \
+                else 0
+            self._global = np.concatenate(comm.allgather(
+                self.g + (offset or 0)))
+            self.offset = offset or 0
+        return self._global
+
+    def nodes_to_stacks(self, A):
+        """R A P for a distributed nodal matrix A of block size 3 (its
+        owned rows as a PETSc AIJ, (3 nlocal, 3 n)): the operator on the
+        stacks, a PETSc AIJ of the same layout; collective."""
+        import scipy.sparse as sparse
+        sp = self.space
+        G = self.global_index()
+        ns = self.space.comm.allreduce(self.nlocal)
+        ip, ix, v = A.getValuesCSR()
+        loc = sparse.csr_matrix((v, ix, ip), shape=(3 * sp.nlocal, 3 * sp.n))
+        cols = (3 * G[:, None] + np.arange(3)).reshape(-1)
+        P = sparse.csr_matrix((np.ones(3 * sp.n), (np.arange(3 * sp.n),
+                                                   cols)),
+                              shape=(3 * sp.n, 3 * ns))
+        R3 = sparse.kron(self.R, sparse.identity(3), format="csr")
+        red = (R3 @ loc @ P).tocsr()
+        red.sum_duplicates()
+        red.sort_indices()
+        IT = sp.PETSc.IntType
+        M = sp.PETSc.Mat().createAIJ(
+            size=((3 * self.nlocal, 3 * ns), (3 * self.nlocal, 3 * ns)),
+            bsize=3, csr=(red.indptr.astype(IT), red.indices.astype(IT),
+                          red.data), comm=sp.pcomm)
+        M.assemble()
+        return M
+
+    def prolongation(self):
+        """P over the owned nodes, (nlocal, nstacks_local) scipy CSR."""
+        import scipy.sparse as sparse
+        n = len(self.g)
+        return sparse.csr_matrix((np.ones(n), (np.arange(n), self.g)),
+                                 shape=(n, self.nlocal))
+
+    def vector(self):
+        """A distributed vector of one 3-vector per stack, zero."""
+        v = self.space.PETSc.Vec().createMPI(
+            (3 * self.nlocal, self.space.PETSc.DECIDE), bsize=3,
+            comm=self.space.pcomm)
+        v.set(0.0)
+        return v
+
+    def average(self, nodal: np.ndarray) -> np.ndarray:
+        """(nlocal,) or (nlocal, k) nodal values -> their weighted
+        average per stack."""
+        return self.R @ nodal
+
+    def prolong(self, u_vec, m_vec) -> None:
+        """m_vec (a vector_vec) <- P u_vec."""
+        u = u_vec.getArray(readonly=True)
+        with m_vec as a:
+            np.take(u, self._take, out=a)
+
+    def restrict(self, h: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out (nstacks_local, 3) <- R h, h the (nlocal, 3) nodal field."""
+        out[:] = self.R @ h
+        return out

@@ -71,6 +71,15 @@ class Term:
         state.m, state.t; collective."""
         raise NotImplementedError(f"{type(self).__name__}.h")
 
+    def stack_field(self, state):
+        """For m tied over stacks (state.stacks): a function
+        f(state, u_vec, out_vec) that overwrites out_vec (a stack vector)
+        with R H(P u), the field restricted to the stacks, at u and
+        state.t, without the nodes; None where the term has none (the
+        caller then computes H on the nodes and restricts it).
+        Collective."""
+        return None
+
     def E(self, state) -> float:
         """The term's energy (J), the same on every rank; collective."""
         h = self._work(state)

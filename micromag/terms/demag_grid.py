@@ -665,6 +665,21 @@ class GridDemag(Term):
         with out_vec as out:
             out.reshape(-1, 3)[:] = self.T_back @ H
 
+    def stack_field(self, state):
+        # the transfers premultiplied: M = T P u, H_s = R T_back H
+        if getattr(self, "_stack_transfers", None) is None:
+            sk = state.stacks
+            self._stack_transfers = ((self.T @ sk.prolongation()).tocsr(),
+                                     (sk.R @ self.T_back).tocsr())
+        TP, RTb = self._stack_transfers
+
+        def f(st, u_vec, out_vec):
+            u = u_vec.getArray(readonly=True).reshape(-1, 3)
+            H = self.grid_field(None, TP @ u)
+            with out_vec as out:
+                out.reshape(-1, 3)[:] = RTb @ H
+        return f
+
     def E(self, state) -> float:
         """-(mu0/2) sum_c V_c M_c.H_c (J), the same on every rank; equal
         to the nodal -(mu0/2) sum_i Ms_i V_i m_i.H_i (the transfer's

@@ -33,3 +33,11 @@ class Exchange(Term):
 
     def h(self, state, out_vec) -> None:
         self.matrix.mult(state.m, out_vec)
+
+    def stack_field(self, state):
+        # the Galerkin operator R Kx P: a stack couples to the stacks of
+        # both its nodes' neighbours, on half the rows
+        if getattr(self, "_stack_matrix", None) is None:
+            self._stack_matrix = state.stacks.nodes_to_stacks(self.matrix)
+        M = self._stack_matrix
+        return lambda st, u, out: M.mult(u, out)

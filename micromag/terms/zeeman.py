@@ -57,12 +57,31 @@ class Zeeman(Term):
         return np.asarray(self._static).mean(axis=0) if len(self._static) \
             else np.zeros(3)
 
-    def h(self, state, out_vec) -> None:
+    def _nodal(self, t: float) -> np.ndarray:
+        """The masked nodal field at t, flat (kept until it changes)."""
         if self._func is not None:
-            v = np.asarray(self._func(state.t), dtype=float)
+            v = np.asarray(self._func(t), dtype=float)
             if self._value is None or not np.array_equal(v, self._value):
                 self._value = v
                 self._flat = np.ascontiguousarray(np.broadcast_to(
                     v, self._mask.shape[:1] + (3,)) * self._mask).reshape(-1)
+        return self._flat
+
+    def h(self, state, out_vec) -> None:
+        flat = self._nodal(state.t)
         with out_vec as o:
-            o[:] = self._flat
+            o[:] = flat
+
+    def stack_field(self, state):
+        R = state.stacks.R
+        kept = [None, None]          # the nodal field and its restriction
+
+        def f(st, u_vec, out_vec):
+            flat = self._nodal(st.t)
+            if kept[0] is not flat:
+                kept[0] = flat
+                kept[1] = np.ascontiguousarray(
+                    R @ flat.reshape(-1, 3)).reshape(-1)
+            with out_vec as o:
+                o[:] = kept[1]
+        return f

@@ -201,6 +201,26 @@ def test_resume_on_another_number_of_ranks(reference, tmp_path,
     _assert_same_curve(out, ref)
 
 
+def test_tied_film_resumes_on_its_stacks(tmp_path):
+    # m tied through the film (uniform_z) and an explicit integrator: the
+    # run integrates one m per stack (State.stacks) and checkpoints the
+    # nodes; killed on 2 ranks and resumed on 1, it ends on the curve of
+    # an uninterrupted run
+    prob = _problem(tmp_path / "p.toml")
+    prob.write_text(prob.read_text().replace(
+        "structured = true", "structured = true\nuniform_z = true").replace(
+        'integrator = "bdf"', 'integrator = "rk3bs"'))
+    ref = tmp_path / "ref"
+    _run(prob, ref)
+    out = tmp_path / "out"
+    _kill_midway(_run_cmd(prob, out, 2, "--checkpoint-every", "0"), out,
+                 signal.SIGKILL)
+    _run(prob, out, 1, "--resume")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"][0]["ranks_before"] == 2
+    _assert_same_curve(out, ref)
+
+
 def test_stale_checkpoint_is_never_resumed(reference, tmp_path):
     prob, ref = reference
     killed = tmp_path / "killed"

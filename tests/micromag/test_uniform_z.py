@@ -116,6 +116,46 @@ def test_same_dynamics_with_fewer_evaluations(tmp_path):
                   - fm[order].reshape(-1, 2, 3)[:, 1]).max() > 0
 
 
+@pytest.mark.parametrize("extra", ["", "K1 = 5e4\naxis = [0.6, 0.8, 0.0]"])
+def test_stacks_as_unknowns_are_the_tied_nodes(tmp_path, extra):
+    # one m per stack (State.stacks, the explicit integrators' default)
+    # against both node layers with the field averaged over each stack:
+    # the same LLG, so the same steps and m to round-off, with the
+    # right-hand side's vectors half as long. Exchange, grid demag and
+    # Zeeman have their fields on the stacks (Term.stack_field); the
+    # anisotropy has none and is computed on the nodes and restricted
+    p = _film(tmp_path, True)
+    p.write_text(p.read_text().replace("alpha = 0.02",
+                                       "alpha = 0.02\n" + extra))
+    runs = {}
+    for on_stacks in (False, True):
+        prob = problem_mod.load(p)
+        sim = Simulation(prob)
+        stage = prob.stages[0]
+        dyn = llg.Dynamics(sim.state, sim.terms_for(stage, 0.0))
+        rows = []
+        res = llg.integrate(dyn, stage.duration, method="rk3bs", rtol=1e-5,
+                            atol=1e-5, output_every=2e-12,
+                            callback=lambda r: rows.append(
+                                (r.t, sim.state.average_m(r.m))),
+                            on_stacks=on_stacks)
+        runs[on_stacks] = (sim.space.gather(sim.state.m, to_all=True),
+                           res["steps"], res["rejected"], dyn.n_rhs, rows)
+        names = [t.name for t in dyn.terms]
+    assert ("anisotropy" in " ".join(names)) == bool(extra), names
+    nodes, stacks = runs[False], runs[True]
+    assert stacks[1:4] == nodes[1:4], (stacks[1:4], nodes[1:4])
+    assert np.abs(stacks[0] - nodes[0]).max() < 1e-10
+    assert len(stacks[4]) == len(nodes[4]) == 5
+    for (ta, ma), (tb, mb) in zip(stacks[4], nodes[4]):
+        assert ta == tb and np.abs(ma - mb).max() < 1e-10
+    # m left on the nodes is still one value per stack
+    order = np.argsort(sim.space.stacks, kind="stable")
+    pairs = stacks[0][order].reshape(-1, 2, 3)
+    assert np.abs(pairs[:, 0] - pairs[:, 1]).max() == 0
+    assert np.abs(np.linalg.norm(stacks[0], axis=1) - 1).max() < 1e-12
+
+
 def test_one_and_two_ranks_agree(tmp_path):
     prob = _film(tmp_path, True)
     runs = {}
