@@ -526,6 +526,73 @@ def test_ready_banner_only_when_its_line_is_finished():
         "0000:00:03.0"
 
 
+class SerialGuest:
+    """The guest's end of the agent protocol (ivcloud/vm/image.py's
+    AGENT_LOOP) on a UNIX socket, reading what the host sends at
+    `rate` bytes/s as a guest's serial port does, and dropping the first
+    copy of the commands whose text is in `lose` (lost on the line).
+    Counts the copies of each command it read."""
+
+    def __init__(self, path: Path, rate: float, lose=()):
+        self.rate, self.lose = rate, set(lose)
+        self.copies = {}
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(str(path))
+        self.srv.listen(4)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import base64
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            buf = b""
+            with conn:
+                while True:
+                    chunk = conn.recv(512)
+                    if not chunk:
+                        break
+                    time.sleep(len(chunk) / self.rate)
+                    buf += chunk
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        cid, b64 = line.decode().split(" ", 1)
+                        cmd = base64.b64decode(b64).decode()
+                        n = self.copies[cmd] = self.copies.get(cmd, 0) + 1
+                        if cmd in self.lose and n == 1:
+                            continue
+                        out = base64.b64encode(b"ran\n").decode()
+                        conn.sendall(f"@@ivc-ack {cid}\n@@ivc-begin {cid}\n"
+                                     f"{out}\n@@ivc-end {cid} 0\n".encode())
+
+    def close(self):
+        self.srv.close()
+
+
+def test_agent_resends_a_lost_line_but_not_a_long_one(tmp_path, monkeypatch):
+    """A line of cluster put's size takes the serial port seconds to
+    read, and the guest acknowledges it only then: the host waits that
+    long before a resend, so the line crosses once (twice, and the copy
+    held up every command after it), while a short line that was lost is
+    still sent again."""
+    monkeypatch.setattr(agent, "RESEND_S", 0.3)
+    monkeypatch.setattr(agent, "SERIAL_BYTES_PER_S", 2000)
+    guest = SerialGuest(tmp_path / "agent.sock", rate=5000,
+                        lose=["echo lost"])
+    try:
+        long = "echo " + "x" * 6000          # 1.6 s on the line
+        r = agent.run(tmp_path / "agent.sock", long, timeout=20)
+        assert r.ok and r.output == "ran\n"
+        assert guest.copies[long] == 1
+        r = agent.run(tmp_path / "agent.sock", "echo lost", timeout=20)
+        assert r.ok and r.output == "ran\n"
+        assert guest.copies["echo lost"] == 2
+    finally:
+        guest.close()
+
+
 def test_command_line_of_a_guest_that_can_migrate(tmp_path):
     """A VM cluster's guest (docs/cluster.md, "Migration"): its device of
     boot in a root port of its own, ahead of the job ports (its bus, and

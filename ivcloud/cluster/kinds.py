@@ -346,11 +346,15 @@ class VmInstances(InstanceKind):
 
     def put(self, state: Dict, hosts: Sequence[str], files: Sequence[str],
             dest: str) -> List[str]:
-        return [f"{host}:{path}"
-                for host in (hosts or sorted(state["vms"]))
-                for path in vm_instance.put_files(state, host,
-                                                  [Path(f) for f in files],
-                                                  dest)]
+        # every guest at once: each has its own agent and serial line
+        hosts = list(hosts or sorted(state["vms"]))
+        with ThreadPoolExecutor(max_workers=len(hosts) or 1) as pool:
+            copies = [pool.submit(vm_instance.put_files, state, host,
+                                  [Path(f) for f in files], dest)
+                      for host in hosts]
+            return [f"{host}:{path}"
+                    for host, copy in zip(hosts, copies)
+                    for path in copy.result()]
 
     def stage(self, state: Dict, path: os.PathLike) -> str:
         # put rewrites a file only through a checked copy

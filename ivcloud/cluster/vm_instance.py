@@ -12,9 +12,11 @@ import base64
 import contextlib
 import gzip
 import hashlib
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -415,44 +417,68 @@ def put_files(state: Dict, host: str, files: Sequence[Path],
               dest_dir: str) -> List[str]:
     """Copy host files into guest `host`'s DEST_DIR (made if missing)
     through its agent, keeping names and mode bits, readable to all (the
-    MPI user runs them); their paths in the guest. Each is written
-    beside its destination, its SHA-256 checked, then renamed: a copy
-    cut short leaves no half file under the name."""
+    MPI user runs them); their paths in the guest. They travel as one
+    gzipped tar (each agent command costs a round trip over the slow
+    serial line: per file, they cost more than the bytes), unpacked
+    beside the destinations, each file's SHA-256 checked, then renamed:
+    a copy cut short leaves no half file under a name."""
     if not dest_dir.startswith("/"):
         raise ClusterError(f"the directory in the guest must be an "
                            f"absolute path, not '{dest_dir}'")
-    blobs = []
+    blobs = {}
     for src in files:
         try:
-            blobs.append((Path(src).name, Path(src).read_bytes(),
-                          Path(src).stat().st_mode & 0o755 | 0o444))
+            # a later file of the same name replaces an earlier one
+            blobs[Path(src).name] = (Path(src).read_bytes(),
+                                     Path(src).stat().st_mode & 0o755 | 0o444)
         except OSError as e:
             raise ClusterError(f"{src}: {e.strerror}")
     sock = guest(state, host)
     d = dest_dir.rstrip("/") or "/"
-    guest_run(sock, host, f"mkdir -p {agent.quote([d])}", 30)
-    out = []
-    for name, data, mode in blobs:
+    if not blobs:
+        guest_run(sock, host, f"mkdir -p {agent.quote([d])}", 30)
+        return []
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
+        for name, (data, mode) in blobs.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    # the serial line carries about 10 KB/s: gzip first
+    packed = gzip.compress(tar_bytes.getvalue(), 6)
+    stage = f"{d.rstrip('/')}/.ivcloud-put-{_put_id()}.part"
+    q_stage, q_gz = agent.quote([stage]), agent.quote([stage + ".tgz"])
+    for off in range(0, len(packed), PUT_CHUNK):
+        b64 = base64.b64encode(packed[off:off + PUT_CHUNK]).decode()
+        first = off == 0
+        guest_run(sock, host,
+                  (f"mkdir -p {agent.quote([d])} && " if first else "") +
+                  f"echo {b64} | base64 -d {'>' if first else '>>'} {q_gz}",
+                  60)
+    sums = "\n".join(f"{hashlib.sha256(data).hexdigest()}  {name}"
+                      for name, (data, _) in blobs.items())
+    out, moves = [], []
+    for name, (_, mode) in blobs.items():
         dest = f"{d.rstrip('/')}/{name}"
-        part = agent.quote([dest + ".part"])
-        # the serial line carries about 10 KB/s: gzip first
-        packed = gzip.compress(data, 6)
-        guest_run(sock, host, f": > {part}.gz", 30)
-        for off in range(0, len(packed), PUT_CHUNK):
-            b64 = base64.b64encode(packed[off:off + PUT_CHUNK]).decode()
-            guest_run(sock, host, f"echo {b64} | base64 -d >> {part}.gz",
-                      60)
-        digest = hashlib.sha256(data).hexdigest()
-        r = agent.run(sock, f"gzip -dc < {part}.gz > {part} && rm {part}.gz"
-                            f" && [ \"$(sha256sum < {part})\" = "
-                            f"'{digest}  -' ] && chmod {mode:o} {part} && "
-                            f"mv -f {part} {agent.quote([dest])}", 30)
-        if not r.ok:
-            agent.run(sock, f"rm -f {part} {part}.gz", 30)
-            raise ClusterFailure(f"copy of {name} into {host} failed "
-                                 f"{r.output.strip()[-200:] or '(checksum)'}")
+        src = agent.quote([f"{stage}/{name}"])
+        moves.append(f"chmod {mode:o} {src} && mv -f {src} "
+                     f"{agent.quote([dest])}")
         out.append(dest)
+    # tar -o: owned by root, not the host's uid; -m: dated now
+    r = agent.run(sock, f"rm -rf {q_stage} && mkdir {q_stage} && "
+                        f"tar -C {q_stage} -xmozf {q_gz} && rm {q_gz} && "
+                        f"printf '%s\\n' {agent.quote([sums])} | "
+                        f"(cd {q_stage} && sha256sum -c >/dev/null) && "
+                        + " && ".join(moves) + f" && rmdir {q_stage}", 60)
+    if not r.ok:
+        agent.run(sock, f"rm -rf {q_stage} {q_gz}", 30)
+        raise ClusterFailure(f"copy of {', '.join(blobs)} into {host} failed "
+                             f"{r.output.strip()[-200:] or '(checksum)'}")
     return out
+
+
+def _put_id() -> str:
+    return f"{os.getpid()}-{time.monotonic_ns() % 10**9}"
 
 
 def first_guest(state: Dict) -> str:

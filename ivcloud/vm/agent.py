@@ -35,6 +35,12 @@ from ..errors import AgentError
 _ids = itertools.count(1)
 RESEND_S = 1.5
 LOCK = "agent.lock"   # beside agent.sock (quiet)
+# The guest acknowledges a line once it has read all of it, and its
+# serial port reads about 10 KB/s under TCG (less on a loaded host): a
+# long line (cluster put's chunks) is resent only once it could have
+# arrived at this rate, or every such line would cross the serial line
+# twice and the copy delay the commands after it.
+SERIAL_BYTES_PER_S = 4000
 
 
 @dataclass
@@ -100,9 +106,11 @@ def _run(sock_path: Path, command: str, timeout: float) -> Result:
         s.settimeout(max(0.05, deadline - time.monotonic()))
         s.sendall(line)
 
+    # the wait for an acknowledgement before a resend
+    resend_s = RESEND_S + len(line) / SERIAL_BYTES_PER_S
     try:
         send()
-        next_send = time.monotonic() + RESEND_S
+        next_send = time.monotonic() + resend_s
         while True:
             m = end.search(buf)
             if m:
@@ -114,7 +122,7 @@ def _run(sock_path: Path, command: str, timeout: float) -> Result:
                 raise AgentError(f"guest did not answer within {timeout:.0f} s")
             if now >= next_send and f"@@ivc-ack {cid}".encode() not in buf:
                 send()
-                next_send = now + RESEND_S
+                next_send = now + resend_s
             s.settimeout(max(0.05, min(deadline, next_send) - now))
             try:
                 chunk = s.recv(65536)
