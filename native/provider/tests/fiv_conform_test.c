@@ -22,6 +22,8 @@
 
 #include "fiv_test.h"
 
+#include "ivshm_admin.h"
+
 static const uint32_t version = FI_VERSION(1, 17);
 
 static struct fi_info *base_hints(void)
@@ -991,6 +993,95 @@ static void dgram_refuses(struct rank *r, bool tagged)
     t_close(r);
 }
 
+/* The same refusal during a drain (docs/migration.md): rank 0, a
+   datagram endpoint, lets go of the region, and rank 1's tagged message
+   goes over the core while rank 1's SWITCH still waits in rank 0's ring
+   behind a flood of its untagged ones (rank 0 polls its region slowly,
+   FIV_TEST_SLOW_REGION). The core message is held until the SWITCH
+   releases it, and then breaks rank 1's path as on the core: the flood
+   is received, and the next receive directed at rank 1 fails with
+   FI_EIO instead of waiting. */
+#define DG_FLOOD 2000
+static const char *drain_region;
+
+static void dgram_drain_violation(struct rank *r)
+{
+    t_dgram = r->me == 0;
+    t_open(r, version);
+    t_exchange(r);
+    int16_t slot0;
+    uint32_t gen0;
+    memcpy(&slot0, r->names + 4, sizeof slot0); /* struct fiv_addr */
+    memcpy(&gen0, r->names + 8, sizeof gen0);
+    struct fi_cq_tagged_entry e;
+    uint64_t hello = 1, first = 0;
+    /* one message each way first: the pair's rings are open */
+    REQ_RC(fi_recv(r->ep, &first, sizeof first, NULL, r->addr[1 - r->me],
+                   &first), 0);
+    REQ_RC(fi_send(r->ep, &hello, sizeof hello, NULL, r->addr[1 - r->me],
+                   &hello), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    t_barrier(r);
+    if (r->me == 1) {
+        static uint64_t msg[DG_FLOOD];
+        int fd = open(drain_region, O_RDWR | O_CLOEXEC);
+        REQ(fd >= 0);
+        ivshm_admin *a = NULL;
+        REQ_RC(ivshm_admin_open(fd, &a), 0);
+        close(fd);
+        REQ_RC(ivshm_admin_drain_slot(a, slot0, gen0, 7), 0);
+        ivshm_admin_close(a);
+        t_barrier_plain(r); /* 1: rank 0 reads the request, sends SWITCH */
+        for (uint32_t i = 0; i < DG_FLOOD; i++) {
+            msg[i] = i;
+            REQ_RC(fi_send(r->ep, &msg[i], sizeof msg[i], NULL, r->addr[0],
+                           &msg[i]), 0);
+        }
+        t_barrier_plain(r); /* 2 */
+        /* rank 0's SWITCH read: ours goes behind the flood, the tagged
+           message after it over the core */
+        uint64_t end = t_now_ms() + 200;
+        while (t_now_ms() < end)
+            (void)fi_cntr_read(r->rcntr);
+        uint64_t bad = 0xbad;
+        ssize_t rc;
+        while ((rc = fi_tsend(r->ep, &bad, sizeof bad, NULL, r->addr[0], 1,
+                              &bad)) == -FI_EAGAIN)
+            (void)fi_cntr_read(r->rcntr);
+        REQ_RC(rc, 0);
+        t_barrier_plain(r); /* 3: rank 0 reads now */
+        t_barrier(r);
+        t_close(r);
+        return;
+    }
+    uint64_t end = t_now_ms() + 100;
+    while (t_now_ms() < end) /* the request read, our SWITCH out */
+        (void)fi_cntr_read(r->rcntr);
+    t_barrier_plain(r); /* 1 */
+    t_barrier_plain(r); /* 2 */
+    t_barrier_plain(r); /* 3 */
+    uint32_t got_n = 0;
+    int rc = 0;
+    struct fi_cq_err_entry err;
+    memset(&err, 0, sizeof err);
+    for (uint32_t i = 0; i <= DG_FLOOD; i++) {
+        uint64_t got = ~0ull;
+        REQ_RC(fi_recv(r->ep, &got, sizeof got, NULL, r->addr[1], &got), 0);
+        rc = t_wait(r, &e, &err, NULL, 5000);
+        if (rc != 0)
+            break;
+        REQ(got == i);
+        got_n++;
+    }
+    if (rc != -FI_EIO || got_n != DG_FLOOD) {
+        fprintf(stderr, "received %u of %u, then %d\n", got_n, DG_FLOOD, rc);
+        _exit(99);
+    }
+    t_barrier(r);
+    t_close(r);
+}
+
 static void dgram_refuses_write(struct rank *r) { dgram_refuses(r, false); }
 static void dgram_refuses_tagged(struct rank *r) { dgram_refuses(r, true); }
 
@@ -1116,6 +1207,26 @@ int main(void)
     f += t_run(2, dgram_refuses_tagged, env2, 30, NULL);
     printf("%s: a datagram endpoint serves no remote write or tagged "
            "message of a peer's RDM endpoint\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    /* rings of 4096 small slots: the whole flood fits; the core path
+       on (FI_IVSHM_CORE's default) */
+    static char deep[96];
+    snprintf(deep, sizeof deep, "/dev/shm/fiv-conform-deep-%d", (int)getpid());
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 4096, .slot_size = 256,
+                        .fast_channels = 2};
+    unlink(deep);
+    REQ_RC(ivshm_format_file(deep, ivshm_min_region_size(&g), &g, 0600), 0);
+    t_track(deep);
+    drain_region = deep;
+    char denv[320], dslow[400];
+    snprintf(denv, sizeof denv, "FI_IVSHM_REGION=%s", deep);
+    snprintf(dslow, sizeof dslow, "%s;FIV_TEST_SLOW_REGION=2000;"
+             "FI_IVSHM_DRAIN_MS=30000", denv);
+    const char *env_drain[] = {dslow, denv};
+    f = t_run(2, dgram_drain_violation, env_drain, 60, NULL);
+    printf("%s: a tagged message held during a drain until its sender's "
+           "SWITCH breaks the path when released\n", f ? "FAIL" : "ok");
     failed += f;
 
     printf("%s\n", failed ? "FAILED" : "all passed");
