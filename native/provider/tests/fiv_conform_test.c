@@ -917,6 +917,23 @@ static void dgram_exchange(struct rank *r)
         REQ_RC(fi_fetch_atomic(r->ep, &v, 1, NULL, &res, NULL, r->addr[0], 0,
                                0, FI_UINT64, FI_SUM, &v), -FI_ENOSYS);
         REQ_RC(fi_atomicvalid(r->ep, FI_UINT64, FI_SUM, &cnt), -FI_EOPNOTSUPP);
+        REQ_RC(fi_compare_atomicvalid(r->ep, FI_UINT64, FI_CSWAP, &cnt),
+               -FI_EOPNOTSUPP);
+        /* refused before the arguments an RDM endpoint checks first */
+        REQ_RC(fi_inject_write(r->ep, buf, DGRAM_MAX, r->addr[0], 0, 0),
+               -FI_ENOSYS);
+        REQ_RC(fi_atomic(r->ep, &v, 0, NULL, r->addr[0], 0, 0, FI_UINT64,
+                         FI_SUM, &v), -FI_ENOSYS);
+        REQ_RC(fi_atomic(r->ep, &v, 1, NULL, r->addr[0], 0, 0, FI_UINT64,
+                         FI_CSWAP, &v), -FI_ENOSYS);
+        REQ_RC(fi_compare_atomic(r->ep, &v, 1, NULL, &v, NULL, &res, NULL,
+                                 r->addr[0], 0, 0, FI_UINT64, FI_SUM, &v),
+               -FI_ENOSYS);
+        struct iovec many[64];
+        for (size_t i = 0; i < 64; i++)
+            many[i] = (struct iovec){&v, 8};
+        REQ_RC(fi_readv(r->ep, many, NULL, 64, r->addr[0], 0, 0, &v),
+               -FI_ENOSYS);
         REQ_RC(fi_send(r->ep, buf, DGRAM_MAX + 1, NULL, r->addr[0], buf),
                -FI_EMSGSIZE);
         for (size_t i = 0; i < DGRAM_MAX; i++)
