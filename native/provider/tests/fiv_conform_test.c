@@ -15,7 +15,7 @@
  * message of a sender that left before it was inserted, triggered
  * operations and connected endpoints not answered, and datagram
  * endpoints: what they exchange and what they refuse, at the call and
- * from a peer's RDM endpoint.
+ * from a peer's RDM endpoint, also during a drain.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -966,12 +966,16 @@ static void dgram_exchange(struct rank *r)
 }
 
 /* A peer's RDM endpoint writing into memory a datagram endpoint's domain
-   registered for remote writes, or sending it a tagged message: a
-   datagram endpoint serves neither, so the bytes stay as they were,
+   registered for remote writes, sending it a tagged message, or a
+   message past its 64 KiB (with a receive of that size posted): a
+   datagram endpoint serves none of them, so the bytes stay as they were,
    nothing is received, and the sender's path breaks (the receive
    directed at it fails). */
-static void dgram_refuses(struct rank *r, bool tagged)
+enum refused { REFUSE_WRITE, REFUSE_TAGGED, REFUSE_BIG };
+
+static void dgram_refuses(struct rank *r, enum refused what)
 {
+    static uint8_t big[DGRAM_MAX + 1];
     t_dgram = r->me == 0;
     t_open(r, version);
     t_exchange(r);
@@ -989,21 +993,31 @@ static void dgram_refuses(struct rank *r, bool tagged)
     struct fi_cq_tagged_entry e;
     if (r->me == 1) {
         uint64_t v = 0xbad;
-        if (tagged)
+        if (what == REFUSE_TAGGED)
             REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 1, &v), 0);
-        else
+        else if (what == REFUSE_WRITE)
             REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], at[0], at[1], &v),
                    0);
+        else {
+            memset(big, 0xb1, sizeof big);
+            REQ_RC(fi_send(r->ep, big, sizeof big, NULL, r->addr[0], &v), 0);
+        }
         /* completed with an error or not at all: either way not served */
         (void)t_wait(r, &e, NULL, NULL, 500);
         t_barrier(r);
     } else {
         uint64_t got = 0;
-        REQ_RC(fi_recv(r->ep, &got, 8, NULL, r->addr[1], &got), 0);
+        if (what == REFUSE_BIG)
+            REQ_RC(fi_recv(r->ep, big, sizeof big, NULL, r->addr[1], &got), 0);
+        else
+            REQ_RC(fi_recv(r->ep, &got, 8, NULL, r->addr[1], &got), 0);
         struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
         int rc = t_wait(r, &e, &err, NULL, 5000);
         REQ(rc != 0 && rc != -FI_ETIMEDOUT && err.op_context == &got);
         REQ(words[0] == 0x1111 && words[1] == 0x2222 && got == 0);
+        for (size_t i = 0; i < sizeof big; i++)
+            REQ(big[i] == 0);
         t_barrier(r);
         REQ_RC(fi_close(&mr->fid), 0);
     }
@@ -1099,8 +1113,18 @@ static void dgram_drain_violation(struct rank *r)
     t_close(r);
 }
 
-static void dgram_refuses_write(struct rank *r) { dgram_refuses(r, false); }
-static void dgram_refuses_tagged(struct rank *r) { dgram_refuses(r, true); }
+static void dgram_refuses_write(struct rank *r)
+{
+    dgram_refuses(r, REFUSE_WRITE);
+}
+static void dgram_refuses_tagged(struct rank *r)
+{
+    dgram_refuses(r, REFUSE_TAGGED);
+}
+static void dgram_refuses_big(struct rank *r)
+{
+    dgram_refuses(r, REFUSE_BIG);
+}
 
 static void departed_unread(struct rank *r) { departed_sender(r, false); }
 static void departed_read(struct rank *r) { departed_sender(r, true); }
@@ -1222,8 +1246,10 @@ int main(void)
 
     f = t_run(2, dgram_refuses_write, env2, 30, NULL);
     f += t_run(2, dgram_refuses_tagged, env2, 30, NULL);
-    printf("%s: a datagram endpoint serves no remote write or tagged "
-           "message of a peer's RDM endpoint\n", f ? "FAIL" : "ok");
+    f += t_run(2, dgram_refuses_big, env2, 30, NULL);
+    printf("%s: a datagram endpoint serves no remote write, tagged "
+           "message or message past 64 KiB of a peer's RDM endpoint\n",
+           f ? "FAIL" : "ok");
     failed += f;
 
     /* rings of 4096 small slots: the whole flood fits; the core path
