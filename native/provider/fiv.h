@@ -844,6 +844,8 @@ size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
 /* fiv_rma.c: RMA and atomics, both sides */
 extern struct fi_ops_rma fiv_rma_ops;
 extern struct fi_ops_atomic fiv_atomic_ops;
+extern struct fi_ops_rma fiv_no_rma_ops;       /* a datagram endpoint's */
+extern struct fi_ops_atomic fiv_no_atomic_ops; /* a datagram endpoint's */
 void fiv_rma_target(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                     uint32_t op, const uint8_t *p, size_t n);
 void fiv_rma_answer(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,

@@ -513,8 +513,8 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     ep->ep.cm = &cm_ops;
     ep->ep.msg = &fiv_msg_ops;
     ep->ep.tagged = ep->dgram ? &fiv_no_tagged_ops : &fiv_tagged_ops;
-    ep->ep.rma = &fiv_rma_ops;
-    ep->ep.atomic = &fiv_atomic_ops;
+    ep->ep.rma = ep->dgram ? &fiv_no_rma_ops : &fiv_rma_ops;
+    ep->ep.atomic = ep->dgram ? &fiv_no_atomic_ops : &fiv_atomic_ops;
     fiv_domain_ref(d, 1);
     fiv_domain_add_ep(d, ep);
     fiv_register_ep(ep);

@@ -568,6 +568,13 @@ void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
         break;
     case FIV_OP_READ_RESP:
     case FIV_OP_ACK:
+        /* a datagram endpoint asks for nothing: no answer is awaited */
+        if (ep->dgram) {
+            peer->violated = true;
+            peer->over = "it sent a datagram endpoint an answer it never "
+                         "asked for";
+            break;
+        }
         fiv_rma_answer(ep, src, peer, op, p, n);
         break;
     case FIV_OP_INTRO:

@@ -141,9 +141,15 @@ static bool take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
         else
             ep->unheard++;
     }
-    if (peer && peer->violated) { /* dead already: nothing to break */
+    if (peer && peer->violated) {
+        /* a violation found outside fiv_deliver's branch above: a core
+           message its SWITCH released (fiv_switch_receive), a malformed
+           probe; the path breaks as on the core (fiv_core_progress),
+           unless the peer is dead already */
+        const char *why = peer->over ? peer->over : "it broke our protocol";
         peer->violated = false;
         peer->over = NULL;
+        fiv_path_broken(ep, a, peer, why);
     }
     return true;
 }

@@ -522,10 +522,6 @@ void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err)
 
 static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r)
 {
-    if (ep->dgram) { /* no RMA or atomics on a datagram endpoint */
-        fiv_req_free(r);
-        return -FI_ENOSYS;
-    }
     fiv_lock(ep->dom);
     struct fiv_peer *p = fiv_peer(ep, r->peer);
     if (p && p->queued >= fiv_cfg.peer_queue) {
@@ -896,7 +892,7 @@ static ssize_t a_compwritemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
 static int a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
                    size_t *count)
 {
-    if (op >= FI_CSWAP || EP(e)->dgram)
+    if (op >= FI_CSWAP)
         return -FI_EOPNOTSUPP;
     struct fi_atomic_attr a;
     int rc = fiv_query_atomic(NULL, dt, op, &a, 0);
@@ -914,8 +910,6 @@ static int a_fetch_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
 static int a_comp_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
                         size_t *count)
 {
-    if (EP(e)->dgram)
-        return -FI_EOPNOTSUPP;
     struct fi_atomic_attr a;
     int rc = fiv_query_atomic(NULL, dt, op, &a, FI_COMPARE_ATOMIC);
     if (rc == 0 && count)
@@ -938,4 +932,215 @@ struct fi_ops_atomic fiv_atomic_ops = {
     .writevalid = a_valid,
     .readwritevalid = a_fetch_valid,
     .compwritevalid = a_comp_valid,
+};
+
+/* ---- a datagram endpoint's: no RMA and no atomics ----
+   Refused before any argument is looked at (docs/provider.md, "Datagram
+   endpoints"), so a call that would fail a check on RDM gets the same
+   -FI_ENOSYS, and the RDM path carries no test for the endpoint's type. */
+
+static ssize_t no_read(struct fid_ep *e, void *buf, size_t len, void *desc,
+                       fi_addr_t src, uint64_t addr, uint64_t key, void *ctx)
+{
+    (void)e; (void)buf; (void)len; (void)desc; (void)src; (void)addr;
+    (void)key; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_rmav(struct fid_ep *e, const struct iovec *iov, void **desc,
+                       size_t count, fi_addr_t a, uint64_t addr, uint64_t key,
+                       void *ctx)
+{
+    (void)e; (void)iov; (void)desc; (void)count; (void)a; (void)addr;
+    (void)key; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_rmamsg(struct fid_ep *e, const struct fi_msg_rma *m,
+                         uint64_t flags)
+{
+    (void)e; (void)m; (void)flags;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_write(struct fid_ep *e, const void *buf, size_t len,
+                        void *desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+                        void *ctx)
+{
+    (void)e; (void)buf; (void)len; (void)desc; (void)dest; (void)addr;
+    (void)key; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_rinject(struct fid_ep *e, const void *buf, size_t len,
+                          fi_addr_t dest, uint64_t addr, uint64_t key)
+{
+    (void)e; (void)buf; (void)len; (void)dest; (void)addr; (void)key;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_writedata(struct fid_ep *e, const void *buf, size_t len,
+                            void *desc, uint64_t data, fi_addr_t dest,
+                            uint64_t addr, uint64_t key, void *ctx)
+{
+    (void)e; (void)buf; (void)len; (void)desc; (void)data; (void)dest;
+    (void)addr; (void)key; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_injectdata(struct fid_ep *e, const void *buf, size_t len,
+                             uint64_t data, fi_addr_t dest, uint64_t addr,
+                             uint64_t key)
+{
+    (void)e; (void)buf; (void)len; (void)data; (void)dest; (void)addr;
+    (void)key;
+    return -FI_ENOSYS;
+}
+
+struct fi_ops_rma fiv_no_rma_ops = {
+    .size = sizeof(struct fi_ops_rma),
+    .read = no_read,
+    .readv = no_rmav,
+    .readmsg = no_rmamsg,
+    .write = no_write,
+    .writev = no_rmav,
+    .writemsg = no_rmamsg,
+    .inject = no_rinject,
+    .writedata = no_writedata,
+    .injectdata = no_injectdata,
+};
+
+static ssize_t no_a_write(struct fid_ep *e, const void *buf, size_t count,
+                          void *desc, fi_addr_t dest, uint64_t addr,
+                          uint64_t key, enum fi_datatype dt, enum fi_op op,
+                          void *ctx)
+{
+    (void)e; (void)buf; (void)count; (void)desc; (void)dest; (void)addr;
+    (void)key; (void)dt; (void)op; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_writev(struct fid_ep *e, const struct fi_ioc *iov,
+                           void **desc, size_t count, fi_addr_t dest,
+                           uint64_t addr, uint64_t key, enum fi_datatype dt,
+                           enum fi_op op, void *ctx)
+{
+    (void)e; (void)iov; (void)desc; (void)count; (void)dest; (void)addr;
+    (void)key; (void)dt; (void)op; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_writemsg(struct fid_ep *e, const struct fi_msg_atomic *m,
+                             uint64_t flags)
+{
+    (void)e; (void)m; (void)flags;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_inject(struct fid_ep *e, const void *buf, size_t count,
+                           fi_addr_t dest, uint64_t addr, uint64_t key,
+                           enum fi_datatype dt, enum fi_op op)
+{
+    (void)e; (void)buf; (void)count; (void)dest; (void)addr; (void)key;
+    (void)dt; (void)op;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_readwrite(struct fid_ep *e, const void *buf, size_t count,
+                              void *desc, void *result, void *result_desc,
+                              fi_addr_t dest, uint64_t addr, uint64_t key,
+                              enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)e; (void)buf; (void)count; (void)desc; (void)result;
+    (void)result_desc; (void)dest; (void)addr; (void)key; (void)dt; (void)op;
+    (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_readwritev(struct fid_ep *e, const struct fi_ioc *iov,
+                               void **desc, size_t count,
+                               struct fi_ioc *resultv, void **result_desc,
+                               size_t result_count, fi_addr_t dest,
+                               uint64_t addr, uint64_t key,
+                               enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)e; (void)iov; (void)desc; (void)count; (void)resultv;
+    (void)result_desc; (void)result_count; (void)dest; (void)addr; (void)key;
+    (void)dt; (void)op; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_readwritemsg(struct fid_ep *e,
+                                 const struct fi_msg_atomic *m,
+                                 struct fi_ioc *resultv, void **result_desc,
+                                 size_t result_count, uint64_t flags)
+{
+    (void)e; (void)m; (void)resultv; (void)result_desc; (void)result_count;
+    (void)flags;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_compwrite(struct fid_ep *e, const void *buf, size_t count,
+                              void *desc, const void *compare,
+                              void *compare_desc, void *result,
+                              void *result_desc, fi_addr_t dest, uint64_t addr,
+                              uint64_t key, enum fi_datatype dt, enum fi_op op,
+                              void *ctx)
+{
+    (void)e; (void)buf; (void)count; (void)desc; (void)compare;
+    (void)compare_desc; (void)result; (void)result_desc; (void)dest;
+    (void)addr; (void)key; (void)dt; (void)op; (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_compwritev(struct fid_ep *e, const struct fi_ioc *iov,
+                               void **desc, size_t count,
+                               const struct fi_ioc *comparev,
+                               void **compare_desc, size_t compare_count,
+                               struct fi_ioc *resultv, void **result_desc,
+                               size_t result_count, fi_addr_t dest,
+                               uint64_t addr, uint64_t key,
+                               enum fi_datatype dt, enum fi_op op, void *ctx)
+{
+    (void)e; (void)iov; (void)desc; (void)count; (void)comparev;
+    (void)compare_desc; (void)compare_count; (void)resultv; (void)result_desc;
+    (void)result_count; (void)dest; (void)addr; (void)key; (void)dt; (void)op;
+    (void)ctx;
+    return -FI_ENOSYS;
+}
+
+static ssize_t no_a_compwritemsg(struct fid_ep *e,
+                                 const struct fi_msg_atomic *m,
+                                 const struct fi_ioc *comparev,
+                                 void **compare_desc, size_t compare_count,
+                                 struct fi_ioc *resultv, void **result_desc,
+                                 size_t result_count, uint64_t flags)
+{
+    (void)e; (void)m; (void)comparev; (void)compare_desc; (void)compare_count;
+    (void)resultv; (void)result_desc; (void)result_count; (void)flags;
+    return -FI_ENOSYS;
+}
+
+static int no_a_valid(struct fid_ep *e, enum fi_datatype dt, enum fi_op op,
+                      size_t *count)
+{
+    (void)e; (void)dt; (void)op; (void)count;
+    return -FI_EOPNOTSUPP;
+}
+
+struct fi_ops_atomic fiv_no_atomic_ops = {
+    .size = sizeof(struct fi_ops_atomic),
+    .write = no_a_write,
+    .writev = no_a_writev,
+    .writemsg = no_a_writemsg,
+    .inject = no_a_inject,
+    .readwrite = no_a_readwrite,
+    .readwritev = no_a_readwritev,
+    .readwritemsg = no_a_readwritemsg,
+    .compwrite = no_a_compwrite,
+    .compwritev = no_a_compwritev,
+    .compwritemsg = no_a_compwritemsg,
+    .writevalid = no_a_valid,
+    .readwritevalid = no_a_valid,
+    .compwritevalid = no_a_valid,
 };

@@ -15,12 +15,14 @@
  * message of a sender that left before it was inserted, triggered
  * operations and connected endpoints not answered, and datagram
  * endpoints: what they exchange and what they refuse, at the call and
- * from a peer's RDM endpoint.
+ * from a peer's RDM endpoint, also during a drain.
  */
 #include <inttypes.h>
 #include <pthread.h>
 
 #include "fiv_test.h"
+
+#include "ivshm_admin.h"
 
 static const uint32_t version = FI_VERSION(1, 17);
 
@@ -915,6 +917,23 @@ static void dgram_exchange(struct rank *r)
         REQ_RC(fi_fetch_atomic(r->ep, &v, 1, NULL, &res, NULL, r->addr[0], 0,
                                0, FI_UINT64, FI_SUM, &v), -FI_ENOSYS);
         REQ_RC(fi_atomicvalid(r->ep, FI_UINT64, FI_SUM, &cnt), -FI_EOPNOTSUPP);
+        REQ_RC(fi_compare_atomicvalid(r->ep, FI_UINT64, FI_CSWAP, &cnt),
+               -FI_EOPNOTSUPP);
+        /* refused before the arguments an RDM endpoint checks first */
+        REQ_RC(fi_inject_write(r->ep, buf, DGRAM_MAX, r->addr[0], 0, 0),
+               -FI_ENOSYS);
+        REQ_RC(fi_atomic(r->ep, &v, 0, NULL, r->addr[0], 0, 0, FI_UINT64,
+                         FI_SUM, &v), -FI_ENOSYS);
+        REQ_RC(fi_atomic(r->ep, &v, 1, NULL, r->addr[0], 0, 0, FI_UINT64,
+                         FI_CSWAP, &v), -FI_ENOSYS);
+        REQ_RC(fi_compare_atomic(r->ep, &v, 1, NULL, &v, NULL, &res, NULL,
+                                 r->addr[0], 0, 0, FI_UINT64, FI_SUM, &v),
+               -FI_ENOSYS);
+        struct iovec many[64];
+        for (size_t i = 0; i < 64; i++)
+            many[i] = (struct iovec){&v, 8};
+        REQ_RC(fi_readv(r->ep, many, NULL, 64, r->addr[0], 0, 0, &v),
+               -FI_ENOSYS);
         REQ_RC(fi_send(r->ep, buf, DGRAM_MAX + 1, NULL, r->addr[0], buf),
                -FI_EMSGSIZE);
         for (size_t i = 0; i < DGRAM_MAX; i++)
@@ -947,12 +966,16 @@ static void dgram_exchange(struct rank *r)
 }
 
 /* A peer's RDM endpoint writing into memory a datagram endpoint's domain
-   registered for remote writes, or sending it a tagged message: a
-   datagram endpoint serves neither, so the bytes stay as they were,
+   registered for remote writes, sending it a tagged message, or a
+   message past its 64 KiB (with a receive of that size posted): a
+   datagram endpoint serves none of them, so the bytes stay as they were,
    nothing is received, and the sender's path breaks (the receive
    directed at it fails). */
-static void dgram_refuses(struct rank *r, bool tagged)
+enum refused { REFUSE_WRITE, REFUSE_TAGGED, REFUSE_BIG };
+
+static void dgram_refuses(struct rank *r, enum refused what)
 {
+    static uint8_t big[DGRAM_MAX + 1];
     t_dgram = r->me == 0;
     t_open(r, version);
     t_exchange(r);
@@ -970,29 +993,138 @@ static void dgram_refuses(struct rank *r, bool tagged)
     struct fi_cq_tagged_entry e;
     if (r->me == 1) {
         uint64_t v = 0xbad;
-        if (tagged)
+        if (what == REFUSE_TAGGED)
             REQ_RC(fi_tsend(r->ep, &v, 8, NULL, r->addr[0], 1, &v), 0);
-        else
+        else if (what == REFUSE_WRITE)
             REQ_RC(fi_write(r->ep, &v, 8, NULL, r->addr[0], at[0], at[1], &v),
                    0);
+        else {
+            memset(big, 0xb1, sizeof big);
+            REQ_RC(fi_send(r->ep, big, sizeof big, NULL, r->addr[0], &v), 0);
+        }
         /* completed with an error or not at all: either way not served */
         (void)t_wait(r, &e, NULL, NULL, 500);
         t_barrier(r);
     } else {
         uint64_t got = 0;
-        REQ_RC(fi_recv(r->ep, &got, 8, NULL, r->addr[1], &got), 0);
+        if (what == REFUSE_BIG)
+            REQ_RC(fi_recv(r->ep, big, sizeof big, NULL, r->addr[1], &got), 0);
+        else
+            REQ_RC(fi_recv(r->ep, &got, 8, NULL, r->addr[1], &got), 0);
         struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
         int rc = t_wait(r, &e, &err, NULL, 5000);
         REQ(rc != 0 && rc != -FI_ETIMEDOUT && err.op_context == &got);
         REQ(words[0] == 0x1111 && words[1] == 0x2222 && got == 0);
+        for (size_t i = 0; i < sizeof big; i++)
+            REQ(big[i] == 0);
         t_barrier(r);
         REQ_RC(fi_close(&mr->fid), 0);
     }
     t_close(r);
 }
 
-static void dgram_refuses_write(struct rank *r) { dgram_refuses(r, false); }
-static void dgram_refuses_tagged(struct rank *r) { dgram_refuses(r, true); }
+/* The same refusal during a drain (docs/migration.md): rank 0, a
+   datagram endpoint, lets go of the region, and rank 1's tagged message
+   goes over the core while rank 1's SWITCH still waits in rank 0's ring
+   behind a flood of its untagged ones (rank 0 polls its region slowly,
+   FIV_TEST_SLOW_REGION). The core message is held until the SWITCH
+   releases it, and then breaks rank 1's path as on the core: the flood
+   is received, and the next receive directed at rank 1 fails with
+   FI_EIO instead of waiting. */
+#define DG_FLOOD 2000
+static const char *drain_region;
+
+static void dgram_drain_violation(struct rank *r)
+{
+    t_dgram = r->me == 0;
+    t_open(r, version);
+    t_exchange(r);
+    int16_t slot0;
+    uint32_t gen0;
+    memcpy(&slot0, r->names + 4, sizeof slot0); /* struct fiv_addr */
+    memcpy(&gen0, r->names + 8, sizeof gen0);
+    struct fi_cq_tagged_entry e;
+    uint64_t hello = 1, first = 0;
+    /* one message each way first: the pair's rings are open */
+    REQ_RC(fi_recv(r->ep, &first, sizeof first, NULL, r->addr[1 - r->me],
+                   &first), 0);
+    REQ_RC(fi_send(r->ep, &hello, sizeof hello, NULL, r->addr[1 - r->me],
+                   &hello), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+    t_barrier(r);
+    if (r->me == 1) {
+        static uint64_t msg[DG_FLOOD];
+        int fd = open(drain_region, O_RDWR | O_CLOEXEC);
+        REQ(fd >= 0);
+        ivshm_admin *a = NULL;
+        REQ_RC(ivshm_admin_open(fd, &a), 0);
+        close(fd);
+        REQ_RC(ivshm_admin_drain_slot(a, slot0, gen0, 7), 0);
+        ivshm_admin_close(a);
+        t_barrier_plain(r); /* 1: rank 0 reads the request, sends SWITCH */
+        for (uint32_t i = 0; i < DG_FLOOD; i++) {
+            msg[i] = i;
+            REQ_RC(fi_send(r->ep, &msg[i], sizeof msg[i], NULL, r->addr[0],
+                           &msg[i]), 0);
+        }
+        t_barrier_plain(r); /* 2 */
+        /* rank 0's SWITCH read: ours goes behind the flood, the tagged
+           message after it over the core */
+        uint64_t end = t_now_ms() + 200;
+        while (t_now_ms() < end)
+            (void)fi_cntr_read(r->rcntr);
+        uint64_t bad = 0xbad;
+        ssize_t rc;
+        while ((rc = fi_tsend(r->ep, &bad, sizeof bad, NULL, r->addr[0], 1,
+                              &bad)) == -FI_EAGAIN)
+            (void)fi_cntr_read(r->rcntr);
+        REQ_RC(rc, 0);
+        t_barrier_plain(r); /* 3: rank 0 reads now */
+        t_barrier(r);
+        t_close(r);
+        return;
+    }
+    uint64_t end = t_now_ms() + 100;
+    while (t_now_ms() < end) /* the request read, our SWITCH out */
+        (void)fi_cntr_read(r->rcntr);
+    t_barrier_plain(r); /* 1 */
+    t_barrier_plain(r); /* 2 */
+    t_barrier_plain(r); /* 3 */
+    uint32_t got_n = 0;
+    int rc = 0;
+    struct fi_cq_err_entry err;
+    memset(&err, 0, sizeof err);
+    for (uint32_t i = 0; i <= DG_FLOOD; i++) {
+        uint64_t got = ~0ull;
+        REQ_RC(fi_recv(r->ep, &got, sizeof got, NULL, r->addr[1], &got), 0);
+        rc = t_wait(r, &e, &err, NULL, 5000);
+        if (rc != 0)
+            break;
+        REQ(got == i);
+        got_n++;
+    }
+    if (rc != -FI_EIO || got_n != DG_FLOOD) {
+        fprintf(stderr, "received %u of %u, then %d\n", got_n, DG_FLOOD, rc);
+        _exit(99);
+    }
+    t_barrier(r);
+    t_close(r);
+}
+
+static void dgram_refuses_write(struct rank *r)
+{
+    dgram_refuses(r, REFUSE_WRITE);
+}
+static void dgram_refuses_tagged(struct rank *r)
+{
+    dgram_refuses(r, REFUSE_TAGGED);
+}
+static void dgram_refuses_big(struct rank *r)
+{
+    dgram_refuses(r, REFUSE_BIG);
+}
 
 static void departed_unread(struct rank *r) { departed_sender(r, false); }
 static void departed_read(struct rank *r) { departed_sender(r, true); }
@@ -1114,8 +1246,30 @@ int main(void)
 
     f = t_run(2, dgram_refuses_write, env2, 30, NULL);
     f += t_run(2, dgram_refuses_tagged, env2, 30, NULL);
-    printf("%s: a datagram endpoint serves no remote write or tagged "
-           "message of a peer's RDM endpoint\n", f ? "FAIL" : "ok");
+    f += t_run(2, dgram_refuses_big, env2, 30, NULL);
+    printf("%s: a datagram endpoint serves no remote write, tagged "
+           "message or message past 64 KiB of a peer's RDM endpoint\n",
+           f ? "FAIL" : "ok");
+    failed += f;
+
+    /* rings of 4096 small slots: the whole flood fits; the core path
+       on (FI_IVSHM_CORE's default) */
+    static char deep[96];
+    snprintf(deep, sizeof deep, "/dev/shm/fiv-conform-deep-%d", (int)getpid());
+    ivshm_geometry g = {.max_peers = 4, .ring_slots = 4096, .slot_size = 256,
+                        .fast_channels = 2};
+    unlink(deep);
+    REQ_RC(ivshm_format_file(deep, ivshm_min_region_size(&g), &g, 0600), 0);
+    t_track(deep);
+    drain_region = deep;
+    char denv[320], dslow[400];
+    snprintf(denv, sizeof denv, "FI_IVSHM_REGION=%s", deep);
+    snprintf(dslow, sizeof dslow, "%s;FIV_TEST_SLOW_REGION=2000;"
+             "FI_IVSHM_DRAIN_MS=30000", denv);
+    const char *env_drain[] = {dslow, denv};
+    f = t_run(2, dgram_drain_violation, env_drain, 60, NULL);
+    printf("%s: a tagged message held during a drain until its sender's "
+           "SWITCH breaks the path when released\n", f ? "FAIL" : "ok");
     failed += f;
 
     printf("%s\n", failed ? "FAILED" : "all passed");

@@ -1943,6 +1943,41 @@ static void f_queue_departed_behind_held(struct forger *f)
     ctl_send(f->ctl, 'D', sent, 0, 0);
 }
 
+/* 30. A datagram endpoint issues no RMA, so it awaits no answer: an
+   ACK or a READ_RESP it never asked for breaks the forger's path
+   (docs/provider.md, "Datagram endpoints"), and the receive directed at
+   the forger fails with FI_EIO. */
+static void v_dgram_unasked(struct victim *v)
+{
+    REQ(v->r.info->ep_attr->type == FI_EP_DGRAM);
+    uint8_t *buf = gbuf(4096);
+    char c;
+    REQ_RC(fi_recv(v->r.ep, buf, 64, NULL, v->forger, &c), 0);
+    ctl_send(v->ctl, 'K', 0, 0, 0);
+    if (!VWAIT(v, vdone(v, &c) != NULL, 3000))
+        vfail(v, "the forger's path did not break");
+    else if (vdone(v, &c)->err != FI_EIO)
+        vfail(v, "the receive completed with %d, not FI_EIO",
+              vdone(v, &c)->err);
+}
+
+static void f_dgram_unasked(struct forger *f, uint32_t op)
+{
+    (void)ctl_recv(f->ctl, 'K');
+    struct fiv_resp_hdr r = {.id = 1, .len = 8};
+    REQ_RC(fsend(f, op, &r, sizeof r, marks, 8), 0);
+}
+
+static void f_dgram_unasked_ack(struct forger *f)
+{
+    f_dgram_unasked(f, FIV_OP_ACK);
+}
+
+static void f_dgram_unasked_read_resp(struct forger *f)
+{
+    f_dgram_unasked(f, FIV_OP_READ_RESP);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -2030,6 +2065,10 @@ static const struct fcase cases[] = {
      f_queue_departed_behind_held,
      "an honest sender leaves with a message queued behind a co-tenant's "
      "write waiting on a full CQ", "IVSHM_FAST_AFTER=1000000000"},
+    {"dgram_unasked_ack", v_dgram_unasked, f_dgram_unasked_ack,
+     "an ACK a datagram endpoint never asked for", NULL},
+    {"dgram_unasked_read_resp", v_dgram_unasked, f_dgram_unasked_read_resp,
+     "a READ_RESP a datagram endpoint never asked for", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
@@ -2064,6 +2103,7 @@ static int run_case(const struct fcase *c, const char *where)
         for (char *kv = envs ? strtok_r(envs, " ", &save) : NULL; kv;
              kv = strtok_r(NULL, " ", &save))
             putenv(kv);
+        t_dgram = c->victim == v_dgram_unasked;
         struct victim v = {.ctl = sv[1], .r = {.me = 0, .n = 1, .sock = -1}};
         victim_open(&v);
         c->victim(&v);
