@@ -319,6 +319,22 @@ def test_field_solves_energy_reuses(sphere_space, monkeypatch):
     assert calls["solves"] == 6 and 0 < E2 < 0.9 * E
 
 
+@pytest.fixture(scope="module")
+def parallel_case(tmp_path_factory):
+    """The ellipsoid, vortex-like m and two materials that
+    test_parallel_equals_serial's scripts read (never write), meshed once
+    for all its cases."""
+    mesh = meshes.ellipsoid(16 * NM, 10 * NM, 8 * NM, 2 * NM)
+    pts = mesh.points
+    m = np.stack([-pts[:, 1], pts[:, 0] + 4 * NM, np.full(len(pts), 5 * NM)],
+                 axis=1)
+    m /= np.linalg.norm(m, axis=1)[:, None]
+    ms = MS * (1.0 + 0.2 * (pts[:, 0] > 0))           # two materials
+    case = tmp_path_factory.mktemp("demag-parallel") / "case.npz"
+    np.savez(case, points=pts, tets=mesh.tets, m=m, ms=ms)
+    return case
+
+
 # dense: round-off and solver tolerance only; fmm (tol 1e-6): each rank
 # runs the FMM on its own triangles, so the trees and their errors differ;
 # direct: the u1 solve of simulation.py (the replicated Cholesky factor on
@@ -327,17 +343,11 @@ def test_field_solves_energy_reuses(sphere_space, monkeypatch):
     ("dense", (1, 2), 1e-6, "cg"),
     ("fmm", (1, 2, 4), 1e-5, "cg"),
     ("dense", (1, 2, 3), 1e-6, "direct")])
-def test_parallel_equals_serial(tmp_path, method, ranks, rel, solver):
+def test_parallel_equals_serial(tmp_path, parallel_case, method, ranks,
+                                rel, solver):
     if method == "fmm":
         pytest.importorskip("fmm3dpy")
-    mesh = meshes.ellipsoid(16 * NM, 10 * NM, 8 * NM, 2 * NM)
-    pts = mesh.points
-    m = np.stack([-pts[:, 1], pts[:, 0] + 4 * NM, np.full(len(pts), 5 * NM)],
-                 axis=1)
-    m /= np.linalg.norm(m, axis=1)[:, None]
-    ms = MS * (1.0 + 0.2 * (pts[:, 0] > 0))           # two materials
-    case = tmp_path / "case.npz"
-    np.savez(case, points=pts, tets=mesh.tets, m=m, ms=ms)
+    case = parallel_case
     script = tmp_path / "demag_parallel.py"
     script.write_text(PARALLEL_SCRIPT)
     results = {}

@@ -287,16 +287,27 @@ amplitude = [0.0, 5.0, 0.0]
 """
 
 
-def test_parallel_equals_serial(tmp_path):
-    """1, 2 and 4 ranks: same <m>(t) to 1e-6 on a fixed-step run with
-    demag, through `ivcloud mag run --np N`."""
-    prob = _write(tmp_path / "small.toml", SMALL.format(demag="true"))
-    runs = {}
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory):
+    """SMALL with demag through `ivcloud mag run --np N`, N = 1, 2, 4:
+    {N: output directory}. The tests only read them."""
+    d = tmp_path_factory.mktemp("small-runs")
+    prob = _write(d / "small.toml", SMALL.format(demag="true"))
+    outs = {}
     for np_ in (1, 2, 4):
-        out = tmp_path / f"np{np_}"
+        out = d / f"np{np_}"
         r = mag_cli("run", str(prob), "--out", str(out), "--np", str(np_),
                     "--quiet")
         assert r.returncode == 0, r.stderr
+        outs[np_] = out
+    return outs
+
+
+def test_parallel_equals_serial(small_runs):
+    """1, 2 and 4 ranks: same <m>(t) to 1e-6 on a fixed-step run with
+    demag, through `ivcloud mag run --np N`."""
+    runs = {}
+    for np_, out in small_runs.items():
         summary = json.loads((out / "summary.json").read_text())
         assert summary["ranks"] == np_ and summary["demag"] is True
         runs[np_] = table(out)
@@ -581,19 +592,18 @@ def micromag_main(*args, np_=1, timeout=300):
                           env=clean_mpi_env(os.environ))
 
 
-def test_own_command_runs_on_the_ranks_it_is_given(tmp_path):
+def test_own_command_runs_on_the_ranks_it_is_given(tmp_path, small_runs):
     """`mpirun -np 2 python3 -m micromag run` (no ivcloud involved):
-    the same table as `ivcloud mag run --np 2`."""
+    the same table as `ivcloud mag run --np 2` (small_runs)."""
     prob = _write(tmp_path / "small.toml", SMALL.format(demag="true"))
     r = micromag_main("run", str(prob), "--out", str(tmp_path / "own"),
                       "--quiet", np_=2)
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "own" / "summary.json").read_text())
     assert summary["ranks"] == 2
-    r = mag_cli("run", str(prob), "--out", str(tmp_path / "cli"), "--np",
-                "2", "--quiet")
-    assert r.returncode == 0, r.stderr
-    own, cli = table(tmp_path / "own"), table(tmp_path / "cli")
+    cli = small_runs[2]
+    assert json.loads((cli / "summary.json").read_text())["ranks"] == 2
+    own, cli = table(tmp_path / "own"), table(cli)
     assert np.array_equal(own["t"], cli["t"]) and len(own) == 11
     for c in ("mx", "my", "mz"):
         assert np.abs(own[c] - cli[c]).max() <= 1e-12
