@@ -347,14 +347,15 @@ class VmInstances(InstanceKind):
     def put(self, state: Dict, hosts: Sequence[str], files: Sequence[str],
             dest: str) -> List[str]:
         # every guest at once: each has its own agent and serial line
-        hosts = list(hosts or sorted(state["vms"]))
-        with ThreadPoolExecutor(max_workers=len(hosts) or 1) as pool:
-            copies = [pool.submit(vm_instance.put_files, state, host,
-                                  [Path(f) for f in files], dest)
-                      for host in hosts]
-            return [f"{host}:{path}"
-                    for host, copy in zip(hosts, copies)
-                    for path in copy.result()]
+        paths = [Path(f) for f in files]
+        out = []
+        for host, copies, err in vm_instance.each(
+                list(hosts or sorted(state["vms"])),
+                lambda host: vm_instance.put_files(state, host, paths, dest)):
+            if err is not None:
+                raise err
+            out += [f"{host}:{path}" for path in copies]
+        return out
 
     def stage(self, state: Dict, path: os.PathLike) -> str:
         # put rewrites a file only through a checked copy
