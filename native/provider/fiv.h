@@ -938,9 +938,10 @@ int fiv_region_attach(struct fiv_ep *ep, bool quiet);
 #define FIV_GUEST_ENV "/run/ivshm/ivshm.env"
 bool fiv_guest_defaults(bool force);
 /* Does our region's `slot` hold, at `gen`, the endpoint of `nonce`
-   (also its last holder, gone since, while nobody claimed it)? */
+   (unless `live`, also its last holder, gone since, while nobody claimed
+   it)? One copy of the registry entry answers it all. */
 bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,
-                      uint64_t nonce);
+                      uint64_t nonce, bool live);
 /* A region BACK from `slot`: the peer's first region message after the
    core. */
 void fiv_back_receive(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,

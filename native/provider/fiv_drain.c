@@ -41,12 +41,13 @@ static void name_of(uint64_t nonce, char *out, size_t cap)
 }
 
 bool fiv_region_holds(struct fiv_ep *ep, int slot, uint32_t gen,
-                      uint64_t nonce)
+                      uint64_t nonce, bool live)
 {
     if (!ep->h || slot < 0 || slot >= ep->max_peers)
         return false;
     ivshm_peer_info info;
-    if (ivshm_peer_last(ep->h, slot, &info) < 0)
+    if ((live ? ivshm_peer(ep->h, slot, &info)
+              : ivshm_peer_last(ep->h, slot, &info)) < 0)
         return false;
     char want[32];
     name_of(nonce, want, sizeof want);
@@ -489,9 +490,7 @@ static void offer_in(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p)
        departed entry in ours. Taken for a place it is at, the pair would
        wait for a back switch that never comes; and our answer to the
        place it has now would not go (rg_told). */
-    ivshm_peer_info live;
-    if (!fiv_region_holds(ep, o.slot, o.generation, nonce) ||
-        ivshm_peer(ep->h, o.slot, &live) < 0) {
+    if (!fiv_region_holds(ep, o.slot, o.generation, nonce, true)) {
         p->rg_ok = p->rg_told = p->rg_heard = false;
         return; /* not in our region (or no longer) */
     }

@@ -52,7 +52,7 @@ static bool grow_peers(struct fiv_ep *ep, size_t n)
 static bool in_our_region(struct fiv_ep *ep, const struct fiv_addr *a)
 {
     return fiv_region_holds(ep, a->slot, a->generation,
-                            (uint64_t)a->nonce[1] << 32 | a->nonce[0]);
+                            (uint64_t)a->nonce[1] << 32 | a->nonce[0], false);
 }
 
 void fiv_ep_resolve(struct fiv_ep *ep, size_t index)
