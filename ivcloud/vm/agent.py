@@ -65,23 +65,36 @@ def quiet(sock_path: Path, timeout: float) -> Iterator[None]:
     (then AgentError), and later ones wait until it ends.
 
     Why: QEMU 7.2 leaves an unplugged ivshmem-doorbell's fd handlers
-    behind, and an agent connection that QEMU accepted under one of
-    their descriptor numbers before qemu.guard_eventfds covered it ran
-    the freed device's handler (a guest kernel oops, or QEMU refusing
-    the move: "could not be guarded")."""
-    with filelock.held(sock_path.with_name(LOCK), timeout, lambda: AgentError(
-            f"the guest agent at {sock_path} stayed busy for {timeout:.0f} s "
-            f"(a command running through it)")):
+    behind, and an agent connection that QEMU accepts under one of their
+    descriptor numbers before qemu.guard_eventfds covers it runs the
+    freed device's handler (docs/cluster.md, "Two QEMU 7.2 bugs")."""
+    with _lock(sock_path, timeout, shared=False):
         yield
 
 
 def run(sock_path: Path, command: str, timeout: float = 60.0) -> Result:
     """Run `command` with the guest's sh; its status and output."""
     deadline = time.monotonic() + timeout
-    with filelock.held(sock_path.with_name(LOCK), timeout, lambda: AgentError(
-            f"the guest agent at {sock_path} stayed quiet for "
-            f"{timeout:.0f} s (a device unplug held it)"), shared=True):
+    with _lock(sock_path, timeout, shared=True):
         return _run(sock_path, command, max(0.05, deadline - time.monotonic()))
+
+
+@contextlib.contextmanager
+def _lock(sock_path: Path, timeout: float, shared: bool) -> Iterator[None]:
+    """agent.lock beside `sock_path`: shared by every command while it is
+    connected, exclusive for quiet(); AgentError when it cannot be had
+    (a guest whose directory is gone cannot be reached either)."""
+    holder = ("a device unplug" if shared else "a command running through it")
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(filelock.held(
+                sock_path.with_name(LOCK), timeout, lambda: AgentError(
+                    f"the guest agent at {sock_path} was held for "
+                    f"{timeout:.0f} s by {holder}"), shared=shared))
+        except OSError as e:
+            raise AgentError(f"cannot reach the guest agent at {sock_path}: "
+                             f"{e.strerror or e}")
+        yield
 
 
 def _run(sock_path: Path, command: str, timeout: float) -> Result:
