@@ -1072,9 +1072,7 @@ static void dgram_drain_violation(struct rank *r)
         t_barrier_plain(r); /* 2 */
         /* rank 0's SWITCH read: ours goes behind the flood, the tagged
            message after it over the core */
-        uint64_t end = t_now_ms() + 200;
-        while (t_now_ms() < end)
-            (void)fi_cntr_read(r->rcntr);
+        t_progress_ms(r, 200);
         uint64_t bad = 0xbad;
         ssize_t rc;
         while ((rc = fi_tsend(r->ep, &bad, sizeof bad, NULL, r->addr[0], 1,
@@ -1086,9 +1084,7 @@ static void dgram_drain_violation(struct rank *r)
         t_close(r);
         return;
     }
-    uint64_t end = t_now_ms() + 100;
-    while (t_now_ms() < end) /* the request read, our SWITCH out */
-        (void)fi_cntr_read(r->rcntr);
+    t_progress_ms(r, 100); /* the request read, our SWITCH out */
     t_barrier_plain(r); /* 1 */
     t_barrier_plain(r); /* 2 */
     t_barrier_plain(r); /* 3 */

@@ -438,9 +438,7 @@ static void backlog(struct rank *r)
         t_barrier_plain(r); /* 2 */
         /* we read rank 0's SWITCH: ours goes behind the flood, and what
            follows goes over the core */
-        uint64_t end = t_now_ms() + 200;
-        while (t_now_ms() < end)
-            (void)fi_cntr_read(r->rcntr);
+        t_progress_ms(r, 200);
         for (uint32_t i = FLOOD; i < FLOOD + AFTER; i++) {
             msg[i] = i;
             ssize_t rc;
@@ -456,9 +454,7 @@ static void backlog(struct rank *r)
         t_close(r);
         return;
     }
-    uint64_t end = t_now_ms() + 100;
-    while (t_now_ms() < end) /* the request read, our SWITCH out */
-        (void)fi_cntr_read(r->rcntr);
+    t_progress_ms(r, 100); /* the request read, our SWITCH out */
     t_barrier_plain(r); /* 1 */
     t_barrier_plain(r); /* 2 */
     t_barrier_plain(r); /* 3 */
@@ -1067,9 +1063,7 @@ static void four_body(struct rank *r)
     t_barrier(r);
     /* rank 2 finds region A within a quarter of a second and offers it;
        everyone drives progress meanwhile */
-    uint64_t until = t_now_ms() + 1500;
-    while (t_now_ms() < until)
-        (void)fi_cntr_read(r->rcntr);
+    t_progress_ms(r, 1500);
     t_barrier(r);
     /* (2,3) stays on the core: not measured after, so that rank 2's
        report shows only region messages after its rejoin */

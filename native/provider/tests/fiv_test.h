@@ -250,6 +250,15 @@ static inline void t_barrier(struct rank *r)
     t_read_full(r->sock, &c, 1);
 }
 
+/* Progress for `ms` (through a counter read, which consumes no
+   completion): what a peer asked for meanwhile is taken and answered,
+   e.g. a drain request read and its SWITCH sent (fiv_drain, fiv_conform). */
+static inline void t_progress_ms(struct rank *r, unsigned ms)
+{
+    for (uint64_t end = t_now_ms() + ms; t_now_ms() < end;)
+        (void)fi_cntr_read(r->rcntr);
+}
+
 /* Send / receive a small blob through the parent (keys, addresses). */
 static inline void t_bcast(struct rank *r, int root, void *buf, size_t len)
 {
