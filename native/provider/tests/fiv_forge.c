@@ -75,6 +75,7 @@ static size_t heap_bytes(void)
 
 static const char *region;
 static size_t frag;      /* payload bytes of one slot */
+static struct fiv_addr victim_name; /* the forger's copy, for a real peer */
 
 /* ---- control messages between victim and forger: 64 bytes each ---- */
 
@@ -306,6 +307,7 @@ static void forger_open(struct forger *f)
     t_read_full(f->ctl, &theirs, sizeof theirs);
     REQ(theirs.magic == FIV_ADDR_MAGIC && theirs.slot >= 0);
     f->victim = theirs.slot;
+    victim_name = theirs;
     ctl_send(f->ctl, 'N', 0, 0, 0);
     REQ(write(f->ctl, &a, sizeof a) == (ssize_t)sizeof a);
 }
@@ -1978,6 +1980,281 @@ static void f_dgram_unasked_read_resp(struct forger *f)
     f_dgram_unasked(f, FIV_OP_READ_RESP);
 }
 
+/* 31. OFFERs (the way back from the core, fiv_drain.c) are the core's
+   alone: written into the region as cells of admitted ranks they break
+   the writer's own path, whatever they name, while a real peer's checked
+   traffic with the victim goes on untouched. Each forging sender is an
+   admitted rank of its own, so each naming meets an intact pair: the
+   real peer's place (slot, generation, nonce), the writer's own slot in
+   another incarnation, a departed rank's slot, 1000 repeated offers of
+   the writer's true place; one more comes from a rank that leaves right
+   after it (read after its departure, or not), and one from the next
+   incarnation of that rank's slot, which the victim never inserted. */
+#define OFFER_ROUNDS 300
+enum { OF_PLACE, OF_INCARNATION, OF_DEPARTED, OF_REPEATED, OF_LEAVER,
+       OF_N };
+
+static void pattern(uint8_t *b, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i * 131 + seed);
+}
+
+/* The victim's CQ: the forging senders' receives are logged in `got`
+   (their errors), the real peer's operation `ctx` ends the wait: its
+   error, or -1 when `ms` passed first. */
+struct offer_rx {
+    uint64_t buf;
+    int err;
+    bool done;
+};
+
+static int offer_wait(struct victim *v, struct offer_rx *got, void *ctx,
+                      fi_addr_t peer, size_t len, uint64_t tag, int ms)
+{
+    for (uint64_t end = t_now_ms() + (uint64_t)ms; t_now_ms() < end;) {
+        struct fi_cq_tagged_entry e;
+        fi_addr_t from = FI_ADDR_NOTAVAIL;
+        ssize_t n = fi_cq_readfrom(v->r.cq, &e, 1, &from);
+        void *c = NULL;
+        int err = 0;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry ee;
+            memset(&ee, 0, sizeof ee);
+            REQ_RC(fi_cq_readerr(v->r.cq, &ee, 0), 1);
+            c = ee.op_context;
+            err = ee.err ? ee.err : -1;
+        } else if (n == 1) {
+            c = e.op_context;
+        }
+        size_t h = heap_bytes();
+        if (h > v->heap_peak)
+            v->heap_peak = h;
+        if (!c)
+            continue;
+        bool forged = false;
+        for (int k = 0; k < OF_N; k++)
+            if (c == &got[k]) {
+                forged = true;
+                if (got[k].done)
+                    vfail(v, "the receive from forging sender %d completed "
+                          "twice", k);
+                got[k].done = true;
+                got[k].err = err;
+            }
+        if (forged)
+            continue;
+        if (c != ctx) {
+            vfail(v, "a completion for a context never posted");
+            continue;
+        }
+        if (!err && (e.flags & FI_RECV) &&
+            (e.len != len || e.tag != tag || from != peer))
+            vfail(v, "the real peer's message %#" PRIx64 " came as %zu B, "
+                  "tag %#" PRIx64 ", from %" PRIu64, tag, e.len, e.tag,
+                  (uint64_t)from);
+        return err;
+    }
+    return -1;
+}
+
+static void v_forged_offers(struct victim *v)
+{
+    ctl_recv(v->ctl, 'A');
+    uint8_t names[OF_N + 1][FIV_ADDR_LEN];
+    t_read_full(v->ctl, names, sizeof names);
+    fi_addr_t who[OF_N], p;
+    for (int k = 0; k < OF_N; k++)
+        REQ_RC(fi_av_insert(v->r.av, names[k], 1, &who[k], 0, NULL), 1);
+    REQ_RC(fi_av_insert(v->r.av, names[OF_N], 1, &p, 0, NULL), 1);
+    struct offer_rx got[OF_N];
+    memset(got, 0, sizeof got);
+    for (int k = 0; k < OF_N; k++)
+        REQ_RC(fi_trecv(v->r.ep, &got[k].buf, sizeof got[k].buf, NULL,
+                        who[k], 1, 0, &got[k]), 0);
+    v->heap0 = v->heap_peak = heap_bytes();
+    ctl_send(v->ctl, 'P', 0, 0, 0);
+    uint8_t *buf = gbuf(64 << 10), *want = gbuf(64 << 10);
+    for (int i = 0; i < OFFER_ROUNDS && !v->fail; i++) {
+        if (i == OFFER_ROUNDS / 2) {
+            /* the rest after every forgery: the pair still carries */
+            uint64_t end = t_now_ms() + 5000;
+            while (!ctl_ready(v->ctl) && t_now_ms() < end)
+                (void)fi_cntr_read(v->r.rcntr);
+            ctl_recv(v->ctl, 'F');
+        }
+        size_t len = (size_t)8 << (i % 14);
+        uint64_t tag = 0x500000 + (uint64_t)i;
+        int rc;
+        if (i % 2 == 0) {
+            REQ_RC(fi_trecv(v->r.ep, buf, 64 << 10, NULL, p, tag, 0, buf), 0);
+            rc = offer_wait(v, got, buf, p, len, tag, 5000);
+            pattern(want, len, (unsigned)i);
+            if (!rc && memcmp(buf, want, len))
+                vfail(v, "the real peer's message %d came garbled", i);
+        } else {
+            pattern(buf, len, (unsigned)i);
+            REQ_RC(fi_tsend(v->r.ep, buf, len, NULL, p, tag, buf), 0);
+            rc = offer_wait(v, got, buf, p, len, tag, 5000);
+        }
+        if (rc)
+            vfail(v, "round %d with the real peer ended %d (-1: not within "
+                  "5 s)", i, rc);
+    }
+    for (uint64_t end = t_now_ms() + CALL_MS; t_now_ms() < end;) {
+        bool all = true;
+        for (int k = 0; k < OF_N; k++)
+            all = all && got[k].done;
+        if (all)
+            break;
+        (void)offer_wait(v, got, NULL, p, 0, 0, 1);
+    }
+    for (int k = 0; k < OF_N; k++)
+        if (!got[k].done)
+            vfail(v, "a receive from forging sender %d still waits", k);
+        else if (k != OF_LEAVER && got[k].err != FI_EIO)
+            vfail(v, "the receive from forging sender %d ended %d, not "
+                  "FI_EIO", k, got[k].err);
+        else if (!got[k].err)
+            vfail(v, "the departed forger's receive was said to arrive");
+    if (v->heap_peak - v->heap0 > (8u << 20))
+        vfail(v, "the victim's heap grew by %zu B", v->heap_peak - v->heap0);
+    ctl_send(v->ctl, 'D', 0, 0, 0);
+    struct ctl st = ctl_recv(v->ctl, 'S');
+    if (st.a)
+        vfail(v, "the real peer failed (status %#" PRIx64 ")", st.a);
+}
+
+/* A provider rank of its own, in the victim's region: the other end of
+   the victim's traffic. */
+static void offer_peer(int sock)
+{
+    setenv("FI_IVSHM_REGION", region, 1);
+    setenv("FI_IVSHM_CORE", "none", 1);
+    setenv("FI_PROVIDER", "ivshm", 1);
+    struct rank r = {.me = 1, .n = 2, .sock = -1};
+    t_open(&r, FI_VERSION(1, 17));
+    char name[NAMELEN] = {0};
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&r.ep->fid, name, &len), 0);
+    REQ(write(sock, name, FIV_ADDR_LEN) == (ssize_t)FIV_ADDR_LEN);
+    fi_addr_t v;
+    REQ_RC(fi_av_insert(r.av, &victim_name, 1, &v, 0, NULL), 1);
+    uint8_t *buf = malloc(64 << 10), *want = malloc(64 << 10);
+    REQ(buf && want);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+    fi_addr_t src;
+    for (int i = 0; i < OFFER_ROUNDS; i++) {
+        size_t n = (size_t)8 << (i % 14);
+        uint64_t tag = 0x500000 + (uint64_t)i;
+        if (i % 2 == 0) {
+            pattern(buf, n, (unsigned)i);
+            REQ_RC(fi_tsend(r.ep, buf, n, NULL, v, tag, buf), 0);
+            REQ_RC(t_wait(&r, &e, &err, NULL, 10000), 0);
+        } else {
+            REQ_RC(fi_trecv(r.ep, buf, 64 << 10, NULL, v, tag, 0, buf), 0);
+            REQ_RC(t_wait(&r, &e, &err, &src, 10000), 0);
+            pattern(want, n, (unsigned)i);
+            REQ(e.len == n && e.tag == tag && src == v &&
+                memcmp(buf, want, n) == 0);
+        }
+    }
+    free(buf);
+    free(want);
+    t_close(&r);
+    _exit(0);
+}
+
+/* A fresh attachment registered as a provider endpoint would be, and
+   its name. */
+static void attach_rank(struct forger *x, int victim, struct fiv_addr *a)
+{
+    uint64_t nonce = random64();
+    char name[32];
+    snprintf(name, sizeof name, "fi.%016" PRIx64, nonce);
+    ivshm_config cfg = {.job_id = JOB_TAG, .rank = (uint32_t)nonce,
+                        .name = name, .spin_ns = 1};
+    x->victim = victim;
+    REQ_RC(ivshm_attach_path(region, &cfg, &x->h), 0);
+    ivshm_peer_info me;
+    REQ_RC(ivshm_peer(x->h, ivshm_self(x->h), &me), 0);
+    memset(a, 0, sizeof *a);
+    a->magic = FIV_ADDR_MAGIC;
+    a->version = FIV_ADDR_VERSION;
+    a->slot = (int16_t)ivshm_self(x->h);
+    a->generation = me.generation;
+    a->nonce[0] = (uint32_t)nonce;
+    a->nonce[1] = (uint32_t)(nonce >> 32);
+    uint64_t k[2] = {random64(), random64()};
+    memcpy(a->key, k, sizeof a->key);
+}
+
+static void offer(struct forger *x, const struct fiv_addr *named,
+                  uint32_t generation, uint16_t flags)
+{
+    struct fiv_offer o = {.slot = named->slot, .flags = flags,
+                          .generation = generation,
+                          .nonce = {named->nonce[0], named->nonce[1]}};
+    REQ_RC(fsend(x, FIV_OP_OFFER, &o, sizeof o, NULL, 0), 0);
+}
+
+static void f_forged_offers(struct forger *f)
+{
+    int sp[2];
+    REQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp) == 0);
+    pid_t pp = fork();
+    REQ(pp >= 0);
+    if (pp == 0) {
+        close(sp[0]);
+        offer_peer(sp[1]);
+    }
+    close(sp[1]);
+    struct fiv_addr names[OF_N + 1];
+    struct forger x[OF_N];
+    for (int k = 0; k < OF_N; k++)
+        attach_rank(&x[k], f->victim, &names[k]);
+    t_read_full(sp[0], &names[OF_N], FIV_ADDR_LEN);
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, names, sizeof names) == (ssize_t)sizeof names);
+    ctl_recv(f->ctl, 'P');
+    const struct fiv_addr *peer = &names[OF_N];
+    offer(&x[OF_PLACE], peer, peer->generation, 0);
+    offer(&x[OF_PLACE], peer, peer->generation, FIV_OFFER_HEARD);
+    offer(&x[OF_INCARNATION], &names[OF_INCARNATION],
+          names[OF_INCARNATION].generation + 1, 0);
+    /* one that leaves right after its offer; then its slot is named by
+       another, and written from by its next incarnation */
+    offer(&x[OF_LEAVER], &names[OF_LEAVER], names[OF_LEAVER].generation, 0);
+    ivshm_detach(x[OF_LEAVER].h);
+    offer(&x[OF_DEPARTED], &names[OF_LEAVER], names[OF_LEAVER].generation,
+          FIV_OFFER_HEARD);
+    struct forger next;
+    struct fiv_addr nname;
+    attach_rank(&next, f->victim, &nname);
+    offer(&next, &names[OF_LEAVER], names[OF_LEAVER].generation, 0);
+    for (int i = 0; i < 1000; i++)
+        offer(&x[OF_REPEATED], &names[OF_REPEATED],
+              names[OF_REPEATED].generation, (uint16_t)(i & 1));
+    ctl_send(f->ctl, 'F', 0, 0, 0);
+    ctl_recv(f->ctl, 'D');
+    int st = -1;
+    for (uint64_t end = t_now_ms() + 5000; t_now_ms() < end;)
+        if (waitpid(pp, &st, WNOHANG) == pp)
+            break;
+        else
+            usleep(1000);
+    if (st == -1) {
+        kill(pp, SIGKILL);
+        waitpid(pp, &st, 0);
+    }
+    ctl_send(f->ctl, 'S', (uint64_t)(unsigned)st, 0, 0);
+    ivshm_detach(next.h);
+    for (int k = 0; k < OF_N; k++)
+        if (k != OF_LEAVER)
+            ivshm_detach(x[k].h);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -2069,6 +2346,10 @@ static const struct fcase cases[] = {
      "an ACK a datagram endpoint never asked for", NULL},
     {"dgram_unasked_read_resp", v_dgram_unasked, f_dgram_unasked_read_resp,
      "a READ_RESP a datagram endpoint never asked for", NULL},
+    {"forged_offers", v_forged_offers, f_forged_offers,
+     "OFFER cells in the region from admitted ranks, naming another "
+     "place, incarnation or a departed slot, repeated, beside a real "
+     "peer's traffic", NULL},
     {"self_read_large", v_self_read, f_idle,
      "a READ of our own memory over the inline copy (no forgery)", NULL},
 };
