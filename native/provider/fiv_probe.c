@@ -131,6 +131,20 @@ void fiv_probe_receive(struct fiv_ep *ep, int slot, int64_t gen,
         fiv_path_broken(ep, a, heard, "the rest of its message never comes");
 }
 
+/* Is nothing of departed `slot` left for us? A peek directed at it
+   reaches all of its messages (its backlog, its ring, its cells in our
+   queue past other senders'), and libivshm answers IVSHM_EPEERDEAD only
+   once none is left anywhere, a cell behind a held queue head included
+   (ivshm_q_holds). What it finds stays where it lies, for the poll to
+   take in its turn. */
+static bool left_nothing(struct fiv_ep *ep, int slot)
+{
+    int src = -1;
+    uint32_t tag = 0;
+    const void *data = NULL;
+    return ivshm_recv_peek(ep->h, slot, &src, &tag, &data) == IVSHM_EPEERDEAD;
+}
+
 /* Does something we hold wait on peer `id`? */
 static bool waits_on(struct fiv_ep *ep, fi_addr_t id, struct fiv_peer *p,
                      bool wildcard)
@@ -166,19 +180,20 @@ void fiv_probe_tick(struct fiv_ep *ep, uint64_t now)
                notes it; it fails at a later look, which follows a poll
                begun after this one that found nothing: by then every
                message it wrote before freeing its slot has been taken.
-               Not while a remote write waits for room in the CQ
-               (ep->writes_wait): a poll then finds nothing while what
-               lies behind the held write (its writer's later messages,
-               the shared queue's cells behind a held cell) is unread, so
-               the look waits until a poll saw every head empty with
-               nothing held, which the application's next CQ read allows
+               While a remote write waits for room in the CQ
+               (ep->writes_wait) a poll finds nothing while what lies
+               behind the held write (its writer's later messages, the
+               shared queue's cells behind a held cell) is unread: a look
+               at the departed sender's own messages decides then, and a
+               peer with some behind the held write waits until the
+               application's next CQ read lets them through
                (docs/provider.md, "Caps per peer"). */
             if (!p->leaving) {
                 p->leaving = true;
                 ep->last_check_ns = 0; /* look again at the next idle call */
                 continue;
             }
-            if (ep->writes_wait)
+            if (ep->writes_wait && (g >= 0 || !left_nothing(ep, p->slot)))
                 continue;
             fiv_peer_failed(ep, id, p, FI_EIO);
             continue;

@@ -2255,6 +2255,85 @@ static void f_forged_offers(struct forger *f)
             ivshm_detach(x[k].h);
 }
 
+/* 32. The other side of case 28: a peer whose messages are not behind
+   the held write. The forger fills the CQ with writes with data (held),
+   then honest D, which the victim waits on (a receive directed at it)
+   and which sent nothing, leaves. The victim polls only through a
+   counter and looks at its CQ's errors alone (its entries stay unread,
+   the writes stay held): D's receive fails within the looks for
+   departed peers (FI_EIO), not only once the application reads its
+   CQ; the writes all land afterwards. */
+static void v_departed_beside_held(struct victim *v)
+{
+    uint8_t *w = gbuf(4096);
+    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE);
+    ctl_recv(v->ctl, 'A');
+    uint8_t dname[FIV_ADDR_LEN];
+    t_read_full(v->ctl, dname, sizeof dname);
+    fi_addr_t d;
+    REQ_RC(fi_av_insert(v->r.av, dname, 1, &d, 0, NULL), 1);
+    uint8_t *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, d, 0x99, 0, r), 0);
+    ctl_send(v->ctl, 'P', 0, 0, 0);
+    for (uint64_t end = t_now_ms() + 30000;
+         !ctl_ready(v->ctl) && t_now_ms() < end;)
+        (void)fi_cntr_read(v->r.wcntr);
+    struct ctl dn = ctl_recv(v->ctl, 'D');
+    int rerr = 0;
+    uint64_t t0 = t_now_ms();
+    while (!rerr && t_now_ms() < t0 + 3000) {
+        (void)fi_cntr_read(v->r.wcntr);
+        struct fi_cq_err_entry err;
+        memset(&err, 0, sizeof err);
+        if (fi_cq_readerr(v->r.cq, &err, 0) == 1 && err.op_context == r)
+            rerr = err.err ? err.err : -1;
+    }
+    uint64_t took = t_now_ms() - t0;
+    size_t got = 0;
+    for (uint64_t end = t_now_ms() + 5000; t_now_ms() < end && got < dn.a;) {
+        struct fi_cq_tagged_entry e;
+        ssize_t n = fi_cq_read(v->r.cq, &e, 1);
+        if (n == 1 && (e.flags & FI_REMOTE_CQ_DATA))
+            got++;
+        else if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err;
+            memset(&err, 0, sizeof err);
+            (void)fi_cq_readerr(v->r.cq, &err, 0);
+        }
+    }
+    fprintf(stderr, "departed_beside_held_write: D's receive ended %d after "
+            "%" PRIu64 " ms with the CQ unread; %zu of %" PRIu64 " writes "
+            "landed\n", rerr, took, got, dn.a);
+    if (rerr != FI_EIO)
+        vfail(v, "the receive from the departed peer ended %d within 3 s "
+              "of a held write (0: still waiting), not FI_EIO", rerr);
+    if (got != dn.a)
+        vfail(v, "%zu of the forger's %" PRIu64 " writes landed", got, dn.a);
+    REQ_RC(fi_close(&mr->fid), 0);
+}
+
+static void f_departed_beside_held(struct forger *f)
+{
+    struct ctl k = ctl_recv(f->ctl, 'K');
+    struct forger dx;
+    struct fiv_addr dname;
+    attach_rank(&dx, f->victim, &dname);
+    ctl_send(f->ctl, 'A', 0, 0, 0);
+    REQ(write(f->ctl, &dname, FIV_ADDR_LEN) == (ssize_t)FIV_ADDR_LEN);
+    ctl_recv(f->ctl, 'P');
+    uint64_t sent = 0;
+    for (int i = 0; i < CQ_SIZE + 8; i++) {
+        struct fiv_rma_hdr h = {.addr = k.a, .key = k.b, .len = 0,
+                                .id = 700 + (uint64_t)i, .data = (uint64_t)i};
+        if (fsend(f, FIV_OP_WRITE | FIV_F_DATA, &h, sizeof h, NULL, 0) < 0)
+            break;
+        sent++;
+    }
+    usleep(200000); /* the victim reaches the held write */
+    ivshm_detach(dx.h);
+    ctl_send(f->ctl, 'D', sent, 0, 0);
+}
+
 static void f_idle(struct forger *f)
 {
     (void)ctl_recv(f->ctl, 'K');
@@ -2346,6 +2425,10 @@ static const struct fcase cases[] = {
      "an ACK a datagram endpoint never asked for", NULL},
     {"dgram_unasked_read_resp", v_dgram_unasked, f_dgram_unasked_read_resp,
      "a READ_RESP a datagram endpoint never asked for", NULL},
+    {"departed_beside_held_write", v_departed_beside_held,
+     f_departed_beside_held,
+     "a peer that sent nothing leaves while another's write waits on a "
+     "full CQ", NULL},
     {"forged_offers", v_forged_offers, f_forged_offers,
      "OFFER cells in the region from admitted ranks, naming another "
      "place, incarnation or a departed slot, repeated, beside a real "
