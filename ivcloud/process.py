@@ -15,9 +15,9 @@
 - :func:`first_line`: what a child that keeps running says first (a
   namespace holder's "ready", a server's port), waited for up to a
   deadline.
-- :func:`job_scope`: what a job on this host leaves behind (Open MPI's
-  shared-memory segments and session directory, a private region)
-  removed when the job's launcher returns, and also
+- :func:`job_scope`: what a job on this host leaves behind (its ranks,
+  Open MPI's shared-memory segments and session directory, a private
+  region) ended and removed when the job's launcher returns, and also
   when the launcher itself is killed with SIGKILL: a reaper in a session
   of its own sees it go and does the same.
 """
@@ -273,12 +273,14 @@ def _job_root() -> Path:
 def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
     """A job's scope: its directory made (0700), a reaper started, the
     scope yielded; when the block ends (however: returned, raised,
-    interrupted), the job's files are removed: its directory and the paths
+    interrupted), every process that still carries the job's token is
+    killed and the job's files removed: its directory and the paths
     `owned` (a private region), which need not exist yet. The reaper, in a session of its
     own so that a signal to our process group does not reach it, waits
     on a pipe only we hold: when we die without ending the block (killed
-    with SIGKILL, with our process group or alone), it does the same;
-    otherwise we kill it."""
+    with SIGKILL, with our process group or alone), it does the same
+    (the launcher, mpirun, and ranks that never noticed it gone: one
+    still starting, one that never calls MPI); otherwise we kill it."""
     token = f"{os.getpid()}.{secrets.token_hex(6)}"
     directory = _job_root() / f"ivcloud-job.{token}"
     directory.mkdir(mode=0o700)
@@ -329,7 +331,14 @@ def _reaper_main(token: str, paths: List[str]) -> None:
 
 
 def end_job(token: str, owned: Sequence[Path]) -> None:
-    """Remove the job's files."""
+    """Kill (SIGKILL) every process of ours that carries the job's token
+    in its environment, until none is left (a rank may fork while we
+    look), then remove the job's files."""
+    for _ in range(20):
+        left = procfs.with_environ(LAUNCH_ENV, token)
+        if not left:
+            break
+        procfs.kill_pids(left, grace_s=0.0)
     for path in owned:
         with contextlib.suppress(FileNotFoundError):
             if path.is_dir() and not path.is_symlink():

@@ -3,10 +3,13 @@ whose launcher is killed with SIGKILL, its whole process group at once
 (what a test harness, a batch system or a user's `kill -9 -PGID` does):
 nothing of the job may outlive it.
 
-Vader's segments (`vader_segment.*`, 4 MiB each) and the session
+Open MPI 4.1 puts every rank in a process group of its own, so the
+signal reaches the CLI and mpirun only. Ranks inside MPI notice mpirun
+gone and abort; a rank still starting (a Python rank importing PETSc) or
+one that never calls MPI runs on. Vader's segments (`vader_segment.*`, 4 MiB each) and the session
 directory are removed by mpirun at the end of a job; killed, it leaves
-them. The test starts a real job, kills it
-at a point its ranks report themselves, and looks for what is left.
+them. Both tests start real jobs, kill them
+at a point they report themselves, and look for what is left.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ while True:
     time.sleep(0.05)
 '''
 
+# a rank that never calls MPI (as one still importing its modules)
+NO_MPI = r'''
+import os, sys, time
+with open(f"{sys.argv[1]}.{os.environ['OMPI_COMM_WORLD_RANK']}", "w") as f:
+    f.write(f"{os.getppid()}")
+time.sleep(600)
+'''
 
 
 def _launch(ready: str, code: str, *options: str) -> subprocess.Popen:
@@ -139,3 +149,24 @@ def test_killed_job_leaves_no_segment_nor_session_dir(tmp_path):
             _kill_group(proc)
         _cleanup(unique)
 
+
+def test_killed_job_leaves_no_rank_nor_region(tmp_path):
+    """2 ranks that never call MPI, over ivshmem in a private region:
+    killed, no rank runs on past a few seconds (they would not notice
+    mpirun gone), and the private region is removed."""
+    before = {p.name for p in SHM.glob("ivcloud-mpi-*")}
+    unique = str(tmp_path / "ready")
+    proc = _launch(unique, NO_MPI)
+    try:
+        _ready(proc, unique)
+        launcher = proc.pid
+        made = [p for p in SHM.glob(f"ivcloud-mpi-{launcher}-*")]
+        assert made, "no private region made for the job"
+        _kill_group(proc)
+        assert _until(lambda: not _ranks(unique)), _ranks(unique)
+        assert _until(lambda: not any(p.exists() for p in made)), made
+        assert {p.name for p in SHM.glob("ivcloud-mpi-*")} <= before
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+        _cleanup(unique)
