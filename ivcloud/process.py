@@ -38,6 +38,7 @@ from typing import (Callable, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple)
 
 from . import procfs
+from .errors import OperationFailed
 
 # a launcher gets this long to tear its job down after SIGTERM
 TERMINATE_GRACE_S = 10.0
@@ -283,12 +284,20 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
     still starting, one that never calls MPI); otherwise we kill it."""
     token = f"{os.getpid()}.{secrets.token_hex(6)}"
     directory = _job_root() / f"ivcloud-job.{token}"
-    directory.mkdir(mode=0o700)
+    try:
+        directory.mkdir(mode=0o700)
+    except OSError as e:
+        raise OperationFailed(f"cannot make the job's directory "
+                              f"{directory}: {e.strerror}") from None
     scope = JobScope(token, directory, owned)
     reaper = None
     try:
         with shielded():
-            reaper = _start_reaper(scope)
+            try:
+                reaper = _start_reaper(scope)
+            except OSError as e:
+                raise OperationFailed(f"cannot start the job's reaper: "
+                                      f"{e.strerror}") from None
         yield scope
     finally:
         with shielded():

@@ -125,6 +125,10 @@ def test_killed_job_leaves_no_segment_nor_session_dir(tmp_path):
     job's jobid anywhere in /dev/shm, and mpirun's session directory
     (pid.<mpirun's pid>) neither there nor in /tmp."""
     unique = str(tmp_path / "ready")
+    # an older run's session directory may carry the pid mpirun gets now
+    tops = [SHM, *Path("/tmp").glob("ompi.*")]
+    before = {p for top in tops
+              for p in _files_named(top, lambda n: n.startswith("pid."))}
     proc = _launch(unique, IN_MPI, "--transport", "vader")
     try:
         ready = _ready(proc, unique)
@@ -141,9 +145,9 @@ def test_killed_job_leaves_no_segment_nor_session_dir(tmp_path):
             _files_named(SHM, lambda n: ours in n)
         session = f"pid.{mpirun}"
         tops = [SHM, *Path("/tmp").glob("ompi.*")]
-        left = [p for top in tops
-                for p in _files_named(top, lambda n: n == session)]
-        assert not left, left
+        left = {p for top in tops
+                for p in _files_named(top, lambda n: n == session)}
+        assert not left - before, left - before
     finally:
         if proc.poll() is None:
             _kill_group(proc)
