@@ -274,8 +274,8 @@ def _progress(path: Path) -> Optional[int]:
         return None
 
 
-def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, tmp_path,
-                     args, **mpirun):
+def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args,
+                     **mpirun):
     """Format a region, start `cotenant REGION SECONDS` on it, run a 2-rank
     ping-pong (`pingpong ARGS...`) over the BTL alone, its deadline by
     its progress (_finish), then end the co-tenant with SIGTERM (it must
@@ -287,7 +287,9 @@ def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, tmp_path,
     other = _start([str(cotenant), str(shm_path), str(JOB_CAP_S + 60)])
     cmd = local.mpirun_command([str(pingpong), *args], 2, transport="ivshmem",
                              region=shm_path, tcp_fallback=False, **mpirun)
-    progress = tmp_path / "progress"
+    # on tmpfs: rank 0 renames it into place every PROGRESS_EVERY round
+    # trips, which on a disk under load can block it for long
+    progress = Path(f"{shm_path}.progress")
     job = _start(cmd, env={**os.environ,
                            "TRUST_PINGPONG_PROGRESS": str(progress)})
     try:
@@ -299,6 +301,8 @@ def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, tmp_path,
     finally:
         _kill(job)
         _kill(other)
+        for left in (progress, Path(f"{progress}.tmp")):
+            left.unlink(missing_ok=True)
     return job, out, err, other, c_out, c_err
 
 
@@ -401,8 +405,7 @@ def test_spawned_job_joins_through_the_modex(spawner, component, shm_path):
 
 
 def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
-                                                component, shm_path,
-                                                tmp_path):
+                                                component, shm_path):
     """Every MPI_Test of a polling loop goes through the BTL's progress,
     which asks ivshm_recv_idle (the head slot of each fast ring, the
     queue head cell and enqueue_pos) before it peeks. A co-tenant process
@@ -414,7 +417,7 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
     The ping-pong completes with every byte checked, and the scribbler
     was at work during it."""
     job, out, err, scribbler, s_out, s_err = _pingpong_beside(
-        idle_scribbler, pingpong, shm_path, tmp_path, ["-", "2000", "test"],
+        idle_scribbler, pingpong, shm_path, ["-", "2000", "test"],
         verbose_btl=True)
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
@@ -430,7 +433,7 @@ def test_idle_polling_with_scribbled_ring_heads(pingpong, idle_scribbler,
 
 
 def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
-                                       shm_path, tmp_path):
+                                       shm_path):
     """A co-tenant rewinds the consumer tails of the job's fast rings
     (bursts of 20 ms, then 20 ms of quiet; a ring again only once the
     send refused on it got through: by time alone, on a loaded machine
@@ -443,7 +446,7 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
     the job aborted. Every byte is checked, the job ends cleanly, and at
     least one send was refused and retried."""
     job, out, err, scribbler, s_out, s_err = _pingpong_beside(
-        tail_scribbler, pingpong, shm_path, tmp_path, ["-", "20000"],
+        tail_scribbler, pingpong, shm_path, ["-", "20000"],
         extra_mca=[("btl_ivshmem_verbose", "2")])
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
@@ -461,7 +464,7 @@ def test_forged_ring_tails_are_retried(pingpong, tail_scribbler, component,
 
 
 def test_foreign_rings_are_never_read(pingpong, foreign_ring, component,
-                                      shm_path, tmp_path):
+                                      shm_path):
     """A co-tenant that is no rank of the job (a foreign Open MPI job, and
     a job of nobody) takes a fast channel of each rank's receive area,
     announces it with an OPEN cell through the rank's queue, and keeps
@@ -469,8 +472,7 @@ def test_foreign_rings_are_never_read(pingpong, foreign_ring, component,
     (ivshm_listen_only): the OPEN is refused and the ring never read, as
     its consumer tail shows; the ping-pong completes."""
     job, out, err, hostile, h_out, h_err = _pingpong_beside(
-        foreign_ring, pingpong, shm_path, tmp_path, ["-", "2000"],
-        verbose_btl=True)
+        foreign_ring, pingpong, shm_path, ["-", "2000"], verbose_btl=True)
     described = f"exit {job.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert job.returncode == 0, described
     assert "PASS trust_pingpong (2000 round trips)" in out, described
