@@ -276,9 +276,9 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
     scope yielded; when the block ends (however: returned, raised,
     interrupted), every process that still carries the job's token is
     killed and the job's files removed: its directory and the paths
-    `owned` (a private region), which need not exist yet. The reaper, in a session of its
-    own so that a signal to our process group does not reach it, waits
-    on a pipe only we hold: when we die without ending the block (killed
+    `owned` (a private region), which need not exist yet. The reaper,
+    in a session of its own so that a signal to our process group does
+    not reach it, waits on a pipe only we hold: when we die without ending the block (killed
     with SIGKILL, with our process group or alone), it does the same
     (the launcher, mpirun, and ranks that never noticed it gone: one
     still starting, one that never calls MPI); otherwise we kill it."""
@@ -340,9 +340,10 @@ def _reaper_main(token: str, paths: List[str]) -> None:
 
 
 def end_job(token: str, owned: Sequence[Path]) -> None:
-    """Kill (SIGKILL) every process of ours that carries the job's token
-    in its environment, until none is left (a rank may fork while we
-    look), then remove the job's files."""
+    """Kill every process of ours that carries the job's token in its
+    environment (SIGTERM, then SIGKILL at once: the job is over), until
+    none is left (a rank may fork while we look), then remove the job's
+    files."""
     for _ in range(20):
         left = procfs.with_environ(LAUNCH_ENV, token)
         if not left:
