@@ -15,20 +15,30 @@
 - :func:`first_line`: what a child that keeps running says first (a
   namespace holder's "ready", a server's port), waited for up to a
   deadline.
+- :func:`job_scope`: what a job on this host leaves behind (its ranks,
+  Open MPI's shared-memory segments and session directory, a private
+  region) ended and removed when the job's launcher returns, and also
+  when the launcher itself is killed with SIGKILL: a reaper in a session
+  of its own sees it go and does the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import select
+import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import (Callable, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple)
 
 from . import procfs
+from .errors import OperationFailed
 
 # a launcher gets this long to tear its job down after SIGTERM
 TERMINATE_GRACE_S = 10.0
@@ -222,3 +232,126 @@ def first_line(stream, timeout_s: float) -> Optional[str]:
                 break
             out += chunk
     return out.split(b"\n", 1)[0].decode(errors="replace")
+
+
+# ------------------------------------------------------------ job scope
+
+# in the environment of a job's launcher, and so of every process it
+# starts that keeps its environment (Open MPI passes mpirun's to the
+# ranks): which job a process belongs to, after its launcher is gone
+LAUNCH_ENV = "IVCLOUD_LAUNCH_ID"
+
+
+class JobScope:
+    """One job's token, its directory (for files the job's processes
+    make: Open MPI's shared-memory segments and session directory) and
+    the environment that puts them there; see :func:`job_scope`."""
+
+    def __init__(self, token: str, directory: Path,
+                 owned: Sequence[os.PathLike] = ()):
+        self.token, self.directory = token, directory
+        self.owned: List[Path] = [directory, *(Path(p) for p in owned)]
+
+    def env(self) -> Dict[str, str]:
+        """For the launcher's environment: the token, and Open MPI 4.1's
+        vader segments and session directory (orte_tmpdir_base) in the
+        job's directory, found there by their path, not by a name
+        Open MPI makes up (its jobid) and that another job of ours or
+        another user's could share."""
+        d = str(self.directory)
+        return {LAUNCH_ENV: self.token,
+                "OMPI_MCA_btl_vader_backing_directory": d,
+                "OMPI_MCA_orte_tmpdir_base": d}
+
+
+def _job_root() -> Path:
+    # vader's segments want a memory-backed file system
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else Path("/tmp")
+
+
+@contextlib.contextmanager
+def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
+    """A job's scope: its directory made (0700), a reaper started, the
+    scope yielded; when the block ends (however: returned, raised,
+    interrupted), every process that still carries the job's token is
+    killed and the job's files removed: its directory and the paths
+    `owned` (a private region), which need not exist yet. The reaper,
+    in a session of its own so that a signal to our process group does
+    not reach it, waits on a pipe only we hold: when we die without ending the block (killed
+    with SIGKILL, with our process group or alone), it does the same
+    (the launcher, mpirun, and ranks that never noticed it gone: one
+    still starting, one that never calls MPI); otherwise we kill it."""
+    token = f"{os.getpid()}.{secrets.token_hex(6)}"
+    directory = _job_root() / f"ivcloud-job.{token}"
+    try:
+        directory.mkdir(mode=0o700)
+    except OSError as e:
+        raise OperationFailed(f"cannot make the job's directory "
+                              f"{directory}: {e.strerror}") from None
+    scope = JobScope(token, directory, owned)
+    reaper = None
+    try:
+        with shielded():
+            try:
+                reaper = _start_reaper(scope)
+            except OSError as e:
+                raise OperationFailed(f"cannot start the job's reaper: "
+                                      f"{e.strerror}") from None
+        yield scope
+    finally:
+        with shielded():
+            end_job(scope.token, scope.owned)
+            if reaper is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    reaper.kill()
+                reaper.wait()
+                reaper.stdin.close()
+
+
+def _start_reaper(scope: JobScope) -> subprocess.Popen:
+    """`python -c` the reaper, its stdin the read end of a pipe whose
+    write end (reaper.stdin) only we hold (close_fds: the launcher does
+    not inherit it, or the reaper would wait for the launcher too)."""
+    env = {k: v for k, v in os.environ.items() if k != LAUNCH_ENV}
+    pkg = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [pkg] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    code = ("import sys; from ivcloud.process import _reaper_main; "
+            "_reaper_main(sys.argv[1], sys.argv[2:])")
+    return subprocess.Popen(
+        [sys.executable, "-c", code, scope.token,
+         *(str(p) for p in scope.owned)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=env, cwd="/",
+        start_new_session=True, close_fds=True)
+
+
+def _reaper_main(token: str, paths: List[str]) -> None:
+    """In the reaper: block until the job's launcher closes the pipe (by
+    dying: a launcher that ends its block kills us first), then end the
+    job in its place. Signals that would end a launcher's session do
+    not end this."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):
+        pass
+    end_job(token, [Path(p) for p in paths])
+
+
+def end_job(token: str, owned: Sequence[Path]) -> None:
+    """Kill every process of ours that carries the job's token in its
+    environment (SIGTERM, then SIGKILL at once: the job is over), until
+    none is left (a rank may fork while we look), then remove the job's
+    files."""
+    for _ in range(20):
+        left = procfs.with_environ(LAUNCH_ENV, token)
+        if not left:
+            break
+        procfs.kill_pids(left, grace_s=0.0)
+    for path in owned:
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink()

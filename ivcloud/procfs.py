@@ -57,6 +57,26 @@ def pids() -> List[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
+def with_environ(name: str, value: str) -> List[int]:
+    """The live processes of our user, this one left out, whose initial
+    environment holds name=value (/proc/PID/environ: what they were
+    started with, which a process cannot take back by unsetting)."""
+    entry = f"{name}={value}".encode()
+    uid, me, out = os.geteuid(), os.getpid(), []
+    for p in pids():
+        if p == me:
+            continue
+        try:
+            if os.stat(f"/proc/{p}").st_uid != uid:
+                continue
+            env = Path(f"/proc/{p}/environ").read_bytes()
+        except OSError:
+            continue
+        if entry in env.split(b"\0") and alive(p):
+            out.append(p)
+    return out
+
+
 def descendants(pid: int) -> Dict[int, int]:
     """Every live process below `pid` (children, grandchildren, ...) as
     {pid: start_time}, from one pass over /proc."""

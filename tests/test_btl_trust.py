@@ -24,8 +24,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import pytest
 
@@ -44,6 +45,14 @@ SLOT_SIZE = 4096
 MAX_PEERS = 8
 FLOOD = 2 * RING_SLOTS  # messages per (hostile entry, rank) before the gate
 JOB_TIMEOUT = 180  # s: a hang fails the test, it does not hold the suite
+# A ping-pong that reports its progress (trust_pingpong's
+# $TRUST_PINGPONG_PROGRESS) is failed as hung when no PROGRESS_EVERY
+# round trips went by in STALL_S (the BTL's own bound on a refused send
+# is 2 s; the quiet machine does them in under 0.1 s), or before the first
+# report within JOB_TIMEOUT; a loaded machine, slow but going on, gets
+# up to JOB_CAP_S.
+STALL_S = 60
+JOB_CAP_S = 1200
 HOSTILE_SECONDS = 150
 
 # The hostile co-tenant. argv: region gate result deadline_s flood
@@ -220,37 +229,71 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _start(cmd) -> subprocess.Popen:
+def _start(cmd, env=None) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
 
 
-def _finish(job: subprocess.Popen, what: str):
+def _finish(job: subprocess.Popen, what: str,
+            progress: Optional[Path] = None):
     """stdout and stderr of `job`; a job still running after JOB_TIMEOUT
-    is killed and fails the test."""
+    is killed and fails the test. With `progress` (the file a ping-pong
+    reports to), the job is hung only when its reports stop (STALL_S,
+    JOB_CAP_S)."""
+    started = time.monotonic()
+    last, last_at = None, started
+    while True:
+        now = time.monotonic()
+        if progress is None:
+            hung = now - started > JOB_TIMEOUT
+        else:
+            done = _progress(progress)
+            if done != last:
+                last, last_at = done, now
+            hung = (now - last_at > (JOB_TIMEOUT if last is None
+                                     else STALL_S)
+                    or now - started > JOB_CAP_S)
+        if hung:
+            _kill(job)
+            out, err = job.communicate()
+            pytest.fail(f"{what} hung after {now - started:.0f} s (round "
+                        f"trips done: {last})\n{out[-2000:]}\n"
+                        f"{err[-2000:]}")
+        try:
+            return job.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _progress(path: Path) -> Optional[int]:
+    """The round trips a ping-pong last reported, None before its first."""
     try:
-        return job.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        _kill(job)
-        out, err = job.communicate()
-        pytest.fail(f"{what} hung\n{out[-2000:]}\n{err[-2000:]}")
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
-def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args, **mpirun):
+def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args,
+                     **mpirun):
     """Format a region, start `cotenant REGION SECONDS` on it, run a 2-rank
-    ping-pong (`pingpong ARGS...`) over the BTL alone, then end the
-    co-tenant with SIGTERM (it must still run then) and collect what it
-    says: (job, out, err, cotenant, c_out, c_err)."""
+    ping-pong (`pingpong ARGS...`) over the BTL alone, its deadline by
+    its progress (_finish), then end the co-tenant with SIGTERM (it must
+    still run then: it is given as long as the job may take) and collect
+    what it says: (job, out, err, cotenant, c_out, c_err)."""
     size = min_region_size(MAX_PEERS, RING_SLOTS, SLOT_SIZE) + (8 << 20)
     format_region(shm_path, size, max_peers=MAX_PEERS, ring_slots=RING_SLOTS,
                   slot_size=SLOT_SIZE)
-    other = _start([str(cotenant), str(shm_path), str(JOB_TIMEOUT)])
+    other = _start([str(cotenant), str(shm_path), str(JOB_CAP_S + 60)])
     cmd = local.mpirun_command([str(pingpong), *args], 2, transport="ivshmem",
                              region=shm_path, tcp_fallback=False, **mpirun)
-    job = _start(cmd)
+    # on tmpfs: rank 0 renames it into place every PROGRESS_EVERY round
+    # trips, which on a disk under load can block it for long
+    progress = Path(f"{shm_path}.progress")
+    job = _start(cmd, env={**os.environ,
+                           "TRUST_PINGPONG_PROGRESS": str(progress)})
     try:
-        out, err = _finish(job, "the job")
+        out, err = _finish(job, "the job", progress)
         # the co-tenant ran the whole time: end it, then ask what it did
         assert other.poll() is None, other.communicate()
         os.killpg(other.pid, 15)
@@ -258,6 +301,8 @@ def _pingpong_beside(cotenant: Path, pingpong: Path, shm_path, args, **mpirun):
     finally:
         _kill(job)
         _kill(other)
+        for left in (progress, Path(f"{progress}.tmp")):
+            left.unlink(missing_ok=True)
     return job, out, err, other, c_out, c_err
 
 

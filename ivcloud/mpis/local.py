@@ -1,7 +1,10 @@
 """A job on this host alone (`ivcloud mpirun`): Open MPI 4.1 over our
 BTL, in a region given by file or server socket, or in a private one
 formatted for the job and removed afterwards whatever happens (docs/mpi.md,
-"The short way", shows the calls from Python).
+"The short way", shows the calls from Python). What the job leaves (ranks
+still running, Open MPI's files in /dev/shm and its session directory,
+the private region) goes with it, also when the launcher is killed with
+SIGKILL (process.job_scope).
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
         stdout=None, stderr=None, **kwargs) -> int:
     """Run `program` on `np` ranks, in a private region where no other
     is named (_attachment); mpirun's exit status (SIGTERM/SIGHUP unwind
-    as Ctrl-C: the job is torn down, the region removed)."""
+    as Ctrl-C: the job is torn down, the region removed; killed, a
+    reaper does that: process.job_scope)."""
     if region is not None:
         _check_file(region, "region", stat.S_ISREG, "a regular file")
     if socket is not None:
@@ -118,10 +122,13 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
     cmd, private = planned_command(program, np, transport, region, socket,
                                    env, **kwargs)
     try:
-        with process.interrupts(), contextlib.ExitStack() as stack:
+        with process.interrupts(), \
+                process.job_scope([private] if private else []) as job, \
+                contextlib.ExitStack() as stack:
             if private:
                 stack.enter_context(private_region(np, private))
-            return process.run_launcher(cmd, env, timeout, stdout, stderr)
+            return process.run_launcher(cmd, {**env, **job.env()}, timeout,
+                                        stdout, stderr)
     except FileNotFoundError as e:      # mpirun gone since it was found
         raise MpiSetupError(f"cannot run mpirun: {e}") from None
 

@@ -9,6 +9,9 @@
  * every receive is an MPI_Irecv completed by calling MPI_Test until it is
  * done: each call is one pass of the BTL's progress, its ivshm_recv_idle
  * look first. Prints "PASS trust_pingpong (N round trips)".
+ * With $TRUST_PINGPONG_PROGRESS set, rank 0 writes the round trips done
+ * there every PROGRESS_EVERY of them (a whole file, renamed into place):
+ * the test tells a slow machine from a stalled job by it.
  *   trust_pingpong GATE ITERS [test]
  */
 #include "trust_check.h"
@@ -54,6 +57,19 @@ static int recv_from(unsigned char *buf, int peer, int tag, int by_test)
     return got;
 }
 
+#define PROGRESS_EVERY 100
+
+static void note_progress(const char *path, long done)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        fail("progress path too long", 0, 0);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%ld\n", done) < 0 || fclose(f) != 0 ||
+        rename(tmp, path) != 0)
+        fail("cannot write progress", done, 0);
+}
+
 static void wait_gate(const char *gate)
 {
     struct timespec nap = {0, 10 * 1000 * 1000};
@@ -86,7 +102,10 @@ int main(int argc, char **argv)
     if (!buf)
         fail("malloc", 0, 0);
     int peer = rank ^ 1;
+    const char *progress = rank == 0 ? getenv("TRUST_PINGPONG_PROGRESS") : NULL;
     for (long it = 0; it < iters; it++) {
+        if (progress && it % PROGRESS_EVERY == 0)
+            note_progress(progress, it);
         size_t n = sizes[it % nsizes];
         uint32_t ping = (uint32_t)(2 * it + 1), pong = (uint32_t)(2 * it + 2);
         int got;
