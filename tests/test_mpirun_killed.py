@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import List
 
-import pytest
 
 SHM = Path("/dev/shm")
 GONE_WITHIN_S = 10.0
