@@ -475,6 +475,9 @@ class _SlabConvolution:
     and as much travels as a reduce-scatter and an allgather would move
     (the bar, long in z).
 
+    The passes run on FFTW's plans in kept buffers where pyfftw is
+    installed (as _SerialConvolution's), else on scipy.fft.
+
     Transforming the padded grid in slabs instead (mpi4py-fft's PFFT)
     gives the ranks holding only padding the same work as the rest: on
     two ranks its first pass is no faster than one rank's pruned one.
@@ -511,10 +514,74 @@ class _SlabConvolution:
         self._H = np.zeros(grid.cells * 3)
         self._across = np.empty(self.slabs.subshape, dtype=complex)
         self._along = np.empty(self.blocks.subshape, dtype=complex)
-        self.kernel = _KernelProduct(
-            self._kernel(comm, octant, full_shape, lead), grid.n)
+        self.engine = "fftw" if have_pyfftw() else "scipy"
+        Nk = self._kernel(comm, octant, full_shape, lead)
+        if self.engine == "fftw":
+            # the inverse passes do not scale (_SerialConvolution)
+            Nk = Nk / float(np.prod(self.pad))
+        self.kernel = _KernelProduct(Nk, grid.n)
         self.kernel_bytes = self.kernel.nbytes
         self._Hk = np.empty((3,) + self.kernel.shape, dtype=complex)
+        if self.engine == "fftw":
+            self._plan_fftw()
+
+    def _plan_fftw(self) -> None:
+        """FFTW's plans of the passes (as _SerialConvolution's: in place
+        in aligned buffers kept between calls, FFTW_ESTIMATE), the
+        transposes between them as with scipy.fft."""
+        import pyfftw
+        sq, pad = self._squeezed, self.pad
+
+        def plan(a, b, axis, direction):
+            return pyfftw.FFTW(a, b, axes=(axis,), direction=direction,
+                               flags=("FFTW_ESTIMATE",), threads=1).execute
+        self._across = _aligned_empty(self.slabs.subshape, complex)
+        self._along = _aligned_empty(self.blocks.subshape, complex)
+        self._Hk = _aligned_empty(self._Hk.shape, complex)
+        self._spec = _aligned_empty(self._Hk.shape, complex)
+        self._real = _aligned_empty(sq[:-1] + (pad[-1],))
+        self._real[...] = 0.0
+        self._real_out = _aligned_empty(sq[:-1] + (pad[-1],))
+        self._in = self._real[..., :sq[-1]]
+        self._result = self._real_out[..., :sq[-1]]
+        last = len(sq) - 1
+        if len(sq) == 4:
+            # the middle axis: the real-to-complex pass fills its lines
+            # that hold data, the rest is padding
+            corner = self._across[:, :, :sq[2], :]
+            self._pad_middle = self._across[:, :, sq[2]:, :]
+            self._middle = plan(self._across, self._across, 2,
+                                "FFTW_FORWARD")
+            self._imiddle = plan(self._across, self._across, 2,
+                                 "FFTW_BACKWARD")
+        else:
+            corner = self._across
+        self._r2c = plan(self._real, corner, last, "FFTW_FORWARD")
+        self._c2r = plan(corner, self._real_out, last, "FFTW_BACKWARD")
+        self._lead = plan(self._spec, self._spec, 1, "FFTW_FORWARD")
+        self._ilead = plan(self._Hk, self._Hk, 1, "FFTW_BACKWARD")
+
+    def _convolve_fftw(self, Mg):
+        """The slab's field (3, own layers, ...) from its M, on FFTW's
+        plans; a view of a buffer that the next call overwrites."""
+        n0 = self.sizes[0]
+        self._in[...] = Mg.reshape(self._squeezed)
+        self._r2c()
+        if len(self._squeezed) == 4:
+            self._pad_middle[...] = 0.0
+            self._middle()
+        self.transpose.forward(self._across, self._along)
+        self._spec[:, :n0] = self._along
+        self._spec[:, n0:] = 0.0
+        self._lead()
+        self.kernel.apply(self._spec, self._Hk)
+        self._ilead()
+        self._along[...] = self._Hk[:, :n0]
+        self.transpose.backward(self._along, self._across)
+        if len(self._squeezed) == 4:
+            self._imiddle()
+        self._c2r()
+        return self._result
 
     def _bands(self, comm, need, per_layer) -> None:
         """This rank's plan of the band exchange (band_plan), from every
@@ -569,18 +636,9 @@ class _SlabConvolution:
             X = self.fft.fft(X, n=None if n is None else n[a - 1], axis=a)
         return X
 
-    def apply(self, M_partial):
-        """This rank's partial M (cells, 3), non-zero only in its band
-        of layers -> H (cells, 3) on the cells of that band (zero
-        elsewhere); collective."""
-        MPI, fft = self.MPI, self.fft
-        D = MPI.DOUBLE
-        self.comm.Alltoallv([M_partial.reshape(-1), self._fwd_send, D],
-                            [self._fwd_buf, self._fwd_recv, D])
-        self._slab[:] = 0.0
-        for off, count, at in self._fwd_adds:
-            self._slab[at:at + count] += self._fwd_buf[off:off + count]
-        Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
+    def _convolve_scipy(self, Mg):
+        """The slab's field (3, own layers, ...) from its M, scipy.fft."""
+        fft = self.fft
         X = self._across_axes(Mg.reshape(self._squeezed), self.pad)
         self._across[...] = X
         self.transpose.forward(self._across, self._along)
@@ -594,7 +652,23 @@ class _SlabConvolution:
             X = fft.ifft(X, axis=a)[(slice(None),) * a
                                     + (slice(0, self.sizes[a - 1]),)]
         X = fft.irfft(X, n=self.pad[-1], axis=last)
-        H = X[(slice(None),) * last + (slice(0, self.sizes[-1]),)]
+        return X[(slice(None),) * last + (slice(0, self.sizes[-1]),)]
+
+    def apply(self, M_partial):
+        """This rank's partial M (cells, 3), non-zero only in its band
+        of layers -> H (cells, 3) on the cells of that band (zero
+        elsewhere); collective."""
+        D = self.MPI.DOUBLE
+        self.comm.Alltoallv([M_partial.reshape(-1), self._fwd_send, D],
+                            [self._fwd_buf, self._fwd_recv, D])
+        self._slab[:] = 0.0
+        for off, count, at in self._fwd_adds:
+            self._slab[at:at + count] += self._fwd_buf[off:off + count]
+        Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
+        if self.engine == "fftw":
+            H = self._convolve_fftw(Mg)
+        else:
+            H = self._convolve_scipy(Mg)
         slab = np.ascontiguousarray(
             np.moveaxis(H.reshape((3,) + self._layers), 0, 3)).reshape(-1)
         self.comm.Alltoallv([slab, self._bwd_send, D],
