@@ -15,7 +15,7 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   openmpi-bin libopenmpi-dev qemu-system-x86 python3 python3-venv \
   python3-pip python3-pytest python3-numpy python3-mpi4py iproute2 procps \
   psmisc libmetis5 python3-matplotlib python3-scipy python3-petsc4py \
-  petsc-dev python3-gmsh python3-meshio python3-mpi4py-fft \
+  petsc-dev python3-gmsh python3-meshio python3-mpi4py-fft python3-pyfftw \
   libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
   hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath \
   libfabric-dev libfabric-bin \

@@ -3,14 +3,17 @@
 descheduled on a busy machine is left out.
 
     python examples/profile_eval.py examples/sp4.toml [--ps 5] [--reps 40]
+        [--rounds 5]
 
 Builds the problem as `ivcloud mag run` does, relaxes it (its relax
 stages, if any), then times each part of an evaluation at that state
 (medians of 5 blocks of `reps` calls, after 10 to warm up) and
 integrates its first llg stage for `ps` picoseconds with a timer around
 the right-hand side: the rest of the step is the integrator's own work
-(PETSc's stage sums and error norm, the post-step |m| check). Prints
-one JSON object (milliseconds)."""
+(PETSc's stage sums and error norm, the post-step |m| check). With the
+grid demag on FFTW's plans, also the same convolution on scipy.fft, the
+two alternating for `rounds` rounds. Prints one JSON object
+(milliseconds)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+# as `ivcloud mag run` has it: one BLAS thread (OpenBLAS's threaded
+# daxpy made PETSc's VecAXPY of 30,753 values 5x slower here)
+from micromag.ranks import one_thread_per_rank  # noqa: E402
+one_thread_per_rank()
 
 from micromag import llg, problem, simulation  # noqa: E402
 from micromag.parallel import comm_world  # noqa: E402
@@ -45,6 +53,8 @@ def main(argv) -> int:
     ap.add_argument("problem")
     ap.add_argument("--ps", type=float, default=5.0)
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="alternating rounds of the FFT engines")
     a = ap.parse_args(argv)
     prob = problem.load(a.problem)
     sim = simulation.Simulation(prob, comm_world())
@@ -70,6 +80,25 @@ def main(argv) -> int:
         out["demag: nodes to grid"] = timed(
             lambda: dm.grid_magnetization(m), a.reps)
         out["demag: convolution"] = timed(lambda: conv.apply(part), a.reps)
+        if getattr(conv, "engine", None) == "fftw":
+            # the same convolution on scipy.fft, in alternating rounds
+            from micromag.terms import demag_grid
+            from micromag.terms.newell import octant_tensor
+            g = dm.grid
+            other = demag_grid._SerialConvolution(
+                g, octant_tensor(g.n, g.h), engine="scipy")
+            rounds = {"fftw": [], "scipy": []}
+            for _ in range(a.rounds):
+                rounds["fftw"].append(timed(lambda: conv.apply(part),
+                                            a.reps))
+                rounds["scipy"].append(timed(lambda: other.apply(part),
+                                             a.reps))
+            for k, v in rounds.items():
+                out[f"demag: convolution, {k} (median of rounds)"] = \
+                    statistics.median(v)
+            out["demag: convolution, fftw / scipy per round"] = [
+                round(x / y, 2) for x, y in zip(rounds["fftw"],
+                                                rounds["scipy"])]
         if hasattr(conv, "forward"):
             import numpy as np
             Mg = np.moveaxis(part.reshape(conv.n + (3,)), 3, 0)

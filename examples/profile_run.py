@@ -42,7 +42,7 @@ WRAPPED = [
                                   "grid_magnetization"),
     (demag_grid._SlabConvolution, "apply"),
     (demag_grid._SerialConvolution, "apply"),
-    (llg.Dynamics, "field"), (llg.Dynamics, "rhs"),
+    (llg.Dynamics, "field"), (llg.Dynamics, "_field"), (llg.Dynamics, "rhs"),
     (llg.Dynamics, "stack_field"), (llg.Dynamics, "rhs_stacks"),
     (llg.Dynamics, "dmdt_local"), (simulation.Simulation, "record"),
     (simulation.Simulation, "snapshot"), (checkpoint.Writer, "write"),
@@ -109,7 +109,7 @@ def shares(solve: float) -> list:
         ("stack_field(): terms on the stacks, sum",
          g("Dynamics.stack_field") - IN_STACKS["_SlabConvolution.apply"]
          - IN_STACKS["_SerialConvolution.apply"]
-         - IN_STACKS["Dynamics.field"]),
+         - IN_STACKS["Dynamics._field"]),
         ("rhs_stacks(): array views", g("Dynamics.rhs_stacks")
          - n("Dynamics.rhs_stacks") * (per_stacks + per_dmdt)),
         ("integrator's own work", g("llg.integrate") - post),

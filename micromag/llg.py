@@ -107,9 +107,17 @@ class Dynamics:
         object's own heff vector, returned). average=False leaves out the
         stack average (State.tie_stacks) for a caller that restricts the
         field itself (stack_field), `terms` a subset of the terms."""
+        t0 = time.perf_counter()
+        out = self._field(m_vec, t, out, average, terms)
+        self.field_time += time.perf_counter() - t0
+        self.n_field += 1
+        return out
+
+    def _field(self, m_vec, t, out, average, terms):
+        """field()'s work, not counted: for field() and for a caller that
+        counts one evaluation of its own (stack_field)."""
         out = self.heff if out is None else out
         terms = self.terms if terms is None else terms
-        t0 = time.perf_counter()
         with self._at(m_vec, t) as st:
             if not terms:
                 out.set(0.0)
@@ -124,8 +132,6 @@ class Dynamics:
             # the restricted energy
             if average:
                 st.average_stacks(out)
-        self.field_time += time.perf_counter() - t0
-        self.n_field += 1
         return out
 
     def energies(self, m_vec=None, t: Optional[float] = None):
@@ -187,10 +193,7 @@ class Dynamics:
                 out.axpy(1.0, work)
             if slow or not fast:
                 sk.prolong(u, m_nodes)
-                # one evaluation, counted below
-                counts = self.n_field, self.field_time
-                h = self.field(m_nodes, t, average=False, terms=slow)
-                self.n_field, self.field_time = counts
+                h = self._field(m_nodes, t, None, False, slow)
                 with work as w:
                     sk.restrict(h.getArray(readonly=True).reshape(-1, 3),
                                 w.reshape(-1, 3))

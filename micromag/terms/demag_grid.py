@@ -45,9 +45,10 @@ transpose (mpi4py-fft's pencil redistribution), the transform along
 the first axis, the kernel product and the way back, the field of those
 layers back to each rank (Alltoallv) and a sparse product per rank
 (_SlabConvolution). Every pass runs only over
-the lines that hold data, split evenly over the ranks. One rank uses
-scipy.fft alone, and so does every rank where mpi4py-fft is missing
-(each the whole grid).
+the lines that hold data, split evenly over the ranks. One rank
+transforms the whole grid (_SerialConvolution: FFTW's plans where pyfftw
+is installed, else scipy.fft), and so does every rank where mpi4py-fft
+is missing.
 """
 
 from __future__ import annotations
@@ -267,7 +268,8 @@ _OFF_DIAGONAL = ((3, 0, 1), (4, 0, 2), (5, 1, 2))
 
 class _KernelProduct:
     """out[a] = -sum_b N[ab] M[b] in Fourier space, N = (xx, yy, zz, xy,
-    xz, yz) the kernel's transform on this rank's frequencies.
+    xz, yz) the kernel's transform on this rank's frequencies (kept as
+    -N).
 
     That transform is real (each component is even or odd in each
     offset), so it is kept real and repeated to the (re, im) layout of
@@ -281,7 +283,9 @@ class _KernelProduct:
         Nk = np.ascontiguousarray(Nk.real)
         self.shape = Nk.shape[1:]           # one component, complex
         zero = {c for c, a, b in _OFF_DIAGONAL if n[a] == 1 or n[b] == 1}
-        self.N = [None if c in zero else np.repeat(Nk[c], 2, axis=-1)
+        # stored negated: the sum of the products is then the field
+        # without a pass to negate it (the same bits: negation is exact)
+        self.N = [None if c in zero else np.repeat(-Nk[c], 2, axis=-1)
                   for c in range(6)]
         self.nbytes = sum(v.nbytes for v in self.N if v is not None)
         self._tmp = np.empty(self.shape[:-1] + (2 * self.shape[-1],))
@@ -304,50 +308,131 @@ class _KernelProduct:
                 else:
                     np.multiply(k, mb, out=tmp)
                     of += tmp
-            np.negative(of, out=of)
 
 
 class _SerialConvolution:
-    """H = -N * M on one rank, scipy.fft (also: every rank the whole
-    grid, where a distributed FFT does not apply). The transforms are
-    pruned: half of the padded input is zeros and half of the output is
-    not wanted, so each 1-d pass runs only over the lines that matter
-    (2x faster than rfftn/irfftn on a 3-d grid)."""
+    """H = -N * M on one rank (also: every rank the whole grid, where a
+    distributed FFT does not apply).
 
-    def __init__(self, grid: CellGrid, octant):
+    The transforms are pruned: half of the padded input is zeros and
+    half of the output is not wanted, so each 1-d pass runs only over
+    the lines that matter (2x faster than rfftn/irfftn on a 3-d grid):
+    forward, a real-to-complex pass along the last FFT axis, then
+    complex passes along the others from the last to the first, each
+    over the lines whose input is not all zero; backward the mirror,
+    each pass over the lines whose output is wanted. They run in place
+    in buffers kept from call to call (the padding set to zero once, or
+    before the pass that reads it), with FFTW's plans where pyfftw is
+    installed (Debian: python3-pyfftw; its passes take 0.65 of
+    pocketfft's time on standard problem 4's grid, docs/mag.md
+    "Performance") and scipy.fft otherwise (`engine`: "fftw" or
+    "scipy", default the first available). Neither backward pass
+    scales: the kernel's transform carries the 1 / (number of padded
+    cells)."""
+
+    def __init__(self, grid: CellGrid, octant, engine=None):
         from scipy import fft
-        self.fft = fft
         self.n = grid.n
         self.axes = [k for k in range(3) if grid.n[k] > 1]
         self.shape = [_padded(v) for v in grid.n]
         kernel = full_tensor(octant, self.shape)
-        if self.axes:
-            ax = [1 + k for k in self.axes]
-            self.kernel = _KernelProduct(fft.rfftn(kernel, axes=ax),
-                                         grid.n)
-            self._Hk = np.empty((3,) + self.kernel.shape, dtype=complex)
-            self.kernel_bytes = self.kernel.nbytes
-        else:
+        if not self.axes:
             self.Nk = kernel[:, 0, 0, 0].copy()
             self.kernel_bytes = self.Nk.nbytes
+            return
+        ax = [1 + k for k in self.axes]
+        size = [grid.n[k] for k in self.axes]           # squeezed grid
+        pad = [self.shape[k] for k in self.axes]
+        spec = pad[:-1] + [pad[-1] // 2 + 1]
+        Nk = fft.rfftn(kernel, axes=ax) / float(np.prod(pad))
+        self.kernel = _KernelProduct(Nk.reshape((6,) + tuple(spec)),
+                                     grid.n)
+        self.kernel_bytes = self.kernel.nbytes
+        self.engine = engine or ("fftw" if have_pyfftw() else "scipy")
+        empty = _aligned_empty if self.engine == "fftw" else np.empty
+        d = len(size)
+        # forward: the real input (its last axis padded, zeros beyond
+        # the grid), the spectrum; backward: the kernel product's output
+        # (transformed in place) and the real output
+        self._real = empty((3,) + tuple(size[:-1]) + (pad[-1],))
+        self._real[...] = 0.0
+        self._spec = empty((3,) + tuple(spec), dtype=complex)
+        self._Hk = empty((3,) + tuple(spec), dtype=complex)
+        self._out = empty((3,) + tuple(size[:-1]) + (pad[-1],))
+        self._in = self._real[(Ellipsis, slice(0, size[-1]))]
+        self._result = self._out[(Ellipsis, slice(0, size[-1]))]
+
+        def corner(a, upto):
+            # the lines of a along axes < upto limited to the grid
+            return a[(slice(None),) + tuple(slice(0, size[k])
+                                             for k in range(upto))]
+        # forward pass j (along squeezed axis j, from d - 2 down to 0)
+        # reads corner(spec, j): its input beyond the grid along axis j
+        # is the padding, zeroed first
+        r2c_out = corner(self._spec, d - 1)
+        fwd, zero = [], []
+        for j in range(d - 2, -1, -1):
+            view = corner(self._spec, j)
+            zero.append(view[(slice(None),) * (1 + j)
+                             + (slice(size[j], None),)])
+            fwd.append((view, 1 + j))
+        bwd = [(corner(self._Hk, j), 1 + j) for j in range(d - 1)]
+        c2r_in = corner(self._Hk, d - 1)
+        self._zero = zero
+        last = d
+        if self.engine == "fftw":
+            import pyfftw
+            flags = ("FFTW_ESTIMATE",)
+
+            def plan(a, b, axis, direction):
+                return pyfftw.FFTW(a, b, axes=(axis,), direction=direction,
+                                   flags=flags, threads=1).execute
+            self._r2c = plan(self._real, r2c_out,
+                             last, "FFTW_FORWARD")
+            self._fwd = [plan(v, v, a, "FFTW_FORWARD") for v, a in fwd]
+            self._bwd = [plan(v, v, a, "FFTW_BACKWARD") for v, a in bwd]
+            self._c2r = plan(c2r_in, self._out, last, "FFTW_BACKWARD")
+        else:
+            def r2c():
+                r2c_out[...] = fft.rfft(self._real, axis=last)
+
+            def c2c(view, axis, inverse):
+                f = fft.ifft if inverse else fft.fft
+                norm = "forward" if inverse else "backward"
+
+                def run():
+                    view[...] = f(view, axis=axis, norm=norm,
+                                  overwrite_x=True)
+                return run
+
+            def c2r():
+                self._out[...] = fft.irfft(c2r_in, n=pad[-1], axis=last,
+                                           norm="forward")
+            self._r2c = r2c
+            self._fwd = [c2c(v, a, False) for v, a in fwd]
+            self._bwd = [c2c(v, a, True) for v, a in bwd]
+            self._c2r = c2r
 
     def forward(self, Mg):
-        """The padded transform of (3, nx, ny, nz)."""
-        last = self.axes[-1]
-        X = self.fft.rfft(Mg, n=self.shape[last], axis=1 + last)
-        for a in reversed(self.axes[:-1]):
-            X = self.fft.fft(X, n=self.shape[a], axis=1 + a)
-        return X
+        """The padded transform of Mg (3, nx, ny, nz), scaled by 1 / the
+        padded cells (the kernel's): a view of a buffer that the next
+        call overwrites."""
+        self._in[...] = Mg.reshape(self._in.shape)
+        self._r2c()
+        for z, run in zip(self._zero, self._fwd):
+            z[...] = 0.0
+            run()
+        return self._spec
 
     def backward(self, Xk):
-        """The unpadded (3, nx, ny, nz) part of the inverse transform."""
-        X = Xk
-        for a in self.axes[:-1]:
-            X = self.fft.ifft(X, axis=1 + a)
-            X = X[(slice(None),) * (1 + a) + (slice(0, self.n[a]),)]
-        last = self.axes[-1]
-        X = self.fft.irfft(X, n=self.shape[last], axis=1 + last)
-        return X[(slice(None),) * (1 + last) + (slice(0, self.n[last]),)]
+        """The unpadded (3, nx, ny, nz) part of the inverse transform of
+        Xk, which must be self._Hk (transformed in place)."""
+        if Xk is not self._Hk:
+            self._Hk[...] = Xk
+        for run in self._bwd:
+            run()
+        self._c2r()
+        return self._result.reshape((3,) + self.n)
 
     def apply(self, M):
         """M (cells, 3) -> H (cells, 3) on every cell."""
@@ -390,6 +475,9 @@ class _SlabConvolution:
     and as much travels as a reduce-scatter and an allgather would move
     (the bar, long in z).
 
+    The passes run on FFTW's plans in kept buffers where pyfftw is
+    installed (as _SerialConvolution's), else on scipy.fft.
+
     Transforming the padded grid in slabs instead (mpi4py-fft's PFFT)
     gives the ranks holding only padding the same work as the rest: on
     two ranks its first pass is no faster than one rank's pruned one.
@@ -426,10 +514,74 @@ class _SlabConvolution:
         self._H = np.zeros(grid.cells * 3)
         self._across = np.empty(self.slabs.subshape, dtype=complex)
         self._along = np.empty(self.blocks.subshape, dtype=complex)
-        self.kernel = _KernelProduct(
-            self._kernel(comm, octant, full_shape, lead), grid.n)
+        self.engine = "fftw" if have_pyfftw() else "scipy"
+        Nk = self._kernel(comm, octant, full_shape, lead)
+        if self.engine == "fftw":
+            # the inverse passes do not scale (_SerialConvolution)
+            Nk = Nk / float(np.prod(self.pad))
+        self.kernel = _KernelProduct(Nk, grid.n)
         self.kernel_bytes = self.kernel.nbytes
         self._Hk = np.empty((3,) + self.kernel.shape, dtype=complex)
+        if self.engine == "fftw":
+            self._plan_fftw()
+
+    def _plan_fftw(self) -> None:
+        """FFTW's plans of the passes (as _SerialConvolution's: in place
+        in aligned buffers kept between calls, FFTW_ESTIMATE), the
+        transposes between them as with scipy.fft."""
+        import pyfftw
+        sq, pad = self._squeezed, self.pad
+
+        def plan(a, b, axis, direction):
+            return pyfftw.FFTW(a, b, axes=(axis,), direction=direction,
+                               flags=("FFTW_ESTIMATE",), threads=1).execute
+        self._across = _aligned_empty(self.slabs.subshape, complex)
+        self._along = _aligned_empty(self.blocks.subshape, complex)
+        self._Hk = _aligned_empty(self._Hk.shape, complex)
+        self._spec = _aligned_empty(self._Hk.shape, complex)
+        self._real = _aligned_empty(sq[:-1] + (pad[-1],))
+        self._real[...] = 0.0
+        self._real_out = _aligned_empty(sq[:-1] + (pad[-1],))
+        self._in = self._real[..., :sq[-1]]
+        self._result = self._real_out[..., :sq[-1]]
+        last = len(sq) - 1
+        if len(sq) == 4:
+            # the middle axis: the real-to-complex pass fills its lines
+            # that hold data, the rest is padding
+            corner = self._across[:, :, :sq[2], :]
+            self._pad_middle = self._across[:, :, sq[2]:, :]
+            self._middle = plan(self._across, self._across, 2,
+                                "FFTW_FORWARD")
+            self._imiddle = plan(self._across, self._across, 2,
+                                 "FFTW_BACKWARD")
+        else:
+            corner = self._across
+        self._r2c = plan(self._real, corner, last, "FFTW_FORWARD")
+        self._c2r = plan(corner, self._real_out, last, "FFTW_BACKWARD")
+        self._lead = plan(self._spec, self._spec, 1, "FFTW_FORWARD")
+        self._ilead = plan(self._Hk, self._Hk, 1, "FFTW_BACKWARD")
+
+    def _convolve_fftw(self, Mg):
+        """The slab's field (3, own layers, ...) from its M, on FFTW's
+        plans; a view of a buffer that the next call overwrites."""
+        n0 = self.sizes[0]
+        self._in[...] = Mg.reshape(self._squeezed)
+        self._r2c()
+        if len(self._squeezed) == 4:
+            self._pad_middle[...] = 0.0
+            self._middle()
+        self.transpose.forward(self._across, self._along)
+        self._spec[:, :n0] = self._along
+        self._spec[:, n0:] = 0.0
+        self._lead()
+        self.kernel.apply(self._spec, self._Hk)
+        self._ilead()
+        self._along[...] = self._Hk[:, :n0]
+        self.transpose.backward(self._along, self._across)
+        if len(self._squeezed) == 4:
+            self._imiddle()
+        self._c2r()
+        return self._result
 
     def _bands(self, comm, need, per_layer) -> None:
         """This rank's plan of the band exchange (band_plan), from every
@@ -484,18 +636,9 @@ class _SlabConvolution:
             X = self.fft.fft(X, n=None if n is None else n[a - 1], axis=a)
         return X
 
-    def apply(self, M_partial):
-        """This rank's partial M (cells, 3), non-zero only in its band
-        of layers -> H (cells, 3) on the cells of that band (zero
-        elsewhere); collective."""
-        MPI, fft = self.MPI, self.fft
-        D = MPI.DOUBLE
-        self.comm.Alltoallv([M_partial.reshape(-1), self._fwd_send, D],
-                            [self._fwd_buf, self._fwd_recv, D])
-        self._slab[:] = 0.0
-        for off, count, at in self._fwd_adds:
-            self._slab[at:at + count] += self._fwd_buf[off:off + count]
-        Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
+    def _convolve_scipy(self, Mg):
+        """The slab's field (3, own layers, ...) from its M, scipy.fft."""
+        fft = self.fft
         X = self._across_axes(Mg.reshape(self._squeezed), self.pad)
         self._across[...] = X
         self.transpose.forward(self._across, self._along)
@@ -509,7 +652,23 @@ class _SlabConvolution:
             X = fft.ifft(X, axis=a)[(slice(None),) * a
                                     + (slice(0, self.sizes[a - 1]),)]
         X = fft.irfft(X, n=self.pad[-1], axis=last)
-        H = X[(slice(None),) * last + (slice(0, self.sizes[-1]),)]
+        return X[(slice(None),) * last + (slice(0, self.sizes[-1]),)]
+
+    def apply(self, M_partial):
+        """This rank's partial M (cells, 3), non-zero only in its band
+        of layers -> H (cells, 3) on the cells of that band (zero
+        elsewhere); collective."""
+        D = self.MPI.DOUBLE
+        self.comm.Alltoallv([M_partial.reshape(-1), self._fwd_send, D],
+                            [self._fwd_buf, self._fwd_recv, D])
+        self._slab[:] = 0.0
+        for off, count, at in self._fwd_adds:
+            self._slab[at:at + count] += self._fwd_buf[off:off + count]
+        Mg = np.moveaxis(self._slab.reshape(self._layers + (3,)), 3, 0)
+        if self.engine == "fftw":
+            H = self._convolve_fftw(Mg)
+        else:
+            H = self._convolve_scipy(Mg)
         slab = np.ascontiguousarray(
             np.moveaxis(H.reshape((3,) + self._layers), 0, 3)).reshape(-1)
         self.comm.Alltoallv([slab, self._bwd_send, D],
@@ -562,6 +721,23 @@ def _band(T, grid: CellGrid):
         return (0, 0)
     per_layer = grid.cells // grid.n[lead]
     return (int(cells[0] // per_layer), int(cells[-1] // per_layer) + 1)
+
+
+def have_pyfftw() -> bool:
+    """Whether pyfftw (Debian: python3-pyfftw) can be imported: the
+    serial convolution then runs on FFTW's plans."""
+    try:
+        import pyfftw  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _aligned_empty(shape, dtype=float):
+    """An array aligned for FFTW's SIMD codelets, so that the plans, and
+    so the round-off, are the same from run to run."""
+    import pyfftw
+    return pyfftw.empty_aligned(shape, dtype=dtype)
 
 
 def have_mpi4py_fft() -> bool:
