@@ -93,8 +93,12 @@ guest-image: deb
 	  --extra-deb build/deb/python3-micromag_$(DEB_VERSION)_all.deb
 
 # C tests under address+undefined sanitizers, real processes and QEMU.
+# Two tests at a time: most of them wait on peers and deadlines, so on
+# two cores this halves the wall time (the few that time themselves
+# against a limit run alone: RUN_SERIAL in native/CMakeLists.txt).
+CTEST_JOBS ?= 2
 test-native: asan
-	cd $(ASAN) && ctest --output-on-failure --timeout 300
+	cd $(ASAN) && ctest -j$(CTEST_JOBS) --output-on-failure --timeout 300
 
 # The hostile-peer harness at length (docs/security.md, "libivshm"):
 # each of its cases for 2 s instead of make test's 120 ms (about 7 min).
