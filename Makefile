@@ -93,8 +93,12 @@ guest-image: deb
 	  --extra-deb build/deb/python3-micromag_$(DEB_VERSION)_all.deb
 
 # C tests under address+undefined sanitizers, real processes and QEMU.
+# Two tests at a time: most of them wait on peers and deadlines, so on
+# two cores this halves the wall time (the few that time themselves
+# against a limit run alone: RUN_SERIAL in native/CMakeLists.txt).
+CTEST_JOBS ?= 2
 test-native: asan
-	cd $(ASAN) && ctest --output-on-failure --timeout 300
+	cd $(ASAN) && ctest -j$(CTEST_JOBS) --output-on-failure --timeout 300
 
 # The hostile-peer harness at length (docs/security.md, "libivshm"):
 # each of its cases for 2 s instead of make test's 120 ms (about 7 min).
@@ -136,7 +140,18 @@ test-fuzz: fuzz-build
 test-python: build
 	IVCLOUD_SLOW=1 $(PY) -m pytest -q --durations=60 tests
 
-test: test-native test-fuzz test-python
+# While the C tests and the fuzzers run (CPU), the Debian images the VM
+# tests boot are built in the background (mostly disk work: tar, dpkg,
+# mke2fs; tests/vm_support.py's prebuild), so that the Python suites find
+# them in the cache. Should that fail, the VM tests build them as before.
+TEST_IMAGES_LOG := $(BUILD)/test-images.log
+test: build
+	@$(PY) tests/vm_support.py $(BUILD)/test-debs > $(TEST_IMAGES_LOG) 2>&1 & img=$$!; \
+	$(MAKE) test-native test-fuzz; rc=$$?; \
+	if wait $$img; then tail -n 1 $(TEST_IMAGES_LOG); else \
+	  echo "note: the guest images were not built ahead (see $(TEST_IMAGES_LOG)): the VM tests build them"; fi; \
+	[ $$rc = 0 ]
+	$(MAKE) test-python
 
 # Validations longer than `make test` affords: µMAG standard problem 4
 # field 2's whole nanosecond against the published spread (2-7 minutes).

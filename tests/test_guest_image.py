@@ -10,8 +10,10 @@ lists the ivshmem component and its defaults name the device; a plain
 which attaches to the region with the doorbell.
 
 The image is built (about 3-4 min here: mmdebstrap, dpkg, mke2fs) once
-per input hash and cached in /var/cache/ivcloud; the boot takes about a
-minute under TCG. IVCLOUD_SKIP_GUEST_IMAGE=1 skips the module.
+per input hash and cached in /var/cache/ivcloud (`make test` builds it
+ahead, while the C tests run: tests/vm_support.py's prebuild); the boot
+takes about a minute under TCG. IVCLOUD_SKIP_GUEST_IMAGE=1 skips the
+module.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from ivcloud.server import paths_for, start as server_start
-from vm_support import vm_down
+from vm_support import HOST_DEB, vm_down
 from ivcloud.vm import agent, debian, qemu
 
 
@@ -50,7 +52,7 @@ def ivcloud(*args, timeout=900):
 def guest(guest_packages_dir):
     # the session's packages (conftest.py)
     guest_deb = guest_packages_dir / "ivcloud-guest_0.1.0_amd64.deb"
-    host_deb = guest_packages_dir / "ivcloud-host_0.1.0_amd64.deb"
+    host_deb = guest_packages_dir / HOST_DEB
     t0 = time.monotonic()
     # ivcloud-host too: its hardened unit is started under the guest's
     # systemd (this host has none)

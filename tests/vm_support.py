@@ -7,6 +7,12 @@ the test did.
 
 The packages themselves come from the session's fixtures in conftest.py
 (guest_packages_dir, guest_deb): made once for the whole run.
+
+Run as a script (`python tests/vm_support.py DIR`, what `make test` does
+while the C tests and the fuzzers run), it makes the packages in DIR and
+builds both Debian images the VM modules boot (prebuild): the build is
+mostly disk work (tar, dpkg, mke2fs), theirs CPU, and the modules then
+find the images in the cache.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ def guest_packages(out: Path) -> Path:
                     str(out), "0.1.0"], check=True, capture_output=True,
                    timeout=300)
     return out / "ivcloud-guest_0.1.0_amd64.deb"
+
+
+# what test_guest_image.py's image adds to the guest package (its
+# hardened unit runs under the guest's systemd)
+HOST_DEB = "ivcloud-host_0.1.0_amd64.deb"
 
 
 def cluster_guest_deb(deb: Path) -> Path:
@@ -80,3 +91,25 @@ def vm_down(run_dir: Path, paths) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     assert not left, f"vm down left QEMU processes {left}"
+
+
+def prebuild(out: Path) -> str:
+    """The packages in `out` and both images of them (cluster_guest_deb's
+    and test_guest_image.py's) built into the cache, unless the VM
+    modules would skip (the same conditions as test_guest_image.py's
+    pytestmark): what was done, in a line."""
+    from ivcloud.vm import debian, qemu
+    if os.environ.get("IVCLOUD_SKIP_GUEST_IMAGE") == "1":
+        return "IVCLOUD_SKIP_GUEST_IMAGE=1: no images"
+    if (qemu.qemu_binary() is None or os.geteuid() != 0 or
+            shutil.which("mmdebstrap") is None or
+            shutil.which("dpkg-deb") is None):
+        return "no QEMU, root, mmdebstrap or dpkg-deb: the VM tests skip"
+    deb = guest_packages(out)
+    cluster_guest_deb(deb)
+    debian.build(deb=deb, extra=[deb.parent / HOST_DEB])
+    return f"the guest images of {deb.parent} are in the cache"
+
+
+if __name__ == "__main__":
+    print(prebuild(Path(sys.argv[1])))
