@@ -589,6 +589,7 @@ static void multi_mr(struct rank *r, bool virt)
             REQ_RC(fi_write(r->ep, src, LEN, NULL, r->addr[0], peer[i][0],
                             peer[i][1], src), 0);
             REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+            t_barrier(r); /* the next write only after the target looked */
         }
         t_barrier(r);
     } else {
@@ -597,6 +598,7 @@ static void multi_mr(struct rank *r, bool virt)
             REQ(fi_cntr_read(hits[1 - i]) == (uint64_t)(1 - i < i ? 1 : 0));
             for (int k = 0; k < LEN; k++)
                 REQ(mem[i + k] == 0xa0 + i);
+            t_barrier(r);
         }
         REQ(mem[0] == 0xa0);
         t_barrier(r);
