@@ -284,15 +284,15 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
     still starting, one that never calls MPI); otherwise we kill it."""
     token = f"{os.getpid()}.{secrets.token_hex(6)}"
     directory = _job_root() / f"ivcloud-job.{token}"
-    try:
-        directory.mkdir(mode=0o700)
-    except OSError as e:
-        raise OperationFailed(f"cannot make the job's directory "
-                              f"{directory}: {e.strerror}") from None
     scope = JobScope(token, directory, owned)
     reaper = None
     try:
         with shielded():
+            try:
+                directory.mkdir(mode=0o700)
+            except OSError as e:
+                raise OperationFailed(f"cannot make the job's directory "
+                                      f"{directory}: {e.strerror}") from None
             try:
                 reaper = _start_reaper(scope)
             except OSError as e:
@@ -301,12 +301,14 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
         yield scope
     finally:
         with shielded():
-            end_job(scope.token, scope.owned)
-            if reaper is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    reaper.kill()
-                reaper.wait()
-                reaper.stdin.close()
+            try:
+                end_job(scope.token, scope.owned)
+            finally:
+                if reaper is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        reaper.kill()
+                    reaper.wait()
+                    reaper.stdin.close()
 
 
 def _start_reaper(scope: JobScope) -> subprocess.Popen:
@@ -348,9 +350,10 @@ def end_job(token: str, owned: Sequence[Path]) -> None:
         left = procfs.with_environ(LAUNCH_ENV, token)
         if not left:
             break
-        procfs.kill_pids(left, grace_s=0.0)
+        procfs.kill_pinned(left, grace_s=0.0)
     for path in owned:
-        with contextlib.suppress(FileNotFoundError):
+        # one path that cannot go does not keep the others
+        with contextlib.suppress(OSError):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:

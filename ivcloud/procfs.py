@@ -57,23 +57,28 @@ def pids() -> List[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
-def with_environ(name: str, value: str) -> List[int]:
+def with_environ(name: str, value: str) -> Dict[int, int]:
     """The live processes of our user, this one left out, whose initial
     environment holds name=value (/proc/PID/environ: what they were
-    started with, which a process cannot take back by unsetting)."""
+    started with, which a process cannot take back by unsetting), as
+    {pid: start_time}: a pid kept only if its start time is the same
+    before and after its environment was read, so that a pid reused
+    meanwhile never pins a stranger."""
     entry = f"{name}={value}".encode()
-    uid, me, out = os.geteuid(), os.getpid(), []
+    uid, me, out = os.geteuid(), os.getpid(), {}
     for p in pids():
         if p == me:
             continue
         try:
             if os.stat(f"/proc/{p}").st_uid != uid:
                 continue
+            before = start_time(p)
             env = Path(f"/proc/{p}/environ").read_bytes()
         except OSError:
             continue
-        if entry in env.split(b"\0") and alive(p):
-            out.append(p)
+        if (before is not None and entry in env.split(b"\0") and
+                start_time(p) == before):
+            out[p] = before
     return out
 
 

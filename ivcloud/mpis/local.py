@@ -122,11 +122,13 @@ def run(program: Sequence[str], np: int, transport: str = "ivshmem",
     cmd, private = planned_command(program, np, transport, region, socket,
                                    env, **kwargs)
     try:
-        with process.interrupts(), \
-                process.job_scope([private] if private else []) as job, \
-                contextlib.ExitStack() as stack:
+        with process.interrupts(), contextlib.ExitStack() as stack:
+            # the region made first (O_EXCL): a file that was there
+            # already is never the job's, so never removed with it
             if private:
                 stack.enter_context(private_region(np, private))
+            job = stack.enter_context(
+                process.job_scope([private] if private else []))
             return process.run_launcher(cmd, {**env, **job.env()}, timeout,
                                         stdout, stderr)
     except FileNotFoundError as e:      # mpirun gone since it was found
