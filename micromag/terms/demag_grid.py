@@ -514,7 +514,10 @@ class _SlabConvolution:
         self._H = np.zeros(grid.cells * 3)
         self._across = np.empty(self.slabs.subshape, dtype=complex)
         self._along = np.empty(self.blocks.subshape, dtype=complex)
-        self.engine = "fftw" if have_pyfftw() else "scipy"
+        # one engine on every rank: the two scale the kernel differently,
+        # and a line's passes cross ranks
+        every = comm.allreduce(int(have_pyfftw()), op=MPI.MIN)
+        self.engine = "fftw" if every else "scipy"
         Nk = self._kernel(comm, octant, full_shape, lead)
         if self.engine == "fftw":
             # the inverse passes do not scale (_SerialConvolution)
