@@ -144,13 +144,16 @@ test-python: build
 # tests boot are built in the background (mostly disk work: tar, dpkg,
 # mke2fs; tests/vm_support.py's prebuild), so that the Python suites find
 # them in the cache. Should that fail, the VM tests build them as before.
+# The build runs in a session of its own, ended with its children
+# (mmdebstrap) when make is interrupted or a C test fails.
 TEST_IMAGES_LOG := $(BUILD)/test-images.log
 test: build
-	@$(PY) tests/vm_support.py $(BUILD)/test-debs > $(TEST_IMAGES_LOG) 2>&1 & img=$$!; \
+	@setsid $(PY) tests/vm_support.py $(BUILD)/test-debs > $(TEST_IMAGES_LOG) 2>&1 & img=$$!; \
+	trap 'kill -- -$$img 2>/dev/null; exit 130' INT TERM; \
 	$(MAKE) test-native test-fuzz; rc=$$?; \
+	if [ $$rc != 0 ]; then kill -- -$$img 2>/dev/null; wait $$img; exit $$rc; fi; \
 	if wait $$img; then tail -n 1 $(TEST_IMAGES_LOG); else \
-	  echo "note: the guest images were not built ahead (see $(TEST_IMAGES_LOG)): the VM tests build them"; fi; \
-	[ $$rc = 0 ]
+	  echo "note: the guest images were not built ahead (see $(TEST_IMAGES_LOG)): the VM tests build them"; fi
 	$(MAKE) test-python
 
 # Validations longer than `make test` affords: µMAG standard problem 4
