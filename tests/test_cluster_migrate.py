@@ -70,7 +70,8 @@ comm.Barrier()
 # (its sender, its sequence number, every byte: 64 B, one in 3 64 KiB),
 # an allreduce each turn, until /tmp/stop appears in rank 0's guest
 RING = r"""
-import os, sys, time
+import faulthandler, os, sys, time
+faulthandler.enable()   # a rank's crash says where, on the job's stderr
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -308,12 +309,42 @@ def _wait_rank(host, job, what="python"):
         time.sleep(1)
 
 
+def _guest_evidence():
+    """What the guests' kernels (an oops, a rank's segfault or OOM kill
+    line) and their QEMUs said, printed before the module's `down`
+    removes the consoles and logs; a guest that died answers nothing,
+    its console still there."""
+    for host in ("s0i0", "s1i0"):
+        try:
+            r = cluster("exec", host, "--", "sh", "-c",
+                        "dmesg | tail -n 80; free -m", timeout=60)
+            said = r.stdout + r.stderr
+        except subprocess.TimeoutExpired:
+            said = "(its agent did not answer within 60 s)"
+        print(f"\n--- {host}: dmesg\n{said}")
+    for d in sorted((RUN_DIR / f"cluster-{NAME}" / "vm").glob("*/")):
+        for name in ("console.log", "qemu.log"):
+            try:
+                lines = (d / name).read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            print(f"\n--- {d.name}/{name}\n" + "\n".join(lines[-80:]))
+
+
 def test_provider_job_moves_along(vmc):
     """An MPICH job over the provider between s0i0 and s1i0, both on s0:
     s1i0 moves to s1 and back under it. Its rank lets go of s0's region
     (drain), talks to its peer over the core while away, and takes s0's
     region again after the move back; every message arrives once, in
     order, intact, and the job exits 0 (docs/migration.md)."""
+    try:
+        _moves_along()
+    except BaseException:
+        _guest_evidence()
+        raise
+
+
+def _moves_along():
     from ivcloud.mpis import flavor, provider
     python = str(flavor("mpich").prefix() / "bin" / "python")
     guest_sh("s0i0", "rm -f /tmp/stop")
@@ -338,7 +369,9 @@ def test_provider_job_moves_along(vmc):
     finally:
         if job.poll() is None:
             job.kill()
-            job.wait()
+            # what the job said until then (a hang's last words)
+            out, err = job.communicate()
+            print(f"\njob killed:\n{out}\n{err}")
     assert job.returncode == 0, out + err
     ranks = dict((host, int(pid)) for pid, host in re.findall(
         r"rank \d pid (\d+) on (s\di0) turns \d+ received \d+ in order",
