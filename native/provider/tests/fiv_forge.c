@@ -1848,22 +1848,33 @@ static void f_departed_behind_held(struct forger *f)
    fast channels): hostile H fills the CQ through the queue, honest B
    queues a message behind H's held cell and leaves; the victim polls
    through a counter for 1.5 s, then reads its CQ: B's message lands. */
-static void v_queue_departed_behind_held(struct victim *v)
+/* The victim's side of the held-write cases: a window the forger's
+   writes fill, a receive (tag) directed at the honest peer the forger
+   names, then progress only through a counter until the forger says
+   its writes are held and the honest peer left ('D', a: the writes). */
+static struct ctl held_beside(struct victim *v, uint64_t tag,
+                              struct fid_mr **mr, uint8_t **r)
 {
-    uint8_t *w = gbuf(4096);
-    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE);
+    *mr = reg(v, gbuf(4096), 4096, FI_REMOTE_WRITE);
     ctl_recv(v->ctl, 'A');
-    uint8_t baddr[FIV_ADDR_LEN];
-    t_read_full(v->ctl, baddr, sizeof baddr);
-    fi_addr_t b;
-    REQ_RC(fi_av_insert(v->r.av, baddr, 1, &b, 0, NULL), 1);
-    uint8_t *r = gbuf(4096);
-    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, b, 0x88, 0, r), 0);
+    uint8_t name[FIV_ADDR_LEN];
+    t_read_full(v->ctl, name, sizeof name);
+    fi_addr_t honest;
+    REQ_RC(fi_av_insert(v->r.av, name, 1, &honest, 0, NULL), 1);
+    *r = gbuf(4096);
+    REQ_RC(fi_trecv(v->r.ep, *r, 4096, NULL, honest, tag, 0, *r), 0);
     ctl_send(v->ctl, 'P', 0, 0, 0);
     for (uint64_t end = t_now_ms() + 30000;
          !ctl_ready(v->ctl) && t_now_ms() < end;)
         (void)fi_cntr_read(v->r.wcntr);
-    struct ctl d = ctl_recv(v->ctl, 'D');
+    return ctl_recv(v->ctl, 'D');
+}
+
+static void v_queue_departed_behind_held(struct victim *v)
+{
+    struct fid_mr *mr;
+    uint8_t *r;
+    struct ctl d = held_beside(v, 0x88, &mr, &r);
     for (uint64_t end = t_now_ms() + 1500; t_now_ms() < end;)
         (void)fi_cntr_read(v->r.wcntr);
     size_t got = 0;
@@ -2265,20 +2276,9 @@ static void f_forged_offers(struct forger *f)
    CQ; the writes all land afterwards. */
 static void v_departed_beside_held(struct victim *v)
 {
-    uint8_t *w = gbuf(4096);
-    struct fid_mr *mr = reg(v, w, 4096, FI_REMOTE_WRITE);
-    ctl_recv(v->ctl, 'A');
-    uint8_t dname[FIV_ADDR_LEN];
-    t_read_full(v->ctl, dname, sizeof dname);
-    fi_addr_t d;
-    REQ_RC(fi_av_insert(v->r.av, dname, 1, &d, 0, NULL), 1);
-    uint8_t *r = gbuf(4096);
-    REQ_RC(fi_trecv(v->r.ep, r, 4096, NULL, d, 0x99, 0, r), 0);
-    ctl_send(v->ctl, 'P', 0, 0, 0);
-    for (uint64_t end = t_now_ms() + 30000;
-         !ctl_ready(v->ctl) && t_now_ms() < end;)
-        (void)fi_cntr_read(v->r.wcntr);
-    struct ctl dn = ctl_recv(v->ctl, 'D');
+    struct fid_mr *mr;
+    uint8_t *r;
+    struct ctl dn = held_beside(v, 0x99, &mr, &r);
     int rerr = 0;
     uint64_t t0 = t_now_ms();
     while (!rerr && t_now_ms() < t0 + 3000) {
