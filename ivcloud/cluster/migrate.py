@@ -496,11 +496,16 @@ class _Move:
         uri = f"unix:{self.dest_dir / 'migrate.sock'}"
         with qemu.Qmp(self.dest_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
             qemu.start_incoming(q, uri)
+        # under TCG, QEMU 7.2 loses guest writes made during a live copy
+        # (docs/cluster.md, "Migration", step 6): the guest is paused for
+        # the whole copy there
+        paused = vm_instance.guest_accel(self.state) == "tcg"
         with qemu.Qmp(self.src_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
-            info = qemu.migrate(q, uri, MIGRATE_TIMEOUT_S)
+            info = qemu.migrate(q, uri, MIGRATE_TIMEOUT_S, paused=paused)
         self.result.update(info)
         self.say(f"migrated ({time.monotonic() - self.t0:.1f} s), downtime "
-                 f"{info.get('downtime_ms')} ms, "
+                 f"{info.get('downtime_ms')} ms"
+                 f"{' (paused for the copy: TCG)' if paused else ''}, "
                  f"{(info.get('transferred') or 0) >> 20} MiB sent")
 
     def _resume_source(self) -> None:

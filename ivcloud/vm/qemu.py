@@ -581,23 +581,29 @@ def start_incoming(q: Qmp, uri: str) -> None:
 
 
 def migrate(q: Qmp, uri: str, timeout_s: float,
-            progress=None) -> Dict[str, Any]:
+            progress=None, paused: bool = False) -> Dict[str, Any]:
     """Migrate the guest of `q`'s QEMU to the one listening at `uri` and
     wait, at most `timeout_s`, until it is done; {"downtime_ms",
-    "total_ms", "transferred"} as QEMU reports them. The source stays
+    "total_ms", "transferred"} as QEMU reports them. With `paused` the
+    guest is stopped before the first copy, not live: its downtime is
+    then the whole migration's time, and so reported. The source stays
     paused afterwards (quit it, or `cont` to take the guest back while
     the destination never ran). QmpError when the migration fails or
-    takes too long (then cancelled: the source runs on). progress(info)
-    is called with each query-migrate answer."""
+    takes too long (then cancelled: the source stays paused if `paused`,
+    else it runs on). progress(info) is called with each query-migrate
+    answer."""
     q.execute("migrate-set-parameters", **{"max-bandwidth":
                                            MIGRATE_BANDWIDTH})
+    if paused:
+        q.execute("stop")
     q.execute("migrate", uri=uri)
     deadline = time.monotonic() + timeout_s
     while True:
         info = q.execute("query-migrate")
         status = info.get("status")
         if status == "completed":
-            return {"downtime_ms": info.get("downtime"),
+            return {"downtime_ms": info.get("total-time" if paused else
+                                            "downtime"),
                     "total_ms": info.get("total-time"),
                     "transferred": (info.get("ram") or {}).get(
                         "transferred")}
