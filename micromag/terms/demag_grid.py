@@ -381,12 +381,7 @@ class _SerialConvolution:
         self._zero = zero
         last = d
         if self.engine == "fftw":
-            import pyfftw
-            flags = ("FFTW_ESTIMATE",)
-
-            def plan(a, b, axis, direction):
-                return pyfftw.FFTW(a, b, axes=(axis,), direction=direction,
-                                   flags=flags, threads=1).execute
+            plan = _fftw_pass
             self._r2c = plan(self._real, r2c_out,
                              last, "FFTW_FORWARD")
             self._fwd = [plan(v, v, a, "FFTW_FORWARD") for v, a in fwd]
@@ -532,12 +527,7 @@ class _SlabConvolution:
         """FFTW's plans of the passes (as _SerialConvolution's: in place
         in aligned buffers kept between calls, FFTW_ESTIMATE), the
         transposes between them as with scipy.fft."""
-        import pyfftw
-        sq, pad = self._squeezed, self.pad
-
-        def plan(a, b, axis, direction):
-            return pyfftw.FFTW(a, b, axes=(axis,), direction=direction,
-                               flags=("FFTW_ESTIMATE",), threads=1).execute
+        sq, pad, plan = self._squeezed, self.pad, _fftw_pass
         self._across = _aligned_empty(self.slabs.subshape, complex)
         self._along = _aligned_empty(self.blocks.subshape, complex)
         self._Hk = _aligned_empty(self._Hk.shape, complex)
@@ -734,6 +724,15 @@ def have_pyfftw() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _fftw_pass(a, b, axis: int, direction: str):
+    """One 1-d pass from a to b along `axis` on an FFTW plan (one thread,
+    FFTW_ESTIMATE: the same plan, and so the same round-off, every run);
+    its execute, which neither allocates nor scales."""
+    import pyfftw
+    return pyfftw.FFTW(a, b, axes=(axis,), direction=direction,
+                       flags=("FFTW_ESTIMATE",), threads=1).execute
 
 
 def _aligned_empty(shape, dtype=float):
