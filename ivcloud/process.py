@@ -276,12 +276,13 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
     scope yielded; when the block ends (however: returned, raised,
     interrupted), every process that still carries the job's token is
     killed and the job's files removed: its directory and the paths
-    `owned` (a private region), which need not exist yet. The reaper,
-    in a session of its own so that a signal to our process group does
-    not reach it, waits on a pipe only we hold: when we die without ending the block (killed
-    with SIGKILL, with our process group or alone), it does the same
-    (the launcher, mpirun, and ranks that never noticed it gone: one
-    still starting, one that never calls MPI); otherwise we kill it."""
+    `owned` (a private region the caller made). The reaper, in a
+    session of its own so that a signal to our process group does not
+    reach it, waits on a pipe only we hold: when we die without ending
+    the block (killed with SIGKILL, with our process group or alone),
+    it does the same (the launcher, mpirun, and ranks that never
+    noticed it gone: one still starting, one that never calls MPI);
+    otherwise we kill it."""
     token = f"{os.getpid()}.{secrets.token_hex(6)}"
     directory = _job_root() / f"ivcloud-job.{token}"
     scope = JobScope(token, directory, owned)
@@ -313,8 +314,9 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
 
 def _start_reaper(scope: JobScope) -> subprocess.Popen:
     """`python -c` the reaper, its stdin the read end of a pipe whose
-    write end (reaper.stdin) only we hold (close_fds: the launcher does
-    not inherit it, or the reaper would wait for the launcher too)."""
+    write end (reaper.stdin) only we hold: Python's descriptors are not
+    inherited, so the launcher does not get it (or the reaper would
+    wait for the launcher too)."""
     env = {k: v for k, v in os.environ.items() if k != LAUNCH_ENV}
     pkg = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(
