@@ -19,7 +19,9 @@
   Open MPI's shared-memory segments and session directory, a private
   region) ended and removed when the job's launcher returns, and also
   when the launcher itself is killed with SIGKILL: a reaper in a session
-  of its own sees it go and does the same.
+  of its own sees it go and does the same. :func:`own_job_scope`: the
+  same for a job that is this process (a singleton MPI rank), ended
+  when the process ends, however it ends.
 """
 
 from __future__ import annotations
@@ -310,6 +312,42 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
                         reaper.kill()
                     reaper.wait()
                     reaper.stdin.close()
+
+
+# the write ends of own_job_scope's reapers' pipes: raw descriptors, so
+# that nothing in this process closes them before it exits
+_OWN_SCOPES: List[int] = []
+
+
+def own_job_scope() -> JobScope:
+    """A job scope whose job is this process and what it starts: its
+    environment put into ours (what we start from now on carries the
+    token; Open MPI, once initialised here, puts its session directory
+    in the scope's directory) and its reaper started. It ends only when
+    the process does: a singleton MPI rank is finalized at its exit,
+    after everything a `with` block could wrap, and its Open MPI forks
+    an orted that must outlive the rank's last MPI call; killed with
+    SIGKILL, the rank leaves that orted and the session directory to
+    the reaper, as a launcher's job does."""
+    token = f"{os.getpid()}.{secrets.token_hex(6)}"
+    scope = JobScope(token, _job_root() / f"ivcloud-job.{token}")
+    with shielded():
+        try:
+            scope.directory.mkdir(mode=0o700)
+        except OSError as e:
+            raise OperationFailed(f"cannot make the job's directory "
+                                  f"{scope.directory}: {e.strerror}") from None
+        try:
+            reaper = _start_reaper(scope)
+        except OSError as e:
+            shutil.rmtree(scope.directory, ignore_errors=True)
+            raise OperationFailed(f"cannot start the job's reaper: "
+                                  f"{e.strerror}") from None
+        # not inheritable (os.dup's default), like the pipe it copies
+        _OWN_SCOPES.append(os.dup(reaper.stdin.fileno()))
+        reaper.stdin.close()
+    os.environ.update(scope.env())
+    return scope
 
 
 def _start_reaper(scope: JobScope) -> subprocess.Popen:

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from .. import process
+
 REPO = Path(__file__).resolve().parents[2]
 TRANSPORTS = ("vader", "tcp", "ivshmem")
 CHILD_FLAG = "--mpi-child"     # the ranks of a job launched by `run`
@@ -44,19 +46,28 @@ def run(problem, out, ranks: int = 1, transport: str = "vader",
     from micromag.parallel import under_mpirun
     options = dict(progress=progress, resume=resume,
                    checkpoint_every=checkpoint_every)
-    if on_ranks or under_mpirun() or ranks == 1:
+    if on_ranks or under_mpirun():
         _run_here(Path(problem), Path(out), argv, **options)
+        return 0
+    if ranks == 1:
+        _run_here(Path(problem), Path(out), argv, singleton=True, **options)
         return 0
     return _launch(Path(problem), Path(out), ranks, transport, **options)
 
 
 def _run_here(problem: Path, out: Path, argv, progress: bool,
-              **run_options) -> None:
+              singleton: bool = False, **run_options) -> None:
+    """On the ranks this process belongs to; `singleton`: it is the only
+    one, started by no launcher, so what its Open MPI leaves (an orted,
+    a session directory) is put in a job scope that goes when this
+    process does, also if it is killed (process.own_job_scope)."""
     from micromag.ranks import one_thread_per_rank, run_on_ranks
     one_thread_per_rank()
     from micromag.problem import load
     prob = load(problem)
     _check_out(out)
+    if singleton:
+        process.own_job_scope()
     run_on_ranks(prob, out, progress,
                  list(argv) if argv is not None else None, PROG,
                  **run_options)

@@ -105,9 +105,18 @@ def _processes_of(out: Path):
     return r.stdout.split()
 
 
+def _job_dirs(pids):
+    # the job scopes of `ivcloud mag run` processes (a launcher's, or a
+    # singleton's own: ivcloud.process), each named for its pid
+    return [d for p in pids
+            for d in Path("/dev/shm").glob(f"ivcloud-job.{p}.*")]
+
+
 def _kill_midway(cmd, out: Path, sig, after: float = 60e-12) -> dict:
     """Start cmd, wait for a checkpoint inside stage 2 past `after`,
-    signal its process group; returns that checkpoint's meta data."""
+    signal its process group; returns that checkpoint's meta data.
+    Open MPI's session directory was in the run's job scope, and the
+    scope is gone after the kill (a singleton's too)."""
     proc = subprocess.Popen(cmd, start_new_session=True,
                             stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL,
@@ -124,6 +133,10 @@ def _kill_midway(cmd, out: Path, sig, after: float = 60e-12) -> dict:
             time.sleep(0.02)
         else:
             pytest.fail("no checkpoint inside the LLG stage")
+        pids = _processes_of(out)
+        scopes = _job_dirs(pids)
+        assert len(scopes) == 1, scopes
+        assert list(scopes[0].glob("ompi.*")), list(scopes[0].iterdir())
     finally:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=60)
@@ -136,6 +149,9 @@ def _kill_midway(cmd, out: Path, sig, after: float = 60e-12) -> dict:
     while _processes_of(out) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_of(out)
+    while _job_dirs(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _job_dirs(pids)
     assert not (out / "summary.json").exists()
     assert (out / ".incomplete" / checkpoint.NAME).is_file()
     return meta
