@@ -19,7 +19,7 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
                               parse_pins, validate_xml)
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
-from ..server import parse_size
+from ..server import parse_size, run_root
 from . import CliError, action, checked, int_at_least, number, sub_actions
 
 DEFAULT_URI = "qemu:///system"
@@ -364,9 +364,7 @@ def _cmd_watch(args) -> int:
     if args.service == "systemd":
         control = projects.SystemdServers()
     else:
-        control = projects.DirectServers(
-            args.run_dir or os.environ.get("IVCLOUD_RUN_DIR")
-            or "/run/ivcloud")
+        control = projects.DirectServers(str(run_root(args.run_dir)))
     regions = projects.ProjectRegions(control, policy, args.shm_name)
     count = attach.watch(args.connect,
                          attach.matcher(args.domain_glob, args.flavor),

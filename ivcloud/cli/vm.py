@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from ..errors import VmFailure
-from ..server import format_size, parse_size
+from ..server import DEFAULT_RUN_DIR, format_size, parse_size
 from ..vm import agent, debian, image
-from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
+from ..vm.lifecycle import (DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
 from . import CliError, action, checked, number, remainder, sub_actions
