@@ -63,12 +63,8 @@ def format_size(n: int) -> str:
 
 def server_binary() -> Path:
     """The daemon of this build; OperationFailed if it was not built."""
-    from .native import native_dir
-    binary = native_dir() / SERVER_BINARY
-    if not os.access(binary, os.X_OK):
-        raise OperationFailed(f"{binary} not found (run `make build` or set "
-                              f"IVCLOUD_NATIVE_DIR)")
-    return binary
+    from .native import native_program
+    return native_program(SERVER_BINARY, OperationFailed)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
 from ..mpis import local, openmpi
 from ..errors import (BenchError, ClusterError, InvalidRequest, IvcloudError,
                       JobTimeout)
-from ..native import native_dir
+from ..native import native_program
 
 MIB = 1 << 20
 
@@ -41,11 +41,7 @@ T = TypeVar("T")
 def program(name: str) -> Path:
     """The native benchmark program `name` (native/bench), absolute, so
     that it can be run from inside a cluster's instances too."""
-    path = native_dir() / name
-    if not os.access(path, os.X_OK):
-        raise BenchError(f"{path} not found (run `make build` or set "
-                         f"IVCLOUD_NATIVE_DIR)")
-    return path.resolve()
+    return native_program(name, BenchError).resolve()
 
 
 def native_source(name: str) -> Path:
