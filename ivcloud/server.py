@@ -67,6 +67,11 @@ def server_binary() -> Path:
     return native_program(SERVER_BINARY, OperationFailed)
 
 
+def below(base: str, name: str) -> property:
+    """A path named `name` inside the path attribute `base`."""
+    return property(lambda self: getattr(self, base) / name)
+
+
 @dataclass(frozen=True)
 class ServerPaths:
     name: str
@@ -76,17 +81,9 @@ class ServerPaths:
     def dir(self) -> Path:
         return self.run_dir / self.name
 
-    @property
-    def socket(self) -> Path:
-        return self.dir / "ivshmem.sock"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.dir / "server.pid"
-
-    @property
-    def state(self) -> Path:
-        return self.dir / "state.json"
+    socket = below("dir", "ivshmem.sock")
+    pidfile = below("dir", "server.pid")
+    state = below("dir", "state.json")
 
     @property
     def region(self) -> Path:

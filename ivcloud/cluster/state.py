@@ -15,14 +15,9 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from ..errors import ClusterError
-from ..server import run_root
+from ..server import below, run_root
 
 STATE_VERSION = 1
-
-
-def below(base: str, name: str) -> property:
-    """A path named `name` inside the path attribute `base`."""
-    return property(lambda self: getattr(self, base) / name)
 
 
 @dataclass(frozen=True)
