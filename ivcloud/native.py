@@ -220,11 +220,12 @@ def native_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "build" / "native"
 
 
-def native_program(name: str, error: Callable[[str], Exception]) -> Path:
-    """Program `name` of the native build; error(message) when it was
-    not built."""
+def native_file(name: str, error: Callable[[str], Exception],
+                program: bool = False) -> Path:
+    """File `name` of the native build (with `program`: one this process
+    may run); error(message) when it was not built."""
     path = native_dir() / name
-    if not os.access(path, os.X_OK):
+    if not (os.access(path, os.X_OK) if program else path.is_file()):
         raise error(f"{path} not found (run `make build` or set "
                     f"IVCLOUD_NATIVE_DIR)")
     return path

@@ -63,8 +63,8 @@ def format_size(n: int) -> str:
 
 def server_binary() -> Path:
     """The daemon of this build; OperationFailed if it was not built."""
-    from .native import native_program
-    return native_program(SERVER_BINARY, OperationFailed)
+    from .native import native_file
+    return native_file(SERVER_BINARY, OperationFailed, program=True)
 
 
 def below(base: str, name: str) -> property:

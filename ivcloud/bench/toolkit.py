@@ -25,7 +25,7 @@ from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
 from ..mpis import local, openmpi
 from ..errors import (BenchError, ClusterError, InvalidRequest, IvcloudError,
                       JobTimeout)
-from ..native import native_program
+from ..native import native_file
 
 MIB = 1 << 20
 
@@ -41,7 +41,7 @@ T = TypeVar("T")
 def program(name: str) -> Path:
     """The native benchmark program `name` (native/bench), absolute, so
     that it can be run from inside a cluster's instances too."""
-    return native_program(name, BenchError).resolve()
+    return native_file(name, BenchError, program=True).resolve()
 
 
 def native_source(name: str) -> Path:
