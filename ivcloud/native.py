@@ -22,7 +22,7 @@ from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_int,
                     c_uint64, c_void_p)
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 from .errors import RegionError
 
@@ -218,6 +218,17 @@ def native_dir() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parent.parent / "build" / "native"
+
+
+def native_file(name: str, error: Callable[[str], Exception],
+                program: bool = False) -> Path:
+    """File `name` of the native build (with `program`: one this process
+    may run); error(message) when it was not built."""
+    path = native_dir() / name
+    if not (os.access(path, os.X_OK) if program else path.is_file()):
+        raise error(f"{path} not found (run `make build` or set "
+                    f"IVCLOUD_NATIVE_DIR)")
+    return path
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:

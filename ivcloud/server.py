@@ -30,6 +30,13 @@ DEFAULT_NAME = "default"
 SERVER_BINARY = "ivshmem-server"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+
+
+def run_root(run_dir: Optional[str] = None) -> Path:
+    """Where ivcloud keeps what runs (servers, clusters, VMs): `run_dir`,
+    else $IVCLOUD_RUN_DIR, else DEFAULT_RUN_DIR; absolute."""
+    return Path(run_dir or os.environ.get("IVCLOUD_RUN_DIR")
+                or DEFAULT_RUN_DIR).absolute()
 # Region geometry bounds (ivshm.h): peers per region, cells of a peer's
 # receive queue, fast channels per receiver
 MAX_PEERS = 1024
@@ -56,12 +63,13 @@ def format_size(n: int) -> str:
 
 def server_binary() -> Path:
     """The daemon of this build; OperationFailed if it was not built."""
-    from .native import native_dir
-    binary = native_dir() / SERVER_BINARY
-    if not os.access(binary, os.X_OK):
-        raise OperationFailed(f"{binary} not found (run `make build` or set "
-                              f"IVCLOUD_NATIVE_DIR)")
-    return binary
+    from .native import native_file
+    return native_file(SERVER_BINARY, OperationFailed, program=True)
+
+
+def below(base: str, name: str) -> property:
+    """A path named `name` inside the path attribute `base`."""
+    return property(lambda self: getattr(self, base) / name)
 
 
 @dataclass(frozen=True)
@@ -73,17 +81,9 @@ class ServerPaths:
     def dir(self) -> Path:
         return self.run_dir / self.name
 
-    @property
-    def socket(self) -> Path:
-        return self.dir / "ivshmem.sock"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.dir / "server.pid"
-
-    @property
-    def state(self) -> Path:
-        return self.dir / "state.json"
+    socket = below("dir", "ivshmem.sock")
+    pidfile = below("dir", "server.pid")
+    state = below("dir", "state.json")
 
     @property
     def region(self) -> Path:
@@ -97,8 +97,7 @@ def paths_for(name: str, run_dir: Optional[str] = None) -> ServerPaths:
     if not _NAME_RE.match(name):
         raise ServerError(f"bad server name '{name}' (letters, digits, '_.-', "
                           f"at most 64, not starting with '.' or '-')")
-    rd = Path(run_dir or os.environ.get("IVCLOUD_RUN_DIR") or DEFAULT_RUN_DIR)
-    paths = ServerPaths(name, rd.absolute())
+    paths = ServerPaths(name, run_root(run_dir))
     if len(str(paths.socket)) > _SUN_PATH_MAX:
         raise ServerError(f"socket path {paths.socket} is longer than "
                           f"{_SUN_PATH_MAX} bytes (choose a shorter run directory)")

@@ -113,7 +113,7 @@ def targets(res: BenchResults) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(res: BenchResults, out=None) -> None:
+def print_table(res: BenchResults, out) -> None:
     rows = []
     for r in sorted(res.records, key=lambda r: (
             r["test"], r["size"], TRANSPORTS.index(r["transport"]))):

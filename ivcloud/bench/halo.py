@@ -178,8 +178,7 @@ def medians(records: Sequence[Dict], key: str,
     return out
 
 
-def print_table(summ: Dict[str, Dict], out=None) -> None:
-    out = out or sys.stdout
+def print_table(summ: Dict[str, Dict], out) -> None:
     print_grid(*report.halo_table(summ), out)
     for name, s in summ.items():
         out.write(f"{name}: ranks on {' '.join(s['hosts'])}\n")
@@ -284,8 +283,7 @@ def run_once_slurm(cluster: ClusterSession, name: str,
     return [rec]
 
 
-def print_table_slurm(summ: Dict[str, Dict], out=None) -> None:
-    out = out or sys.stdout
+def print_table_slurm(summ: Dict[str, Dict], out) -> None:
     rows = [[name, f"{v['wall_s']:.3f}", f"{v['min_s']:.3f}..{v['max_s']:.3f}",
              f"{v['per_iter_us']:.0f}", " ".join(v["hosts"])]
             for name, v in summ.items()]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
@@ -182,10 +181,9 @@ def targets(records: Sequence[Dict]) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(records: Sequence[Dict], out=None,
+def print_table(records: Sequence[Dict], out,
                 levels: Sequence[Level] = tuple(LEVELS),
                 title: Optional[str] = None) -> None:
-    out = out or sys.stdout
     if not records:
         out.write("no records\n")
         return

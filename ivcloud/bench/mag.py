@@ -331,8 +331,7 @@ def targets(res: BenchResults) -> List[Target]:
     return ts + mag_curved.targets(res)
 
 
-def print_table(res: BenchResults, out=None) -> None:
-    out = out or sys.stdout
+def print_table(res: BenchResults, out) -> None:
     rows = []
     for r in res.records:
         if r["problem"] == mag_curved.EXAMPLE:

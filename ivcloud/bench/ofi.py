@@ -226,11 +226,9 @@ def targets(res: BenchResults, mpi_name: str) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(res: BenchResults, configs: Sequence[str], out=None) -> None:
+def print_table(res: BenchResults, configs: Sequence[str], out) -> None:
     """One row per configuration: 8 B latency, 8 B message rate, 1 MiB
     bandwidth, each median with the rounds' spread."""
-    out = out or sys.stdout
-
     def cell(config, test, size, key, fmt):
         r = res.find(transport=config, test=test, size=size)
         if r is None or r.get(key) is None:
@@ -248,11 +246,9 @@ def print_table(res: BenchResults, configs: Sequence[str], out=None) -> None:
 
 
 def print_ratios(rs: Sequence[Dict], configs: Sequence[str],
-                 out=None) -> None:
+                 out) -> None:
     """Each configuration against own-shm (first) and against libfabric's
     shm (second), figure by figure: the median of the rounds' ratios."""
-    out = out or sys.stdout
-
     def cell(config, ref, figure):
         r = next((x for x in rs if x["transport"] == config
                   and x["reference"] == ref and x["figure"] == figure),

@@ -217,7 +217,7 @@ def targets(res: BenchResults) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(res: BenchResults, out=None) -> None:
+def print_table(res: BenchResults, out) -> None:
     rows = []
     for r in res.records:
         extra = []

@@ -128,7 +128,7 @@ def targets(res: BenchResults) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(res: BenchResults, out=None) -> None:
+def print_table(res: BenchResults, out) -> None:
     """One row per (ranks, transport): memory, and the three figures with
     their spread over the rounds."""
     def figure(rec: Optional[Dict], key: str, fmt: str,

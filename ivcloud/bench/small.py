@@ -17,7 +17,6 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,8 +233,7 @@ def targets(res: BenchResults) -> List[Target]:
 
 # ---------------------------------------------------------------- output
 
-def print_table(res: BenchResults, out=None) -> None:
-    out = out or sys.stdout
+def print_table(res: BenchResults, out) -> None:
     configs = list(dict.fromkeys(r["config"] for r in res.records))
     rows = []
     for state in dict.fromkeys(r["state"] for r in res.records):

@@ -25,7 +25,7 @@ from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
 from ..mpis import local, openmpi
 from ..errors import (BenchError, ClusterError, InvalidRequest, IvcloudError,
                       JobTimeout)
-from ..native import native_dir
+from ..native import native_file
 
 MIB = 1 << 20
 
@@ -41,11 +41,7 @@ T = TypeVar("T")
 def program(name: str) -> Path:
     """The native benchmark program `name` (native/bench), absolute, so
     that it can be run from inside a cluster's instances too."""
-    path = native_dir() / name
-    if not os.access(path, os.X_OK):
-        raise BenchError(f"{path} not found (run `make build` or set "
-                         f"IVCLOUD_NATIVE_DIR)")
-    return path.resolve()
+    return native_file(name, BenchError, program=True).resolve()
 
 
 def native_source(name: str) -> Path:
@@ -338,8 +334,7 @@ def spread_note(best: float) -> str:
     return f"within the runs' spread: up to {best:.3g}"
 
 
-def print_targets(ts: Sequence[Target], out=None) -> None:
-    out = out or sys.stdout
+def print_targets(ts: Sequence[Target], out) -> None:
     out.write("\nTargets (ratios from this run; informational):\n")
     for t in ts:
         val = "n/a" if t.value is None else (
@@ -365,10 +360,9 @@ def fmt_size(n: int) -> str:
 
 
 def print_grid(header: Sequence[str], rows: Sequence[Sequence[str]],
-               out=None, left: Sequence[int] = ()) -> None:
+               out, left: Sequence[int] = ()) -> None:
     """A table of strings, a rule under the header; the columns
     right-aligned but those numbered in `left` (names, notes)."""
-    out = out or sys.stdout
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
 
     def line(cells: Sequence[str]) -> str:
@@ -461,12 +455,11 @@ def machine_info() -> Dict:
 
 
 def conclude(bench: str, quick: bool, info: Dict, res: BenchResults,
-             ts: Sequence[Target], out=None, **fields) -> Dict:
+             ts: Sequence[Target], out, **fields) -> Dict:
     """Print the targets and notes that follow a benchmark's table, and
     a warning if the machine was busy (the load sampled now and by
     machine_info); the run's JSON document (its own `fields` after the
     machine's)."""
-    out = out or sys.stdout
     print_targets(ts, out)
     for note in res.notes:
         out.write(f"note: {note}\n")

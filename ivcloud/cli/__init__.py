@@ -81,6 +81,35 @@ def remainder(items: List[str]) -> List[str]:
     return list(items[1:] if items[:1] == ["--"] else items)
 
 
+def add_run_dir(p: argparse.ArgumentParser, what: str) -> None:
+    """--run-dir: `what` lies below it (ivcloud.server.run_root)."""
+    from ..server import DEFAULT_RUN_DIR
+    p.add_argument("--run-dir", default=None,
+                   help=f"{what} (default $IVCLOUD_RUN_DIR or "
+                        f"{DEFAULT_RUN_DIR})")
+
+
+def add_job_arguments(p: argparse.ArgumentParser, mca_help: str) -> None:
+    """What `ivcloud mpirun` and `cluster mpirun` both take last: Open
+    MPI's --mca, --dry-run, the ranks and the program."""
+    p.add_argument("--mca", nargs=2, action="append", default=[],
+                   metavar=("KEY", "VALUE"), help=mca_help)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the launcher's command instead of running it")
+    p.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
+                   required=True, metavar="N", help="number of ranks")
+    p.add_argument("program", nargs=argparse.REMAINDER,
+                   help="the MPI program and its arguments (after --)")
+
+
+def job_program(args, usage: str) -> List[str]:
+    """The program of add_job_arguments; bad input without one."""
+    program = remainder(args.program)
+    if not program:
+        raise CliError(f"no program given (usage: {usage})")
+    return program
+
+
 def add_vm_arguments(p: argparse.ArgumentParser, kind_help: str,
                      default_memory_mb: int) -> None:
     """--instance-kind and the options of QEMU-guest instances (cluster

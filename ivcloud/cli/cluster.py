@@ -20,16 +20,15 @@ from ..cluster.slurm.daemons import SCHEDULERS, Slurm, SlurmOptions
 from ..cluster.state import state_dir
 from ..cluster.topology import DEFAULT_NAME, check_name, format_rate, plan
 from ..server import format_size
-from . import (CliError, action, add_vm_arguments, positive_int,
-               remainder, sub_actions, vm_options)
+from . import (CliError, action, add_job_arguments, add_run_dir,
+               add_vm_arguments, job_program, positive_int, remainder,
+               sub_actions, vm_options)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=DEFAULT_NAME,
                    help=f"cluster name (default {DEFAULT_NAME})")
-    p.add_argument("--run-dir", default=None,
-                   help="parent of the cluster's state directory (default "
-                        "$IVCLOUD_RUN_DIR or /run/ivcloud)")
+    add_run_dir(p, "parent of the cluster's state directory")
 
 
 def _sd(args):
@@ -122,16 +121,9 @@ def register(sub) -> None:
                         "(openmpi: its BTL counters, 'btl_ivshmem: rank "
                         "R ...'; the others: 'fi_ivshm: pid P sent S "
                         "received R delegated D')")
-    m.add_argument("--mca", nargs=2, action="append", default=[],
-                   metavar=("KEY", "VALUE"),
-                   help="openmpi: extra MCA parameter")
     m.add_argument("--timeout", type=float, default=None, metavar="SEC",
                    help="tear the job down after SEC seconds (exit 124)")
-    m.add_argument("--dry-run", action="store_true",
-                   help="print the command instead of running it")
-    m.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
-                   required=True, metavar="N")
-    m.add_argument("program", nargs=argparse.REMAINDER)
+    add_job_arguments(m, "openmpi: extra MCA parameter")
 
     for command, what in (("srun", "run a job step (srun)"),
                           ("sbatch", "submit a batch job (sbatch)")):
@@ -274,10 +266,8 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_mpirun(args) -> int:
-    program = remainder(args.program)
-    if not program:
-        raise CliError("no program given (usage: ivcloud cluster mpirun "
-                       "-np N -- PROGRAM [ARGS...])")
+    program = job_program(args, "ivcloud cluster mpirun -np N -- PROGRAM "
+                                "[ARGS...]")
     _refuse_options(args)
     options = [tuple(kv) for kv in args.mca]
     if args.btl is not None:

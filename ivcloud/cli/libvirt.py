@@ -19,8 +19,9 @@ from ..libvirt.domain import (HUGEPAGE_SIZES, SHMEM_MODELS, Domain, Shmem,
                               parse_pins, validate_xml)
 from ..libvirt.nova import EMULATOR_POLICIES, THREAD_POLICIES, Flavor
 from ..libvirt.projects import DEFAULT_POLICY
-from ..server import parse_size
-from . import CliError, action, checked, int_at_least, number, sub_actions
+from ..server import parse_size, run_root
+from . import (CliError, action, add_run_dir, checked, int_at_least, number,
+               sub_actions)
 
 DEFAULT_URI = "qemu:///system"
 
@@ -203,9 +204,7 @@ def register(sub) -> None:
                    help="start the servers as ivshmem-server@nova-PROJECT "
                         "units (default), or run them directly (hosts "
                         "without systemd)")
-    w.add_argument("--run-dir", default=None,
-                   help="with --service direct: directory of the servers "
-                        "(default $IVCLOUD_RUN_DIR or /run/ivcloud)")
+    add_run_dir(w, "with --service direct: directory of the servers")
     _connect_arg(w)
     w.add_argument("--once", action="store_true",
                    help="exit after the first attach")
@@ -364,9 +363,7 @@ def _cmd_watch(args) -> int:
     if args.service == "systemd":
         control = projects.SystemdServers()
     else:
-        control = projects.DirectServers(
-            args.run_dir or os.environ.get("IVCLOUD_RUN_DIR")
-            or "/run/ivcloud")
+        control = projects.DirectServers(str(run_root(args.run_dir)))
     regions = projects.ProjectRegions(control, policy, args.shm_name)
     count = attach.watch(args.connect,
                          attach.matcher(args.domain_glob, args.flavor),

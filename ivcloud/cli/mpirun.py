@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 
-from ..errors import MpiError
 from ..mpis.local import TRANSPORTS, planned_command, run
-from . import positive_int, remainder
+from . import add_job_arguments, job_program
 
 
 def register(sub) -> None:
@@ -35,23 +33,13 @@ def register(sub) -> None:
     p.add_argument("--no-tcp-fallback", action="store_true",
                    help="BTL list self,ivshmem only: fail rather than use "
                         "tcp for ranks the region cannot connect")
-    p.add_argument("--mca", nargs=2, action="append", default=[],
-                   metavar=("KEY", "VALUE"),
-                   help="extra MCA parameter passed to mpirun (repeatable)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the mpirun command instead of running it")
-    p.add_argument("-np", "-n", "--np", dest="np", type=positive_int,
-                   required=True, metavar="N", help="number of ranks")
-    p.add_argument("program", nargs=argparse.REMAINDER,
-                   help="the MPI program and its arguments (after --)")
+    add_job_arguments(p, "extra MCA parameter passed to mpirun "
+                         "(repeatable)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
-    program = remainder(args.program)
-    if not program:
-        raise MpiError("no program given (usage: ivcloud mpirun -np N -- "
-                       "PROGRAM [ARGS...])")
+    program = job_program(args, "ivcloud mpirun -np N -- PROGRAM [ARGS...]")
     kwargs = dict(transport=args.transport, region=args.region,
                   socket=args.socket, verbose_btl=args.verbose_btl,
                   tcp_fallback=not args.no_tcp_fallback,

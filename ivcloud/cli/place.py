@@ -11,7 +11,7 @@ from ..place.planner import FILLS, PlacementTopology
 from ..place.rankfile import (PARTITIONERS, choose_partitioner,
                               cluster_shape, plan, read_graph,
                               write_rankfile)
-from . import CliError, number, positive_int
+from . import CliError, add_run_dir, number, positive_int
 
 _seed = number(int, "'{}' is not an integer", lambda value: None
                if 0 <= value < 1 << 31 else "seed must be 0..2^31-1")
@@ -44,9 +44,7 @@ def register(sub) -> None:
     p.add_argument("--cluster", metavar="NAME",
                    help="take S, I, V from a cluster made by "
                         "`ivcloud cluster up`")
-    p.add_argument("--run-dir", default=None,
-                   help="where clusters keep their state (default "
-                        "$IVCLOUD_RUN_DIR or /run/ivcloud)")
+    add_run_dir(p, "where clusters keep their state")
     p.add_argument("--cpus-per-rank", type=positive_int, default=1,
                    metavar="T", help="cores each rank gets (default 1)")
     p.add_argument("--fill", choices=FILLS, default="spread",

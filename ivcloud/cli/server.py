@@ -6,18 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..server import (DEFAULT_NAME, DEFAULT_RUN_DIR, MAX_FAST_CHANNELS,
+from ..server import (DEFAULT_NAME, MAX_FAST_CHANNELS,
                       MAX_PEERS, MAX_QUEUE_SLOTS, format_size, parse_size,
                       paths_for, start, status, stop)
-from . import CliError, action, checked, number, sub_actions
+from . import (CliError, action, add_run_dir, checked, number,
+               sub_actions)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=DEFAULT_NAME,
                    help=f"server name (default {DEFAULT_NAME})")
-    p.add_argument("--run-dir", default=None,
-                   help=f"directory for the socket, pid and state files "
-                        f"(default $IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
+    add_run_dir(p, "directory for the socket, pid and state files")
 
 
 def _ranged_int(lo: int, hi: int, power_of_two: bool = False):

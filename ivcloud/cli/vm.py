@@ -12,18 +12,17 @@ from pathlib import Path
 from ..errors import VmFailure
 from ..server import format_size, parse_size
 from ..vm import agent, debian, image
-from ..vm.lifecycle import (DEFAULT_RUN_DIR, DEFAULT_PREFIX, BOOT_TIMEOUT_S,
+from ..vm.lifecycle import (DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
                             status, parse_cores, pin, check_name)
-from . import CliError, action, checked, number, remainder, sub_actions
+from . import (CliError, action, add_run_dir, checked, number, remainder,
+               sub_actions)
 
 _integer = number(int, "expected an integer, not '{}'")
 
 
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", default=None,
-                   help=f"parent of the vm/ state directory (default "
-                        f"$IVCLOUD_RUN_DIR or {DEFAULT_RUN_DIR})")
+    add_run_dir(p, "parent of the vm/ state directory")
 
 
 def _image_args(p: argparse.ArgumentParser) -> None:

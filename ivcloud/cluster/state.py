@@ -15,14 +15,9 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from ..errors import ClusterError
-from ..server import DEFAULT_RUN_DIR
+from ..server import below, run_root
 
 STATE_VERSION = 1
-
-
-def below(base: str, name: str) -> property:
-    """A path named `name` inside the path attribute `base`."""
-    return property(lambda self: getattr(self, base) / name)
 
 
 @dataclass(frozen=True)
@@ -46,9 +41,7 @@ class StateDir:
 
 
 def state_dir(name: str, run_dir: Optional[str] = None) -> StateDir:
-    rd = Path(run_dir or os.environ.get("IVCLOUD_RUN_DIR")
-              or DEFAULT_RUN_DIR)
-    return StateDir(name, rd.absolute())
+    return StateDir(name, run_root(run_dir))
 
 
 def save(sd: StateDir, state: Dict) -> None:

@@ -37,24 +37,24 @@ MIN_RATE_BPS = 8_000            # below this tbf's burst maths gets silly
 MAX_RATE_BPS = 100 * 10**9
 
 
+def named(template: str) -> property:
+    """A name made of the dataclass's own fields by `template`."""
+    return property(lambda self: template.format(**vars(self)))
+
+
 @dataclass(frozen=True)
 class Instance:
     server: int
     index: int
     cpus: tuple
 
-    @property
-    def hostname(self) -> str:
-        return f"s{self.server}i{self.index}"
+    hostname = named("s{server}i{index}")
+    # the bridge side of the instance's veth (IFNAMSIZ: 15 chars)
+    bridge_port = named("i-s{server}i{index}")
 
     @property
     def address(self) -> str:
         return f"10.251.{self.server}.{self.index + 1}"
-
-    @property
-    def bridge_port(self) -> str:
-        # the bridge side of the instance's veth (IFNAMSIZ: 15 chars)
-        return f"i-{self.hostname}"
 
 
 @dataclass(frozen=True)
@@ -62,21 +62,10 @@ class Server:
     index: int
     cluster: str
 
-    @property
-    def name(self) -> str:
-        return f"{self.cluster}-s{self.index}"
-
-    @property
-    def bridge(self) -> str:
-        return f"br-s{self.index}"
-
-    @property
-    def uplink(self) -> str:
-        return f"up-s{self.index}"
-
-    @property
-    def uplink_peer(self) -> str:
-        return f"cp-s{self.index}"
+    name = named("{cluster}-s{index}")
+    bridge = named("br-s{index}")
+    uplink = named("up-s{index}")
+    uplink_peer = named("cp-s{index}")
 
 
 @dataclass

@@ -48,18 +48,10 @@ def stock_component_dir() -> Path:
                         "(is openmpi-bin installed?)")
 
 
-def component_dir(native: Optional[os.PathLike] = None) -> Path:
-    """Directory holding mca_btl_ivshmem.so: <native>/btl, where native
-    defaults to $IVCLOUD_NATIVE_DIR or <repo>/build/native."""
-    if native is None:
-        from ..native import native_dir
-        native = native_dir()
-    d = Path(native) / "btl"
-    if not (d / COMPONENT_FILE).exists():
-        raise MpiSetupError(f"{d / COMPONENT_FILE} not found (run `make "
-                            f"build`, or set IVCLOUD_NATIVE_DIR to the "
-                            f"native build directory)")
-    return d.resolve()
+def component_dir() -> Path:
+    """Directory holding mca_btl_ivshmem.so: the native build's btl/."""
+    from ..native import native_file
+    return native_file(f"btl/{COMPONENT_FILE}", MpiSetupError).parent.resolve()
 
 
 def find_mpirun() -> str:

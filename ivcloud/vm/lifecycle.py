@@ -22,10 +22,9 @@ from typing import Dict, List, Optional
 
 from .. import procfs
 from ..errors import VmError, VmFailure
-from ..server import format_size
+from ..server import format_size, run_root
 from . import agent, debian, image, qemu
 
-DEFAULT_RUN_DIR = "/run/ivcloud"
 DEFAULT_PREFIX = "vm"
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 _SUN_PATH_MAX = 107
@@ -39,8 +38,7 @@ NET_PREFIX = "10.12.0"
 # ---------------------------------------------------------------- paths
 
 def vm_root(run_dir: Optional[str]) -> Path:
-    rd = run_dir or os.environ.get("IVCLOUD_RUN_DIR") or DEFAULT_RUN_DIR
-    return Path(rd).absolute() / "vm"
+    return run_root(run_dir) / "vm"
 
 
 def vm_dir(root: Path, name: str) -> Path:
