@@ -67,32 +67,41 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
                       uint64_t tag, uint64_t data, uint32_t mflags,
                       size_t total, size_t stored, void *at, bool last)
 {
-    struct fiv_cqe e = {
-        .context = rx->context,
-        .flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
-                 (mflags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0) |
-                 (last && rx->flags & FI_MULTI_RECV ? FI_MULTI_RECV : 0),
-        .len = stored,
-        .buf = at,
-        .data = mflags & FIV_F_DATA ? data : 0,
-        .tag = mflags & FIV_F_TAGGED ? tag : 0,
-        /* a peer heard only through its introduction has no address
-           the application knows (fiv_complete.c's store) */
-        .src = ep->caps & FI_SOURCE && src < FIV_HIDDEN ? src
-                                                        : FI_ADDR_NOTAVAIL,
-    };
+    uint64_t flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
+                     (mflags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0) |
+                     (last && rx->flags & FI_MULTI_RECV ? FI_MULTI_RECV : 0);
+    /* a peer heard only through its introduction has no address the
+       application knows (fiv_complete.c's store) */
+    fi_addr_t from = ep->caps & FI_SOURCE && src < FIV_HIDDEN
+                         ? src : FI_ADDR_NOTAVAIL;
     if (total <= stored) {
-        /* whole: straight into the CQ (fiv_complete_rx's success path) */
+        /* whole: straight into the CQ (fiv_complete_rx's success path),
+           field by field: an entry built aside and assigned whole was
+           built, then copied */
         fiv_cntr_inc(ep->cntr_recv);
         struct fiv_cqe *to;
         if (want_rx(ep, rx->flags) && ep->rx_cq &&
-            (to = fiv_cq_claim(ep->rx_cq)))
-            *to = e;
+            (to = fiv_cq_claim(ep->rx_cq))) {
+            to->context = rx->context;
+            to->flags = flags;
+            to->len = stored;
+            to->buf = at;
+            to->data = mflags & FIV_F_DATA ? data : 0;
+            to->tag = mflags & FIV_F_TAGGED ? tag : 0;
+            to->src = from;
+            to->err = 0;
+            to->core = false;
+            to->olen = 0;
+        }
         return;
     }
-    e.err = FI_ETRUNC;
-    e.olen = total - stored;
-    fiv_complete_rx(ep, &e, want_rx(ep, rx->flags) || e.err);
+    struct fiv_cqe e = {
+        .context = rx->context, .flags = flags, .len = stored, .buf = at,
+        .data = mflags & FIV_F_DATA ? data : 0,
+        .tag = mflags & FIV_F_TAGGED ? tag : 0, .src = from,
+        .err = FI_ETRUNC, .olen = total - stored,
+    };
+    fiv_complete_rx(ep, &e, true);
 }
 
 /* ---- matching ---- */
@@ -756,15 +765,64 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
     return 0;
 }
 
+/* The receive every MPI posts per message (fi_recv, fi_trecv): one
+   buffer, none of the flags post() has cases for, nothing unexpected
+   waiting on the list it would search, the source (if any) alive. Then
+   post() would only fill a record and append it; this does that without
+   post()'s general cases (docs/fast-path.md, "The provider's
+   per-message path"). Anything else: post(), which decides afresh. */
+static ssize_t post_plain(struct fiv_ep *ep, void *buf, size_t len,
+                          fi_addr_t src, uint64_t tag, uint64_t ignore,
+                          void *context, uint64_t flags, bool tagged)
+{
+    if (!(ep->caps & FI_DIRECTED_RECV))
+        src = FI_ADDR_UNSPEC;
+    struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    struct fiv_peer *from;
+    struct fiv_rx *rx;
+    if ((tagged ? ep->tunexp : ep->unexp) ||
+        (src != FI_ADDR_UNSPEC && (from = fiv_peer(ep, src)) &&
+         from->dead) ||
+        !(rx = rx_get(ep))) {
+        fiv_unlock(d);
+        struct iovec v = {buf, len};
+        return post(ep, &v, 1, src, tag, ignore, context, flags, tagged);
+    }
+    rx->iov[0] = (struct iovec){buf, len};
+    rx->total = len;
+    rx->iov_count = 1;
+    rx->src = src;
+    rx->tag = tag;
+    rx->ignore = ignore;
+    rx->context = context;
+    rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
+    struct fiv_rx **head = tagged ? &ep->trecv : &ep->recv;
+    struct fiv_rx **tail = tagged ? &ep->trecv_tail : &ep->recv_tail;
+    rx->next = NULL;
+    if (*tail)
+        (*tail)->next = rx;
+    else
+        *head = rx;
+    *tail = rx;
+    fiv_unlock(d);
+    return 0;
+}
+
+/* the flags that take a receive off post_plain's path */
+#define POST_GENERAL (FI_PEEK | FI_CLAIM | FI_DISCARD | FI_MULTI_RECV)
+
 #define EP(e) container_of(e, struct fiv_ep, ep)
 
 ssize_t fiv_msg_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
                      fi_addr_t src, void *context)
 {
     (void)desc;
+    uint64_t flags = EP(e)->rx_op_flags | FI_COMPLETION;
+    if (!(flags & POST_GENERAL))
+        return post_plain(EP(e), buf, len, src, 0, 0, context, flags, false);
     struct iovec v = {buf, len};
-    return post(EP(e), &v, 1, src, 0, 0, context,
-                EP(e)->rx_op_flags | FI_COMPLETION, false);
+    return post(EP(e), &v, 1, src, 0, 0, context, flags, false);
 }
 
 ssize_t fiv_msg_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,
@@ -787,9 +845,12 @@ ssize_t fiv_tagged_recv(struct fid_ep *e, void *buf, size_t len, void *desc,
                         void *context)
 {
     (void)desc;
+    uint64_t flags = EP(e)->rx_op_flags | FI_COMPLETION;
+    if (!(flags & POST_GENERAL))
+        return post_plain(EP(e), buf, len, src, tag, ignore, context, flags,
+                          true);
     struct iovec v = {buf, len};
-    return post(EP(e), &v, 1, src, tag, ignore, context,
-                EP(e)->rx_op_flags | FI_COMPLETION, true);
+    return post(EP(e), &v, 1, src, tag, ignore, context, flags, true);
 }
 
 ssize_t fiv_tagged_recvv(struct fid_ep *e, const struct iovec *iov, void **desc,

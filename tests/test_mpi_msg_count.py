@@ -1,0 +1,66 @@
+"""native/bench/mpi_msg_count.py: instructions per 8-byte message under
+Open MPI 5 over the provider, both ranks under callgrind
+(docs/fast-path.md, "Open MPI 5 over the provider, counted")."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TOOL = REPO / "native" / "bench" / "mpi_msg_count.py"
+
+
+def run(*args, timeout=600):
+    return subprocess.run([sys.executable, str(TOOL), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args", [
+    ["--mpi", "impi"],
+    ["--transport", "tcp"],
+    ["--windows", "0"],
+    ["--pace", "-1"],
+    ["--windows", "x"],
+    ["--colour", "red"],
+])
+def test_bad_arguments_exit_2_with_one_line(args):
+    proc = run(*args, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[-1].strip()
+
+
+def test_counts_open_mpi_5_over_the_provider(native_dir):
+    if not shutil.which("valgrind"):
+        pytest.skip("valgrind is not installed")
+    if not (REPO / "build" / "mpi" / "openmpi5" / "bin" / "mpicc").exists():
+        pytest.fail("build/mpi/openmpi5 missing: `make` installs the MPI "
+                    "wheels", pytrace=False)
+    proc = run("--mpi", "openmpi5", "--transport", "ivshm", "--windows", "20",
+               "--idle", "200", "--pace", "1000",
+               "--provider", str(native_dir / "provider"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    # per rank: its total and the provider's share, both per message
+    ranks = re.findall(r"^rank (\d) \((sender|receiver)\): ([\d.]+) per "
+                       r"message \((\d+) misses taken out\)$", out, re.M)
+    assert [r[:2] for r in ranks] == [("0", "sender"), ("1", "receiver")], out
+    provider = [float(v) for v in
+                re.findall(r"^\s+([\d.]+)\s+libivshm-fi\.so$", out, re.M)]
+    assert len(provider) == 2, out
+    for (_, _, total, _), share in zip(ranks, provider):
+        # a send and a receive through the provider each cost it some
+        # hundreds of instructions (docs/fast-path.md's table), and the
+        # MPI's own layers cost more than nothing besides
+        assert 100 < share < 2000, out
+        assert share < float(total) < 10000, out
+    both = re.search(r"^both ranks: ([\d.]+) per message$", out, re.M)
+    assert both and float(both.group(1)) == pytest.approx(
+        sum(float(r[2]) for r in ranks), abs=0.2), out
