@@ -19,11 +19,11 @@ APT_PACKAGES := build-essential cmake ninja-build clang libclang-rt-14-dev \
   libvirt-clients libxml2-utils python3-libvirt libvirt-daemon-system hwloc \
   hpcc openfoam openfoam-examples mmdebstrap e2fsprogs chrpath \
   libfabric-dev libfabric-bin \
-  slurmctld slurmd slurm-client munge libpmix-dev
+  slurmctld slurmd slurm-client munge libpmix-dev valgrind
 
 .PHONY: all deps build mpis test-trixie test-slurm-vm asan fuzz-build test test-native test-fuzz test-python \
         test-hostile-long test-fi-hostile-long \
-        demo bench bench-p2p fuzz clean deb guest-image mag-study peer-neuralmag test-mag-long
+        demo bench bench-p2p fuzz clean deb guest-image mag-study peer-neuralmag test-mag-long test-msg-count
 
 all: build
 
@@ -160,6 +160,14 @@ test: build
 # field 2's whole nanosecond against the published spread (2-7 minutes).
 test-mag-long: build
 	IVCLOUD_SLOW=1 IVCLOUD_LONG=1 $(PY) -m pytest -q tests/micromag/test_sp4.py
+
+# The instruction count per message of native/bench/mpi_msg_count.py
+# under a real Open MPI 5 over the provider (docs/fast-path.md): both
+# ranks under callgrind, 30-60 s of valgrind starting Open MPI, more
+# than `make test` affords for a measuring tool; its argument checks
+# run in `make test`.
+test-msg-count: build
+	IVCLOUD_LONG=1 $(PY) -m pytest -q tests/test_mpi_msg_count.py
 
 # Debian 13's own Open MPI 5 between two Debian 13 guests over the ivshm
 # provider of our guest package (tests/test_mpis_trixie.py): building

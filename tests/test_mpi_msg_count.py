@@ -4,6 +4,7 @@ Open MPI 5 over the provider, both ranks under callgrind
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -37,6 +38,8 @@ def test_bad_arguments_exit_2_with_one_line(args):
     assert lines and lines[-1].strip()
 
 
+@pytest.mark.skipif(not os.environ.get("IVCLOUD_LONG"),
+                    reason="30-60 s of valgrind: `make test-msg-count`")
 def test_counts_open_mpi_5_over_the_provider(native_dir):
     if not shutil.which("valgrind"):
         pytest.skip("valgrind is not installed")
