@@ -115,8 +115,9 @@ def socket_of(state, host, job):
 
 def test_guest_task_prolog_names_the_jobs_device(tmp_path):
     """The VM guests' task prolog (run here by sh, as slurmd runs it):
-    the job's device from its env file, to the BTL and to the provider,
-    a variable the task set wins, an unknown position is -1 (the
+    the job's device from its env file, to the BTL and to the provider
+    (and that file, which the provider reads again when it rejoins after
+    a move), a variable the task set wins, an unknown position is -1 (the
     provider is not given one); no env file: no ivshmem BTL at all and
     no region for the provider rather than the guest's device of
     boot."""
@@ -146,7 +147,8 @@ def test_guest_task_prolog_names_the_jobs_device(tmp_path):
         "OMPI_MCA_btl_ivshmem_position": "-1",
         "FI_IVSHM_REGION": f"{dev}/resource2",
         "FI_IVSHM_UIO_DEV": "/dev/vfio/9",
-        "FI_IVSHM_BAR0": f"{dev}/resource0"}
+        "FI_IVSHM_BAR0": f"{dev}/resource0",
+        "FI_IVSHM_DEVICE_ENV": str(tmp_path / "7.env")}
     mine = exports(7, OMPI_MCA_btl_ivshmem_region="/x", FI_IVSHM_BAR0="/y")
     assert "OMPI_MCA_btl_ivshmem_region" not in mine
     assert "FI_IVSHM_BAR0" not in mine and "FI_IVSHM_REGION" in mine
