@@ -157,6 +157,32 @@ def test_guest_task_prolog_names_the_jobs_device(tmp_path):
     assert exports(8, OMPI_MCA_btl="self,tcp", FI_IVSHM_REGION="/z") == {}
 
 
+def test_migration_records_each_env_file_it_hides(tmp_path):
+    """A migration of a guest under a Slurm job hides the job's env file
+    as well as ivshm.env (docs/migration.md, "A Slurm job's ranks"): its
+    VM directory's env.hidden lists each, so that healing after a killed
+    migration finds the device of each (the device of boot for
+    ivshm.env, the job's for its file); an empty one (as older moves
+    left it) is ivshm.env's."""
+    from ivcloud.cluster import migrate as mig
+    from ivcloud.cluster.slurm import guest_regions
+    job_env = guest_regions.job_env_path(7)
+    assert mig._hidden(tmp_path) == []
+    mig._mark_hidden(tmp_path, job_env, True)
+    mig._mark_hidden(tmp_path, mig.GUEST_ENV, True)
+    mig._mark_hidden(tmp_path, job_env, True)
+    assert sorted(mig._hidden(tmp_path)) == sorted([job_env, mig.GUEST_ENV])
+    assert {e: mig._device_of_env(e) for e in mig._hidden(tmp_path)} == \
+        {job_env: guest_regions.device_id(7), mig.GUEST_ENV: "ivs"}
+    mig._mark_hidden(tmp_path, job_env, False)
+    assert mig._hidden(tmp_path) == [mig.GUEST_ENV]
+    mig._mark_hidden(tmp_path, mig.GUEST_ENV, False)
+    assert not (tmp_path / mig.HIDDEN).exists()
+    (tmp_path / mig.HIDDEN).touch()
+    assert mig._hidden(tmp_path) == [mig.GUEST_ENV]
+    assert mig._device_of_env("/run/ivcloud/slurm-jobs/x.env") == ""
+
+
 def test_bad_requests_are_one_line_exit_2():
     name = new_name()
     base = ["cluster", "up", "--name", name, "--servers", 1,
