@@ -216,8 +216,11 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
             qemu.remove_chardev(q, device_id(job))
     except IvcloudError as e:
         problems.append(f"guest {host}: {e}")
-    script = (clear_script(addr, job_env_path(job)) if addr is not None
-              else f"rm -f {agent.quote([job_env_path(job)])}")
+    # and the job's file as a migration killed after its drain hid it
+    # (migrate.drain_ranks)
+    files = [job_env_path(job), job_env_path(job) + ".away"]
+    script = (clear_script(addr, *files) if addr is not None
+              else f"rm -f {agent.quote(files)}")
     try:
         vm_instance.shell_in(state, host, script, 60)
     except IvcloudError as e:
