@@ -730,3 +730,77 @@ def test_migrate_moves_a_provider_jobs_region(svmm, tmp_path):
                                hooks.read_text()), 120, "the epilog")
     assert job_leftovers(svmm, job_id) == []
     assert state_of(svmm)["instances"]["s1i0"]["server"] == 1
+
+
+@moves
+def test_killed_migration_leaves_nothing_of_the_job(svmm):
+    """A migration of s1i0 under a running MPICH job killed (SIGKILL)
+    once its drain took the job's rank off the job's region (its env
+    file hidden, both devices still plugged): the job runs on over the
+    core and exits 0; its epilog removes its devices, its regions and
+    its files, the hidden one too; the next migration puts back what
+    the killed one left on the host (its record of the hidden file, the
+    node drained in Slurm) and moves the guest."""
+    from ivcloud.mpis import flavor
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    src = state_of(svmm)["instances"]["s1i0"]["server"]
+    ring = base64.b64encode(RING.encode()).decode()
+    for host in ("s0i0", "s1i0"):
+        guest_sh(svmm, host, f"echo {ring} | base64 -d > /tmp/ring.py && "
+                             f"rm -f /tmp/stop")
+    hooks = Path(state_of(svmm)["slurm"]["dir"], "log", "hooks.log")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svmm,
+         "--run-dir", str(RUN_DIR), "--", "--mpi=pmi2", "--nodes=2",
+         "--ntasks-per-node=1", python, "/tmp/ring.py", "900"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    mover = None
+    try:
+        wait_for(lambda: guest_sh(svmm, "s1i0", "pgrep -f '[r]ing.py'; true"
+                                  ).strip() or job.poll() is not None,
+                 JOB_TIMEOUT, "the rank on s1i0")
+        assert job.poll() is None, job.communicate()
+        job_id = int(cluster("exec", svmm, "head", "--", "squeue",
+                             "--noheader", "--format=%i",
+                             timeout=60).stdout.split()[0])
+        time.sleep(5)
+        mover = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "migrate", "--name",
+             svmm, "--run-dir", str(RUN_DIR), "s1i0", "--to",
+             f"s{1 - src}"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said = []
+        for line in mover.stderr:
+            said.append(line)
+            if "ranks moved to the core" in line:
+                break
+        mover.kill()
+        mover.wait()
+        assert any("ranks moved to the core" in w for w in said), said
+        assert guest_sh(svmm, "s1i0", f"ls {guest_regions.JOB_DIR}"
+                        ).split() == [f"{job_id}.env.away"]
+        time.sleep(5)   # the job runs on over the core
+        assert job.poll() is None, job.communicate()
+        for host in ("s0i0", "s1i0"):
+            guest_sh(svmm, host, "touch /tmp/stop")
+        out, err = job.communicate(timeout=300)
+    finally:
+        for p in (mover, job):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert job.returncode == 0, out + err
+    assert out.count(" in order") == 2, out + err
+    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
+                               rf"on servers \[0, 1\] removed \(",
+                               hooks.read_text()), 120, "the epilog")
+    # on the host: the killed move's record of the file it hid
+    assert job_leftovers(svmm, job_id) == ["s1i0: env.hidden"]
+    assert slurm_nodes(svmm)["s1i0"] in ("drained", "idle"), \
+        slurm_nodes(svmm)
+    r = migrate(svmm, "s1i0", f"s{1 - src}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert job_leftovers(svmm, job_id) == []
+    wait_for(lambda: slurm_nodes(svmm) == {"s0i0": "idle", "s1i0": "idle"},
+             120, "both nodes idle")
