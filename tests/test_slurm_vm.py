@@ -19,7 +19,9 @@ is its new server's; a guest under a running Open MPI (BTL) job refused,
 naming the job, then moved once the job ended (--wait-jobs); a guest
 moved there and back under a running MPICH job over the provider, whose
 ranks drain off the job's region and take the job's region on the new
-server, while every message arrives once, in order, intact.
+server, while every message arrives once, in order, intact; a move
+killed after its drain under such a job, after which the job ends well
+and nothing of it is left.
 """
 
 from __future__ import annotations
