@@ -26,6 +26,7 @@ from ivcloud import procfs
 from ivcloud import server as server_mod
 from ivcloud.cluster import holder, regions
 from ivcloud.cluster.slurm import client
+from ivcloud.errors import ClusterFailure
 from ivcloud.mpis.openmpi import parse_btl_counters
 
 from test_cluster import (BML_RE, MPI_PROGRAM, RUN_DIR, assert_gone,
@@ -181,6 +182,44 @@ def test_migration_records_each_env_file_it_hides(tmp_path):
     (tmp_path / mig.HIDDEN).touch()
     assert mig._hidden(tmp_path) == [mig.GUEST_ENV]
     assert mig._device_of_env("/run/ivcloud/slurm-jobs/x.env") == ""
+
+
+def test_epilog_follows_a_guest_that_moved(tmp_path):
+    """The epilog's lock of a guest's ports (guest_regions.ports_now)
+    waits for a migration that holds them and then follows the guest to
+    the QEMU directory state.json names now, holding that one's lock
+    (the move holds it until the job's device is bound there)."""
+    import threading
+    from ivcloud.cluster.slurm import guest_regions
+    from ivcloud.cluster.state import StateDir, save
+    sd = StateDir.of(tmp_path / "cluster-t")
+    sd.dir.mkdir()
+    old, new = sd.dir / "vm" / "s1i0", sd.dir / "vm" / "s1i0.s0"
+    old.mkdir(parents=True)
+    new.mkdir()
+    state = {"dir": str(sd.dir), "vms": {"s1i0": {"dir": str(old)}}}
+    save(sd, state)
+    moved = threading.Event()
+
+    def move():
+        with guest_regions.port_lock(old), guest_regions.port_lock(new):
+            moved.set()
+            time.sleep(0.5)
+            save(sd, {**state, "vms": {"s1i0": {"dir": str(new)}}})
+            time.sleep(0.5)
+    mover = threading.Thread(target=move)
+    mover.start()
+    moved.wait(10)
+    t0 = time.monotonic()
+    with guest_regions.ports_now(state, "s1i0", 10) as d:
+        waited = time.monotonic() - t0
+        assert d == new
+        # held: another taker waits
+        with pytest.raises(ClusterFailure):
+            with guest_regions.port_lock(new, 0.2):
+                pass
+    mover.join()
+    assert waited >= 0.8, waited
 
 
 def test_bad_requests_are_one_line_exit_2():
