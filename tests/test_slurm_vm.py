@@ -455,8 +455,8 @@ def test_down_leaves_nothing(svm):
 # ------------------------------------------------------------ migration
 
 MIG = "svmm"
-# a second cluster's boot and six moves under TCG (about 14 minutes on
-# the shared 2-core machine, its boot 3 of them): `make test-slurm-vm`,
+# a second cluster's boot and eight moves under TCG (8.5-14 minutes on
+# the shared 2-core machine, its boot 1.5-6 of them): `make test-slurm-vm`,
 # beside the kill tests, to keep `make test`'s time
 moves = pytest.mark.skipif(not os.environ.get("IVCLOUD_SLURM_VM_MIGRATE"),
                            reason="IVCLOUD_SLURM_VM_MIGRATE unset (make "
