@@ -26,6 +26,7 @@ from ivcloud import procfs
 from ivcloud import server as server_mod
 from ivcloud.cluster import holder, regions
 from ivcloud.cluster.slurm import client
+from ivcloud.errors import ClusterFailure
 from ivcloud.mpis.openmpi import parse_btl_counters
 
 from test_cluster import (BML_RE, MPI_PROGRAM, RUN_DIR, assert_gone,
@@ -115,8 +116,9 @@ def socket_of(state, host, job):
 
 def test_guest_task_prolog_names_the_jobs_device(tmp_path):
     """The VM guests' task prolog (run here by sh, as slurmd runs it):
-    the job's device from its env file, to the BTL and to the provider,
-    a variable the task set wins, an unknown position is -1 (the
+    the job's device from its env file, to the BTL and to the provider
+    (and that file, which the provider reads again when it rejoins after
+    a move), a variable the task set wins, an unknown position is -1 (the
     provider is not given one); no env file: no ivshmem BTL at all and
     no region for the provider rather than the guest's device of
     boot."""
@@ -146,13 +148,78 @@ def test_guest_task_prolog_names_the_jobs_device(tmp_path):
         "OMPI_MCA_btl_ivshmem_position": "-1",
         "FI_IVSHM_REGION": f"{dev}/resource2",
         "FI_IVSHM_UIO_DEV": "/dev/vfio/9",
-        "FI_IVSHM_BAR0": f"{dev}/resource0"}
+        "FI_IVSHM_BAR0": f"{dev}/resource0",
+        "FI_IVSHM_DEVICE_ENV": str(tmp_path / "7.env")}
     mine = exports(7, OMPI_MCA_btl_ivshmem_region="/x", FI_IVSHM_BAR0="/y")
     assert "OMPI_MCA_btl_ivshmem_region" not in mine
     assert "FI_IVSHM_BAR0" not in mine and "FI_IVSHM_REGION" in mine
     assert exports(8) == {"OMPI_MCA_btl": "self,vader,tcp",
                           "FI_IVSHM_REGION": "/nonexistent"}
     assert exports(8, OMPI_MCA_btl="self,tcp", FI_IVSHM_REGION="/z") == {}
+
+
+def test_migration_records_each_env_file_it_hides(tmp_path):
+    """A migration of a guest under a Slurm job hides the job's env file
+    as well as ivshm.env (docs/migration.md, "A Slurm job's ranks"): its
+    VM directory's env.hidden lists each, so that healing after a killed
+    migration finds the device of each (the device of boot for
+    ivshm.env, the job's for its file); an empty one (as older moves
+    left it) is ivshm.env's."""
+    from ivcloud.cluster import migrate as mig
+    from ivcloud.cluster.slurm import guest_regions
+    job_env = guest_regions.job_env_path(7)
+    assert mig._hidden(tmp_path) == []
+    mig._mark_hidden(tmp_path, job_env, True)
+    mig._mark_hidden(tmp_path, mig.GUEST_ENV, True)
+    mig._mark_hidden(tmp_path, job_env, True)
+    assert sorted(mig._hidden(tmp_path)) == sorted([job_env, mig.GUEST_ENV])
+    assert {e: mig._device_of_env(e) for e in mig._hidden(tmp_path)} == \
+        {job_env: guest_regions.device_id(7), mig.GUEST_ENV: "ivs"}
+    mig._mark_hidden(tmp_path, job_env, False)
+    assert mig._hidden(tmp_path) == [mig.GUEST_ENV]
+    mig._mark_hidden(tmp_path, mig.GUEST_ENV, False)
+    assert not (tmp_path / mig.HIDDEN).exists()
+    (tmp_path / mig.HIDDEN).touch()
+    assert mig._hidden(tmp_path) == [mig.GUEST_ENV]
+    assert mig._device_of_env("/run/ivcloud/slurm-jobs/x.env") == ""
+
+
+def test_epilog_follows_a_guest_that_moved(tmp_path):
+    """The epilog's lock of a guest's ports (guest_regions.ports_now)
+    waits for a migration that holds them and then follows the guest to
+    the QEMU directory state.json names now, holding that one's lock
+    (the move holds it until the job's device is bound there)."""
+    import threading
+    from ivcloud.cluster.slurm import guest_regions
+    from ivcloud.cluster.state import StateDir, save
+    sd = StateDir.of(tmp_path / "cluster-t")
+    sd.dir.mkdir()
+    old, new = sd.dir / "vm" / "s1i0", sd.dir / "vm" / "s1i0.s0"
+    old.mkdir(parents=True)
+    new.mkdir()
+    state = {"dir": str(sd.dir), "vms": {"s1i0": {"dir": str(old)}}}
+    save(sd, state)
+    moved = threading.Event()
+
+    def move():
+        with guest_regions.port_lock(old), guest_regions.port_lock(new):
+            moved.set()
+            time.sleep(0.5)
+            save(sd, {**state, "vms": {"s1i0": {"dir": str(new)}}})
+            time.sleep(0.5)
+    mover = threading.Thread(target=move)
+    mover.start()
+    moved.wait(10)
+    t0 = time.monotonic()
+    with guest_regions.ports_now(state, "s1i0", 10) as d:
+        waited = time.monotonic() - t0
+        assert d == new
+        # held: another taker waits
+        with pytest.raises(ClusterFailure):
+            with guest_regions.port_lock(new, 0.2):
+                pass
+    mover.join()
+    assert waited >= 0.8, waited
 
 
 def test_bad_requests_are_one_line_exit_2():

@@ -15,8 +15,13 @@ test-slurm-vm`), then `down` and what it leaves. Then a 2-server x
 1-instance cluster for `cluster migrate` (a move needs a second server;
 IVCLOUD_SLURM_VM_MIGRATE=1, `make test-slurm-vm`):
 an idle guest moved, whose slurmd serves on and whose next job's region
-is its new server's; a guest under a running job refused, naming the
-job, then moved once the job ended (--wait-jobs).
+is its new server's; a guest under a running Open MPI (BTL) job refused,
+naming the job, then moved once the job ended (--wait-jobs); a guest
+moved there and back under a running MPICH job over the provider, whose
+ranks drain off the job's region and take the job's region on the new
+server, while every message arrives once, in order, intact; a move
+killed after its drain under such a job, after which the job ends well
+and nothing of it is left.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from ivcloud.mpis.openmpi import parse_btl_counters
 from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
+from test_cluster_migrate import RING
 from test_cluster_vm import (OFI_PROGRAM, PROGRAM, RUN_DIR,
                              assert_nothing_left, cluster, up_args)
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
@@ -449,8 +455,9 @@ def test_down_leaves_nothing(svm):
 # ------------------------------------------------------------ migration
 
 MIG = "svmm"
-# a second cluster's boot and two moves under TCG (4-7 minutes): `make
-# test-slurm-vm`, beside the kill tests, to keep `make test`'s time
+# a second cluster's boot and eight moves under TCG (8.5-14 minutes on
+# the shared 2-core machine, its boot 1.5-6 of them): `make test-slurm-vm`,
+# beside the kill tests, to keep `make test`'s time
 moves = pytest.mark.skipif(not os.environ.get("IVCLOUD_SLURM_VM_MIGRATE"),
                            reason="IVCLOUD_SLURM_VM_MIGRATE unset (make "
                                   "test-slurm-vm)")
@@ -515,15 +522,19 @@ def test_migrate_idle_guest_serves_on(svmm):
 
 @moves
 def test_migrate_under_a_job_waits_for_it(svmm):
-    """Under a running 2-node job, the move of s1i0 (back to s1) is
-    refused in one line naming the job (exit 2; the node is not left
-    drained); with --wait-jobs it waits for the job to end (the node
+    """Under a running 2-node job of Open MPI over the ivshmem BTL, the
+    move of s1i0 (back to s1) is refused in one line naming the job and
+    the BTL (exit 2; the node is not left drained): ob1 cannot move a
+    peer to another path; with --wait-jobs it waits for the job to end (the node
     drained meanwhile: no job starts there) and then moves it, slurmd
     and all."""
     before = slurmd_pid(svmm, "s1i0")
     with sleeping_job(svmm, 45) as job:
-        wait_for(lambda: guest_ranks(svmm, "s1i0") or job.poll() is not None,
-                 JOB_TIMEOUT, "the rank on s1i0")
+        # the rank has loaded the BTL (its pingpong is done)
+        wait_for(lambda: guest_sh(svmm, "s1i0", "grep -l -F "
+                                  "mca_btl_ivshmem.so /proc/[0-9]*/maps "
+                                  "2>/dev/null; true").strip()
+                 or job.poll() is not None, JOB_TIMEOUT, "the rank on s1i0")
         assert job.poll() is None, job.communicate()
         squeue = cluster("exec", svmm, "head", "--", "squeue", "--noheader",
                          "--format=%i", timeout=60).stdout.split()
@@ -532,6 +543,7 @@ def test_migrate_under_a_job_waits_for_it(svmm):
         assert r.returncode == 2, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert f"runs Slurm job {squeue[0]} " in r.stderr, r.stderr
+        assert "the Open MPI BTL" in r.stderr, r.stderr
         assert slurm_nodes(svmm)["s1i0"] == "allocated"
         t0 = time.monotonic()
         mover = subprocess.Popen(
@@ -564,3 +576,233 @@ def test_migrate_under_a_job_waits_for_it(svmm):
                 timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("pingpong ok 1") == 2, r.stdout + r.stderr
+
+
+def job_leftovers(name, job):
+    """What of Slurm job `job` is left: its servers' directories on the
+    host, its devices and env files in the guests, an env file a move
+    hid."""
+    state = state_of(name)
+    left = [str(d) for srv in state["servers"].values()
+            for d in regions.job_dirs(Path(state["servers_dir"]),
+                                      srv["name"])
+            if d.name.startswith(regions.slurm_job_key(job) + "s")]
+    for host, rec in state["vms"].items():
+        devices = ivshmem_devices(name, host)
+        if len(devices) != 1:
+            left.append(f"{host}: devices {devices}")
+        left += [f"{host}: {f}" for f in guest_sh(
+            name, host, f"ls -d {guest_regions.JOB_DIR}/{job}.env* "
+                        f"/run/ivshm/ivshm.env.away 2>/dev/null; "
+                        f"true").split()]
+        if (Path(rec["dir"]) / "env.hidden").exists():
+            left.append(f"{host}: env.hidden")
+    return left
+
+
+@moves
+def test_migrate_moves_a_provider_jobs_region(svmm, tmp_path):
+    """An MPICH job over the provider (srun --mpi=pmi2), one rank in each
+    guest, a ring of checked messages (test_cluster_migrate's RING: each
+    message's sender, sequence number and every byte, an allreduce each
+    turn): s1i0 moves to s0 and back under it, after a move to s0 whose
+    destination QEMU does not start (rolled back: the job's device
+    plugged into s1i0 again on the job's region on s1, the job's env
+    file back, the rank back on it). Each move drains the
+    rank in s1i0 off the job's region (not the guest's device of boot),
+    gives the job a region on the destination (s0's, shared with s0i0's
+    rank; s1's made anew) and the guest a device on it at the address
+    it had, and stops the job's region left on the source when no guest
+    of the job is there. The rank rejoins from the job's env file: over
+    s0's region with its peer while co-resident, over the core
+    otherwise. The job exits 0, every message once and in order; after
+    it, nothing of the job is left on either server or in either
+    guest."""
+    from ivcloud.mpis import flavor, provider
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    assert state_of(svmm)["instances"]["s1i0"]["server"] == 1
+    ring = base64.b64encode(RING.encode()).decode()
+    for host in ("s0i0", "s1i0"):
+        guest_sh(svmm, host, f"echo {ring} | base64 -d > /tmp/ring.py && "
+                             f"rm -f /tmp/stop")
+    hooks = Path(state_of(svmm)["slurm"]["dir"], "log", "hooks.log")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svmm,
+         "--run-dir", str(RUN_DIR), "--report-transport", "--",
+         "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1", python,
+         "/tmp/ring.py", "900"], stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: guest_sh(svmm, "s1i0", "pgrep -f '[r]ing.py'; true"
+                                  ).strip() or job.poll() is not None,
+                 JOB_TIMEOUT, "the rank on s1i0")
+        assert job.poll() is None, job.communicate()
+        squeue = cluster("exec", svmm, "head", "--", "squeue", "--noheader",
+                         "--format=%i", timeout=60).stdout.split()
+        assert len(squeue) == 1, squeue
+        job_id = int(squeue[0])
+        key = regions.slurm_job_key(job_id)
+        time.sleep(8)   # some turns over the core (two servers)
+        fake = tmp_path / "qemu-system-x86_64"
+        fake.write_text("#!/bin/sh\necho 'qemu-system-x86_64: cannot take "
+                        "this guest' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        r = cluster("migrate", svmm, "s1i0", "--to", "s0",
+                    env={**os.environ, "IVCLOUD_QEMU": str(fake)})
+        assert r.returncode == 1, r.stdout + r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert "step 'start'" in last and "rolled back, the guest runs " \
+            "on s1" in last, r.stderr
+        assert f"rolled back: Slurm job {job_id} " in r.stderr, r.stderr
+        assert job.poll() is None, job.communicate()
+        state = state_of(svmm)
+        assert state["instances"]["s1i0"]["server"] == 1
+        assert [d.name for d in regions.job_dirs(
+            Path(state["servers_dir"]), state["servers"]["1"]["name"])] == \
+            [f"{key}s1"]
+        assert len(ivshmem_devices(svmm, "s1i0")) == 2
+        assert guest_sh(svmm, "s1i0", f"ls {guest_regions.JOB_DIR}").split() \
+            == [f"{job_id}.env"]
+        time.sleep(5)   # the rank back on s1's job region
+        said = [r.stderr]
+        for dest, src, note in (("s0", "s1", "stopped"),
+                                ("s1", "s0", "stays for s0i0")):
+            r = migrate(svmm, "s1i0", dest)
+            said.append(r.stderr)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert f"s1i0 moved from {src} to {dest}" in r.stdout, r.stdout
+            assert f"drain: Slurm job {job_id} " in r.stderr, r.stderr
+            # the job's rank, then nothing on the device of boot
+            assert re.findall(r"drain: (\d+) ranks moved to the core$",
+                              r.stderr, re.M)[:1] == ["1"], r.stderr
+            assert f"region on {src} {note}" in r.stderr, r.stderr
+            assert job.poll() is None, job.communicate()
+            state = state_of(svmm)
+            dirs = {k: [d.name for d in regions.job_dirs(
+                Path(state["servers_dir"]), srv["name"])]
+                for k, srv in state["servers"].items()}
+            # s0's region held by s0i0 throughout; s1's only while s1i0
+            # is there
+            assert dirs == {"0": [f"{key}s0"],
+                            "1": [f"{key}s1"] if dest == "s1" else []}, dirs
+            assert len(ivshmem_devices(svmm, "s1i0")) == 2
+            time.sleep(10)   # turns on the new server
+        for host in ("s0i0", "s1i0"):
+            guest_sh(svmm, host, "touch /tmp/stop")
+        out, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            out, err = job.communicate()
+            print(f"\njob killed:\n{out}\n{err}")
+    print("\n".join(said))
+    assert job.returncode == 0, out + err
+    ranks = dict((host, int(pid)) for pid, host in re.findall(
+        r"rank \d pid (\d+) on (s\di0) turns \d+ received \d+ in order",
+        out))
+    assert sorted(ranks) == ["s0i0", "s1i0"], out + err
+    lines = [m.group(0) for m in re.finditer(r"fi_ivshm: pid (\d+) sent .*",
+                                             err)
+             if int(m.group(1)) in ranks.values()]
+    print("\n".join(lines))
+    assert len(lines) == 2, err
+    moved = [re.search(r"drained (\d+) switched (\d+) rejoined (\d+)"
+                       r"(?: phases (\S+))?", line) for line in lines]
+    assert all(moved), lines
+    mover = next(m for m in moved if m.group(1) == "3")
+    peer = next(m for m in moved if m is not mover)
+    # three drains (s1's job region twice, then s0's), a job region taken
+    # after each
+    assert int(mover.group(3)) == 3, lines
+    # the peer moved the pair to the region when the mover came, and off
+    # it when the mover left
+    assert peer.group(1) == "0" and int(peer.group(2)) >= 2, lines
+    phases = [tuple(map(int, p.split("/")))
+              for p in mover.group(4).split(",")]
+    # (region/core messages sent): the core on two servers, away (the
+    # move rolled back), back on s1, away, the region beside s0i0, away,
+    # the core on two servers
+    assert len(phases) == 7, mover.group(0)
+    assert phases[4][0] > 0, mover.group(0)
+    assert all(s == 0 for k, (s, _) in enumerate(phases) if k != 4), \
+        mover.group(0)
+    # the epilog found the job's guests where they are now
+    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
+                               rf"on servers \[0, 1\] removed \(",
+                               hooks.read_text()), 120, "the epilog")
+    assert job_leftovers(svmm, job_id) == []
+    assert state_of(svmm)["instances"]["s1i0"]["server"] == 1
+
+
+@moves
+def test_killed_migration_leaves_nothing_of_the_job(svmm):
+    """A migration of s1i0 under a running MPICH job killed (SIGKILL)
+    once its drain took the job's rank off the job's region (its env
+    file hidden, both devices still plugged): the job runs on over the
+    core and exits 0; its epilog removes its devices, its regions and
+    its files, the hidden one too; the next migration puts back what
+    the killed one left on the host (its record of the hidden file, the
+    node drained in Slurm) and moves the guest."""
+    from ivcloud.mpis import flavor
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    src = state_of(svmm)["instances"]["s1i0"]["server"]
+    ring = base64.b64encode(RING.encode()).decode()
+    for host in ("s0i0", "s1i0"):
+        guest_sh(svmm, host, f"echo {ring} | base64 -d > /tmp/ring.py && "
+                             f"rm -f /tmp/stop")
+    hooks = Path(state_of(svmm)["slurm"]["dir"], "log", "hooks.log")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svmm,
+         "--run-dir", str(RUN_DIR), "--", "--mpi=pmi2", "--nodes=2",
+         "--ntasks-per-node=1", python, "/tmp/ring.py", "900"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    mover = None
+    try:
+        wait_for(lambda: guest_sh(svmm, "s1i0", "pgrep -f '[r]ing.py'; true"
+                                  ).strip() or job.poll() is not None,
+                 JOB_TIMEOUT, "the rank on s1i0")
+        assert job.poll() is None, job.communicate()
+        job_id = int(cluster("exec", svmm, "head", "--", "squeue",
+                             "--noheader", "--format=%i",
+                             timeout=60).stdout.split()[0])
+        time.sleep(5)
+        mover = subprocess.Popen(
+            [sys.executable, "-m", "ivcloud", "cluster", "migrate", "--name",
+             svmm, "--run-dir", str(RUN_DIR), "s1i0", "--to",
+             f"s{1 - src}"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said = []
+        for line in mover.stderr:
+            said.append(line)
+            if "ranks moved to the core" in line:
+                break
+        mover.kill()
+        mover.wait()
+        assert any("ranks moved to the core" in w for w in said), said
+        assert guest_sh(svmm, "s1i0", f"ls {guest_regions.JOB_DIR}"
+                        ).split() == [f"{job_id}.env.away"]
+        time.sleep(5)   # the job runs on over the core
+        assert job.poll() is None, job.communicate()
+        for host in ("s0i0", "s1i0"):
+            guest_sh(svmm, host, "touch /tmp/stop")
+        out, err = job.communicate(timeout=300)
+    finally:
+        for p in (mover, job):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert job.returncode == 0, out + err
+    assert out.count(" in order") == 2, out + err
+    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
+                               rf"on servers \[0, 1\] removed \(",
+                               hooks.read_text()), 120, "the epilog")
+    # on the host: the killed move's record of the file it hid
+    assert job_leftovers(svmm, job_id) == ["s1i0: env.hidden"]
+    assert slurm_nodes(svmm)["s1i0"] in ("drained", "idle"), \
+        slurm_nodes(svmm)
+    r = migrate(svmm, "s1i0", f"s{1 - src}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert job_leftovers(svmm, job_id) == []
+    wait_for(lambda: slurm_nodes(svmm) == {"s0i0": "idle", "s1i0": "idle"},
+             120, "both nodes idle")

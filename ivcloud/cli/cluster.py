@@ -182,16 +182,19 @@ def register(sub) -> None:
                     "unplugged, QEMU moves the guest to a new QEMU process "
                     "with its tap in SERVER's bridge (same address), and "
                     "a device on SERVER's region is plugged in. Progress "
-                    "on stderr; a failed step is undone. Refused while "
-                    "ranks of an Open MPI job over the ivshmem BTL, or a "
-                    "Slurm job, run in the guest (docs/cluster.md, "
+                    "on stderr; a failed step is undone. A running Slurm "
+                    "job's device moves to a region of the job's own on "
+                    "SERVER. Refused while ranks of an Open MPI job over "
+                    "the ivshmem BTL (a Slurm job's too), or a Slurm job "
+                    "not running, are in the guest (docs/cluster.md, "
                     "\"Migration\").")
     g.add_argument("instance", help="instance hostname (e.g. s1i0)")
     g.add_argument("--to", required=True, metavar="SERVER",
                    help="the destination server: its index, sN or its name")
     g.add_argument("--wait-jobs", type=float, nargs="?", const=3600.0,
                    default=None, metavar="SEC",
-                   help="wait for BTL and Slurm jobs in the guest to end "
+                   help="wait for BTL jobs, and Slurm jobs that cannot "
+                        "move, in the guest to end "
                         "(at most SEC seconds, default 3600) instead of "
                         "refusing")
 

@@ -7,7 +7,11 @@ QEMU migrates no ivshmem-doorbell device, so the guest's device of boot,
 in its root port of its own (qemu.BOOT_PORT), comes out first and a
 device on the destination server's standing ivshmem-server goes into
 the same port of the new QEMU after: the guest finds it at the PCI
-address it had. The steps, each a phase on the progress lines (check,
+address it had. A running Slurm job's device (guest_regions) goes the
+same way, from the job's region on the source server to one of the
+job's own on the destination (shared with the job's guests there), and
+the job's region on the source is stopped once no guest of the job is
+left there. The steps, each a phase on the progress lines (check,
 drain, unplug, tap, start, migrate, plug, switch, bind, attach,
 record), and how a failure is undone (in reverse up to the switch, by
 moving the guest back after it; the error names the step):
@@ -20,6 +24,7 @@ import contextlib
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -27,7 +32,7 @@ from .. import filelock, native, process
 from ..errors import ClusterError, ClusterFailure, IvcloudError
 from ..vm import agent, qemu
 from ..vm import lifecycle as vm_lifecycle
-from . import holder, network, vm_instance
+from . import holder, network, regions, vm_instance
 from .slurm import guest_regions, moves
 from .state import StateDir, load, save
 from .topology import topology_from_dict
@@ -59,7 +64,9 @@ DRAIN_GRACE_S = 10.0
 # hidden while the device is away
 GUEST_ENV = "/run/ivshm/ivshm.env"
 AWAY_ENV = GUEST_ENV + ".away"
-# in the guest's VM directory while its ivshm.env is hidden (heal)
+# in the guest's VM directory while its ivshm.env, or a Slurm job's env
+# file, is hidden (heal): the hidden files' paths, one a line (empty:
+# ivshm.env)
 HIDDEN = "env.hidden"
 
 
@@ -152,16 +159,28 @@ def guest_users(sock: Path, addr: str) -> List[Tuple[str, str]]:
 def _region_of(state: Dict, server: int) -> str:
     """The region of emulated server `server`: its ivshmem-server's memfd,
     as /proc/PID/fd/N."""
-    pid = state["servers"][str(server)]["pid"]
+    return _memfd_of(state["servers"][str(server)]["pid"],
+                     f"the ivshmem-server of s{server}")
+
+
+def _job_region_of(state: Dict, server: int, job: int) -> str:
+    """Slurm job `job`'s region on emulated server `server` (its own
+    ivshmem-server's memfd)."""
+    what = f"the ivshmem-server of Slurm job {job} on s{server}"
+    pid = regions.job_server_pid(state, server, regions.slurm_job_key(job))
+    if pid is None:
+        raise ClusterFailure(f"{what} is not running")
+    return _memfd_of(pid, what)
+
+
+def _memfd_of(pid: int, what: str) -> str:
     try:
         for n in os.listdir(f"/proc/{pid}/fd"):
             if os.readlink(f"/proc/{pid}/fd/{n}").startswith("/memfd:"):
                 return f"/proc/{pid}/fd/{n}"
     except OSError as e:   # the server is gone, or closed it meanwhile
-        raise ClusterFailure(f"the ivshmem-server of s{server} (pid {pid}): "
-                             f"{e.strerror}") from None
-    raise ClusterFailure(f"the ivshmem-server of s{server} (pid {pid}) "
-                         f"holds no region")
+        raise ClusterFailure(f"{what} (pid {pid}): {e.strerror}") from None
+    raise ClusterFailure(f"{what} (pid {pid}) holds no region")
 
 
 def _device_users(addr: str) -> List[str]:
@@ -187,21 +206,42 @@ def _gone(sock: Path, host: str, pids: List[int]) -> List[int]:
                    if w.startswith("@@gone ") and w[7:].isdigit()})
 
 
-def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
+def _hidden(d: Path) -> List[str]:
+    """The env files a migration hid in the guest of the QEMU in `d`."""
+    try:
+        text = (d / HIDDEN).read_text()
+    except FileNotFoundError:
+        return []
+    return text.split() or [GUEST_ENV]
+
+
+def _mark_hidden(d: Path, env: str, hidden: bool) -> None:
+    now = [e for e in _hidden(d) if e != env] + ([env] if hidden else [])
+    if now:
+        (d / HIDDEN).write_text("".join(f"{e}\n" for e in now))
+    else:
+        (d / HIDDEN).unlink(missing_ok=True)
+
+
+def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say,
+                region: Optional[str] = None, env: str = GUEST_ENV) -> None:
     """The libfabric provider's ranks in the guest let go of the region
-    (docs/migration.md): the guest's ivshm.env hidden (so that no rank
-    attaches the device again before it is bound on the destination),
-    each registry entry of the guest's IVPosition asked to drain on its
-    server's region, their acknowledgements waited for: bounded, and
-    ended as soon as a process of the device died while an entry has not
-    answered (a rank killed during the drain never answers)."""
-    (sock.parent / HIDDEN).touch()   # until unhide or unplug (heal)
+    of the device at `addr` (docs/migration.md): the env file they attach
+    again from (`env`: the guest's ivshm.env, or a Slurm job's own)
+    hidden (so that no rank attaches the device again before it is bound
+    on the destination), each registry entry of the guest's IVPosition
+    asked to drain on `region` (default: the guest's server's standing
+    region), their acknowledgements waited for: bounded, and ended as
+    soon as a process of the device died while an entry has not answered
+    (a rank killed during the drain never answers)."""
+    _mark_hidden(sock.parent, env, True)   # until unhide or unplug (heal)
+    q = agent.quote
     # the position is the guest's own word: a false one only asks ranks of
     # the same trust domain to move to the core (docs/migration.md)
     out = vm_instance.guest_run(sock, host, "\n".join([
         *_device_users(addr),
         "for f in $dev; do p=${f#/proc/}; echo \"@@pid ${p%%/*}\"; done",
-        f"mv -f {GUEST_ENV} {AWAY_ENV} 2>/dev/null; sed -n "
+        f"mv -f {q([env, env + '.away'])} 2>/dev/null; sed -n "
         f"'s/^IVSHM_POSITION=//p' {guest_regions.BIND_DIR}/{addr}.env"]),
         GUEST_TIMEOUT_S)
     pids = sorted({int(w[6:]) for w in out.splitlines()
@@ -211,7 +251,8 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
     if not position.isdigit():
         say(f"drain: the guest names no IVPosition for {addr}: no rank asked")
         return
-    region = _region_of(state, int(state["instances"][host]["server"]))
+    if region is None:
+        region = _region_of(state, int(state["instances"][host]["server"]))
     req = int.from_bytes(os.urandom(4), "little") | 1   # a new one
     asked = native.drain_guest(region, int(position), req)
     deadline = time.monotonic() + DRAIN_ACK_S
@@ -255,7 +296,8 @@ def drain_ranks(state: Dict, host: str, sock: Path, addr: str, say) -> None:
 
 
 def drain(state: Dict, host: str, sock: Path, addr: str,
-          wait_jobs_s: Optional[float], say) -> None:
+          wait_jobs_s: Optional[float], say, region: Optional[str] = None,
+          env: str = GUEST_ENV) -> None:
     """Before the guest's device (at `addr`) goes: what uses the region
     lets go of it (the MPI level's hook; docs/cluster.md, "Migration").
     The provider's ranks are asked to move their co-resident peers to the
@@ -263,7 +305,7 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
     under ob1, and any other process holding the device's vfio group
     would keep the guest from giving it back: while such a process runs
     the migration is refused, naming it, or, with `wait_jobs_s`, waits
-    that long for it to end."""
+    that long for it to end. `region` and `env`: drain_ranks'."""
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
     said = asked = False
@@ -273,7 +315,7 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
             users = guest_users(sock, addr)
             if users and not asked and all(k == "device" for k, _ in users):
                 asked = True
-                drain_ranks(state, host, sock, addr, say)
+                drain_ranks(state, host, sock, addr, say, region, env)
                 # a rank acknowledges before it unmaps the device
                 grace = time.monotonic() + DRAIN_GRACE_S
                 continue
@@ -301,28 +343,42 @@ def drain(state: Dict, host: str, sock: Path, addr: str,
             time.sleep(DRAIN_POLL_S)
     except BaseException:   # the first error is the one to raise
         if asked:   # the ranks come back to the region they left
-            for problem in process.undo([(f"the guest's {GUEST_ENV}", lambda:
-                                          unhide(sock.parent, host))], say):
+            for problem in process.undo([(f"the guest's {env}", lambda:
+                                          unhide(sock.parent, host, env))],
+                                        say):
                 say(f"drain: {problem}: its ranks stay on the core")
         raise
 
 
-def unhide(d: Path, host: str) -> None:
-    """The ivshm.env that drain_ranks hid in the guest of the QEMU in
-    `d`, back; never over one a bind wrote since (that one names the
-    device the guest has now: the hidden one is stale)."""
+def unhide(d: Path, host: str, env: str = GUEST_ENV) -> None:
+    """The env file (ivshm.env, or a Slurm job's) that drain_ranks hid in
+    the guest of the QEMU in `d`, back; never over one a bind wrote since
+    (that one names the device the guest has now: the hidden one is
+    stale)."""
+    e, away = agent.quote([env]), agent.quote([env + ".away"])
     vm_instance.guest_run(d / "agent.sock", host,
-                          f"if [ -e {GUEST_ENV} ]; then rm -f {AWAY_ENV}; "
-                          f"elif [ -e {AWAY_ENV} ]; then "
-                          f"mv -f {AWAY_ENV} {GUEST_ENV}; fi",
+                          f"if [ -e {e} ]; then rm -f {away}; "
+                          f"elif [ -e {away} ]; then "
+                          f"mv -f {away} {e}; fi",
                           GUEST_TIMEOUT_S)
-    (d / HIDDEN).unlink(missing_ok=True)
+    _mark_hidden(d, env, False)
+
+
+def _device_of_env(env: str) -> str:
+    """QEMU's id of the device whose env file is `env`: the device of
+    boot's (ivshm.env), or a Slurm job's (its job env file)."""
+    if env == GUEST_ENV:
+        return qemu.BOOT_DEVICE
+    name = Path(env).name
+    job = name[:-len(".env")] if name.endswith(".env") else ""
+    return guest_regions.device_id(int(job)) if job.isdigit() else ""
 
 
 def heal(state: Dict, locked: bool = False) -> None:
-    """Each ivshm.env that a migration hid and never put back (one killed
-    between its drain and its unplug), back, unless a migration holds
-    the cluster's lock (`locked`: the caller's own)."""
+    """Each env file (ivshm.env, a Slurm job's) that a migration hid and
+    never put back (one killed between its drain and its unplug), back
+    while its device is plugged, unless a migration holds the cluster's
+    lock (`locked`: the caller's own)."""
     def hidden():
         return [(h, Path(rec["dir"])) for h, rec in
                 state.get("vms", {}).items()
@@ -335,19 +391,22 @@ def heal(state: Dict, locked: bool = False) -> None:
                 filelock.held(Path(state["dir"]) / "migrate.lock", 0.0,
                               _Busy):
             for host, d in hidden():   # again, under the lock
-                try:
-                    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-                        plugged = qemu.find_device(
-                            q, qemu.BOOT_DEVICE) is not None
-                    if plugged:
-                        unhide(d, host)
-                    else:   # killed after its unplug: the env is stale
-                        vm_instance.guest_run(
-                            d / "agent.sock", host, f"rm -f {AWAY_ENV}",
-                            GUEST_TIMEOUT_S)
-                        (d / HIDDEN).unlink(missing_ok=True)
-                except (OSError, IvcloudError):   # the next caller tries again
-                    continue
+                for env in _hidden(d):
+                    try:
+                        dev = _device_of_env(env)
+                        with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                            plugged = bool(dev) and qemu.find_device(
+                                q, dev) is not None
+                        if plugged:
+                            unhide(d, host, env)
+                        else:   # killed after its unplug: it is stale
+                            vm_instance.guest_run(
+                                d / "agent.sock", host,
+                                f"rm -f {agent.quote([env + '.away'])}",
+                                GUEST_TIMEOUT_S)
+                            _mark_hidden(d, env, False)
+                    except (OSError, IvcloudError):   # the next caller
+                        continue
 
 
 class _Busy(Exception):
@@ -377,7 +436,7 @@ def unplug(d: Path, host: str) -> str:
     vm_instance.guest_run(d / "agent.sock", host,
                           guest_regions.clear_script(addr, AWAY_ENV),
                           GUEST_TIMEOUT_S)
-    (d / HIDDEN).unlink(missing_ok=True)
+    _mark_hidden(d, GUEST_ENV, False)
     return addr
 
 
@@ -403,7 +462,69 @@ def restore(d: Path, host: str, server_socket: str) -> None:
     vm_instance.guest_run(d / "agent.sock", host, "\n".join(
         [guest_regions.clear_script(addr, AWAY_ENV),
          *guest_regions.bind_lines(addr)]), BIND_TIMEOUT_S)
-    (d / HIDDEN).unlink(missing_ok=True)
+    _mark_hidden(d, GUEST_ENV, False)
+
+
+@dataclass
+class JobDevice:
+    """A running Slurm job's device in the moving guest: the job, its
+    name for messages, its node list (Slurm's expression), the device's
+    PCI address and root port."""
+    job: int
+    name: str
+    nodelist: str
+    addr: str
+    port: str
+
+    @property
+    def dev(self) -> str:
+        return guest_regions.device_id(self.job)
+
+    @property
+    def env(self) -> str:
+        return guest_regions.job_env_path(self.job)
+
+    @property
+    def key(self) -> str:
+        return regions.slurm_job_key(self.job)
+
+
+def unplug_job(d: Path, host: str, j: JobDevice) -> None:
+    """Job `j`'s device out of the QEMU in `d`, its chardev closed, the
+    guest's unit and env files of it removed (the job's region stays)."""
+    pid = vm_lifecycle.qemu_pid(d)
+    if pid is None:
+        raise ClusterFailure(f"the QEMU of {host} is gone")
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
+            back = qemu.unplug_ivshmem(q, pid, j.dev, UNPLUG_TIMEOUT_S)
+        if not back:
+            raise ClusterFailure(
+                f"guest {host} did not give {j.name}'s device ({j.addr}) "
+                f"back within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
+        qemu.remove_chardev(q, j.dev)
+    vm_instance.guest_run(d / "agent.sock", host, guest_regions.clear_script(
+        j.addr, j.env, j.env + ".away"), GUEST_TIMEOUT_S)
+    _mark_hidden(d, j.env, False)
+
+
+def restore_job(d: Path, host: str, j: JobDevice, server_socket: str
+                ) -> None:
+    """Job `j`'s device back into the running guest of the QEMU in `d`,
+    on the job's server at `server_socket`, bound and named in the job's
+    env file again, unless it never came out (then its env file is put
+    back)."""
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        if qemu.find_device(q, j.dev) is not None:
+            return unhide(d, host, j.env)
+        qemu.remove_chardev(q, j.dev)   # if still there
+        addr = qemu.plug_ivshmem(q, j.dev, j.port, server_socket,
+                                 guest_regions.VECTORS)
+    vm_instance.guest_run(d / "agent.sock", host, "\n".join(
+        [guest_regions.clear_script(addr, j.env + ".away"),
+         *guest_regions.bind_lines(addr),
+         *guest_regions.job_env_lines(addr, j.job)]), BIND_TIMEOUT_S)
+    _mark_hidden(d, j.env, False)
 
 
 # ---------------------------------------------------------------- the move
@@ -413,9 +534,13 @@ class _Move:
     undoes each, the progress lines."""
 
     def __init__(self, sd: StateDir, state: Dict, host: str, src: int,
-                 dest: int, say, t0: float):
+                 dest: int, say, t0: float, jobs: List[JobDevice],
+                 held: contextlib.ExitStack):
         self.sd, self.state, self.host = sd, state, host
         self.src, self.dest, self.say, self.t0 = src, dest, say, t0
+        self.jobs, self.held = jobs, held
+        # {job: the socket of its region on the destination}
+        self.job_sockets: Dict[int, str] = {}
         self.step = "check"
         self.undo: List[Tuple[str, Callable[[], None]]] = []
         rec = state["vms"][host]
@@ -439,10 +564,18 @@ class _Move:
     def socket_of(self, server: int) -> str:
         return self.state["servers"][str(server)]["socket"]
 
+    def job_socket(self, server: int, j: JobDevice) -> str:
+        return regions.job_socket(self.state, server, j.key)
+
     # -- the steps up to the switch, each with its undo
 
     def unplug_source(self) -> None:
         self.phase("unplug")
+        for j in self.jobs:   # its region on the source stays till the end
+            self.undo.append((f"{j.name}'s device plugged again", lambda j=j:
+                              restore_job(self.src_dir, self.host, j,
+                                          self.job_socket(self.src, j))))
+            unplug_job(self.src_dir, self.host, j)
         # registered first: the device may be out when a later part of
         # the unplug fails
         self.undo.append(("the source's device plugged again", lambda:
@@ -474,6 +607,10 @@ class _Move:
         if self.dest_dir.exists():
             vm_lifecycle.stop_vm(self.dest_dir)   # a leftover
         self.dest_dir.mkdir(mode=0o700)
+        # no job's epilog unplugs a device there before the move is done
+        # (it follows the guest to this QEMU once state.json names it)
+        self.held.enter_context(guest_regions.port_lock(self.dest_dir))
+        self.job_regions()
         # undone after the destination is gone (they share the disk): a
         # failed or cancelled migration lets the source run on, one that
         # completed leaves it paused
@@ -490,6 +627,28 @@ class _Move:
             log = (self.dest_dir / "qemu.log").read_text(errors="replace")
             raise ClusterFailure(f"the destination QEMU of {self.host} "
                                  f"exited at once: {qemu.last_line(log)}")
+
+    def job_regions(self) -> None:
+        """Each moving job a region of its own on the destination, made
+        as the job's prolog makes one (the same size and geometry: the
+        server's), unless one of the job's guests there has it already
+        (the job is one trust domain); undone after the destination QEMU
+        is stopped, which may have a device on it."""
+        for j in self.jobs:
+            if regions.job_server_pid(self.state, self.dest, j.key):
+                self.job_sockets[j.job] = self.job_socket(self.dest, j)
+                continue
+            self.undo.append((f"{j.name}'s region on s{self.dest} stopped",
+                              lambda j=j: self._stop_job_region(self.dest,
+                                                                j)))
+            self.job_sockets[j.job] = regions.start_regions(
+                self.state, j.key, [self.dest],
+                leave_notices=guest_regions.LEAVE_NOTICES)[self.dest]
+
+    def _stop_job_region(self, server: int, j: JobDevice) -> None:
+        problems = regions.stop_regions(self.state, j.key, [server])
+        if problems:
+            raise ClusterFailure("; ".join(problems))
 
     def migrate(self) -> None:
         self.phase("migrate")
@@ -519,6 +678,16 @@ class _Move:
         if got != self.addr:
             raise ClusterFailure(f"the device is at {got} on the "
                                  f"destination, not at {self.addr}")
+        # a job's device into the port it had: the guest finds it at the
+        # address its job's ranks knew
+        for j in self.jobs:
+            with qemu.Qmp(self.dest_dir / "qmp.sock", QMP_TIMEOUT_S) as q:
+                got = qemu.plug_ivshmem(q, j.dev, j.port,
+                                        self.job_sockets[j.job],
+                                        guest_regions.VECTORS)
+            if got != j.addr:
+                raise ClusterFailure(f"{j.name}'s device is at {got} on "
+                                     f"the destination, not at {j.addr}")
 
     # -- the switch, after which there is no undo
 
@@ -541,13 +710,41 @@ class _Move:
 
     def finish(self) -> None:
         self.phase("bind")   # ivshm-bind run, bounded: its env file
+        lines = guest_regions.bind_lines(self.addr)
+        for j in self.jobs:   # the file the job's ranks attach again from
+            lines += [*guest_regions.bind_lines(j.addr),
+                      *guest_regions.job_env_lines(j.addr, j.job),
+                      f"rm -f {agent.quote([j.env + '.away'])}"]
         vm_instance.guest_run(self.dest_dir / "agent.sock", self.host,
-                              "\n".join(guest_regions.bind_lines(self.addr)),
-                              BIND_TIMEOUT_S)
+                              "\n".join(lines),
+                              BIND_TIMEOUT_S * (1 + len(self.jobs)))
         # the provider's drained ranks attach on their own once ivshm-bind
-        # wrote ivshm.env again (docs/migration.md), a BTL job never runs
-        # across a migration (drain), new jobs find ivshm-bind's files
+        # wrote ivshm.env (a Slurm job's: its env file) again
+        # (docs/migration.md), a BTL job never runs across a migration
+        # (drain), new jobs find ivshm-bind's files
         self.phase("attach")
+        for j in self.jobs:
+            self.release(j)
+
+    def release(self, j: JobDevice) -> None:
+        """Job `j`'s region on the source stopped unless a guest of the
+        job is still there (its epilog stops it then, as it stops the
+        job's regions wherever they are)."""
+        try:
+            nodes = moves.job_nodes(self.state, j.nodelist)
+            there = [n for n in nodes if n != self.host and
+                     self.state["instances"].get(n, {}).get("server")
+                     == self.src]
+            if there:
+                self.say(f"attach: {j.name}'s region on s{self.src} stays "
+                         f"for {', '.join(there)}")
+                return
+            self._stop_job_region(self.src, j)
+            self.say(f"attach: {j.name}'s region on s{self.src} stopped "
+                     f"(no guest of the job is left there)")
+        except IvcloudError as e:
+            self.say(f"attach: {j.name}'s region on s{self.src} not "
+                     f"stopped ({e}); its epilog stops it")
 
     def record(self) -> None:
         self.phase("record")
@@ -559,10 +756,18 @@ class _Move:
 
 
 def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
-          say, t0: float) -> Dict:
-    """Steps 3-11 (the module's docstring), counted from `t0`; the
-    report."""
-    m = _Move(sd, state, host, src, dest, say, t0)
+          say, t0: float, jobs: Optional[List[JobDevice]] = None) -> Dict:
+    """Steps 3-11 (the module's docstring), counted from `t0`, with the
+    devices of the running Slurm jobs `jobs`; the report."""
+    with contextlib.ExitStack() as held:
+        return _move_held(sd, state, host, src, dest, say, t0, jobs or [],
+                          held)
+
+
+def _move_held(sd: StateDir, state: Dict, host: str, src: int, dest: int,
+               say, t0: float, jobs: List[JobDevice],
+               held: contextlib.ExitStack) -> Dict:
+    m = _Move(sd, state, host, src, dest, say, t0, jobs, held)
     try:
         for step in (m.unplug_source, m.make_tap, m.start_destination,
                      m.migrate, m.plug_destination, m.switch):
@@ -582,7 +787,7 @@ def _move(sd: StateDir, state: Dict, host: str, src: int, dest: int,
                  f"'{m.step}': {e}"
         say(f"{m.step} failed ({e}); moving it back to s{src}")
         try:
-            _move(sd, state, host, dest, src, say, time.monotonic())
+            _move(sd, state, host, dest, src, say, time.monotonic(), jobs)
         except IvcloudError as back:
             raise StepFailed(f"{failed}; moving it back failed too: "
                              f"{back}") from None
@@ -630,28 +835,48 @@ def migrate(sd: StateDir, state: Dict, host: str, server: str,
                                         wait_jobs_s, say, t0)
 
 
-def _slurm_jobs(state: Dict, devices: List[str], host: str) -> List[str]:
-    """The Slurm jobs that keep guest `host` (its QEMU's ivshmem
-    `devices`) where it is: those slurmctld has on its node, and any
-    whose device is still plugged (an epilog not done yet)."""
+def _slurm_jobs(state: Dict, host: str, sock: Path,
+                plugged: Dict[int, Tuple[Optional[str], Optional[str]]]
+                ) -> Tuple[List[Tuple[str, str]], List[JobDevice]]:
+    """The Slurm jobs of guest `host` (`plugged`: {job: (its device's
+    PCI address, its root port)} in the guest's QEMU): (those that keep
+    the guest where it is, each as (its name, why); those whose device
+    moves with the guest). A running job moves with it when its device
+    is plugged and none of its ranks uses the Open MPI BTL (ob1 cannot
+    move a peer to another path); a job being set up (its prolog has not
+    plugged its device yet), suspended (its ranks do not answer a drain)
+    or ending (its epilog has not unplugged it yet) keeps it."""
     if state.get("scheduler") != "slurm":
-        return []
-    jobs = moves.jobs_on(state, host)
-    for dev in devices:
-        job = guest_regions.job_of(dev)
-        if job is not None and not any(j.startswith(f"Slurm job {job} ")
-                                       for j in jobs):
-            jobs.append(f"Slurm job {job} (its device {dev})")
-    return jobs
+        return [], []
+    stay: List[Tuple[str, str]] = []
+    movable: List[JobDevice] = []
+    listed = moves.job_list(state, host)
+    for job, st, name, nodelist in listed:
+        addr, port = plugged.get(job, (None, None))
+        if st != "R" or addr is None or port is None:
+            stay.append((name, {"CF": "which is being set up",
+                                "S": "which is suspended",
+                                "CG": "which is ending"}.get(
+                                    st, "whose device is not plugged")))
+        elif any(k == "btl" for k, _ in guest_users(sock, addr)):
+            stay.append((name, "whose ranks use the Open MPI BTL, which "
+                               "cannot move a peer to another path (ob1)"))
+        else:
+            movable.append(JobDevice(job, name, nodelist, addr, port))
+    for job in sorted(set(plugged) - {j for j, _, _, _ in listed}):
+        stay.append((f"Slurm job {job} (its device {plugged[job][0]})",
+                     "which has ended, its device not unplugged yet"))
+    return stay, movable
 
 
 def _settle_and_move(sd: StateDir, state: Dict, host: str, dest: int,
                      d: Path, sock: Path, wait_jobs_s: Optional[float],
                      say, t0: float) -> Dict:
-    """Once no Slurm job runs in guest `host` (refused, or waited for
-    with `wait_jobs_s`: a job's region is its own on the guest's server,
-    plugged for the job's life), its drain and move, under the lock of
-    its ports (no job's prolog plugs a device meanwhile)."""
+    """Once no Slurm job keeps guest `host` where it is (refused, or
+    waited for with `wait_jobs_s`: _slurm_jobs), the drain of its running
+    jobs' ranks (each on the job's region) and of its device of boot,
+    and its move, under the lock of its ports (no job's prolog or epilog
+    plugs or unplugs a device meanwhile)."""
     deadline = None if wait_jobs_s is None else \
         time.monotonic() + wait_jobs_s
     said = False
@@ -659,20 +884,39 @@ def _settle_and_move(sd: StateDir, state: Dict, host: str, dest: int,
         with guest_regions.port_lock(d):
             with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
                 addr = qemu.find_device(q, qemu.BOOT_DEVICE)
-                devices = qemu.ivshmem_ids(q)
-            jobs = _slurm_jobs(state, devices, host)
+                plugged = {guest_regions.job_of(dev):
+                           (qemu.find_device(q, dev), qemu.port_of(q, dev))
+                           for dev in qemu.ivshmem_ids(q)
+                           if guest_regions.job_of(dev) is not None}
             if addr is None:
                 raise ClusterFailure(f"guest {host} has no device of "
                                      f"boot (a migration that failed "
                                      f"half-way?)")
-            if not jobs:
+            stay, jobs = _slurm_jobs(state, host, sock, plugged)
+            if not stay:
                 left = None if deadline is None else \
                     max(0.0, deadline - time.monotonic())
+                src = int(state["instances"][host]["server"])
+                drained: List[JobDevice] = []
                 try:
+                    for j in jobs:
+                        say(f"drain: {j.name}'s ranks, on its region on "
+                            f"s{src}")
+                        drain(state, host, sock, j.addr, left, say,
+                              region=_job_region_of(state, src, j.job),
+                              env=j.env)
+                        drained.append(j)
                     drain(state, host, sock, addr, left, say)
-                except ClusterError:
-                    raise
-                except IvcloudError as e:
+                except BaseException as e:
+                    # the jobs' ranks come back to the regions they left
+                    for problem in process.undo(
+                            [(f"{j.name}'s env file", lambda j=j:
+                              unhide(d, host, j.env)) for j in drained],
+                            say):
+                        say(f"drain: {problem}: its ranks stay on the core")
+                    if isinstance(e, ClusterError) or \
+                            not isinstance(e, IvcloudError):
+                        raise
                     raise StepFailed(f"migration of {host} to s{dest} "
                                      f"failed at step 'drain': {e}; "
                                      f"nothing was changed") from None
@@ -680,20 +924,18 @@ def _settle_and_move(sd: StateDir, state: Dict, host: str, dest: int,
                 # a drain may have waited long
                 state = load(sd) or state
                 src, dest = check(state, host, str(dest))
-                return _move(sd, state, host, src, dest, say, t0)
-        more = f" and {len(jobs) - 1} more" if len(jobs) > 1 else ""
+                return _move(sd, state, host, src, dest, say, t0, jobs)
+        name, why = stay[0]
+        more = f" and {len(stay) - 1} more" if len(stay) > 1 else ""
         if deadline is None:
-            raise ClusterError(
-                f"instance '{host}' runs {jobs[0]}{more}, whose region is "
-                f"the job's own on its server and cannot follow it to "
-                f"another")
+            raise ClusterError(f"instance '{host}' runs {name}{more}, {why}")
         if time.monotonic() > deadline:
             raise StepFailed(f"migration of {host} to s{dest} failed at "
-                             f"step 'drain': {jobs[0]}{more} did not end "
+                             f"step 'drain': {name}{more} did not end "
                              f"within {wait_jobs_s:.0f} s; nothing was "
                              f"changed")
         if not said:
-            say(f"drain: waiting for {jobs[0]}{more} to end")
+            say(f"drain: waiting for {name}{more} to end")
             said = True
         time.sleep(DRAIN_POLL_S)
 

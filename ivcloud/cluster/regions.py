@@ -11,7 +11,7 @@ import contextlib
 import re
 import secrets
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .. import server as server_mod
 from ..errors import ClusterFailure, IvcloudError
@@ -85,6 +85,21 @@ def stop_regions(state: Dict, job: str, indices: Iterable[int]) -> List[str]:
     """Stop job `job`'s servers on the emulated servers of `indices`
     (those that exist); the problems left."""
     return stop_all([p for _, p in _server_paths(state, job, indices)])
+
+
+def job_server_pid(state: Dict, index: int, job: str) -> Optional[int]:
+    """The pid of job `job`'s server on emulated server `index`, if it
+    runs."""
+    (_, paths), = _server_paths(state, job, [index])
+    return server_mod.running_pid(paths)
+
+
+def servers_with(state: Dict, job: str) -> List[int]:
+    """The emulated servers on which job `job` has a server's directory
+    (a region, or what is left of one)."""
+    return [k for k, p in _server_paths(state, job,
+                                        map(int, state["servers"]))
+            if p.dir.is_dir()]
 
 
 @contextlib.contextmanager

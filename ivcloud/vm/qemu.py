@@ -409,6 +409,17 @@ def find_device(q: Qmp, dev_id: str) -> Optional[str]:
     return None
 
 
+def port_of(q: Qmp, dev_id: str) -> Optional[str]:
+    """The id of the root port that holds the device QEMU knows as
+    `dev_id`."""
+    for d in _pci_functions(q):
+        bridge = d.get("pci_bridge") or {}
+        if any(c.get("qdev_id") == dev_id
+               for c in bridge.get("devices") or []):
+            return d.get("qdev_id") or None
+    return None
+
+
 def plug_ivshmem(q: Qmp, dev_id: str, port: str, server_socket: str,
                  vectors: int = 1) -> str:
     """An ivshmem-doorbell device `dev_id` on the ivshmem-server at

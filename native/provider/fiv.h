@@ -250,6 +250,9 @@ struct fiv_config {
     char *socket;        /* ivshmem-server socket                         */
     char *uio_dev, *bar0;
     int position;        /* guest's IVPosition (-1)                       */
+    char *device_env;    /* a guest's file of the device's paths, read at
+                            start without a region and at each rejoin
+                            (FIV_GUEST_ENV unless FI_IVSHM_DEVICE_ENV)     */
     char *core;          /* core provider name(s), "none" = no delegation */
     int report;          /* FI_IVSHM_REPORT: one counter line at exit     */
     int spin_us;         /* spin before blocking in sread/cntr wait       */
@@ -934,7 +937,9 @@ void fiv_core_release_held(struct fiv_ep *ep, fi_addr_t a,
    0, or an error (said on stderr unless `quiet`). */
 int fiv_region_attach(struct fiv_ep *ep, bool quiet);
 /* a guest's device paths and IVPosition, from what ivshm-bind wrote
-   (fiv_util.c): at init, and again after a move (`force`) */
+   (fiv_util.c): at init, and again after a move (`force`); the file is
+   fiv_cfg.device_env, this one by default (a Slurm job's device has a
+   file of its own: docs/migration.md) */
 #define FIV_GUEST_ENV "/run/ivshm/ivshm.env"
 bool fiv_guest_defaults(bool force);
 /* Does our region's `slot` hold, at `gen`, the endpoint of `nonce`

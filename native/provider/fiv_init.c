@@ -99,6 +99,11 @@ FI_EXT_INI
     fi_param_define(&fiv_prov, "position", FI_PARAM_INT,
                     "Inside a guest: the device's IVPosition (ranks after "
                     "the first attach without a doorbell of their own)");
+    fi_param_define(&fiv_prov, "device_env", FI_PARAM_STRING,
+                    "Inside a guest: the file of the device's paths "
+                    "(ivshm-bind's), read at start when no region is given "
+                    "and again at each rejoin after a drain (default "
+                    FIV_GUEST_ENV ")");
     fi_param_define(&fiv_prov, "core", FI_PARAM_STRING,
                     "Core provider for peers outside the region "
                     "(comma-separated, the first that opens; default "
@@ -139,6 +144,7 @@ FI_EXT_INI
     fiv_cfg.socket = param_str("socket", "IVSHM_SOCKET");
     fiv_cfg.uio_dev = param_str("uio_dev", NULL);
     fiv_cfg.bar0 = param_str("bar0", NULL);
+    fiv_cfg.device_env = param_str("device_env", NULL);
     int pos = -1;
     if (fi_param_get_int(&fiv_prov, "position", &pos) == 0)
         fiv_cfg.position = pos;

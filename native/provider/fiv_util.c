@@ -40,7 +40,10 @@ const char *fiv_strerror(int prov_errno, char *buf, size_t len)
 
 /* Inside a guest, ivshm-bind writes the device's paths to
    /run/ivshm/ivshm.env (docs/vm.md): the same defaults the BTL gets from
-   Open MPI's parameter file. `force`: what the file says replaces what
+   Open MPI's parameter file. A rank whose device is another one (a Slurm
+   job's own, docs/cluster.md "Regions of VM clusters") is given that
+   device's file instead (FI_IVSHM_DEVICE_ENV), so that a rejoin takes
+   the device its job was given again, not the guest's device of boot. `force`: what the file says replaces what
    we had (a device bound again after a move: docs/migration.md, "Core
    back to region"; no file then means the device is not back yet, as the
    host hides it before it asks for the drain). Returns
@@ -49,7 +52,8 @@ bool fiv_guest_defaults(bool force)
 {
     /* kept for the process's life: fiv_cfg points here */
     static char keep[3][256];
-    FILE *f = fopen(FIV_GUEST_ENV, "re");
+    FILE *f = fopen(fiv_cfg.device_env ? fiv_cfg.device_env : FIV_GUEST_ENV,
+                    "re");
     if (!f)
         return false;
     bool bar2 = false;

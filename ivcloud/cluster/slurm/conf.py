@@ -267,6 +267,11 @@ def guest_task_prolog_text(env: Dict[str, str], job_dir: str) -> str:
         *_export_unset(env),
         f'f={job_dir}/"$SLURM_JOB_ID".env',
         'if [ -r "$f" ]; then',
+        # the provider's rejoin after a move reads the job's file again,
+        # which the move rewrites for the device on the new server
+        # (docs/migration.md, "A Slurm job's ranks")
+        '    [ -n "${FI_IVSHM_DEVICE_ENV+set}" ] || '
+        'echo "export FI_IVSHM_DEVICE_ENV=$f"',
         "    while IFS== read -r k val; do",
         '        case "$k" in',
         *case,

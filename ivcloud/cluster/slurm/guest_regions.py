@@ -11,14 +11,16 @@ short, and a lock per guest orders prologs and epilogs on its ports.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ... import filelock
 from ...errors import ClusterFailure, IvcloudError
 from ...vm import agent, qemu
 from ...vm import lifecycle as vm_lifecycle
 from .. import vm_instance
+from ..state import StateDir, load
 
 # in each guest: the env file of the device of job ID is JOB_DIR/ID.env
 JOB_DIR = "/run/ivcloud/slurm-jobs"
@@ -26,6 +28,10 @@ JOB_DIR = "/run/ivcloud/slurm-jobs"
 BIND_DIR = "/run/ivshm"
 # the doorbell vectors of a job's device, as the guests' boot device has
 VECTORS = 1
+# whether a job's servers tell a guest's device that a peer left: never
+# (QEMU 7.2 could not unplug a device after a leave notice:
+# docs/server-protocol.md, "Quiet leaves")
+LEAVE_NOTICES = False
 # bounds, in seconds, of a TCG guest on a loaded host: a QMP answer,
 # the guest seeing a new device, binding it (vfio-pci; the unit allows
 # 120 s), giving a device back, the lock of a guest's ports
@@ -34,6 +40,10 @@ APPEAR_TIMEOUT_S = 30.0
 BIND_TIMEOUT_S = 120.0
 UNPLUG_TIMEOUT_S = 30.0
 LOCK_TIMEOUT_S = 60.0
+# the epilog's wait for a guest's ports: a migration of the guest holds
+# them for its whole move (drain, copy, bind: minutes under TCG), after
+# which the job's device is in the guest's new QEMU
+EPILOG_LOCK_S = 900.0
 
 
 def device_id(job: int) -> str:
@@ -77,11 +87,39 @@ def bind_lines(addr: str) -> List[str]:
         f"exit 1; }}"]
 
 
-def port_lock(vm_dir: Path):
+def port_lock(vm_dir: Path, timeout_s: float = LOCK_TIMEOUT_S):
     """The lock of a guest's root ports (a file in its VM directory)."""
     path = vm_dir / "ports.lock"
-    return filelock.held(path, LOCK_TIMEOUT_S,
+    return filelock.held(path, timeout_s,
                          lambda: ClusterFailure(f"{path} stays locked"))
+
+
+def state_now(state: Dict) -> Dict:
+    """The cluster's state as state.json says it now: a migration
+    (`cluster migrate`) may have moved a guest to a new QEMU since the
+    caller read `state`."""
+    return load(StateDir.of(Path(state["dir"]))) or state
+
+
+def dir_now(state: Dict, host: str) -> Path:
+    return vm_instance.vm_dir_of(state_now(state), host)
+
+
+@contextlib.contextmanager
+def ports_now(state: Dict, host: str, timeout_s: float = EPILOG_LOCK_S
+              ) -> Iterator[Path]:
+    """The lock of guest `host`'s ports held for the block; yields its VM
+    directory. A guest that moved while we waited for its old QEMU's lock
+    is followed to its new one (a move holds both until the job's device
+    is bound there)."""
+    for _ in range(4):
+        d = dir_now(state, host)
+        with port_lock(d, timeout_s):
+            if dir_now(state, host) == d:
+                yield d
+                return
+    raise ClusterFailure(f"guest {host} moved again and again while its "
+                         f"ports were waited for")
 
 
 
@@ -118,14 +156,21 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
     if got != addr:
         raise ClusterFailure(f"guest {host}: the job's device is at {got}, "
                              f"not at {addr} as its port said")
-    q_ = agent.quote
-    env = f"{BIND_DIR}/{addr}.env"
-    vm_instance.shell_in(state, host, "\n".join(bind_lines(addr) + [
-        f"mkdir -p {q_([JOB_DIR])}",
-        f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
-        f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]),
+    vm_instance.shell_in(state, host, "\n".join(
+        bind_lines(addr) + job_env_lines(addr, job)),
         APPEAR_TIMEOUT_S + BIND_TIMEOUT_S + 10)
     return addr
+
+
+def job_env_lines(addr: str, job: int) -> List[str]:
+    """Shell lines for the guest: the env file ivshm-bind wrote for the
+    device at `addr` copied, whole or not at all, to job `job`'s env
+    file, which the task prolog and the provider's rejoin read."""
+    q_ = agent.quote
+    env = f"{BIND_DIR}/{addr}.env"
+    return [f"mkdir -p {q_([JOB_DIR])}",
+            f"cp {q_([env])} {q_([job_env_path(job) + '.tmp'])}",
+            f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]
 
 
 def _take_out(state: Dict, host: str, job: int
@@ -133,20 +178,22 @@ def _take_out(state: Dict, host: str, job: int
     """The first half of an unplug: job `job`'s device out of live guest
     `host` (its chardev stays); (its PCI address, if it had the device;
     the problems)."""
-    d = vm_instance.vm_dir_of(state, host)
-    pid = vm_lifecycle.qemu_pid(d)
-    if pid is None:
-        return None, []
     dev = device_id(job)
+    d = vm_instance.vm_dir_of(state, host)
     try:
-        with port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-            addr = qemu.find_device(q, dev)
-            with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
-                back = qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S)
-            if not back:
-                return None, [f"guest {host} did not give device {dev} "
-                              f"({addr}) back within "
-                              f"{UNPLUG_TIMEOUT_S:.0f} s"]
+        with ports_now(state, host) as d:
+            pid = vm_lifecycle.qemu_pid(d)
+            if pid is None:
+                return None, []
+            with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+                addr = qemu.find_device(q, dev)
+                with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
+                    back = qemu.unplug_ivshmem(q, pid, dev,
+                                               UNPLUG_TIMEOUT_S)
+                if not back:
+                    return None, [f"guest {host} did not give device "
+                                  f"{dev} ({addr}) back within "
+                                  f"{UNPLUG_TIMEOUT_S:.0f} s"]
         return addr, []
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is None:
@@ -158,17 +205,22 @@ def _finish(state: Dict, host: str, job: int, addr: Optional[str]
             ) -> List[str]:
     """The second half: the device's chardev closed and the guest's
     files of it removed; the problems."""
+    state = state_now(state)
     d = vm_instance.vm_dir_of(state, host)
     if vm_lifecycle.qemu_pid(d) is None:
         return []
     problems = []
     try:
-        with port_lock(d), qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        with ports_now(state, host) as d, \
+                qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
             qemu.remove_chardev(q, device_id(job))
     except IvcloudError as e:
         problems.append(f"guest {host}: {e}")
-    script = (clear_script(addr, job_env_path(job)) if addr is not None
-              else f"rm -f {agent.quote([job_env_path(job)])}")
+    # and the job's file as a migration killed after its drain hid it
+    # (migrate.drain_ranks)
+    files = [job_env_path(job), job_env_path(job) + ".away"]
+    script = (clear_script(addr, *files) if addr is not None
+              else f"rm -f {agent.quote(files)}")
     try:
         vm_instance.shell_in(state, host, script, 60)
     except IvcloudError as e:

@@ -41,9 +41,7 @@ class GuestNodes(Nodes):
     # slurmd in a TCG guest on a loaded host: registration and its first
     # pings take many times longer
     ready_timeout_s = 300.0
-    # a guest's device could not be unplugged after a leave notice
-    # (docs/server-protocol.md, "Quiet leaves")
-    leave_notices = False
+    leave_notices = guest_regions.LEAVE_NOTICES
 
     def workdir(self, cwd: Optional[str]) -> str:
         # a guest sees none of the host's directories: its /tmp, where

@@ -64,11 +64,17 @@ def prolog(state: Dict, job: int, nodes: Sequence[str]) -> str:
 
 
 def epilog(state: Dict, job: int, nodes: Sequence[str]) -> str:
-    servers = servers_of(state, nodes)
     what, problems = kinds.of_state(state).slurm_nodes().detach_job(
         state, job, nodes)
-    problems += regions.stop_regions(state, regions.slurm_job_key(job),
-                                     servers)
+    # where the job's nodes are now, and wherever else the job has a
+    # region: a guest of a VM cluster that moved under the job (`cluster
+    # migrate`) took the job's region to its new server, and a move
+    # killed half-way may have left one on a server none of them is on
+    key = regions.slurm_job_key(job)
+    state = load(StateDir.of(Path(state["dir"]))) or state
+    servers = sorted(set(servers_of(state, nodes)) |
+                     set(regions.servers_with(state, key)))
+    problems += regions.stop_regions(state, key, servers)
     if problems:
         raise IvcloudError("; ".join(problems))
     return what.format(regions=f"regions on servers {servers}")

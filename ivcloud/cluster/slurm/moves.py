@@ -3,16 +3,19 @@
 meanwhile (a job's prolog would plug the job's device into a QEMU that
 is about to go), and resumed after, unless it was drained or down before.
 
-A job that runs on the node keeps the guest where it is: its region is
-one of the job's own on the guest's server, plugged by the controller's
-prolog for the job's life (guest_regions), which no other server's
-region can stand in for while the job's ranks hold it.
+A job that runs on the node has a region of its own on the guest's
+server, plugged by the controller's prolog for the job's life
+(guest_regions): the move takes the job's ranks in the guest off it
+(the provider's drain), gives the job a region of its own on the new
+server and the guest a device on it (migrate.py); a job whose ranks
+cannot leave a region (the Open MPI BTL), or one being set up or
+ending, keeps the guest where it is.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Tuple
 
 from ...errors import ClusterFailure
 from .nodes import binary, query
@@ -32,17 +35,27 @@ def node_state(state: Dict, node: str) -> tuple:
     return st.strip().lower(), reason.strip()
 
 
-def jobs_on(state: Dict, node: str) -> List[str]:
+def job_list(state: Dict, node: str) -> List[Tuple[int, str, str, str]]:
     """The jobs that slurmctld has on `node` (being set up, running,
-    suspended or completing), each as "Slurm job ID (NAME, user USER)"."""
+    suspended or completing): (id, Slurm's state of it (CF, R, S, CG),
+    "Slurm job ID (NAME, user USER)", its node list as Slurm writes
+    it)."""
     out = query(state, [binary("squeue"), "--noheader", f"--nodelist={node}",
-                         "--states=CF,R,S,CG", "--format=%i|%j|%u"])
+                         "--states=CF,R,S,CG", "--format=%i|%t|%N|%j|%u"])
     jobs = []
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0]:
-            jobs.append(f"Slurm job {parts[0]} ({parts[1]}, user {parts[2]})")
+        if len(parts) == 5 and parts[0].isdigit():
+            jobs.append((int(parts[0]), parts[1],
+                         f"Slurm job {parts[0]} ({parts[3]}, user "
+                         f"{parts[4]})", parts[2]))
     return jobs
+
+
+def job_nodes(state: Dict, nodelist: str) -> List[str]:
+    """Slurm's node list expression (s0i[0-1],s1i0) as node names."""
+    return query(state, [binary("scontrol"), "show", "hostnames",
+                         nodelist]).split() if nodelist else []
 
 
 def _update(state: Dict, node: str, *settings: str) -> None:
