@@ -12,8 +12,9 @@ so that every clone and every CI run on the host reuses them:
 - debian-base-<hash>/root.tar: `mmdebstrap --variant=apt` of BASE_PACKAGES
   (kernel, systemd, Open MPI, mpi4py, numpy, hpcc, openfoam, PETSc's
   petsc4py, ...). Inputs: suite, mirrors, package list, BASE_VERSION.
-- guest-debian-<hash>/: vmlinuz, initrd.img (Debian's own, from the
-  kernel package's initramfs-tools hook) and disk.img, a raw ext4 file
+- guest-debian-<hash>/: vmlinuz, initrd.img (Debian's initramfs-tools
+  run again with INITRAMFS_CONF: the root disk's modules only) and
+  disk.img, a raw ext4 file
   system made with `mke2fs -d` from the base root after `dpkg -i` of the
   guest package (and extra packages: a VM cluster adds python3-micromag,
   the solver, when `make deb` built it beside the guest package) and the
