@@ -104,7 +104,8 @@ def test_udev_rule_bound_the_device(guest):
     ids = {vms[n]["ivposition"] for n in vms}
     assert None not in ids and len(ids) == 2, vms
     for n, sock in (("deb0", guest), ("deb1", peer(guest))):
-        info = json.loads(sh(sock, "ivshm-guest info --job 1").splitlines()[-1])
+        info = json.loads(sh(sock, "set -a; . /run/ivshm/ivshm.env; "
+                             "ivshm-guest info --job 1").splitlines()[-1])
         assert info["doorbell_id"] == vms[n]["ivposition"], (n, info)
     env = env_of(guest)
     assert env["IVSHM_DOORBELL"] == "vfio"
