@@ -99,9 +99,14 @@ def test_udev_rule_bound_the_device(guest):
     vms = {v["name"]: v for v in json.loads(r.stdout)}
     assert sorted(vms) == ["deb0", "deb1"] and all(
         v["running"] for v in vms.values())
-    # each guest's id at the server, as its ivshm-guest sees it
+    # each guest's id at the server (the banner's, which ivshm-bind read
+    # from BAR0), the one libivshm registers when it attaches there
     ids = {vms[n]["ivposition"] for n in vms}
     assert None not in ids and len(ids) == 2, vms
+    for n, sock in (("deb0", guest), ("deb1", peer(guest))):
+        info = json.loads(sh(sock, "set -a; . /run/ivshm/ivshm.env; "
+                             "ivshm-guest info --job 1").splitlines()[-1])
+        assert info["doorbell_id"] == vms[n]["ivposition"], (n, info)
     env = env_of(guest)
     assert env["IVSHM_DOORBELL"] == "vfio"
     assert env["IVSHM_UIO"].startswith("/dev/vfio/")

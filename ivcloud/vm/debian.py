@@ -12,8 +12,9 @@ so that every clone and every CI run on the host reuses them:
 - debian-base-<hash>/root.tar: `mmdebstrap --variant=apt` of BASE_PACKAGES
   (kernel, systemd, Open MPI, mpi4py, numpy, hpcc, openfoam, PETSc's
   petsc4py, ...). Inputs: suite, mirrors, package list, BASE_VERSION.
-- guest-debian-<hash>/: vmlinuz, initrd.img (Debian's own, from the
-  kernel package's initramfs-tools hook) and disk.img, a raw ext4 file
+- guest-debian-<hash>/: vmlinuz, initrd.img (Debian's initramfs-tools
+  run again with INITRAMFS_CONF: the root disk's modules only) and
+  disk.img, a raw ext4 file
   system made with `mke2fs -d` from the base root after `dpkg -i` of the
   guest package (and extra packages: a VM cluster adds python3-micromag,
   the solver, when `make deb` built it beside the guest package) and the
@@ -196,15 +197,31 @@ if [ ! -e /run/ivshm/ivshm.env ]; then
     exit 1
 fi
 set -a; . /run/ivshm/ivshm.env; set +a
-# IVPosition, our id at the server, for `vm status`: the device's BAR0 is
-# vfio's now, so ask libivshm (a short attachment, before any user runs);
-# a loaded TCG host can take longer than one try's 20 s, so up to 4 tries
-POS= ; i=0
+# IVPosition, our id at the server, for `vm status`: ivshm-bind read it
+# from BAR0 before vfio-pci took the BAR (IVSHM_POSITION). Without it,
+# ask libivshm (a short attachment, before any user runs); a loaded TCG
+# host can take longer than one try's 20 s, so up to 4 tries
+POS=$(echo "${IVSHM_POSITION:-}" | grep -x '[0-9][0-9]*'); i=0
 while [ -z "$POS" ] && [ $i -lt 4 ]; do
     POS=$(timeout 20 ivshm-guest info --job 1 2>/dev/null | sed -n 's/^{"cmd":"info","slot":[0-9-]*,"doorbell_id":\([0-9]*\).*/\1/p' | head -n 1)
     i=$((i+1))
 done
 echo "@READY_BANNER@ name=$NAME device=$DEV ivposition=${POS:-unknown} doorbell=$IVSHM_DOORBELL irq=$IVSHM_UIO" > /dev/console
+"""
+
+# The initramfs: Debian's default (MODULES=most) packs every storage,
+# USB and input driver, 36 MB that a TCG guest unpacks and whose udev
+# coldplug it runs before it mounts its root. A guest needs only its
+# root disk (virtio-blk, ext4); the rest of the modules load from the root
+# file system once systemd's udev runs (ivshm-bind's vfio among them).
+INITRAMFS_CONF = """# ivcloud guest image (ivcloud/vm/debian.py): only what mounting the
+# root on virtio-blk needs; the rest loads from the root file system
+MODULES=list
+"""
+INITRAMFS_MODULES = """# ivcloud guest image (ivcloud/vm/debian.py): the root disk
+virtio_pci
+virtio_blk
+ext4
 """
 
 AGENT_UNIT = """[Unit]
@@ -245,6 +262,8 @@ def _files() -> Dict[str, tuple]:
         "etc/systemd/system/ivcloud-ready.service": (0o644, READY_UNIT),
         "etc/hostname": (0o644, "ivcloud-guest\n"),
         "etc/fstab": (0o644, "/dev/vda / ext4 rw,errors=remount-ro 0 1\n"),
+        "etc/initramfs-tools/conf.d/ivcloud.conf": (0o644, INITRAMFS_CONF),
+        "etc/initramfs-tools/modules": (0o644, INITRAMFS_MODULES),
         f"home/{MPI_USER}/.ssh/config": (0o644, SSH_CONFIG),
     }
 
@@ -262,11 +281,15 @@ SSH_CONFIG = """Host *
 # Units enabled (multi-user.target.wants) and masked (slow or pointless in
 # a short-lived test guest; slurmd and munged only ever run with a
 # cluster's configuration and key, which the cluster starts them with:
-# the packages' own units would start them with the image's).
+# the packages' own units would start them with the image's). Nobody
+# logs in on a guest's console (commands go through the agent on ttyS1,
+# jobs through ssh), so no getty runs: under TCG every process of the
+# boot takes the one vCPU from the units the ready banner waits for.
 ENABLE = ["ivcloud-agent.service", "ivcloud-ready.service"]
 MASK = ["apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer",
         "fstrim.timer", "e2scrub_reap.service", "slurmd.service",
-        "munge.service"]
+        "munge.service", "serial-getty@ttyS0.service", "getty@tty1.service",
+        "getty-static.service"]
 
 
 def cache_root() -> Path:
@@ -586,6 +609,7 @@ def _build_image(out: Path, tar: Path, deb: Path, log,
         initrd = root / "boot" / f"initrd.img-{kver}"
         if not initrd.is_file():
             raise ImageError(f"the base root {tar} holds no {initrd.name}")
+        _make_initrd(root, kver)
         shutil.copyfile(kernels[-1], out / "vmlinuz.tmp")
         shutil.copyfile(initrd, out / "initrd.img.tmp")
         used = int(_run(["du", "-sb", "--apparent-size", str(root)], 300,
@@ -607,6 +631,24 @@ def _build_image(out: Path, tar: Path, deb: Path, log,
         "seconds": round(time.monotonic() - t0, 1)}, indent=2) + "\n")
     return GuestImage(out / "vmlinuz", out / "initrd.img", kver,
                       out / "disk.img")
+
+
+def _make_initrd(root: Path, kver: str) -> None:
+    """The initramfs of kernel `kver` again, in the chroot, from our
+    initramfs-tools configuration (INITRAMFS_CONF, INITRAMFS_MODULES)."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    try:
+        p = subprocess.run(["chroot", str(root), "mkinitramfs", "-o",
+                            f"/boot/initrd.img-{kver}", kver],
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=300, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ImageError(f"mkinitramfs in the image failed: {e}")
+    if p.returncode != 0:
+        lines = [ln for ln in (p.stderr + p.stdout).splitlines()
+                 if ln.strip()]
+        raise ImageError(f"mkinitramfs in the image failed: "
+                         f"{lines[-1] if lines else p.returncode}")
 
 
 def cached_dir(out: Path) -> Optional[GuestImage]:
