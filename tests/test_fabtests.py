@@ -376,7 +376,10 @@ def test_default_set(fabtests, provider, region, tmp_path):
     log = REPO / "build" / "test-fabtests.log"      # kept for a look after
     start = time.monotonic()
     with open(log, "w") as fh:
-        subprocess.run(["unshare", "--pid", "--fork", "--mount-proc",
+        # --kill-child: should the run pass its hour and be killed, its
+        # namespace goes with it (the namespace's first process, killed,
+        # takes every other one)
+        subprocess.run(["unshare", "--pid", "--kill-child", "--mount-proc",
                         "--net", "bash", "-c", script],
                        env=env, stdout=fh, stderr=subprocess.STDOUT,
                        stdin=subprocess.DEVNULL, timeout=3600)
