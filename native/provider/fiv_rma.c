@@ -41,16 +41,21 @@ static bool op_ok(enum fi_op op)
     return op <= FI_MSWAP;
 }
 
-/* One element: *dst op= operand (compare for the CSWAP family). */
-#define APPLY(T)                                                              \
+/* One element: *dst op= operand (compare for the CSWAP family). Sums and
+   products are taken in W, an unsigned type at least as wide as T (the
+   type itself for floating point): a peer's operands that leave T's range
+   wrap around in two's complement, as hardware atomics do, where signed
+   arithmetic, or 16-bit operands promoted to int, would be undefined
+   behaviour (tests/fiv_conform_test.c, atomic_wraparound). */
+#define APPLY(T, W)                                                           \
     static void apply_##T(T *dst, const T *opnd, const T *cmp, enum fi_op op) \
     {                                                                         \
         T d = *dst, o = opnd ? *opnd : 0, c = cmp ? *cmp : 0;                 \
         switch (op) {                                                         \
         case FI_MIN: if (o < d) d = o; break;                                 \
         case FI_MAX: if (o > d) d = o; break;                                 \
-        case FI_SUM: d = d + o; break;                                        \
-        case FI_PROD: d = d * o; break;                                       \
+        case FI_SUM: d = (T)((W)d + (W)o); break;                             \
+        case FI_PROD: d = (T)((W)d * (W)o); break;                            \
         case FI_LOR: d = (d || o); break;                                     \
         case FI_LAND: d = (d && o); break;                                    \
         case FI_LXOR: d = ((d && !o) || (!d && o)); break;                    \
@@ -79,9 +84,11 @@ static bool op_ok(enum fi_op op)
         }                                                                     \
         *dst = d;                                                             \
     }
-APPLY(int8_t) APPLY(uint8_t) APPLY(int16_t) APPLY(uint16_t)
-APPLY(int32_t) APPLY(uint32_t) APPLY(int64_t) APPLY(uint64_t)
-APPLY(float) APPLY(double)
+APPLY(int8_t, uint32_t) APPLY(uint8_t, uint32_t)
+APPLY(int16_t, uint32_t) APPLY(uint16_t, uint32_t)
+APPLY(int32_t, uint32_t) APPLY(uint32_t, uint32_t)
+APPLY(int64_t, uint64_t) APPLY(uint64_t, uint64_t)
+APPLY(float, float) APPLY(double, double)
 APPLY_BITS(int8_t) APPLY_BITS(uint8_t) APPLY_BITS(int16_t) APPLY_BITS(uint16_t)
 APPLY_BITS(int32_t) APPLY_BITS(uint32_t) APPLY_BITS(int64_t) APPLY_BITS(uint64_t)
 

@@ -294,6 +294,57 @@ static void empty_atomics(struct rank *r)
     t_close(r);
 }
 
+/* Sums and products that leave their type wrap around in two's
+   complement, as the hardware's atomics do (fabtests' fi_rdm_atomic sends
+   random operands): the target computes them without undefined
+   behaviour (UBSan in the sanitized build), whatever a peer sends. */
+static void atomic_wraparound(struct rank *r)
+{
+    t_open(r, version);
+    char name[NAMELEN];
+    size_t len = sizeof name;
+    REQ_RC(fi_getname(&r->ep->fid, name, &len), 0);
+    fi_addr_t self = 0;
+    REQ_RC(fi_av_insert(r->av, name, 1, &self, 0, NULL), 1);
+    static uint64_t mem[8];
+    struct fid_mr *mr;
+    REQ_RC(fi_mr_reg(r->dom, mem, sizeof mem, FI_REMOTE_READ | FI_REMOTE_WRITE,
+                     0, 0, 0, &mr, NULL), 0);
+    uint64_t base = (uint64_t)(uintptr_t)mem, key = fi_mr_key(mr);
+    struct {
+        enum fi_datatype dt;
+        enum fi_op op;
+        uint64_t before, operand, after;    /* the type's bytes, low first */
+    } c[] = {
+        {FI_INT32, FI_SUM, INT32_MAX, 1, (uint32_t)INT32_MIN},
+        {FI_INT32, FI_PROD, 0x10000, 0x10000, 0},
+        {FI_INT32, FI_PROD, 0x7fffffff, 0xfffffffe /* -2 */, 2},
+        {FI_INT64, FI_SUM, INT64_MAX, 1, (uint64_t)INT64_MIN},
+        {FI_INT64, FI_PROD, (uint64_t)INT64_MIN, UINT64_MAX /* -1 */,
+         (uint64_t)INT64_MIN},
+        {FI_UINT16, FI_PROD, 0xffff, 0xffff, 1},
+        {FI_INT16, FI_PROD, 300, 300, 90000 - 65536},
+        {FI_INT8, FI_SUM, 127, 1, 0x80},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        size_t sz = c[i].dt == FI_INT64 ? 8 : c[i].dt == FI_INT32 ? 4
+                  : c[i].dt == FI_INT8 ? 1 : 2;
+        uint64_t opnd = c[i].operand, want = c[i].after;
+        memset(mem, 0, sizeof mem);
+        memcpy(mem, &c[i].before, sz);
+        struct fi_cq_tagged_entry e;
+        REQ_RC(fi_atomic(r->ep, &opnd, 1, NULL, self, base, key, c[i].dt,
+                         c[i].op, &opnd), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        if (memcmp(mem, &want, sz) != 0 || mem[1] != 0)
+            fprintf(stderr, "case %zu: %#llx, not %#llx\n", i,
+                    (unsigned long long)mem[0], (unsigned long long)want);
+        REQ(memcmp(mem, &want, sz) == 0 && mem[1] == 0);
+    }
+    REQ_RC(fi_close(&mr->fid), 0);
+    t_close(r);
+}
+
 /* A domain with a registration or a counter still open does not close
    (-FI_EBUSY, fi_domain(3)): the application's fids stay valid until it
    closes them, and then the domain closes. A registration bound to a second counter
@@ -1175,6 +1226,11 @@ int main(void)
     f = t_run(1, empty_atomics, env1, 30, NULL);
     printf("%s: atomics without operands or with counts that disagree are "
            "refused\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(1, atomic_wraparound, env1, 30, NULL);
+    printf("%s: sums and products past their type wrap around\n",
+           f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(1, domain_children, env1, 30, NULL);
