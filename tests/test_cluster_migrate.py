@@ -6,12 +6,15 @@ One cluster (2 servers x 1 instance x 1 vCPU, TCG, uplinks shaped to
 200mbit) is booted once for the module; the tests use it in order: bad
 input, s1i0 moved to s0 (its address, ssh and agent still answer, its
 device is a peer of s0's region, and a BTL job now runs between the two
-guests through it, while nothing of its source is left), an MPICH job
-over the provider under which s1i0 moves to s1 and back (its rank
-drains and rejoins), its move back refused while a BTL job runs in it
-(and the move of the guest running that job's launcher refused) and
-done once the job ended (--wait-jobs), an ivshm.env that a killed
-migration left hidden put back at the next job's launch, a provider
+guests through it, while nothing of its source is left), a 4-rank MPICH
+job over the provider (two ranks in each guest) under which s1i0 moves
+to s1 and a 4-rank Intel MPI job under which it moves back (its ranks
+drain and take the destination's region, s0i0's pair stays on s0's; a
+64 MiB message and an RMA epoch in flight as the drain begins), its move
+back refused while a BTL job runs in it (and the move of the guest
+running that job's launcher refused) and done once the job ended
+(--wait-jobs), an ivshm.env that a killed migration left hidden put
+back at the next job's launch, a provider
 rank killed while its guest's migration waits for its drain (the job
 fails, the migration finds the rank's process gone and is undone within
 seconds, nothing is left over), a move whose destination QEMU fails to
@@ -67,43 +70,126 @@ while time.monotonic() < end and not os.path.exists("%s"):
     time.sleep(0.2)
 comm.Barrier()
 """ % RELEASE
-# MPICH over the provider: a ring of 8 messages a turn, each checked
-# (its sender, its sequence number, every byte: 64 B, one in 3 64 KiB),
-# an allreduce each turn, until /tmp/stop appears in rank 0's guest
+# a provider MPI's job: each turn 4 messages from every rank to every
+# other, each checked (its sender, its sequence number in that pair's
+# stream, every byte: 64 B, one in 3 64 KiB), an RMA epoch (one put into
+# the right neighbour's window after the opening fence, one before the
+# closing fence, both checked) around the turn's messages, and an
+# allreduce, until /tmp/stop appears in rank 0's guest. Every pair goes
+# through the provider, the two ranks of one guest too (MPICH's and
+# Intel MPI's own shared memory would take them otherwise): such a pair
+# is a pair of one region. While /tmp/big exists in a rank's guest, a
+# turn adds a 64 MiB message to the right neighbour (every byte
+# checked), and the first rank of that guest (the one whose guest is
+# about to move) takes the message to it (having said so in
+# /tmp/big.held) only once its guest's ivshm.env is hidden (the drain
+# began: the drain request is written right after) and 1 s more, then
+# removes both files: that message and the turn's epoch were in flight
+# across the drain's start. Each rank counts its big messages and epochs
+# and those across a change of (region mapped, ivshm.env hidden).
 RING = r"""
-import faulthandler, os, sys, time
+import ctypes, faulthandler, os, sys, time
 faulthandler.enable()   # a rank's crash says where, on the job's stderr
+os.environ["MPIR_CVAR_NOLOCAL"] = "1"   # MPICH
+os.environ["I_MPI_FABRICS"] = "ofi"     # Intel MPI
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
 right, left = (rank + 1) % size, (rank - 1) % size
+peers = [r for r in range(size) if r != rank]
+names = comm.allgather(MPI.Get_processor_name())
+first = names.index(names[rank]) == rank   # of the ranks of its guest
 limit = time.monotonic() + float(sys.argv[1])
+BIG, AWAY, HOLD, EACH = 64 << 20, "/run/ivshm/ivshm.env.away", 1.0, 4
 def payload(src, seq):
     n = 65536 if seq % 3 == 0 else 64
     return (seq.to_bytes(8, "little") + src.to_bytes(4, "little") +
             bytes([(seq * 31 + src) & 0xff]) * (n - 12))
-out = got = turns = 0
+def where():
+    with open("/proc/self/maps") as f:
+        return "/resource2" in f.read(), os.path.exists(AWAY)
+def stamp(turn, src, k):
+    return (turn * 2 + k).to_bytes(8, "little") + src.to_bytes(8, "little")
+out, got = dict.fromkeys(peers, 0), dict.fromkeys(peers, 0)
+turns = 0
 buf = bytearray(65536)
+big_in, big_out = bytearray(BIG), bytearray(BIG)
+nbig = big_across = epochs = epochs_across = took = 0
+mem = bytearray(32)
+win = MPI.Win.Create(mem, 1, comm=comm)
+big = False
 while True:
-    msgs = [payload(rank, out + k) for k in range(8)]
-    reqs = [comm.Isend(m, dest=right, tag=7) for m in msgs]
-    out += 8
-    for k in range(8):
+    win.Fence()
+    e0 = where()
+    put0 = stamp(turns, rank, 0)   # alive until the fence
+    win.Put(put0, right, target=(0, 16, MPI.BYTE))
+    if big:
+        fill = (nbig * 37 + rank) & 0xff
+        ctypes.memset((ctypes.c_char * BIG).from_buffer(big_out), fill, BIG)
+        big_out[:16] = nbig.to_bytes(8, "little") + rank.to_bytes(8, "little")
+        b0 = where()
+        sreq = comm.Isend(big_out, dest=right, tag=9)
+        if first and os.path.exists("/tmp/big"):
+            open("/tmp/big.held", "w").close()   # the test moves it now
+            end = time.monotonic() + 120
+            while not os.path.exists(AWAY) and time.monotonic() < end:
+                comm.Iprobe(source=MPI.ANY_SOURCE, tag=9)
+                time.sleep(0.01)
+            end = min(end, time.monotonic() + HOLD)
+            while time.monotonic() < end:
+                comm.Iprobe(source=MPI.ANY_SOURCE, tag=9)
+                time.sleep(0.01)
+            for f in ("/tmp/big", "/tmp/big.held"):
+                try:
+                    os.unlink(f)
+                except FileNotFoundError:
+                    pass
         st = MPI.Status()
-        comm.Recv(buf, source=left, tag=7, status=st)
-        assert bytes(buf[:st.Get_count(MPI.BYTE)]) == payload(left, got), \
-            (rank, got)
-        got += 1
+        t0 = time.monotonic()
+        comm.Recv(big_in, source=left, tag=9, status=st)
+        took = max(took, time.monotonic() - t0)
+        sreq.Wait()
+        want = (nbig * 37 + left) & 0xff
+        assert st.Get_count(MPI.BYTE) == BIG and \
+            big_in[:16] == nbig.to_bytes(8, "little") + \
+            left.to_bytes(8, "little") and \
+            big_in.count(bytes([want]), 16) == BIG - 16, (rank, nbig)
+        big_across += where() != b0
+        nbig += 1
+    msgs = [(p, payload(rank, out[p] + k)) for p in peers
+            for k in range(EACH)]
+    reqs = [comm.Isend(m, dest=p, tag=7) for p, m in msgs]
+    for p in peers:
+        out[p] += EACH
+    for p in peers:
+        for k in range(EACH):
+            st = MPI.Status()
+            comm.Recv(buf, source=p, tag=7, status=st)
+            assert bytes(buf[:st.Get_count(MPI.BYTE)]) == \
+                payload(p, got[p]), (rank, p, got[p])
+            got[p] += 1
     MPI.Request.Waitall(reqs)
+    put1 = stamp(turns, rank, 1)   # alive until the fence
+    win.Put(put1, right, target=(16, 16, MPI.BYTE))
+    win.Fence()
+    assert bytes(mem) == stamp(turns, left, 0) + stamp(turns, left, 1), \
+        (rank, turns, bytes(mem))
+    epochs_across += where() != e0
+    epochs += 1
     stop = rank == 0 and (os.path.exists("/tmp/stop") or
                           time.monotonic() > limit)
-    x = comm.allreduce((rank + 1) | int(stop) << 20)
+    x = comm.allreduce((rank + 1) | int(stop) << 20 |
+                       int(os.path.exists("/tmp/big")) << 24)
     assert x & 0xfffff == size * (size + 1) // 2, x
     turns += 1
-    if x >> 20:
+    big = x >> 24 > 0
+    if x >> 20 & 0xf:
         break
+win.Free()
 print("rank", rank, "pid", os.getpid(), "on", MPI.Get_processor_name(),
-      "turns", turns, "received", got, "in order", flush=True)
+      "turns", turns, "received", sum(got.values()), "in order", "big", nbig,
+      "across", big_across, "epochs", epochs, "across", epochs_across,
+      "longest big receive %.1f s" % took, flush=True)
 """
 PHASES = ("unplug", "tap", "start", "migrate", "plug", "switch", "bind",
           "attach", "record")
@@ -200,6 +286,9 @@ def vmc(guest_deb):
     r = cluster("up", "--servers", 2, "--instances-per-server", 1,
                 "--vcpus", 1, "--instance-kind", "vm", "--guest-deb",
                 guest_deb, "--accel", "tcg", "--oversubscribe",
+                # two ring ranks in a guest, each holding 2 x 64 MiB
+                # and its MPI's copies
+                "--vm-memory", 1280,
                 "--uplink-rate", "200mbit")
     assert r.returncode == 0, r.stderr + r.stdout
     print(f"\ncluster up --instance-kind vm (2x1x1, tcg): "
@@ -262,8 +351,12 @@ def assert_untouched():
 def _migrate(*args, timeout=600, **kw):
     t0 = time.monotonic()
     r = cluster("migrate", *args, timeout=timeout, **kw)
+    # each step's time (its line says when it began, from the start)
+    steps = re.findall(r"^migrate \S+: (\w+) \(([\d.]+) s\)$", r.stderr,
+                       re.M)
     print(f"\nmigrate {' '.join(map(str, args))}: rc {r.returncode}, "
-          f"{time.monotonic() - t0:.1f} s; {r.stdout.strip()}")
+          f"{time.monotonic() - t0:.1f} s; {r.stdout.strip()}\n  steps at "
+          + " ".join(f"{name} {at}" for name, at in steps))
     return r
 
 
@@ -339,39 +432,78 @@ def _guest_evidence():
             print(f"\n--- {d.name}/{name}\n" + "\n".join(lines[-80:]))
 
 
-def test_provider_job_moves_along(vmc):
-    """An MPICH job over the provider between s0i0 and s1i0, both on s0:
-    s1i0 moves to s1 and back under it. Its rank lets go of s0's region
-    (drain), talks to its peer over the core while away, and takes s0's
-    region again after the move back; every message arrives once, in
-    order, intact, and the job exits 0 (docs/migration.md)."""
+def _ring_job(mpi, *args, np=2):
+    from ivcloud.mpis import flavor
+    python = str(flavor(mpi).prefix() / "bin" / "python")
+    guest_sh("s0i0", "rm -f /tmp/stop")
+    guest_sh("s1i0", "rm -f /tmp/big /tmp/big.held")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
+         NAME, "--run-dir", str(RUN_DIR), "--mpi", mpi, "--transport",
+         "ivshmem", *args, "-np", str(np), "--", python, "/tmp/ring.py",
+         "900"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+RING_END = (r"rank (\d) pid (\d+) on (s\di0) turns \d+ received \d+ in order "
+            r"big (\d+) across (\d+) epochs (\d+) across (\d+) ")
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "impi"])
+def test_provider_job_moves_along(vmc, mpi):
+    """A 4-rank job of a provider MPI over the provider, two ranks in
+    each guest (s0i0: ranks 0 and 2, s1i0: 1 and 3): s1i0 moves to the
+    other server under it, under the MPICH job from s0 to s1 (its ranks
+    leave the region of all four for s1's, where they are a pair of one
+    region again), under the Intel MPI job back (from a region of their
+    own to the one of s0i0's ranks, all four pairs across the guests
+    taking the region). The mover's ranks let go of their region
+    (drain), talk over the core while away, and take the destination's
+    region; s0i0's pair stays on s0's region throughout, and the pairs
+    across the guests change path once each. Every message of every
+    pair, 64 MiB ones included, and every put of the RMA epochs arrives
+    once, in order, intact, and the job exits 0 (docs/migration.md).
+    The drain begins while a 64 MiB message to the mover and an RMA
+    epoch are in flight (RING)."""
     try:
-        _moves_along()
+        _moves_along(mpi)
     except BaseException:
         _guest_evidence()
         raise
 
 
-def _moves_along():
-    from ivcloud.mpis import flavor, provider
-    python = str(flavor("mpich").prefix() / "bin" / "python")
-    guest_sh("s0i0", "rm -f /tmp/stop")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
-         NAME, "--run-dir", str(RUN_DIR), "--mpi", "mpich", "--transport",
-         "ivshmem", "--report-transport", "-np", "2", "--", python,
-         "/tmp/ring.py", "900"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _moves_along(mpi):
+    from ivcloud.mpis import provider
+    src = {i["hostname"]: i["server"] for i in status()["instances"]}["s1i0"]
+    dest = 1 - src
+    # one rank per vCPU would put both ranks in s0i0: two in each guest,
+    # alternating (the ranks' own lines say where each runs)
+    job = _ring_job(mpi, "--report-transport", "--oversubscribe", np=4)
     try:
         _wait_rank("s1i0", job)
-        time.sleep(10)   # some turns over the region
-        for dest in ("s1", "s0"):
-            r = _migrate("s1i0", "--to", dest)
-            assert r.returncode == 0, r.stdout + r.stderr
-            assert re.search(r"drain: 1 ranks moved to the core$", r.stderr,
-                             re.M), r.stderr
-            assert job.poll() is None, job.communicate()
-        time.sleep(15)   # back on s0's region for some turns
+        time.sleep(3)   # some turns on the regions
+        # the next turn's 64 MiB message held by s1i0's first rank until
+        # the drain began
+        guest_sh("s1i0", "runuser -u mpi -- touch /tmp/big && "
+                         "for i in $(seq 300); do [ -e /tmp/big.held ] "
+                         "&& exit 0; sleep 0.2; done; exit 1",
+                 timeout=120)
+        r = _migrate("s1i0", "--to", f"s{dest}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search(r"drain: 2 ranks moved to the core$", r.stderr,
+                         re.M), r.stderr
+        if job.poll() is not None:
+            out, err = job.communicate()
+            pytest.fail(f"the job ended ({job.returncode}) under the "
+                        f"migration:\n{out}\n{err}")
+        # the mover's ranks take the destination's region on their own
+        # (docs/migration.md, "Core back to region"): both mapped, then
+        # some turns there
+        guest_sh("s1i0", "for i in $(seq 600); do n=0; for p in $(pgrep "
+                         "-u mpi -f /tmp/ring.py); do grep -qs /resource2 "
+                         "/proc/$p/maps && n=$((n+1)); done; [ $n -ge 2 ] "
+                         "&& exit 0; sleep 0.1; done; exit 1", timeout=120)
+        time.sleep(5)
         guest_sh("s0i0", "touch /tmp/stop")
         out, err = job.communicate(timeout=300)
     finally:
@@ -381,38 +513,51 @@ def _moves_along():
             out, err = job.communicate()
             print(f"\njob killed:\n{out}\n{err}")
     assert job.returncode == 0, out + err
-    ranks = dict((host, int(pid)) for pid, host in re.findall(
-        r"rank \d pid (\d+) on (s\di0) turns \d+ received \d+ in order",
-        out))
-    assert sorted(ranks) == ["s0i0", "s1i0"], out + err
-    # the report lines of the ranks (the two guests' pids may be equal):
-    # the mover's drained twice, its peer's only switched
+    ends = re.findall(RING_END, out)
+    print("\n" + "\n".join(re.findall(r"rank \d pid .*", out)))
+    where = {int(rank): host for rank, _, host, *_ in ends}
+    assert where == {0: "s0i0", 1: "s1i0", 2: "s0i0", 3: "s1i0"}, out + err
+    # one 64 MiB message each way round the ring; the one to the mover's
+    # first rank (1) and the epoch around it in flight when the drain
+    # began (or the region went)
+    for rank, _, host, big, big_across, epochs, epochs_across in ends:
+        assert int(big) == 1 and int(epochs) > 2, (rank, out)
+        if rank == "1":
+            assert int(big_across) == 1 and int(epochs_across) >= 1, \
+                (rank, out)
+    # the report lines of the ranks (pids in the two guests may be
+    # equal, never in one): the mover's ranks drained once and took the
+    # destination's region; s0i0's each switched the pairs with the two
+    # movers, and only those: its pair stayed on s0's region
+    pids = {int(pid) for _, pid, *_ in ends}
     lines = [m.group(0) for m in re.finditer(r"fi_ivshm: pid (\d+) sent .*",
                                              err)
-             if int(m.group(1)) in ranks.values()]
-    print("\n" + "\n".join(lines))
-    assert len(lines) == 2, err
+             if int(m.group(1)) in pids]
+    print("\n".join(lines))
+    assert len(lines) == 4, err
     moved = [re.search(r"drained (\d+) switched (\d+) rejoined (\d+)"
                        r"(?: phases (\S+))?", line) for line in lines]
     assert all(moved), lines
-    mover = next(line for line, m in zip(lines, moved) if m.group(1) == "2")
-    m = moved[lines.index(mover)]
-    peer = moved[1 - lines.index(mover)]
-    # two drains (s0's region, then s1's), two regions taken again
-    assert int(m.group(3)) == 2 and int(m.group(2)) >= 1, mover
-    # the peer moved the pair to the core on the mover's SWITCH, and back
-    assert peer.group(1) == "0" and int(peer.group(2)) >= 1, lines
-    phases = [tuple(map(int, p.split("/"))) for p in m.group(4).split(",")]
-    # (region messages sent/core messages sent) over the region before
-    # the first drain, over the core only while away from s0 (s1's region
-    # holds no peer of it), over the region again after
-    assert len(phases) == 5, mover
-    assert phases[0][0] > 0 and phases[-1][0] > 0, mover
-    assert all(s == 0 for s, _ in phases[1:-1]), mover
-    assert sum(d for _, d in phases[1:-1]) > 0, mover
-    counts = next(iter(provider.parse_reports(mover).values()))
-    assert counts["delegated"] > 0, mover
-    assert_on("s1i0", 0, 1)
+    movers = [(line, m) for line, m in zip(lines, moved) if m.group(1) != "0"]
+    stayers = [(line, m) for line, m in zip(lines, moved) if m.group(1) == "0"]
+    assert len(movers) == 2 and len(stayers) == 2, lines
+    for line, m in stayers:
+        assert m.group(2) == "2" and m.group(3) == "0" and not m.group(4), \
+            line
+        counts = next(iter(provider.parse_reports(line).values()))
+        assert counts["sent"] > 0 and counts["delegated"] > 0, line
+    for line, m in movers:
+        assert m.group(1) == "1" and m.group(3) == "1", line
+        phases = [tuple(map(int, p.split("/")))
+                  for p in m.group(4).split(",")]
+        # (region messages sent/core messages sent): over the region
+        # before the drain (to the guest's other rank at least), over the
+        # core only while away, over the destination's region after (to
+        # the other rank again, there)
+        assert len(phases) == 3, line
+        assert phases[0][0] > 0 and phases[2][0] > 0, line
+        assert phases[1][0] == 0 and phases[1][1] > 0, line
+    assert_on("s1i0", dest, src)
 
 
 def test_back_refused_for_a_btl_job_then_waited_for(vmc):
@@ -543,15 +688,8 @@ def test_rank_killed_during_the_drain(vmc):
     directories, peers, the guest's ivshm.env; no process of the job, no
     chardev of a device that is gone)."""
     from ivcloud.cluster import migrate as mig
-    from ivcloud.mpis import flavor
     from ivcloud.vm import qemu
-    python = str(flavor("mpich").prefix() / "bin" / "python")
-    guest_sh("s0i0", "rm -f /tmp/stop")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "mpirun", "--name",
-         NAME, "--run-dir", str(RUN_DIR), "--mpi", "mpich", "--transport",
-         "ivshmem", "-np", "2", "--", python, "/tmp/ring.py", "600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = _ring_job("mpich")
     mig_p = None
     try:
         _wait_rank("s1i0", job)
