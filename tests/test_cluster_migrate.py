@@ -355,8 +355,9 @@ def _migrate(*args, timeout=600, **kw):
     steps = re.findall(r"^migrate \S+: (\w+) \(([\d.]+) s\)$", r.stderr,
                        re.M)
     print(f"\nmigrate {' '.join(map(str, args))}: rc {r.returncode}, "
-          f"{time.monotonic() - t0:.1f} s; {r.stdout.strip()}\n  steps at "
-          + " ".join(f"{name} {at}" for name, at in steps))
+          f"{time.monotonic() - t0:.1f} s; {r.stdout.strip()}" +
+          ("\n  steps at " + " ".join(f"{name} {at}" for name, at in steps)
+           if steps else ""))
     return r
 
 
