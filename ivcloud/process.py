@@ -285,22 +285,10 @@ def job_scope(owned: Sequence[os.PathLike] = ()) -> Iterator[JobScope]:
     it does the same (the launcher, mpirun, and ranks that never
     noticed it gone: one still starting, one that never calls MPI);
     otherwise we kill it."""
-    token = f"{os.getpid()}.{secrets.token_hex(6)}"
-    directory = _job_root() / f"ivcloud-job.{token}"
-    scope = JobScope(token, directory, owned)
+    scope = _new_scope(owned)
     reaper = None
     try:
-        with shielded():
-            try:
-                directory.mkdir(mode=0o700)
-            except OSError as e:
-                raise OperationFailed(f"cannot make the job's directory "
-                                      f"{directory}: {e.strerror}") from None
-            try:
-                reaper = _start_reaper(scope)
-            except OSError as e:
-                raise OperationFailed(f"cannot start the job's reaper: "
-                                      f"{e.strerror}") from None
+        reaper = _open_scope(scope)
         yield scope
     finally:
         with shielded():
@@ -329,8 +317,28 @@ def own_job_scope() -> JobScope:
     an orted that must outlive the rank's last MPI call; killed with
     SIGKILL, the rank leaves that orted and the session directory to
     the reaper, as a launcher's job does."""
+    scope = _new_scope()
+    try:
+        reaper = _open_scope(scope)
+    except OperationFailed:
+        shutil.rmtree(scope.directory, ignore_errors=True)
+        raise
+    with shielded():
+        # not inheritable (os.dup's default), like the pipe it copies
+        _OWN_SCOPES.append(os.dup(reaper.stdin.fileno()))
+        reaper.stdin.close()
+    os.environ.update(scope.env())
+    return scope
+
+
+def _new_scope(owned: Sequence[os.PathLike] = ()) -> JobScope:
     token = f"{os.getpid()}.{secrets.token_hex(6)}"
-    scope = JobScope(token, _job_root() / f"ivcloud-job.{token}")
+    return JobScope(token, _job_root() / f"ivcloud-job.{token}", owned)
+
+
+def _open_scope(scope: JobScope) -> subprocess.Popen:
+    """The scope's directory made and its reaper started, signals held
+    back meanwhile; the reaper."""
     with shielded():
         try:
             scope.directory.mkdir(mode=0o700)
@@ -338,16 +346,10 @@ def own_job_scope() -> JobScope:
             raise OperationFailed(f"cannot make the job's directory "
                                   f"{scope.directory}: {e.strerror}") from None
         try:
-            reaper = _start_reaper(scope)
+            return _start_reaper(scope)
         except OSError as e:
-            shutil.rmtree(scope.directory, ignore_errors=True)
             raise OperationFailed(f"cannot start the job's reaper: "
                                   f"{e.strerror}") from None
-        # not inheritable (os.dup's default), like the pipe it copies
-        _OWN_SCOPES.append(os.dup(reaper.stdin.fileno()))
-        reaper.stdin.close()
-    os.environ.update(scope.env())
-    return scope
 
 
 def _start_reaper(scope: JobScope) -> subprocess.Popen:
