@@ -329,6 +329,8 @@ struct fiv_mr {
 };
 
 /* One completion, kept in the widest form until read. */
+/* A field added here must also be written by fiv_msg.c's finish_rx,
+   which fills a claimed entry field by field on the receive fast path. */
 struct fiv_cqe {
     void *context;
     uint64_t flags;

@@ -39,6 +39,18 @@ static struct fiv_rx *rx_get(struct fiv_ep *ep)
     return calloc(1, sizeof *rx);
 }
 
+/* rx at the end of a posted list (recv or trecv), in posting order */
+static inline void rx_append(struct fiv_rx **head, struct fiv_rx **tail,
+                             struct fiv_rx *rx)
+{
+    rx->next = NULL;
+    if (*tail)
+        (*tail)->next = rx;
+    else
+        *head = rx;
+    *tail = rx;
+}
+
 void fiv_rx_put(struct fiv_ep *ep, struct fiv_rx *rx)
 {
     if (!rx)
@@ -77,7 +89,8 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
     if (total <= stored) {
         /* whole: straight into the CQ (fiv_complete_rx's success path),
            field by field: an entry built aside and assigned whole was
-           built, then copied */
+           built, then copied. Every field is written: a new one must be
+           written here too (fiv.h, struct fiv_cqe). */
         fiv_cntr_inc(ep->cntr_recv);
         struct fiv_cqe *to;
         if (want_rx(ep, rx->flags) && ep->rx_cq &&
@@ -733,13 +746,7 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
         fiv_rx_put(ep, rx);
     } else if (rx->flags & FI_MULTI_RECV) {
         /* whatever waits unexpected fills the new buffer first */
-        struct fiv_rx **head = &ep->recv, **tail = &ep->recv_tail;
-        rx->next = NULL;
-        if (*tail)
-            (*tail)->next = rx;
-        else
-            *head = rx;
-        *tail = rx;
+        rx_append(&ep->recv, &ep->recv_tail, rx);
         struct fiv_unexp *x;
         while (!rx->retired &&
                (x = find_unexp(ep, FI_ADDR_UNSPEC, 0, 0, false, NULL, false)) &&
@@ -752,14 +759,8 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
                 break;
         }
     } else {
-        struct fiv_rx **head = tagged ? &ep->trecv : &ep->recv;
-        struct fiv_rx **tail = tagged ? &ep->trecv_tail : &ep->recv_tail;
-        rx->next = NULL;
-        if (*tail)
-            (*tail)->next = rx;
-        else
-            *head = rx;
-        *tail = rx;
+        rx_append(tagged ? &ep->trecv : &ep->recv,
+                  tagged ? &ep->trecv_tail : &ep->recv_tail, rx);
     }
     fiv_unlock(d);
     return 0;
@@ -797,14 +798,8 @@ static ssize_t post_plain(struct fiv_ep *ep, void *buf, size_t len,
     rx->ignore = ignore;
     rx->context = context;
     rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
-    struct fiv_rx **head = tagged ? &ep->trecv : &ep->recv;
-    struct fiv_rx **tail = tagged ? &ep->trecv_tail : &ep->recv_tail;
-    rx->next = NULL;
-    if (*tail)
-        (*tail)->next = rx;
-    else
-        *head = rx;
-    *tail = rx;
+    rx_append(tagged ? &ep->trecv : &ep->recv,
+              tagged ? &ep->trecv_tail : &ep->recv_tail, rx);
     fiv_unlock(d);
     return 0;
 }

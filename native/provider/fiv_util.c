@@ -43,11 +43,11 @@ const char *fiv_strerror(int prov_errno, char *buf, size_t len)
    Open MPI's parameter file. A rank whose device is another one (a Slurm
    job's own, docs/cluster.md "Regions of VM clusters") is given that
    device's file instead (FI_IVSHM_DEVICE_ENV), so that a rejoin takes
-   the device its job was given again, not the guest's device of boot. `force`: what the file says replaces what
-   we had (a device bound again after a move: docs/migration.md, "Core
-   back to region"; no file then means the device is not back yet, as the
-   host hides it before it asks for the drain). Returns
-   whether the file named a BAR2. */
+   the device its job was given again, not the guest's device of boot.
+   `force`: what the file says replaces what we had (a device bound
+   again after a move: docs/migration.md, "Core back to region"; no file
+   then means the device is not back yet, as the host hides it before it
+   asks for the drain). Returns whether the file named a BAR2. */
 bool fiv_guest_defaults(bool force)
 {
     /* kept for the process's life: fiv_cfg points here */
