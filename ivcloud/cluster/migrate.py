@@ -418,25 +418,33 @@ class _Busy(Exception):
 def unplug(d: Path, host: str) -> str:
     """The device of boot out of the QEMU in `d`, its chardev closed,
     the guest's unit of it stopped; its PCI address."""
-    pid = vm_lifecycle.qemu_pid(d)
-    if pid is None:
-        raise ClusterFailure(f"the QEMU of {host} is gone")
-    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-        addr = qemu.find_device(q, qemu.BOOT_DEVICE)
-        if addr is None:
-            raise ClusterFailure(f"guest {host} has no device of boot")
-        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
-            back = qemu.unplug_ivshmem(q, pid, qemu.BOOT_DEVICE,
-                                       UNPLUG_TIMEOUT_S)
-        if not back:
-            raise ClusterFailure(
-                f"guest {host} did not give its device ({addr}) back "
-                f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
-        qemu.remove_chardev(q, qemu.BOOT_DEVICE)
+    addr = _unplug_device(d, host, qemu.BOOT_DEVICE, "its device",
+                          "device of boot")
     vm_instance.guest_run(d / "agent.sock", host,
                           guest_regions.clear_script(addr, AWAY_ENV),
                           GUEST_TIMEOUT_S)
     _mark_hidden(d, GUEST_ENV, False)
+    return addr
+
+
+def _unplug_device(d: Path, host: str, dev: str, what: str,
+                   missing: str) -> str:
+    """QEMU's device `dev` (`what`, in messages) out of the QEMU in `d`
+    once the guest gave it back, its chardev closed; its PCI address."""
+    pid = vm_lifecycle.qemu_pid(d)
+    if pid is None:
+        raise ClusterFailure(f"the QEMU of {host} is gone")
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        addr = qemu.find_device(q, dev)
+        if addr is None:
+            raise ClusterFailure(f"guest {host} has no {missing}")
+        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
+            back = qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S)
+        if not back:
+            raise ClusterFailure(
+                f"guest {host} did not give {what} ({addr}) back "
+                f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
+        qemu.remove_chardev(q, dev)
     return addr
 
 
@@ -492,19 +500,10 @@ class JobDevice:
 def unplug_job(d: Path, host: str, j: JobDevice) -> None:
     """Job `j`'s device out of the QEMU in `d`, its chardev closed, the
     guest's unit and env files of it removed (the job's region stays)."""
-    pid = vm_lifecycle.qemu_pid(d)
-    if pid is None:
-        raise ClusterFailure(f"the QEMU of {host} is gone")
-    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
-            back = qemu.unplug_ivshmem(q, pid, j.dev, UNPLUG_TIMEOUT_S)
-        if not back:
-            raise ClusterFailure(
-                f"guest {host} did not give {j.name}'s device ({j.addr}) "
-                f"back within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
-        qemu.remove_chardev(q, j.dev)
+    addr = _unplug_device(d, host, j.dev, f"{j.name}'s device",
+                          f"device of {j.name}")
     vm_instance.guest_run(d / "agent.sock", host, guest_regions.clear_script(
-        j.addr, j.env, j.env + ".away"), GUEST_TIMEOUT_S)
+        addr, j.env, j.env + ".away"), GUEST_TIMEOUT_S)
     _mark_hidden(d, j.env, False)
 
 
@@ -894,19 +893,20 @@ def _settle_and_move(sd: StateDir, state: Dict, host: str, dest: int,
                                      f"half-way?)")
             stay, jobs = _slurm_jobs(state, host, sock, plugged)
             if not stay:
-                left = None if deadline is None else \
-                    max(0.0, deadline - time.monotonic())
+                def left():   # the drains share the caller's deadline
+                    return None if deadline is None else \
+                        max(0.0, deadline - time.monotonic())
                 src = int(state["instances"][host]["server"])
                 drained: List[JobDevice] = []
                 try:
                     for j in jobs:
                         say(f"drain: {j.name}'s ranks, on its region on "
                             f"s{src}")
-                        drain(state, host, sock, j.addr, left, say,
+                        drain(state, host, sock, j.addr, left(), say,
                               region=_job_region_of(state, src, j.job),
                               env=j.env)
                         drained.append(j)
-                    drain(state, host, sock, addr, left, say)
+                    drain(state, host, sock, addr, left(), say)
                 except BaseException as e:
                     # the jobs' ranks come back to the regions they left
                     for problem in process.undo(
