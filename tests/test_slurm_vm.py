@@ -209,9 +209,10 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
         assert c["sent_bytes"] >= 5 << 20, counters
     # slurmctld runs the epilog once the job has ended, after srun exits
     t1 = time.monotonic()
-    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
-                               rf"on servers \[0\] removed \(",
-                               hooks.read_text()), 60, "the epilog")
+    # its line, whatever it says, so that a failed epilog names its cause
+    line = epilog_line(hooks, job_id)
+    assert re.search(r"devices and regions on servers \[0\] removed \(",
+                     line), hooks.read_text()
     print(f"epilog done {time.monotonic() - t1:.1f} s after srun returned")
     assert not regions.job_dirs(servers_dir, srv["name"])
     for host, addr in zip(("s0i0", "s0i1"), plugged.groups()):
@@ -233,9 +234,9 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
                 timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("pingpong ok 1") == 2, r.stdout + r.stderr
-    wait_for(lambda: re.search(rf"epilog job {job_id + 1}: devices and "
-                               rf"regions on servers \[0\] removed \(",
-                               hooks.read_text()), 60, "the second epilog")
+    line = epilog_line(hooks, job_id + 1)
+    assert re.search(r"devices and regions on servers \[0\] removed \(",
+                     line), hooks.read_text()
     assert re.search(rf"prolog job {job_id + 1}: regions on servers \[0\]; "
                      rf"devices s0i0 {plugged[1]}, s0i1 {plugged[2]} \(",
                      hooks.read_text()), hooks.read_text()
@@ -267,7 +268,7 @@ def test_mpich_srun_uses_the_jobs_region(svm):
     print(f"srun --mpi=pmi2, MPICH, 2 ranks in 2 guests: "
           f"{time.monotonic() - t0:.1f} s")
     out = r.stdout + r.stderr
-    assert r.returncode == 0, out
+    assert r.returncode == 0, out + hooks.read_text()
     ranks = sorted((host, int(pid)) for pid, host in re.findall(
         rf"rank \d pid (\d+) on (s0i\d) allreduce 3 pingpong ok {n} "
         rf"MPICH Version:", r.stdout))
@@ -367,6 +368,20 @@ def hooks_line(hooks, what, job):
     return m[0] if m else None
 
 
+def epilog_line(hooks, job, timeout=120):
+    """Job `job`'s epilog line, whatever it says; a test that waits in
+    vain fails with all that hooks.log holds (a traceback goes there
+    too)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = hooks_line(hooks, "epilog", job)
+        if line:
+            return line
+        time.sleep(0.1)
+    pytest.fail(f"no epilog of job {job} in {timeout} s; hooks.log:\n"
+                f"{hooks.read_text()}")
+
+
 # After the killed slurmd: a dead guest leaves the cluster degraded (its
 # node stays down), so this runs last before `down`. 35-45 s: the job
 # ends 27-32 s after the kill (SlurmdTimeout and Slurm's pings, as
@@ -410,8 +425,7 @@ def test_killed_guest_frees_the_survivors_device(svm):
         t0 = time.monotonic()
         out = ended_after(job, "its guest s0i1 was killed", 180)
     assert job.returncode != 0, out
-    line = wait_for(lambda: hooks_line(hooks, "epilog", job_id), 120,
-                    "the epilog")
+    line = epilog_line(hooks, job_id)
     print(f"epilog done {time.monotonic() - t0:.1f} s after the kill")
     assert "devices and regions on servers [0] removed" in line, line
     assert not regions.job_dirs(servers_dir, srv_name)
@@ -431,8 +445,8 @@ def test_killed_guest_frees_the_survivors_device(svm):
                 "exec python3 /tmp/prog.py 0", timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "pingpong ok 0" in r.stdout, r.stdout + r.stderr
-    plugged = re.findall(rf"prolog job (\d+): regions on servers \[0\]; "
-                         rf"devices s0i0 (\S+) \(", hooks.read_text())
+    plugged = re.findall(r"prolog job (\d+): regions on servers \[0\]; "
+                         r"devices s0i0 (\S+) \(", hooks.read_text())
     assert plugged and int(plugged[-1][0]) > job_id, hooks.read_text()
     assert f"region /sys/bus/pci/devices/{plugged[-1][1]}/resource2" \
         in r.stdout, r.stdout
@@ -618,7 +632,7 @@ def test_migrate_moves_a_provider_jobs_region(svmm, tmp_path):
     otherwise. The job exits 0, every message once and in order; after
     it, nothing of the job is left on either server or in either
     guest."""
-    from ivcloud.mpis import flavor, provider
+    from ivcloud.mpis import flavor
     python = str(flavor("mpich").prefix() / "bin" / "python")
     assert state_of(svmm)["instances"]["s1i0"]["server"] == 1
     ring = base64.b64encode(RING.encode()).decode()
@@ -727,9 +741,8 @@ def test_migrate_moves_a_provider_jobs_region(svmm, tmp_path):
     assert all(s == 0 for k, (s, _) in enumerate(phases) if k != 4), \
         mover.group(0)
     # the epilog found the job's guests where they are now
-    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
-                               rf"on servers \[0, 1\] removed \(",
-                               hooks.read_text()), 120, "the epilog")
+    assert re.search(r"devices and regions on servers \[0, 1\] removed \(",
+                     epilog_line(hooks, job_id)), hooks.read_text()
     assert job_leftovers(svmm, job_id) == []
     assert state_of(svmm)["instances"]["s1i0"]["server"] == 1
 
@@ -794,9 +807,8 @@ def test_killed_migration_leaves_nothing_of_the_job(svmm):
                 p.communicate()
     assert job.returncode == 0, out + err
     assert out.count(" in order") == 2, out + err
-    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
-                               rf"on servers \[0, 1\] removed \(",
-                               hooks.read_text()), 120, "the epilog")
+    assert re.search(r"devices and regions on servers \[0, 1\] removed \(",
+                     epilog_line(hooks, job_id)), hooks.read_text()
     # on the host: the killed move's record of the file it hid
     assert job_leftovers(svmm, job_id) == ["s1i0: env.hidden"]
     assert slurm_nodes(svmm)["s1i0"] in ("drained", "idle"), \
