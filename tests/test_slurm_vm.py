@@ -592,6 +592,24 @@ def test_migrate_under_a_job_waits_for_it(svmm):
     assert r.stdout.count("pingpong ok 1") == 2, r.stdout + r.stderr
 
 
+def start_ring_job(name, *options):
+    """test_cluster_migrate's RING (900 turns, until /tmp/stop) as an
+    MPICH job under `cluster srun` (srun --mpi=pmi2, `options` its
+    own), one rank in each of s0i0 and s1i0; its Popen."""
+    from ivcloud.mpis import flavor
+    python = str(flavor("mpich").prefix() / "bin" / "python")
+    ring = base64.b64encode(RING.encode()).decode()
+    for host in ("s0i0", "s1i0"):
+        guest_sh(name, host, f"echo {ring} | base64 -d > /tmp/ring.py && "
+                             f"rm -f /tmp/stop")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", name,
+         "--run-dir", str(RUN_DIR), *options, "--", "--mpi=pmi2",
+         "--nodes=2", "--ntasks-per-node=1", python, "/tmp/ring.py", "900"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
 def job_leftovers(name, job):
     """What of Slurm job `job` is left: its servers' directories on the
     host, its devices and env files in the guests, an env file a move
@@ -632,20 +650,9 @@ def test_migrate_moves_a_provider_jobs_region(svmm, tmp_path):
     otherwise. The job exits 0, every message once and in order; after
     it, nothing of the job is left on either server or in either
     guest."""
-    from ivcloud.mpis import flavor
-    python = str(flavor("mpich").prefix() / "bin" / "python")
     assert state_of(svmm)["instances"]["s1i0"]["server"] == 1
-    ring = base64.b64encode(RING.encode()).decode()
-    for host in ("s0i0", "s1i0"):
-        guest_sh(svmm, host, f"echo {ring} | base64 -d > /tmp/ring.py && "
-                             f"rm -f /tmp/stop")
     hooks = Path(state_of(svmm)["slurm"]["dir"], "log", "hooks.log")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svmm,
-         "--run-dir", str(RUN_DIR), "--report-transport", "--",
-         "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1", python,
-         "/tmp/ring.py", "900"], stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = start_ring_job(svmm, "--report-transport")
     try:
         wait_for(lambda: guest_sh(svmm, "s1i0", "pgrep -f '[r]ing.py'; true"
                                   ).strip() or job.poll() is not None,
@@ -756,20 +763,9 @@ def test_killed_migration_leaves_nothing_of_the_job(svmm):
     its files, the hidden one too; the next migration puts back what
     the killed one left on the host (its record of the hidden file, the
     node drained in Slurm) and moves the guest."""
-    from ivcloud.mpis import flavor
-    python = str(flavor("mpich").prefix() / "bin" / "python")
     src = state_of(svmm)["instances"]["s1i0"]["server"]
-    ring = base64.b64encode(RING.encode()).decode()
-    for host in ("s0i0", "s1i0"):
-        guest_sh(svmm, host, f"echo {ring} | base64 -d > /tmp/ring.py && "
-                             f"rm -f /tmp/stop")
     hooks = Path(state_of(svmm)["slurm"]["dir"], "log", "hooks.log")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "ivcloud", "cluster", "srun", "--name", svmm,
-         "--run-dir", str(RUN_DIR), "--", "--mpi=pmi2", "--nodes=2",
-         "--ntasks-per-node=1", python, "/tmp/ring.py", "900"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    job = start_ring_job(svmm)
     mover = None
     try:
         wait_for(lambda: guest_sh(svmm, "s1i0", "pgrep -f '[r]ing.py'; true"

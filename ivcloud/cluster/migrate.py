@@ -37,9 +37,9 @@ from .slurm import guest_regions, moves
 from .state import StateDir, load, save
 from .topology import topology_from_dict
 
-# bounds, in seconds, for a TCG guest on a loaded host (as guest_regions)
+# bounds, in seconds, for a TCG guest on a loaded host (as guest_regions;
+# its UNPLUG_TIMEOUT_S bounds the guest giving a device back)
 QMP_TIMEOUT_S = 30.0
-UNPLUG_TIMEOUT_S = 30.0
 BIND_TIMEOUT_S = 150.0
 MIGRATE_TIMEOUT_S = 300.0
 # an agent command of a few processes
@@ -431,19 +431,10 @@ def _unplug_device(d: Path, host: str, dev: str, what: str,
                    missing: str) -> str:
     """QEMU's device `dev` (`what`, in messages) out of the QEMU in `d`
     once the guest gave it back, its chardev closed; its PCI address."""
-    pid = vm_lifecycle.qemu_pid(d)
-    if pid is None:
-        raise ClusterFailure(f"the QEMU of {host} is gone")
+    addr = guest_regions.take_device(d, host, dev, what)
+    if addr is None:
+        raise ClusterFailure(f"guest {host} has no {missing}")
     with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-        addr = qemu.find_device(q, dev)
-        if addr is None:
-            raise ClusterFailure(f"guest {host} has no {missing}")
-        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
-            back = qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S)
-        if not back:
-            raise ClusterFailure(
-                f"guest {host} did not give {what} ({addr}) back "
-                f"within {UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
         qemu.remove_chardev(q, dev)
     return addr
 

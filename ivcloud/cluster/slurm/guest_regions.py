@@ -173,32 +173,42 @@ def job_env_lines(addr: str, job: int) -> List[str]:
             f"mv {q_([job_env_path(job) + '.tmp', job_env_path(job)])}"]
 
 
+def take_device(d: Path, host: str, dev: str, what: str) -> Optional[str]:
+    """QEMU's device `dev` (`what`, in messages) out of the QEMU in `d`
+    once guest `host` gave it back (its chardev stays: remove_chardev);
+    its PCI address, None when the QEMU had no such device.
+    ClusterFailure when the QEMU is gone or the guest keeps the device."""
+    pid = vm_lifecycle.qemu_pid(d)
+    if pid is None:
+        raise ClusterFailure(f"the QEMU of {host} is gone")
+    with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
+        addr = qemu.find_device(q, dev)
+        with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
+            back = qemu.unplug_ivshmem(q, pid, dev, UNPLUG_TIMEOUT_S)
+    if not back:
+        raise ClusterFailure(
+            f"guest {host} did not give {what} ({addr}) back within "
+            f"{UNPLUG_TIMEOUT_S:.0f} s (a process holds it)")
+    return addr
+
+
 def _take_out(state: Dict, host: str, job: int
               ) -> Tuple[Optional[str], List[str]]:
     """The first half of an unplug: job `job`'s device out of live guest
     `host` (its chardev stays); (its PCI address, if it had the device;
     the problems)."""
-    dev = device_id(job)
     d = vm_instance.vm_dir_of(state, host)
     try:
         with ports_now(state, host) as d:
-            pid = vm_lifecycle.qemu_pid(d)
-            if pid is None:
+            if vm_lifecycle.qemu_pid(d) is None:
                 return None, []
-            with qemu.Qmp(d / "qmp.sock", QMP_TIMEOUT_S) as q:
-                addr = qemu.find_device(q, dev)
-                with agent.quiet(d / "agent.sock", UNPLUG_TIMEOUT_S):
-                    back = qemu.unplug_ivshmem(q, pid, dev,
-                                               UNPLUG_TIMEOUT_S)
-                if not back:
-                    return None, [f"guest {host} did not give device "
-                                  f"{dev} ({addr}) back within "
-                                  f"{UNPLUG_TIMEOUT_S:.0f} s"]
-        return addr, []
+            return take_device(d, host, device_id(job),
+                               f"device {device_id(job)}"), []
     except IvcloudError as e:
         if vm_lifecycle.qemu_pid(d) is None:
             return None, []    # the guest died meanwhile
-        return None, [f"guest {host}: {e}"]
+        return None, [str(e) if isinstance(e, ClusterFailure)
+                      else f"guest {host}: {e}"]
 
 
 def _finish(state: Dict, host: str, job: int, addr: Optional[str]
