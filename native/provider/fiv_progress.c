@@ -83,7 +83,9 @@ static void broken_by(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer)
 /* One whole message of `src`, written by its holder at generation `g`,
    at `data` in the region until the caller consumes it: nothing here keeps
    the pointer (the handlers copy what they keep, each header once).
-   Both receive paths end here, so admission is decided in one place.
+   Both receive paths end here, so admission is decided in one place;
+   the fast path's expected receive (fiv_msg_expected) admits only what
+   passes here, a subset it tests before anything else.
    Nothing reachable from here receives on ep->h or makes progress (the
    handlers only send, never wait, and queue what finds no room), which
    is what ivshm_recv_each asks of its upcall: no re-entrancy guard.
