@@ -855,12 +855,31 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
    post() would only fill a record and append it; this does that without
    post()'s general cases (docs/fast-path.md, "The provider's
    per-message path"). Anything else: post(), which decides afresh. */
-static ssize_t post_plain(struct fiv_ep *ep, void *buf, size_t len,
-                          fi_addr_t src, uint64_t tag, uint64_t ignore,
-                          void *context, uint64_t flags, bool tagged)
+static inline __attribute__((always_inline)) void
+rx_plain(struct fiv_ep *ep, struct fiv_rx *rx, void *buf, size_t len,
+         fi_addr_t src, uint64_t tag, uint64_t ignore, void *context,
+         uint64_t flags, bool tagged)
 {
-    if (!(ep->caps & FI_DIRECTED_RECV))
-        src = FI_ADDR_UNSPEC;
+    rx->iov[0] = (struct iovec){buf, len};
+    rx->total = len;
+    rx->iov_count = 1;
+    rx->src = src;
+    rx->tag = tag;
+    rx->ignore = ignore;
+    rx->context = context;
+    rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
+    rx_append(tagged ? &ep->trecv : &ep->recv,
+              tagged ? &ep->trecv_tail : &ep->recv_tail, rx);
+}
+
+/* post_plain under the domain's lock (FI_THREAD_SAFE and the models
+   fiv_lock serializes), or with no record on the free list: out of
+   line, so that the unlocked path saves no registers for its calls. */
+static __attribute__((noinline)) ssize_t
+post_plain_locked(struct fiv_ep *ep, void *buf, size_t len, fi_addr_t src,
+                  uint64_t tag, uint64_t ignore, void *context,
+                  uint64_t flags, bool tagged)
+{
     struct fiv_domain *d = ep->dom;
     fiv_lock(d);
     struct fiv_peer *from;
@@ -873,17 +892,35 @@ static ssize_t post_plain(struct fiv_ep *ep, void *buf, size_t len,
         struct iovec v = {buf, len};
         return post(ep, &v, 1, src, tag, ignore, context, flags, tagged);
     }
-    rx->iov[0] = (struct iovec){buf, len};
-    rx->total = len;
-    rx->iov_count = 1;
-    rx->src = src;
-    rx->tag = tag;
-    rx->ignore = ignore;
-    rx->context = context;
-    rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
-    rx_append(tagged ? &ep->trecv : &ep->recv,
-              tagged ? &ep->trecv_tail : &ep->recv_tail, rx);
+    rx_plain(ep, rx, buf, len, src, tag, ignore, context, flags, tagged);
     fiv_unlock(d);
+    return 0;
+}
+
+static inline __attribute__((always_inline)) ssize_t
+post_plain(struct fiv_ep *ep, void *buf, size_t len, fi_addr_t src,
+           uint64_t tag, uint64_t ignore, void *context, uint64_t flags,
+           bool tagged)
+{
+    if (!(ep->caps & FI_DIRECTED_RECV))
+        src = FI_ADDR_UNSPEC;
+    struct fiv_rx *rx = ep->rx_cache;
+    struct fiv_peer *from;
+    /* with no lock to take, a record on the free list and post()'s cases
+       absent (the conditions post_plain_locked tests again under its
+       lock), nothing here calls out */
+    if (ep->dom->locking || !rx || (tagged ? ep->tunexp : ep->unexp) ||
+        (src != FI_ADDR_UNSPEC && (from = fiv_peer(ep, src)) &&
+         from->dead))
+        return post_plain_locked(ep, buf, len, src, tag, ignore, context,
+                                 flags, tagged);
+    /* rx_get's, inline: what post does not set */
+    ep->rx_cache = rx->next;
+    ep->rx_cached--;
+    rx->multi_used = 0;
+    rx->pending = 0;
+    rx->retired = false;
+    rx_plain(ep, rx, buf, len, src, tag, ignore, context, flags, tagged);
     return 0;
 }
 
