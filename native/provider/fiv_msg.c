@@ -435,13 +435,12 @@ int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g, uint32_t tag,
        condition, so what passes is delivered exactly as there. */
     if (a >= ep->npeers)
         return 0;
-    const struct fiv_peer *pk = &ep->peers[a];
-    if (((op & FIV_OP_MASK) != FIV_OP_MSG) | (pk->path != PATH_REGION) |
-        pk->dead | pk->sw_rx | (pk->as.kind != ASM_NONE) |
+    struct fiv_peer *peer = &ep->peers[a];
+    if (((op & FIV_OP_MASK) != FIV_OP_MSG) | (peer->path != PATH_REGION) |
+        peer->dead | peer->sw_rx | (peer->as.kind != ASM_NONE) |
         (g != ep->gen_by_slot[src]) | (pr->rx_gen != g) |
         (n < sizeof(struct fiv_msg_hdr)))
         return 0;
-    struct fiv_peer *peer = &ep->peers[a];
     struct fiv_msg_hdr h;
     memcpy(&h, data, sizeof h); /* once: the region is shared */
     pr->rx++;
