@@ -860,6 +860,12 @@ int fiv_query_atomic(struct fid_domain *domain, enum fi_datatype datatype,
                      enum fi_op op, struct fi_atomic_attr *attr,
                      uint64_t flags);
 /* fiv_msg.c: MSG and TAGGED, posting and matching */
+/* A whole message for the receive at the head of its list, delivered
+   without fiv_deliver's cases: 1 taken, 0 not that case (nothing read,
+   nothing changed), -1 taken and the sender broke our protocol, -2 it
+   failed its wire check. */
+int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g, uint32_t tag,
+                     const uint8_t *data, size_t n);
 void fiv_deliver(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
                  uint32_t op, const uint8_t *p, size_t n);
 void fiv_peer_failed(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer,

@@ -289,21 +289,21 @@ static void unexp_to_rx(struct fiv_ep *ep, struct fiv_unexp *u, struct fiv_rx *r
         fiv_rx_put(ep, rx);
 }
 
-static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
-                      uint32_t op, const uint8_t *p, size_t n)
+/* A message's first part, its header `*hdr` read already (once) and
+   `chunk` bytes of payload at `p`: every case of it (a posted receive,
+   a multi-receive's slice, an unexpected one, the first of several
+   parts). Out of line: fiv_msg_expected's general cases, and the rest
+   of msg_first. */
+static __attribute__((noinline)) void msg_hdr(struct fiv_ep *ep, fi_addr_t src,
+                                              struct fiv_peer *peer, uint32_t op,
+                                              const struct fiv_msg_hdr *hdr,
+                                              const uint8_t *p, size_t chunk)
 {
-    struct fiv_msg_hdr h;
-    if (n < sizeof h) {
-        peer->violated = true;
-        return;
-    }
-    memcpy(&h, p, sizeof h); /* once: the region is shared */
-    size_t chunk = n - sizeof h;
+    struct fiv_msg_hdr h = *hdr;
     if (h.len > ep->max_msg || chunk > h.len) {
         peer->violated = true; /* malformed: not what a peer of ours sends */
         return;
     }
-    p += sizeof h;
     bool tagged = op & FIV_F_TAGGED;
     uint32_t mflags = op & (FIV_F_TAGGED | FIV_F_DATA);
     struct fiv_asm *as = &peer->as;
@@ -391,6 +391,88 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
     if (chunk < h.len)
         *as = (struct fiv_asm){.kind = ASM_UNEXP, .total = h.len, .got = chunk,
                                .ux = u};
+}
+
+static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
+                      uint32_t op, const uint8_t *p, size_t n)
+{
+    struct fiv_msg_hdr h;
+    if (n < sizeof h) {
+        peer->violated = true;
+        return;
+    }
+    memcpy(&h, p, sizeof h); /* once: the region is shared */
+    msg_hdr(ep, src, peer, op, &h, p + sizeof h, n - sizeof h);
+}
+
+/* The expected receive, whole: a region message of one part from a peer
+   we hear on the region, for the receive at the head of its posted list
+   (one buffer, no multi-receive), as every MPI's small message is. The
+   arrival, the pair's count, the dispatch and the delivery in one:
+   take_message's chain of cases and fiv_deliver's are what this skips.
+   Everything else is branched off by the one check at the top, before
+   anything of the message is read or any state changes (returns 0: the
+   caller's take_message decides afresh); once the header is read, the
+   message is this function's: it fails its wire check (returns -2: the
+   caller breaks the path, as take_message would), or is handed with
+   that header to msg_hdr's general cases (returns -1 if the sender
+   broke our protocol there: the caller breaks the path).
+   `src` is libivshm's slot index and `g` the generation it read the
+   message from (take_in_place). */
+int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g, uint32_t tag,
+                     const uint8_t *data, size_t n)
+{
+    fi_addr_t a = ep->by_slot[src];
+    uint32_t op = tag & FIV_WIRE_OP;
+    struct fiv_pair *pr = &ep->pairs[src];
+    /* The one check: an AV peer at the generation we hear it on the
+       region (take_message's admission); not failed, not switching or
+       switched away (fiv_drain.c: sw_rx, and a path other than the
+       region); no message of it in progress (a first part now would be
+       a violation); the pair's count already at this generation
+       (fiv_pair_received's reset is not needed); a MSG with room for its
+       header. Each of those is take_message's delivery branch's own
+       condition, so what passes is delivered exactly as there. */
+    if (a >= ep->npeers)
+        return 0;
+    struct fiv_peer *peer = &ep->peers[a];
+    if (((op & FIV_OP_MASK) != FIV_OP_MSG) | (peer->path != PATH_REGION) |
+        peer->dead | peer->sw_rx | (peer->as.kind != ASM_NONE) |
+        (g != ep->gen_by_slot[src]) | (pr->rx_gen != g) |
+        (n < sizeof(struct fiv_msg_hdr)))
+        return 0;
+    struct fiv_msg_hdr h;
+    memcpy(&h, data, sizeof h); /* once: the region is shared */
+    pr->rx++;
+    /* the wire check over that copy: it covers a first part's header
+       alone, the bytes used below, so they are read once */
+    _Static_assert(sizeof h == FIV_WIRE_CHECKED, "the check covers the header");
+    if (fiv_wire_tag(op, &h, n) != tag)
+        return -2;
+    ep->received++;
+    size_t chunk = n - sizeof h;
+    bool tagged = op & FIV_F_TAGGED;
+    struct fiv_rx **head = tagged ? &ep->trecv : &ep->recv;
+    struct fiv_rx *rx = *head;
+    /* whole, within our limit, and for the first posted receive of one
+       buffer: receives are matched in posting order, so the head is the
+       one take_rx would find first */
+    if (h.len != chunk || h.len > ep->max_msg || !rx ||
+        !rx_matches(rx, a, h.tag, tagged) ||
+        (rx->flags & FI_MULTI_RECV) || rx->iov_count != 1) {
+        msg_hdr(ep, a, peer, op, &h, data + sizeof h, chunk);
+        return peer->violated ? -1 : 1;
+    }
+    *head = rx->next;
+    if (!rx->next)
+        *(tagged ? &ep->trecv_tail : &ep->recv_tail) = NULL;
+    void *to = rx->iov[0].iov_base;
+    size_t stored = chunk < rx->total ? chunk : rx->total;
+    fiv_copy_small(to, data + sizeof h, stored);
+    finish_rx(ep, rx, a, h.tag, h.data, op & (FIV_F_TAGGED | FIV_F_DATA),
+              h.len, stored, to, false);
+    fiv_rx_put(ep, rx);
+    return 1;
 }
 
 /* An unexpected message completed while a receive waited for it. */
@@ -772,12 +854,31 @@ static ssize_t post(struct fiv_ep *ep, const struct iovec *iov, size_t count,
    post() would only fill a record and append it; this does that without
    post()'s general cases (docs/fast-path.md, "The provider's
    per-message path"). Anything else: post(), which decides afresh. */
-static ssize_t post_plain(struct fiv_ep *ep, void *buf, size_t len,
-                          fi_addr_t src, uint64_t tag, uint64_t ignore,
-                          void *context, uint64_t flags, bool tagged)
+static inline __attribute__((always_inline)) void
+rx_plain(struct fiv_ep *ep, struct fiv_rx *rx, void *buf, size_t len,
+         fi_addr_t src, uint64_t tag, uint64_t ignore, void *context,
+         uint64_t flags, bool tagged)
 {
-    if (!(ep->caps & FI_DIRECTED_RECV))
-        src = FI_ADDR_UNSPEC;
+    rx->iov[0] = (struct iovec){buf, len};
+    rx->total = len;
+    rx->iov_count = 1;
+    rx->src = src;
+    rx->tag = tag;
+    rx->ignore = ignore;
+    rx->context = context;
+    rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
+    rx_append(tagged ? &ep->trecv : &ep->recv,
+              tagged ? &ep->trecv_tail : &ep->recv_tail, rx);
+}
+
+/* post_plain under the domain's lock (FI_THREAD_SAFE and the models
+   fiv_lock serializes), or with no record on the free list: out of
+   line, so that the unlocked path saves no registers for its calls. */
+static __attribute__((noinline)) ssize_t
+post_plain_locked(struct fiv_ep *ep, void *buf, size_t len, fi_addr_t src,
+                  uint64_t tag, uint64_t ignore, void *context,
+                  uint64_t flags, bool tagged)
+{
     struct fiv_domain *d = ep->dom;
     fiv_lock(d);
     struct fiv_peer *from;
@@ -790,17 +891,35 @@ static ssize_t post_plain(struct fiv_ep *ep, void *buf, size_t len,
         struct iovec v = {buf, len};
         return post(ep, &v, 1, src, tag, ignore, context, flags, tagged);
     }
-    rx->iov[0] = (struct iovec){buf, len};
-    rx->total = len;
-    rx->iov_count = 1;
-    rx->src = src;
-    rx->tag = tag;
-    rx->ignore = ignore;
-    rx->context = context;
-    rx->flags = flags | FI_RECV | (tagged ? FI_TAGGED : FI_MSG);
-    rx_append(tagged ? &ep->trecv : &ep->recv,
-              tagged ? &ep->trecv_tail : &ep->recv_tail, rx);
+    rx_plain(ep, rx, buf, len, src, tag, ignore, context, flags, tagged);
     fiv_unlock(d);
+    return 0;
+}
+
+static inline __attribute__((always_inline)) ssize_t
+post_plain(struct fiv_ep *ep, void *buf, size_t len, fi_addr_t src,
+           uint64_t tag, uint64_t ignore, void *context, uint64_t flags,
+           bool tagged)
+{
+    if (!(ep->caps & FI_DIRECTED_RECV))
+        src = FI_ADDR_UNSPEC;
+    struct fiv_rx *rx = ep->rx_cache;
+    struct fiv_peer *from;
+    /* with no lock to take, a record on the free list and post()'s cases
+       absent (the conditions post_plain_locked tests again under its
+       lock), nothing here calls out */
+    if (ep->dom->locking || !rx || (tagged ? ep->tunexp : ep->unexp) ||
+        (src != FI_ADDR_UNSPEC && (from = fiv_peer(ep, src)) &&
+         from->dead))
+        return post_plain_locked(ep, buf, len, src, tag, ignore, context,
+                                 flags, tagged);
+    /* rx_get's, inline: what post does not set */
+    ep->rx_cache = rx->next;
+    ep->rx_cached--;
+    rx->multi_used = 0;
+    rx->pending = 0;
+    rx->retired = false;
+    rx_plain(ep, rx, buf, len, src, tag, ignore, context, flags, tagged);
     return 0;
 }
 

@@ -81,15 +81,55 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
     return 0;
 }
 
+/* The send every MPI makes per small message (mtl ofi's fi_tinjectdata,
+   MPICH's fi_tinjectdata and fi_tsenddata): one buffer of at most
+   FIV_INJECT bytes to a peer of the AV on the region, introduced, with
+   nothing queued to it, neither failed nor switching paths, the message
+   in one slot. send_msg would then only build the header and put it
+   into the peer's ring; this does that without its general cases (the
+   iovec, the queue, the core path, the introduction), all branched off
+   by one check, each of them one of send_msg's own conditions for that
+   path. A ring without room or a failed send falls to send_msg, which
+   decides afresh: a send that failed wrote nothing and counted nothing
+   (fiv_region_send), so the second try is the only one that counts. */
+static inline __attribute__((always_inline)) ssize_t
+send_plain(struct fiv_ep *ep, const void *buf, size_t len, fi_addr_t dest,
+           uint64_t tag, uint64_t data, void *context, uint64_t flags,
+           bool tagged)
+{
+    struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    struct fiv_peer *p = dest < ep->npeers ? &ep->peers[dest] : NULL;
+    if (p && !((len > FIV_INJECT) | (len > ep->max_msg) |
+               (sizeof(struct fiv_msg_hdr) + len > ep->frag) |
+               (p->path != PATH_REGION) | (p->txq != NULL) | p->dead |
+               p->sw_pause | !p->introduced)) {
+        struct fiv_msg_hdr h = {.tag = tag, .len = len, .data = data};
+        uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
+                      (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
+        if (fiv_region_send(ep, p->slot, p->generation, op, &h, sizeof h,
+                            buf, len) == 0) {
+            ep->sent++;
+            fiv_complete_sent(ep, context,
+                              FI_SEND | (tagged ? FI_TAGGED : FI_MSG),
+                              !(flags & FIV_NO_EVENT) && want_tx(ep, flags));
+            fiv_unlock(d);
+            return 0;
+        }
+    }
+    fiv_unlock(d);
+    struct iovec v = {(void *)buf, len};
+    return send_msg(ep, &v, 1, dest, tag, data, context, flags, tagged);
+}
+
 #define EP(e) container_of(e, struct fiv_ep, ep)
 
 static ssize_t m_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
                       fi_addr_t dest, void *context)
 {
     (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, 0, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION, false);
+    return send_plain(EP(e), buf, len, dest, 0, 0, context,
+                      EP(e)->tx_op_flags | FI_COMPLETION, false);
 }
 
 static ssize_t m_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
@@ -110,8 +150,8 @@ static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
 static ssize_t m_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest)
 {
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, 0, NULL, FI_INJECT | FIV_NO_EVENT, false);
+    return send_plain(EP(e), buf, len, dest, 0, 0, NULL,
+                      FI_INJECT | FIV_NO_EVENT, false);
 }
 
 static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
@@ -119,18 +159,16 @@ static ssize_t m_senddata(struct fid_ep *e, const void *buf, size_t len,
                           void *context)
 {
     (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, data, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
-                    false);
+    return send_plain(EP(e), buf, len, dest, 0, data, context,
+                      EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
+                      false);
 }
 
 static ssize_t m_injectdata(struct fid_ep *e, const void *buf, size_t len,
                             uint64_t data, fi_addr_t dest)
 {
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, 0, data, NULL,
-                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, false);
+    return send_plain(EP(e), buf, len, dest, 0, data, NULL,
+                      FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, false);
 }
 
 struct fi_ops_msg fiv_msg_ops = {
@@ -164,9 +202,8 @@ static ssize_t t_send(struct fid_ep *e, const void *buf, size_t len, void *desc,
                       fi_addr_t dest, uint64_t tag, void *context)
 {
     (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, 0, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION, true);
+    return send_plain(EP(e), buf, len, dest, tag, 0, context,
+                      EP(e)->tx_op_flags | FI_COMPLETION, true);
 }
 
 static ssize_t t_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
@@ -188,8 +225,8 @@ static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
 static ssize_t t_inject(struct fid_ep *e, const void *buf, size_t len,
                         fi_addr_t dest, uint64_t tag)
 {
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, 0, NULL, FI_INJECT | FIV_NO_EVENT, true);
+    return send_plain(EP(e), buf, len, dest, tag, 0, NULL,
+                      FI_INJECT | FIV_NO_EVENT, true);
 }
 
 static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
@@ -197,18 +234,16 @@ static ssize_t t_senddata(struct fid_ep *e, const void *buf, size_t len,
                           uint64_t tag, void *context)
 {
     (void)desc;
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, data, context,
-                    EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
-                    true);
+    return send_plain(EP(e), buf, len, dest, tag, data, context,
+                      EP(e)->tx_op_flags | FI_COMPLETION | FI_REMOTE_CQ_DATA,
+                      true);
 }
 
 static ssize_t t_injectdata(struct fid_ep *e, const void *buf, size_t len,
                             uint64_t data, fi_addr_t dest, uint64_t tag)
 {
-    struct iovec v = {(void *)buf, len};
-    return send_msg(EP(e), &v, 1, dest, tag, data, NULL,
-                    FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, true);
+    return send_plain(EP(e), buf, len, dest, tag, data, NULL,
+                      FI_INJECT | FIV_NO_EVENT | FI_REMOTE_CQ_DATA, true);
 }
 
 struct fi_ops_tagged fiv_tagged_ops = {

@@ -70,10 +70,22 @@ static bool hears(const struct fiv_ep *ep, const struct fiv_peer *peer,
            (g < 0 || g == (int64_t)ep->gen_by_slot[src]);
 }
 
+/* `peer` (at `a`) broke our protocol (fiv_peer.violated): its path
+   breaks, with the cap it passed if that was the reason. */
+static void broken_by(struct fiv_ep *ep, fi_addr_t a, struct fiv_peer *peer)
+{
+    const char *why = peer->over ? peer->over : "it broke our protocol";
+    peer->violated = false;
+    peer->over = NULL;
+    fiv_path_broken(ep, a, peer, why);
+}
+
 /* One whole message of `src`, written by its holder at generation `g`,
    at `data` in the region until the caller consumes it: nothing here keeps
    the pointer (the handlers copy what they keep, each header once).
-   Both receive paths end here, so admission is decided in one place.
+   Both receive paths end here, so admission is decided in one place;
+   the fast path's expected receive (fiv_msg_expected) admits only what
+   passes here, a subset it tests before anything else.
    Nothing reachable from here receives on ep->h or makes progress (the
    handlers only send, never wait, and queue what finds no room), which
    is what ivshm_recv_each asks of its upcall: no re-entrancy guard.
@@ -124,12 +136,8 @@ static bool take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
             (op & FIV_OP_MASK) != FIV_OP_INTRO)
             ep->received++;
         fiv_deliver(ep, a, peer, op, data, n);
-        if (peer->violated) {
-            const char *why = peer->over ? peer->over : "it broke our protocol";
-            peer->violated = false;
-            peer->over = NULL;
-            fiv_path_broken(ep, a, peer, why);
-        }
+        if (peer->violated)
+            broken_by(ep, a, peer);
     } else if (heard) {
         ep->unheard++; /* nothing more is taken from a failed peer */
     } else {
@@ -146,10 +154,7 @@ static bool take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
            message its SWITCH released (fiv_switch_receive), a malformed
            probe; the path breaks as on the core (fiv_core_progress),
            unless the peer is dead already */
-        const char *why = peer->over ? peer->over : "it broke our protocol";
-        peer->violated = false;
-        peer->over = NULL;
-        fiv_path_broken(ep, a, peer, why);
+        broken_by(ep, a, peer);
     }
     return true;
 }
@@ -162,7 +167,22 @@ static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
                           const void *data, size_t len)
 {
     struct fiv_ep *ep = arg;
-    (void)take_message(ep, src, gen, tag, data, len, false);
+    /* the expected receive first, all its cases decided by one check
+       there; whatever it leaves, take_message's admission and dispatch
+       take as they would have */
+    int taken = fiv_msg_expected(ep, src, gen, tag, data, len);
+    if (__builtin_expect(taken > 0, 1))
+        return;
+    if (taken == 0) {
+        (void)take_message(ep, src, gen, tag, data, len, false);
+        return;
+    }
+    fi_addr_t a = ep->by_slot[src];
+    struct fiv_peer *peer = fiv_peer(ep, a);
+    if (taken == -2)
+        fiv_path_broken(ep, a, peer, "a message failed its check");
+    else
+        broken_by(ep, a, peer);
 }
 
 /* The general path: what the fast path leaves (the queue, backlogs,
