@@ -18,6 +18,11 @@ from .base import Launch
 from .hydra import HydraFlavor
 from .mpich import Mpich
 
+# Slurm's PMI-2 client (Debian's libpmi2-0, in the guest image): under
+# srun there is no hydra to answer Intel MPI's PMI calls, and its own
+# PMI-2 client is not built to reach slurmstepd (docs/mpi.md, "Under
+# Slurm")
+PMI2_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/libpmi2.so.0")
 _FABRICS = {"ivshmem": "shm:ofi", "tcp": "shm:ofi", "shm": "ofi",
             "own-shm": "shm"}
 
@@ -26,6 +31,7 @@ class IntelMpi(HydraFlavor):
     name = "impi"
     title = "Intel MPI 2021.18.1"
     wheel = "impi-rt==2021.18.1"
+    slurm_mpi = "pmi2"
 
     def launcher_options(self, agent: str) -> Sequence[str]:
         return ["-bootstrap", "ssh", "-bootstrap-exec", agent]
@@ -60,6 +66,16 @@ class IntelMpi(HydraFlavor):
         elif transport != "own-shm":
             env["I_MPI_OFI_PROVIDER"] = transport
         return env
+
+    def task_env(self, launch: Launch) -> Dict[str, str]:
+        """A hydra launch's variables, and Slurm's PMI-2 library for its
+        PMI calls (srun --mpi=pmi2: the flavour's slurm_mpi)."""
+        if not launch.installed and not PMI2_LIBRARY.is_file():
+            raise MpiFlavorError(f"{self.title} under srun needs Slurm's "
+                                 f"PMI-2 library: no {PMI2_LIBRARY} here "
+                                 f"(Debian's libpmi2-0)")
+        return {**super().task_env(launch), "I_MPI_PMI": "pmi2",
+                "I_MPI_PMI_LIBRARY": str(PMI2_LIBRARY)}
 
     def provider_path(self, library: Path) -> str:
         return f"{self.prefix() / 'lib'}:+{library}"
