@@ -76,8 +76,8 @@ def test_srun_mpi_gives_the_flavours_settings(ofi_programs, mpi):
     """`cluster srun --mpi NAME`: srun's environment carries the MPI's
     variables and its PMI plugin (no --mpi= of the job's), and the two
     ranks on co-resident instances talk over the region. Intel MPI
-    needs Slurm's PMI-2 library on the host: without it the request is
-    refused, one line, exit 2."""
+    loads Slurm's PMI-2 library where the host has it, else speaks
+    PMI-1 to Slurm's pmi2 plugin (its startup report says which)."""
     from ivcloud.mpis import impi
     name = new_name()
     up = ivcloud("cluster", "up", "--name", name, "--servers", 1,
@@ -88,16 +88,12 @@ def test_srun_mpi_gives_the_flavours_settings(ofi_programs, mpi):
         assert up.returncode == 0, up.stdout + up.stderr
         snapshot = json.loads((RUN_DIR / f"cluster-{name}" /
                                "state.json").read_text())
+        debug = ["--export=ALL,I_MPI_DEBUG=5"] if mpi == "impi" else []
         proc = ivcloud("cluster", "srun", "--name", name, "--mpi", mpi,
-                       "--report-transport", "--", "--nodes=2",
+                       "--report-transport", "--", *debug, "--nodes=2",
                        "--ntasks-per-node=1",
                        *ofi_programs(mpi, "pairs"), timeout=120)
         out = proc.stdout + proc.stderr
-        if mpi == "impi" and not impi.PMI2_LIBRARY.is_file():
-            assert proc.returncode == 2, out
-            assert proc.stderr.count("\n") == 1, out
-            assert "libpmi2-0" in proc.stderr, out
-            return
         assert proc.returncode == 0, out
         assert "pairs ok: sum 3" in proc.stdout, out
         assert {w["host"] for w in ranks(proc.stdout).values()} == \
@@ -107,6 +103,9 @@ def test_srun_mpi_gives_the_flavours_settings(ofi_programs, mpi):
         for counts in lines.values():
             assert counts["sent"] > 0 and counts["received"] > 0, out
             assert counts["delegated"] == 0, out
+        if debug:
+            api = "pmi2" if impi.PMI2_LIBRARY.is_file() else "pmi"
+            assert re.search(rf"PMI API: {api}$", out, re.M), out
     finally:
         if (RUN_DIR / f"cluster-{name}").exists():
             down = ivcloud("cluster", "down", "--name", name)

@@ -18,10 +18,10 @@ from .base import Launch
 from .hydra import HydraFlavor
 from .mpich import Mpich
 
-# Slurm's PMI-2 client (Debian's libpmi2-0, in the guest image): under
-# srun there is no hydra to answer Intel MPI's PMI calls, and its own
-# PMI-2 client is not built to reach slurmstepd (docs/mpi.md, "Under
-# Slurm")
+# Slurm's PMI-2 client library (Debian's libpmi2-0, in the guest
+# image), which Intel MPI's tasks under `srun --mpi=pmi2` load for its
+# PMI-2 API; without it Intel MPI speaks PMI-1 to slurmstepd, which
+# Slurm's pmi2 plugin answers as well (docs/mpi.md, "Under Slurm")
 PMI2_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/libpmi2.so.0")
 _FABRICS = {"ivshmem": "shm:ofi", "tcp": "shm:ofi", "shm": "ofi",
             "own-shm": "shm"}
@@ -68,14 +68,12 @@ class IntelMpi(HydraFlavor):
         return env
 
     def task_env(self, launch: Launch) -> Dict[str, str]:
-        """A hydra launch's variables, and Slurm's PMI-2 library for its
-        PMI calls (srun --mpi=pmi2: the flavour's slurm_mpi)."""
-        if not launch.installed and not PMI2_LIBRARY.is_file():
-            raise MpiFlavorError(f"{self.title} under srun needs Slurm's "
-                                 f"PMI-2 library: no {PMI2_LIBRARY} here "
-                                 f"(Debian's libpmi2-0)")
-        return {**super().task_env(launch), "I_MPI_PMI": "pmi2",
-                "I_MPI_PMI_LIBRARY": str(PMI2_LIBRARY)}
+        """A hydra launch's variables, and Slurm's PMI-2 library where
+        the tasks have it (srun --mpi=pmi2: the flavour's slurm_mpi)."""
+        env = super().task_env(launch)
+        if launch.installed or PMI2_LIBRARY.is_file():
+            env.update(I_MPI_PMI="pmi2", I_MPI_PMI_LIBRARY=str(PMI2_LIBRARY))
+        return env
 
     def provider_path(self, library: Path) -> str:
         return f"{self.prefix() / 'lib'}:+{library}"
