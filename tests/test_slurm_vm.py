@@ -243,15 +243,18 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
         assert ivshmem_devices(svm, host) == standing[host]
 
 
-# the MPIs from PyPI under `cluster srun`: its options, srun's, and the
-# start of the library's version line. MPICH's settings come from the
-# guests' task prolog (its PMI-2 client named by the job); the others'
-# from `cluster srun --mpi`, which gives srun their variables and PMI
-# plugin.
+# the MPIs from PyPI under `cluster srun`: its options, srun's, the start
+# of the library's version line, and a line the job must print (a
+# regular expression). MPICH's variables come from the guests' task
+# prolog, the job naming its PMI plugin; the others' from `cluster srun
+# --mpi`, which gives srun their variables and PMI plugin. Intel MPI's
+# startup report (I_MPI_DEBUG=5) says that it loaded Slurm's PMI-2
+# library.
 SRUN_MPIS = {
-    "mpich": ((), ("--mpi=pmi2",), OFI_LIBRARY["mpich"]),
-    "impi": (("--mpi", "impi"), (), OFI_LIBRARY["impi"]),
-    "openmpi5": (("--mpi", "openmpi5"), (), "Open MPI v5"),
+    "mpich": ((), ("--mpi=pmi2",), OFI_LIBRARY["mpich"], ""),
+    "impi": (("--mpi", "impi"), ("--export=ALL,I_MPI_DEBUG=5",),
+             OFI_LIBRARY["impi"], r"MPI startup\(\): PMI API: pmi2$"),
+    "openmpi5": (("--mpi", "openmpi5"), (), "Open MPI v5", ""),
 }
 
 
@@ -263,7 +266,7 @@ def test_srun_uses_the_jobs_region(svm, mpi):
     report (srun's --report-transport) shows the pair's every message
     over that region, none delegated."""
     from ivcloud.mpis import flavor, provider
-    ours, theirs, library = SRUN_MPIS[mpi]
+    ours, theirs, library, startup = SRUN_MPIS[mpi]
     python = str(flavor(mpi).prefix() / "bin" / "python")
     state = state_of(svm)
     hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
@@ -284,6 +287,7 @@ def test_srun_uses_the_jobs_region(svm, mpi):
         rf"rank \d pid (\d+) on (s0i\d) allreduce 3 pingpong ok {n} "
         rf"{re.escape(library)}", r.stdout))
     assert [h for h, _ in ranks] == ["s0i0", "s0i1"], out
+    assert re.search(startup, out, re.M), out
     plugged = re.findall(r"prolog job (\d+): regions on servers \[0\]; "
                          r"devices s0i0 (\S+), s0i1 (\S+) \(",
                          hooks.read_text())
