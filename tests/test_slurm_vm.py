@@ -9,9 +9,11 @@ controller's hooks plug into the guests for the job's life
 One 1-server x 2-instance x 1-vCPU cluster, used in order: up and
 status, a 2-rank job across both guests (its own server and devices,
 the BML's choice and the BTL's counters on both ranks, nothing of them
-left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
-and a job one of whose guests is killed (IVCLOUD_SLURM_VM_KILL=1: `make
-test-slurm-vm`), then `down` and what it leaves. Then a 2-server x
+left after the job, and a second job in the same ports), 2-rank jobs
+of MPICH, Intel MPI and Open MPI 5 over the provider, a job whose
+slurmd in one guest is killed and a job one of whose guests is killed
+(IVCLOUD_SLURM_VM_KILL=1: `make test-slurm-vm`), then `down` and what
+it leaves. Then a 2-server x
 1-instance cluster for `cluster migrate` (a move needs a second server;
 IVCLOUD_SLURM_VM_MIGRATE=1, `make test-slurm-vm`):
 an idle guest moved, whose slurmd serves on and whose next job's region
