@@ -9,9 +9,11 @@ controller's hooks plug into the guests for the job's life
 One 1-server x 2-instance x 1-vCPU cluster, used in order: up and
 status, a 2-rank job across both guests (its own server and devices,
 the BML's choice and the BTL's counters on both ranks, nothing of them
-left after the job, and a second job in the same ports), a job whose slurmd in one guest is killed
-and a job one of whose guests is killed (IVCLOUD_SLURM_VM_KILL=1: `make
-test-slurm-vm`), then `down` and what it leaves. Then a 2-server x
+left after the job, and a second job in the same ports), 2-rank jobs
+of MPICH, Intel MPI and Open MPI 5 over the provider, a job whose
+slurmd in one guest is killed and a job one of whose guests is killed
+(IVCLOUD_SLURM_VM_KILL=1: `make test-slurm-vm`), then `down` and what
+it leaves. Then a 2-server x
 1-instance cluster for `cluster migrate` (a move needs a second server;
 IVCLOUD_SLURM_VM_MIGRATE=1, `make test-slurm-vm`):
 an idle guest moved, whose slurmd serves on and whose next job's region
@@ -47,7 +49,7 @@ from ivcloud.vm import qemu
 
 from test_cluster import BML_RE, wait_for
 from test_cluster_migrate import RING
-from test_cluster_vm import (OFI_PROGRAM, PROGRAM, RUN_DIR,
+from test_cluster_vm import (OFI_LIBRARY, OFI_PROGRAM, PROGRAM, RUN_DIR,
                              assert_nothing_left, cluster, up_args)
 # the same requirements as the image tests (root, QEMU, mmdebstrap)
 from test_guest_image import pytestmark as _image_marks
@@ -244,15 +246,31 @@ def test_pmix_job_uses_a_region_of_its_own(svm):
         assert ivshmem_devices(svm, host) == standing[host]
 
 
-def test_mpich_srun_uses_the_jobs_region(svm):
-    """MPICH from PyPI (its prefix shared with the guests) under srun
-    --mpi=pmi2, one rank per guest: the guests' task prolog names the
-    job's device (not the standing one) to the provider and gives the
-    MPICH settings, and each rank's provider report (srun's
-    --report-transport) shows the pair's every message over that region,
-    none delegated."""
+# the MPIs from PyPI under `cluster srun`: its options, srun's, the start
+# of the library's version line, and a line the job must print (a
+# regular expression). MPICH's variables come from the guests' task
+# prolog, the job naming its PMI plugin; the others' from `cluster srun
+# --mpi`, which gives srun their variables and PMI plugin. Intel MPI's
+# startup report (I_MPI_DEBUG=5) says that it loaded Slurm's PMI-2
+# library.
+SRUN_MPIS = {
+    "mpich": ((), ("--mpi=pmi2",), OFI_LIBRARY["mpich"], ""),
+    "impi": (("--mpi", "impi"), ("--export=ALL,I_MPI_DEBUG=5",),
+             OFI_LIBRARY["impi"], r"MPI startup\(\): PMI API: pmi2$"),
+    "openmpi5": (("--mpi", "openmpi5"), (), "Open MPI v5", ""),
+}
+
+
+@pytest.mark.parametrize("mpi", list(SRUN_MPIS))
+def test_srun_uses_the_jobs_region(svm, mpi):
+    """An MPI from PyPI (its prefix shared with the guests) under srun,
+    one rank per guest: the guests' task prolog names the job's device
+    (not the standing one) to the provider, and each rank's provider
+    report (srun's --report-transport) shows the pair's every message
+    over that region, none delegated."""
     from ivcloud.mpis import flavor, provider
-    python = str(flavor("mpich").prefix() / "bin" / "python")
+    ours, theirs, library, startup = SRUN_MPIS[mpi]
+    python = str(flavor(mpi).prefix() / "bin" / "python")
     state = state_of(svm)
     hooks = Path(state["slurm"]["dir"], "log", "hooks.log")
     # none before the cluster's first job
@@ -260,24 +278,25 @@ def test_mpich_srun_uses_the_jobs_region(svm):
                if hooks.exists() else [])
     n = 20
     t0 = time.monotonic()
-    r = cluster("srun", svm, "--report-transport", "--", "--mpi=pmi2",
+    r = cluster("srun", svm, *ours, "--report-transport", "--", *theirs,
                 "--nodes=2", "--ntasks-per-node=1", "sh", "-c",
                 'echo "$SLURMD_NODENAME provider region $FI_IVSHM_REGION"; '
                 'exec "$0" "$@"', python, "/tmp/ofi.py", n,
                 timeout=JOB_TIMEOUT)
-    print(f"srun --mpi=pmi2, MPICH, 2 ranks in 2 guests: "
-          f"{time.monotonic() - t0:.1f} s")
+    print(f"srun, {mpi}, 2 ranks in 2 guests: {time.monotonic() - t0:.1f} s")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out + hooks.read_text()
     ranks = sorted((host, int(pid)) for pid, host in re.findall(
         rf"rank \d pid (\d+) on (s0i\d) allreduce 3 pingpong ok {n} "
-        rf"MPICH Version:", r.stdout))
+        rf"{re.escape(library)}", r.stdout))
     assert [h for h, _ in ranks] == ["s0i0", "s0i1"], out
-    plugged = re.findall(r"prolog job \d+: regions on servers \[0\]; "
+    assert re.search(startup, out, re.M), out
+    plugged = re.findall(r"prolog job (\d+): regions on servers \[0\]; "
                          r"devices s0i0 (\S+), s0i1 (\S+) \(",
                          hooks.read_text())
     assert len(plugged) == done + 1, hooks.read_text()
-    for host, addr in zip(("s0i0", "s0i1"), plugged[-1]):
+    job_id, *addrs = plugged[-1]
+    for host, addr in zip(("s0i0", "s0i1"), addrs):
         assert (f"{host} provider region /sys/bus/pci/devices/{addr}/"
                 f"resource2" in r.stdout), out
     # line by line: the two guests' pids may be equal
@@ -287,6 +306,10 @@ def test_mpich_srun_uses_the_jobs_region(svm):
     for _, counts in reports:
         assert counts["sent"] >= n and counts["received"] >= n, out
         assert counts["delegated"] == 0, out
+    # the next job's prolog plugs devices where this one's epilog unplugs
+    wait_for(lambda: re.search(rf"epilog job {job_id}: devices and regions "
+                               rf"on servers \[0\] removed \(",
+                               hooks.read_text()), 60, "the epilog")
 
 
 def guest_ranks(name, host):

@@ -130,8 +130,9 @@ def register(sub) -> None:
         j = action(
             actions, command, _cmd_slurm, _common,
             help=f"{what} on a cluster's Slurm",
-            usage=f"ivcloud cluster {command} [--name NAME] [--rankfile "
-                  f"FILE] [--report-transport] -- {command.upper()}_ARGS...",
+            usage=f"ivcloud cluster {command} [--name NAME] [--mpi NAME] "
+                  f"[--rankfile FILE] [--report-transport] -- "
+                  f"{command.upper()}_ARGS...",
             description=f"Run Slurm's {command} in the head node with the "
                         f"cluster's SLURM_CONF (`cluster exec head -- "
                         f"{command} ...` works too). Every job gets a "
@@ -143,6 +144,15 @@ def register(sub) -> None:
                        help="place task R on the rankfile's host of rank R "
                             "(Slurm's arbitrary distribution; e.g. from "
                             "`ivcloud place --cluster NAME`)")
+        j.add_argument("--mpi", default=None, metavar="NAME",
+                       help="the tasks are ranks of this MPI over the "
+                            "job's region: its variables (those of "
+                            "`cluster mpirun --mpi NAME --transport "
+                            "ivshmem`) and its PMI plugin (srun's --mpi: "
+                            "pmi2 for mpich and impi, pmix for openmpi "
+                            "and openmpi5), which the job's own override; "
+                            "default: the task prolog's, for openmpi and "
+                            "mpich")
         j.add_argument("--report-transport", action="store_true",
                        help="every rank prints one line at its end, as "
                             "with `cluster mpirun --report-transport` (the "
@@ -328,7 +338,7 @@ def _cmd_slurm(args) -> int:
         hosts = hosts_of_rankfile(_rankfile_text(args),
                                   sorted(state["instances"]))
     return run_slurm(state, args.command, argv, hosts,
-                     report=args.report_transport)
+                     report=args.report_transport, mpi=args.mpi)
 
 
 def _cmd_put(args) -> int:

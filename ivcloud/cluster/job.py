@@ -133,14 +133,16 @@ def describe_job(state: Dict, job: Job) -> List[str]:
 def run_slurm(state: Dict, command: str, args: Sequence[str],
               hosts: Optional[Sequence[str]] = None,
               timeout: Optional[float] = None, stdout=None,
-              stderr=None, report: bool = False) -> int:
+              stderr=None, report: bool = False,
+              mpi: Optional[str] = None) -> int:
     """Slurm's `srun ARGS` or `sbatch ARGS` in the head node (Slurm
     places and starts the ranks; its hooks make the job's regions);
     their exit status. hosts: task i on hosts[i]; report: every rank
-    prints its transport line (slurm_client.REPORT_ENV). SIGTERM/SIGHUP
-    are passed on (srun then ends its job)."""
+    prints its transport line (slurm_client.REPORT_ENV); mpi: the
+    tasks are ranks of that MPI (slurm_client.client_command).
+    SIGTERM/SIGHUP are passed on (srun then ends its job)."""
     full, env, cpus, hostfile = slurm_client.client_command(
-        state, command, args, hosts, report=report)
+        state, command, args, hosts, report=report, mpi=mpi)
     try:
         with process.interrupts():
             return process.run_launcher(

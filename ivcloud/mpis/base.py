@@ -86,6 +86,10 @@ class Flavor:
     # such MPI's (Open MPI 5 and Intel MPI would set OMPI_MCA_pml,
     # FI_PROVIDER, LD_LIBRARY_PATH otherwise: their jobs name their own)
     in_task_prolog = False
+    # srun's PMI plugin for this MPI's tasks (--mpi=...; `cluster srun
+    # --mpi NAME` sets it as SLURM_MPI_TYPE, which an --mpi of the job's
+    # own overrides)
+    slurm_mpi = "pmix"
 
     # ---------------------------------------------------------- install
 

@@ -18,6 +18,11 @@ from .base import Launch
 from .hydra import HydraFlavor
 from .mpich import Mpich
 
+# Slurm's PMI-2 client library (Debian's libpmi2-0, in the guest
+# image), which Intel MPI's tasks under `srun --mpi=pmi2` load for its
+# PMI-2 API; without it Intel MPI speaks PMI-1 to slurmstepd, which
+# Slurm's pmi2 plugin answers as well (docs/mpi.md, "Under Slurm")
+PMI2_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/libpmi2.so.0")
 _FABRICS = {"ivshmem": "shm:ofi", "tcp": "shm:ofi", "shm": "ofi",
             "own-shm": "shm"}
 
@@ -26,6 +31,7 @@ class IntelMpi(HydraFlavor):
     name = "impi"
     title = "Intel MPI 2021.18.1"
     wheel = "impi-rt==2021.18.1"
+    slurm_mpi = "pmi2"
 
     def launcher_options(self, agent: str) -> Sequence[str]:
         return ["-bootstrap", "ssh", "-bootstrap-exec", agent]
@@ -59,6 +65,14 @@ class IntelMpi(HydraFlavor):
                        FI_PROVIDER=f"{provider.NAME},tcp")
         elif transport != "own-shm":
             env["I_MPI_OFI_PROVIDER"] = transport
+        return env
+
+    def task_env(self, launch: Launch) -> Dict[str, str]:
+        """A hydra launch's variables, and Slurm's PMI-2 library where
+        the tasks have it (srun --mpi=pmi2: the flavour's slurm_mpi)."""
+        env = super().task_env(launch)
+        if launch.installed or PMI2_LIBRARY.is_file():
+            env.update(I_MPI_PMI="pmi2", I_MPI_PMI_LIBRARY=str(PMI2_LIBRARY))
         return env
 
     def provider_path(self, library: Path) -> str:

@@ -18,6 +18,8 @@ class Mpich(HydraFlavor):
     title = "MPICH 5.0.2"
     wheel = "mpich==5.0.2"
     in_task_prolog = True
+    # its PMI client speaks PMI-2's wire protocol to slurmstepd
+    slurm_mpi = "pmi2"
 
     def launcher_options(self, agent: str) -> Sequence[str]:
         return ["-launcher", "ssh", "-launcher-exec", agent]

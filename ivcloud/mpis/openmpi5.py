@@ -42,6 +42,16 @@ class OpenMpi5(OfiFlavor):
         # (Debian's defaults keep it out too)
         return mca + [["osc", "^ucx"], ["btl", "^uct"]]
 
+    def task_env(self, launch: Launch) -> Dict[str, str]:
+        """Its MCA parameters as OMPI_MCA_ variables (they take the keys
+        Open MPI 4.1's entry in the TaskProlog sets, which a task's own
+        win over), and the ranks' variables. The component path of that
+        entry (our BTL's directory, on namespace clusters) is cleared:
+        those components are Open MPI 4.1's."""
+        env = {f"OMPI_MCA_{k}": v for k, v in self.mca(launch.transport)}
+        env["OMPI_MCA_mca_base_component_path"] = ""
+        return {**env, **self.rank_env(launch)}
+
     def launch_line(self, launch: Launch, program: List[str],
                     env: Dict[str, str]) -> Command:
         cmd = [str(self.launcher_path())]

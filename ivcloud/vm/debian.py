@@ -71,8 +71,11 @@ BASE_PACKAGES = [
     # a VM cluster's Slurm nodes (`cluster up --instance-kind vm
     # --scheduler slurm`): slurmd and munged, started by the cluster with
     # its own configuration; Slurm's mpi/pmix plugin (in the basic
-    # plugins) dlopens libpmix.so, which only the -dev package has
+    # plugins) dlopens libpmix.so, which only the -dev package has;
+    # Intel MPI's tasks under `srun --mpi=pmi2` load Slurm's PMI-2 client
+    # library (ivcloud/mpis/impi.py, PMI2_LIBRARY)
     "slurmd", "munge", "slurm-wlm-basic-plugins", "libpmix-dev",
+    "libpmi2-0",
 ]
 # Debian 13: what the guest package needs (Open MPI 5 reaches the region
 # through libfabric's ivshm provider) and mpi4py, no applications.

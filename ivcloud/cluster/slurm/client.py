@@ -83,19 +83,22 @@ def set_topology(state: Dict, shape: str) -> None:
 
 def client_command(state: Dict, command: str, args: Sequence[str],
                    hosts: Optional[Sequence[str]] = None,
-                   cwd: Optional[str] = None, report: bool = False
+                   cwd: Optional[str] = None, report: bool = False,
+                   mpi: Optional[str] = None
                    ) -> Tuple[List[str], Dict[str, str], List[int],
                               Optional[Path]]:
     """(argv, env, cpus, hostfile) of `srun ARGS` or `sbatch ARGS` in
     the head node, working in `cwd` (nodes.workdir). hosts: task i on
     hosts[i], through the returned hostfile (srun's caller removes it;
     an sbatch job's sruns read it later, and `down` removes it).
-    report: with REPORT_ENV."""
+    report: with REPORT_ENV. mpi: the tasks are that MPI's ranks over
+    the job's region (conf.job_mpi_env: its variables and PMI plugin)."""
     if command not in ("srun", "sbatch"):
         raise ClusterError(f"no Slurm command '{command}' here (srun or "
                            f"sbatch)")
     nodes = kinds.of_state(state).slurm_nodes()
     nodes.check_placement(command, hosts or ())
+    mpi_env = nodes.mpi_env(state, mpi) if mpi is not None else {}
     argv = [binary(command), f"--chdir={nodes.workdir(cwd)}"]
     hostfile = None
     if hosts:
@@ -104,6 +107,7 @@ def client_command(state: Dict, command: str, args: Sequence[str],
         hostfile.write_text("".join(f"{h}\n" for h in hosts))
         argv += ["--distribution=arbitrary", f"--ntasks={len(hosts)}"]
     full, env, cpus = head_command(state, argv + list(args))
+    env.update(mpi_env)
     if hostfile is not None:
         env["SLURM_HOSTFILE"] = str(hostfile)
     if report:

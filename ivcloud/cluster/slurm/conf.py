@@ -180,7 +180,18 @@ def topology_conf_text(topo: ClusterTopology, shape: str = "tree") -> str:
 # flavour gives a rank started by somebody else (Flavor.task_env), so
 # their keys must not collide. MPICH's tasks start with `srun
 # --mpi=pmi2` (its PMI client speaks PMI-2), Open MPI's with --mpi=pmix.
+# The others' jobs name theirs (job_mpi_env).
 TASK_MPIS = tuple(n for n in mpis.NAMES if mpis.flavor(n).in_task_prolog)
+
+
+def _task_launch(topo: ClusterTopology, site_env: Dict[str, str],
+                 installed: bool, interface: Optional[str]) -> mpis.Launch:
+    """The launch a task on an instance of `topo` is one rank of, over
+    the ivshmem transport."""
+    hosts = tuple((i.hostname, topo.vcpus) for i in topo.instance_list())
+    return mpis.Launch(["task"], 1, transport="ivshmem", hosts=hosts,
+                       installed=installed, interface=interface,
+                       env=site_env)
 
 
 def task_env(topo: ClusterTopology, site_env: Dict[str, str],
@@ -191,16 +202,31 @@ def task_env(topo: ClusterTopology, site_env: Dict[str, str],
     (the MPIs their image has and those of the host directories they
     see, `shared`; the transports of their packages, not this
     checkout's build)."""
-    hosts = tuple((i.hostname, topo.vcpus) for i in topo.instance_list())
-    launch = mpis.Launch(["task"], 1, transport="ivshmem", hosts=hosts,
-                         installed=installed, interface=interface,
-                         env=site_env)
+    launch = _task_launch(topo, site_env, installed, interface)
     env: Dict[str, str] = {}
     for name in TASK_MPIS:
         flavor = mpis.flavor(name)
         if not installed or flavor.guest_needs(shared) is None:
             env.update(flavor.task_env(launch))
     return env
+
+
+def job_mpi_env(name: str, topo: ClusterTopology, site_env: Dict[str, str],
+                installed: bool, interface: Optional[str] = None,
+                shared: Sequence[str] = ()) -> Dict[str, str]:
+    """What makes a job's tasks MPI `name`'s over the ivshmem transport
+    (task_env's arguments), as variables of srun's or sbatch's
+    environment, which Slurm hands to the tasks and which win over the
+    TaskProlog's: the flavour's task_env and its PMI plugin
+    (SLURM_MPI_TYPE, srun's default for --mpi). MpiFlavorError for an
+    unknown MPI, ClusterError for one the instances lack."""
+    flavor = mpis.flavor(name)
+    if installed:
+        need = flavor.guest_needs(shared)
+        if need is not None:
+            raise ClusterError(need, setting="mpi")
+    launch = _task_launch(topo, site_env, installed, interface)
+    return {"SLURM_MPI_TYPE": flavor.slurm_mpi, **flavor.task_env(launch)}
 
 
 def task_prolog_text(topo: ClusterTopology, servers_dir: Path,

@@ -48,6 +48,13 @@ class GuestNodes(Nodes):
         # the guests' jobs start too (vm_instance.run_launcher)
         return "/tmp"
 
+    def task_settings(self, state: Dict) -> Dict:
+        # the guests' packages, the MPI prefixes shared with them, their
+        # accelerator's settings, TCP on the cluster's subnet
+        return {"site_env": vm_instance.rank_env(state), "installed": True,
+                "interface": SUBNET,
+                "shared": vm_instance.shared_dirs(state)}
+
     def check_placement(self, command: str, hosts: Sequence[str]) -> None:
         if hosts and command == "sbatch":
             # the batch script's own sruns would read the hostfile in a
@@ -82,9 +89,7 @@ class GuestNodes(Nodes):
         """The guests' task prolog and cgroup.conf, once the guests are
         booted (the task's settings depend on their accelerator)."""
         env = task_env(topology_from_dict(state["topology"]),
-                       vm_instance.rank_env(state), installed=True,
-                       interface=SUBNET,
-                       shared=vm_instance.shared_dirs(state))
+                       **self.task_settings(state))
         prolog, cgroup = self.guest_files(paths)
         prolog.parent.mkdir(mode=0o755, exist_ok=True)
         prolog.write_text(guest_task_prolog_text(env, guest_regions.JOB_DIR))

@@ -13,6 +13,8 @@ client and the hooks ask it and test no kind.
     alive(state, rec)       whether the daemon of a record lives
     log_line(state, paths, node) the last line of a node's slurmd log
     workdir(cwd)            the directory a job's tasks start in
+    task_settings(state)    what the nodes' tasks are ranks of (conf.py's
+                            task_env arguments after the topology)
     check_placement(command, hosts)  refuse a task list the nodes
                             cannot read
     attach_job(state, job, nodes, sockets)  the prolog's part in the nodes
@@ -37,7 +39,8 @@ from ...errors import ClusterError, ClusterFailure
 from .. import holder
 from ..launch import enter_command, working_dir
 from ..topology import HEAD_HOSTNAME
-from .conf import SlurmPaths
+from ..topology import topology_from_dict
+from .conf import SlurmPaths, job_mpi_env
 
 START_TIMEOUT_S = 30.0
 # a Slurm command in the head node (query)
@@ -133,6 +136,15 @@ class Nodes:
 
     def workdir(self, cwd: Optional[str]) -> str:
         return working_dir(cwd)
+
+    def task_settings(self, state: Dict) -> Dict:
+        # this checkout's build: the instances see the host's files
+        return {"site_env": {}, "installed": False}
+
+    def mpi_env(self, state: Dict, name: str) -> Dict[str, str]:
+        """conf.job_mpi_env of MPI `name` for these nodes' tasks."""
+        return job_mpi_env(name, topology_from_dict(state["topology"]),
+                           **self.task_settings(state))
 
     def check_placement(self, command: str, hosts: Sequence[str]) -> None:
         pass
