@@ -419,8 +419,18 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
    broke our protocol there: the caller breaks the path).
    `src` is libivshm's slot index and `g` the generation it read the
    message from (take_in_place). */
-int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g, uint32_t tag,
-                     const uint8_t *data, size_t n)
+#ifdef FIV_IPO_BUILD
+/* Optimized as one module, inlined with its caller into libivshm's walk
+   (fiv_progress.c, take_in_place): the walk and the receive in one frame,
+   one set of saved registers. Across files only the link can inline it;
+   elsewhere it stays a call. */
+#define FIV_WALK_INLINE inline __attribute__((always_inline))
+#else
+#define FIV_WALK_INLINE
+#endif
+FIV_WALK_INLINE int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g,
+                                     uint32_t tag, const uint8_t *data,
+                                     size_t n)
 {
     fi_addr_t a = ep->by_slot[src];
     uint32_t op = tag & FIV_WIRE_OP;
