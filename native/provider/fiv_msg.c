@@ -89,8 +89,9 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
     if (total <= stored) {
         /* whole: straight into the CQ (fiv_complete_rx's success path),
            field by field: an entry built aside and assigned whole was
-           built, then copied. Every field is written: a new one must be
-           written here too (fiv.h, struct fiv_cqe). */
+           built, then copied. Every field cq_readfrom reads is written:
+           a new one must be written here too (fiv.h, struct fiv_cqe);
+           err and olen are an error entry's, never read in the ring. */
         fiv_cntr_inc(ep->cntr_recv);
         struct fiv_cqe *to;
         if (want_rx(ep, rx->flags) && ep->rx_cq &&
@@ -102,9 +103,7 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
             to->data = mflags & FIV_F_DATA ? data : 0;
             to->tag = mflags & FIV_F_TAGGED ? tag : 0;
             to->src = from;
-            to->err = 0;
             to->core = false;
-            to->olen = 0;
         }
         return;
     }
