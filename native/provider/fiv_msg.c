@@ -79,8 +79,15 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
                       uint64_t tag, uint64_t data, uint32_t mflags,
                       size_t total, size_t stored, void *at, bool last)
 {
-    uint64_t flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
-                     (mflags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0) |
+    /* the flags of each combination of the two wire bits, looked up
+       rather than built from them bit by bit */
+    static const uint64_t by_bits[4] = {
+        FI_RECV | FI_MSG, FI_RECV | FI_TAGGED,
+        FI_RECV | FI_MSG | FI_REMOTE_CQ_DATA,
+        FI_RECV | FI_TAGGED | FI_REMOTE_CQ_DATA};
+    _Static_assert(FIV_F_TAGGED == 0x100u && FIV_F_DATA == 0x200u,
+                   "by_bits is indexed by the two bits above the op");
+    uint64_t flags = by_bits[(mflags >> 8) & 3] |
                      (last && rx->flags & FI_MULTI_RECV ? FI_MULTI_RECV : 0);
     /* a peer heard only through its introduction has no address the
        application knows (fiv_complete.c's store) */
