@@ -339,9 +339,10 @@ struct fiv_cqe {
     uint64_t data;
     uint64_t tag;
     fi_addr_t src;
-    /* errors */
-    int err;              /* positive FI_E* code, 0 = success             */
     bool core;            /* a core peer's remote write (fiv_cq.core_writes) */
+    /* an error entry's (fiv_cq.errs): not read in the ring, so a
+       completion written there in place may leave them unwritten */
+    int err;              /* positive FI_E* code, 0 = success             */
     size_t olen;
 };
 

@@ -79,8 +79,15 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
                       uint64_t tag, uint64_t data, uint32_t mflags,
                       size_t total, size_t stored, void *at, bool last)
 {
-    uint64_t flags = FI_RECV | (mflags & FIV_F_TAGGED ? FI_TAGGED : FI_MSG) |
-                     (mflags & FIV_F_DATA ? FI_REMOTE_CQ_DATA : 0) |
+    /* the flags of each combination of the two wire bits, looked up
+       rather than built from them bit by bit */
+    static const uint64_t by_bits[4] = {
+        FI_RECV | FI_MSG, FI_RECV | FI_TAGGED,
+        FI_RECV | FI_MSG | FI_REMOTE_CQ_DATA,
+        FI_RECV | FI_TAGGED | FI_REMOTE_CQ_DATA};
+    _Static_assert(FIV_F_TAGGED == 0x100u && FIV_F_DATA == 0x200u,
+                   "by_bits is indexed by the two bits above the op");
+    uint64_t flags = by_bits[(mflags >> 8) & 3] |
                      (last && rx->flags & FI_MULTI_RECV ? FI_MULTI_RECV : 0);
     /* a peer heard only through its introduction has no address the
        application knows (fiv_complete.c's store) */
@@ -89,8 +96,9 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
     if (total <= stored) {
         /* whole: straight into the CQ (fiv_complete_rx's success path),
            field by field: an entry built aside and assigned whole was
-           built, then copied. Every field is written: a new one must be
-           written here too (fiv.h, struct fiv_cqe). */
+           built, then copied. Every field cq_readfrom reads is written:
+           a new one must be written here too (fiv.h, struct fiv_cqe);
+           err and olen are an error entry's, never read in the ring. */
         fiv_cntr_inc(ep->cntr_recv);
         struct fiv_cqe *to;
         if (want_rx(ep, rx->flags) && ep->rx_cq &&
@@ -102,9 +110,7 @@ static inline __attribute__((always_inline)) void finish_rx(struct fiv_ep *ep, s
             to->data = mflags & FIV_F_DATA ? data : 0;
             to->tag = mflags & FIV_F_TAGGED ? tag : 0;
             to->src = from;
-            to->err = 0;
             to->core = false;
-            to->olen = 0;
         }
         return;
     }
@@ -419,8 +425,18 @@ static void msg_first(struct fiv_ep *ep, fi_addr_t src, struct fiv_peer *peer,
    broke our protocol there: the caller breaks the path).
    `src` is libivshm's slot index and `g` the generation it read the
    message from (take_in_place). */
-int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g, uint32_t tag,
-                     const uint8_t *data, size_t n)
+#ifdef FIV_IPO_BUILD
+/* Optimized as one module, inlined with its caller into libivshm's walk
+   (fiv_progress.c, take_in_place): the walk and the receive in one frame,
+   one set of saved registers. Across files only the link can inline it;
+   elsewhere it stays a call. */
+#define FIV_WALK_INLINE inline __attribute__((always_inline))
+#else
+#define FIV_WALK_INLINE
+#endif
+FIV_WALK_INLINE int fiv_msg_expected(struct fiv_ep *ep, int src, uint32_t g,
+                                     uint32_t tag, const uint8_t *data,
+                                     size_t n)
 {
     fi_addr_t a = ep->by_slot[src];
     uint32_t op = tag & FIV_WIRE_OP;

@@ -162,9 +162,12 @@ static bool take_message(struct fiv_ep *ep, int src, int64_t g, uint32_t tag,
 /* ivshm_recv_each's upcall. `gen` is the incarnation libivshm read the
    message from (it hands out only a live sender's), so the registry is
    not asked again; `src` is one of libivshm's own slot indices, below
-   ivshm_max_peers. */
-static void take_in_place(void *arg, int src, uint32_t gen, uint32_t tag,
-                          const void *data, size_t len)
+   ivshm_max_peers. Inline wherever its call is direct: optimized as one
+   module (with fiv_msg_expected, fiv_msg.c), that is libivshm's walk,
+   which then saves its registers and frame once for both. */
+static inline __attribute__((always_inline)) void
+take_in_place(void *arg, int src, uint32_t gen, uint32_t tag, const void *data,
+              size_t len)
 {
     struct fiv_ep *ep = arg;
     /* the expected receive first, all its cases decided by one check

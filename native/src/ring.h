@@ -355,6 +355,7 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
     /* slot_at's terms, kept across the calls of fn */
     uint8_t *const slots = ring + IVSHM_RING_CTRL;
     const uint64_t mask = h->ring_slots - 1, stride = h->slot_size;
+    const uint64_t ahead = RX_AHEAD * stride;
     int n = 0;
     do {
         const uint64_t pos = p->rx_tail;
@@ -379,9 +380,12 @@ IVSHM_HOT_INLINE int ring_take(ivshm *h, int slot, ivshm_recv_fn fn,
            sender that has not written it yet loses nothing, since our
            next poll loads that line anyway (docs/fast-path.md, "Two
            messages at once"). Hints only: nothing is read from them
-           here. */
-        __builtin_prefetch(slots + ((pos + 1) & mask) * stride, 0, 3);
-        __builtin_prefetch(slots + ((pos + RX_AHEAD) & mask) * stride, 0, 3);
+           here. Their addresses are this slot's plus one and RX_AHEAD
+           strides, without the wrap: near the ring's end they name a
+           line past it, a wasted hint (a prefetch never faults), and
+           the wrap's mask and multiply are saved on every message. */
+        __builtin_prefetch((const void *)((uintptr_t)s + stride), 0, 3);
+        __builtin_prefetch((const void *)((uintptr_t)s + ahead), 0, 3);
         /* handed out as a peek is, while fn runs: whatever keeps a
            peeked message in place keeps this one */
         p->peeked = true;
