@@ -12,6 +12,7 @@ short, and a lock per guest orders prologs and epilogs on its ports.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -40,6 +41,9 @@ APPEAR_TIMEOUT_S = 30.0
 BIND_TIMEOUT_S = 120.0
 UNPLUG_TIMEOUT_S = 30.0
 LOCK_TIMEOUT_S = 60.0
+# the prolog's wait for a root port an ended job's epilog is freeing:
+# that epilog's unplug of the guest's device, and its start
+PORT_WAIT_S = 2 * UNPLUG_TIMEOUT_S
 # the epilog's wait for a guest's ports: a migration of the guest holds
 # them for its whole move (drain, copy, bind: minutes under TCG), after
 # which the job's device is in the guest's new QEMU
@@ -138,21 +142,30 @@ def plug_one(state: Dict, host: str, job: int, server_socket: str) -> str:
     d = vm_instance.vm_dir_of(state, host)
     qmp = d / "qmp.sock"
     dev = device_id(job)
-    with port_lock(d):
-        with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
-            if qemu.find_device(q, dev) is not None:
-                raise ClusterFailure(f"guest {host} has a device {dev} "
-                                     f"already")
-            port = qemu.free_root_port(q)
-        if port is None:
+    deadline = time.monotonic() + PORT_WAIT_S
+    while True:
+        with port_lock(d):
+            with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
+                if qemu.find_device(q, dev) is not None:
+                    raise ClusterFailure(f"guest {host} has a device {dev} "
+                                         f"already")
+                port = qemu.free_root_port(q)
+            if port is not None:
+                port_id, addr = port
+                vm_instance.shell_in(state, host,
+                                     clear_script(addr, job_env_path(job)), 60)
+                with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
+                    got = qemu.plug_ivshmem(q, dev, port_id, server_socket,
+                                            VECTORS)
+                break
+        # Slurm gives an ended job's CPUs to the next job before the
+        # ended one's epilog has unplugged its device, and a guest has a
+        # port per vCPU: the port comes free within that unplug
+        if time.monotonic() > deadline:
             raise ClusterFailure(f"guest {host} has no free root port for "
-                                 f"the job's device (it runs as many jobs "
-                                 f"as it has ports)")
-        port_id, addr = port
-        vm_instance.shell_in(state, host,
-                             clear_script(addr, job_env_path(job)), 60)
-        with qemu.Qmp(qmp, QMP_TIMEOUT_S) as q:
-            got = qemu.plug_ivshmem(q, dev, port_id, server_socket, VECTORS)
+                                 f"the job's device within {PORT_WAIT_S:.0f} "
+                                 f"s (it runs as many jobs as it has ports)")
+        time.sleep(0.5)
     if got != addr:
         raise ClusterFailure(f"guest {host}: the job's device is at {got}, "
                              f"not at {addr} as its port said")
