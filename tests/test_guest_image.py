@@ -121,6 +121,18 @@ def test_udev_rule_bound_the_device(guest):
     assert "ivcloud-guest" in sh(guest, "dpkg -S /usr/bin/ivshm-guest")
 
 
+def test_vm_exec_runs_numpy(guest):
+    """numpy's BLAS as `vm exec` runs it in the TCG guest: OpenBLAS took
+    qemu64 (AMD family 15) for an Opteron and died on 3DNow! (SIGILL)
+    until the command got qemu.guest_env's setting."""
+    r = ivcloud("vm", "exec", "--run-dir", guest.parent.parent.parent,
+                "deb0", "--", "python3 -c 'import numpy; "
+                "a = numpy.ones((64, 64)); print(float((a @ a).sum()))'",
+                timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split()[-1] == "262144.0", r.stdout
+
+
 def test_open_mpi_lists_the_component_and_defaults(guest):
     env = env_of(guest)
     out = sh(guest, "ompi_info | grep ivshmem")

@@ -14,7 +14,7 @@ from ..server import format_size, parse_size
 from ..vm import agent, debian, image
 from ..vm.lifecycle import (DEFAULT_PREFIX, BOOT_TIMEOUT_S,
                             vm_root, vm_dir, list_vms, qemu_pid, up, stop_vm,
-                            status, parse_cores, pin, check_name)
+                            status, parse_cores, pin, check_name, run_in)
 from . import (CliError, action, add_run_dir, checked, number, remainder,
                sub_actions)
 
@@ -196,7 +196,7 @@ def _cmd_exec(args) -> int:
         raise CliError("no command given (ivcloud vm exec NAME -- CMD)")
     text = cmd[0] if len(cmd) == 1 else " ".join(shlex.quote(c) for c in cmd)
     try:
-        r = agent.run(d / "agent.sock", text, timeout=args.timeout)
+        r = run_in(d, text, args.timeout)
     except agent.AgentError as e:
         raise VmFailure(f"VM {args.vm}: {e}")
     sys.stdout.write(r.output)

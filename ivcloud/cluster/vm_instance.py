@@ -39,8 +39,6 @@ DEFAULT_MEMORY_MB = 512
 MIN_MEMORY_MB = 256
 BOOT_TIMEOUT_S = 300.0
 MPI_USER = debian.MPI_USER
-# OpenBLAS's kernels for a guest under TCG (see mpirun_command)
-TCG_OPENBLAS_CORE = "Prescott"
 # after a guest of a running job died: how often the host looks
 JOB_POLL_S = 1.0
 # a job launcher's stderr in its guest, then `ivcloud`'s pid (guest_users)
@@ -516,14 +514,8 @@ def _dead(state: Dict, dirs: Sequence[Path]) -> List[str]:
 def rank_env(state: Dict) -> Dict[str, str]:
     """What every rank in the guests gets, whatever its MPI and however
     it is started (a job's launcher; Slurm's task prolog,
-    slurm/guests.py)."""
-    if guest_accel(state) == "tcg":
-        # TCG's default CPU (qemu64) says AMD family 15: OpenBLAS then
-        # picks its Opteron kernels, whose 3DNow! instructions TCG does
-        # not emulate (SIGILL in numpy, HPL, PETSc). SSE3 is what qemu64
-        # has.
-        return {"OPENBLAS_CORETYPE": TCG_OPENBLAS_CORE}
-    return {}
+    slurm/guests.py): what any program there needs (qemu.guest_env)."""
+    return qemu.guest_env(guest_accel(state))
 
 
 def _read_and_remove(sock: Path, path: str) -> str:

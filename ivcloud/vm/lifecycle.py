@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import stat
 import sys
@@ -426,6 +427,16 @@ def cpus_allowed(pid: int, tid: int) -> Optional[str]:
     except OSError:
         pass
     return None
+
+
+def run_in(d: Path, command: str, timeout: float) -> agent.Result:
+    """`command` with the guest's sh in the VM of directory `d`, in the
+    environment every program there needs (qemu.guest_env of the VM's
+    accelerator); its status and output."""
+    accel = (_read_json(d / "vm.json") or {}).get("accel") or ""
+    exports = "".join(f"export {k}={shlex.quote(v)}; "
+                      for k, v in qemu.guest_env(accel).items())
+    return agent.run(d / "agent.sock", exports + command, timeout)
 
 
 def status(root: Path, names: Optional[List[str]] = None) -> List[Dict]:

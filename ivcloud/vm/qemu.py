@@ -68,6 +68,16 @@ def smp(accel: str, vcpus: int) -> str:
 # TCG's default model with RDTSCP, which TCG emulates and Intel MPI's
 # timer executes without asking CPUID (SIGILL on plain qemu64)
 TCG_CPU = "qemu64,+rdtscp"
+# qemu64 says AMD family 15: OpenBLAS then picks its Opteron kernels,
+# whose 3DNow! instructions TCG does not emulate (SIGILL in numpy, HPL,
+# PETSc); Prescott's need SSE3, which qemu64 has
+TCG_OPENBLAS_CORE = "Prescott"
+
+
+def guest_env(accel: str) -> Dict[str, str]:
+    """What every program in a guest under `accel` needs in its
+    environment."""
+    return {"OPENBLAS_CORETYPE": TCG_OPENBLAS_CORE} if accel == "tcg" else {}
 
 
 def guest_command(qemu: str, image: GuestImage, vm_dir: Path, name: str,
