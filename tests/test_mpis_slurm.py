@@ -44,16 +44,7 @@ def test_mpich_srun_uses_the_region_without_options(ofi_programs):
                        "--report-transport", "--",
                        "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1",
                        *ofi_programs("mpich", "pairs"), timeout=120)
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out
-        assert "pairs ok: sum 3" in proc.stdout, out
-        assert {w["host"] for w in ranks(proc.stdout).values()} == \
-            {"s0i0", "s0i1"}, out
-        lines = provider.parse_reports(out)
-        assert len(lines) == 2, out
-        for counts in lines.values():
-            assert counts["sent"] > 0 and counts["received"] > 0, out
-            assert counts["delegated"] == 0, out
+        out = assert_pair_over_region(proc)
         # a task that crashes (with Debian's psm library loaded, whose
         # handlers would make the crash an ordinary exit: the TaskProlog's
         # variables stop them) fails the step, and srun names it
@@ -70,6 +61,22 @@ def test_mpich_srun_uses_the_region_without_options(ofi_programs):
             assert down.returncode == 0, down.stderr
         assert_gone(name, snapshot)
 
+
+def assert_pair_over_region(proc):
+    """The `pairs` program's two ranks, one on each instance, passed and
+    sent and received over the region, nothing delegated (their
+    --report-transport lines); srun's whole output."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "pairs ok: sum 3" in proc.stdout, out
+    assert {w["host"] for w in ranks(proc.stdout).values()} == \
+        {"s0i0", "s0i1"}, out
+    lines = provider.parse_reports(out)
+    assert len(lines) == 2, out
+    for counts in lines.values():
+        assert counts["sent"] > 0 and counts["received"] > 0, out
+        assert counts["delegated"] == 0, out
+    return out
 
 @pytest.mark.parametrize("mpi", ["openmpi5", "impi"])
 def test_srun_mpi_gives_the_flavours_settings(ofi_programs, mpi):
@@ -93,16 +100,7 @@ def test_srun_mpi_gives_the_flavours_settings(ofi_programs, mpi):
                        "--report-transport", "--", *debug, "--nodes=2",
                        "--ntasks-per-node=1",
                        *ofi_programs(mpi, "pairs"), timeout=120)
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out
-        assert "pairs ok: sum 3" in proc.stdout, out
-        assert {w["host"] for w in ranks(proc.stdout).values()} == \
-            {"s0i0", "s0i1"}, out
-        lines = provider.parse_reports(out)
-        assert len(lines) == 2, out
-        for counts in lines.values():
-            assert counts["sent"] > 0 and counts["received"] > 0, out
-            assert counts["delegated"] == 0, out
+        out = assert_pair_over_region(proc)
         if debug:
             api = "pmi2" if impi.PMI2_LIBRARY.is_file() else "pmi"
             assert re.search(rf"PMI API: {api}$", out, re.M), out
