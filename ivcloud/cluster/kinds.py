@@ -4,8 +4,13 @@ A cluster's instances are of one kind: `choose()` at `up` (refusing,
 before anything exists, what the kind cannot do here), `of_state()`
 once up. Nothing else asks which kind it has; it asks the kind. A third
 kind is one subclass of InstanceKind defining `name`, `title` and its
-abstract methods and, if it runs slurmd, a slurm.nodes.Nodes of its own
-(slurm_nodes).
+abstract methods (start, instance_info, put, stage, stage_dir,
+run_everywhere, read_file, job_site, job_program, job_regions,
+region_note, run_launcher, describe_launcher) and, where the defaults
+differ, record, describe, stop, exec, guest_packages, migrate,
+standing_leave_notices and, if it runs slurmd, a slurm.nodes.Nodes of
+its own (slurm_nodes); then a case in choose() and of_state(), and its
+name among the command line's --instance-kind choices.
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
 """What every MPI shares: the Launch a flavour turns into its launcher's
 Command, and the Flavor every MPI is a class of. Nothing runs here.
 
-A fifth MPI is one class: a subclass of Flavor (OfiFlavor for an MPI
-over libfabric) defining `name`, `title`, `transports`, `launch_line`
-and, where the defaults differ, `prefix`, `rank_env`, `options_name`,
-`takes_rankfile`, `guest_needs`, `build_files`, `compile_command`; then
-one line in ivcloud/mpis/__init__.py.
+A fifth MPI is one class: a subclass of Flavor defining `name`, `title`,
+`transports`, `prefix`, `launcher_path` and `launch_line`, or of
+OfiFlavor (an MPI over libfabric, installed from PyPI) defining `name`,
+`title`, `wheel`, `transport_env` and `launch_line` (or of HydraFlavor,
+hydra.py, defining `launcher_options` instead); where the defaults
+differ, also `lacks`, `options_name`, `takes_rankfile`,
+`in_task_prolog`, `slurm_mpi`, `guest_needs`, `build_files`,
+`compile_command`, `check`, `rank_env`, `task_env` (OfiFlavor:
+`launcher`, `provider_path`). Then one line in ivcloud/mpis/__init__.py,
+and for a PyPI MPI its `wheel` in the Makefile's MPI_WHEELS, which
+installs it.
 """
 
 from __future__ import annotations
