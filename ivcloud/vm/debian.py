@@ -45,7 +45,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import filelock
 from ..errors import ImageError
-from .image import AGENT_LOOP, INIT_BANNER, READY_BANNER, GuestImage
+from .image import (AGENT_LOOP, INIT_BANNER, READY_BANNER, GuestImage,
+                    sha256_of)
 
 # Bump when the build steps change in a way the inputs cannot see.
 BASE_VERSION = 1
@@ -304,14 +305,6 @@ def _hash(obj) -> str:
                           ).hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _run(cmd: List[str], timeout: float, what: str) -> str:
     try:
         p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
@@ -496,8 +489,8 @@ def image_dir_for(deb: Path, cache: Optional[Path] = None,
     files = {k: [m, hashlib.sha256(t.encode()).hexdigest()]
              for k, (m, t) in _files().items()}
     inputs = {"version": IMAGE_VERSION, "base": _hash(base_inputs(rel)),
-              "deb": _sha256(deb), "files": files, "enable": ENABLE,
-              "extra": [_sha256(Path(x)) for x in extra],
+              "deb": sha256_of(deb), "files": files, "enable": ENABLE,
+              "extra": [sha256_of(Path(x)) for x in extra],
               "mask": MASK, "user": MPI_USER}
     return Path(cache or cache_root()) / \
         f"guest-{rel.cache_prefix}-{_hash(inputs)}"
@@ -628,7 +621,7 @@ def _build_image(out: Path, tar: Path, deb: Path, log,
     os.replace(out / "initrd.img.tmp", out / "initrd.img")
     os.replace(disk_tmp, out / "disk.img")
     manifest.write_text(json.dumps({
-        "kernel_version": kver, "deb": deb.name, "deb_sha256": _sha256(deb),
+        "kernel_version": kver, "deb": deb.name, "deb_sha256": sha256_of(deb),
         "extra": [Path(x).name for x in extra],
         "base": str(tar), "disk_mb": size_mb,
         "seconds": round(time.monotonic() - t0, 1)}, indent=2) + "\n")

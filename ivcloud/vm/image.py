@@ -375,7 +375,7 @@ def init_script() -> str:
 
 # ---------------------------------------------------------------- build
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -425,7 +425,7 @@ def build(cache: Optional[Path] = None, native: Optional[Path] = None,
         "builder": BUILDER_VERSION,
         "kernel_deb": kernel_deb.name,
         "busybox_deb": busybox_deb.name,
-        "tool": _sha256(tool),
+        "tool": sha256_of(tool),
         "init": hashlib.sha256(init_script().encode()).hexdigest(),
         "modules": GUEST_MODULES,
         "params": MODULE_PARAMS,
