@@ -18,10 +18,10 @@ from mpis_support import OFI, mpirun, ofi_cluster, ofi_programs  # noqa: F401
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="cluster tests need root")
 
-# Intel MPI's own RMA over libfabric (used with every provider that
-# offers FI_RMA, ours included; not over tcp, where it emulates RMA)
-# reports a dynamic window's size as the span it registers,
-# UINTPTR_MAX, i.e. -1; puts into attached memory work. With
+# Intel MPI (2021.18) stores UINTPTR_MAX, i.e. -1, as a dynamic window's
+# size whenever its own RMA over libfabric is on, under every provider
+# that offers FI_RMA (libfabric's shm and psm3 too; not over tcp, where
+# it emulates RMA); puts into attached memory work. With
 # MPIR_CVAR_CH4_OFI_ENABLE_RMA=0 it reports 0 (docs/provider.md,
 # "How each MPI picks it").
 IMPI_WIN_SIZE = pytest.mark.xfail(
