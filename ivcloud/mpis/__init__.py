@@ -30,6 +30,16 @@ DEFAULT = NAMES[0]
 OFI_NAMES = tuple(n for n, f in _FLAVORS.items() if isinstance(f, OfiFlavor))
 
 
+def choices() -> str:
+    """The MPIs for a --mpi help text: each name with its MPI, how it
+    crosses instances, the default marked."""
+    return ", ".join(
+        f"{n} ({f.title}"
+        f"{' through libfabric' if isinstance(f, OfiFlavor) else ', our BTL'}"
+        f"{'; default' if n == DEFAULT else ''})"
+        for n, f in _FLAVORS.items())
+
+
 def flavor(name: str) -> Flavor:
     """The MPI called `name`; MpiFlavorError for an unknown name."""
     if name not in _FLAVORS:
