@@ -138,21 +138,32 @@ enum fiv_op {
 #define FIV_WIRE_OP 0xffffu
 #define FIV_WIRE_CHECKED 24   /* bytes of the message the check covers   */
 
-static inline uint32_t fiv_wire_tag(uint32_t op, const void *start, size_t n)
+static inline uint32_t fiv_wire_mix(uint32_t op, size_t n, uint64_t w0,
+                                    uint64_t w1, uint64_t w2)
 {
-    uint64_t w[3] = {0, 0, 0};
-    /* a constant size for a message's first part (its header alone is
-       24 bytes): three loads, not a copy of variable length */
-    if (n >= FIV_WIRE_CHECKED)
-        memcpy(w, start, FIV_WIRE_CHECKED);
-    else
-        memcpy(w, start, n);
     uint64_t h = (op & FIV_WIRE_OP) ^ ((uint64_t)n << 16);
-    h = (h ^ w[0]) * 0x9e3779b97f4a7c15ull;
-    h = (h ^ (h >> 31) ^ w[1]) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 29) ^ w[2]) * 0x94d049bb133111ebull;
+    h = (h ^ w0) * 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 31) ^ w1) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 29) ^ w2) * 0x94d049bb133111ebull;
     h ^= h >> 32;
     return (op & FIV_WIRE_OP) | ((uint32_t)h & ~FIV_WIRE_OP);
+}
+
+static inline uint32_t fiv_wire_tag(uint32_t op, const void *start, size_t n)
+{
+    /* a message's first part (its header alone is 24 bytes): three
+       loads into registers, where a header just built is already, not
+       a zeroed array on the stack filled by a copy */
+    if (n >= FIV_WIRE_CHECKED) {
+        uint64_t w0, w1, w2;
+        memcpy(&w0, start, 8);
+        memcpy(&w1, (const uint8_t *)start + 8, 8);
+        memcpy(&w2, (const uint8_t *)start + 16, 8);
+        return fiv_wire_mix(op, n, w0, w1, w2);
+    }
+    uint64_t w[3] = {0, 0, 0};
+    memcpy(w, start, n);
+    return fiv_wire_mix(op, n, w[0], w[1], w[2]);
 }
 
 struct fiv_msg_hdr {     /* 24 bytes: with libivshm's 32 B slot header and

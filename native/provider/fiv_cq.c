@@ -45,6 +45,22 @@ static size_t entry_size(enum fi_cq_format f)
     }
 }
 
+_Static_assert(offsetof(struct fiv_cqe, context) ==
+                       offsetof(struct fi_cq_tagged_entry, op_context) &&
+                   offsetof(struct fiv_cqe, flags) ==
+                       offsetof(struct fi_cq_tagged_entry, flags) &&
+                   offsetof(struct fiv_cqe, len) ==
+                       offsetof(struct fi_cq_tagged_entry, len) &&
+                   offsetof(struct fiv_cqe, buf) ==
+                       offsetof(struct fi_cq_tagged_entry, buf) &&
+                   offsetof(struct fiv_cqe, data) ==
+                       offsetof(struct fi_cq_tagged_entry, data) &&
+                   offsetof(struct fiv_cqe, tag) ==
+                       offsetof(struct fi_cq_tagged_entry, tag) &&
+                   sizeof(struct fi_cq_tagged_entry) ==
+                       offsetof(struct fiv_cqe, src),
+               "a tagged entry is the start of fiv_cqe, as it lies");
+
 static void write_entry(enum fi_cq_format f, void *out, const struct fiv_cqe *e)
 {
     switch (f) {
@@ -103,13 +119,23 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
         size_t take = count < cq->count ? count : cq->count, core = 0;
         const struct fiv_cqe *ring = cq->ring;
         if (cq->format == FI_CQ_FORMAT_TAGGED && !src_addr) {
-            /* what mtl ofi reads: the format's loop without the switch */
+            /* what mtl ofi reads: the format's loop without the switch,
+               over the ring's runs up to its end, each entry's six
+               fields copied as they lie (fiv_cqe starts with the
+               tagged entry's layout); the core writes counted in a
+               pass of their own, only while there are any */
             struct fi_cq_tagged_entry *o = buf;
-            for (size_t i = 0; i < take; i++) {
-                const struct fiv_cqe *e = &ring[(head + i) & mask];
-                write_entry(FI_CQ_FORMAT_TAGGED, &o[i], e);
-                core += e->core;
+            for (size_t i = 0; i < take;) {
+                size_t at = (head + i) & mask;
+                size_t run = cq->cap - at < take - i ? cq->cap - at : take - i;
+                const struct fiv_cqe *e = &ring[at], *end = e + run;
+                for (; e < end; e++, o++)
+                    memcpy(o, e, sizeof *o);
+                i += run;
             }
+            if (cq->core_writes)
+                for (size_t i = 0; i < take; i++)
+                    core += ring[(head + i) & mask].core;
         } else {
             for (size_t i = 0; i < take; i++) {
                 const struct fiv_cqe *e = &ring[(head + i) & mask];

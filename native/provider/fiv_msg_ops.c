@@ -107,8 +107,8 @@ send_plain(struct fiv_ep *ep, const void *buf, size_t len, fi_addr_t dest,
         struct fiv_msg_hdr h = {.tag = tag, .len = len, .data = data};
         uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
                       (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
-        if (fiv_region_send(ep, p->slot, p->generation, op, &h, sizeof h,
-                            buf, len) == 0) {
+        if (fiv_region_send_msg(ep, p->slot, p->generation, op, &h, buf,
+                                len) == 0) {
             ep->sent++;
             fiv_complete_sent(ep, context,
                               FI_SEND | (tagged ? FI_TAGGED : FI_MSG),

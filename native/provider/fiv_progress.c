@@ -18,7 +18,12 @@
 
 #include "fiv.h"
 
-#define FIV_BATCH 16                      /* messages per call            */
+/* Messages per progress call: an MPI's window of non-blocking receives
+   (osu's 64) completes in one call when it has all arrived. Fewer made
+   an MPI_Testall over the window come back, and scan its requests, once
+   per batch (docs/fast-path.md); mtl ofi reads up to 100 entries a call,
+   and a read takes no more than the CQ has room for (poll_region). */
+#define FIV_BATCH 64
 #define FIV_CHECK_NS 100000000ull         /* liveness look every 100 ms   */
 
 /* ---- introductions (fiv_intro.c): the receiver ---- */

@@ -257,9 +257,13 @@ static __attribute__((noinline)) int send_small_general(ivshm *h, int slot,
    into the slot at tx_head, one release store. What reserve + commit did
    in two calls, each with its own checks. The general path and the wake
    are tail calls, so that nothing of the hot path is kept across a
-   call. */
-int ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a,
-                     size_t alen, const void *b, size_t blen)
+   call. Always inline where its body is seen: in a module optimized as
+   one (the libfabric provider's, docs/fast-path.md) a send that knows
+   its header's size gets the copies for that size, in its own frame;
+   elsewhere (the BTL, libivshm.so) it is an ordinary call. */
+inline __attribute__((always_inline)) int
+ivshm_send_small(ivshm *h, int slot, uint32_t tag, const void *a, size_t alen,
+                 const void *b, size_t blen)
 {
     if (__builtin_expect(!h || h->self < 0 || !ivshm_slot_ok(h, slot) ||
                              slot == h->self,
