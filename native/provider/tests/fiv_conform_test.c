@@ -1223,15 +1223,15 @@ static ssize_t trig_write(struct rank *r, uint64_t *v, uint64_t addr,
 /* Rank 1 writes into rank 0's `trig_words` and sends it tagged messages,
    each deferred until a counter of its own reaches a threshold: a
    counter bound to nothing that the test adds to, and its write
-   counter, which a plain write moves. Nothing goes before its
-   threshold, it goes at it; a counter with one waiting does not close;
-   fi_cancel and closing the endpoint end those still waiting with
-   FI_ECANCELED; what is not a threshold on one of the domain's open
-   counters is refused at the call. */
+   counter, which a plain write moves; then a read and an atomic.
+   Nothing goes before its threshold, it goes at it; a counter with one
+   waiting does not close; fi_cancel and closing the endpoint end those
+   still waiting with FI_ECANCELED; what is not a threshold on one of
+   the domain's open counters is refused at the call. */
 static void triggered(struct rank *r)
 {
     struct fi_info *h = base_hints();
-    h->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_TRIGGER;
+    h->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_TRIGGER;
     h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                               FI_MR_PROV_KEY;
     REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
@@ -1259,7 +1259,8 @@ static void triggered(struct rank *r)
     struct fid_mr *mr = NULL;
     if (r->me == 0)
         REQ_RC(fi_mr_reg(r->dom, trig_words, sizeof trig_words,
-                         FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+                         FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr,
+                         NULL), 0);
     uint64_t at[2] = {(uint64_t)(uintptr_t)trig_words,
                       mr ? fi_mr_key(mr) : 0};
     t_bcast(r, 0, at, sizeof at);
@@ -1328,6 +1329,43 @@ static void triggered(struct rank *r)
         REQ(trig_words[1] == 0x4444); /* the write landed first */
     }
     t_barrier(r);
+
+    /* a read and an atomic at the gate's 3: neither before it */
+    uint64_t rd = 0;
+    struct fi_triggered_context tcr = threshold_ctx(gate, 3),
+                                tca = threshold_ctx(gate, 3);
+    if (r->me == 1) {
+        struct iovec riov = {&rd, sizeof rd};
+        struct fi_rma_iov rma = {.addr = at[0] + 16, .len = 8, .key = at[1]};
+        struct fi_msg_rma rm = {.msg_iov = &riov, .iov_count = 1,
+                                .addr = r->addr[0], .rma_iov = &rma,
+                                .rma_iov_count = 1, .context = &tcr};
+        REQ_RC(fi_readmsg(r->ep, &rm, FI_TRIGGER | FI_COMPLETION), 0);
+        uint64_t one = 1;
+        struct fi_ioc ioc = {&one, 1};
+        struct fi_rma_ioc rioc = {.addr = at[0] + 24, .count = 1,
+                                  .key = at[1]};
+        struct fi_msg_atomic am = {.msg_iov = &ioc, .iov_count = 1,
+                                   .addr = r->addr[0], .rma_iov = &rioc,
+                                   .rma_iov_count = 1,
+                                   .datatype = FI_UINT64, .op = FI_SUM,
+                                   .context = &tca};
+        REQ_RC(fi_atomicmsg(r->ep, &am, FI_TRIGGER | FI_COMPLETION), 0);
+        t_progress_ms(r, 200);
+        REQ(fi_cntr_read(r->rcntr) == 0 && fi_cntr_read(r->wcntr) == 3);
+        REQ_RC(fi_cntr_add(gate, 1), 0);
+        REQ_RC(fi_cntr_wait(r->rcntr, 1, 5000), 0);
+        REQ_RC(fi_cntr_wait(r->wcntr, 4, 5000), 0);
+        REQ(rd == 0x3333);
+        for (int i = 0; i < 2; i++) {
+            REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+            REQ((e.op_context == &tcr && e.flags & FI_READ) ||
+                (e.op_context == &tca && e.flags & FI_ATOMIC));
+        }
+    }
+    t_barrier(r);
+    if (r->me == 0)
+        REQ(trig_words[3] == 1);
 
     /* refused at the call: FI_TRIGGER in the endpoint's own flags, a
        counter that is not one of the domain's, an event we lack */
@@ -1503,9 +1541,9 @@ int main(void)
     failed += f;
 
     f = t_run(2, triggered, env2, 30, NULL);
-    printf("%s: triggered writes and sends go at their counter's threshold, "
-           "not before; what waits holds its counter, is cancelled, ends "
-           "with its endpoint\n", f ? "FAIL" : "ok");
+    printf("%s: triggered writes, sends, reads and atomics go at their "
+           "counter's threshold, not before; what waits holds its counter, "
+           "is cancelled, ends with its endpoint\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, dgram_exchange, env2, 30, NULL);
