@@ -265,6 +265,7 @@ BOUNDED = [
     ("fi_rma_bw -e rdm -o read -I 5", "cs", "RMA read"),
     ("fi_rma_bw -e rdm -o writedata -I 5", "cs", "RMA write with data"),
     ("fi_rdm_rma_event", "cs", "RMA write with remote events"),
+    ("fi_rdm_rma_trigger", "cs", "triggered RMA write through an alias"),
     ("fi_rdm_atomic -I 5 -o all", "cs", "atomics"),
     ("fi_rdm_cntr_pingpong -I 5", "cs", "counters on the data path"),
 ]
@@ -354,9 +355,6 @@ _ONE_SIDED_REFUSAL = (
     "script counts a skip only when both sides end -FI_ENODATA")
 _ENOTCONN = r"ret=-61 \(No data available\)(.|\n)*ret=-107 \(Transport endpoint is not connected\)"
 KNOWN_FAILURES: Dict[str, tuple] = {
-    "fi_rdm_rma_trigger": (
-        "asks for FI_TRIGGER (triggered operations), which we refuse; "
-        + _ONE_SIDED_REFUSAL, _ENOTCONN),
     "fi_cq_data -e dgram -o writedata": (
         "asks for FI_RMA on a datagram endpoint, which we refuse; "
         + _ONE_SIDED_REFUSAL, _ENOTCONN),

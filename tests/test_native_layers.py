@@ -164,6 +164,7 @@ PROVIDER = Component(
          "fiv_send"],                # one message out on a region/core path
         ["fiv_intro"],               # keys, an introduction before a first send
         ["fiv_tx"],                  # fragments and queues, per peer
+        ["fiv_trigger"],             # triggered operations: wait, then start
         ["fiv_rma"],                 # RMA and atomics, both sides
         ["fiv_msg"],                 # receives: posting, matching, delivery
         ["fiv_probe"],               # message counts, probes, broken paths
@@ -172,7 +173,8 @@ PROVIDER = Component(
         ["fiv_progress"],            # admission, receive loop, queued sends
         ["fiv_msg_ops",              # sends, the msg and tagged tables
          "fiv_cq", "fiv_cntr",       # CQ and counter objects (they progress)
-         "fiv_eq", "fiv_getinfo"],   # EQ; the fi_info answered
+         "fiv_eq", "fiv_getinfo",    # EQ; the fi_info answered
+         "fiv_alias"],               # alias endpoints (fi_ep_alias)
         ["fiv_ep"],                  # the endpoint: binds, opens, closes
         ["fiv_av"],                  # the AV: inserting resolves endpoints' peers
         ["fiv_domain"],              # the domain's table; auto progress

@@ -49,11 +49,12 @@
     (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV | FI_READ |  \
      FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_DIRECTED_RECV |         \
      FI_MULTI_RECV | FI_SOURCE | FI_RMA_EVENT | FI_LOCAL_COMM |               \
-     FI_REMOTE_COMM)
+     FI_REMOTE_COMM | FI_TRIGGER)
 /* Of these, what applies to the transmit side and to the receive side
    (fi_getinfo(3): tx_attr and rx_attr carry only their own). */
 #define FIV_TX_CAPS                                                           \
-    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_READ | FI_WRITE)
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_READ | FI_WRITE |  \
+     FI_TRIGGER)
 #define FIV_RX_CAPS                                                           \
     (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_RECV | FI_REMOTE_READ |     \
      FI_REMOTE_WRITE | FI_DIRECTED_RECV | FI_MULTI_RECV | FI_SOURCE |         \
@@ -75,6 +76,12 @@
    libfabric leaves to providers, cleared from what an application passes. */
 #define FIV_NO_EVENT (1ULL << 62)
 #define FIV_RX_OP_FLAGS (FI_COMPLETION | FI_MULTI_RECV)
+/* Triggered operations (fi_trigger(3), fiv_trigger.c): FI_TRIGGER is a
+   flag of one *msg call, or of an alias endpoint's (fi_ep_alias), never
+   of an endpoint's own op_flags, so that the calls without flags (every
+   MPI's sends) never look for it. At most this many wait per endpoint
+   (its tx_attr->size): one more is -FI_EAGAIN. */
+#define FIV_TRIGGER_MAX 1024
 /* Every operation to a peer travels one ordered path and its target
    handles them in arrival order (fiv_rma.c: a read larger than
    FIV_READ_COPY is answered from the registered bytes as the answer
@@ -302,7 +309,12 @@ extern struct fi_provider fiv_prov;
      discarded (ASM_DISCARD) and our affected operation completes with
      an error.
    - An unexpected message still arriving is the assembly's; FI_DISCARD
-     of it cuts the assembly off the same way before freeing it. */
+     of it cuts the assembly off the same way before freeing it.
+   - A triggered operation (fiv_trig) points at its endpoint and sits on
+     its counter's list: the counter does not close while it waits
+     (-FI_EBUSY), closing the endpoint takes its own off every list
+     (fiv_trigger_drop), and an endpoint does not close under an open
+     alias (fiv_ep.aliases). */
 
 struct fiv_fabric {
     struct fid_fabric fab;
@@ -326,6 +338,10 @@ struct fiv_domain {
     uint64_t next_key;
     struct fiv_ep **eps;  /* open endpoints, for auto progress            */
     size_t neps, capeps;
+    struct fiv_cntr **cntrs; /* open counters: a triggered operation names
+                                one, found here, never read through the
+                                application's pointer                   */
+    size_t ncntrs, capcntrs;
     int refs;             /* open children (fiv_domain_ref)               */
 };
 
@@ -381,11 +397,26 @@ struct fiv_cq {
     bool signaled;        /* fi_cq_signal: a blocking read returns        */
 };
 
+/* A triggered operation waiting for its counter (fiv_trigger.c): on the
+   counter's list, by threshold, until the counter reaches it; then on
+   its endpoint's ready list until that endpoint's next progress starts
+   it (counters are counted in layers below the sends). */
+struct fiv_trig {
+    struct fiv_trig *next;
+    struct fiv_ep *ep;
+    uint64_t threshold;
+    struct fiv_op_req *req; /* built whole when posted                   */
+};
+
 struct fiv_cntr {
     struct fid_cntr cntr;
     struct fiv_domain *dom;
     uint64_t val, err;    /* updated under the domain's lock (or the
                              application's serialization)                 */
+    /* the lowest threshold on `trig`, UINT64_MAX with none: whether a
+       count starts anything (fiv_cntr_reached) */
+    uint64_t trig_at;
+    struct fiv_trig *trig; /* waiting on this counter, lowest first        */
     struct fiv_ep **eps;
     size_t neps;
     int refs;
@@ -673,7 +704,18 @@ struct fiv_ep {
     /* sends in flight with a pending queue, answers awaited */
     struct fiv_op_req *waiting;          /* RMA/atomics awaiting an answer  */
     uint64_t next_id;
-    int txq_peers;                       /* peers with queued sends         */
+    int txq_peers;                       /* peers with queued sends, and one
+                                            more while `trig_ready` holds
+                                            any: progress looks at one
+                                            count for both (fiv_trigger.c) */
+    /* triggered operations (fiv_trigger.c): how many of ours wait on
+       counters or to start, and those whose counter reached their
+       threshold, in that order, for our next progress to start */
+    size_t trig_count;
+    struct fiv_trig *trig_ready, *trig_ready_tail;
+    int aliases;                         /* open alias endpoints (fiv_alias.c):
+                                            the endpoint does not close
+                                            under them                     */
     /* the one report line */
     uint64_t sent, received, delegated;
     /* a drain the host asked for (fiv_drain.c): the request served
@@ -759,13 +801,9 @@ static inline void fiv_domain_ref(struct fiv_domain *d, int delta)
     fiv_unlock(d);
 }
 
-/* ---- counters: counted as completions are written (fiv_complete.c),
-   read by the counter object (fiv_cntr.c) ---- */
-static inline void fiv_cntr_inc(struct fiv_cntr *c)
-{
-    if (c)
-        __atomic_add_fetch(&c->val, 1, __ATOMIC_RELEASE);
-}
+/* ---- counters: counted as completions are written (fiv_complete.c,
+   whose header has the success count: it may start triggered
+   operations), read by the counter object (fiv_cntr.c) ---- */
 static inline void fiv_cntr_inc_err(struct fiv_cntr *c)
 {
     if (c)
@@ -786,6 +824,7 @@ void fiv_register_ep(struct fiv_ep *ep);
 void fiv_unregister_ep(struct fiv_ep *ep);
 void fiv_cleanup(void);
 /* fiv_complete.c: completions into the endpoint's CQs and counters */
+/* fiv_cntr_inc, fiv_cntr_reached: fiv_complete.h */
 int fiv_cq_push(struct fiv_cq *cq, const struct fiv_cqe *e);
 /* fiv_cq_grow, fiv_cq_claim, fiv_complete_sent: fiv_complete.h */
 /* No room for a remote write's entry: the write waits in its ring. */
@@ -806,6 +845,12 @@ void fiv_av_add_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_av_del_ep(struct fiv_av *av, struct fiv_ep *ep);
 void fiv_domain_add_ep(struct fiv_domain *d, struct fiv_ep *ep);
 void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep);
+/* The domain's open counters, under its lock (false: no memory). */
+bool fiv_domain_add_cntr(struct fiv_domain *d, struct fiv_cntr *c);
+void fiv_domain_del_cntr(struct fiv_domain *d, struct fiv_cntr *c);
+/* The open counter of d that `f` names, or NULL: found by comparing
+   pointers, `f` never read. */
+struct fiv_cntr *fiv_domain_cntr(struct fiv_domain *d, const struct fid_cntr *f);
 /* fiv_mr.c */
 int fiv_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
                uint64_t offset, uint64_t requested_key, uint64_t flags,
@@ -858,6 +903,20 @@ size_t fiv_iov_write(const struct iovec *iov, size_t n, size_t off,
                      const void *src, size_t len);
 size_t fiv_iov_read(const struct iovec *iov, size_t n, size_t off, void *dst,
                     size_t len);
+/* fiv_trigger.c: triggered operations (fi_trigger(3)), under the
+   domain's serialization */
+/* r, built whole, to start once the counter its context names
+   (struct fi_triggered_context, read once) reaches the threshold there:
+   at once if it has; 0, or an error with r freed. */
+int fiv_trigger_post(struct fiv_ep *ep, struct fiv_op_req *r);
+/* Start what ep's counters made ready (progress). */
+void fiv_trigger_start(struct fiv_ep *ep);
+/* End every triggered operation of ep that has not started: each
+   completes with `err` (closing the endpoint: FI_ECANCELED). */
+void fiv_trigger_drop(struct fiv_ep *ep, int err);
+/* fi_cancel of a triggered operation not started: 0 (it completes with
+   FI_ECANCELED), or -FI_ENOENT. */
+int fiv_trigger_cancel(struct fiv_ep *ep, void *context);
 /* fiv_rma.c: RMA and atomics, both sides */
 extern struct fi_ops_rma fiv_rma_ops;
 extern struct fi_ops_atomic fiv_atomic_ops;
@@ -990,6 +1049,8 @@ void fiv_intro_receive(struct fiv_ep *ep, int slot, int64_t gen,
 extern struct fi_ops_msg fiv_msg_ops;
 extern struct fi_ops_tagged fiv_tagged_ops;
 extern struct fi_ops_tagged fiv_no_tagged_ops; /* a datagram endpoint's */
+/* fiv_alias.c: alias endpoints (fi_ep_alias) */
+int fiv_alias_open(struct fiv_ep *ep, const struct fi_alias *alias);
 /* fiv_cq.c */
 int fiv_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr,
                 struct fid_cq **cq, void *context);

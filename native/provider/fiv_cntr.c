@@ -1,11 +1,14 @@
 /*
  * Counters: completions counted per kind (send, recv, read, write,
- * remote read, remote write); reading one drives progress.
+ * remote read, remote write); reading one drives progress. What the
+ * application adds or sets counts toward triggered operations too
+ * (fiv_trigger.c): they wait on the counter's list, which only the
+ * domain's serialization touches.
  */
 #include <sched.h>
 #include <stdlib.h>
 
-#include "fiv.h"
+#include "fiv_complete.h"
 
 void fiv_cntr_add_ep(struct fiv_cntr *c, struct fiv_ep *ep)
 {
@@ -63,14 +66,22 @@ static uint64_t cntr_readerr(struct fid_cntr *f)
 static int cntr_add(struct fid_cntr *f, uint64_t v)
 {
     struct fiv_cntr *c = container_of(f, struct fiv_cntr, cntr);
+    fiv_lock(c->dom);
     __atomic_add_fetch(&c->val, v, __ATOMIC_RELEASE);
+    if (c->trig)
+        fiv_cntr_reached(c);
+    fiv_unlock(c->dom);
     return 0;
 }
 
 static int cntr_set(struct fid_cntr *f, uint64_t v)
 {
     struct fiv_cntr *c = container_of(f, struct fiv_cntr, cntr);
+    fiv_lock(c->dom);
     __atomic_store_n(&c->val, v, __ATOMIC_RELEASE);
+    if (c->trig)
+        fiv_cntr_reached(c);
+    fiv_unlock(c->dom);
     return 0;
 }
 
@@ -111,8 +122,12 @@ static int cntr_wait(struct fid_cntr *f, uint64_t threshold, int timeout)
 static int cntr_close(struct fid *fid)
 {
     struct fiv_cntr *c = container_of(fid, struct fiv_cntr, cntr.fid);
-    fiv_lock(c->dom); /* registrations bind and release it under the lock */
-    bool busy = c->refs;
+    /* registrations bind and release it under the lock; a triggered
+       operation waiting on it would be left with a counter gone */
+    fiv_lock(c->dom);
+    bool busy = c->refs || c->trig;
+    if (!busy)
+        fiv_domain_del_cntr(c->dom, c);
     fiv_unlock(c->dom);
     if (busy)
         return -FI_EBUSY;
@@ -160,6 +175,14 @@ int fiv_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr,
     if (!c)
         return -FI_ENOMEM;
     c->dom = container_of(domain, struct fiv_domain, dom);
+    c->trig_at = UINT64_MAX;
+    fiv_lock(c->dom);
+    bool added = fiv_domain_add_cntr(c->dom, c);
+    fiv_unlock(c->dom);
+    if (!added) {
+        free(c);
+        return -FI_ENOMEM;
+    }
     c->cntr.fid.fclass = FI_CLASS_CNTR;
     c->cntr.fid.context = context;
     c->cntr.fid.ops = &cntr_fi_ops;

@@ -59,6 +59,27 @@ int fiv_cq_push_err(struct fiv_cq *cq, const struct fiv_cqe *e)
     return 0;
 }
 
+void fiv_cntr_reached(struct fiv_cntr *c)
+{
+    uint64_t v = __atomic_load_n(&c->val, __ATOMIC_ACQUIRE);
+    if (v < c->trig_at)
+        return;
+    struct fiv_trig *t;
+    while ((t = c->trig) && t->threshold <= v) {
+        c->trig = t->next;
+        t->next = NULL;
+        struct fiv_ep *ep = t->ep;
+        if (ep->trig_ready) {
+            ep->trig_ready_tail->next = t;
+        } else {
+            ep->trig_ready = t;
+            ep->txq_peers++; /* its progress looks (fiv.h) */
+        }
+        ep->trig_ready_tail = t;
+    }
+    c->trig_at = t ? t->threshold : UINT64_MAX;
+}
+
 /* A send-side completion: counted always, reported when asked. */
 void fiv_complete_tx(struct fiv_ep *ep, void *context, uint64_t flags,
                      bool want, int err)

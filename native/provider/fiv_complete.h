@@ -6,6 +6,21 @@
 
 #include "fiv.h"
 
+/* A counter with triggered operations waiting moved: those whose
+   threshold it reached go to their endpoints' ready lists. */
+void fiv_cntr_reached(struct fiv_cntr *c);
+/* One success counted. With no triggered operation waiting, one compare
+   of a word with zero, never taken, and the increment stays a locked
+   add of a constant (a fetch of the new value to compare with
+   `trig_at` needs a register more on the send's path). */
+static inline void fiv_cntr_inc(struct fiv_cntr *c)
+{
+    if (c) {
+        __atomic_add_fetch(&c->val, 1, __ATOMIC_RELEASE);
+        if (__builtin_expect(c->trig != NULL, 0))
+            fiv_cntr_reached(c);
+    }
+}
 /* A full ring doubled (false: no memory). */
 bool fiv_cq_grow(struct fiv_cq *cq);
 /* The next entry of cq, counted and to be filled whole by the caller

@@ -42,6 +42,7 @@ static int domain_close(struct fid *fid)
     }
     free(d->mrs);
     free(d->eps);
+    free(d->cntrs);
     pthread_mutex_destroy(&d->lock);
     free(d);
     return 0;

@@ -134,6 +134,11 @@ static int ep_close(struct fid *fid)
 {
     struct fiv_ep *ep = container_of(fid, struct fiv_ep, ep.fid);
     struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    bool aliased = ep->aliases > 0;
+    fiv_unlock(d);
+    if (aliased)
+        return -FI_EBUSY; /* an alias would call into it (fiv_alias.c) */
     /* what is queued still goes out (an MPI's last messages before it
        closes), within a bound: a dead peer must not hold us */
     uint64_t end = fiv_now_ns() + FIV_LINGER_NS;
@@ -145,6 +150,9 @@ static int ep_close(struct fid *fid)
         fiv_unlock(d);
         fiv_lock(d);
     }
+    /* triggered operations still waiting on their counters end as the
+       queued sends do: no counter keeps a pointer to us */
+    fiv_trigger_drop(ep, FI_ECANCELED);
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; (p = fiv_peer_next(ep, &id));) {
         fiv_tx_fail_peer(ep, p, FI_ECANCELED);
@@ -275,12 +283,17 @@ static int ep_control(struct fid *fid, int cmd, void *arg)
     }
     case FI_SETOPSFLAG: {
         uint64_t *f = arg;
+        /* FI_TRIGGER belongs to a call or an alias (fiv.h) */
+        if (*f & FI_TRIGGER)
+            return -FI_EINVAL;
         if (*f & FI_TRANSMIT)
             ep->tx_op_flags = *f & ~FI_TRANSMIT;
         else
             ep->rx_op_flags = *f & ~FI_RECV;
         return 0;
     }
+    case FI_ALIAS:
+        return fiv_alias_open(ep, arg);
     default:
         return -FI_ENOSYS;
     }
@@ -475,6 +488,8 @@ static ssize_t ep_cancel(fid_t fid, void *context)
             break;
         }
     }
+    if (rc)
+        rc = fiv_trigger_cancel(ep, context);
     fiv_unlock(ep->dom);
     return rc;
 }
@@ -497,6 +512,7 @@ int fiv_ep_open(struct fid_domain *domain, struct fi_info *info,
     if (ep->dgram) /* whatever the info says: a datagram's subset */
         ep->caps &= FIV_DGRAM_CAPS;
     ep->tx_op_flags = info && info->tx_attr ? info->tx_attr->op_flags : 0;
+    ep->tx_op_flags &= ~FI_TRIGGER; /* a call's or an alias's (fiv.h) */
     ep->rx_op_flags = info && info->rx_attr ? info->rx_attr->op_flags : 0;
     ep->min_multi_recv = 64;
     ep->nonce = random_nonce();

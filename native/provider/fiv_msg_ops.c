@@ -19,6 +19,34 @@ static bool want_tx(struct fiv_ep *ep, uint64_t flags)
 
 /* ---- sending ---- */
 
+/* A send as a request of its own, which waits on p's queue (or, with
+   FI_TRIGGER, for its counter): under the domain's lock. */
+static ssize_t queue_msg(struct fiv_ep *ep, struct fiv_peer *p,
+                         const struct iovec *iov, size_t count, fi_addr_t dest,
+                         const struct fiv_msg_hdr *h, uint32_t op,
+                         void *context, uint64_t cflags, bool want,
+                         uint64_t flags)
+{
+    if (p && p->queued >= fiv_cfg.peer_queue)
+        return -FI_EAGAIN; /* a peer that drains nothing: try again later */
+    struct fiv_op_req *r = fiv_req_new();
+    if (!r)
+        return -FI_ENOMEM;
+    r->kind = REQ_SEND;
+    r->peer = dest;
+    r->context = context;
+    r->flags = cflags;
+    r->complete_ev = want;
+    r->op = op;
+    memcpy(r->hdr, h, sizeof *h);
+    r->hlen = sizeof *h;
+    if (fiv_req_payload(r, iov, count, flags & FI_INJECT) < 0) {
+        fiv_req_free(r);
+        return -FI_ENOMEM;
+    }
+    return flags & FI_TRIGGER ? fiv_trigger_post(ep, r) : fiv_tx_start(ep, r);
+}
+
 static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count,
                         fi_addr_t dest, uint64_t tag, uint64_t data,
                         void *context, uint64_t flags, bool tagged)
@@ -54,31 +82,36 @@ static ssize_t send_msg(struct fiv_ep *ep, const struct iovec *iov, size_t count
             return 0;
         }
     }
-    if (p && p->queued >= fiv_cfg.peer_queue) {
-        fiv_unlock(d); /* a peer that drains nothing: try again later */
-        return -FI_EAGAIN;
-    }
-    struct fiv_op_req *r = fiv_req_new();
-    if (!r) {
-        fiv_unlock(d);
-        return -FI_ENOMEM;
-    }
-    r->kind = REQ_SEND;
-    r->peer = dest;
-    r->context = context;
-    r->flags = cflags;
-    r->complete_ev = want;
-    r->op = op;
-    memcpy(r->hdr, &h, sizeof h);
-    r->hlen = sizeof h;
-    if (fiv_req_payload(r, iov, count, inject) < 0) {
-        fiv_req_free(r);
-        fiv_unlock(d);
-        return -FI_ENOMEM;
-    }
-    fiv_tx_start(ep, r);
+    ssize_t rc = queue_msg(ep, p, iov, count, dest, &h, op, context, cflags,
+                           want, flags);
     fiv_unlock(d);
-    return 0;
+    return rc;
+}
+
+/* A send with FI_TRIGGER (a *msg call's flag, fiv.h): checked as any
+   send, started once its counter says so (fiv_trigger.c). */
+static ssize_t send_triggered(struct fiv_ep *ep, const struct iovec *iov,
+                              size_t count, fi_addr_t dest, uint64_t tag,
+                              uint64_t data, void *context, uint64_t flags,
+                              bool tagged)
+{
+    if (count > FIV_IOV_LIMIT)
+        return -FI_EINVAL;
+    size_t len = fiv_iov_total(iov, count);
+    if (len > ep->max_msg)
+        return -FI_EMSGSIZE;
+    if (flags & FI_INJECT && len > FIV_INJECT)
+        return -FI_EMSGSIZE;
+    struct fiv_msg_hdr h = {.tag = tag, .len = len, .data = data};
+    uint32_t op = FIV_OP_MSG | (tagged ? FIV_F_TAGGED : 0) |
+                  (flags & FI_REMOTE_CQ_DATA ? FIV_F_DATA : 0);
+    struct fiv_domain *d = ep->dom;
+    fiv_lock(d);
+    ssize_t rc = queue_msg(ep, fiv_peer(ep, dest), iov, count, dest, &h, op,
+                           context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG),
+                           want_tx(ep, flags), flags);
+    fiv_unlock(d);
+    return rc;
 }
 
 /* The send every MPI makes per small message (mtl ofi's fi_tinjectdata,
@@ -143,6 +176,9 @@ static ssize_t m_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
 static ssize_t m_sendmsg(struct fid_ep *e, const struct fi_msg *msg,
                          uint64_t flags)
 {
+    if (flags & FI_TRIGGER)
+        return send_triggered(EP(e), msg->msg_iov, msg->iov_count, msg->addr,
+                              0, msg->data, msg->context, flags, false);
     return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, 0,
                     msg->data, msg->context, flags & ~FIV_NO_EVENT, false);
 }
@@ -218,6 +254,9 @@ static ssize_t t_sendv(struct fid_ep *e, const struct iovec *iov, void **desc,
 static ssize_t t_sendmsg(struct fid_ep *e, const struct fi_msg_tagged *msg,
                          uint64_t flags)
 {
+    if (flags & FI_TRIGGER)
+        return send_triggered(EP(e), msg->msg_iov, msg->iov_count, msg->addr,
+                              msg->tag, msg->data, msg->context, flags, true);
     return send_msg(EP(e), msg->msg_iov, msg->iov_count, msg->addr, msg->tag,
                     msg->data, msg->context, flags & ~FIV_NO_EVENT, true);
 }

@@ -331,12 +331,17 @@ void fiv_loopback(struct fiv_ep *ep, struct fiv_op_req *r, fi_addr_t self)
     free(buf);
 }
 
-/* The sends that wait for room, peer by peer (fiv_tx.c); one that fails
+/* Triggered operations ready to start (fiv_trigger.c), then the sends
+   that wait for room, peer by peer (fiv_tx.c); one that fails
    fails its peer, and what is left on its queue is tried again. Our
    messages to ourselves wait there too, for their delivery. Out of
    line: the rare case stays out of the code of every progress call. */
 __attribute__((noinline)) static void tx_progress(struct fiv_ep *ep)
 {
+    /* triggered operations whose counters reached them, in that order,
+       ahead of what they queue behind */
+    if (ep->trig_ready)
+        fiv_trigger_start(ep);
     fi_addr_t id = FI_ADDR_NOTAVAIL;
     for (struct fiv_peer *p; ep->txq_peers && (p = fiv_peer_next(ep, &id));) {
         if (p->path == PATH_SELF) {

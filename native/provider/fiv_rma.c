@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fiv.h"
+#include "fiv_complete.h"
 
 #define EP(e) container_of(e, struct fiv_ep, ep)
 
@@ -527,7 +527,9 @@ void fiv_rma_fail_peer(struct fiv_ep *ep, fi_addr_t a, int err)
 
 /* ---- issuing ---- */
 
-static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r)
+/* r goes out now, or with FI_TRIGGER (a *msg call's flag) once its
+   counter says so (fiv_trigger.c). */
+static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r, uint64_t flags)
 {
     fiv_lock(ep->dom);
     struct fiv_peer *p = fiv_peer(ep, r->peer);
@@ -540,9 +542,9 @@ static ssize_t issue(struct fiv_ep *ep, struct fiv_op_req *r)
     struct fiv_rma_hdr *h = (struct fiv_rma_hdr *)(void *)r->hdr;
     h->id = r->id;
     r->awaits_answer = true;
-    fiv_tx_start(ep, r);
+    int rc = flags & FI_TRIGGER ? fiv_trigger_post(ep, r) : fiv_tx_start(ep, r);
     fiv_unlock(ep->dom);
-    return 0;
+    return rc;
 }
 
 static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
@@ -571,7 +573,7 @@ static ssize_t rma_write(struct fiv_ep *ep, const struct iovec *iov,
         fiv_req_free(r);
         return -FI_ENOMEM;
     }
-    return issue(ep, r);
+    return issue(ep, r, flags);
 }
 
 static ssize_t rma_read(struct fiv_ep *ep, const struct iovec *iov,
@@ -597,7 +599,7 @@ static ssize_t rma_read(struct fiv_ep *ep, const struct iovec *iov,
     r->hlen = sizeof h;
     memcpy(r->res, iov, count * sizeof *iov);
     r->res_count = count;
-    return issue(ep, r);
+    return issue(ep, r, flags);
 }
 
 static ssize_t r_read(struct fid_ep *e, void *buf, size_t len, void *desc,
@@ -751,7 +753,7 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
         r->res[0] = (struct iovec){result, len};
         r->res_count = 1;
     }
-    return issue(ep, r);
+    return issue(ep, r, flags);
 }
 
 static ssize_t a_write(struct fid_ep *e, const void *buf, size_t count,

@@ -3,7 +3,8 @@
  * endpoint's peers (by id, and in turn), an AV's names, and the
  * endpoints an AV or a domain serves (the endpoint binds itself to
  * them: fiv_ep.c sits below the AV and the domain, whose tables point
- * at it).
+ * at it), and a domain's open counters (what a triggered operation may
+ * name, fiv_trigger.c).
  */
 #include <stdlib.h>
 
@@ -89,4 +90,37 @@ void fiv_domain_del_ep(struct fiv_domain *d, struct fiv_ep *ep)
             break;
         }
     fiv_unlock(d);
+}
+
+bool fiv_domain_add_cntr(struct fiv_domain *d, struct fiv_cntr *c)
+{
+    if (d->ncntrs == d->capcntrs) {
+        size_t n = d->capcntrs ? 2 * d->capcntrs : 4;
+        void *p = realloc(d->cntrs, n * sizeof *d->cntrs);
+        if (p) {
+            d->cntrs = p;
+            d->capcntrs = n;
+        }
+    }
+    bool ok = d->ncntrs < d->capcntrs;
+    if (ok)
+        d->cntrs[d->ncntrs++] = c;
+    return ok;
+}
+
+void fiv_domain_del_cntr(struct fiv_domain *d, struct fiv_cntr *c)
+{
+    for (size_t i = 0; i < d->ncntrs; i++)
+        if (d->cntrs[i] == c) {
+            d->cntrs[i] = d->cntrs[--d->ncntrs];
+            break;
+        }
+}
+
+struct fiv_cntr *fiv_domain_cntr(struct fiv_domain *d, const struct fid_cntr *f)
+{
+    for (size_t i = 0; i < d->ncntrs; i++)
+        if (&d->cntrs[i]->cntr == f)
+            return d->cntrs[i];
+    return NULL;
 }

@@ -13,12 +13,17 @@
  * threads, writes with CQ data past the target's CQ size (alone and
  * beside a flooding co-tenant), a name inserted twice, and the last
  * message of a sender that left before it was inserted, triggered
- * operations and connected endpoints not answered, and datagram
+ * operations (a write and, through an alias, a tagged send: not before
+ * their counter's threshold, at it; a counter with one waiting does not
+ * close; fi_cancel and closing the endpoint end one waiting), connected
+ * endpoints and other capabilities we lack not answered, and datagram
  * endpoints: what they exchange and what they refuse, at the call and
  * from a peer's RDM endpoint, also during a drain.
  */
 #include <inttypes.h>
 #include <pthread.h>
+
+#include <rdma/fi_trigger.h>
 
 #include "fiv_test.h"
 
@@ -105,10 +110,22 @@ static void check_getinfo(void)
            -FI_ENODATA);
     REQ(!fi);
 
-    /* what we do not offer is not answered: triggered operations, and a
-       connected (FI_EP_MSG) endpoint (docs/provider.md, "Conformance") */
+    /* triggered operations: answered, on the transmit side */
     h->caps = FI_MSG | FI_RMA | FI_TRIGGER;
-    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), 0);
+    REQ(fi->caps & FI_TRIGGER && fi->tx_attr->caps & FI_TRIGGER);
+    REQ(!(fi->rx_attr->caps & FI_TRIGGER));
+    fi_freeinfo(fi);
+    fi = NULL;
+    /* what we do not offer is not answered: collectives, multicast,
+       device memory, and a connected (FI_EP_MSG) endpoint
+       (docs/provider.md, "Conformance") */
+    const uint64_t lacked[] = {FI_COLLECTIVE, FI_MULTICAST, FI_HMEM,
+                               FI_NAMED_RX_CTX};
+    for (size_t i = 0; i < sizeof lacked / sizeof lacked[0]; i++) {
+        h->caps = FI_MSG | FI_RMA | lacked[i];
+        REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    }
     h->caps = FI_MSG;
     h->ep_attr->type = FI_EP_MSG;
     REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
@@ -130,6 +147,8 @@ static void check_getinfo(void)
     h->caps = FI_MSG | FI_TAGGED;
     REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
     h->caps = FI_MSG | FI_RMA;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
+    h->caps = FI_MSG | FI_TRIGGER;
     REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &fi), -FI_ENODATA);
     h->caps = FI_MSG;
     h->ep_attr->max_msg_size = (64 << 10) + 1;
@@ -1175,6 +1194,234 @@ static void dgram_refuses_big(struct rank *r)
     dgram_refuses(r, REFUSE_BIG);
 }
 
+/* ---- triggered operations (fi_trigger(3)) ---- */
+
+static uint64_t trig_words[4];
+
+static struct fi_triggered_context threshold_ctx(struct fid_cntr *c,
+                                                 size_t threshold)
+{
+    struct fi_triggered_context tc;
+    memset(&tc, 0, sizeof tc);
+    tc.event_type = FI_TRIGGER_THRESHOLD;
+    tc.trigger.threshold.cntr = c;
+    tc.trigger.threshold.threshold = threshold;
+    return tc;
+}
+
+static ssize_t trig_write(struct rank *r, uint64_t *v, uint64_t addr,
+                          uint64_t key, struct fi_triggered_context *tc)
+{
+    struct iovec iov = {v, sizeof *v};
+    struct fi_rma_iov rma = {.addr = addr, .len = sizeof *v, .key = key};
+    struct fi_msg_rma m = {.msg_iov = &iov, .iov_count = 1,
+                           .addr = r->addr[0], .rma_iov = &rma,
+                           .rma_iov_count = 1, .context = tc};
+    return fi_writemsg(r->ep, &m, FI_TRIGGER | FI_COMPLETION);
+}
+
+/* Rank 1 writes into rank 0's `trig_words` and sends it tagged messages,
+   each deferred until a counter of its own reaches a threshold: a
+   counter bound to nothing that the test adds to, and its write
+   counter, which a plain write moves; then a read and an atomic.
+   Nothing goes before its threshold, it goes at it; a counter with one
+   waiting does not close; fi_cancel and closing the endpoint end those
+   still waiting with FI_ECANCELED; what is not a threshold on one of
+   the domain's open counters is refused at the call. */
+static void triggered(struct rank *r)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_TRIGGER;
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fid_cntr *scntr, *gate;
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
+    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
+    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &scntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &gate, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
+    REQ_RC(fi_ep_bind(r->ep, &scntr->fid, FI_SEND), 0);
+    REQ_RC(fi_enable(r->ep), 0);
+    t_exchange(r);
+    struct fid_mr *mr = NULL;
+    if (r->me == 0)
+        REQ_RC(fi_mr_reg(r->dom, trig_words, sizeof trig_words,
+                         FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr,
+                         NULL), 0);
+    uint64_t at[2] = {(uint64_t)(uintptr_t)trig_words,
+                      mr ? fi_mr_key(mr) : 0};
+    t_bcast(r, 0, at, sizeof at);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry err;
+
+    /* a write at the gate's 2: not at 1, at 2; one at 0 goes at once */
+    struct fi_triggered_context tc1 = threshold_ctx(gate, 2),
+                                tc0 = threshold_ctx(gate, 0);
+    uint64_t v1 = 0x1111, v0 = 0x3333;
+    if (r->me == 1) {
+        REQ_RC(trig_write(r, &v1, at[0], at[1], &tc1), 0);
+        REQ_RC(fi_cntr_add(gate, 1), 0);
+        t_progress_ms(r, 200);
+        REQ(fi_cntr_read(r->wcntr) == 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 0), -FI_ETIMEDOUT);
+        REQ_RC(trig_write(r, &v0, at[0] + 16, at[1], &tc0), 0);
+        REQ_RC(fi_cntr_wait(r->wcntr, 1, 5000), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &tc0 && e.flags & FI_WRITE);
+    }
+    t_barrier(r);
+    if (r->me == 0)
+        REQ(trig_words[0] == 0 && trig_words[2] == 0x3333);
+    t_barrier(r);
+    if (r->me == 1) {
+        REQ_RC(fi_cntr_add(gate, 1), 0);
+        REQ_RC(fi_cntr_wait(r->wcntr, 2, 5000), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &tc1 && e.flags & FI_WRITE && e.flags & FI_RMA);
+    }
+    t_barrier(r);
+    if (r->me == 0)
+        REQ(trig_words[0] == 0x1111);
+
+    /* a tagged send through an alias of FI_TRIGGER, at the write
+       counter's next count: it waits for a plain write, and goes after
+       it */
+    uint64_t got = 0;
+    if (r->me == 0)
+        REQ_RC(fi_trecv(r->ep, &got, 8, NULL, r->addr[1], 9, 0, &got), 0);
+    t_barrier(r);
+    if (r->me == 1) {
+        struct fid_ep *al = NULL;
+        REQ_RC(fi_ep_alias(r->ep, &al, FI_TRANSMIT | FI_TRIGGER), 0);
+        struct fi_triggered_context tc2 = threshold_ctx(r->wcntr, 3);
+        uint64_t s = 0x2222, v2 = 0x4444;
+        REQ_RC(fi_tsend(al, &s, 8, NULL, r->addr[0], 9, &tc2), 0);
+        /* an inject names no context to trigger by */
+        REQ_RC(fi_tinject(al, &s, 8, r->addr[0], 9), -FI_EINVAL);
+        /* the endpoint stays while its alias is open */
+        REQ_RC(fi_close(&r->ep->fid), -FI_EBUSY);
+        t_progress_ms(r, 200);
+        REQ(fi_cntr_read(scntr) == 0);
+        REQ_RC(fi_write(r->ep, &v2, 8, NULL, r->addr[0], at[0] + 8, at[1],
+                        &v2), 0);
+        REQ_RC(fi_cntr_wait(scntr, 1, 5000), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &v2 && e.flags & FI_WRITE);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &tc2 && e.flags & FI_SEND && e.flags & FI_TAGGED);
+        REQ_RC(fi_close(&al->fid), 0);
+    } else {
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &got && got == 0x2222);
+        REQ(trig_words[1] == 0x4444); /* the write landed first */
+    }
+    t_barrier(r);
+
+    /* a read and an atomic at the gate's 3: neither before it */
+    uint64_t rd = 0;
+    struct fi_triggered_context tcr = threshold_ctx(gate, 3),
+                                tca = threshold_ctx(gate, 3);
+    if (r->me == 1) {
+        struct iovec riov = {&rd, sizeof rd};
+        struct fi_rma_iov rma = {.addr = at[0] + 16, .len = 8, .key = at[1]};
+        struct fi_msg_rma rm = {.msg_iov = &riov, .iov_count = 1,
+                                .addr = r->addr[0], .rma_iov = &rma,
+                                .rma_iov_count = 1, .context = &tcr};
+        REQ_RC(fi_readmsg(r->ep, &rm, FI_TRIGGER | FI_COMPLETION), 0);
+        uint64_t one = 1;
+        struct fi_ioc ioc = {&one, 1};
+        struct fi_rma_ioc rioc = {.addr = at[0] + 24, .count = 1,
+                                  .key = at[1]};
+        struct fi_msg_atomic am = {.msg_iov = &ioc, .iov_count = 1,
+                                   .addr = r->addr[0], .rma_iov = &rioc,
+                                   .rma_iov_count = 1,
+                                   .datatype = FI_UINT64, .op = FI_SUM,
+                                   .context = &tca};
+        REQ_RC(fi_atomicmsg(r->ep, &am, FI_TRIGGER | FI_COMPLETION), 0);
+        t_progress_ms(r, 200);
+        REQ(fi_cntr_read(r->rcntr) == 0 && fi_cntr_read(r->wcntr) == 3);
+        REQ_RC(fi_cntr_add(gate, 1), 0);
+        REQ_RC(fi_cntr_wait(r->rcntr, 1, 5000), 0);
+        REQ_RC(fi_cntr_wait(r->wcntr, 4, 5000), 0);
+        REQ(rd == 0x3333);
+        for (int i = 0; i < 2; i++) {
+            REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+            REQ((e.op_context == &tcr && e.flags & FI_READ) ||
+                (e.op_context == &tca && e.flags & FI_ATOMIC));
+        }
+    }
+    t_barrier(r);
+    if (r->me == 0)
+        REQ(trig_words[3] == 1);
+
+    /* refused at the call: FI_TRIGGER in the endpoint's own flags, a
+       counter that is not one of the domain's, an event we lack */
+    if (r->me == 1) {
+        uint64_t f = FI_TRANSMIT | FI_TRIGGER;
+        REQ_RC(fi_control(&r->ep->fid, FI_SETOPSFLAG, &f), -FI_EINVAL);
+        uint64_t bogus[8] = {0};
+        struct fi_triggered_context tb =
+            threshold_ctx((struct fid_cntr *)(void *)bogus, 1);
+        REQ_RC(trig_write(r, &v1, at[0], at[1], &tb), -FI_EINVAL);
+        tb = threshold_ctx(gate, 1);
+        tb.event_type = FI_TRIGGER_XPU;
+        REQ_RC(trig_write(r, &v1, at[0], at[1], &tb), -FI_ENOSYS);
+        REQ_RC(trig_write(r, &v1, at[0], at[1], NULL), -FI_EINVAL);
+    }
+
+    /* waiting: the counter does not close, fi_cancel ends it */
+    struct fid_cntr *later;
+    REQ_RC(fi_cntr_open(r->dom, &ca, &later, NULL), 0);
+    struct fi_triggered_context tc3 = threshold_ctx(later, 5),
+                                tc4 = threshold_ctx(later, 6);
+    uint64_t v3 = 0x5555;
+    if (r->me == 1) {
+        REQ_RC(trig_write(r, &v3, at[0] + 24, at[1], &tc3), 0);
+        REQ_RC(fi_close(&later->fid), -FI_EBUSY);
+        REQ_RC(fi_cancel(&r->ep->fid, &tc3), 0);
+        REQ_RC(fi_cancel(&r->ep->fid, &tc3), -FI_ENOENT);
+        REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_ECANCELED);
+        REQ(err.op_context == &tc3);
+        struct iovec iov = {&v3, sizeof v3};
+        struct fi_msg_tagged m = {.msg_iov = &iov, .iov_count = 1,
+                                  .addr = r->addr[0], .tag = 10,
+                                  .context = &tc4};
+        REQ_RC(fi_tsendmsg(r->ep, &m, FI_TRIGGER), 0);
+    }
+    t_barrier(r);
+    /* closing the endpoint ends what waits (its counter closes after) */
+    REQ_RC(fi_close(&r->ep->fid), 0);
+    if (r->me == 1) {
+        REQ_RC(t_wait(r, &e, &err, NULL, 1000), -FI_ECANCELED);
+        REQ(err.op_context == &tc4);
+    }
+    REQ_RC(fi_close(&later->fid), 0);
+    if (mr)
+        REQ_RC(fi_close(&mr->fid), 0);
+    REQ_RC(fi_close(&r->av->fid), 0);
+    REQ_RC(fi_close(&r->cq->fid), 0);
+    REQ_RC(fi_close(&r->rcntr->fid), 0);
+    REQ_RC(fi_close(&r->wcntr->fid), 0);
+    REQ_RC(fi_close(&scntr->fid), 0);
+    REQ_RC(fi_close(&gate->fid), 0);
+    REQ_RC(fi_close(&r->dom->fid), 0);
+    REQ_RC(fi_close(&r->fab->fid), 0);
+    fi_freeinfo(r->info);
+}
+
 static void departed_unread(struct rank *r) { departed_sender(r, false); }
 static void departed_read(struct rank *r) { departed_sender(r, true); }
 
@@ -1291,6 +1538,12 @@ int main(void)
 
     f = t_run(2, departed_read, env2, 30, NULL);
     printf("%s: the same, read before the insert\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, triggered, env2, 30, NULL);
+    printf("%s: triggered writes, sends, reads and atomics go at their "
+           "counter's threshold, not before; what waits holds its counter, "
+           "is cancelled, ends with its endpoint\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, dgram_exchange, env2, 30, NULL);
