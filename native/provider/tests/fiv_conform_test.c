@@ -412,6 +412,14 @@ static void foreign_children(struct rank *r)
     REQ_RC(fi_ep_bind(r->ep, &cq2->fid, FI_TRANSMIT | FI_RECV), -FI_EINVAL);
     REQ_RC(fi_ep_bind(r->ep, &c2->fid, FI_SEND), -FI_EINVAL);
     REQ_RC(fi_ep_bind(r->ep, &av2->fid, 0), -FI_EINVAL);
+    /* nor to a registration: the target's progress would count it, and
+       start what waits on it, under the other domain's serialization */
+    static uint64_t word;
+    struct fid_mr *mr = NULL;
+    REQ_RC(fi_mr_reg(r->dom, &word, sizeof word, FI_REMOTE_WRITE, 0, 0, 0,
+                     &mr, NULL), 0);
+    REQ_RC(fi_mr_bind(mr, &c2->fid, FI_REMOTE_WRITE), -FI_EINVAL);
+    REQ_RC(fi_close(&mr->fid), 0);
     /* nothing of the other domain is held: all of it closes */
     REQ_RC(fi_close(&av2->fid), 0);
     REQ_RC(fi_close(&c2->fid), 0);
@@ -1486,7 +1494,8 @@ int main(void)
     failed += f;
 
     f = t_run(1, foreign_children, env1, 30, NULL);
-    printf("%s: a CQ, counter or AV of another domain is not bound\n",
+    printf("%s: a CQ, counter or AV of another domain is not bound, nor its "
+           "counter to a registration\n",
            f ? "FAIL" : "ok");
     failed += f;
 
