@@ -73,6 +73,11 @@ static int mr_bind(struct fid *fid, struct fid *bfid, uint64_t flags)
            mr_close lets it go; a second counter replaces the first,
            which the registration no longer holds */
         struct fiv_cntr *c = container_of(bfid, struct fiv_cntr, cntr.fid);
+        /* one of our domain's only: its count may start triggered
+           operations (fiv_complete.h), whose lists that domain's
+           serialization guards, not ours */
+        if (c->dom != m->dom)
+            return -FI_EINVAL;
         fiv_lock(m->dom);
         if (m->rma_cntr != c) {
             if (m->rma_cntr)
