@@ -1375,6 +1375,39 @@ static void triggered(struct rank *r)
     if (r->me == 0)
         REQ(trig_words[3] == 1);
 
+    /* an atomic's operand is read when the atomic starts, not when it
+       is posted: what it forwards arrives in between (fi_trigger(3):
+       "send a message only after receiving all input data") */
+    uint64_t in = 0;
+    struct fi_triggered_context tcs = threshold_ctx(gate, 4);
+    if (r->me == 1) {
+        REQ_RC(fi_trecv(r->ep, &in, 8, NULL, r->addr[0], 11, 0, &in), 0);
+        struct fi_ioc ioc = {&in, 1};
+        struct fi_rma_ioc rioc = {.addr = at[0] + 24, .count = 1,
+                                  .key = at[1]};
+        struct fi_msg_atomic am = {.msg_iov = &ioc, .iov_count = 1,
+                                   .addr = r->addr[0], .rma_iov = &rioc,
+                                   .rma_iov_count = 1,
+                                   .datatype = FI_UINT64, .op = FI_SUM,
+                                   .context = &tcs};
+        REQ_RC(fi_atomicmsg(r->ep, &am, FI_TRIGGER | FI_COMPLETION), 0);
+    }
+    t_barrier(r);
+    if (r->me == 0) {
+        uint64_t seven = 7;
+        REQ_RC(fi_tinject(r->ep, &seven, 8, r->addr[1], 11), 0);
+    } else {
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &in && in == 7);
+        REQ_RC(fi_cntr_add(gate, 1), 0);
+        REQ_RC(fi_cntr_wait(r->wcntr, 5, 5000), 0);
+        REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
+        REQ(e.op_context == &tcs && e.flags & FI_ATOMIC);
+    }
+    t_barrier(r);
+    if (r->me == 0)
+        REQ(trig_words[3] == 1 + 7);
+
     /* refused at the call: FI_TRIGGER in the endpoint's own flags, a
        counter that is not one of the domain's, an event we lack */
     if (r->me == 1) {
@@ -1551,8 +1584,9 @@ int main(void)
 
     f = t_run(2, triggered, env2, 30, NULL);
     printf("%s: triggered writes, sends, reads and atomics go at their "
-           "counter's threshold, not before; what waits holds its counter, "
-           "is cancelled, ends with its endpoint\n", f ? "FAIL" : "ok");
+           "counter's threshold, not before, with the operands there then; "
+           "what waits holds its counter, is cancelled, ends with its "
+           "endpoint\n", f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, dgram_exchange, env2, 30, NULL);
