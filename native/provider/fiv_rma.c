@@ -726,15 +726,27 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     if (!r)
         return -FI_ENOMEM;
     size_t plen = read_only ? 0 : (cmp ? 2 * len : len);
-    r->own = malloc(plen ? plen : 1);
-    if (!r->own) {
-        free(r);
-        return -FI_ENOMEM;
-    }
-    if (!read_only) {
-        memcpy(r->own, opnd, len);
-        if (cmp)
-            memcpy(r->own + len, cmp, len);
+    if (flags & FI_TRIGGER && !(flags & FI_INJECT)) {
+        /* read when it starts, as a triggered send's buffer is: what it
+           forwards may arrive after the call (fi_trigger(3)) */
+        r->iov_count = 0;
+        if (!read_only)
+            r->iov[r->iov_count++] = (struct iovec){(void *)opnd, len};
+        if (!read_only && cmp)
+            r->iov[r->iov_count++] = (struct iovec){(void *)cmp, len};
+    } else {
+        r->own = malloc(plen ? plen : 1);
+        if (!r->own) {
+            free(r);
+            return -FI_ENOMEM;
+        }
+        if (!read_only) {
+            memcpy(r->own, opnd, len);
+            if (cmp)
+                memcpy(r->own + len, cmp, len);
+        }
+        r->iov[0] = (struct iovec){r->own, plen};
+        r->iov_count = 1;
     }
     struct fiv_rma_hdr h = {.addr = addr, .key = key, .len = len,
                             .op = (uint32_t)op, .datatype = (uint32_t)dt};
@@ -746,8 +758,6 @@ static ssize_t atomic_issue(struct fiv_ep *ep, const void *opnd,
     r->op = FIV_OP_ATOMIC | (fetch ? FIV_F_FETCH : 0) | (cmp ? FIV_F_COMPARE : 0);
     memcpy(r->hdr, &h, sizeof h);
     r->hlen = sizeof h;
-    r->iov[0] = (struct iovec){r->own, plen};
-    r->iov_count = 1;
     r->total = plen;
     if (fetch) {
         r->res[0] = (struct iovec){result, len};
