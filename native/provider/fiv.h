@@ -328,7 +328,7 @@ struct fiv_domain {
     struct fiv_fabric *fab;
     uint32_t api_version;
     int mr_mode;          /* the FI_MR_* bits we answered with            */
-    bool locking;         /* FI_THREAD_SAFE/COMPLETION: one mutex         */
+    bool locking;         /* all but FI_THREAD_DOMAIN: one mutex          */
     pthread_mutex_t lock;
     bool auto_progress;
     pthread_t progress_thread;

@@ -51,6 +51,15 @@ static int alias_close(struct fid *fid)
     return 0;
 }
 
+/* What an alias's flags may be, at its opening and at FI_SETOPSFLAG:
+   its side's operation flags, and FI_TRIGGER on the transmit side of
+   an endpoint that offers it. */
+static bool flags_allowed(const struct fiv_ep *ep, bool tx, uint64_t ops)
+{
+    uint64_t allowed = tx ? FIV_TX_OP_FLAGS | FI_TRIGGER : FIV_RX_OP_FLAGS;
+    return !(ops & ~allowed) && !(ops & FI_TRIGGER && !(ep->caps & FI_TRIGGER));
+}
+
 static int alias_control(struct fid *fid, int cmd, void *arg)
 {
     struct fiv_alias *a = container_of(fid, struct fiv_alias, ep.fid);
@@ -63,7 +72,7 @@ static int alias_control(struct fid *fid, int cmd, void *arg)
             return 0;
         }
         uint64_t want = *f & ~(FI_TRANSMIT | FI_RECV);
-        if (want & FI_TRIGGER && !(a->base->caps & FI_TRIGGER))
+        if (!flags_allowed(a->base, a->tx, want))
             return -FI_EINVAL;
         a->flags = want;
         return 0;
@@ -686,9 +695,7 @@ int fiv_alias_open(struct fiv_ep *ep, const struct fi_alias *alias)
     uint64_t f = alias->flags;
     bool tx = f & FI_TRANSMIT, rx = f & FI_RECV;
     uint64_t ops = f & ~(FI_TRANSMIT | FI_RECV);
-    uint64_t allowed = tx ? FIV_TX_OP_FLAGS | FI_TRIGGER : FIV_RX_OP_FLAGS;
-    if (tx == rx || ops & ~allowed ||
-        (ops & FI_TRIGGER && !(ep->caps & FI_TRIGGER)))
+    if (tx == rx || !flags_allowed(ep, tx, ops))
         return -FI_EINVAL;
     struct fiv_alias *a = calloc(1, sizeof *a);
     if (!a)

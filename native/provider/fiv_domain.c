@@ -130,8 +130,12 @@ int fiv_domain_open(struct fid_fabric *fabric, struct fi_info *info,
     enum fi_threading t = a ? a->threading : FI_THREAD_SAFE;
     d->auto_progress = a && (a->data_progress == FI_PROGRESS_AUTO ||
                              a->control_progress == FI_PROGRESS_AUTO);
-    d->locking = t == FI_THREAD_SAFE || t == FI_THREAD_UNSPEC ||
-                 t == FI_THREAD_COMPLETION || d->auto_progress;
+    /* Only FI_THREAD_DOMAIN has the application serialize the whole
+       domain. Under FID and ENDPOINT it serializes each object, not the
+       provider's own work on objects endpoints share (a CQ both write, a
+       counter whose increment moves another endpoint's triggered
+       operations), so those take the lock too. */
+    d->locking = t != FI_THREAD_DOMAIN || d->auto_progress;
     pthread_mutex_init(&d->lock, NULL);
     d->next_key = 1;
     d->dom.fid.fclass = FI_CLASS_DOMAIN;

@@ -47,15 +47,15 @@ int fiv_trigger_post(struct fiv_ep *ep, struct fiv_op_req *r)
         rc = -FI_ENOSYS;
     else if (!(c = fiv_domain_cntr(ep->dom, tc.trigger.threshold.cntr)))
         rc = -FI_EINVAL;
-    else if (ep->trig_count >= FIV_TRIGGER_MAX)
+    uint64_t threshold = tc.trigger.threshold.threshold;
+    if (!rc && __atomic_load_n(&c->val, __ATOMIC_ACQUIRE) >= threshold)
+        return fiv_tx_start(ep, r); /* waits for nothing: not capped */
+    if (!rc && ep->trig_count >= FIV_TRIGGER_MAX)
         rc = -FI_EAGAIN;
     if (rc) {
         fiv_req_free(r);
         return rc;
     }
-    uint64_t threshold = tc.trigger.threshold.threshold;
-    if (__atomic_load_n(&c->val, __ATOMIC_ACQUIRE) >= threshold)
-        return fiv_tx_start(ep, r);
     struct fiv_trig *t = malloc(sizeof *t);
     if (!t) {
         fiv_req_free(r);
@@ -130,6 +130,27 @@ void fiv_trigger_drop(struct fiv_ep *ep, int err)
     }
 }
 
+/* Take the operation with `context` off ep's ready list (reached, not
+   yet started), onto *out. */
+static void take_ready(struct fiv_ep *ep, void *context, struct fiv_trig **out)
+{
+    struct fiv_trig **pp = &ep->trig_ready, *prev = NULL;
+    while (*pp && (*pp)->req->context != context) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    struct fiv_trig *t = *pp;
+    if (!t)
+        return;
+    *pp = t->next;
+    if (ep->trig_ready_tail == t)
+        ep->trig_ready_tail = prev;
+    if (!ep->trig_ready)
+        ep->txq_peers--; /* the one the ready list held (fiv.h) */
+    t->next = *out;
+    *out = t;
+}
+
 int fiv_trigger_cancel(struct fiv_ep *ep, void *context)
 {
     if (!ep->trig_count)
@@ -138,6 +159,8 @@ int fiv_trigger_cancel(struct fiv_ep *ep, void *context)
     struct fiv_domain *d = ep->dom;
     for (size_t i = 0; i < d->ncntrs && !gone; i++)
         take_from(d->cntrs[i], ep, false, context, &gone);
+    if (!gone)
+        take_ready(ep, context, &gone);
     if (!gone)
         return -FI_ENOENT;
     end_all(ep, gone, FI_ECANCELED);

@@ -1331,6 +1331,12 @@ static void triggered(struct rank *r)
         REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
         REQ(e.op_context == &tc2 && e.flags & FI_SEND && e.flags & FI_TAGGED);
         REQ_RC(fi_close(&al->fid), 0);
+        /* a receive alias takes no FI_TRIGGER, at its opening nor later */
+        REQ_RC(fi_ep_alias(r->ep, &al, FI_RECV | FI_TRIGGER), -FI_EINVAL);
+        REQ_RC(fi_ep_alias(r->ep, &al, FI_RECV), 0);
+        uint64_t rf = FI_RECV | FI_TRIGGER;
+        REQ_RC(fi_control(&al->fid, FI_SETOPSFLAG, &rf), -FI_EINVAL);
+        REQ_RC(fi_close(&al->fid), 0);
     } else {
         REQ_RC(t_wait(r, &e, NULL, NULL, 5000), 0);
         REQ(e.op_context == &got && got == 0x2222);
@@ -1436,6 +1442,14 @@ static void triggered(struct rank *r)
         REQ_RC(fi_cancel(&r->ep->fid, &tc3), -FI_ENOENT);
         REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_ECANCELED);
         REQ(err.op_context == &tc3);
+        /* reached but not yet started (no progress since): fi_cancel
+           still finds it */
+        struct fi_triggered_context tc5 = threshold_ctx(later, 1);
+        REQ_RC(trig_write(r, &v3, at[0] + 24, at[1], &tc5), 0);
+        REQ_RC(fi_cntr_add(later, 1), 0);
+        REQ_RC(fi_cancel(&r->ep->fid, &tc5), 0);
+        REQ_RC(t_wait(r, &e, &err, NULL, 5000), -FI_ECANCELED);
+        REQ(err.op_context == &tc5);
         struct iovec iov = {&v3, sizeof v3};
         struct fi_msg_tagged m = {.msg_iov = &iov, .iov_count = 1,
                                   .addr = r->addr[0], .tag = 10,
@@ -1443,6 +1457,8 @@ static void triggered(struct rank *r)
         REQ_RC(fi_tsendmsg(r->ep, &m, FI_TRIGGER), 0);
     }
     t_barrier(r);
+    if (r->me == 0) /* neither cancelled write landed */
+        REQ(trig_words[3] == 1 + 7);
     /* closing the endpoint ends what waits (its counter closes after) */
     REQ_RC(fi_close(&r->ep->fid), 0);
     if (r->me == 1) {
@@ -1465,6 +1481,108 @@ static void triggered(struct rank *r)
 
 static void departed_unread(struct rank *r) { departed_sender(r, false); }
 static void departed_read(struct rank *r) { departed_sender(r, true); }
+
+/* Under FI_THREAD_ENDPOINT the application serializes each object, not
+   the provider's work on what they share: one thread posts triggered
+   writes on the endpoint while another adds to their counter, whose
+   increment moves them to the endpoint's ready list. Every write lands
+   once, at its threshold or later (without the domain's lock in this
+   model the two threads changed the counter's list at once). */
+enum { RACE_N = 50000 };
+static uint64_t race_words[64];
+struct race_arg {
+    struct rank *r;
+    struct fid_cntr *gate;
+    uint64_t at[2];
+};
+
+static void *race_post(void *p)
+{
+    struct race_arg *a = p;
+    static uint64_t v = 1;
+    static struct fi_triggered_context tc[RACE_N];
+    for (size_t i = 0; i < RACE_N; i++) {
+        tc[i] = threshold_ctx(a->gate, i + 1);
+        uint64_t addr = a->at[0] + (i % 64) * sizeof(uint64_t);
+        ssize_t rc;
+        while ((rc = trig_write(a->r, &v, addr, a->at[1], &tc[i])) ==
+               -FI_EAGAIN)
+            (void)fi_cntr_read(a->r->wcntr);
+        if (rc)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static void *race_add(void *p)
+{
+    struct race_arg *a = p;
+    for (size_t i = 0; i < RACE_N; i++)
+        if (fi_cntr_add(a->gate, 1))
+            return (void *)1;
+    return NULL;
+}
+
+static void triggered_threads(struct rank *r)
+{
+    struct fi_info *h = base_hints();
+    h->caps = FI_MSG | FI_RMA | FI_TRIGGER;
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY;
+    h->domain_attr->threading = FI_THREAD_ENDPOINT;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    struct fid_cntr *gate;
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
+    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
+    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &gate, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid,
+                      FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
+    REQ_RC(fi_enable(r->ep), 0);
+    t_exchange(r);
+    struct fid_mr *mr = NULL;
+    if (r->me == 0)
+        REQ_RC(fi_mr_reg(r->dom, race_words, sizeof race_words,
+                         FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL), 0);
+    struct race_arg a = {.r = r, .gate = gate,
+                         .at = {(uint64_t)(uintptr_t)race_words,
+                                mr ? fi_mr_key(mr) : 0}};
+    t_bcast(r, 0, a.at, sizeof a.at);
+    if (r->me == 1) {
+        pthread_t tp, ta;
+        REQ(pthread_create(&tp, NULL, race_post, &a) == 0);
+        REQ(pthread_create(&ta, NULL, race_add, &a) == 0);
+        void *rp = NULL, *ra = NULL;
+        REQ(pthread_join(tp, &rp) == 0 && rp == NULL);
+        REQ(pthread_join(ta, &ra) == 0 && ra == NULL);
+        REQ(fi_cntr_read(gate) == RACE_N);
+        /* every write lands once: the count stops at RACE_N */
+        REQ_RC(fi_cntr_wait(r->wcntr, RACE_N, 20000), 0);
+        t_progress_ms(r, 100);
+        REQ(fi_cntr_read(r->wcntr) == RACE_N);
+        REQ(fi_cntr_readerr(r->wcntr) == 0);
+    }
+    t_barrier(r);
+    if (r->me == 0)
+        for (size_t i = 0; i < 64; i++)
+            REQ(race_words[i] == 1);
+    t_barrier(r);
+    if (mr)
+        REQ_RC(fi_close(&mr->fid), 0);
+    REQ_RC(fi_close(&gate->fid), 0);
+    t_close(r);
+}
 
 int main(void)
 {
@@ -1587,6 +1705,12 @@ int main(void)
            "counter's threshold, not before, with the operands there then; "
            "what waits holds its counter, is cancelled, ends with its "
            "endpoint\n", f ? "FAIL" : "ok");
+    failed += f;
+
+    f = t_run(2, triggered_threads, env2, 60, NULL);
+    printf("%s: FI_THREAD_ENDPOINT: triggered writes posted on one thread "
+           "while another adds to their counter all land once\n",
+           f ? "FAIL" : "ok");
     failed += f;
 
     f = t_run(2, dgram_exchange, env2, 30, NULL);
