@@ -20,13 +20,15 @@
  *       of 8 B then MPI_Recv, rank 1 MPI_Recv then MPI_Send, ROUNDS round
  *       trips after WARM uncounted ones. Each rank posts its receive only
  *       once the peer has said, in the file WORDS (two zeroed longs, shared),
- *       that the message is sent, waiting for that uncounted: the receive
- *       is counted without the polls that found nothing (the caller checks
- *       that there were none).
+ *       that the message is sent, waiting for that uncounted: a receive
+ *       is its post and the poll that finds the message (the caller counts
+ *       the polls, and takes out any that found nothing).
  *   mpi-msg-count wait MS
  *       after the same warm-up, rank 1 waits in one MPI_Recv while rank 0
- *       sleeps MS ms before sending (counted alone): the cost of one empty poll of a blocking
- *       receive, the wait's count over its polls.
+ *       sleeps MS ms before sending (counted alone): the cost of one empty
+ *       poll of a blocking receive, the wait's count over its polls.
+ *   Both under callgrind --collect-atstart=yes: what they count is a dump
+ *   of its own (FILE.PID.2), between two CALLGRIND_DUMP_STATS.
  *
  * Each rank prints one line: pid, rank, then windows and misses, rounds,
  * idle or wait.
@@ -42,7 +44,6 @@
 #include <valgrind/callgrind.h>
 #else
 #define CALLGRIND_TOGGLE_COLLECT
-#define CALLGRIND_ZERO_STATS
 #define CALLGRIND_DUMP_STATS
 #endif
 
