@@ -12,8 +12,18 @@ cost, the same on every run up to a few instructions (docs/fast-path.md,
 "Open MPI 5 over the provider, counted"):
 
   mpi_msg_count.py [--mpi openmpi5|mpich] [--transport ivshm|own]
-                   [--windows N] [--pace US] [--idle TESTS]
+                   [--shape windows|pingpong] [--windows N] [--rounds N]
+                   [--pace US] [--idle TESTS] [--wait MS]
                    [--provider DIR] [--functions K] [--keep DIR]
+
+--shape pingpong (Open MPI only) counts osu latency's shape instead:
+round trips of a blocking MPI_Send and MPI_Recv, each rank posting its
+receive once its peer's send has returned (told through a shared file,
+waited for uncounted), so that a receive is its post and the one poll
+that finds the message; polls that found nothing anyway (calls of
+opal_progress beyond one a receive) are taken out at the cost of a
+blocking receive's empty poll, which a second run (`wait`, one receive
+waiting WAIT ms for its message) measures ("The ping-pong, counted").
 
 openmpi5 over ivshm: pml cm + mtl ofi over the provider, as ivcloud
 launches it (ivcloud/mpis/openmpi5.py); openmpi5 own: pml ob1 + btl
@@ -38,6 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 SOURCE = Path(__file__).with_name("mpi_msg_count.c")
 WINDOW = 64
+PROG = "mpi-msg-count"
+POLL = "opal_progress"  # one call a poll of a blocking receive, Open MPI's
 SLOT = 16384 + 64
 
 
@@ -46,12 +58,22 @@ def fail(msg: str) -> None:
     sys.exit(2)
 
 
-def load(path: Path) -> collections.Counter:
-    """Self cost (Ir) per (object, function) of one callgrind file."""
+class Profile(collections.Counter):
+    """Self cost (Ir) per (object, function) of one callgrind file, with
+    `calls` (how often each function was called, by name) and `incl` (the
+    inclusive cost of the calls the program itself made, by callee)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: collections.Counter = collections.Counter()
+        self.incl: collections.Counter = collections.Counter()
+
+
+def load(path: Path) -> Profile:
     names = {"ob": {}, "fn": {}}
-    ob = fn = None
+    ob = fn = cfn = None
     skip = False
-    costs: collections.Counter = collections.Counter()
+    costs = Profile()
 
     def name(kind: str, s: str) -> str:
         m = re.match(r"\((\d+)\)(?: (.*))?$", s)
@@ -69,12 +91,16 @@ def load(path: Path) -> collections.Counter:
         elif line.startswith("cob="):
             name("ob", line[4:])
         elif line.startswith("cfn="):
-            name("fn", line[4:])
+            cfn = name("fn", line[4:])
         elif line.startswith("calls="):
             skip = True  # the next cost line is the call's inclusive cost
+            costs.calls[cfn] += int(line[6:].split()[0])
         elif line[:1].isdigit() or line[:1] in "+-*":
             if skip:
                 skip = False
+                parts = line.split()
+                if len(parts) >= 2 and os.path.basename(ob or "") == PROG:
+                    costs.incl[cfn] += int(parts[1])
                 continue
             parts = line.split()
             if len(parts) >= 2:
@@ -82,13 +108,21 @@ def load(path: Path) -> collections.Counter:
     return costs
 
 
+def counted(path: Path) -> Profile:
+    """The counted part of a rank's run: the whole file, or where the
+    program dumped before and after it, the second dump (PATH.2)."""
+    second = path.with_name(f"{path.name}.2")
+    return load(second if second.exists() else path)
+
+
 def ranks(log: str, out: Path) -> dict:
     """{rank: (costs, misses)} of one run, from the program's lines."""
     found = {}
     for m in re.finditer(r"^mpi-msg-count: pid (\d+) rank (\d+) "
-                         r"(?:windows \d+ misses (\d+)|idle \d+)$", log, re.M):
+                         r"(?:windows \d+ misses (\d+)|idle \d+|rounds \d+|"
+                         r"wait \d+)$", log, re.M):
         pid, rank = m.group(1), int(m.group(2))
-        found[rank] = (load(out.with_name(f"{out.name}.{pid}")),
+        found[rank] = (counted(out.with_name(f"{out.name}.{pid}")),
                        int(m.group(3) or 0))
     if set(found) != {0, 1}:
         raise SystemExit(f"mpi_msg_count.py: a run printed no line for "
@@ -127,7 +161,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(add_help=True)
     ap.add_argument("--mpi", default="openmpi5")
     ap.add_argument("--transport", default="ivshm")
+    ap.add_argument("--shape", default="windows")
     ap.add_argument("--windows", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--wait", type=int, default=300)
     ap.add_argument("--pace", type=int, default=2000)
     ap.add_argument("--idle", type=int, default=2000)
     ap.add_argument("--provider", type=Path,
@@ -142,9 +179,15 @@ def main() -> None:
         fail(f"--mpi: openmpi5 or mpich, not {a.mpi!r}")
     if a.transport not in ("ivshm", "own"):
         fail(f"--transport: ivshm or own, not {a.transport!r}")
-    if a.windows < 1 or a.pace < 1 or a.idle < 1 or a.functions < 0:
-        fail("--windows, --pace and --idle must be at least 1, "
-             "--functions at least 0")
+    if a.shape not in ("windows", "pingpong"):
+        fail(f"--shape: windows or pingpong, not {a.shape!r}")
+    if a.shape == "pingpong" and a.mpi != "openmpi5":
+        fail("--shape pingpong counts Open MPI's polls (opal_progress): "
+             "--mpi openmpi5")
+    if (a.windows < 1 or a.rounds < 1 or a.wait < 1 or a.pace < 1 or
+            a.idle < 1 or a.functions < 0):
+        fail("--windows, --rounds, --wait, --pace and --idle must be at "
+             "least 1, --functions at least 0")
     prefix = REPO / "build" / "mpi" / a.mpi
     if not (prefix / "bin" / "mpicc").exists():
         fail(f"no {prefix / 'bin' / 'mpicc'} (`make` installs the MPI wheels)")
@@ -163,10 +206,18 @@ def main() -> None:
         format_region(region, min_region_size(8, slot_size=SLOT), 8,
                       slot_size=SLOT)
         runs = {}
-        for label, args in (("loop", [str(a.windows), str(a.pace)]),
-                            ("idle", ["idle", str(a.idle)])):
+        if a.shape == "pingpong":
+            words = work / "words"
+            words.write_bytes(bytes(16))
+            shape = (("loop", ["pingpong", str(a.rounds), str(words)]),
+                     ("idle", ["wait", str(a.wait)]))
+        else:
+            shape = (("loop", [str(a.windows), str(a.pace)]),
+                     ("idle", ["idle", str(a.idle)]))
+        for label, args in shape:
             out = work / label
-            vg = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+            vg = ["valgrind", "--tool=callgrind",
+                  f"--collect-atstart={'yes' if a.shape == 'pingpong' else 'no'}",
                   f"--callgrind-out-file={out}.%p"]
             cmd, env = command(a.mpi, a.transport, prefix, prog,
                                a.provider.resolve(), region, vg, args)
@@ -176,7 +227,7 @@ def main() -> None:
                 raise SystemExit(f"mpi_msg_count.py: the {label} run failed "
                                  f"({p.returncode}):\n{p.stdout}{p.stderr}")
             runs[label] = ranks(p.stdout, out)
-        report(a, runs)
+        (report_pingpong if a.shape == "pingpong" else report)(a, runs)
     finally:
         region.unlink(missing_ok=True)
         if a.keep:
@@ -208,6 +259,51 @@ def report(a, runs) -> None:
         for (ob, fn), v in sorted(per.items(), key=lambda kv: -kv[1])[:a.functions]:
             print(f"      {v:8.1f}  {ob}: {fn}")
     print(f"both ranks: {sum(both.values()):.1f} per message")
+
+
+def report_pingpong(a, runs) -> None:
+    """Per round trip and rank (one MPI_Send, one MPI_Recv): each
+    receive's last poll is its message's, the others found nothing and
+    are taken out at the cost of a blocking receive's empty poll (the
+    `wait` run's count over its polls)."""
+    waited = runs["idle"][1][0]
+    polls = waited.calls[POLL]
+    if polls < 100:
+        raise SystemExit(f"mpi_msg_count.py: the wait run polled {polls} "
+                         f"times; too few to cost a poll (--wait longer)")
+    per_poll = {k: v / polls for k, v in waited.items()}
+    empty = sum(per_poll.values())
+    print(f"{a.mpi} over {a.transport}: {a.rounds} round trips of 8 B "
+          f"(MPI_Send, MPI_Recv); a blocking receive's empty poll "
+          f"{empty:.1f} instructions ({polls} polls in {a.wait} ms)")
+    both: collections.Counter = collections.Counter()
+    for rank in (0, 1):
+        costs = runs["loop"][rank][0]
+        misses = costs.calls[POLL] - a.rounds
+        per = {k: (v - misses * per_poll.get(k, 0)) / a.rounds
+               for k, v in costs.items()}
+        byob: collections.Counter = collections.Counter()
+        for (ob, _), v in per.items():
+            byob[ob] += v
+        both.update(byob)
+        calls = {re.sub(r"^P", "", k): v for k, v in costs.incl.items()
+                 if re.fullmatch(r"P?MPI_(Send|Recv)", k or "")}
+        send = calls.get("MPI_Send", 0) / a.rounds
+        recv = (calls.get("MPI_Recv", 0) - misses * empty) / a.rounds
+        print(f"rank {rank}: {sum(per.values()):.1f} per round trip "
+              f"({misses} empty polls taken out); MPI_Send {send:.1f}, "
+              f"MPI_Recv {recv:.1f} (its one poll included; "
+              f"{recv - empty:.1f} beyond an empty poll)")
+        for ob, v in byob.most_common():
+            if abs(v) >= 0.5:
+                print(f"  {v:8.1f}  {ob}")
+        for (ob, fn), v in sorted(per.items(), key=lambda kv: -kv[1])[:a.functions]:
+            print(f"      {v:8.1f}  {ob}: {fn}")
+    print(f"both ranks: {sum(both.values()):.1f} per round trip")
+    if a.functions:
+        print("a blocking receive's empty poll:")
+        for (ob, fn), v in sorted(per_poll.items(), key=lambda kv: -kv[1])[:a.functions]:
+            print(f"      {v:8.1f}  {ob}: {fn}")
 
 
 if __name__ == "__main__":

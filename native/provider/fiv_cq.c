@@ -125,13 +125,19 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count,
                tagged entry's layout); the core writes counted in a
                pass of their own, only while there are any */
             struct fi_cq_tagged_entry *o = buf;
-            for (size_t i = 0; i < take;) {
-                size_t at = (head + i) & mask;
-                size_t run = cq->cap - at < take - i ? cq->cap - at : take - i;
-                const struct fiv_cqe *e = &ring[at], *end = e + run;
-                for (; e < end; e++, o++)
-                    memcpy(o, e, sizeof *o);
-                i += run;
+            if (take == 1) {
+                /* a ping-pong's read: one entry, no runs to work out */
+                memcpy(o, &ring[head], sizeof *o);
+            } else {
+                for (size_t i = 0; i < take;) {
+                    size_t at = (head + i) & mask;
+                    size_t run = cq->cap - at < take - i ? cq->cap - at
+                                                         : take - i;
+                    const struct fiv_cqe *e = &ring[at], *end = e + run;
+                    for (; e < end; e++, o++)
+                        memcpy(o, e, sizeof *o);
+                    i += run;
+                }
             }
             if (cq->core_writes)
                 for (size_t i = 0; i < take; i++)
