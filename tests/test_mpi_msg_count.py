@@ -29,6 +29,8 @@ def run(*args, timeout=600):
     ["--pace", "-1"],
     ["--windows", "x"],
     ["--colour", "red"],
+    ["--shape", "zigzag"],
+    ["--shape", "latency", "--mpi", "mpich"],
 ])
 def test_bad_arguments_exit_2_with_one_line(args):
     proc = run(*args, timeout=60)
@@ -67,3 +69,37 @@ def test_counts_open_mpi_5_over_the_provider(native_dir):
     both = re.search(r"^both ranks: ([\d.]+) per message$", out, re.M)
     assert both and float(both.group(1)) == pytest.approx(
         sum(float(r[2]) for r in ranks), abs=0.2), out
+
+
+@pytest.mark.skipif(not os.environ.get("IVCLOUD_LONG"),
+                    reason="a minute of valgrind: `make test-msg-count`")
+@pytest.mark.parametrize("transport,btl", [("ivshm", "mca_btl_ivshmem.so"),
+                                           ("own", "mca_btl_vader.so")])
+def test_counts_open_mpi_4_round_trips(native_dir, transport, btl):
+    """osu latency's shape under Debian's Open MPI 4.1, ob1 over our BTL
+    or vader: per round trip and rank, its empty polls taken out."""
+    if not shutil.which("valgrind") or not shutil.which("mpicc"):
+        pytest.skip("valgrind or Debian's Open MPI is not installed")
+    if not (native_dir / "btl" / "mca_btl_ivshmem.so").exists():
+        pytest.fail("no mca_btl_ivshmem.so: `make build`", pytrace=False)
+    proc = run("--mpi", "openmpi4", "--transport", transport, "--shape",
+               "latency", "--windows", "100", "--pace", "10000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    poll = re.search(r"an empty poll of a receiver spinning in MPI_Recv "
+                     r"([\d.]+) instructions$", out, re.M)
+    # a poll is opal_progress and the BTL's progress: tens to hundreds
+    assert poll and 20 < float(poll.group(1)) < 1000, out
+    ranks = re.findall(r"^rank (\d): ([\d.-]+) per round trip \(one send, "
+                       r"one receive; (\d+) empty polls taken out", out, re.M)
+    assert [r[0] for r in ranks] == ["0", "1"], out
+    shares = [float(v) for v in
+              re.findall(rf"^\s+([\d.-]+)\s+{re.escape(btl)}$", out, re.M)]
+    # in an empty poll, per rank, then both ranks together
+    assert len(shares) == 4, out
+    assert 0 < shares[0] < float(poll.group(1)), out
+    for (_, total, _), share in zip(ranks, shares[1:3]):
+        # the BTL's send and receive cost it some hundreds, ob1 and the
+        # rest of Open MPI more than that
+        assert 100 < share < 2000, out
+        assert 2 * share < float(total) < 10000, out

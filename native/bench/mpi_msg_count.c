@@ -15,8 +15,14 @@
  *   mpi-msg-count idle TESTS
  *       rank 1 calls MPI_Test TESTS times on a receive nothing matches
  *       (counted alone): the cost of one miss.
+ *   mpi-msg-count pingpong ROUNDS PACE_US RANK
+ *       osu latency's shape: blocking MPI_Send and MPI_Recv of 8 bytes,
+ *       ROUNDS round trips. Rank RANK sleeps PACE_US before each
+ *       MPI_Recv, so that its message is there when it starts waiting
+ *       (the other rank spins meanwhile); the polls that still find
+ *       nothing are counted from opal_progress's calls by the caller.
  *
- * Each rank prints one line: pid, rank, windows, misses.
+ * Each rank prints one line: pid, rank, windows, misses (or the mode).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -27,7 +33,23 @@
 #include <valgrind/callgrind.h>
 #else
 #define CALLGRIND_TOGGLE_COLLECT
+#define CALLGRIND_ZERO_STATS
+#define CALLGRIND_DUMP_STATS
 #endif
+
+/* The latency shape counts polls by calls: from a dump of the loop
+   alone, zeroed before it (part 1 of the output), so that no call made
+   outside it (MPI_Finalize's waits) can be among them. */
+#define COUNT_BEGIN                                                           \
+    do {                                                                      \
+        CALLGRIND_TOGGLE_COLLECT;                                             \
+        CALLGRIND_ZERO_STATS;                                                 \
+    } while (0)
+#define COUNT_END                                                             \
+    do {                                                                      \
+        CALLGRIND_DUMP_STATS;                                                 \
+        CALLGRIND_TOGGLE_COLLECT;                                             \
+    } while (0)
 
 #define W 64
 
@@ -59,6 +81,29 @@ static void idle(int rank, long tests)
     }
     printf("mpi-msg-count: pid %d rank %d idle %ld\n", (int)getpid(), rank,
            tests);
+}
+
+static void pingpong(int rank, long n, long pace, long sleeper)
+{
+    char buf[8] = {0};
+    int peer = 1 - rank;
+    /* a few first (not counted): the lazy binding of what the loop calls */
+    for (long i = -16; i < n; i++) {
+        if (i == 0) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            COUNT_BEGIN;
+        }
+        if (rank == 0)
+            MPI_Send(buf, 8, MPI_CHAR, peer, 1, MPI_COMM_WORLD);
+        if (pace && rank == sleeper)
+            usleep((useconds_t)pace);
+        MPI_Recv(buf, 8, MPI_CHAR, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (rank == 1)
+            MPI_Send(buf, 8, MPI_CHAR, peer, 1, MPI_COMM_WORLD);
+    }
+    COUNT_END;
+    printf("mpi-msg-count: pid %d rank %d pingpong %ld\n", (int)getpid(),
+           rank, n);
 }
 
 static long windows(int rank, long n, long pace)
@@ -115,17 +160,24 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int is_idle = argc == 3 && !strcmp(argv[1], "idle");
-    long a = argc >= 2 ? arg(argv[is_idle ? 2 : 1]) : -1;
-    long pace = !is_idle && argc == 3 ? arg(argv[2]) : 0;
-    if (size != 2 || argc < 2 || argc > 3 || a < 1 || pace < 0) {
+    int is_pp = argc == 5 && !strcmp(argv[1], "pingpong");
+    int named = is_idle || is_pp;
+    long a = argc >= 2 ? arg(argv[named ? 2 : 1]) : -1;
+    long pace = is_pp ? arg(argv[3]) : !named && argc == 3 ? arg(argv[2]) : 0;
+    long sleeper = is_pp ? arg(argv[4]) : 0;
+    if (size != 2 || argc < 2 || argc > 5 || (argc > 3 && !is_pp) || a < 1 ||
+        pace < 0 || sleeper < 0 || sleeper > 1) {
         if (rank == 0)
             fprintf(stderr, "usage: mpi-msg-count WINDOWS [PACE_US] | "
-                            "mpi-msg-count idle TESTS, on 2 ranks\n");
+                            "mpi-msg-count idle TESTS | mpi-msg-count "
+                            "pingpong ROUNDS PACE_US RANK, on 2 ranks\n");
         MPI_Finalize();
         return 2;
     }
     if (is_idle) {
         idle(rank, a);
+    } else if (is_pp) {
+        pingpong(rank, a, pace, sleeper);
     } else {
         long misses = windows(rank, a, pace);
         printf("mpi-msg-count: pid %d rank %d windows %ld misses %ld\n",
