@@ -11,12 +11,12 @@ measured by a second run (`idle`). What is left is the messages' own
 cost, the same on every run up to a few instructions (docs/fast-path.md,
 "Open MPI 5 over the provider, counted"):
 
-  mpi_msg_count.py [--mpi openmpi5|mpich] [--transport ivshm|own]
+  mpi_msg_count.py [--mpi openmpi5|mpich|openmpi4] [--transport ivshm|own]
                    [--shape windows|pingpong] [--windows N] [--rounds N]
                    [--pace US] [--idle TESTS] [--wait MS]
                    [--provider DIR] [--functions K] [--keep DIR]
 
---shape pingpong (Open MPI only) counts osu latency's shape instead:
+--shape pingpong (Open MPI, 5 or 4) counts osu latency's shape instead:
 round trips of a blocking MPI_Send and MPI_Recv, each rank posting its
 receive once its peer's send has returned (told through a shared file,
 waited for uncounted), so that a receive is its post and the one poll
@@ -27,15 +27,20 @@ waiting WAIT ms for its message) measures ("The ping-pong, counted").
 
 openmpi5 over ivshm: pml cm + mtl ofi over the provider, as ivcloud
 launches it (ivcloud/mpis/openmpi5.py); openmpi5 own: pml ob1 + btl
-self,sm. mpich over ivshm: ch4:ofi with FI_PROVIDER=ivshm. One region
-(16 KiB slots) for both ranks. Needs valgrind and the MPI wheels under
-build/mpi (`make`). Bad arguments: one line on stderr, exit 2.
+self,sm. openmpi4 (Debian's, on PATH) over ivshm: pml ob1 + btl
+self,ivshmem, our BTL from build/native/btl in a region of its own, as
+`ivcloud mpirun` launches it; openmpi4 own: btl self,vader. mpich over
+ivshm: ch4:ofi with FI_PROVIDER=ivshm. One region (16 KiB slots) for both
+ranks. Needs valgrind and the MPI wheels under build/mpi (`make`), or
+for openmpi4 Debian's Open MPI. Bad arguments: one line on stderr,
+exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -133,6 +138,16 @@ def ranks(log: str, out: Path) -> dict:
 def command(mpi: str, transport: str, prefix: Path, prog: Path,
             provider: Path, region: Path, vg: list, args: list):
     env = dict(os.environ)
+    if mpi == "openmpi4":
+        from ivcloud.mpis import local
+        cmd = local.mpirun_command(
+            vg + [str(prog)] + args, 2,
+            transport="ivshmem" if transport == "ivshm" else "vader",
+            region=region if transport == "ivshm" else None,
+            tcp_fallback=transport != "ivshm",
+            extra_mca=[("hwloc_base_binding_policy", "none")]
+            + ([] if transport == "ivshm" else [("btl", "self,vader")]))
+        return cmd, env
     if mpi == "openmpi5":
         cmd = [str(prefix / "bin" / "mpiexec"), "--oversubscribe",
                "--bind-to", "none", "-n", "2"]
@@ -175,23 +190,34 @@ def main() -> None:
         a = ap.parse_args()
     except SystemExit as e:
         sys.exit(0 if e.code == 0 else 2)
-    if a.mpi not in ("openmpi5", "mpich"):
-        fail(f"--mpi: openmpi5 or mpich, not {a.mpi!r}")
+    if a.mpi not in ("openmpi5", "mpich", "openmpi4"):
+        fail(f"--mpi: openmpi5, mpich or openmpi4, not {a.mpi!r}")
     if a.transport not in ("ivshm", "own"):
         fail(f"--transport: ivshm or own, not {a.transport!r}")
     if a.shape not in ("windows", "pingpong"):
         fail(f"--shape: windows or pingpong, not {a.shape!r}")
-    if a.shape == "pingpong" and a.mpi != "openmpi5":
+    if a.shape == "pingpong" and a.mpi == "mpich":
         fail("--shape pingpong counts Open MPI's polls (opal_progress): "
-             "--mpi openmpi5")
+             "--mpi openmpi5 or openmpi4")
     if (a.windows < 1 or a.rounds < 1 or a.wait < 1 or a.pace < 1 or
             a.idle < 1 or a.functions < 0):
         fail("--windows, --rounds, --wait, --pace and --idle must be at "
              "least 1, --functions at least 0")
     prefix = REPO / "build" / "mpi" / a.mpi
-    if not (prefix / "bin" / "mpicc").exists():
+    if a.mpi == "openmpi4":
+        mpicc = shutil.which("mpicc")
+        if not mpicc:
+            fail("no mpicc on PATH (Debian's Open MPI 4: libopenmpi-dev)")
+        prefix = Path(mpicc).resolve().parents[1]
+        if a.transport == "ivshm" and not (
+                REPO / "build" / "native" / "btl" /
+                "mca_btl_ivshmem.so").exists():
+            fail("no build/native/btl/mca_btl_ivshmem.so "
+                 "(`make build` builds it)")
+    elif not (prefix / "bin" / "mpicc").exists():
         fail(f"no {prefix / 'bin' / 'mpicc'} (`make` installs the MPI wheels)")
-    if a.transport == "ivshm" and not (a.provider / "libivshm-fi.so").exists():
+    elif a.transport == "ivshm" and not (
+            a.provider / "libivshm-fi.so").exists():
         fail(f"no {a.provider / 'libivshm-fi.so'} (`make build` builds it)")
     if not shutil.which("valgrind"):
         fail("valgrind is not installed")
@@ -199,12 +225,18 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="mpi-msg-count-"))
     region = Path("/dev/shm") / f"ivcloud-msg-count-{os.getpid()}"
+    cleanup = contextlib.ExitStack()
     try:
         prog = work / "mpi-msg-count"
         subprocess.run([str(prefix / "bin" / "mpicc"), "-O2", "-o", str(prog),
                         str(SOURCE)], check=True)
-        format_region(region, min_region_size(8, slot_size=SLOT), 8,
-                      slot_size=SLOT)
+        if a.mpi == "openmpi4":
+            # formatted as `ivcloud mpirun` formats a job's own region
+            from ivcloud.mpis.regions import private_region
+            cleanup.enter_context(private_region(2, region))
+        else:
+            format_region(region, min_region_size(8, slot_size=SLOT), 8,
+                          slot_size=SLOT)
         runs = {}
         if a.shape == "pingpong":
             words = work / "words"
@@ -229,6 +261,7 @@ def main() -> None:
             runs[label] = ranks(p.stdout, out)
         (report_pingpong if a.shape == "pingpong" else report)(a, runs)
     finally:
+        cleanup.close()
         region.unlink(missing_ok=True)
         if a.keep:
             shutil.copytree(work, a.keep, dirs_exist_ok=True)

@@ -580,7 +580,11 @@ static __attribute__((noinline)) int each_walk(ivshm *h, ivshm_recv_fn fn,
             elsewhere = true;
             continue;
         }
-        n += ring_take(h, slot, fn, arg, max - n, &elsewhere);
+        /* one message at a time is the usual case of a caller whose
+           looks are paused (ping-pong): its own copy of the take, without
+           the loop, holds less across fn */
+        n += max - n == 1 ? ring_take(h, slot, fn, arg, 1, &elsewhere)
+                          : ring_take(h, slot, fn, arg, max - n, &elsewhere);
         if (n >= max) {
             h->each_next = x + 1; /* the next call starts after this one */
             break;
