@@ -1228,6 +1228,46 @@ static ssize_t trig_write(struct rank *r, uint64_t *v, uint64_t addr,
     return fi_writemsg(r->ep, &m, FI_TRIGGER | FI_COMPLETION);
 }
 
+/* The two triggered cases' rank: `caps` with FI_TRIGGER, the threading
+   model asked, the CQ bound with `cq_flags`, a read and a write counter
+   and, in *gate, a counter bound to nothing that the case adds to;
+   *scntr (if given) counts sends. */
+static void trig_open(struct rank *r, uint64_t caps, enum fi_threading th,
+                      uint64_t cq_flags, struct fid_cntr **gate,
+                      struct fid_cntr **scntr)
+{
+    struct fi_info *h = base_hints();
+    h->caps = caps | FI_TRIGGER;
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY;
+    if (th != FI_THREAD_UNSPEC)
+        h->domain_attr->threading = th;
+    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
+    fi_freeinfo(h);
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
+    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
+    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
+    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
+    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
+    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
+    REQ_RC(fi_cntr_open(r->dom, &ca, gate, NULL), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV | cq_flags),
+           0);
+    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
+    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
+    if (scntr) {
+        REQ_RC(fi_cntr_open(r->dom, &ca, scntr, NULL), 0);
+        REQ_RC(fi_ep_bind(r->ep, &(*scntr)->fid, FI_SEND), 0);
+    }
+    REQ_RC(fi_enable(r->ep), 0);
+    t_exchange(r);
+}
+
 /* Rank 1 writes into rank 0's `trig_words` and sends it tagged messages,
    each deferred until a counter of its own reaches a threshold: a
    counter bound to nothing that the test adds to, and its write
@@ -1238,32 +1278,9 @@ static ssize_t trig_write(struct rank *r, uint64_t *v, uint64_t addr,
    the domain's open counters is refused at the call. */
 static void triggered(struct rank *r)
 {
-    struct fi_info *h = base_hints();
-    h->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_TRIGGER;
-    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
-                              FI_MR_PROV_KEY;
-    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
-    fi_freeinfo(h);
-    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
-    struct fi_av_attr ava = {.type = FI_AV_TABLE};
-    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
     struct fid_cntr *scntr, *gate;
-    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
-    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
-    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
-    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
-    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &scntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &gate, NULL), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
-    REQ_RC(fi_ep_bind(r->ep, &scntr->fid, FI_SEND), 0);
-    REQ_RC(fi_enable(r->ep), 0);
-    t_exchange(r);
+    trig_open(r, FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC, FI_THREAD_UNSPEC, 0,
+              &gate, &scntr);
     struct fid_mr *mr = NULL;
     if (r->me == 0)
         REQ_RC(fi_mr_reg(r->dom, trig_words, sizeof trig_words,
@@ -1431,6 +1448,7 @@ static void triggered(struct rank *r)
 
     /* waiting: the counter does not close, fi_cancel ends it */
     struct fid_cntr *later;
+    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
     REQ_RC(fi_cntr_open(r->dom, &ca, &later, NULL), 0);
     struct fi_triggered_context tc3 = threshold_ctx(later, 5),
                                 tc4 = threshold_ctx(later, 6);
@@ -1525,32 +1543,9 @@ static void *race_add(void *p)
 
 static void triggered_threads(struct rank *r)
 {
-    struct fi_info *h = base_hints();
-    h->caps = FI_MSG | FI_RMA | FI_TRIGGER;
-    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
-                              FI_MR_PROV_KEY;
-    h->domain_attr->threading = FI_THREAD_ENDPOINT;
-    REQ_RC(fi_getinfo(version, NULL, NULL, 0, h, &r->info), 0);
-    fi_freeinfo(h);
-    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
-    struct fi_av_attr ava = {.type = FI_AV_TABLE};
-    struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP};
     struct fid_cntr *gate;
-    REQ_RC(fi_fabric(r->info->fabric_attr, &r->fab, NULL), 0);
-    REQ_RC(fi_domain(r->fab, r->info, &r->dom, NULL), 0);
-    REQ_RC(fi_endpoint(r->dom, r->info, &r->ep, NULL), 0);
-    REQ_RC(fi_cq_open(r->dom, &cqa, &r->cq, NULL), 0);
-    REQ_RC(fi_av_open(r->dom, &ava, &r->av, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &r->rcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &r->wcntr, NULL), 0);
-    REQ_RC(fi_cntr_open(r->dom, &ca, &gate, NULL), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->cq->fid,
-                      FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->av->fid, 0), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->rcntr->fid, FI_READ), 0);
-    REQ_RC(fi_ep_bind(r->ep, &r->wcntr->fid, FI_WRITE), 0);
-    REQ_RC(fi_enable(r->ep), 0);
-    t_exchange(r);
+    trig_open(r, FI_MSG | FI_RMA, FI_THREAD_ENDPOINT, FI_SELECTIVE_COMPLETION,
+              &gate, NULL);
     struct fid_mr *mr = NULL;
     if (r->me == 0)
         REQ_RC(fi_mr_reg(r->dom, race_words, sizeof race_words,
