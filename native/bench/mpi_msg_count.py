@@ -268,6 +268,20 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def print_by_object(per, functions: int) -> collections.Counter:
+    """Print `per` ({(object, function): instructions}) summed by object,
+    then its `functions` costliest functions; return the sums."""
+    byob: collections.Counter = collections.Counter()
+    for (ob, _), v in per.items():
+        byob[ob] += v
+    for ob, v in byob.most_common():
+        if abs(v) >= 0.5:
+            print(f"  {v:8.1f}  {ob}")
+    for (ob, fn), v in sorted(per.items(), key=lambda kv: -kv[1])[:functions]:
+        print(f"      {v:8.1f}  {ob}: {fn}")
+    return byob
+
+
 def report(a, runs) -> None:
     idle_costs = runs["idle"][1][0]
     per_test = {k: v / a.idle for k, v in idle_costs.items()}
@@ -280,17 +294,9 @@ def report(a, runs) -> None:
         costs, misses = runs["loop"][rank]
         per = {k: (v - misses * per_test.get(k, 0)) / msgs
                for k, v in costs.items()}
-        byob: collections.Counter = collections.Counter()
-        for (ob, _), v in per.items():
-            byob[ob] += v
-        both.update(byob)
         print(f"rank {rank} ({role}): {sum(per.values()):.1f} per message "
               f"({misses} misses taken out)")
-        for ob, v in byob.most_common():
-            if abs(v) >= 0.5:
-                print(f"  {v:8.1f}  {ob}")
-        for (ob, fn), v in sorted(per.items(), key=lambda kv: -kv[1])[:a.functions]:
-            print(f"      {v:8.1f}  {ob}: {fn}")
+        both.update(print_by_object(per, a.functions))
     print(f"both ranks: {sum(both.values()):.1f} per message")
 
 
@@ -315,10 +321,6 @@ def report_pingpong(a, runs) -> None:
         misses = costs.calls[POLL] - a.rounds
         per = {k: (v - misses * per_poll.get(k, 0)) / a.rounds
                for k, v in costs.items()}
-        byob: collections.Counter = collections.Counter()
-        for (ob, _), v in per.items():
-            byob[ob] += v
-        both.update(byob)
         calls = {re.sub(r"^P", "", k): v for k, v in costs.incl.items()
                  if re.fullmatch(r"P?MPI_(Send|Recv)", k or "")}
         send = calls.get("MPI_Send", 0) / a.rounds
@@ -327,11 +329,7 @@ def report_pingpong(a, runs) -> None:
               f"({misses} empty polls taken out); MPI_Send {send:.1f}, "
               f"MPI_Recv {recv:.1f} (its one poll included; "
               f"{recv - empty:.1f} beyond an empty poll)")
-        for ob, v in byob.most_common():
-            if abs(v) >= 0.5:
-                print(f"  {v:8.1f}  {ob}")
-        for (ob, fn), v in sorted(per.items(), key=lambda kv: -kv[1])[:a.functions]:
-            print(f"      {v:8.1f}  {ob}: {fn}")
+        both.update(print_by_object(per, a.functions))
     print(f"both ranks: {sum(both.values()):.1f} per round trip")
     if a.functions:
         print("a blocking receive's empty poll:")
